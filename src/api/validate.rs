@@ -1,0 +1,229 @@
+//! Request validation: every rule a request must meet before it reaches
+//! the engine. A broken rule is INVALID_ARGUMENT naming the field and the
+//! rule, and nothing is sent to Redis.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tonic::Status;
+
+/// Bounds that depend on the deployment (set by flags).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest `limit` (holders per lock) a request may ask for.
+    pub max_limit: u32,
+    /// Lease used when a request gives none.
+    pub default_ttl_ms: u64,
+    /// Longest lease a request may ask for.
+    pub max_ttl_ms: u64,
+}
+
+pub const DEFAULT_NAMESPACE: &str = "default";
+pub const DEFAULT_KIND: &str = "default";
+pub const MAX_NAMESPACE_BYTES: usize = 64;
+pub const MAX_NAME_BYTES: usize = 512;
+pub const MAX_HOLDER_BYTES: usize = 256;
+pub const MAX_KIND_BYTES: usize = 32;
+pub const MAX_METADATA_ENTRIES: usize = 32;
+pub const MAX_METADATA_KEY_BYTES: usize = 64;
+pub const MAX_METADATA_VALUE_BYTES: usize = 1024;
+pub const MAX_METADATA_TOTAL_BYTES: usize = 8192;
+
+fn invalid(field: &str, rule: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {rule}"))
+}
+
+/// Empty → `default`; otherwise 1..=64 bytes of `[A-Za-z0-9_.-]` (it is
+/// part of the Redis hash tag, so braces and colons are out).
+pub fn namespace(value: &str) -> Result<String, Status> {
+    if value.is_empty() {
+        return Ok(DEFAULT_NAMESPACE.to_owned());
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    if value.len() > MAX_NAMESPACE_BYTES || !value.chars().all(allowed) {
+        return Err(invalid(
+            "namespace",
+            format!("must be at most {MAX_NAMESPACE_BYTES} characters of [A-Za-z0-9_.-]"),
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// Free text of at most `max` bytes without control characters.
+fn text(field: &str, value: &str, max: usize) -> Result<(), Status> {
+    if value.len() > max {
+        return Err(invalid(field, format!("must be at most {max} bytes")));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(field, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// 1..=512 bytes, no control characters.
+pub fn name(value: &str) -> Result<String, Status> {
+    if value.is_empty() {
+        return Err(invalid("name", "must not be empty"));
+    }
+    text("name", value, MAX_NAME_BYTES)?;
+    Ok(value.to_owned())
+}
+
+/// An acquiring holder: empty means "make one up" (None).
+pub fn optional_holder(value: &str) -> Result<Option<String>, Status> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    text("holder", value, MAX_HOLDER_BYTES)?;
+    Ok(Some(value.to_owned()))
+}
+
+/// A releasing or extending holder: required.
+pub fn holder(value: &str) -> Result<String, Status> {
+    optional_holder(value)?.ok_or_else(|| invalid("holder", "must not be empty"))
+}
+
+/// Absent → 1; otherwise 1..=max_limit.
+pub fn limit(value: Option<u32>, limits: &Limits) -> Result<u32, Status> {
+    match value {
+        None => Ok(1),
+        Some(0) => Err(invalid("limit", "must be at least 1")),
+        Some(n) if n > limits.max_limit => Err(invalid(
+            "limit",
+            format!("must be at most {}", limits.max_limit),
+        )),
+        Some(n) => Ok(n),
+    }
+}
+
+/// Absent → `default`; otherwise 1..=max_ttl_ms.
+pub fn ttl_ms(value: Option<u64>, limits: &Limits) -> Result<u64, Status> {
+    optional_ttl_ms(value, limits).map(|ttl| ttl.unwrap_or(limits.default_ttl_ms))
+}
+
+/// Absent stays absent (Extend then reuses the grant's own ttl).
+pub fn optional_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<Option<u64>, Status> {
+    match value {
+        Some(0) => Err(invalid("ttl_ms", "must be at least 1")),
+        Some(ms) if ms > limits.max_ttl_ms => Err(invalid(
+            "ttl_ms",
+            format!("must be at most {}", limits.max_ttl_ms),
+        )),
+        other => Ok(other),
+    }
+}
+
+/// Absent means any token; 0 is never granted, so it is refused.
+pub fn fencing_token(value: Option<u64>) -> Result<Option<u64>, Status> {
+    if value == Some(0) {
+        return Err(invalid(
+            "fencing_token",
+            "must be a token the server granted (never 0); leave it unset to match any",
+        ));
+    }
+    Ok(value)
+}
+
+/// Empty → `default`; otherwise 1..=32 bytes of `[a-z0-9_.-]` (it becomes a
+/// metrics label, so its alphabet and length are small).
+pub fn kind(value: &str) -> Result<String, Status> {
+    if value.is_empty() {
+        return Ok(DEFAULT_KIND.to_owned());
+    }
+    let allowed =
+        |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-');
+    if value.len() > MAX_KIND_BYTES || !value.chars().all(allowed) {
+        return Err(invalid(
+            "kind",
+            format!("must be at most {MAX_KIND_BYTES} characters of [a-z0-9_.-]"),
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// At most 32 entries; keys 1..=64 bytes without control characters;
+/// values up to 1024 bytes; 8192 bytes in all.
+pub fn metadata(value: &HashMap<String, String>) -> Result<BTreeMap<String, String>, Status> {
+    if value.len() > MAX_METADATA_ENTRIES {
+        return Err(invalid(
+            "metadata",
+            format!("must have at most {MAX_METADATA_ENTRIES} entries"),
+        ));
+    }
+    let mut total = 0;
+    for (key, entry) in value {
+        if key.is_empty() {
+            return Err(invalid("metadata", "keys must not be empty"));
+        }
+        text("metadata key", key, MAX_METADATA_KEY_BYTES)?;
+        if entry.len() > MAX_METADATA_VALUE_BYTES {
+            return Err(invalid(
+                "metadata",
+                format!("value of {key:?} must be at most {MAX_METADATA_VALUE_BYTES} bytes"),
+            ));
+        }
+        total += key.len() + entry.len();
+    }
+    if total > MAX_METADATA_TOTAL_BYTES {
+        return Err(invalid(
+            "metadata",
+            format!("must be at most {MAX_METADATA_TOTAL_BYTES} bytes in all"),
+        ));
+    }
+    Ok(value.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn limits() -> Limits {
+        Limits {
+            max_limit: 100,
+            default_ttl_ms: 30_000,
+            max_ttl_ms: 60_000,
+        }
+    }
+
+    fn rejects<T: std::fmt::Debug>(result: Result<T, Status>, field: &str) {
+        let status = result.expect_err("should be rejected");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with(field), "{}", status.message());
+    }
+
+    #[test]
+    fn defaults_fill_empty_fields() {
+        assert_eq!(namespace("").unwrap(), "default");
+        assert_eq!(kind("").unwrap(), "default");
+        assert_eq!(limit(None, &limits()).unwrap(), 1);
+        assert_eq!(ttl_ms(None, &limits()).unwrap(), 30_000);
+        assert_eq!(optional_holder("").unwrap(), None);
+    }
+
+    #[test]
+    fn each_rule_names_its_field() {
+        rejects(namespace("a{b}"), "namespace");
+        rejects(namespace(&"n".repeat(65)), "namespace");
+        rejects(name(""), "name");
+        rejects(name(&"x".repeat(513)), "name");
+        rejects(name("a\nb"), "name");
+        rejects(holder(""), "holder");
+        rejects(holder("a\u{7}"), "holder");
+        rejects(limit(Some(0), &limits()), "limit");
+        rejects(limit(Some(101), &limits()), "limit");
+        rejects(ttl_ms(Some(0), &limits()), "ttl_ms");
+        rejects(ttl_ms(Some(60_001), &limits()), "ttl_ms");
+        rejects(kind("Jobs"), "kind");
+        rejects(kind(&"k".repeat(33)), "kind");
+        rejects(fencing_token(Some(0)), "fencing_token");
+        let many: HashMap<_, _> = (0..33).map(|i| (i.to_string(), String::new())).collect();
+        rejects(metadata(&many), "metadata");
+        let long = HashMap::from([("k".to_owned(), "v".repeat(1025))]);
+        rejects(metadata(&long), "metadata");
+    }
+
+    #[test]
+    fn names_may_hold_braces_colons_and_unicode() {
+        assert!(name("orders:{42}:größe").is_ok());
+    }
+}

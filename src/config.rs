@@ -1,0 +1,141 @@
+//! Command-line flags (each also a `TUMBLER_*` environment variable) and
+//! the one [`ServerConfig`] the server is built from.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::api::validate::Limits;
+use crate::store::StoreConfig;
+
+/// Settings shared by `tumbler serve` and `tumbler dev`.
+#[derive(Args, Clone, Debug)]
+pub struct ServiceArgs {
+    /// Multiplexed Redis connections in the pool.
+    #[arg(long, env = "TUMBLER_REDIS_CONNECTIONS", default_value_t = 4)]
+    pub redis_connections: u32,
+    /// Upper bound for one Redis command, connecting included; past it the
+    /// RPC answers UNAVAILABLE.
+    #[arg(long, env = "TUMBLER_REDIS_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub redis_timeout_ms: u64,
+    /// First part of every Redis key (no braces, no whitespace).
+    #[arg(long, env = "TUMBLER_KEY_PREFIX", default_value = "tumbler", value_parser = parse_key_prefix)]
+    pub key_prefix: String,
+    /// Shards per namespace. Fixed for the life of a deployment's data: the
+    /// server refuses to start against data written with another count.
+    #[arg(long, env = "TUMBLER_SHARDS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    pub shards: u32,
+    /// Largest `limit` (holders per lock) a request may ask for.
+    #[arg(long, env = "TUMBLER_MAX_LIMIT", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_limit: u32,
+    /// Lease given when an Acquire names no ttl_ms.
+    #[arg(long, env = "TUMBLER_DEFAULT_TTL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub default_ttl_ms: u64,
+    /// Longest lease a request may ask for (default: one day).
+    #[arg(long, env = "TUMBLER_MAX_TTL_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_ttl_ms: u64,
+    /// How often the health check pings Redis.
+    #[arg(long, env = "TUMBLER_HEALTH_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+    pub health_interval_ms: u64,
+}
+
+/// Logging flags, for every subcommand.
+#[derive(Args, Clone, Debug)]
+pub struct LogArgs {
+    /// `pretty` for people, `json` for log pipelines.
+    #[arg(
+        long,
+        env = "TUMBLER_LOG_FORMAT",
+        default_value = "pretty",
+        global = true
+    )]
+    pub log_format: LogFormat,
+    /// A tracing filter, e.g. `info` or `tumbler=debug,info`.
+    #[arg(long, env = "TUMBLER_LOG", default_value = "info", global = true)]
+    pub log_level: String,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+fn parse_key_prefix(value: &str) -> Result<String, String> {
+    if value.is_empty()
+        || value.len() > 64
+        || value
+            .chars()
+            .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+    {
+        return Err("must be 1..=64 characters without braces or whitespace".into());
+    }
+    Ok(value.to_owned())
+}
+
+/// Everything the server needs, resolved from flags.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub store: StoreConfig,
+    pub key_prefix: String,
+    pub shards: u32,
+    pub limits: Limits,
+    pub health_interval: Duration,
+}
+
+impl ServerConfig {
+    pub fn new(redis_url: String, args: &ServiceArgs) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            args.default_ttl_ms <= args.max_ttl_ms,
+            "--default-ttl-ms ({}) must not exceed --max-ttl-ms ({})",
+            args.default_ttl_ms,
+            args.max_ttl_ms
+        );
+        Ok(ServerConfig {
+            store: StoreConfig {
+                url: redis_url,
+                connections: args.redis_connections,
+                command_timeout: Duration::from_millis(args.redis_timeout_ms),
+            },
+            key_prefix: args.key_prefix.clone(),
+            shards: args.shards,
+            limits: Limits {
+                max_limit: args.max_limit,
+                default_ttl_ms: args.default_ttl_ms,
+                max_ttl_ms: args.max_ttl_ms,
+            },
+            health_interval: Duration::from_millis(args.health_interval_ms),
+        })
+    }
+}
+
+/// `tumbler serve` flags.
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// Address of the gRPC port.
+    #[arg(long, env = "TUMBLER_LISTEN", default_value = "0.0.0.0:50051")]
+    pub listen: SocketAddr,
+    /// Redis to keep the locks in.
+    #[arg(
+        long,
+        env = "TUMBLER_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+/// `tumbler dev` flags.
+#[derive(Args, Clone, Debug)]
+pub struct DevArgs {
+    /// Address of the gRPC port.
+    #[arg(long, env = "TUMBLER_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// The redis-server program to start.
+    #[arg(long, env = "TUMBLER_REDIS_SERVER", default_value = "redis-server")]
+    pub redis_server: String,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}

@@ -1,0 +1,39 @@
+//! The Lua scripts, one per lock operation, embedded in the binary. Each is
+//! `lua/common.lua` (shared steps) followed by the operation's own file,
+//! and runs with EVALSHA, reloaded by the redis crate on NOSCRIPT.
+
+use redis::Script;
+
+macro_rules! lua {
+    ($file:literal) => {
+        concat!(
+            include_str!("../../lua/common.lua"),
+            include_str!(concat!("../../lua/", $file))
+        )
+    };
+}
+
+/// The loaded scripts (their SHA1 is computed once, at start).
+pub struct Scripts {
+    pub acquire: Script,
+    pub release: Script,
+    pub extend: Script,
+    pub inspect: Script,
+}
+
+impl Scripts {
+    pub fn new() -> Self {
+        Scripts {
+            acquire: Script::new(lua!("acquire.lua")),
+            release: Script::new(lua!("release.lua")),
+            extend: Script::new(lua!("extend.lua")),
+            inspect: Script::new(lua!("inspect.lua")),
+        }
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}

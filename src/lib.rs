@@ -1,0 +1,17 @@
+//! tumbler: a gRPC lock service that fronts Redis. Mutexes, semaphores and
+//! fenced leases for services written in any language.
+//!
+//! Layers, top to bottom: [`api`] (gRPC handlers: validate, call the
+//! engine, map the outcome) → [`engine`] (lock semantics: one Lua script
+//! per operation, key layout) → [`store`] (pooled Redis connections).
+//! [`server`] wires them with health and reflection; [`dev`] runs a private
+//! redis-server for `tumbler dev` and the tests.
+
+pub mod api;
+pub mod config;
+pub mod dev;
+pub mod engine;
+pub mod proto;
+pub mod server;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,134 @@
+//! Builds and runs the gRPC server: the lock service, gRPC health (tied to
+//! Redis) and reflection, on a listener the caller bound, until the caller's
+//! shutdown future resolves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::api::LockApi;
+use crate::config::ServerConfig;
+use crate::engine::keys::Layout;
+use crate::engine::{LayoutError, LockEngine};
+use crate::proto::{self, lock_service_server::LockServiceServer};
+use crate::store::Store;
+
+/// Health service names that follow Redis: the server as a whole ("") and
+/// the lock service.
+const REDIS_BOUND_SERVICES: [&str; 2] = ["", "tumbler.v1.LockService"];
+
+/// Serves until `shutdown` resolves, then stops accepting, lets in-flight
+/// RPCs finish and returns. Returns an error when the data in Redis was
+/// written with another layout (the server must not run against it).
+pub async fn serve(
+    config: ServerConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let store = Store::new(&config.store)?;
+    let engine = Arc::new(LockEngine::new(
+        store,
+        Layout::new(&config.key_prefix, config.shards),
+    ));
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    set_status(&reporter, ServingStatus::NotServing).await;
+    let watcher = tokio::spawn(watch_redis(
+        engine.clone(),
+        reporter.clone(),
+        config.health_interval,
+    ));
+
+    // Both reflection versions: grpcurl and many tools still ask v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let api = LockApi::new(engine, config.limits.clone());
+
+    let mut watcher = std::pin::pin!(watcher);
+    let mut fatal = None;
+    let stop = async {
+        tokio::select! {
+            () = shutdown => {}
+            outcome = &mut watcher => fatal = Some(outcome),
+        }
+        // Probes see the drain before connections close.
+        set_status(&reporter, ServingStatus::NotServing).await;
+        tracing::info!("shutting down: no new connections, finishing in-flight RPCs");
+    };
+    Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(LockServiceServer::new(api))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
+        .await?;
+
+    match fatal {
+        Some(Ok(Err(err))) => Err(err.into()),
+        Some(Err(join)) => Err(anyhow::anyhow!("redis watcher failed: {join}")),
+        _ => {
+            watcher.abort();
+            Ok(())
+        }
+    }
+}
+
+async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
+    for service in REDIS_BOUND_SERVICES {
+        reporter.set_service_status(service, status).await;
+    }
+}
+
+/// Checks Redis every `interval` and reports SERVING only while it answers.
+/// The first successful contact also verifies the key layout; a mismatch
+/// ends the watcher with an error, which stops the server.
+async fn watch_redis(
+    engine: Arc<LockEngine>,
+    reporter: HealthReporter,
+    interval: Duration,
+) -> Result<(), LayoutError> {
+    let mut serving = false;
+    loop {
+        let reachable = if engine.is_layout_verified() {
+            engine.store().ping().await.map_err(LayoutError::from)
+        } else {
+            engine.verify_layout().await
+        };
+        let now_serving = match reachable {
+            Ok(()) => true,
+            Err(LayoutError::Mismatch { found, expected }) => {
+                tracing::error!(%found, %expected, "refusing to serve: redis key layout differs");
+                return Err(LayoutError::Mismatch { found, expected });
+            }
+            Err(LayoutError::Store(err)) => {
+                if serving {
+                    tracing::warn!(error = %err, "redis unreachable: NOT_SERVING");
+                }
+                false
+            }
+        };
+        if now_serving != serving {
+            serving = now_serving;
+            if serving {
+                tracing::info!("redis reachable: SERVING");
+            }
+            let status = if serving {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            set_status(&reporter, status).await;
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
