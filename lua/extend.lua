@@ -2,7 +2,7 @@
 -- KEYS: 1 holders, 2 info, 3 shard index
 -- ARGV: 1 holder, 2 fencing token ('' = any), 3 ttl_ms ('' = the grant's
 --       own ttl), 4 lock name
--- Returns {1, grant record, expires_at} = extended, {0} = not held
+-- Returns {1, grant record, expires_at} = extended, {0, '', 0} = not held
 local holders_key, info_key, index_key = KEYS[1], KEYS[2], KEYS[3]
 local holder, token, name = ARGV[1], ARGV[2], ARGV[4]
 local now = redis_now()
@@ -16,7 +16,7 @@ if not record or (token ~= '' and record_token(record) ~= token) then
   if purged > 0 then
     settle(holders_key, info_key, index_key, name)
   end
-  return {0}
+  return {0, '', 0}
 end
 
 -- 3. The new lease runs from now; the record keeps the ttl it was given.

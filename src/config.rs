@@ -38,6 +38,10 @@ pub struct ServiceArgs {
     /// How often the health check pings Redis.
     #[arg(long, env = "TUMBLER_HEALTH_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub health_interval_ms: u64,
+    /// After SIGTERM, how long in-flight RPCs may take before the server
+    /// closes the remaining connections and exits.
+    #[arg(long, env = "TUMBLER_SHUTDOWN_GRACE_MS", default_value_t = 10_000)]
+    pub shutdown_grace_ms: u64,
 }
 
 /// Logging flags, for every subcommand.
@@ -82,6 +86,7 @@ pub struct ServerConfig {
     pub shards: u32,
     pub limits: Limits,
     pub health_interval: Duration,
+    pub shutdown_grace: Duration,
 }
 
 impl ServerConfig {
@@ -106,6 +111,7 @@ impl ServerConfig {
                 max_ttl_ms: args.max_ttl_ms,
             },
             health_interval: Duration::from_millis(args.health_interval_ms),
+            shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
         })
     }
 }

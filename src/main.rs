@@ -1,6 +1,8 @@
 //! The `tumbler` command: `serve` runs the service against a Redis you
 //! name; `dev` runs it against a private redis-server it starts itself.
 
+use std::io::Write;
+
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 
@@ -41,14 +43,14 @@ async fn main() -> anyhow::Result<()> {
             let config = ServerConfig::new(redis.url(), &args.service)?;
             let listener = bind(args.listen).await?;
             let addr = listener.local_addr()?;
-            println!(
-                "tumbler dev: gRPC on {addr}, private Redis at {}",
-                redis.url()
+            // Errors ignored: a closed stdout must not stop the service.
+            let _ = writeln!(
+                std::io::stdout(),
+                "tumbler dev: gRPC on {addr}, private Redis at {url}\n\
+                 \x20 try: grpcurl -plaintext -d '{{\"name\":\"demo\",\"ttl_ms\":30000}}' {addr} tumbler.v1.LockService/Acquire\n\
+                 \x20 stop with Ctrl-C; the private Redis stops with it",
+                url = redis.url()
             );
-            println!(
-                "  try: grpcurl -plaintext -d '{{\"name\":\"demo\",\"ttl_ms\":30000}}' {addr} tumbler.v1.LockService/Acquire"
-            );
-            println!("  stop with Ctrl-C; the private Redis stops with it");
             let outcome = server::serve(config, listener, shutdown_signal()).await;
             drop(redis);
             outcome

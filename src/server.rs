@@ -56,6 +56,7 @@ pub async fn serve(
 
     let mut watcher = std::pin::pin!(watcher);
     let mut fatal = None;
+    let draining = tokio::sync::Notify::new();
     let stop = async {
         tokio::select! {
             () = shutdown => {}
@@ -64,14 +65,27 @@ pub async fn serve(
         // Probes see the drain before connections close.
         set_status(&reporter, ServingStatus::NotServing).await;
         tracing::info!("shutting down: no new connections, finishing in-flight RPCs");
+        draining.notify_one();
     };
-    Server::builder()
+    let serving = Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(LockServiceServer::new(api))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
-        .await?;
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop);
+    // A client that keeps its connection open (or stops reading) must not
+    // hold the process past the grace period.
+    let grace_over = async {
+        draining.notified().await;
+        tokio::time::sleep(config.shutdown_grace).await;
+    };
+    tokio::select! {
+        served = serving => served?,
+        () = grace_over => tracing::warn!(
+            grace = ?config.shutdown_grace,
+            "connections still open after the shutdown grace period; closing them"
+        ),
+    }
 
     match fatal {
         Some(Ok(Err(err))) => Err(err.into()),

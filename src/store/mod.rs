@@ -60,6 +60,15 @@ impl StoreError {
     }
 }
 
+/// Converts a reply; Redis errors inside it (e.g. from a script) are
+/// classified like any other Redis error.
+fn convert<T: redis::FromRedisValue>(reply: redis::Value) -> Result<T, StoreError> {
+    if let redis::Value::ServerError(err) = reply {
+        return Err(StoreError::from_redis(err.into()));
+    }
+    redis::from_redis_value(reply).map_err(|e| StoreError::Protocol(e.to_string()))
+}
+
 /// Settings for the Redis connections.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
@@ -183,7 +192,8 @@ impl Store {
     }
 
     /// Runs a Lua script (EVALSHA, loading it on NOSCRIPT) and converts
-    /// its reply.
+    /// its reply. A reply of the wrong shape is a protocol error, never an
+    /// outage: the conversion happens after Redis answered.
     pub async fn run_script<T: redis::FromRedisValue>(
         &self,
         script: &Script,
@@ -197,8 +207,10 @@ impl Store {
         for arg in args {
             invocation.arg(*arg);
         }
-        self.with_connection(|mut conn| async move { invocation.invoke_async(&mut conn).await })
-            .await
+        let reply: redis::Value = self
+            .with_connection(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .await?;
+        convert(reply)
     }
 
     /// Runs one plain command.
@@ -206,8 +218,10 @@ impl Store {
         &self,
         cmd: redis::Cmd,
     ) -> Result<T, StoreError> {
-        self.with_connection(|mut conn| async move { cmd.query_async(&mut conn).await })
-            .await
+        let reply: redis::Value = self
+            .with_connection(|mut conn| async move { cmd.query_async(&mut conn).await })
+            .await?;
+        convert(reply)
     }
 
     /// True when Redis answers a PING within the command timeout.

@@ -1,0 +1,203 @@
+//! Test harness: real redis-server children on free loopback ports and
+//! real tumbler servers (in this process, or as `tumbler` processes) on
+//! free ports, reached over real gRPC connections.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+use tumbler::config::{ServerConfig, ServiceArgs};
+use tumbler::dev::RedisServer;
+use tumbler::proto::lock_service_client::LockServiceClient;
+
+pub use tumbler::proto;
+
+/// A redis-server child of this test (stopped by pid on drop).
+pub fn start_redis() -> RedisServer {
+    RedisServer::start("redis-server")
+        .expect("redis-server must be installed (scripts/test installs it)")
+}
+
+/// Service settings as `tumbler serve` would default them, with a fast
+/// health check so outage tests do not wait long.
+pub fn service_args() -> ServiceArgs {
+    ServiceArgs {
+        redis_connections: 4,
+        redis_timeout_ms: 1000,
+        key_prefix: "tumbler".into(),
+        shards: 32,
+        max_limit: 1000,
+        default_ttl_ms: 30_000,
+        max_ttl_ms: 3_600_000,
+        health_interval_ms: 100,
+        shutdown_grace_ms: 5_000,
+    }
+}
+
+/// A tumbler server running inside the test process.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestServer {
+    pub async fn start(redis_url: &str) -> Self {
+        Self::start_with(redis_url, service_args()).await
+    }
+
+    /// Starts a server and waits until it reports SERVING.
+    pub async fn start_with(redis_url: &str, args: ServiceArgs) -> Self {
+        let server = Self::spawn(redis_url, args).await;
+        server.wait_for_health(ServingStatus::Serving).await;
+        server
+    }
+
+    /// Starts a server without waiting for it to become healthy.
+    pub async fn spawn(redis_url: &str, args: ServiceArgs) -> Self {
+        let config = ServerConfig::new(redis_url.to_owned(), &args).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(tumbler::server::serve(config, listener, async {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn client(&self) -> LockServiceClient<Channel> {
+        LockServiceClient::connect(self.endpoint()).await.unwrap()
+    }
+
+    pub async fn health(&self, service: &str) -> Result<ServingStatus, tonic::Status> {
+        health_status(&self.endpoint(), service).await
+    }
+
+    /// Waits (up to 15 s) until the server-wide health status is `wanted`.
+    pub async fn wait_for_health(&self, wanted: ServingStatus) {
+        wait_for_health(&self.endpoint(), wanted).await
+    }
+
+    /// Stops the server gracefully and returns how `serve` ended.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap()
+    }
+
+    /// Waits for `serve` to end on its own (e.g. a refused layout).
+    pub async fn finished(mut self) -> anyhow::Result<()> {
+        tokio::time::timeout(Duration::from_secs(15), self.task.take().unwrap())
+            .await
+            .expect("server should stop by itself")
+            .unwrap()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub async fn health_status(endpoint: &str, service: &str) -> Result<ServingStatus, tonic::Status> {
+    let channel = Channel::from_shared(endpoint.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let reply = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await?;
+    Ok(reply.into_inner().status())
+}
+
+pub async fn wait_for_health(endpoint: &str, wanted: ServingStatus) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let seen = health_status(endpoint, "").await;
+        if seen.as_ref().ok() == Some(&wanted) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "health never became {wanted:?}; last seen {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A plain Redis connection for looking at (or damaging) what tumbler wrote.
+pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Every key matching `pattern`, found with SCAN (as an operator would).
+pub async fn scan_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .unwrap();
+        keys.extend(batch);
+        if next == 0 {
+            keys.sort();
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+/// An acquire request with the common fields filled in.
+pub fn acquire(name: &str, holder: &str) -> proto::AcquireRequest {
+    proto::AcquireRequest {
+        name: name.into(),
+        holder: holder.into(),
+        ttl_ms: Some(30_000),
+        ..Default::default()
+    }
+}
+
+pub fn release(name: &str, holder: &str) -> proto::ReleaseRequest {
+    proto::ReleaseRequest {
+        name: name.into(),
+        holder: holder.into(),
+        ..Default::default()
+    }
+}
+
+pub fn inspect(name: &str) -> proto::InspectRequest {
+    proto::InspectRequest {
+        name: name.into(),
+        ..Default::default()
+    }
+}

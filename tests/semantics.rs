@@ -1,0 +1,547 @@
+//! The lock semantics of Acquire, Release, Extend and Inspect, each pinned
+//! against a real Redis through the real gRPC server.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use proto::{AcquireStatus, ExtendStatus, NotAcquiredReason, ReleaseStatus};
+use redis::AsyncCommands;
+
+async fn setup() -> (tumbler::dev::RedisServer, TestServer) {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    (redis, server)
+}
+
+fn grant(reply: &proto::AcquireResponse) -> proto::Grant {
+    reply.grant.clone().expect("a grant")
+}
+
+#[tokio::test]
+async fn the_same_name_in_two_namespaces_is_two_locks() {
+    let (_redis, server) = setup().await;
+    let mut client = server.client().await;
+    for (namespace, holder) in [("team-a", "a1"), ("team-b", "b1"), ("", "d1")] {
+        let reply = client
+            .acquire(proto::AcquireRequest {
+                namespace: namespace.into(),
+                ..acquire("report", holder)
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.status(), AcquireStatus::Acquired, "{namespace}");
+    }
+    let busy = client
+        .acquire(proto::AcquireRequest {
+            namespace: "team-a".into(),
+            ..acquire("report", "a2")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(busy.status(), AcquireStatus::NotAcquired);
+    // An empty namespace is "default".
+    let seen = client
+        .inspect(proto::InspectRequest {
+            namespace: "default".into(),
+            name: "report".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(seen.holders.len(), 1);
+    assert_eq!(seen.holders[0].grant.as_ref().unwrap().holder, "d1");
+}
+
+#[tokio::test]
+async fn a_mutex_admits_one_holder_and_says_when_it_frees() {
+    let (_redis, server) = setup().await;
+    let mut client = server.client().await;
+    let first = client
+        .acquire(acquire("m", "h1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.status(), AcquireStatus::Acquired);
+    assert_eq!(first.holders, 1);
+    let second = client
+        .acquire(acquire("m", "h2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.status(), AcquireStatus::NotAcquired);
+    assert_eq!(second.reason(), NotAcquiredReason::Busy);
+    assert!(second.grant.is_none());
+    assert_eq!(second.holders, 1);
+    assert_eq!(second.next_expiry_at_ms, grant(&first).expires_at_ms);
+}
+
+#[tokio::test]
+async fn semaphore_slots_are_the_smallest_free_and_are_reused() {
+    let (_redis, server) = setup().await;
+    let mut client = server.client().await;
+    let take = |holder: &str| proto::AcquireRequest {
+        limit: Some(3),
+        ..acquire("pool", holder)
+    };
+    for (holder, slot) in [("h1", 1), ("h2", 2), ("h3", 3)] {
+        let reply = client.acquire(take(holder)).await.unwrap().into_inner();
+        assert_eq!(reply.status(), AcquireStatus::Acquired);
+        assert_eq!(grant(&reply).slot, slot, "{holder}");
+    }
+    let full = client.acquire(take("h4")).await.unwrap().into_inner();
+    assert_eq!(full.status(), AcquireStatus::NotAcquired);
+    assert_eq!(full.holders, 3);
+
+    client.release(release("pool", "h2")).await.unwrap();
+    let reply = client.acquire(take("h4")).await.unwrap().into_inner();
+    assert_eq!(grant(&reply).slot, 2);
+    client.release(release("pool", "h1")).await.unwrap();
+    let reply = client.acquire(take("h5")).await.unwrap().into_inner();
+    assert_eq!(grant(&reply).slot, 1);
+
+    let seen = client.inspect(inspect("pool")).await.unwrap().into_inner();
+    assert_eq!(seen.limit, 3);
+    let slots: Vec<(String, u32)> = seen
+        .holders
+        .iter()
+        .map(|h| {
+            let g = h.grant.as_ref().unwrap();
+            (g.holder.clone(), g.slot)
+        })
+        .collect();
+    assert_eq!(
+        slots,
+        vec![("h5".into(), 1), ("h4".into(), 2), ("h3".into(), 3)]
+    );
+}
+
+#[tokio::test]
+async fn an_expired_holder_stops_counting_and_its_keys_expire_by_themselves() {
+    let (redis, server) = setup().await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    let short = proto::AcquireRequest {
+        ttl_ms: Some(300),
+        ..acquire("lease", "h1")
+    };
+    assert_eq!(
+        client.acquire(short).await.unwrap().into_inner().status(),
+        AcquireStatus::Acquired
+    );
+    // While held, every key tumbler wrote (but its own layout record)
+    // carries a TTL.
+    for key in scan_keys(&mut conn, "tumbler:*").await {
+        let ttl: i64 = conn.pttl(&key).await.unwrap();
+        if key == "tumbler:meta" {
+            continue;
+        }
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+    assert_eq!(
+        client
+            .acquire(acquire("lease", "h2"))
+            .await
+            .unwrap()
+            .into_inner()
+            .status(),
+        AcquireStatus::NotAcquired
+    );
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Nothing touched the lock: Redis removed its keys and the shard index.
+    let left: Vec<String> = scan_keys(&mut conn, "tumbler:*")
+        .await
+        .into_iter()
+        .filter(|k| k != "tumbler:meta" && !k.ends_with(":fence"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let seen = client.inspect(inspect("lease")).await.unwrap().into_inner();
+    assert!(seen.holders.is_empty());
+    assert_eq!(
+        client
+            .acquire(acquire("lease", "h2"))
+            .await
+            .unwrap()
+            .into_inner()
+            .status(),
+        AcquireStatus::Acquired
+    );
+}
+
+#[tokio::test]
+async fn an_expired_holder_is_purged_by_the_next_script() {
+    let (redis, server) = setup().await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    let semaphore = |holder: &str, ttl: u64| proto::AcquireRequest {
+        limit: Some(2),
+        ttl_ms: Some(ttl),
+        ..acquire("purge", holder)
+    };
+    client.acquire(semaphore("short", 200)).await.unwrap();
+    client.acquire(semaphore("long", 30_000)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The long lease keeps the keys alive; the short one is still in them.
+    let holders_key = scan_keys(&mut conn, "tumbler:*:h:purge").await;
+    let members: Vec<String> = conn.zrange(&holders_key[0], 0, -1).await.unwrap();
+    assert_eq!(members, vec!["short", "long"]);
+    // It no longer counts: a third holder gets its slot.
+    let reply = client
+        .acquire(semaphore("third", 30_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+    assert_eq!(grant(&reply).slot, 1);
+    assert_eq!(reply.holders, 2);
+    let mut members: Vec<String> = conn.zrange(&holders_key[0], 0, -1).await.unwrap();
+    members.sort();
+    assert_eq!(members, vec!["long", "third"]);
+}
+
+#[tokio::test]
+async fn holder_ids_made_by_the_server_are_time_ordered_uuids() {
+    let (_redis, server) = setup().await;
+    let mut client = server.client().await;
+    let mut ids = Vec::new();
+    for name in ["a", "b", "c"] {
+        let reply = client
+            .acquire(acquire(name, ""))
+            .await
+            .unwrap()
+            .into_inner();
+        ids.push(grant(&reply).holder);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for id in &ids {
+        let parsed = uuid::Uuid::parse_str(id).unwrap();
+        assert_eq!(parsed.get_version_num(), 7, "{id}");
+    }
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted);
+    // The made-up id works like any other for release.
+    let released = client
+        .release(release("a", &ids[0]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(released.status(), ReleaseStatus::Released);
+}
+
+#[tokio::test]
+async fn acquiring_again_returns_the_same_grant_not_a_second_permit() {
+    let (_redis, server) = setup().await;
+    let mut client = server.client().await;
+    let request = proto::AcquireRequest {
+        limit: Some(2),
+        ..acquire("idem", "worker-1")
+    };
+    let first = client.acquire(request.clone()).await.unwrap().into_inner();
+    let again = client.acquire(request).await.unwrap().into_inner();
+    assert_eq!(first.status(), AcquireStatus::Acquired);
+    assert_eq!(again.status(), AcquireStatus::AlreadyHeld);
+    assert_eq!(grant(&first), grant(&again));
+    assert_eq!(again.holders, 1);
+    let seen = client.inspect(inspect("idem")).await.unwrap().into_inner();
+    assert_eq!(seen.holders.len(), 1);
+}
+
+#[tokio::test]
+async fn fencing_tokens_rise_across_release_expiry_key_deletion_and_data_loss() {
+    let (redis, server) = setup().await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    let mut tokens = Vec::new();
+    let mut take = async |holder: &str, ttl: u64| {
+        let reply = client
+            .acquire(proto::AcquireRequest {
+                ttl_ms: Some(ttl),
+                ..acquire("fenced", holder)
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.status(), AcquireStatus::Acquired, "{holder}");
+        grant(&reply).fencing_token
+    };
+
+    // Release.
+    tokens.push(take("h1", 30_000).await);
+    server
+        .client()
+        .await
+        .release(release("fenced", "h1"))
+        .await
+        .unwrap();
+    tokens.push(take("h2", 100).await);
+    // Expiry.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokens.push(take("h3", 30_000).await);
+    // The lock's keys and the shard's counter deleted.
+    let keys = scan_keys(&mut conn, "tumbler:{default:*").await;
+    assert!(keys.iter().any(|k| k.ends_with(":fence")), "{keys:?}");
+    let _: i64 = conn.del(&keys).await.unwrap();
+    tokens.push(take("h4", 30_000).await);
+    // Redis lost everything (restart without persistence).
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    tokens.push(take("h5", 30_000).await);
+
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+#[tokio::test]
+async fn inspect_returns_kind_metadata_and_remaining_lease() {
+    let (_redis, server) = setup().await;
+    let mut client = server.client().await;
+    let reply = client
+        .acquire(proto::AcquireRequest {
+            kind: "export.daily".into(),
+            metadata: [
+                ("job".to_string(), "42".to_string()),
+                ("host".into(), "w-7".into()),
+            ]
+            .into(),
+            ttl_ms: Some(10_000),
+            ..acquire("meta", "h1")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let granted = grant(&reply);
+    let seen = client.inspect(inspect("meta")).await.unwrap().into_inner();
+    assert_eq!(seen.namespace, "default");
+    assert_eq!(seen.limit, 1);
+    assert_eq!(seen.waiters, 0);
+    let holder = &seen.holders[0];
+    assert_eq!(holder.grant.as_ref().unwrap(), &granted);
+    assert_eq!(granted.kind, "export.daily");
+    assert_eq!(granted.metadata["job"], "42");
+    assert_eq!(granted.ttl_ms, 10_000);
+    assert_eq!(granted.expires_at_ms - granted.acquired_at_ms, 10_000);
+    assert!(holder.remaining_ms > 0 && holder.remaining_ms <= 10_000);
+    assert_eq!(holder.remaining_ms, granted.expires_at_ms - seen.now_ms);
+
+    // A lock nobody holds.
+    let empty = client
+        .inspect(inspect("nobody"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(empty.holders.is_empty());
+    assert_eq!(empty.limit, 0);
+}
+
+#[tokio::test]
+async fn only_the_holder_with_its_token_can_release() {
+    let (_redis, server) = setup().await;
+    let mut client = server.client().await;
+    let token = grant(
+        &client
+            .acquire(acquire("r", "owner"))
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .fencing_token;
+    let status = |r: tonic::Response<proto::ReleaseResponse>| r.into_inner().status();
+
+    assert_eq!(
+        status(client.release(release("r", "intruder")).await.unwrap()),
+        ReleaseStatus::NotHeld
+    );
+    let wrong_token = proto::ReleaseRequest {
+        fencing_token: Some(token + 1),
+        ..release("r", "owner")
+    };
+    assert_eq!(
+        status(client.release(wrong_token).await.unwrap()),
+        ReleaseStatus::NotHeld
+    );
+    let seen = client.inspect(inspect("r")).await.unwrap().into_inner();
+    assert_eq!(seen.holders.len(), 1, "a refused release changed nothing");
+
+    let right_token = proto::ReleaseRequest {
+        fencing_token: Some(token),
+        ..release("r", "owner")
+    };
+    assert_eq!(
+        status(client.release(right_token).await.unwrap()),
+        ReleaseStatus::Released
+    );
+    assert_eq!(
+        status(client.release(release("r", "owner")).await.unwrap()),
+        ReleaseStatus::NotHeld
+    );
+}
+
+#[tokio::test]
+async fn extend_resets_the_lease_only_for_the_live_holder() {
+    let (_redis, server) = setup().await;
+    let mut client = server.client().await;
+    let first = grant(
+        &client
+            .acquire(proto::AcquireRequest {
+                ttl_ms: Some(1_000),
+                ..acquire("x", "owner")
+            })
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    let extend = |holder: &str, ttl: Option<u64>, token: Option<u64>| proto::ExtendRequest {
+        name: "x".into(),
+        holder: holder.into(),
+        ttl_ms: ttl,
+        fencing_token: token,
+        ..Default::default()
+    };
+
+    let refused = client
+        .extend(extend("intruder", Some(60_000), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(refused.status(), ExtendStatus::NotHeld);
+    let refused = client
+        .extend(extend("owner", Some(60_000), Some(first.fencing_token + 1)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(refused.status(), ExtendStatus::NotHeld);
+
+    let extended = client
+        .extend(extend("owner", Some(60_000), Some(first.fencing_token)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(extended.status(), ExtendStatus::Extended);
+    let renewed = extended.grant.unwrap();
+    assert_eq!(renewed.fencing_token, first.fencing_token, "same grant");
+    assert_eq!(renewed.slot, first.slot);
+    assert_eq!(renewed.ttl_ms, 60_000);
+    assert!(renewed.expires_at_ms >= first.acquired_at_ms + 60_000);
+    let seen = client.inspect(inspect("x")).await.unwrap().into_inner();
+    assert!(seen.holders[0].remaining_ms > 50_000);
+
+    // Shortening works too, and no ttl means the grant's own ttl.
+    let short = client
+        .extend(extend("owner", Some(150), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(short.grant.unwrap().ttl_ms, 150);
+    let again = client
+        .extend(extend("owner", None, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.status(), ExtendStatus::Extended);
+    assert_eq!(again.grant.unwrap().ttl_ms, 150);
+
+    // Once the lease has passed, the holder learns it lost the lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lost = client
+        .extend(extend("owner", Some(60_000), None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(lost.status(), ExtendStatus::NotHeld);
+    assert!(lost.grant.is_none());
+    let seen = client.inspect(inspect("x")).await.unwrap().into_inner();
+    assert!(seen.holders.is_empty());
+}
+
+#[tokio::test]
+async fn no_key_of_the_lock_remains_after_the_last_release() {
+    let (redis, server) = setup().await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    for holder in ["h1", "h2", "h3"] {
+        client
+            .acquire(proto::AcquireRequest {
+                limit: Some(3),
+                metadata: [("who".to_string(), holder.to_string())].into(),
+                ..acquire("tidy", holder)
+            })
+            .await
+            .unwrap();
+    }
+    let held = scan_keys(&mut conn, "tumbler:*").await;
+    let per_lock: Vec<&String> = held
+        .iter()
+        .filter(|k| k.contains(":h:tidy") || k.contains(":i:tidy"))
+        .collect();
+    assert_eq!(per_lock.len(), 2, "held: {held:?}");
+    for holder in ["h1", "h2", "h3"] {
+        client.release(release("tidy", holder)).await.unwrap();
+    }
+    let left = scan_keys(&mut conn, "tumbler:*").await;
+    let shard_keys: Vec<&String> = left
+        .iter()
+        .filter(|k| *k != "tumbler:meta" && !k.ends_with(":fence"))
+        .collect();
+    assert!(shard_keys.is_empty(), "left after release: {left:?}");
+}
+
+#[tokio::test]
+async fn a_server_refuses_data_written_with_another_shard_count() {
+    let redis = start_redis();
+    let first = TestServer::start(&redis.url()).await;
+    let mut other = service_args();
+    other.shards = 16;
+    let second = TestServer::spawn(&redis.url(), other).await;
+    let outcome = second.finished().await;
+    let message = format!("{:#}", outcome.expect_err("must refuse"));
+    assert!(message.contains("shards"), "{message}");
+    // The first one is unaffected.
+    let mut client = first.client().await;
+    let reply = client
+        .acquire(acquire("still", "h"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+}
+
+#[tokio::test]
+async fn reflection_lists_the_lock_service() {
+    use tokio_stream::StreamExt;
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let (_redis, server) = setup().await;
+    let channel = tonic::transport::Channel::from_shared(server.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut replies = client
+        .server_reflection_info(tokio_stream::once(request))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply = replies.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+        panic!("unexpected reflection reply");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"tumbler.v1.LockService".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
+}
