@@ -86,6 +86,8 @@ pub struct ServerConfig {
     pub shards: u32,
     pub limits: Limits,
     pub health_interval: Duration,
+    /// After SIGTERM: how long to keep serving while reporting NOT_SERVING.
+    pub shutdown_drain: Duration,
     pub shutdown_grace: Duration,
 }
 
@@ -111,6 +113,7 @@ impl ServerConfig {
                 max_ttl_ms: args.max_ttl_ms,
             },
             health_interval: Duration::from_millis(args.health_interval_ms),
+            shutdown_drain: Duration::ZERO,
             shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
         })
     }
@@ -129,8 +132,21 @@ pub struct ServeArgs {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
+    /// After SIGTERM, how long to keep serving while health reports
+    /// NOT_SERVING, so load balancers and Kubernetes endpoints stop sending
+    /// new work before the port closes.
+    #[arg(long, env = "TUMBLER_SHUTDOWN_DRAIN_MS", default_value_t = 5_000)]
+    pub shutdown_drain_ms: u64,
     #[command(flatten)]
     pub service: ServiceArgs,
+}
+
+impl ServeArgs {
+    pub fn server_config(&self) -> anyhow::Result<ServerConfig> {
+        let mut config = ServerConfig::new(self.redis_url.clone(), &self.service)?;
+        config.shutdown_drain = Duration::from_millis(self.shutdown_drain_ms);
+        Ok(config)
+    }
 }
 
 /// `tumbler dev` flags.

@@ -34,7 +34,7 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init(&cli.log)?;
     match cli.command {
         Command::Serve(args) => {
-            let config = ServerConfig::new(args.redis_url.clone(), &args.service)?;
+            let config = args.server_config()?;
             let listener = bind(args.listen).await?;
             server::serve(config, listener, shutdown_signal()).await
         }

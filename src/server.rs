@@ -19,8 +19,13 @@ use crate::proto::{self, lock_service_server::LockServiceServer};
 use crate::store::Store;
 
 /// Health service names that follow Redis: the server as a whole ("") and
-/// the lock service.
+/// the lock service. Readiness probes use these.
 const REDIS_BOUND_SERVICES: [&str; 2] = ["", "tumbler.v1.LockService"];
+
+/// Health service name that is SERVING while the process runs, whatever
+/// Redis does: for liveness probes, so a Redis outage drains traffic
+/// (readiness) without restarting every replica.
+pub const LIVENESS_SERVICE: &str = "liveness";
 
 /// Serves until `shutdown` resolves, then stops accepting, lets in-flight
 /// RPCs finish and returns. Returns an error when the data in Redis was
@@ -38,6 +43,9 @@ pub async fn serve(
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     set_status(&reporter, ServingStatus::NotServing).await;
+    reporter
+        .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
+        .await;
     let watcher = tokio::spawn(watch_redis(
         engine.clone(),
         reporter.clone(),
@@ -62,8 +70,13 @@ pub async fn serve(
             () = shutdown => {}
             outcome = &mut watcher => fatal = Some(outcome),
         }
-        // Probes see the drain before connections close.
+        // Probes see the drain before the port closes; new work still gets
+        // served until endpoints have moved away.
         set_status(&reporter, ServingStatus::NotServing).await;
+        if fatal.is_none() && !config.shutdown_drain.is_zero() {
+            tracing::info!(drain = ?config.shutdown_drain, "NOT_SERVING; draining before shutdown");
+            tokio::time::sleep(config.shutdown_drain).await;
+        }
         tracing::info!("shutting down: no new connections, finishing in-flight RPCs");
         draining.notify_one();
     };

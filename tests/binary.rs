@@ -134,7 +134,7 @@ async fn serve_finishes_in_flight_rpcs_on_sigterm() {
     let mut serve = Command::new(TUMBLER)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
-        .args(["--redis-timeout-ms", "5000"])
+        .args(["--redis-timeout-ms", "5000", "--shutdown-drain-ms", "0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -170,4 +170,44 @@ async fn serve_finishes_in_flight_rpcs_on_sigterm() {
     assert!(status.success(), "tumbler serve exited with {status}");
     // And it no longer accepts connections.
     assert!(health_status(&endpoint, "").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_drains_after_sigterm_before_closing_its_port() {
+    let redis = start_redis();
+    let port = tumbler::dev::free_port().unwrap();
+    let mut serve = Command::new(TUMBLER)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
+        .args(["--shutdown-drain-ms", "1500"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    wait_for_health(&endpoint, ServingStatus::Serving).await;
+
+    kill(Pid::from_raw(serve.id() as i32), Signal::SIGTERM).unwrap();
+    // Readiness flips at once, liveness stays up, and new work is still
+    // served while endpoints drain.
+    wait_for_health(&endpoint, ServingStatus::NotServing).await;
+    assert_eq!(
+        health_status(&endpoint, "liveness").await.unwrap(),
+        ServingStatus::Serving
+    );
+    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint.clone())
+        .await
+        .unwrap();
+    let reply = client
+        .acquire(acquire("drain", "late"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+    drop(client);
+
+    let status = tokio::task::spawn_blocking(move || serve.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "tumbler serve exited with {status}");
 }

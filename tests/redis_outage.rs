@@ -41,6 +41,11 @@ async fn unavailable_while_redis_is_down_and_recovers_after() {
         server.health("tumbler.v1.LockService").await.unwrap(),
         ServingStatus::NotServing
     );
+    // Liveness does not follow Redis: an outage must not restart replicas.
+    assert_eq!(
+        server.health("liveness").await.unwrap(),
+        ServingStatus::Serving
+    );
 
     redis.restart().unwrap();
     server.wait_for_health(ServingStatus::Serving).await;
