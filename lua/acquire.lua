@@ -1,47 +1,97 @@
--- acquire: take one of `limit` permits of a lock for a holder, try once.
--- KEYS: 1 holders, 2 info, 3 shard index, 4 shard fence
--- ARGV: 1 holder, 2 limit, 3 ttl_ms, 4 kind, 5 metadata JSON, 6 lock name
--- Returns {status, grant record, expires_at, holders, next_expiry}
---   status 1 = acquired, 2 = already held (the existing grant), 0 = busy
-local holders_key, info_key, index_key, fence_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local holder, limit, ttl, name = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[6]
+-- acquire: take one of `limit` permits of a lock for a holder, or, when the
+-- caller waits, hold its place in the lock's queue.
+-- ARGV: 3 holder, 4 limit, 5 ttl_ms, 6 kind, 7 metadata JSON,
+--       8 mode ('try' once | 'wait'), 9 fair ('1' | '0'), 10 priority,
+--       11 queue_ttl_ms, 12 wait left (ms), 13 max waiters per lock
+-- Returns {status, grant record, expires_at, holders, next_expiry, position, now}
+--   status 1 = acquired, 2 = already held (the existing grant),
+--          0 = not granted (position > 0: queued at that place), -1 = queue full
+local holder, limit, ttl = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local waiting, fair, priority = ARGV[8] == 'wait', ARGV[9] == '1', tonumber(ARGV[10])
 local now, now_us = redis_now()
 
--- 1. Expired leases stop counting before anything is decided.
-local purged = purge_expired(holders_key, info_key, now)
+-- 1. Expired leases and dead waiters stop counting before anything is decided.
+local changed = purge_expired(now) + purge_dead_waiters(now) > 0
 
 -- 2. A holder with a live grant gets that same grant back (idempotent retry).
-local existing = redis.call('HGET', info_key, 'g:' .. holder)
+local existing = redis.call('HGET', INFO, 'g:' .. holder)
 if existing then
-  local expires = tonumber(redis.call('ZSCORE', holders_key, holder))
-  return {2, existing, expires, redis.call('ZCARD', holders_key), 0}
-end
-
--- 3. Every permit is taken: no grant; say when the first lease ends.
-local held = redis.call('ZCARD', holders_key)
-if held >= limit then
-  local next_expiry
-  if purged > 0 then
-    next_expiry = settle(holders_key, info_key, index_key, name)
-  else
-    next_expiry = tonumber(redis.call('ZRANGE', holders_key, 0, 0, 'WITHSCORES')[2])
+  if changed then
+    settle()
+    wake_eligible()
   end
-  return {0, '', 0, held, next_expiry}
+  local expires = tonumber(redis.call('ZSCORE', HOLDERS, holder))
+  return {2, existing, expires, redis.call('ZCARD', HOLDERS), 0, 0, now}
 end
 
--- 4. The smallest free slot: with `held` slots taken, one of 1..held+1 is free.
-local slot = 1
-while redis.call('HEXISTS', info_key, 's:' .. slot) == 1 do
-  slot = slot + 1
+-- 3. Its place: how many live requests go before it. Fair requests queue
+--    behind everyone of their priority or higher; barging ones do not.
+local held = redis.call('ZCARD', HOLDERS)
+local free = limit - held
+local queued_order = redis.call('ZSCORE', QUEUE, holder)
+local ahead = 0
+if fair and queued_order then
+  ahead = redis.call('ZCOUNT', QUEUE, '-inf', '(' .. queued_order)
+elseif fair then
+  ahead = redis.call('ZCOUNT', QUEUE, '-inf', '(' .. int((PRIORITY_MAX - priority + 1) * ARRIVALS))
 end
 
--- 5. Grant: a fresh fencing token, the lease, the record and the slot.
-local token = next_token(fence_key, now_us)
-local expires = now + ttl
-local record = string.format('%d|%d|%d|%d|%s|%s', token, slot, now, ttl, ARGV[4], ARGV[5])
-redis.call('ZADD', holders_key, expires, holder)
-redis.call('HSET', info_key, 'g:' .. holder, record, 's:' .. slot, holder, 'limit', limit)
+-- 4. Among the first `free` requests: grant, with a fresh token and the
+--    smallest free slot (with `held` slots taken, one of 1..held+1 is free).
+if ahead < free then
+  if queued_order then
+    drop_waiter(holder)
+  end
+  local slot = 1
+  while redis.call('HEXISTS', INFO, 's:' .. slot) == 1 do
+    slot = slot + 1
+  end
+  local token = next_token(now_us)
+  local expires = now + ttl
+  local record = string.format('%d|%d|%d|%d|%s|%s', token, slot, now, ttl, ARGV[6], ARGV[7])
+  redis.call('ZADD', HOLDERS, expires, holder)
+  redis.call('HSET', INFO, 'g:' .. holder, record, 's:' .. slot, holder, 'limit', limit)
+  local next_expiry = settle()
+  -- Permits left over go to the next waiters in line.
+  if free > 1 then
+    wake_eligible()
+  end
+  return {1, record, expires, held + 1, next_expiry, 0, now}
+end
 
--- 6. Key TTLs and the shard index follow the new lease.
-local next_expiry = settle(holders_key, info_key, index_key, name)
-return {1, record, expires, held + 1, next_expiry}
+-- 5. Not granted, trying once: nothing is queued.
+if not waiting then
+  local next_expiry
+  if changed then
+    next_expiry = settle()
+    wake_eligible()
+  else
+    next_expiry = tonumber(redis.call('ZRANGE', HOLDERS, 0, 0, 'WITHSCORES')[2] or 0)
+  end
+  return {0, '', 0, held, next_expiry, 0, now}
+end
+
+-- 6. Not granted, waiting: join the queue once (arrival order from the
+--    lock's counter), then keep the request alive for queue_ttl_ms.
+if not queued_order then
+  if redis.call('ZCARD', QUEUE) >= tonumber(ARGV[13]) then
+    if changed then
+      settle()
+      wake_eligible()
+    end
+    return {-1, '', 0, held, 0, 0, now}
+  end
+  local arrival = redis.call('HINCRBY', INFO, 'seq', 1)
+  redis.call('ZADD', QUEUE, int((PRIORITY_MAX - priority) * ARRIVALS + arrival), holder)
+  local fair_flag = fair and '1' or '0'
+  local wait_deadline = now + tonumber(ARGV[12])
+  redis.call('HSET', INFO, 'w:' .. holder, string.format('%d|%d|%d|%s', priority, now, wait_deadline, fair_flag))
+end
+redis.call('ZADD', DEADLINES, now + tonumber(ARGV[11]), holder)
+
+-- 7. Key TTLs, the index, and a wake-up when expiries freed permits.
+local next_expiry = settle()
+if changed then
+  wake_eligible()
+end
+return {0, '', 0, held, next_expiry, redis.call('ZRANK', QUEUE, holder) + 1, now}

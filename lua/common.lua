@@ -2,18 +2,36 @@
 -- in front of each operation script before loading). It holds the steps
 -- that several operations share, so each operation reads top to bottom.
 --
--- Layout of one lock (all keys share the shard's hash tag, so one script
--- touches one cluster slot):
---   holders ZSET  holder id -> lease expiry (ms, Redis clock)
---   info    HASH  'g:<holder>' -> grant record, 's:<slot>' -> holder,
---                 'limit' -> limit of the latest grant
---   index   ZSET  (per shard) lock name -> earliest lease expiry in it
---   fence   STRING (per shard) last fencing token
--- A grant record is 'token|slot|acquired_at_ms|ttl_ms|kind|metadata_json'.
+-- Every script gets the same keys and first two arguments. All keys share
+-- the shard's hash tag, so one script touches one cluster slot.
+--   KEYS[1] holders   ZSET holder id -> lease expiry (ms, Redis clock)
+--   KEYS[2] info      HASH 'g:<holder>' -> grant record, 's:<slot>' -> holder,
+--                          'w:<id>' -> waiter record, 'limit' -> limit of
+--                          the latest grant, 'seq' -> arrival counter
+--   KEYS[3] queue     ZSET waiting request id -> order (priority, arrival)
+--   KEYS[4] deadlines ZSET waiting request id -> liveness deadline (ms)
+--   KEYS[5] index     ZSET (per shard) lock name -> next time something in it expires
+--   KEYS[6] fence     STRING (per shard) last fencing token
+--   ARGV[1] the lock's name, ARGV[2] the wake-up channel
+-- A grant record is 'token|slot|acquired_at_ms|ttl_ms|kind|metadata_json';
+-- a waiter record is 'priority|enqueued_at_ms|wait_deadline_ms|fair'.
+
+local HOLDERS, INFO, QUEUE, DEADLINES, INDEX, FENCE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local LOCK_NAME, WAKE_CHANNEL = ARGV[1], ARGV[2]
 
 -- How long an idle shard keeps its fencing counter. Losing it is safe:
 -- tokens never fall below the Redis clock in microseconds (next_token).
 local FENCE_IDLE_TTL_MS = 7 * 24 * 3600 * 1000
+
+-- Queue order: higher priority first, then arrival. Priorities span
+-- -1000..1000 and arrivals stay below 2^42, so scores stay exact doubles.
+local PRIORITY_MAX = 1000
+local ARRIVALS = 4398046511104 -- 2^42
+
+-- Integers as exact decimal text (Lua's own tostring keeps 14 digits).
+local function int(n)
+  return string.format('%d', n)
+end
 
 -- The Redis clock, in milliseconds and in microseconds since the epoch.
 local function redis_now()
@@ -22,7 +40,7 @@ local function redis_now()
   return secs * 1000 + math.floor(micros / 1000), secs * 1000000 + micros
 end
 
--- The fencing token inside a grant record, as the decimal string it was
+-- The fencing token inside a grant record, as the decimal text it was
 -- written as (compared as text: no float rounding).
 local function record_token(record)
   return string.match(record, '^(%d+)|')
@@ -34,62 +52,101 @@ local function record_slot(record)
 end
 
 -- Remove one holder's grant: its record, its slot and its lease.
-local function drop_grant(holders_key, info_key, holder, record)
-  redis.call('HDEL', info_key, 'g:' .. holder, 's:' .. record_slot(record))
-  redis.call('ZREM', holders_key, holder)
+local function drop_grant(holder, record)
+  redis.call('HDEL', INFO, 'g:' .. holder, 's:' .. record_slot(record))
+  redis.call('ZREM', HOLDERS, holder)
 end
 
 -- Holders whose lease has passed stop counting now: drop their grants.
 -- Returns how many were dropped.
-local function purge_expired(holders_key, info_key, now)
-  local expired = redis.call('ZRANGEBYSCORE', holders_key, '-inf', now)
+local function purge_expired(now)
+  local expired = redis.call('ZRANGEBYSCORE', HOLDERS, '-inf', now)
   for _, holder in ipairs(expired) do
-    local record = redis.call('HGET', info_key, 'g:' .. holder)
+    local record = redis.call('HGET', INFO, 'g:' .. holder)
     if record then
-      drop_grant(holders_key, info_key, holder, record)
+      drop_grant(holder, record)
     else
-      redis.call('ZREM', holders_key, holder)
+      redis.call('ZREM', HOLDERS, holder)
     end
   end
   return #expired
 end
 
--- After any change: a lock nobody holds leaves no key behind; otherwise
--- both keys expire with the last lease (so Redis cleans up even if nothing
--- touches the lock again) and the shard index records the earliest expiry.
--- Returns the earliest lease expiry, or 0 when the lock is gone.
-local function settle(holders_key, info_key, index_key, name)
-  local last = redis.call('ZRANGE', holders_key, -1, -1, 'WITHSCORES')
-  if #last == 0 then
-    redis.call('DEL', holders_key, info_key)
-    redis.call('ZREM', index_key, name)
+-- Remove one waiting request from the queue.
+local function drop_waiter(id)
+  redis.call('ZREM', QUEUE, id)
+  redis.call('ZREM', DEADLINES, id)
+  redis.call('HDEL', INFO, 'w:' .. id)
+end
+
+-- Waiting requests whose replica stopped refreshing them (crashed, cut
+-- off) are dead: they leave the queue instead of holding it up.
+-- Returns how many were removed.
+local function purge_dead_waiters(now)
+  local dead = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', now)
+  for _, id in ipairs(dead) do
+    drop_waiter(id)
+  end
+  return #dead
+end
+
+-- Tell the waiters that may now be granted: the first (limit - holders)
+-- of the queue, in one message '<queue key>\n<id>\n<id>...' that every
+-- replica receives and hands to its own waiters.
+local function wake_eligible()
+  local held = redis.call('ZCARD', HOLDERS)
+  local free = tonumber(redis.call('HGET', INFO, 'limit') or '1') - held
+  if free <= 0 then
+    return
+  end
+  local ids = redis.call('ZRANGE', QUEUE, 0, free - 1)
+  if #ids > 0 then
+    redis.call('PUBLISH', WAKE_CHANNEL, QUEUE .. '\n' .. table.concat(ids, '\n'))
+  end
+end
+
+-- After any change: a lock nobody holds or waits for leaves no key behind;
+-- otherwise its keys expire with the last lease or waiter deadline (so
+-- Redis cleans up even if nothing touches the lock again) and the shard
+-- index records the next time something in the lock expires.
+-- Returns the earliest lease expiry, or 0 when nobody holds the lock.
+local function settle()
+  local last_lease = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
+  local last_waiter = redis.call('ZRANGE', DEADLINES, -1, -1, 'WITHSCORES')
+  if #last_lease == 0 and #last_waiter == 0 then
+    redis.call('DEL', HOLDERS, INFO, QUEUE, DEADLINES)
+    redis.call('ZREM', INDEX, LOCK_NAME)
     return 0
   end
-  local first = redis.call('ZRANGE', holders_key, 0, 0, 'WITHSCORES')
-  redis.call('PEXPIREAT', holders_key, last[2])
-  redis.call('PEXPIREAT', info_key, last[2])
-  redis.call('ZADD', index_key, first[2], name)
+  local keep_until = math.max(tonumber(last_lease[2] or 0), tonumber(last_waiter[2] or 0))
+  for _, key in ipairs({HOLDERS, INFO, QUEUE, DEADLINES}) do
+    redis.call('PEXPIREAT', key, int(keep_until))
+  end
+  local first_lease = redis.call('ZRANGE', HOLDERS, 0, 0, 'WITHSCORES')
+  local first_waiter = redis.call('ZRANGE', DEADLINES, 0, 0, 'WITHSCORES')
+  local next_event = math.min(tonumber(first_lease[2] or keep_until), tonumber(first_waiter[2] or keep_until))
+  redis.call('ZADD', INDEX, int(next_event), LOCK_NAME)
   -- The index lives as long as its longest-lived lock: a fresh index has no
   -- TTL yet (GT would refuse it), an existing one only ever grows its TTL.
-  if redis.call('PTTL', index_key) < 0 then
-    redis.call('PEXPIREAT', index_key, last[2])
+  if redis.call('PTTL', INDEX) < 0 then
+    redis.call('PEXPIREAT', INDEX, int(keep_until))
   else
-    redis.call('PEXPIREAT', index_key, last[2], 'GT')
+    redis.call('PEXPIREAT', INDEX, int(keep_until), 'GT')
   end
-  return tonumber(first[2])
+  return tonumber(first_lease[2] or 0)
 end
 
 -- The next fencing token of the shard: one more than the last one, and
 -- never below the Redis clock in microseconds. A lost counter (restart
 -- without persistence, failover to a lagging replica) therefore resumes
 -- above every token it handed out, as long as the clock moves forward.
-local function next_token(fence_key, now_us)
-  local last = tonumber(redis.call('GET', fence_key) or '0')
+local function next_token(now_us)
+  local last = tonumber(redis.call('GET', FENCE) or '0')
   if last < now_us then
-    redis.call('SET', fence_key, string.format('%d', now_us))
+    redis.call('SET', FENCE, int(now_us))
   end
-  local token = redis.call('INCR', fence_key)
-  redis.call('PEXPIRE', fence_key, FENCE_IDLE_TTL_MS)
+  local token = redis.call('INCR', FENCE)
+  redis.call('PEXPIRE', FENCE, FENCE_IDLE_TTL_MS)
   return token
 end
 

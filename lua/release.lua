@@ -1,25 +1,27 @@
 -- release: give a grant back; only its holder can, optionally pinned to its
--- fencing token.
--- KEYS: 1 holders, 2 info, 3 shard index
--- ARGV: 1 holder, 2 fencing token ('' = any), 3 lock name
+-- fencing token. The freed permit goes to the next waiters in line.
+-- ARGV: 3 holder, 4 fencing token ('' = any)
 -- Returns 1 = released, 0 = not held (nothing changed for this holder)
-local holders_key, info_key, index_key = KEYS[1], KEYS[2], KEYS[3]
-local holder, token, name = ARGV[1], ARGV[2], ARGV[3]
+local holder, token = ARGV[3], ARGV[4]
 local now = redis_now()
 
--- 1. Expired leases are gone first: an expired holder no longer holds.
-local purged = purge_expired(holders_key, info_key, now)
+-- 1. Expired leases and dead waiters go first: an expired holder no longer holds.
+local changed = purge_expired(now) + purge_dead_waiters(now) > 0
 
 -- 2. Only a live grant of this holder (with this token, if given) is released.
-local record = redis.call('HGET', info_key, 'g:' .. holder)
+local record = redis.call('HGET', INFO, 'g:' .. holder)
 if not record or (token ~= '' and record_token(record) ~= token) then
-  if purged > 0 then
-    settle(holders_key, info_key, index_key, name)
+  if changed then
+    settle()
+    wake_eligible()
   end
   return 0
 end
 
 -- 3. Drop the grant; the last one out deletes the lock's keys.
-drop_grant(holders_key, info_key, holder, record)
-settle(holders_key, info_key, index_key, name)
+drop_grant(holder, record)
+settle()
+
+-- 4. Wake whoever may take the permit now.
+wake_eligible()
 return 1

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::api::validate::Limits;
+use crate::engine::WaitLimits;
 use crate::store::StoreConfig;
 
 /// Settings shared by `tumbler serve` and `tumbler dev`.
@@ -35,6 +36,21 @@ pub struct ServiceArgs {
     /// Longest lease a request may ask for (default: one day).
     #[arg(long, env = "TUMBLER_MAX_TTL_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_ttl_ms: u64,
+    /// Longest wait_ms a request may ask for (default: one hour).
+    #[arg(long, env = "TUMBLER_MAX_WAIT_MS", default_value_t = 3_600_000)]
+    pub max_wait_ms: u64,
+    /// Waiting-request TTL (queue_ttl_ms) when a request gives none: how
+    /// long a waiter whose server died can hold up the queue.
+    #[arg(long, env = "TUMBLER_DEFAULT_QUEUE_TTL_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub default_queue_ttl_ms: u64,
+    /// Waiting requests one lock's queue may hold, over all replicas;
+    /// beyond it Acquire answers RESOURCE_EXHAUSTED.
+    #[arg(long, env = "TUMBLER_MAX_WAITERS_PER_LOCK", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_waiters_per_lock: u32,
+    /// Waiting RPCs one replica may hold open; beyond it Acquire answers
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "TUMBLER_MAX_WAITERS", default_value_t = 100_000)]
+    pub max_waiters: usize,
     /// How often the health check pings Redis.
     #[arg(long, env = "TUMBLER_HEALTH_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub health_interval_ms: u64,
@@ -85,6 +101,7 @@ pub struct ServerConfig {
     pub key_prefix: String,
     pub shards: u32,
     pub limits: Limits,
+    pub wait_limits: WaitLimits,
     pub health_interval: Duration,
     /// After SIGTERM: how long to keep serving while reporting NOT_SERVING.
     pub shutdown_drain: Duration,
@@ -111,6 +128,12 @@ impl ServerConfig {
                 max_limit: args.max_limit,
                 default_ttl_ms: args.default_ttl_ms,
                 max_ttl_ms: args.max_ttl_ms,
+                max_wait_ms: args.max_wait_ms,
+                default_queue_ttl_ms: args.default_queue_ttl_ms,
+            },
+            wait_limits: WaitLimits {
+                max_waiters_per_lock: args.max_waiters_per_lock,
+                max_waiters_per_replica: args.max_waiters,
             },
             health_interval: Duration::from_millis(args.health_interval_ms),
             shutdown_drain: Duration::ZERO,

@@ -14,6 +14,7 @@ use tonic_health::server::HealthReporter;
 use crate::api::LockApi;
 use crate::config::ServerConfig;
 use crate::engine::keys::Layout;
+use crate::engine::waiters::run_subscriber;
 use crate::engine::{LayoutError, LockEngine};
 use crate::proto::{self, lock_service_server::LockServiceServer};
 use crate::store::Store;
@@ -36,10 +37,20 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let store = Store::new(&config.store)?;
+    let layout = Layout::new(&config.key_prefix, config.shards);
+    let wake_channel = layout.wake_channel();
     let engine = Arc::new(LockEngine::new(
-        store,
-        Layout::new(&config.key_prefix, config.shards),
+        store.clone(),
+        layout,
+        config.wait_limits.clone(),
     ));
+    // The replica's one wake-up subscription and its waiter heartbeats.
+    let subscriber = tokio::spawn(run_subscriber(
+        engine.waiters().clone(),
+        store,
+        wake_channel,
+    ));
+    let refresher = tokio::spawn(engine.clone().run_refresher());
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     set_status(&reporter, ServingStatus::NotServing).await;
@@ -60,7 +71,7 @@ pub async fn serve(
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let api = LockApi::new(engine, config.limits.clone());
+    let api = LockApi::new(engine.clone(), config.limits.clone());
 
     let mut watcher = std::pin::pin!(watcher);
     let mut fatal = None;
@@ -77,7 +88,12 @@ pub async fn serve(
             tracing::info!(drain = ?config.shutdown_drain, "NOT_SERVING; draining before shutdown");
             tokio::time::sleep(config.shutdown_drain).await;
         }
-        tracing::info!("shutting down: no new connections, finishing in-flight RPCs");
+        tracing::info!(
+            "shutting down: no new connections, finishing in-flight RPCs; waiters answered UNAVAILABLE"
+        );
+        // Waiting RPCs leave their queues and answer UNAVAILABLE, so their
+        // clients retry on another replica instead of holding this one up.
+        engine.waiters().shut_down();
         draining.notify_one();
     };
     let serving = Server::builder()
@@ -100,6 +116,9 @@ pub async fn serve(
         ),
     }
 
+    engine.waiters().shut_down();
+    subscriber.abort();
+    refresher.abort();
     match fatal {
         Some(Ok(Err(err))) => Err(err.into()),
         Some(Err(join)) => Err(anyhow::anyhow!("redis watcher failed: {join}")),

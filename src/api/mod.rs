@@ -6,10 +6,13 @@
 pub mod validate;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
-use crate::engine::{self, AcquireOutcome, ExtendOutcome, LockEngine, LockId, ReleaseOutcome};
+use crate::engine::{
+    self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome,
+};
 use crate::proto::{
     self, AcquireStatus, ExtendStatus, NotAcquiredReason, ReleaseStatus,
     lock_service_server::LockService,
@@ -30,17 +33,52 @@ impl LockApi {
 }
 
 /// Redis trouble is UNAVAILABLE (retry elsewhere or later; nothing was
-/// granted); a reply the engine cannot read is INTERNAL.
-fn store_status(err: StoreError) -> Status {
+/// granted); a reply the engine cannot read is INTERNAL; full queues are
+/// RESOURCE_EXHAUSTED; a replica shutting down is UNAVAILABLE.
+fn engine_status(err: EngineError) -> Status {
     match err {
-        StoreError::Unavailable(detail) => {
+        EngineError::Store(StoreError::Unavailable(detail)) => {
             tracing::warn!(%detail, "redis unavailable");
             Status::unavailable(format!("lock store unavailable: {detail}"))
         }
-        StoreError::Protocol(detail) => {
+        EngineError::Store(StoreError::Protocol(detail)) => {
             tracing::error!(%detail, "unexpected redis reply");
             Status::internal("lock store answered unexpectedly")
         }
+        err @ (EngineError::QueueFull(_) | EngineError::TooManyWaiters(_)) => {
+            Status::resource_exhausted(err.to_string())
+        }
+        err @ EngineError::ShuttingDown => Status::unavailable(err.to_string()),
+    }
+}
+
+/// The time left before the caller's gRPC deadline (`grpc-timeout`), if
+/// it set one: `<digits><unit>`, unit one of H M S m u n.
+fn grpc_deadline<T>(request: &Request<T>) -> Option<Duration> {
+    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// How long to wait: the request's wait_ms, cut short so that the reply
+/// (NOT_ACQUIRED, TIMEOUT) still reaches the caller before its deadline.
+fn effective_wait(wait_ms: u64, deadline: Option<Duration>) -> Duration {
+    let asked = Duration::from_millis(wait_ms);
+    match deadline {
+        Some(left) => {
+            let margin = (left / 20).max(Duration::from_millis(20));
+            asked.min(left.saturating_sub(margin))
+        }
+        None => asked,
     }
 }
 
@@ -76,10 +114,22 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::AcquireRequest>,
     ) -> Result<Response<proto::AcquireResponse>, Status> {
+        let deadline = grpc_deadline(&request);
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
         let holder = validate::optional_holder(&req.holder)?.unwrap_or_else(new_holder_id);
+        let wait_ms = validate::wait_ms(req.wait_ms, &self.limits)?;
         let acquire = engine::AcquireRequest {
+            wait: if wait_ms == 0 {
+                Duration::ZERO
+            } else {
+                // A deadline too close to wait at all still waits 1 ms
+                // rather than turning into a try-once.
+                effective_wait(wait_ms, deadline).max(Duration::from_millis(1))
+            },
+            queue_ttl_ms: validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits)?,
+            priority: validate::priority(req.priority)?,
+            fair: req.fair.unwrap_or(true),
             limit: validate::limit(req.limit, &self.limits)?,
             ttl_ms: validate::ttl_ms(req.ttl_ms, &self.limits)?,
             kind: validate::kind(&req.kind)?,
@@ -92,7 +142,7 @@ impl LockService for LockApi {
         span.record("name", &acquire.lock.name);
         span.record("holder", &acquire.holder);
 
-        let reply = match self.engine.acquire(&acquire).await.map_err(store_status)? {
+        let reply = match self.engine.acquire(&acquire).await.map_err(engine_status)? {
             AcquireOutcome::Acquired { grant, holders } => proto::AcquireResponse {
                 status: AcquireStatus::Acquired.into(),
                 grant: Some(grant_reply(grant)),
@@ -115,6 +165,18 @@ impl LockService for LockApi {
                 next_expiry_at_ms,
                 ..Default::default()
             },
+            AcquireOutcome::TimedOut {
+                holders,
+                next_expiry_at_ms,
+                position,
+            } => proto::AcquireResponse {
+                status: AcquireStatus::NotAcquired.into(),
+                reason: NotAcquiredReason::Timeout.into(),
+                holders,
+                next_expiry_at_ms,
+                queue_position: position,
+                ..Default::default()
+            },
         };
         tracing::debug!(status = ?reply.status(), "acquire answered");
         Ok(Response::new(reply))
@@ -133,7 +195,7 @@ impl LockService for LockApi {
             .engine
             .release(&lock, &holder, token)
             .await
-            .map_err(store_status)?
+            .map_err(engine_status)?
         {
             ReleaseOutcome::Released => ReleaseStatus::Released,
             ReleaseOutcome::NotHeld => ReleaseStatus::NotHeld,
@@ -157,7 +219,7 @@ impl LockService for LockApi {
             .engine
             .extend(&lock, &holder, ttl, token)
             .await
-            .map_err(store_status)?
+            .map_err(engine_status)?
         {
             ExtendOutcome::Extended(grant) => proto::ExtendResponse {
                 status: ExtendStatus::Extended.into(),
@@ -178,7 +240,7 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::InspectResponse>, Status> {
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
-        let state = self.engine.inspect(&lock).await.map_err(store_status)?;
+        let state = self.engine.inspect(&lock).await.map_err(engine_status)?;
         let now_ms = state.now_ms;
         Ok(Response::new(proto::InspectResponse {
             namespace: lock.namespace,
@@ -192,6 +254,40 @@ impl LockService for LockApi {
                 .map(|grant| proto::HolderInfo {
                     remaining_ms: grant.expires_at_ms - now_ms,
                     grant: Some(grant_reply(grant)),
+                })
+                .collect(),
+        }))
+    }
+
+    #[tracing::instrument(name = "Queue", skip_all, fields(namespace, name))]
+    async fn queue(
+        &self,
+        request: Request<proto::QueueRequest>,
+    ) -> Result<Response<proto::QueueResponse>, Status> {
+        let req = request.into_inner();
+        let lock = lock_id(&req.namespace, &req.name)?;
+        let most = validate::max_entries(req.max_entries)?;
+        let state = self
+            .engine
+            .queue(&lock, most)
+            .await
+            .map_err(engine_status)?;
+        Ok(Response::new(proto::QueueResponse {
+            namespace: lock.namespace,
+            name: lock.name,
+            waiters: state.waiters,
+            now_ms: state.now_ms,
+            requests: state
+                .requests
+                .into_iter()
+                .map(|r| proto::QueuedRequest {
+                    holder: r.holder,
+                    position: r.position,
+                    priority: r.priority,
+                    enqueued_at_ms: r.enqueued_at_ms,
+                    expires_at_ms: r.expires_at_ms,
+                    wait_deadline_ms: r.wait_deadline_ms,
+                    fair: r.fair,
                 })
                 .collect(),
         }))

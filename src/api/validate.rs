@@ -15,6 +15,64 @@ pub struct Limits {
     pub default_ttl_ms: u64,
     /// Longest lease a request may ask for.
     pub max_ttl_ms: u64,
+    /// Longest wait a request may ask for.
+    pub max_wait_ms: u64,
+    /// Waiting-request TTL when a request gives none.
+    pub default_queue_ttl_ms: u64,
+}
+
+pub const MIN_QUEUE_TTL_MS: u64 = 100;
+pub const MAX_PRIORITY: i32 = 1000;
+pub const DEFAULT_QUEUE_ENTRIES: u32 = 100;
+pub const MAX_QUEUE_ENTRIES: u32 = 1000;
+
+/// 0 (try once) ..= max_wait_ms.
+pub fn wait_ms(value: u64, limits: &Limits) -> Result<u64, Status> {
+    if value > limits.max_wait_ms {
+        return Err(invalid(
+            "wait_ms",
+            format!("must be at most {}", limits.max_wait_ms),
+        ));
+    }
+    Ok(value)
+}
+
+/// Absent → the default; otherwise 100..=max_ttl_ms.
+pub fn queue_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<u64, Status> {
+    match value {
+        None => Ok(limits.default_queue_ttl_ms),
+        Some(ms) if !(MIN_QUEUE_TTL_MS..=limits.max_ttl_ms).contains(&ms) => Err(invalid(
+            "queue_ttl_ms",
+            format!(
+                "must be between {MIN_QUEUE_TTL_MS} and {}",
+                limits.max_ttl_ms
+            ),
+        )),
+        Some(ms) => Ok(ms),
+    }
+}
+
+/// -1000..=1000.
+pub fn priority(value: i32) -> Result<i32, Status> {
+    if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&value) {
+        return Err(invalid(
+            "priority",
+            format!("must be between -{MAX_PRIORITY} and {MAX_PRIORITY}"),
+        ));
+    }
+    Ok(value)
+}
+
+/// 0 → 100; otherwise at most 1000.
+pub fn max_entries(value: u32) -> Result<u32, Status> {
+    match value {
+        0 => Ok(DEFAULT_QUEUE_ENTRIES),
+        n if n > MAX_QUEUE_ENTRIES => Err(invalid(
+            "max_entries",
+            format!("must be at most {MAX_QUEUE_ENTRIES}"),
+        )),
+        n => Ok(n),
+    }
 }
 
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -182,6 +240,8 @@ mod tests {
             max_limit: 100,
             default_ttl_ms: 30_000,
             max_ttl_ms: 60_000,
+            max_wait_ms: 10_000,
+            default_queue_ttl_ms: 5_000,
         }
     }
 
@@ -216,6 +276,12 @@ mod tests {
         rejects(kind("Jobs"), "kind");
         rejects(kind(&"k".repeat(33)), "kind");
         rejects(fencing_token(Some(0)), "fencing_token");
+        rejects(wait_ms(10_001, &limits()), "wait_ms");
+        rejects(queue_ttl_ms(Some(99), &limits()), "queue_ttl_ms");
+        rejects(queue_ttl_ms(Some(60_001), &limits()), "queue_ttl_ms");
+        rejects(priority(1001), "priority");
+        rejects(priority(-1001), "priority");
+        rejects(max_entries(1001), "max_entries");
         let many: HashMap<_, _> = (0..33).map(|i| (i.to_string(), String::new())).collect();
         rejects(metadata(&many), "metadata");
         let long = HashMap::from([("k".to_owned(), "v".repeat(1025))]);

@@ -23,8 +23,10 @@ pub struct LockKeys {
     pub holders: String,
     /// HASH of grant records, slots and the lock's limit.
     pub info: String,
-    /// ZSET of waiting requests; exists only while someone waits.
+    /// ZSET of waiting requests in grant order; exists only while someone waits.
     pub queue: String,
+    /// ZSET waiting request → liveness deadline; exists with the queue.
+    pub deadlines: String,
     /// ZSET (per shard) lock name → earliest lease expiry.
     pub index: String,
     /// STRING (per shard) last fencing token handed out.
@@ -63,6 +65,7 @@ impl Layout {
             holders: format!("{shard}:h:{name}"),
             info: format!("{shard}:i:{name}"),
             queue: format!("{shard}:q:{name}"),
+            deadlines: format!("{shard}:d:{name}"),
             index: format!("{shard}:index"),
             fence: format!("{shard}:fence"),
         }
@@ -73,9 +76,29 @@ impl Layout {
         format!("{}:{{{namespace}:{shard}}}", self.prefix)
     }
 
+    /// The pub/sub channel on which scripts name the waiters that may now
+    /// be granted. Every replica subscribes to it once.
+    pub fn wake_channel(&self) -> String {
+        format!("{}:wake", self.prefix)
+    }
+
     /// The deployment's own record (layout version and shard count).
     pub fn meta_key(&self) -> String {
         format!("{}:meta", self.prefix)
+    }
+}
+
+impl LockKeys {
+    /// The keys in the order every script expects them (see lua/common.lua).
+    pub fn as_script_keys(&self) -> [&str; 6] {
+        [
+            &self.holders,
+            &self.info,
+            &self.queue,
+            &self.deadlines,
+            &self.index,
+            &self.fence,
+        ]
     }
 }
 

@@ -1,17 +1,24 @@
 //! The lock engine: every lock operation as one Lua script on one shard,
-//! with typed inputs and outcomes. The gRPC layer validates requests and
-//! maps outcomes to replies; the semantics (who gets a permit, fencing,
-//! expiry, cleanup) live here and in `lua/`.
+//! with typed inputs and outcomes, plus server-side waiting (see
+//! [`waiters`]). The gRPC layer validates requests and maps outcomes to
+//! replies; the semantics (who gets a permit, queue order, fencing, expiry,
+//! cleanup) live here and in `lua/`.
 
 pub mod keys;
 pub mod scripts;
+pub mod waiters;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::store::{Store, StoreError};
-use keys::{LAYOUT_VERSION, Layout};
+use keys::{LAYOUT_VERSION, Layout, LockKeys};
 use scripts::Scripts;
+use waiters::{RegisterError, Waiters};
 
 /// A lock, named within a namespace. Both are already validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +49,15 @@ pub struct AcquireRequest {
     pub ttl_ms: u64,
     pub kind: String,
     pub metadata: BTreeMap<String, String>,
+    /// How long to wait for a permit; zero tries once.
+    pub wait: Duration,
+    /// How long a waiting request lives in Redis without a refresh.
+    pub queue_ttl_ms: u64,
+    /// Higher goes first; FIFO within a priority.
+    pub priority: i32,
+    /// Fair requests take their turn in the queue; barging ones take any
+    /// free permit.
+    pub fair: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,10 +66,16 @@ pub enum AcquireOutcome {
     Acquired { grant: Grant, holders: u32 },
     /// The holder already held a live grant: that grant, unchanged.
     AlreadyHeld { grant: Grant, holders: u32 },
-    /// Every permit is taken; the first lease ends at `next_expiry_at_ms`.
+    /// Tried once: every permit is taken (or the queue goes first).
     Busy {
         holders: u32,
         next_expiry_at_ms: i64,
+    },
+    /// Waited until the wait ended; `position` was its place in the queue.
+    TimedOut {
+        holders: u32,
+        next_expiry_at_ms: i64,
+        position: u32,
     },
 }
 
@@ -79,11 +101,67 @@ pub struct LockState {
     pub holders: Vec<Grant>,
 }
 
+/// One live waiting request, as the Queue RPC shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedRequest {
+    pub holder: String,
+    pub position: u32,
+    pub priority: i32,
+    pub enqueued_at_ms: i64,
+    /// When the request is dropped unless its replica refreshes it.
+    pub expires_at_ms: i64,
+    /// When its RPC stops waiting.
+    pub wait_deadline_ms: i64,
+    pub fair: bool,
+}
+
+/// What the Queue RPC sees of a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueState {
+    pub now_ms: i64,
+    pub waiters: u32,
+    pub requests: Vec<QueuedRequest>,
+}
+
+/// Why an engine call failed. Not getting a lock is not a failure.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the queue of this lock is full ({0} waiting requests)")]
+    QueueFull(u32),
+    #[error("this replica already holds {0} waiting requests")]
+    TooManyWaiters(usize),
+    #[error("this replica is shutting down; retry on another")]
+    ShuttingDown,
+}
+
+impl From<RegisterError> for EngineError {
+    fn from(err: RegisterError) -> Self {
+        match err {
+            RegisterError::TooManyWaiters(max) => EngineError::TooManyWaiters(max),
+            RegisterError::ShuttingDown => EngineError::ShuttingDown,
+        }
+    }
+}
+
+/// Bounds on waiting.
+#[derive(Clone, Debug)]
+pub struct WaitLimits {
+    /// Waiting requests one lock's queue may hold (all replicas together).
+    pub max_waiters_per_lock: u32,
+    /// Waiting RPCs one replica may hold open.
+    pub max_waiters_per_replica: usize,
+}
+
 /// The lock engine. Shared by all handlers; cheap to use concurrently.
 pub struct LockEngine {
     store: Store,
     layout: Layout,
     scripts: Scripts,
+    waiters: Arc<Waiters>,
+    wake_channel: String,
+    max_waiters_per_lock: String,
     /// Set once the data in Redis is known to use this deployment's layout;
     /// until then every operation answers UNAVAILABLE.
     layout_verified: AtomicBool,
@@ -100,9 +178,23 @@ pub enum LayoutError {
     Mismatch { found: String, expected: String },
 }
 
+/// What one acquire script call answered.
+struct Attempt {
+    status: i64,
+    record: String,
+    expires_at: i64,
+    holders: u32,
+    next_expiry: i64,
+    position: u32,
+    now: i64,
+}
+
 impl LockEngine {
-    pub fn new(store: Store, layout: Layout) -> Self {
+    pub fn new(store: Store, layout: Layout, limits: WaitLimits) -> Self {
         LockEngine {
+            wake_channel: layout.wake_channel(),
+            waiters: Waiters::new(limits.max_waiters_per_replica),
+            max_waiters_per_lock: limits.max_waiters_per_lock.to_string(),
             store,
             layout,
             scripts: Scripts::new(),
@@ -116,6 +208,10 @@ impl LockEngine {
 
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    pub fn waiters(&self) -> &Arc<Waiters> {
+        &self.waiters
     }
 
     /// Records this deployment's layout in Redis, or checks the one already
@@ -151,40 +247,208 @@ impl LockEngine {
         }
     }
 
-    pub async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.ready()?;
-        let keys = self.layout.lock_keys(&req.lock.namespace, &req.lock.name);
-        let metadata = serde_json::to_string(&req.metadata)
-            .map_err(|e| StoreError::Protocol(format!("metadata encoding: {e}")))?;
-        let (status, record, expires_at, holders, next_expiry): (i64, String, i64, u32, i64) = self
-            .store
-            .run_script(
+    /// Runs one operation script on a lock's keys: the lock name and the
+    /// wake channel go first, then the operation's own arguments.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        lock: &LockId,
+        keys: &LockKeys,
+        args: &[&str],
+    ) -> Result<T, StoreError> {
+        let mut all_args = Vec::with_capacity(args.len() + 2);
+        all_args.push(lock.name.as_str());
+        all_args.push(self.wake_channel.as_str());
+        all_args.extend_from_slice(args);
+        self.store
+            .run_script(script, &keys.as_script_keys(), &all_args)
+            .await
+    }
+
+    async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        keys: &LockKeys,
+        metadata: &str,
+        wait_left: Option<Duration>,
+    ) -> Result<Attempt, StoreError> {
+        let wait_left_ms = wait_left.map_or(0, |d| d.as_millis().max(1) as u64);
+        let (status, record, expires_at, holders, next_expiry, position, now) = self
+            .run(
                 &self.scripts.acquire,
-                &[&keys.holders, &keys.info, &keys.index, &keys.fence],
+                &req.lock,
+                keys,
                 &[
                     &req.holder,
                     &req.limit.to_string(),
                     &req.ttl_ms.to_string(),
                     &req.kind,
-                    &metadata,
-                    &req.lock.name,
+                    metadata,
+                    if wait_left.is_some() { "wait" } else { "try" },
+                    if req.fair { "1" } else { "0" },
+                    &req.priority.to_string(),
+                    &req.queue_ttl_ms.to_string(),
+                    &wait_left_ms.to_string(),
+                    &self.max_waiters_per_lock,
                 ],
             )
             .await?;
-        match status {
-            1 => Ok(AcquireOutcome::Acquired {
-                grant: parse_grant(&req.holder, &record, expires_at)?,
-                holders,
-            }),
-            2 => Ok(AcquireOutcome::AlreadyHeld {
-                grant: parse_grant(&req.holder, &record, expires_at)?,
-                holders,
-            }),
-            0 => Ok(AcquireOutcome::Busy {
-                holders,
-                next_expiry_at_ms: next_expiry,
-            }),
-            other => Err(StoreError::Protocol(format!("acquire status {other}"))),
+        Ok(Attempt {
+            status,
+            record,
+            expires_at,
+            holders,
+            next_expiry,
+            position,
+            now,
+        })
+    }
+
+    /// Takes a permit, trying once or waiting in this server (in the
+    /// lock's queue) until granted or `req.wait` has passed.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+    ) -> Result<AcquireOutcome, EngineError> {
+        self.ready()?;
+        let keys = self.layout.lock_keys(&req.lock.namespace, &req.lock.name);
+        let metadata = serde_json::to_string(&req.metadata)
+            .map_err(|e| StoreError::Protocol(format!("metadata encoding: {e}")))?;
+        if req.wait.is_zero() {
+            let attempt = self.attempt(req, &keys, &metadata, None).await?;
+            return match granted(req, &attempt)? {
+                Some(outcome) => Ok(outcome),
+                None => Ok(AcquireOutcome::Busy {
+                    holders: attempt.holders,
+                    next_expiry_at_ms: attempt.next_expiry,
+                }),
+            };
+        }
+        self.acquire_waiting(req, &keys, &metadata).await
+    }
+
+    async fn acquire_waiting(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        keys: &LockKeys,
+        metadata: &str,
+    ) -> Result<AcquireOutcome, EngineError> {
+        let deadline = Instant::now() + req.wait;
+        // Registered before the first script call: no wake-up is missed.
+        let registration = self.waiters.register(
+            keys,
+            &req.lock.name,
+            &req.holder,
+            req.queue_ttl_ms,
+            req.fair,
+        )?;
+        // Leaves the queue if this future is dropped (client cancelled,
+        // deadline passed) or fails while queued.
+        let mut queued = QueuedGuard {
+            engine: self.clone(),
+            lock: req.lock.clone(),
+            keys: keys.clone(),
+            holder: req.holder.clone(),
+            armed: false,
+        };
+        loop {
+            let wait_left = deadline.saturating_duration_since(Instant::now());
+            let attempt = self.attempt(req, keys, metadata, Some(wait_left)).await?;
+            if let Some(outcome) = granted(req, &attempt)? {
+                queued.armed = false;
+                return Ok(outcome);
+            }
+            if attempt.status == -1 {
+                return Err(EngineError::QueueFull(
+                    self.max_waiters_per_lock.parse().unwrap_or(u32::MAX),
+                ));
+            }
+            queued.armed = true;
+            // Near the head, also wake when the first lease runs out, so an
+            // expiry hands over without a release.
+            let expiry = (attempt.next_expiry > 0 && attempt.position <= req.limit).then(|| {
+                Instant::now()
+                    + Duration::from_millis((attempt.next_expiry - attempt.now).max(0) as u64 + 1)
+            });
+            tokio::select! {
+                () = registration.notified() => {}
+                () = sleep_until_some(expiry) => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    queued.armed = false;
+                    let position = self.dequeue(&req.lock, keys, &req.holder).await?;
+                    return Ok(AcquireOutcome::TimedOut {
+                        holders: attempt.holders,
+                        next_expiry_at_ms: attempt.next_expiry,
+                        position: if position > 0 { position } else { attempt.position },
+                    });
+                }
+                () = self.waiters.shutdown_token().cancelled() => {
+                    return Err(EngineError::ShuttingDown);
+                }
+            }
+        }
+    }
+
+    /// Takes a waiting request out of the queue; returns the position it
+    /// had (0 when it was not queued).
+    async fn dequeue(
+        &self,
+        lock: &LockId,
+        keys: &LockKeys,
+        holder: &str,
+    ) -> Result<u32, StoreError> {
+        self.run(&self.scripts.dequeue, lock, keys, &[holder]).await
+    }
+
+    /// Renews this replica's requests on one lock; returns the ids whose
+    /// place was lost meanwhile.
+    async fn refresh(&self, batch: &waiters::RefreshBatch) -> Result<Vec<String>, StoreError> {
+        let lock = LockId {
+            namespace: String::new(),
+            name: batch.name.clone(),
+        };
+        let ttls: Vec<String> = batch
+            .requests
+            .iter()
+            .map(|(_, ttl)| ttl.to_string())
+            .collect();
+        let mut args = Vec::with_capacity(batch.requests.len() * 2);
+        for ((id, _), ttl) in batch.requests.iter().zip(&ttls) {
+            args.push(id.as_str());
+            args.push(ttl.as_str());
+        }
+        self.run(&self.scripts.refresh, &lock, &batch.keys, &args)
+            .await
+    }
+
+    /// Keeps this replica's waiting requests alive until shutdown: per
+    /// lock, one script call every queue_ttl/3.
+    pub async fn run_refresher(self: Arc<Self>) {
+        let shutdown = self.waiters.shutdown_token().clone();
+        loop {
+            let (due, next) = self.waiters.take_due(Instant::now());
+            let mut calls = tokio::task::JoinSet::new();
+            for batch in due {
+                let engine = self.clone();
+                calls.spawn(async move {
+                    match engine.refresh(&batch).await {
+                        Ok(lost) if !lost.is_empty() => {
+                            // Their place is gone: let them queue again.
+                            let lost: Vec<&str> = lost.iter().map(String::as_str).collect();
+                            engine.waiters.wake(&batch.keys.queue, &lost);
+                        }
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(error = %err, lock = %batch.name, "refreshing waiters failed"),
+                    }
+                });
+            }
+            let next = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(next) => {}
+                () = self.waiters.refresh_changed() => {}
+            }
+            while calls.join_next().await.is_some() {}
         }
     }
 
@@ -193,15 +457,15 @@ impl LockEngine {
         lock: &LockId,
         holder: &str,
         fencing_token: Option<u64>,
-    ) -> Result<ReleaseOutcome, StoreError> {
+    ) -> Result<ReleaseOutcome, EngineError> {
         self.ready()?;
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
         let released: i64 = self
-            .store
-            .run_script(
+            .run(
                 &self.scripts.release,
-                &[&keys.holders, &keys.info, &keys.index],
-                &[holder, &token_arg(fencing_token), &lock.name],
+                lock,
+                &keys,
+                &[holder, &token_arg(fencing_token)],
             )
             .await?;
         Ok(if released == 1 {
@@ -218,16 +482,16 @@ impl LockEngine {
         holder: &str,
         ttl_ms: Option<u64>,
         fencing_token: Option<u64>,
-    ) -> Result<ExtendOutcome, StoreError> {
+    ) -> Result<ExtendOutcome, EngineError> {
         self.ready()?;
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
         let ttl = ttl_ms.map(|t| t.to_string()).unwrap_or_default();
         let (extended, record, expires_at): (i64, String, i64) = self
-            .store
-            .run_script(
+            .run(
                 &self.scripts.extend,
-                &[&keys.holders, &keys.info, &keys.index],
-                &[holder, &token_arg(fencing_token), &ttl, &lock.name],
+                lock,
+                &keys,
+                &[holder, &token_arg(fencing_token), &ttl],
             )
             .await?;
         if extended == 1 {
@@ -239,17 +503,11 @@ impl LockEngine {
         }
     }
 
-    pub async fn inspect(&self, lock: &LockId) -> Result<LockState, StoreError> {
+    pub async fn inspect(&self, lock: &LockId) -> Result<LockState, EngineError> {
         self.ready()?;
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
-        let (now_ms, limit, waiters, live): (i64, u32, u32, Vec<(String, i64, String)>) = self
-            .store
-            .run_script(
-                &self.scripts.inspect,
-                &[&keys.holders, &keys.info, &keys.queue],
-                &[],
-            )
-            .await?;
+        let (now_ms, limit, waiters, live): (i64, u32, u32, Vec<(String, i64, String)>) =
+            self.run(&self.scripts.inspect, lock, &keys, &[]).await?;
         let mut holders = live
             .iter()
             .map(|(holder, expires_at, record)| parse_grant(holder, record, *expires_at))
@@ -261,6 +519,77 @@ impl LockEngine {
             waiters,
             holders,
         })
+    }
+
+    /// The live waiting requests of a lock in grant order (at most `most`).
+    pub async fn queue(&self, lock: &LockId, most: u32) -> Result<QueueState, EngineError> {
+        self.ready()?;
+        let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
+        let (now_ms, waiters, entries): (i64, u32, Vec<(String, i64, String)>) = self
+            .run(&self.scripts.queue, lock, &keys, &[&most.to_string()])
+            .await?;
+        let requests = entries
+            .iter()
+            .zip(1..)
+            .map(|((holder, expires_at, record), position)| {
+                parse_waiter(holder, record, *expires_at, position)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(QueueState {
+            now_ms,
+            waiters,
+            requests,
+        })
+    }
+}
+
+/// A granted (or already held) attempt as an outcome; None when not granted.
+fn granted(req: &AcquireRequest, attempt: &Attempt) -> Result<Option<AcquireOutcome>, StoreError> {
+    let grant = || parse_grant(&req.holder, &attempt.record, attempt.expires_at);
+    Ok(match attempt.status {
+        1 => Some(AcquireOutcome::Acquired {
+            grant: grant()?,
+            holders: attempt.holders,
+        }),
+        2 => Some(AcquireOutcome::AlreadyHeld {
+            grant: grant()?,
+            holders: attempt.holders,
+        }),
+        0 | -1 => None,
+        other => return Err(StoreError::Protocol(format!("acquire status {other}"))),
+    })
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes a waiting request out of the queue when its RPC goes away while
+/// queued (dropped future: client cancelled, deadline passed, error).
+struct QueuedGuard {
+    engine: Arc<LockEngine>,
+    lock: LockId,
+    keys: LockKeys,
+    holder: String,
+    armed: bool,
+}
+
+impl Drop for QueuedGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let engine = self.engine.clone();
+        let (lock, keys, holder) = (self.lock.clone(), self.keys.clone(), self.holder.clone());
+        tokio::spawn(async move {
+            if let Err(err) = engine.dequeue(&lock, &keys, &holder).await {
+                // Its liveness deadline will drop it instead.
+                tracing::warn!(error = %err, lock = %lock.name, "leaving the queue failed");
+            }
+        });
     }
 }
 
@@ -289,6 +618,27 @@ fn parse_grant(holder: &str, record: &str, expires_at_ms: i64) -> Result<Grant, 
         ttl_ms,
         kind,
         metadata,
+    })
+}
+
+/// Decodes a waiter record: `priority|enqueued_at_ms|wait_deadline_ms|fair`.
+fn parse_waiter(
+    holder: &str,
+    record: &str,
+    expires_at_ms: i64,
+    position: u32,
+) -> Result<QueuedRequest, StoreError> {
+    let bad = || StoreError::Protocol(format!("waiter record of {holder:?} not understood"));
+    let mut fields = record.splitn(4, '|');
+    let mut next = || fields.next().ok_or_else(bad);
+    Ok(QueuedRequest {
+        holder: holder.to_owned(),
+        position,
+        priority: next()?.parse().map_err(|_| bad())?,
+        enqueued_at_ms: next()?.parse().map_err(|_| bad())?,
+        wait_deadline_ms: next()?.parse().map_err(|_| bad())?,
+        fair: next()? == "1",
+        expires_at_ms,
     })
 }
 

@@ -19,6 +19,9 @@ pub struct Scripts {
     pub release: Script,
     pub extend: Script,
     pub inspect: Script,
+    pub queue: Script,
+    pub refresh: Script,
+    pub dequeue: Script,
 }
 
 impl Scripts {
@@ -28,6 +31,9 @@ impl Scripts {
             release: Script::new(lua!("release.lua")),
             extend: Script::new(lua!("extend.lua")),
             inspect: Script::new(lua!("inspect.lua")),
+            queue: Script::new(lua!("queue.lua")),
+            refresh: Script::new(lua!("refresh.lua")),
+            dequeue: Script::new(lua!("dequeue.lua")),
         }
     }
 }

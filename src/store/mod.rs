@@ -129,6 +129,9 @@ impl bb8::ManageConnection for Manager {
 #[derive(Clone)]
 pub struct Store {
     pool: bb8::Pool<Manager>,
+    /// For the one pub/sub connection a replica keeps (outside the pool:
+    /// a subscribed connection cannot run commands).
+    client: Client,
     command_timeout: Duration,
 }
 
@@ -148,11 +151,12 @@ impl Store {
             .connection_timeout(config.command_timeout)
             .retry_connection(false)
             .build_unchecked(Manager {
-                client,
+                client: client.clone(),
                 config: connection_config,
             });
         Ok(Store {
             pool,
+            client,
             command_timeout: config.command_timeout,
         })
     }
@@ -222,6 +226,24 @@ impl Store {
             .with_connection(|mut conn| async move { cmd.query_async(&mut conn).await })
             .await?;
         convert(reply)
+    }
+
+    /// Subscribes to `channel` on a connection of its own; the stream ends
+    /// when that connection is lost.
+    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, StoreError> {
+        let subscribe = async {
+            let mut pubsub = self.client.get_async_pubsub().await?;
+            pubsub.subscribe(channel).await?;
+            Ok::<_, RedisError>(pubsub.into_on_message())
+        };
+        match tokio::time::timeout(self.command_timeout, subscribe).await {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(err)) => Err(StoreError::from_redis(err)),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "redis did not accept a subscription within {:?}",
+                self.command_timeout
+            ))),
+        }
     }
 
     /// True when Redis answers a PING within the command timeout.

@@ -38,6 +38,10 @@ pub fn service_args() -> ServiceArgs {
         max_ttl_ms: 3_600_000,
         health_interval_ms: 100,
         shutdown_grace_ms: 5_000,
+        max_wait_ms: 600_000,
+        default_queue_ttl_ms: 5_000,
+        max_waiters_per_lock: 10_000,
+        max_waiters: 100_000,
     }
 }
 

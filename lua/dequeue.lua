@@ -1,0 +1,21 @@
+-- dequeue: a waiting request leaves the queue (its RPC timed out or was
+-- cancelled).
+-- ARGV: 3 request id
+-- Returns the position it had (1-based), or 0 when it was not queued.
+local id = ARGV[3]
+local now = redis_now()
+
+-- 1. Expired leases and dead waiters leave too.
+purge_expired(now)
+purge_dead_waiters(now)
+
+-- 2. Leave the queue.
+local rank = redis.call('ZRANK', QUEUE, id)
+if rank then
+  drop_waiter(id)
+end
+
+-- 3. Key TTLs and the index; whoever moves up may now be granted.
+settle()
+wake_eligible()
+return rank and rank + 1 or 0

@@ -1,0 +1,310 @@
+//! This replica's waiting Acquire RPCs: who waits on which lock, how each
+//! one is woken, and the two background tasks that serve them.
+//!
+//! - The **subscriber** keeps ONE Redis pub/sub subscription per replica.
+//!   Scripts publish `<queue key>\n<id>\n<id>…` naming the requests that may
+//!   now be granted; the subscriber wakes exactly those local waiters (and
+//!   every barging waiter of that lock). After a (re)subscription it wakes
+//!   everyone, since notifications may have been missed meanwhile.
+//! - The **refresher** keeps this replica's requests alive in Redis: per
+//!   lock, one script call every queue_ttl/3 renews all local requests'
+//!   liveness deadlines at once, purges what died elsewhere and re-sends
+//!   wake-ups (covering a lost notification). Idle waiting costs Redis only
+//!   these heartbeats: nobody polls.
+//!
+//! Why a std `Mutex`: it is held only for map updates, never across an
+//! `.await`, so a blocking lock is cheaper than an async one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::keys::LockKeys;
+
+/// One waiting RPC.
+struct Entry {
+    registration: u64,
+    notify: Arc<Notify>,
+    queue_ttl_ms: u64,
+    fair: bool,
+}
+
+/// The local waiters of one lock.
+struct LockWaiters {
+    keys: LockKeys,
+    name: String,
+    /// Holder id → its waiting RPCs (normally one).
+    by_holder: HashMap<String, Vec<Entry>>,
+    next_refresh: Instant,
+}
+
+impl LockWaiters {
+    fn refresh_every(&self) -> Duration {
+        let shortest = self
+            .by_holder
+            .values()
+            .flatten()
+            .map(|e| e.queue_ttl_ms)
+            .min()
+            .unwrap_or(3_000);
+        Duration::from_millis((shortest / 3).max(10))
+    }
+}
+
+/// Why a waiter could not be registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterError {
+    TooManyWaiters(usize),
+    ShuttingDown,
+}
+
+/// Work for the refresher: one lock's keys, name and local requests.
+pub struct RefreshBatch {
+    pub keys: LockKeys,
+    pub name: String,
+    pub requests: Vec<(String, u64)>,
+}
+
+/// The registry of this replica's waiters.
+pub struct Waiters {
+    /// Queue key → that lock's local waiters.
+    locks: Mutex<HashMap<String, LockWaiters>>,
+    count: AtomicUsize,
+    max_waiters: usize,
+    next_registration: AtomicU64,
+    /// Tells the refresher that a lock needs refreshing sooner.
+    refresh_changed: Notify,
+    shutdown: CancellationToken,
+}
+
+/// A registered waiter; unregisters itself when dropped.
+pub struct Registration {
+    waiters: Arc<Waiters>,
+    queue_key: String,
+    holder: String,
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+impl Registration {
+    /// Resolves when a wake-up arrives (one that arrived since the last
+    /// call is not lost: Notify keeps a permit).
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.waiters
+            .unregister(&self.queue_key, &self.holder, self.id);
+    }
+}
+
+impl Waiters {
+    pub fn new(max_waiters: usize) -> Arc<Self> {
+        Arc::new(Waiters {
+            locks: Mutex::new(HashMap::new()),
+            count: AtomicUsize::new(0),
+            max_waiters,
+            next_registration: AtomicU64::new(1),
+            refresh_changed: Notify::new(),
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    /// Waiting RPCs on this replica right now.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Registers a waiter before its first script call, so no wake-up can
+    /// slip between the call and the wait.
+    pub fn register(
+        self: &Arc<Self>,
+        keys: &LockKeys,
+        name: &str,
+        holder: &str,
+        queue_ttl_ms: u64,
+        fair: bool,
+    ) -> Result<Registration, RegisterError> {
+        if self.shutdown.is_cancelled() {
+            return Err(RegisterError::ShuttingDown);
+        }
+        if self.count.fetch_add(1, Ordering::AcqRel) >= self.max_waiters {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+            return Err(RegisterError::TooManyWaiters(self.max_waiters));
+        }
+        let id = self.next_registration.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        let first_refresh = Instant::now() + Duration::from_millis((queue_ttl_ms / 3).max(10));
+        {
+            let mut locks = self.locks.lock().unwrap();
+            let lock = locks
+                .entry(keys.queue.clone())
+                .or_insert_with(|| LockWaiters {
+                    keys: keys.clone(),
+                    name: name.to_owned(),
+                    by_holder: HashMap::new(),
+                    next_refresh: first_refresh,
+                });
+            lock.next_refresh = lock.next_refresh.min(first_refresh);
+            lock.by_holder
+                .entry(holder.to_owned())
+                .or_default()
+                .push(Entry {
+                    registration: id,
+                    notify: notify.clone(),
+                    queue_ttl_ms,
+                    fair,
+                });
+        }
+        self.refresh_changed.notify_one();
+        Ok(Registration {
+            waiters: self.clone(),
+            queue_key: keys.queue.clone(),
+            holder: holder.to_owned(),
+            id,
+            notify,
+        })
+    }
+
+    fn unregister(&self, queue_key: &str, holder: &str, id: u64) {
+        let mut locks = self.locks.lock().unwrap();
+        let Some(lock) = locks.get_mut(queue_key) else {
+            return;
+        };
+        if let Some(entries) = lock.by_holder.get_mut(holder) {
+            let before = entries.len();
+            entries.retain(|e| e.registration != id);
+            if entries.len() < before {
+                self.count.fetch_sub(1, Ordering::AcqRel);
+            }
+            if entries.is_empty() {
+                lock.by_holder.remove(holder);
+            }
+        }
+        if lock.by_holder.is_empty() {
+            locks.remove(queue_key);
+        }
+    }
+
+    /// Wakes the named requests of a lock, and its barging waiters (who
+    /// take any free permit, whatever their place).
+    pub fn wake(&self, queue_key: &str, ids: &[&str]) {
+        let locks = self.locks.lock().unwrap();
+        let Some(lock) = locks.get(queue_key) else {
+            return;
+        };
+        for id in ids {
+            for entry in lock.by_holder.get(*id).into_iter().flatten() {
+                entry.notify.notify_one();
+            }
+        }
+        for entry in lock.by_holder.values().flatten().filter(|e| !e.fair) {
+            entry.notify.notify_one();
+        }
+    }
+
+    /// Wakes every local waiter (after notifications may have been missed).
+    pub fn wake_all(&self) {
+        let locks = self.locks.lock().unwrap();
+        for entry in locks.values().flat_map(|l| l.by_holder.values().flatten()) {
+            entry.notify.notify_one();
+        }
+    }
+
+    /// Handles one pub/sub message: `<queue key>\n<id>\n<id>…`.
+    pub fn handle_message(&self, payload: &str) {
+        let mut parts = payload.split('\n');
+        if let Some(queue_key) = parts.next() {
+            let ids: Vec<&str> = parts.collect();
+            self.wake(queue_key, &ids);
+        }
+    }
+
+    /// The locks due for a refresh now (their next one is scheduled), and
+    /// when the next lock falls due.
+    pub fn take_due(&self, now: Instant) -> (Vec<RefreshBatch>, Option<Instant>) {
+        let mut locks = self.locks.lock().unwrap();
+        let mut due = Vec::new();
+        let mut next = None::<Instant>;
+        for lock in locks.values_mut() {
+            if lock.next_refresh <= now {
+                lock.next_refresh = now + lock.refresh_every();
+                due.push(RefreshBatch {
+                    keys: lock.keys.clone(),
+                    name: lock.name.clone(),
+                    requests: lock
+                        .by_holder
+                        .iter()
+                        .filter_map(|(holder, entries)| {
+                            let ttl = entries.iter().map(|e| e.queue_ttl_ms).min()?;
+                            Some((holder.clone(), ttl))
+                        })
+                        .collect(),
+                });
+            }
+            next = Some(next.map_or(lock.next_refresh, |n| n.min(lock.next_refresh)));
+        }
+        (due, next)
+    }
+
+    /// Resolves when a new waiter may need an earlier refresh.
+    pub async fn refresh_changed(&self) {
+        self.refresh_changed.notified().await
+    }
+
+    /// Ends all waiting: waiters answer UNAVAILABLE so clients retry on
+    /// another replica; no new waiter is accepted.
+    pub fn shut_down(&self) {
+        self.shutdown.cancel();
+    }
+
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+}
+
+/// Pumps wake-up messages from Redis into `waiters` until shutdown.
+pub async fn run_subscriber(waiters: Arc<Waiters>, store: crate::store::Store, channel: String) {
+    let mut backoff = Duration::from_millis(100);
+    while !waiters.shutdown.is_cancelled() {
+        match store.subscribe(&channel).await {
+            Ok(mut messages) => {
+                backoff = Duration::from_millis(100);
+                tracing::debug!(%channel, "subscribed to wake-ups");
+                waiters.wake_all();
+                loop {
+                    tokio::select! {
+                        () = waiters.shutdown.cancelled() => return,
+                        message = messages.next() => match message {
+                            Some(message) => match message.get_payload::<String>() {
+                                Ok(payload) => waiters.handle_message(&payload),
+                                Err(err) => tracing::warn!(error = %err, "unreadable wake-up message"),
+                            },
+                            None => break,
+                        },
+                    }
+                }
+                tracing::warn!("wake-up subscription lost; resubscribing");
+            }
+            Err(err) => tracing::debug!(error = %err, "cannot subscribe to wake-ups yet"),
+        }
+        tokio::select! {
+            () = waiters.shutdown.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
