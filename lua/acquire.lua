@@ -36,9 +36,11 @@ elseif fair then
   ahead = redis.call('ZCOUNT', QUEUE, '-inf', '(' .. int((PRIORITY_MAX - priority + 1) * ARRIVALS))
 end
 
--- 4. Among the first `free` requests: grant, with a fresh token and the
+-- 4. A free permit and nobody ahead: grant, with a fresh token and the
 --    smallest free slot (with `held` slots taken, one of 1..held+1 is free).
-if ahead < free then
+--    Only the head of the queue is granted, so grants follow queue order
+--    exactly, for semaphores too.
+if free > 0 and ahead == 0 then
   if queued_order then
     drop_waiter(holder)
   end
@@ -52,7 +54,7 @@ if ahead < free then
   redis.call('ZADD', HOLDERS, expires, holder)
   redis.call('HSET', INFO, 'g:' .. holder, record, 's:' .. slot, holder, 'limit', limit)
   local next_expiry = settle()
-  -- Permits left over go to the next waiters in line.
+  -- A permit left over goes to the next waiter in line.
   if free > 1 then
     wake_eligible()
   end

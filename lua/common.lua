@@ -90,18 +90,18 @@ local function purge_dead_waiters(now)
   return #dead
 end
 
--- Tell the waiters that may now be granted: the first (limit - holders)
--- of the queue, in one message '<queue key>\n<id>\n<id>...' that every
--- replica receives and hands to its own waiters.
+-- Tell the head of the queue that it may now be granted, in one message
+-- '<queue key>\n<id>' that every replica receives and hands to its own
+-- waiter. The head, once granted, wakes the next one while permits remain.
 local function wake_eligible()
   local held = redis.call('ZCARD', HOLDERS)
   local free = tonumber(redis.call('HGET', INFO, 'limit') or '1') - held
   if free <= 0 then
     return
   end
-  local ids = redis.call('ZRANGE', QUEUE, 0, free - 1)
-  if #ids > 0 then
-    redis.call('PUBLISH', WAKE_CHANNEL, QUEUE .. '\n' .. table.concat(ids, '\n'))
+  local head = redis.call('ZRANGE', QUEUE, 0, 0)
+  if #head > 0 then
+    redis.call('PUBLISH', WAKE_CHANNEL, QUEUE .. '\n' .. head[1])
   end
 end
 

@@ -364,9 +364,10 @@ impl LockEngine {
                 ));
             }
             queued.armed = true;
-            // Near the head, also wake when the first lease runs out, so an
-            // expiry hands over without a release.
-            let expiry = (attempt.next_expiry > 0 && attempt.position <= req.limit).then(|| {
+            // At the head, also wake when the first lease runs out, so an
+            // expiry hands over without a release. (Only the head can be
+            // granted; it wakes the next one while permits remain.)
+            let expiry = (attempt.next_expiry > 0 && attempt.position == 1).then(|| {
                 Instant::now()
                     + Duration::from_millis((attempt.next_expiry - attempt.now).max(0) as u64 + 1)
             });
