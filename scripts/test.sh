@@ -24,3 +24,6 @@ fi
 
 echo "==> $(redis-server --version | cut -d' ' -f1-3), $(cargo --version)"
 cargo test --locked --all-targets "$@"
+
+echo "==> Helm chart checks"
+helm/tests/run.sh

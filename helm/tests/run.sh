@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Checks the Helm chart in helm/tumbler without a cluster or a helm binary:
+# strict lint, rendering and values.schema.json through the Helm v4 SDK
+# (PyPI helm-python-sdk), Kubernetes 1.29 schema validation of every manifest
+# (kubernetes-validate --strict) and yamllint on the rendered output.
+# Installs the Python packages it needs with pip when they are missing.
+# Extra arguments go to pytest (e.g. -k pdb).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON="${PYTHON:-python3}"
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  echo "$PYTHON is missing: install Python 3.10 or newer" >&2
+  exit 1
+fi
+
+# module to import -> pip requirement
+declare -A requirements=(
+  [helm_python]="helm-python-sdk>=0.2.2,<0.3"
+  [kubernetes_validate]="kubernetes-validate>=1.29"
+  [yamllint]="yamllint>=1.35"
+  [pytest]="pytest>=8"
+  [yaml]="PyYAML>=6"
+)
+missing=()
+for module in "${!requirements[@]}"; do
+  if ! "$PYTHON" -c "import $module" >/dev/null 2>&1; then
+    missing+=("${requirements[$module]}")
+  fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "==> installing ${missing[*]} (pip)"
+  PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install --quiet --disable-pip-version-check "${missing[@]}"
+fi
+
+# No .pytest_cache or __pycache__ left behind in the work tree.
+export PYTHONDONTWRITEBYTECODE=1
+exec "$PYTHON" -m pytest -p no:cacheprovider -q test_chart.py "$@"

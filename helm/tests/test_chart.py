@@ -1,0 +1,816 @@
+"""Checks of the tumbler Helm chart, with no cluster and no helm binary.
+
+The chart is linted and rendered by the Helm v4 SDK (helm-python-sdk), which
+applies values.schema.json exactly as `helm install` does. Every rendered
+manifest is validated against the Kubernetes 1.29 OpenAPI schemas in strict
+mode (kubernetes-validate) and linted as YAML (yamllint); then the
+properties the service depends on are asserted one by one.
+
+Run through helm/tests/run.sh, which installs the packages first.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import functools
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from yamllint import linter as yamllint_linter
+from yamllint.config import YamlLintConfig
+
+HERE = Path(__file__).resolve().parent
+CHART = HERE.parent / "tumbler"
+REPO = HERE.parent.parent
+RELEASE = "locks"
+NAMESPACE = "infra"
+KUBE_VERSION = "1.29.0"
+# API groups of custom resources: kubernetes-validate has no schema for them,
+# so they are parsed and checked by hand instead.
+CRD_GROUPS = {"monitoring.coreos.com"}
+RUN_AS_USER = 65532
+GRPC_PORT = 50051
+HTTP_PORT = 9090
+
+SECRET_PASSWORD = "s3cr3t-Pa55word"
+REDIS_URL_WITH_PASSWORD = f"redis://:{SECRET_PASSWORD}@redis.infra.svc:6379/0"
+
+# Everything optional switched on, the autoscaler included.
+ALL_FEATURES: dict[str, Any] = {
+    "replicaCount": 3,
+    "image": {"repository": "registry.example.com/tumbler", "digest": "sha256:" + "ab" * 32},
+    "imagePullSecrets": [{"name": "registry-credentials"}],
+    "commonLabels": {"team": "platform"},
+    "redis": {"existingSecret": "redis-credentials", "existingSecretKey": "url"},
+    "config": {"logLevel": "tumbler=debug,info", "shards": 64},
+    "extraEnv": [
+        {"name": "OTEL_SERVICE_NAME", "value": "tumbler"},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ],
+    "serviceAccount": {"annotations": {"iam.example.com/role": "tumbler"}},
+    "service": {"annotations": {"example.com/exposed": "false"}},
+    "podAnnotations": {"example.com/owner": "platform"},
+    "podLabels": {"tier": "locks"},
+    "priorityClassName": "high-priority",
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "tumbler"}},
+        }
+    ],
+    "autoscaling": {
+        "enabled": True,
+        "minReplicas": 3,
+        "maxReplicas": 12,
+        "targetCPUUtilizationPercentage": 60,
+        "targetMemoryUtilizationPercentage": 80,
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}},
+    },
+    "serviceMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "5s", "labels": {"release": "prometheus"}},
+    "networkPolicy": {
+        "enabled": True,
+        "grpcFrom": [{"namespaceSelector": {"matchLabels": {"tumbler-client": "true"}}}],
+        "httpFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        "redis": {"ports": [6379, 26379], "to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "redis"}}}]},
+        "dns": {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}]},
+        "extraEgress": [{"ports": [{"port": 4317, "protocol": "TCP"}]}],
+    },
+}
+
+# The same, with a fixed replica count instead of the autoscaler.
+THREE_REPLICAS = copy.deepcopy(ALL_FEATURES)
+THREE_REPLICAS["autoscaling"] = {"enabled": False}
+
+SCENARIOS = {
+    "defaults": {},
+    "all-features": ALL_FEATURES,
+    "three-replicas": THREE_REPLICAS,
+}
+
+EXPECTED_KINDS = {
+    "defaults": {"ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"},
+    "all-features": {
+        "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy",
+        "PodDisruptionBudget", "Service", "ServiceAccount", "ServiceMonitor",
+    },
+    "three-replicas": {
+        "ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget",
+        "Service", "ServiceAccount", "ServiceMonitor",
+    },
+}
+
+YAMLLINT_CONFIG = YamlLintConfig(
+    """
+extends: default
+rules:
+  line-length: disable
+  indentation:
+    spaces: consistent
+    indent-sequences: whatever
+"""
+)
+
+
+# --------------------------------------------------------------------------
+# Helpers
+
+
+def _key(values: dict[str, Any] | None) -> str:
+    return json.dumps(values or {}, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _chart() -> helm.Chart:
+    return helm.Chart.load(CHART)
+
+
+@functools.lru_cache(maxsize=None)
+def _render_cached(key: str, release: str) -> dict[str, str]:
+    return _chart().render(json.loads(key), name=release, namespace=NAMESPACE, is_install=True)
+
+
+def render(values: dict[str, Any] | None = None, release: str = RELEASE) -> dict[str, str]:
+    """Template path -> rendered text, as `helm template` would produce."""
+    return dict(_render_cached(_key(values), release))
+
+
+def manifests(rendered: dict[str, str]) -> list[dict[str, Any]]:
+    """Every Kubernetes object in the rendered templates (NOTES.txt aside)."""
+    objects = []
+    for path in sorted(rendered):
+        if not path.endswith((".yaml", ".yml")):
+            continue
+        for doc in yaml.safe_load_all(rendered[path]):
+            if doc is not None:
+                assert isinstance(doc, dict), f"{path}: a document is not a mapping: {doc!r}"
+                objects.append(doc)
+    return objects
+
+
+def stream(rendered: dict[str, str]) -> str:
+    """The manifests as one YAML stream, in the form `helm template` prints."""
+    parts = []
+    for path in sorted(rendered):
+        if path.endswith((".yaml", ".yml")) and rendered[path].strip():
+            text = rendered[path]
+            parts.append(f"---\n# Source: {path}\n{text}" + ("" if text.endswith("\n") else "\n"))
+    return "".join(parts)
+
+
+def objects_of(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return manifests(render(values))
+
+
+def kinds(objects: list[dict[str, Any]]) -> list[str]:
+    return [o["kind"] for o in objects]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected exactly one {kind}, found {len(found)}"
+    return found[0]
+
+
+def none_of(objects: list[dict[str, Any]], kind: str) -> None:
+    assert kind not in kinds(objects), f"no {kind} was expected"
+
+
+def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]
+
+
+def tumbler_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = pod_spec(deployment)["containers"]
+    assert [c["name"] for c in containers] == ["tumbler"]
+    return containers[0]
+
+
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def config_data(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return one(objects, "ConfigMap")["data"]
+
+
+def lint_errors(values: dict[str, Any] | None = None) -> list[str]:
+    """Findings of a strict lint that would fail `helm lint --strict`."""
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    problems = [f"{m['path']}: {m['error']}" for m in report["messages"] if m["severity"] >= 2]
+    return problems + list(report["errors"])
+
+
+def all_text(rendered: dict[str, str]) -> str:
+    return "\n".join(rendered.values())
+
+
+# --------------------------------------------------------------------------
+# Lint
+
+
+def test_chart_metadata():
+    meta = _chart().metadata
+    assert meta["apiVersion"] == "v2"
+    assert meta["name"] == "tumbler"
+    assert meta["appVersion"] == "0.1.0"
+    assert meta["type"] == "application"
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "all-features", "three-replicas"])
+def test_strict_lint_passes(scenario):
+    assert lint_errors(SCENARIOS[scenario]) == []
+
+
+def test_strict_lint_reports_a_broken_value():
+    # The lint is not vacuous: a value that breaks the schema is reported.
+    assert lint_errors({"replicaCount": "two"})
+
+
+# --------------------------------------------------------------------------
+# Kubernetes schemas and YAML
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_renders_expected_resources(scenario):
+    objects = objects_of(SCENARIOS[scenario])
+    assert sorted(kinds(objects)) == sorted(EXPECTED_KINDS[scenario])
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
+        assert obj["metadata"]["namespace"] == NAMESPACE
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_manifests_validate_against_kubernetes_schemas(scenario):
+    validated = 0
+    for obj in objects_of(SCENARIOS[scenario]):
+        group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
+        try:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+            validated += 1
+        except kubernetes_validate.SchemaNotFoundError:
+            assert group in CRD_GROUPS, f"no Kubernetes {KUBE_VERSION} schema for {obj['apiVersion']} {obj['kind']}"
+        except kubernetes_validate.ValidationError as err:
+            path = ".".join(str(p) for p in err.path)
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {path}: {err.message}")
+    assert validated >= len(EXPECTED_KINDS["defaults"])
+
+
+def test_kubernetes_validate_command_line(tmp_path):
+    # The same check through the tool's own command line, on the full stream.
+    path = tmp_path / "all-features.yaml"
+    path.write_text(stream(render(ALL_FEATURES)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", KUBE_VERSION, "--quiet", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ERROR" not in proc.stdout
+    # Only the custom resource may lack a schema.
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("WARN")]
+    assert all("ServiceMonitor" in line for line in warnings), warnings
+
+
+def test_kubernetes_validation_is_not_vacuous():
+    deployment = copy.deepcopy(one(objects_of(), "Deployment"))
+    kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+    tumbler_container(deployment)["readinessProbe"]["grpc"]["portt"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+
+
+def test_custom_resources_parse():
+    monitor = one(objects_of(ALL_FEATURES), "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    assert isinstance(monitor["spec"]["endpoints"], list) and monitor["spec"]["endpoints"]
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_yamllint_passes(scenario):
+    text = stream(render(SCENARIOS[scenario]))
+    problems = list(yamllint_linter.run(text, YAMLLINT_CONFIG))
+    lines = text.splitlines()
+    assert not problems, "\n".join(f"{p.line}:{p.column} {p.level} {p.message} [{p.rule}]: {lines[p.line - 1]!r}" for p in problems)
+
+
+# --------------------------------------------------------------------------
+# The Deployment
+
+
+def test_readiness_probe_is_grpc_on_the_redis_bound_service():
+    probe = tumbler_container(one(objects_of(), "Deployment"))["readinessProbe"]
+    assert probe["grpc"] == {"port": GRPC_PORT, "service": ""}
+
+
+def test_liveness_probe_is_grpc_on_the_liveness_service():
+    probe = tumbler_container(one(objects_of(), "Deployment"))["livenessProbe"]
+    assert probe["grpc"] == {"port": GRPC_PORT, "service": "liveness"}
+
+
+def test_startup_probe_is_grpc_on_the_liveness_service():
+    probe = tumbler_container(one(objects_of(), "Deployment"))["startupProbe"]
+    assert probe["grpc"] == {"port": GRPC_PORT, "service": "liveness"}
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= 10
+
+
+def test_container_ports():
+    container = tumbler_container(one(objects_of(), "Deployment"))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": GRPC_PORT, "http": HTTP_PORT}
+    data = config_data(objects_of())
+    assert data["TUMBLER_LISTEN"].endswith(f":{GRPC_PORT}")
+    assert data["TUMBLER_HTTP_LISTEN"].endswith(f":{HTTP_PORT}")
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_security_context(scenario):
+    deployment = one(objects_of(SCENARIOS[scenario]), "Deployment")
+    pod = pod_spec(deployment).get("securityContext", {})
+    ctr = tumbler_container(deployment).get("securityContext", {})
+    effective = {**pod, **ctr}  # container settings win over pod settings
+    assert effective["runAsNonRoot"] is True
+    assert effective["runAsUser"] == RUN_AS_USER
+    assert effective["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert ctr["readOnlyRootFilesystem"] is True
+    assert ctr["allowPrivilegeEscalation"] is False
+    assert ctr["capabilities"]["drop"] == ["ALL"]
+    assert not ctr["capabilities"].get("add")
+    assert not ctr.get("privileged", False)
+
+
+def test_resources_have_requests_and_limits():
+    resources = tumbler_container(one(objects_of(), "Deployment"))["resources"]
+    assert set(resources["requests"]) >= {"cpu", "memory"}
+    assert set(resources["limits"]) >= {"memory"}
+
+
+@pytest.mark.parametrize(
+    "drain_ms, grace_ms",
+    [(None, None), (30_000, 60_000), (1, 1), (0, 0), (4_500, 0), (5_000, 10_001)],
+)
+def test_termination_grace_outlasts_drain_and_grace(drain_ms, grace_ms):
+    config = {}
+    if drain_ms is not None:
+        config = {"shutdownDrainMs": drain_ms, "shutdownGraceMs": grace_ms}
+    objects = objects_of({"config": config} if config else {})
+    data = config_data(objects)
+    drain = int(data["TUMBLER_SHUTDOWN_DRAIN_MS"])
+    grace = int(data["TUMBLER_SHUTDOWN_GRACE_MS"])
+    if drain_ms is None:
+        assert (drain, grace) == (5_000, 10_000)
+    seconds = pod_spec(one(objects, "Deployment"))["terminationGracePeriodSeconds"]
+    assert isinstance(seconds, int)
+    assert seconds > (drain + grace) / 1000
+
+
+def test_explicit_termination_grace_is_kept_when_long_enough():
+    deployment = one(objects_of({"terminationGracePeriodSeconds": 16}), "Deployment")
+    assert pod_spec(deployment)["terminationGracePeriodSeconds"] == 16
+
+
+@pytest.mark.parametrize("seconds", [15, 10, 1])
+def test_explicit_termination_grace_too_short_is_refused(seconds):
+    with pytest.raises(helm.HelmError, match="terminationGracePeriodSeconds"):
+        render({"terminationGracePeriodSeconds": seconds})
+
+
+def test_rolling_update_never_drops_a_pod():
+    strategy = one(objects_of(), "Deployment")["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_default_replicas_and_anti_affinity():
+    deployment = one(objects_of(), "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    terms = pod_spec(deployment)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert len(terms) == 1
+    term = terms[0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(term["labelSelector"]["matchLabels"], pod_labels(deployment))
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in pod_spec(deployment)["affinity"]["podAntiAffinity"]
+
+
+def test_custom_affinity_replaces_the_default():
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["infra"]}]}]}}}
+    deployment = one(objects_of({"affinity": affinity}), "Deployment")
+    assert pod_spec(deployment)["affinity"] == affinity
+
+
+def test_selector_matches_pod_labels():
+    deployment = one(objects_of(), "Deployment")
+    assert selects(deployment["spec"]["selector"]["matchLabels"], pod_labels(deployment))
+
+
+def test_image_defaults_to_app_version():
+    container = tumbler_container(one(objects_of(), "Deployment"))
+    assert container["image"] == f"tumbler:{_chart().metadata['appVersion']}"
+    pinned = tumbler_container(one(objects_of(ALL_FEATURES), "Deployment"))
+    assert pinned["image"] == "registry.example.com/tumbler@sha256:" + "ab" * 32
+
+
+def test_extra_env_is_added_after_the_redis_url():
+    env = tumbler_container(one(objects_of(ALL_FEATURES), "Deployment"))["env"]
+    assert [e["name"] for e in env] == ["TUMBLER_REDIS_URL", "OTEL_SERVICE_NAME", "POD_NAME"]
+
+
+# --------------------------------------------------------------------------
+# Settings and the Redis URL
+
+
+def test_config_map_carries_every_setting():
+    data = config_data(objects_of())
+    assert data == {
+        "TUMBLER_LISTEN": "0.0.0.0:50051",
+        "TUMBLER_HTTP_LISTEN": "0.0.0.0:9090",
+        "TUMBLER_REDIS_CONNECTIONS": "4",
+        "TUMBLER_REDIS_TIMEOUT_MS": "2000",
+        "TUMBLER_KEY_PREFIX": "tumbler",
+        "TUMBLER_SHARDS": "32",
+        "TUMBLER_MAX_LIMIT": "10000",
+        "TUMBLER_DEFAULT_TTL_MS": "30000",
+        "TUMBLER_MAX_TTL_MS": "86400000",
+        "TUMBLER_HEALTH_INTERVAL_MS": "1000",
+        "TUMBLER_SHUTDOWN_DRAIN_MS": "5000",
+        "TUMBLER_SHUTDOWN_GRACE_MS": "10000",
+        "TUMBLER_LOG_FORMAT": "json",
+        "TUMBLER_LOG": "info",
+    }
+
+
+def test_large_numbers_are_not_written_in_exponent_form():
+    data = config_data(objects_of({"config": {"maxTtlMs": 604_800_000, "defaultTtlMs": 123_456_789, "maxLimit": 4_000_000_000}}))
+    assert data["TUMBLER_MAX_TTL_MS"] == "604800000"
+    assert data["TUMBLER_DEFAULT_TTL_MS"] == "123456789"
+    assert data["TUMBLER_MAX_LIMIT"] == "4000000000"
+
+
+def test_deployment_reads_the_config_map():
+    objects = objects_of()
+    container = tumbler_container(one(objects, "Deployment"))
+    assert container["envFrom"] == [{"configMapRef": {"name": one(objects, "ConfigMap")["metadata"]["name"]}}]
+
+
+def test_redis_url_comes_only_from_a_secret():
+    values = {"redis": {"url": REDIS_URL_WITH_PASSWORD}}
+    rendered = render(values)
+    objects = manifests(rendered)
+    container = tumbler_container(one(objects, "Deployment"))
+    [url_env] = [e for e in container["env"] if e["name"] == "TUMBLER_REDIS_URL"]
+    assert "value" not in url_env
+    ref = url_env["valueFrom"]["secretKeyRef"]
+    secret = one(objects, "Secret")
+    assert ref["name"] == secret["metadata"]["name"]
+    assert base64.b64decode(secret["data"][ref["key"]]).decode() == REDIS_URL_WITH_PASSWORD
+    # Nowhere in plain text: not in env values, not in the ConfigMap, not in NOTES.
+    for env in container["env"]:
+        assert "redis://" not in str(env.get("value", ""))
+    assert "TUMBLER_REDIS_URL" not in config_data(objects)
+    assert SECRET_PASSWORD not in all_text(rendered)
+    assert "redis://" not in all_text(rendered)
+
+
+def test_checksum_annotations_follow_config_and_secret():
+    rendered = render()
+    annotations = one(manifests(rendered), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    config_text = rendered["tumbler/templates/configmap.yaml"]
+    secret_text = rendered["tumbler/templates/secret.yaml"]
+    assert annotations["checksum/config"] == hashlib.sha256(config_text.encode()).hexdigest()
+    assert annotations["checksum/secret"] == hashlib.sha256(secret_text.encode()).hexdigest()
+
+    def pod_annotations(values):
+        return one(objects_of(values), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+
+    changed_config = pod_annotations({"config": {"logLevel": "debug"}})
+    assert changed_config["checksum/config"] != annotations["checksum/config"]
+    assert changed_config["checksum/secret"] == annotations["checksum/secret"]
+    changed_url = pod_annotations({"redis": {"url": REDIS_URL_WITH_PASSWORD}})
+    assert changed_url["checksum/secret"] != annotations["checksum/secret"]
+    assert changed_url["checksum/config"] == annotations["checksum/config"]
+
+
+def test_existing_secret_is_referenced_and_no_secret_rendered():
+    values = {"redis": {"existingSecret": "redis-credentials", "existingSecretKey": "url"}}
+    rendered = render(values)
+    objects = manifests(rendered)
+    none_of(objects, "Secret")
+    container = tumbler_container(one(objects, "Deployment"))
+    [url_env] = [e for e in container["env"] if e["name"] == "TUMBLER_REDIS_URL"]
+    assert url_env == {
+        "name": "TUMBLER_REDIS_URL",
+        "valueFrom": {"secretKeyRef": {"name": "redis-credentials", "key": "url"}},
+    }
+    # The default URL is not shipped anywhere once a Secret of one's own is used.
+    default_url = _chart().values["redis"]["url"]
+    assert default_url not in all_text(rendered)
+    assert base64.b64encode(default_url.encode()).decode() not in all_text(rendered)
+
+
+def test_existing_secret_with_empty_url():
+    objects = objects_of({"redis": {"url": "", "existingSecret": "redis-credentials"}})
+    none_of(objects, "Secret")
+    [url_env] = [e for e in tumbler_container(one(objects, "Deployment"))["env"] if e["name"] == "TUMBLER_REDIS_URL"]
+    assert url_env["valueFrom"]["secretKeyRef"] == {"name": "redis-credentials", "key": "redis-url"}
+
+
+# --------------------------------------------------------------------------
+# values.schema.json and the template's own checks
+
+
+BAD_VALUES = {
+    "replicaCount is a string": {"replicaCount": "two"},
+    "replicaCount zero": {"replicaCount": 0},
+    "shards zero": {"config": {"shards": 0}},
+    "shards too many": {"config": {"shards": 16385}},
+    "shards fractional": {"config": {"shards": 2.5}},
+    "unknown top-level key": {"replicas": 3},
+    "unknown config key": {"config": {"shard": 4}},
+    "unknown redis key": {"redis": {"password": "x"}},
+    "log format": {"config": {"logFormat": "xml"}},
+    "key prefix with braces": {"config": {"keyPrefix": "a{b}"}},
+    "key prefix with space": {"config": {"keyPrefix": "a b"}},
+    "health interval below 10": {"config": {"healthIntervalMs": 5}},
+    "negative drain": {"config": {"shutdownDrainMs": -1}},
+    "service type": {"service": {"type": "ExternalName"}},
+    "pull policy": {"image": {"pullPolicy": "Sometimes"}},
+    "redis url without scheme": {"redis": {"url": "redis-master:6379"}},
+    "pdb minAvailable word": {"podDisruptionBudget": {"minAvailable": "half"}},
+    "autoscaling minReplicas zero": {"autoscaling": {"minReplicas": 0}},
+    "probe period zero": {"probes": {"readiness": {"periodSeconds": 0}}},
+    "network policy without redis port": {"networkPolicy": {"redis": {"ports": []}}},
+    "scrape interval": {"serviceMonitor": {"interval": "often"}},
+}
+
+
+@pytest.mark.parametrize("values", list(BAD_VALUES.values()), ids=list(BAD_VALUES))
+def test_schema_rejects_bad_values(values):
+    with pytest.raises(helm.HelmValuesError):
+        render(values)
+    with pytest.raises(helm.HelmValuesError):
+        _chart().validate_schema(_chart().merge_values(values))
+    assert lint_errors(values), "strict lint should fail"
+
+
+GOOD_VALUES = {
+    "percentages": {"rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}, "podDisruptionBudget": {"minAvailable": "50%"}},
+    "pretty logs": {"config": {"logFormat": "pretty", "logLevel": "tumbler=debug,info"}},
+    "tls redis": {"redis": {"url": "rediss://user:pw@redis.example.com:6380/2"}},
+    "max shards": {"config": {"shards": 16384}},
+    "no drain": {"config": {"shutdownDrainMs": 0}},
+}
+
+
+@pytest.mark.parametrize("values", list(GOOD_VALUES.values()), ids=list(GOOD_VALUES))
+def test_schema_accepts_good_values(values):
+    objects = objects_of(values)
+    for obj in objects:
+        if obj["apiVersion"].split("/")[0] not in CRD_GROUPS:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    assert lint_errors(values) == []
+
+
+def test_percentages_render_as_strings():
+    objects = objects_of(GOOD_VALUES["percentages"])
+    assert one(objects, "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == "25%"
+    assert one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == "50%"
+
+
+REFUSED_COMBINATIONS = {
+    "no redis url and no secret": ({"redis": {"url": ""}}, "redis.url"),
+    "default ttl above max ttl": ({"config": {"defaultTtlMs": 60_000, "maxTtlMs": 30_000}}, "defaultTtlMs"),
+    "autoscaling min above max": ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}, "minReplicas"),
+    "autoscaling without a metric": (
+        {"autoscaling": {"enabled": True, "targetCPUUtilizationPercentage": None}},
+        "targetCPUUtilizationPercentage",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "values, message", list(REFUSED_COMBINATIONS.values()), ids=list(REFUSED_COMBINATIONS)
+)
+def test_template_refuses_inconsistent_values(values, message):
+    with pytest.raises(helm.HelmError, match=re.escape(message)):
+        render(values)
+
+
+def test_schema_is_strict_at_every_level_it_defines():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node:
+                # False, or a schema every further key must meet (e.g. resource
+                # quantities); never left open.
+                extra = node.get("additionalProperties")
+                assert extra is False or isinstance(extra, dict), f"{path} allows unknown keys"
+            for key, child in node.items():
+                walk(child, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, child in enumerate(node):
+                walk(child, f"{path}[{i}]")
+
+    walk(schema, "$")
+    assert set(schema["properties"]) - {"global"} == set(_chart().values)
+
+
+def test_every_value_is_commented():
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented = []
+    for i, line in enumerate(lines):
+        if re.match(r"^\s*[A-Za-z][A-Za-z0-9_]*:", line):
+            previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+            if not previous.strip().startswith("#") and "#" not in line:
+                undocumented.append(f"values.yaml:{i + 1}: {line.strip()}")
+    assert not undocumented, "\n".join(undocumented)
+
+
+# --------------------------------------------------------------------------
+# PodDisruptionBudget
+
+
+def test_pdb_with_defaults_selects_the_deployment_pods():
+    objects = objects_of()
+    pdb = one(objects, "PodDisruptionBudget")
+    deployment = one(objects, "Deployment")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(deployment))
+    assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ({"replicaCount": 1}, False),
+        ({"replicaCount": 3}, True),
+        ({"podDisruptionBudget": {"enabled": False}}, False),
+        ({"replicaCount": 1, "autoscaling": {"enabled": True}}, True),
+        ({"replicaCount": 3, "autoscaling": {"enabled": True, "minReplicas": 1}}, False),
+    ],
+)
+def test_pdb_only_when_more_than_one_pod(values, expected):
+    assert ("PodDisruptionBudget" in kinds(objects_of(values))) is expected
+
+
+def test_pdb_with_autoscaling_selects_the_pods():
+    objects = objects_of(ALL_FEATURES)
+    pdb = one(objects, "PodDisruptionBudget")
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(one(objects, "Deployment")))
+    assert pdb["spec"]["minAvailable"] < one(objects, "HorizontalPodAutoscaler")["spec"]["minReplicas"]
+
+
+# --------------------------------------------------------------------------
+# Optional resources
+
+
+def test_optional_resources_are_off_by_default():
+    objects = objects_of()
+    for kind in ("HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy"):
+        none_of(objects, kind)
+
+
+def test_hpa_scales_the_deployment():
+    objects = objects_of(ALL_FEATURES)
+    hpa = one(objects, "HorizontalPodAutoscaler")
+    deployment = one(objects, "Deployment")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
+    metrics = {m["resource"]["name"]: m["resource"]["target"]["averageUtilization"] for m in hpa["spec"]["metrics"]}
+    assert metrics == {"cpu": 60, "memory": 80}
+    # The autoscaler owns the replica count.
+    assert "replicas" not in deployment["spec"]
+
+
+def test_fixed_replicas_without_hpa():
+    deployment = one(objects_of(THREE_REPLICAS), "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+
+
+def test_service_monitor_scrapes_metrics_on_the_http_port():
+    objects = objects_of(ALL_FEATURES)
+    monitor = one(objects, "ServiceMonitor")
+    service = one(objects, "Service")
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "http"
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "5s")
+
+
+def test_network_policy_allows_the_ports_and_redis_and_dns():
+    objects = objects_of(ALL_FEATURES)
+    policy = one(objects, "NetworkPolicy")
+    deployment = one(objects, "Deployment")
+    container_ports = {p["name"] for p in tumbler_container(deployment)["ports"]}
+    spec = policy["spec"]
+    assert selects(spec["podSelector"]["matchLabels"], pod_labels(deployment))
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    ingress = {rule["ports"][0]["port"]: rule for rule in spec["ingress"]}
+    assert set(ingress) == {"grpc", "http"} <= container_ports
+    assert ingress["grpc"]["from"] == ALL_FEATURES["networkPolicy"]["grpcFrom"]
+    assert ingress["http"]["from"] == ALL_FEATURES["networkPolicy"]["httpFrom"]
+    egress_ports = {(p["port"], p["protocol"]) for rule in spec["egress"] for p in rule["ports"]}
+    assert {(6379, "TCP"), (26379, "TCP"), (53, "UDP"), (53, "TCP"), (4317, "TCP")} == egress_ports
+    redis_rule = next(r for r in spec["egress"] if r["ports"][0]["port"] == 6379)
+    assert redis_rule["to"] == ALL_FEATURES["networkPolicy"]["redis"]["to"]
+
+
+def test_network_policy_without_peers_allows_any_source():
+    policy = one(objects_of({"networkPolicy": {"enabled": True}}), "NetworkPolicy")
+    assert all("from" not in rule for rule in policy["spec"]["ingress"])
+    assert all("to" not in rule for rule in policy["spec"]["egress"])
+    kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
+
+
+def test_service_exposes_grpc_and_http():
+    objects = objects_of()
+    service = one(objects, "Service")
+    deployment = one(objects, "Deployment")
+    assert service["spec"]["type"] == "ClusterIP"
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["grpc"]["appProtocol"] == "grpc"
+    assert ports["grpc"]["port"] == GRPC_PORT
+    assert ports["http"]["port"] == HTTP_PORT
+    container_ports = {p["name"] for p in tumbler_container(deployment)["ports"]}
+    assert {p["targetPort"] for p in ports.values()} <= container_ports
+    assert selects(service["spec"]["selector"], pod_labels(deployment))
+
+
+def test_service_account_token_is_not_mounted():
+    objects = objects_of()
+    account = one(objects, "ServiceAccount")
+    spec = pod_spec(one(objects, "Deployment"))
+    assert account["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_existing_service_account():
+    objects = objects_of({"serviceAccount": {"create": False, "name": "shared"}})
+    none_of(objects, "ServiceAccount")
+    assert pod_spec(one(objects, "Deployment"))["serviceAccountName"] == "shared"
+
+
+def test_long_release_names_stay_within_63_characters():
+    release = "a-release-name-that-is-exactly-fifty-three-chars-long"
+    assert len(release) == 53
+    for obj in manifests(render({}, release=release)):
+        assert len(obj["metadata"]["name"]) <= 63, obj["metadata"]["name"]
+
+
+def test_notes_explain_how_to_reach_the_service():
+    notes = render()["tumbler/templates/NOTES.txt"]
+    assert f"{RELEASE}-tumbler.{NAMESPACE}.svc:{GRPC_PORT}" in notes
+    assert "grpcurl -plaintext" in notes
+    assert "grpc.health.v1.Health/Check" in notes
+    assert "port-forward" in notes
+
+
+# --------------------------------------------------------------------------
+# The image the chart runs
+
+
+def test_dockerfile_matches_the_chart():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM\s+(\S+)", dockerfile, flags=re.M)
+    assert stages[0] == "rust:1-bookworm"
+    assert stages[-1] == "gcr.io/distroless/cc-debian12:nonroot"
+    assert "cargo build --release --locked" in dockerfile
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, flags=re.M)
+    assert users and users[-1].split(":")[0] == str(RUN_AS_USER)
+    exposed = {int(p) for line in re.findall(r"^EXPOSE\s+(.+)$", dockerfile, flags=re.M) for p in line.split()}
+    container = tumbler_container(one(objects_of(), "Deployment"))
+    assert exposed == {p["containerPort"] for p in container["ports"]}
+    [entrypoint] = re.findall(r"^ENTRYPOINT\s+(.+)$", dockerfile, flags=re.M)
+    assert json.loads(entrypoint) == ["/tumbler", "serve"]
+    assert "command" not in container and "args" not in container
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {"target/", ".git/"} <= set(ignored)

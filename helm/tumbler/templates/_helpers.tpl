@@ -1,0 +1,162 @@
+{{/*
+The chart name, or nameOverride.
+*/}}
+{{- define "tumbler.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of the release's resources: fullnameOverride, or the release
+name plus the chart name (once), cut to 63 characters (DNS label limit).
+*/}}
+{{- define "tumbler.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart name and version, for the helm.sh/chart label.
+*/}}
+{{- define "tumbler.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels of every resource.
+*/}}
+{{- define "tumbler.labels" -}}
+helm.sh/chart: {{ include "tumbler.chart" . }}
+{{ include "tumbler.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tumbler
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Labels that select the release's pods. Never change them: a Deployment's
+selector is immutable.
+*/}}
+{{- define "tumbler.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tumbler.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+The ServiceAccount the pods run as.
+*/}}
+{{- define "tumbler.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tumbler.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Secret that holds the Redis URL: the user's existingSecret, or the one
+the chart creates.
+*/}}
+{{- define "tumbler.secretName" -}}
+{{- if .Values.redis.existingSecret }}
+{{- .Values.redis.existingSecret }}
+{{- else }}
+{{- printf "%s-redis" (include "tumbler.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The key of the Redis URL inside that Secret.
+*/}}
+{{- define "tumbler.secretKey" -}}
+{{- if .Values.redis.existingSecret }}
+{{- .Values.redis.existingSecretKey }}
+{{- else -}}
+redis-url
+{{- end }}
+{{- end }}
+
+{{/*
+The ConfigMap that holds the settings.
+*/}}
+{{- define "tumbler.configMapName" -}}
+{{- include "tumbler.fullname" . }}
+{{- end }}
+
+{{/*
+The container image: repository@digest, or repository:tag (tag defaults to
+the chart's appVersion).
+*/}}
+{{- define "tumbler.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Whole seconds the server may need after SIGTERM: the drain plus the grace,
+rounded up.
+*/}}
+{{- define "tumbler.shutdownSeconds" -}}
+{{- $ms := add (.Values.config.shutdownDrainMs | int64) (.Values.config.shutdownGraceMs | int64) }}
+{{- div (add $ms 999) 1000 }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: the user's value, which must be longer than
+the drain plus the grace, or that sum plus terminationGraceExtraSeconds.
+*/}}
+{{- define "tumbler.terminationGracePeriodSeconds" -}}
+{{- $needed := include "tumbler.shutdownSeconds" . | int64 }}
+{{- $ms := add (.Values.config.shutdownDrainMs | int64) (.Values.config.shutdownGraceMs | int64) }}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
+{{- add $needed (.Values.terminationGraceExtraSeconds | int64) }}
+{{- else }}
+{{- $given := .Values.terminationGracePeriodSeconds | int64 }}
+{{- if le (mul $given 1000) $ms }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be longer than config.shutdownDrainMs + config.shutdownGraceMs (%d ms), or Kubernetes kills tumbler before it has drained" $given $ms) }}
+{{- end }}
+{{- $given }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pods that run at the least: replicaCount, or autoscaling.minReplicas.
+*/}}
+{{- define "tumbler.minPods" -}}
+{{- if .Values.autoscaling.enabled }}
+{{- .Values.autoscaling.minReplicas | int64 }}
+{{- else }}
+{{- .Values.replicaCount | int64 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checks across values that the schema cannot express.
+*/}}
+{{- define "tumbler.validate" -}}
+{{- if and (not .Values.redis.existingSecret) (not .Values.redis.url) }}
+{{- fail "set redis.url, or redis.existingSecret (with redis.existingSecretKey) to a Secret that holds the Redis URL" }}
+{{- end }}
+{{- if gt (.Values.config.defaultTtlMs | int64) (.Values.config.maxTtlMs | int64) }}
+{{- fail (printf "config.defaultTtlMs (%d) must not exceed config.maxTtlMs (%d)" (.Values.config.defaultTtlMs | int64) (.Values.config.maxTtlMs | int64)) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (.Values.autoscaling.minReplicas | int64) (.Values.autoscaling.maxReplicas | int64)) }}
+{{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (not .Values.autoscaling.targetCPUUtilizationPercentage) (not .Values.autoscaling.targetMemoryUtilizationPercentage) }}
+{{- fail "autoscaling needs targetCPUUtilizationPercentage or targetMemoryUtilizationPercentage" }}
+{{- end }}
+{{- end }}
