@@ -1,0 +1,159 @@
+//! Hand-over latency: from a Release returning to the next waiter's
+//! Acquire returning, through the real gRPC server and a real Redis that
+//! this benchmark starts itself. Baseline in the same run: the round trip
+//! of a try-once Acquire on an uncontended lock (what any grant costs).
+//!
+//! `cargo bench --bench handover` (HANDOVERS=N to change the count).
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+use tumbler::config::{ServerConfig, ServiceArgs};
+use tumbler::dev::RedisServer;
+use tumbler::proto::lock_service_client::LockServiceClient;
+use tumbler::proto::{self, AcquireStatus};
+
+const WARM_UP: usize = 200;
+
+fn service_args() -> ServiceArgs {
+    ServiceArgs {
+        redis_connections: 4,
+        redis_timeout_ms: 2000,
+        key_prefix: "tumbler".into(),
+        shards: 32,
+        max_limit: 1000,
+        default_ttl_ms: 30_000,
+        max_ttl_ms: 3_600_000,
+        health_interval_ms: 1000,
+        shutdown_grace_ms: 1000,
+        max_wait_ms: 3_600_000,
+        default_queue_ttl_ms: 5_000,
+        max_waiters_per_lock: 10_000,
+        max_waiters: 100_000,
+    }
+}
+
+fn request(name: &str, holder: &str, wait_ms: u64) -> proto::AcquireRequest {
+    proto::AcquireRequest {
+        name: name.into(),
+        holder: holder.into(),
+        ttl_ms: Some(30_000),
+        wait_ms,
+        ..Default::default()
+    }
+}
+
+fn release(name: &str, holder: &str) -> proto::ReleaseRequest {
+    proto::ReleaseRequest {
+        name: name.into(),
+        holder: holder.into(),
+        ..Default::default()
+    }
+}
+
+async fn wait_queued(client: &mut LockServiceClient<Channel>, name: &str) {
+    loop {
+        let queue = client
+            .queue(proto::QueueRequest {
+                name: name.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if queue.waiters == 1 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+fn micros(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64
+}
+
+#[tokio::main]
+async fn main() {
+    let handovers: usize = std::env::var("HANDOVERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let redis = RedisServer::start("redis-server").expect("redis-server");
+    let config = ServerConfig::new(redis.url(), &service_args()).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(tumbler::server::serve(config, listener, std::future::pending()));
+    let connect = || async {
+        loop {
+            if let Ok(client) = LockServiceClient::connect(endpoint.clone()).await {
+                let probe = request("probe", "probe", 0);
+                let mut client = client;
+                if client.acquire(probe).await.is_ok() {
+                    return client;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let mut clients = [connect().await, connect().await];
+    let mut observer = connect().await;
+
+    // Baseline: try-once Acquire round trips on an uncontended lock.
+    let mut baseline = Histogram::<u64>::new(3).unwrap();
+    for i in 0..(WARM_UP + handovers) {
+        let started = Instant::now();
+        let reply = clients[0].acquire(request("baseline", "b", 0)).await.unwrap().into_inner();
+        let took = started.elapsed();
+        assert_eq!(reply.status(), AcquireStatus::Acquired);
+        clients[0].release(release("baseline", "b")).await.unwrap();
+        if i >= WARM_UP {
+            baseline.record(took.as_micros() as u64).unwrap();
+        }
+    }
+
+    // Hand-over: the holder releases while the other client waits queued.
+    let name = "handover";
+    let holders = ["h0", "h1"];
+    clients[0].acquire(request(name, holders[0], 0)).await.unwrap();
+    let mut handover = Histogram::<u64>::new(3).unwrap();
+    for i in 0..(WARM_UP + handovers) {
+        let (current, next) = (i % 2, (i + 1) % 2);
+        let mut waiter = clients[next].clone();
+        let waiting = tokio::spawn(async move {
+            let reply = waiter.acquire(request(name, holders[next], 10_000)).await;
+            (Instant::now(), reply)
+        });
+        wait_queued(&mut observer, name).await;
+        clients[current].release(release(name, holders[current])).await.unwrap();
+        let released = Instant::now();
+        let (granted, reply) = waiting.await.unwrap();
+        assert_eq!(reply.unwrap().into_inner().status(), AcquireStatus::Acquired);
+        if i >= WARM_UP {
+            let took = granted.saturating_duration_since(released);
+            handover.record(took.as_micros() as u64).unwrap();
+        }
+    }
+
+    println!("tumbler hand-over benchmark: {handovers} hand-overs after {WARM_UP} warm-up, loopback, Redis on the same host");
+    println!("| measure | p50 µs | p99 µs | max µs |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (label, h) in [
+        ("try-once Acquire round trip (baseline)", &baseline),
+        ("hand-over: Release returns → waiter's Acquire returns", &handover),
+    ] {
+        println!(
+            "| {label} | {:.0} | {:.0} | {} |",
+            micros(h, 0.5),
+            micros(h, 0.99),
+            h.max()
+        );
+    }
+    println!(
+        "ratio hand-over / baseline: p50 {:.2}, p99 {:.2}",
+        micros(&handover, 0.5) / micros(&baseline, 0.5),
+        micros(&handover, 0.99) / micros(&baseline, 0.99)
+    );
+}
