@@ -17,6 +17,7 @@ use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus};
 
 const WARM_UP: usize = 200;
+const SMOKE_WARM_UP: usize = 5;
 
 fn service_args() -> ServiceArgs {
     ServiceArgs {
@@ -77,15 +78,23 @@ fn micros(h: &Histogram<u64>, q: f64) -> f64 {
 
 #[tokio::main]
 async fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this
+    // as a quick smoke test instead.
+    let benching = std::env::args().any(|a| a == "--bench");
     let handovers: usize = std::env::var("HANDOVERS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(if benching { 2000 } else { 20 });
+    let warm_up = if benching { WARM_UP } else { SMOKE_WARM_UP };
     let redis = RedisServer::start("redis-server").expect("redis-server");
     let config = ServerConfig::new(redis.url(), &service_args()).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(tumbler::server::serve(config, listener, std::future::pending()));
+    tokio::spawn(tumbler::server::serve(
+        config,
+        listener,
+        std::future::pending(),
+    ));
     let connect = || async {
         loop {
             if let Ok(client) = LockServiceClient::connect(endpoint.clone()).await {
@@ -103,13 +112,17 @@ async fn main() {
 
     // Baseline: try-once Acquire round trips on an uncontended lock.
     let mut baseline = Histogram::<u64>::new(3).unwrap();
-    for i in 0..(WARM_UP + handovers) {
+    for i in 0..(warm_up + handovers) {
         let started = Instant::now();
-        let reply = clients[0].acquire(request("baseline", "b", 0)).await.unwrap().into_inner();
+        let reply = clients[0]
+            .acquire(request("baseline", "b", 0))
+            .await
+            .unwrap()
+            .into_inner();
         let took = started.elapsed();
         assert_eq!(reply.status(), AcquireStatus::Acquired);
         clients[0].release(release("baseline", "b")).await.unwrap();
-        if i >= WARM_UP {
+        if i >= warm_up {
             baseline.record(took.as_micros() as u64).unwrap();
         }
     }
@@ -117,9 +130,12 @@ async fn main() {
     // Hand-over: the holder releases while the other client waits queued.
     let name = "handover";
     let holders = ["h0", "h1"];
-    clients[0].acquire(request(name, holders[0], 0)).await.unwrap();
+    clients[0]
+        .acquire(request(name, holders[0], 0))
+        .await
+        .unwrap();
     let mut handover = Histogram::<u64>::new(3).unwrap();
-    for i in 0..(WARM_UP + handovers) {
+    for i in 0..(warm_up + handovers) {
         let (current, next) = (i % 2, (i + 1) % 2);
         let mut waiter = clients[next].clone();
         let waiting = tokio::spawn(async move {
@@ -127,22 +143,33 @@ async fn main() {
             (Instant::now(), reply)
         });
         wait_queued(&mut observer, name).await;
-        clients[current].release(release(name, holders[current])).await.unwrap();
+        clients[current]
+            .release(release(name, holders[current]))
+            .await
+            .unwrap();
         let released = Instant::now();
         let (granted, reply) = waiting.await.unwrap();
-        assert_eq!(reply.unwrap().into_inner().status(), AcquireStatus::Acquired);
-        if i >= WARM_UP {
+        assert_eq!(
+            reply.unwrap().into_inner().status(),
+            AcquireStatus::Acquired
+        );
+        if i >= warm_up {
             let took = granted.saturating_duration_since(released);
             handover.record(took.as_micros() as u64).unwrap();
         }
     }
 
-    println!("tumbler hand-over benchmark: {handovers} hand-overs after {WARM_UP} warm-up, loopback, Redis on the same host");
+    println!(
+        "tumbler hand-over benchmark: {handovers} hand-overs after {warm_up} warm-up, loopback, Redis on the same host"
+    );
     println!("| measure | p50 µs | p99 µs | max µs |");
     println!("| --- | ---: | ---: | ---: |");
     for (label, h) in [
         ("try-once Acquire round trip (baseline)", &baseline),
-        ("hand-over: Release returns → waiter's Acquire returns", &handover),
+        (
+            "hand-over: Release returns → waiter's Acquire returns",
+            &handover,
+        ),
     ] {
         println!(
             "| {label} | {:.0} | {:.0} | {} |",
