@@ -34,6 +34,7 @@ fn service_args() -> ServiceArgs {
         default_queue_ttl_ms: 5_000,
         max_waiters_per_lock: 10_000,
         max_waiters: 100_000,
+        reap_interval_ms: 0,
     }
 }
 

@@ -2,8 +2,8 @@
 -- in front of each operation script before loading). It holds the steps
 -- that several operations share, so each operation reads top to bottom.
 --
--- Every script gets the same keys and first two arguments. All keys share
--- the shard's hash tag, so one script touches one cluster slot.
+-- A script on one lock gets seven keys, all with the shard's hash tag, so
+-- one script touches one cluster slot:
 --   KEYS[1] holders   ZSET holder id -> lease expiry (ms, Redis clock)
 --   KEYS[2] info      HASH 'g:<holder>' -> grant record, 's:<slot>' -> holder,
 --                          'w:<id>' -> waiter record, 'limit' -> limit of
@@ -11,13 +11,30 @@
 --   KEYS[3] queue     ZSET waiting request id -> order (priority, arrival)
 --   KEYS[4] deadlines ZSET waiting request id -> liveness deadline (ms)
 --   KEYS[5] index     ZSET (per shard) lock name -> next time something in it expires
---   KEYS[6] fence     STRING (per shard) last fencing token
+--   KEYS[6] names     ZSET (per shard) lock name -> 0, in name order (listing)
+--   KEYS[7] fence     STRING (per shard) last fencing token
 --   ARGV[1] the lock's name, ARGV[2] the wake-up channel
+-- A script that walks a shard (list, reap, clear) gets only KEYS[1] index,
+-- KEYS[2] names, KEYS[3] fence, and points the shared steps at each lock
+-- it visits with use_lock (the lock keys it derives carry the same tag).
 -- A grant record is 'token|slot|acquired_at_ms|ttl_ms|kind|metadata_json';
 -- a waiter record is 'priority|enqueued_at_ms|wait_deadline_ms|fair'.
 
-local HOLDERS, INFO, QUEUE, DEADLINES, INDEX, FENCE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local HOLDERS, INFO, QUEUE, DEADLINES, INDEX, NAMES, FENCE
+if #KEYS == 3 then
+  INDEX, NAMES, FENCE = KEYS[1], KEYS[2], KEYS[3]
+else
+  HOLDERS, INFO, QUEUE, DEADLINES, INDEX, NAMES, FENCE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+end
 local LOCK_NAME, WAKE_CHANNEL = ARGV[1], ARGV[2]
+
+-- Point the shared steps at one lock of the shard whose keys start with
+-- `shard` ('<prefix>:{<namespace>:<shard>}').
+local function use_lock(shard, name)
+  HOLDERS, INFO = shard .. ':h:' .. name, shard .. ':i:' .. name
+  QUEUE, DEADLINES = shard .. ':q:' .. name, shard .. ':d:' .. name
+  LOCK_NAME = name
+end
 
 -- How long an idle shard keeps its fencing counter. Losing it is safe:
 -- tokens never fall below the Redis clock in microseconds (next_token).
@@ -105,10 +122,22 @@ local function wake_eligible()
   end
 end
 
--- After any change: a lock nobody holds or waits for leaves no key behind;
--- otherwise its keys expire with the last lease or waiter deadline (so
--- Redis cleans up even if nothing touches the lock again) and the shard
--- index records the next time something in the lock expires.
+-- Make a key that outlives nothing it indexes: a fresh key has no TTL yet
+-- (GT would refuse it), an existing one only ever grows its TTL.
+local function expire_no_sooner(key, at)
+  if redis.call('PTTL', key) < 0 then
+    redis.call('PEXPIREAT', key, int(at))
+  else
+    redis.call('PEXPIREAT', key, int(at), 'GT')
+  end
+end
+
+-- After any change: a lock nobody holds or waits for leaves no key behind
+-- (nor an entry in the shard's indexes); otherwise its keys expire with the
+-- last lease or waiter deadline (so Redis cleans up even if nothing touches
+-- the lock again), the expiry index records the next time something in it
+-- expires, and the name index lists it. Both indexes live as long as their
+-- longest-lived lock.
 -- Returns the earliest lease expiry, or 0 when nobody holds the lock.
 local function settle()
   local last_lease = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
@@ -116,6 +145,7 @@ local function settle()
   if #last_lease == 0 and #last_waiter == 0 then
     redis.call('DEL', HOLDERS, INFO, QUEUE, DEADLINES)
     redis.call('ZREM', INDEX, LOCK_NAME)
+    redis.call('ZREM', NAMES, LOCK_NAME)
     return 0
   end
   local keep_until = math.max(tonumber(last_lease[2] or 0), tonumber(last_waiter[2] or 0))
@@ -126,13 +156,9 @@ local function settle()
   local first_waiter = redis.call('ZRANGE', DEADLINES, 0, 0, 'WITHSCORES')
   local next_event = math.min(tonumber(first_lease[2] or keep_until), tonumber(first_waiter[2] or keep_until))
   redis.call('ZADD', INDEX, int(next_event), LOCK_NAME)
-  -- The index lives as long as its longest-lived lock: a fresh index has no
-  -- TTL yet (GT would refuse it), an existing one only ever grows its TTL.
-  if redis.call('PTTL', INDEX) < 0 then
-    redis.call('PEXPIREAT', INDEX, int(keep_until))
-  else
-    redis.call('PEXPIREAT', INDEX, int(keep_until), 'GT')
-  end
+  redis.call('ZADD', NAMES, 0, LOCK_NAME)
+  expire_no_sooner(INDEX, keep_until)
+  expire_no_sooner(NAMES, keep_until)
   return tonumber(first_lease[2] or 0)
 end
 

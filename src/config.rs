@@ -51,6 +51,10 @@ pub struct ServiceArgs {
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "TUMBLER_MAX_WAITERS", default_value_t = 100_000)]
     pub max_waiters: usize,
+    /// How often the background reaper runs (on one replica at a time);
+    /// 0 turns it off.
+    #[arg(long, env = "TUMBLER_REAP_INTERVAL_MS", default_value_t = 10_000)]
+    pub reap_interval_ms: u64,
     /// How often the health check pings Redis.
     #[arg(long, env = "TUMBLER_HEALTH_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub health_interval_ms: u64,
@@ -102,6 +106,8 @@ pub struct ServerConfig {
     pub shards: u32,
     pub limits: Limits,
     pub wait_limits: WaitLimits,
+    /// None: no background reaper on this replica.
+    pub reap_interval: Option<Duration>,
     pub health_interval: Duration,
     /// After SIGTERM: how long to keep serving while reporting NOT_SERVING.
     pub shutdown_drain: Duration,
@@ -135,6 +141,8 @@ impl ServerConfig {
                 max_waiters_per_lock: args.max_waiters_per_lock,
                 max_waiters_per_replica: args.max_waiters,
             },
+            reap_interval: (args.reap_interval_ms > 0)
+                .then(|| Duration::from_millis(args.reap_interval_ms)),
             health_interval: Duration::from_millis(args.health_interval_ms),
             shutdown_drain: Duration::ZERO,
             shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),

@@ -51,6 +51,11 @@ pub async fn serve(
         wake_channel,
     ));
     let refresher = tokio::spawn(engine.clone().run_refresher());
+    let replica = format!("replica-{}", uuid::Uuid::now_v7());
+    tracing::info!(%replica, "starting");
+    let reaper = config
+        .reap_interval
+        .map(|interval| tokio::spawn(engine.clone().run_reaper(interval, replica.clone())));
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     set_status(&reporter, ServingStatus::NotServing).await;
@@ -119,6 +124,10 @@ pub async fn serve(
     engine.waiters().shut_down();
     subscriber.abort();
     refresher.abort();
+    if let Some(reaper) = reaper {
+        // Let it hand its lease over, briefly.
+        let _ = tokio::time::timeout(Duration::from_secs(2), reaper).await;
+    }
     match fatal {
         Some(Ok(Err(err))) => Err(err.into()),
         Some(Err(join)) => Err(anyhow::anyhow!("redis watcher failed: {join}")),

@@ -292,4 +292,80 @@ impl LockService for LockApi {
                 .collect(),
         }))
     }
+
+    #[tracing::instrument(name = "List", skip_all, fields(namespace))]
+    async fn list(
+        &self,
+        request: Request<proto::ListRequest>,
+    ) -> Result<Response<proto::ListResponse>, Status> {
+        let req = request.into_inner();
+        let namespace = validate::namespace(&req.namespace)?;
+        let prefix = validate::prefix(&req.prefix)?;
+        let page_size = validate::page_size(req.page_size)?;
+        let from = validate::page_token(&req.page_token, self.engine.layout().shards())?;
+        let page = self
+            .engine
+            .list(&namespace, &prefix, page_size, from, req.only_waiting)
+            .await
+            .map_err(engine_status)?;
+        Ok(Response::new(proto::ListResponse {
+            locks: page
+                .locks
+                .into_iter()
+                .map(|lock| proto::LockSummary {
+                    name: lock.name,
+                    holders: lock.holders,
+                    limit: lock.limit,
+                    waiters: lock.waiters,
+                    next_expiry_at_ms: lock.next_expiry_at_ms,
+                })
+                .collect(),
+            next_page_token: page
+                .next
+                .as_ref()
+                .map(validate::encode_page_token)
+                .unwrap_or_default(),
+            now_ms: page.now_ms,
+        }))
+    }
+
+    #[tracing::instrument(name = "Reap", skip_all, fields(namespace))]
+    async fn reap(
+        &self,
+        request: Request<proto::ReapRequest>,
+    ) -> Result<Response<proto::ReapResponse>, Status> {
+        let req = request.into_inner();
+        let namespace = validate::namespace(&req.namespace)?;
+        let older_than = validate::older_than_ms(req.older_than_ms)?;
+        let counts = self
+            .engine
+            .reap(&namespace, older_than)
+            .await
+            .map_err(engine_status)?;
+        tracing::info!(?counts, %namespace, "reaped on request");
+        Ok(Response::new(proto::ReapResponse {
+            expired_holders: counts.expired_holders,
+            dead_waiters: counts.dead_waiters,
+            stale_index_entries: counts.stale_index_entries,
+            old_grants: counts.old_grants,
+            old_waiters: counts.old_waiters,
+            locks_visited: counts.locks_visited,
+        }))
+    }
+
+    #[tracing::instrument(name = "Clear", skip_all, fields(namespace))]
+    async fn clear(
+        &self,
+        request: Request<proto::ClearRequest>,
+    ) -> Result<Response<proto::ClearResponse>, Status> {
+        let req = request.into_inner();
+        let namespace = validate::namespace(&req.namespace)?;
+        let counts = self.engine.clear(&namespace).await.map_err(engine_status)?;
+        tracing::warn!(?counts, %namespace, "namespace cleared");
+        Ok(Response::new(proto::ClearResponse {
+            locks_cleared: counts.locks,
+            grants_released: counts.grants,
+            requests_dropped: counts.requests,
+        }))
+    }
 }

@@ -4,7 +4,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use tonic::Status;
+
+use crate::engine::ListCursor;
 
 /// Bounds that depend on the deployment (set by flags).
 #[derive(Clone, Debug)]
@@ -59,6 +63,60 @@ pub fn priority(value: i32) -> Result<i32, Status> {
             "priority",
             format!("must be between -{MAX_PRIORITY} and {MAX_PRIORITY}"),
         ));
+    }
+    Ok(value)
+}
+
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
+pub const MAX_PAGE_SIZE: u32 = 1000;
+
+/// A name prefix for listing: like a name, but may be empty.
+pub fn prefix(value: &str) -> Result<String, Status> {
+    text("prefix", value, MAX_NAME_BYTES)?;
+    Ok(value.to_owned())
+}
+
+/// 0 → 100; otherwise at most 1000.
+pub fn page_size(value: u32) -> Result<u32, Status> {
+    match value {
+        0 => Ok(DEFAULT_PAGE_SIZE),
+        n if n > MAX_PAGE_SIZE => Err(invalid(
+            "page_size",
+            format!("must be at most {MAX_PAGE_SIZE}"),
+        )),
+        n => Ok(n),
+    }
+}
+
+/// A page token is `base64url(<shard>\n<last name>)`: opaque to clients,
+/// and harmless when tampered with (it only moves where a listing goes on).
+pub fn page_token(value: &str, shards: u32) -> Result<Option<ListCursor>, Status> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let bad = || invalid("page_token", "is not a token this service issued");
+    let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (shard, after) = text.split_once('\n').ok_or_else(bad)?;
+    let shard: u32 = shard.parse().map_err(|_| bad())?;
+    if shard >= shards || after.len() > MAX_NAME_BYTES {
+        return Err(bad());
+    }
+    Ok(Some(ListCursor {
+        shard,
+        after: after.to_owned(),
+    }))
+}
+
+/// The token that resumes a listing at `cursor`.
+pub fn encode_page_token(cursor: &ListCursor) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}\n{}", cursor.shard, cursor.after))
+}
+
+/// Absent: no cutoff; otherwise at least 1.
+pub fn older_than_ms(value: Option<u64>) -> Result<Option<u64>, Status> {
+    if value == Some(0) {
+        return Err(invalid("older_than_ms", "must be at least 1"));
     }
     Ok(value)
 }
@@ -282,6 +340,28 @@ mod tests {
         rejects(priority(1001), "priority");
         rejects(priority(-1001), "priority");
         rejects(max_entries(1001), "max_entries");
+        rejects(page_size(1001), "page_size");
+        rejects(prefix("a\u{1}"), "prefix");
+        rejects(older_than_ms(Some(0)), "older_than_ms");
+        rejects(page_token("not base64!", 32), "page_token");
+        rejects(
+            page_token(&URL_SAFE_NO_PAD.encode("99\nx"), 32),
+            "page_token",
+        );
+        rejects(
+            page_token(&URL_SAFE_NO_PAD.encode("no newline"), 32),
+            "page_token",
+        );
+    }
+
+    #[test]
+    fn page_tokens_round_trip_names_with_any_characters() {
+        let cursor = ListCursor {
+            shard: 7,
+            after: "orders:{42}\u{e9}|x".into(),
+        };
+        let token = encode_page_token(&cursor);
+        assert_eq!(page_token(&token, 32).unwrap(), Some(cursor));
         let many: HashMap<_, _> = (0..33).map(|i| (i.to_string(), String::new())).collect();
         rejects(metadata(&many), "metadata");
         let long = HashMap::from([("k".to_owned(), "v".repeat(1025))]);

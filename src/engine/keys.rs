@@ -27,8 +27,10 @@ pub struct LockKeys {
     pub queue: String,
     /// ZSET waiting request → liveness deadline; exists with the queue.
     pub deadlines: String,
-    /// ZSET (per shard) lock name → earliest lease expiry.
+    /// ZSET (per shard) lock name → next time something in it expires.
     pub index: String,
+    /// ZSET (per shard) lock name → 0, in name order (for listing).
+    pub names: String,
     /// STRING (per shard) last fencing token handed out.
     pub fence: String,
 }
@@ -67,8 +69,26 @@ impl Layout {
             queue: format!("{shard}:q:{name}"),
             deadlines: format!("{shard}:d:{name}"),
             index: format!("{shard}:index"),
+            names: format!("{shard}:names"),
             fence: format!("{shard}:fence"),
         }
+    }
+
+    /// The per-shard keys of one shard of a namespace.
+    pub fn shard_keys(&self, namespace: &str, shard: u32) -> ShardKeys {
+        let prefix = self.shard_prefix(namespace, shard);
+        ShardKeys {
+            index: format!("{prefix}:index"),
+            names: format!("{prefix}:names"),
+            fence: format!("{prefix}:fence"),
+            prefix,
+        }
+    }
+
+    /// The namespaces in use: ZSET namespace → when a replica last saw it
+    /// used (ms). The reaper walks these.
+    pub fn namespaces_key(&self) -> String {
+        format!("{}:namespaces", self.prefix)
     }
 
     /// `<prefix>:{<namespace>:<shard>}`, the start of every key of a shard.
@@ -89,16 +109,34 @@ impl Layout {
 }
 
 impl LockKeys {
-    /// The keys in the order every script expects them (see lua/common.lua).
-    pub fn as_script_keys(&self) -> [&str; 6] {
+    /// The keys in the order every lock script expects them (see
+    /// lua/common.lua).
+    pub fn as_script_keys(&self) -> [&str; 7] {
         [
             &self.holders,
             &self.info,
             &self.queue,
             &self.deadlines,
             &self.index,
+            &self.names,
             &self.fence,
         ]
+    }
+}
+
+/// The per-shard keys a shard-walking script (list, reap, clear) gets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardKeys {
+    /// `<prefix>:{<namespace>:<shard>}`: lock keys are this plus `:h:<name>` …
+    pub prefix: String,
+    pub index: String,
+    pub names: String,
+    pub fence: String,
+}
+
+impl ShardKeys {
+    pub fn as_script_keys(&self) -> [&str; 3] {
+        [&self.index, &self.names, &self.fence]
     }
 }
 

@@ -123,6 +123,89 @@ pub struct QueueState {
     pub requests: Vec<QueuedRequest>,
 }
 
+/// One lock in a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockSummary {
+    pub name: String,
+    pub holders: u32,
+    pub limit: u32,
+    pub waiters: u32,
+    pub next_expiry_at_ms: i64,
+}
+
+/// One lock as list.lua returns it: name, holders, limit, waiters, next expiry.
+type ListedLock = (String, u32, u32, u32, i64);
+
+/// Where a listing goes on: a shard and the last name visited in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListCursor {
+    pub shard: u32,
+    pub after: String,
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListPage {
+    pub locks: Vec<LockSummary>,
+    /// None when the listing is complete.
+    pub next: Option<ListCursor>,
+    pub now_ms: i64,
+}
+
+/// What a reap removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReapCounts {
+    pub expired_holders: u64,
+    pub dead_waiters: u64,
+    pub stale_index_entries: u64,
+    pub old_grants: u64,
+    pub old_waiters: u64,
+    pub locks_visited: u64,
+}
+
+impl ReapCounts {
+    fn add(&mut self, other: &ReapCounts) {
+        self.expired_holders += other.expired_holders;
+        self.dead_waiters += other.dead_waiters;
+        self.stale_index_entries += other.stale_index_entries;
+        self.old_grants += other.old_grants;
+        self.old_waiters += other.old_waiters;
+        self.locks_visited += other.locks_visited;
+    }
+
+    /// Anything removed at all.
+    pub fn removed_any(&self) -> bool {
+        self.expired_holders
+            + self.dead_waiters
+            + self.stale_index_entries
+            + self.old_grants
+            + self.old_waiters
+            > 0
+    }
+}
+
+/// What a clear removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClearCounts {
+    pub locks: u64,
+    pub grants: u64,
+    pub requests: u64,
+}
+
+/// Locks one shard-walking script call visits at most: bounds how long
+/// Redis is busy with one call.
+const SHARD_BATCH: u32 = 100;
+/// Script calls one List RPC makes at most (then it returns a page token).
+const LIST_CALLS: usize = 64;
+/// How often a replica re-records a namespace it serves as in use.
+const NAMESPACE_NOTE_EVERY: Duration = Duration::from_secs(60);
+/// How long an unused namespace stays in the registry.
+const NAMESPACE_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// The tumbler lock that makes one replica at a time the reaper.
+pub const REAPER_NAMESPACE: &str = "tumbler-system";
+pub const REAPER_LOCK: &str = "reaper";
+
 /// Why an engine call failed. Not getting a lock is not a failure.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -165,6 +248,8 @@ pub struct LockEngine {
     /// Set once the data in Redis is known to use this deployment's layout;
     /// until then every operation answers UNAVAILABLE.
     layout_verified: AtomicBool,
+    /// Namespaces this replica recorded as in use, and when.
+    noted_namespaces: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 /// Why the layout recorded in Redis cannot be used.
@@ -199,6 +284,7 @@ impl LockEngine {
             layout,
             scripts: Scripts::new(),
             layout_verified: AtomicBool::new(false),
+            noted_namespaces: Default::default(),
         }
     }
 
@@ -314,6 +400,7 @@ impl LockEngine {
         let keys = self.layout.lock_keys(&req.lock.namespace, &req.lock.name);
         let metadata = serde_json::to_string(&req.metadata)
             .map_err(|e| StoreError::Protocol(format!("metadata encoding: {e}")))?;
+        self.note_namespace(&req.lock.namespace).await?;
         if req.wait.is_zero() {
             let attempt = self.attempt(req, &keys, &metadata, None).await?;
             return match granted(req, &attempt)? {
@@ -453,6 +540,278 @@ impl LockEngine {
         }
     }
 
+    /// Records (at most once a minute per replica) that a namespace is in
+    /// use, so the reaper knows which namespaces to walk without KEYS.
+    async fn note_namespace(&self, namespace: &str) -> Result<(), StoreError> {
+        let now = std::time::Instant::now();
+        let due = {
+            let noted = self.noted_namespaces.lock().unwrap();
+            noted
+                .get(namespace)
+                .is_none_or(|at| now.duration_since(*at) >= NAMESPACE_NOTE_EVERY)
+        };
+        if !due {
+            return Ok(());
+        }
+        let key = self.layout.namespaces_key();
+        let now_ms = unix_ms();
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(&key)
+            .arg(now_ms)
+            .arg(namespace)
+            .ignore();
+        pipe.cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg("-inf")
+            .arg(now_ms - NAMESPACE_RETENTION_MS)
+            .ignore();
+        pipe.cmd("PEXPIRE")
+            .arg(&key)
+            .arg(NAMESPACE_RETENTION_MS)
+            .ignore();
+        self.store.pipeline::<()>(pipe).await?;
+        self.noted_namespaces
+            .lock()
+            .unwrap()
+            .insert(namespace.to_owned(), now);
+        Ok(())
+    }
+
+    /// The namespaces in use (recorded by the replicas that served them).
+    pub async fn namespaces(&self) -> Result<Vec<String>, EngineError> {
+        let mut cmd = redis::cmd("ZRANGE");
+        cmd.arg(self.layout.namespaces_key()).arg(0).arg(-1);
+        Ok(self.store.command(cmd).await?)
+    }
+
+    /// Runs one shard-walking script (list, reap, clear) on a shard.
+    async fn run_on_shard<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        shard: &keys::ShardKeys,
+        args: &[&str],
+    ) -> Result<T, StoreError> {
+        let mut all_args = Vec::with_capacity(args.len() + 3);
+        all_args.extend_from_slice(&["", self.wake_channel.as_str(), shard.prefix.as_str()]);
+        all_args.extend_from_slice(args);
+        self.store
+            .run_script(script, &shard.as_script_keys(), &all_args)
+            .await
+    }
+
+    /// One page of a namespace's locks (name order within each shard, one
+    /// shard after another), filtered by name prefix and by having waiters.
+    pub async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        page_size: u32,
+        from: Option<ListCursor>,
+        only_waiting: bool,
+    ) -> Result<ListPage, EngineError> {
+        self.ready()?;
+        let ListCursor {
+            mut shard,
+            mut after,
+        } = from.unwrap_or(ListCursor {
+            shard: 0,
+            after: String::new(),
+        });
+        let mut locks = Vec::new();
+        let mut now_ms = 0;
+        let mut calls = 0;
+        let only_waiting = if only_waiting { "1" } else { "0" };
+        while shard < self.layout.shards() && locks.len() < page_size as usize && calls < LIST_CALLS
+        {
+            calls += 1;
+            let want = (page_size as usize - locks.len()).min(SHARD_BATCH as usize);
+            let keys = self.layout.shard_keys(namespace, shard);
+            let (now, last, found): (i64, String, Vec<ListedLock>) = self
+                .run_on_shard(
+                    &self.scripts.list,
+                    &keys,
+                    &[&after, prefix, &want.to_string(), only_waiting],
+                )
+                .await?;
+            now_ms = now;
+            locks.extend(found.into_iter().map(
+                |(name, holders, limit, waiters, next_expiry_at_ms)| LockSummary {
+                    name,
+                    holders,
+                    limit,
+                    waiters,
+                    next_expiry_at_ms,
+                },
+            ));
+            if last.is_empty() {
+                shard += 1;
+                after.clear();
+            } else {
+                after = last;
+            }
+        }
+        let next = (shard < self.layout.shards()).then_some(ListCursor { shard, after });
+        Ok(ListPage {
+            locks,
+            next,
+            now_ms,
+        })
+    }
+
+    /// Cleans up every shard of a namespace now, in batches (see
+    /// lua/reap.lua); with `older_than_ms` also drops old grants and requests.
+    pub async fn reap(
+        &self,
+        namespace: &str,
+        older_than_ms: Option<u64>,
+    ) -> Result<ReapCounts, EngineError> {
+        self.ready()?;
+        let older_than = older_than_ms.map(|ms| ms.to_string()).unwrap_or_default();
+        let batch = SHARD_BATCH.to_string();
+        let mut total = ReapCounts::default();
+        for shard in 0..self.layout.shards() {
+            let keys = self.layout.shard_keys(namespace, shard);
+            let mut after = String::new();
+            loop {
+                let (expired, dead, stale, old_grants, old_waiters, visited, last): (
+                    u64,
+                    u64,
+                    u64,
+                    u64,
+                    u64,
+                    u64,
+                    String,
+                ) = self
+                    .run_on_shard(&self.scripts.reap, &keys, &[&batch, &older_than, &after])
+                    .await?;
+                total.add(&ReapCounts {
+                    expired_holders: expired,
+                    dead_waiters: dead,
+                    stale_index_entries: stale,
+                    old_grants,
+                    old_waiters,
+                    locks_visited: visited,
+                });
+                if last.is_empty() {
+                    break;
+                }
+                after = last;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Releases every lock and drops every queue of a namespace, in batches.
+    pub async fn clear(&self, namespace: &str) -> Result<ClearCounts, EngineError> {
+        self.ready()?;
+        let batch = SHARD_BATCH.to_string();
+        let mut total = ClearCounts::default();
+        for shard in 0..self.layout.shards() {
+            let keys = self.layout.shard_keys(namespace, shard);
+            loop {
+                let (locks, grants, requests, more): (u64, u64, u64, i64) = self
+                    .run_on_shard(&self.scripts.clear, &keys, &[&batch])
+                    .await?;
+                total.locks += locks;
+                total.grants += grants;
+                total.requests += requests;
+                if more == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// The background reaper: every `interval`, the replica that holds the
+    /// tumbler lock `tumbler-system/reaper` reaps every namespace in use.
+    /// Its lease is three intervals long and renewed each round, so when
+    /// that replica dies another one takes over within three intervals; a
+    /// replica shutting down releases it at once.
+    pub async fn run_reaper(self: Arc<Self>, interval: Duration, replica: String) {
+        let lock = LockId {
+            namespace: REAPER_NAMESPACE.into(),
+            name: REAPER_LOCK.into(),
+        };
+        let lease_ms = (interval.as_millis() as u64).saturating_mul(3).max(1);
+        let shutdown = self.waiters.shutdown_token().clone();
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = ticker.tick() => {}
+            }
+            if !self.is_layout_verified() {
+                continue;
+            }
+            match self.take_reaper_lease(&lock, &replica, lease_ms).await {
+                Ok(true) => self.reap_everything().await,
+                Ok(false) => {}
+                Err(err) => tracing::debug!(error = %err, "reaper lease unavailable"),
+            }
+        }
+        if let Err(err) = self.release(&lock, &replica, None).await {
+            tracing::debug!(error = %err, "could not hand the reaper lease over");
+        }
+    }
+
+    /// Takes or renews the reaper lease; true while this replica holds it.
+    async fn take_reaper_lease(
+        &self,
+        lock: &LockId,
+        replica: &str,
+        lease_ms: u64,
+    ) -> Result<bool, EngineError> {
+        let request = AcquireRequest {
+            lock: lock.clone(),
+            holder: replica.to_owned(),
+            limit: 1,
+            ttl_ms: lease_ms,
+            kind: "reaper".into(),
+            metadata: BTreeMap::new(),
+            wait: Duration::ZERO,
+            queue_ttl_ms: lease_ms,
+            priority: 0,
+            fair: true,
+        };
+        // Acquire needs an Arc for waiting; a try-once acquire does not
+        // wait, so the engine's own attempt is enough here.
+        let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
+        let attempt = self.attempt(&request, &keys, "{}", None).await?;
+        match attempt.status {
+            1 => {
+                tracing::info!(%replica, "this replica is now the reaper");
+                Ok(true)
+            }
+            2 => Ok(matches!(
+                self.extend(lock, replica, Some(lease_ms), None).await?,
+                ExtendOutcome::Extended(_)
+            )),
+            _ => Ok(false),
+        }
+    }
+
+    async fn reap_everything(&self) {
+        let namespaces = match self.namespaces().await {
+            Ok(namespaces) => namespaces,
+            Err(err) => {
+                tracing::warn!(error = %err, "reaper cannot read the namespaces");
+                return;
+            }
+        };
+        for namespace in namespaces {
+            match self.reap(&namespace, None).await {
+                Ok(counts) if counts.removed_any() => {
+                    tracing::info!(%namespace, ?counts, "reaped")
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(%namespace, error = %err, "reaping failed"),
+            }
+        }
+    }
+
     pub async fn release(
         &self,
         lock: &LockId,
@@ -559,6 +918,14 @@ fn granted(req: &AcquireRequest, attempt: &Attempt) -> Result<Option<AcquireOutc
         0 | -1 => None,
         other => return Err(StoreError::Protocol(format!("acquire status {other}"))),
     })
+}
+
+/// Milliseconds since the Unix epoch on this replica's clock (only for
+/// bookkeeping such as the namespace registry; locks use Redis time).
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 async fn sleep_until_some(at: Option<Instant>) {

@@ -22,6 +22,9 @@ pub struct Scripts {
     pub queue: Script,
     pub refresh: Script,
     pub dequeue: Script,
+    pub list: Script,
+    pub reap: Script,
+    pub clear: Script,
 }
 
 impl Scripts {
@@ -34,6 +37,9 @@ impl Scripts {
             queue: Script::new(lua!("queue.lua")),
             refresh: Script::new(lua!("refresh.lua")),
             dequeue: Script::new(lua!("dequeue.lua")),
+            list: Script::new(lua!("list.lua")),
+            reap: Script::new(lua!("reap.lua")),
+            clear: Script::new(lua!("clear.lua")),
         }
     }
 }

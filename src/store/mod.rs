@@ -228,6 +228,17 @@ impl Store {
         convert(reply)
     }
 
+    /// Runs a pipeline of plain commands.
+    pub async fn pipeline<T: redis::FromRedisValue>(
+        &self,
+        pipe: redis::Pipeline,
+    ) -> Result<T, StoreError> {
+        let reply: redis::Value = self
+            .with_connection(|mut conn| async move { pipe.query_async(&mut conn).await })
+            .await?;
+        convert(reply)
+    }
+
     /// Subscribes to `channel` on a connection of its own; the stream ends
     /// when that connection is lost.
     pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, StoreError> {

@@ -42,6 +42,7 @@ pub fn service_args() -> ServiceArgs {
         default_queue_ttl_ms: 5_000,
         max_waiters_per_lock: 10_000,
         max_waiters: 100_000,
+        reap_interval_ms: 0,
     }
 }
 

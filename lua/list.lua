@@ -1,0 +1,40 @@
+-- list: the next locks of one shard in name order, with their live state.
+-- KEYS: 1 index, 2 names, 3 fence (a shard script)
+-- ARGV: 3 shard key prefix, 4 start after this name ('' = from the start),
+--       5 name prefix ('' = every name), 6 most names to visit,
+--       7 only locks with waiters ('1' | '0')
+-- Returns {now, last name visited ('' = the shard is done),
+--          {{name, holders, limit, waiters, next lease expiry}, ...}}
+local shard, after, prefix = ARGV[3], ARGV[4], ARGV[5]
+local most, only_waiting = tonumber(ARGV[6]), ARGV[7] == '1'
+local now = redis_now()
+
+-- 1. The next names after the cursor, within the prefix (byte order).
+local from = prefix == '' and '-' or ('[' .. prefix)
+if after ~= '' and after >= prefix then
+  from = '(' .. after
+end
+local to = prefix == '' and '+' or ('[' .. prefix .. '\255')
+local names = redis.call('ZRANGE', NAMES, from, to, 'BYLEX', 'LIMIT', 0, most)
+
+-- 2. Each lock's live state. Reads only: a lock with nothing live left is
+--    skipped here and removed by the next write or the reaper.
+local locks = {}
+local live_after = '(' .. int(now)
+for _, name in ipairs(names) do
+  use_lock(shard, name)
+  local holders = redis.call('ZCOUNT', HOLDERS, live_after, '+inf')
+  local waiters = redis.call('ZCOUNT', DEADLINES, live_after, '+inf')
+  if (holders > 0 and not only_waiting) or waiters > 0 then
+    local first = redis.call('ZRANGEBYSCORE', HOLDERS, live_after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    local limit = holders > 0 and tonumber(redis.call('HGET', INFO, 'limit') or '0') or 0
+    table.insert(locks, {name, holders, limit, waiters, tonumber(first[2] or 0)})
+  end
+end
+
+-- 3. Where the next call goes on: the last name visited, unless the shard ran out.
+local last = ''
+if #names == most then
+  last = names[#names]
+end
+return {now, last, locks}

@@ -1,0 +1,535 @@
+//! List, Reap, Clear and the background reaper, against a real Redis.
+
+mod common;
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::Duration;
+
+use common::*;
+use proto::AcquireStatus;
+use proto::lock_service_client::LockServiceClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// Every lock name a full listing returns, page by page.
+async fn list_all(
+    client: &mut LockServiceClient<Channel>,
+    request: proto::ListRequest,
+) -> (Vec<proto::LockSummary>, usize) {
+    let mut locks = Vec::new();
+    let mut pages = 0;
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list(proto::ListRequest {
+                page_token: token.clone(),
+                ..request.clone()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        pages += 1;
+        locks.extend(page.locks);
+        if page.next_page_token.is_empty() {
+            return (locks, pages);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Keys of `namespace` other than the per-shard fencing counters.
+async fn lock_keys_left(
+    conn: &mut redis::aio::MultiplexedConnection,
+    namespace: &str,
+) -> Vec<String> {
+    scan_keys(conn, &format!("tumbler:{{{namespace}:*"))
+        .await
+        .into_iter()
+        .filter(|k| !k.ends_with(":fence"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_pages_return_every_lock_exactly_once_while_locks_change() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    let stable: BTreeSet<String> = (0..250).map(|i| format!("job-{i:03}")).collect();
+    for name in &stable {
+        client.acquire(acquire(name, "h")).await.unwrap();
+    }
+    // Churn other locks while the listing runs.
+    let mut churn_client = server.client().await;
+    let churn = tokio::spawn(async move {
+        for i in 0..400 {
+            let name = format!("churn-{}", i % 37);
+            churn_client.acquire(acquire(&name, "c")).await.unwrap();
+            churn_client.release(release(&name, "c")).await.unwrap();
+        }
+    });
+    let (listed, pages) = list_all(
+        &mut client,
+        proto::ListRequest {
+            page_size: 7,
+            ..Default::default()
+        },
+    )
+    .await;
+    churn.await.unwrap();
+
+    let names: Vec<String> = listed.iter().map(|l| l.name.clone()).collect();
+    let unique: HashSet<&String> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "a lock was listed twice");
+    for name in &stable {
+        assert!(unique.contains(name), "{name} missing from the listing");
+    }
+    assert!(pages > 250 / 7, "pages: {pages}");
+    let job = listed.iter().find(|l| l.name == "job-007").unwrap();
+    assert_eq!((job.holders, job.limit, job.waiters), (1, 1, 0));
+    assert!(job.next_expiry_at_ms > 0);
+
+    // The prefix filter.
+    let (only_jobs_1, _) = list_all(
+        &mut client,
+        proto::ListRequest {
+            prefix: "job-1".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut names: Vec<String> = only_jobs_1.into_iter().map(|l| l.name).collect();
+    names.sort();
+    let expected: Vec<String> = (100..200).map(|i| format!("job-{i:03}")).collect();
+    assert_eq!(names, expected);
+}
+
+#[tokio::test]
+async fn list_can_show_only_the_queues() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    client.acquire(acquire("quiet", "h")).await.unwrap();
+    client.acquire(acquire("busy", "h")).await.unwrap();
+    let mut waiter = server.client().await;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire(proto::AcquireRequest {
+                wait_ms: 30_000,
+                ..acquire("busy", "w")
+            })
+            .await
+    });
+    let queues = loop {
+        let (queues, _) = list_all(
+            &mut client,
+            proto::ListRequest {
+                only_waiting: true,
+                ..Default::default()
+            },
+        )
+        .await;
+        if !queues.is_empty() {
+            break queues;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(queues.len(), 1);
+    assert_eq!(queues[0].name, "busy");
+    assert_eq!(queues[0].waiters, 1);
+    waiting.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reap_removes_what_crashed_and_leaves_the_living() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+
+    // A lock whose only holder crashed: its keys expire, its index entries
+    // stay (it shares a shard, and so the index, with a live lock).
+    let layout = tumbler::engine::keys::Layout::new("tumbler", 32);
+    let crashed = (0..)
+        .map(|i| format!("crashed-{i}"))
+        .find(|name| layout.shard_of("default", name) == layout.shard_of("default", "healthy"))
+        .unwrap();
+    client
+        .acquire(proto::AcquireRequest {
+            ttl_ms: Some(200),
+            ..acquire(&crashed, "gone")
+        })
+        .await
+        .unwrap();
+    // A semaphore with one crashed holder and one live one.
+    for (holder, ttl) in [("gone", 200), ("alive", 60_000)] {
+        client
+            .acquire(proto::AcquireRequest {
+                limit: Some(2),
+                ttl_ms: Some(ttl),
+                ..acquire("mixed", holder)
+            })
+            .await
+            .unwrap();
+    }
+    // A live lock.
+    client.acquire(acquire("healthy", "alive")).await.unwrap();
+    // A waiting request whose replica died.
+    let port = tumbler::dev::free_port().unwrap();
+    let mut doomed = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--redis-url", &redis.url(), "--reap-interval-ms", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    wait_for_health(
+        &endpoint,
+        tonic_health::pb::health_check_response::ServingStatus::Serving,
+    )
+    .await;
+    let mut remote = LockServiceClient::connect(endpoint).await.unwrap();
+    let orphan = tokio::spawn(async move {
+        remote
+            .acquire(proto::AcquireRequest {
+                wait_ms: 60_000,
+                queue_ttl_ms: Some(300),
+                ..acquire("healthy", "orphan")
+            })
+            .await
+    });
+    loop {
+        let seen = client
+            .inspect(inspect("healthy"))
+            .await
+            .unwrap()
+            .into_inner();
+        if seen.waiters == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    let _ = orphan.await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let counts = client
+        .reap(proto::ReapRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    println!("{counts:?}");
+    assert_eq!(counts.expired_holders, 1, "the crashed semaphore holder");
+    assert_eq!(counts.dead_waiters, 1, "the orphaned request");
+    assert_eq!(counts.stale_index_entries, 1, "the crashed mutex");
+    assert_eq!((counts.old_grants, counts.old_waiters), (0, 0));
+
+    // The living are untouched; what crashed left nothing behind.
+    let (listed, _) = list_all(&mut client, proto::ListRequest::default()).await;
+    let mut names: Vec<String> = listed.iter().map(|l| l.name.clone()).collect();
+    names.sort();
+    assert_eq!(names, ["healthy", "mixed"]);
+    let mixed = client.inspect(inspect("mixed")).await.unwrap().into_inner();
+    assert_eq!(mixed.holders.len(), 1);
+    assert_eq!(mixed.holders[0].grant.as_ref().unwrap().holder, "alive");
+    let index_members: Vec<String> = {
+        let index = scan_keys(&mut conn, "tumbler:{default:*}:index").await;
+        let mut members = Vec::new();
+        for key in index {
+            let found: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            members.extend(found);
+        }
+        members.sort();
+        members
+    };
+    assert_eq!(index_members, ["healthy", "mixed"]);
+    let again = client
+        .reap(proto::ReapRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            again.expired_holders,
+            again.dead_waiters,
+            again.stale_index_entries
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn reap_with_a_cutoff_drops_old_grants_and_requests() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    client.acquire(acquire("old", "early")).await.unwrap();
+    let mut waiter = server.client().await;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire(proto::AcquireRequest {
+                wait_ms: 30_000,
+                ..acquire("old", "early-waiter")
+            })
+            .await
+    });
+    loop {
+        if client
+            .inspect(inspect("old"))
+            .await
+            .unwrap()
+            .into_inner()
+            .waiters
+            == 1
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.acquire(acquire("new", "late")).await.unwrap();
+
+    let counts = client
+        .reap(proto::ReapRequest {
+            older_than_ms: Some(200),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(counts.old_grants, 1);
+    assert_eq!(counts.old_waiters, 1);
+    let new = client.inspect(inspect("new")).await.unwrap().into_inner();
+    assert_eq!(new.holders.len(), 1, "younger grants stay");
+    waiting.abort();
+    let err = client
+        .reap(proto::ReapRequest {
+            older_than_ms: Some(0),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_of_ten_thousand_locks_leaves_nothing_behind() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut conn = redis_conn(&redis.url()).await;
+    let mut tasks = Vec::new();
+    for worker in 0..16 {
+        let mut client = server.client().await;
+        tasks.push(tokio::spawn(async move {
+            for i in (worker..10_000).step_by(16) {
+                let name = format!("churn-{i}");
+                let reply = client
+                    .acquire(acquire(&name, "w"))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert_eq!(reply.status(), AcquireStatus::Acquired);
+                client.release(release(&name, "w")).await.unwrap();
+            }
+        }));
+    }
+    // And a thousand that are never released, with short leases.
+    let mut client = server.client().await;
+    for i in 0..1000 {
+        client
+            .acquire(proto::AcquireRequest {
+                ttl_ms: Some(100),
+                ..acquire(&format!("forgotten-{i}"), "w")
+            })
+            .await
+            .unwrap();
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let counts = client
+        .reap(proto::ReapRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    println!("{counts:?}");
+    let left = lock_keys_left(&mut conn, "default").await;
+    assert!(
+        left.is_empty(),
+        "left behind: {:?}",
+        &left[..left.len().min(10)]
+    );
+}
+
+#[tokio::test]
+async fn clear_empties_one_namespace_only() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    for i in 0..150 {
+        client
+            .acquire(proto::AcquireRequest {
+                namespace: "doomed".into(),
+                limit: Some(2),
+                ..acquire(&format!("lock-{i}"), "h")
+            })
+            .await
+            .unwrap();
+    }
+    client.acquire(acquire("keep-me", "h")).await.unwrap();
+    let counts = client
+        .clear(proto::ClearRequest {
+            namespace: "doomed".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(counts.locks_cleared, 150);
+    assert_eq!(counts.grants_released, 150);
+    assert!(lock_keys_left(&mut conn, "doomed").await.is_empty());
+    let kept = client
+        .inspect(inspect("keep-me"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(kept.holders.len(), 1);
+    // The cleared locks are free again.
+    let again = client
+        .acquire(proto::AcquireRequest {
+            namespace: "doomed".into(),
+            ..acquire("lock-1", "other")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.status(), AcquireStatus::Acquired);
+}
+
+async fn reaper_holder(client: &mut LockServiceClient<Channel>) -> Option<String> {
+    let seen = client
+        .inspect(proto::InspectRequest {
+            namespace: "tumbler-system".into(),
+            name: "reaper".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    seen.holders
+        .first()
+        .map(|h| h.grant.as_ref().unwrap().holder.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
+    let redis = start_redis();
+    // The first reaper is a process, so it can be killed.
+    let port = tumbler::dev::free_port().unwrap();
+    let mut first = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--redis-url", &redis.url(), "--reap-interval-ms", "100"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    wait_for_health(
+        &endpoint,
+        tonic_health::pb::health_check_response::ServingStatus::Serving,
+    )
+    .await;
+    let mut first_client = LockServiceClient::connect(endpoint).await.unwrap();
+    let mut first_reaper = None;
+    for _ in 0..100 {
+        first_reaper = reaper_holder(&mut first_client).await;
+        if first_reaper.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_reaper = first_reaper.expect("the first replica never took the reaper lease");
+
+    // A second replica joins: the lease stays where it is.
+    let mut args = service_args();
+    args.reap_interval_ms = 100;
+    let second = TestServer::start_with(&redis.url(), args).await;
+    let mut client = second.client().await;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            reaper_holder(&mut client).await.as_ref(),
+            Some(&first_reaper)
+        );
+    }
+
+    // A holder that crashed, beside a live one.
+    for (holder, ttl) in [("crashed", 100), ("alive", 60_000)] {
+        client
+            .acquire(proto::AcquireRequest {
+                limit: Some(2),
+                ttl_ms: Some(ttl),
+                ..acquire("left-over", holder)
+            })
+            .await
+            .unwrap();
+    }
+    let mut conn = redis_conn(&redis.url()).await;
+    let holders_key = scan_keys(&mut conn, "tumbler:{default:*}:h:left-over").await;
+
+    // The reaper dies; the second replica takes over after the lease
+    // (three intervals) and reaps the crashed holder without a Reap RPC.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let mut took_over = None;
+    for _ in 0..100 {
+        let holder = reaper_holder(&mut client).await;
+        if holder.as_ref().is_some_and(|h| *h != first_reaper) {
+            took_over = holder;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took_over = took_over.expect("no replica took the reaper lease over");
+    assert!(took_over.starts_with("replica-"), "{took_over}");
+    let mut purged = false;
+    for _ in 0..100 {
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&holders_key[0])
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if members == ["alive"] {
+            purged = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        purged,
+        "the background reaper never purged the expired holder"
+    );
+
+    // A replica that shuts down hands the lease over at once: the lock's
+    // keys are gone.
+    assert!(
+        !scan_keys(&mut conn, "tumbler:{tumbler-system:*}:h:reaper")
+            .await
+            .is_empty()
+    );
+    second.shutdown().await.unwrap();
+    assert!(
+        scan_keys(&mut conn, "tumbler:{tumbler-system:*}:h:reaper")
+            .await
+            .is_empty()
+    );
+}
