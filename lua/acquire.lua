@@ -54,6 +54,7 @@ if free > 0 and ahead == 0 then
   redis.call('ZADD', HOLDERS, expires, holder)
   redis.call('HSET', INFO, 'g:' .. holder, record, 's:' .. slot, holder, 'limit', limit)
   local next_expiry = settle()
+  count(ARGV[6], 'acquired')
   -- A permit left over goes to the next waiter in line.
   if free > 1 then
     wake_eligible()
@@ -63,6 +64,7 @@ end
 
 -- 5. Not granted, trying once: nothing is queued.
 if not waiting then
+  count(ARGV[6], 'denied')
   local next_expiry
   if changed then
     next_expiry = settle()
@@ -87,7 +89,7 @@ if not queued_order then
   redis.call('ZADD', QUEUE, int((PRIORITY_MAX - priority) * ARRIVALS + arrival), holder)
   local fair_flag = fair and '1' or '0'
   local wait_deadline = now + tonumber(ARGV[12])
-  redis.call('HSET', INFO, 'w:' .. holder, string.format('%d|%d|%d|%s', priority, now, wait_deadline, fair_flag))
+  redis.call('HSET', INFO, 'w:' .. holder, string.format('%d|%d|%d|%s|%s', priority, now, wait_deadline, fair_flag, ARGV[6]))
 end
 redis.call('ZADD', DEADLINES, now + tonumber(ARGV[11]), holder)
 

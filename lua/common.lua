@@ -14,11 +14,13 @@
 --   KEYS[6] names     ZSET (per shard) lock name -> 0, in name order (listing)
 --   KEYS[7] fence     STRING (per shard) last fencing token
 --   ARGV[1] the lock's name, ARGV[2] the wake-up channel
+-- Each shard also has per-minute counters, '<shard>:m:<minute ms>' HASH
+-- 'kind|event' -> count, kept for METRICS_RETENTION_MS.
 -- A script that walks a shard (list, reap, clear) gets only KEYS[1] index,
 -- KEYS[2] names, KEYS[3] fence, and points the shared steps at each lock
 -- it visits with use_lock (the lock keys it derives carry the same tag).
 -- A grant record is 'token|slot|acquired_at_ms|ttl_ms|kind|metadata_json';
--- a waiter record is 'priority|enqueued_at_ms|wait_deadline_ms|fair'.
+-- a waiter record is 'priority|enqueued_at_ms|wait_deadline_ms|fair|kind'.
 
 local HOLDERS, INFO, QUEUE, DEADLINES, INDEX, NAMES, FENCE
 if #KEYS == 3 then
@@ -36,6 +38,21 @@ local function use_lock(shard, name)
   LOCK_NAME = name
 end
 
+-- The shard's key prefix '<prefix>:{<namespace>:<shard>}' (its index key
+-- without ':index'), for keys that belong to the whole shard.
+local SHARD = string.sub(INDEX, 1, -7)
+
+-- How long per-minute counters are kept, and how many distinct
+-- 'kind|event' fields one shard-minute may hold before further kinds are
+-- counted as 'other' (kinds are metrics labels: their number stays bounded).
+local METRICS_RETENTION_MS = 24 * 3600 * 1000
+local METRICS_MAX_FIELDS = 512
+
+-- How long a lock's keys outlive its last lease or waiter deadline, so
+-- that the reaper (or the next script) sees, counts and cleans up an
+-- expiry nobody released; after it, Redis drops the keys by itself.
+local KEY_GRACE_MS = 60 * 1000
+
 -- How long an idle shard keeps its fencing counter. Losing it is safe:
 -- tokens never fall below the Redis clock in microseconds (next_token).
 local FENCE_IDLE_TTL_MS = 7 * 24 * 3600 * 1000
@@ -51,10 +68,33 @@ local function int(n)
 end
 
 -- The Redis clock, in milliseconds and in microseconds since the epoch.
+-- The script's first call also fixes NOW_MS for the counters below.
+local NOW_MS = 0
 local function redis_now()
   local t = redis.call('TIME')
   local secs, micros = tonumber(t[1]), tonumber(t[2])
-  return secs * 1000 + math.floor(micros / 1000), secs * 1000000 + micros
+  NOW_MS = secs * 1000 + math.floor(micros / 1000)
+  return NOW_MS, secs * 1000000 + micros
+end
+
+-- Count `n` events of a kind in this shard's counters for the current
+-- minute, where every replica's counts meet (the Metrics RPC sums them).
+local function count(kind, event, n)
+  if n == 0 then
+    return
+  end
+  local key = SHARD .. ':m:' .. int(NOW_MS - NOW_MS % 60000)
+  local field = kind .. '|' .. event
+  if redis.call('HEXISTS', key, field) == 0 and redis.call('HLEN', key) >= METRICS_MAX_FIELDS then
+    field = 'other|' .. event
+  end
+  redis.call('HINCRBY', key, field, n or 1)
+  redis.call('PEXPIRE', key, METRICS_RETENTION_MS)
+end
+
+-- The kind inside a grant record.
+local function record_kind(record)
+  return string.match(record, '^%d+|%d+|%d+|%d+|([^|]*)|') or 'default'
 end
 
 -- The fencing token inside a grant record, as the decimal text it was
@@ -74,14 +114,15 @@ local function drop_grant(holder, record)
   redis.call('ZREM', HOLDERS, holder)
 end
 
--- Holders whose lease has passed stop counting now: drop their grants.
--- Returns how many were dropped.
+-- Holders whose lease has passed stop counting now: drop their grants
+-- (each counted as 'expired'). Returns how many were dropped.
 local function purge_expired(now)
   local expired = redis.call('ZRANGEBYSCORE', HOLDERS, '-inf', now)
   for _, holder in ipairs(expired) do
     local record = redis.call('HGET', INFO, 'g:' .. holder)
     if record then
       drop_grant(holder, record)
+      count(record_kind(record), 'expired')
     else
       redis.call('ZREM', HOLDERS, holder)
     end
@@ -97,11 +138,13 @@ local function drop_waiter(id)
 end
 
 -- Waiting requests whose replica stopped refreshing them (crashed, cut
--- off) are dead: they leave the queue instead of holding it up.
--- Returns how many were removed.
+-- off) are dead: they leave the queue instead of holding it up (each
+-- counted as 'reaped'). Returns how many were removed.
 local function purge_dead_waiters(now)
   local dead = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', now)
   for _, id in ipairs(dead) do
+    local record = redis.call('HGET', INFO, 'w:' .. id) or ''
+    count(string.match(record, '|([^|]*)$') or 'default', 'reaped')
     drop_waiter(id)
   end
   return #dead
@@ -133,9 +176,9 @@ local function expire_no_sooner(key, at)
 end
 
 -- After any change: a lock nobody holds or waits for leaves no key behind
--- (nor an entry in the shard's indexes); otherwise its keys expire with the
--- last lease or waiter deadline (so Redis cleans up even if nothing touches
--- the lock again), the expiry index records the next time something in it
+-- (nor an entry in the shard's indexes); otherwise its keys expire a grace
+-- period after the last lease or waiter deadline (so Redis cleans up even
+-- if nothing touches the lock again), the expiry index records the next time something in it
 -- expires, and the name index lists it. Both indexes live as long as their
 -- longest-lived lock.
 -- Returns the earliest lease expiry, or 0 when nobody holds the lock.
@@ -148,13 +191,14 @@ local function settle()
     redis.call('ZREM', NAMES, LOCK_NAME)
     return 0
   end
-  local keep_until = math.max(tonumber(last_lease[2] or 0), tonumber(last_waiter[2] or 0))
+  local last_deadline = math.max(tonumber(last_lease[2] or 0), tonumber(last_waiter[2] or 0))
+  local keep_until = last_deadline + KEY_GRACE_MS
   for _, key in ipairs({HOLDERS, INFO, QUEUE, DEADLINES}) do
     redis.call('PEXPIREAT', key, int(keep_until))
   end
   local first_lease = redis.call('ZRANGE', HOLDERS, 0, 0, 'WITHSCORES')
   local first_waiter = redis.call('ZRANGE', DEADLINES, 0, 0, 'WITHSCORES')
-  local next_event = math.min(tonumber(first_lease[2] or keep_until), tonumber(first_waiter[2] or keep_until))
+  local next_event = math.min(tonumber(first_lease[2] or last_deadline), tonumber(first_waiter[2] or last_deadline))
   redis.call('ZADD', INDEX, int(next_event), LOCK_NAME)
   redis.call('ZADD', NAMES, 0, LOCK_NAME)
   expire_no_sooner(INDEX, keep_until)

@@ -1,6 +1,6 @@
 -- dequeue: a waiting request leaves the queue (its RPC timed out or was
 -- cancelled).
--- ARGV: 3 request id
+-- ARGV: 3 request id, 4 why ('timeout' is counted as timed_out; 'cancel' is not)
 -- Returns the position it had (1-based), or 0 when it was not queued.
 local id = ARGV[3]
 local now = redis_now()
@@ -12,6 +12,10 @@ purge_dead_waiters(now)
 -- 2. Leave the queue.
 local rank = redis.call('ZRANK', QUEUE, id)
 if rank then
+  if ARGV[4] == 'timeout' then
+    local record = redis.call('HGET', INFO, 'w:' .. id) or ''
+    count(string.match(record, '|([^|]*)$') or 'default', 'timed_out')
+  end
   drop_waiter(id)
 end
 

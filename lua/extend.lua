@@ -27,6 +27,7 @@ redis.call('HSET', INFO, 'g:' .. holder, record)
 
 -- 4. Key TTLs and the shard index follow the new lease.
 settle()
+count(record_kind(record), 'extended')
 if changed then
   wake_eligible()
 end

@@ -35,6 +35,7 @@ for _, name in ipairs(names) do
       local record = redis.call('HGET', INFO, 'g:' .. holder)
       if record and tonumber(string.match(record, '^%d+|%d+|(%d+)|')) < cutoff then
         drop_grant(holder, record)
+        count(record_kind(record), 'reaped')
         old_grants = old_grants + 1
       end
     end
@@ -43,6 +44,7 @@ for _, name in ipairs(names) do
       local enqueued = tonumber(string.match(record, '^%-?%d+|(%d+)|') or '0')
       if enqueued < cutoff then
         drop_waiter(id)
+        count(string.match(record, '|([^|]*)$') or 'default', 'reaped')
         old_waiters = old_waiters + 1
       end
     end

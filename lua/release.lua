@@ -21,6 +21,7 @@ end
 -- 3. Drop the grant; the last one out deletes the lock's keys.
 drop_grant(holder, record)
 settle()
+count(record_kind(record), 'released')
 
 -- 4. Wake whoever may take the permit now.
 wake_eligible()

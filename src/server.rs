@@ -51,6 +51,7 @@ pub async fn serve(
         wake_channel,
     ));
     let refresher = tokio::spawn(engine.clone().run_refresher());
+    let flusher = tokio::spawn(engine.clone().run_metrics_flusher());
     let replica = format!("replica-{}", uuid::Uuid::now_v7());
     tracing::info!(%replica, "starting");
     let reaper = config
@@ -124,6 +125,7 @@ pub async fn serve(
     engine.waiters().shut_down();
     subscriber.abort();
     refresher.abort();
+    flusher.abort();
     if let Some(reaper) = reaper {
         // Let it hand its lease over, briefly.
         let _ = tokio::time::timeout(Duration::from_secs(2), reaper).await;

@@ -37,7 +37,8 @@ async fn list_all(
     }
 }
 
-/// Keys of `namespace` other than the per-shard fencing counters.
+/// Lock keys and indexes of `namespace` (not the per-shard fencing
+/// counters and per-minute metrics, which expire on their own schedule).
 async fn lock_keys_left(
     conn: &mut redis::aio::MultiplexedConnection,
     namespace: &str,
@@ -45,7 +46,7 @@ async fn lock_keys_left(
     scan_keys(conn, &format!("tumbler:{{{namespace}:*"))
         .await
         .into_iter()
-        .filter(|k| !k.ends_with(":fence"))
+        .filter(|k| !k.ends_with(":fence") && !k.contains(":m:"))
         .collect()
 }
 
@@ -146,17 +147,28 @@ async fn reap_removes_what_crashed_and_leaves_the_living() {
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
 
-    // A lock whose only holder crashed: its keys expire, its index entries
-    // stay (it shares a shard, and so the index, with a live lock).
-    let layout = tumbler::engine::keys::Layout::new("tumbler", 32);
-    let crashed = (0..)
-        .map(|i| format!("crashed-{i}"))
-        .find(|name| layout.shard_of("default", name) == layout.shard_of("default", "healthy"))
-        .unwrap();
+    // A lock whose keys were lost (evicted, deleted by hand): its index
+    // entries stay behind.
     client
         .acquire(proto::AcquireRequest {
             ttl_ms: Some(200),
-            ..acquire(&crashed, "gone")
+            ..acquire("lost", "gone")
+        })
+        .await
+        .unwrap();
+    let lost_keys = scan_keys(&mut conn, "tumbler:{default:*}:[hi]:lost").await;
+    assert_eq!(lost_keys.len(), 2);
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lost_keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A lock whose only holder crashed: its keys outlive the lease by the
+    // grace period, so the reaper sees and counts the expiry.
+    client
+        .acquire(proto::AcquireRequest {
+            ttl_ms: Some(200),
+            ..acquire("crashed", "gone")
         })
         .await
         .unwrap();
@@ -220,9 +232,15 @@ async fn reap_removes_what_crashed_and_leaves_the_living() {
         .unwrap()
         .into_inner();
     println!("{counts:?}");
-    assert_eq!(counts.expired_holders, 1, "the crashed semaphore holder");
+    assert_eq!(
+        counts.expired_holders, 2,
+        "the crashed mutex and semaphore holders"
+    );
     assert_eq!(counts.dead_waiters, 1, "the orphaned request");
-    assert_eq!(counts.stale_index_entries, 1, "the crashed mutex");
+    assert_eq!(
+        counts.stale_index_entries, 1,
+        "the lock whose keys were lost"
+    );
     assert_eq!((counts.old_grants, counts.old_waiters), (0, 0));
 
     // The living are untouched; what crashed left nothing behind.

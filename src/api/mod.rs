@@ -30,6 +30,31 @@ impl LockApi {
     pub fn new(engine: Arc<LockEngine>, limits: Limits) -> Self {
         LockApi { engine, limits }
     }
+
+    /// Maps a failed lock operation to its status, counting Redis trouble
+    /// in the `errors` metric of the lock's namespace and kind.
+    fn failed(&self, lock: &LockId, kind: &str, err: EngineError) -> Status {
+        if matches!(err, EngineError::Store(_)) {
+            self.engine.record_error(&lock.namespace, kind);
+        }
+        engine_status(err)
+    }
+}
+
+fn counters_row(row: engine::MetricsRow) -> proto::MetricsRow {
+    let c = row.counters;
+    proto::MetricsRow {
+        minute_ms: row.minute_ms,
+        kind: row.kind,
+        acquired: c.acquired,
+        denied: c.denied,
+        timed_out: c.timed_out,
+        released: c.released,
+        extended: c.extended,
+        expired: c.expired,
+        reaped: c.reaped,
+        errors: c.errors,
+    }
 }
 
 /// Redis trouble is UNAVAILABLE (retry elsewhere or later; nothing was
@@ -142,7 +167,12 @@ impl LockService for LockApi {
         span.record("name", &acquire.lock.name);
         span.record("holder", &acquire.holder);
 
-        let reply = match self.engine.acquire(&acquire).await.map_err(engine_status)? {
+        let reply = match self
+            .engine
+            .acquire(&acquire)
+            .await
+            .map_err(|e| self.failed(&acquire.lock, &acquire.kind, e))?
+        {
             AcquireOutcome::Acquired { grant, holders } => proto::AcquireResponse {
                 status: AcquireStatus::Acquired.into(),
                 grant: Some(grant_reply(grant)),
@@ -195,7 +225,7 @@ impl LockService for LockApi {
             .engine
             .release(&lock, &holder, token)
             .await
-            .map_err(engine_status)?
+            .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?
         {
             ReleaseOutcome::Released => ReleaseStatus::Released,
             ReleaseOutcome::NotHeld => ReleaseStatus::NotHeld,
@@ -219,7 +249,7 @@ impl LockService for LockApi {
             .engine
             .extend(&lock, &holder, ttl, token)
             .await
-            .map_err(engine_status)?
+            .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?
         {
             ExtendOutcome::Extended(grant) => proto::ExtendResponse {
                 status: ExtendStatus::Extended.into(),
@@ -288,6 +318,7 @@ impl LockService for LockApi {
                     expires_at_ms: r.expires_at_ms,
                     wait_deadline_ms: r.wait_deadline_ms,
                     fair: r.fair,
+                    kind: r.kind,
                 })
                 .collect(),
         }))
@@ -368,4 +399,37 @@ impl LockService for LockApi {
             requests_dropped: counts.requests,
         }))
     }
+
+    #[tracing::instrument(name = "Metrics", skip_all, fields(namespace))]
+    async fn metrics(
+        &self,
+        request: Request<proto::MetricsRequest>,
+    ) -> Result<Response<proto::MetricsResponse>, Status> {
+        let req = request.into_inner();
+        let namespace = validate::namespace(&req.namespace)?;
+        let (from_ms, to_ms) = validate::metrics_range(req.from_ms, req.to_ms, unix_ms())?;
+        let kind = if req.kind.is_empty() {
+            None
+        } else {
+            Some(validate::kind(&req.kind)?)
+        };
+        let report = self
+            .engine
+            .metrics(&namespace, from_ms, to_ms, kind.as_deref())
+            .await
+            .map_err(engine_status)?;
+        Ok(Response::new(proto::MetricsResponse {
+            minutes: report.minutes.into_iter().map(counters_row).collect(),
+            totals: report.totals.into_iter().map(counters_row).collect(),
+            from_ms,
+            to_ms,
+        }))
+    }
+}
+
+/// This replica's clock in Unix ms (only to default a metrics range).
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

@@ -121,6 +121,35 @@ pub fn older_than_ms(value: Option<u64>) -> Result<Option<u64>, Status> {
     Ok(value)
 }
 
+pub const MAX_METRICS_RANGE_MS: i64 = 24 * 3600 * 1000;
+const DEFAULT_METRICS_RANGE_MS: i64 = 3600 * 1000;
+
+/// A metrics range: 0 means the last hour up to `now_ms`; from ≤ to; at
+/// most 24 hours (the counters' retention).
+pub fn metrics_range(from_ms: i64, to_ms: i64, now_ms: i64) -> Result<(i64, i64), Status> {
+    let to = if to_ms == 0 { now_ms } else { to_ms };
+    let from = if from_ms == 0 {
+        to - DEFAULT_METRICS_RANGE_MS
+    } else {
+        from_ms
+    };
+    if from < 0 || to < 0 {
+        return Err(invalid("from_ms", "must not be negative"));
+    }
+    if from > to {
+        return Err(invalid("from_ms", "must not be after to_ms"));
+    }
+    if to - from > MAX_METRICS_RANGE_MS {
+        return Err(invalid(
+            "from_ms",
+            format!(
+                "the range must be at most {MAX_METRICS_RANGE_MS} ms (the counters' retention)"
+            ),
+        ));
+    }
+    Ok((from, to))
+}
+
 /// 0 → 100; otherwise at most 1000.
 pub fn max_entries(value: u32) -> Result<u32, Status> {
     match value {
@@ -341,6 +370,12 @@ mod tests {
         rejects(priority(-1001), "priority");
         rejects(max_entries(1001), "max_entries");
         rejects(page_size(1001), "page_size");
+        rejects(metrics_range(2, 1, 10), "from_ms");
+        rejects(metrics_range(1, MAX_METRICS_RANGE_MS + 2, 10), "from_ms");
+        assert_eq!(
+            metrics_range(0, 0, 7_200_000).unwrap(),
+            (3_600_000, 7_200_000)
+        );
         rejects(prefix("a\u{1}"), "prefix");
         rejects(older_than_ms(Some(0)), "older_than_ms");
         rejects(page_token("not base64!", 32), "page_token");

@@ -113,6 +113,7 @@ pub struct QueuedRequest {
     /// When its RPC stops waiting.
     pub wait_deadline_ms: i64,
     pub fair: bool,
+    pub kind: String,
 }
 
 /// What the Queue RPC sees of a lock.
@@ -202,6 +203,66 @@ const NAMESPACE_NOTE_EVERY: Duration = Duration::from_secs(60);
 /// How long an unused namespace stays in the registry.
 const NAMESPACE_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
 
+/// The events counted per minute and kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub acquired: u64,
+    pub denied: u64,
+    pub timed_out: u64,
+    pub released: u64,
+    pub extended: u64,
+    pub expired: u64,
+    pub reaped: u64,
+    pub errors: u64,
+}
+
+impl Counters {
+    fn add_event(&mut self, event: &str, n: u64) {
+        let slot = match event {
+            "acquired" => &mut self.acquired,
+            "denied" => &mut self.denied,
+            "timed_out" => &mut self.timed_out,
+            "released" => &mut self.released,
+            "extended" => &mut self.extended,
+            "expired" => &mut self.expired,
+            "reaped" => &mut self.reaped,
+            "errors" => &mut self.errors,
+            _ => return,
+        };
+        *slot += n;
+    }
+
+    fn add(&mut self, other: &Counters) {
+        self.acquired += other.acquired;
+        self.denied += other.denied;
+        self.timed_out += other.timed_out;
+        self.released += other.released;
+        self.extended += other.extended;
+        self.expired += other.expired;
+        self.reaped += other.reaped;
+        self.errors += other.errors;
+    }
+}
+
+/// One kind's counters over one minute (or, in totals, over the range).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsRow {
+    pub minute_ms: i64,
+    pub kind: String,
+    pub counters: Counters,
+}
+
+/// What the Metrics RPC reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsReport {
+    pub minutes: Vec<MetricsRow>,
+    pub totals: Vec<MetricsRow>,
+}
+
+const MINUTE_MS: i64 = 60_000;
+/// How long per-minute counters are kept (METRICS_RETENTION_MS in Lua).
+pub const METRICS_RETENTION_MS: i64 = 24 * 3600 * 1000;
+
 /// The tumbler lock that makes one replica at a time the reaper.
 pub const REAPER_NAMESPACE: &str = "tumbler-system";
 pub const REAPER_LOCK: &str = "reaper";
@@ -248,6 +309,9 @@ pub struct LockEngine {
     /// Set once the data in Redis is known to use this deployment's layout;
     /// until then every operation answers UNAVAILABLE.
     layout_verified: AtomicBool,
+    /// Errors counted here (Redis could not take them when they happened),
+    /// by namespace and kind, until the flusher writes them.
+    pending_errors: std::sync::Mutex<BTreeMap<(String, String), u64>>,
     /// Namespaces this replica recorded as in use, and when.
     noted_namespaces: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
@@ -285,6 +349,7 @@ impl LockEngine {
             scripts: Scripts::new(),
             layout_verified: AtomicBool::new(false),
             noted_namespaces: Default::default(),
+            pending_errors: Default::default(),
         }
     }
 
@@ -463,7 +528,9 @@ impl LockEngine {
                 () = sleep_until_some(expiry) => {}
                 () = tokio::time::sleep_until(deadline) => {
                     queued.armed = false;
-                    let position = self.dequeue(&req.lock, keys, &req.holder).await?;
+                    let position = self
+                        .dequeue(&req.lock, keys, &req.holder, Dequeue::TimedOut)
+                        .await?;
                     return Ok(AcquireOutcome::TimedOut {
                         holders: attempt.holders,
                         next_expiry_at_ms: attempt.next_expiry,
@@ -484,8 +551,14 @@ impl LockEngine {
         lock: &LockId,
         keys: &LockKeys,
         holder: &str,
+        why: Dequeue,
     ) -> Result<u32, StoreError> {
-        self.run(&self.scripts.dequeue, lock, keys, &[holder]).await
+        let why = match why {
+            Dequeue::TimedOut => "timeout",
+            Dequeue::Cancelled => "cancel",
+        };
+        self.run(&self.scripts.dequeue, lock, keys, &[holder, why])
+            .await
     }
 
     /// Renews this replica's requests on one lock; returns the ids whose
@@ -812,6 +885,114 @@ impl LockEngine {
         }
     }
 
+    /// Counts a request that failed on Redis trouble; the flusher writes
+    /// it to the shared counters.
+    pub fn record_error(&self, namespace: &str, kind: &str) {
+        let mut pending = self.pending_errors.lock().unwrap();
+        // Bounded: one entry per namespace and kind seen.
+        *pending
+            .entry((namespace.to_owned(), kind.to_owned()))
+            .or_default() += 1;
+    }
+
+    /// Every second, adds the errors counted here to the shared per-minute
+    /// counters (of shard 0 of their namespace). Counts that cannot be
+    /// written wait for the next round.
+    pub async fn run_metrics_flusher(self: Arc<Self>) {
+        let shutdown = self.waiters.shutdown_token().clone();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            let pending = std::mem::take(&mut *self.pending_errors.lock().unwrap());
+            for ((namespace, kind), n) in pending {
+                let minute = unix_ms() - unix_ms() % MINUTE_MS;
+                let key = format!(
+                    "{}:m:{minute}",
+                    self.layout.shard_keys(&namespace, 0).prefix
+                );
+                let mut pipe = redis::pipe();
+                pipe.cmd("HINCRBY")
+                    .arg(&key)
+                    .arg(format!("{kind}|errors"))
+                    .arg(n)
+                    .ignore();
+                pipe.cmd("PEXPIRE")
+                    .arg(&key)
+                    .arg(METRICS_RETENTION_MS)
+                    .ignore();
+                if self.store.pipeline::<()>(pipe).await.is_err() {
+                    *self
+                        .pending_errors
+                        .lock()
+                        .unwrap()
+                        .entry((namespace, kind))
+                        .or_default() += n;
+                }
+            }
+        }
+    }
+
+    /// Per-minute counters of a namespace between two instants (inclusive
+    /// minutes), summed over every shard, so over every replica.
+    pub async fn metrics(
+        &self,
+        namespace: &str,
+        from_ms: i64,
+        to_ms: i64,
+        kind: Option<&str>,
+    ) -> Result<MetricsReport, EngineError> {
+        self.ready()?;
+        let first = from_ms - from_ms.rem_euclid(MINUTE_MS);
+        let minutes: Vec<i64> = (first..=to_ms).step_by(MINUTE_MS as usize).collect();
+        let mut sums: BTreeMap<(i64, String), Counters> = BTreeMap::new();
+        for shard in 0..self.layout.shards() {
+            let prefix = self.layout.shard_keys(namespace, shard).prefix;
+            // One pipeline per shard: its keys share one cluster slot.
+            let mut pipe = redis::pipe();
+            for minute in &minutes {
+                pipe.cmd("HGETALL").arg(format!("{prefix}:m:{minute}"));
+            }
+            let counts: Vec<std::collections::HashMap<String, u64>> =
+                self.store.pipeline(pipe).await?;
+            for (minute, fields) in minutes.iter().zip(counts) {
+                for (field, n) in fields {
+                    let Some((field_kind, event)) = field.rsplit_once('|') else {
+                        continue;
+                    };
+                    if kind.is_some_and(|k| k != field_kind) {
+                        continue;
+                    }
+                    sums.entry((*minute, field_kind.to_owned()))
+                        .or_default()
+                        .add_event(event, n);
+                }
+            }
+        }
+        let mut totals: BTreeMap<String, Counters> = BTreeMap::new();
+        let minutes = sums
+            .into_iter()
+            .map(|((minute_ms, kind), counters)| {
+                totals.entry(kind.clone()).or_default().add(&counters);
+                MetricsRow {
+                    minute_ms,
+                    kind,
+                    counters,
+                }
+            })
+            .collect();
+        let totals = totals
+            .into_iter()
+            .map(|(kind, counters)| MetricsRow {
+                minute_ms: first,
+                kind,
+                counters,
+            })
+            .collect();
+        Ok(MetricsReport { minutes, totals })
+    }
+
     pub async fn release(
         &self,
         lock: &LockId,
@@ -935,6 +1116,13 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// Why a waiting request leaves its queue (only timeouts are counted).
+#[derive(Clone, Copy)]
+enum Dequeue {
+    TimedOut,
+    Cancelled,
+}
+
 /// Takes a waiting request out of the queue when its RPC goes away while
 /// queued (dropped future: client cancelled, deadline passed, error).
 struct QueuedGuard {
@@ -953,7 +1141,10 @@ impl Drop for QueuedGuard {
         let engine = self.engine.clone();
         let (lock, keys, holder) = (self.lock.clone(), self.keys.clone(), self.holder.clone());
         tokio::spawn(async move {
-            if let Err(err) = engine.dequeue(&lock, &keys, &holder).await {
+            if let Err(err) = engine
+                .dequeue(&lock, &keys, &holder, Dequeue::Cancelled)
+                .await
+            {
                 // Its liveness deadline will drop it instead.
                 tracing::warn!(error = %err, lock = %lock.name, "leaving the queue failed");
             }
@@ -989,7 +1180,7 @@ fn parse_grant(holder: &str, record: &str, expires_at_ms: i64) -> Result<Grant, 
     })
 }
 
-/// Decodes a waiter record: `priority|enqueued_at_ms|wait_deadline_ms|fair`.
+/// Decodes a waiter record: `priority|enqueued_at_ms|wait_deadline_ms|fair|kind`.
 fn parse_waiter(
     holder: &str,
     record: &str,
@@ -997,7 +1188,7 @@ fn parse_waiter(
     position: u32,
 ) -> Result<QueuedRequest, StoreError> {
     let bad = || StoreError::Protocol(format!("waiter record of {holder:?} not understood"));
-    let mut fields = record.splitn(4, '|');
+    let mut fields = record.splitn(5, '|');
     let mut next = || fields.next().ok_or_else(bad);
     Ok(QueuedRequest {
         holder: holder.to_owned(),
@@ -1006,6 +1197,7 @@ fn parse_waiter(
         enqueued_at_ms: next()?.parse().map_err(|_| bad())?,
         wait_deadline_ms: next()?.parse().map_err(|_| bad())?,
         fair: next()? == "1",
+        kind: next()?.to_owned(),
         expires_at_ms,
     })
 }
