@@ -36,6 +36,17 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    serve_with_http(config, listener, None, shutdown).await
+}
+
+/// [`serve`], plus the HTTP port (Prometheus `/metrics`, `/healthz`) on
+/// `http` when given; it closes when the server has stopped.
+pub async fn serve_with_http(
+    config: ServerConfig,
+    listener: TcpListener,
+    http: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
     let store = Store::new(&config.store)?;
     let layout = Layout::new(&config.key_prefix, config.shards);
     let wake_channel = layout.wake_channel();
@@ -51,6 +62,14 @@ pub async fn serve(
         wake_channel,
     ));
     let refresher = tokio::spawn(engine.clone().run_refresher());
+    let http = match http {
+        Some(http) => Some(tokio::spawn(crate::http::serve(
+            http,
+            crate::observe::install_recorder()?,
+            engine.clone(),
+        ))),
+        None => None,
+    };
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     set_status(&reporter, ServingStatus::NotServing).await;
@@ -97,6 +116,7 @@ pub async fn serve(
         draining.notify_one();
     };
     let serving = Server::builder()
+        .layer(crate::observe::RpcLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -119,6 +139,10 @@ pub async fn serve(
     engine.waiters().shut_down();
     subscriber.abort();
     refresher.abort();
+    if let Some(http) = http {
+        http.abort();
+        let _ = http.await;
+    }
     match fatal {
         Some(Ok(Err(err))) => Err(err.into()),
         Some(Err(join)) => Err(anyhow::anyhow!("redis watcher failed: {join}")),
@@ -163,6 +187,7 @@ async fn watch_redis(
                 false
             }
         };
+        crate::observe::redis_up(now_serving);
         if now_serving != serving {
             serving = now_serving;
             if serving {
