@@ -80,6 +80,39 @@ pub struct LogArgs {
     pub log_level: String,
 }
 
+/// Metrics and traces, for `tumbler serve` and `tumbler dev`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct ObservabilityArgs {
+    /// Address of the HTTP port: Prometheus `/metrics` and `/healthz`;
+    /// `off` disables it. Default: 0.0.0.0:9090 for `serve`, 127.0.0.1:9090
+    /// for `dev`; when the default port is taken the service runs without
+    /// it (logged as an error; `dev` takes a free port instead), while an
+    /// address given here must be free.
+    #[arg(long, env = "TUMBLER_HTTP_LISTEN", value_parser = parse_http_listen)]
+    pub http_listen: Option<HttpListen>,
+    /// OpenTelemetry collector to export a span per RPC to, over OTLP/gRPC
+    /// (e.g. `http://otel-collector:4317`). Empty: no tracing export.
+    #[arg(long, env = "TUMBLER_OTLP_ENDPOINT", default_value = "")]
+    pub otlp_endpoint: String,
+}
+
+/// Where the HTTP port listens, when asked for explicitly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpListen {
+    Off,
+    At(SocketAddr),
+}
+
+fn parse_http_listen(value: &str) -> Result<HttpListen, String> {
+    if value.eq_ignore_ascii_case("off") {
+        return Ok(HttpListen::Off);
+    }
+    value
+        .parse()
+        .map(HttpListen::At)
+        .map_err(|e| format!("{e}: expected an address like 0.0.0.0:9090, or `off`"))
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LogFormat {
     Pretty,
@@ -169,6 +202,8 @@ pub struct ServeArgs {
     #[arg(long, env = "TUMBLER_SHUTDOWN_DRAIN_MS", default_value_t = 5_000)]
     pub shutdown_drain_ms: u64,
     #[command(flatten)]
+    pub observability: ObservabilityArgs,
+    #[command(flatten)]
     pub service: ServiceArgs,
 }
 
@@ -189,6 +224,8 @@ pub struct DevArgs {
     /// The redis-server program to start.
     #[arg(long, env = "TUMBLER_REDIS_SERVER", default_value = "redis-server")]
     pub redis_server: String,
+    #[command(flatten)]
+    pub observability: ObservabilityArgs,
     #[command(flatten)]
     pub service: ServiceArgs,
 }

@@ -8,9 +8,12 @@
 //! redis-server for `tumbler dev` and the tests.
 
 pub mod api;
+pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod engine;
+pub mod http;
+pub mod observe;
 pub mod proto;
 pub mod server;
 pub mod store;

@@ -1,12 +1,16 @@
 //! The `tumbler` command: `serve` runs the service against a Redis you
-//! name; `dev` runs it against a private redis-server it starts itself.
+//! name; `dev` runs it against a private redis-server it starts itself;
+//! `acquire`, `release`, `extend`, `inspect` and `queue` are clients.
 
 use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 
-use tumbler::config::{DevArgs, LogArgs, ServeArgs, ServerConfig};
+use tumbler::cli::{self, ClientCommand};
+use tumbler::config::{DevArgs, HttpListen, LogArgs, ServeArgs, ServerConfig};
 use tumbler::dev::RedisServer;
 use tumbler::{server, telemetry};
 
@@ -26,34 +30,52 @@ enum Command {
     /// Run the lock service against a private redis-server started here
     /// (for trying tumbler out; nothing is kept on disk).
     Dev(DevArgs),
+    #[command(flatten)]
+    Client(ClientCommand),
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    telemetry::init(&cli.log)?;
     match cli.command {
         Command::Serve(args) => {
+            let telemetry = telemetry::init(&cli.log, &args.observability.otlp_endpoint)?;
             let config = args.server_config()?;
             let listener = bind(args.listen).await?;
-            server::serve(config, listener, shutdown_signal()).await
+            let http = bind_http(args.observability.http_listen, "0.0.0.0:9090", false).await?;
+            let outcome = server::serve_with_http(config, listener, http, shutdown_signal()).await;
+            telemetry.shutdown().await;
+            outcome.map(|()| ExitCode::SUCCESS)
         }
         Command::Dev(args) => {
+            let telemetry = telemetry::init(&cli.log, &args.observability.otlp_endpoint)?;
             let redis = RedisServer::start(&args.redis_server)?;
             let config = ServerConfig::new(redis.url(), &args.service)?;
             let listener = bind(args.listen).await?;
             let addr = listener.local_addr()?;
+            let http = bind_http(args.observability.http_listen, "127.0.0.1:9090", true).await?;
+            let metrics = match &http {
+                Some(http) => format!("http://{}/metrics", http.local_addr()?),
+                None => "off".to_owned(),
+            };
             // Errors ignored: a closed stdout must not stop the service.
             let _ = writeln!(
                 std::io::stdout(),
-                "tumbler dev: gRPC on {addr}, private Redis at {url}\n\
-                 \x20 try: grpcurl -plaintext -d '{{\"name\":\"demo\",\"ttl_ms\":30000}}' {addr} tumbler.v1.LockService/Acquire\n\
+                "tumbler dev: gRPC on {addr}, private Redis at {url}, metrics {metrics}\n\
+                 \x20 try: tumbler acquire --addr http://{addr} demo --ttl-ms 30000\n\
+                 \x20  or: grpcurl -plaintext -d '{{\"name\":\"demo\",\"ttl_ms\":30000}}' {addr} tumbler.v1.LockService/Acquire\n\
                  \x20 stop with Ctrl-C; the private Redis stops with it",
                 url = redis.url()
             );
-            let outcome = server::serve(config, listener, shutdown_signal()).await;
+            let outcome = server::serve_with_http(config, listener, http, shutdown_signal()).await;
             drop(redis);
-            outcome
+            telemetry.shutdown().await;
+            outcome.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Client(command) => {
+            // Clients export no spans.
+            telemetry::init(&cli.log, "")?.shutdown().await;
+            Ok(cli::run(command).await)
         }
     }
 }
@@ -64,6 +86,48 @@ async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     tracing::info!(addr = %listener.local_addr()?, "listening for gRPC");
     Ok(listener)
+}
+
+/// The HTTP port's listener: the address asked for (which must be free),
+/// none for `off`, or the default, which may be taken: then `dev` takes a
+/// free port and `serve` runs without the HTTP port, saying so.
+async fn bind_http(
+    asked: Option<HttpListen>,
+    default: &str,
+    free_port_fallback: bool,
+) -> anyhow::Result<Option<TcpListener>> {
+    let addr = match asked {
+        Some(HttpListen::Off) => return Ok(None),
+        Some(HttpListen::At(addr)) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--http-listen): {e}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "listening for HTTP (/metrics)");
+            return Ok(Some(listener));
+        }
+        None => default.parse::<SocketAddr>()?,
+    };
+    let bound = match TcpListener::bind(addr).await {
+        Err(e) if free_port_fallback => {
+            tracing::info!(%addr, error = %e, "default HTTP port taken; using a free port");
+            TcpListener::bind(SocketAddr::new(addr.ip(), 0)).await
+        }
+        other => other,
+    };
+    match bound {
+        Ok(listener) => {
+            tracing::info!(addr = %listener.local_addr()?, "listening for HTTP (/metrics)");
+            Ok(Some(listener))
+        }
+        Err(e) => {
+            tracing::error!(
+                %addr,
+                error = %e,
+                "cannot open the default HTTP port: serving without /metrics (choose one with --http-listen)"
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -36,6 +36,17 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    serve_with_http(config, listener, None, shutdown).await
+}
+
+/// [`serve`], plus the HTTP port (Prometheus `/metrics`, `/healthz`) on
+/// `http` when given; it closes when the server has stopped.
+pub async fn serve_with_http(
+    config: ServerConfig,
+    listener: TcpListener,
+    http: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
     let store = Store::new(&config.store)?;
     let layout = Layout::new(&config.key_prefix, config.shards);
     let wake_channel = layout.wake_channel();
@@ -57,6 +68,14 @@ pub async fn serve(
     let reaper = config
         .reap_interval
         .map(|interval| tokio::spawn(engine.clone().run_reaper(interval, replica.clone())));
+    let http = match http {
+        Some(http) => Some(tokio::spawn(crate::http::serve(
+            http,
+            crate::observe::install_recorder()?,
+            engine.clone(),
+        ))),
+        None => None,
+    };
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     set_status(&reporter, ServingStatus::NotServing).await;
@@ -103,6 +122,7 @@ pub async fn serve(
         draining.notify_one();
     };
     let serving = Server::builder()
+        .layer(crate::observe::RpcLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -129,6 +149,10 @@ pub async fn serve(
     if let Some(reaper) = reaper {
         // Let it hand its lease over, briefly.
         let _ = tokio::time::timeout(Duration::from_secs(2), reaper).await;
+    }
+    if let Some(http) = http {
+        http.abort();
+        let _ = http.await;
     }
     match fatal {
         Some(Ok(Err(err))) => Err(err.into()),
@@ -174,6 +198,7 @@ async fn watch_redis(
                 false
             }
         };
+        crate::observe::redis_up(now_serving);
         if now_serving != serving {
             serving = now_serving;
             if serving {

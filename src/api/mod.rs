@@ -64,10 +64,12 @@ fn engine_status(err: EngineError) -> Status {
     match err {
         EngineError::Store(StoreError::Unavailable(detail)) => {
             tracing::warn!(%detail, "redis unavailable");
+            crate::observe::redis_error("unavailable");
             Status::unavailable(format!("lock store unavailable: {detail}"))
         }
         EngineError::Store(StoreError::Protocol(detail)) => {
             tracing::error!(%detail, "unexpected redis reply");
+            crate::observe::redis_error("protocol");
             Status::internal("lock store answered unexpectedly")
         }
         err @ (EngineError::QueueFull(_) | EngineError::TooManyWaiters(_)) => {
@@ -167,12 +169,15 @@ impl LockService for LockApi {
         span.record("name", &acquire.lock.name);
         span.record("holder", &acquire.holder);
 
-        let reply = match self
+        crate::observe::acquire_waiting(self.engine.layout(), &acquire);
+        let started = std::time::Instant::now();
+        let outcome = self
             .engine
             .acquire(&acquire)
             .await
-            .map_err(|e| self.failed(&acquire.lock, &acquire.kind, e))?
-        {
+            .map_err(|e| self.failed(&acquire.lock, &acquire.kind, e))?;
+        crate::observe::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
+        let reply = match outcome {
             AcquireOutcome::Acquired { grant, holders } => proto::AcquireResponse {
                 status: AcquireStatus::Acquired.into(),
                 grant: Some(grant_reply(grant)),
@@ -221,12 +226,13 @@ impl LockService for LockApi {
         let lock = lock_id(&req.namespace, &req.name)?;
         let holder = validate::holder(&req.holder)?;
         let token = validate::fencing_token(req.fencing_token)?;
-        let status = match self
+        let outcome = self
             .engine
             .release(&lock, &holder, token)
             .await
-            .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?
-        {
+            .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?;
+        crate::observe::released(self.engine.layout(), &lock, &holder, token, outcome);
+        let status = match outcome {
             ReleaseOutcome::Released => ReleaseStatus::Released,
             ReleaseOutcome::NotHeld => ReleaseStatus::NotHeld,
         };
@@ -245,12 +251,13 @@ impl LockService for LockApi {
         let holder = validate::holder(&req.holder)?;
         let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits)?;
         let token = validate::fencing_token(req.fencing_token)?;
-        let reply = match self
+        let outcome = self
             .engine
             .extend(&lock, &holder, ttl, token)
             .await
-            .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?
-        {
+            .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?;
+        crate::observe::extended(self.engine.layout(), &lock, &holder, &outcome);
+        let reply = match outcome {
             ExtendOutcome::Extended(grant) => proto::ExtendResponse {
                 status: ExtendStatus::Extended.into(),
                 grant: Some(grant_reply(grant)),

@@ -1,0 +1,567 @@
+//! Client subcommands for people and shell scripts: `tumbler acquire`,
+//! `release`, `extend`, `inspect` and `queue` against a running server.
+//!
+//! Output is a table by default and the reply as JSON with `--json` (field
+//! names as in the proto, enum values without their type prefix, integers
+//! as numbers). Exit codes: 0 success (acquired, already held, released,
+//! extended, inspected), 1 the lock was not acquired or is not held, 2 an
+//! error (the gRPC status is printed on stderr).
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Subcommand};
+use comfy_table::{Table, presets};
+use serde_json::{Value, json};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::proto::{self, lock_service_client::LockServiceClient};
+
+/// Exit code: the request did what it asked.
+const SUCCESS: u8 = 0;
+/// Exit code: answered, but not acquired / not held.
+const REFUSED: u8 = 1;
+/// Exit code: no answer (bad input, server or Redis trouble, no connection).
+const ERROR: u8 = 2;
+
+#[derive(Subcommand, Debug)]
+pub enum ClientCommand {
+    /// Take a permit of a lock (exit 1 when not acquired).
+    Acquire(AcquireArgs),
+    /// Give a grant back (exit 1 when not held).
+    Release(ReleaseArgs),
+    /// Renew a grant's lease (exit 1 when not held: the lock was lost).
+    Extend(ExtendArgs),
+    /// Show a lock's holders.
+    Inspect(InspectArgs),
+    /// Show a lock's waiting requests in grant order.
+    Queue(QueueArgs),
+}
+
+/// Where to send the request and how to print the reply.
+#[derive(Args, Debug)]
+pub struct Target {
+    /// The tumbler server's gRPC address.
+    #[arg(long, env = "TUMBLER_ADDR", default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    /// Print the reply as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which lock.
+#[derive(Args, Debug)]
+pub struct LockName {
+    /// The lock's namespace (empty: `default`).
+    #[arg(long, short = 'n', env = "TUMBLER_NAMESPACE", default_value = "")]
+    pub namespace: String,
+    /// The lock's name.
+    pub name: String,
+}
+
+#[derive(Args, Debug)]
+pub struct AcquireArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub lock: LockName,
+    /// Who takes the permit (empty: the server makes an id and prints it).
+    #[arg(long, default_value = "")]
+    pub holder: String,
+    /// Holders allowed at once (default 1: a mutex).
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Lease length (default: the server's).
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+    /// How long to wait for a permit in the server; 0 tries once.
+    #[arg(long, default_value_t = 0)]
+    pub wait_ms: u64,
+    /// How long a waiting request outlives its server (default: the server's).
+    #[arg(long)]
+    pub queue_ttl_ms: Option<u64>,
+    /// Higher goes first in the queue (-1000..=1000).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Take any free permit at once, whoever waits (not fair).
+    #[arg(long)]
+    pub barging: bool,
+    /// A short label for metrics ([a-z0-9_.-]).
+    #[arg(long, default_value = "")]
+    pub kind: String,
+    /// Metadata stored with the grant, as key=value; repeatable.
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
+    pub metadata: Vec<(String, String)>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub lock: LockName,
+    /// The holder whose grant to give back.
+    #[arg(long)]
+    pub holder: String,
+    /// Only if the grant carries this fencing token.
+    #[arg(long)]
+    pub token: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct ExtendArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub lock: LockName,
+    /// The holder whose lease to renew.
+    #[arg(long)]
+    pub holder: String,
+    /// The new remaining lease (default: the grant's own ttl).
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+    /// Only if the grant carries this fencing token.
+    #[arg(long)]
+    pub token: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub lock: LockName,
+}
+
+#[derive(Args, Debug)]
+pub struct QueueArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub lock: LockName,
+    /// How many requests to show from the head (0: the server's default).
+    #[arg(long, default_value_t = 0)]
+    pub max_entries: u32,
+}
+
+fn parse_meta(value: &str) -> Result<(String, String), String> {
+    value
+        .split_once('=')
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .ok_or_else(|| format!("{value:?}: expected KEY=VALUE"))
+}
+
+/// Runs one client subcommand and returns its exit code.
+pub async fn run(command: ClientCommand) -> ExitCode {
+    let code = match execute(command).await {
+        Ok(code) => code,
+        Err(status) => {
+            eprintln!(
+                "error: {}: {}",
+                crate::observe::code_name(status.code()),
+                status.message()
+            );
+            ERROR
+        }
+    };
+    ExitCode::from(code)
+}
+
+async fn connect(target: &Target) -> Result<LockServiceClient<Channel>, tonic::Status> {
+    let endpoint = Endpoint::from_shared(target.addr.clone())
+        .map_err(|e| tonic::Status::invalid_argument(format!("--addr {:?}: {e}", target.addr)))?
+        .connect_timeout(Duration::from_secs(5));
+    let channel = endpoint.connect().await.map_err(|e| {
+        // The transport error's own text is generic; the cause is below it.
+        let mut cause = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(inner) = source {
+            let text = inner.to_string();
+            if !cause.ends_with(&text) {
+                cause = format!("{cause}: {text}");
+            }
+            source = inner.source();
+        }
+        tonic::Status::unavailable(format!("cannot connect to {}: {cause}", target.addr))
+    })?;
+    Ok(LockServiceClient::new(channel))
+}
+
+async fn execute(command: ClientCommand) -> Result<u8, tonic::Status> {
+    match command {
+        ClientCommand::Acquire(args) => {
+            let request = proto::AcquireRequest {
+                namespace: args.lock.namespace,
+                name: args.lock.name,
+                holder: args.holder,
+                limit: args.limit,
+                ttl_ms: args.ttl_ms,
+                kind: args.kind,
+                metadata: args.metadata.into_iter().collect(),
+                wait_ms: args.wait_ms,
+                queue_ttl_ms: args.queue_ttl_ms,
+                priority: args.priority,
+                fair: args.barging.then_some(false),
+            };
+            let lock = display_name(&request.namespace, &request.name);
+            let reply = connect(&args.target)
+                .await?
+                .acquire(request)
+                .await?
+                .into_inner();
+            let code = match reply.status() {
+                proto::AcquireStatus::Acquired | proto::AcquireStatus::AlreadyHeld => SUCCESS,
+                _ => REFUSED,
+            };
+            if args.target.json {
+                print_json(&acquire_json(&reply));
+            } else {
+                print_acquire(&lock, &reply);
+            }
+            Ok(code)
+        }
+        ClientCommand::Release(args) => {
+            let request = proto::ReleaseRequest {
+                namespace: args.lock.namespace,
+                name: args.lock.name,
+                holder: args.holder,
+                fencing_token: args.token,
+            };
+            let lock = display_name(&request.namespace, &request.name);
+            let holder = request.holder.clone();
+            let reply = connect(&args.target)
+                .await?
+                .release(request)
+                .await?
+                .into_inner();
+            let status = enum_name(reply.status().as_str_name(), "RELEASE_STATUS_");
+            if args.target.json {
+                print_json(&json!({ "status": status }));
+            } else {
+                println!("{status} {lock} (holder {holder})");
+            }
+            Ok(match reply.status() {
+                proto::ReleaseStatus::Released => SUCCESS,
+                _ => REFUSED,
+            })
+        }
+        ClientCommand::Extend(args) => {
+            let request = proto::ExtendRequest {
+                namespace: args.lock.namespace,
+                name: args.lock.name,
+                holder: args.holder,
+                ttl_ms: args.ttl_ms,
+                fencing_token: args.token,
+            };
+            let lock = display_name(&request.namespace, &request.name);
+            let holder = request.holder.clone();
+            let reply = connect(&args.target)
+                .await?
+                .extend(request)
+                .await?
+                .into_inner();
+            let status = enum_name(reply.status().as_str_name(), "EXTEND_STATUS_");
+            if args.target.json {
+                print_json(&json!({
+                    "status": status,
+                    "grant": reply.grant.as_ref().map(grant_json),
+                }));
+            } else {
+                println!("{status} {lock} (holder {holder})");
+                if let Some(grant) = &reply.grant {
+                    println!("{}", grant_table(grant, now_ms()));
+                }
+            }
+            Ok(match reply.status() {
+                proto::ExtendStatus::Extended => SUCCESS,
+                _ => REFUSED,
+            })
+        }
+        ClientCommand::Inspect(args) => {
+            let reply = connect(&args.target)
+                .await?
+                .inspect(proto::InspectRequest {
+                    namespace: args.lock.namespace,
+                    name: args.lock.name,
+                })
+                .await?
+                .into_inner();
+            if args.target.json {
+                print_json(&inspect_json(&reply));
+            } else {
+                print_inspect(&reply);
+            }
+            Ok(SUCCESS)
+        }
+        ClientCommand::Queue(args) => {
+            let reply = connect(&args.target)
+                .await?
+                .queue(proto::QueueRequest {
+                    namespace: args.lock.namespace,
+                    name: args.lock.name,
+                    max_entries: args.max_entries,
+                })
+                .await?
+                .into_inner();
+            if args.target.json {
+                print_json(&queue_json(&reply));
+            } else {
+                print_queue(&reply);
+            }
+            Ok(SUCCESS)
+        }
+    }
+}
+
+// ---- JSON: the one place where replies are mapped to serde_json. ----
+
+fn print_json(value: &Value) {
+    println!("{value:#}");
+}
+
+/// `ACQUIRE_STATUS_ACQUIRED` → `ACQUIRED`.
+fn enum_name(full: &str, prefix: &str) -> String {
+    full.strip_prefix(prefix).unwrap_or(full).to_owned()
+}
+
+fn grant_json(grant: &proto::Grant) -> Value {
+    json!({
+        "holder": grant.holder,
+        "fencing_token": grant.fencing_token,
+        "slot": grant.slot,
+        "acquired_at_ms": grant.acquired_at_ms,
+        "expires_at_ms": grant.expires_at_ms,
+        "ttl_ms": grant.ttl_ms,
+        "kind": grant.kind,
+        "metadata": grant.metadata,
+    })
+}
+
+fn acquire_json(reply: &proto::AcquireResponse) -> Value {
+    let mut value = json!({
+        "status": enum_name(reply.status().as_str_name(), "ACQUIRE_STATUS_"),
+        "holders": reply.holders,
+    });
+    if let Some(grant) = &reply.grant {
+        value["grant"] = grant_json(grant);
+    }
+    if reply.status() == proto::AcquireStatus::NotAcquired {
+        value["reason"] = enum_name(reply.reason().as_str_name(), "NOT_ACQUIRED_REASON_").into();
+        value["next_expiry_at_ms"] = reply.next_expiry_at_ms.into();
+        if reply.queue_position > 0 {
+            value["queue_position"] = reply.queue_position.into();
+        }
+    }
+    value
+}
+
+fn inspect_json(reply: &proto::InspectResponse) -> Value {
+    json!({
+        "namespace": reply.namespace,
+        "name": reply.name,
+        "limit": reply.limit,
+        "waiters": reply.waiters,
+        "now_ms": reply.now_ms,
+        "holders": reply.holders.iter().map(|holder| json!({
+            "grant": holder.grant.as_ref().map(grant_json),
+            "remaining_ms": holder.remaining_ms,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn queue_json(reply: &proto::QueueResponse) -> Value {
+    json!({
+        "namespace": reply.namespace,
+        "name": reply.name,
+        "waiters": reply.waiters,
+        "now_ms": reply.now_ms,
+        "requests": reply.requests.iter().map(|r| json!({
+            "holder": r.holder,
+            "position": r.position,
+            "priority": r.priority,
+            "enqueued_at_ms": r.enqueued_at_ms,
+            "expires_at_ms": r.expires_at_ms,
+            "wait_deadline_ms": r.wait_deadline_ms,
+            "fair": r.fair,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+// ---- Tables and times for people. ----
+
+fn display_name(namespace: &str, name: &str) -> String {
+    if namespace.is_empty() || namespace == "default" {
+        name.to_owned()
+    } else {
+        format!("{namespace}/{name}")
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as i64)
+}
+
+/// A Redis-clock timestamp as RFC 3339 (UTC, milliseconds).
+fn rfc3339(at_ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(at_ms.max(0) as u64);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// `in 29s`, `3m 2s ago`: whole seconds from 10 s on, milliseconds below.
+fn relative(delta_ms: i64) -> String {
+    let size = delta_ms.unsigned_abs();
+    let size = if size >= 10_000 {
+        size / 1000 * 1000
+    } else {
+        size
+    };
+    let text = humantime::format_duration(Duration::from_millis(size));
+    if size == 0 {
+        "now".to_owned()
+    } else if delta_ms > 0 {
+        format!("in {text}")
+    } else {
+        format!("{text} ago")
+    }
+}
+
+/// A timestamp with its distance from `now_ms`.
+fn when(at_ms: i64, now_ms: i64) -> String {
+    format!("{} ({})", rfc3339(at_ms), relative(at_ms - now_ms))
+}
+
+fn metadata_text(metadata: &std::collections::HashMap<String, String>) -> String {
+    let mut pairs: Vec<_> = metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.sort();
+    pairs.join(", ")
+}
+
+fn new_table() -> Table {
+    let mut table = Table::new();
+    table.load_preset(presets::UTF8_FULL_CONDENSED);
+    table
+}
+
+fn grant_table(grant: &proto::Grant, now_ms: i64) -> Table {
+    let mut table = new_table();
+    table.set_header(["field", "value"]);
+    table.add_row(["holder".to_owned(), grant.holder.clone()]);
+    table.add_row(["fencing token".to_owned(), grant.fencing_token.to_string()]);
+    table.add_row(["slot".to_owned(), grant.slot.to_string()]);
+    table.add_row(["acquired".to_owned(), when(grant.acquired_at_ms, now_ms)]);
+    table.add_row(["expires".to_owned(), when(grant.expires_at_ms, now_ms)]);
+    table.add_row([
+        "ttl".to_owned(),
+        humantime::format_duration(Duration::from_millis(grant.ttl_ms)).to_string(),
+    ]);
+    table.add_row(["kind".to_owned(), grant.kind.clone()]);
+    if !grant.metadata.is_empty() {
+        table.add_row(["metadata".to_owned(), metadata_text(&grant.metadata)]);
+    }
+    table
+}
+
+fn print_acquire(lock: &str, reply: &proto::AcquireResponse) {
+    let status = enum_name(reply.status().as_str_name(), "ACQUIRE_STATUS_");
+    match &reply.grant {
+        Some(grant) => {
+            println!("{status} {lock} (holders now: {})", reply.holders);
+            println!("{}", grant_table(grant, now_ms()));
+        }
+        None => {
+            let reason = enum_name(reply.reason().as_str_name(), "NOT_ACQUIRED_REASON_");
+            let mut line = format!("{status} {lock}: {reason}, {} holder(s)", reply.holders);
+            if reply.next_expiry_at_ms > 0 {
+                line += &format!("; a lease ends {}", when(reply.next_expiry_at_ms, now_ms()));
+            }
+            if reply.queue_position > 0 {
+                line += &format!("; was {} in the queue", reply.queue_position);
+            }
+            println!("{line}");
+        }
+    }
+}
+
+fn print_inspect(reply: &proto::InspectResponse) {
+    let lock = display_name(&reply.namespace, &reply.name);
+    println!(
+        "{lock}: {} holder(s), limit {}, {} waiting",
+        reply.holders.len(),
+        reply.limit,
+        reply.waiters
+    );
+    if reply.holders.is_empty() {
+        return;
+    }
+    let mut table = new_table();
+    table.set_header([
+        "slot", "holder", "token", "acquired", "expires", "kind", "metadata",
+    ]);
+    for holder in &reply.holders {
+        let Some(grant) = &holder.grant else { continue };
+        table.add_row([
+            grant.slot.to_string(),
+            grant.holder.clone(),
+            grant.fencing_token.to_string(),
+            when(grant.acquired_at_ms, reply.now_ms),
+            when(grant.expires_at_ms, reply.now_ms),
+            grant.kind.clone(),
+            metadata_text(&grant.metadata),
+        ]);
+    }
+    println!("{table}");
+}
+
+fn print_queue(reply: &proto::QueueResponse) {
+    let lock = display_name(&reply.namespace, &reply.name);
+    println!("{lock}: {} waiting", reply.waiters);
+    if reply.requests.is_empty() {
+        return;
+    }
+    let mut table = new_table();
+    table.set_header([
+        "position",
+        "holder",
+        "priority",
+        "mode",
+        "enqueued",
+        "waits until",
+    ]);
+    for request in &reply.requests {
+        table.add_row([
+            request.position.to_string(),
+            request.holder.clone(),
+            request.priority.to_string(),
+            if request.fair { "fair" } else { "barging" }.to_owned(),
+            when(request.enqueued_at_ms, reply.now_ms),
+            when(request.wait_deadline_ms, reply.now_ms),
+        ]);
+    }
+    println!("{table}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_times() {
+        assert_eq!(relative(0), "now");
+        assert_eq!(relative(1500), "in 1s 500ms");
+        assert_eq!(relative(29_998), "in 29s");
+        assert_eq!(relative(-61_000), "1m 1s ago");
+    }
+
+    #[test]
+    fn rfc3339_in_utc_with_millis() {
+        assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+    }
+
+    #[test]
+    fn meta_pairs() {
+        assert_eq!(parse_meta("a=b=c").unwrap(), ("a".into(), "b=c".into()));
+        assert!(parse_meta("nope").is_err());
+    }
+}

@@ -1,0 +1,61 @@
+//! The HTTP port: Prometheus `/metrics` and a liveness `/healthz`, served
+//! by the same process as gRPC, on a listener the caller bound.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+use crate::engine::LockEngine;
+
+/// How often histograms are folded in when nobody scrapes, so their
+/// samples do not pile up between scrapes.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+struct Http {
+    metrics: PrometheusHandle,
+    engine: Arc<LockEngine>,
+}
+
+/// Serves the HTTP port until the task running it is aborted (the server
+/// does that when it stops).
+pub async fn serve(
+    listener: TcpListener,
+    metrics: PrometheusHandle,
+    engine: Arc<LockEngine>,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(Http {
+            metrics: metrics.clone(),
+            engine,
+        });
+    let serving = std::future::IntoFuture::into_future(axum::serve(listener, app));
+    let mut serving = std::pin::pin!(serving);
+    let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            served = &mut serving => return served,
+            _ = upkeep.tick() => metrics.run_upkeep(),
+        }
+    }
+}
+
+async fn metrics_page(State(http): State<Http>) -> impl IntoResponse {
+    let body = crate::observe::render(&http.metrics, http.engine.waiters().len());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+}

@@ -1,0 +1,441 @@
+//! What the service tells operators about itself: Prometheus metrics, the
+//! per-RPC OpenTelemetry span, and debug-level lifecycle logs of locks.
+//!
+//! Everything is recorded through the `metrics` facade, which does nothing
+//! until [`install_recorder`] has run (the server does that when it has an
+//! HTTP port), and through `tracing`. The handlers in `api` call one
+//! function of this module per outcome; [`RpcLayer`] times and counts every
+//! RPC of the lock service, whatever its handler does.
+//!
+//! Metric names follow the Prometheus conventions: `tumbler_` prefix, base
+//! units (seconds), `_total` on counters. Label values are bounded: RPC
+//! methods are the service's own (anything else is `unknown`), gRPC codes
+//! are the 17 of gRPC, and lock kinds are capped at [`MAX_KINDS`] per
+//! process (the rest are counted as `other`).
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tonic::Code;
+use tracing::Instrument;
+
+use crate::engine::keys::Layout;
+use crate::engine::{AcquireOutcome, AcquireRequest, ExtendOutcome, LockId, ReleaseOutcome};
+
+/// The gRPC path prefix of the lock service's methods.
+const SERVICE_PATH: &str = "/tumbler.v1.LockService/";
+
+/// Distinct `kind` label values one process reports before counting the
+/// rest as `other`: kinds come from clients, and every value is a series.
+pub const MAX_KINDS: usize = 100;
+
+/// Histogram buckets (seconds) for RPC and wait times: 0.5 ms to 5 min.
+const TIME_BUCKETS: [f64; 18] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0,
+];
+
+/// Set once OpenTelemetry export is on: only then does [`RpcLayer`] open a
+/// server span per RPC, so tracing costs nothing extra when it is off.
+static TRACING: AtomicBool = AtomicBool::new(false);
+
+/// Tells this module that spans are exported (see `telemetry`).
+pub fn enable_rpc_spans() {
+    TRACING.store(true, Ordering::Relaxed);
+}
+
+fn rpc_spans() -> bool {
+    TRACING.load(Ordering::Relaxed)
+}
+
+/// Installs the process-wide Prometheus recorder (once; later calls return
+/// the same handle) and describes every metric.
+pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    if let Some(handle) = HANDLE.get() {
+        return Ok(handle.clone());
+    }
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &TIME_BUCKETS)?
+        .build_recorder();
+    let handle = recorder.handle();
+    // A second caller racing this one finds the recorder set: it then uses
+    // the handle the first one stored.
+    if metrics::set_global_recorder(recorder).is_ok() {
+        describe();
+        let _ = HANDLE.set(handle);
+    }
+    HANDLE
+        .get()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("another metrics recorder is installed in this process"))
+}
+
+fn describe() {
+    describe_counter!(
+        "tumbler_rpc_requests_total",
+        "Lock service RPCs answered, by method and gRPC status code."
+    );
+    describe_histogram!(
+        "tumbler_rpc_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time to answer a lock service RPC (waiting included), by method."
+    );
+    describe_counter!(
+        "tumbler_acquire_outcomes_total",
+        "Acquire results by lock kind: acquired, already_held, busy, timeout."
+    );
+    describe_histogram!(
+        "tumbler_acquire_wait_seconds",
+        metrics::Unit::Seconds,
+        "Time a waiting Acquire (wait_ms > 0) spent in the server until granted or timed out."
+    );
+    describe_gauge!(
+        "tumbler_waiters",
+        "Acquire RPCs waiting for a permit on this replica."
+    );
+    describe_counter!(
+        "tumbler_redis_errors_total",
+        "Failed Redis calls answering RPCs: unavailable (outage, timeout) or protocol (unexpected reply)."
+    );
+    describe_gauge!(
+        "tumbler_redis_up",
+        "1 while the health check reaches Redis (and the key layout is verified), else 0."
+    );
+}
+
+/// Renders the current metrics in the Prometheus text format, after
+/// setting the gauges that are read rather than counted.
+pub fn render(handle: &PrometheusHandle, waiters: usize) -> String {
+    gauge!("tumbler_waiters").set(waiters as f64);
+    handle.render()
+}
+
+/// The result of one health check of Redis.
+pub fn redis_up(up: bool) {
+    gauge!("tumbler_redis_up").set(if up { 1.0 } else { 0.0 });
+}
+
+/// A Redis failure behind an RPC: `unavailable` or `protocol`.
+pub fn redis_error(kind: &'static str) {
+    counter!("tumbler_redis_errors_total", "kind" => kind).increment(1);
+}
+
+/// `kind` as a label value: itself for the first [`MAX_KINDS`] distinct
+/// kinds this process sees, `other` after that.
+fn kind_label(kind: &str) -> String {
+    static SEEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if seen.contains(kind) {
+        return kind.to_owned();
+    }
+    if seen.len() < MAX_KINDS {
+        seen.insert(kind.to_owned());
+        return kind.to_owned();
+    }
+    "other".to_owned()
+}
+
+/// Sets an attribute on the current span's OpenTelemetry span (a no-op
+/// when export is off).
+fn span_attribute(key: &'static str, value: impl Into<opentelemetry::Value>) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    if rpc_spans() {
+        tracing::Span::current().set_attribute(key, value);
+    }
+}
+
+/// Fills the lock fields the handler's span declares (Acquire records its
+/// own before calling the engine).
+fn record_lock(lock: &LockId, holder: &str) {
+    let span = tracing::Span::current();
+    span.record("namespace", lock.namespace.as_str());
+    span.record("name", lock.name.as_str());
+    span.record("holder", holder);
+}
+
+/// Before a waiting Acquire goes to the engine: the request joins the
+/// lock's queue unless a permit is free for it at once.
+pub fn acquire_waiting(layout: &Layout, req: &AcquireRequest) {
+    if req.wait.is_zero() || !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let keys = layout.lock_keys(&req.lock.namespace, &req.lock.name);
+    tracing::debug!(
+        lock_key = %keys.queue,
+        acq_id = %req.holder,
+        queue_ttl = req.queue_ttl_ms,
+        wait_ms = req.wait.as_millis() as u64,
+        priority = req.priority,
+        fair = req.fair,
+        "lock request waiting (enqueued unless a permit is free)"
+    );
+}
+
+/// An Acquire answered by the engine after `elapsed`.
+pub fn acquired(
+    layout: &Layout,
+    req: &AcquireRequest,
+    outcome: &AcquireOutcome,
+    elapsed: Duration,
+) {
+    let kind = kind_label(&req.kind);
+    let (label, grant) = match outcome {
+        AcquireOutcome::Acquired { grant, .. } => ("acquired", Some(grant)),
+        AcquireOutcome::AlreadyHeld { grant, .. } => ("already_held", Some(grant)),
+        AcquireOutcome::Busy { .. } => ("busy", None),
+        AcquireOutcome::TimedOut { .. } => ("timeout", None),
+    };
+    counter!("tumbler_acquire_outcomes_total", "kind" => kind.clone(), "outcome" => label)
+        .increment(1);
+    if !req.wait.is_zero() {
+        histogram!("tumbler_acquire_wait_seconds", "kind" => kind).record(elapsed.as_secs_f64());
+    }
+
+    span_attribute("tumbler.kind", req.kind.clone());
+    span_attribute("tumbler.status", label);
+    span_attribute("tumbler.wait_ms", elapsed.as_millis() as i64);
+    if let Some(grant) = grant {
+        span_attribute("tumbler.fencing_token", grant.fencing_token as i64);
+    }
+
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let lock_key = layout
+        .lock_keys(&req.lock.namespace, &req.lock.name)
+        .holders;
+    // Milliseconds, to the microsecond.
+    let acq_time = elapsed.as_micros() as f64 / 1000.0;
+    match outcome {
+        AcquireOutcome::Acquired { grant, holders }
+        | AcquireOutcome::AlreadyHeld { grant, holders } => {
+            tracing::debug!(
+                %lock_key,
+                acq_id = %grant.holder,
+                token = grant.fencing_token,
+                slot = grant.slot,
+                ttl = grant.ttl_ms,
+                holders,
+                kind = %grant.kind,
+                acq_time,
+                "{}",
+                if label == "acquired" { "lock obtained" } else { "lock already held by this holder" }
+            );
+        }
+        AcquireOutcome::Busy { holders, .. } => tracing::debug!(
+            %lock_key,
+            acq_id = %req.holder,
+            holders,
+            "lock busy (tried once)"
+        ),
+        AcquireOutcome::TimedOut {
+            holders, position, ..
+        } => tracing::debug!(
+            %lock_key,
+            acq_id = %req.holder,
+            queue_ttl = req.queue_ttl_ms,
+            position,
+            holders,
+            acq_time,
+            "lock request timed out"
+        ),
+    }
+}
+
+/// A Release answered by the engine.
+pub fn released(
+    layout: &Layout,
+    lock: &LockId,
+    holder: &str,
+    token: Option<u64>,
+    outcome: ReleaseOutcome,
+) {
+    let label = match outcome {
+        ReleaseOutcome::Released => "released",
+        ReleaseOutcome::NotHeld => "not_held",
+    };
+    record_lock(lock, holder);
+    span_attribute("tumbler.status", label);
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).holders;
+        tracing::debug!(%lock_key, acq_id = %holder, token, "{}", match outcome {
+            ReleaseOutcome::Released => "lock released",
+            ReleaseOutcome::NotHeld => "release of a lock not held",
+        });
+    }
+}
+
+/// An Extend answered by the engine.
+pub fn extended(layout: &Layout, lock: &LockId, holder: &str, outcome: &ExtendOutcome) {
+    let label = match outcome {
+        ExtendOutcome::Extended(_) => "extended",
+        ExtendOutcome::NotHeld => "not_held",
+    };
+    record_lock(lock, holder);
+    span_attribute("tumbler.status", label);
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).holders;
+        match outcome {
+            ExtendOutcome::Extended(grant) => tracing::debug!(
+                %lock_key,
+                acq_id = %holder,
+                token = grant.fencing_token,
+                slot = grant.slot,
+                ttl = grant.ttl_ms,
+                expires_at_ms = grant.expires_at_ms,
+                "lock extended"
+            ),
+            ExtendOutcome::NotHeld => {
+                tracing::debug!(%lock_key, acq_id = %holder, "extend of a lock not held")
+            }
+        }
+    }
+}
+
+/// The name Prometheus and OpenTelemetry use for a gRPC status code.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// A tower layer over the gRPC server: for every lock service RPC it counts
+/// `tumbler_rpc_requests_total{method,code}`, times
+/// `tumbler_rpc_duration_seconds{method}` and, when OpenTelemetry export is
+/// on, opens the RPC's server span (the handler's span is its child).
+/// Health checks and reflection pass through untouched.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RpcLayer;
+
+impl<S> tower::Layer<S> for RpcLayer {
+    type Service = RpcService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RpcService { inner }
+    }
+}
+
+/// See [`RpcLayer`].
+#[derive(Clone, Debug)]
+pub struct RpcService<S> {
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B, R> tower::Service<http::Request<B>> for RpcService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let Some(method) = request.uri().path().strip_prefix(SERVICE_PATH) else {
+            return Box::pin(self.inner.call(request));
+        };
+        let method = method.to_owned();
+        let span = if rpc_spans() {
+            tracing::info_span!(
+                "grpc",
+                otel.name = format!("tumbler.v1.LockService/{method}"),
+                otel.kind = "server",
+                otel.status_code = tracing::field::Empty,
+                rpc.system = "grpc",
+                rpc.service = "tumbler.v1.LockService",
+                rpc.method = %method,
+                rpc.grpc.status_code = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
+        let started = Instant::now();
+        let answer = span.in_scope(|| self.inner.call(request));
+        Box::pin(
+            async move {
+                let result = answer.await;
+                // A handler's error is a trailers-only response: its status
+                // is in the headers. A success carries OK in the trailers.
+                let code = match &result {
+                    Ok(response) => response
+                        .headers()
+                        .get("grpc-status")
+                        .map_or(Code::Ok, |value| Code::from_bytes(value.as_bytes())),
+                    Err(_) => Code::Internal,
+                };
+                // Unknown paths are answered UNIMPLEMENTED: one label for all
+                // of them keeps the label set bounded.
+                let method = if code == Code::Unimplemented {
+                    "unknown".to_owned()
+                } else {
+                    method
+                };
+                let span = tracing::Span::current();
+                span.record("rpc.grpc.status_code", code as i32);
+                if matches!(
+                    code,
+                    Code::Unknown
+                        | Code::DeadlineExceeded
+                        | Code::Unimplemented
+                        | Code::Internal
+                        | Code::Unavailable
+                        | Code::DataLoss
+                ) {
+                    span.record("otel.status_code", "ERROR");
+                }
+                histogram!("tumbler_rpc_duration_seconds", "method" => method.clone())
+                    .record(started.elapsed().as_secs_f64());
+                counter!("tumbler_rpc_requests_total", "method" => method, "code" => code_name(code))
+                    .increment(1);
+                result
+            }
+            .instrument(span),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_past_the_cap_are_other() {
+        for i in 0..MAX_KINDS {
+            kind_label(&format!("k{i}"));
+        }
+        assert_eq!(kind_label("k0"), "k0");
+        assert_eq!(kind_label("one-too-many"), "other");
+    }
+}

@@ -1,0 +1,401 @@
+//! What tumbler tells operators: Prometheus metrics on its HTTP port, and
+//! a span per RPC exported over OTLP to a collector (here a tiny one the
+//! test runs itself).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tumbler::config::ServerConfig;
+
+const TUMBLER: &str = env!("CARGO_BIN_EXE_tumbler");
+
+/// A plain HTTP/1.1 GET: (status code, body).
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The value of the sample `name{labels}` (labels in any order), if any.
+fn sample(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    page.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (metric, rest) = match series.split_once('{') {
+            Some((metric, rest)) => (metric, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        let found: Vec<&str> = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split(',').collect()
+        };
+        let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        (metric == name
+            && found.len() == wanted.len()
+            && wanted.iter().all(|w| found.contains(&w.as_str())))
+        .then(|| value.parse().unwrap())
+    })
+}
+
+async fn scrape(addr: SocketAddr) -> String {
+    let (status, page) = http_get(addr, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    page
+}
+
+/// Scrapes until `check` holds (up to 10 s); returns that page.
+async fn scrape_until(addr: SocketAddr, what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = scrape(addr).await;
+        if check(&page) {
+            return page;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never saw {what}:\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_rpcs_outcomes_waiters_and_redis_health() {
+    let redis = start_redis();
+    let config = ServerConfig::new(redis.url(), &service_args()).unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_addr = grpc.local_addr().unwrap();
+    let http_addr = http.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(tumbler::server::serve_with_http(
+        config,
+        grpc,
+        Some(http),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let endpoint = format!("http://{grpc_addr}");
+    wait_for_health(&endpoint, ServingStatus::Serving).await;
+    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        http_get(http_addr, "/healthz").await.unwrap(),
+        (200, "ok\n".into())
+    );
+    assert_eq!(http_get(http_addr, "/nope").await.unwrap().0, 404);
+
+    let kinded = |holder: &str| proto::AcquireRequest {
+        kind: "obs".into(),
+        ..acquire("metrics-lock", holder)
+    };
+    client.acquire(kinded("a")).await.unwrap();
+    client.acquire(kinded("a")).await.unwrap(); // already held
+    client.acquire(kinded("b")).await.unwrap(); // busy
+    let timed_out = client
+        .acquire(proto::AcquireRequest {
+            wait_ms: 100,
+            ..kinded("b")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(timed_out.reason(), proto::NotAcquiredReason::Timeout);
+    let invalid = client
+        .acquire(proto::AcquireRequest {
+            limit: Some(0),
+            ..kinded("c")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(invalid.code(), Code::InvalidArgument);
+
+    // One waiter in the server shows in the gauge while it waits.
+    let mut waiting_client = client.clone();
+    let waiter = tokio::spawn(async move {
+        waiting_client
+            .acquire(proto::AcquireRequest {
+                wait_ms: 10_000,
+                ..kinded("d")
+            })
+            .await
+    });
+    scrape_until(http_addr, "tumbler_waiters 1", |page| {
+        sample(page, "tumbler_waiters", &[]) == Some(1.0)
+    })
+    .await;
+    client.release(release("metrics-lock", "a")).await.unwrap();
+    waiter.await.unwrap().unwrap();
+    client.release(release("metrics-lock", "a")).await.unwrap(); // not held
+
+    let page = scrape(http_addr).await;
+    let rpc = |method, code| {
+        sample(
+            &page,
+            "tumbler_rpc_requests_total",
+            &[("method", method), ("code", code)],
+        )
+    };
+    assert_eq!(rpc("Acquire", "OK"), Some(5.0), "{page}");
+    assert_eq!(rpc("Acquire", "INVALID_ARGUMENT"), Some(1.0), "{page}");
+    assert_eq!(rpc("Release", "OK"), Some(2.0), "{page}");
+    let outcome = |outcome| {
+        sample(
+            &page,
+            "tumbler_acquire_outcomes_total",
+            &[("kind", "obs"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(outcome("acquired"), Some(2.0), "{page}");
+    assert_eq!(outcome("already_held"), Some(1.0), "{page}");
+    assert_eq!(outcome("busy"), Some(1.0), "{page}");
+    assert_eq!(outcome("timeout"), Some(1.0), "{page}");
+    // Histograms: both waiting acquires, every Acquire answered.
+    assert_eq!(
+        sample(
+            &page,
+            "tumbler_acquire_wait_seconds_count",
+            &[("kind", "obs")]
+        ),
+        Some(2.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(
+            &page,
+            "tumbler_rpc_duration_seconds_count",
+            &[("method", "Acquire")]
+        ),
+        Some(6.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(
+            &page,
+            "tumbler_rpc_duration_seconds_bucket",
+            &[("method", "Acquire"), ("le", "+Inf")]
+        ),
+        Some(6.0),
+        "{page}"
+    );
+    assert_eq!(sample(&page, "tumbler_waiters", &[]), Some(0.0), "{page}");
+    assert_eq!(sample(&page, "tumbler_redis_up", &[]), Some(1.0), "{page}");
+    assert!(
+        page.contains("# TYPE tumbler_rpc_duration_seconds histogram"),
+        "{page}"
+    );
+    assert!(
+        page.contains("# HELP tumbler_acquire_outcomes_total"),
+        "{page}"
+    );
+
+    // Redis goes away: errors are counted and the health gauge drops.
+    drop(redis);
+    let failed = client.acquire(kinded("e")).await.unwrap_err();
+    assert_eq!(failed.code(), Code::Unavailable);
+    let page = scrape_until(http_addr, "tumbler_redis_up 0", |page| {
+        sample(page, "tumbler_redis_up", &[]) == Some(0.0)
+    })
+    .await;
+    assert!(
+        sample(
+            &page,
+            "tumbler_redis_errors_total",
+            &[("kind", "unavailable")]
+        ) >= Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(
+            &page,
+            "tumbler_rpc_requests_total",
+            &[("method", "Acquire"), ("code", "UNAVAILABLE")]
+        ),
+        Some(1.0),
+        "{page}"
+    );
+
+    // The HTTP port closes with the server.
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+    assert!(TcpStream::connect(http_addr).await.is_err());
+}
+
+/// A collector that hands every exported span to the test.
+struct Collector {
+    spans: mpsc::UnboundedSender<(Vec<KeyValue>, Span)>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        for resource_spans in request.into_inner().resource_spans {
+            let resource = resource_spans
+                .resource
+                .map(|r| r.attributes)
+                .unwrap_or_default();
+            for scope_spans in resource_spans.scope_spans {
+                for span in scope_spans.spans {
+                    let _ = self.spans.send((resource.clone(), span));
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+fn attribute(attributes: &[KeyValue], key: &str) -> Option<String> {
+    let value = attributes
+        .iter()
+        .find(|kv| kv.key == key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?;
+    Some(match value {
+        any_value::Value::StringValue(text) => text.clone(),
+        any_value::Value::IntValue(number) => number.to_string(),
+        any_value::Value::BoolValue(flag) => flag.to_string(),
+        other => format!("{other:?}"),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_exports_a_span_over_otlp() {
+    let (spans_tx, mut spans) = mpsc::unbounded_channel();
+    let collector = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let collector_addr = collector.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(Collector { spans: spans_tx }))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(collector)),
+    );
+
+    // The OpenTelemetry provider is process-wide: a server of its own.
+    let redis = start_redis();
+    let port = tumbler::dev::free_port().unwrap();
+    let mut serve = tokio::process::Command::new(TUMBLER)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
+        .args(["--shutdown-drain-ms", "0", "--http-listen", "off"])
+        .args(["--otlp-endpoint", &format!("http://{collector_addr}")])
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    wait_for_health(&endpoint, ServingStatus::Serving).await;
+    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
+        .await
+        .unwrap();
+    client
+        .acquire(proto::AcquireRequest {
+            kind: "traced".into(),
+            ..acquire("otel-lock", "otel-holder")
+        })
+        .await
+        .unwrap();
+    let bad = client.release(release("otel-lock", "")).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+
+    let mut handler = None;
+    let mut server_span = None;
+    let mut invalid = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while handler.is_none() || server_span.is_none() || invalid.is_none() {
+        let (resource, span) = tokio::time::timeout_at(deadline, spans.recv())
+            .await
+            .expect("the spans reach the collector")
+            .unwrap();
+        assert_eq!(
+            attribute(&resource, "service.name").as_deref(),
+            Some("tumbler")
+        );
+        match span.name.as_str() {
+            "Acquire" => handler = Some(span),
+            "tumbler.v1.LockService/Acquire" => server_span = Some(span),
+            "tumbler.v1.LockService/Release" => invalid = Some(span),
+            _ => {}
+        }
+    }
+
+    // The handler's span: the lock, the holder, the kind and the outcome.
+    let handler = handler.unwrap();
+    let attrs = &handler.attributes;
+    assert_eq!(attribute(attrs, "name").as_deref(), Some("otel-lock"));
+    assert_eq!(attribute(attrs, "namespace").as_deref(), Some("default"));
+    assert_eq!(attribute(attrs, "holder").as_deref(), Some("otel-holder"));
+    assert_eq!(attribute(attrs, "tumbler.kind").as_deref(), Some("traced"));
+    assert_eq!(
+        attribute(attrs, "tumbler.status").as_deref(),
+        Some("acquired")
+    );
+    assert!(attribute(attrs, "tumbler.wait_ms").is_some());
+
+    // The server span around it: gRPC semantics, and the handler is its child.
+    let server_span = server_span.unwrap();
+    let attrs = &server_span.attributes;
+    assert_eq!(attribute(attrs, "rpc.system").as_deref(), Some("grpc"));
+    assert_eq!(attribute(attrs, "rpc.method").as_deref(), Some("Acquire"));
+    assert_eq!(
+        attribute(attrs, "rpc.grpc.status_code").as_deref(),
+        Some("0")
+    );
+    assert_eq!(handler.trace_id, server_span.trace_id);
+    assert_eq!(handler.parent_span_id, server_span.span_id);
+    let invalid = invalid.unwrap();
+    assert_eq!(
+        attribute(&invalid.attributes, "rpc.grpc.status_code").as_deref(),
+        Some("3")
+    );
+
+    // Exporting does not hold up the exit.
+    kill(Pid::from_raw(serve.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(15), serve.wait())
+        .await
+        .expect("tumbler serve exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
