@@ -1,5 +1,6 @@
 //! Client subcommands for people and shell scripts: `tumbler acquire`,
-//! `release`, `extend`, `inspect` and `queue` against a running server.
+//! `release`, `extend`, `inspect`, `queue`, `list`, `reap`, `clear` and
+//! `metrics` against a running server.
 //!
 //! Output is a table by default and the reply as JSON with `--json` (field
 //! names as in the proto, enum values without their type prefix, integers
@@ -36,6 +37,81 @@ pub enum ClientCommand {
     Inspect(InspectArgs),
     /// Show a lock's waiting requests in grant order.
     Queue(QueueArgs),
+    /// List a namespace's locks (all pages, or one with --page-token).
+    List(ListArgs),
+    /// Clean up a namespace now: expired leases, dead waiters, stale entries.
+    Reap(ReapArgs),
+    /// Admin: release every lock and drop every queue of a namespace.
+    Clear(ClearArgs),
+    /// Per-kind counters (acquired, denied, released, …) over a time range.
+    Metrics(MetricsArgs),
+}
+
+/// Which namespace.
+#[derive(Args, Debug)]
+pub struct NamespaceArg {
+    /// The namespace (empty: `default`).
+    #[arg(long, short = 'n', env = "TUMBLER_NAMESPACE", default_value = "")]
+    pub namespace: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub namespace: NamespaceArg,
+    /// Only names that start with this.
+    #[arg(long, default_value = "")]
+    pub prefix: String,
+    /// Only locks with waiting requests.
+    #[arg(long)]
+    pub waiting: bool,
+    /// Locks per page (0: the server's default).
+    #[arg(long, default_value_t = 0)]
+    pub page_size: u32,
+    /// Fetch only this page (from a previous reply); default: every page.
+    #[arg(long)]
+    pub page_token: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReapArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub namespace: NamespaceArg,
+    /// Also drop grants and waiting requests older than this (ms).
+    #[arg(long)]
+    pub older_than_ms: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct ClearArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub namespace: NamespaceArg,
+    /// Required: clearing releases locks that others hold.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct MetricsArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub namespace: NamespaceArg,
+    /// How far back, in minutes (default: the last hour; at most 1440).
+    #[arg(long, default_value_t = 60)]
+    pub minutes: i64,
+    /// Only this kind.
+    #[arg(long, default_value = "")]
+    pub kind: String,
+    /// One row per minute and kind instead of totals per kind.
+    #[arg(long)]
+    pub per_minute: bool,
 }
 
 /// Where to send the request and how to print the reply.
@@ -310,6 +386,218 @@ async fn execute(command: ClientCommand) -> Result<u8, tonic::Status> {
             }
             Ok(SUCCESS)
         }
+        ClientCommand::List(args) => {
+            let mut client = connect(&args.target).await?;
+            let single_page = args.page_token.is_some();
+            let mut token = args.page_token.unwrap_or_default();
+            let mut locks = Vec::new();
+            let next = loop {
+                let page = client
+                    .list(proto::ListRequest {
+                        namespace: args.namespace.namespace.clone(),
+                        prefix: args.prefix.clone(),
+                        page_size: args.page_size,
+                        page_token: token,
+                        only_waiting: args.waiting,
+                    })
+                    .await?
+                    .into_inner();
+                locks.extend(page.locks);
+                if single_page || page.next_page_token.is_empty() {
+                    break page.next_page_token;
+                }
+                token = page.next_page_token;
+            };
+            if args.target.json {
+                print_json(&json!({
+                    "locks": locks.iter().map(|l| json!({
+                        "name": l.name,
+                        "holders": l.holders,
+                        "limit": l.limit,
+                        "waiters": l.waiters,
+                        "next_expiry_at_ms": l.next_expiry_at_ms,
+                    })).collect::<Vec<_>>(),
+                    "next_page_token": next,
+                }));
+            } else {
+                print_list(&locks, &next);
+            }
+            Ok(SUCCESS)
+        }
+        ClientCommand::Reap(args) => {
+            let reply = connect(&args.target)
+                .await?
+                .reap(proto::ReapRequest {
+                    namespace: args.namespace.namespace,
+                    older_than_ms: args.older_than_ms,
+                })
+                .await?
+                .into_inner();
+            let counts = [
+                ("expired_holders", reply.expired_holders),
+                ("dead_waiters", reply.dead_waiters),
+                ("stale_index_entries", reply.stale_index_entries),
+                ("old_grants", reply.old_grants),
+                ("old_waiters", reply.old_waiters),
+                ("locks_visited", reply.locks_visited),
+            ];
+            print_counts(args.target.json, &counts);
+            Ok(SUCCESS)
+        }
+        ClientCommand::Clear(args) => {
+            if !args.yes {
+                return Err(tonic::Status::failed_precondition(
+                    "clear releases every lock of the namespace, held by others too: add --yes",
+                ));
+            }
+            let reply = connect(&args.target)
+                .await?
+                .clear(proto::ClearRequest {
+                    namespace: args.namespace.namespace,
+                })
+                .await?
+                .into_inner();
+            let counts = [
+                ("locks_cleared", reply.locks_cleared),
+                ("grants_released", reply.grants_released),
+                ("requests_dropped", reply.requests_dropped),
+            ];
+            print_counts(args.target.json, &counts);
+            Ok(SUCCESS)
+        }
+        ClientCommand::Metrics(args) => {
+            let to_ms = now_ms();
+            let reply = connect(&args.target)
+                .await?
+                .metrics(proto::MetricsRequest {
+                    namespace: args.namespace.namespace,
+                    from_ms: to_ms - args.minutes.max(1) * 60_000,
+                    to_ms,
+                    kind: args.kind,
+                })
+                .await?
+                .into_inner();
+            let rows = if args.per_minute {
+                &reply.minutes
+            } else {
+                &reply.totals
+            };
+            if args.target.json {
+                print_json(&json!({
+                    "from_ms": reply.from_ms,
+                    "to_ms": reply.to_ms,
+                    "rows": rows.iter().map(metrics_row_json).collect::<Vec<_>>(),
+                }));
+            } else {
+                print_metrics(rows, args.per_minute, reply.from_ms, reply.to_ms);
+            }
+            Ok(SUCCESS)
+        }
+    }
+}
+
+/// The counters of a metrics row, in table order.
+fn counter_columns(row: &proto::MetricsRow) -> [(&'static str, u64); 8] {
+    [
+        ("acquired", row.acquired),
+        ("denied", row.denied),
+        ("timed_out", row.timed_out),
+        ("released", row.released),
+        ("extended", row.extended),
+        ("expired", row.expired),
+        ("reaped", row.reaped),
+        ("errors", row.errors),
+    ]
+}
+
+fn metrics_row_json(row: &proto::MetricsRow) -> Value {
+    let mut value = json!({ "minute_ms": row.minute_ms, "kind": row.kind });
+    for (name, count) in counter_columns(row) {
+        value[name] = count.into();
+    }
+    value
+}
+
+fn print_counts(json: bool, counts: &[(&str, u64)]) {
+    if json {
+        let value: serde_json::Map<String, Value> = counts
+            .iter()
+            .map(|(name, count)| ((*name).to_owned(), (*count).into()))
+            .collect();
+        print_json(&Value::Object(value));
+    } else {
+        let mut table = new_table();
+        table.set_header(["", "count"]);
+        for (name, count) in counts {
+            table.add_row([name.replace('_', " "), count.to_string()]);
+        }
+        println!("{table}");
+    }
+}
+
+fn print_list(locks: &[proto::LockSummary], next: &str) {
+    let now = now_ms();
+    let mut table = new_table();
+    table.set_header(["name", "holders", "limit", "waiters", "next expiry"]);
+    for lock in locks {
+        let expiry = if lock.next_expiry_at_ms > 0 {
+            when(lock.next_expiry_at_ms, now)
+        } else {
+            "-".to_owned()
+        };
+        table.add_row([
+            lock.name.clone(),
+            lock.holders.to_string(),
+            lock.limit.to_string(),
+            lock.waiters.to_string(),
+            expiry,
+        ]);
+    }
+    println!("{} lock(s)", locks.len());
+    if !locks.is_empty() {
+        println!("{table}");
+    }
+    if !next.is_empty() {
+        println!("next page: --page-token {next}");
+    }
+}
+
+/// The per-kind table of the seed's web "Locks" tab.
+fn print_metrics(rows: &[proto::MetricsRow], per_minute: bool, from_ms: i64, to_ms: i64) {
+    println!("{} → {}", rfc3339(from_ms), rfc3339(to_ms));
+    let mut table = new_table();
+    let mut header = vec![if per_minute { "minute" } else { "kind" }];
+    if per_minute {
+        header.push("kind");
+    }
+    header.extend([
+        "acquired",
+        "denied",
+        "timed out",
+        "released",
+        "extended",
+        "expired",
+        "reaped",
+        "errors",
+    ]);
+    table.set_header(header);
+    for row in rows {
+        let mut cells = Vec::new();
+        if per_minute {
+            cells.push(rfc3339(row.minute_ms));
+        }
+        cells.push(row.kind.clone());
+        cells.extend(
+            counter_columns(row)
+                .iter()
+                .map(|(_, count)| count.to_string()),
+        );
+        table.add_row(cells);
+    }
+    if rows.is_empty() {
+        println!("no lock activity in this range");
+    } else {
+        println!("{table}");
     }
 }
 
@@ -383,6 +671,7 @@ fn queue_json(reply: &proto::QueueResponse) -> Value {
             "expires_at_ms": r.expires_at_ms,
             "wait_deadline_ms": r.wait_deadline_ms,
             "fair": r.fair,
+            "kind": r.kind,
         })).collect::<Vec<_>>(),
     })
 }

@@ -1,4 +1,5 @@
-//! The client subcommands (`tumbler acquire|release|extend|inspect|queue`):
+//! The client subcommands (`tumbler acquire|release|extend|inspect|queue|
+//! list|reap|clear|metrics`):
 //! the real binary against a real server, its tables, its JSON and its
 //! exit codes (0 done, 1 not acquired / not held, 2 error).
 
@@ -318,4 +319,76 @@ async fn exit_codes_for_refusals_and_errors() {
         stderr.starts_with("error: UNAVAILABLE: cannot connect"),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn list_reap_metrics_and_clear_print_tables_and_json() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    for (name, kind) in [
+        ("nightly-export", "export"),
+        ("nightly-import", "import"),
+        ("other", "export"),
+    ] {
+        let run = tumbler(&server, &["acquire", name, "--holder", "w", "--kind", kind]).await;
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    }
+    let run = tumbler(
+        &server,
+        &["acquire", "other", "--holder", "x", "--kind", "export"],
+    )
+    .await;
+    assert_eq!(run.code, 1, "busy");
+
+    // list: every page by default, a prefix filter, table and JSON.
+    let run = tumbler(
+        &server,
+        &["list", "--prefix", "nightly-", "--page-size", "1"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.starts_with("2 lock(s)"), "{}", run.stdout);
+    assert!(run.stdout.contains("nightly-export") && run.stdout.contains("nightly-import"));
+    assert!(!run.stdout.contains("other"));
+    let listed = json(&tumbler(&server, &["list", "--json"]).await);
+    let mut names: Vec<&str> = listed["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["nightly-export", "nightly-import", "other"]);
+    assert_eq!(listed["next_page_token"], "");
+
+    // metrics: the per-kind table of the seed's Locks tab.
+    let run = tumbler(&server, &["metrics"]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    println!("{}", run.stdout);
+    for header in [
+        "kind", "acquired", "denied", "released", "expired", "errors",
+    ] {
+        assert!(run.stdout.contains(header), "{header}: {}", run.stdout);
+    }
+    let report = json(&tumbler(&server, &["metrics", "--json", "--kind", "export"]).await);
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["acquired"], 2);
+    assert_eq!(rows[0]["denied"], 1);
+
+    // reap: counts as a table and as JSON.
+    let run = tumbler(&server, &["reap"]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("expired holders"), "{}", run.stdout);
+    let reaped = json(&tumbler(&server, &["reap", "--json"]).await);
+    assert_eq!(reaped["dead_waiters"], 0);
+
+    // clear: refused without --yes, then done.
+    let run = tumbler(&server, &["clear"]).await;
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("--yes"), "{}", run.stderr);
+    let cleared = json(&tumbler(&server, &["clear", "--yes", "--json"]).await);
+    assert_eq!(cleared["locks_cleared"], 3);
+    let listed = json(&tumbler(&server, &["list", "--json"]).await);
+    assert!(listed["locks"].as_array().unwrap().is_empty());
 }

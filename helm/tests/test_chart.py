@@ -469,6 +469,7 @@ def test_config_map_carries_every_setting():
         "TUMBLER_SHUTDOWN_GRACE_MS": "10000",
         "TUMBLER_LOG_FORMAT": "json",
         "TUMBLER_LOG": "info",
+        "TUMBLER_OTLP_ENDPOINT": "",
     }
 
 
@@ -504,6 +505,11 @@ def test_waiting_and_reaper_settings_reach_the_config_map():
         "TUMBLER_MAX_WAITERS": "0",
         "TUMBLER_REAP_INTERVAL_MS": "0",
     }
+
+
+def test_otlp_endpoint_reaches_the_config_map():
+    endpoint = GOOD_VALUES["span export"]["config"]["otlpEndpoint"]
+    assert config_data(objects_of(GOOD_VALUES["span export"]))["TUMBLER_OTLP_ENDPOINT"] == endpoint
 
 
 def test_deployment_reads_the_config_map():
@@ -601,7 +607,7 @@ BAD_VALUES = {
     "negative waiters per pod": {"config": {"maxWaiters": -1}},
     "waiters per pod as a string": {"config": {"maxWaiters": "many"}},
     "negative reap interval": {"config": {"reapIntervalMs": -1}},
-    "reap interval null": {"config": {"reapIntervalMs": None}},
+    "otlp endpoint without scheme": {"config": {"otlpEndpoint": "otel-collector:4317"}},
     "service type": {"service": {"type": "ExternalName"}},
     "pull policy": {"image": {"pullPolicy": "Sometimes"}},
     "redis url without scheme": {"redis": {"url": "redis-master:6379"}},
@@ -629,6 +635,7 @@ GOOD_VALUES = {
     "max shards": {"config": {"shards": 16384}},
     "no drain": {"config": {"shutdownDrainMs": 0}},
     "no waiting and no reaper": {"config": {"maxWaitMs": 0, "maxWaiters": 0, "reapIntervalMs": 0}},
+    "span export": {"config": {"otlpEndpoint": "http://otel-collector.observability:4317"}},
     "waiting at the bounds": {"config": {"defaultQueueTtlMs": 100, "maxWaitersPerLock": 4294967295, "maxWaitMs": 86_400_000}},
 }
 
@@ -908,7 +915,8 @@ def serve_help() -> str:
 def binary_settings() -> dict[str, str | None]:
     """TUMBLER_* variable -> default, for every `tumbler serve` flag."""
     found = re.findall(r"\[env: (TUMBLER_\w+)=[^\]]*\](?: \[default: ([^\]]*)\])?", serve_help())
-    settings = {env: (default if default else None) for env, default in found}
+    # A default of "" is printed quoted.
+    settings = {env: (default.strip('"') if default else None) for env, default in found}
     assert "TUMBLER_LISTEN" in settings and "TUMBLER_REDIS_URL" in settings, serve_help()
     return settings
 
@@ -1052,6 +1060,7 @@ def test_probes_answer_as_the_chart_expects_from_the_real_binary(started, tmp_pa
     assert os.access(GRPCURL, os.X_OK), f"grpcurl is missing at {GRPCURL}"
     redis_port = free_port()
     tumbler_port = free_port(redis_port)
+    http_port = free_port(redis_port, tumbler_port)
     redis = start_redis(started, redis_port, tmp_path)
     tumbler_log = tmp_path / "tumbler.log"
     with tumbler_log.open("wb") as out:
@@ -1059,8 +1068,9 @@ def test_probes_answer_as_the_chart_expects_from_the_real_binary(started, tmp_pa
             [str(binary), "serve", "--listen", f"127.0.0.1:{tumbler_port}",
              "--redis-url", f"redis://127.0.0.1:{redis_port}", "--health-interval-ms", "100",
              "--shutdown-drain-ms", "0"],
-            # No HTTP port: it would take 0.0.0.0:9090 (binaries that have one).
-            env=clean_env(TUMBLER_HTTP_LISTEN="off"),
+            # The pod's settings, as the ConfigMap gives them; the flags above
+            # win over them, and the HTTP port moves to loopback too.
+            env=clean_env(**{**config_data(objects), "TUMBLER_HTTP_LISTEN": f"127.0.0.1:{http_port}"}),
             cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )
     started.append(tumbler)
