@@ -1,7 +1,8 @@
 -- release: give a grant back; only its holder can, optionally pinned to its
 -- fencing token. The freed permit goes to the next waiters in line.
 -- ARGV: 3 holder, 4 fencing token ('' = any)
--- Returns 1 = released, 0 = not held (nothing changed for this holder)
+-- Returns {1, the released grant record, now} = released,
+--         {0, '', now} = not held (nothing changed for this holder)
 local holder, token = ARGV[3], ARGV[4]
 local now = redis_now()
 
@@ -15,7 +16,7 @@ if not record or (token ~= '' and record_token(record) ~= token) then
     settle()
     wake_eligible()
   end
-  return 0
+  return {0, '', now}
 end
 
 -- 3. Drop the grant; the last one out deletes the lock's keys.
@@ -25,4 +26,4 @@ count(record_kind(record), 'released')
 
 -- 4. Wake whoever may take the permit now.
 wake_eligible()
-return 1
+return {1, record, now}

@@ -104,6 +104,19 @@ fn describe() {
         "tumbler_redis_errors_total",
         "Failed Redis calls answering RPCs: unavailable (outage, timeout) or protocol (unexpected reply)."
     );
+    describe_histogram!(
+        "tumbler_hold_seconds",
+        metrics::Unit::Seconds,
+        "How long released grants were held (Redis clock), by lock kind."
+    );
+    describe_counter!(
+        "tumbler_reaper_runs_total",
+        "Background reaper rounds run by this replica (while it holds the reaper lease)."
+    );
+    describe_counter!(
+        "tumbler_reaped_total",
+        "What the background reaper removed: expired_holders, dead_waiters, stale_index_entries."
+    );
     describe_gauge!(
         "tumbler_redis_up",
         "1 while the health check reaches Redis (and the key layout is verified), else 0."
@@ -260,8 +273,12 @@ pub fn released(
     token: Option<u64>,
     outcome: ReleaseOutcome,
 ) {
-    let label = match outcome {
-        ReleaseOutcome::Released => "released",
+    let label = match &outcome {
+        ReleaseOutcome::Released { kind, held_ms } => {
+            histogram!("tumbler_hold_seconds", "kind" => kind_label(kind))
+                .record(*held_ms as f64 / 1000.0);
+            "released"
+        }
         ReleaseOutcome::NotHeld => "not_held",
     };
     record_lock(lock, holder);
@@ -269,9 +286,27 @@ pub fn released(
     if tracing::enabled!(tracing::Level::DEBUG) {
         let lock_key = layout.lock_keys(&lock.namespace, &lock.name).holders;
         tracing::debug!(%lock_key, acq_id = %holder, token, "{}", match outcome {
-            ReleaseOutcome::Released => "lock released",
+            ReleaseOutcome::Released { .. } => "lock released",
             ReleaseOutcome::NotHeld => "release of a lock not held",
         });
+    }
+}
+
+/// One round of the background reaper on this replica.
+pub fn reaper_run() {
+    counter!("tumbler_reaper_runs_total").increment(1);
+}
+
+/// What one namespace's reap by the background reaper removed.
+pub fn reaped(counts: &crate::engine::ReapCounts) {
+    for (what, n) in [
+        ("expired_holders", counts.expired_holders),
+        ("dead_waiters", counts.dead_waiters),
+        ("stale_index_entries", counts.stale_index_entries),
+    ] {
+        if n > 0 {
+            counter!("tumbler_reaped_total", "what" => what).increment(n);
+        }
     }
 }
 

@@ -130,20 +130,10 @@ async fn a_killed_tumbler_dev_takes_its_redis_with_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_finishes_in_flight_rpcs_on_sigterm() {
     let redis = start_redis();
-    let port = tumbler::dev::free_port().unwrap();
-    let mut serve = Command::new(TUMBLER)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
-        .args(["--redis-timeout-ms", "5000", "--shutdown-drain-ms", "0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let endpoint = format!("http://127.0.0.1:{port}");
-    wait_for_health(&endpoint, ServingStatus::Serving).await;
-    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint.clone())
-        .await
-        .unwrap();
+    let flags = ["--health-interval-ms", "100", "--redis-timeout-ms", "5000"];
+    let serve = TumblerProcess::start(&redis.url(), &flags).await;
+    let endpoint = serve.endpoint.clone();
+    let mut client = serve.client().await;
 
     // Hold Redis writes for a moment so an Acquire is in flight when
     // SIGTERM arrives.
@@ -157,37 +147,45 @@ async fn serve_finishes_in_flight_rpcs_on_sigterm() {
         .unwrap();
     let in_flight = tokio::spawn(async move { client.acquire(acquire("graceful", "h")).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    kill(Pid::from_raw(serve.id() as i32), Signal::SIGTERM).unwrap();
+    serve.terminate();
 
     let reply = in_flight
         .await
         .unwrap()
         .expect("the in-flight RPC is answered");
     assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
-    let status = tokio::task::spawn_blocking(move || serve.wait().unwrap())
-        .await
-        .unwrap();
+    let status = serve.exit_status().await;
     assert!(status.success(), "tumbler serve exited with {status}");
     // And it no longer accepts connections.
     assert!(health_status(&endpoint, "").await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_drains_after_sigterm_before_closing_its_port() {
+async fn serve_drains_then_answers_waiters_unavailable_and_exits_zero() {
     let redis = start_redis();
-    let port = tumbler::dev::free_port().unwrap();
-    let mut serve = Command::new(TUMBLER)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
-        .args(["--shutdown-drain-ms", "1500"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let endpoint = format!("http://127.0.0.1:{port}");
-    wait_for_health(&endpoint, ServingStatus::Serving).await;
+    let flags = ["--health-interval-ms", "100", "--shutdown-drain-ms", "1500"];
+    let serve = TumblerProcess::start(&redis.url(), &flags).await;
+    let endpoint = serve.endpoint.clone();
+    let mut client = serve.client().await;
+    client.acquire(acquire("drain", "holder")).await.unwrap();
+    let mut waiting_client = serve.client().await;
+    let waiter = tokio::spawn(async move {
+        waiting_client
+            .acquire(proto::AcquireRequest {
+                wait_ms: 60_000,
+                ..acquire("drain", "waiter")
+            })
+            .await
+    });
+    loop {
+        let seen = client.inspect(inspect("drain")).await.unwrap().into_inner();
+        if seen.waiters == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
-    kill(Pid::from_raw(serve.id() as i32), Signal::SIGTERM).unwrap();
+    serve.terminate();
     // Readiness flips at once, liveness stays up, and new work is still
     // served while endpoints drain.
     wait_for_health(&endpoint, ServingStatus::NotServing).await;
@@ -195,19 +193,34 @@ async fn serve_drains_after_sigterm_before_closing_its_port() {
         health_status(&endpoint, "liveness").await.unwrap(),
         ServingStatus::Serving
     );
-    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint.clone())
-        .await
-        .unwrap();
     let reply = client
-        .acquire(acquire("drain", "late"))
+        .acquire(acquire("drain-late", "late"))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(reply.status(), AcquireStatus::Acquired);
-    drop(client);
 
-    let status = tokio::task::spawn_blocking(move || serve.wait().unwrap())
+    // After the drain the waiter is told to go elsewhere, and the process
+    // exits 0 having released nothing it does not own.
+    let err = waiter.await.unwrap().expect_err("the waiter is answered");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    drop(client);
+    let status = serve.exit_status().await;
+    assert!(status.success(), "tumbler serve exited with {status}");
+    let mut conn = redis_conn(&redis.url()).await;
+    let holders = scan_keys(&mut conn, "tumbler:{default:*}:h:drain").await;
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&holders[0])
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(status.success(), "tumbler serve exited with {status}");
+    assert_eq!(
+        members,
+        ["holder"],
+        "grants belong to clients, not to the replica"
+    );
+    let queued = scan_keys(&mut conn, "tumbler:{default:*}:q:drain").await;
+    assert!(queued.is_empty(), "the waiter left the queue: {queued:?}");
 }

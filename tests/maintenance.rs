@@ -186,21 +186,8 @@ async fn reap_removes_what_crashed_and_leaves_the_living() {
     // A live lock.
     client.acquire(acquire("healthy", "alive")).await.unwrap();
     // A waiting request whose replica died.
-    let port = tumbler::dev::free_port().unwrap();
-    let mut doomed = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--redis-url", &redis.url(), "--reap-interval-ms", "0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let endpoint = format!("http://127.0.0.1:{port}");
-    wait_for_health(
-        &endpoint,
-        tonic_health::pb::health_check_response::ServingStatus::Serving,
-    )
-    .await;
-    let mut remote = LockServiceClient::connect(endpoint).await.unwrap();
+    let mut doomed = TumblerProcess::start(&redis.url(), &["--reap-interval-ms", "0"]).await;
+    let mut remote = doomed.client().await;
     let orphan = tokio::spawn(async move {
         remote
             .acquire(proto::AcquireRequest {
@@ -221,8 +208,7 @@ async fn reap_removes_what_crashed_and_leaves_the_living() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    doomed.kill().unwrap();
-    doomed.wait().unwrap();
+    doomed.kill();
     let _ = orphan.await;
     tokio::time::sleep(Duration::from_millis(400)).await;
 
@@ -450,21 +436,8 @@ async fn reaper_holder(client: &mut LockServiceClient<Channel>) -> Option<String
 async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
     let redis = start_redis();
     // The first reaper is a process, so it can be killed.
-    let port = tumbler::dev::free_port().unwrap();
-    let mut first = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--redis-url", &redis.url(), "--reap-interval-ms", "100"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let endpoint = format!("http://127.0.0.1:{port}");
-    wait_for_health(
-        &endpoint,
-        tonic_health::pb::health_check_response::ServingStatus::Serving,
-    )
-    .await;
-    let mut first_client = LockServiceClient::connect(endpoint).await.unwrap();
+    let mut first = TumblerProcess::start(&redis.url(), &["--reap-interval-ms", "100"]).await;
+    let mut first_client = first.client().await;
     let mut first_reaper = None;
     for _ in 0..100 {
         first_reaper = reaper_holder(&mut first_client).await;
@@ -504,8 +477,7 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
 
     // The reaper dies; the second replica takes over after the lease
     // (three intervals) and reaps the crashed holder without a Reap RPC.
-    first.kill().unwrap();
-    first.wait().unwrap();
+    first.kill();
     let mut took_over = None;
     for _ in 0..100 {
         let holder = reaper_holder(&mut client).await;

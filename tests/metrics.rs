@@ -6,7 +6,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use proto::lock_service_client::LockServiceClient;
 use proto::{AcquireStatus, NotAcquiredReason};
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -23,17 +22,8 @@ async fn two_replicas_counts_sum_per_kind_and_minute() {
     let here = TestServer::start(&redis.url()).await;
     let mut a = here.client().await;
     // The second replica is its own process.
-    let port = tumbler::dev::free_port().unwrap();
-    let mut other = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--redis-url", &redis.url(), "--shutdown-drain-ms", "0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let endpoint = format!("http://127.0.0.1:{port}");
-    wait_for_health(&endpoint, ServingStatus::Serving).await;
-    let mut b = LockServiceClient::connect(endpoint).await.unwrap();
+    let other = TumblerProcess::start(&redis.url(), &[]).await;
+    let mut b = other.client().await;
 
     // Replica A: 3 email grants, 2 released, 1 extended, 1 denied.
     for i in 0..3 {
@@ -149,8 +139,7 @@ async fn two_replicas_counts_sum_per_kind_and_minute() {
             .unwrap();
         assert!(ttl > 0 && ttl <= 24 * 3600 * 1000, "{key}: {ttl}");
     }
-    other.kill().unwrap();
-    other.wait().unwrap();
+    drop(other);
 }
 
 #[tokio::test]

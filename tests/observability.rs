@@ -96,7 +96,9 @@ async fn scrape_until(addr: SocketAddr, what: &str, check: impl Fn(&str) -> bool
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_rpcs_outcomes_waiters_and_redis_health() {
     let redis = start_redis();
-    let config = ServerConfig::new(redis.url(), &service_args()).unwrap();
+    let mut args = service_args();
+    args.reap_interval_ms = 100;
+    let config = ServerConfig::new(redis.url(), &args).unwrap();
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc_addr = grpc.local_addr().unwrap();
@@ -165,7 +167,35 @@ async fn metrics_count_rpcs_outcomes_waiters_and_redis_health() {
     waiter.await.unwrap().unwrap();
     client.release(release("metrics-lock", "a")).await.unwrap(); // not held
 
-    let page = scrape(http_addr).await;
+    let page = scrape_until(http_addr, "a reaper round", |page| {
+        sample(page, "tumbler_reaper_runs_total", &[]) >= Some(1.0)
+    })
+    .await;
+    // The page is valid Prometheus text exposition, read by a real parser.
+    let parsed = prometheus_parse::Scrape::parse(page.lines().map(|l| Ok(l.to_owned())))
+        .expect("the /metrics page parses as Prometheus text");
+    let families: std::collections::BTreeSet<&str> =
+        parsed.samples.iter().map(|s| s.metric.as_str()).collect();
+    for family in [
+        "tumbler_rpc_requests_total",
+        "tumbler_acquire_outcomes_total",
+        "tumbler_waiters",
+        "tumbler_redis_up",
+        "tumbler_reaper_runs_total",
+    ] {
+        assert!(families.contains(family), "{family} missing: {families:?}");
+    }
+    assert!(
+        parsed.docs.contains_key("tumbler_hold_seconds"),
+        "{:?}",
+        parsed.docs.keys()
+    );
+    // One grant released ("a" once; the second release found it gone).
+    assert_eq!(
+        sample(&page, "tumbler_hold_seconds_count", &[("kind", "obs")]),
+        Some(1.0),
+        "{page}"
+    );
     let rpc = |method, code| {
         sample(
             &page,

@@ -293,26 +293,11 @@ async fn waiters_of_a_killed_replica_are_skipped_after_their_queue_ttl() {
     client.acquire(acquire("crash", "holder")).await.unwrap();
 
     // A second replica, as its own process, queues two waiters first.
-    let port = tumbler::dev::free_port().unwrap();
-    let mut doomed = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let doomed_endpoint = format!("http://127.0.0.1:{port}");
-    wait_for_health(
-        &doomed_endpoint,
-        tonic_health::pb::health_check_response::ServingStatus::Serving,
-    )
-    .await;
+    let mut doomed = TumblerProcess::start(&redis.url(), &[]).await;
     let queue_ttl = 1_000;
     let mut doomed_waiters = Vec::new();
     for (i, holder) in ["doomed-1", "doomed-2"].into_iter().enumerate() {
-        let remote = LockServiceClient::connect(doomed_endpoint.clone())
-            .await
-            .unwrap();
+        let remote = doomed.client().await;
         let request = proto::AcquireRequest {
             queue_ttl_ms: Some(queue_ttl),
             ..wait_for("crash", holder, 60_000)
@@ -330,8 +315,7 @@ async fn waiters_of_a_killed_replica_are_skipped_after_their_queue_ttl() {
     );
     until_queued(&mut client, "crash", 3).await;
 
-    doomed.kill().unwrap();
-    doomed.wait().unwrap();
+    doomed.kill();
     let freed = client
         .inspect(inspect("crash"))
         .await

@@ -6,6 +6,11 @@ manifest is validated against the Kubernetes 1.29 OpenAPI schemas in strict
 mode (kubernetes-validate) and linted as YAML (yamllint); then the
 properties the service depends on are asserted one by one.
 
+The last section holds the chart against the binary it runs: the ConfigMap
+sets every flag of `tumbler serve --help`, with the binary's defaults, and
+the probes' port and gRPC health service names are checked with grpcurl
+against a real tumbler on a real redis-server (Redis up, killed, back).
+
 Run through helm/tests/run.sh, which installs the packages first.
 """
 

@@ -231,11 +231,11 @@ impl LockService for LockApi {
             .release(&lock, &holder, token)
             .await
             .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?;
-        crate::observe::released(self.engine.layout(), &lock, &holder, token, outcome);
-        let status = match outcome {
-            ReleaseOutcome::Released => ReleaseStatus::Released,
+        let status = match &outcome {
+            ReleaseOutcome::Released { .. } => ReleaseStatus::Released,
             ReleaseOutcome::NotHeld => ReleaseStatus::NotHeld,
         };
+        crate::observe::released(self.engine.layout(), &lock, &holder, token, outcome);
         Ok(Response::new(proto::ReleaseResponse {
             status: status.into(),
         }))

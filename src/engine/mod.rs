@@ -79,9 +79,13 @@ pub enum AcquireOutcome {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReleaseOutcome {
-    Released,
+    /// The grant is gone; it was held this long (Redis clock).
+    Released {
+        kind: String,
+        held_ms: i64,
+    },
     NotHeld,
 }
 
@@ -876,13 +880,16 @@ impl LockEngine {
         };
         for namespace in namespaces {
             match self.reap(&namespace, None).await {
-                Ok(counts) if counts.removed_any() => {
-                    tracing::info!(%namespace, ?counts, "reaped")
+                Ok(counts) => {
+                    crate::observe::reaped(&counts);
+                    if counts.removed_any() {
+                        tracing::info!(%namespace, ?counts, "reaped");
+                    }
                 }
-                Ok(_) => {}
                 Err(err) => tracing::warn!(%namespace, error = %err, "reaping failed"),
             }
         }
+        crate::observe::reaper_run();
     }
 
     /// Counts a request that failed on Redis trouble; the flusher writes
@@ -1001,7 +1008,7 @@ impl LockEngine {
     ) -> Result<ReleaseOutcome, EngineError> {
         self.ready()?;
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
-        let released: i64 = self
+        let (released, record, now): (i64, String, i64) = self
             .run(
                 &self.scripts.release,
                 lock,
@@ -1009,10 +1016,14 @@ impl LockEngine {
                 &[holder, &token_arg(fencing_token)],
             )
             .await?;
-        Ok(if released == 1 {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
+        if released != 1 {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        // The expiry is not needed to know how long it was held.
+        let grant = parse_grant(holder, &record, 0)?;
+        Ok(ReleaseOutcome::Released {
+            kind: grant.kind,
+            held_ms: now - grant.acquired_at_ms,
         })
     }
 

@@ -206,3 +206,77 @@ pub fn inspect(name: &str) -> proto::InspectRequest {
         ..Default::default()
     }
 }
+
+/// A `tumbler serve` process started by this test on a free port; killed
+/// (by its pid) when dropped, so a failing test leaves none behind.
+pub struct TumblerProcess {
+    child: Option<std::process::Child>,
+    pub endpoint: String,
+}
+
+impl TumblerProcess {
+    /// Starts `tumbler serve` against `redis_url` with `flags` added, and
+    /// waits until it reports SERVING.
+    pub async fn start(redis_url: &str, flags: &[&str]) -> Self {
+        let process = Self::spawn(redis_url, flags);
+        wait_for_health(&process.endpoint, ServingStatus::Serving).await;
+        process
+    }
+
+    /// Starts it without waiting for health.
+    pub fn spawn(redis_url: &str, flags: &[&str]) -> Self {
+        let port = tumbler::dev::free_port().unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--redis-url", redis_url, "--http-listen", "off"])
+            .args(flags)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        TumblerProcess {
+            child: Some(child),
+            endpoint: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+
+    pub async fn client(&self) -> LockServiceClient<Channel> {
+        LockServiceClient::connect(self.endpoint.clone())
+            .await
+            .unwrap()
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM; a later [`Self::exit_status`] waits for the exit.
+    pub fn terminate(&self) {
+        if let Some(pid) = self.pid() {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        }
+    }
+
+    /// Waits (off the async threads) for the process to exit.
+    pub async fn exit_status(mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("still running");
+        tokio::task::spawn_blocking(move || child.wait().unwrap())
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for TumblerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
