@@ -477,11 +477,19 @@ async fn execute(command: ClientCommand) -> Result<u8, tonic::Status> {
                 })
                 .await?
                 .into_inner();
-            let rows = if args.per_minute {
-                &reply.minutes
+            let mut rows = if args.per_minute {
+                reply.minutes.clone()
             } else {
-                &reply.totals
+                reply.totals.clone()
             };
+            // Every kind together, under the per-kind rows.
+            if !args.per_minute
+                && rows.len() > 1
+                && let Some(overall) = &reply.overall
+            {
+                rows.push(overall.clone());
+            }
+            let rows = &rows;
             if args.target.json {
                 print_json(&json!({
                     "from_ms": reply.from_ms,

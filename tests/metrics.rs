@@ -104,6 +104,9 @@ async fn two_replicas_counts_sum_per_kind_and_minute() {
     assert_eq!(email.expired, 1);
     let reports = total("report");
     assert_eq!((reports.acquired, reports.timed_out), (1, 1), "{reports:?}");
+    let overall = report.overall.clone().unwrap();
+    assert_eq!(overall.kind, "*");
+    assert_eq!(overall.acquired, email.acquired + reports.acquired);
 
     // Minute rows add up to the totals.
     let summed: u64 = report

@@ -428,6 +428,7 @@ impl LockService for LockApi {
         Ok(Response::new(proto::MetricsResponse {
             minutes: report.minutes.into_iter().map(counters_row).collect(),
             totals: report.totals.into_iter().map(counters_row).collect(),
+            overall: Some(counters_row(report.overall)),
             from_ms,
             to_ms,
         }))

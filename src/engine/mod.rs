@@ -261,6 +261,8 @@ pub struct MetricsRow {
 pub struct MetricsReport {
     pub minutes: Vec<MetricsRow>,
     pub totals: Vec<MetricsRow>,
+    /// Every kind together over the range (kind `*`).
+    pub overall: MetricsRow,
 }
 
 const MINUTE_MS: i64 = 60_000;
@@ -989,15 +991,27 @@ impl LockEngine {
                 }
             })
             .collect();
+        let mut overall = MetricsRow {
+            minute_ms: first,
+            kind: "*".into(),
+            counters: Counters::default(),
+        };
         let totals = totals
             .into_iter()
-            .map(|(kind, counters)| MetricsRow {
-                minute_ms: first,
-                kind,
-                counters,
+            .map(|(kind, counters)| {
+                overall.counters.add(&counters);
+                MetricsRow {
+                    minute_ms: first,
+                    kind,
+                    counters,
+                }
             })
             .collect();
-        Ok(MetricsReport { minutes, totals })
+        Ok(MetricsReport {
+            minutes,
+            totals,
+            overall,
+        })
     }
 
     pub async fn release(
