@@ -45,6 +45,35 @@ pub enum ClientCommand {
     Clear(ClearArgs),
     /// Per-kind counters (acquired, denied, released, …) over a time range.
     Metrics(MetricsArgs),
+    /// Hold a lock through a session for as long as this process lives, or
+    /// while a command runs: `tumbler hold NAME -- CMD ARGS…` (the lock is
+    /// released when the command ends, or when this process dies).
+    Hold(HoldArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct HoldArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub lock: LockName,
+    /// Holders allowed at once (default 1: a mutex).
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// The session TTL: how long the lock outlives this process if it dies
+    /// without a word (default: the server's lease).
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+    /// How long to wait for the lock; 0 tries once.
+    #[arg(long, default_value_t = 0)]
+    pub wait_ms: u64,
+    /// A short label for metrics.
+    #[arg(long, default_value = "")]
+    pub kind: String,
+    /// The command to run while holding the lock (gets TUMBLER_FENCING_TOKEN
+    /// and TUMBLER_SLOT in its environment).
+    #[arg(last = true)]
+    pub command: Vec<String>,
 }
 
 /// Which namespace.
@@ -465,6 +494,7 @@ async fn execute(command: ClientCommand) -> Result<u8, tonic::Status> {
             print_counts(args.target.json, &counts);
             Ok(SUCCESS)
         }
+        ClientCommand::Hold(args) => hold(args).await,
         ClientCommand::Metrics(args) => {
             let to_ms = now_ms();
             let reply = connect(&args.target)
@@ -502,6 +532,129 @@ async fn execute(command: ClientCommand) -> Result<u8, tonic::Status> {
             Ok(SUCCESS)
         }
     }
+}
+
+/// `tumbler hold`: a session that takes one lock and keeps it alive until
+/// the command ends (or, without a command, until stdin closes or a signal
+/// arrives). A lost grant is reported on stderr and stops the command.
+async fn hold(args: HoldArgs) -> Result<u8, tonic::Status> {
+    use proto::session_request::Command;
+    use proto::session_response::Event;
+    let mut client = connect(&args.target).await?;
+    let (commands, outbox) = tokio::sync::mpsc::channel(16);
+    let send = |command| proto::SessionRequest {
+        command: Some(command),
+    };
+    let _ = commands
+        .send(send(Command::Open(proto::SessionOpen {
+            ttl_ms: args.ttl_ms,
+        })))
+        .await;
+    let _ = commands
+        .send(send(Command::Acquire(proto::SessionAcquire {
+            request_id: 1,
+            acquire: Some(proto::AcquireRequest {
+                namespace: args.lock.namespace.clone(),
+                name: args.lock.name.clone(),
+                limit: args.limit,
+                wait_ms: args.wait_ms,
+                kind: args.kind.clone(),
+                ..Default::default()
+            }),
+        })))
+        .await;
+    let mut events = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(outbox))
+        .await?
+        .into_inner();
+    let lock = display_name(&args.lock.namespace, &args.lock.name);
+    let mut keep_alive_every = Duration::from_secs(1);
+    let grant = loop {
+        match events.message().await? {
+            Some(proto::SessionResponse {
+                event: Some(Event::Opened(opened)),
+            }) => keep_alive_every = Duration::from_millis((opened.ttl_ms / 3).max(10)),
+            Some(proto::SessionResponse {
+                event: Some(Event::Acquired(acquired)),
+            }) => {
+                let reply = acquired.response.unwrap_or_default();
+                match reply.grant {
+                    Some(grant) => break grant,
+                    None => {
+                        print_acquire(&lock, &reply);
+                        return Ok(REFUSED);
+                    }
+                }
+            }
+            Some(proto::SessionResponse {
+                event: Some(Event::Error(error)),
+            }) => {
+                return Err(tonic::Status::new(error.code.into(), error.message));
+            }
+            Some(_) => {}
+            None => return Err(tonic::Status::unavailable("the session ended")),
+        }
+    };
+    println!(
+        "HOLDING {lock} token={} slot={} (session {})",
+        grant.fencing_token, grant.slot, grant.holder
+    );
+    let mut child = match args.command.split_first() {
+        Some((program, rest)) => Some(
+            tokio::process::Command::new(program)
+                .args(rest)
+                .env("TUMBLER_FENCING_TOKEN", grant.fencing_token.to_string())
+                .env("TUMBLER_SLOT", grant.slot.to_string())
+                .spawn()
+                .map_err(|e| tonic::Status::invalid_argument(format!("{program}: {e}")))?,
+        ),
+        None => None,
+    };
+    let mut stdin_closed = Box::pin(async {
+        let mut sink = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+    });
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| tonic::Status::internal(e.to_string()))?;
+    let mut ticker = tokio::time::interval(keep_alive_every);
+    let code = loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                let _ = commands.send(send(Command::KeepAlive(proto::SessionKeepAlive {}))).await;
+            }
+            event = events.message() => match event {
+                Ok(Some(proto::SessionResponse { event: Some(Event::Lost(lost)) })) => {
+                    eprintln!("LOST {lock}: {}", lost.reason);
+                    if let Some(child) = child.as_mut() {
+                        let _ = child.start_kill();
+                    }
+                    break REFUSED;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    eprintln!("LOST {lock}: the session ended");
+                    if let Some(child) = child.as_mut() {
+                        let _ = child.start_kill();
+                    }
+                    break ERROR;
+                }
+            },
+            status = async { child.as_mut().unwrap().wait().await }, if child.is_some() => {
+                let status = status.map_err(|e| tonic::Status::internal(e.to_string()))?;
+                break status.code().map_or(ERROR, |c| c.clamp(0, 255) as u8);
+            }
+            () = &mut stdin_closed, if child.is_none() => break SUCCESS,
+            _ = terminate.recv() => break SUCCESS,
+            _ = tokio::signal::ctrl_c() => break SUCCESS,
+        }
+    };
+    // Closing the session releases the lock.
+    drop(commands);
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Ok(Some(_)) = events.message().await {}
+    })
+    .await;
+    Ok(code)
 }
 
 /// The counters of a metrics row, in table order.

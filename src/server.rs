@@ -63,6 +63,7 @@ pub async fn serve_with_http(
     ));
     let refresher = tokio::spawn(engine.clone().run_refresher());
     let flusher = tokio::spawn(engine.clone().run_metrics_flusher());
+    let renewer = tokio::spawn(engine.clone().run_session_renewer());
     let replica = format!("replica-{}", uuid::Uuid::now_v7());
     tracing::info!(%replica, "starting");
     let reaper = config
@@ -146,6 +147,7 @@ pub async fn serve_with_http(
     subscriber.abort();
     refresher.abort();
     flusher.abort();
+    renewer.abort();
     if let Some(reaper) = reaper {
         // Let it hand its lease over, briefly.
         let _ = tokio::time::timeout(Duration::from_secs(2), reaper).await;

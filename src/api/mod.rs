@@ -3,6 +3,7 @@
 //! outcome to a reply; Redis trouble becomes UNAVAILABLE. No lock
 //! semantics live here.
 
+mod session;
 pub mod validate;
 
 use std::sync::Arc;
@@ -29,6 +30,36 @@ pub struct LockApi {
 impl LockApi {
     pub fn new(engine: Arc<LockEngine>, limits: Limits) -> Self {
         LockApi { engine, limits }
+    }
+
+    /// Validates an acquire request for a holder and lease already decided
+    /// (by the request itself, or by its session).
+    fn acquire_request(
+        &self,
+        req: proto::AcquireRequest,
+        holder: String,
+        ttl_ms: u64,
+        deadline: Option<Duration>,
+    ) -> Result<engine::AcquireRequest, Status> {
+        let wait_ms = validate::wait_ms(req.wait_ms, &self.limits)?;
+        Ok(engine::AcquireRequest {
+            lock: lock_id(&req.namespace, &req.name)?,
+            wait: if wait_ms == 0 {
+                Duration::ZERO
+            } else {
+                // A deadline too close to wait at all still waits 1 ms
+                // rather than turning into a try-once.
+                effective_wait(wait_ms, deadline).max(Duration::from_millis(1))
+            },
+            queue_ttl_ms: validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits)?,
+            priority: validate::priority(req.priority)?,
+            fair: req.fair.unwrap_or(true),
+            limit: validate::limit(req.limit, &self.limits)?,
+            kind: validate::kind(&req.kind)?,
+            metadata: validate::metadata(&req.metadata)?,
+            ttl_ms,
+            holder,
+        })
     }
 
     /// Maps a failed lock operation to its status, counting Redis trouble
@@ -116,6 +147,45 @@ fn lock_id(namespace: &str, name: &str) -> Result<LockId, Status> {
     })
 }
 
+fn acquire_reply(outcome: AcquireOutcome) -> proto::AcquireResponse {
+    match outcome {
+        AcquireOutcome::Acquired { grant, holders } => proto::AcquireResponse {
+            status: AcquireStatus::Acquired.into(),
+            grant: Some(grant_reply(grant)),
+            holders,
+            ..Default::default()
+        },
+        AcquireOutcome::AlreadyHeld { grant, holders } => proto::AcquireResponse {
+            status: AcquireStatus::AlreadyHeld.into(),
+            grant: Some(grant_reply(grant)),
+            holders,
+            ..Default::default()
+        },
+        AcquireOutcome::Busy {
+            holders,
+            next_expiry_at_ms,
+        } => proto::AcquireResponse {
+            status: AcquireStatus::NotAcquired.into(),
+            reason: NotAcquiredReason::Busy.into(),
+            holders,
+            next_expiry_at_ms,
+            ..Default::default()
+        },
+        AcquireOutcome::TimedOut {
+            holders,
+            next_expiry_at_ms,
+            position,
+        } => proto::AcquireResponse {
+            status: AcquireStatus::NotAcquired.into(),
+            reason: NotAcquiredReason::Timeout.into(),
+            holders,
+            next_expiry_at_ms,
+            queue_position: position,
+            ..Default::default()
+        },
+    }
+}
+
 fn grant_reply(grant: engine::Grant) -> proto::Grant {
     proto::Grant {
         holder: grant.holder,
@@ -143,27 +213,9 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::AcquireResponse>, Status> {
         let deadline = grpc_deadline(&request);
         let req = request.into_inner();
-        let lock = lock_id(&req.namespace, &req.name)?;
         let holder = validate::optional_holder(&req.holder)?.unwrap_or_else(new_holder_id);
-        let wait_ms = validate::wait_ms(req.wait_ms, &self.limits)?;
-        let acquire = engine::AcquireRequest {
-            wait: if wait_ms == 0 {
-                Duration::ZERO
-            } else {
-                // A deadline too close to wait at all still waits 1 ms
-                // rather than turning into a try-once.
-                effective_wait(wait_ms, deadline).max(Duration::from_millis(1))
-            },
-            queue_ttl_ms: validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits)?,
-            priority: validate::priority(req.priority)?,
-            fair: req.fair.unwrap_or(true),
-            limit: validate::limit(req.limit, &self.limits)?,
-            ttl_ms: validate::ttl_ms(req.ttl_ms, &self.limits)?,
-            kind: validate::kind(&req.kind)?,
-            metadata: validate::metadata(&req.metadata)?,
-            holder,
-            lock,
-        };
+        let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits)?;
+        let acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
         let span = tracing::Span::current();
         span.record("namespace", &acquire.lock.namespace);
         span.record("name", &acquire.lock.name);
@@ -177,42 +229,7 @@ impl LockService for LockApi {
             .await
             .map_err(|e| self.failed(&acquire.lock, &acquire.kind, e))?;
         crate::observe::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
-        let reply = match outcome {
-            AcquireOutcome::Acquired { grant, holders } => proto::AcquireResponse {
-                status: AcquireStatus::Acquired.into(),
-                grant: Some(grant_reply(grant)),
-                holders,
-                ..Default::default()
-            },
-            AcquireOutcome::AlreadyHeld { grant, holders } => proto::AcquireResponse {
-                status: AcquireStatus::AlreadyHeld.into(),
-                grant: Some(grant_reply(grant)),
-                holders,
-                ..Default::default()
-            },
-            AcquireOutcome::Busy {
-                holders,
-                next_expiry_at_ms,
-            } => proto::AcquireResponse {
-                status: AcquireStatus::NotAcquired.into(),
-                reason: NotAcquiredReason::Busy.into(),
-                holders,
-                next_expiry_at_ms,
-                ..Default::default()
-            },
-            AcquireOutcome::TimedOut {
-                holders,
-                next_expiry_at_ms,
-                position,
-            } => proto::AcquireResponse {
-                status: AcquireStatus::NotAcquired.into(),
-                reason: NotAcquiredReason::Timeout.into(),
-                holders,
-                next_expiry_at_ms,
-                queue_position: position,
-                ..Default::default()
-            },
-        };
+        let reply = acquire_reply(outcome);
         tracing::debug!(status = ?reply.status(), "acquire answered");
         Ok(Response::new(reply))
     }
@@ -432,6 +449,16 @@ impl LockService for LockApi {
             from_ms,
             to_ms,
         }))
+    }
+
+    type SessionStream = session::SessionStream;
+
+    #[tracing::instrument(name = "Session", skip_all, fields(session))]
+    async fn session(
+        &self,
+        request: Request<tonic::Streaming<proto::SessionRequest>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        session::open(self, request.into_inner()).await
     }
 }
 

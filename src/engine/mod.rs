@@ -6,6 +6,7 @@
 
 pub mod keys;
 pub mod scripts;
+pub mod sessions;
 pub mod waiters;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use tokio::time::Instant;
 use crate::store::{Store, StoreError};
 use keys::{LAYOUT_VERSION, Layout, LockKeys};
 use scripts::Scripts;
+use sessions::{LostGrant, Renewal, Sessions};
 use waiters::{RegisterError, Waiters};
 
 /// A lock, named within a namespace. Both are already validated.
@@ -310,6 +312,7 @@ pub struct LockEngine {
     layout: Layout,
     scripts: Scripts,
     waiters: Arc<Waiters>,
+    sessions: Sessions,
     wake_channel: String,
     max_waiters_per_lock: String,
     /// Set once the data in Redis is known to use this deployment's layout;
@@ -349,6 +352,7 @@ impl LockEngine {
         LockEngine {
             wake_channel: layout.wake_channel(),
             waiters: Waiters::new(limits.max_waiters_per_replica),
+            sessions: Sessions::default(),
             max_waiters_per_lock: limits.max_waiters_per_lock.to_string(),
             store,
             layout,
@@ -369,6 +373,10 @@ impl LockEngine {
 
     pub fn waiters(&self) -> &Arc<Waiters> {
         &self.waiters
+    }
+
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
     }
 
     /// Records this deployment's layout in Redis, or checks the one already
@@ -801,6 +809,140 @@ impl LockEngine {
             }
         }
         Ok(total)
+    }
+
+    /// Acquires for a session: the holder is the session id, the lease the
+    /// session TTL, and a grant is renewed by this replica from now on
+    /// (lost grants are reported on `lost`).
+    pub async fn session_acquire(
+        self: &Arc<Self>,
+        session: &str,
+        req: &AcquireRequest,
+        lost: &tokio::sync::mpsc::Sender<LostGrant>,
+    ) -> Result<AcquireOutcome, EngineError> {
+        let outcome = self.acquire(req).await?;
+        if let AcquireOutcome::Acquired { grant, .. } | AcquireOutcome::AlreadyHeld { grant, .. } =
+            &outcome
+        {
+            // The lease started no later than now: renewing from now on is
+            // safe (early, never late).
+            self.sessions.add(
+                session,
+                &req.lock,
+                grant.fencing_token,
+                Duration::from_millis(req.ttl_ms),
+                Instant::now(),
+                lost.clone(),
+            );
+        }
+        Ok(outcome)
+    }
+
+    /// Releases one grant of a session and stops renewing it.
+    pub async fn session_release(
+        &self,
+        session: &str,
+        lock: &LockId,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        let token = self.sessions.remove(session, lock);
+        self.release(lock, session, token).await
+    }
+
+    /// A session ended: release every grant it holds, at once (and so wake
+    /// their waiters). Grants that cannot be released now (Redis trouble)
+    /// expire at their short lease.
+    pub async fn end_session(&self, session: &str) -> usize {
+        let grants = self.sessions.end(session);
+        let count = grants.len();
+        let releases = grants
+            .iter()
+            .map(|(lock, token)| self.release(lock, session, Some(*token)));
+        for outcome in futures::future::join_all(releases).await {
+            if let Err(err) = outcome {
+                tracing::warn!(%session, error = %err, "a session grant could not be released; it expires at its lease");
+            }
+        }
+        count
+    }
+
+    /// Keeps this replica's session grants alive: one `renew.lua` call per
+    /// shard for every batch of due grants, until shutdown.
+    pub async fn run_session_renewer(self: Arc<Self>) {
+        const BATCH: usize = 250;
+        let shutdown = self.waiters.shutdown_token().clone();
+        // Renewals in flight, across rounds: a finished one wakes the loop
+        // so its grant's next renewal is scheduled at once.
+        let mut calls = tokio::task::JoinSet::new();
+        loop {
+            let now = Instant::now();
+            self.sessions.expire_overdue(now);
+            let (due, next) = self.sessions.take_due(now);
+            let mut by_shard: BTreeMap<(String, u32), Vec<Renewal>> = BTreeMap::new();
+            for renewal in due {
+                let shard = self
+                    .layout
+                    .shard_of(&renewal.key.namespace, &renewal.key.name);
+                by_shard
+                    .entry((renewal.key.namespace.clone(), shard))
+                    .or_default()
+                    .push(renewal);
+            }
+            for ((namespace, shard), renewals) in by_shard {
+                for batch in renewals.chunks(BATCH) {
+                    let engine = self.clone();
+                    let keys = self.layout.shard_keys(&namespace, shard);
+                    let batch = batch.to_vec();
+                    calls.spawn(async move { engine.renew(&keys, &batch).await });
+                }
+            }
+            let wake_at = next.map_or(now + Duration::from_secs(1), |n| {
+                n.min(now + Duration::from_secs(1))
+            });
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(wake_at) => {}
+                () = self.sessions.changed() => {}
+                Some(_) = calls.join_next(), if !calls.is_empty() => {}
+            }
+        }
+    }
+
+    /// Renews one batch of session grants of one shard.
+    async fn renew(&self, keys: &keys::ShardKeys, batch: &[Renewal]) {
+        let sent_at = Instant::now();
+        let fields: Vec<[String; 4]> = batch
+            .iter()
+            .map(|r| {
+                [
+                    r.key.name.clone(),
+                    r.key.session.clone(),
+                    r.token.to_string(),
+                    (r.ttl.as_millis() as u64).to_string(),
+                ]
+            })
+            .collect();
+        let args: Vec<&str> = fields.iter().flatten().map(String::as_str).collect();
+        match self
+            .run_on_shard::<Vec<usize>>(&self.scripts.renew, keys, &args)
+            .await
+        {
+            Ok(lost) => {
+                for (i, renewal) in batch.iter().enumerate() {
+                    if lost.contains(&(i + 1)) {
+                        self.sessions.lost(&renewal.key);
+                    } else {
+                        self.sessions.renewed(&renewal.key, sent_at);
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, grants = batch.len(), "renewing session grants failed");
+                let now = Instant::now();
+                for renewal in batch {
+                    self.sessions.failed(&renewal.key, now);
+                }
+            }
+        }
     }
 
     /// The background reaper: every `interval`, the replica that holds the

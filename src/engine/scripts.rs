@@ -25,6 +25,7 @@ pub struct Scripts {
     pub list: Script,
     pub reap: Script,
     pub clear: Script,
+    pub renew: Script,
 }
 
 impl Scripts {
@@ -40,6 +41,7 @@ impl Scripts {
             list: Script::new(lua!("list.lua")),
             reap: Script::new(lua!("reap.lua")),
             clear: Script::new(lua!("clear.lua")),
+            renew: Script::new(lua!("renew.lua")),
         }
     }
 }
