@@ -203,8 +203,23 @@ def scenario(addr):
                   f"bad {r['field']} -> INVALID_ARGUMENT \"{r.get('message')}\"", r)
 
 
+def unique_across_languages(addr):
+    """Ruby and Python compute the same digest, so a job is unique whichever language enqueues it."""
+    args = json.dumps([42, "Zürich"])
+    r1 = Step("ruby", ["enqueue", "ReportJob", args, "rb-jid-1", "60000"], addr, table=EXAMPLES).result()
+    check("ruby", r1 and r1["enqueued"], "unique jobs across languages: Ruby enqueues ReportJob(42, Zürich)", r1)
+    p1 = Step("python", ["enqueue", "ReportJob", args, "py-jid-2", "60000"], addr, table=EXAMPLES).result()
+    check("python", p1 and r1 and p1["lock"] == r1["lock"] and not p1["enqueued"],
+          "unique jobs across languages: same digest as Ruby, the duplicate is refused", p1)
+    done = Step("ruby", ["perform", "ReportJob", args, "rb-jid-1"], addr, table=EXAMPLES).result()
+    p2 = Step("python", ["enqueue", "ReportJob", args, "py-jid-3", "60000"], addr, table=EXAMPLES).result()
+    check("python", done and p2 and p2["enqueued"],
+          "unique jobs across languages: accepted once Ruby's job has succeeded", p2)
+
+
 def examples(addr):
     """The seed patterns of the clients' READMEs, run as they are documented."""
+    unique_across_languages(addr)
     for lang in LANGS:
         if not os.path.exists(EXAMPLES[lang][-1]):
             continue
