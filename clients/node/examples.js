@@ -26,7 +26,7 @@ async function allChecks(client) {
     peak[account] = Math.max(peak[account] || 0, running[account]); peakAll = Math.max(peakAll, all);
     slots.add(`${account}:${lock.slot}`);
     order.push([BigInt(lock.fencingToken), lock.holder]); // tokens grow in grant order
-    await sleep(150); // the sync
+    await sleep(250); // the sync
     running[account] -= 1; all -= 1;
   });
   // Start the jobs of account 42 one after the other, each once the previous

@@ -54,7 +54,7 @@ func slotWorkers(c *tumbler.Client) []check {
 				n := atomic.AddInt32(&running, 1)
 				for p := atomic.LoadInt32(&peak); n > p && !atomic.CompareAndSwapInt32(&peak, p, n); p = atomic.LoadInt32(&peak) {
 				}
-				time.Sleep(150 * time.Millisecond) // the render
+				time.Sleep(300 * time.Millisecond) // the render
 				atomic.AddInt32(&running, -1)
 				atomic.StoreInt32(&inUse[slot], 0)
 				atomic.AddInt32(&done, 1)
@@ -74,7 +74,7 @@ func slotWorkers(c *tumbler.Client) []check {
 	return []check{
 		{"slot workers: 8 jobs through a limit-3 lock all ran", done == jobs && len(errList) == 0, map[string]interface{}{"done": done, "errors": errList}},
 		{"slot workers: never more than 3 at once, and 3 did run together", peak == 3, map[string]interface{}{"peak": peak}},
-		{"slot workers: each slot in 1..3, never two jobs on one slot", badSlot == 0 && clashes == 0, map[string]interface{}{"bad_slot": badSlot, "clashes": clashes}},
+		{"slot workers: each slot in 1..3, never two jobs on one slot", done == jobs && badSlot == 0 && clashes == 0, map[string]interface{}{"bad_slot": badSlot, "clashes": clashes}},
 	}
 }
 
