@@ -27,3 +27,6 @@ cargo test --locked --all-targets "$@"
 
 echo "==> Helm chart checks"
 helm/tests/run.sh
+
+echo "==> Clients in other languages"
+clients/test.sh

@@ -1,0 +1,68 @@
+#!/usr/bin/env node
+'use strict';
+// The Node seed pattern of clients/node/README.md, run by the conformance
+// driver: a job that locks around an ID with a limit above 1.
+// usage: examples.js ADDR NAMESPACE all   — prints {"checks": [...]} as one JSON line.
+const { Client } = require('./index');
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// The bank's API allows 2 sessions per account: at most 2 syncs of one
+// account run at once, across every worker process; other accounts are
+// other locks and never wait for this one.
+function withAccount(client, accountId, jobId, fn) {
+  return client.withLock(`account-sync/${accountId}`, {
+    holder: jobId, limit: 2, waitMs: 30000, ttlMs: 60000, kind: 'account_sync',
+  }, fn);
+}
+
+async function allChecks(client) {
+  const checks = [];
+  const check = (what, ok, detail) => checks.push({ what, ok: Boolean(ok), detail });
+  const running = {}; const peak = {}; let peakAll = 0; let all = 0;
+  const slots = new Set(); const order = [];
+  const job = (account, i) => withAccount(client, account, `sync-${account}-${i}`, async (lock) => {
+    running[account] = (running[account] || 0) + 1; all += 1;
+    peak[account] = Math.max(peak[account] || 0, running[account]); peakAll = Math.max(peakAll, all);
+    slots.add(`${account}:${lock.slot}`);
+    order.push([BigInt(lock.fencingToken), lock.holder]); // tokens grow in grant order
+    await sleep(250); // the sync
+    running[account] -= 1; all -= 1;
+  });
+  // Start the jobs of account 42 one after the other, each once the previous
+  // one holds a permit or waits in the queue (so the arrival order is known),
+  // then account 7's.
+  const arrived = async (n) => { // granted so far + waiting now
+    const name = 'account-sync/42';
+    while (order.filter(([, h]) => h.startsWith('sync-42-')).length
+      + (await client.call('Queue', { namespace: client.namespace, name })).waiters < n) await sleep(5);
+  };
+  const jobs = [];
+  for (let i = 1; i <= 5; i += 1) { jobs.push(job(42, i)); await arrived(i); }
+  jobs.push(job(7, 1), job(7, 2));
+  await Promise.all(jobs);
+  check('lock around an ID: 7 syncs over 2 accounts all ran', order.length === 7, order.map(([, h]) => h));
+  check('lock around an ID: at most 2 syncs of account 42 at once, and 2 did run together', peak[42] === 2, peak);
+  check('lock around an ID: another account is not held up (3 or more syncs ran at once)', peakAll >= 3, { peakAll });
+  check('lock around an ID: slots stay in 1..2 per account',
+    [...slots].every((s) => ['1', '2'].includes(s.split(':')[1])), [...slots]);
+  const o42 = order.sort((a, b) => (a[0] < b[0] ? -1 : 1)).map(([, h]) => h).filter((h) => h.startsWith('sync-42-'));
+  check('lock around an ID: waiters of account 42 were served in arrival order',
+    JSON.stringify(o42) === JSON.stringify([1, 2, 3, 4, 5].map((i) => `sync-42-${i}`)), o42);
+  return { checks };
+}
+
+async function main(addr, namespace, cmd) {
+  const client = new Client(addr, { namespace });
+  try {
+    if (cmd === 'all') return await allChecks(client);
+    throw new Error(`unknown command ${cmd}`);
+  } finally {
+    client.close();
+  }
+}
+
+main(...process.argv.slice(2)).then(
+  (out) => console.log(JSON.stringify(out)),
+  (err) => { console.error(err); process.exit(1); },
+);

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Python seed pattern of clients/python/README.md, run by the conformance driver:
+unique jobs (a uniqueness window keyed on a digest of job class + arguments).
+
+usage: examples.py ADDR NAMESPACE all
+       examples.py ADDR NAMESPACE enqueue CLASS ARGS_JSON JOB_ID WINDOW_MS
+       examples.py ADDR NAMESPACE perform CLASS ARGS_JSON JOB_ID
+Prints one JSON line.
+"""
+import hashlib
+import json
+import sys
+import time
+
+import tumbler_client as tc
+from tumbler_client import pb
+
+
+def unique_lock_name(job_class, args):
+    # The same digest in every language: sha256 of "<class>:<compact JSON of args>".
+    payload = job_class + ":" + json.dumps(args, separators=(",", ":"), ensure_ascii=False)
+    return "unique/" + job_class + "/" + hashlib.sha256(payload.encode()).hexdigest()
+
+
+def enqueue_unique(client, job_class, args, job_id, unique_for_ms):
+    """True: push the job. False: the same job is already queued or running within the window."""
+    try:
+        client.acquire(unique_lock_name(job_class, args), job_id, ttl_ms=unique_for_ms, kind="unique")
+        return True
+    except tc.NotAcquired:
+        return False
+
+
+def run_unique(client, job_class, args, job_id, perform, unique_until="success"):
+    """Run a job enqueued with enqueue_unique. unique_until="start" frees the
+    digest as the job starts; "success" only once it succeeds, so a job that
+    raises stays unique (for its retries) until the window ends."""
+    release = lambda: client.stub.Release(pb.ReleaseRequest(  # noqa: E731
+        namespace=client.namespace, name=unique_lock_name(job_class, args), holder=job_id))
+    if unique_until == "start":
+        release()
+    result = perform(*args)
+    if unique_until == "success":
+        release()
+    return result
+
+
+def all_checks(client):
+    checks = []
+
+    def check(what, ok, detail=None):
+        checks.append({"what": what, "ok": bool(ok), "detail": detail})
+
+    args = [42, "pdf"]
+    check("unique jobs: first enqueue accepted", enqueue_unique(client, "py.Report", args, "job-1", 60000))
+    check("unique jobs: same class + args refused while job-1 is pending",
+          not enqueue_unique(client, "py.Report", args, "job-2", 60000))
+    check("unique jobs: other args are another job", enqueue_unique(client, "py.Report", [43, "pdf"], "job-x", 60000))
+
+    def failing(*_):
+        raise RuntimeError("boom")
+
+    try:
+        run_unique(client, "py.Report", args, "job-1", failing)
+    except RuntimeError:
+        pass
+    check("unique jobs (until success): a failed run keeps the digest locked",
+          not enqueue_unique(client, "py.Report", args, "job-3", 60000))
+    run_unique(client, "py.Report", args, "job-1", lambda *a: "ok")
+    check("unique jobs (until success): success frees it, the next enqueue is accepted",
+          enqueue_unique(client, "py.Report", args, "job-4", 60000))
+
+    check("unique jobs (window 300 ms): accepted", enqueue_unique(client, "py.Ping", [1], "job-5", 300))
+    check("unique jobs (window 300 ms): duplicate refused", not enqueue_unique(client, "py.Ping", [1], "job-6", 300))
+    time.sleep(0.4)
+    check("unique jobs (window 300 ms): accepted again once the window has passed",
+          enqueue_unique(client, "py.Ping", [1], "job-7", 300))
+
+    enqueue_unique(client, "py.Sync", [7], "job-8", 60000)
+    inside = run_unique(client, "py.Sync", [7], "job-8",
+                        lambda *a: enqueue_unique(client, "py.Sync", [7], "job-9", 60000), unique_until="start")
+    check("unique jobs (until start): the same job can be enqueued again while it runs", inside)
+    return {"checks": checks}
+
+
+def main(addr, namespace, cmd, *rest):
+    client = tc.Client(addr, namespace=namespace)
+    if cmd == "all":
+        return all_checks(client)
+    if cmd == "enqueue":
+        job_class, args, job_id, window = rest[0], json.loads(rest[1]), rest[2], int(rest[3])
+        return {"enqueued": enqueue_unique(client, job_class, args, job_id, window),
+                "lock": unique_lock_name(job_class, args)}
+    if cmd == "perform":
+        job_class, args, job_id = rest[0], json.loads(rest[1]), rest[2]
+        run_unique(client, job_class, args, job_id, lambda *a: None)
+        return {"performed": True, "lock": unique_lock_name(job_class, args)}
+    raise SystemExit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(*sys.argv[1:])), flush=True)

@@ -1,0 +1,83 @@
+#!/usr/bin/env ruby
+# frozen_string_literal: true
+
+# Ruby seed pattern of clients/ruby/README.md, run by the conformance driver:
+# unique jobs (a uniqueness window keyed on a digest of job class + arguments,
+# like Sidekiq Enterprise's unique_for / unique_until).
+#
+# usage: examples.rb ADDR NAMESPACE all
+#        examples.rb ADDR NAMESPACE enqueue CLASS ARGS_JSON JOB_ID WINDOW_MS
+#        examples.rb ADDR NAMESPACE perform CLASS ARGS_JSON JOB_ID
+$LOAD_PATH.unshift File.join(__dir__, 'lib')
+require 'digest'
+require 'json'
+require 'tumbler/client'
+
+module UniqueJobs
+  module_function
+
+  # The same digest in every language: sha256 of "<class>:<compact JSON of args>".
+  def lock_name(job_class, args)
+    "unique/#{job_class}/#{Digest::SHA256.hexdigest("#{job_class}:#{JSON.generate(args)}")}"
+  end
+
+  # true: push the job; false: the same job is already queued or running within the window.
+  def enqueue(client, job_class, args, jid, unique_for:)
+    client.acquire(lock_name(job_class, args), holder: jid, ttl_ms: unique_for, kind: 'unique')
+    true
+  rescue Tumbler::NotAcquired
+    false
+  end
+
+  # Runs the block for a job pushed by enqueue. unique_until: :start frees the
+  # digest as the job starts; :success (default) once the block returns, so a
+  # job that raises stays unique (for its retries) until the window ends.
+  def perform(client, job_class, args, jid, unique_until: :success)
+    release = lambda do
+      client.stub.release(Tumbler::V1::ReleaseRequest.new(namespace: client.namespace,
+                                                           name: lock_name(job_class, args), holder: jid))
+    end
+    release.call if unique_until == :start
+    result = yield(*args)
+    release.call if unique_until == :success
+    result
+  end
+end
+
+def all_checks(client)
+  checks = []
+  check = ->(what, ok) { checks << { what: what, ok: ok ? true : false } }
+  args = ['invoice', 1001]
+  check.call('unique jobs: first enqueue accepted', UniqueJobs.enqueue(client, 'RbMailer', args, 'jid-1', unique_for: 60_000))
+  check.call('unique jobs: duplicate refused while pending', !UniqueJobs.enqueue(client, 'RbMailer', args, 'jid-2', unique_for: 60_000))
+  begin
+    UniqueJobs.perform(client, 'RbMailer', args, 'jid-1') { raise 'smtp down' }
+  rescue RuntimeError
+    nil
+  end
+  check.call('unique jobs (until success): a failed run keeps the digest locked',
+             !UniqueJobs.enqueue(client, 'RbMailer', args, 'jid-3', unique_for: 60_000))
+  UniqueJobs.perform(client, 'RbMailer', args, 'jid-1') { |_kind, _id| :sent }
+  check.call('unique jobs (until success): success frees it',
+             UniqueJobs.enqueue(client, 'RbMailer', args, 'jid-4', unique_for: 60_000))
+  UniqueJobs.enqueue(client, 'RbIndexer', [9], 'jid-5', unique_for: 60_000)
+  again = UniqueJobs.perform(client, 'RbIndexer', [9], 'jid-5', unique_until: :start) do
+    UniqueJobs.enqueue(client, 'RbIndexer', [9], 'jid-6', unique_for: 60_000)
+  end
+  check.call('unique jobs (until start): the same job can be enqueued again while it runs', again)
+  { checks: checks }
+end
+
+addr, namespace, cmd, *rest = ARGV
+client = Tumbler::Client.new(addr, namespace: namespace)
+out = case cmd
+      when 'all' then all_checks(client)
+      when 'enqueue'
+        { enqueued: UniqueJobs.enqueue(client, rest[0], JSON.parse(rest[1]), rest[2], unique_for: Integer(rest[3])),
+          lock: UniqueJobs.lock_name(rest[0], JSON.parse(rest[1])) }
+      when 'perform'
+        UniqueJobs.perform(client, rest[0], JSON.parse(rest[1]), rest[2]) { nil }
+        { performed: true, lock: UniqueJobs.lock_name(rest[0], JSON.parse(rest[1])) }
+      else raise "unknown command #{cmd}"
+      end
+puts JSON.generate(out)
