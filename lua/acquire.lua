@@ -55,6 +55,7 @@ if free > 0 and ahead == 0 then
   redis.call('HSET', INFO, 'g:' .. holder, record, 's:' .. slot, holder, 'limit', limit)
   local next_expiry = settle()
   count(ARGV[6], 'acquired')
+  emit('acquired', holder, int(token))
   -- A permit left over goes to the next waiter in line.
   if free > 1 then
     wake_eligible()
@@ -90,6 +91,7 @@ if not queued_order then
   local fair_flag = fair and '1' or '0'
   local wait_deadline = now + tonumber(ARGV[12])
   redis.call('HSET', INFO, 'w:' .. holder, string.format('%d|%d|%d|%s|%s', priority, now, wait_deadline, fair_flag, ARGV[6]))
+  emit('queued', holder)
 end
 redis.call('ZADD', DEADLINES, now + tonumber(ARGV[11]), holder)
 

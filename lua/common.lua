@@ -77,6 +77,16 @@ local function redis_now()
   return NOW_MS, secs * 1000000 + micros
 end
 
+-- Lock events for watchers go to '<prefix>:events' (beside the wake-up
+-- channel) as 'namespace\nname\nevent\nholder\ntoken\ntime_ms'. With no
+-- replica subscribed (nobody watches), a PUBLISH costs Redis next to nothing.
+local EVENTS_CHANNEL = string.gsub(WAKE_CHANNEL or '', 'wake$', 'events')
+local function emit(event, holder, token)
+  local namespace = string.match(SHARD, '{(.*):%d+}$') or ''
+  redis.call('PUBLISH', EVENTS_CHANNEL,
+    table.concat({namespace, LOCK_NAME, event, holder, token or '0', int(NOW_MS)}, '\n'))
+end
+
 -- Count `n` events of a kind in this shard's counters for the current
 -- minute, where every replica's counts meet (the Metrics RPC sums them).
 local function count(kind, event, n)
@@ -123,6 +133,7 @@ local function purge_expired(now)
     if record then
       drop_grant(holder, record)
       count(record_kind(record), 'expired')
+      emit('expired', holder, record_token(record))
     else
       redis.call('ZREM', HOLDERS, holder)
     end
@@ -145,6 +156,7 @@ local function purge_dead_waiters(now)
   for _, id in ipairs(dead) do
     local record = redis.call('HGET', INFO, 'w:' .. id) or ''
     count(string.match(record, '|([^|]*)$') or 'default', 'reaped')
+    emit('dequeued', id)
     drop_waiter(id)
   end
   return #dead

@@ -16,6 +16,7 @@ if rank then
     local record = redis.call('HGET', INFO, 'w:' .. id) or ''
     count(string.match(record, '|([^|]*)$') or 'default', 'timed_out')
   end
+  emit('dequeued', id)
   drop_waiter(id)
 end
 

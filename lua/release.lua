@@ -23,6 +23,7 @@ end
 drop_grant(holder, record)
 settle()
 count(record_kind(record), 'released')
+emit('released', holder, record_token(record))
 
 -- 4. Wake whoever may take the permit now.
 wake_eligible()

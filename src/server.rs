@@ -50,6 +50,7 @@ pub async fn serve_with_http(
     let store = Store::new(&config.store)?;
     let layout = Layout::new(&config.key_prefix, config.shards);
     let wake_channel = layout.wake_channel();
+    let events_channel = layout.events_channel();
     let engine = Arc::new(LockEngine::new(
         store.clone(),
         layout,
@@ -58,8 +59,10 @@ pub async fn serve_with_http(
     // The replica's one wake-up subscription and its waiter heartbeats.
     let subscriber = tokio::spawn(run_subscriber(
         engine.waiters().clone(),
+        engine.watchers().clone(),
         store,
         wake_channel,
+        events_channel,
     ));
     let refresher = tokio::spawn(engine.clone().run_refresher());
     let flusher = tokio::spawn(engine.clone().run_metrics_flusher());

@@ -460,6 +460,65 @@ impl LockService for LockApi {
     ) -> Result<Response<Self::SessionStream>, Status> {
         session::open(self, request.into_inner()).await
     }
+
+    type WatchStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<proto::LockEvent, Status>> + Send>,
+    >;
+
+    #[tracing::instrument(name = "Watch", skip_all, fields(namespace))]
+    async fn watch(
+        &self,
+        request: Request<proto::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        use std::sync::atomic::Ordering;
+        use tokio_stream::StreamExt;
+        let req = request.into_inner();
+        let filter = engine::watchers::Filter {
+            namespace: validate::namespace(&req.namespace)?,
+            name: if req.name.is_empty() {
+                None
+            } else {
+                Some(validate::name(&req.name)?)
+            },
+            prefix: validate::prefix(&req.prefix)?,
+        };
+        let watch = self.engine.watchers().add(filter, WATCH_BUFFER);
+        let (guard, overflowed) = (watch.guard, watch.overflowed);
+        let events = watch_events(watch.events);
+        // The guard lives as long as the stream: dropping it unregisters.
+        let ending = futures::stream::once(async move {
+            drop(guard);
+            if overflowed.load(Ordering::Acquire) {
+                Some(Err(Status::resource_exhausted(format!(
+                    "watcher dropped: more than {WATCH_BUFFER} events unread"
+                ))))
+            } else {
+                None
+            }
+        })
+        .filter_map(|end| end);
+        Ok(Response::new(Box::pin(events.chain(ending))))
+    }
+}
+
+/// Events a watcher may leave unread before it is dropped.
+const WATCH_BUFFER: usize = 256;
+
+/// A watcher's events as the RPC's stream items.
+fn watch_events(
+    events: tokio::sync::mpsc::Receiver<engine::watchers::LockEvent>,
+) -> impl tokio_stream::Stream<Item = Result<proto::LockEvent, Status>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::ReceiverStream::new(events).map(|e| {
+        Ok(proto::LockEvent {
+            namespace: e.namespace,
+            name: e.name,
+            event: e.event,
+            holder: e.holder,
+            fencing_token: e.fencing_token,
+            at_ms: e.at_ms,
+        })
+    })
 }
 
 /// This replica's clock in Unix ms (only to default a metrics range).

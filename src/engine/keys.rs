@@ -102,6 +102,11 @@ impl Layout {
         format!("{}:wake", self.prefix)
     }
 
+    /// The pub/sub channel of lock events (for watchers).
+    pub fn events_channel(&self) -> String {
+        format!("{}:events", self.prefix)
+    }
+
     /// The deployment's own record (layout version and shard count).
     pub fn meta_key(&self) -> String {
         format!("{}:meta", self.prefix)

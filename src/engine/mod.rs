@@ -8,6 +8,7 @@ pub mod keys;
 pub mod scripts;
 pub mod sessions;
 pub mod waiters;
+pub mod watchers;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -312,6 +313,7 @@ pub struct LockEngine {
     layout: Layout,
     scripts: Scripts,
     waiters: Arc<Waiters>,
+    watchers: Arc<watchers::Watchers>,
     sessions: Sessions,
     wake_channel: String,
     max_waiters_per_lock: String,
@@ -353,6 +355,7 @@ impl LockEngine {
             wake_channel: layout.wake_channel(),
             waiters: Waiters::new(limits.max_waiters_per_replica),
             sessions: Sessions::default(),
+            watchers: watchers::Watchers::new(),
             max_waiters_per_lock: limits.max_waiters_per_lock.to_string(),
             store,
             layout,
@@ -377,6 +380,10 @@ impl LockEngine {
 
     pub fn sessions(&self) -> &Sessions {
         &self.sessions
+    }
+
+    pub fn watchers(&self) -> &Arc<watchers::Watchers> {
+        &self.watchers
     }
 
     /// Records this deployment's layout in Redis, or checks the one already

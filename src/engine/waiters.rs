@@ -276,30 +276,64 @@ impl Waiters {
     }
 }
 
-/// Pumps wake-up messages from Redis into `waiters` until shutdown.
-pub async fn run_subscriber(waiters: Arc<Waiters>, store: crate::store::Store, channel: String) {
+/// Pumps pub/sub messages from Redis until shutdown: wake-ups into
+/// `waiters`, and (subscribed only while someone here watches) lock events
+/// into `watchers`. One connection for both.
+pub async fn run_subscriber(
+    waiters: Arc<Waiters>,
+    watchers: Arc<super::watchers::Watchers>,
+    store: crate::store::Store,
+    wake_channel: String,
+    events_channel: String,
+) {
     let mut backoff = Duration::from_millis(100);
+    let mut wanted = watchers.wanted();
     while !waiters.shutdown.is_cancelled() {
-        match store.subscribe(&channel).await {
-            Ok(mut messages) => {
+        let mut channels = vec![wake_channel.as_str()];
+        if *wanted.borrow_and_update() {
+            channels.push(events_channel.as_str());
+        }
+        match store.subscribe(&channels).await {
+            Ok((mut sink, mut messages)) => {
                 backoff = Duration::from_millis(100);
-                tracing::debug!(%channel, "subscribed to wake-ups");
+                tracing::debug!(?channels, "subscribed");
                 waiters.wake_all();
                 loop {
                     tokio::select! {
                         () = waiters.shutdown.cancelled() => return,
+                        changed = wanted.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            let want = *wanted.borrow_and_update();
+                            let switched = if want {
+                                sink.subscribe(&events_channel).await
+                            } else {
+                                sink.unsubscribe(&events_channel).await
+                            };
+                            if switched.is_err() {
+                                break;
+                            }
+                        }
                         message = messages.next() => match message {
-                            Some(message) => match message.get_payload::<String>() {
-                                Ok(payload) => waiters.handle_message(&payload),
-                                Err(err) => tracing::warn!(error = %err, "unreadable wake-up message"),
-                            },
+                            Some(message) => {
+                                let Ok(payload) = message.get_payload::<String>() else {
+                                    tracing::warn!("unreadable pub/sub message");
+                                    continue;
+                                };
+                                if message.get_channel_name() == events_channel {
+                                    watchers.dispatch(&payload);
+                                } else {
+                                    waiters.handle_message(&payload);
+                                }
+                            }
                             None => break,
                         },
                     }
                 }
-                tracing::warn!("wake-up subscription lost; resubscribing");
+                tracing::warn!("pub/sub subscription lost; resubscribing");
             }
-            Err(err) => tracing::debug!(error = %err, "cannot subscribe to wake-ups yet"),
+            Err(err) => tracing::debug!(error = %err, "cannot subscribe yet"),
         }
         tokio::select! {
             () = waiters.shutdown.cancelled() => return,

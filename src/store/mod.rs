@@ -239,13 +239,18 @@ impl Store {
         convert(reply)
     }
 
-    /// Subscribes to `channel` on a connection of its own; the stream ends
-    /// when that connection is lost.
-    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, StoreError> {
+    /// Subscribes to `channels` on a connection of its own. The sink can
+    /// change the subscriptions; the stream ends when the connection is lost.
+    pub async fn subscribe(
+        &self,
+        channels: &[&str],
+    ) -> Result<(redis::aio::PubSubSink, redis::aio::PubSubStream), StoreError> {
         let subscribe = async {
             let mut pubsub = self.client.get_async_pubsub().await?;
-            pubsub.subscribe(channel).await?;
-            Ok::<_, RedisError>(pubsub.into_on_message())
+            for channel in channels {
+                pubsub.subscribe(*channel).await?;
+            }
+            Ok::<_, RedisError>(pubsub.split())
         };
         match tokio::time::timeout(self.command_timeout, subscribe).await {
             Ok(Ok(stream)) => Ok(stream),
