@@ -787,16 +787,13 @@ fn admin_guard(d: &Dashboard, headers: &HeaderMap, params: &Params) -> Result<()
 /// fencing_token, confirm=yes): the same engine release as the Release
 /// RPC, pinned to the token shown on the confirmation page.
 async fn admin_release(State(d): State<Dashboard>, headers: HeaderMap, body: Bytes) -> Response {
-    let params = Params::parse(&body);
-    match do_release(&d, &headers, &params).await {
-        Ok(page) => page,
-        Err(err) if err.status == StatusCode::FORBIDDEN && !d.options.admin => {
-            let mut page = admin_off_page(&d);
-            *page.status_mut() = StatusCode::FORBIDDEN;
-            page
-        }
-        Err(err) => error_page(&d, err),
+    if !d.options.admin {
+        return admin_off_page(&d);
     }
+    let params = Params::parse(&body);
+    do_release(&d, &headers, &params)
+        .await
+        .unwrap_or_else(|err| error_page(&d, err))
 }
 
 async fn do_release(d: &Dashboard, headers: &HeaderMap, params: &Params) -> ApiResult {
@@ -864,12 +861,13 @@ async fn confirm_clear(State(d): State<Dashboard>, RawQuery(query): RawQuery) ->
 /// `POST /dashboard/admin/clear` (form: namespace, typed = the namespace,
 /// confirm=yes): the same engine clear as the Clear RPC.
 async fn admin_clear(State(d): State<Dashboard>, headers: HeaderMap, body: Bytes) -> Response {
-    let params = Params::parse(&body);
-    match do_clear(&d, &headers, &params).await {
-        Ok(page) => page,
-        Err(err) if err.status == StatusCode::FORBIDDEN && !d.options.admin => admin_off_page(&d),
-        Err(err) => error_page(&d, err),
+    if !d.options.admin {
+        return admin_off_page(&d);
     }
+    let params = Params::parse(&body);
+    do_clear(&d, &headers, &params)
+        .await
+        .unwrap_or_else(|err| error_page(&d, err))
 }
 
 async fn do_clear(d: &Dashboard, headers: &HeaderMap, params: &Params) -> ApiResult {
