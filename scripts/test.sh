@@ -27,3 +27,6 @@ cargo test --locked --all-targets "$@"
 
 echo "==> Helm chart checks"
 helm/tests/run.sh
+
+echo "==> Dashboard in a browser"
+dashboard-tests/run.sh

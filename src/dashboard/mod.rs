@@ -725,7 +725,7 @@ async fn release_preview(d: &Dashboard, params: &Params) -> Result<Response, Api
          <dt>Holder</dt><dd><code>{holder}</code></dd>\
          <dt>Fencing token</dt><dd><code>{token}</code></dd>\
          <dt>Slot</dt><dd>{slot}</dd>\
-         <dt>Remaining</dt><dd>{remaining} ms</dd></dl>\n\
+         <dt>Remaining lease</dt><dd>{remaining:.1} s</dd></dl>\n\
          <form method=\"post\" action=\"/dashboard/admin/release\">\
          <input type=\"hidden\" name=\"namespace\" value=\"{ns}\">\
          <input type=\"hidden\" name=\"name\" value=\"{name}\">\
@@ -740,7 +740,7 @@ async fn release_preview(d: &Dashboard, params: &Params) -> Result<Response, Api
         holder = escape(&grant.holder),
         token = grant.fencing_token,
         slot = grant.slot,
-        remaining = grant.expires_at_ms - state.now_ms,
+        remaining = (grant.expires_at_ms - state.now_ms) as f64 / 1000.0,
         back = escape(&lock_href(&lock)),
     );
     Ok(plain_page(d, StatusCode::OK, "Force release?", main))

@@ -158,16 +158,16 @@ function setupChrome() {
     : "Read-only (admin actions are off).";
 }
 
-function heading(text, extra) {
+function heading(text, perNamespace = true) {
   const el = document.getElementById("heading");
-  el.replaceChildren(text, extra || "", h("span", { class: "ns-tag" }, `namespace ${namespace || "default"}`));
+  el.replaceChildren(text, perNamespace ? h("span", { class: "ns-tag" }, `namespace ${namespace || "default"}`) : "");
   document.title = `${typeof text === "string" ? text : el.textContent} · tumbler`;
 }
 
 // ------------------------------------------------------------ overview
 
 function chart(series) {
-  const W = 760, H = 220, L = 44, R = 12, T = 12, B = 28;
+  const W = 760, H = 190, L = 44, R = 12, T = 12, B = 28;
   const max = Math.max(1, ...series.map((p) => Math.max(p.acquired, p.denied, p.errors)));
   const top = niceCeil(max);
   const x = (i) => L + (i * (W - L - R)) / Math.max(1, series.length - 1);
@@ -214,7 +214,7 @@ function renderOverview(d) {
   const cards = h("dl", { class: "cards", "aria-label": "Current state" },
     card("Locks held", fmtNumber(d.locks_held), d.truncated ? "(first 10,000 locks)" : null),
     card("Holders", fmtNumber(d.holders)),
-    card("Waiters", fmtNumber(d.waiters), `on ${fmtNumber(d.waiting_locks)} locks`),
+    card("Waiters", fmtNumber(d.waiters), `on ${fmtNumber(d.waiting_locks)} ${d.waiting_locks === 1 ? "lock" : "locks"}`),
     card("Acquire rate", fmtRate(r.acquired_per_minute), "/ min"),
     card("Denial rate", fmtRate(r.denied_per_minute), "/ min"),
     card("Error rate", fmtRate(r.errors_per_minute), "/ min"));
@@ -454,7 +454,7 @@ switch (page) {
     poll(() => getJson(metricsQuery()), renderMetrics);
     break;
   case "reaper":
-    heading("Reaper");
+    heading("Reaper", false);
     poll(() => getJson("/api/v1/reaper"), renderReaper);
     break;
   default:
