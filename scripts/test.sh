@@ -28,5 +28,8 @@ cargo test --locked --all-targets "$@"
 echo "==> Helm chart checks"
 helm/tests/run.sh
 
+echo "==> Dashboard in a browser"
+dashboard-tests/run.sh
+
 echo "==> Clients in other languages"
 clients/test.sh

@@ -94,6 +94,16 @@ pub struct ObservabilityArgs {
     /// (e.g. `http://otel-collector:4317`). Empty: no tracing export.
     #[arg(long, env = "TUMBLER_OTLP_ENDPOINT", default_value = "")]
     pub otlp_endpoint: String,
+    /// Turns on the dashboard's admin actions (force release of a holder,
+    /// clear a namespace) on the HTTP port. Off by default: tumbler has no
+    /// authentication yet; these actions will move behind admin tokens.
+    #[arg(
+        long,
+        env = "TUMBLER_DASHBOARD_ADMIN",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub dashboard_admin: bool,
 }
 
 /// Where the HTTP port listens, when asked for explicitly.
@@ -145,6 +155,8 @@ pub struct ServerConfig {
     /// After SIGTERM: how long to keep serving while reporting NOT_SERVING.
     pub shutdown_drain: Duration,
     pub shutdown_grace: Duration,
+    /// Whether the dashboard on the HTTP port offers admin actions.
+    pub dashboard_admin: bool,
 }
 
 impl ServerConfig {
@@ -179,6 +191,7 @@ impl ServerConfig {
             health_interval: Duration::from_millis(args.health_interval_ms),
             shutdown_drain: Duration::ZERO,
             shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
+            dashboard_admin: false,
         })
     }
 }
@@ -211,6 +224,7 @@ impl ServeArgs {
     pub fn server_config(&self) -> anyhow::Result<ServerConfig> {
         let mut config = ServerConfig::new(self.redis_url.clone(), &self.service)?;
         config.shutdown_drain = Duration::from_millis(self.shutdown_drain_ms);
+        config.dashboard_admin = self.observability.dashboard_admin;
         Ok(config)
     }
 }

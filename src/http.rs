@@ -1,4 +1,5 @@
-//! The HTTP port: Prometheus `/metrics` and a liveness `/healthz`, served
+//! The HTTP port: Prometheus `/metrics`, a liveness `/healthz` and the
+//! web dashboard with its JSON endpoints (see [`crate::dashboard`]), served
 //! by the same process as gRPC, on a listener the caller bound.
 
 use std::sync::Arc;
@@ -30,14 +31,16 @@ pub async fn serve(
     listener: TcpListener,
     metrics: PrometheusHandle,
     engine: Arc<LockEngine>,
+    dashboard: crate::dashboard::Options,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(Http {
             metrics: metrics.clone(),
-            engine,
-        });
+            engine: engine.clone(),
+        })
+        .merge(crate::dashboard::router(engine, dashboard));
     let serving = std::future::IntoFuture::into_future(axum::serve(listener, app));
     let mut serving = std::pin::pin!(serving);
     let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);

@@ -10,6 +10,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod dev;
 pub mod engine;
 pub mod http;

@@ -50,12 +50,16 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Dev(args) => {
             let telemetry = telemetry::init(&cli.log, &args.observability.otlp_endpoint)?;
             let redis = RedisServer::start(&args.redis_server)?;
-            let config = ServerConfig::new(redis.url(), &args.service)?;
+            let mut config = ServerConfig::new(redis.url(), &args.service)?;
+            config.dashboard_admin = args.observability.dashboard_admin;
             let listener = bind(args.listen).await?;
             let addr = listener.local_addr()?;
             let http = bind_http(args.observability.http_listen, "127.0.0.1:9090", true).await?;
             let metrics = match &http {
-                Some(http) => format!("http://{}/metrics", http.local_addr()?),
+                Some(http) => format!(
+                    "http://{addr}/metrics, dashboard http://{addr}/dashboard",
+                    addr = http.local_addr()?
+                ),
                 None => "off".to_owned(),
             };
             // Errors ignored: a closed stdout must not stop the service.

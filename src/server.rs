@@ -77,6 +77,9 @@ pub async fn serve_with_http(
             http,
             crate::observe::install_recorder()?,
             engine.clone(),
+            crate::dashboard::Options {
+                admin: config.dashboard_admin,
+            },
         ))),
         None => None,
     };

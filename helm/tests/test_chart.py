@@ -475,6 +475,7 @@ def test_config_map_carries_every_setting():
         "TUMBLER_LOG_FORMAT": "json",
         "TUMBLER_LOG": "info",
         "TUMBLER_OTLP_ENDPOINT": "",
+        "TUMBLER_DASHBOARD_ADMIN": "false",
     }
 
 

@@ -559,6 +559,12 @@ impl LockEngine {
                     });
                 }
                 () = self.waiters.shutdown_token().cancelled() => {
+                    // Leave the queue before answering, while the replica
+                    // still runs (a spawned clean-up might never run).
+                    queued.armed = false;
+                    let _ = self
+                        .dequeue(&req.lock, keys, &req.holder, Dequeue::Cancelled)
+                        .await;
                     return Err(EngineError::ShuttingDown);
                 }
             }

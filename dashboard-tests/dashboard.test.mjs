@@ -1,0 +1,172 @@
+// Drives tumbler's dashboard in headless Chromium (see run.sh for the scene
+// it expects) and checks what the pages show against the gRPC API.
+import { chromium } from "playwright-core";
+import { execFileSync } from "node:child_process";
+import assert from "node:assert/strict";
+import path from "node:path";
+
+const base = process.env.DASHBOARD_URL;
+const grpcAddr = process.env.GRPC_ADDR;
+const shots = process.env.SCREENSHOTS;
+assert.ok(base && grpcAddr && shots, "run through run.sh (DASHBOARD_URL, GRPC_ADDR, SCREENSHOTS)");
+
+const TIMEOUT = 15_000;
+const steps = [];
+function step(name) {
+  steps.push(name);
+  console.log(`  - ${name}`);
+}
+
+/** The Metrics RPC over gRPC (grpcurl, through server reflection). */
+function metricsRpc(namespace) {
+  const out = execFileSync("grpcurl", [
+    "-plaintext", "-d", JSON.stringify({ namespace }), grpcAddr, "tumbler.v1.LockService/Metrics",
+  ], { encoding: "utf8" });
+  return JSON.parse(out);
+}
+
+/** gRPC JSON omits zeros and spells uint64 as strings. */
+function counters(row) {
+  const keys = ["acquired", "denied", "timedOut", "released", "extended", "expired", "reaped", "errors"];
+  return keys.map((k) => Number((row && row[k]) || 0));
+}
+
+/** The cells of a table's rows: [[th, td, td, ...], ...]. */
+async function tableRows(page, selector) {
+  return page.$$eval(selector, (rows) => rows.map((row) =>
+    [...row.querySelectorAll("th, td")].map((cell) => cell.textContent.trim())));
+}
+
+/** Waits until the text of the card whose label is `label` is `value`. */
+async function waitForCard(page, label, value) {
+  await page.waitForFunction(([label, value]) => {
+    for (const card of document.querySelectorAll(".card")) {
+      const dt = card.querySelector("dt");
+      const dd = card.querySelector("dd");
+      if (dt && dd && dt.textContent.trim() === label) {
+        return dd.firstChild && dd.firstChild.textContent.trim() === value;
+      }
+    }
+    return false;
+  }, [label, value], { timeout: TIMEOUT });
+}
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+  ],
+});
+let failed = false;
+const page = await browser.newPage({ viewport: { width: 1366, height: 900 } });
+const consoleErrors = [];
+page.on("console", (msg) => { if (msg.type() === "error") consoleErrors.push(msg.text()); });
+page.on("pageerror", (err) => consoleErrors.push(String(err)));
+
+try {
+  // Overview: counts from List and Metrics, the waiting lock listed.
+  step("overview shows locks held, holders, waiters and the waiting lock");
+  await page.goto(`${base}/dashboard`);
+  await waitForCard(page, "Waiters", "1");
+  await waitForCard(page, "Locks held", "2");
+  await waitForCard(page, "Holders", "3");
+  const busiest = await tableRows(page, "#busiest tbody tr");
+  assert.deepEqual(busiest.map((r) => [r[0], r[3]]), [["reports", "1"]]);
+  assert.equal(await page.locator("svg.chart polyline").count(), 3, "three series in the chart");
+  assert.equal(await page.locator("main#main").count(), 1);
+  assert.equal(await page.locator("nav[aria-label]").count(), 1);
+  await page.screenshot({ path: path.join(shots, "overview.png"), fullPage: true });
+
+  // Locks list: search by prefix.
+  step("locks list searches by prefix");
+  await page.getByRole("link", { name: "Locks", exact: true }).click();
+  await page.getByLabel("Name starts with").fill("jobs/");
+  await page.getByRole("button", { name: "Search" }).click();
+  await page.waitForURL(/prefix=jobs%2F/);
+  await page.waitForSelector("#locks tbody tr th a");
+  const jobs = await tableRows(page, "#locks tbody tr");
+  assert.deepEqual(jobs.map((r) => r.slice(0, 4)), [["jobs/nightly", "2", "3", "0"]]);
+  await page.screenshot({ path: path.join(shots, "locks.png"), fullPage: true });
+
+  // One lock: from the overview's link to its detail, holder and queue.
+  step("lock detail shows the holder with its token and the queue in order");
+  await page.goto(`${base}/dashboard`);
+  await page.getByRole("link", { name: "reports", exact: true }).click();
+  await page.waitForURL(/\/dashboard\/lock\?name=reports/);
+  await page.waitForSelector("#holders tbody tr th code");
+  await page.waitForSelector("#queue tbody tr th code");
+  const holders = await tableRows(page, "#holders tbody tr");
+  assert.equal(holders.length, 1);
+  const [slot, holder, token, remaining, , , kind, metadata] = holders[0];
+  assert.equal(slot, "1");
+  assert.equal(holder, "worker-1");
+  assert.match(token, /^\d{16}$/);
+  assert.match(remaining, /min|s$/);
+  assert.equal(kind, "export");
+  assert.match(metadata, /job = 42/);
+  assert.match(metadata, /team = billing/);
+  const inspect = JSON.parse(execFileSync("grpcurl", ["-plaintext", "-d", '{"name":"reports"}', grpcAddr,
+    "tumbler.v1.LockService/Inspect"], { encoding: "utf8" }));
+  assert.equal(token, inspect.holders[0].grant.fencingToken, "the token the Inspect RPC reports");
+  const queue = await tableRows(page, "#queue tbody tr");
+  assert.deepEqual(queue.map((r) => r.slice(0, 4)), [["1", "worker-3", "0", "fair"]]);
+  await page.screenshot({ path: path.join(shots, "lock.png"), fullPage: true });
+
+  // Metrics: the table is the Metrics RPC's report, number for number.
+  step("metrics table matches the Metrics RPC (grpcurl)");
+  await page.getByRole("link", { name: "Metrics", exact: true }).click();
+  await page.waitForSelector("#metrics-totals tfoot tr");
+  const shown = await tableRows(page, "#metrics-totals tbody tr");
+  const overall = (await tableRows(page, "#metrics-totals tfoot tr"))[0];
+  const rpc = metricsRpc("default");
+  const expected = rpc.totals.map((row) => [row.kind, ...counters(row).map(String)]);
+  assert.deepEqual(shown, expected);
+  assert.deepEqual(overall, ["All kinds", ...counters(rpc.overall).map(String)]);
+  const exportRow = shown.find((r) => r[0] === "export");
+  assert.deepEqual(exportRow.slice(1, 3), ["1", "1"], "export: 1 acquired, 1 denied");
+  await page.screenshot({ path: path.join(shots, "metrics.png"), fullPage: true });
+
+  // Namespace switch (query parameter) from the header form.
+  step("namespace selector switches to another namespace");
+  await page.getByLabel("Namespace", { exact: true }).fill("billing");
+  await page.getByRole("button", { name: "Show" }).first().click();
+  await page.waitForURL(/namespace=billing/);
+  await page.getByRole("link", { name: "Locks", exact: true }).click();
+  await page.waitForSelector("#locks tbody tr th a");
+  assert.deepEqual((await tableRows(page, "#locks tbody tr")).map((r) => r[0]), ["invoices"]);
+
+  // Reaper: the replica holding tumbler-system/reaper.
+  step("reaper page names the replica holding tumbler-system/reaper");
+  await page.getByRole("link", { name: "Reaper", exact: true }).click();
+  await page.waitForFunction(() => /replica-/.test(document.querySelector("#reaper-facts")?.textContent || ""),
+    null, { timeout: TIMEOUT });
+  await page.screenshot({ path: path.join(shots, "reaper.png"), fullPage: true });
+
+  // Admin (on in this run): force release through the confirmation page;
+  // the waiter gets the lock.
+  step("force release through the confirmation page hands the lock to the waiter");
+  await page.goto(`${base}/dashboard/lock?name=reports`);
+  await page.getByRole("link", { name: "Force release worker-1" }).click();
+  await page.waitForSelector("text=Force release?");
+  await page.screenshot({ path: path.join(shots, "confirm-release.png"), fullPage: true });
+  await page.getByRole("button", { name: "Release this grant" }).click();
+  await page.waitForSelector("text=was released");
+  await page.getByRole("link", { name: "Back to the lock" }).click();
+  await page.waitForFunction(() => {
+    const cell = document.querySelector("#holders tbody tr th code");
+    return cell && cell.textContent === "worker-3";
+  }, null, { timeout: TIMEOUT });
+  await page.waitForSelector("#queue td.empty");
+
+  assert.deepEqual(consoleErrors, [], "no errors in the browser console");
+  console.log(`dashboard in a browser: ${steps.length} steps passed; screenshots in ${shots}`);
+} catch (err) {
+  failed = true;
+  console.error(`FAILED at step "${steps[steps.length - 1]}": ${err.stack || err}`);
+  await page.screenshot({ path: path.join(shots, "failure.png"), fullPage: true }).catch(() => {});
+  if (consoleErrors.length) console.error("browser console:", consoleErrors);
+} finally {
+  await browser.close();
+}
+process.exit(failed ? 1 : 0);

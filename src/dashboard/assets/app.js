@@ -1,0 +1,463 @@
+// tumbler dashboard: vanilla JavaScript, no build step, no dependencies.
+// Each page is a shell from the server (body[data-page]); this script
+// fetches the JSON endpoints under /api/v1/ and renders them, every
+// REFRESH_MS while the tab is visible. Text from the server (lock names,
+// holders, metadata) only ever reaches the page through textContent.
+"use strict";
+
+const REFRESH_MS = 3000;
+const params = new URLSearchParams(location.search);
+const namespace = params.get("namespace") || "";
+const page = document.body.dataset.page;
+const admin = document.body.dataset.admin === "on";
+
+// ------------------------------------------------------------ helpers
+
+/** h("td", {class: "num"}, "3") → <td class="num">3</td>; strings become text. */
+function h(tag, attrs, ...children) {
+  const el = tag === "svg" || SVG_TAGS.has(tag)
+    ? document.createElementNS("http://www.w3.org/2000/svg", tag)
+    : document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    el.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+const SVG_TAGS = new Set(["g", "line", "polyline", "rect", "text", "title", "desc", "path", "circle"]);
+
+function withNamespace(path, extra) {
+  const q = new URLSearchParams(extra || {});
+  if (namespace) q.set("namespace", namespace);
+  const s = q.toString();
+  return s ? `${path}?${s}` : path;
+}
+
+function lockHref(name) {
+  return withNamespace("/dashboard/lock", { name });
+}
+
+function fmtNumber(n) {
+  return Number(n).toLocaleString("en-US");
+}
+
+function fmtRate(n) {
+  return n >= 10 ? n.toFixed(0) : n.toFixed(1);
+}
+
+/** A distance in ms as "12 s", "3 min 4 s", "2 h 5 min". */
+function fmtDuration(ms) {
+  const s = Math.round(Math.abs(ms) / 1000);
+  if (Math.abs(ms) < 1000) return `${Math.abs(Math.round(ms))} ms`;
+  if (s < 60) return `${s} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return s % 60 ? `${m} min ${s % 60} s` : `${m} min`;
+  const hours = Math.floor(m / 60);
+  return m % 60 ? `${hours} h ${m % 60} min` : `${hours} h`;
+}
+
+/** A timestamp relative to the server's clock, with the exact time as a tooltip. */
+function when(atMs, nowMs) {
+  if (!atMs) return h("span", { class: "empty" }, "—");
+  const diff = atMs - nowMs;
+  const text = diff >= 0 ? `in ${fmtDuration(diff)}` : `${fmtDuration(diff)} ago`;
+  const iso = new Date(atMs).toISOString();
+  return h("time", { datetime: iso, title: iso }, text);
+}
+
+function clock(ms) {
+  return new Date(ms).toISOString().slice(11, 16);
+}
+
+function table(caption, headers, rows, opts) {
+  const o = opts || {};
+  return h("table", { id: o.id },
+    h("caption", {}, caption),
+    h("thead", {}, h("tr", {}, headers.map((head) =>
+      h("th", { scope: "col", class: head.num ? "num" : null }, head.label || head)))),
+    h("tbody", {}, rows.length ? rows : h("tr", {},
+      h("td", { colspan: headers.length, class: "empty" }, o.empty || "Nothing here."))),
+    o.foot ? h("tfoot", {}, o.foot) : null);
+}
+
+function num(value) {
+  return h("td", { class: "num" }, fmtNumber(value));
+}
+
+let lastError = "";
+function showError(message) {
+  if (message === lastError) return;
+  lastError = message;
+  document.getElementById("error").textContent = message;
+}
+
+async function getJson(path) {
+  const response = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    const error = new Error(body.error || `${response.status} ${response.statusText}`);
+    error.status = response.status;
+    throw error;
+  }
+  return body;
+}
+
+/** Renders `render(data)` into #content now and every REFRESH_MS. */
+function poll(load, render) {
+  const content = document.getElementById("content");
+  let timer = null;
+  async function tick() {
+    clearTimeout(timer);
+    try {
+      const data = await load();
+      const fresh = render(data);
+      content.replaceChildren(...[fresh].flat());
+      content.setAttribute("aria-busy", "false");
+      showError("");
+      document.getElementById("updated").textContent =
+        `Updated ${new Date().toLocaleTimeString("en-GB")}.`;
+    } catch (err) {
+      showError(`Could not load: ${err.message}`);
+      if (err.status === 400) return; // bad input: polling will not fix it
+    }
+    timer = setTimeout(() => { if (!document.hidden) tick(); }, REFRESH_MS);
+  }
+  document.addEventListener("visibilitychange", () => { if (!document.hidden) tick(); });
+  content.setAttribute("aria-busy", "true");
+  tick();
+}
+
+// ------------------------------------------------------------ chrome
+
+function setupChrome() {
+  for (const a of document.querySelectorAll("a[data-keep-namespace]")) {
+    a.href = withNamespace(a.getAttribute("href"));
+  }
+  const input = document.getElementById("namespace-input");
+  input.value = namespace;
+  // Keep the page (and its other parameters) when switching namespace.
+  const form = input.form;
+  form.action = location.pathname;
+  for (const [key, value] of params) {
+    if (key !== "namespace" && key !== "page_token" && page !== "lock") {
+      form.append(h("input", { type: "hidden", name: key, value }));
+    }
+  }
+  if (page === "lock") form.action = "/dashboard/locks";
+  getJson("/api/v1/namespaces").then((data) => {
+    const list = document.getElementById("namespace-list");
+    list.replaceChildren(...["default", ...data.namespaces.filter((n) => n !== "default")]
+      .map((n) => h("option", { value: n })));
+  }).catch(() => {});
+  document.getElementById("admin-state").textContent = admin
+    ? "Admin actions are ON (--dashboard-admin)."
+    : "Read-only (admin actions are off).";
+}
+
+function heading(text, perNamespace = true) {
+  const el = document.getElementById("heading");
+  el.replaceChildren(text, perNamespace ? h("span", { class: "ns-tag" }, `namespace ${namespace || "default"}`) : "");
+  document.title = `${typeof text === "string" ? text : el.textContent} · tumbler`;
+}
+
+// ------------------------------------------------------------ overview
+
+function chart(series) {
+  const W = 760, H = 190, L = 44, R = 12, T = 12, B = 28;
+  const max = Math.max(1, ...series.map((p) => Math.max(p.acquired, p.denied, p.errors)));
+  const top = niceCeil(max);
+  const x = (i) => L + (i * (W - L - R)) / Math.max(1, series.length - 1);
+  const y = (v) => T + (H - T - B) * (1 - v / top);
+  const line = (key, cls) => h("polyline", {
+    points: series.map((p, i) => `${x(i).toFixed(1)},${y(p[key]).toFixed(1)}`).join(" "),
+    fill: "none", stroke: `var(--${cls})`, "stroke-width": 2, "stroke-linejoin": "round",
+  });
+  const grid = [0, top / 2, top].map((v) => h("g", {},
+    h("line", { class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }),
+    h("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, fmtNumber(v))));
+  const ticks = [0, 15, 30, 45, series.length - 1].map((i) => h("text", {
+    x: x(i), y: H - 8, "text-anchor": i === 0 ? "start" : i === series.length - 1 ? "end" : "middle",
+  }, series[i] ? clock(series[i].minute_ms) : ""));
+  const sum = (key) => series.reduce((a, p) => a + p[key], 0);
+  const peak = series.reduce((best, p) => (p.acquired > best.acquired ? p : best), series[0]);
+  return h("svg", {
+    class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img",
+    "aria-labelledby": "chart-title chart-desc",
+  },
+  h("title", { id: "chart-title" }, "Acquired, denied and errors per minute, last hour"),
+  h("desc", { id: "chart-desc" },
+    `Over the last hour: ${sum("acquired")} acquired, ${sum("denied")} denied or timed out, ` +
+    `${sum("errors")} errors. Busiest minute ${clock(peak.minute_ms)} UTC with ${peak.acquired} acquired.`),
+  grid,
+  h("line", { class: "axis", x1: L, x2: W - R, y1: y(0), y2: y(0) }),
+  ticks,
+  line("acquired", "acquired"), line("denied", "denied"), line("errors", "errors"));
+}
+
+function niceCeil(v) {
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
+  return 10 * p;
+}
+
+function card(label, value, note) {
+  return h("div", { class: "card" }, h("dt", {}, label),
+    h("dd", {}, value, note ? h("small", {}, ` ${note}`) : null));
+}
+
+function renderOverview(d) {
+  const r = d.rates;
+  const cards = h("dl", { class: "cards", "aria-label": "Current state" },
+    card("Locks held", fmtNumber(d.locks_held), d.truncated ? "(first 10,000 locks)" : null),
+    card("Holders", fmtNumber(d.holders)),
+    card("Waiters", fmtNumber(d.waiters), `on ${fmtNumber(d.waiting_locks)} ${d.waiting_locks === 1 ? "lock" : "locks"}`),
+    card("Acquire rate", fmtRate(r.acquired_per_minute), "/ min"),
+    card("Denial rate", fmtRate(r.denied_per_minute), "/ min"),
+    card("Error rate", fmtRate(r.errors_per_minute), "/ min"));
+  const figure = h("figure", { class: "panel" },
+    h("figcaption", {}, `Per minute, last hour (UTC). Rates above: average of the last ${r.minutes} minutes; ` +
+      `${(d.denial_ratio * 100).toFixed(1)}% of the hour's attempts were denied or timed out.`),
+    chart(d.series),
+    h("ul", { class: "legend" },
+      h("li", { class: "acquired" }, h("span", {}, `acquired (${fmtNumber(d.last_hour.acquired)})`)),
+      h("li", { class: "denied" }, h("span", {}, `denied + timed out (${fmtNumber(d.last_hour.denied + d.last_hour.timed_out)})`)),
+      h("li", { class: "errors" }, h("span", {}, `errors (${fmtNumber(d.last_hour.errors)})`))));
+  const busiest = table("Locks with the most waiters", [
+    "Lock", { label: "Holders", num: true }, { label: "Limit", num: true },
+    { label: "Waiters", num: true }, "Next expiry"],
+  d.busiest.map((l) => h("tr", {},
+    h("th", { scope: "row" }, h("a", { href: lockHref(l.name) }, l.name)),
+    num(l.holders), num(l.limit), num(l.waiters), h("td", {}, when(l.next_expiry_at_ms, d.now_ms)))),
+  { id: "busiest", empty: "Nobody is waiting." });
+  const parts = [
+    h("section", { "aria-labelledby": "state-h" }, h("h2", { id: "state-h", class: "visually-hidden" }, "Current state"), cards),
+    h("section", { "aria-labelledby": "activity-h" }, h("h2", { id: "activity-h" }, "Activity"), figure),
+    h("section", { "aria-labelledby": "busy-h" }, h("h2", { id: "busy-h" }, "Queues"), busiest,
+      h("p", {}, h("a", { href: withNamespace("/dashboard/locks") }, `All ${fmtNumber(d.locks)} locks →`))),
+  ];
+  if (admin) {
+    parts.push(h("section", { class: "danger-zone", "aria-labelledby": "danger-h" },
+      h("h2", { id: "danger-h" }, "Admin"),
+      h("p", {}, "Release every lock and drop every waiting request of this namespace."),
+      h("a", { class: "button danger", href: withNamespace("/dashboard/clear") },
+        `Clear namespace ${d.namespace}…`)));
+  }
+  return parts;
+}
+
+// ------------------------------------------------------------ locks
+
+function renderLocksToolbar() {
+  const form = h("form", { class: "toolbar", method: "get", action: "/dashboard/locks", role: "search",
+    "aria-label": "Find locks" },
+  namespace ? h("input", { type: "hidden", name: "namespace", value: namespace }) : null,
+  h("div", { class: "field" }, h("label", { for: "prefix" }, "Name starts with"),
+    h("input", { id: "prefix", name: "prefix", type: "search", value: params.get("prefix") || "",
+      spellcheck: "false", autocomplete: "off" })),
+  h("div", { class: "check" }, h("input", { id: "only_waiting", name: "only_waiting", type: "checkbox",
+    value: "1", checked: params.get("only_waiting") === "1" }),
+  h("label", { for: "only_waiting" }, "Only locks with waiters")),
+  h("button", { type: "submit" }, "Search"));
+  document.getElementById("content").before(form);
+}
+
+function renderLocks(d) {
+  const rows = d.locks.map((l) => h("tr", {},
+    h("th", { scope: "row" }, h("a", { href: lockHref(l.name) }, l.name)),
+    num(l.holders), num(l.limit), num(l.waiters),
+    h("td", {}, when(l.next_expiry_at_ms, d.now_ms))));
+  const pageNo = Number(params.get("page") || "1");
+  const pager = h("nav", { class: "pager", "aria-label": "Pages" },
+    params.get("page_token") ? h("a", { class: "button secondary", href: pageHref(null, 1) }, "First page") : null,
+    h("span", {}, `Page ${pageNo}`),
+    d.next_page_token ? h("a", { class: "button", href: pageHref(d.next_page_token, pageNo + 1), rel: "next" },
+      "Next page") : null);
+  const what = d.prefix ? `Locks whose name starts with “${d.prefix}”` : "Locks";
+  return [table(`${what}: ${d.locks.length} on this page (name order within each shard)`, [
+    "Lock", { label: "Holders", num: true }, { label: "Limit", num: true },
+    { label: "Waiters", num: true }, "Next expiry"], rows,
+  { id: "locks", empty: "No locks match." }), pager];
+}
+
+function pageHref(token, pageNo) {
+  const q = new URLSearchParams(params);
+  q.delete("page_token"); q.delete("page");
+  if (token) { q.set("page_token", token); q.set("page", String(pageNo)); }
+  const s = q.toString();
+  return s ? `/dashboard/locks?${s}` : "/dashboard/locks";
+}
+
+function locksQuery() {
+  const q = new URLSearchParams();
+  if (namespace) q.set("namespace", namespace);
+  for (const key of ["prefix", "page_token"]) if (params.get(key)) q.set(key, params.get(key));
+  if (params.get("only_waiting") === "1") q.set("only_waiting", "1");
+  q.set("page_size", "50");
+  return `/api/v1/locks?${q}`;
+}
+
+// ------------------------------------------------------------ one lock
+
+function renderLock(d) {
+  const facts = h("dl", { class: "cards", "aria-label": "Lock state" },
+    card("Holders", `${d.holders.length} / ${d.limit || "—"}`),
+    card("Waiters", fmtNumber(d.waiters)),
+    card("Next expiry", d.holders.length
+      ? fmtDuration(Math.min(...d.holders.map((g) => g.remaining_ms))) : "—"));
+  const holderHead = ["Slot", "Holder", "Fencing token", "Remaining TTL", "Lease", "Acquired", "Kind", "Metadata"];
+  if (d.admin) holderHead.push("Action");
+  const holders = table(`Holders of ${d.name}`, holderHead, d.holders.map((g) => h("tr", {},
+    h("td", { class: "num" }, g.slot),
+    h("th", { scope: "row" }, h("code", {}, g.holder)),
+    h("td", {}, h("code", {}, g.fencing_token)),
+    h("td", {}, fmtDuration(g.remaining_ms)),
+    h("td", {}, fmtDuration(g.ttl_ms)),
+    h("td", {}, when(g.acquired_at_ms, d.now_ms)),
+    h("td", {}, g.kind),
+    h("td", {}, metadata(g.metadata)),
+    d.admin ? h("td", {}, h("a", {
+      class: "button danger",
+      href: withNamespace("/dashboard/release", { name: d.name, holder: g.holder }),
+      "aria-label": `Force release ${g.holder}`,
+    }, "Force release…")) : null)),
+  { id: "holders", empty: "Nobody holds this lock." });
+  const queue = table(`Queue of ${d.name}, in grant order (${d.queue.waiters} waiting)`, [
+    { label: "Position", num: true }, "Holder", { label: "Priority", num: true }, "Mode",
+    "Enqueued", "Alive until", "Waits until", "Kind"],
+  d.queue.requests.map((r) => h("tr", {},
+    h("td", { class: "num" }, r.position),
+    h("th", { scope: "row" }, h("code", {}, r.holder)),
+    num(r.priority),
+    h("td", {}, r.fair ? h("span", { class: "badge ok" }, "fair") : h("span", { class: "badge warn" }, "barging")),
+    h("td", {}, when(r.enqueued_at_ms, d.now_ms)),
+    h("td", {}, when(r.expires_at_ms, d.now_ms)),
+    h("td", {}, when(r.wait_deadline_ms, d.now_ms)),
+    h("td", {}, r.kind))),
+  { id: "queue", empty: "Nobody waits." });
+  return [
+    facts,
+    h("section", { "aria-labelledby": "holders-h" }, h("h2", { id: "holders-h" }, "Holders"), holders),
+    h("section", { "aria-labelledby": "queue-h" }, h("h2", { id: "queue-h" }, "Queue"), queue),
+  ];
+}
+
+function metadata(map) {
+  const entries = Object.entries(map || {});
+  if (!entries.length) return h("span", { class: "empty" }, "—");
+  return h("ul", { class: "meta" }, entries.map(([k, v]) => h("li", {}, h("code", {}, k), " = ", v)));
+}
+
+// ------------------------------------------------------------ metrics
+
+const EVENTS = ["acquired", "denied", "timed_out", "released", "extended", "expired", "reaped", "errors"];
+const EVENT_LABELS = ["Acquired", "Denied", "Timed out", "Released", "Extended", "Expired", "Reaped", "Errors"];
+
+function renderMetricsToolbar() {
+  const minutes = params.get("minutes") || "60";
+  const choices = [["15", "15 minutes"], ["60", "1 hour"], ["180", "3 hours"], ["360", "6 hours"], ["1440", "24 hours"]];
+  const form = h("form", { class: "toolbar", method: "get", action: "/dashboard/metrics", "aria-label": "Metrics range" },
+    namespace ? h("input", { type: "hidden", name: "namespace", value: namespace }) : null,
+    h("div", { class: "field" }, h("label", { for: "minutes" }, "Range"),
+      h("select", { id: "minutes", name: "minutes" }, choices.map(([v, label]) =>
+        h("option", { value: v, selected: v === minutes }, `last ${label}`)))),
+    h("div", { class: "field" }, h("label", { for: "kind" }, "Kind (empty: all)"),
+      h("input", { id: "kind", name: "kind", value: params.get("kind") || "", spellcheck: "false", autocomplete: "off" })),
+    h("div", { class: "check" }, h("input", { id: "per_minute", name: "per_minute", type: "checkbox", value: "1",
+      checked: params.get("per_minute") === "1" }), h("label", { for: "per_minute" }, "Per minute")),
+    h("button", { type: "submit" }, "Show"));
+  document.getElementById("content").before(form);
+}
+
+function counterCells(row) {
+  return EVENTS.map((e) => num(row[e]));
+}
+
+function renderMetrics(d) {
+  const range = `${new Date(d.from_ms).toISOString().slice(0, 16).replace("T", " ")} → ` +
+    `${new Date(d.to_ms).toISOString().slice(11, 16)} UTC`;
+  const heads = ["Kind", ...EVENT_LABELS.map((label) => ({ label, num: true }))];
+  const totals = table(`Counts per kind, ${range}, summed over every replica`, heads,
+    d.totals.map((row) => h("tr", {}, h("th", { scope: "row" }, row.kind), counterCells(row))),
+    {
+      id: "metrics-totals", empty: "Nothing counted in this range.",
+      foot: d.totals.length ? h("tr", {}, h("th", { scope: "row" }, "All kinds"), counterCells(d.overall)) : null,
+    });
+  const parts = [totals];
+  if (params.get("per_minute") === "1") {
+    const rows = [...d.minutes].reverse().map((row) => h("tr", {},
+      h("th", { scope: "row" }, clock(row.minute_ms)), h("td", {}, row.kind), counterCells(row)));
+    parts.push(h("h2", {}, "Per minute"), table("Counts per minute (UTC) and kind, newest first",
+      ["Minute", "Kind", ...EVENT_LABELS.map((label) => ({ label, num: true }))], rows,
+      { id: "metrics-minutes", empty: "Nothing counted in this range." }));
+  }
+  return parts;
+}
+
+function metricsQuery() {
+  const q = new URLSearchParams();
+  if (namespace) q.set("namespace", namespace);
+  q.set("minutes", params.get("minutes") || "60");
+  if (params.get("kind")) q.set("kind", params.get("kind"));
+  return `/api/v1/metrics?${q}`;
+}
+
+// ------------------------------------------------------------ reaper
+
+function renderReaper(d) {
+  const holder = d.holder;
+  const facts = holder
+    ? h("dl", { class: "facts", id: "reaper-facts" },
+      h("dt", {}, "Reaping replica"), h("dd", {}, h("code", {}, holder.holder)),
+      h("dt", {}, "Lease ends"), h("dd", {}, when(holder.expires_at_ms, d.now_ms), ` (lease ${fmtDuration(holder.ttl_ms)}, renewed each round)`),
+      h("dt", {}, "Reaper since"), h("dd", {}, when(holder.acquired_at_ms, d.now_ms)),
+      h("dt", {}, "Fencing token"), h("dd", {}, h("code", {}, holder.fencing_token)))
+    : h("p", { class: "notice", id: "reaper-facts" },
+      "No replica holds the reaper lock now: the background reaper is off (--reap-interval-ms 0) " +
+      "or between leases. Redis still expires every key of an untouched lock.");
+  return [
+    h("p", { class: "lead" }, "One replica at a time reaps every namespace in use; it is whoever holds the tumbler lock ",
+      h("a", { href: `/dashboard/lock?namespace=${d.namespace}&name=${d.name}` }, h("code", {}, `${d.namespace}/${d.name}`)), "."),
+    facts,
+    h("h2", {}, "Namespaces in use"),
+    d.namespaces.length
+      ? h("ul", {}, d.namespaces.map((n) => h("li", {}, h("a", { href: `/dashboard?namespace=${encodeURIComponent(n)}` }, n))))
+      : h("p", { class: "empty" }, "None recorded yet."),
+  ];
+}
+
+// ------------------------------------------------------------ start
+
+setupChrome();
+switch (page) {
+  case "overview":
+    heading("Overview");
+    poll(() => getJson(withNamespace("/api/v1/overview")), renderOverview);
+    break;
+  case "locks":
+    heading("Locks");
+    renderLocksToolbar();
+    poll(() => getJson(locksQuery()), renderLocks);
+    break;
+  case "lock": {
+    const name = params.get("name") || "";
+    heading(h("code", {}, name || "(no name)"));
+    poll(() => getJson(withNamespace(`/api/v1/locks/${encodeURIComponent(name)}`)), renderLock);
+    break;
+  }
+  case "metrics":
+    heading("Metrics");
+    renderMetricsToolbar();
+    poll(() => getJson(metricsQuery()), renderMetrics);
+    break;
+  case "reaper":
+    heading("Reaper", false);
+    poll(() => getJson("/api/v1/reaper"), renderReaper);
+    break;
+  default:
+    document.getElementById("refresh-note").textContent = "";
+    document.getElementById("updated").textContent = "";
+}

@@ -1,0 +1,926 @@
+//! The web dashboard on the HTTP port: a few pages of plain HTML, CSS and
+//! vanilla JavaScript (embedded in the binary, no build step) that poll
+//! JSON endpoints under `/api/v1/`.
+//!
+//! Every endpoint is one or a few calls of the same [`LockEngine`] methods
+//! the gRPC handlers call, with inputs checked by the same
+//! [`crate::api::validate`] functions, so bad input gets the gRPC API's
+//! message (as a 400) and the numbers are the RPCs' numbers.
+//!
+//! Admin actions (force release of a holder, clear a namespace) exist only
+//! when the server runs with `--dashboard-admin`: tumbler has no
+//! authentication yet, and whoever reaches the HTTP port reaches them.
+//! When bearer tokens arrive they move behind the admin role. Each one is
+//! a POST behind a confirmation page, and cross-site POSTs are refused.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::api::validate;
+use crate::engine::{
+    Counters, EngineError, Grant, LockEngine, LockId, MetricsReport, MetricsRow, REAPER_LOCK,
+    REAPER_NAMESPACE, ReleaseOutcome,
+};
+use crate::store::StoreError;
+
+const PAGE: &str = include_str!("assets/page.html");
+const APP_JS: &str = include_str!("assets/app.js");
+const STYLE_CSS: &str = include_str!("assets/style.css");
+
+/// Locks the overview counts at most (10 List calls of 1000); past that it
+/// says its counts are partial rather than keep Redis busy.
+const OVERVIEW_MAX_LOCKS: usize = 10_000;
+/// Locks with waiters the overview shows.
+const OVERVIEW_TOP: usize = 10;
+/// The overview's chart: the last hour, per minute.
+const CHART_MINUTES: i64 = 60;
+/// Rates are averaged over the last few minutes.
+const RATE_MINUTES: i64 = 5;
+const MINUTE_MS: i64 = 60_000;
+/// Largest `minutes` the metrics endpoint takes (the counters' retention).
+const MAX_MINUTES: i64 = validate::MAX_METRICS_RANGE_MS / MINUTE_MS;
+
+/// What the dashboard offers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Admin actions on (`--dashboard-admin`); off by default.
+    pub admin: bool,
+}
+
+#[derive(Clone)]
+struct Dashboard {
+    engine: Arc<LockEngine>,
+    options: Options,
+}
+
+/// The dashboard's pages, assets and JSON endpoints.
+pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
+    Router::new()
+        .route("/", get(|| async { redirect("/dashboard") }))
+        .route("/dashboard", get(overview_page))
+        .route("/dashboard/", get(overview_page))
+        .route("/dashboard/locks", get(locks_page))
+        .route("/dashboard/lock", get(lock_page))
+        .route("/dashboard/metrics", get(metrics_page))
+        .route("/dashboard/reaper", get(reaper_page))
+        .route("/dashboard/assets/app.js", get(app_js))
+        .route("/dashboard/assets/style.css", get(style_css))
+        .route("/dashboard/release", get(confirm_release))
+        .route("/dashboard/clear", get(confirm_clear))
+        .route("/dashboard/admin/release", post(admin_release))
+        .route("/dashboard/admin/clear", post(admin_clear))
+        .route("/api/v1/namespaces", get(api_namespaces))
+        .route("/api/v1/overview", get(api_overview))
+        .route("/api/v1/locks", get(api_locks))
+        .route("/api/v1/locks/{*name}", get(api_lock))
+        .route("/api/v1/metrics", get(api_metrics))
+        .route("/api/v1/reaper", get(api_reaper))
+        .with_state(Dashboard { engine, options })
+}
+
+// ---------------------------------------------------------------- errors
+
+/// An endpoint's failure: a status and a message, as JSON
+/// (`{"error": "...", "code": "..."}`).
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "INVALID_ARGUMENT",
+            message: message.into(),
+        }
+    }
+
+    fn admin_off() -> Self {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: "PERMISSION_DENIED",
+            message: ADMIN_OFF.into(),
+        }
+    }
+}
+
+const ADMIN_OFF: &str = "admin actions are off: start tumbler with --dashboard-admin \
+     (TUMBLER_DASHBOARD_ADMIN=true) to enable them";
+
+/// A validation failure of the gRPC API becomes a 400 with its message.
+impl From<tonic::Status> for ApiError {
+    fn from(status: tonic::Status) -> Self {
+        ApiError::bad_request(status.message())
+    }
+}
+
+/// The same mapping the gRPC handlers use: Redis trouble is 503
+/// (UNAVAILABLE), a reply the engine cannot read 500 (INTERNAL).
+impl From<EngineError> for ApiError {
+    fn from(err: EngineError) -> Self {
+        match err {
+            EngineError::Store(StoreError::Unavailable(detail)) => {
+                tracing::warn!(%detail, "redis unavailable (dashboard)");
+                crate::observe::redis_error("unavailable");
+                ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code: "UNAVAILABLE",
+                    message: format!("lock store unavailable: {detail}"),
+                }
+            }
+            EngineError::Store(StoreError::Protocol(detail)) => {
+                tracing::error!(%detail, "unexpected redis reply (dashboard)");
+                crate::observe::redis_error("protocol");
+                ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    code: "INTERNAL",
+                    message: "lock store answered unexpectedly".into(),
+                }
+            }
+            other => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "UNAVAILABLE",
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "error": self.message, "code": self.code });
+        (self.status, json_headers(), body.to_string()).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn json_headers() -> [(header::HeaderName, &'static str); 2] {
+    [
+        (header::CONTENT_TYPE, "application/json"),
+        (header::CACHE_CONTROL, "no-store"),
+    ]
+}
+
+fn json_reply(value: Value) -> ApiResult {
+    Ok((json_headers(), value.to_string()).into_response())
+}
+
+// ---------------------------------------------------------------- inputs
+
+/// Query-string or form parameters (the last value of a repeated key wins).
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn parse(raw: &[u8]) -> Self {
+        Params(form_urlencoded::parse(raw).into_owned().collect())
+    }
+
+    fn query(raw: &Option<String>) -> Self {
+        Params::parse(raw.as_deref().unwrap_or("").as_bytes())
+    }
+
+    fn get(&self, key: &str) -> &str {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    /// A whole number, or None when the parameter is absent or empty.
+    fn number<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>, ApiError> {
+        match self.get(key) {
+            "" => Ok(None),
+            text => text
+                .parse()
+                .map(Some)
+                .map_err(|_| ApiError::bad_request(format!("{key}: must be a whole number"))),
+        }
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), "1" | "true" | "on" | "yes")
+    }
+
+    fn namespace(&self) -> Result<String, ApiError> {
+        Ok(validate::namespace(self.get("namespace"))?)
+    }
+}
+
+/// This replica's clock in Unix ms (only to place a metrics range, as the
+/// Metrics RPC does).
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+// ---------------------------------------------------------------- JSON
+
+fn counters_json(c: &Counters) -> Value {
+    json!({
+        "acquired": c.acquired,
+        "denied": c.denied,
+        "timed_out": c.timed_out,
+        "released": c.released,
+        "extended": c.extended,
+        "expired": c.expired,
+        "reaped": c.reaped,
+        "errors": c.errors,
+    })
+}
+
+fn row_json(row: &MetricsRow) -> Value {
+    let mut value = counters_json(&row.counters);
+    value["minute_ms"] = json!(row.minute_ms);
+    value["kind"] = json!(row.kind);
+    value
+}
+
+/// Tokens are strings: they pass 2^53 one day, and JavaScript numbers
+/// would round them (the gRPC JSON mapping does the same).
+fn grant_json(grant: &Grant, now_ms: i64) -> Value {
+    json!({
+        "holder": grant.holder,
+        "fencing_token": grant.fencing_token.to_string(),
+        "slot": grant.slot,
+        "acquired_at_ms": grant.acquired_at_ms,
+        "expires_at_ms": grant.expires_at_ms,
+        "remaining_ms": grant.expires_at_ms - now_ms,
+        "ttl_ms": grant.ttl_ms,
+        "kind": grant.kind,
+        "metadata": grant.metadata,
+    })
+}
+
+// ---------------------------------------------------------------- API
+
+/// `GET /api/v1/namespaces`: the namespaces in use.
+async fn api_namespaces(State(d): State<Dashboard>) -> ApiResult {
+    let namespaces = d.engine.namespaces().await?;
+    json_reply(json!({ "namespaces": namespaces }))
+}
+
+/// `GET /api/v1/locks?namespace=&prefix=&page_size=&page_token=&only_waiting=`:
+/// one page of List.
+async fn api_locks(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> ApiResult {
+    let params = Params::query(&query);
+    let namespace = params.namespace()?;
+    let prefix = validate::prefix(params.get("prefix"))?;
+    let page_size = validate::page_size(params.number("page_size")?.unwrap_or(0))?;
+    let from = validate::page_token(params.get("page_token"), d.engine.layout().shards())?;
+    let only_waiting = params.flag("only_waiting");
+    let page = d
+        .engine
+        .list(&namespace, &prefix, page_size, from, only_waiting)
+        .await?;
+    let locks: Vec<Value> = page
+        .locks
+        .iter()
+        .map(|lock| {
+            json!({
+                "name": lock.name,
+                "holders": lock.holders,
+                "limit": lock.limit,
+                "waiters": lock.waiters,
+                "next_expiry_at_ms": lock.next_expiry_at_ms,
+            })
+        })
+        .collect();
+    json_reply(json!({
+        "namespace": namespace,
+        "prefix": prefix,
+        "locks": locks,
+        "next_page_token": page.next.as_ref().map(validate::encode_page_token).unwrap_or_default(),
+        "now_ms": page.now_ms,
+    }))
+}
+
+/// `GET /api/v1/locks/{name}?namespace=&max_entries=`: Inspect and Queue.
+async fn api_lock(
+    State(d): State<Dashboard>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> ApiResult {
+    let params = Params::query(&query);
+    let lock = LockId {
+        namespace: params.namespace()?,
+        name: validate::name(&name)?,
+    };
+    let most = validate::max_entries(params.number("max_entries")?.unwrap_or(0))?;
+    let state = d.engine.inspect(&lock).await?;
+    let queue = d.engine.queue(&lock, most).await?;
+    let holders: Vec<Value> = state
+        .holders
+        .iter()
+        .map(|grant| grant_json(grant, state.now_ms))
+        .collect();
+    let requests: Vec<Value> = queue
+        .requests
+        .iter()
+        .map(|r| {
+            json!({
+                "holder": r.holder,
+                "position": r.position,
+                "priority": r.priority,
+                "enqueued_at_ms": r.enqueued_at_ms,
+                "expires_at_ms": r.expires_at_ms,
+                "wait_deadline_ms": r.wait_deadline_ms,
+                "fair": r.fair,
+                "kind": r.kind,
+            })
+        })
+        .collect();
+    json_reply(json!({
+        "namespace": lock.namespace,
+        "name": lock.name,
+        "limit": state.limit,
+        "waiters": state.waiters,
+        "holders": holders,
+        "queue": { "waiters": queue.waiters, "requests": requests },
+        "now_ms": state.now_ms,
+        "admin": d.options.admin,
+    }))
+}
+
+/// The metrics range of a request: `from_ms`/`to_ms` as the Metrics RPC
+/// takes them, or `minutes` back from now (default 60).
+fn metrics_range(params: &Params) -> Result<(i64, i64), ApiError> {
+    let now = unix_ms();
+    let from_ms: Option<i64> = params.number("from_ms")?;
+    let to_ms: Option<i64> = params.number("to_ms")?;
+    if from_ms.is_some() || to_ms.is_some() {
+        return Ok(validate::metrics_range(
+            from_ms.unwrap_or(0),
+            to_ms.unwrap_or(0),
+            now,
+        )?);
+    }
+    let minutes: i64 = params.number("minutes")?.unwrap_or(CHART_MINUTES);
+    if !(1..=MAX_MINUTES).contains(&minutes) {
+        return Err(ApiError::bad_request(format!(
+            "minutes: must be between 1 and {MAX_MINUTES} (the counters' retention)"
+        )));
+    }
+    Ok(validate::metrics_range(
+        now - minutes * MINUTE_MS,
+        now,
+        now,
+    )?)
+}
+
+fn report_json(report: &MetricsReport, from_ms: i64, to_ms: i64) -> Value {
+    json!({
+        "from_ms": from_ms,
+        "to_ms": to_ms,
+        "minutes": report.minutes.iter().map(row_json).collect::<Vec<_>>(),
+        "totals": report.totals.iter().map(row_json).collect::<Vec<_>>(),
+        "overall": row_json(&report.overall),
+    })
+}
+
+/// `GET /api/v1/metrics?namespace=&minutes=&kind=` (or `from_ms`/`to_ms`):
+/// the Metrics RPC's report.
+async fn api_metrics(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> ApiResult {
+    let params = Params::query(&query);
+    let namespace = params.namespace()?;
+    let (from_ms, to_ms) = metrics_range(&params)?;
+    let kind = match params.get("kind") {
+        "" => None,
+        kind => Some(validate::kind(kind)?),
+    };
+    let report = d
+        .engine
+        .metrics(&namespace, from_ms, to_ms, kind.as_deref())
+        .await?;
+    let mut value = report_json(&report, from_ms, to_ms);
+    value["namespace"] = json!(namespace);
+    json_reply(value)
+}
+
+/// `GET /api/v1/overview?namespace=`: what the overview page shows, from
+/// List (walked up to [`OVERVIEW_MAX_LOCKS`]) and Metrics (the last hour).
+async fn api_overview(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> ApiResult {
+    let params = Params::query(&query);
+    let namespace = params.namespace()?;
+
+    let (mut locks, mut held, mut holders, mut waiters, mut waiting_locks) = (0u64, 0, 0, 0, 0);
+    let mut busiest = Vec::new();
+    let mut cursor = None;
+    let mut now_ms = 0;
+    let mut truncated = false;
+    loop {
+        let page = d
+            .engine
+            .list(&namespace, "", validate::MAX_PAGE_SIZE, cursor, false)
+            .await?;
+        now_ms = now_ms.max(page.now_ms);
+        for lock in page.locks {
+            locks += 1;
+            held += u64::from(lock.holders > 0);
+            holders += u64::from(lock.holders);
+            waiters += u64::from(lock.waiters);
+            if lock.waiters > 0 {
+                waiting_locks += 1;
+                busiest.push(lock);
+            }
+        }
+        cursor = page.next;
+        if cursor.is_none() {
+            break;
+        }
+        if locks as usize >= OVERVIEW_MAX_LOCKS {
+            truncated = true;
+            break;
+        }
+    }
+    busiest.sort_by(|a, b| b.waiters.cmp(&a.waiters).then(a.name.cmp(&b.name)));
+    busiest.truncate(OVERVIEW_TOP);
+
+    let to_ms = unix_ms();
+    let this_minute = to_ms - to_ms.rem_euclid(MINUTE_MS);
+    let first = this_minute - (CHART_MINUTES - 1) * MINUTE_MS;
+    let report = d.engine.metrics(&namespace, first, to_ms, None).await?;
+    // Every kind together, per minute, zero-filled.
+    let mut series = vec![Counters::default(); CHART_MINUTES as usize];
+    for row in &report.minutes {
+        let index = (row.minute_ms - first) / MINUTE_MS;
+        if let Some(sum) = usize::try_from(index).ok().and_then(|i| series.get_mut(i)) {
+            add(sum, &row.counters);
+        }
+    }
+    // Rates: per minute over the last RATE_MINUTES minutes, this one
+    // (still filling) included, so activity shows at once.
+    let recent = &series[(CHART_MINUTES - RATE_MINUTES) as usize..];
+    let rate =
+        |f: fn(&Counters) -> u64| recent.iter().map(f).sum::<u64>() as f64 / RATE_MINUTES as f64;
+    let tried = report.overall.counters.acquired
+        + report.overall.counters.denied
+        + report.overall.counters.timed_out;
+    let denied = report.overall.counters.denied + report.overall.counters.timed_out;
+    json_reply(json!({
+        "namespace": namespace,
+        "now_ms": now_ms,
+        "locks": locks,
+        "locks_held": held,
+        "holders": holders,
+        "waiters": waiters,
+        "waiting_locks": waiting_locks,
+        "truncated": truncated,
+        "busiest": busiest.iter().map(|lock| json!({
+            "name": lock.name,
+            "holders": lock.holders,
+            "limit": lock.limit,
+            "waiters": lock.waiters,
+            "next_expiry_at_ms": lock.next_expiry_at_ms,
+        })).collect::<Vec<_>>(),
+        "rates": {
+            "minutes": RATE_MINUTES,
+            "acquired_per_minute": rate(|c| c.acquired),
+            "denied_per_minute": rate(|c| c.denied + c.timed_out),
+            "errors_per_minute": rate(|c| c.errors),
+        },
+        "last_hour": counters_json(&report.overall.counters),
+        "denial_ratio": if tried == 0 { 0.0 } else { denied as f64 / tried as f64 },
+        "series": series.iter().enumerate().map(|(i, c)| json!({
+            "minute_ms": first + i as i64 * MINUTE_MS,
+            "acquired": c.acquired,
+            "denied": c.denied + c.timed_out,
+            "errors": c.errors,
+        })).collect::<Vec<_>>(),
+        "admin": d.options.admin,
+    }))
+}
+
+fn add(sum: &mut Counters, c: &Counters) {
+    sum.acquired += c.acquired;
+    sum.denied += c.denied;
+    sum.timed_out += c.timed_out;
+    sum.released += c.released;
+    sum.extended += c.extended;
+    sum.expired += c.expired;
+    sum.reaped += c.reaped;
+    sum.errors += c.errors;
+}
+
+/// `GET /api/v1/reaper`: which replica reaps now (Inspect of
+/// `tumbler-system/reaper`), and the namespaces it visits.
+async fn api_reaper(State(d): State<Dashboard>) -> ApiResult {
+    let lock = LockId {
+        namespace: REAPER_NAMESPACE.into(),
+        name: REAPER_LOCK.into(),
+    };
+    let state = d.engine.inspect(&lock).await?;
+    let namespaces = d.engine.namespaces().await?;
+    let holder = state.holders.first().map(|g| grant_json(g, state.now_ms));
+    json_reply(json!({
+        "namespace": REAPER_NAMESPACE,
+        "name": REAPER_LOCK,
+        "held": holder.is_some(),
+        "holder": holder,
+        "namespaces": namespaces,
+        "now_ms": state.now_ms,
+    }))
+}
+
+// ---------------------------------------------------------------- pages
+
+fn redirect(to: &str) -> Response {
+    (StatusCode::SEE_OTHER, [(header::LOCATION, to.to_owned())]).into_response()
+}
+
+/// A page: the shell around `main`, with the nav marking `page` current.
+fn page(options: Options, page: &str, title: &str, main: &str) -> Response {
+    let nav = [
+        ("overview", "/dashboard", "Overview"),
+        ("locks", "/dashboard/locks", "Locks"),
+        ("metrics", "/dashboard/metrics", "Metrics"),
+        ("reaper", "/dashboard/reaper", "Reaper"),
+    ]
+    .iter()
+    .map(|(id, href, label)| {
+        let current = if *id == page || (*id == "locks" && page == "lock") {
+            " aria-current=\"page\""
+        } else {
+            ""
+        };
+        format!("<li><a href=\"{href}\" data-keep-namespace{current}>{label}</a></li>")
+    })
+    .collect::<String>();
+    let html = PAGE
+        .replace("{{title}}", &escape(title))
+        .replace("{{page}}", page)
+        .replace("{{admin}}", if options.admin { "on" } else { "off" })
+        .replace("{{nav}}", &nav)
+        .replace("{{main}}", main);
+    (
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+        ],
+        Html(html),
+    )
+        .into_response()
+}
+
+/// The body of a page that app.js fills in.
+fn live(heading: &str) -> String {
+    format!(
+        "<h1 id=\"heading\">{}</h1>\n<div id=\"content\" data-live><p>Loading…</p></div>\n\
+         <noscript><p>This page needs JavaScript to load its data; the same data is at \
+         <a href=\"/api/v1/overview\">/api/v1/</a>.</p></noscript>",
+        escape(heading)
+    )
+}
+
+async fn overview_page(State(d): State<Dashboard>) -> Response {
+    page(d.options, "overview", "Overview", &live("Overview"))
+}
+
+async fn locks_page(State(d): State<Dashboard>) -> Response {
+    page(d.options, "locks", "Locks", &live("Locks"))
+}
+
+async fn lock_page(State(d): State<Dashboard>) -> Response {
+    page(d.options, "lock", "Lock", &live("Lock"))
+}
+
+async fn metrics_page(State(d): State<Dashboard>) -> Response {
+    page(d.options, "metrics", "Metrics", &live("Metrics"))
+}
+
+async fn reaper_page(State(d): State<Dashboard>) -> Response {
+    page(d.options, "reaper", "Reaper", &live("Reaper"))
+}
+
+async fn app_js() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        APP_JS,
+    )
+        .into_response()
+}
+
+async fn style_css() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        STYLE_CSS,
+    )
+        .into_response()
+}
+
+/// HTML-escapes text for element content and quoted attribute values.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn url_encode(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+fn lock_href(lock: &LockId) -> String {
+    format!(
+        "/dashboard/lock?namespace={}&name={}",
+        url_encode(&lock.namespace),
+        url_encode(&lock.name)
+    )
+}
+
+/// A server-rendered page (confirmations and results), with its status.
+fn plain_page(d: &Dashboard, status: StatusCode, title: &str, main: String) -> Response {
+    let mut response = page(d.options, "admin", title, &main);
+    *response.status_mut() = status;
+    response
+}
+
+fn admin_off_page(d: &Dashboard) -> Response {
+    plain_page(
+        d,
+        StatusCode::FORBIDDEN,
+        "Admin actions are off",
+        format!(
+            "<h1>Admin actions are off</h1>\n<p>{}.</p>\n<p>They will move behind admin \
+             tokens when tumbler gets authentication.</p>\n<p><a href=\"/dashboard\">Back to \
+             the overview</a></p>",
+            escape(ADMIN_OFF)
+        ),
+    )
+}
+
+fn error_page(d: &Dashboard, err: ApiError) -> Response {
+    plain_page(
+        d,
+        err.status,
+        "Error",
+        format!(
+            "<h1>Not done</h1>\n<p role=\"alert\">{}</p>\n<p><a href=\"/dashboard\">Back to the overview</a></p>",
+            escape(&err.message)
+        ),
+    )
+}
+
+/// `GET /dashboard/release?namespace=&name=&holder=`: the confirmation
+/// page for a force release, showing the grant it will end.
+async fn confirm_release(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> Response {
+    if !d.options.admin {
+        return admin_off_page(&d);
+    }
+    match release_preview(&d, &Params::query(&query)).await {
+        Ok(page) => page,
+        Err(err) => error_page(&d, err),
+    }
+}
+
+async fn release_preview(d: &Dashboard, params: &Params) -> Result<Response, ApiError> {
+    let lock = LockId {
+        namespace: params.namespace()?,
+        name: validate::name(params.get("name"))?,
+    };
+    let holder = validate::holder(params.get("holder"))?;
+    let state = d.engine.inspect(&lock).await?;
+    let Some(grant) = state.holders.iter().find(|g| g.holder == holder) else {
+        return Ok(plain_page(
+            d,
+            StatusCode::NOT_FOUND,
+            "Not held",
+            format!(
+                "<h1>Not held</h1>\n<p><code>{}</code> holds no permit of <code>{}</code> any more.</p>\n\
+                 <p><a href=\"{}\">Back to the lock</a></p>",
+                escape(&holder),
+                escape(&lock.name),
+                escape(&lock_href(&lock))
+            ),
+        ));
+    };
+    let main = format!(
+        "<h1>Force release?</h1>\n\
+         <p>This ends the grant below now, as if its holder had released it. The holder is not \
+         told: if it is still working, it works without the lock (its next Extend answers \
+         NOT_HELD, and a fenced resource refuses its token once a newer one is used).</p>\n\
+         <dl class=\"facts\">\
+         <dt>Namespace</dt><dd><code>{ns}</code></dd>\
+         <dt>Lock</dt><dd><code>{name}</code></dd>\
+         <dt>Holder</dt><dd><code>{holder}</code></dd>\
+         <dt>Fencing token</dt><dd><code>{token}</code></dd>\
+         <dt>Slot</dt><dd>{slot}</dd>\
+         <dt>Remaining lease</dt><dd>{remaining:.1} s</dd></dl>\n\
+         <form method=\"post\" action=\"/dashboard/admin/release\">\
+         <input type=\"hidden\" name=\"namespace\" value=\"{ns}\">\
+         <input type=\"hidden\" name=\"name\" value=\"{name}\">\
+         <input type=\"hidden\" name=\"holder\" value=\"{holder}\">\
+         <input type=\"hidden\" name=\"fencing_token\" value=\"{token}\">\
+         <p>Only this grant (token {token}) is released: if the holder has re-acquired since, \
+         nothing happens.</p>\
+         <button type=\"submit\" name=\"confirm\" value=\"yes\" class=\"danger\">Release this grant</button> \
+         <a href=\"{back}\">Cancel</a></form>",
+        ns = escape(&lock.namespace),
+        name = escape(&lock.name),
+        holder = escape(&grant.holder),
+        token = grant.fencing_token,
+        slot = grant.slot,
+        remaining = (grant.expires_at_ms - state.now_ms) as f64 / 1000.0,
+        back = escape(&lock_href(&lock)),
+    );
+    Ok(plain_page(d, StatusCode::OK, "Force release?", main))
+}
+
+/// Refuses a POST a browser sent from another site (no auth exists yet,
+/// so this is what stops a page elsewhere from posting to the dashboard).
+/// Clients that are not browsers send neither header and pass.
+fn same_origin(headers: &HeaderMap) -> bool {
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return matches!(site.as_bytes(), b"same-origin" | b"none");
+    }
+    match (headers.get(header::ORIGIN), headers.get(header::HOST)) {
+        (Some(origin), Some(host)) => {
+            let origin = origin.to_str().unwrap_or("");
+            let origin = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+            host.to_str().is_ok_and(|host| host == origin)
+        }
+        _ => true,
+    }
+}
+
+/// Checks what every admin POST needs: admin on, same origin, confirmed.
+fn admin_guard(d: &Dashboard, headers: &HeaderMap, params: &Params) -> Result<(), ApiError> {
+    if !d.options.admin {
+        return Err(ApiError::admin_off());
+    }
+    if !same_origin(headers) {
+        return Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: "PERMISSION_DENIED",
+            message: "cross-site requests are refused".into(),
+        });
+    }
+    if params.get("confirm") != "yes" {
+        return Err(ApiError::bad_request(
+            "confirm: must be yes (use the confirmation page)",
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /dashboard/admin/release` (form: namespace, name, holder,
+/// fencing_token, confirm=yes): the same engine release as the Release
+/// RPC, pinned to the token shown on the confirmation page.
+async fn admin_release(State(d): State<Dashboard>, headers: HeaderMap, body: Bytes) -> Response {
+    if !d.options.admin {
+        return admin_off_page(&d);
+    }
+    let params = Params::parse(&body);
+    do_release(&d, &headers, &params)
+        .await
+        .unwrap_or_else(|err| error_page(&d, err))
+}
+
+async fn do_release(d: &Dashboard, headers: &HeaderMap, params: &Params) -> ApiResult {
+    admin_guard(d, headers, params)?;
+    let lock = LockId {
+        namespace: params.namespace()?,
+        name: validate::name(params.get("name"))?,
+    };
+    let holder = validate::holder(params.get("holder"))?;
+    let token = validate::fencing_token(params.number("fencing_token")?)?;
+    let outcome = d.engine.release(&lock, &holder, token).await?;
+    let released = matches!(outcome, ReleaseOutcome::Released { .. });
+    crate::observe::released(d.engine.layout(), &lock, &holder, token, outcome);
+    tracing::warn!(namespace = %lock.namespace, name = %lock.name, %holder, released, "force release from the dashboard");
+    let (title, text) = if released {
+        ("Released", "was released")
+    } else {
+        (
+            "Not held",
+            "was not held any more (released, expired, or re-acquired with another token): nothing changed",
+        )
+    };
+    Ok(plain_page(
+        d,
+        StatusCode::OK,
+        title,
+        format!(
+            "<h1>{title}</h1>\n<p role=\"status\">The grant of <code>{}</code> on <code>{}</code> {text}.</p>\n\
+             <p><a href=\"{}\">Back to the lock</a></p>",
+            escape(&holder),
+            escape(&lock.name),
+            escape(&lock_href(&lock))
+        ),
+    ))
+}
+
+/// `GET /dashboard/clear?namespace=`: the confirmation page for clearing
+/// a namespace; the namespace must be typed to confirm.
+async fn confirm_clear(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> Response {
+    if !d.options.admin {
+        return admin_off_page(&d);
+    }
+    let namespace = match Params::query(&query).namespace() {
+        Ok(namespace) => namespace,
+        Err(err) => return error_page(&d, err),
+    };
+    let main = format!(
+        "<h1>Clear namespace <code>{ns}</code>?</h1>\n\
+         <p>This releases <strong>every lock</strong> and drops <strong>every waiting request</strong> \
+         of the namespace <code>{ns}</code>, as the Clear RPC does. Holders are not told; waiting \
+         RPCs join their queues again.</p>\n\
+         <form method=\"post\" action=\"/dashboard/admin/clear\">\
+         <input type=\"hidden\" name=\"namespace\" value=\"{ns}\">\
+         <input type=\"hidden\" name=\"confirm\" value=\"yes\">\
+         <p><label for=\"typed\">Type the namespace name to confirm</label><br>\
+         <input id=\"typed\" name=\"typed\" autocomplete=\"off\" required spellcheck=\"false\"></p>\
+         <button type=\"submit\" class=\"danger\">Clear {ns}</button> \
+         <a href=\"/dashboard?namespace={q}\">Cancel</a></form>",
+        ns = escape(&namespace),
+        q = escape(&url_encode(&namespace)),
+    );
+    plain_page(&d, StatusCode::OK, "Clear namespace?", main)
+}
+
+/// `POST /dashboard/admin/clear` (form: namespace, typed = the namespace,
+/// confirm=yes): the same engine clear as the Clear RPC.
+async fn admin_clear(State(d): State<Dashboard>, headers: HeaderMap, body: Bytes) -> Response {
+    if !d.options.admin {
+        return admin_off_page(&d);
+    }
+    let params = Params::parse(&body);
+    do_clear(&d, &headers, &params)
+        .await
+        .unwrap_or_else(|err| error_page(&d, err))
+}
+
+async fn do_clear(d: &Dashboard, headers: &HeaderMap, params: &Params) -> ApiResult {
+    admin_guard(d, headers, params)?;
+    let namespace = params.namespace()?;
+    if params.get("typed") != namespace {
+        return Err(ApiError::bad_request(
+            "typed: must be the namespace's name, to confirm",
+        ));
+    }
+    let counts = d.engine.clear(&namespace).await?;
+    tracing::warn!(?counts, %namespace, "namespace cleared from the dashboard");
+    Ok(plain_page(
+        d,
+        StatusCode::OK,
+        "Cleared",
+        format!(
+            "<h1>Cleared <code>{ns}</code></h1>\n<p role=\"status\">{} locks cleared, {} grants released, \
+             {} waiting requests dropped.</p>\n<p><a href=\"/dashboard?namespace={q}\">Back to the overview</a></p>",
+            counts.locks,
+            counts.grants,
+            counts.requests,
+            ns = escape(&namespace),
+            q = escape(&url_encode(&namespace)),
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            escape("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn cross_site_posts_are_refused() {
+        let mut headers = HeaderMap::new();
+        assert!(same_origin(&headers));
+        headers.insert("sec-fetch-site", "cross-site".parse().unwrap());
+        assert!(!same_origin(&headers));
+        headers.insert("sec-fetch-site", "same-origin".parse().unwrap());
+        assert!(same_origin(&headers));
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, "127.0.0.1:9090".parse().unwrap());
+        headers.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
+        assert!(!same_origin(&headers));
+        headers.insert(header::ORIGIN, "http://127.0.0.1:9090".parse().unwrap());
+        assert!(same_origin(&headers));
+    }
+}
