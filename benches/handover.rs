@@ -21,20 +21,9 @@ const SMOKE_WARM_UP: usize = 5;
 
 fn service_args() -> ServiceArgs {
     ServiceArgs {
-        redis_connections: 4,
-        redis_timeout_ms: 2000,
-        key_prefix: "tumbler".into(),
-        shards: 32,
-        max_limit: 1000,
-        default_ttl_ms: 30_000,
-        max_ttl_ms: 3_600_000,
-        health_interval_ms: 1000,
-        shutdown_grace_ms: 1000,
-        max_wait_ms: 3_600_000,
-        default_queue_ttl_ms: 5_000,
-        max_waiters_per_lock: 10_000,
-        max_waiters: 100_000,
+        redis_timeout_ms: 5000,
         reap_interval_ms: 0,
+        ..ServiceArgs::default()
     }
 }
 

@@ -64,6 +64,19 @@ pub struct ServiceArgs {
     pub shutdown_grace_ms: u64,
 }
 
+impl Default for ServiceArgs {
+    /// The flags' own defaults (and any `TUMBLER_*` variables set), as
+    /// `tumbler serve` would see them with no flags.
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            service: ServiceArgs,
+        }
+        <Defaults as clap::Parser>::parse_from(["tumbler"]).service
+    }
+}
+
 /// Logging flags, for every subcommand.
 #[derive(Args, Clone, Debug)]
 pub struct LogArgs {
