@@ -137,11 +137,21 @@ impl Sessions {
         self.len() == 0
     }
 
-    /// The grants to renew now: those due, and those due within a sixth
-    /// of their TTL (renewing a little early costs nothing and batches).
-    /// Also when the next one falls due.
+    /// The grants to renew now. Nothing until one is due; then every grant
+    /// due within a sixth of its TTL goes with it (renewing a little early
+    /// costs nothing, and grants acquired at scattered moments end up
+    /// renewed together, a batch per shard, instead of a trickle of small
+    /// calls). Also when the next one falls due.
     pub fn take_due(&self, now: Instant) -> (Vec<Renewal>, Option<Instant>) {
         let mut grants = self.grants.lock().unwrap();
+        let earliest = grants
+            .values()
+            .filter(|g| !g.in_flight)
+            .map(|g| g.next_due)
+            .min();
+        if earliest.is_none_or(|due| due > now) {
+            return (Vec::new(), earliest);
+        }
         let mut due = Vec::new();
         let mut next = None::<Instant>;
         for (key, grant) in grants.iter_mut() {
