@@ -51,6 +51,12 @@ pub struct ServiceArgs {
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "TUMBLER_MAX_WAITERS", default_value_t = 100_000)]
     pub max_waiters: usize,
+    /// Lock-delay: when a session dies (its client crashed or was cut
+    /// off, rather than closing it), keep its grants held this long before
+    /// they expire, so a partitioned old holder cannot overlap with the
+    /// next one. 0 (the default) releases them at once.
+    #[arg(long, env = "TUMBLER_SESSION_LOCK_DELAY_MS", default_value_t = 0)]
+    pub session_lock_delay_ms: u64,
     /// How often the background reaper runs (on one replica at a time);
     /// 0 turns it off.
     #[arg(long, env = "TUMBLER_REAP_INTERVAL_MS", default_value_t = 10_000)]
@@ -198,6 +204,8 @@ impl ServerConfig {
             wait_limits: WaitLimits {
                 max_waiters_per_lock: args.max_waiters_per_lock,
                 max_waiters_per_replica: args.max_waiters,
+                session_lock_delay_ms: (args.session_lock_delay_ms > 0)
+                    .then_some(args.session_lock_delay_ms),
             },
             reap_interval: (args.reap_interval_ms > 0)
                 .then(|| Duration::from_millis(args.reap_interval_ms)),

@@ -345,3 +345,77 @@ async fn a_redis_outage_longer_than_the_ttl_tells_the_client_its_grant_is_lost()
     assert_eq!(lost.reason, "redis unavailable");
     redis.restart().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_lock_delay_a_dead_session_keeps_its_lock_for_the_delay() {
+    let redis = start_redis();
+    let mut args = service_args();
+    args.session_lock_delay_ms = 800;
+    let server = TestServer::start_with(&redis.url(), args).await;
+    let mut client = server.client().await;
+
+    // Closed on purpose: released at once, delay or not.
+    let mut closing = Session::open(&mut client, 30_000).await;
+    closing.acquire(1, acquire("polite", "")).await;
+    drop(closing.commands);
+    while let Ok(Some(_)) = closing.events.message().await {}
+    let mut released = false;
+    for _ in 0..50 {
+        if holder_of(&mut client, "polite").await.is_none() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(released, "a closed session's lock was not released");
+
+    // Died (the client process is killed): the lock stays held for the
+    // delay, then frees.
+    let mut dying = tokio::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+        .args([
+            "hold",
+            "delayed",
+            "--ttl-ms",
+            "30000",
+            "--addr",
+            &server.endpoint(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(dying.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line)
+        .await
+        .unwrap();
+    assert!(line.starts_with("HOLDING delayed"), "{line}");
+    let grant = holder_of(&mut client, "delayed").await.expect("held");
+    dying.start_kill().unwrap();
+    dying.wait().await.unwrap();
+    let mut delayed = None;
+    for _ in 0..50 {
+        let held = holder_of(&mut client, "delayed")
+            .await
+            .expect("still held during the delay");
+        if held.expires_at_ms < grant.expires_at_ms {
+            delayed = Some(held);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let delayed = delayed.expect("the lease was not cut to the lock-delay");
+    assert_eq!(delayed.fencing_token, grant.fencing_token);
+    assert_eq!(delayed.ttl_ms, 800);
+    let next = client
+        .acquire(proto::AcquireRequest {
+            wait_ms: 5_000,
+            ..acquire("delayed", "next")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next.status(), AcquireStatus::Acquired);
+    assert!(next.grant.unwrap().acquired_at_ms >= delayed.expires_at_ms);
+}

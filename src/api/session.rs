@@ -28,6 +28,9 @@ use crate::proto::{self, SessionResponse};
 
 pub type SessionStream = ReceiverStream<Result<SessionResponse, Status>>;
 
+const CLOSED_BY_CLIENT: &str = "closed by the client";
+const SHUTTING_DOWN: &str = "the replica is shutting down";
+
 /// Messages waiting for the client before the session counts it as gone.
 const OUTBOX: usize = 64;
 /// How long a new stream may take to send its open message.
@@ -90,7 +93,7 @@ impl Driver {
                 message = tokio::time::timeout(quiet_limit, inbound.message()) => match message {
                     Err(_) => break "no message from the client within the session ttl",
                     Ok(Err(_)) => break "the stream broke",
-                    Ok(Ok(None)) => break "closed by the client",
+                    Ok(Ok(None)) => break CLOSED_BY_CLIENT,
                     Ok(Ok(Some(request))) => {
                         if let Some(reply) = self.start(request, &lost_tx, &mut running)
                             && !self.send(reply).await
@@ -123,15 +126,18 @@ impl Driver {
                     let _ = self.out.try_send(Err(Status::unavailable(
                         "this replica is shutting down; open a new session on another",
                     )));
-                    break "the replica is shutting down";
+                    break SHUTTING_DOWN;
                 }
             }
         };
         // Waiting acquires leave their queues; then every grant goes.
         running.abort_all();
         while running.join_next().await.is_some() {}
-        let released = self.api.engine.end_session(&self.session).await;
-        tracing::info!(session = %self.session, released, reason = why, "session ended");
+        // Closed on purpose (by the client, or by a replica shutting down)
+        // releases; anything else means the client died.
+        let died = !matches!(why, CLOSED_BY_CLIENT | SHUTTING_DOWN);
+        let grants = self.api.engine.end_session(&self.session, died).await;
+        tracing::info!(session = %self.session, grants, died, reason = why, "session ended");
     }
 
     /// False when the client is gone, or has not read for a whole TTL

@@ -305,6 +305,8 @@ pub struct WaitLimits {
     pub max_waiters_per_lock: u32,
     /// Waiting RPCs one replica may hold open.
     pub max_waiters_per_replica: usize,
+    /// How long a dead session's grants stay held; None releases them.
+    pub session_lock_delay_ms: Option<u64>,
 }
 
 /// The lock engine. Shared by all handlers; cheap to use concurrently.
@@ -317,6 +319,8 @@ pub struct LockEngine {
     sessions: Sessions,
     wake_channel: String,
     max_waiters_per_lock: String,
+    /// How long a dead session's grants stay held (None: released at once).
+    session_lock_delay_ms: Option<u64>,
     /// Set once the data in Redis is known to use this deployment's layout;
     /// until then every operation answers UNAVAILABLE.
     layout_verified: AtomicBool,
@@ -357,6 +361,7 @@ impl LockEngine {
             sessions: Sessions::default(),
             watchers: watchers::Watchers::new(),
             max_waiters_per_lock: limits.max_waiters_per_lock.to_string(),
+            session_lock_delay_ms: limits.session_lock_delay_ms,
             store,
             layout,
             scripts: Scripts::new(),
@@ -862,15 +867,25 @@ impl LockEngine {
     }
 
     /// A session ended: release every grant it holds, at once (and so wake
-    /// their waiters). Grants that cannot be released now (Redis trouble)
-    /// expire at their short lease.
-    pub async fn end_session(&self, session: &str) -> usize {
+    /// their waiters). With a lock-delay, a session that died (rather than
+    /// being closed) leaves its grants held for that delay instead, so a
+    /// partitioned old holder cannot overlap with the next one. Grants that
+    /// cannot be released now (Redis trouble) expire at their short lease.
+    /// Returns how many grants the session had.
+    pub async fn end_session(&self, session: &str, died: bool) -> usize {
         let grants = self.sessions.end(session);
         let count = grants.len();
-        let releases = grants
-            .iter()
-            .map(|(lock, token)| self.release(lock, session, Some(*token)));
-        for outcome in futures::future::join_all(releases).await {
+        let delay = self.session_lock_delay_ms.filter(|_| died);
+        let endings = grants.iter().map(|(lock, token)| async move {
+            match delay {
+                Some(delay_ms) => self
+                    .extend(lock, session, Some(delay_ms), Some(*token))
+                    .await
+                    .map(|_| ()),
+                None => self.release(lock, session, Some(*token)).await.map(|_| ()),
+            }
+        });
+        for outcome in futures::future::join_all(endings).await {
             if let Err(err) = outcome {
                 tracing::warn!(%session, error = %err, "a session grant could not be released; it expires at its lease");
             }
