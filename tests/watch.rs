@@ -175,8 +175,8 @@ async fn a_slow_watcher_is_dropped_and_the_service_stays_fast() {
     // window, so the server's side fills up as a stuck client's would.
     let channel = tonic::transport::Endpoint::from_shared(server.endpoint())
         .unwrap()
-        .initial_stream_window_size(Some(16 * 1024))
-        .initial_connection_window_size(Some(16 * 1024))
+        .initial_stream_window_size(Some(64 * 1024))
+        .initial_connection_window_size(Some(64 * 1024))
         .http2_adaptive_window(false)
         .connect()
         .await
@@ -193,8 +193,11 @@ async fn a_slow_watcher_is_dropped_and_the_service_stays_fast() {
     until_live(&mut client, &mut slow, "flood", "probe").await;
 
     // Never read while thousands of events happen; every RPC still completes.
+    // (Long names: an HTTP/2 client counts many tiny DATA frames it has not
+    // read as a flood and gives up on the connection by itself.)
+    let long = "x".repeat(300);
     for i in 0..3_000 {
-        let name = format!("f-{}", i % 50);
+        let name = format!("f-{}-{long}", i % 50);
         let request = proto::AcquireRequest {
             namespace: "flood".into(),
             ..acquire(&name, "h")
@@ -218,6 +221,7 @@ async fn a_slow_watcher_is_dropped_and_the_service_stays_fast() {
     };
     let status = ending.expect_err("the stream ends with a status");
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("watcher dropped"), "{status:?}");
     assert!(delivered < 6_000, "it got everything: {delivered}");
     println!("slow watcher got {delivered} of 6000 events, then {status:?}");
 }
