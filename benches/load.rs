@@ -3,7 +3,11 @@
 //! the physical limit measured in the same run — the same Lua scripts run
 //! through the same engine and Redis pool, called in-process with no gRPC
 //! (`LockEngine` directly), with the shipped pool of 4 connections and with
-//! one multiplexed connection.
+//! one multiplexed connection. The peer, when an `etcd` binary is
+//! installed (Debian `etcd-server`): etcd 3.4's v3lock `Lock`/`Unlock` over
+//! gRPC with one lease per client, etcd started by the benchmark on
+//! loopback with its data dir on tmpfs (mutex scenarios only: v3lock has
+//! no semaphores).
 //!
 //! Scenarios: uncontended acquire+release pairs (1 and 64 clients, distinct
 //! names); 64 clients queueing on one lock (limit 1) and on a semaphore
@@ -56,6 +60,8 @@ enum Path {
         engine: Arc<LockEngine>,
         queue_ttl_ms: u64,
     },
+    /// etcd's v3lock service over gRPC, one lease per client.
+    Etcd(Vec<Channel>),
 }
 
 enum Client {
@@ -64,14 +70,36 @@ enum Client {
         engine: Arc<LockEngine>,
         queue_ttl_ms: u64,
     },
+    Etcd {
+        grpc: tonic::client::Grpc<Channel>,
+        lease: i64,
+        /// The key each held lock got from Lock (Unlock takes the key).
+        held: std::collections::HashMap<String, Vec<u8>>,
+    },
 }
 
 impl Path {
-    fn client(&self, index: usize) -> Client {
+    async fn client(&self, index: usize) -> Client {
         match self {
             Path::Grpc(channels) => Client::Grpc(LockServiceClient::new(
                 channels[(index / CLIENTS_PER_CHANNEL) % channels.len()].clone(),
             )),
+            Path::Etcd(channels) => {
+                let mut grpc = tonic::client::Grpc::new(
+                    channels[(index / CLIENTS_PER_CHANNEL) % channels.len()].clone(),
+                );
+                let lease: etcd::LeaseGrantResponse = etcd::call(
+                    &mut grpc,
+                    "/etcdserverpb.Lease/LeaseGrant",
+                    etcd::LeaseGrantRequest { ttl: 600, id: 0 },
+                )
+                .await;
+                Client::Etcd {
+                    grpc,
+                    lease: lease.id,
+                    held: Default::default(),
+                }
+            }
             Path::Direct {
                 engine,
                 queue_ttl_ms,
@@ -127,6 +155,20 @@ impl Client {
                     "{name}: {outcome:?}"
                 );
             }
+            // Lock always waits; only limit 1 exists.
+            Client::Etcd { grpc, lease, held } => {
+                assert_eq!(limit, 1, "etcd v3lock has no semaphores");
+                let reply: etcd::LockResponse = etcd::call(
+                    grpc,
+                    "/v3lockpb.Lock/Lock",
+                    etcd::LockRequest {
+                        name: name.as_bytes().to_vec(),
+                        lease: *lease,
+                    },
+                )
+                .await;
+                held.insert(name.to_owned(), reply.key);
+            }
         }
     }
 
@@ -153,6 +195,11 @@ impl Client {
                     matches!(outcome, ReleaseOutcome::Released { .. }),
                     "{name}: {outcome:?}"
                 );
+            }
+            Client::Etcd { grpc, held, .. } => {
+                let key = held.remove(name).expect("held");
+                let _: etcd::UnlockResponse =
+                    etcd::call(grpc, "/v3lockpb.Lock/Unlock", etcd::UnlockRequest { key }).await;
             }
         }
     }
@@ -249,7 +296,7 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
             let end = measure_from + timing.measure;
             let mut tasks = Vec::new();
             for i in 0..clients {
-                let mut client = path.client(i);
+                let mut client = path.client(i).await;
                 let holder = format!("{tag}-h{i}");
                 let (name, limit, wait) = match scenario {
                     Scenario::Contended { limit, .. } => (format!("{tag}-contended"), limit, true),
@@ -311,7 +358,7 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
                 let started = Instant::now();
                 let mut tasks = Vec::new();
                 for w in 0..workers {
-                    let mut client = path.client(w);
+                    let mut client = path.client(w).await;
                     let next = next.clone();
                     let holder = format!("{tag}-r{round}-w{w}");
                     let tag = tag.to_owned();
@@ -377,6 +424,10 @@ async fn direct_engine(redis_url: &str, prefix: &str, connections: u32) -> Path 
 }
 
 async fn grpc_path(endpoint: &str, clients: usize) -> Path {
+    Path::Grpc(channels(endpoint, clients).await)
+}
+
+async fn channels(endpoint: &str, clients: usize) -> Vec<Channel> {
     let mut channels = Vec::new();
     for _ in 0..clients.div_ceil(CLIENTS_PER_CHANNEL) {
         let channel = loop {
@@ -391,7 +442,166 @@ async fn grpc_path(endpoint: &str, clients: usize) -> Path {
         };
         channels.push(channel);
     }
-    Path::Grpc(channels)
+    channels
+}
+
+/// The few etcd v3 messages the benchmark uses (field numbers from etcd
+/// 3.4's `rpc.proto` and `v3lock.proto`; response headers are skipped),
+/// and an etcd server of the benchmark's own.
+mod etcd {
+    use std::process::{Child, Command, Stdio};
+    use std::time::Duration;
+
+    use tonic::transport::Channel;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LeaseGrantRequest {
+        #[prost(int64, tag = "1")]
+        pub ttl: i64,
+        #[prost(int64, tag = "2")]
+        pub id: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LeaseGrantResponse {
+        #[prost(int64, tag = "2")]
+        pub id: i64,
+        #[prost(int64, tag = "3")]
+        pub ttl: i64,
+        #[prost(string, tag = "4")]
+        pub error: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LockRequest {
+        #[prost(bytes = "vec", tag = "1")]
+        pub name: Vec<u8>,
+        #[prost(int64, tag = "2")]
+        pub lease: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LockResponse {
+        #[prost(bytes = "vec", tag = "2")]
+        pub key: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct UnlockRequest {
+        #[prost(bytes = "vec", tag = "1")]
+        pub key: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct UnlockResponse {}
+
+    /// One unary call; panics on any error status.
+    pub async fn call<Q, R>(
+        grpc: &mut tonic::client::Grpc<Channel>,
+        path: &'static str,
+        request: Q,
+    ) -> R
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        try_call(grpc, path, request)
+            .await
+            .unwrap_or_else(|status| panic!("{path}: {status}"))
+    }
+
+    async fn try_call<Q, R>(
+        grpc: &mut tonic::client::Grpc<Channel>,
+        path: &'static str,
+        request: Q,
+    ) -> Result<R, tonic::Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let codec = tonic_prost::ProstCodec::<Q, R>::default();
+        Ok(grpc
+            .unary(
+                tonic::Request::new(request),
+                http::uri::PathAndQuery::from_static(path),
+                codec,
+            )
+            .await?
+            .into_inner())
+    }
+
+    /// `etcd` on loopback free ports, its data dir on tmpfs when there is
+    /// one; killed on drop.
+    pub struct EtcdServer {
+        child: Child,
+        pub endpoint: String,
+        _dir: tempfile::TempDir,
+    }
+
+    impl EtcdServer {
+        /// None when there is no `etcd` binary.
+        pub fn start() -> Option<Self> {
+            let dir = tempfile::tempdir_in("/dev/shm")
+                .or_else(|_| tempfile::tempdir())
+                .unwrap();
+            let client = tumbler::dev::free_port().unwrap();
+            let peer = tumbler::dev::free_port().unwrap();
+            let client_url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let child = Command::new("etcd")
+                .arg("--name=bench")
+                .arg(format!("--data-dir={}", dir.path().join("data").display()))
+                .arg(format!("--listen-client-urls={client_url}"))
+                .arg(format!("--advertise-client-urls={client_url}"))
+                .arg(format!("--listen-peer-urls={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .arg(format!("--initial-cluster=bench={peer_url}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?;
+            Some(EtcdServer {
+                child,
+                endpoint: client_url,
+                _dir: dir,
+            })
+        }
+
+        /// Waits until a lease can be granted.
+        pub async fn ready(&self) {
+            for _ in 0..200 {
+                if let Ok(channel) = Channel::from_shared(self.endpoint.clone())
+                    .unwrap()
+                    .connect()
+                    .await
+                {
+                    let mut grpc = tonic::client::Grpc::new(channel);
+                    let granted: Result<LeaseGrantResponse, _> = try_call(
+                        &mut grpc,
+                        "/etcdserverpb.Lease/LeaseGrant",
+                        LeaseGrantRequest { ttl: 5, id: 0 },
+                    )
+                    .await;
+                    if granted.is_ok() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("etcd did not come up at {}", self.endpoint);
+        }
+    }
+
+    impl Drop for EtcdServer {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 fn env(name: &str) -> Option<u64> {
@@ -486,6 +696,11 @@ async fn main() {
     }
     let direct = direct_engine(&redis.url(), "direct4", 4).await;
     let direct_one = direct_engine(&redis.url(), "direct1", 1).await;
+    // The peer: etcd's v3lock, when an `etcd` binary is installed.
+    let etcd = etcd::EtcdServer::start();
+    if let Some(etcd) = &etcd {
+        etcd.ready().await;
+    }
 
     println!(
         "tumbler load benchmark: warm-up {:?}, {:?} per measurement, {} round(s) of jobs after one warm-up round; loopback, Redis on the same host",
@@ -496,20 +711,29 @@ async fn main() {
         "| scenario | path | ops/s | latency | p50 µs | p99 µs | ops/s ÷ direct (pool of 4) |"
     );
     println!("| --- | --- | ---: | --- | ---: | ---: | ---: |");
+    let mut versus_etcd = Vec::new();
     for (index, &scenario) in scenarios.iter().enumerate() {
         let clients = match scenario {
             Scenario::Uncontended { clients } | Scenario::Contended { clients, .. } => clients,
             Scenario::Jobs { workers, .. } => workers,
         };
         let grpc = grpc_path(&endpoint, clients).await;
-        let paths = [
-            ("tumbler: gRPC, pool of 4", &grpc),
+        let mut paths = vec![
+            ("tumbler: gRPC, pool of 4", grpc),
             (
                 "direct: engine in-process, same Lua, no gRPC, pool of 4",
-                &direct,
+                direct.clone(),
             ),
-            ("direct: one multiplexed connection", &direct_one),
+            ("direct: one multiplexed connection", direct_one.clone()),
         ];
+        // etcd's v3lock has mutexes only.
+        let limit_one = !matches!(scenario, Scenario::Contended { limit, .. } if limit > 1);
+        if let (Some(etcd), true) = (&etcd, limit_one) {
+            paths.push((
+                "etcd 3.4 v3lock: gRPC Lock/Unlock with a lease",
+                Path::Etcd(channels(&etcd.endpoint, clients).await),
+            ));
+        }
         let mut results = Vec::new();
         for (p, (label, path)) in paths.iter().enumerate() {
             let measured = run(path, scenario, &format!("s{index}p{p}"), &timing).await;
@@ -521,6 +745,9 @@ async fn main() {
             results.push((label, measured));
         }
         let baseline = results[1].1.rate();
+        if let Some((_, peer)) = results.get(3) {
+            versus_etcd.push((scenario.label(), results[0].1.rate() / peer.rate()));
+        }
         for (label, measured) in &results {
             println!(
                 "| {} | {label} | {:.0} {} | {} | {} | {} | {:.2} |",
@@ -538,4 +765,14 @@ async fn main() {
     println!(
         "latency: pair = Acquire + Release round trips; wait = a queued Acquire until granted; job = wait + ~1 ms work + Release"
     );
+    if etcd.is_none() {
+        println!("(no `etcd` binary: the etcd rows were skipped)");
+    } else {
+        println!();
+        println!("| scenario | tumbler ops/s ÷ etcd ops/s |");
+        println!("| --- | ---: |");
+        for (label, ratio) in versus_etcd {
+            println!("| {label} | {ratio:.2} |");
+        }
+    }
 }
