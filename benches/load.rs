@@ -1,0 +1,778 @@
+//! Throughput and latency under load: N concurrent clients driving the real
+//! gRPC API over real connections (one tonic Channel per 8 clients), against
+//! the physical limit measured in the same run — the same Lua scripts run
+//! through the same engine and Redis pool, called in-process with no gRPC
+//! (`LockEngine` directly), with the shipped pool of 4 connections and with
+//! one multiplexed connection. The peer, when an `etcd` binary is
+//! installed (Debian `etcd-server`): etcd 3.4's v3lock `Lock`/`Unlock` over
+//! gRPC with one lease per client, etcd started by the benchmark on
+//! loopback with its data dir on tmpfs (mutex scenarios only: v3lock has
+//! no semaphores).
+//!
+//! Scenarios: uncontended acquire+release pairs (1 and 64 clients, distinct
+//! names); 64 clients queueing on one lock (limit 1) and on a semaphore
+//! (limit 8), each holding ~1 ms; 500 jobs over 50 names run by 20 workers
+//! (lock the job's name waiting, work 1 ms, release).
+//!
+//! `cargo bench --bench load` (LOAD_SECONDS=N per measurement, default 4;
+//! LOAD_ROUNDS=N rounds of 500 jobs, default 5). Under `cargo test` it runs
+//! a smoke version with tiny counts that only checks numbers come out.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+use tumbler::config::{ServerConfig, ServiceArgs};
+use tumbler::dev::RedisServer;
+use tumbler::engine::keys::Layout;
+use tumbler::engine::waiters::run_subscriber;
+use tumbler::engine::{self, AcquireOutcome, LockEngine, LockId, ReleaseOutcome};
+use tumbler::proto::lock_service_client::LockServiceClient;
+use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
+use tumbler::store::Store;
+
+const CLIENTS_PER_CHANNEL: usize = 8;
+const TTL_MS: u64 = 30_000;
+const WAIT_MS: u64 = 30_000;
+const HOLD: Duration = Duration::from_millis(1);
+
+fn service_args(prefix: &str, connections: u32) -> ServiceArgs {
+    ServiceArgs {
+        redis_timeout_ms: 5000,
+        reap_interval_ms: 0,
+        redis_connections: connections,
+        key_prefix: prefix.into(),
+        ..ServiceArgs::default()
+    }
+}
+
+/// How the clients reach the locks.
+#[derive(Clone)]
+enum Path {
+    /// Through tumbler's gRPC server: one Channel per 8 clients.
+    Grpc(Vec<Channel>),
+    /// The engine in this process: the same Lua, the same pool, no gRPC.
+    Direct {
+        engine: Arc<LockEngine>,
+        queue_ttl_ms: u64,
+    },
+    /// etcd's v3lock service over gRPC, one lease per client.
+    Etcd(Vec<Channel>),
+}
+
+enum Client {
+    Grpc(LockServiceClient<Channel>),
+    Direct {
+        engine: Arc<LockEngine>,
+        queue_ttl_ms: u64,
+    },
+    Etcd {
+        grpc: tonic::client::Grpc<Channel>,
+        lease: i64,
+        /// The key each held lock got from Lock (Unlock takes the key).
+        held: std::collections::HashMap<String, Vec<u8>>,
+    },
+}
+
+impl Path {
+    async fn client(&self, index: usize) -> Client {
+        match self {
+            Path::Grpc(channels) => Client::Grpc(LockServiceClient::new(
+                channels[(index / CLIENTS_PER_CHANNEL) % channels.len()].clone(),
+            )),
+            Path::Etcd(channels) => {
+                let mut grpc = tonic::client::Grpc::new(
+                    channels[(index / CLIENTS_PER_CHANNEL) % channels.len()].clone(),
+                );
+                let lease: etcd::LeaseGrantResponse = etcd::call(
+                    &mut grpc,
+                    "/etcdserverpb.Lease/LeaseGrant",
+                    etcd::LeaseGrantRequest { ttl: 600, id: 0 },
+                )
+                .await;
+                Client::Etcd {
+                    grpc,
+                    lease: lease.id,
+                    held: Default::default(),
+                }
+            }
+            Path::Direct {
+                engine,
+                queue_ttl_ms,
+            } => Client::Direct {
+                engine: engine.clone(),
+                queue_ttl_ms: *queue_ttl_ms,
+            },
+        }
+    }
+}
+
+impl Client {
+    /// Acquires and panics unless granted (waiting up to WAIT_MS if asked).
+    async fn acquire(&mut self, name: &str, holder: &str, limit: u32, wait: bool) {
+        let wait_ms = if wait { WAIT_MS } else { 0 };
+        match self {
+            Client::Grpc(client) => {
+                let reply = client
+                    .acquire(proto::AcquireRequest {
+                        name: name.into(),
+                        holder: holder.into(),
+                        ttl_ms: Some(TTL_MS),
+                        limit: Some(limit),
+                        wait_ms,
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("Acquire RPC")
+                    .into_inner();
+                assert_eq!(reply.status(), AcquireStatus::Acquired, "{name}");
+            }
+            Client::Direct {
+                engine,
+                queue_ttl_ms,
+            } => {
+                let outcome = engine
+                    .acquire(&engine::AcquireRequest {
+                        lock: lock_id(name),
+                        holder: holder.into(),
+                        limit,
+                        ttl_ms: TTL_MS,
+                        kind: "default".into(),
+                        metadata: Default::default(),
+                        wait: Duration::from_millis(wait_ms),
+                        queue_ttl_ms: *queue_ttl_ms,
+                        priority: 0,
+                        fair: true,
+                    })
+                    .await
+                    .expect("engine acquire");
+                assert!(
+                    matches!(outcome, AcquireOutcome::Acquired { .. }),
+                    "{name}: {outcome:?}"
+                );
+            }
+            // Lock always waits; only limit 1 exists.
+            Client::Etcd { grpc, lease, held } => {
+                assert_eq!(limit, 1, "etcd v3lock has no semaphores");
+                let reply: etcd::LockResponse = etcd::call(
+                    grpc,
+                    "/v3lockpb.Lock/Lock",
+                    etcd::LockRequest {
+                        name: name.as_bytes().to_vec(),
+                        lease: *lease,
+                    },
+                )
+                .await;
+                held.insert(name.to_owned(), reply.key);
+            }
+        }
+    }
+
+    async fn release(&mut self, name: &str, holder: &str) {
+        match self {
+            Client::Grpc(client) => {
+                let reply = client
+                    .release(proto::ReleaseRequest {
+                        name: name.into(),
+                        holder: holder.into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("Release RPC")
+                    .into_inner();
+                assert_eq!(reply.status(), ReleaseStatus::Released, "{name}");
+            }
+            Client::Direct { engine, .. } => {
+                let outcome = engine
+                    .release(&lock_id(name), holder, None)
+                    .await
+                    .expect("engine release");
+                assert!(
+                    matches!(outcome, ReleaseOutcome::Released { .. }),
+                    "{name}: {outcome:?}"
+                );
+            }
+            Client::Etcd { grpc, held, .. } => {
+                let key = held.remove(name).expect("held");
+                let _: etcd::UnlockResponse =
+                    etcd::call(grpc, "/v3lockpb.Lock/Unlock", etcd::UnlockRequest { key }).await;
+            }
+        }
+    }
+}
+
+fn lock_id(name: &str) -> LockId {
+    LockId {
+        namespace: "default".into(),
+        name: name.into(),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Scenario {
+    /// Acquire (try once) + release pairs, each client on its own name.
+    Uncontended { clients: usize },
+    /// All clients queue on one name with `limit` permits, hold ~1 ms.
+    Contended { clients: usize, limit: u32 },
+    /// `jobs` jobs over `names` names, `workers` at a time: lock the job's
+    /// name waiting, work ~1 ms, release.
+    Jobs {
+        jobs: usize,
+        names: usize,
+        workers: usize,
+    },
+}
+
+impl Scenario {
+    fn label(&self) -> String {
+        match *self {
+            Scenario::Uncontended { clients } => {
+                format!("uncontended pairs, {clients} client(s)")
+            }
+            Scenario::Contended { clients, limit: 1 } => {
+                format!("contended: {clients} clients, one lock")
+            }
+            Scenario::Contended { clients, limit } => {
+                format!("contended: {clients} clients, semaphore limit {limit}")
+            }
+            Scenario::Jobs {
+                jobs,
+                names,
+                workers,
+            } => format!("{jobs} jobs / {workers} workers ({names} names)"),
+        }
+    }
+
+    fn unit(&self) -> &'static str {
+        match self {
+            Scenario::Uncontended { .. } => "pairs/s",
+            Scenario::Contended { .. } => "grants/s",
+            Scenario::Jobs { .. } => "jobs/s",
+        }
+    }
+
+    fn latency(&self) -> &'static str {
+        match self {
+            Scenario::Uncontended { .. } => "pair",
+            Scenario::Contended { .. } => "wait",
+            Scenario::Jobs { .. } => "job",
+        }
+    }
+}
+
+struct Measured {
+    ops: u64,
+    elapsed: Duration,
+    /// µs: a pair's round trips, a contended Acquire's wait, or a whole job.
+    latency: Histogram<u64>,
+}
+
+impl Measured {
+    fn rate(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+struct Timing {
+    warm_up: Duration,
+    measure: Duration,
+    job_rounds: usize,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()
+}
+
+/// Runs `scenario` over `path`; `tag` keeps each run's names apart.
+async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Measured {
+    match scenario {
+        Scenario::Uncontended { clients } | Scenario::Contended { clients, .. } => {
+            let started = Instant::now();
+            let measure_from = started + timing.warm_up;
+            let end = measure_from + timing.measure;
+            let mut tasks = Vec::new();
+            for i in 0..clients {
+                let mut client = path.client(i).await;
+                let holder = format!("{tag}-h{i}");
+                let (name, limit, wait) = match scenario {
+                    Scenario::Contended { limit, .. } => (format!("{tag}-contended"), limit, true),
+                    _ => (format!("{tag}-u{i}"), 1, false),
+                };
+                tasks.push(tokio::spawn(async move {
+                    let mut latency = histogram();
+                    let mut ops = 0u64;
+                    let mut last = measure_from;
+                    loop {
+                        let t0 = Instant::now();
+                        if t0 >= end {
+                            break;
+                        }
+                        client.acquire(&name, &holder, limit, wait).await;
+                        let granted = Instant::now();
+                        if wait {
+                            tokio::time::sleep(HOLD).await;
+                        }
+                        client.release(&name, &holder).await;
+                        last = Instant::now();
+                        if t0 >= measure_from {
+                            ops += 1;
+                            let took = if wait { granted - t0 } else { last - t0 };
+                            latency.record(took.as_micros().max(1) as u64).unwrap();
+                        }
+                    }
+                    (ops, latency, last)
+                }));
+            }
+            let mut measured = Measured {
+                ops: 0,
+                elapsed: Duration::ZERO,
+                latency: histogram(),
+            };
+            let mut last = measure_from;
+            for task in tasks {
+                let (ops, latency, finished) = task.await.unwrap();
+                measured.ops += ops;
+                measured.latency.add(latency).unwrap();
+                last = last.max(finished);
+            }
+            measured.elapsed = last - measure_from;
+            measured
+        }
+        Scenario::Jobs {
+            jobs,
+            names,
+            workers,
+        } => {
+            let mut measured = Measured {
+                ops: 0,
+                elapsed: Duration::ZERO,
+                latency: histogram(),
+            };
+            // Round 0 is the warm-up.
+            for round in 0..=timing.job_rounds {
+                let next = Arc::new(AtomicUsize::new(0));
+                let started = Instant::now();
+                let mut tasks = Vec::new();
+                for w in 0..workers {
+                    let mut client = path.client(w).await;
+                    let next = next.clone();
+                    let holder = format!("{tag}-r{round}-w{w}");
+                    let tag = tag.to_owned();
+                    tasks.push(tokio::spawn(async move {
+                        let mut latency = histogram();
+                        loop {
+                            let job = next.fetch_add(1, Ordering::Relaxed);
+                            if job >= jobs {
+                                return latency;
+                            }
+                            let name = format!("{tag}-job{}", job % names);
+                            let t0 = Instant::now();
+                            client.acquire(&name, &holder, 1, true).await;
+                            tokio::time::sleep(HOLD).await;
+                            client.release(&name, &holder).await;
+                            latency
+                                .record(t0.elapsed().as_micros().max(1) as u64)
+                                .unwrap();
+                        }
+                    }));
+                }
+                let mut round_latency = histogram();
+                for task in tasks {
+                    round_latency.add(task.await.unwrap()).unwrap();
+                }
+                if round > 0 {
+                    measured.elapsed += started.elapsed();
+                    measured.ops += jobs as u64;
+                    measured.latency.add(round_latency).unwrap();
+                }
+            }
+            measured
+        }
+    }
+}
+
+/// An engine of its own (own key prefix, own wake-up channel), with the
+/// replica's subscriber and refresher running, as `serve` runs them.
+async fn direct_engine(redis_url: &str, prefix: &str, connections: u32) -> Path {
+    let config = ServerConfig::new(redis_url.to_owned(), &service_args(prefix, connections))
+        .expect("config");
+    let store = Store::new(&config.store).expect("store");
+    let layout = Layout::new(&config.key_prefix, config.shards);
+    let (wake, events) = (layout.wake_channel(), layout.events_channel());
+    let engine = Arc::new(LockEngine::new(
+        store.clone(),
+        layout,
+        config.wait_limits.clone(),
+    ));
+    tokio::spawn(run_subscriber(
+        engine.waiters().clone(),
+        engine.watchers().clone(),
+        store,
+        wake,
+        events,
+    ));
+    tokio::spawn(engine.clone().run_refresher());
+    engine.verify_layout().await.expect("layout");
+    Path::Direct {
+        engine,
+        queue_ttl_ms: config.limits.default_queue_ttl_ms,
+    }
+}
+
+async fn grpc_path(endpoint: &str, clients: usize) -> Path {
+    Path::Grpc(channels(endpoint, clients).await)
+}
+
+async fn channels(endpoint: &str, clients: usize) -> Vec<Channel> {
+    let mut channels = Vec::new();
+    for _ in 0..clients.div_ceil(CLIENTS_PER_CHANNEL) {
+        let channel = loop {
+            match Channel::from_shared(endpoint.to_owned())
+                .unwrap()
+                .connect()
+                .await
+            {
+                Ok(channel) => break channel,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        channels.push(channel);
+    }
+    channels
+}
+
+/// The few etcd v3 messages the benchmark uses (field numbers from etcd
+/// 3.4's `rpc.proto` and `v3lock.proto`; response headers are skipped),
+/// and an etcd server of the benchmark's own.
+mod etcd {
+    use std::process::{Child, Command, Stdio};
+    use std::time::Duration;
+
+    use tonic::transport::Channel;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LeaseGrantRequest {
+        #[prost(int64, tag = "1")]
+        pub ttl: i64,
+        #[prost(int64, tag = "2")]
+        pub id: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LeaseGrantResponse {
+        #[prost(int64, tag = "2")]
+        pub id: i64,
+        #[prost(int64, tag = "3")]
+        pub ttl: i64,
+        #[prost(string, tag = "4")]
+        pub error: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LockRequest {
+        #[prost(bytes = "vec", tag = "1")]
+        pub name: Vec<u8>,
+        #[prost(int64, tag = "2")]
+        pub lease: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct LockResponse {
+        #[prost(bytes = "vec", tag = "2")]
+        pub key: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct UnlockRequest {
+        #[prost(bytes = "vec", tag = "1")]
+        pub key: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct UnlockResponse {}
+
+    /// One unary call; panics on any error status.
+    pub async fn call<Q, R>(
+        grpc: &mut tonic::client::Grpc<Channel>,
+        path: &'static str,
+        request: Q,
+    ) -> R
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        try_call(grpc, path, request)
+            .await
+            .unwrap_or_else(|status| panic!("{path}: {status}"))
+    }
+
+    async fn try_call<Q, R>(
+        grpc: &mut tonic::client::Grpc<Channel>,
+        path: &'static str,
+        request: Q,
+    ) -> Result<R, tonic::Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let codec = tonic_prost::ProstCodec::<Q, R>::default();
+        Ok(grpc
+            .unary(
+                tonic::Request::new(request),
+                http::uri::PathAndQuery::from_static(path),
+                codec,
+            )
+            .await?
+            .into_inner())
+    }
+
+    /// `etcd` on loopback free ports, its data dir on tmpfs when there is
+    /// one; killed on drop.
+    pub struct EtcdServer {
+        child: Child,
+        pub endpoint: String,
+        _dir: tempfile::TempDir,
+    }
+
+    impl EtcdServer {
+        /// None when there is no `etcd` binary.
+        pub fn start() -> Option<Self> {
+            let dir = tempfile::tempdir_in("/dev/shm")
+                .or_else(|_| tempfile::tempdir())
+                .unwrap();
+            let client = tumbler::dev::free_port().unwrap();
+            let peer = tumbler::dev::free_port().unwrap();
+            let client_url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let child = Command::new("etcd")
+                .arg("--name=bench")
+                .arg(format!("--data-dir={}", dir.path().join("data").display()))
+                .arg(format!("--listen-client-urls={client_url}"))
+                .arg(format!("--advertise-client-urls={client_url}"))
+                .arg(format!("--listen-peer-urls={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .arg(format!("--initial-cluster=bench={peer_url}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?;
+            Some(EtcdServer {
+                child,
+                endpoint: client_url,
+                _dir: dir,
+            })
+        }
+
+        /// Waits until a lease can be granted.
+        pub async fn ready(&self) {
+            for _ in 0..200 {
+                if let Ok(channel) = Channel::from_shared(self.endpoint.clone())
+                    .unwrap()
+                    .connect()
+                    .await
+                {
+                    let mut grpc = tonic::client::Grpc::new(channel);
+                    let granted: Result<LeaseGrantResponse, _> = try_call(
+                        &mut grpc,
+                        "/etcdserverpb.Lease/LeaseGrant",
+                        LeaseGrantRequest { ttl: 5, id: 0 },
+                    )
+                    .await;
+                    if granted.is_ok() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("etcd did not come up at {}", self.endpoint);
+        }
+    }
+
+    impl Drop for EtcdServer {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+#[tokio::main]
+async fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this
+    // as a quick smoke test instead.
+    let benching = std::env::args().any(|a| a == "--bench");
+    let (timing, scenarios) = if benching {
+        let seconds = env("LOAD_SECONDS").unwrap_or(4);
+        (
+            Timing {
+                warm_up: Duration::from_secs(1),
+                measure: Duration::from_secs(seconds),
+                job_rounds: env("LOAD_ROUNDS").unwrap_or(5) as usize,
+            },
+            vec![
+                Scenario::Uncontended { clients: 1 },
+                Scenario::Uncontended { clients: 64 },
+                Scenario::Contended {
+                    clients: 64,
+                    limit: 1,
+                },
+                Scenario::Contended {
+                    clients: 64,
+                    limit: 8,
+                },
+                Scenario::Jobs {
+                    jobs: 500,
+                    names: 50,
+                    workers: 20,
+                },
+            ],
+        )
+    } else {
+        (
+            Timing {
+                warm_up: Duration::from_millis(50),
+                measure: Duration::from_millis(200),
+                job_rounds: 1,
+            },
+            vec![
+                Scenario::Uncontended { clients: 1 },
+                Scenario::Uncontended { clients: 4 },
+                Scenario::Contended {
+                    clients: 4,
+                    limit: 1,
+                },
+                Scenario::Contended {
+                    clients: 4,
+                    limit: 2,
+                },
+                Scenario::Jobs {
+                    jobs: 20,
+                    names: 5,
+                    workers: 4,
+                },
+            ],
+        )
+    };
+
+    let redis = RedisServer::start("redis-server").expect("redis-server");
+    let config = ServerConfig::new(redis.url(), &service_args("tumbler", 4)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(tumbler::server::serve(
+        config,
+        listener,
+        std::future::pending(),
+    ));
+    // Until the server answers (its layout verified).
+    let probe = grpc_path(&endpoint, 1).await;
+    loop {
+        let Path::Grpc(channels) = &probe else {
+            unreachable!()
+        };
+        let mut client = LockServiceClient::new(channels[0].clone());
+        if client
+            .acquire(proto::AcquireRequest {
+                name: "probe".into(),
+                ..Default::default()
+            })
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let direct = direct_engine(&redis.url(), "direct4", 4).await;
+    let direct_one = direct_engine(&redis.url(), "direct1", 1).await;
+    // The peer: etcd's v3lock, when an `etcd` binary is installed.
+    let etcd = etcd::EtcdServer::start();
+    if let Some(etcd) = &etcd {
+        etcd.ready().await;
+    }
+
+    println!(
+        "tumbler load benchmark: warm-up {:?}, {:?} per measurement, {} round(s) of jobs after one warm-up round; loopback, Redis on the same host",
+        timing.warm_up, timing.measure, timing.job_rounds
+    );
+    println!();
+    println!(
+        "| scenario | path | ops/s | latency | p50 µs | p99 µs | ops/s ÷ direct (pool of 4) |"
+    );
+    println!("| --- | --- | ---: | --- | ---: | ---: | ---: |");
+    let mut versus_etcd = Vec::new();
+    for (index, &scenario) in scenarios.iter().enumerate() {
+        let clients = match scenario {
+            Scenario::Uncontended { clients } | Scenario::Contended { clients, .. } => clients,
+            Scenario::Jobs { workers, .. } => workers,
+        };
+        let grpc = grpc_path(&endpoint, clients).await;
+        let mut paths = vec![
+            ("tumbler: gRPC, pool of 4", grpc),
+            (
+                "direct: engine in-process, same Lua, no gRPC, pool of 4",
+                direct.clone(),
+            ),
+            ("direct: one multiplexed connection", direct_one.clone()),
+        ];
+        // etcd's v3lock has mutexes only.
+        let limit_one = !matches!(scenario, Scenario::Contended { limit, .. } if limit > 1);
+        if let (Some(etcd), true) = (&etcd, limit_one) {
+            paths.push((
+                "etcd 3.4 v3lock: gRPC Lock/Unlock with a lease",
+                Path::Etcd(channels(&etcd.endpoint, clients).await),
+            ));
+        }
+        let mut results = Vec::new();
+        for (p, (label, path)) in paths.iter().enumerate() {
+            let measured = run(path, scenario, &format!("s{index}p{p}"), &timing).await;
+            assert!(
+                measured.ops > 0 && !measured.latency.is_empty() && measured.rate() > 0.0,
+                "{}: {label}: no numbers",
+                scenario.label()
+            );
+            results.push((label, measured));
+        }
+        let baseline = results[1].1.rate();
+        if let Some((_, peer)) = results.get(3) {
+            versus_etcd.push((scenario.label(), results[0].1.rate() / peer.rate()));
+        }
+        for (label, measured) in &results {
+            println!(
+                "| {} | {label} | {:.0} {} | {} | {} | {} | {:.2} |",
+                scenario.label(),
+                measured.rate(),
+                scenario.unit(),
+                scenario.latency(),
+                measured.latency.value_at_quantile(0.5),
+                measured.latency.value_at_quantile(0.99),
+                measured.rate() / baseline
+            );
+        }
+    }
+    println!();
+    println!(
+        "latency: pair = Acquire + Release round trips; wait = a queued Acquire until granted; job = wait + ~1 ms work + Release"
+    );
+    if etcd.is_none() {
+        println!("(no `etcd` binary: the etcd rows were skipped)");
+    } else {
+        println!();
+        println!("| scenario | tumbler ops/s ÷ etcd ops/s |");
+        println!("| --- | ---: |");
+        for (label, ratio) in versus_etcd {
+            println!("| {label} | {ratio:.2} |");
+        }
+    }
+}
