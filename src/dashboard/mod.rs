@@ -457,7 +457,7 @@ async fn api_overview(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> 
     for row in &report.minutes {
         let index = (row.minute_ms - first) / MINUTE_MS;
         if let Some(sum) = usize::try_from(index).ok().and_then(|i| series.get_mut(i)) {
-            add(sum, &row.counters);
+            sum.add(&row.counters);
         }
     }
     // Rates: per minute over the last RATE_MINUTES minutes, this one
@@ -501,17 +501,6 @@ async fn api_overview(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> 
         })).collect::<Vec<_>>(),
         "admin": d.options.admin,
     }))
-}
-
-fn add(sum: &mut Counters, c: &Counters) {
-    sum.acquired += c.acquired;
-    sum.denied += c.denied;
-    sum.timed_out += c.timed_out;
-    sum.released += c.released;
-    sum.extended += c.extended;
-    sum.expired += c.expired;
-    sum.reaped += c.reaped;
-    sum.errors += c.errors;
 }
 
 /// `GET /api/v1/reaper`: which replica reaps now (Inspect of

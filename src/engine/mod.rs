@@ -239,7 +239,8 @@ impl Counters {
         *slot += n;
     }
 
-    fn add(&mut self, other: &Counters) {
+    /// Adds another row's counts to these.
+    pub fn add(&mut self, other: &Counters) {
         self.acquired += other.acquired;
         self.denied += other.denied;
         self.timed_out += other.timed_out;
