@@ -57,24 +57,23 @@ fn rpc_spans() -> bool {
 /// Installs the process-wide Prometheus recorder (once; later calls return
 /// the same handle) and describes every metric.
 pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    if let Some(handle) = HANDLE.get() {
-        return Ok(handle.clone());
-    }
-    let recorder = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &TIME_BUCKETS)?
-        .build_recorder();
-    let handle = recorder.handle();
-    // A second caller racing this one finds the recorder set: it then uses
-    // the handle the first one stored.
-    if metrics::set_global_recorder(recorder).is_ok() {
-        describe();
-        let _ = HANDLE.set(handle);
-    }
+    // One initialisation per process; concurrent callers (several servers
+    // in one test process) wait for it instead of racing it.
+    static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
     HANDLE
-        .get()
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("another metrics recorder is installed in this process"))
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &TIME_BUCKETS)
+                .map_err(|e| e.to_string())?
+                .build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder)
+                .map_err(|_| "another metrics recorder is installed in this process".to_owned())?;
+            describe();
+            Ok(handle)
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 fn describe() {
