@@ -177,13 +177,7 @@ async fn serve_drains_then_answers_waiters_unavailable_and_exits_zero() {
             })
             .await
     });
-    loop {
-        let seen = client.inspect(inspect("drain")).await.unwrap().into_inner();
-        if seen.waiters == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_waiters(&mut client, "drain", 1).await;
 
     serve.terminate();
     // Readiness flips at once, liveness stays up, and new work is still

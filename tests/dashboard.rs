@@ -153,21 +153,7 @@ async fn scene(server: &DashServer) -> (u64, tokio::task::JoinHandle<proto::Acqu
             .unwrap();
     }
     // The waiter is queued once Inspect counts it.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while client
-        .inspect(inspect("reports"))
-        .await
-        .unwrap()
-        .into_inner()
-        .waiters
-        == 0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_waiters(&mut client, "reports", 1).await;
     (grant.fencing_token, waiter)
 }
 

@@ -197,17 +197,7 @@ async fn reap_removes_what_crashed_and_leaves_the_living() {
             })
             .await
     });
-    loop {
-        let seen = client
-            .inspect(inspect("healthy"))
-            .await
-            .unwrap()
-            .into_inner();
-        if seen.waiters == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_waiters(&mut client, "healthy", 1).await;
     doomed.kill();
     let _ = orphan.await;
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -284,19 +274,7 @@ async fn reap_with_a_cutoff_drops_old_grants_and_requests() {
             })
             .await
     });
-    loop {
-        if client
-            .inspect(inspect("old"))
-            .await
-            .unwrap()
-            .into_inner()
-            .waiters
-            == 1
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_waiters(&mut client, "old", 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     client.acquire(acquire("new", "late")).await.unwrap();
 

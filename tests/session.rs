@@ -262,19 +262,7 @@ async fn a_killed_client_process_releases_its_lock_to_a_waiter_on_another_replic
             .await
     });
     let mut client = far.client().await;
-    loop {
-        if client
-            .inspect(inspect("shared-job"))
-            .await
-            .unwrap()
-            .into_inner()
-            .waiters
-            == 1
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_waiters(&mut client, "shared-job", 1).await;
     holder.start_kill().unwrap();
     holder.wait().await.unwrap();
     let reply = waiting.await.unwrap().unwrap().into_inner();

@@ -274,3 +274,20 @@ impl Drop for TumblerProcess {
         self.kill();
     }
 }
+
+/// Waits (up to 10 s) until Inspect counts `n` live waiters on `name`.
+pub async fn until_waiters(client: &mut LockServiceClient<Channel>, name: &str, n: u32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = client.inspect(inspect(name)).await.unwrap().into_inner();
+        if seen.waiters == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never had {n} waiter(s); last seen {}",
+            seen.waiters
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
