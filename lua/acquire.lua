@@ -2,10 +2,12 @@
 -- caller waits, hold its place in the lock's queue.
 -- ARGV: 3 holder, 4 limit, 5 ttl_ms, 6 kind, 7 metadata JSON,
 --       8 mode ('try' once | 'wait'), 9 fair ('1' | '0'), 10 priority,
---       11 queue_ttl_ms, 12 wait left (ms), 13 max waiters per lock
+--       11 queue_ttl_ms, 12 wait left (ms), 13 max waiters per lock,
+--       14 max locks of the namespace in this shard ('0' = no limit)
 -- Returns {status, grant record, expires_at, holders, next_expiry, position, now}
 --   status 1 = acquired, 2 = already held (the existing grant),
---          0 = not granted (position > 0: queued at that place), -1 = queue full
+--          0 = not granted (position > 0: queued at that place), -1 = queue full,
+--          -2 = the namespace has no room for another lock in this shard
 local holder, limit, ttl = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local waiting, fair, priority = ARGV[8] == 'wait', ARGV[9] == '1', tonumber(ARGV[10])
 local now, now_us = redis_now()
@@ -22,6 +24,18 @@ if existing then
   end
   local expires = tonumber(redis.call('ZSCORE', HOLDERS, holder))
   return {2, existing, expires, redis.call('ZCARD', HOLDERS), 0, 0, now}
+end
+
+-- 2b. A lock this shard does not know yet counts against the namespace's
+--     lock limit; at the limit it is refused before anything is written.
+local max_locks = tonumber(ARGV[14])
+if max_locks > 0 and not redis.call('ZSCORE', NAMES, LOCK_NAME)
+    and redis.call('ZCARD', NAMES) >= max_locks then
+  if changed then
+    settle()
+    wake_eligible()
+  end
+  return {-2, '', 0, 0, 0, 0, now}
 end
 
 -- 3. Its place: how many live requests go before it. Fair requests queue

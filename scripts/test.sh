@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Runs tumbler's whole test suite against real redis-server processes that
 # the tests start themselves on free loopback ports. Installs what is
-# missing first: redis-server from Debian's packages (apt-get).
+# missing first: redis-server and redis-cli from Debian's packages (apt-get).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if ! command -v redis-server >/dev/null 2>&1; then
+# redis-server also runs the tests' sentinels (--sentinel); redis-cli
+# (redis-tools) joins their Redis Clusters.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
-    echo "==> installing redis-server (Debian package)"
+    echo "==> installing redis-server and redis-tools (Debian packages)"
     need_root apt-get update -qq
-    need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
   else
     echo "redis-server is missing: install Redis 7 (e.g. 'brew install redis' or your distribution's redis package)" >&2
     exit 1

@@ -8,13 +8,15 @@
 //! extended, inspected), 1 the lock was not acquired or is not held, 2 an
 //! error (the gRPC status is printed on stderr).
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Subcommand};
 use comfy_table::{Table, presets};
 use serde_json::{Value, json};
-use tonic::transport::{Channel, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::proto::{self, lock_service_client::LockServiceClient};
 
@@ -49,6 +51,26 @@ pub enum ClientCommand {
     /// while a command runs: `tumbler hold NAME -- CMD ARGS…` (the lock is
     /// released when the command ends, or when this process dies).
     Hold(HoldArgs),
+    /// Make a bearer token: prints the token (give it to the client) and
+    /// its entry for the --auth-tokens-file (which keeps only a digest).
+    Token(TokenArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TokenArgs {
+    /// The token's name in logs.
+    #[arg(long)]
+    pub name: String,
+    /// `client` (locks in its namespaces) or `admin` (also clear, reap
+    /// with a cutoff).
+    #[arg(long, default_value = "client", value_parser = ["client", "admin"])]
+    pub role: String,
+    /// A namespace it may act in (repeat for more; `prefix*` and `*` work).
+    #[arg(long = "namespace", required = true)]
+    pub namespaces: Vec<String>,
+    /// Hash this token instead of making a new one.
+    #[arg(long)]
+    pub existing: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -146,12 +168,31 @@ pub struct MetricsArgs {
 /// Where to send the request and how to print the reply.
 #[derive(Args, Debug)]
 pub struct Target {
-    /// The tumbler server's gRPC address.
+    /// The tumbler server's gRPC address (`https://…` for TLS).
     #[arg(long, env = "TUMBLER_ADDR", default_value = "http://127.0.0.1:50051")]
     pub addr: String,
+    /// With https: trust the CA(s) in this PEM file instead of the
+    /// system's roots.
+    #[arg(long, env = "TUMBLER_TLS_CA_FILE", value_name = "PATH")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// With https: present this client certificate (PEM), for servers that
+    /// require mutual TLS; needs --tls-key-file.
+    #[arg(long, env = "TUMBLER_TLS_CLIENT_CERT_FILE", value_name = "PATH")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert-file.
+    #[arg(long, env = "TUMBLER_TLS_CLIENT_KEY_FILE", value_name = "PATH")]
+    pub tls_key_file: Option<PathBuf>,
+    /// With https: the name the server's certificate must carry (also sent
+    /// as SNI); default: the host in --addr.
+    #[arg(long, env = "TUMBLER_TLS_SERVER_NAME", value_name = "NAME")]
+    pub tls_server_name: Option<String>,
     /// Print the reply as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Bearer token, for a server with authentication on (prefer the
+    /// environment variable: arguments show in process lists).
+    #[arg(long, env = "TUMBLER_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<String>,
 }
 
 /// Which lock.
@@ -264,7 +305,7 @@ pub async fn run(command: ClientCommand) -> ExitCode {
             eprintln!(
                 "error: {}: {}",
                 crate::observe::code_name(status.code()),
-                status.message()
+                with_causes(status.message(), std::error::Error::source(&status))
             );
             ERROR
         }
@@ -272,24 +313,104 @@ pub async fn run(command: ClientCommand) -> ExitCode {
     ExitCode::from(code)
 }
 
-async fn connect(target: &Target) -> Result<LockServiceClient<Channel>, tonic::Status> {
-    let endpoint = Endpoint::from_shared(target.addr.clone())
+/// `message`, followed by the causes below it that it does not already
+/// end with (a transport error's own text is generic: "transport error").
+fn with_causes(message: &str, mut source: Option<&(dyn std::error::Error + 'static)>) -> String {
+    let mut text = message.to_owned();
+    while let Some(inner) = source {
+        let cause = inner.to_string();
+        if !text.ends_with(&cause) {
+            text = format!("{text}: {cause}");
+        }
+        source = inner.source();
+    }
+    text
+}
+
+/// A lock service client that sends the caller's bearer token, if any.
+type Client = LockServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// Adds `authorization: Bearer <token>` to every request.
+#[derive(Clone)]
+struct BearerToken(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+async fn connect(target: &Target) -> Result<Client, tonic::Status> {
+    let token = match &target.auth_token {
+        Some(token) => Some(format!("Bearer {}", token.trim()).parse().map_err(|_| {
+            tonic::Status::invalid_argument("--auth-token: not a printable ASCII token")
+        })?),
+        None => None,
+    };
+    let mut endpoint = Endpoint::from_shared(target.addr.clone())
         .map_err(|e| tonic::Status::invalid_argument(format!("--addr {:?}: {e}", target.addr)))?
         .connect_timeout(Duration::from_secs(5));
+    if endpoint.uri().scheme_str() == Some("https") {
+        endpoint = endpoint
+            .tls_config(client_tls(target)?)
+            .map_err(|e| tonic::Status::invalid_argument(format!("TLS settings: {e}")))?;
+    } else if target.tls_ca_file.is_some()
+        || target.tls_cert_file.is_some()
+        || target.tls_key_file.is_some()
+        || target.tls_server_name.is_some()
+    {
+        return Err(tonic::Status::invalid_argument(
+            "the --tls-* flags need an https:// --addr",
+        ));
+    }
     let channel = endpoint.connect().await.map_err(|e| {
-        // The transport error's own text is generic; the cause is below it.
-        let mut cause = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(inner) = source {
-            let text = inner.to_string();
-            if !cause.ends_with(&text) {
-                cause = format!("{cause}: {text}");
-            }
-            source = inner.source();
-        }
+        let cause = with_causes(&e.to_string(), std::error::Error::source(&e));
         tonic::Status::unavailable(format!("cannot connect to {}: {cause}", target.addr))
     })?;
-    Ok(LockServiceClient::new(channel))
+    Ok(LockServiceClient::with_interceptor(
+        channel,
+        BearerToken(token),
+    ))
+}
+
+/// The client side of TLS, from the `--tls-*` flags.
+fn client_tls(target: &Target) -> Result<ClientTlsConfig, tonic::Status> {
+    fn read(path: &Path, flag: &str) -> Result<Vec<u8>, tonic::Status> {
+        std::fs::read(path).map_err(|e| {
+            tonic::Status::invalid_argument(format!("cannot read {flag} {}: {e}", path.display()))
+        })
+    }
+    let mut tls = ClientTlsConfig::new();
+    tls = match &target.tls_ca_file {
+        Some(path) => tls.ca_certificate(Certificate::from_pem(read(path, "--tls-ca-file")?)),
+        None => tls.with_native_roots(),
+    };
+    match (&target.tls_cert_file, &target.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            tls = tls.identity(Identity::from_pem(
+                read(cert, "--tls-cert-file")?,
+                read(key, "--tls-key-file")?,
+            ));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(tonic::Status::invalid_argument(
+                "--tls-cert-file and --tls-key-file go together",
+            ));
+        }
+    }
+    if let Some(name) = &target.tls_server_name {
+        tls = tls.domain_name(name.clone());
+    }
+    Ok(tls)
 }
 
 async fn execute(command: ClientCommand) -> Result<u8, tonic::Status> {
@@ -495,6 +616,28 @@ async fn execute(command: ClientCommand) -> Result<u8, tonic::Status> {
             Ok(SUCCESS)
         }
         ClientCommand::Hold(args) => hold(args).await,
+        ClientCommand::Token(args) => {
+            let token = match args.existing {
+                Some(token) => token,
+                None => {
+                    crate::auth::new_token().map_err(|e| tonic::Status::internal(e.to_string()))?
+                }
+            };
+            let namespaces = args
+                .namespaces
+                .iter()
+                .map(|n| format!("{n:?}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            println!("# token (give this to the client; it is not stored anywhere):");
+            println!("#   {token}");
+            println!("[[token]]");
+            println!("name = {:?}", args.name);
+            println!("sha256 = \"{}\"", crate::auth::token_digest(&token));
+            println!("role = \"{}\"", args.role);
+            println!("namespaces = [{namespaces}]");
+            Ok(SUCCESS)
+        }
         ClientCommand::Metrics(args) => {
             let to_ms = now_ms();
             let reply = connect(&args.target)

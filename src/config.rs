@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use crate::api::validate::Limits;
 use crate::engine::WaitLimits;
 use crate::store::StoreConfig;
+use crate::tls::TlsArgs;
 
 /// Settings shared by `tumbler serve` and `tumbler dev`.
 #[derive(Args, Clone, Debug)]
@@ -20,6 +21,17 @@ pub struct ServiceArgs {
     /// RPC answers UNAVAILABLE.
     #[arg(long, env = "TUMBLER_REDIS_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
     pub redis_timeout_ms: u64,
+    /// Durability: replicas that must acknowledge a grant (Acquire,
+    /// session acquire, Extend) before it is answered, checked with Redis
+    /// `WAIT` on the connection that wrote it; fewer acknowledgements
+    /// within --min-replicas-timeout-ms answer UNAVAILABLE. 0 (the
+    /// default) answers as soon as the primary has the grant.
+    #[arg(long, env = "TUMBLER_MIN_REPLICAS_ACKED", default_value_t = 0)]
+    pub min_replicas_acked: u32,
+    /// How long a grant waits for --min-replicas-acked acknowledgements;
+    /// must be below --redis-timeout-ms.
+    #[arg(long, env = "TUMBLER_MIN_REPLICAS_TIMEOUT_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    pub min_replicas_timeout_ms: u64,
     /// First part of every Redis key (no braces, no whitespace).
     #[arg(long, env = "TUMBLER_KEY_PREFIX", default_value = "tumbler", value_parser = parse_key_prefix)]
     pub key_prefix: String,
@@ -68,6 +80,57 @@ pub struct ServiceArgs {
     /// closes the remaining connections and exits.
     #[arg(long, env = "TUMBLER_SHUTDOWN_GRACE_MS", default_value_t = 10_000)]
     pub shutdown_grace_ms: u64,
+    /// Largest request message the server reads, in bytes (a lock request
+    /// at its limits is under 10 KiB); larger ones are refused.
+    #[arg(long, env = "TUMBLER_MAX_REQUEST_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1024..))]
+    pub max_request_bytes: u32,
+    /// Concurrent RPCs (HTTP/2 streams) one client connection may have
+    /// open; a client that wants more waits for one to finish.
+    #[arg(long, env = "TUMBLER_MAX_CONCURRENT_STREAMS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_streams: u32,
+    /// Waiting RPCs one namespace may hold open on one replica; beyond it
+    /// Acquire answers RESOURCE_EXHAUSTED, so one team cannot use up the
+    /// replica's `--max-waiters`.
+    #[arg(long, env = "TUMBLER_MAX_WAITERS_PER_NAMESPACE", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_waiters_per_namespace: u32,
+    /// Locks (held or waited for) one namespace may have; 0 (the default)
+    /// means no limit. Enforced atomically per shard, as this number
+    /// divided by --shards (rounded up), so a namespace may be refused a
+    /// little before it reaches the total.
+    #[arg(long, env = "TUMBLER_MAX_LOCKS_PER_NAMESPACE", default_value_t = 0)]
+    pub max_locks_per_namespace: u64,
+    /// Session streams one replica may hold open.
+    #[arg(long, env = "TUMBLER_MAX_SESSIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sessions: u32,
+    /// Watch streams one replica may hold open.
+    #[arg(long, env = "TUMBLER_MAX_WATCHERS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_watchers: u32,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// Who may call the service.
+#[derive(Args, Clone, Debug, Default)]
+pub struct AuthArgs {
+    /// TOML file of bearer tokens (their SHA-256 digests, roles and
+    /// namespaces); re-read when it changes. `tumbler token new` makes
+    /// entries.
+    #[arg(long, env = "TUMBLER_AUTH_TOKENS_FILE")]
+    pub auth_tokens_file: Option<std::path::PathBuf>,
+    /// Serve without authentication: every caller may do everything,
+    /// in every namespace. `serve` refuses to start without either this
+    /// or --auth-tokens-file.
+    #[arg(
+        long,
+        env = "TUMBLER_NO_AUTH",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new(),
+        conflicts_with = "auth_tokens_file"
+    )]
+    pub no_auth: bool,
+    /// How often the tokens file is checked for changes.
+    #[arg(long, env = "TUMBLER_AUTH_RELOAD_INTERVAL_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub auth_reload_interval_ms: u64,
 }
 
 impl Default for ServiceArgs {
@@ -176,6 +239,23 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Whether the dashboard on the HTTP port offers admin actions.
     pub dashboard_admin: bool,
+    /// Bearer tokens file; None: authentication is off.
+    pub auth_tokens_file: Option<std::path::PathBuf>,
+    pub auth_reload_interval: Duration,
+    pub transport: TransportLimits,
+    /// TLS for the gRPC port (and the HTTP port if it says so); None:
+    /// plaintext.
+    pub tls: Option<crate::tls::TlsSettings>,
+}
+
+/// Per-connection and per-replica bounds on what clients can make the
+/// server hold in memory.
+#[derive(Clone, Debug)]
+pub struct TransportLimits {
+    pub max_request_bytes: usize,
+    pub max_concurrent_streams: u32,
+    pub max_sessions: usize,
+    pub max_watchers: usize,
 }
 
 impl ServerConfig {
@@ -186,11 +266,21 @@ impl ServerConfig {
             args.default_ttl_ms,
             args.max_ttl_ms
         );
+        anyhow::ensure!(
+            args.min_replicas_acked == 0 || args.min_replicas_timeout_ms < args.redis_timeout_ms,
+            "--min-replicas-timeout-ms ({}) must be below --redis-timeout-ms ({}): the WAIT for replicas is part of the grant's Redis call",
+            args.min_replicas_timeout_ms,
+            args.redis_timeout_ms
+        );
+        crate::store::RedisTarget::parse(&redis_url)
+            .map_err(|e| anyhow::anyhow!("--redis-url: {e}"))?;
         Ok(ServerConfig {
             store: StoreConfig {
                 url: redis_url,
                 connections: args.redis_connections,
                 command_timeout: Duration::from_millis(args.redis_timeout_ms),
+                min_replicas_acked: args.min_replicas_acked,
+                min_replicas_timeout: Duration::from_millis(args.min_replicas_timeout_ms),
             },
             key_prefix: args.key_prefix.clone(),
             shards: args.shards,
@@ -204,6 +294,10 @@ impl ServerConfig {
             wait_limits: WaitLimits {
                 max_waiters_per_lock: args.max_waiters_per_lock,
                 max_waiters_per_replica: args.max_waiters,
+                max_waiters_per_namespace: args.max_waiters_per_namespace as usize,
+                max_locks_per_shard: args
+                    .max_locks_per_namespace
+                    .div_ceil(u64::from(args.shards)),
                 session_lock_delay_ms: (args.session_lock_delay_ms > 0)
                     .then_some(args.session_lock_delay_ms),
             },
@@ -213,6 +307,15 @@ impl ServerConfig {
             shutdown_drain: Duration::ZERO,
             shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
             dashboard_admin: false,
+            auth_tokens_file: args.auth.auth_tokens_file.clone(),
+            auth_reload_interval: Duration::from_millis(args.auth.auth_reload_interval_ms),
+            transport: TransportLimits {
+                max_request_bytes: args.max_request_bytes as usize,
+                max_concurrent_streams: args.max_concurrent_streams,
+                max_sessions: args.max_sessions as usize,
+                max_watchers: args.max_watchers as usize,
+            },
+            tls: None,
         })
     }
 }
@@ -223,7 +326,10 @@ pub struct ServeArgs {
     /// Address of the gRPC port.
     #[arg(long, env = "TUMBLER_LISTEN", default_value = "0.0.0.0:50051")]
     pub listen: SocketAddr,
-    /// Redis to keep the locks in.
+    /// Redis to keep the locks in: `redis://[user:password@]host:port[/db]`,
+    /// a Redis Cluster as `redis+cluster://host:port,host:port,…` (seed
+    /// nodes), or a Sentinel-managed master as
+    /// `redis+sentinel://host:port,host:port,…/<master-name>[/db]`.
     #[arg(
         long,
         env = "TUMBLER_REDIS_URL",
@@ -238,14 +344,27 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub observability: ObservabilityArgs,
     #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(flatten)]
     pub service: ServiceArgs,
 }
 
 impl ServeArgs {
     pub fn server_config(&self) -> anyhow::Result<ServerConfig> {
+        let auth = &self.service.auth;
+        anyhow::ensure!(
+            auth.auth_tokens_file.is_some() || auth.no_auth,
+            "authentication is not configured: give --auth-tokens-file FILE (bearer tokens), or --no-auth to let every caller do everything"
+        );
+        if auth.no_auth {
+            tracing::warn!(
+                "AUTHENTICATION IS OFF (--no-auth): any client that reaches this port can acquire, release and clear every lock in every namespace"
+            );
+        }
         let mut config = ServerConfig::new(self.redis_url.clone(), &self.service)?;
         config.shutdown_drain = Duration::from_millis(self.shutdown_drain_ms);
         config.dashboard_admin = self.observability.dashboard_admin;
+        config.tls = self.tls.settings()?;
         Ok(config)
     }
 }
@@ -261,6 +380,8 @@ pub struct DevArgs {
     pub redis_server: String,
     #[command(flatten)]
     pub observability: ObservabilityArgs,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(flatten)]
     pub service: ServiceArgs,
 }

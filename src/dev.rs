@@ -26,6 +26,8 @@ pub struct RedisServer {
     binary: String,
     port: u16,
     dir: tempfile::TempDir,
+    /// Arguments added on every start (persistence settings, say).
+    extra_args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -40,6 +42,13 @@ impl RedisServer {
     /// Starts `binary` on a free port (a few tries, in case another process
     /// takes the port between the probe and the start).
     pub fn start(binary: &str) -> anyhow::Result<Self> {
+        Self::start_with_args(binary, &[])
+    }
+
+    /// [`Self::start`] with extra `redis-server` arguments, kept for
+    /// restarts (e.g. `--appendonly yes --appendfsync always`, so a restart
+    /// keeps what was acknowledged).
+    pub fn start_with_args(binary: &str, extra: &[&str]) -> anyhow::Result<Self> {
         let mut last_error = None;
         for _ in 0..5 {
             let mut server = RedisServer {
@@ -48,6 +57,7 @@ impl RedisServer {
                 dir: tempfile::Builder::new()
                     .prefix("tumbler-redis-")
                     .tempdir()?,
+                extra_args: extra.iter().map(|a| a.to_string()).collect(),
                 child: None,
             };
             match server.spawn() {
@@ -67,6 +77,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(self.dir.path())
             .args(["--logfile", "redis.log"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -159,8 +170,8 @@ impl RedisServer {
         }
     }
 
-    /// Starts a stopped or killed server again on the same port (empty:
-    /// it keeps nothing on disk).
+    /// Starts a stopped or killed server again on the same port and data
+    /// directory (empty unless started with persistence arguments).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
         self.spawn()

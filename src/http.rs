@@ -2,6 +2,8 @@
 //! web dashboard with its JSON endpoints (see [`crate::dashboard`]), served
 //! by the same process as gRPC, on a listener the caller bound.
 
+use std::future::IntoFuture;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +16,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 use crate::engine::LockEngine;
+use crate::tls::TlsSettings;
 
 /// How often histograms are folded in when nobody scrapes, so their
 /// samples do not pile up between scrapes.
@@ -26,12 +29,13 @@ struct Http {
 }
 
 /// Serves the HTTP port until the task running it is aborted (the server
-/// does that when it stops).
+/// does that when it stops); over TLS when `tls` is given.
 pub async fn serve(
     listener: TcpListener,
     metrics: PrometheusHandle,
     engine: Arc<LockEngine>,
     dashboard: crate::dashboard::Options,
+    tls: Option<TlsSettings>,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_page))
@@ -41,8 +45,10 @@ pub async fn serve(
             engine: engine.clone(),
         })
         .merge(crate::dashboard::router(engine, dashboard));
-    let serving = std::future::IntoFuture::into_future(axum::serve(listener, app));
-    let mut serving = std::pin::pin!(serving);
+    let mut serving: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match tls {
+        Some(tls) => Box::pin(axum::serve(tls.https_listener(listener)?, app).into_future()),
+        None => Box::pin(axum::serve(listener, app).into_future()),
+    };
     let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);
     loop {
         tokio::select! {

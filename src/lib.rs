@@ -8,6 +8,7 @@
 //! redis-server for `tumbler dev` and the tests.
 
 pub mod api;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod dashboard;
@@ -19,3 +20,4 @@ pub mod proto;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

@@ -43,7 +43,12 @@ async fn main() -> anyhow::Result<ExitCode> {
             let config = args.server_config()?;
             let listener = bind(args.listen).await?;
             let http = bind_http(args.observability.http_listen, "0.0.0.0:9090", false).await?;
-            let outcome = server::serve_with_http(config, listener, http, shutdown_signal()).await;
+            let listeners = server::Listeners {
+                grpc: listener,
+                http,
+                health: bind_health(args.tls.health_listen).await?,
+            };
+            let outcome = server::serve_on(config, listeners, shutdown_signal()).await;
             telemetry.shutdown().await;
             outcome.map(|()| ExitCode::SUCCESS)
         }
@@ -52,12 +57,21 @@ async fn main() -> anyhow::Result<ExitCode> {
             let redis = RedisServer::start(&args.redis_server)?;
             let mut config = ServerConfig::new(redis.url(), &args.service)?;
             config.dashboard_admin = args.observability.dashboard_admin;
+            config.tls = args.tls.settings()?;
             let listener = bind(args.listen).await?;
             let addr = listener.local_addr()?;
             let http = bind_http(args.observability.http_listen, "127.0.0.1:9090", true).await?;
+            let (scheme, http_scheme, grpcurl_tls) = match &config.tls {
+                Some(tls) => (
+                    "https",
+                    if tls.http { "https" } else { "http" },
+                    "-cacert CA.pem",
+                ),
+                None => ("http", "http", "-plaintext"),
+            };
             let metrics = match &http {
                 Some(http) => format!(
-                    "http://{addr}/metrics, dashboard http://{addr}/dashboard",
+                    "{http_scheme}://{addr}/metrics, dashboard {http_scheme}://{addr}/dashboard",
                     addr = http.local_addr()?
                 ),
                 None => "off".to_owned(),
@@ -66,12 +80,17 @@ async fn main() -> anyhow::Result<ExitCode> {
             let _ = writeln!(
                 std::io::stdout(),
                 "tumbler dev: gRPC on {addr}, private Redis at {url}, metrics {metrics}\n\
-                 \x20 try: tumbler acquire --addr http://{addr} demo --ttl-ms 30000\n\
-                 \x20  or: grpcurl -plaintext -d '{{\"name\":\"demo\",\"ttl_ms\":30000}}' {addr} tumbler.v1.LockService/Acquire\n\
+                 \x20 try: tumbler acquire --addr {scheme}://{addr} demo --ttl-ms 30000\n\
+                 \x20  or: grpcurl {grpcurl_tls} -d '{{\"name\":\"demo\",\"ttl_ms\":30000}}' {addr} tumbler.v1.LockService/Acquire\n\
                  \x20 stop with Ctrl-C; the private Redis stops with it",
                 url = redis.url()
             );
-            let outcome = server::serve_with_http(config, listener, http, shutdown_signal()).await;
+            let listeners = server::Listeners {
+                grpc: listener,
+                http,
+                health: bind_health(args.tls.health_listen).await?,
+            };
+            let outcome = server::serve_on(config, listeners, shutdown_signal()).await;
             drop(redis);
             telemetry.shutdown().await;
             outcome.map(|()| ExitCode::SUCCESS)
@@ -134,6 +153,18 @@ async fn bind_http(
     }
 }
 
+/// The plaintext health port's listener, when asked for.
+async fn bind_health(asked: Option<SocketAddr>) -> anyhow::Result<Option<TcpListener>> {
+    let Some(addr) = asked else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--health-listen): {e}"))?;
+    tracing::info!(addr = %listener.local_addr()?, "listening for gRPC health checks (plaintext)");
+    Ok(Some(listener))
+}
+
 /// Resolves on Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -141,5 +172,17 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C received"),
         _ = terminate.recv() => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every subcommand's flags are consistent (unique names, valid
+    /// defaults): clap checks this only when a subcommand is used.
+    #[test]
+    fn command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

@@ -359,6 +359,65 @@ pub fn code_name(code: Code) -> &'static str {
     }
 }
 
+/// tonic answers a request message over `--max-request-bytes` with
+/// OUT_OF_RANGE; gRPC's convention (and what clients retry on) is
+/// RESOURCE_EXHAUSTED, so the status is rewritten (its message stays),
+/// in the headers of a trailers-only answer or in the trailers.
+fn oversized_request_is_resource_exhausted(headers: &mut http::HeaderMap) {
+    let oversized = headers
+        .get("grpc-status")
+        .is_some_and(|code| Code::from_bytes(code.as_bytes()) == Code::OutOfRange)
+        && headers.get("grpc-message").is_some_and(|m| {
+            // grpc-message is percent-encoded (tonic encodes spaces).
+            let m = m.as_bytes();
+            m.starts_with(b"Error,%20decoded%20message%20length%20too%20large")
+                || m.starts_with(b"Error, decoded message length too large")
+        });
+    if oversized {
+        headers.insert(
+            "grpc-status",
+            http::HeaderValue::from(Code::ResourceExhausted as i32),
+        );
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body whose trailers get
+    /// [`oversized_request_is_resource_exhausted`].
+    pub struct StatusRewrite<B> {
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for StatusRewrite<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let frame = std::task::ready!(self.project().inner.poll_frame(cx));
+        Poll::Ready(frame.map(|frame| {
+            frame.map(|mut frame| {
+                if let Some(trailers) = frame.trailers_mut() {
+                    oversized_request_is_resource_exhausted(trailers);
+                }
+                frame
+            })
+        }))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A tower layer over the gRPC server: for every lock service RPC it counts
 /// `tumbler_rpc_requests_total{method,code}`, times
 /// `tumbler_rpc_duration_seconds{method}` and, when OpenTelemetry export is
@@ -388,9 +447,9 @@ where
     S: tower::Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = http::Response<StatusRewrite<R>>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<S::Response, S::Error>>;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -398,7 +457,11 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let Some(method) = request.uri().path().strip_prefix(SERVICE_PATH) else {
-            return Box::pin(self.inner.call(request));
+            let answer = self.inner.call(request);
+            return Box::pin(async move {
+                let response = answer.await?;
+                Ok(response.map(|body| StatusRewrite { inner: body }))
+            });
         };
         let method = method.to_owned();
         let span = if rpc_spans() {
@@ -419,7 +482,10 @@ where
         let answer = span.in_scope(|| self.inner.call(request));
         Box::pin(
             async move {
-                let result = answer.await;
+                let mut result = answer.await;
+                if let Ok(response) = &mut result {
+                    oversized_request_is_resource_exhausted(response.headers_mut());
+                }
                 // A handler's error is a trailers-only response: its status
                 // is in the headers. A success carries OK in the trailers.
                 let code = match &result {
@@ -453,7 +519,7 @@ where
                     .record(started.elapsed().as_secs_f64());
                 counter!("tumbler_rpc_requests_total", "method" => method, "code" => code_name(code))
                     .increment(1);
-                result
+                result.map(|response| response.map(|body| StatusRewrite { inner: body }))
             }
             .instrument(span),
         )

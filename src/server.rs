@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::api::LockApi;
+use crate::auth::AuthInterceptor;
 use crate::config::ServerConfig;
 use crate::engine::keys::Layout;
 use crate::engine::waiters::run_subscriber;
@@ -47,6 +48,37 @@ pub async fn serve_with_http(
     http: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    let listeners = Listeners {
+        grpc: listener,
+        http,
+        health: None,
+    };
+    serve_on(config, listeners, shutdown).await
+}
+
+/// The ports a server runs on, bound by the caller.
+pub struct Listeners {
+    /// The gRPC port (TLS when the config has it).
+    pub grpc: TcpListener,
+    /// The HTTP port: Prometheus `/metrics`, `/healthz`, the dashboard.
+    pub http: Option<TcpListener>,
+    /// A plaintext port serving only gRPC health, from the same statuses as
+    /// the gRPC port: for probes that cannot speak TLS.
+    pub health: Option<TcpListener>,
+}
+
+/// [`serve_with_http`], on every port in `listeners`; the extra ports
+/// close when the server has stopped.
+pub async fn serve_on(
+    config: ServerConfig,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let Listeners {
+        grpc: listener,
+        http,
+        health,
+    } = listeners;
     let store = Store::new(&config.store)?;
     let layout = Layout::new(&config.key_prefix, config.shards);
     let wake_channel = layout.wake_channel();
@@ -80,6 +112,7 @@ pub async fn serve_with_http(
             crate::dashboard::Options {
                 admin: config.dashboard_admin,
             },
+            config.tls.clone().filter(|tls| tls.http),
         ))),
         None => None,
     };
@@ -89,6 +122,27 @@ pub async fn serve_with_http(
     reporter
         .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
         .await;
+    // The health port: grpc.health.v1, plus reflection of that one service
+    // so tools like grpcurl can ask it without a .proto.
+    let health_port = match health {
+        Some(listener) => {
+            let reflection = || {
+                tonic_reflection::server::Builder::configure()
+                    .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            };
+            let health = Server::builder()
+                .add_service(health_service.clone())
+                .add_service(reflection().build_v1()?)
+                .add_service(reflection().build_v1alpha()?)
+                .serve_with_incoming(crate::tls::plain_incoming(listener));
+            Some(tokio::spawn(async {
+                if let Err(e) = health.await {
+                    tracing::error!(error = %e, "the health port stopped");
+                }
+            }))
+        }
+        None => None,
+    };
     let watcher = tokio::spawn(watch_redis(
         engine.clone(),
         reporter.clone(),
@@ -103,7 +157,18 @@ pub async fn serve_with_http(
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let api = LockApi::new(engine.clone(), config.limits.clone());
+    let api = LockApi::new(engine.clone(), config.limits.clone(), &config.transport);
+    let authenticator = match &config.auth_tokens_file {
+        Some(path) => Some(crate::auth::Authenticator::load(path)?),
+        None => None,
+    };
+    let reloader = authenticator
+        .clone()
+        .map(|auth| tokio::spawn(auth.run_reloader(config.auth_reload_interval)));
+    let lock_service = InterceptedService::new(
+        LockServiceServer::new(api).max_decoding_message_size(config.transport.max_request_bytes),
+        AuthInterceptor { authenticator },
+    );
 
     let mut watcher = std::pin::pin!(watcher);
     let mut fatal = None;
@@ -128,13 +193,14 @@ pub async fn serve_with_http(
         engine.waiters().shut_down();
         draining.notify_one();
     };
-    let serving = Server::builder()
+    let router = Server::builder()
+        .max_concurrent_streams(config.transport.max_concurrent_streams)
         .layer(crate::observe::RpcLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(LockServiceServer::new(api))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop);
+        .add_service(lock_service);
+    let serving = crate::tls::serve(router, listener, config.tls.as_ref(), stop);
     // A client that keeps its connection open (or stops reading) must not
     // hold the process past the grace period.
     let grace_over = async {
@@ -154,6 +220,9 @@ pub async fn serve_with_http(
     refresher.abort();
     flusher.abort();
     renewer.abort();
+    if let Some(reloader) = reloader {
+        reloader.abort();
+    }
     if let Some(reaper) = reaper {
         // Let it hand its lease over, briefly.
         let _ = tokio::time::timeout(Duration::from_secs(2), reaper).await;
@@ -161,6 +230,10 @@ pub async fn serve_with_http(
     if let Some(http) = http {
         http.abort();
         let _ = http.await;
+    }
+    if let Some(health_port) = health_port {
+        health_port.abort();
+        let _ = health_port.await;
     }
     match fatal {
         Some(Ok(Err(err))) => Err(err.into()),

@@ -347,7 +347,13 @@ async fn every_rpc_exports_a_span_over_otlp() {
     let mut serve = tokio::process::Command::new(TUMBLER)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
-        .args(["--shutdown-drain-ms", "0", "--http-listen", "off"])
+        .args([
+            "--shutdown-drain-ms",
+            "0",
+            "--http-listen",
+            "off",
+            "--no-auth",
+        ])
         .args(["--otlp-endpoint", &format!("http://{collector_addr}")])
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .stdout(Stdio::null())

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
+use crate::auth::Access;
+use crate::config::TransportLimits;
 use crate::engine::{
     self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome,
 };
@@ -21,15 +23,65 @@ use crate::proto::{
 use crate::store::StoreError;
 use validate::Limits;
 
-/// The service: the shared engine and the request bounds.
+/// The service: the shared engine, the request bounds and the open
+/// streams.
+#[derive(Clone)]
 pub struct LockApi {
     engine: Arc<LockEngine>,
     limits: Limits,
+    sessions: Arc<StreamSlots>,
+    watchers: Arc<StreamSlots>,
+}
+
+/// Long-lived streams of one kind that this replica may hold open.
+pub struct StreamSlots {
+    what: &'static str,
+    max: usize,
+    open: std::sync::atomic::AtomicUsize,
+}
+
+/// One open stream; gives its slot back when dropped.
+pub struct StreamSlot(Arc<StreamSlots>);
+
+impl StreamSlots {
+    fn new(what: &'static str, max: usize) -> Arc<Self> {
+        Arc::new(StreamSlots {
+            what,
+            max,
+            open: Default::default(),
+        })
+    }
+
+    /// A slot, or RESOURCE_EXHAUSTED when all are taken.
+    fn take(self: &Arc<Self>) -> Result<StreamSlot, Status> {
+        use std::sync::atomic::Ordering;
+        if self.open.fetch_add(1, Ordering::AcqRel) >= self.max {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return Err(Status::resource_exhausted(format!(
+                "this replica already has {} open {} streams; retry later or on another replica",
+                self.max, self.what
+            )));
+        }
+        Ok(StreamSlot(self.clone()))
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0
+            .open
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl LockApi {
-    pub fn new(engine: Arc<LockEngine>, limits: Limits) -> Self {
-        LockApi { engine, limits }
+    pub fn new(engine: Arc<LockEngine>, limits: Limits, transport: &TransportLimits) -> Self {
+        LockApi {
+            engine,
+            limits,
+            sessions: StreamSlots::new("session", transport.max_sessions),
+            watchers: StreamSlots::new("watch", transport.max_watchers),
+        }
     }
 
     /// Validates an acquire request for a holder and lease already decided
@@ -103,9 +155,10 @@ fn engine_status(err: EngineError) -> Status {
             crate::observe::redis_error("protocol");
             Status::internal("lock store answered unexpectedly")
         }
-        err @ (EngineError::QueueFull(_) | EngineError::TooManyWaiters(_)) => {
-            Status::resource_exhausted(err.to_string())
-        }
+        err @ (EngineError::QueueFull(_)
+        | EngineError::TooManyWaiters(_)
+        | EngineError::TooManyInNamespace(_)
+        | EngineError::NamespaceFull) => Status::resource_exhausted(err.to_string()),
         err @ EngineError::ShuttingDown => Status::unavailable(err.to_string()),
     }
 }
@@ -211,11 +264,13 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::AcquireRequest>,
     ) -> Result<Response<proto::AcquireResponse>, Status> {
+        let access = Access::of(&request)?;
         let deadline = grpc_deadline(&request);
         let req = request.into_inner();
         let holder = validate::optional_holder(&req.holder)?.unwrap_or_else(new_holder_id);
         let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits)?;
         let acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
+        access.namespace(&acquire.lock.namespace)?;
         let span = tracing::Span::current();
         span.record("namespace", &acquire.lock.namespace);
         span.record("name", &acquire.lock.name);
@@ -239,8 +294,10 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::ReleaseRequest>,
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
+        let access = Access::of(&request)?;
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
+        access.namespace(&lock.namespace)?;
         let holder = validate::holder(&req.holder)?;
         let token = validate::fencing_token(req.fencing_token)?;
         let outcome = self
@@ -263,8 +320,10 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::ExtendRequest>,
     ) -> Result<Response<proto::ExtendResponse>, Status> {
+        let access = Access::of(&request)?;
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
+        access.namespace(&lock.namespace)?;
         let holder = validate::holder(&req.holder)?;
         let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits)?;
         let token = validate::fencing_token(req.fencing_token)?;
@@ -292,8 +351,10 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::InspectRequest>,
     ) -> Result<Response<proto::InspectResponse>, Status> {
+        let access = Access::of(&request)?;
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
+        access.namespace(&lock.namespace)?;
         let state = self.engine.inspect(&lock).await.map_err(engine_status)?;
         let now_ms = state.now_ms;
         Ok(Response::new(proto::InspectResponse {
@@ -318,8 +379,10 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::QueueRequest>,
     ) -> Result<Response<proto::QueueResponse>, Status> {
+        let access = Access::of(&request)?;
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
+        access.namespace(&lock.namespace)?;
         let most = validate::max_entries(req.max_entries)?;
         let state = self
             .engine
@@ -353,8 +416,10 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
+        let access = Access::of(&request)?;
         let req = request.into_inner();
         let namespace = validate::namespace(&req.namespace)?;
+        access.namespace(&namespace)?;
         let prefix = validate::prefix(&req.prefix)?;
         let page_size = validate::page_size(req.page_size)?;
         let from = validate::page_token(&req.page_token, self.engine.layout().shards())?;
@@ -384,20 +449,40 @@ impl LockService for LockApi {
         }))
     }
 
+    #[tracing::instrument(name = "ListNamespaces", skip_all)]
+    async fn list_namespaces(
+        &self,
+        request: Request<proto::ListNamespacesRequest>,
+    ) -> Result<Response<proto::ListNamespacesResponse>, Status> {
+        let access = Access::of(&request)?;
+        let mut namespaces = self.engine.namespaces().await.map_err(engine_status)?;
+        namespaces.retain(|namespace| access.sees(namespace));
+        namespaces.sort();
+        Ok(Response::new(proto::ListNamespacesResponse { namespaces }))
+    }
+
     #[tracing::instrument(name = "Reap", skip_all, fields(namespace))]
     async fn reap(
         &self,
         request: Request<proto::ReapRequest>,
     ) -> Result<Response<proto::ReapResponse>, Status> {
+        let access = Access::of(&request)?;
         let req = request.into_inner();
         let namespace = validate::namespace(&req.namespace)?;
         let older_than = validate::older_than_ms(req.older_than_ms)?;
+        // Cleaning up what is already dead is anyone's business; taking
+        // live grants and requests away (a cutoff) is an admin's.
+        if older_than.is_some() {
+            access.admin(&namespace)?;
+        } else {
+            access.namespace(&namespace)?;
+        }
         let counts = self
             .engine
             .reap(&namespace, older_than)
             .await
             .map_err(engine_status)?;
-        tracing::info!(?counts, %namespace, "reaped on request");
+        tracing::info!(?counts, %namespace, by = access.who(), "reaped on request");
         Ok(Response::new(proto::ReapResponse {
             expired_holders: counts.expired_holders,
             dead_waiters: counts.dead_waiters,
@@ -413,10 +498,12 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::ClearRequest>,
     ) -> Result<Response<proto::ClearResponse>, Status> {
+        let access = Access::of(&request)?;
         let req = request.into_inner();
         let namespace = validate::namespace(&req.namespace)?;
+        access.admin(&namespace)?;
         let counts = self.engine.clear(&namespace).await.map_err(engine_status)?;
-        tracing::warn!(?counts, %namespace, "namespace cleared");
+        tracing::warn!(?counts, %namespace, by = access.who(), "namespace cleared");
         Ok(Response::new(proto::ClearResponse {
             locks_cleared: counts.locks,
             grants_released: counts.grants,
@@ -429,8 +516,10 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::MetricsRequest>,
     ) -> Result<Response<proto::MetricsResponse>, Status> {
+        let access = Access::of(&request)?;
         let req = request.into_inner();
         let namespace = validate::namespace(&req.namespace)?;
+        access.namespace(&namespace)?;
         let (from_ms, to_ms) = validate::metrics_range(req.from_ms, req.to_ms, unix_ms())?;
         let kind = if req.kind.is_empty() {
             None
@@ -458,7 +547,9 @@ impl LockService for LockApi {
         &self,
         request: Request<tonic::Streaming<proto::SessionRequest>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        session::open(self, request.into_inner()).await
+        let access = Access::of(&request)?;
+        let slot = self.sessions.take()?;
+        session::open(self, access, slot, request.into_inner()).await
     }
 
     type WatchStream = std::pin::Pin<
@@ -472,9 +563,12 @@ impl LockService for LockApi {
     ) -> Result<Response<Self::WatchStream>, Status> {
         use std::sync::atomic::Ordering;
         use tokio_stream::StreamExt;
+        let access = Access::of(&request)?;
         let req = request.into_inner();
+        let namespace = validate::namespace(&req.namespace)?;
+        access.namespace(&namespace)?;
         let filter = engine::watchers::Filter {
-            namespace: validate::namespace(&req.namespace)?,
+            namespace,
             name: if req.name.is_empty() {
                 None
             } else {
@@ -482,12 +576,14 @@ impl LockService for LockApi {
             },
             prefix: validate::prefix(&req.prefix)?,
         };
+        let slot = self.watchers.take()?;
         let watch = self.engine.watchers().add(filter, WATCH_BUFFER);
         let (guard, overflowed) = (watch.guard, watch.overflowed);
         let events = watch_events(watch.events);
         // The guard lives as long as the stream: dropping it unregisters.
         let ending = futures::stream::once(async move {
             drop(guard);
+            drop(slot);
             if overflowed.load(Ordering::Acquire) {
                 Some(Err(Status::resource_exhausted(format!(
                     "watcher dropped: more than {WATCH_BUFFER} events unread"

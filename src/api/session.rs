@@ -19,7 +19,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Response, Status, Streaming};
 use tracing::Instrument;
 
-use super::{LockApi, acquire_reply, engine_status, lock_id, validate};
+use super::{LockApi, StreamSlot, acquire_reply, engine_status, lock_id, validate};
+use crate::auth::Access;
 use crate::engine::LockEngine;
 use crate::engine::sessions::LostGrant;
 use crate::proto::session_request::Command;
@@ -33,12 +34,17 @@ const SHUTTING_DOWN: &str = "the replica is shutting down";
 
 /// Messages waiting for the client before the session counts it as gone.
 const OUTBOX: usize = 64;
+/// Commands one session may have running at once (waiting acquires
+/// included); more are refused with RESOURCE_EXHAUSTED.
+const MAX_RUNNING_COMMANDS: usize = 1000;
 /// How long a new stream may take to send its open message.
 const OPEN_WITHIN: Duration = Duration::from_secs(10);
 
 /// Reads the open message, starts the session, and returns its stream.
 pub async fn open(
     api: &LockApi,
+    access: Access,
+    slot: StreamSlot,
     mut inbound: Streaming<proto::SessionRequest>,
 ) -> Result<Response<SessionStream>, Status> {
     let first = tokio::time::timeout(OPEN_WITHIN, inbound.message())
@@ -65,7 +71,9 @@ pub async fn open(
         event: Some(opened),
     }));
     let driver = Driver {
-        api: LockApi::new(api.engine.clone(), api.limits.clone()),
+        api: api.clone(),
+        access,
+        _slot: slot,
         session,
         ttl_ms,
         out,
@@ -76,6 +84,10 @@ pub async fn open(
 
 struct Driver {
     api: LockApi,
+    /// What the session's caller may do, checked per command.
+    access: Access,
+    /// This session's place among the replica's open sessions.
+    _slot: StreamSlot,
     session: String,
     ttl_ms: u64,
     out: mpsc::Sender<Result<SessionResponse, Status>>,
@@ -167,12 +179,21 @@ impl Driver {
             )),
             Some(Command::Acquire(command)) => {
                 let id = command.request_id;
+                if running.len() >= MAX_RUNNING_COMMANDS {
+                    return Some(refused(id, too_many_running()));
+                }
                 let request = match command
                     .acquire
                     .ok_or_else(|| Status::invalid_argument("acquire: missing"))
                     .and_then(|req| {
-                        self.api
-                            .acquire_request(req, self.session.clone(), self.ttl_ms, None)
+                        let request = self.api.acquire_request(
+                            req,
+                            self.session.clone(),
+                            self.ttl_ms,
+                            None,
+                        )?;
+                        self.access.namespace(&request.lock.namespace)?;
+                        Ok(request)
                     }) {
                     Ok(request) => request,
                     Err(status) => return Some(refused(id, status)),
@@ -192,7 +213,12 @@ impl Driver {
             }
             Some(Command::Release(command)) => {
                 let id = command.request_id;
-                let lock = match lock_id(&command.namespace, &command.name) {
+                if running.len() >= MAX_RUNNING_COMMANDS {
+                    return Some(refused(id, too_many_running()));
+                }
+                let lock = match lock_id(&command.namespace, &command.name)
+                    .and_then(|lock| self.access.namespace(&lock.namespace).map(|()| lock))
+                {
                     Ok(lock) => lock,
                     Err(status) => return Some(refused(id, status)),
                 };
@@ -223,6 +249,12 @@ impl Driver {
             }
         }
     }
+}
+
+fn too_many_running() -> Status {
+    Status::resource_exhausted(format!(
+        "command: this session already runs {MAX_RUNNING_COMMANDS} commands; wait for answers"
+    ))
 }
 
 /// A refused command, as the session reports it (the session goes on).

@@ -128,12 +128,15 @@ const DEFAULT_METRICS_RANGE_MS: i64 = 3600 * 1000;
 /// most 24 hours (the counters' retention).
 pub fn metrics_range(from_ms: i64, to_ms: i64, now_ms: i64) -> Result<(i64, i64), Status> {
     let to = if to_ms == 0 { now_ms } else { to_ms };
+    if to < 0 {
+        return Err(invalid("to_ms", "must not be negative"));
+    }
     let from = if from_ms == 0 {
         to - DEFAULT_METRICS_RANGE_MS
     } else {
         from_ms
     };
-    if from < 0 || to < 0 {
+    if from < 0 {
         return Err(invalid("from_ms", "must not be negative"));
     }
     if from > to {
@@ -372,6 +375,7 @@ mod tests {
         rejects(page_size(1001), "page_size");
         rejects(metrics_range(2, 1, 10), "from_ms");
         rejects(metrics_range(1, MAX_METRICS_RANGE_MS + 2, 10), "from_ms");
+        rejects(metrics_range(0, i64::MIN, 10), "to_ms");
         assert_eq!(
             metrics_range(0, 0, 7_200_000).unwrap(),
             (3_600_000, 7_200_000)
@@ -406,5 +410,69 @@ mod tests {
     #[test]
     fn names_may_hold_braces_colons_and_unicode() {
         assert!(name("orders:{42}:größe").is_ok());
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use tonic::Code;
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 2000,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    fn names_field(status: &Status, field: &str) -> bool {
+        status.code() == Code::InvalidArgument
+            && status
+                .message()
+                .strip_prefix(field)
+                .is_some_and(|rest| rest.starts_with(':'))
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn page_tokens_round_trip(shard in 0u32..64, after in "\\PC{0,40}|.{0,40}") {
+            let cursor = ListCursor { shard, after };
+            let token = encode_page_token(&cursor);
+            prop_assert_eq!(page_token(&token, 64).unwrap(), Some(cursor));
+        }
+
+        #[test]
+        fn any_string_decodes_to_a_cursor_in_range_or_a_page_token_error(
+            token in ".{0,80}|[A-Za-z0-9_-]{0,80}",
+            shards in 1u32..64,
+        ) {
+            match page_token(&token, shards) {
+                Ok(None) => prop_assert!(token.is_empty()),
+                Ok(Some(cursor)) => {
+                    prop_assert!(cursor.shard < shards);
+                    prop_assert!(cursor.after.len() <= MAX_NAME_BYTES);
+                    prop_assert_eq!(page_token(&encode_page_token(&cursor), shards).unwrap(), Some(cursor));
+                }
+                Err(status) => prop_assert!(names_field(&status, "page_token"), "{:?}", status),
+            }
+        }
+
+        #[test]
+        fn metrics_ranges_never_panic(from in any::<i64>(), to in any::<i64>(), now in 0i64..i64::MAX / 2) {
+            match metrics_range(from, to, now) {
+                Ok((from, to)) => {
+                    prop_assert!(0 <= from && from <= to);
+                    prop_assert!(to - from <= MAX_METRICS_RANGE_MS);
+                }
+                Err(status) => prop_assert!(
+                    names_field(&status, "from_ms") || names_field(&status, "to_ms"),
+                    "{:?}", status
+                ),
+            }
+        }
     }
 }

@@ -286,6 +286,10 @@ pub enum EngineError {
     QueueFull(u32),
     #[error("this replica already holds {0} waiting requests")]
     TooManyWaiters(usize),
+    #[error("this namespace already has {0} waiting requests on this replica")]
+    TooManyInNamespace(usize),
+    #[error("this namespace has reached its lock limit")]
+    NamespaceFull,
     #[error("this replica is shutting down; retry on another")]
     ShuttingDown,
 }
@@ -294,6 +298,7 @@ impl From<RegisterError> for EngineError {
     fn from(err: RegisterError) -> Self {
         match err {
             RegisterError::TooManyWaiters(max) => EngineError::TooManyWaiters(max),
+            RegisterError::TooManyInNamespace(max) => EngineError::TooManyInNamespace(max),
             RegisterError::ShuttingDown => EngineError::ShuttingDown,
         }
     }
@@ -306,6 +311,10 @@ pub struct WaitLimits {
     pub max_waiters_per_lock: u32,
     /// Waiting RPCs one replica may hold open.
     pub max_waiters_per_replica: usize,
+    /// Waiting RPCs one namespace may hold open on one replica.
+    pub max_waiters_per_namespace: usize,
+    /// Locks one namespace may have in one shard (0: no limit).
+    pub max_locks_per_shard: u64,
     /// How long a dead session's grants stay held; None releases them.
     pub session_lock_delay_ms: Option<u64>,
 }
@@ -320,6 +329,9 @@ pub struct LockEngine {
     sessions: Sessions,
     wake_channel: String,
     max_waiters_per_lock: String,
+    /// Locks a namespace may have per shard ('0': no limit), as the
+    /// acquire script's argument.
+    max_locks_per_shard: String,
     /// How long a dead session's grants stay held (None: released at once).
     session_lock_delay_ms: Option<u64>,
     /// Set once the data in Redis is known to use this deployment's layout;
@@ -358,7 +370,11 @@ impl LockEngine {
     pub fn new(store: Store, layout: Layout, limits: WaitLimits) -> Self {
         LockEngine {
             wake_channel: layout.wake_channel(),
-            waiters: Waiters::new(limits.max_waiters_per_replica),
+            waiters: Waiters::new(
+                limits.max_waiters_per_replica,
+                limits.max_waiters_per_namespace,
+            ),
+            max_locks_per_shard: limits.max_locks_per_shard.to_string(),
             sessions: Sessions::default(),
             watchers: watchers::Watchers::new(),
             max_waiters_per_lock: limits.max_waiters_per_lock.to_string(),
@@ -434,13 +450,52 @@ impl LockEngine {
         keys: &LockKeys,
         args: &[&str],
     ) -> Result<T, StoreError> {
+        let all_args = self.lock_script_args(lock, args);
+        self.store
+            .run_script(script, &keys.as_script_keys(), &all_args)
+            .await
+    }
+
+    /// A lock script's arguments: the lock name and the wake channel, then
+    /// the operation's own.
+    fn lock_script_args<'a>(&'a self, lock: &'a LockId, args: &[&'a str]) -> Vec<&'a str> {
         let mut all_args = Vec::with_capacity(args.len() + 2);
         all_args.push(lock.name.as_str());
         all_args.push(self.wake_channel.as_str());
         all_args.extend_from_slice(args);
+        all_args
+    }
+
+    /// [`Self::run`] for a script that may grant (acquire, extend): with
+    /// `--min-replicas-acked`, a grant is answered only once enough
+    /// replicas acknowledged it. `granted` lists the statuses (the reply's
+    /// first element) that are grants.
+    async fn run_granting<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        lock: &LockId,
+        keys: &LockKeys,
+        args: &[&str],
+        granted: &'static [i64],
+    ) -> Result<T, StoreError> {
+        let all_args = self.lock_script_args(lock, args);
         self.store
-            .run_script(script, &keys.as_script_keys(), &all_args)
+            .run_granting_script(script, &keys.as_script_keys(), &all_args, |reply| {
+                matches!(reply, redis::Value::Array(items)
+                    if matches!(items.first(), Some(redis::Value::Int(status)) if granted.contains(status)))
+            })
             .await
+    }
+
+    /// The limits an acquire attempt ran into, as errors.
+    fn refused(&self, attempt: &Attempt) -> Result<(), EngineError> {
+        match attempt.status {
+            -1 => Err(EngineError::QueueFull(
+                self.max_waiters_per_lock.parse().unwrap_or(u32::MAX),
+            )),
+            -2 => Err(EngineError::NamespaceFull),
+            _ => Ok(()),
+        }
     }
 
     async fn attempt(
@@ -452,7 +507,7 @@ impl LockEngine {
     ) -> Result<Attempt, StoreError> {
         let wait_left_ms = wait_left.map_or(0, |d| d.as_millis().max(1) as u64);
         let (status, record, expires_at, holders, next_expiry, position, now) = self
-            .run(
+            .run_granting(
                 &self.scripts.acquire,
                 &req.lock,
                 keys,
@@ -468,7 +523,11 @@ impl LockEngine {
                     &req.queue_ttl_ms.to_string(),
                     &wait_left_ms.to_string(),
                     &self.max_waiters_per_lock,
+                    &self.max_locks_per_shard,
                 ],
+                // Acquired, and already held (a retry after UNAVAILABLE
+                // must not count on a grant the replicas lack either).
+                &[1, 2],
             )
             .await?;
         Ok(Attempt {
@@ -495,6 +554,7 @@ impl LockEngine {
         self.note_namespace(&req.lock.namespace).await?;
         if req.wait.is_zero() {
             let attempt = self.attempt(req, &keys, &metadata, None).await?;
+            self.refused(&attempt)?;
             return match granted(req, &attempt)? {
                 Some(outcome) => Ok(outcome),
                 None => Ok(AcquireOutcome::Busy {
@@ -515,6 +575,7 @@ impl LockEngine {
         let deadline = Instant::now() + req.wait;
         // Registered before the first script call: no wake-up is missed.
         let registration = self.waiters.register(
+            &req.lock.namespace,
             keys,
             &req.lock.name,
             &req.holder,
@@ -537,11 +598,7 @@ impl LockEngine {
                 queued.armed = false;
                 return Ok(outcome);
             }
-            if attempt.status == -1 {
-                return Err(EngineError::QueueFull(
-                    self.max_waiters_per_lock.parse().unwrap_or(u32::MAX),
-                ));
-            }
+            self.refused(&attempt)?;
             queued.armed = true;
             // At the head, also wake when the first lease runs out, so an
             // expiry hands over without a release. (Only the head can be
@@ -1224,11 +1281,12 @@ impl LockEngine {
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
         let ttl = ttl_ms.map(|t| t.to_string()).unwrap_or_default();
         let (extended, record, expires_at): (i64, String, i64) = self
-            .run(
+            .run_granting(
                 &self.scripts.extend,
                 lock,
                 &keys,
                 &[holder, &token_arg(fencing_token), &ttl],
+                &[1],
             )
             .await?;
         if extended == 1 {
@@ -1292,7 +1350,7 @@ fn granted(req: &AcquireRequest, attempt: &Attempt) -> Result<Option<AcquireOutc
             grant: grant()?,
             holders: attempt.holders,
         }),
-        0 | -1 => None,
+        -2..=0 => None,
         other => return Err(StoreError::Protocol(format!("acquire status {other}"))),
     })
 }
@@ -1354,7 +1412,8 @@ fn token_arg(token: Option<u64>) -> String {
 }
 
 /// Decodes a grant record: `token|slot|acquired_at_ms|ttl_ms|kind|metadata`.
-fn parse_grant(holder: &str, record: &str, expires_at_ms: i64) -> Result<Grant, StoreError> {
+/// Public so that the fuzz targets (`fuzz/`) and property tests reach it.
+pub fn parse_grant(holder: &str, record: &str, expires_at_ms: i64) -> Result<Grant, StoreError> {
     let bad = || StoreError::Protocol(format!("grant record of {holder:?} not understood"));
     let mut fields = record.splitn(6, '|');
     let mut next = || fields.next().ok_or_else(bad);
@@ -1377,7 +1436,8 @@ fn parse_grant(holder: &str, record: &str, expires_at_ms: i64) -> Result<Grant, 
 }
 
 /// Decodes a waiter record: `priority|enqueued_at_ms|wait_deadline_ms|fair|kind`.
-fn parse_waiter(
+/// Public so that the fuzz targets (`fuzz/`) and property tests reach it.
+pub fn parse_waiter(
     holder: &str,
     record: &str,
     expires_at_ms: i64,
@@ -1421,5 +1481,51 @@ mod tests {
     fn malformed_grant_record_is_a_protocol_error() {
         assert!(parse_grant("w", "12|x|3|4|k|{}", 0).is_err());
         assert!(parse_grant("w", "12|1|3", 0).is_err());
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 2000,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn records_of_any_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = parse_grant("h", &text, 0);
+            let _ = parse_waiter("h", &text, 0, 1);
+        }
+
+        #[test]
+        fn grant_records_round_trip_metadata_with_separators_and_unicode(
+            token in any::<u64>(),
+            slot in any::<u32>(),
+            acquired_at_ms in any::<i64>(),
+            ttl_ms in any::<u64>(),
+            kind in "[a-z0-9_.-]{1,32}",
+            metadata in proptest::collection::btree_map("[^\\p{Cc}]{1,16}|\\|+", "((?s:.)|\\||\\{|\\}|\"|\\\\){0,24}", 0..6),
+        ) {
+            // Written as lua/acquire.lua writes it, with the JSON the engine sends.
+            let json = serde_json::to_string(&metadata).unwrap();
+            let record = format!("{token}|{slot}|{acquired_at_ms}|{ttl_ms}|{kind}|{json}");
+            let grant = parse_grant("h", &record, 7).unwrap();
+            prop_assert_eq!(grant.fencing_token, token);
+            prop_assert_eq!(grant.slot, slot);
+            prop_assert_eq!(grant.acquired_at_ms, acquired_at_ms);
+            prop_assert_eq!(grant.ttl_ms, ttl_ms);
+            prop_assert_eq!(grant.kind, kind);
+            prop_assert_eq!(grant.metadata, metadata);
+        }
     }
 }

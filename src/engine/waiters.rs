@@ -61,6 +61,7 @@ impl LockWaiters {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegisterError {
     TooManyWaiters(usize),
+    TooManyInNamespace(usize),
     ShuttingDown,
 }
 
@@ -77,6 +78,9 @@ pub struct Waiters {
     locks: Mutex<HashMap<String, LockWaiters>>,
     count: AtomicUsize,
     max_waiters: usize,
+    /// Namespace → its waiters on this replica (only namespaces with any).
+    per_namespace: Mutex<HashMap<String, usize>>,
+    max_per_namespace: usize,
     next_registration: AtomicU64,
     /// Tells the refresher that a lock needs refreshing sooner.
     refresh_changed: Notify,
@@ -86,6 +90,7 @@ pub struct Waiters {
 /// A registered waiter; unregisters itself when dropped.
 pub struct Registration {
     waiters: Arc<Waiters>,
+    namespace: String,
     queue_key: String,
     holder: String,
     id: u64,
@@ -104,15 +109,18 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.waiters
             .unregister(&self.queue_key, &self.holder, self.id);
+        self.waiters.leave_namespace(&self.namespace);
     }
 }
 
 impl Waiters {
-    pub fn new(max_waiters: usize) -> Arc<Self> {
+    pub fn new(max_waiters: usize, max_per_namespace: usize) -> Arc<Self> {
         Arc::new(Waiters {
             locks: Mutex::new(HashMap::new()),
             count: AtomicUsize::new(0),
             max_waiters,
+            per_namespace: Mutex::new(HashMap::new()),
+            max_per_namespace,
             next_registration: AtomicU64::new(1),
             refresh_changed: Notify::new(),
             shutdown: CancellationToken::new(),
@@ -132,6 +140,7 @@ impl Waiters {
     /// slip between the call and the wait.
     pub fn register(
         self: &Arc<Self>,
+        namespace: &str,
         keys: &LockKeys,
         name: &str,
         holder: &str,
@@ -144,6 +153,16 @@ impl Waiters {
         if self.count.fetch_add(1, Ordering::AcqRel) >= self.max_waiters {
             self.count.fetch_sub(1, Ordering::AcqRel);
             return Err(RegisterError::TooManyWaiters(self.max_waiters));
+        }
+        {
+            let mut per_namespace = self.per_namespace.lock().unwrap();
+            let waiting = per_namespace.entry(namespace.to_owned()).or_default();
+            if *waiting >= self.max_per_namespace {
+                drop(per_namespace);
+                self.count.fetch_sub(1, Ordering::AcqRel);
+                return Err(RegisterError::TooManyInNamespace(self.max_per_namespace));
+            }
+            *waiting += 1;
         }
         let id = self.next_registration.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
@@ -172,11 +191,22 @@ impl Waiters {
         self.refresh_changed.notify_one();
         Ok(Registration {
             waiters: self.clone(),
+            namespace: namespace.to_owned(),
             queue_key: keys.queue.clone(),
             holder: holder.to_owned(),
             id,
             notify,
         })
+    }
+
+    fn leave_namespace(&self, namespace: &str) {
+        let mut per_namespace = self.per_namespace.lock().unwrap();
+        if let Some(waiting) = per_namespace.get_mut(namespace) {
+            *waiting -= 1;
+            if *waiting == 0 {
+                per_namespace.remove(namespace);
+            }
+        }
     }
 
     fn unregister(&self, queue_key: &str, holder: &str, id: u64) {

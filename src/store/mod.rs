@@ -3,26 +3,43 @@
 //! whether Redis was unreachable (the caller answers UNAVAILABLE) or
 //! answered with something unexpected.
 //!
+//! Three deployments behind one API ([`RedisTarget`]): one server, a Redis
+//! Cluster (each pooled connection is a cluster connection that routes by
+//! key and follows MOVED/ASK), and a master found through Sentinel (every
+//! new connection asks the sentinels where the master is now, so replacing
+//! a broken connection is how the service follows a failover).
+//!
 //! Why a pool of *multiplexed* connections that is only touched to clone a
 //! handle: one multiplexed connection pipelines any number of concurrent
 //! requests, so holding a checkout for a whole request would only add
 //! queueing. The pool still earns its place: it spreads load over a few
-//! sockets and replaces a connection that broke (Redis restarted), without
-//! a PING on every checkout — a connection is marked broken by the request
-//! that saw it fail, and the next checkout drops it and connects anew.
+//! sockets and replaces a connection that broke (Redis restarted, a master
+//! was demoted), without a PING on every checkout — a connection is marked
+//! broken by the request that saw it fail, and the next checkout drops it
+//! and connects anew.
+
+mod target;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError, Script};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, Script, Value};
+
+pub use target::RedisTarget;
 
 /// What went wrong talking to Redis.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Redis is unreachable, timed out, or cannot serve writes right now
-    /// (loading, read-only replica, cluster down). Nothing was granted.
+    /// (loading, read-only replica, cluster down, failover under way, too
+    /// few replicas acknowledged a grant). Nothing was granted — or, for a
+    /// grant that replicas did not acknowledge, nothing the caller may
+    /// count on.
     #[error("redis unavailable: {0}")]
     Unavailable(String),
     /// Redis answered, but not as the scripts promise (a bug, not an outage).
@@ -30,8 +47,26 @@ pub enum StoreError {
     Protocol(String),
 }
 
+/// Error codes that mean "not now" rather than "wrong".
+fn transient_code(code: &str) -> bool {
+    matches!(
+        code,
+        "OOM"
+            | "BUSY"
+            | "MISCONF"
+            | "NOREPLICAS"
+            | "LOADING"
+            | "READONLY"
+            | "MASTERDOWN"
+            | "TRYAGAIN"
+            | "CLUSTERDOWN"
+            | "MOVED"
+            | "ASK"
+    )
+}
+
 impl StoreError {
-    fn from_redis(err: RedisError) -> Self {
+    pub(crate) fn from_redis(err: RedisError) -> Self {
         use redis::{ErrorKind, ServerErrorKind};
         let transient = err.is_io_error()
             || err.is_timeout()
@@ -47,11 +82,16 @@ impl StoreError {
                         | ServerErrorKind::MasterDown
                         | ServerErrorKind::TryAgain
                         | ServerErrorKind::ClusterDown
-                )
+                ) | ErrorKind::ClusterConnectionNotFound
+                    | ErrorKind::MasterNameNotFoundBySentinel
+                    | ErrorKind::NoValidReplicasFoundBySentinel
             )
+            || err.code().is_some_and(transient_code)
+            // A pipeline's error carries every failed command's error.
             || err
-                .code()
-                .is_some_and(|code| matches!(code, "OOM" | "BUSY" | "MISCONF"));
+                .clone()
+                .into_server_errors()
+                .is_some_and(|errors| errors.iter().any(|(_, e)| transient_code(e.code())));
         if transient {
             StoreError::Unavailable(err.to_string())
         } else {
@@ -61,9 +101,10 @@ impl StoreError {
 }
 
 /// Converts a reply; Redis errors inside it (e.g. from a script) are
-/// classified like any other Redis error.
-fn convert<T: redis::FromRedisValue>(reply: redis::Value) -> Result<T, StoreError> {
-    if let redis::Value::ServerError(err) = reply {
+/// classified like any other Redis error. Public so that the fuzz targets
+/// (`fuzz/`) and property tests reach it.
+pub fn convert<T: redis::FromRedisValue>(reply: Value) -> Result<T, StoreError> {
+    if let Value::ServerError(err) = reply {
         return Err(StoreError::from_redis(err.into()));
     }
     redis::from_redis_value(reply).map_err(|e| StoreError::Protocol(e.to_string()))
@@ -72,26 +113,208 @@ fn convert<T: redis::FromRedisValue>(reply: redis::Value) -> Result<T, StoreErro
 /// Settings for the Redis connections.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
-    /// `redis://host:port/db` (or `rediss://`, `redis+unix://`).
+    /// A `--redis-url`: `redis://host:port/db` (or `rediss://`,
+    /// `redis+unix://`), `redis+cluster://h:p,h:p,…` or
+    /// `redis+sentinel://h:p,h:p,…/<master>[/db]` (see [`RedisTarget`]).
     pub url: String,
     /// How many multiplexed connections the pool keeps.
     pub connections: u32,
     /// Upper bound for one command, connecting included.
     pub command_timeout: Duration,
+    /// Replicas that must acknowledge a grant before it is answered
+    /// (`WAIT`); 0 answers as soon as the primary has it.
+    pub min_replicas_acked: u32,
+    /// How long `WAIT` waits for those acknowledgements.
+    pub min_replicas_timeout: Duration,
 }
 
-/// A pooled multiplexed connection plus the flag a failed request sets.
+/// One pooled connection: to one server, or to a whole cluster.
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// Where connections come from.
+enum Backend {
+    Single(Client),
+    Cluster {
+        client: ClusterClient,
+        /// One client per seed node, for the pub/sub subscription.
+        seeds: Vec<Client>,
+        /// The seed the next subscription tries first.
+        next_seed: AtomicUsize,
+    },
+    Sentinel {
+        master: String,
+        /// The sentinels, asked in order "where is the master now".
+        sentinels: Vec<Client>,
+        /// Credentials and db for the master (its address is a placeholder).
+        settings: redis::ConnectionInfo,
+        /// The master's address as the sentinels last named it; pooled
+        /// connections to any other address count as broken, so a
+        /// failover moves every connection as soon as a health check sees
+        /// it (rather than when the old master is demoted, which Sentinel
+        /// does only seconds later).
+        current: std::sync::RwLock<Option<NodeAddr>>,
+    },
+}
+
+/// A Redis server's address, as the sentinels name it.
+type NodeAddr = (String, u16);
+
+/// Fails (READONLY, so the connection is replaced) unless the server
+/// says it is a master.
+async fn is_master(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+    let role: Vec<Value> = redis::cmd("ROLE").query_async(conn).await?;
+    match role.first() {
+        Some(Value::BulkString(role)) if role == b"master" => Ok(()),
+        _ => Err(RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "the server is not (or no longer) the master",
+        ))),
+    }
+}
+
+impl Backend {
+    fn new(target: &RedisTarget, timeout: Duration) -> Result<Self, RedisError> {
+        Ok(match target {
+            RedisTarget::Single { url } => Backend::Single(Client::open(url.as_str())?),
+            RedisTarget::Cluster { seeds } => Backend::Cluster {
+                client: ClusterClient::builder(seeds.iter().map(String::as_str))
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .build()?,
+                seeds: seeds
+                    .iter()
+                    .map(|seed| Client::open(seed.as_str()))
+                    .collect::<Result<_, _>>()?,
+                next_seed: AtomicUsize::new(0),
+            },
+            RedisTarget::Sentinel {
+                sentinels,
+                master,
+                redis,
+            } => Backend::Sentinel {
+                settings: redis.as_str().into_connection_info()?,
+                master: master.clone(),
+                sentinels: sentinels
+                    .iter()
+                    .map(|s| Client::open(s.as_str()))
+                    .collect::<Result<_, _>>()?,
+                current: std::sync::RwLock::new(None),
+            },
+        })
+    }
+
+    /// True when `conn` leads to a server other than the master the
+    /// sentinels named last.
+    fn superseded(&self, conn: &TrackedConnection) -> bool {
+        match self {
+            Backend::Sentinel { current, .. } => {
+                let current = current.read().unwrap();
+                current.is_some() && conn.addr.is_some() && *current != conn.addr
+            }
+            _ => false,
+        }
+    }
+
+    /// Asks the sentinels, one after another, where the master is now.
+    async fn ask_sentinels(
+        sentinels: &[Client],
+        master: &str,
+        timeout: Duration,
+    ) -> Result<NodeAddr, RedisError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let mut last = RedisError::from((redis::ErrorKind::EmptySentinelList, "no sentinels"));
+        for sentinel in sentinels {
+            let ask = async {
+                let mut conn = sentinel
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(master)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+            };
+            match ask.await {
+                Ok(Some(addr)) => return Ok(addr),
+                Ok(None) => {
+                    last = RedisError::from((
+                        redis::ErrorKind::MasterNameNotFoundBySentinel,
+                        "a sentinel does not know the master",
+                    ))
+                }
+                Err(err) => last = err,
+            }
+        }
+        Err(last)
+    }
+
+    /// A client for the master the sentinels name now, and its address.
+    /// The same question as the health check's (see [`Store::ping`]), so
+    /// the two cannot disagree during a switch.
+    async fn sentinel_master(
+        sentinels: &[Client],
+        master: &str,
+        settings: &redis::ConnectionInfo,
+        timeout: Duration,
+    ) -> Result<(Client, NodeAddr), RedisError> {
+        let (host, port) = Self::ask_sentinels(sentinels, master, timeout).await?;
+        let info = settings
+            .clone()
+            .set_addr(redis::ConnectionAddr::Tcp(host.clone(), port));
+        Ok((Client::open(info)?, (host, port)))
+    }
+}
+
+/// A pooled connection plus the flag a failed request sets.
 pub struct TrackedConnection {
-    connection: MultiplexedConnection,
+    connection: Conn,
     broken: Arc<AtomicBool>,
+    /// The server it leads to (Sentinel: to notice a new master).
+    addr: Option<NodeAddr>,
 }
 
 /// bb8 manager for [`TrackedConnection`]s. bb8-redis's own manager is not
-/// used because it cannot set the response timeout and PINGs on every
-/// checkout; this one checks a flag instead.
+/// used because it cannot set the response timeout, PINGs on every
+/// checkout and knows neither clusters nor sentinels; this one checks a
+/// flag instead.
 struct Manager {
-    client: Client,
+    backend: Arc<Backend>,
     config: AsyncConnectionConfig,
+    timeout: Duration,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -99,18 +322,44 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<TrackedConnection, RedisError> {
-        let connection = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+        let (connection, addr) = match &*self.backend {
+            Backend::Single(client) => (
+                Conn::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&self.config)
+                        .await?,
+                ),
+                None,
+            ),
+            Backend::Cluster { client, .. } => {
+                (Conn::Cluster(client.get_async_connection().await?), None)
+            }
+            Backend::Sentinel {
+                master,
+                sentinels,
+                settings,
+                current,
+            } => {
+                let (client, addr) =
+                    Backend::sentinel_master(sentinels, master, settings, self.timeout).await?;
+                let mut connection = client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await?;
+                // A server the sentinels name must also call itself master.
+                is_master(&mut connection).await?;
+                *current.write().unwrap() = Some(addr.clone());
+                (Conn::Single(connection), Some(addr))
+            }
+        };
         Ok(TrackedConnection {
             connection,
             broken: Arc::new(AtomicBool::new(false)),
+            addr,
         })
     }
 
     async fn is_valid(&self, conn: &mut TrackedConnection) -> Result<(), RedisError> {
-        if conn.broken.load(Ordering::Relaxed) {
+        if conn.broken.load(Ordering::Relaxed) || self.backend.superseded(conn) {
             Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
                 "connection marked broken by a failed request",
@@ -121,7 +370,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut TrackedConnection) -> bool {
-        conn.broken.load(Ordering::Relaxed)
+        conn.broken.load(Ordering::Relaxed) || self.backend.superseded(conn)
     }
 }
 
@@ -129,18 +378,25 @@ impl bb8::ManageConnection for Manager {
 #[derive(Clone)]
 pub struct Store {
     pool: bb8::Pool<Manager>,
-    /// For the one pub/sub connection a replica keeps (outside the pool:
-    /// a subscribed connection cannot run commands).
-    client: Client,
+    /// Also for the one pub/sub connection a replica keeps (outside the
+    /// pool: a subscribed connection cannot run commands).
+    backend: Arc<Backend>,
     command_timeout: Duration,
+    min_replicas_acked: u32,
+    min_replicas_timeout: Duration,
 }
 
 impl Store {
     /// Builds the pool without connecting: the service starts even while
     /// Redis is down and reports itself NOT_SERVING until Redis answers.
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
-        let client = Client::open(config.url.as_str())
-            .map_err(|e| StoreError::Protocol(format!("bad redis url: {e}")))?;
+        let target = RedisTarget::parse(&config.url)
+            .map_err(|e| StoreError::Protocol(format!("bad --redis-url: {e}")))?;
+        let backend = Arc::new(
+            Backend::new(&target, config.command_timeout)
+                .map_err(|e| StoreError::Protocol(format!("bad --redis-url: {e}")))?,
+        );
+        tracing::debug!(redis = %target.describe(), "redis target");
         let connection_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.command_timeout))
             .set_response_timeout(Some(config.command_timeout));
@@ -151,18 +407,26 @@ impl Store {
             .connection_timeout(config.command_timeout)
             .retry_connection(false)
             .build_unchecked(Manager {
-                client: client.clone(),
+                backend: backend.clone(),
                 config: connection_config,
+                timeout: config.command_timeout,
             });
         Ok(Store {
             pool,
-            client,
+            backend,
             command_timeout: config.command_timeout,
+            min_replicas_acked: config.min_replicas_acked,
+            min_replicas_timeout: config.min_replicas_timeout,
         })
     }
 
+    /// True when this store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(*self.backend, Backend::Cluster { .. })
+    }
+
     /// A handle on one pooled connection; the checkout ends right here.
-    async fn connection(&self) -> Result<(MultiplexedConnection, Arc<AtomicBool>), StoreError> {
+    async fn connection(&self) -> Result<(Conn, Arc<AtomicBool>), StoreError> {
         let pooled = self
             .pool
             .get()
@@ -172,17 +436,22 @@ impl Store {
     }
 
     /// Runs a future on a connection with the command timeout; marks the
-    /// connection broken when Redis could not be reached through it.
+    /// connection broken when Redis could not be reached through it, or
+    /// when it leads to a server that is no longer the master (READONLY:
+    /// the next connection asks the sentinels again).
     async fn with_connection<T, F, Fut>(&self, run: F) -> Result<T, StoreError>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let (connection, broken) = self.connection().await?;
         match tokio::time::timeout(self.command_timeout, run(connection)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
-                if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
+                if err.is_io_error()
+                    || err.is_connection_dropped()
+                    || err.is_unrecoverable_error()
+                    || err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
                 {
                     broken.store(true, Ordering::Relaxed);
                 }
@@ -195,6 +464,21 @@ impl Store {
         }
     }
 
+    fn invocation<'a>(
+        script: &'a Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        invocation
+    }
+
     /// Runs a Lua script (EVALSHA, loading it on NOSCRIPT) and converts
     /// its reply. A reply of the wrong shape is a protocol error, never an
     /// outage: the conversion happens after Redis answered.
@@ -204,36 +488,82 @@ impl Store {
         keys: &[&str],
         args: &[&str],
     ) -> Result<T, StoreError> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        let reply: redis::Value = self
+        let invocation = Self::invocation(script, keys, args);
+        let reply: Value = self
             .with_connection(|mut conn| async move { invocation.invoke_async(&mut conn).await })
             .await?;
         convert(reply)
     }
 
-    /// Runs one plain command.
+    /// [`Self::run_script`] for a script that may grant: when `granted`
+    /// says the reply is a grant and `--min-replicas-acked` is set, sends
+    /// `WAIT n timeout` on the same connection (in a cluster: the same
+    /// node connection, the one owning the keys' slot) before answering,
+    /// and answers UNAVAILABLE when fewer replicas acknowledged. WAIT
+    /// counts the writes sent on its own connection, so it covers this
+    /// script (and whatever else shared the connection).
+    pub async fn run_granting_script<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+        granted: impl FnOnce(&Value) -> bool + Send,
+    ) -> Result<T, StoreError> {
+        let wanted = self.min_replicas_acked;
+        if wanted == 0 {
+            return self.run_script(script, keys, args).await;
+        }
+        let timeout_ms = self.min_replicas_timeout.as_millis() as u64;
+        let invocation = Self::invocation(script, keys, args);
+        let slot_key = keys.first().map(|k| (*k).to_owned()).unwrap_or_default();
+        let (reply, acked): (Value, Option<i64>) = self
+            .with_connection(|mut conn| async move {
+                let reply: Value = invocation.invoke_async(&mut conn).await?;
+                if !granted(&reply) {
+                    return Ok((reply, None));
+                }
+                let mut wait = redis::cmd("WAIT");
+                wait.arg(wanted).arg(timeout_ms);
+                let acked: i64 = match &mut conn {
+                    Conn::Single(conn) => wait.query_async(conn).await?,
+                    Conn::Cluster(conn) => {
+                        let route = Route::with_key(slot_key.as_bytes(), SlotAddr::Master);
+                        let routing =
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                        redis::from_redis_value(conn.route_command(wait, routing).await?)?
+                    }
+                };
+                Ok((reply, Some(acked)))
+            })
+            .await?;
+        if let Some(acked) = acked
+            && acked < i64::from(wanted)
+        {
+            return Err(StoreError::Unavailable(format!(
+                "the grant was acknowledged by {acked} of the {wanted} replicas required (--min-replicas-acked) within {timeout_ms} ms; it may exist on the primary: retrying with the same holder returns it (ALREADY_HELD) once enough replicas have it"
+            )));
+        }
+        convert(reply)
+    }
+
+    /// Runs one plain command (routed by its key on a cluster).
     pub async fn command<T: redis::FromRedisValue>(
         &self,
         cmd: redis::Cmd,
     ) -> Result<T, StoreError> {
-        let reply: redis::Value = self
+        let reply: Value = self
             .with_connection(|mut conn| async move { cmd.query_async(&mut conn).await })
             .await?;
         convert(reply)
     }
 
-    /// Runs a pipeline of plain commands.
+    /// Runs a pipeline of plain commands. On a cluster all its keys must
+    /// share one slot (it goes to the node of its first key).
     pub async fn pipeline<T: redis::FromRedisValue>(
         &self,
         pipe: redis::Pipeline,
     ) -> Result<T, StoreError> {
-        let reply: redis::Value = self
+        let reply: Value = self
             .with_connection(|mut conn| async move { pipe.query_async(&mut conn).await })
             .await?;
         convert(reply)
@@ -241,34 +571,227 @@ impl Store {
 
     /// Subscribes to `channels` on a connection of its own. The sink can
     /// change the subscriptions; the stream ends when the connection is lost.
+    ///
+    /// On a cluster the subscription lives on one node: classic PUBLISH is
+    /// forwarded to every node of the cluster, so any node hears every
+    /// message. Each call starts from the seed after the one used last, so
+    /// a subscription that was lost moves to another node.
     pub async fn subscribe(
         &self,
         channels: &[&str],
     ) -> Result<(redis::aio::PubSubSink, redis::aio::PubSubStream), StoreError> {
-        let subscribe = async {
-            let mut pubsub = self.client.get_async_pubsub().await?;
+        let on = |client: Client| async move {
+            let mut pubsub = client.get_async_pubsub().await?;
             for channel in channels {
                 pubsub.subscribe(*channel).await?;
             }
             Ok::<_, RedisError>(pubsub.split())
         };
-        match tokio::time::timeout(self.command_timeout, subscribe).await {
-            Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(err)) => Err(StoreError::from_redis(err)),
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "redis did not accept a subscription within {:?}",
-                self.command_timeout
-            ))),
+        let timeout = self.command_timeout;
+        let within = |what: &'static str| {
+            StoreError::Unavailable(format!("redis did not accept {what} within {timeout:?}"))
+        };
+        match &*self.backend {
+            Backend::Single(client) => {
+                match tokio::time::timeout(timeout, on(client.clone())).await {
+                    Ok(found) => found.map_err(StoreError::from_redis),
+                    Err(_) => Err(within("a subscription")),
+                }
+            }
+            Backend::Sentinel {
+                master,
+                sentinels,
+                settings,
+                ..
+            } => {
+                let subscribe = async {
+                    let (client, _) =
+                        Backend::sentinel_master(sentinels, master, settings, timeout).await?;
+                    on(client).await
+                };
+                match tokio::time::timeout(timeout, subscribe).await {
+                    Ok(found) => found.map_err(StoreError::from_redis),
+                    Err(_) => Err(within("a subscription")),
+                }
+            }
+            Backend::Cluster {
+                seeds, next_seed, ..
+            } => {
+                let first = next_seed.load(Ordering::Relaxed);
+                let mut last_error = StoreError::Unavailable("no cluster seed node".into());
+                for i in 0..seeds.len() {
+                    let index = (first + i) % seeds.len();
+                    match tokio::time::timeout(timeout, on(seeds[index].clone())).await {
+                        Ok(Ok(subscribed)) => {
+                            next_seed.store((index + 1) % seeds.len(), Ordering::Relaxed);
+                            tracing::debug!(seed = index, "subscribed on a cluster node");
+                            return Ok(subscribed);
+                        }
+                        Ok(Err(err)) => last_error = StoreError::from_redis(err),
+                        Err(_) => last_error = within("a subscription"),
+                    }
+                }
+                Err(last_error)
+            }
         }
     }
 
-    /// True when Redis answers a PING within the command timeout.
+    /// Every primary that owns slots answers PING, asked by address (the
+    /// cluster connection's own PING to all primaries quietly skips nodes
+    /// it lost), and the cluster calls itself OK (`CLUSTER INFO`).
+    async fn ping_cluster(&self) -> Result<(), StoreError> {
+        use redis::{ErrorKind, ServerErrorKind};
+        self.with_connection(|conn| async move {
+            let Conn::Cluster(mut conn) = conn else {
+                return Err(RedisError::from((
+                    ErrorKind::Client,
+                    "not a cluster connection",
+                )));
+            };
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await?;
+            if !info.lines().any(|line| line.trim() == "cluster_state:ok") {
+                return Err(RedisError::from((
+                    ErrorKind::Server(ServerErrorKind::ClusterDown),
+                    "the cluster reports cluster_state:fail",
+                )));
+            }
+            let ranges: Vec<Value> = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async(&mut conn)
+                .await?;
+            let mut primaries = std::collections::BTreeSet::new();
+            for range in ranges {
+                // [first slot, last slot, [host, port, id, …], replicas…]
+                if let Value::Array(range) = range
+                    && let Some(Value::Array(primary)) = range.get(2)
+                    && let (Some(host), Some(Value::Int(port))) = (primary.first(), primary.get(1))
+                    && let Ok(host) = redis::from_redis_value::<String>(host.clone())
+                    && !host.is_empty()
+                {
+                    primaries.insert((host, *port as u16));
+                }
+            }
+            for (host, port) in primaries {
+                let routing =
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                conn.route_command(redis::cmd("PING"), routing).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// True when Redis can serve writes: one server or every cluster
+    /// primary answers PING; a sentinel-found server still says it is the
+    /// master (after a failover the old connections may lead to a replica).
     pub async fn ping(&self) -> Result<(), StoreError> {
+        if let Backend::Sentinel {
+            master,
+            sentinels,
+            current,
+            ..
+        } = &*self.backend
+        {
+            // Where the sentinels say the master is now: connections that
+            // lead elsewhere are replaced at their next checkout. Sentinels
+            // that cannot be asked do not stop the service (the master may
+            // be fine); they only delay noticing a failover.
+            match Backend::ask_sentinels(sentinels, master, self.command_timeout).await {
+                Ok(addr) => {
+                    let mut current = current.write().unwrap();
+                    if current.as_ref() != Some(&addr) {
+                        if current.is_some() {
+                            tracing::warn!(master = %master, host = %addr.0, port = addr.1, "the sentinels name a new master; reconnecting");
+                        }
+                        *current = Some(addr);
+                    }
+                }
+                Err(err) => tracing::warn!(error = %err, "no sentinel answered"),
+            }
+            return self
+                .with_connection(|conn| async move {
+                    match conn {
+                        Conn::Single(mut conn) => is_master(&mut conn).await,
+                        Conn::Cluster(_) => Ok(()),
+                    }
+                })
+                .await;
+        }
+        if self.is_cluster() {
+            return self.ping_cluster().await;
+        }
         let pong: String = self.command(redis::cmd("PING")).await?;
         if pong == "PONG" {
             Ok(())
         } else {
             Err(StoreError::Protocol(format!("PING answered {pong:?}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classify(err: RedisError) -> &'static str {
+        match StoreError::from_redis(err) {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Protocol(_) => "protocol",
+        }
+    }
+
+    fn server(code: &str, detail: &str) -> RedisError {
+        // Parse a RESP error line as Redis would send it.
+        let reply = format!("-{code} {detail}\r\n");
+        match redis::parse_redis_value(reply.as_bytes()).unwrap() {
+            Value::ServerError(err) => err.into(),
+            other => panic!("not an error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cluster_and_failover_errors_are_unavailable() {
+        for (code, detail) in [
+            ("CLUSTERDOWN", "The cluster is down"),
+            ("TRYAGAIN", "Multiple keys request during rehashing of slot"),
+            ("MOVED", "3999 127.0.0.1:6381"),
+            ("ASK", "3999 127.0.0.1:6381"),
+            ("READONLY", "You can't write against a read only replica."),
+            ("MASTERDOWN", "Link with MASTER is down"),
+            ("LOADING", "Redis is loading the dataset in memory"),
+            ("NOREPLICAS", "Not enough good replicas to write."),
+            ("OOM", "command not allowed when used memory > 'maxmemory'."),
+        ] {
+            assert_eq!(classify(server(code, detail)), "unavailable", "{code}");
+        }
+        assert_eq!(
+            classify(RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "Master with given name not found in sentinel",
+            ))),
+            "unavailable"
+        );
+        assert_eq!(
+            classify(RedisError::from((
+                redis::ErrorKind::ClusterConnectionNotFound,
+                "no connection",
+            ))),
+            "unavailable"
+        );
+    }
+
+    #[test]
+    fn wrong_replies_are_protocol_errors() {
+        assert_eq!(classify(server("ERR", "user script error")), "protocol");
+        assert_eq!(
+            classify(server(
+                "CROSSSLOT",
+                "Keys in request don't hash to the same slot"
+            )),
+            "protocol"
+        );
     }
 }

@@ -3,6 +3,8 @@
 //! free ports, reached over real gRPC connections.
 #![allow(dead_code)]
 
+pub mod topology;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -66,6 +68,21 @@ impl TestServer {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(tumbler::server::serve(config, listener, async {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Starts a server from a whole config (e.g. with TLS) on `listeners`,
+    /// without waiting for it to become healthy.
+    pub fn spawn_on(config: ServerConfig, listeners: tumbler::server::Listeners) -> Self {
+        let addr = listeners.grpc.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(tumbler::server::serve_on(config, listeners, async {
             let _ = stopped.await;
         }));
         TestServer {
@@ -201,6 +218,15 @@ pub fn inspect(name: &str) -> proto::InspectRequest {
     }
 }
 
+/// `serve` insists on a choice about authentication: tests that do not
+/// configure tokens run without it.
+pub fn no_auth_unless_configured(flags: &[&str]) -> Option<&'static str> {
+    (!flags
+        .iter()
+        .any(|f| f.starts_with("--auth-tokens-file") || f.starts_with("--no-auth")))
+    .then_some("--no-auth")
+}
+
 /// A `tumbler serve` process started by this test on a free port; killed
 /// (by its pid) when dropped, so a failing test leaves none behind.
 pub struct TumblerProcess {
@@ -223,6 +249,7 @@ impl TumblerProcess {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--redis-url", redis_url, "--http-listen", "off"])
+            .args(no_auth_unless_configured(flags))
             .args(flags)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -277,9 +304,23 @@ impl Drop for TumblerProcess {
 
 /// Waits (up to 10 s) until Inspect counts `n` live waiters on `name`.
 pub async fn until_waiters(client: &mut LockServiceClient<Channel>, name: &str, n: u32) {
+    until_waiters_in(client, "", name, n).await
+}
+
+/// [`until_waiters`] for a lock of `namespace`.
+pub async fn until_waiters_in(
+    client: &mut LockServiceClient<Channel>,
+    namespace: &str,
+    name: &str,
+    n: u32,
+) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let request = proto::InspectRequest {
+        namespace: namespace.into(),
+        name: name.into(),
+    };
     loop {
-        let seen = client.inspect(inspect(name)).await.unwrap().into_inner();
+        let seen = client.inspect(request.clone()).await.unwrap().into_inner();
         if seen.waiters == n {
             return;
         }

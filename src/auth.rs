@@ -1,0 +1,475 @@
+//! Who may call the lock service: bearer tokens (gRPC metadata
+//! `authorization: Bearer <token>`) read from a TOML file, each bound to a
+//! role and to the namespaces it may act in. The file holds only SHA-256
+//! digests of the tokens, is compared in constant time, and is re-read
+//! when it changes (a Kubernetes Secret update needs no restart).
+//!
+//! Authentication happens once per RPC in [`AuthInterceptor`], which puts
+//! the caller's [`Access`] into the request; handlers then ask that
+//! `Access` for each namespace they touch and for admin rights. Denials say
+//! nothing about the token or its namespaces.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tonic::Status;
+
+/// What a token may do besides acting on locks of its namespaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Acquire, release, extend, inspect, list, watch, sessions, metrics
+    /// and plain reaping, in its namespaces.
+    Client,
+    /// Also Clear, Reap with a cutoff, and the dashboard's admin actions.
+    Admin,
+}
+
+/// The tokens file: `[[token]]` tables.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFile {
+    #[serde(default, rename = "token")]
+    tokens: Vec<TokenEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenEntry {
+    /// Shown in logs; never the secret.
+    name: String,
+    /// Hex SHA-256 of the bearer token.
+    sha256: String,
+    role: Role,
+    /// Namespace names, `prefix*` patterns, or `*` for every namespace.
+    namespaces: Vec<String>,
+    /// RFC 3339; past it the token is refused.
+    #[serde(default)]
+    expires_at: Option<String>,
+    /// Requests per second this token may make on each replica.
+    #[serde(default)]
+    requests_per_second: Option<u32>,
+}
+
+/// One configured token.
+pub struct Token {
+    pub name: String,
+    pub role: Role,
+    digest: [u8; 32],
+    namespaces: Vec<NamespacePattern>,
+    expires_at: Option<SystemTime>,
+    rate: Option<DefaultDirectRateLimiter>,
+}
+
+enum NamespacePattern {
+    Any,
+    Exact(String),
+    Prefix(String),
+}
+
+impl NamespacePattern {
+    fn parse(text: &str) -> Result<Self, String> {
+        if text == "*" {
+            return Ok(NamespacePattern::Any);
+        }
+        let (stem, prefix) = match text.strip_suffix('*') {
+            Some(stem) => (stem, true),
+            None => (text, false),
+        };
+        let valid = !stem.is_empty()
+            && stem.len() <= 64
+            && stem
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !valid {
+            return Err(format!(
+                "namespace pattern {text:?}: expected a namespace name, `prefix*` or `*`"
+            ));
+        }
+        Ok(if prefix {
+            NamespacePattern::Prefix(stem.to_owned())
+        } else {
+            NamespacePattern::Exact(stem.to_owned())
+        })
+    }
+
+    fn matches(&self, namespace: &str) -> bool {
+        match self {
+            NamespacePattern::Any => true,
+            NamespacePattern::Exact(name) => name == namespace,
+            NamespacePattern::Prefix(stem) => namespace.starts_with(stem.as_str()),
+        }
+    }
+}
+
+impl Token {
+    fn from_entry(entry: TokenEntry) -> Result<Token, String> {
+        let context = |e: String| format!("token {:?}: {e}", entry.name);
+        if entry.name.is_empty() {
+            return Err("a token has an empty name".into());
+        }
+        let digest: [u8; 32] = hex::decode(entry.sha256.trim())
+            .ok()
+            .and_then(|bytes| bytes.try_into().ok())
+            .ok_or_else(|| context("sha256 must be 64 hex digits".into()))?;
+        if entry.namespaces.is_empty() {
+            return Err(context("namespaces must name at least one".into()));
+        }
+        let namespaces = entry
+            .namespaces
+            .iter()
+            .map(|p| NamespacePattern::parse(p))
+            .collect::<Result<_, _>>()
+            .map_err(context)?;
+        let expires_at = entry
+            .expires_at
+            .as_deref()
+            .map(humantime::parse_rfc3339_weak)
+            .transpose()
+            .map_err(|e| context(format!("expires_at: {e} (expected RFC 3339)")))?;
+        let rate = match entry.requests_per_second {
+            None => None,
+            Some(rps) => {
+                let per_second = std::num::NonZeroU32::new(rps)
+                    .ok_or_else(|| context("requests_per_second must be at least 1".into()))?;
+                Some(RateLimiter::direct(Quota::per_second(per_second)))
+            }
+        };
+        Ok(Token {
+            name: entry.name,
+            role: entry.role,
+            digest,
+            namespaces,
+            expires_at,
+            rate,
+        })
+    }
+
+    /// Whether this token may act in `namespace`.
+    pub fn allows(&self, namespace: &str) -> bool {
+        self.namespaces.iter().any(|p| p.matches(namespace))
+    }
+}
+
+/// The digest stored for a bearer token: hex SHA-256.
+pub fn token_digest(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A new random bearer token: 32 bytes from the OS, hex.
+pub fn new_token() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    Ok(format!("tmb_{}", hex::encode(bytes)))
+}
+
+/// Parses a tokens file's text.
+fn parse_tokens(text: &str) -> Result<Vec<Arc<Token>>, String> {
+    let file: TokenFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    let mut tokens = Vec::with_capacity(file.tokens.len());
+    for entry in file.tokens {
+        let token = Token::from_entry(entry)?;
+        if tokens.iter().any(|t: &Arc<Token>| t.name == token.name) {
+            return Err(format!("token {:?} appears twice", token.name));
+        }
+        tokens.push(Arc::new(token));
+    }
+    Ok(tokens)
+}
+
+/// The configured tokens, re-read from their file when it changes.
+pub struct Authenticator {
+    path: PathBuf,
+    tokens: RwLock<Arc<Vec<Arc<Token>>>>,
+    /// The file's text when last loaded, to notice changes.
+    loaded_text: std::sync::Mutex<String>,
+}
+
+impl Authenticator {
+    /// Reads the tokens file; a missing or broken file is an error.
+    pub fn load(path: &Path) -> anyhow::Result<Arc<Self>> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--auth-tokens-file {}: {e}", path.display()))?;
+        let tokens = parse_tokens(&text)
+            .map_err(|e| anyhow::anyhow!("--auth-tokens-file {}: {e}", path.display()))?;
+        tracing::info!(tokens = tokens.len(), file = %path.display(), "authentication on");
+        Ok(Arc::new(Authenticator {
+            path: path.to_owned(),
+            tokens: RwLock::new(Arc::new(tokens)),
+            loaded_text: std::sync::Mutex::new(text),
+        }))
+    }
+
+    /// Re-reads the file if its text changed. A file that cannot be read
+    /// or parsed is logged and the tokens already loaded stay in force.
+    pub fn reload_if_changed(&self) {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) => {
+                tracing::error!(file = %self.path.display(), error = %e, "tokens file unreadable; keeping the tokens loaded before");
+                return;
+            }
+        };
+        let mut loaded = self.loaded_text.lock().unwrap();
+        if *loaded == text {
+            return;
+        }
+        match parse_tokens(&text) {
+            Ok(tokens) => {
+                tracing::info!(tokens = tokens.len(), file = %self.path.display(), "tokens file reloaded");
+                *self.tokens.write().unwrap() = Arc::new(tokens);
+                *loaded = text;
+            }
+            Err(e) => {
+                tracing::error!(file = %self.path.display(), error = %e, "tokens file invalid; keeping the tokens loaded before");
+            }
+        }
+    }
+
+    /// Checks the file for changes every `interval`, for ever.
+    pub async fn run_reloader(self: Arc<Self>, interval: Duration) {
+        loop {
+            tokio::time::sleep(interval).await;
+            let auth = self.clone();
+            // File reads block; keep them off the runtime's workers.
+            let _ = tokio::task::spawn_blocking(move || auth.reload_if_changed()).await;
+        }
+    }
+
+    /// The token an `authorization` header value carries, if it is a live
+    /// configured token within its request rate.
+    pub fn authenticate(&self, header: Option<&[u8]>) -> Result<Arc<Token>, Status> {
+        let presented = header
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(bearer)
+            .ok_or_else(unauthenticated)?;
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let tokens = self.tokens.read().unwrap().clone();
+        // Every digest is compared, each in constant time.
+        let mut found = None;
+        for token in tokens.iter() {
+            if bool::from(token.digest.ct_eq(&digest)) {
+                found = Some(token.clone());
+            }
+        }
+        let token = found.ok_or_else(unauthenticated)?;
+        if token.expires_at.is_some_and(|at| at <= SystemTime::now()) {
+            tracing::info!(token = %token.name, "expired token refused");
+            return Err(unauthenticated());
+        }
+        if let Some(rate) = &token.rate
+            && rate.check().is_err()
+        {
+            return Err(Status::resource_exhausted(
+                "request rate limit of this token exceeded; retry later",
+            ));
+        }
+        Ok(token)
+    }
+}
+
+/// The token of an `authorization: Bearer <token>` value.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+fn unauthenticated() -> Status {
+    Status::unauthenticated("missing, unknown or expired bearer token")
+}
+
+fn permission_denied() -> Status {
+    Status::permission_denied("this token may not do that")
+}
+
+/// What the caller of one RPC may do.
+#[derive(Clone)]
+pub enum Access {
+    /// Authentication is off: everything.
+    Open,
+    Token(Arc<Token>),
+}
+
+impl Access {
+    /// PERMISSION_DENIED unless the caller may act in `namespace`.
+    pub fn namespace(&self, namespace: &str) -> Result<(), Status> {
+        match self {
+            Access::Open => Ok(()),
+            Access::Token(token) if token.allows(namespace) => Ok(()),
+            Access::Token(token) => {
+                tracing::info!(token = %token.name, %namespace, "namespace denied");
+                Err(permission_denied())
+            }
+        }
+    }
+
+    /// PERMISSION_DENIED unless the caller may act in `namespace` as admin.
+    pub fn admin(&self, namespace: &str) -> Result<(), Status> {
+        self.namespace(namespace)?;
+        match self {
+            Access::Token(token) if token.role != Role::Admin => {
+                tracing::info!(token = %token.name, %namespace, "admin action denied");
+                Err(permission_denied())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the caller may see `namespace` at all (for listings).
+    pub fn sees(&self, namespace: &str) -> bool {
+        match self {
+            Access::Open => true,
+            Access::Token(token) => token.allows(namespace),
+        }
+    }
+
+    /// The caller's token name, for logs ("-" when auth is off).
+    pub fn who(&self) -> &str {
+        match self {
+            Access::Open => "-",
+            Access::Token(token) => &token.name,
+        }
+    }
+
+    /// The caller's access as the interceptor left it. A request that did
+    /// not pass the interceptor gets nothing (fail closed).
+    pub fn of<T>(request: &tonic::Request<T>) -> Result<Access, Status> {
+        request
+            .extensions()
+            .get::<Access>()
+            .cloned()
+            .ok_or_else(unauthenticated)
+    }
+}
+
+/// Authenticates every RPC of the lock service (None: auth is off).
+#[derive(Clone)]
+pub struct AuthInterceptor {
+    pub authenticator: Option<Arc<Authenticator>>,
+}
+
+impl tonic::service::Interceptor for AuthInterceptor {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        let access = match &self.authenticator {
+            None => Access::Open,
+            Some(auth) => Access::Token(
+                auth.authenticate(
+                    request
+                        .metadata()
+                        .get("authorization")
+                        .map(|v| v.as_bytes()),
+                )?,
+            ),
+        };
+        request.extensions_mut().insert(access);
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(entries: &str) -> Result<Vec<Arc<Token>>, String> {
+        parse_tokens(entries)
+    }
+
+    fn entry(token: &str, role: &str, namespaces: &str) -> String {
+        format!(
+            "[[token]]\nname = \"t-{token}\"\nsha256 = \"{}\"\nrole = \"{role}\"\nnamespaces = {namespaces}\n",
+            token_digest(token)
+        )
+    }
+
+    #[test]
+    fn patterns_match_names_prefixes_and_everything() {
+        let tokens = file(&entry("a", "client", r#"["team-a", "shared.*", "x*"]"#)).unwrap();
+        let t = &tokens[0];
+        assert!(t.allows("team-a"));
+        assert!(!t.allows("team-ab"));
+        assert!(t.allows("shared.jobs"));
+        assert!(!t.allows("shared"));
+        assert!(t.allows("xylophone"));
+        let any = file(&entry("b", "admin", r#"["*"]"#)).unwrap();
+        assert!(any[0].allows("anything"));
+    }
+
+    #[test]
+    fn broken_files_are_refused_with_the_reason() {
+        for (text, needle) in [
+            (entry("a", "root", r#"["x"]"#), "root"),
+            (entry("a", "client", "[]"), "at least one"),
+            (entry("a", "client", r#"["bad ns"]"#), "namespace pattern"),
+            (
+                "[[token]]\nname=\"a\"\nsha256=\"abc\"\nrole=\"client\"\nnamespaces=[\"x\"]\n"
+                    .into(),
+                "64 hex",
+            ),
+            (
+                format!(
+                    "{}{}",
+                    entry("a", "client", r#"["x"]"#),
+                    entry("a", "client", r#"["y"]"#)
+                ),
+                "twice",
+            ),
+            (
+                format!(
+                    "{}expires_at = \"soon\"\n",
+                    entry("a", "client", r#"["x"]"#)
+                ),
+                "expires_at",
+            ),
+            (
+                format!("{}colour = \"red\"\n", entry("a", "client", r#"["x"]"#)),
+                "colour",
+            ),
+        ] {
+            let err = file(&text)
+                .err()
+                .unwrap_or_else(|| panic!("accepted: {text}"));
+            assert!(err.contains(needle), "{err:?} lacks {needle:?}");
+        }
+    }
+
+    #[test]
+    fn bearer_header_forms() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer   abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer "), None);
+        assert_eq!(bearer("abc"), None);
+    }
+
+    #[test]
+    fn authenticates_known_live_tokens_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let text = format!(
+            "{}{}expires_at = \"2001-01-01T00:00:00Z\"\n",
+            entry("good", "client", r#"["a"]"#),
+            entry("old", "client", r#"["a"]"#)
+        );
+        std::fs::write(&path, text).unwrap();
+        let auth = Authenticator::load(&path).unwrap();
+        assert_eq!(
+            auth.authenticate(Some(b"Bearer good")).unwrap().name,
+            "t-good"
+        );
+        for bad in [
+            None,
+            Some(&b"Bearer nope"[..]),
+            Some(b"Bearer old"),
+            Some(b"good"),
+        ] {
+            let err = auth.authenticate(bad).err().unwrap();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated);
+        }
+    }
+}
