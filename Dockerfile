@@ -23,5 +23,5 @@ LABEL org.opencontainers.image.title="tumbler" \
 COPY --from=build /usr/local/bin/tumbler /tumbler
 USER 65532:65532
 # 50051: gRPC (lock service, grpc.health.v1, reflection); 9090: HTTP /metrics.
-EXPOSE 50051 9090
+EXPOSE 50051 9090 50052
 ENTRYPOINT ["/tumbler", "serve"]

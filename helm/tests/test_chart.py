@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,6 +53,7 @@ CRD_GROUPS = {"monitoring.coreos.com"}
 RUN_AS_USER = 65532
 GRPC_PORT = 50051
 HTTP_PORT = 9090
+HEALTH_PORT = 50052
 
 SECRET_PASSWORD = "s3cr3t-Pa55word"
 REDIS_URL_WITH_PASSWORD = f"redis://:{SECRET_PASSWORD}@redis.infra.svc:6379/0"
@@ -106,10 +108,38 @@ ALL_FEATURES: dict[str, Any] = {
 THREE_REPLICAS = copy.deepcopy(ALL_FEATURES)
 THREE_REPLICAS["autoscaling"] = {"enabled": False}
 
+# Bearer tokens (the chart keeps only their digests) and TLS with client
+# certificates, the HTTP port included.
+CLIENT_TOKEN = "tmb_client-token-for-the-chart-tests"
+ADMIN_TOKEN = "tmb_admin-token-for-the-chart-tests"
+SECURED: dict[str, Any] = {
+    "redis": {"existingSecret": "redis-credentials"},
+    "auth": {
+        "enabled": True,
+        "tokens": [
+            {"name": "billing", "sha256": hashlib.sha256(CLIENT_TOKEN.encode()).hexdigest(), "role": "client",
+             "namespaces": ["billing", "billing-*"], "requestsPerSecond": 500},
+            {"name": "ops", "sha256": hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest(), "role": "admin",
+             "namespaces": ["*"], "expiresAt": "2099-01-01T00:00:00Z"},
+        ],
+    },
+    "tls": {"enabled": True, "existingSecret": "tumbler-tls", "clientCaSecret": "clients-ca", "http": True},
+    "config": {"dashboardAdmin": True, "maxLocksPerNamespace": 100000},
+    "serviceMonitor": {"enabled": True, "tlsConfig": {"ca": {"secret": {"name": "tumbler-tls", "key": "ca.crt"}}}},
+}
+
+# Tokens and TLS from Secrets the operator manages, no client certificates.
+EXISTING_SECRETS: dict[str, Any] = {
+    "auth": {"enabled": True, "existingSecret": "tumbler-tokens", "existingSecretKey": "tokens"},
+    "tls": {"enabled": True, "existingSecret": "tumbler-tls"},
+}
+
 SCENARIOS = {
     "defaults": {},
     "all-features": ALL_FEATURES,
     "three-replicas": THREE_REPLICAS,
+    "secured": SECURED,
+    "existing-secrets": EXISTING_SECRETS,
 }
 
 EXPECTED_KINDS = {
@@ -122,6 +152,10 @@ EXPECTED_KINDS = {
         "ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget",
         "Service", "ServiceAccount", "ServiceMonitor",
     },
+    "secured": {
+        "ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount", "ServiceMonitor",
+    },
+    "existing-secrets": {"ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"},
 }
 
 YAMLLINT_CONFIG = YamlLintConfig(
@@ -245,7 +279,7 @@ def test_chart_metadata():
     assert meta["type"] == "application"
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "all-features", "three-replicas"])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_strict_lint_passes(scenario):
     assert lint_errors(SCENARIOS[scenario]) == []
 
@@ -332,27 +366,28 @@ def test_yamllint_passes(scenario):
 
 def test_readiness_probe_is_grpc_on_the_redis_bound_service():
     probe = tumbler_container(one(objects_of(), "Deployment"))["readinessProbe"]
-    assert probe["grpc"] == {"port": GRPC_PORT, "service": ""}
+    assert probe["grpc"] == {"port": HEALTH_PORT, "service": ""}
 
 
 def test_liveness_probe_is_grpc_on_the_liveness_service():
     probe = tumbler_container(one(objects_of(), "Deployment"))["livenessProbe"]
-    assert probe["grpc"] == {"port": GRPC_PORT, "service": "liveness"}
+    assert probe["grpc"] == {"port": HEALTH_PORT, "service": "liveness"}
 
 
 def test_startup_probe_is_grpc_on_the_liveness_service():
     probe = tumbler_container(one(objects_of(), "Deployment"))["startupProbe"]
-    assert probe["grpc"] == {"port": GRPC_PORT, "service": "liveness"}
+    assert probe["grpc"] == {"port": HEALTH_PORT, "service": "liveness"}
     assert probe["failureThreshold"] * probe["periodSeconds"] >= 10
 
 
 def test_container_ports():
     container = tumbler_container(one(objects_of(), "Deployment"))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": GRPC_PORT, "http": HTTP_PORT}
+    assert ports == {"grpc": GRPC_PORT, "http": HTTP_PORT, "health": HEALTH_PORT}
     data = config_data(objects_of())
     assert data["TUMBLER_LISTEN"].endswith(f":{GRPC_PORT}")
     assert data["TUMBLER_HTTP_LISTEN"].endswith(f":{HTTP_PORT}")
+    assert data["TUMBLER_HEALTH_LISTEN"].endswith(f":{HEALTH_PORT}")
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -459,6 +494,8 @@ def test_config_map_carries_every_setting():
         "TUMBLER_HTTP_LISTEN": "0.0.0.0:9090",
         "TUMBLER_REDIS_CONNECTIONS": "4",
         "TUMBLER_REDIS_TIMEOUT_MS": "2000",
+        "TUMBLER_MIN_REPLICAS_ACKED": "0",
+        "TUMBLER_MIN_REPLICAS_TIMEOUT_MS": "500",
         "TUMBLER_KEY_PREFIX": "tumbler",
         "TUMBLER_SHARDS": "32",
         "TUMBLER_MAX_LIMIT": "10000",
@@ -477,6 +514,17 @@ def test_config_map_carries_every_setting():
         "TUMBLER_LOG": "info",
         "TUMBLER_OTLP_ENDPOINT": "",
         "TUMBLER_DASHBOARD_ADMIN": "false",
+        "TUMBLER_MAX_WAITERS_PER_NAMESPACE": "10000",
+        "TUMBLER_MAX_LOCKS_PER_NAMESPACE": "0",
+        "TUMBLER_MAX_REQUEST_BYTES": "65536",
+        "TUMBLER_MAX_CONCURRENT_STREAMS": "1000",
+        "TUMBLER_MAX_SESSIONS": "10000",
+        "TUMBLER_MAX_WATCHERS": "1000",
+        "TUMBLER_HEALTH_LISTEN": "0.0.0.0:50052",
+        "TUMBLER_NO_AUTH": "true",
+        "TUMBLER_AUTH_RELOAD_INTERVAL_MS": "5000",
+        "TUMBLER_HTTP_TLS": "false",
+        "TUMBLER_TLS_RELOAD_INTERVAL_MS": "10000",
     }
 
 
@@ -503,13 +551,15 @@ def test_large_numbers_are_not_written_in_exponent_form():
 
 
 def test_waiting_and_reaper_settings_reach_the_config_map():
-    config = {"maxWaitMs": 0, "defaultQueueTtlMs": 100, "maxWaitersPerLock": 1, "maxWaiters": 0, "reapIntervalMs": 0}
+    config = {"maxWaitMs": 0, "defaultQueueTtlMs": 100, "maxWaitersPerLock": 1, "maxWaiters": 0, "reapIntervalMs": 0,
+              "maxWaitersPerNamespace": 7}
     data = config_data(objects_of({"config": config}))
     assert {k: data[k] for k in data if "WAIT" in k or "REAP" in k or "QUEUE" in k} == {
         "TUMBLER_MAX_WAIT_MS": "0",
         "TUMBLER_DEFAULT_QUEUE_TTL_MS": "100",
         "TUMBLER_MAX_WAITERS_PER_LOCK": "1",
         "TUMBLER_MAX_WAITERS": "0",
+        "TUMBLER_MAX_WAITERS_PER_NAMESPACE": "7",
         "TUMBLER_REAP_INTERVAL_MS": "0",
     }
 
@@ -588,6 +638,95 @@ def test_existing_secret_with_empty_url():
 
 
 # --------------------------------------------------------------------------
+# Authentication and TLS
+
+
+def mounted_file(deployment: dict[str, Any], path: str) -> tuple[str, str]:
+    """(Secret name, key) that the file at `path` in the container comes from."""
+    container = tumbler_container(deployment)
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    for mount in container.get("volumeMounts", []):
+        directory = mount["mountPath"].rstrip("/") + "/"
+        if path.startswith(directory):
+            # Whole-directory mounts only: a subPath mount never sees a
+            # Secret update, and reloading depends on seeing them.
+            assert "subPath" not in mount, mount
+            assert mount.get("readOnly") is True, mount
+            secret = volumes[mount["name"]]["secret"]
+            [item] = [i for i in secret["items"] if directory + i["path"] == path]
+            return secret["secretName"], item["key"]
+    raise AssertionError(f"nothing is mounted at {path}")
+
+
+def test_auth_is_off_by_default_and_notes_warn_about_it():
+    rendered = render()
+    data = config_data(manifests(rendered))
+    assert data["TUMBLER_NO_AUTH"] == "true"
+    assert "TUMBLER_AUTH_TOKENS_FILE" not in data
+    assert "WARNING: authentication is off" in rendered["tumbler/templates/NOTES.txt"]
+    assert "WARNING" not in render(SECURED)["tumbler/templates/NOTES.txt"]
+
+
+def test_tokens_file_comes_from_the_chart_secret_and_holds_only_digests():
+    rendered = render(SECURED)
+    objects = manifests(rendered)
+    data = config_data(objects)
+    assert "TUMBLER_NO_AUTH" not in data
+    secret_name, key = mounted_file(one(objects, "Deployment"), data["TUMBLER_AUTH_TOKENS_FILE"])
+    [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == secret_name]
+    text = secret["stringData"][key]
+    tokens = tomllib.loads(text)["token"]
+    assert [t["name"] for t in tokens] == ["billing", "ops"]
+    assert tokens[0] == {
+        "name": "billing", "sha256": hashlib.sha256(CLIENT_TOKEN.encode()).hexdigest(), "role": "client",
+        "namespaces": ["billing", "billing-*"], "requests_per_second": 500,
+    }
+    assert tokens[1]["expires_at"] == "2099-01-01T00:00:00Z"
+    # The tokens themselves are nowhere; the file carries no checksum
+    # annotation (the pods reload it, no rollout needed).
+    assert CLIENT_TOKEN not in all_text(rendered) and ADMIN_TOKEN not in all_text(rendered)
+    annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert not any("auth" in a for a in annotations)
+
+
+def test_tokens_file_and_certificates_from_existing_secrets():
+    objects = objects_of(EXISTING_SECRETS)
+    data = config_data(objects)
+    deployment = one(objects, "Deployment")
+    assert mounted_file(deployment, data["TUMBLER_AUTH_TOKENS_FILE"]) == ("tumbler-tokens", "tokens")
+    assert mounted_file(deployment, data["TUMBLER_TLS_CERT_FILE"]) == ("tumbler-tls", "tls.crt")
+    assert mounted_file(deployment, data["TUMBLER_TLS_KEY_FILE"]) == ("tumbler-tls", "tls.key")
+    assert "TUMBLER_TLS_CLIENT_CA_FILE" not in data
+    assert data["TUMBLER_HTTP_TLS"] == "false"
+    # Only the Redis URL Secret is the chart's own.
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == ["locks-tumbler-redis"]
+
+
+def test_mutual_tls_and_https_scrapes():
+    objects = objects_of(SECURED)
+    data = config_data(objects)
+    assert mounted_file(one(objects, "Deployment"), data["TUMBLER_TLS_CLIENT_CA_FILE"]) == ("clients-ca", "ca.crt")
+    assert data["TUMBLER_HTTP_TLS"] == "true"
+    [endpoint] = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {"ca": {"secret": {"name": "tumbler-tls", "key": "ca.crt"}}}
+    [plain] = one(objects_of(ALL_FEATURES), "ServiceMonitor")["spec"]["endpoints"]
+    assert plain["scheme"] == "http"
+
+
+def test_probes_stay_on_the_plaintext_health_port_with_tls():
+    container = tumbler_container(one(objects_of(SECURED), "Deployment"))
+    for kind in ("readiness", "liveness", "startup"):
+        assert container[f"{kind}Probe"]["grpc"]["port"] == HEALTH_PORT
+
+
+def test_network_policy_lets_probes_reach_the_health_port():
+    policy = one(objects_of(ALL_FEATURES), "NetworkPolicy")
+    [health_rule] = [r for r in policy["spec"]["ingress"] if r["ports"] == [{"port": "health", "protocol": "TCP"}]]
+    assert "from" not in health_rule
+
+
+# --------------------------------------------------------------------------
 # values.schema.json and the template's own checks
 
 
@@ -624,6 +763,17 @@ BAD_VALUES = {
     "probe period zero": {"probes": {"readiness": {"periodSeconds": 0}}},
     "network policy without redis port": {"networkPolicy": {"redis": {"ports": []}}},
     "scrape interval": {"serviceMonitor": {"interval": "often"}},
+    "request size below 1 KiB": {"config": {"maxRequestBytes": 100}},
+    "no sessions": {"config": {"maxSessions": 0}},
+    "negative lock limit": {"config": {"maxLocksPerNamespace": -1}},
+    "token digest not hex": {"auth": {"tokens": [{"name": "a", "sha256": "xyz", "role": "client", "namespaces": ["a"]}]}},
+    "token role": {"auth": {"tokens": [{"name": "a", "sha256": "a" * 64, "role": "root", "namespaces": ["a"]}]}},
+    "token without namespaces": {"auth": {"tokens": [{"name": "a", "sha256": "a" * 64, "role": "client", "namespaces": []}]}},
+    "token namespace with space": {"auth": {"tokens": [{"name": "a", "sha256": "a" * 64, "role": "client", "namespaces": ["a b"]}]}},
+    "token plaintext field": {"auth": {"tokens": [{"name": "a", "token": "secret", "role": "client", "namespaces": ["a"]}]}},
+    "auth reload too fast": {"auth": {"reloadIntervalMs": 10}},
+    "tls enabled as a string": {"tls": {"enabled": "yes"}},
+    "unknown tls key": {"tls": {"cert": "x"}},
 }
 
 
@@ -640,6 +790,12 @@ GOOD_VALUES = {
     "percentages": {"rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}, "podDisruptionBudget": {"minAvailable": "50%"}},
     "pretty logs": {"config": {"logFormat": "pretty", "logLevel": "tumbler=debug,info"}},
     "tls redis": {"redis": {"url": "rediss://user:pw@redis.example.com:6380/2"}},
+    "redis cluster": {"redis": {"url": "redis+cluster://:pw@redis-0.redis:6379,redis-1.redis:6379,redis-2.redis:6379"}},
+    "redis sentinel with durable grants": {
+        "redis": {"url": "redis+sentinel://redis-sentinel-0:26379,redis-sentinel-1:26379/mymaster/0"},
+        "config": {"minReplicasAcked": 1, "minReplicasTimeoutMs": 250},
+        "networkPolicy": {"enabled": True, "redis": {"ports": [6379, 26379]}},
+    },
     "max shards": {"config": {"shards": 16384}},
     "no drain": {"config": {"shutdownDrainMs": 0}},
     "no waiting and no reaper": {"config": {"maxWaitMs": 0, "maxWaiters": 0, "reapIntervalMs": 0}},
@@ -666,7 +822,15 @@ def test_percentages_render_as_strings():
 REFUSED_COMBINATIONS = {
     "no redis url and no secret": ({"redis": {"url": ""}}, "redis.url"),
     "default ttl above max ttl": ({"config": {"defaultTtlMs": 60_000, "maxTtlMs": 30_000}}, "defaultTtlMs"),
+    "replica wait as long as a redis call": (
+        {"config": {"minReplicasAcked": 1, "minReplicasTimeoutMs": 2000, "redisTimeoutMs": 2000}},
+        "minReplicasTimeoutMs",
+    ),
     "autoscaling min above max": ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}, "minReplicas"),
+    "auth without tokens": ({"auth": {"enabled": True}}, "auth.tokens"),
+    "tls without a certificate": ({"tls": {"enabled": True}}, "tls.existingSecret"),
+    "tls http without tls": ({"tls": {"http": True}}, "tls.enabled"),
+    "client ca without tls": ({"tls": {"clientCaSecret": "ca"}}, "tls.enabled"),
     "autoscaling without a metric": (
         {"autoscaling": {"enabled": True, "targetCPUUtilizationPercentage": None}},
         "targetCPUUtilizationPercentage",
@@ -799,7 +963,7 @@ def test_network_policy_allows_the_ports_and_redis_and_dns():
     assert selects(spec["podSelector"]["matchLabels"], pod_labels(deployment))
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     ingress = {rule["ports"][0]["port"]: rule for rule in spec["ingress"]}
-    assert set(ingress) == {"grpc", "http"} <= container_ports
+    assert set(ingress) == {"grpc", "http", "health"} <= container_ports
     assert ingress["grpc"]["from"] == ALL_FEATURES["networkPolicy"]["grpcFrom"]
     assert ingress["http"]["from"] == ALL_FEATURES["networkPolicy"]["httpFrom"]
     egress_ports = {(p["port"], p["protocol"]) for rule in spec["egress"] for p in rule["ports"]}
@@ -940,8 +1104,11 @@ def port_of(address: str) -> int:
 
 
 def test_config_map_covers_every_serve_flag():
-    objects = objects_of()
-    covered = set(config_data(objects)) | {e["name"] for e in tumbler_container(one(objects, "Deployment"))["env"]}
+    # Some settings exist only with a feature on (tokens file, certificates).
+    covered = set()
+    for values in ({}, SECURED):
+        objects = objects_of(values)
+        covered |= set(config_data(objects)) | {e["name"] for e in tumbler_container(one(objects, "Deployment"))["env"]}
     missing = sorted(set(binary_settings()) - covered)
     assert not missing, f"`tumbler serve` reads {missing}, which the chart does not set"
 
@@ -1050,18 +1217,73 @@ def poll(read: Callable[[], dict[str, str]], done: Callable[[dict[str, str]], bo
         time.sleep(0.1)
 
 
-def test_probes_answer_as_the_chart_expects_from_the_real_binary(started, tmp_path, capsys):
+def make_certificates(directory: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, by openssl."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is missing (Debian: apt-get install openssl)")
+    directory.mkdir()
+    files = {name: directory / name for name in
+             ("ca.crt", "ca.key", "tls.crt", "tls.key", "client.crt", "client.key")}
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True, cwd=directory, timeout=30)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=chart-test-ca")
+    for name, extensions in (
+        ("tls", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ):
+        (directory / f"{name}.ext").write_text(extensions)
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext")
+    return files
+
+
+def grpcurl_call(port: int, method: str, body: dict, *flags: str) -> tuple[int, str]:
+    proc = subprocess.run(
+        [GRPCURL, *flags, "-connect-timeout", "2", "-max-time", "5", "-d", json.dumps(body),
+         f"127.0.0.1:{port}", method],
+        capture_output=True, text=True, timeout=15, check=False,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "secured"])
+def test_probes_answer_as_the_chart_expects_from_the_real_binary(scenario, started, tmp_path, capsys):
     # What the chart renders.
-    objects = objects_of()
+    objects = objects_of(SCENARIOS[scenario])
     container = tumbler_container(one(objects, "Deployment"))
-    [grpc_port] = [p["containerPort"] for p in container["ports"] if p["name"] == "grpc"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     probes = {kind: container[f"{kind}Probe"]["grpc"] for kind in ("readiness", "liveness", "startup")}
     for kind, grpc in probes.items():
-        assert grpc["port"] == grpc_port, f"{kind} probe port {grpc['port']} is not the grpc containerPort {grpc_port}"
-    # The binary listens there: by default, and as the ConfigMap tells it.
-    assert port_of(binary_default_listen()) == grpc_port
-    assert port_of(config_data(objects)["TUMBLER_LISTEN"]) == grpc_port
+        assert grpc["port"] == ports["health"], f"{kind} probe port {grpc['port']} is not the health containerPort"
+    # The binary listens there: as the ConfigMap tells it.
+    data = config_data(objects)
+    assert port_of(binary_default_listen()) == ports["grpc"]
+    assert port_of(data["TUMBLER_LISTEN"]) == ports["grpc"]
+    assert port_of(data["TUMBLER_HEALTH_LISTEN"]) == ports["health"]
     services = {kind: grpc.get("service", "") for kind, grpc in probes.items()}
+
+    # The pod's files: the tokens file from the rendered Secret, certificates
+    # made here; the ConfigMap's paths are pointed at them.
+    env = dict(data)
+    secured = scenario == "secured"
+    if secured:
+        certs = make_certificates(tmp_path / "tls")
+        deployment = one(objects, "Deployment")
+        secret_name, key = mounted_file(deployment, data["TUMBLER_AUTH_TOKENS_FILE"])
+        [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == secret_name]
+        tokens_file = tmp_path / "tokens.toml"
+        tokens_file.write_text(secret["stringData"][key])
+        env.update({
+            "TUMBLER_AUTH_TOKENS_FILE": str(tokens_file),
+            "TUMBLER_TLS_CERT_FILE": str(certs["tls.crt"]),
+            "TUMBLER_TLS_KEY_FILE": str(certs["tls.key"]),
+            "TUMBLER_TLS_CLIENT_CA_FILE": str(certs["ca.crt"]),
+        })
 
     # The real binary against a real Redis, on free loopback ports.
     binary = tumbler_binary()
@@ -1069,23 +1291,25 @@ def test_probes_answer_as_the_chart_expects_from_the_real_binary(started, tmp_pa
     redis_port = free_port()
     tumbler_port = free_port(redis_port)
     http_port = free_port(redis_port, tumbler_port)
+    health_port = free_port(redis_port, tumbler_port, http_port)
     redis = start_redis(started, redis_port, tmp_path)
     tumbler_log = tmp_path / "tumbler.log"
     with tumbler_log.open("wb") as out:
         tumbler = subprocess.Popen(
             [str(binary), "serve", "--listen", f"127.0.0.1:{tumbler_port}",
+             "--health-listen", f"127.0.0.1:{health_port}",
              "--redis-url", f"redis://127.0.0.1:{redis_port}", "--health-interval-ms", "100",
              "--shutdown-drain-ms", "0"],
             # The pod's settings, as the ConfigMap gives them; the flags above
             # win over them, and the HTTP port moves to loopback too.
-            env=clean_env(**{**config_data(objects), "TUMBLER_HTTP_LISTEN": f"127.0.0.1:{http_port}"}),
+            env=clean_env(**{**env, "TUMBLER_HTTP_LISTEN": f"127.0.0.1:{http_port}"}),
             cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )
     started.append(tumbler)
 
     def read() -> dict[str, str]:
         assert tumbler.poll() is None, f"tumbler exited with {tumbler.returncode}:\n{log_tail(tumbler_log)}"
-        return {kind: health_check(tumbler_port, service) for kind, service in services.items()}
+        return {kind: health_check(health_port, service) for kind, service in services.items()}
 
     results: list[tuple[str, dict[str, str], float]] = []
     try:
@@ -1105,9 +1329,27 @@ def test_probes_answer_as_the_chart_expects_from_the_real_binary(started, tmp_pa
         start_redis(started, redis_port, tmp_path)
         reading, took = poll(read, lambda r: all(s == "SERVING" for s in r.values()), "Redis back up")
         results.append(("Redis back up", reading, took))
+
+        if secured:
+            # The gRPC port itself speaks only TLS with a client certificate,
+            # and the lock service wants a token.
+            assert health_check(tumbler_port, "").startswith("ERROR"), "plaintext reached the TLS port"
+            tls = ("-cacert", str(certs["ca.crt"]), "-cert", str(certs["client.crt"]), "-key", str(certs["client.key"]))
+            inspect = {"namespace": "billing", "name": "x"}
+            method = "tumbler.v1.LockService/Inspect"
+            code, out = grpcurl_call(tumbler_port, method, inspect, *tls, "-H", f"authorization: Bearer {CLIENT_TOKEN}")
+            assert code == 0, out
+            code, out = grpcurl_call(tumbler_port, method, inspect, *tls)
+            assert code != 0 and "Unauthenticated" in out, out
+            code, out = grpcurl_call(tumbler_port, method, {"namespace": "payroll", "name": "x"}, *tls,
+                                     "-H", f"authorization: Bearer {CLIENT_TOKEN}")
+            assert code != 0 and "PermissionDenied" in out, out
+            code, out = grpcurl_call(tumbler_port, method, inspect, "-cacert", str(certs["ca.crt"]),
+                                     "-H", f"authorization: Bearer {CLIENT_TOKEN}")
+            assert code != 0, "a client without a certificate was served"
     finally:
         with capsys.disabled():
-            print(f"\nprobe results: tumbler 127.0.0.1:{tumbler_port}, redis-server 127.0.0.1:{redis_port}")
+            print(f"\nprobe results ({scenario}): tumbler 127.0.0.1:{tumbler_port} (health port {health_port}), redis-server 127.0.0.1:{redis_port}")
             for phase, reading, took in results:
                 answers = ", ".join(f'{kind} ("{services[kind]}") {status}' for kind, status in reading.items())
                 print(f"  {phase:<14} after {took:4.1f} s: {answers}")

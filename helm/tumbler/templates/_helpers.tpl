@@ -146,12 +146,43 @@ Pods that run at the least: replicaCount, or autoscaling.minReplicas.
 {{/*
 Checks across values that the schema cannot express.
 */}}
+{{/*
+The Secret with the tokens file, its key, and where the pods read it.
+*/}}
+{{- define "tumbler.authSecretName" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "tumbler.fullname" .)) -}}
+{{- end -}}
+
+{{- define "tumbler.authSecretKey" -}}
+{{- if .Values.auth.existingSecret -}}
+{{- .Values.auth.existingSecretKey -}}
+{{- else -}}
+tokens.toml
+{{- end -}}
+{{- end -}}
+
+{{- define "tumbler.authTokensFile" -}}
+/etc/tumbler/auth/tokens.toml
+{{- end -}}
+
 {{- define "tumbler.validate" -}}
+{{- if and .Values.auth.enabled (not .Values.auth.existingSecret) (not .Values.auth.tokens) }}
+{{- fail "auth.enabled needs auth.tokens (name, sha256, role, namespaces) or auth.existingSecret with a tokens file" }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
+{{- fail "tls.enabled needs tls.existingSecret: a kubernetes.io/tls Secret with tls.crt and tls.key" }}
+{{- end }}
+{{- if and (not .Values.tls.enabled) (or .Values.tls.http .Values.tls.clientCaSecret) }}
+{{- fail "tls.http and tls.clientCaSecret need tls.enabled" }}
+{{- end }}
 {{- if and (not .Values.redis.existingSecret) (not .Values.redis.url) }}
 {{- fail "set redis.url, or redis.existingSecret (with redis.existingSecretKey) to a Secret that holds the Redis URL" }}
 {{- end }}
 {{- if gt (.Values.config.defaultTtlMs | int64) (.Values.config.maxTtlMs | int64) }}
 {{- fail (printf "config.defaultTtlMs (%d) must not exceed config.maxTtlMs (%d)" (.Values.config.defaultTtlMs | int64) (.Values.config.maxTtlMs | int64)) }}
+{{- end }}
+{{- if and (gt (.Values.config.minReplicasAcked | int64) 0) (ge (.Values.config.minReplicasTimeoutMs | int64) (.Values.config.redisTimeoutMs | int64)) }}
+{{- fail (printf "config.minReplicasTimeoutMs (%d) must be below config.redisTimeoutMs (%d) when config.minReplicasAcked is set: the wait for replicas is part of the grant's Redis call" (.Values.config.minReplicasTimeoutMs | int64) (.Values.config.redisTimeoutMs | int64)) }}
 {{- end }}
 {{- if and .Values.autoscaling.enabled (gt (.Values.autoscaling.minReplicas | int64) (.Values.autoscaling.maxReplicas | int64)) }}
 {{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
