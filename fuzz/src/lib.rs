@@ -1,0 +1,225 @@
+//! The checks behind tumbler's fuzz targets, one function per target, each
+//! taking the fuzzer's raw bytes. They panic (a "crash" to libFuzzer) when
+//! a decoder panics or breaks one of its promises.
+//!
+//! The same functions run on stable in `cargo test --test properties`
+//! (random bytes from proptest, plus the seed corpus in `fuzz/corpus/`),
+//! so they keep compiling and passing between fuzzing sessions. This file
+//! therefore only uses crates that tumbler itself depends on.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tonic::Code;
+use tumbler::api::validate;
+use tumbler::engine::{self, ListCursor};
+
+/// A fuzz target's check: panics when the target finds a bug.
+pub type Check = fn(&[u8]);
+
+/// The fuzz targets and their checks, by name (`fuzz/fuzz_targets/<name>.rs`).
+pub const TARGETS: &[(&str, Check)] = &[
+    ("page_token", page_token),
+    ("grant_record", grant_record),
+    ("lua_reply", lua_reply),
+    ("metadata", metadata),
+];
+
+/// Reads the fuzzer's bytes front to back; past the end it yields zeros
+/// and empty slices, so every input means something.
+struct Bytes<'a>(&'a [u8]);
+
+impl<'a> Bytes<'a> {
+    fn u8(&mut self) -> u8 {
+        let (first, rest) = self.0.split_first().map_or((0, &[][..]), |(f, r)| (*f, r));
+        self.0 = rest;
+        first
+    }
+
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        let (taken, rest) = self.0.split_at(n.min(self.0.len()));
+        self.0 = rest;
+        taken
+    }
+
+    fn u64(&mut self) -> u64 {
+        let mut buf = [0u8; 8];
+        let taken = self.take(8);
+        buf[..taken.len()].copy_from_slice(taken);
+        u64::from_le_bytes(buf)
+    }
+
+    /// A string of up to `max` bytes (invalid UTF-8 replaced).
+    fn text(&mut self, max: usize) -> String {
+        let len = usize::from(self.u8()) * max / 255;
+        String::from_utf8_lossy(self.take(len)).into_owned()
+    }
+
+    fn rest(&mut self) -> &'a [u8] {
+        self.take(usize::MAX)
+    }
+}
+
+/// The message of an INVALID_ARGUMENT names `field` first.
+fn assert_names(status: &tonic::Status, field: &str) {
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let rest = status.message().strip_prefix(field);
+    assert!(
+        rest.is_some_and(|r| r.starts_with(':') || r.starts_with(' ')),
+        "message should name {field}: {status:?}"
+    );
+}
+
+/// Page tokens: decoding any string never panics and yields either a
+/// `page_token` error or a cursor inside the shard range that re-encodes to
+/// itself; every cursor the server can issue round-trips.
+pub fn page_token(data: &[u8]) {
+    let mut bytes = Bytes(data);
+    let shards = u32::from(bytes.u8()) % 64 + 1;
+    let mode = bytes.u8();
+    let token = match mode % 3 {
+        // The bytes as the token itself.
+        0 => String::from_utf8_lossy(bytes.rest()).into_owned(),
+        // The bytes as the decoded token (so the fuzzer reaches past base64).
+        1 => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes.rest())
+        }
+        // A cursor the server could have issued.
+        _ => {
+            let cursor = ListCursor {
+                shard: (bytes.u64() % u64::from(shards)) as u32,
+                after: truncate(
+                    String::from_utf8_lossy(bytes.rest()).into_owned(),
+                    validate::MAX_NAME_BYTES,
+                ),
+            };
+            let token = validate::encode_page_token(&cursor);
+            assert_eq!(
+                validate::page_token(&token, shards).unwrap(),
+                Some(cursor),
+                "an issued token must decode to its cursor"
+            );
+            token
+        }
+    };
+    match validate::page_token(&token, shards) {
+        Ok(None) => assert!(token.is_empty()),
+        Ok(Some(cursor)) => {
+            assert!(cursor.shard < shards, "{cursor:?} outside {shards} shards");
+            assert!(cursor.after.len() <= validate::MAX_NAME_BYTES);
+            let again = validate::encode_page_token(&cursor);
+            assert_eq!(validate::page_token(&again, shards).unwrap(), Some(cursor));
+        }
+        Err(status) => assert_names(&status, "page_token"),
+    }
+}
+
+/// Records read back from Redis: grant and waiter records, event and
+/// wake-up messages. Any bytes decode or fail without panicking; a grant
+/// record written the way `lua/acquire.lua` writes it (with the metadata
+/// JSON the engine sends) decodes to exactly what was written, whatever
+/// `|`, quotes or unicode the metadata holds.
+pub fn grant_record(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let _ = engine::parse_grant("h", &text, 0);
+    let _ = engine::parse_waiter("h", &text, 0, 1);
+    let _ = engine::watchers::LockEvent::parse(&text);
+    engine::waiters::Waiters::new(1, 1).handle_message(&text);
+
+    let mut bytes = Bytes(data);
+    let token = bytes.u64();
+    let slot = bytes.u64() as u32;
+    let acquired_at_ms = bytes.u64() as i64;
+    let ttl_ms = bytes.u64();
+    let kind = validate::kind(&bytes.text(validate::MAX_KIND_BYTES))
+        .unwrap_or_else(|_| validate::DEFAULT_KIND.to_owned());
+    let metadata: BTreeMap<String, String> = entries(&mut bytes).into_iter().collect();
+    let json = serde_json::to_string(&metadata).unwrap();
+    let record = format!("{token}|{slot}|{acquired_at_ms}|{ttl_ms}|{kind}|{json}");
+    let grant = engine::parse_grant("h", &record, 5).expect("a written record decodes");
+    assert_eq!(grant.fencing_token, token);
+    assert_eq!(grant.slot, slot);
+    assert_eq!(grant.acquired_at_ms, acquired_at_ms);
+    assert_eq!(grant.ttl_ms, ttl_ms);
+    assert_eq!(grant.kind, kind);
+    assert_eq!(grant.expires_at_ms, 5);
+    assert_eq!(grant.metadata, metadata);
+}
+
+/// Lua replies: any RESP bytes Redis could send, converted into each reply
+/// shape the engine reads, give a value or an error, never a panic; the
+/// strings inside go through the record decoders too.
+pub fn lua_reply(data: &[u8]) {
+    use tumbler::store::convert;
+    type Acquire = (i64, String, i64, u32, i64, u32, i64);
+    type Holders = (i64, u32, u32, Vec<(String, i64, String)>);
+    type Queue = (i64, u32, Vec<(String, i64, String)>);
+    type List = (i64, String, Vec<(String, u32, u32, u32, i64)>);
+    type Reap = (u64, u64, u64, u64, u64, u64, String);
+    type Clear = (u64, u64, u64, i64);
+    type Metrics = Vec<HashMap<String, u64>>;
+    let Ok(value) = redis::parse_redis_value(data) else {
+        return;
+    };
+    let _ = convert::<Acquire>(value.clone());
+    let _ = convert::<(i64, String, i64)>(value.clone());
+    let _ = convert::<Queue>(value.clone());
+    let _ = convert::<List>(value.clone());
+    let _ = convert::<Reap>(value.clone());
+    let _ = convert::<Clear>(value.clone());
+    let _ = convert::<Metrics>(value.clone());
+    let _ = convert::<Vec<String>>(value.clone());
+    let _ = convert::<u32>(value.clone());
+    if let Ok((_, _, _, holders)) = convert::<Holders>(value) {
+        for (holder, expires_at, record) in holders {
+            let _ = engine::parse_grant(&holder, &record, expires_at);
+            let _ = engine::parse_waiter(&holder, &record, expires_at, 1);
+        }
+    }
+}
+
+/// Metadata: validation of any map never panics; what it accepts keeps
+/// every documented bound, and survives the trip through a grant record
+/// unchanged; what it refuses is INVALID_ARGUMENT naming `metadata`.
+pub fn metadata(data: &[u8]) {
+    let mut bytes = Bytes(data);
+    let map: HashMap<String, String> = entries(&mut bytes).into_iter().collect();
+    match validate::metadata(&map) {
+        Ok(valid) => {
+            assert_eq!(valid.len(), map.len());
+            assert!(valid.len() <= validate::MAX_METADATA_ENTRIES);
+            let mut total = 0;
+            for (key, value) in &valid {
+                assert_eq!(map.get(key), Some(value));
+                assert!(!key.is_empty() && key.len() <= validate::MAX_METADATA_KEY_BYTES);
+                assert!(!key.chars().any(char::is_control));
+                assert!(value.len() <= validate::MAX_METADATA_VALUE_BYTES);
+                total += key.len() + value.len();
+            }
+            assert!(total <= validate::MAX_METADATA_TOTAL_BYTES);
+            let json = serde_json::to_string(&valid).unwrap();
+            let record = format!("1|1|0|1|default|{json}");
+            let grant = engine::parse_grant("h", &record, 0).expect("a written record decodes");
+            assert_eq!(grant.metadata, valid);
+        }
+        Err(status) => assert_names(&status, "metadata"),
+    }
+}
+
+/// Up to 40 metadata entries: a key of up to 80 bytes and a value of up to
+/// 1100 bytes each, so that every bound can be crossed.
+fn entries(bytes: &mut Bytes) -> Vec<(String, String)> {
+    let count = usize::from(bytes.u8()) % 41;
+    (0..count)
+        .map(|_| (bytes.text(80), bytes.text(1100)))
+        .collect()
+}
+
+fn truncate(mut text: String, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
+}
