@@ -625,6 +625,10 @@ async fn main() {
                 Scenario::Uncontended { clients: 1 },
                 Scenario::Uncontended { clients: 64 },
                 Scenario::Contended {
+                    clients: 16,
+                    limit: 1,
+                },
+                Scenario::Contended {
                     clients: 64,
                     limit: 1,
                 },

@@ -1,0 +1,87 @@
+//! Shared by the benchmarks that run `tumbler serve` as a process of its
+//! own (so its RSS is the replica's alone): starting it, waiting until it
+//! serves, reading its RSS.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use tonic::transport::Channel;
+use tumbler::proto::{self, lock_service_client::LockServiceClient};
+
+/// A `tumbler serve` child on a free port (no auth, no HTTP port), killed
+/// by its pid when dropped.
+pub struct ServeProcess {
+    child: std::process::Child,
+    pub endpoint: String,
+}
+
+impl ServeProcess {
+    /// Starts it against `redis_url` with `flags` added and waits until it
+    /// answers.
+    pub async fn start(redis_url: &str, flags: &[&str]) -> ServeProcess {
+        let port = tumbler::dev::free_port().unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--no-auth",
+            ])
+            .args(["--redis-url", redis_url, "--http-listen", "off"])
+            .args(flags)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let process = ServeProcess {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        wait_until_serving(&process.endpoint).await;
+        process
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident set size, from /proc.
+    pub fn rss_kib(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits (up to 20 s) until a server at `endpoint` answers an Inspect.
+pub async fn wait_until_serving(endpoint: &str) {
+    for _ in 0..400 {
+        if let Ok(channel) = Channel::from_shared(endpoint.to_owned())
+            .unwrap()
+            .connect()
+            .await
+        {
+            let probe = LockServiceClient::new(channel)
+                .inspect(proto::InspectRequest {
+                    name: "probe".into(),
+                    ..Default::default()
+                })
+                .await;
+            if probe.is_ok() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{endpoint} never served");
+}
