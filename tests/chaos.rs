@@ -7,9 +7,11 @@
 //! of a lock overlapped while both leases were valid, and that fencing
 //! tokens per lock strictly rose in grant order.
 //!
-//! Two Redis set-ups:
+//! Three Redis set-ups:
 //! - durable (`--appendonly yes --appendfsync always`): a restart keeps
 //!   every acknowledged write, so mutual exclusion must hold: 0 overlaps.
+//! - a durable Redis Cluster of three masters, whose nodes are killed,
+//!   restarted and frozen one at a time: 0 overlaps as well.
 //! - volatile (no persistence): a restart forgets held locks, so overlaps
 //!   can happen (Redis cannot keep a promise it forgot; this is the case
 //!   fencing tokens exist for) — but tokens must still only rise.
@@ -25,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::proto;
+use common::topology::{TestCluster, start_cluster_with};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tonic::transport::Channel;
@@ -48,6 +51,8 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 const REPLICAS: usize = 3;
+/// Redis that keeps every acknowledged write across a crash.
+const DURABLE: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
 const TTL_MS: u64 = 1_500;
 
 /// One grant as its client saw it.
@@ -120,6 +125,53 @@ impl Drop for Replica {
     }
 }
 
+/// The Redis the replicas share: one server or a cluster of three
+/// masters; faults hit one node at a time.
+enum Store {
+    Standalone(RedisServer),
+    Cluster(TestCluster),
+}
+
+impl Store {
+    fn url(&self) -> String {
+        match self {
+            Store::Standalone(redis) => redis.url(),
+            Store::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    fn nodes(&self) -> usize {
+        match self {
+            Store::Standalone(_) => 1,
+            Store::Cluster(cluster) => cluster.nodes.len(),
+        }
+    }
+
+    fn kill(&mut self, node: usize) {
+        match self {
+            Store::Standalone(redis) => redis.kill(),
+            Store::Cluster(cluster) => cluster.nodes[node].kill(),
+        }
+    }
+
+    /// Starts a killed node again on its port and data directory; returns
+    /// once it answers.
+    fn restart(&mut self, node: usize) {
+        match self {
+            Store::Standalone(redis) => redis.restart().unwrap(),
+            Store::Cluster(cluster) => cluster.nodes[node].restart(),
+        }
+    }
+
+    fn pid(&self, node: usize) -> Pid {
+        let pid = match self {
+            Store::Standalone(redis) => redis.pid(),
+            Store::Cluster(cluster) => cluster.nodes[node].pid(),
+        };
+        Pid::from_raw(pid.expect("the node runs") as i32)
+    }
+}
+
 #[derive(Default, Debug)]
 struct Faults {
     replica_kills: usize,
@@ -128,16 +180,15 @@ struct Faults {
 }
 
 /// Runs one chaos round and returns the grants, faults and errors seen.
-async fn run(redis_args: &[&str]) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usize) {
+async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usize) {
     let seconds = std::env::var("CHAOS_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(8u64);
     let target_ops: Option<usize> = std::env::var("CHAOS_OPS").ok().and_then(|v| v.parse().ok());
-    let redis = Arc::new(Mutex::new(
-        RedisServer::start_with_args("redis-server", redis_args).expect("redis-server"),
-    ));
-    let redis_url = redis.lock().unwrap().url();
+    let redis_url = store.url();
+    let nodes = store.nodes();
+    let store = Arc::new(Mutex::new(store));
     let replicas: Vec<Arc<Mutex<Replica>>> = (0..REPLICAS)
         .map(|_| Arc::new(Mutex::new(Replica::start(&redis_url))))
         .collect();
@@ -278,17 +329,17 @@ async fn run(redis_args: &[&str]) -> (Vec<Grant>, Faults, BTreeMap<String, usize
                 replica.lock().unwrap().spawn();
             }
             1 => {
-                redis.lock().unwrap().kill();
+                let node = (round as usize / 3) % nodes;
+                store.lock().unwrap().kill(node);
                 faults.redis_kills += 1;
                 tokio::time::sleep(Duration::from_millis(100 + (round * 31) % 300)).await;
-                let redis = redis.clone();
-                tokio::task::spawn_blocking(move || redis.lock().unwrap().restart().unwrap())
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || store.lock().unwrap().restart(node))
                     .await
                     .unwrap();
             }
             _ => {
-                let pid = redis.lock().unwrap().pid().unwrap();
-                let pid = Pid::from_raw(pid as i32);
+                let pid = store.lock().unwrap().pid((round as usize / 3) % nodes);
                 kill(pid, Signal::SIGSTOP).unwrap();
                 faults.redis_freezes += 1;
                 tokio::time::sleep(Duration::from_millis(200 + (round * 71) % 500)).await;
@@ -367,11 +418,11 @@ fn report(
     (overlaps.len(), drops.len())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn durable_redis_keeps_mutual_exclusion_through_crashes_and_freezes() {
-    let (grants, faults, errors, attempts) =
-        run(&["--appendonly", "yes", "--appendfsync", "always"]).await;
-    let (overlaps, drops) = report("durable Redis", &grants, &faults, &errors, attempts);
+/// One chaos round on `store` that must end with no overlapping grants
+/// and only rising tokens, with every kind of fault injected.
+async fn assert_mutual_exclusion(mode: &str, store: Store) {
+    let (grants, faults, errors, attempts) = run(store).await;
+    let (overlaps, drops) = report(mode, &grants, &faults, &errors, attempts);
     assert!(
         grants.len() > 50,
         "too few grants to say anything: {}",
@@ -383,8 +434,40 @@ async fn durable_redis_keeps_mutual_exclusion_through_crashes_and_freezes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn durable_redis_keeps_mutual_exclusion_through_crashes_and_freezes() {
+    let redis = RedisServer::start_with_args("redis-server", DURABLE).expect("redis-server");
+    assert_mutual_exclusion("durable Redis", Store::Standalone(redis)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn durable_redis_cluster_keeps_mutual_exclusion_through_node_crashes_and_freezes() {
+    let cluster = tokio::task::spawn_blocking(|| start_cluster_with(DURABLE))
+        .await
+        .unwrap();
+    // The contended locks must live on more than one node, or killing the
+    // others would prove little. A node answers for a key it owns and
+    // redirects (MOVED) for the rest.
+    let layout = tumbler::engine::keys::Layout::new("tumbler", 32);
+    let owners: std::collections::BTreeSet<usize> = (0..locks())
+        .map(|lock| {
+            let key = layout
+                .lock_keys("default", &format!("chaos-{lock}"))
+                .holders;
+            let exists = redis::cmd("EXISTS").arg(&key).clone();
+            (cluster.nodes.iter())
+                .position(|node| node.try_query::<i64>(&exists).is_ok())
+                .expect("some node owns the key")
+        })
+        .collect();
+    println!("the chaos locks live on nodes {owners:?}");
+    assert!(owners.len() >= 2, "the chaos locks all live on one node");
+    assert_mutual_exclusion("durable Redis Cluster", Store::Cluster(cluster)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn volatile_redis_keeps_tokens_rising_even_when_it_forgets_locks() {
-    let (grants, faults, errors, attempts) = run(&[]).await;
+    let redis = RedisServer::start_with_args("redis-server", &[]).expect("redis-server");
+    let (grants, faults, errors, attempts) = run(Store::Standalone(redis)).await;
     let (_overlaps, drops) = report("volatile Redis", &grants, &faults, &errors, attempts);
     assert!(
         grants.len() > 50,

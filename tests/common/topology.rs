@@ -267,19 +267,23 @@ impl TestCluster {
 /// `redis-cli --cluster create` and waits until every node reports the
 /// cluster OK.
 pub fn start_cluster() -> TestCluster {
+    start_cluster_with(&[])
+}
+
+/// [`start_cluster`] with `extra` arguments for every node (e.g. AOF).
+pub fn start_cluster_with(extra: &[&str]) -> TestCluster {
     let nodes: Vec<RedisNode> = (0..3)
         .map(|_| {
-            RedisNode::start_on(
-                free_port_pair(),
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ],
-            )
+            let mut args = vec![
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ];
+            args.extend_from_slice(extra);
+            RedisNode::start_on(free_port_pair(), &args)
         })
         .collect();
     let mut create = Command::new("redis-cli");
