@@ -442,10 +442,36 @@ pub struct RpcService<S> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// When the RPC layer gives up on a handler and answers DEADLINE_EXCEEDED
+/// itself, `left` before the caller's deadline: early enough for the
+/// answer to arrive before the caller's own timer (which would report
+/// CANCELLED, with the RPC uncounted here), later than a waiting Acquire's
+/// own answer (the engine keeps max(5%, 20 ms) for that).
+fn give_up_after(left: Duration) -> Duration {
+    left.saturating_sub((left / 40).max(Duration::from_millis(10)))
+}
+
+/// The caller's deadline from a `grpc-timeout` value (`<digits><unit>`,
+/// unit one of H M S m u n); `None` when absent or malformed.
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
 impl<S, B, R> tower::Service<http::Request<B>> for RpcService<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
+    R: Default,
 {
     type Response = http::Response<StatusRewrite<R>>;
     type Error = S::Error;
@@ -479,10 +505,25 @@ where
             tracing::Span::none()
         };
         let started = Instant::now();
+        let deadline = (request.headers().get("grpc-timeout"))
+            .and_then(|value| parse_grpc_timeout(value.to_str().ok()?))
+            .map(|left| started + give_up_after(left));
         let answer = span.in_scope(|| self.inner.call(request));
         Box::pin(
             async move {
-                let mut result = answer.await;
+                // Past the deadline the handler is dropped (a waiter leaves
+                // its queue in the background) and the caller is told so.
+                let mut result = match deadline {
+                    Some(deadline) => tokio::time::timeout_at(deadline.into(), answer)
+                        .await
+                        .unwrap_or_else(|_| {
+                            Ok(tonic::Status::deadline_exceeded(
+                                "the deadline passed before tumbler could answer",
+                            )
+                            .into_http())
+                        }),
+                    None => answer.await,
+                };
                 if let Ok(response) = &mut result {
                     oversized_request_is_resource_exhausted(response.headers_mut());
                 }

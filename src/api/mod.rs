@@ -164,20 +164,9 @@ fn engine_status(err: EngineError) -> Status {
 }
 
 /// The time left before the caller's gRPC deadline (`grpc-timeout`), if
-/// it set one: `<digits><unit>`, unit one of H M S m u n.
+/// it set one.
 fn grpc_deadline<T>(request: &Request<T>) -> Option<Duration> {
-    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount.saturating_mul(3600)),
-        "M" => Duration::from_secs(amount.saturating_mul(60)),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
+    crate::observe::parse_grpc_timeout(request.metadata().get("grpc-timeout")?.to_str().ok()?)
 }
 
 /// How long to wait: the request's wait_ms, cut short so that the reply

@@ -227,6 +227,15 @@ pub fn no_auth_unless_configured(flags: &[&str]) -> Option<&'static str> {
     .then_some("--no-auth")
 }
 
+/// No HTTP port unless the test asks for one.
+fn no_http_unless_configured(flags: &[&str]) -> &'static [&'static str] {
+    if flags.iter().any(|f| f.starts_with("--http-listen")) {
+        &[]
+    } else {
+        &["--http-listen", "off"]
+    }
+}
+
 /// A `tumbler serve` process started by this test on a free port; killed
 /// (by its pid) when dropped, so a failing test leaves none behind.
 pub struct TumblerProcess {
@@ -248,7 +257,8 @@ impl TumblerProcess {
         let port = tumbler::dev::free_port().unwrap();
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--redis-url", redis_url, "--http-listen", "off"])
+            .args(["--redis-url", redis_url])
+            .args(no_http_unless_configured(flags))
             .args(no_auth_unless_configured(flags))
             .args(flags)
             .stdout(std::process::Stdio::null())

@@ -1,0 +1,237 @@
+//! Redis slowed, not down: a server-wide stall (`DEBUG SLEEP`) or a pause
+//! of every client (`CLIENT PAUSE … ALL`), each far longer than any
+//! caller's deadline. Every RPC is still answered by the server within its
+//! caller's deadline or its own wait, while Redis is still stalled; nothing
+//! is granted while Redis cannot answer; and once Redis is back no waiter
+//! is left behind, neither in the replica nor in the lock's queue.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::*;
+use proto::AcquireStatus;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+/// How long Redis stays stalled: many times every deadline below.
+const STALL_SECONDS: u64 = 10;
+/// Waiters queued before the stall, and callers arriving during it.
+const QUEUED: usize = 20;
+const ARRIVING: usize = 20;
+
+#[derive(Clone, Copy, Debug)]
+enum Slowdown {
+    DebugSleep,
+    ClientPause,
+}
+
+/// Stalls Redis for [`STALL_SECONDS`] from a connection of its own; the
+/// returned flag turns true once Redis answers again.
+fn stall(redis_url: &str, slowdown: Slowdown) -> Arc<AtomicBool> {
+    let over = Arc::new(AtomicBool::new(false));
+    let client = redis::Client::open(redis_url).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let flag = over.clone();
+    std::thread::spawn(move || {
+        match slowdown {
+            // Redis runs the sleep itself: it answers no one until done.
+            Slowdown::DebugSleep => {
+                ready_tx.send(()).unwrap();
+                let _: () = redis::cmd("DEBUG")
+                    .arg("SLEEP")
+                    .arg(STALL_SECONDS)
+                    .query(&mut conn)
+                    .unwrap();
+            }
+            // The pause returns at once; a PING on the same connection is
+            // held until the pause ends.
+            Slowdown::ClientPause => {
+                let _: () = redis::cmd("CLIENT")
+                    .arg("PAUSE")
+                    .arg(STALL_SECONDS * 1000)
+                    .arg("ALL")
+                    .query(&mut conn)
+                    .unwrap();
+                ready_tx.send(()).unwrap();
+                let _: String = redis::cmd("PING").query(&mut conn).unwrap();
+            }
+        }
+        flag.store(true, Ordering::SeqCst);
+    });
+    ready_rx.recv().unwrap();
+    // Let the stall begin before anything else is sent.
+    std::thread::sleep(Duration::from_millis(200));
+    over
+}
+
+/// The replica's /metrics page.
+async fn metrics_page(http: std::net::SocketAddr) -> String {
+    let mut stream = tokio::net::TcpStream::connect(http).await.unwrap();
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.unwrap();
+    page
+}
+
+/// The value of the one sample whose line starts with `series` and
+/// carries every label in `labels` (0 when there is none).
+fn sample(page: &str, series: &str, labels: &[&str]) -> u64 {
+    page.lines()
+        .filter(|line| line.starts_with(series) && labels.iter().all(|l| line.contains(l)))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+/// The replica's own count of waiting requests.
+async fn replica_waiters(http: std::net::SocketAddr) -> u64 {
+    sample(&metrics_page(http).await, "tumbler_waiters ", &[])
+}
+
+/// One waiting acquire of `slow` with a gRPC deadline; its outcome as a
+/// word for the tally.
+async fn waiting_acquire(
+    mut client: proto::lock_service_client::LockServiceClient<tonic::transport::Channel>,
+    holder: String,
+    deadline: Option<Duration>,
+) -> String {
+    let mut request = tonic::Request::new(proto::AcquireRequest {
+        wait_ms: 60_000,
+        ..acquire("slow", &holder)
+    });
+    if let Some(deadline) = deadline {
+        request.set_timeout(deadline);
+    } else {
+        request.get_mut().wait_ms = 1_500;
+    }
+    match client.acquire(request).await {
+        Ok(reply) => {
+            let status = reply.into_inner().status();
+            assert!(
+                !matches!(status, AcquireStatus::Acquired | AcquireStatus::AlreadyHeld),
+                "{holder} was granted a lock that another holder still holds"
+            );
+            format!("{status:?}")
+        }
+        Err(status) => {
+            assert!(
+                matches!(status.code(), Code::DeadlineExceeded | Code::Unavailable),
+                "{holder}: unexpected {status:?}"
+            );
+            format!("{:?}", status.code())
+        }
+    }
+}
+
+async fn slowed_redis_honours_deadlines_and_leaves_no_waiters(slowdown: Slowdown) {
+    let redis = tumbler::dev::RedisServer::start_with_args(
+        "redis-server",
+        &["--enable-debug-command", "local"],
+    )
+    .unwrap();
+    let http_port = tumbler::dev::free_port().unwrap();
+    let http = std::net::SocketAddr::from(([127, 0, 0, 1], http_port));
+    let server = TumblerProcess::start(
+        &redis.url(),
+        &[
+            "--http-listen",
+            &http.to_string(),
+            "--redis-timeout-ms",
+            "500",
+            "--default-queue-ttl-ms",
+            "1000",
+            "--health-interval-ms",
+            "100",
+        ],
+    )
+    .await;
+    let mut client = server.client().await;
+    let held = client
+        .acquire(acquire("slow", "holder"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(held.status(), AcquireStatus::Acquired);
+
+    // Waiters queued before the stall, each with a 1.5 s deadline.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..QUEUED {
+        let deadline = Some(Duration::from_millis(1_500));
+        calls.spawn(waiting_acquire(client.clone(), format!("q{i}"), deadline));
+    }
+    until_waiters(&mut client, "slow", QUEUED as u32).await;
+    assert_eq!(replica_waiters(http).await, QUEUED as u64);
+
+    let over = tokio::task::block_in_place(|| stall(&redis.url(), slowdown));
+    // Callers arriving during the stall: half with a 1 s deadline, half
+    // with no deadline but a 1.5 s wait.
+    for i in 0..ARRIVING {
+        let deadline = (i % 2 == 0).then_some(Duration::from_secs(1));
+        calls.spawn(waiting_acquire(client.clone(), format!("a{i}"), deadline));
+    }
+    let mut outcomes = BTreeMap::<String, usize>::new();
+    while let Some(outcome) = calls.join_next().await {
+        *outcomes.entry(outcome.unwrap()).or_default() += 1;
+    }
+    let answered_during_stall = !over.load(Ordering::SeqCst);
+    println!(
+        "{slowdown:?}: outcomes of {} calls: {outcomes:?}",
+        QUEUED + ARRIVING
+    );
+    assert!(
+        answered_during_stall,
+        "some calls were answered only after Redis came back: deadlines not honoured"
+    );
+    assert_eq!(outcomes.values().sum::<usize>(), QUEUED + ARRIVING);
+    // Answers past a deadline are the replica's own, so they are counted.
+    let deadline_exceeded = sample(
+        &metrics_page(http).await,
+        "tumbler_rpc_requests_total{",
+        &["method=\"Acquire\"", "code=\"DEADLINE_EXCEEDED\""],
+    );
+    assert_eq!(
+        deadline_exceeded as usize,
+        outcomes.get("DeadlineExceeded").copied().unwrap_or(0)
+    );
+
+    // Redis back: no waiter left in the replica or in the queue, and the
+    // lock goes to the next caller the moment it is released.
+    wait_for_health(&server.endpoint, ServingStatus::Serving).await;
+    let mut left_in_replica = u64::MAX;
+    for _ in 0..100 {
+        left_in_replica = replica_waiters(http).await;
+        if left_in_replica == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(left_in_replica, 0, "waiters piled up in the replica");
+    until_waiters(&mut client, "slow", 0).await;
+    client.release(release("slow", "holder")).await.unwrap();
+    let next = client
+        .acquire(acquire("slow", "after"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        next.status(),
+        AcquireStatus::Acquired,
+        "a stale waiter stood in the queue"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_sleep_honours_deadlines_and_leaves_no_waiters() {
+    slowed_redis_honours_deadlines_and_leaves_no_waiters(Slowdown::DebugSleep).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_pause_honours_deadlines_and_leaves_no_waiters() {
+    slowed_redis_honours_deadlines_and_leaves_no_waiters(Slowdown::ClientPause).await;
+}
