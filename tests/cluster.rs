@@ -2,7 +2,8 @@
 //! queues with wake-ups between two servers (the subscription lives on one
 //! node, PUBLISH reaches every node), and the shard-walking RPCs (List,
 //! Reap, Metrics, Clear) over shards that live on different nodes; no lock
-//! key is left behind on any node.
+//! key is left behind on any node; and a slot moved to another node
+//! (MIGRATE, half-way and after) while its locks are held.
 
 mod common;
 
@@ -332,4 +333,162 @@ async fn a_lost_cluster_node_is_unavailable_never_a_grant() {
         }
     }
     assert!(unavailable > 0, "no lock lived on the lost node");
+}
+
+/// Moves `keys` of `slot` from `from` to `to` with MIGRATE, as
+/// `redis-cli --cluster reshard` does key by key.
+fn migrate_keys(cluster: &TestCluster, from: usize, to: usize, keys: &[String]) {
+    if keys.is_empty() {
+        return;
+    }
+    let mut migrate = redis::cmd("MIGRATE");
+    migrate
+        .arg("127.0.0.1")
+        .arg(cluster.nodes[to].port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(keys);
+    let _: () = cluster.nodes[from].query(&migrate);
+}
+
+/// The node that owns `key` (the others redirect with MOVED).
+fn owner_of(cluster: &TestCluster, key: &str) -> usize {
+    let exists = redis::cmd("EXISTS").arg(key).clone();
+    (cluster.nodes.iter())
+        .position(|node| node.try_query::<i64>(&exists).is_ok())
+        .expect("some node owns the key")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_node() {
+    let cluster = start_cluster();
+    let server = TestServer::start(&cluster.url()).await;
+    let mut client = server.client().await;
+    let layout = tumbler::engine::keys::Layout::new("tumbler", 32);
+
+    // Two locks of one shard, so of one slot: `moving` and a neighbour.
+    let shard = layout.shard_of("default", "moving");
+    let neighbour = (0..)
+        .map(|i| format!("neighbour-{i}"))
+        .find(|name| layout.shard_of("default", name) == shard)
+        .unwrap();
+    let first = client
+        .acquire(acquire("moving", "h1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.status(), AcquireStatus::Acquired);
+    let first_token = first.grant.unwrap().fencing_token;
+    assert_eq!(
+        status(&mut client, acquire(&neighbour, "n1")).await,
+        AcquireStatus::Acquired
+    );
+
+    let moving_keys = layout.lock_keys("default", "moving");
+    let from = owner_of(&cluster, &moving_keys.holders);
+    let to = (from + 1) % cluster.nodes.len();
+    let slot: i64 = cluster.nodes[from].query(
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&moving_keys.holders),
+    );
+    let id =
+        |node: usize| -> String { cluster.nodes[node].query(redis::cmd("CLUSTER").arg("MYID")) };
+    let (from_id, to_id) = (id(from), id(to));
+    let _: () = cluster.nodes[to].query(
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("IMPORTING")
+            .arg(&from_id),
+    );
+    let _: () = cluster.nodes[from].query(
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("MIGRATING")
+            .arg(&to_id),
+    );
+    let in_slot: Vec<String> = cluster.nodes[from].query(
+        redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1000),
+    );
+    assert!(in_slot.contains(&moving_keys.holders), "{in_slot:?}");
+
+    // Half-way: the keys of `moving` itself are on the new node, the
+    // shard's indexes and counter still on the old one. A release sent now
+    // spans both; it must not be answered wrongly.
+    let (moved, staying): (Vec<String>, Vec<String>) = in_slot
+        .iter()
+        .cloned()
+        .partition(|key| key.ends_with(":moving"));
+    migrate_keys(&cluster, from, to, &moved);
+    let mut releasing_client = client.clone();
+    let releasing = tokio::spawn(async move {
+        releasing_client
+            .release(proto::ReleaseRequest {
+                fencing_token: Some(first_token),
+                ..release("moving", "h1")
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    migrate_keys(&cluster, from, to, &staying);
+    for node in &cluster.nodes {
+        let _: () = node.query(
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&to_id),
+        );
+    }
+    let released = releasing.await.unwrap();
+    println!("release during the migration: {released:?}");
+    // Either it waited out the split and released, or it said UNAVAILABLE
+    // and the lock is still h1's: never anything in between.
+    let released_now = match released {
+        Ok(reply) => {
+            assert_eq!(reply.into_inner().status(), ReleaseStatus::Released);
+            true
+        }
+        Err(status) => {
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+            false
+        }
+    };
+
+    // After the move: every key of the slot lives on the new node, the
+    // server follows (MOVED), holders and tokens carried over.
+    assert_eq!(owner_of(&cluster, &moving_keys.holders), to);
+    let left: Vec<String> = cluster.nodes[from].query(
+        redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1000),
+    );
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(
+        status(&mut client, acquire(&neighbour, "n2")).await,
+        AcquireStatus::NotAcquired,
+        "the neighbour's holder was forgotten in the move"
+    );
+    if !released_now {
+        let reply = client.release(release("moving", "h1")).await.unwrap();
+        assert_eq!(reply.into_inner().status(), ReleaseStatus::Released);
+    }
+    let second = client
+        .acquire(acquire("moving", "h2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.status(), AcquireStatus::Acquired);
+    assert!(second.grant.unwrap().fencing_token > first_token);
+    client.release(release("moving", "h2")).await.unwrap();
+    client.release(release(&neighbour, "n1")).await.unwrap();
+    assert_eq!(lock_keys_left(&cluster, "default"), Vec::<String>::new());
 }
