@@ -93,12 +93,18 @@ local function count(kind, event, n)
   if n == 0 then
     return
   end
+  n = n or 1
   local key = SHARD .. ':m:' .. int(NOW_MS - NOW_MS % 60000)
   local field = kind .. '|' .. event
-  if redis.call('HEXISTS', key, field) == 0 and redis.call('HLEN', key) >= METRICS_MAX_FIELDS then
-    field = 'other|' .. event
+  -- Most counts add to a field the minute already has: one call. Only a
+  -- new field (and so a new key) needs the cap check and the expiry.
+  if redis.call('HINCRBY', key, field, n) ~= n then
+    return
   end
-  redis.call('HINCRBY', key, field, n or 1)
+  if redis.call('HLEN', key) > METRICS_MAX_FIELDS then
+    redis.call('HDEL', key, field)
+    redis.call('HINCRBY', key, 'other|' .. event, n)
+  end
   redis.call('PEXPIRE', key, METRICS_RETENTION_MS)
 end
 
@@ -166,13 +172,14 @@ end
 -- '<queue key>\n<id>' that every replica receives and hands to its own
 -- waiter. The head, once granted, wakes the next one while permits remain.
 local function wake_eligible()
-  local held = redis.call('ZCARD', HOLDERS)
-  local free = tonumber(redis.call('HGET', INFO, 'limit') or '1') - held
-  if free <= 0 then
+  -- An empty queue (the common case) needs no more than this one call.
+  local head = redis.call('ZRANGE', QUEUE, 0, 0)
+  if #head == 0 then
     return
   end
-  local head = redis.call('ZRANGE', QUEUE, 0, 0)
-  if #head > 0 then
+  local held = redis.call('ZCARD', HOLDERS)
+  local free = tonumber(redis.call('HGET', INFO, 'limit') or '1') - held
+  if free > 0 then
     redis.call('PUBLISH', WAKE_CHANNEL, QUEUE .. '\n' .. head[1])
   end
 end
@@ -180,10 +187,10 @@ end
 -- Make a key that outlives nothing it indexes: a fresh key has no TTL yet
 -- (GT would refuse it), an existing one only ever grows its TTL.
 local function expire_no_sooner(key, at)
-  if redis.call('PTTL', key) < 0 then
+  -- GT sets a later expiry in one call (the usual case: the newest lock
+  -- lives longest); it leaves a key without TTL alone, which gets one here.
+  if redis.call('PEXPIREAT', key, int(at), 'GT') == 0 and redis.call('PTTL', key) == -1 then
     redis.call('PEXPIREAT', key, int(at))
-  else
-    redis.call('PEXPIREAT', key, int(at), 'GT')
   end
 end
 
@@ -205,11 +212,19 @@ local function settle()
   end
   local last_deadline = math.max(tonumber(last_lease[2] or 0), tonumber(last_waiter[2] or 0))
   local keep_until = last_deadline + KEY_GRACE_MS
-  for _, key in ipairs({HOLDERS, INFO, QUEUE, DEADLINES}) do
+  -- The queue and its deadlines exist only while someone waits (both go
+  -- together): with nobody waiting they need neither a look nor a TTL.
+  local keys, first_lease, first_waiter = {HOLDERS, INFO}, last_lease, last_waiter
+  if #last_waiter > 0 then
+    keys = {HOLDERS, INFO, QUEUE, DEADLINES}
+    first_waiter = redis.call('ZRANGE', DEADLINES, 0, 0, 'WITHSCORES')
+  end
+  if #last_lease > 0 then
+    first_lease = redis.call('ZRANGE', HOLDERS, 0, 0, 'WITHSCORES')
+  end
+  for _, key in ipairs(keys) do
     redis.call('PEXPIREAT', key, int(keep_until))
   end
-  local first_lease = redis.call('ZRANGE', HOLDERS, 0, 0, 'WITHSCORES')
-  local first_waiter = redis.call('ZRANGE', DEADLINES, 0, 0, 'WITHSCORES')
   local next_event = math.min(tonumber(first_lease[2] or last_deadline), tonumber(first_waiter[2] or last_deadline))
   redis.call('ZADD', INDEX, int(next_event), LOCK_NAME)
   redis.call('ZADD', NAMES, 0, LOCK_NAME)
@@ -223,12 +238,8 @@ end
 -- without persistence, failover to a lagging replica) therefore resumes
 -- above every token it handed out, as long as the clock moves forward.
 local function next_token(now_us)
-  local last = tonumber(redis.call('GET', FENCE) or '0')
-  if last < now_us then
-    redis.call('SET', FENCE, int(now_us))
-  end
-  local token = redis.call('INCR', FENCE)
-  redis.call('PEXPIRE', FENCE, FENCE_IDLE_TTL_MS)
+  local token = math.max(tonumber(redis.call('GET', FENCE) or '0'), now_us) + 1
+  redis.call('SET', FENCE, int(token), 'PX', FENCE_IDLE_TTL_MS)
   return token
 end
 
