@@ -1065,10 +1065,12 @@ async fn a_client_token_sees_only_its_namespaces() {
     let reply = server.get_with("/api/v1/namespaces", &as_team_a).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.json()["namespaces"], serde_json::json!(["team-a"]));
+    assert_eq!(reply.json()["sees_default"], false);
     let ops = server
         .get_with("/api/v1/namespaces", &[("Authorization", &bearer(OPS))])
         .await
         .json();
+    assert_eq!(ops["sees_default"], true);
     for namespace in ["default", "team-a", "team-b"] {
         assert!(
             ops["namespaces"]

@@ -338,10 +338,14 @@ async fn visible_namespaces(d: &Dashboard, access: &Access) -> Result<Vec<String
     Ok(namespaces)
 }
 
-/// `GET /api/v1/namespaces`: the namespaces in use (those the caller sees).
+/// `GET /api/v1/namespaces`: the namespaces in use (those the caller
+/// sees), and whether the caller may see `default` (in use or not).
 async fn api_namespaces(State(d): State<Dashboard>, Caller(access): Caller) -> ApiResult {
     let namespaces = visible_namespaces(&d, &access).await?;
-    json_reply(json!({ "namespaces": namespaces }))
+    json_reply(json!({
+        "namespaces": namespaces,
+        "sees_default": access.sees("default"),
+    }))
 }
 
 /// `GET /api/v1/locks?namespace=&prefix=&page_size=&page_token=&only_waiting=`:

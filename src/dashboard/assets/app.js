@@ -160,8 +160,10 @@ function setupChrome() {
   if (page === "lock") form.action = "/dashboard/locks";
   getJson("/api/v1/namespaces").then((data) => {
     const list = document.getElementById("namespace-list");
-    list.replaceChildren(...["default", ...data.namespaces.filter((n) => n !== "default")]
-      .map((n) => h("option", { value: n })));
+    const names = data.sees_default
+      ? ["default", ...data.namespaces.filter((n) => n !== "default")]
+      : data.namespaces;
+    list.replaceChildren(...names.map((n) => h("option", { value: n })));
   }).catch(() => {});
   document.getElementById("admin-state").textContent =
     ADMIN_NOTES[document.body.dataset.admin] || ADMIN_NOTES.off;
