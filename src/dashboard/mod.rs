@@ -8,9 +8,9 @@
 //! message (as a 400) and the numbers are the RPCs' numbers.
 //!
 //! With an auth tokens file, every page and endpoint needs one of its
-//! tokens (a bearer header, or the login cookie; see [`login`]), and shows
-//! only the namespaces that token may see: each handler passes the
-//! namespace it reads through [`Params::namespace`], which checks it with
+//! tokens (a bearer header, or the login cookie; see `login.rs`), and
+//! shows only the namespaces that token may see: each handler passes the
+//! namespace it reads through `Params::namespace`, which checks it with
 //! the caller's [`Access`], as the gRPC handlers do.
 //!
 //! Admin actions (force release of a holder, clear a namespace) exist only
@@ -85,7 +85,7 @@ impl Dashboard {
 
 /// The dashboard's pages, assets and JSON endpoints. Everything but the
 /// login and logout routes, the static assets and `/` (a redirect) goes
-/// through [`login::require_access`].
+/// through `login::require_access`.
 pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
     let state = Dashboard { engine, options };
     let guarded = Router::new()
