@@ -1,5 +1,7 @@
 // Drives tumbler's dashboard in headless Chromium (see run.sh for the scene
-// it expects) and checks what the pages show against the gRPC API.
+// it expects: auth on, an admin token and a client token for `billing`),
+// logs in on the login page and checks what the pages show against the
+// gRPC API.
 import { chromium } from "playwright-core";
 import { execFileSync } from "node:child_process";
 import assert from "node:assert/strict";
@@ -8,7 +10,10 @@ import path from "node:path";
 const base = process.env.DASHBOARD_URL;
 const grpcAddr = process.env.GRPC_ADDR;
 const shots = process.env.SCREENSHOTS;
-assert.ok(base && grpcAddr && shots, "run through run.sh (DASHBOARD_URL, GRPC_ADDR, SCREENSHOTS)");
+const adminToken = process.env.DASHBOARD_ADMIN_TOKEN;
+const clientToken = process.env.DASHBOARD_CLIENT_TOKEN;
+assert.ok(base && grpcAddr && shots && adminToken && clientToken,
+  "run through run.sh (DASHBOARD_URL, GRPC_ADDR, SCREENSHOTS, DASHBOARD_ADMIN_TOKEN, DASHBOARD_CLIENT_TOKEN)");
 
 const TIMEOUT = 15_000;
 const steps = [];
@@ -17,12 +22,17 @@ function step(name) {
   console.log(`  - ${name}`);
 }
 
-/** The Metrics RPC over gRPC (grpcurl, through server reflection). */
-function metricsRpc(namespace) {
+/** An RPC of the lock service over gRPC (grpcurl, through server reflection), as the admin token. */
+function grpc(method, request) {
   const out = execFileSync("grpcurl", [
-    "-plaintext", "-d", JSON.stringify({ namespace }), grpcAddr, "tumbler.v1.LockService/Metrics",
+    "-plaintext", "-H", `authorization: Bearer ${adminToken}`, "-d", JSON.stringify(request),
+    grpcAddr, `tumbler.v1.LockService/${method}`,
   ], { encoding: "utf8" });
   return JSON.parse(out);
+}
+
+function metricsRpc(namespace) {
+  return grpc("Metrics", { namespace });
 }
 
 /** gRPC JSON omits zeros and spells uint64 as strings. */
@@ -59,12 +69,62 @@ const browser = await chromium.launch({
   ],
 });
 let failed = false;
-const page = await browser.newPage({ viewport: { width: 1366, height: 900 } });
+const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+const page = await context.newPage();
 const consoleErrors = [];
 page.on("console", (msg) => { if (msg.type() === "error") consoleErrors.push(msg.text()); });
 page.on("pageerror", (err) => consoleErrors.push(String(err)));
 
+/** Runs `fn`, in which the browser is refused on purpose (401/403): Chromium
+ * logs each refused load as a console error, which the final check must not
+ * count. Any other error stays. */
+async function expectingRefusals(fn) {
+  const before = consoleErrors.length;
+  await fn();
+  const added = consoleErrors.splice(before);
+  consoleErrors.push(...added.filter((e) => !/status of 40[13]/.test(e)));
+}
+
+/** Logs in on the login page the browser is on. */
+async function logIn(token) {
+  await page.getByLabel("Token", { exact: true }).fill(token);
+  await page.getByRole("button", { name: "Log in" }).click();
+}
+
 try {
+  // Auth is on: a visit without a login lands on the login form.
+  step("without a login, the dashboard sends the browser to the login page");
+  await page.goto(`${base}/dashboard`);
+  await page.waitForURL(/\/dashboard\/login\?next=%2Fdashboard$/);
+  await page.getByRole("heading", { name: "Log in" }).waitFor();
+  const tokenInput = page.getByLabel("Token", { exact: true });
+  assert.equal(await tokenInput.getAttribute("type"), "password");
+  await page.screenshot({ path: path.join(shots, "login.png"), fullPage: true });
+  const api = await page.request.get(`${base}/api/v1/overview`);
+  assert.equal(api.status(), 401, "the JSON endpoints refuse too");
+
+  step("a wrong token is refused on the login page");
+  await expectingRefusals(async () => {
+    await logIn("not-a-token");
+    await page.getByRole("alert").filter({ hasText: "not accepted" }).waitFor();
+  });
+  assert.equal(await tokenInput.getAttribute("aria-invalid"), "true");
+  assert.deepEqual(await context.cookies(), [], "no cookie for a wrong token");
+  await page.screenshot({ path: path.join(shots, "login-refused.png"), fullPage: true });
+
+  step("logging in with the admin token sets an HttpOnly, SameSite=Strict cookie");
+  await logIn(adminToken);
+  await page.waitForURL(`${base}/dashboard`);
+  const cookies = await context.cookies();
+  assert.equal(cookies.length, 1);
+  assert.equal(cookies[0].name, "tumbler_token");
+  assert.equal(cookies[0].httpOnly, true);
+  assert.equal(cookies[0].sameSite, "Strict");
+  assert.equal(cookies[0].path, "/");
+  assert.equal(cookies[0].secure, false, "plain HTTP here; Secure over --http-tls");
+  assert.equal(await page.evaluate(() => document.cookie), "", "scripts cannot read it");
+  await page.getByText("Token dashboard-ops").waitFor();
+
   // Overview: counts from List and Metrics, the waiting lock listed.
   step("overview shows locks held, holders, waiters and the waiting lock");
   await page.goto(`${base}/dashboard`);
@@ -106,8 +166,7 @@ try {
   assert.equal(kind, "export");
   assert.match(metadata, /job = 42/);
   assert.match(metadata, /team = billing/);
-  const inspect = JSON.parse(execFileSync("grpcurl", ["-plaintext", "-d", '{"name":"reports"}', grpcAddr,
-    "tumbler.v1.LockService/Inspect"], { encoding: "utf8" }));
+  const inspect = grpc("Inspect", { name: "reports" });
   assert.equal(token, inspect.holders[0].grant.fencingToken, "the token the Inspect RPC reports");
   const queue = await tableRows(page, "#queue tbody tr");
   assert.deepEqual(queue.map((r) => r.slice(0, 4)), [["1", "worker-3", "0", "fair"]]);
@@ -158,6 +217,35 @@ try {
     return cell && cell.textContent === "worker-3";
   }, null, { timeout: TIMEOUT });
   await page.waitForSelector("#queue td.empty");
+
+  // A client token of `billing`: only its namespace, no admin controls.
+  step("log out; a client token sees only its namespace and no admin controls");
+  await page.getByRole("button", { name: "Log out" }).click();
+  await page.waitForURL(`${base}/dashboard/login`);
+  assert.deepEqual(await context.cookies(), [], "logging out drops the cookie");
+  await logIn(clientToken);
+  // It may not see `default`, so the overview opens on its own namespace.
+  await page.waitForURL(`${base}/dashboard?namespace=billing`);
+  await page.waitForSelector(".card");
+  assert.match(await page.locator("#heading").textContent(), /namespace billing/);
+  assert.equal(await page.getByRole("link", { name: "Reaper", exact: true }).count(), 0);
+  assert.equal(await page.locator(".danger-zone").count(), 0, "no clear button");
+  await page.waitForFunction(() => document.querySelectorAll("#namespace-list option").length > 0,
+    null, { timeout: TIMEOUT });
+  const offered = await page.$$eval("#namespace-list option", (options) => options.map((o) => o.value));
+  assert.deepEqual(offered, ["billing"], "the namespace picker offers only its own");
+  await page.getByRole("link", { name: "Locks", exact: true }).click();
+  await page.getByRole("link", { name: "invoices", exact: true }).click();
+  await page.waitForSelector("#holders tbody tr th code");
+  assert.deepEqual((await tableRows(page, "#holders tbody tr")).map((r) => r[1]), ["svc-1"]);
+  assert.equal(await page.getByRole("link", { name: /Force release/ }).count(), 0);
+  assert.match(await page.locator("#admin-state").textContent(), /Read-only for this token/);
+  await page.screenshot({ path: path.join(shots, "client-lock.png"), fullPage: true });
+  await expectingRefusals(async () => {
+    const other = await page.goto(`${base}/dashboard/locks?namespace=default`);
+    assert.equal(other.status(), 403);
+    await page.getByRole("heading", { name: "Not allowed" }).waitFor();
+  });
 
   assert.deepEqual(consoleErrors, [], "no errors in the browser console");
   console.log(`dashboard in a browser: ${steps.length} steps passed; screenshots in ${shots}`);

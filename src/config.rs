@@ -177,8 +177,9 @@ pub struct ObservabilityArgs {
     #[arg(long, env = "TUMBLER_OTLP_ENDPOINT", default_value = "")]
     pub otlp_endpoint: String,
     /// Turns on the dashboard's admin actions (force release of a holder,
-    /// clear a namespace) on the HTTP port. Off by default: tumbler has no
-    /// authentication yet; these actions will move behind admin tokens.
+    /// clear a namespace) on the HTTP port. Off by default. With
+    /// --auth-tokens-file they also need an admin token for the namespace;
+    /// with --no-auth anyone who reaches the HTTP port may use them.
     #[arg(
         long,
         env = "TUMBLER_DASHBOARD_ADMIN",

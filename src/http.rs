@@ -1,6 +1,10 @@
 //! The HTTP port: Prometheus `/metrics`, a liveness `/healthz` and the
 //! web dashboard with its JSON endpoints (see [`crate::dashboard`]), served
 //! by the same process as gRPC, on a listener the caller bound.
+//!
+//! `/metrics` and `/healthz` need no token even when auth is on: scrapers
+//! and probes carry none, and neither shows lock names or holders. The
+//! dashboard checks tokens itself.
 
 use std::future::IntoFuture;
 use std::pin::Pin;

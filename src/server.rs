@@ -79,6 +79,13 @@ pub async fn serve_on(
         http,
         health,
     } = listeners;
+    // One authenticator for gRPC and the dashboard, so a reload of the
+    // tokens file applies to both at once; loaded first, so a bad file
+    // stops the start before anything runs.
+    let authenticator = match &config.auth_tokens_file {
+        Some(path) => Some(crate::auth::Authenticator::load(path)?),
+        None => None,
+    };
     let store = Store::new(&config.store)?;
     let layout = Layout::new(&config.key_prefix, config.shards);
     let wake_channel = layout.wake_channel();
@@ -105,15 +112,21 @@ pub async fn serve_on(
         .reap_interval
         .map(|interval| tokio::spawn(engine.clone().run_reaper(interval, replica.clone())));
     let http = match http {
-        Some(http) => Some(tokio::spawn(crate::http::serve(
-            http,
-            crate::observe::install_recorder()?,
-            engine.clone(),
-            crate::dashboard::Options {
+        Some(http) => {
+            let tls = config.tls.clone().filter(|tls| tls.http);
+            let dashboard = crate::dashboard::Options {
                 admin: config.dashboard_admin,
-            },
-            config.tls.clone().filter(|tls| tls.http),
-        ))),
+                auth: authenticator.clone(),
+                secure_cookie: tls.is_some(),
+            };
+            Some(tokio::spawn(crate::http::serve(
+                http,
+                crate::observe::install_recorder()?,
+                engine.clone(),
+                dashboard,
+                tls,
+            )))
+        }
         None => None,
     };
 
@@ -158,10 +171,6 @@ pub async fn serve_on(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let api = LockApi::new(engine.clone(), config.limits.clone(), &config.transport);
-    let authenticator = match &config.auth_tokens_file {
-        Some(path) => Some(crate::auth::Authenticator::load(path)?),
-        None => None,
-    };
     let reloader = authenticator
         .clone()
         .map(|auth| tokio::spawn(auth.run_reloader(config.auth_reload_interval)));

@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-use tumbler::config::ServerConfig;
+use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::proto::AcquireStatus;
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::server::Listeners;
@@ -187,7 +187,11 @@ struct TlsServer {
 
 impl TlsServer {
     async fn start(redis_url: &str, tls: TlsSettings) -> TlsServer {
-        let mut config = ServerConfig::new(redis_url.to_owned(), &service_args()).unwrap();
+        Self::start_with(redis_url, tls, &service_args()).await
+    }
+
+    async fn start_with(redis_url: &str, tls: TlsSettings, args: &ServiceArgs) -> TlsServer {
+        let mut config = ServerConfig::new(redis_url.to_owned(), args).unwrap();
         let http = match tls.http {
             true => Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
             false => None,
@@ -539,8 +543,56 @@ async fn the_http_port_serves_over_tls_with_the_same_certificate() {
     );
 }
 
+#[tokio::test]
+async fn the_dashboard_login_cookie_is_secure_over_tls() {
+    let redis = start_redis();
+    let ca = Ca::new("tumbler test CA");
+    let files = Files::new(&ca.server(), None);
+    files.write(
+        "tokens.toml",
+        &token_entry("ops", "ops-secret", "admin", r#"["*"]"#, ""),
+    );
+    let mut tls = files.settings(None);
+    tls.http = true;
+    let mut args = service_args();
+    args.auth.auth_tokens_file = Some(files.path("tokens.toml"));
+    let server = TlsServer::start_with(&redis.url(), tls, &args).await;
+    let http = server.http.unwrap();
+
+    let (head, body) =
+        https_request(http, &ca, "POST", "/dashboard/login", "token=ops-secret").await;
+    assert!(head.starts_with("HTTP/1.1 303"), "{head}\n{body}");
+    let cookie = head
+        .lines()
+        .find_map(|line| line.strip_prefix("set-cookie: "))
+        .unwrap_or_else(|| panic!("no cookie: {head}"));
+    let attributes: Vec<&str> = cookie.split("; ").skip(1).collect();
+    assert_eq!(
+        attributes,
+        ["Path=/", "HttpOnly", "SameSite=Strict", "Secure"]
+    );
+    // The dashboard needs the login over TLS too; /metrics does not.
+    let (status, _) = https_get(http, &ca, "/api/v1/namespaces").await;
+    assert_eq!(status, "HTTP/1.1 401 Unauthorized");
+    let (status, _) = https_get(http, &ca, "/metrics").await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+}
+
 /// GET over TLS (trusting `ca`, verifying `localhost`): status line, body.
 async fn https_get(addr: SocketAddr, ca: &Ca, path: &str) -> (String, String) {
+    let (head, body) = https_request(addr, ca, "GET", path, "").await;
+    (head.lines().next().unwrap_or("").to_owned(), body)
+}
+
+/// A request over TLS (a form body, if any): the reply's head (status
+/// line and headers) and body.
+async fn https_request(
+    addr: SocketAddr,
+    ca: &Ca,
+    method: &str,
+    path: &str,
+    form: &str,
+) -> (String, String) {
     use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
     use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto::ring};
 
@@ -558,7 +610,11 @@ async fn https_get(addr: SocketAddr, ca: &Ca, path: &str) -> (String, String) {
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
         .unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+        form.len()
+    );
     tls.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
     // A peer that closes without close_notify ends in an error after the
@@ -566,10 +622,7 @@ async fn https_get(addr: SocketAddr, ca: &Ca, path: &str) -> (String, String) {
     let _ = tls.read_to_end(&mut response).await;
     let response = String::from_utf8_lossy(&response).into_owned();
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    (
-        head.lines().next().unwrap_or("").to_owned(),
-        body.to_owned(),
-    )
+    (head.to_owned(), body.to_owned())
 }
 
 struct Run {

@@ -7,23 +7,32 @@
 //! [`crate::api::validate`] functions, so bad input gets the gRPC API's
 //! message (as a 400) and the numbers are the RPCs' numbers.
 //!
+//! With an auth tokens file, every page and endpoint needs one of its
+//! tokens (a bearer header, or the login cookie; see `login.rs`), and
+//! shows only the namespaces that token may see: each handler passes the
+//! namespace it reads through `Params::namespace`, which checks it with
+//! the caller's [`Access`], as the gRPC handlers do.
+//!
 //! Admin actions (force release of a holder, clear a namespace) exist only
-//! when the server runs with `--dashboard-admin`: tumbler has no
-//! authentication yet, and whoever reaches the HTTP port reaches them.
-//! When bearer tokens arrive they move behind the admin role. Each one is
-//! a POST behind a confirmation page, and cross-site POSTs are refused.
+//! when the server runs with `--dashboard-admin`, and, with auth on, only
+//! for a token with the admin role in that namespace. Each one is a POST
+//! behind a confirmation page, and cross-site POSTs are refused.
+
+mod login;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+use self::login::Caller;
 use crate::api::validate;
+use crate::auth::{Access, Authenticator};
 use crate::engine::{
     Counters, EngineError, Grant, LockEngine, LockId, MetricsReport, MetricsRow, REAPER_LOCK,
     REAPER_NAMESPACE, ReleaseOutcome,
@@ -47,11 +56,16 @@ const MINUTE_MS: i64 = 60_000;
 /// Largest `minutes` the metrics endpoint takes (the counters' retention).
 const MAX_MINUTES: i64 = validate::MAX_METRICS_RANGE_MS / MINUTE_MS;
 
-/// What the dashboard offers.
-#[derive(Clone, Copy, Debug, Default)]
+/// What the dashboard offers, and to whom.
+#[derive(Clone, Default)]
 pub struct Options {
     /// Admin actions on (`--dashboard-admin`); off by default.
     pub admin: bool,
+    /// The tokens gRPC checks (the same instance, so a reload of the file
+    /// applies to both); None: auth is off and the dashboard is open.
+    pub auth: Option<Arc<Authenticator>>,
+    /// Mark the login cookie `Secure` (the HTTP port is served over TLS).
+    pub secure_cookie: bool,
 }
 
 #[derive(Clone)]
@@ -60,18 +74,27 @@ struct Dashboard {
     options: Options,
 }
 
-/// The dashboard's pages, assets and JSON endpoints.
+impl Dashboard {
+    /// Whether `access` may use the admin actions in `namespace` here: the
+    /// flag is on and the caller has the admin role there (always, with
+    /// auth off).
+    fn shows_admin(&self, access: &Access, namespace: &str) -> bool {
+        self.options.admin && access.may_admin(namespace)
+    }
+}
+
+/// The dashboard's pages, assets and JSON endpoints. Everything but the
+/// login and logout routes, the static assets and `/` (a redirect) goes
+/// through `login::require_access`.
 pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
-    Router::new()
-        .route("/", get(|| async { redirect("/dashboard") }))
+    let state = Dashboard { engine, options };
+    let guarded = Router::new()
         .route("/dashboard", get(overview_page))
         .route("/dashboard/", get(overview_page))
         .route("/dashboard/locks", get(locks_page))
         .route("/dashboard/lock", get(lock_page))
         .route("/dashboard/metrics", get(metrics_page))
         .route("/dashboard/reaper", get(reaper_page))
-        .route("/dashboard/assets/app.js", get(app_js))
-        .route("/dashboard/assets/style.css", get(style_css))
         .route("/dashboard/release", get(confirm_release))
         .route("/dashboard/clear", get(confirm_clear))
         .route("/dashboard/admin/release", post(admin_release))
@@ -82,7 +105,21 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         .route("/api/v1/locks/{*name}", get(api_lock))
         .route("/api/v1/metrics", get(api_metrics))
         .route("/api/v1/reaper", get(api_reaper))
-        .with_state(Dashboard { engine, options })
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            login::require_access,
+        ));
+    Router::new()
+        .route("/", get(|| async { redirect("/dashboard") }))
+        .route(
+            "/dashboard/login",
+            get(login::login_page).post(login::log_in),
+        )
+        .route("/dashboard/logout", post(login::log_out))
+        .route("/dashboard/assets/app.js", get(app_js))
+        .route("/dashboard/assets/style.css", get(style_css))
+        .merge(guarded)
+        .with_state(state)
 }
 
 // ---------------------------------------------------------------- errors
@@ -112,15 +149,39 @@ impl ApiError {
             message: ADMIN_OFF.into(),
         }
     }
+
+    /// No valid token: one fixed message, whatever was wrong with it.
+    fn unauthenticated() -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            code: "UNAUTHENTICATED",
+            message: UNAUTHENTICATED.into(),
+        }
+    }
 }
 
 const ADMIN_OFF: &str = "admin actions are off: start tumbler with --dashboard-admin \
      (TUMBLER_DASHBOARD_ADMIN=true) to enable them";
 
-/// A validation failure of the gRPC API becomes a 400 with its message.
+const UNAUTHENTICATED: &str = "authentication required: send a valid token as \
+     `authorization: Bearer <token>`, or log in at /dashboard/login";
+
+/// The gRPC API's refusals keep their meaning: a validation failure is a
+/// 400 with its message, a namespace or role the token lacks a 403, a
+/// token over its request rate a 429.
 impl From<tonic::Status> for ApiError {
     fn from(status: tonic::Status) -> Self {
-        ApiError::bad_request(status.message())
+        let (status_code, code) = match status.code() {
+            tonic::Code::Unauthenticated => return ApiError::unauthenticated(),
+            tonic::Code::PermissionDenied => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
+            tonic::Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED"),
+            _ => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
+        };
+        ApiError {
+            status: status_code,
+            code,
+            message: status.message().to_owned(),
+        }
     }
 }
 
@@ -213,8 +274,12 @@ impl Params {
         matches!(self.get(key), "1" | "true" | "on" | "yes")
     }
 
-    fn namespace(&self) -> Result<String, ApiError> {
-        Ok(validate::namespace(self.get("namespace"))?)
+    /// The `namespace` parameter (empty: `default`), valid and one the
+    /// caller may see; every namespace a handler acts on comes from here.
+    fn namespace(&self, access: &Access) -> Result<String, ApiError> {
+        let namespace = validate::namespace(self.get("namespace"))?;
+        access.namespace(&namespace)?;
+        Ok(namespace)
     }
 }
 
@@ -266,17 +331,32 @@ fn grant_json(grant: &Grant, now_ms: i64) -> Value {
 
 // ---------------------------------------------------------------- API
 
-/// `GET /api/v1/namespaces`: the namespaces in use.
-async fn api_namespaces(State(d): State<Dashboard>) -> ApiResult {
-    let namespaces = d.engine.namespaces().await?;
-    json_reply(json!({ "namespaces": namespaces }))
+/// The namespaces in use that `access` may see.
+async fn visible_namespaces(d: &Dashboard, access: &Access) -> Result<Vec<String>, ApiError> {
+    let mut namespaces = d.engine.namespaces().await?;
+    namespaces.retain(|namespace| access.sees(namespace));
+    Ok(namespaces)
+}
+
+/// `GET /api/v1/namespaces`: the namespaces in use (those the caller
+/// sees), and whether the caller may see `default` (in use or not).
+async fn api_namespaces(State(d): State<Dashboard>, Caller(access): Caller) -> ApiResult {
+    let namespaces = visible_namespaces(&d, &access).await?;
+    json_reply(json!({
+        "namespaces": namespaces,
+        "sees_default": access.sees("default"),
+    }))
 }
 
 /// `GET /api/v1/locks?namespace=&prefix=&page_size=&page_token=&only_waiting=`:
 /// one page of List.
-async fn api_locks(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> ApiResult {
+async fn api_locks(
+    State(d): State<Dashboard>,
+    Caller(access): Caller,
+    RawQuery(query): RawQuery,
+) -> ApiResult {
     let params = Params::query(&query);
-    let namespace = params.namespace()?;
+    let namespace = params.namespace(&access)?;
     let prefix = validate::prefix(params.get("prefix"))?;
     let page_size = validate::page_size(params.number("page_size")?.unwrap_or(0))?;
     let from = validate::page_token(params.get("page_token"), d.engine.layout().shards())?;
@@ -310,12 +390,13 @@ async fn api_locks(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> Api
 /// `GET /api/v1/locks/{name}?namespace=&max_entries=`: Inspect and Queue.
 async fn api_lock(
     State(d): State<Dashboard>,
+    Caller(access): Caller,
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     let params = Params::query(&query);
     let lock = LockId {
-        namespace: params.namespace()?,
+        namespace: params.namespace(&access)?,
         name: validate::name(&name)?,
     };
     let most = validate::max_entries(params.number("max_entries")?.unwrap_or(0))?;
@@ -350,7 +431,7 @@ async fn api_lock(
         "holders": holders,
         "queue": { "waiters": queue.waiters, "requests": requests },
         "now_ms": state.now_ms,
-        "admin": d.options.admin,
+        "admin": d.shows_admin(&access, &lock.namespace),
     }))
 }
 
@@ -392,9 +473,13 @@ fn report_json(report: &MetricsReport, from_ms: i64, to_ms: i64) -> Value {
 
 /// `GET /api/v1/metrics?namespace=&minutes=&kind=` (or `from_ms`/`to_ms`):
 /// the Metrics RPC's report.
-async fn api_metrics(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> ApiResult {
+async fn api_metrics(
+    State(d): State<Dashboard>,
+    Caller(access): Caller,
+    RawQuery(query): RawQuery,
+) -> ApiResult {
     let params = Params::query(&query);
-    let namespace = params.namespace()?;
+    let namespace = params.namespace(&access)?;
     let (from_ms, to_ms) = metrics_range(&params)?;
     let kind = match params.get("kind") {
         "" => None,
@@ -411,9 +496,13 @@ async fn api_metrics(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> A
 
 /// `GET /api/v1/overview?namespace=`: what the overview page shows, from
 /// List (walked up to [`OVERVIEW_MAX_LOCKS`]) and Metrics (the last hour).
-async fn api_overview(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> ApiResult {
+async fn api_overview(
+    State(d): State<Dashboard>,
+    Caller(access): Caller,
+    RawQuery(query): RawQuery,
+) -> ApiResult {
     let params = Params::query(&query);
-    let namespace = params.namespace()?;
+    let namespace = params.namespace(&access)?;
 
     let (mut locks, mut held, mut holders, mut waiters, mut waiting_locks) = (0u64, 0, 0, 0, 0);
     let mut busiest = Vec::new();
@@ -499,19 +588,21 @@ async fn api_overview(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> 
             "denied": c.denied + c.timed_out,
             "errors": c.errors,
         })).collect::<Vec<_>>(),
-        "admin": d.options.admin,
+        "admin": d.shows_admin(&access, &namespace),
     }))
 }
 
 /// `GET /api/v1/reaper`: which replica reaps now (Inspect of
-/// `tumbler-system/reaper`), and the namespaces it visits.
-async fn api_reaper(State(d): State<Dashboard>) -> ApiResult {
+/// `tumbler-system/reaper`, so only for callers who may see that
+/// namespace), and the namespaces it visits that the caller sees.
+async fn api_reaper(State(d): State<Dashboard>, Caller(access): Caller) -> ApiResult {
+    access.namespace(REAPER_NAMESPACE)?;
     let lock = LockId {
         namespace: REAPER_NAMESPACE.into(),
         name: REAPER_LOCK.into(),
     };
     let state = d.engine.inspect(&lock).await?;
-    let namespaces = d.engine.namespaces().await?;
+    let namespaces = visible_namespaces(&d, &access).await?;
     let holder = state.holders.first().map(|g| grant_json(g, state.now_ms));
     json_reply(json!({
         "namespace": REAPER_NAMESPACE,
@@ -529,38 +620,109 @@ fn redirect(to: &str) -> Response {
     (StatusCode::SEE_OTHER, [(header::LOCATION, to.to_owned())]).into_response()
 }
 
-/// A page: the shell around `main`, with the nav marking `page` current.
-fn page(options: Options, page: &str, title: &str, main: &str) -> Response {
-    let nav = [
-        ("overview", "/dashboard", "Overview"),
-        ("locks", "/dashboard/locks", "Locks"),
-        ("metrics", "/dashboard/metrics", "Metrics"),
-        ("reaper", "/dashboard/reaper", "Reaper"),
-    ]
-    .iter()
-    .map(|(id, href, label)| {
-        let current = if *id == page || (*id == "locks" && page == "lock") {
-            " aria-current=\"page\""
-        } else {
-            ""
+/// Who a page is rendered for: the caller, and the namespace the page is
+/// about (which decides whether its admin controls show).
+struct View<'a> {
+    d: &'a Dashboard,
+    access: &'a Access,
+    namespace: &'a str,
+}
+
+impl<'a> View<'a> {
+    /// A view of the namespace named in `params` (`default` when none).
+    fn of(d: &'a Dashboard, access: &'a Access, params: &'a Params) -> Self {
+        let namespace = match params.get("namespace") {
+            "" => "default",
+            named => named,
         };
-        format!("<li><a href=\"{href}\" data-keep-namespace{current}>{label}</a></li>")
-    })
-    .collect::<String>();
-    let html = PAGE
-        .replace("{{title}}", &escape(title))
-        .replace("{{page}}", page)
-        .replace("{{admin}}", if options.admin { "on" } else { "off" })
-        .replace("{{nav}}", &nav)
-        .replace("{{main}}", main);
-    (
-        [
-            (header::CACHE_CONTROL, "no-store"),
-            (header::X_FRAME_OPTIONS, "DENY"),
-        ],
-        Html(html),
-    )
-        .into_response()
+        View {
+            d,
+            access,
+            namespace,
+        }
+    }
+
+    /// A page: the shell around `main`, with the nav marking `page` current.
+    fn page(&self, page: &str, title: &str, main: &str) -> Response {
+        let nav = [
+            ("overview", "/dashboard", "Overview"),
+            ("locks", "/dashboard/locks", "Locks"),
+            ("metrics", "/dashboard/metrics", "Metrics"),
+            ("reaper", "/dashboard/reaper", "Reaper"),
+        ]
+        .iter()
+        // The reaper page is Inspect of a lock in tumbler-system.
+        .filter(|(id, _, _)| *id != "reaper" || self.access.sees(REAPER_NAMESPACE))
+        .map(|(id, href, label)| {
+            let current = if *id == page || (*id == "locks" && page == "lock") {
+                " aria-current=\"page\""
+            } else {
+                ""
+            };
+            format!("<li><a href=\"{href}\" data-keep-namespace{current}>{label}</a></li>")
+        })
+        .collect::<String>();
+        // on: admin controls show; denied: the flag is on but this token
+        // is not an admin here; off: the flag is off.
+        let admin = match (
+            self.d.options.admin,
+            self.d.shows_admin(self.access, self.namespace),
+        ) {
+            (false, _) => "off",
+            (true, true) => "on",
+            (true, false) => "denied",
+        };
+        let html = PAGE
+            .replace("{{title}}", &escape(title))
+            .replace("{{page}}", page)
+            .replace("{{admin}}", admin)
+            .replace("{{nav}}", &nav)
+            .replace("{{session}}", &self.session())
+            .replace("{{main}}", main);
+        (
+            [
+                (header::CACHE_CONTROL, "no-store"),
+                (header::X_FRAME_OPTIONS, "DENY"),
+            ],
+            Html(html),
+        )
+            .into_response()
+    }
+
+    /// With auth on: who is logged in, and the logout button.
+    fn session(&self) -> String {
+        if self.d.options.auth.is_none() || !matches!(self.access, Access::Token(_)) {
+            return String::new();
+        }
+        format!(
+            "<form class=\"session\" method=\"post\" action=\"/dashboard/logout\">\
+             <span>Token <strong>{}</strong></span> \
+             <button type=\"submit\" class=\"secondary\">Log out</button></form>",
+            escape(self.access.who())
+        )
+    }
+
+    /// A server-rendered page (confirmations and results), with its status.
+    fn plain(&self, status: StatusCode, title: &str, main: String) -> Response {
+        let mut response = self.page("admin", title, &main);
+        *response.status_mut() = status;
+        response
+    }
+
+    fn error(&self, err: ApiError) -> Response {
+        let heading = match err.status {
+            StatusCode::FORBIDDEN => "Not allowed",
+            _ => "Not done",
+        };
+        self.plain(
+            err.status,
+            heading,
+            format!(
+                "<h1>{heading}</h1>\n<p role=\"alert\">{}</p>\n<p><a href=\"/dashboard\">Back to the overview</a></p>",
+                escape(&err.message)
+            ),
+        )
+    }
 }
 
 /// The body of a page that app.js fills in.
@@ -573,24 +735,81 @@ fn live(heading: &str) -> String {
     )
 }
 
-async fn overview_page(State(d): State<Dashboard>) -> Response {
-    page(d.options, "overview", "Overview", &live("Overview"))
+/// A page app.js fills in, for the namespace in its query. The caller must
+/// see that namespace (403 otherwise); one who names none and may not see
+/// `default` is sent on to a namespace of its own.
+async fn shell(d: &Dashboard, access: &Access, uri: &Uri, id: &str, title: &str) -> Response {
+    let params = Params::query(&uri.query().map(str::to_owned));
+    if params.get("namespace").is_empty() && !access.sees("default") {
+        if let Some(home) = landing_namespace(d, access).await {
+            return redirect(&with_param(uri, "namespace", &home));
+        }
+        return View::of(d, access, &params).plain(
+            StatusCode::FORBIDDEN,
+            "Choose a namespace",
+            "<h1>Choose a namespace</h1>\n<p>This token may not see the <code>default</code> \
+             namespace: type one of its namespaces in the header.</p>"
+                .into(),
+        );
+    }
+    let view = View::of(d, access, &params);
+    // A malformed name still gets the page: its endpoints answer 400 with
+    // the rule.
+    if validate::namespace(view.namespace).is_ok()
+        && let Err(denied) = access.namespace(view.namespace)
+    {
+        return view.error(denied.into());
+    }
+    view.page(id, title, &live(title))
 }
 
-async fn locks_page(State(d): State<Dashboard>) -> Response {
-    page(d.options, "locks", "Locks", &live("Locks"))
+/// Where a caller who may not see `default` starts: a namespace its token
+/// names, else the first namespace in use that it sees.
+async fn landing_namespace(d: &Dashboard, access: &Access) -> Option<String> {
+    if let Some(home) = access.home_namespace() {
+        return Some(home.to_owned());
+    }
+    visible_namespaces(d, access).await.ok()?.into_iter().next()
 }
 
-async fn lock_page(State(d): State<Dashboard>) -> Response {
-    page(d.options, "lock", "Lock", &live("Lock"))
+/// `uri` with the query parameter `key` set to `value`.
+fn with_param(uri: &Uri, key: &str, value: &str) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()) {
+        if k != key {
+            query.append_pair(&k, &v);
+        }
+    }
+    query.append_pair(key, value);
+    format!("{}?{}", uri.path(), query.finish())
 }
 
-async fn metrics_page(State(d): State<Dashboard>) -> Response {
-    page(d.options, "metrics", "Metrics", &live("Metrics"))
+async fn overview_page(State(d): State<Dashboard>, Caller(access): Caller, uri: Uri) -> Response {
+    shell(&d, &access, &uri, "overview", "Overview").await
 }
 
-async fn reaper_page(State(d): State<Dashboard>) -> Response {
-    page(d.options, "reaper", "Reaper", &live("Reaper"))
+async fn locks_page(State(d): State<Dashboard>, Caller(access): Caller, uri: Uri) -> Response {
+    shell(&d, &access, &uri, "locks", "Locks").await
+}
+
+async fn lock_page(State(d): State<Dashboard>, Caller(access): Caller, uri: Uri) -> Response {
+    shell(&d, &access, &uri, "lock", "Lock").await
+}
+
+async fn metrics_page(State(d): State<Dashboard>, Caller(access): Caller, uri: Uri) -> Response {
+    shell(&d, &access, &uri, "metrics", "Metrics").await
+}
+
+async fn reaper_page(State(d): State<Dashboard>, Caller(access): Caller) -> Response {
+    let view = View {
+        d: &d,
+        access: &access,
+        namespace: REAPER_NAMESPACE,
+    };
+    match access.namespace(REAPER_NAMESPACE) {
+        Ok(()) => view.page("reaper", "Reaper", &live("Reaper")),
+        Err(denied) => view.error(denied.into()),
+    }
 }
 
 async fn app_js() -> Response {
@@ -637,61 +856,42 @@ fn lock_href(lock: &LockId) -> String {
     )
 }
 
-/// A server-rendered page (confirmations and results), with its status.
-fn plain_page(d: &Dashboard, status: StatusCode, title: &str, main: String) -> Response {
-    let mut response = page(d.options, "admin", title, &main);
-    *response.status_mut() = status;
-    response
-}
+// ---------------------------------------------------------------- admin
 
-fn admin_off_page(d: &Dashboard) -> Response {
-    plain_page(
-        d,
-        StatusCode::FORBIDDEN,
-        "Admin actions are off",
-        format!(
-            "<h1>Admin actions are off</h1>\n<p>{}.</p>\n<p>They will move behind admin \
-             tokens when tumbler gets authentication.</p>\n<p><a href=\"/dashboard\">Back to \
-             the overview</a></p>",
-            escape(ADMIN_OFF)
-        ),
-    )
-}
-
-fn error_page(d: &Dashboard, err: ApiError) -> Response {
-    plain_page(
-        d,
-        err.status,
-        "Error",
-        format!(
-            "<h1>Not done</h1>\n<p role=\"alert\">{}</p>\n<p><a href=\"/dashboard\">Back to the overview</a></p>",
-            escape(&err.message)
-        ),
-    )
+/// The namespace of an admin page or action, once allowed: the flag on,
+/// the name valid, and the caller an admin there (anyone, with auth off).
+fn admin_namespace(d: &Dashboard, access: &Access, params: &Params) -> Result<String, ApiError> {
+    if !d.options.admin {
+        return Err(ApiError::admin_off());
+    }
+    let namespace = validate::namespace(params.get("namespace"))?;
+    access.admin(&namespace)?;
+    Ok(namespace)
 }
 
 /// `GET /dashboard/release?namespace=&name=&holder=`: the confirmation
 /// page for a force release, showing the grant it will end.
-async fn confirm_release(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> Response {
-    if !d.options.admin {
-        return admin_off_page(&d);
-    }
-    match release_preview(&d, &Params::query(&query)).await {
-        Ok(page) => page,
-        Err(err) => error_page(&d, err),
-    }
+async fn confirm_release(
+    State(d): State<Dashboard>,
+    Caller(access): Caller,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let params = Params::query(&query);
+    let view = View::of(&d, &access, &params);
+    release_preview(&view, &params)
+        .await
+        .unwrap_or_else(|err| view.error(err))
 }
 
-async fn release_preview(d: &Dashboard, params: &Params) -> Result<Response, ApiError> {
+async fn release_preview(view: &View<'_>, params: &Params) -> Result<Response, ApiError> {
     let lock = LockId {
-        namespace: params.namespace()?,
+        namespace: admin_namespace(view.d, view.access, params)?,
         name: validate::name(params.get("name"))?,
     };
     let holder = validate::holder(params.get("holder"))?;
-    let state = d.engine.inspect(&lock).await?;
+    let state = view.d.engine.inspect(&lock).await?;
     let Some(grant) = state.holders.iter().find(|g| g.holder == holder) else {
-        return Ok(plain_page(
-            d,
+        return Ok(view.plain(
             StatusCode::NOT_FOUND,
             "Not held",
             format!(
@@ -732,12 +932,13 @@ async fn release_preview(d: &Dashboard, params: &Params) -> Result<Response, Api
         remaining = (grant.expires_at_ms - state.now_ms) as f64 / 1000.0,
         back = escape(&lock_href(&lock)),
     );
-    Ok(plain_page(d, StatusCode::OK, "Force release?", main))
+    Ok(view.plain(StatusCode::OK, "Force release?", main))
 }
 
-/// Refuses a POST a browser sent from another site (no auth exists yet,
-/// so this is what stops a page elsewhere from posting to the dashboard).
-/// Clients that are not browsers send neither header and pass.
+/// Refuses a POST a browser sent from another site. The login cookie is
+/// SameSite=Strict already; this also covers an open dashboard (auth off)
+/// and older browsers. Clients that are not browsers send neither header
+/// and pass.
 fn same_origin(headers: &HeaderMap) -> bool {
     if let Some(site) = headers.get("sec-fetch-site") {
         return matches!(site.as_bytes(), b"same-origin" | b"none");
@@ -752,11 +953,15 @@ fn same_origin(headers: &HeaderMap) -> bool {
     }
 }
 
-/// Checks what every admin POST needs: admin on, same origin, confirmed.
-fn admin_guard(d: &Dashboard, headers: &HeaderMap, params: &Params) -> Result<(), ApiError> {
-    if !d.options.admin {
-        return Err(ApiError::admin_off());
-    }
+/// Checks what every admin POST needs (admin allowed in the namespace,
+/// same origin, confirmed) and returns the namespace.
+fn admin_guard(
+    d: &Dashboard,
+    access: &Access,
+    headers: &HeaderMap,
+    params: &Params,
+) -> Result<String, ApiError> {
+    let namespace = admin_namespace(d, access, params)?;
     if !same_origin(headers) {
         return Err(ApiError {
             status: StatusCode::FORBIDDEN,
@@ -769,34 +974,37 @@ fn admin_guard(d: &Dashboard, headers: &HeaderMap, params: &Params) -> Result<()
             "confirm: must be yes (use the confirmation page)",
         ));
     }
-    Ok(())
+    Ok(namespace)
 }
 
 /// `POST /dashboard/admin/release` (form: namespace, name, holder,
 /// fencing_token, confirm=yes): the same engine release as the Release
 /// RPC, pinned to the token shown on the confirmation page.
-async fn admin_release(State(d): State<Dashboard>, headers: HeaderMap, body: Bytes) -> Response {
-    if !d.options.admin {
-        return admin_off_page(&d);
-    }
+async fn admin_release(
+    State(d): State<Dashboard>,
+    Caller(access): Caller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let params = Params::parse(&body);
-    do_release(&d, &headers, &params)
+    let view = View::of(&d, &access, &params);
+    do_release(&view, &headers, &params)
         .await
-        .unwrap_or_else(|err| error_page(&d, err))
+        .unwrap_or_else(|err| view.error(err))
 }
 
-async fn do_release(d: &Dashboard, headers: &HeaderMap, params: &Params) -> ApiResult {
-    admin_guard(d, headers, params)?;
+async fn do_release(view: &View<'_>, headers: &HeaderMap, params: &Params) -> ApiResult {
     let lock = LockId {
-        namespace: params.namespace()?,
+        namespace: admin_guard(view.d, view.access, headers, params)?,
         name: validate::name(params.get("name"))?,
     };
     let holder = validate::holder(params.get("holder"))?;
     let token = validate::fencing_token(params.number("fencing_token")?)?;
-    let outcome = d.engine.release(&lock, &holder, token).await?;
+    let engine = &view.d.engine;
+    let outcome = engine.release(&lock, &holder, token).await?;
     let released = matches!(outcome, ReleaseOutcome::Released { .. });
-    crate::observe::released(d.engine.layout(), &lock, &holder, token, outcome);
-    tracing::warn!(namespace = %lock.namespace, name = %lock.name, %holder, released, "force release from the dashboard");
+    crate::observe::released(engine.layout(), &lock, &holder, token, outcome);
+    tracing::warn!(namespace = %lock.namespace, name = %lock.name, %holder, released, who = %view.access.who(), "force release from the dashboard");
     let (title, text) = if released {
         ("Released", "was released")
     } else {
@@ -805,8 +1013,7 @@ async fn do_release(d: &Dashboard, headers: &HeaderMap, params: &Params) -> ApiR
             "was not held any more (released, expired, or re-acquired with another token): nothing changed",
         )
     };
-    Ok(plain_page(
-        d,
+    Ok(view.plain(
         StatusCode::OK,
         title,
         format!(
@@ -821,13 +1028,16 @@ async fn do_release(d: &Dashboard, headers: &HeaderMap, params: &Params) -> ApiR
 
 /// `GET /dashboard/clear?namespace=`: the confirmation page for clearing
 /// a namespace; the namespace must be typed to confirm.
-async fn confirm_clear(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> Response {
-    if !d.options.admin {
-        return admin_off_page(&d);
-    }
-    let namespace = match Params::query(&query).namespace() {
+async fn confirm_clear(
+    State(d): State<Dashboard>,
+    Caller(access): Caller,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let params = Params::query(&query);
+    let view = View::of(&d, &access, &params);
+    let namespace = match admin_namespace(&d, &access, &params) {
         Ok(namespace) => namespace,
-        Err(err) => return error_page(&d, err),
+        Err(err) => return view.error(err),
     };
     let main = format!(
         "<h1>Clear namespace <code>{ns}</code>?</h1>\n\
@@ -844,33 +1054,34 @@ async fn confirm_clear(State(d): State<Dashboard>, RawQuery(query): RawQuery) ->
         ns = escape(&namespace),
         q = escape(&url_encode(&namespace)),
     );
-    plain_page(&d, StatusCode::OK, "Clear namespace?", main)
+    view.plain(StatusCode::OK, "Clear namespace?", main)
 }
 
 /// `POST /dashboard/admin/clear` (form: namespace, typed = the namespace,
 /// confirm=yes): the same engine clear as the Clear RPC.
-async fn admin_clear(State(d): State<Dashboard>, headers: HeaderMap, body: Bytes) -> Response {
-    if !d.options.admin {
-        return admin_off_page(&d);
-    }
+async fn admin_clear(
+    State(d): State<Dashboard>,
+    Caller(access): Caller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let params = Params::parse(&body);
-    do_clear(&d, &headers, &params)
+    let view = View::of(&d, &access, &params);
+    do_clear(&view, &headers, &params)
         .await
-        .unwrap_or_else(|err| error_page(&d, err))
+        .unwrap_or_else(|err| view.error(err))
 }
 
-async fn do_clear(d: &Dashboard, headers: &HeaderMap, params: &Params) -> ApiResult {
-    admin_guard(d, headers, params)?;
-    let namespace = params.namespace()?;
+async fn do_clear(view: &View<'_>, headers: &HeaderMap, params: &Params) -> ApiResult {
+    let namespace = admin_guard(view.d, view.access, headers, params)?;
     if params.get("typed") != namespace {
         return Err(ApiError::bad_request(
             "typed: must be the namespace's name, to confirm",
         ));
     }
-    let counts = d.engine.clear(&namespace).await?;
-    tracing::warn!(?counts, %namespace, "namespace cleared from the dashboard");
-    Ok(plain_page(
-        d,
+    let counts = view.d.engine.clear(&namespace).await?;
+    tracing::warn!(?counts, %namespace, who = %view.access.who(), "namespace cleared from the dashboard");
+    Ok(view.plain(
         StatusCode::OK,
         "Cleared",
         format!(

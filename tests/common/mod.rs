@@ -193,6 +193,40 @@ pub async fn scan_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &s
     }
 }
 
+/// Sends `authorization: Bearer <token>` with every request.
+#[derive(Clone)]
+pub struct BearerToken(pub String);
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let value = format!("Bearer {}", self.0).parse().unwrap();
+        req.metadata_mut().insert("authorization", value);
+        Ok(req)
+    }
+}
+
+pub type BearerClient =
+    LockServiceClient<tonic::service::interceptor::InterceptedService<Channel, BearerToken>>;
+
+/// A lock service client for a server with auth on, sending `token`.
+pub async fn bearer_client(endpoint: &str, token: &str) -> BearerClient {
+    let channel = Channel::from_shared(endpoint.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    LockServiceClient::with_interceptor(channel, BearerToken(token.to_owned()))
+}
+
+/// One `[[token]]` entry of a tokens file for `token` (`extra`: more
+/// lines, e.g. `expires_at = "…"`).
+pub fn token_entry(name: &str, token: &str, role: &str, namespaces: &str, extra: &str) -> String {
+    format!(
+        "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nrole = \"{role}\"\nnamespaces = {namespaces}\n{extra}\n",
+        tumbler::auth::token_digest(token)
+    )
+}
+
 /// An acquire request with the common fields filled in.
 pub fn acquire(name: &str, holder: &str) -> proto::AcquireRequest {
     proto::AcquireRequest {

@@ -9,7 +9,13 @@ const REFRESH_MS = 3000;
 const params = new URLSearchParams(location.search);
 const namespace = params.get("namespace") || "";
 const page = document.body.dataset.page;
-const admin = document.body.dataset.admin === "on";
+// Admin controls show only when the JSON says so (`admin`: the server's
+// --dashboard-admin and, with auth on, an admin token for the namespace).
+const ADMIN_NOTES = {
+  on: "Admin actions are ON (--dashboard-admin).",
+  denied: "Read-only for this token (admin actions need an admin token for this namespace).",
+  off: "Read-only (admin actions are off).",
+};
 
 // ------------------------------------------------------------ helpers
 
@@ -97,6 +103,10 @@ function showError(message) {
 
 async function getJson(path) {
   const response = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
+  if (response.status === 401) {
+    // The login ended (logged out elsewhere, token expired or removed).
+    location.assign(`/dashboard/login?next=${encodeURIComponent(location.pathname + location.search)}`);
+  }
   const body = await response.json().catch(() => ({}));
   if (!response.ok) {
     const error = new Error(body.error || `${response.status} ${response.statusText}`);
@@ -150,12 +160,13 @@ function setupChrome() {
   if (page === "lock") form.action = "/dashboard/locks";
   getJson("/api/v1/namespaces").then((data) => {
     const list = document.getElementById("namespace-list");
-    list.replaceChildren(...["default", ...data.namespaces.filter((n) => n !== "default")]
-      .map((n) => h("option", { value: n })));
+    const names = data.sees_default
+      ? ["default", ...data.namespaces.filter((n) => n !== "default")]
+      : data.namespaces;
+    list.replaceChildren(...names.map((n) => h("option", { value: n })));
   }).catch(() => {});
-  document.getElementById("admin-state").textContent = admin
-    ? "Admin actions are ON (--dashboard-admin)."
-    : "Read-only (admin actions are off).";
+  document.getElementById("admin-state").textContent =
+    ADMIN_NOTES[document.body.dataset.admin] || ADMIN_NOTES.off;
 }
 
 function heading(text, perNamespace = true) {
@@ -239,7 +250,7 @@ function renderOverview(d) {
     h("section", { "aria-labelledby": "busy-h" }, h("h2", { id: "busy-h" }, "Queues"), busiest,
       h("p", {}, h("a", { href: withNamespace("/dashboard/locks") }, `All ${fmtNumber(d.locks)} locks →`))),
   ];
-  if (admin) {
+  if (d.admin) {
     parts.push(h("section", { class: "danger-zone", "aria-labelledby": "danger-h" },
       h("h2", { id: "danger-h" }, "Admin"),
       h("p", {}, "Release every lock and drop every waiting request of this namespace."),

@@ -1,0 +1,317 @@
+//! Who is looking at the dashboard. With an auth tokens file, every page,
+//! admin route and `/api/v1` endpoint needs one of the tokens gRPC accepts,
+//! checked by the same [`crate::auth::Authenticator`] instance, so a reload
+//! of the file, an expiry or a removed token applies to the dashboard at
+//! its next request, as it does to gRPC. Scripts send the token as
+//! `authorization: Bearer <token>`; a browser logs in once on a form, which
+//! puts the token in an HttpOnly, SameSite=Strict cookie that is checked
+//! again on every request (the server keeps no sessions).
+//!
+//! Refusals say nothing about the token: an endpoint answers 401 with one
+//! fixed message, a page redirects to the login form. `/metrics` and
+//! `/healthz` are not dashboard routes and stay open (Prometheus, probes);
+//! so do the static assets, which hold no data.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequestParts, RawQuery, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{Html, IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+use super::{ApiError, Dashboard, Params, escape, redirect, same_origin, url_encode};
+use crate::auth::Access;
+
+const LOGIN_PAGE: &str = include_str!("assets/login.html");
+const LOGIN_PATH: &str = "/dashboard/login";
+/// The cookie a logged-in browser sends: the token, base64url-encoded (a
+/// token may hold characters a cookie value may not).
+const COOKIE: &str = "tumbler_token";
+
+/// The caller of a dashboard request, as [`require_access`] found it. A
+/// handler reached without it answers 401 (fail closed).
+#[derive(Clone)]
+pub(super) struct Caller(pub Access);
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Response> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(|| ApiError::unauthenticated().into_response())
+    }
+}
+
+/// Middleware on every guarded route: the caller's [`Access`] (everything
+/// when auth is off) goes to the handler as a [`Caller`], or the request
+/// is refused.
+pub(super) async fn require_access(
+    State(d): State<Dashboard>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match access(&d, request.headers()) {
+        Ok(access) => {
+            request.extensions_mut().insert(Caller(access));
+            next.run(request).await
+        }
+        Err(status) => refuse(&d, &request, status),
+    }
+}
+
+/// A bearer header if there is one (a bad one is not passed over for the
+/// cookie), else the login cookie.
+fn access(d: &Dashboard, headers: &HeaderMap) -> Result<Access, tonic::Status> {
+    let Some(auth) = d.options.auth.as_deref() else {
+        return Ok(Access::Open);
+    };
+    if let Some(value) = headers.get(header::AUTHORIZATION) {
+        return Access::from_header(Some(auth), Some(value.as_bytes()));
+    }
+    let token = cookie_token(headers).ok_or_else(|| tonic::Status::unauthenticated("no token"))?;
+    auth.authenticate_token(&token).map(Access::Token)
+}
+
+/// An endpoint gets the JSON error (401 with the fixed message, or 429
+/// over the token's rate); a page without a valid token goes to the login
+/// form, coming back here afterwards (GETs only), and loses a cookie that
+/// no longer works.
+fn refuse(d: &Dashboard, request: &Request, status: tonic::Status) -> Response {
+    let err = ApiError::from(status);
+    let unauthenticated = err.status == StatusCode::UNAUTHORIZED;
+    if request.uri().path().starts_with("/api/") || !unauthenticated {
+        let mut response = err.into_response();
+        if unauthenticated {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tumbler\""),
+            );
+        }
+        return response;
+    }
+    let back = match *request.method() {
+        Method::GET | Method::HEAD => request
+            .uri()
+            .path_and_query()
+            .map_or("", |p| p.as_str())
+            .to_owned(),
+        _ => String::new(),
+    };
+    let mut response = redirect(&login_href(safe_next(&back)));
+    if cookie_token(request.headers()).is_some() {
+        set_cookie(&mut response, &cleared_cookie(d.options.secure_cookie));
+    }
+    response
+}
+
+/// `GET /dashboard/login?next=`: the login form (with auth off there is
+/// nothing to log in to: the overview).
+pub(super) async fn login_page(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> Response {
+    if d.options.auth.is_none() {
+        return redirect("/dashboard");
+    }
+    let params = Params::query(&query);
+    login_form(StatusCode::OK, safe_next(params.get("next")), None)
+}
+
+/// `POST /dashboard/login` (form: token, next): checks the token with the
+/// gRPC authenticator, sets the cookie and goes on to `next`.
+pub(super) async fn log_in(
+    State(d): State<Dashboard>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(auth) = d.options.auth.as_deref() else {
+        return redirect("/dashboard");
+    };
+    let params = Params::parse(&body);
+    let next = safe_next(params.get("next"));
+    if !same_origin(&headers) {
+        return login_form(
+            StatusCode::FORBIDDEN,
+            next,
+            Some("Cross-site logins are refused."),
+        );
+    }
+    let presented = params.get("token").trim();
+    match auth.authenticate_token(presented) {
+        Ok(token) => {
+            tracing::info!(token = %token.name, "dashboard login");
+            let mut response = redirect(if next.is_empty() { "/dashboard" } else { next });
+            set_cookie(
+                &mut response,
+                &token_cookie(presented, d.options.secure_cookie),
+            );
+            response
+        }
+        Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+            login_form(StatusCode::TOO_MANY_REQUESTS, next, Some(status.message()))
+        }
+        Err(_) => {
+            tracing::info!("dashboard login refused");
+            login_form(
+                StatusCode::UNAUTHORIZED,
+                next,
+                Some("That token was not accepted: it is unknown or has expired."),
+            )
+        }
+    }
+}
+
+/// `POST /dashboard/logout`: forgets the cookie.
+pub(super) async fn log_out(State(d): State<Dashboard>, headers: HeaderMap) -> Response {
+    if !same_origin(&headers) {
+        return ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: "PERMISSION_DENIED",
+            message: "cross-site requests are refused".into(),
+        }
+        .into_response();
+    }
+    let to = if d.options.auth.is_some() {
+        LOGIN_PATH
+    } else {
+        "/dashboard"
+    };
+    let mut response = redirect(to);
+    set_cookie(&mut response, &cleared_cookie(d.options.secure_cookie));
+    response
+}
+
+fn login_form(status: StatusCode, next: &str, error: Option<&str>) -> Response {
+    let (error, invalid) = match error {
+        Some(message) => (
+            format!(
+                "<p id=\"login-error\" class=\"alert\" role=\"alert\">{}</p>",
+                escape(message)
+            ),
+            " aria-invalid=\"true\" aria-describedby=\"login-error\"",
+        ),
+        None => (String::new(), ""),
+    };
+    let html = LOGIN_PAGE
+        .replace("{{error}}", &error)
+        .replace("{{invalid}}", invalid)
+        .replace("{{next}}", &escape(next));
+    (
+        status,
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+        ],
+        Html(html),
+    )
+        .into_response()
+}
+
+fn login_href(next: &str) -> String {
+    match next {
+        "" => LOGIN_PATH.to_owned(),
+        next => format!("{LOGIN_PATH}?next={}", url_encode(next)),
+    }
+}
+
+/// Where to go after logging in: a dashboard page of this server (never
+/// another site, `//host`, or the login page itself); empty otherwise.
+fn safe_next(next: &str) -> &str {
+    let local = next.starts_with("/dashboard")
+        && !next.starts_with(LOGIN_PATH)
+        && next.bytes().all(|b| b.is_ascii_graphic());
+    if local { next } else { "" }
+}
+
+/// The login cookie's `Set-Cookie` value: no Max-Age (it ends with the
+/// browser session; the token's own expiry is checked on every request).
+fn token_cookie(token: &str, secure: bool) -> String {
+    format!(
+        "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{}",
+        URL_SAFE_NO_PAD.encode(token),
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+fn cleared_cookie(secure: bool) -> String {
+    format!(
+        "{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+fn set_cookie(response: &mut Response, cookie: &str) {
+    // Always a valid header value: base64url and fixed text.
+    if let Ok(value) = HeaderValue::from_str(cookie) {
+        response.headers_mut().append(header::SET_COOKIE, value);
+    }
+}
+
+/// The token in the request's login cookie, if any.
+fn cookie_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .find_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            (name == COOKIE).then_some(value)
+        })
+        .and_then(|value| URL_SAFE_NO_PAD.decode(value).ok())
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .filter(|token| !token.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cookie_round_trips_any_token_and_is_locked_down() {
+        let token = "tmb_0a; odd=\"chars\" é";
+        let cookie = token_cookie(token, false);
+        assert!(
+            cookie.ends_with("; Path=/; HttpOnly; SameSite=Strict"),
+            "{cookie}"
+        );
+        assert!(token_cookie(token, true).ends_with("; SameSite=Strict; Secure"));
+        let pair = cookie.split(';').next().unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            format!("theme=dark; {pair}; other=1").parse().unwrap(),
+        );
+        assert_eq!(cookie_token(&headers).as_deref(), Some(token));
+        headers.insert(header::COOKIE, "tumbler_token=%%%".parse().unwrap());
+        assert_eq!(cookie_token(&headers), None);
+        headers.insert(header::COOKIE, "tumbler_token=".parse().unwrap());
+        assert_eq!(cookie_token(&headers), None);
+    }
+
+    #[test]
+    fn next_stays_on_the_dashboard() {
+        assert_eq!(
+            safe_next("/dashboard/lock?name=a"),
+            "/dashboard/lock?name=a"
+        );
+        assert_eq!(safe_next("/dashboard"), "/dashboard");
+        for bad in [
+            "https://evil.example/",
+            "//evil.example/dashboard",
+            "/api/v1/locks",
+            "/dashboard/login?next=/dashboard",
+            "/dashboard\r\nSet-Cookie: x=1",
+            "/dashboard/ x",
+            "",
+        ] {
+            assert_eq!(safe_next(bad), "", "{bad:?}");
+        }
+        assert_eq!(
+            login_href("/dashboard/lock?name=a&namespace=b"),
+            "/dashboard/login?next=%2Fdashboard%2Flock%3Fname%3Da%26namespace%3Db"
+        );
+    }
+}
