@@ -36,7 +36,7 @@ else
   run() { cargo bench --locked --bench "$1" 2>/dev/null | tee "$out/$1.md"; }
 fi
 started=$(date +%s)
-for bench in handover load session_renewal scale; do
+for bench in handover script_cost load session_renewal scale; do
   echo
   echo "## $bench"
   run "$bench"
