@@ -19,7 +19,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Code;
@@ -27,28 +26,6 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tumbler::config::ServerConfig;
 
 const TUMBLER: &str = env!("CARGO_BIN_EXE_tumbler");
-
-/// A plain HTTP/1.1 GET: (status code, body).
-async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
-}
 
 /// The value of the sample `name{labels}` (labels in any order), if any.
 fn sample(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -72,7 +49,7 @@ fn sample(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 }
 
 async fn scrape(addr: SocketAddr) -> String {
-    let (status, page) = http_get(addr, "/metrics").await.unwrap();
+    let (status, page) = common::http::get(addr, "/metrics").await;
     assert_eq!(status, 200);
     page
 }
@@ -119,10 +96,10 @@ async fn metrics_count_rpcs_outcomes_waiters_and_redis_health() {
         .unwrap();
 
     assert_eq!(
-        http_get(http_addr, "/healthz").await.unwrap(),
+        common::http::get(http_addr, "/healthz").await,
         (200, "ok\n".into())
     );
-    assert_eq!(http_get(http_addr, "/nope").await.unwrap().0, 404);
+    assert_eq!(common::http::get(http_addr, "/nope").await.0, 404);
 
     let kinded = |holder: &str| proto::AcquireRequest {
         kind: "obs".into(),

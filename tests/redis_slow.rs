@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use common::*;
 use proto::AcquireStatus;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -72,11 +71,8 @@ fn stall(redis_url: &str, slowdown: Slowdown) -> Arc<AtomicBool> {
 
 /// The replica's /metrics page.
 async fn metrics_page(http: std::net::SocketAddr) -> String {
-    let mut stream = tokio::net::TcpStream::connect(http).await.unwrap();
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut page = String::new();
-    stream.read_to_string(&mut page).await.unwrap();
+    let (status, page) = common::http::get(http, "/metrics").await;
+    assert_eq!(status, 200, "{page}");
     page
 }
 

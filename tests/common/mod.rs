@@ -3,6 +3,7 @@
 //! free ports, reached over real gRPC connections.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod topology;
 
 use std::net::SocketAddr;
