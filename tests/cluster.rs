@@ -232,24 +232,14 @@ async fn list_reap_metrics_and_clear_walk_shards_on_every_node() {
 
     // List: every lock exactly once, page by page, across all shards.
     let mut listed = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list(proto::ListRequest {
-                namespace: ns.into(),
-                prefix: "job-".into(),
-                page_size: 7,
-                page_token: token.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+    let request = proto::ListRequest {
+        namespace: ns.into(),
+        prefix: "job-".into(),
+        page_size: 7,
+        ..Default::default()
+    };
+    for page in list_pages(&mut client, request).await {
         listed.extend(page.locks.into_iter().map(|l| l.name));
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = page.next_page_token;
     }
     assert_eq!(listed.len(), names.len(), "each lock once");
     assert_eq!(listed.into_iter().collect::<BTreeSet<_>>(), names);

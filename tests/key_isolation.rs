@@ -93,25 +93,14 @@ async fn acquire_in(
 }
 
 async fn list_all(client: &mut LockServiceClient<Channel>, namespace: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut token = String::new();
-    loop {
-        let reply = client
-            .list(proto::ListRequest {
-                namespace: namespace.into(),
-                page_size: 9,
-                page_token: token,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        names.extend(reply.locks.into_iter().map(|l| l.name));
-        if reply.next_page_token.is_empty() {
-            return names;
-        }
-        token = reply.next_page_token;
-    }
+    let request = proto::ListRequest {
+        namespace: namespace.into(),
+        page_size: 9,
+        ..Default::default()
+    };
+    (list_pages(client, request).await.into_iter())
+        .flat_map(|page| page.locks.into_iter().map(|l| l.name))
+        .collect()
 }
 
 async fn inspect_in(

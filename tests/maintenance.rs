@@ -16,25 +16,12 @@ async fn list_all(
     client: &mut LockServiceClient<Channel>,
     request: proto::ListRequest,
 ) -> (Vec<proto::LockSummary>, usize) {
-    let mut locks = Vec::new();
-    let mut pages = 0;
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list(proto::ListRequest {
-                page_token: token.clone(),
-                ..request.clone()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        pages += 1;
-        locks.extend(page.locks);
-        if page.next_page_token.is_empty() {
-            return (locks, pages);
-        }
-        token = page.next_page_token;
-    }
+    let pages = list_pages(client, request).await;
+    let count = pages.len();
+    (
+        pages.into_iter().flat_map(|page| page.locks).collect(),
+        count,
+    )
 }
 
 /// Lock keys and indexes of `namespace` (not the per-shard fencing

@@ -1035,24 +1035,18 @@ fn tampered_page_tokens_never_reach_another_namespace() {
         // Genuine tokens of both namespaces, page by page.
         let mut tokens: HashMap<&str, Vec<String>> = HashMap::new();
         for ns in ["ta", "tb"] {
-            let mut token = String::new();
-            loop {
-                let reply = client
-                    .list(proto::ListRequest {
-                        namespace: ns.into(),
-                        page_size: 7,
-                        page_token: token,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
-                if reply.next_page_token.is_empty() {
-                    break;
-                }
-                token = reply.next_page_token;
-                tokens.entry(ns).or_default().push(token.clone());
-            }
+            let request = proto::ListRequest {
+                namespace: ns.into(),
+                page_size: 7,
+                ..Default::default()
+            };
+            let pages = list_pages(&mut client, request).await;
+            tokens.insert(
+                ns,
+                (pages.into_iter().map(|page| page.next_page_token))
+                    .filter(|token| !token.is_empty())
+                    .collect(),
+            );
         }
         (server, client, tokens)
     });

@@ -377,3 +377,27 @@ pub async fn until_waiters_in(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Every page of a List, following the page tokens from `request`'s own.
+pub async fn list_pages(
+    client: &mut LockServiceClient<Channel>,
+    request: proto::ListRequest,
+) -> Vec<proto::ListResponse> {
+    let mut pages = Vec::new();
+    let mut token = request.page_token.clone();
+    loop {
+        let page = client
+            .list(proto::ListRequest {
+                page_token: token,
+                ..request.clone()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        token = page.next_page_token.clone();
+        pages.push(page);
+        if token.is_empty() {
+            return pages;
+        }
+    }
+}
