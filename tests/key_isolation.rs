@@ -103,6 +103,40 @@ async fn list_all(client: &mut LockServiceClient<Channel>, namespace: &str) -> V
         .collect()
 }
 
+/// Releases every lock `ns` holds (`names` and `only-<ns>`); its waiter on
+/// `{b:0}` is then granted, and released too.
+async fn release_namespace(
+    client: &mut LockServiceClient<Channel>,
+    ns: &str,
+    names: &[String],
+    waiter: tokio::task::JoinHandle<proto::AcquireResponse>,
+) {
+    for name in names.iter().chain([&format!("only-{ns}")]) {
+        let reply = client
+            .release(proto::ReleaseRequest {
+                namespace: ns.into(),
+                ..release(name, &holder_of(ns))
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            reply.status(),
+            proto::ReleaseStatus::Released,
+            "{ns}/{name}"
+        );
+    }
+    let granted = waiter.await.unwrap();
+    assert_eq!(granted.status(), proto::AcquireStatus::Acquired);
+    client
+        .release(proto::ReleaseRequest {
+            namespace: ns.into(),
+            ..release("{b:0}", &format!("waiter-{ns}"))
+        })
+        .await
+        .unwrap();
+}
+
 async fn inspect_in(
     client: &mut LockServiceClient<Channel>,
     namespace: &str,
@@ -529,26 +563,7 @@ async fn hostile_names_stay_in_their_shard_and_namespace() {
     // Releasing everything in `a` (the waiter gets its turn, then lets go)
     // leaves `b` exactly as it was.
     let b_before = lock_keys_of(&all_keys(&redis.url(), &layout).await, "b");
-    for name in names.iter().chain([&"only-a".to_owned()]) {
-        let reply = client
-            .release(proto::ReleaseRequest {
-                namespace: "a".into(),
-                ..release(name, &holder_of("a"))
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(reply.status(), proto::ReleaseStatus::Released, "a/{name}");
-    }
-    let granted = waiters.remove(0).await.unwrap();
-    assert_eq!(granted.status(), proto::AcquireStatus::Acquired);
-    client
-        .release(proto::ReleaseRequest {
-            namespace: "a".into(),
-            ..release("{b:0}", "waiter-a")
-        })
-        .await
-        .unwrap();
+    release_namespace(&mut client, "a", &names, waiters.remove(0)).await;
     let keys = all_keys(&redis.url(), &layout).await;
     assert!(lock_keys_of(&keys, "a").is_empty(), "{keys:#?}");
     assert_eq!(lock_keys_of(&keys, "b"), b_before);
@@ -575,26 +590,7 @@ async fn hostile_names_stay_in_their_shard_and_namespace() {
     assert_eq!(lock_keys_of(&keys, "b"), b_before);
 
     // Then `b`: no lock key remains anywhere, nor a shard index.
-    for name in names.iter().chain([&"only-b".to_owned()]) {
-        let reply = client
-            .release(proto::ReleaseRequest {
-                namespace: "b".into(),
-                ..release(name, &holder_of("b"))
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(reply.status(), proto::ReleaseStatus::Released, "b/{name}");
-    }
-    let granted = waiters.remove(0).await.unwrap();
-    assert_eq!(granted.status(), proto::AcquireStatus::Acquired);
-    client
-        .release(proto::ReleaseRequest {
-            namespace: "b".into(),
-            ..release("{b:0}", "waiter-b")
-        })
-        .await
-        .unwrap();
+    release_namespace(&mut client, "b", &names, waiters.remove(0)).await;
     let left = all_keys(&redis.url(), &layout).await;
     for key in &left {
         match key {
