@@ -8,14 +8,27 @@ local now = redis_now()
 purge_expired(now)
 purge_dead_waiters(now)
 
--- 2. Each live request of this replica gets a new liveness deadline.
+-- 2. Each live request of this replica gets a new liveness deadline: per
+--    batch of ids, one ZMSCORE finds those no longer queued (lost) and one
+--    ZADD XX moves the deadlines of the rest (XX never re-adds a lost one).
+--    Batches keep the argument lists well inside Lua's stack.
 local lost = {}
-for k = 3, #ARGV, 2 do
-  local id = ARGV[k]
-  if redis.call('ZADD', DEADLINES, 'XX', 'CH', now + tonumber(ARGV[k + 1]), id) == 0
-      and not redis.call('ZSCORE', DEADLINES, id) then
-    table.insert(lost, id)
+local BATCH = 500
+for first = 3, #ARGV, 2 * BATCH do
+  local last = math.min(first + 2 * BATCH - 1, #ARGV)
+  local ids, deadlines = {}, {}
+  for k = first, last, 2 do
+    table.insert(ids, ARGV[k])
+    table.insert(deadlines, now + tonumber(ARGV[k + 1]))
+    table.insert(deadlines, ARGV[k])
   end
+  local scores = redis.call('ZMSCORE', DEADLINES, unpack(ids))
+  for i, id in ipairs(ids) do
+    if not scores[i] then
+      table.insert(lost, id)
+    end
+  end
+  redis.call('ZADD', DEADLINES, 'XX', unpack(deadlines))
 end
 
 -- 3. Key TTLs and the index; and a wake-up for whoever may be granted, in
