@@ -407,3 +407,67 @@ async fn with_a_lock_delay_a_dead_session_keeps_its_lock_for_the_delay() {
     assert_eq!(next.status(), AcquireStatus::Acquired);
     assert!(next.grant.unwrap().acquired_at_ms >= delayed.expires_at_ms);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_runs_at_most_1000_commands_at_once() {
+    const RUNNING: u64 = 1000;
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    // RUNNING locks held by someone else, so the session's acquires wait.
+    let mut holding = tokio::task::JoinSet::new();
+    for i in 0..RUNNING {
+        let mut client = client.clone();
+        holding.spawn(async move {
+            let reply = client
+                .acquire(acquire(&format!("busy-{i}"), "other"))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(reply.status(), AcquireStatus::Acquired);
+        });
+    }
+    while let Some(done) = holding.join_next().await {
+        done.unwrap();
+    }
+
+    let mut session = Session::open(&mut client, 30_000).await;
+    for i in 0..RUNNING {
+        session
+            .send(Command::Acquire(proto::SessionAcquire {
+                request_id: i + 1,
+                acquire: Some(proto::AcquireRequest {
+                    wait_ms: 60_000,
+                    ..acquire(&format!("busy-{i}"), "")
+                }),
+            }))
+            .await;
+    }
+    // One more is refused, and the session goes on.
+    session
+        .send(Command::Acquire(proto::SessionAcquire {
+            request_id: RUNNING + 1,
+            acquire: Some(acquire("free", "")),
+        }))
+        .await;
+    match session.next().await {
+        Some(Event::Error(error)) => {
+            assert_eq!(error.request_id, RUNNING + 1);
+            assert_eq!(error.code, tonic::Code::ResourceExhausted as i32);
+            assert!(error.message.starts_with("command"), "{}", error.message);
+        }
+        other => panic!("expected the extra command refused, got {other:?}"),
+    }
+    until_waiters(&mut client, "busy-0", 1).await;
+    // One finishes (its lock is released to it): room for one more.
+    client.release(release("busy-0", "other")).await.unwrap();
+    match session.next().await {
+        Some(Event::Acquired(acquired)) => {
+            assert_eq!(acquired.request_id, 1);
+            assert_eq!(acquired.response.unwrap().status(), AcquireStatus::Acquired);
+        }
+        other => panic!("expected the first acquire granted, got {other:?}"),
+    }
+    let reply = session.acquire(RUNNING + 2, acquire("free", "")).await;
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+}
