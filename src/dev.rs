@@ -156,17 +156,8 @@ impl RedisServer {
 
     /// Stops the child politely (SIGTERM), then by force after 5 s.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            stop_child(child);
         }
     }
 
@@ -185,8 +176,23 @@ impl Drop for RedisServer {
     }
 }
 
+/// Stops a child process politely (SIGTERM), then by force after 5 s, and
+/// reaps it.
+pub fn stop_child(mut child: Child) {
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// True when something on `port` answers a Redis PING.
-fn ping(port: u16) -> bool {
+pub fn ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
         return false;
     };

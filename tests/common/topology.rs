@@ -4,14 +4,12 @@
 //! by its pid when its handle is dropped (and told by the kernel to stop
 //! if the test's thread dies first).
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 /// One redis-server (or sentinel) child.
 pub struct RedisNode {
@@ -123,7 +121,7 @@ impl RedisNode {
                 .expect("redis-server must be installed (scripts/test.sh installs it)"),
         );
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !ping(self.port) {
+        while !tumbler::dev::ping(self.port) {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(
                     "redis-server on port {} exited with {status}: {}",
@@ -205,31 +203,10 @@ impl RedisNode {
 
 impl Drop for RedisNode {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            tumbler::dev::stop_child(child);
         }
     }
-}
-
-/// True when something on `port` answers a Redis PING.
-fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut reply = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG\r\n"
 }
 
 /// Polls `check` every 20 ms until it holds, for at most `within`.
