@@ -66,28 +66,6 @@ async fn info_field(
         .unwrap_or_else(|| panic!("INFO {section} has no {field}"))
 }
 
-/// Total calls of every command since the last CONFIG RESETSTAT.
-async fn total_calls(conn: &mut redis::aio::MultiplexedConnection) -> (i64, Vec<(String, i64)>) {
-    let text: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let mut per_command = Vec::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("cmdstat_") {
-            let (name, stats) = rest.split_once(':').unwrap();
-            let calls = stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            per_command.push((name.to_owned(), calls));
-        }
-    }
-    (per_command.iter().map(|(_, c)| c).sum(), per_command)
-}
-
 /// Every key whose name matches `pattern`, by SCAN.
 async fn keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
     let mut cursor = 0u64;
@@ -421,23 +399,19 @@ async fn many_waiters(waiters: usize, locks: usize, idle: Duration) {
     }
     let rss_waiting = serve.rss_kib();
     let mut conn = redis(&redis_server.url()).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    common::reset_command_stats(&mut conn).await;
     tokio::time::sleep(idle).await;
-    let (calls, per_command) = total_calls(&mut conn).await;
+    let stats = common::command_stats(&mut conn).await;
+    let calls: u64 = stats.iter().map(|stat| stat.calls).sum();
     let rss_after_idle = serve.rss_kib();
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     drop(serve);
 
     let seconds = idle.as_secs_f64();
-    let per_command: Vec<String> = per_command
-        .iter()
-        .filter(|(_, c)| *c > 0)
-        .map(|(n, c)| format!("{n} {:.1}/s", *c as f64 / seconds))
+    let per_command: Vec<String> = (stats.iter())
+        .filter(|stat| stat.calls > 0)
+        .map(|stat| format!("{} {:.1}/s", stat.name, stat.calls as f64 / seconds))
         .collect();
     // What the waiters' heartbeats should cost: one refresh per lock per
     // queue_ttl/3 (default queue TTL 5 s), plus the health PING each second.

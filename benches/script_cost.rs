@@ -2,7 +2,8 @@
 //! (`INFO commandstats` after `CONFIG RESETSTAT`): script calls, the
 //! commands run inside them, and Redis' own time in them, per operation.
 //! Command counts are exact whatever the machine is doing; Redis' time is
-//! its CPU time, far steadier than throughput on a shared machine.
+//! what Redis measures around each call, which a busy shared machine
+//! inflates (compare runs made side by side).
 //!
 //! Baseline in the same run, on the same Redis: the plainest Redis lock
 //! there is — `SET key value NX PX ttl`, and a compare-and-delete script to
@@ -42,45 +43,18 @@ struct Counted {
     usec: u64,
 }
 
-async fn reset(conn: &mut redis::aio::MultiplexedConnection) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await
-        .unwrap();
-}
-
 /// What Redis counted since the reset; `top_level` names the commands the
 /// client sent itself (the rest ran inside scripts).
 async fn counted(conn: &mut redis::aio::MultiplexedConnection, top_level: &[&str]) -> Counted {
-    let text: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
     let mut counted = Counted::default();
-    for line in text.lines() {
-        let Some((name, stats)) = line
-            .strip_prefix("cmdstat_")
-            .and_then(|rest| rest.split_once(':'))
-        else {
-            continue;
-        };
-        let field = |key: &str| -> u64 {
-            stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(key))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        let (calls, usec) = (field("calls="), field("usec="));
-        match name {
+    for stat in common::command_stats(conn).await {
+        match stat.name.as_str() {
             name if top_level.contains(&name) => {
-                counted.top_level_calls += calls;
-                counted.usec += usec;
+                counted.top_level_calls += stat.calls;
+                counted.usec += stat.usec;
             }
             name if NOT_LOCK_WORK.contains(&name) => {}
-            _ => counted.inner_commands += calls,
+            _ => counted.inner_commands += stat.calls,
         }
     }
     counted
@@ -141,18 +115,19 @@ async fn main() {
     for i in 0..100 {
         pair(&mut client, 1_000_000_000 + i).await;
     }
-    reset(&mut conn).await;
+    common::reset_command_stats(&mut conn).await;
     for i in 0..pairs {
         pair(&mut client, i).await;
     }
     let tumbler = counted(&mut conn, &["evalsha", "eval"]).await;
     if std::env::var_os("SCRIPT_COST_VERBOSE").is_some() {
-        let text: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        println!("{text}");
+        for stat in common::command_stats(&mut conn).await {
+            println!(
+                "{}: {:.2} per pair",
+                stat.name,
+                stat.calls as f64 / pairs as f64
+            );
+        }
     }
 
     // Baseline: SET NX PX, compare-and-delete.
@@ -180,7 +155,7 @@ async fn main() {
     for i in 0..100 {
         baseline_pair(1_000_000_000 + i).await;
     }
-    reset(&mut conn.clone()).await;
+    common::reset_command_stats(&mut conn.clone()).await;
     for i in 0..pairs {
         baseline_pair(i).await;
     }

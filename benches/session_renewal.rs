@@ -6,6 +6,8 @@
 //! `cargo bench --bench session_renewal` (under `cargo test` it runs a
 //! small smoke version).
 
+mod common;
+
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -23,15 +25,6 @@ fn service_args() -> ServiceArgs {
         reap_interval_ms: 0,
         ..ServiceArgs::default()
     }
-}
-
-fn calls(stats: &str, command: &str) -> u64 {
-    stats
-        .lines()
-        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
 }
 
 /// Holds `grants` locks through one session with `ttl_ms`, then counts the
@@ -86,11 +79,7 @@ async fn measure(
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    common::reset_command_stats(&mut conn).await;
     let keep_alive = commands.clone();
     let ticker = tokio::spawn(async move {
         loop {
@@ -107,15 +96,14 @@ async fn measure(
         }
     });
     tokio::time::sleep(window).await;
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let scripts: u64 = (common::command_stats(&mut conn).await.iter())
+        .filter(|stat| stat.name == "evalsha" || stat.name == "eval")
+        .map(|stat| stat.calls)
+        .sum();
     ticker.abort();
     drop(commands);
     while let Ok(Some(_)) = events.message().await {}
-    (calls(&stats, "evalsha") + calls(&stats, "eval")) as f64 / window.as_secs_f64()
+    scripts as f64 / window.as_secs_f64()
 }
 
 #[tokio::main]

@@ -1,6 +1,6 @@
-//! Shared by the benchmarks that run `tumbler serve` as a process of its
-//! own (so its RSS is the replica's alone): starting it, waiting until it
-//! serves, reading its RSS.
+//! Shared by the benchmarks: a `tumbler serve` process of its own (so its
+//! RSS is the replica's alone), waiting until it serves, reading its RSS;
+//! and Redis' own command counters (`INFO commandstats`).
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -84,4 +84,47 @@ pub async fn wait_until_serving(endpoint: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("{endpoint} never served");
+}
+
+/// One line of `INFO commandstats`.
+#[derive(Debug)]
+pub struct CommandStat {
+    pub name: String,
+    pub calls: u64,
+    pub usec: u64,
+}
+
+/// Zeroes Redis' command counters (`CONFIG RESETSTAT`).
+pub async fn reset_command_stats(conn: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Every command Redis counted since the last reset, scripts' inner
+/// commands included (under their own names).
+pub async fn command_stats(conn: &mut redis::aio::MultiplexedConnection) -> Vec<CommandStat> {
+    let text: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    text.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_")?.split_once(':'))
+        .map(|(name, stats)| {
+            let field = |key: &str| -> u64 {
+                (stats.split(','))
+                    .find_map(|kv| kv.strip_prefix(key))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            CommandStat {
+                name: name.to_owned(),
+                calls: field("calls="),
+                usec: field("usec="),
+            }
+        })
+        .collect()
 }
