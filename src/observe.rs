@@ -451,9 +451,21 @@ fn give_up_after(left: Duration) -> Duration {
     left.saturating_sub((left / 40).max(Duration::from_millis(10)))
 }
 
+/// The caller's gRPC deadline, read once from `grpc-timeout` by the RPC
+/// layer and handed to the handlers in the request's extensions.
+#[derive(Clone, Copy, Debug)]
+pub struct CallerDeadline(pub Instant);
+
+impl CallerDeadline {
+    /// The time left before it.
+    pub fn left(self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+}
+
 /// The caller's deadline from a `grpc-timeout` value (`<digits><unit>`,
 /// unit one of H M S m u n); `None` when absent or malformed.
-pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
     let amount: u64 = digits.parse().ok()?;
     Some(match unit {
@@ -481,7 +493,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let Some(method) = request.uri().path().strip_prefix(SERVICE_PATH) else {
             let answer = self.inner.call(request);
             return Box::pin(async move {
@@ -505,9 +517,14 @@ where
             tracing::Span::none()
         };
         let started = Instant::now();
-        let deadline = (request.headers().get("grpc-timeout"))
-            .and_then(|value| parse_grpc_timeout(value.to_str().ok()?))
-            .map(|left| started + give_up_after(left));
+        let left = (request.headers().get("grpc-timeout"))
+            .and_then(|value| parse_grpc_timeout(value.to_str().ok()?));
+        if let Some(left) = left {
+            request
+                .extensions_mut()
+                .insert(CallerDeadline(started + left));
+        }
+        let deadline = left.map(|left| started + give_up_after(left));
         let answer = span.in_scope(|| self.inner.call(request));
         Box::pin(
             async move {

@@ -163,10 +163,10 @@ fn engine_status(err: EngineError) -> Status {
     }
 }
 
-/// The time left before the caller's gRPC deadline (`grpc-timeout`), if
-/// it set one.
+/// The time left before the caller's gRPC deadline, if it set one (read
+/// from `grpc-timeout` by the RPC layer).
 fn grpc_deadline<T>(request: &Request<T>) -> Option<Duration> {
-    crate::observe::parse_grpc_timeout(request.metadata().get("grpc-timeout")?.to_str().ok()?)
+    (request.extensions().get::<crate::observe::CallerDeadline>()).map(|deadline| deadline.left())
 }
 
 /// How long to wait: the request's wait_ms, cut short so that the reply
