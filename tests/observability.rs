@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::http::{sample, scrape};
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -26,33 +27,6 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tumbler::config::ServerConfig;
 
 const TUMBLER: &str = env!("CARGO_BIN_EXE_tumbler");
-
-/// The value of the sample `name{labels}` (labels in any order), if any.
-fn sample(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    page.lines().find_map(|line| {
-        let (series, value) = line.rsplit_once(' ')?;
-        let (metric, rest) = match series.split_once('{') {
-            Some((metric, rest)) => (metric, rest.trim_end_matches('}')),
-            None => (series, ""),
-        };
-        let found: Vec<&str> = if rest.is_empty() {
-            Vec::new()
-        } else {
-            rest.split(',').collect()
-        };
-        let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-        (metric == name
-            && found.len() == wanted.len()
-            && wanted.iter().all(|w| found.contains(&w.as_str())))
-        .then(|| value.parse().unwrap())
-    })
-}
-
-async fn scrape(addr: SocketAddr) -> String {
-    let (status, page) = common::http::get(addr, "/metrics").await;
-    assert_eq!(status, 200);
-    page
-}
 
 /// Scrapes until `check` holds (up to 10 s); returns that page.
 async fn scrape_until(addr: SocketAddr, what: &str, check: impl Fn(&str) -> bool) -> String {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::http::{sample, scrape};
 use common::*;
 use proto::AcquireStatus;
 use tonic::Code;
@@ -69,25 +70,9 @@ fn stall(redis_url: &str, slowdown: Slowdown) -> Arc<AtomicBool> {
     over
 }
 
-/// The replica's /metrics page.
-async fn metrics_page(http: std::net::SocketAddr) -> String {
-    let (status, page) = common::http::get(http, "/metrics").await;
-    assert_eq!(status, 200, "{page}");
-    page
-}
-
-/// The value of the one sample whose line starts with `series` and
-/// carries every label in `labels` (0 when there is none).
-fn sample(page: &str, series: &str, labels: &[&str]) -> u64 {
-    page.lines()
-        .filter(|line| line.starts_with(series) && labels.iter().all(|l| line.contains(l)))
-        .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
-        .sum()
-}
-
 /// The replica's own count of waiting requests.
 async fn replica_waiters(http: std::net::SocketAddr) -> u64 {
-    sample(&metrics_page(http).await, "tumbler_waiters ", &[])
+    sample(&scrape(http).await, "tumbler_waiters", &[]).expect("a tumbler_waiters gauge") as u64
 }
 
 /// One waiting acquire of `slow` with a gRPC deadline; its outcome as a
@@ -187,12 +172,12 @@ async fn slowed_redis_honours_deadlines_and_leaves_no_waiters(slowdown: Slowdown
     assert_eq!(outcomes.values().sum::<usize>(), QUEUED + ARRIVING);
     // Answers past a deadline are the replica's own, so they are counted.
     let deadline_exceeded = sample(
-        &metrics_page(http).await,
-        "tumbler_rpc_requests_total{",
-        &["method=\"Acquire\"", "code=\"DEADLINE_EXCEEDED\""],
+        &scrape(http).await,
+        "tumbler_rpc_requests_total",
+        &[("method", "Acquire"), ("code", "DEADLINE_EXCEEDED")],
     );
     assert_eq!(
-        deadline_exceeded as usize,
+        deadline_exceeded.unwrap_or(0.0) as usize,
         outcomes.get("DeadlineExceeded").copied().unwrap_or(0)
     );
 

@@ -1,5 +1,6 @@
 //! A plain HTTP/1.1 client for the tests of tumbler's HTTP port (metrics,
-//! health, dashboard): one request per fresh connection, the whole reply.
+//! health, dashboard): one request per fresh connection, the whole reply;
+//! and reading samples off the /metrics page.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -89,4 +90,32 @@ pub async fn fetch(
 /// `GET path`: (status, body).
 pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     http(addr, "GET", path, &[], "").await
+}
+
+/// The value of the sample `name{labels}` (labels in any order), if any.
+pub fn sample(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    page.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (metric, rest) = match series.split_once('{') {
+            Some((metric, rest)) => (metric, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        let found: Vec<&str> = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split(',').collect()
+        };
+        let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        (metric == name
+            && found.len() == wanted.len()
+            && wanted.iter().all(|w| found.contains(&w.as_str())))
+        .then(|| value.parse().unwrap())
+    })
+}
+
+/// The /metrics page.
+pub async fn scrape(addr: SocketAddr) -> String {
+    let (status, page) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    page
 }
