@@ -137,6 +137,18 @@ async fn release_namespace(
         .unwrap();
 }
 
+/// A server on `redis_url` with this file's shard count.
+async fn server_with_shards(redis_url: &str) -> TestServer {
+    TestServer::start_with(
+        redis_url,
+        tumbler::config::ServiceArgs {
+            shards: SHARDS,
+            ..service_args()
+        },
+    )
+    .await
+}
+
 async fn inspect_in(
     client: &mut LockServiceClient<Channel>,
     namespace: &str,
@@ -380,14 +392,7 @@ async fn every_rpc(client: &mut LockServiceClient<Channel>, namespace: &str, nam
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_never_depend_on_input() {
     let redis = start_redis();
-    let server = TestServer::start_with(
-        &redis.url(),
-        tumbler::config::ServiceArgs {
-            shards: SHARDS,
-            ..service_args()
-        },
-    )
-    .await;
+    let server = server_with_shards(&redis.url()).await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
     let _: () = redis::cmd("SCRIPT")
@@ -443,14 +448,7 @@ async fn scripts_never_depend_on_input() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_names_stay_in_their_shard_and_namespace() {
     let redis = start_redis();
-    let server = TestServer::start_with(
-        &redis.url(),
-        tumbler::config::ServiceArgs {
-            shards: SHARDS,
-            ..service_args()
-        },
-    )
-    .await;
+    let server = server_with_shards(&redis.url()).await;
     let layout = Layout::new(PREFIX, SHARDS);
     let mut client = server.client().await;
     let names = hostile_names();
