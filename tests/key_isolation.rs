@@ -137,18 +137,6 @@ async fn release_namespace(
         .unwrap();
 }
 
-/// A server on `redis_url` with this file's shard count.
-async fn server_with_shards(redis_url: &str) -> TestServer {
-    TestServer::start_with(
-        redis_url,
-        tumbler::config::ServiceArgs {
-            shards: SHARDS,
-            ..service_args()
-        },
-    )
-    .await
-}
-
 async fn inspect_in(
     client: &mut LockServiceClient<Channel>,
     namespace: &str,
@@ -392,7 +380,7 @@ async fn every_rpc(client: &mut LockServiceClient<Channel>, namespace: &str, nam
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_never_depend_on_input() {
     let redis = start_redis();
-    let server = server_with_shards(&redis.url()).await;
+    let server = TestServer::start_with_shards(&redis.url(), SHARDS).await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
     let _: () = redis::cmd("SCRIPT")
@@ -448,7 +436,7 @@ async fn scripts_never_depend_on_input() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_names_stay_in_their_shard_and_namespace() {
     let redis = start_redis();
-    let server = server_with_shards(&redis.url()).await;
+    let server = TestServer::start_with_shards(&redis.url(), SHARDS).await;
     let layout = Layout::new(PREFIX, SHARDS);
     let mut client = server.client().await;
     let names = hostile_names();

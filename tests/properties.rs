@@ -827,17 +827,9 @@ fn random_requests_get_ok_or_invalid_argument_naming_the_broken_field() {
         .unwrap();
     let redis = start_redis();
     let (server, clients) = rt.block_on(async {
-        let server = TestServer::start_with(
-            &redis.url(),
-            tumbler::config::ServiceArgs {
-                shards: SHARDS,
-                ..service_args()
-            },
-        )
-        .await;
-        // One connection per request of a batch: concurrent requests on one
-        // connection wait for delayed ACKs (~40 ms) while the server's
-        // sockets lack TCP_NODELAY, which would only slow this test down.
+        let server = TestServer::start_with_shards(&redis.url(), SHARDS).await;
+        // One connection per request of a batch, as separate clients
+        // would have.
         let mut clients = Vec::new();
         for _ in 0..MAX_BATCH {
             clients.push(server.client().await);
@@ -1013,14 +1005,7 @@ fn tampered_page_tokens_never_reach_another_namespace() {
         .unwrap();
     let redis = start_redis();
     let (server, mut client, tokens) = rt.block_on(async {
-        let server = TestServer::start_with(
-            &redis.url(),
-            tumbler::config::ServiceArgs {
-                shards: SHARDS,
-                ..service_args()
-            },
-        )
-        .await;
+        let server = TestServer::start_with_shards(&redis.url(), SHARDS).await;
         let mut client = server.client().await;
         for ns in ["ta", "tb"] {
             for i in 0..40 {

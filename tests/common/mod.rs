@@ -55,6 +55,18 @@ impl TestServer {
         Self::start_with(redis_url, service_args()).await
     }
 
+    /// [`Self::start`] with `shards` shards per namespace.
+    pub async fn start_with_shards(redis_url: &str, shards: u32) -> Self {
+        Self::start_with(
+            redis_url,
+            ServiceArgs {
+                shards,
+                ..service_args()
+            },
+        )
+        .await
+    }
+
     /// Starts a server and waits until it reports SERVING.
     pub async fn start_with(redis_url: &str, args: ServiceArgs) -> Self {
         let server = Self::spawn(redis_url, args).await;
