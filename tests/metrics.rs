@@ -178,3 +178,57 @@ async fn redis_errors_are_counted_once_redis_is_back() {
     }
     assert_eq!(errors, 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinds_past_the_cap_of_one_shard_minute_are_counted_as_other() {
+    // The scripts keep at most this many kind|event fields per shard-minute.
+    const CAP: usize = 512;
+    const KINDS: usize = CAP + 8;
+    let redis = start_redis();
+    let server = TestServer::start_with_shards(&redis.url(), 1).await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    // The cap is per minute: a run that crosses a minute boundary is
+    // repeated in a fresh namespace.
+    for attempt in 0..3 {
+        let namespace = format!("cap-{attempt}");
+        let minute = |conn: &mut redis::aio::MultiplexedConnection| {
+            let mut conn = conn.clone();
+            async move {
+                let (secs, _): (i64, i64) =
+                    redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+                secs / 60
+            }
+        };
+        let started = minute(&mut conn).await;
+        for i in 0..KINDS {
+            let reply = client
+                .acquire(proto::AcquireRequest {
+                    namespace: namespace.clone(),
+                    ..kinded(&format!("lock-{i}"), "h", &format!("k{i}"))
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(reply.status(), AcquireStatus::Acquired);
+        }
+        if minute(&mut conn).await != started {
+            continue;
+        }
+        let metrics = client
+            .metrics(proto::MetricsRequest {
+                namespace,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let named = metrics.totals.iter().filter(|r| r.kind != "other").count();
+        let other = metrics.totals.iter().find(|r| r.kind == "other");
+        assert_eq!(named, CAP);
+        assert_eq!(other.map(|r| r.acquired), Some((KINDS - CAP) as u64));
+        assert_eq!(metrics.overall.unwrap().acquired, KINDS as u64);
+        return;
+    }
+    panic!("three runs in a row crossed a minute boundary");
+}
