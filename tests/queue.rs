@@ -557,3 +557,35 @@ async fn a_replica_shutting_down_answers_its_waiters_unavailable() {
     shutdown.await.unwrap().unwrap();
     until_queued(&mut client, "rollout", 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_waiter_whose_queue_entry_was_removed_rejoins_and_is_granted() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    client.acquire(acquire("dropped", "holder")).await.unwrap();
+    let waiter = spawn_wait(
+        server.client().await,
+        proto::AcquireRequest {
+            queue_ttl_ms: Some(600),
+            ..wait_for("dropped", "waiter", 10_000)
+        },
+    );
+    until_queued(&mut client, "dropped", 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // An operator's reap drops the old grant and the waiter's queue entry
+    // while its RPC is still open; nothing wakes it but its replica's next
+    // refresh, which finds the entry gone.
+    let counts = client
+        .reap(proto::ReapRequest {
+            older_than_ms: Some(200),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((counts.old_grants, counts.old_waiters), (1, 1));
+    let reply = waiter.await.unwrap().unwrap();
+    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    assert_eq!(reply.grant.unwrap().holder, "waiter");
+}
