@@ -95,8 +95,7 @@ fn lock_key_kinds(keys: &[String]) -> std::collections::BTreeMap<&'static str, u
     for key in keys {
         let after_tag = key.split_once("}:").map_or("", |(_, rest)| rest);
         let kind = match after_tag.get(..2) {
-            Some("h:") => "h (holders)",
-            Some("i:") => "i (info)",
+            Some("l:") => "l (lock)",
             Some("q:") => "q (queue)",
             Some("d:") => "d (deadlines)",
             _ => continue,
@@ -193,8 +192,8 @@ async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
     let kinds = lock_key_kinds(&held_keys);
     let sample = held_keys
         .iter()
-        .filter(|k| k.contains("}:h:") || k.contains("}:i:"))
-        .take(200)
+        .filter(|k| k.contains("}:l:"))
+        .take(100)
         .collect::<Vec<_>>();
     let mut usage = 0i64;
     for key in &sample {
@@ -206,7 +205,7 @@ async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
             .unwrap();
         usage += bytes.unwrap_or(0);
     }
-    let usage_per_lock = usage as f64 / (sample.len() as f64 / 2.0);
+    let usage_per_lock = usage as f64 / sample.len() as f64;
 
     // Waiting requests: `waiters_per_lock` on each of `waited_locks` locks
     // held by someone else.
@@ -296,8 +295,8 @@ async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
     println!("| --- | ---: |");
     println!("| INFO used_memory delta per held lock | {per_lock:.0} bytes |");
     println!(
-        "| MEMORY USAGE of a lock's own keys (h + i), mean of {} locks | {usage_per_lock:.0} bytes |",
-        sample.len() / 2
+        "| MEMORY USAGE of a lock's own key (l), mean of {} locks | {usage_per_lock:.0} bytes |",
+        sample.len()
     );
     println!("| INFO used_memory delta per waiting request | {per_waiter:.0} bytes |");
     println!(

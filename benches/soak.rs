@@ -27,8 +27,7 @@ mod common;
 /// the running replica for as long as it runs) is not the load's.
 fn is_load_lock_key(key: &str) -> bool {
     let rest = key.split_once("}:").map_or("", |(_, r)| r);
-    !key.contains("{tumbler-system:")
-        && ["h:", "i:", "q:", "d:"].iter().any(|p| rest.starts_with(p))
+    !key.contains("{tumbler-system:") && ["l:", "q:", "d:"].iter().any(|p| rest.starts_with(p))
 }
 
 /// Keys of the load's locks, and all keys, by SCAN.
@@ -286,7 +285,7 @@ async fn main() {
                     .query_async(&mut conn)
                     .await
                     .unwrap();
-                let dump: redis::Value = if key.contains("}:i:") {
+                let dump: redis::Value = if key.contains("}:l:") {
                     redis::cmd("HGETALL")
                         .arg(key)
                         .query_async(&mut conn)

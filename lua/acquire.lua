@@ -11,42 +11,37 @@
 local holder, limit, ttl = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local waiting, fair, priority = ARGV[8] == 'wait', ARGV[9] == '1', tonumber(ARGV[10])
 local now, now_us = redis_now()
+load_lock(holder)
 
 -- 1. Expired leases and dead waiters stop counting before anything is decided.
 local changed = purge_expired(now) + purge_dead_waiters(now) > 0
 
 -- 2. A holder with a live grant gets that same grant back (idempotent retry).
-local existing = redis.call('HGET', INFO, 'g:' .. holder)
-if existing then
+if L.mine then
+  local expires, record = split_grant(L.mine)
   if changed then
     settle()
     wake_eligible()
   end
-  local expires = tonumber(redis.call('ZSCORE', HOLDERS, holder))
-  return {2, existing, expires, redis.call('ZCARD', HOLDERS), 0, 0, now}
+  return {2, record, expires, L.n, 0, 0, now}
 end
 
 -- 2b. A lock this shard does not know yet counts against the namespace's
 --     lock limit; at the limit it is refused before anything is written.
 local max_locks = tonumber(ARGV[14])
-if max_locks > 0 and not redis.call('ZSCORE', NAMES, LOCK_NAME)
-    and redis.call('ZCARD', NAMES) >= max_locks then
-  if changed then
-    settle()
-    wake_eligible()
-  end
+if max_locks > 0 and not L.exists and redis.call('ZCARD', NAMES) >= max_locks then
   return {-2, '', 0, 0, 0, 0, now}
 end
 
 -- 3. Its place: how many live requests go before it. Fair requests queue
 --    behind everyone of their priority or higher; barging ones do not.
-local held = redis.call('ZCARD', HOLDERS)
+local held = L.n
 local free = limit - held
-local queued_order = redis.call('ZSCORE', QUEUE, holder)
+local queued_order = queue_head() and redis.call('ZSCORE', QUEUE, holder)
 local ahead = 0
 if fair and queued_order then
   ahead = redis.call('ZCOUNT', QUEUE, '-inf', '(' .. queued_order)
-elseif fair then
+elseif fair and queue_head() then
   ahead = redis.call('ZCOUNT', QUEUE, '-inf', '(' .. int((PRIORITY_MAX - priority + 1) * ARRIVALS))
 end
 
@@ -59,14 +54,30 @@ if free > 0 and ahead == 0 then
     drop_waiter(holder)
   end
   local slot = 1
-  while redis.call('HEXISTS', INFO, 's:' .. slot) == 1 do
-    slot = slot + 1
+  if held > 0 then
+    local fields = {}
+    for s = 1, held + 1 do
+      fields[s] = 's:' .. int(s)
+    end
+    for s, taken in ipairs(hmget_all(fields)) do
+      if not taken then
+        slot = s
+        break
+      end
+    end
   end
   local token = next_token(now_us)
   local expires = now + ttl
   local record = string.format('%d|%d|%d|%d|%s|%s', token, slot, now, ttl, ARGV[6], ARGV[7])
-  redis.call('ZADD', HOLDERS, expires, holder)
-  redis.call('HSET', INFO, 'g:' .. holder, record, 's:' .. slot, holder, 'limit', limit)
+  L.n, L.limit, L.top = held + 1, limit, math.max(L.top, slot)
+  L.e = held > 0 and math.min(L.e, expires) or expires
+  change('g:' .. holder, int(expires) .. '|' .. record)
+  change('s:' .. int(slot), holder)
+  change('n', int(L.n))
+  change('e', int(L.e))
+  change('top', int(L.top))
+  change('limit', ARGV[4])
+  keep_keys_until(expires)
   local next_expiry = settle()
   count(ARGV[6], 'acquired')
   emit('acquired', holder, int(token))
@@ -74,18 +85,16 @@ if free > 0 and ahead == 0 then
   if free > 1 then
     wake_eligible()
   end
-  return {1, record, expires, held + 1, next_expiry, 0, now}
+  return {1, record, expires, L.n, next_expiry, 0, now}
 end
 
 -- 5. Not granted, trying once: nothing is queued.
 if not waiting then
   count(ARGV[6], 'denied')
-  local next_expiry
+  local next_expiry = L.n > 0 and L.e or 0
   if changed then
     next_expiry = settle()
     wake_eligible()
-  else
-    next_expiry = tonumber(redis.call('ZRANGE', HOLDERS, 0, 0, 'WITHSCORES')[2] or 0)
   end
   return {0, '', 0, held, next_expiry, 0, now}
 end
@@ -93,21 +102,25 @@ end
 -- 6. Not granted, waiting: join the queue once (arrival order from the
 --    lock's counter), then keep the request alive for queue_ttl_ms.
 if not queued_order then
-  if redis.call('ZCARD', QUEUE) >= tonumber(ARGV[13]) then
+  if queue_head() and redis.call('ZCARD', QUEUE) >= tonumber(ARGV[13]) then
     if changed then
       settle()
       wake_eligible()
     end
     return {-1, '', 0, held, 0, 0, now}
   end
-  local arrival = redis.call('HINCRBY', INFO, 'seq', 1)
+  L.queue_fresh = not queue_head()
+  local arrival = redis.call('HINCRBY', LOCK, 'seq', '1')
   redis.call('ZADD', QUEUE, int((PRIORITY_MAX - priority) * ARRIVALS + arrival), holder)
-  local fair_flag = fair and '1' or '0'
   local wait_deadline = now + tonumber(ARGV[12])
-  redis.call('HSET', INFO, 'w:' .. holder, string.format('%d|%d|%d|%s|%s', priority, now, wait_deadline, fair_flag, ARGV[6]))
+  redis.call('HSET', LOCK, 'w:' .. holder,
+    string.format('%d|%d|%d|%s|%s', priority, now, wait_deadline, fair and '1' or '0', ARGV[6]))
+  queue_changed()
   emit('queued', holder)
 end
-redis.call('ZADD', DEADLINES, now + tonumber(ARGV[11]), holder)
+local deadline = now + tonumber(ARGV[11])
+redis.call('ZADD', DEADLINES, int(deadline), holder)
+keep_keys_until(deadline)
 
 -- 7. Key TTLs, the index, and a wake-up when expiries freed permits.
 local next_expiry = settle()

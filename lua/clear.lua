@@ -3,16 +3,16 @@
 -- KEYS: 1 index, 2 names, 3 fence (a shard script)
 -- ARGV: 3 shard key prefix, 4 most locks per call
 -- Returns {locks cleared, grants released, requests dropped, 1 if more remain}
-local shard, most = ARGV[3], tonumber(ARGV[4])
+local shard = ARGV[3]
 local locks, grants, requests = 0, 0, 0
 
 -- 1. The first locks by name (each call removes what it visits).
-for _, name in ipairs(redis.call('ZRANGE', NAMES, 0, most - 1)) do
+for _, name in ipairs(redis.call('ZRANGE', NAMES, '0', int(tonumber(ARGV[4]) - 1))) do
   use_lock(shard, name)
   -- 2. Count what goes, then delete the lock's keys and index entries.
-  grants = grants + redis.call('ZCARD', HOLDERS)
+  grants = grants + tonumber(redis.call('HGET', LOCK, 'n') or '0')
   requests = requests + redis.call('ZCARD', QUEUE)
-  redis.call('DEL', HOLDERS, INFO, QUEUE, DEADLINES)
+  redis.call('DEL', LOCK, QUEUE, DEADLINES)
   redis.call('ZREM', INDEX, name)
   redis.call('ZREM', NAMES, name)
   locks = locks + 1

@@ -2,41 +2,42 @@
 -- in front of each operation script before loading). It holds the steps
 -- that several operations share, so each operation reads top to bottom.
 --
--- A script on one lock gets seven keys, all with the shard's hash tag, so
--- one script touches one cluster slot:
---   KEYS[1] holders   ZSET holder id -> lease expiry (ms, Redis clock)
---   KEYS[2] info      HASH 'g:<holder>' -> grant record, 's:<slot>' -> holder,
---                          'w:<id>' -> waiter record, 'limit' -> limit of
---                          the latest grant, 'seq' -> arrival counter
---   KEYS[3] queue     ZSET waiting request id -> order (priority, arrival)
---   KEYS[4] deadlines ZSET waiting request id -> liveness deadline (ms)
---   KEYS[5] index     ZSET (per shard) lock name -> next time something in it expires
---   KEYS[6] names     ZSET (per shard) lock name -> 0, in name order (listing)
---   KEYS[7] fence     STRING (per shard) last fencing token
+-- Key layout v2. A script on one lock gets six keys, all with the shard's
+-- hash tag, so one script touches one cluster slot:
+--   KEYS[1] lock      HASH, the whole lock in one key:
+--                       'g:<holder>' -> grant (below), 's:<slot>' -> holder,
+--                       'n' -> holders, 'e' -> no lease ends before this (ms),
+--                       'top' -> highest slot handed out since the key appeared,
+--                       'limit' -> limit of the latest grant,
+--                       'w:<id>' -> waiter record, 'seq' -> arrival counter
+--   KEYS[2] queue     ZSET waiting request id -> order (priority, arrival);
+--                       exists only while someone waits
+--   KEYS[3] deadlines ZSET waiting request id -> liveness deadline (ms); with the queue
+--   KEYS[4] index     ZSET (per shard) lock name -> next time something in it expires
+--   KEYS[5] names     ZSET (per shard) lock name -> 0, in name order (listing)
+--   KEYS[6] fence     STRING (per shard) last fencing token
 --   ARGV[1] the lock's name, ARGV[2] the wake-up channel
 -- Each shard also has per-minute counters, '<shard>:m:<minute ms>' HASH
 -- 'kind|event' -> count, kept for METRICS_RETENTION_MS.
--- A script that walks a shard (list, reap, clear) gets only KEYS[1] index,
--- KEYS[2] names, KEYS[3] fence, and points the shared steps at each lock
--- it visits with use_lock (the lock keys it derives carry the same tag).
--- A grant record is 'token|slot|acquired_at_ms|ttl_ms|kind|metadata_json';
--- a waiter record is 'priority|enqueued_at_ms|wait_deadline_ms|fair|kind'.
+-- A script that walks a shard (list, reap, clear, renew) gets only KEYS[1]
+-- index, KEYS[2] names, KEYS[3] fence, and points the shared steps at each
+-- lock it visits with use_lock (the lock keys it derives carry the same tag).
+--
+-- A grant is stored as 'expires_at_ms|token|slot|acquired_at_ms|ttl_ms|kind|metadata_json';
+-- scripts answer with its record, the same without 'expires_at_ms|'.
+-- A waiter record is 'priority|enqueued_at_ms|wait_deadline_ms|fair|kind'.
+--
+-- Numbers cross into Redis as decimal text made here (int, or literals in
+-- quotes): a Lua number handed to redis.call is printed with '%.14g', which
+-- is both slow and, past 14 digits, wrong.
 
-local HOLDERS, INFO, QUEUE, DEADLINES, INDEX, NAMES, FENCE
+local LOCK, QUEUE, DEADLINES, INDEX, NAMES, FENCE
 if #KEYS == 3 then
   INDEX, NAMES, FENCE = KEYS[1], KEYS[2], KEYS[3]
 else
-  HOLDERS, INFO, QUEUE, DEADLINES, INDEX, NAMES, FENCE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+  LOCK, QUEUE, DEADLINES, INDEX, NAMES, FENCE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 end
 local LOCK_NAME, WAKE_CHANNEL = ARGV[1], ARGV[2]
-
--- Point the shared steps at one lock of the shard whose keys start with
--- `shard` ('<prefix>:{<namespace>:<shard>}').
-local function use_lock(shard, name)
-  HOLDERS, INFO = shard .. ':h:' .. name, shard .. ':i:' .. name
-  QUEUE, DEADLINES = shard .. ':q:' .. name, shard .. ':d:' .. name
-  LOCK_NAME = name
-end
 
 -- The shard's key prefix '<prefix>:{<namespace>:<shard>}' (its index key
 -- without ':index'), for keys that belong to the whole shard.
@@ -45,7 +46,7 @@ local SHARD = string.sub(INDEX, 1, -7)
 -- How long per-minute counters are kept, and how many distinct
 -- 'kind|event' fields one shard-minute may hold before further kinds are
 -- counted as 'other' (kinds are metrics labels: their number stays bounded).
-local METRICS_RETENTION_MS = 24 * 3600 * 1000
+local METRICS_RETENTION_MS = '86400000'
 local METRICS_MAX_FIELDS = 512
 
 -- How long a lock's keys outlive its last lease or waiter deadline, so
@@ -55,12 +56,16 @@ local KEY_GRACE_MS = 60 * 1000
 
 -- How long an idle shard keeps its fencing counter. Losing it is safe:
 -- tokens never fall below the Redis clock in microseconds (next_token).
-local FENCE_IDLE_TTL_MS = 7 * 24 * 3600 * 1000
+local FENCE_IDLE_TTL_MS = '604800000'
 
 -- Queue order: higher priority first, then arrival. Priorities span
 -- -1000..1000 and arrivals stay below 2^42, so scores stay exact doubles.
 local PRIORITY_MAX = 1000
 local ARRIVALS = 4398046511104 -- 2^42
+
+-- Fields per HMGET/HDEL call when a step walks every slot of a lock, to
+-- keep argument lists well inside Lua's stack.
+local BATCH = 500
 
 -- Integers as exact decimal text (Lua's own tostring keeps 14 digits).
 local function int(n)
@@ -98,14 +103,21 @@ local function count(kind, event, n)
   local field = kind .. '|' .. event
   -- Most counts add to a field the minute already has: one call. Only a
   -- new field (and so a new key) needs the cap check and the expiry.
-  if redis.call('HINCRBY', key, field, n) ~= n then
+  if redis.call('HINCRBY', key, field, int(n)) ~= n then
     return
   end
   if redis.call('HLEN', key) > METRICS_MAX_FIELDS then
     redis.call('HDEL', key, field)
-    redis.call('HINCRBY', key, 'other|' .. event, n)
+    redis.call('HINCRBY', key, 'other|' .. event, int(n))
   end
   redis.call('PEXPIRE', key, METRICS_RETENTION_MS)
+end
+
+-- A stored grant as (lease expiry, public record). The record's fields:
+-- token, slot, acquired_at, ttl, kind, metadata.
+local function split_grant(stored)
+  local expires, record = string.match(stored, '^(%d+)|(.*)$')
+  return tonumber(expires), record
 end
 
 -- The kind inside a grant record.
@@ -124,44 +136,160 @@ local function record_slot(record)
   return string.match(record, '^%d+|(%d+)|')
 end
 
--- Remove one holder's grant: its record, its slot and its lease.
+-- The kind inside a waiter record.
+local function waiter_kind(record)
+  return string.match(record or '', '|([^|]*)$') or 'default'
+end
+
+-- Point the shared steps at one lock of the shard whose keys start with
+-- `shard` ('<prefix>:{<namespace>:<shard>}').
+local function use_lock(shard, name)
+  LOCK, QUEUE, DEADLINES = shard .. ':l:' .. name, shard .. ':q:' .. name, shard .. ':d:' .. name
+  LOCK_NAME = name
+end
+
+-- The lock as this script sees it, read once by load_lock and kept up to
+-- date by the steps below; settle writes what changed.
+--   n, e, top, limit: the hash's fields (0 when absent; limit 1)
+--   exists:   the lock's hash existed when the script began
+--   mine:     the stored grant of the holder load_lock was asked about
+--   changes:  fields to write back in settle ('n', 'e', ... and grants)
+--   keep_until: the keys must live at least until then (0: no new need)
+--   queue_known, head: the first waiting request, once looked up
+--   queue_fresh: this script made the queue keys (they have no TTL yet)
+local L
+
+local function load_lock(holder)
+  local v = redis.call('HMGET', LOCK, 'n', 'e', 'top', 'limit', 'seq', 'g:' .. (holder or ''))
+  L = {
+    n = tonumber(v[1] or '0'), e = tonumber(v[2] or '0'), top = tonumber(v[3] or '0'),
+    limit = tonumber(v[4] or '1'), exists = (v[1] or v[5]) and true or false,
+    holder = holder, mine = v[6] or nil, changes = {}, keep_until = 0,
+    queue_known = false, head = nil, queue_fresh = false,
+  }
+  return L
+end
+
+-- Queue a field for settle's one HSET.
+local function change(field, value)
+  table.insert(L.changes, field)
+  table.insert(L.changes, value)
+end
+
+-- The id of the first waiting request, or nil when nobody waits (one call
+-- the first time, then remembered until the queue changes).
+local function queue_head()
+  if not L.queue_known then
+    L.head = redis.call('ZRANGE', QUEUE, '0', '0')[1]
+    L.queue_known = true
+  end
+  return L.head
+end
+
+local function queue_changed()
+  L.queue_known = false
+end
+
+-- The keys must outlive a new lease or waiter deadline by the grace.
+local function keep_keys_until(at)
+  L.keep_until = math.max(L.keep_until, at + KEY_GRACE_MS)
+end
+
+-- HMGET of many fields, in batches.
+local function hmget_all(fields)
+  local values = {}
+  for first = 1, #fields, BATCH do
+    local part = redis.call('HMGET', LOCK, unpack(fields, first, math.min(first + BATCH - 1, #fields)))
+    for _, value in ipairs(part) do
+      table.insert(values, value)
+    end
+  end
+  return values
+end
+
+-- Every holder of the lock, expired or not: {{holder, expires, record}, ...}
+-- in slot order. Walks slots 1..top: two calls whatever the count.
+local function all_grants()
+  if L.n == 0 or L.top == 0 then
+    return {}
+  end
+  local slots = {}
+  for slot = 1, L.top do
+    slots[slot] = 's:' .. int(slot)
+  end
+  local holders, fields = {}, {}
+  for _, holder in ipairs(hmget_all(slots)) do
+    if holder then
+      table.insert(holders, holder)
+      table.insert(fields, 'g:' .. holder)
+    end
+  end
+  local grants = {}
+  for i, stored in ipairs(hmget_all(fields)) do
+    if stored then
+      local expires, record = split_grant(stored)
+      table.insert(grants, {holders[i], expires, record})
+    end
+  end
+  return grants
+end
+
+-- Remove one holder's grant: its record and its slot.
 local function drop_grant(holder, record)
-  redis.call('HDEL', INFO, 'g:' .. holder, 's:' .. record_slot(record))
-  redis.call('ZREM', HOLDERS, holder)
+  redis.call('HDEL', LOCK, 'g:' .. holder, 's:' .. record_slot(record))
+  L.n = L.n - 1
+  if L.n == 0 then
+    L.e = 0
+  end
+  change('n', int(L.n))
+  if holder == L.holder then
+    L.mine = nil
+  end
 end
 
 -- Holders whose lease has passed stop counting now: drop their grants
--- (each counted as 'expired'). Returns how many were dropped.
+-- (each counted as 'expired'). Nothing to do while the earliest possible
+-- expiry 'e' lies ahead; otherwise every grant is looked at once and 'e'
+-- becomes exact again. Returns how many were dropped.
 local function purge_expired(now)
-  local expired = redis.call('ZRANGEBYSCORE', HOLDERS, '-inf', now)
-  for _, holder in ipairs(expired) do
-    local record = redis.call('HGET', INFO, 'g:' .. holder)
-    if record then
+  if L.n == 0 or L.e > now then
+    return 0
+  end
+  local dropped, earliest = 0, nil
+  for _, grant in ipairs(all_grants()) do
+    local holder, expires, record = grant[1], grant[2], grant[3]
+    if expires <= now then
       drop_grant(holder, record)
       count(record_kind(record), 'expired')
       emit('expired', holder, record_token(record))
-    else
-      redis.call('ZREM', HOLDERS, holder)
+      dropped = dropped + 1
+    elseif not earliest or expires < earliest then
+      earliest = expires
     end
   end
-  return #expired
+  L.e = earliest or 0
+  change('e', int(L.e))
+  return dropped
 end
 
 -- Remove one waiting request from the queue.
 local function drop_waiter(id)
   redis.call('ZREM', QUEUE, id)
   redis.call('ZREM', DEADLINES, id)
-  redis.call('HDEL', INFO, 'w:' .. id)
+  redis.call('HDEL', LOCK, 'w:' .. id)
+  queue_changed()
 end
 
 -- Waiting requests whose replica stopped refreshing them (crashed, cut
 -- off) are dead: they leave the queue instead of holding it up (each
 -- counted as 'reaped'). Returns how many were removed.
 local function purge_dead_waiters(now)
-  local dead = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', now)
+  if not queue_head() then
+    return 0
+  end
+  local dead = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', int(now))
   for _, id in ipairs(dead) do
-    local record = redis.call('HGET', INFO, 'w:' .. id) or ''
-    count(string.match(record, '|([^|]*)$') or 'default', 'reaped')
+    count(waiter_kind(redis.call('HGET', LOCK, 'w:' .. id)), 'reaped')
     emit('dequeued', id)
     drop_waiter(id)
   end
@@ -172,15 +300,9 @@ end
 -- '<queue key>\n<id>' that every replica receives and hands to its own
 -- waiter. The head, once granted, wakes the next one while permits remain.
 local function wake_eligible()
-  -- An empty queue (the common case) needs no more than this one call.
-  local head = redis.call('ZRANGE', QUEUE, 0, 0)
-  if #head == 0 then
-    return
-  end
-  local held = redis.call('ZCARD', HOLDERS)
-  local free = tonumber(redis.call('HGET', INFO, 'limit') or '1') - held
-  if free > 0 then
-    redis.call('PUBLISH', WAKE_CHANNEL, QUEUE .. '\n' .. head[1])
+  local head = queue_head()
+  if head and L.limit - L.n > 0 then
+    redis.call('PUBLISH', WAKE_CHANNEL, QUEUE .. '\n' .. head)
   end
 end
 
@@ -189,48 +311,54 @@ end
 local function expire_no_sooner(key, at)
   -- GT sets a later expiry in one call (the usual case: the newest lock
   -- lives longest); it leaves a key without TTL alone, which gets one here.
-  if redis.call('PEXPIREAT', key, int(at), 'GT') == 0 and redis.call('PTTL', key) == -1 then
-    redis.call('PEXPIREAT', key, int(at))
+  if redis.call('PEXPIREAT', key, at, 'GT') == 0 and redis.call('PTTL', key) == -1 then
+    redis.call('PEXPIREAT', key, at)
   end
 end
 
 -- After any change: a lock nobody holds or waits for leaves no key behind
--- (nor an entry in the shard's indexes); otherwise its keys expire a grace
--- period after the last lease or waiter deadline (so Redis cleans up even
--- if nothing touches the lock again), the expiry index records the next time something in it
--- expires, and the name index lists it. Both indexes live as long as their
--- longest-lived lock.
--- Returns the earliest lease expiry, or 0 when nobody holds the lock.
+-- (nor an entry in the shard's indexes). Otherwise the changed fields are
+-- written in one call, the keys outlive every lease and waiter deadline by
+-- the grace (TTLs only ever grow), the expiry index records the next time
+-- something in the lock may expire, and the name index lists it. Both
+-- indexes live as long as their longest-lived lock.
+-- Returns the earliest possible lease expiry, or 0 when nobody holds it.
 local function settle()
-  local last_lease = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
-  local last_waiter = redis.call('ZRANGE', DEADLINES, -1, -1, 'WITHSCORES')
-  if #last_lease == 0 and #last_waiter == 0 then
-    redis.call('DEL', HOLDERS, INFO, QUEUE, DEADLINES)
-    redis.call('ZREM', INDEX, LOCK_NAME)
-    redis.call('ZREM', NAMES, LOCK_NAME)
+  local head = queue_head()
+  if L.n == 0 and not head then
+    if L.exists or #L.changes > 0 then
+      redis.call('DEL', LOCK, QUEUE, DEADLINES)
+      redis.call('ZREM', INDEX, LOCK_NAME)
+      redis.call('ZREM', NAMES, LOCK_NAME)
+    end
     return 0
   end
-  local last_deadline = math.max(tonumber(last_lease[2] or 0), tonumber(last_waiter[2] or 0))
-  local keep_until = last_deadline + KEY_GRACE_MS
-  -- The queue and its deadlines exist only while someone waits (both go
-  -- together): with nobody waiting they need neither a look nor a TTL.
-  local keys, first_lease, first_waiter = {HOLDERS, INFO}, last_lease, last_waiter
-  if #last_waiter > 0 then
-    keys = {HOLDERS, INFO, QUEUE, DEADLINES}
-    first_waiter = redis.call('ZRANGE', DEADLINES, 0, 0, 'WITHSCORES')
+  if #L.changes > 0 then
+    redis.call('HSET', LOCK, unpack(L.changes))
+    L.changes = {}
   end
-  if #last_lease > 0 then
-    first_lease = redis.call('ZRANGE', HOLDERS, 0, 0, 'WITHSCORES')
+  local next_event = L.n > 0 and L.e or nil
+  if head then
+    local first_waiter = tonumber(redis.call('ZRANGE', DEADLINES, '0', '0', 'WITHSCORES')[2])
+    next_event = math.min(next_event or first_waiter, first_waiter)
   end
-  for _, key in ipairs(keys) do
-    redis.call('PEXPIREAT', key, int(keep_until))
-  end
-  local next_event = math.min(tonumber(first_lease[2] or last_deadline), tonumber(first_waiter[2] or last_deadline))
   redis.call('ZADD', INDEX, int(next_event), LOCK_NAME)
-  redis.call('ZADD', NAMES, 0, LOCK_NAME)
-  expire_no_sooner(INDEX, keep_until)
-  expire_no_sooner(NAMES, keep_until)
-  return tonumber(first_lease[2] or 0)
+  if not L.exists then
+    redis.call('ZADD', NAMES, '0', LOCK_NAME)
+  end
+  if L.keep_until > 0 then
+    local at = int(L.keep_until)
+    -- A key made by this very script has no TTL yet: GT would leave it so.
+    redis.call('PEXPIREAT', LOCK, at, L.exists and 'GT' or 'NX')
+    if head then
+      local option = L.queue_fresh and 'NX' or 'GT'
+      redis.call('PEXPIREAT', QUEUE, at, option)
+      redis.call('PEXPIREAT', DEADLINES, at, option)
+    end
+    expire_no_sooner(INDEX, at)
+    expire_no_sooner(NAMES, at)
+  end
+  return L.n > 0 and L.e or 0
 end
 
 -- The next fencing token of the shard: one more than the last one, and

@@ -4,17 +4,17 @@
 -- Returns the position it had (1-based), or 0 when it was not queued.
 local id = ARGV[3]
 local now = redis_now()
+load_lock()
 
 -- 1. Expired leases and dead waiters leave too.
 purge_expired(now)
 purge_dead_waiters(now)
 
 -- 2. Leave the queue.
-local rank = redis.call('ZRANK', QUEUE, id)
+local rank = queue_head() and redis.call('ZRANK', QUEUE, id)
 if rank then
   if ARGV[4] == 'timeout' then
-    local record = redis.call('HGET', INFO, 'w:' .. id) or ''
-    count(string.match(record, '|([^|]*)$') or 'default', 'timed_out')
+    count(waiter_kind(redis.call('HGET', LOCK, 'w:' .. id)), 'timed_out')
   end
   emit('dequeued', id)
   drop_waiter(id)

@@ -3,12 +3,13 @@
 -- Returns {1, grant record, expires_at} = extended, {0, '', 0} = not held
 local holder, token = ARGV[3], ARGV[4]
 local now = redis_now()
+load_lock(holder)
 
 -- 1. An expired lease cannot be extended: it is already lost.
 local changed = purge_expired(now) + purge_dead_waiters(now) > 0
 
 -- 2. Only a live grant of this holder (with this token, if given).
-local record = redis.call('HGET', INFO, 'g:' .. holder)
+local record = L.mine and select(2, split_grant(L.mine))
 if not record or (token ~= '' and record_token(record) ~= token) then
   if changed then
     settle()
@@ -22,8 +23,11 @@ local head, old_ttl, tail = string.match(record, '^(%d+|%d+|%d+|)(%d+)(|.*)$')
 local ttl = ARGV[5] ~= '' and ARGV[5] or old_ttl
 local expires = now + tonumber(ttl)
 record = head .. ttl .. tail
-redis.call('ZADD', HOLDERS, 'XX', expires, holder)
-redis.call('HSET', INFO, 'g:' .. holder, record)
+change('g:' .. holder, int(expires) .. '|' .. record)
+-- 'e' stays a bound no lease ends before; a sole holder's is exact.
+L.e = L.n == 1 and expires or math.min(L.e, expires)
+change('e', int(L.e))
+keep_keys_until(expires)
 
 -- 4. Key TTLs and the shard index follow the new lease.
 settle()

@@ -15,20 +15,24 @@ if after ~= '' and after >= prefix then
   from = '(' .. after
 end
 local to = prefix == '' and '+' or ('[' .. prefix .. '\255')
-local names = redis.call('ZRANGE', NAMES, from, to, 'BYLEX', 'LIMIT', 0, most)
+local names = redis.call('ZRANGE', NAMES, from, to, 'BYLEX', 'LIMIT', '0', ARGV[6])
 
 -- 2. Each lock's live state. Reads only: a lock with nothing live left is
 --    skipped here and removed by the next write or the reaper.
 local locks = {}
-local live_after = '(' .. int(now)
 for _, name in ipairs(names) do
   use_lock(shard, name)
-  local holders = redis.call('ZCOUNT', HOLDERS, live_after, '+inf')
-  local waiters = redis.call('ZCOUNT', DEADLINES, live_after, '+inf')
+  load_lock()
+  local holders, first = 0, nil
+  for _, grant in ipairs(all_grants()) do
+    if grant[2] > now then
+      holders = holders + 1
+      first = math.min(first or grant[2], grant[2])
+    end
+  end
+  local waiters = redis.call('ZCOUNT', DEADLINES, '(' .. int(now), '+inf')
   if (holders > 0 and not only_waiting) or waiters > 0 then
-    local first = redis.call('ZRANGEBYSCORE', HOLDERS, live_after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-    local limit = holders > 0 and tonumber(redis.call('HGET', INFO, 'limit') or '0') or 0
-    table.insert(locks, {name, holders, limit, waiters, tonumber(first[2] or 0)})
+    table.insert(locks, {name, holders, holders > 0 and L.limit or 0, waiters, first or 0})
   end
 end
 

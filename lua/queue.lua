@@ -7,12 +7,12 @@ local now = redis_now()
 
 -- 1. Walk the queue in order, skipping requests whose replica went quiet.
 local entries, live = {}, 0
-for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, -1)) do
+for _, id in ipairs(redis.call('ZRANGE', QUEUE, '0', '-1')) do
   local deadline = tonumber(redis.call('ZSCORE', DEADLINES, id) or '0')
   if deadline > now then
     live = live + 1
     if #entries < most then
-      table.insert(entries, {id, deadline, redis.call('HGET', INFO, 'w:' .. id) or ''})
+      table.insert(entries, {id, deadline, redis.call('HGET', LOCK, 'w:' .. id) or ''})
     end
   end
 end

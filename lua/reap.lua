@@ -15,15 +15,16 @@ local expired, dead, stale, old_grants, old_waiters = 0, 0, 0, 0, 0
 -- 1. Which locks: overdue ones, or (cutoff) the next ones by name.
 local names
 if cutoff then
-  names = redis.call('ZRANGE', NAMES, after == '' and '-' or ('(' .. after), '+', 'BYLEX', 'LIMIT', 0, most)
+  names = redis.call('ZRANGE', NAMES, after == '' and '-' or ('(' .. after), '+', 'BYLEX', 'LIMIT', '0', ARGV[4])
 else
-  names = redis.call('ZRANGEBYSCORE', INDEX, '-inf', now, 'LIMIT', 0, most)
+  names = redis.call('ZRANGEBYSCORE', INDEX, '-inf', int(now), 'LIMIT', '0', ARGV[4])
 end
 
 for _, name in ipairs(names) do
   use_lock(shard, name)
-  -- 2. An index entry whose lock's keys already expired is stale.
-  if redis.call('EXISTS', HOLDERS, DEADLINES) == 0 then
+  load_lock()
+  -- 2. An index entry whose lock's key already expired is stale.
+  if not L.exists then
     stale = stale + 1
   end
   -- 3. Leases that passed and waiters whose replica went quiet.
@@ -31,25 +32,32 @@ for _, name in ipairs(names) do
   dead = dead + purge_dead_waiters(now)
   -- 4. With a cutoff: grants and requests older than it, live or not.
   if cutoff then
-    for _, holder in ipairs(redis.call('ZRANGE', HOLDERS, 0, -1)) do
-      local record = redis.call('HGET', INFO, 'g:' .. holder)
-      if record and tonumber(string.match(record, '^%d+|%d+|(%d+)|')) < cutoff then
+    for _, grant in ipairs(all_grants()) do
+      local holder, record = grant[1], grant[3]
+      if tonumber(string.match(record, '^%d+|%d+|(%d+)|')) < cutoff then
         drop_grant(holder, record)
         count(record_kind(record), 'reaped')
         old_grants = old_grants + 1
       end
     end
-    for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, -1)) do
-      local record = redis.call('HGET', INFO, 'w:' .. id) or ''
-      local enqueued = tonumber(string.match(record, '^%-?%d+|(%d+)|') or '0')
-      if enqueued < cutoff then
-        drop_waiter(id)
-        count(string.match(record, '|([^|]*)$') or 'default', 'reaped')
-        old_waiters = old_waiters + 1
+    if queue_head() then
+      for _, id in ipairs(redis.call('ZRANGE', QUEUE, '0', '-1')) do
+        local record = redis.call('HGET', LOCK, 'w:' .. id) or ''
+        local enqueued = tonumber(string.match(record, '^%-?%d+|(%d+)|') or '0')
+        if enqueued < cutoff then
+          drop_waiter(id)
+          count(waiter_kind(record), 'reaped')
+          old_waiters = old_waiters + 1
+        end
       end
     end
   end
-  -- 5. Keys, indexes and wake-ups follow.
+  -- 5. Keys, indexes and wake-ups follow. An index entry without its
+  --    lock goes too (settle only cleans up what it saw).
+  if not L.exists then
+    redis.call('ZREM', INDEX, name)
+    redis.call('ZREM', NAMES, name)
+  end
   settle()
   wake_eligible()
 end

@@ -5,12 +5,13 @@
 --         {0, '', now} = not held (nothing changed for this holder)
 local holder, token = ARGV[3], ARGV[4]
 local now = redis_now()
+load_lock(holder)
 
 -- 1. Expired leases and dead waiters go first: an expired holder no longer holds.
 local changed = purge_expired(now) + purge_dead_waiters(now) > 0
 
 -- 2. Only a live grant of this holder (with this token, if given) is released.
-local record = redis.call('HGET', INFO, 'g:' .. holder)
+local record = L.mine and select(2, split_grant(L.mine))
 if not record or (token ~= '' and record_token(record) ~= token) then
   if changed then
     settle()

@@ -10,12 +10,18 @@ local lost = {}
 for k = 4, #ARGV, 4 do
   local name, holder, token, ttl = ARGV[k], ARGV[k + 1], ARGV[k + 2], tonumber(ARGV[k + 3])
   use_lock(shard, name)
+  load_lock(holder)
   -- 1. A lease that already passed is not brought back.
   purge_expired(now)
-  -- 2. Only the same grant (holder and token) is renewed.
-  local record = redis.call('HGET', INFO, 'g:' .. holder)
+  -- 2. Only the same grant (holder and token) is renewed; its record keeps
+  --    the ttl it was granted with.
+  local record = L.mine and select(2, split_grant(L.mine))
   if record and record_token(record) == token then
-    redis.call('ZADD', HOLDERS, 'XX', now + ttl, holder)
+    local expires = now + ttl
+    change('g:' .. holder, int(expires) .. '|' .. record)
+    L.e = L.n == 1 and expires or math.min(L.e, expires)
+    change('e', int(L.e))
+    keep_keys_until(expires)
     settle()
   else
     table.insert(lost, (k - 4) / 4 + 1)

@@ -223,9 +223,7 @@ pub fn acquired(
     if !tracing::enabled!(tracing::Level::DEBUG) {
         return;
     }
-    let lock_key = layout
-        .lock_keys(&req.lock.namespace, &req.lock.name)
-        .holders;
+    let lock_key = layout.lock_keys(&req.lock.namespace, &req.lock.name).lock;
     // Milliseconds, to the microsecond.
     let acq_time = elapsed.as_micros() as f64 / 1000.0;
     match outcome {
@@ -283,7 +281,7 @@ pub fn released(
     record_lock(lock, holder);
     span_attribute("tumbler.status", label);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).holders;
+        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).lock;
         tracing::debug!(%lock_key, acq_id = %holder, token, "{}", match outcome {
             ReleaseOutcome::Released { .. } => "lock released",
             ReleaseOutcome::NotHeld => "release of a lock not held",
@@ -318,7 +316,7 @@ pub fn extended(layout: &Layout, lock: &LockId, holder: &str, outcome: &ExtendOu
     record_lock(lock, holder);
     span_attribute("tumbler.status", label);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).holders;
+        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).lock;
         match outcome {
             ExtendOutcome::Extended(grant) => tracing::debug!(
                 %lock_key,

@@ -202,16 +202,9 @@ async fn serve_drains_then_answers_waiters_unavailable_and_exits_zero() {
     let status = serve.exit_status().await;
     assert!(status.success(), "tumbler serve exited with {status}");
     let mut conn = redis_conn(&redis.url()).await;
-    let holders = scan_keys(&mut conn, "tumbler:{default:*}:h:drain").await;
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&holders[0])
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let lock = scan_keys(&mut conn, "tumbler:{default:*}:l:drain").await;
     assert_eq!(
-        members,
+        grants_in(&mut conn, &lock[0]).await,
         ["holder"],
         "grants belong to clients, not to the replica"
     );

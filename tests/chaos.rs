@@ -450,9 +450,7 @@ async fn durable_redis_cluster_keeps_mutual_exclusion_through_node_crashes_and_f
     let layout = tumbler::engine::keys::Layout::new("tumbler", 32);
     let owners: std::collections::BTreeSet<usize> = (0..locks())
         .map(|lock| {
-            let key = layout
-                .lock_keys("default", &format!("chaos-{lock}"))
-                .holders;
+            let key = layout.lock_keys("default", &format!("chaos-{lock}")).lock;
             let exists = redis::cmd("EXISTS").arg(&key).clone();
             (cluster.nodes.iter())
                 .position(|node| node.try_query::<i64>(&exists).is_ok())

@@ -221,7 +221,7 @@ async fn list_reap_metrics_and_clear_walk_shards_on_every_node() {
     }
     // The namespace's shards really live on several nodes.
     let per_node: Vec<usize> = cluster
-        .scan_each(&format!("tumbler:{{{ns}:*}}:h:*"))
+        .scan_each(&format!("tumbler:{{{ns}:*}}:l:*"))
         .iter()
         .map(Vec::len)
         .collect();
@@ -377,13 +377,10 @@ async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_
     );
 
     let moving_keys = layout.lock_keys("default", "moving");
-    let from = owner_of(&cluster, &moving_keys.holders);
+    let from = owner_of(&cluster, &moving_keys.lock);
     let to = (from + 1) % cluster.nodes.len();
-    let slot: i64 = cluster.nodes[from].query(
-        redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(&moving_keys.holders),
-    );
+    let slot: i64 =
+        cluster.nodes[from].query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(&moving_keys.lock));
     let id =
         |node: usize| -> String { cluster.nodes[node].query(redis::cmd("CLUSTER").arg("MYID")) };
     let (from_id, to_id) = (id(from), id(to));
@@ -407,7 +404,7 @@ async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_
             .arg(slot)
             .arg(1000),
     );
-    assert!(in_slot.contains(&moving_keys.holders), "{in_slot:?}");
+    assert!(in_slot.contains(&moving_keys.lock), "{in_slot:?}");
 
     // Half-way: the keys of `moving` itself are on the new node, the
     // shard's indexes and counter still on the old one. A release sent now
@@ -454,7 +451,7 @@ async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_
 
     // After the move: every key of the slot lives on the new node, the
     // server follows (MOVED), holders and tokens carried over.
-    assert_eq!(owner_of(&cluster, &moving_keys.holders), to);
+    assert_eq!(owner_of(&cluster, &moving_keys.lock), to);
     let left: Vec<String> = cluster.nodes[from].query(
         redis::cmd("CLUSTER")
             .arg("GETKEYSINSLOT")

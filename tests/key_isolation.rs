@@ -26,9 +26,11 @@ fn hostile_names() -> Vec<String> {
     let mut names: Vec<String> = [
         "x",
         "x}:h:y",
+        "x}:l:y",
         "{b:0}",
         "{a:0}",
         "{a:1}:h:x",
+        "{a:1}:l:x",
         "{b:2}:i:x",
         ":index",
         "index",
@@ -38,6 +40,8 @@ fn hostile_names() -> Vec<String> {
         "i:",
         "h:x",
         "i:x",
+        "l:",
+        "l:x",
         "q:x",
         "d:x",
         "m:0",
@@ -46,6 +50,7 @@ fn hostile_names() -> Vec<String> {
         "{}",
         "}{",
         "tumbler:{a:0}:h:x",
+        "tumbler:{a:0}:l:x",
         "tumbler:{b:0}:index",
         "tumbler:meta",
         "größe",
@@ -207,7 +212,7 @@ fn classify(layout: &Layout, key: &str) -> KeyKind {
         .strip_prefix(&format!("{{{tag}}}:"))
         .unwrap_or_else(|| panic!("{key:?}: the tag must come first"));
     if let Some((kind, name)) = after.split_once(':')
-        && ["h", "i", "q", "d"].contains(&kind)
+        && ["l", "q", "d"].contains(&kind)
     {
         assert_eq!(
             layout.shard_of(namespace, name),
@@ -216,7 +221,7 @@ fn classify(layout: &Layout, key: &str) -> KeyKind {
         );
         let keys = layout.lock_keys(namespace, name);
         assert!(
-            [&keys.holders, &keys.info, &keys.queue, &keys.deadlines].contains(&&key.to_owned()),
+            [&keys.lock, &keys.queue, &keys.deadlines].contains(&&key.to_owned()),
             "{key:?} is not a key the layout gives {name:?}"
         );
         return KeyKind::Lock {
@@ -251,7 +256,7 @@ async fn all_keys(redis_url: &str, layout: &Layout) -> Vec<KeyKind> {
     keys
 }
 
-/// The lock keys (h, i, q, d) of a namespace, as (kind, name).
+/// The lock keys (l, q, d) of a namespace, as (kind, name).
 fn lock_keys_of(keys: &[KeyKind], ns: &str) -> BTreeSet<(char, String)> {
     keys.iter()
         .filter_map(|k| match k {
@@ -497,14 +502,14 @@ async fn hostile_names_stay_in_their_shard_and_namespace() {
     }
 
     // Every key is where the layout puts it (checked in `classify`), and the
-    // lock keys are exactly: holders + info of every lock, queue +
+    // lock keys are exactly: the lock hash of every lock, queue +
     // deadlines of the waited one.
     let keys = all_keys(&redis.url(), &layout).await;
     for ns in ["a", "b"] {
         let mut expected: BTreeSet<(char, String)> = names
             .iter()
             .chain([&format!("only-{ns}")])
-            .flat_map(|n| [('h', n.clone()), ('i', n.clone())])
+            .map(|n| ('l', n.clone()))
             .collect();
         expected.insert(('q', "{b:0}".into()));
         expected.insert(('d', "{b:0}".into()));

@@ -83,7 +83,7 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
             .status(),
         AcquireStatus::NotAcquired
     );
-    let keys = setup.replica.scan("tumbler:{default:*}:h:after");
+    let keys = setup.replica.scan("tumbler:{default:*}:l:after");
     assert_eq!(keys.len(), 1, "the new grant is on the promoted replica");
     println!(
         "sentinel failover (master killed at 0): first UNAVAILABLE RPC at {:?}, health NOT_SERVING at {:?}, SERVING again at {:?}",
@@ -131,7 +131,7 @@ async fn a_forced_failover_moves_the_writes_and_acked_grants_survive_it() {
     let on_new = |name: &str| {
         !setup
             .replica
-            .scan(&format!("tumbler:{{default:*}}:h:{name}"))
+            .scan(&format!("tumbler:{{default:*}}:l:{name}"))
             .is_empty()
     };
     let mut unavailable = [0, 0];

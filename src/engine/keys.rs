@@ -7,7 +7,7 @@
 //! fencing counter, stays inside one Redis Cluster slot.
 
 /// Version of the key layout written to the `<prefix>:meta` hash.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Where the keys of a deployment live: its prefix and its shard count.
 #[derive(Clone, Debug)]
@@ -19,10 +19,10 @@ pub struct Layout {
 /// The keys one lock operation touches.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockKeys {
-    /// ZSET holder id → lease expiry (ms, Redis clock).
-    pub holders: String,
-    /// HASH of grant records, slots and the lock's limit.
-    pub info: String,
+    /// HASH: the whole lock in one key — grants (with their lease
+    /// expiry), slots, holder count, earliest possible expiry, limit,
+    /// waiter records and the arrival counter.
+    pub lock: String,
     /// ZSET of waiting requests in grant order; exists only while someone waits.
     pub queue: String,
     /// ZSET waiting request → liveness deadline; exists with the queue.
@@ -64,8 +64,7 @@ impl Layout {
     pub fn lock_keys(&self, namespace: &str, name: &str) -> LockKeys {
         let shard = self.shard_prefix(namespace, self.shard_of(namespace, name));
         LockKeys {
-            holders: format!("{shard}:h:{name}"),
-            info: format!("{shard}:i:{name}"),
+            lock: format!("{shard}:l:{name}"),
             queue: format!("{shard}:q:{name}"),
             deadlines: format!("{shard}:d:{name}"),
             index: format!("{shard}:index"),
@@ -116,10 +115,9 @@ impl Layout {
 impl LockKeys {
     /// The keys in the order every lock script expects them (see
     /// lua/common.lua).
-    pub fn as_script_keys(&self) -> [&str; 7] {
+    pub fn as_script_keys(&self) -> [&str; 6] {
         [
-            &self.holders,
-            &self.info,
+            &self.lock,
             &self.queue,
             &self.deadlines,
             &self.index,
@@ -132,7 +130,7 @@ impl LockKeys {
 /// The per-shard keys a shard-walking script (list, reap, clear) gets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardKeys {
-    /// `<prefix>:{<namespace>:<shard>}`: lock keys are this plus `:h:<name>` …
+    /// `<prefix>:{<namespace>:<shard>}`: lock keys are this plus `:l:<name>` …
     pub prefix: String,
     pub index: String,
     pub names: String,
@@ -155,16 +153,10 @@ mod tests {
         let keys = layout.lock_keys("default", "orders:{42}");
         let shard = layout.shard_of("default", "orders:{42}");
         let tag = format!("{{default:{shard}}}");
-        for key in [
-            &keys.holders,
-            &keys.info,
-            &keys.queue,
-            &keys.index,
-            &keys.fence,
-        ] {
+        for key in [&keys.lock, &keys.queue, &keys.index, &keys.fence] {
             assert!(key.starts_with(&format!("tumbler:{tag}:")), "{key}");
         }
-        assert_eq!(keys.holders, format!("tumbler:{tag}:h:orders:{{42}}"));
+        assert_eq!(keys.lock, format!("tumbler:{tag}:l:orders:{{42}}"));
     }
 
     #[test]
@@ -174,8 +166,8 @@ mod tests {
         assert_eq!(layout.shard_of("team-a", "report"), expected);
         // The namespace takes part: the same name may land elsewhere.
         assert_ne!(
-            layout.lock_keys("a", "x").holders,
-            layout.lock_keys("b", "x").holders
+            layout.lock_keys("a", "x").lock,
+            layout.lock_keys("b", "x").lock
         );
     }
 }

@@ -184,6 +184,22 @@ pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
 }
 
 /// Every key matching `pattern`, found with SCAN (as an operator would).
+/// The holders with a grant stored in a lock's hash (its `g:<holder>`
+/// fields, key layout v2), in the hash's field order.
+pub async fn grants_in(
+    conn: &mut redis::aio::MultiplexedConnection,
+    lock_key: &str,
+) -> Vec<String> {
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(lock_key)
+        .query_async(conn)
+        .await
+        .unwrap();
+    (fields.iter())
+        .filter_map(|f| f.strip_prefix("g:").map(str::to_owned))
+        .collect()
+}
+
 pub async fn scan_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
     let mut cursor: u64 = 0;
     let mut keys = Vec::new();
