@@ -55,6 +55,7 @@ if free > 0 and ahead == 0 then
   end
   local slot = 1
   if held > 0 then
+    flush_removed()
     local fields = {}
     for s = 1, held + 1 do
       fields[s] = 's:' .. int(s)
@@ -111,6 +112,7 @@ if not queued_order then
   end
   L.queue_fresh = not queue_head()
   local arrival = redis.call('HINCRBY', LOCK, 'seq', '1')
+  L.may_wait = true
   redis.call('ZADD', QUEUE, int((PRIORITY_MAX - priority) * ARRIVALS + arrival), holder)
   local wait_deadline = now + tonumber(ARGV[12])
   redis.call('HSET', LOCK, 'w:' .. holder,

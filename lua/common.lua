@@ -9,7 +9,9 @@
 --                       'n' -> holders, 'e' -> no lease ends before this (ms),
 --                       'top' -> highest slot handed out since the key appeared,
 --                       'limit' -> limit of the latest grant,
---                       'w:<id>' -> waiter record, 'seq' -> arrival counter
+--                       'w:<id>' -> waiter record, 'seq' -> arrival counter,
+--                       present exactly while someone may wait (so a lock
+--                       without it needs no look at its queue)
 --   KEYS[2] queue     ZSET waiting request id -> order (priority, arrival);
 --                       exists only while someone waits
 --   KEYS[3] deadlines ZSET waiting request id -> liveness deadline (ms); with the queue
@@ -154,8 +156,10 @@ end
 --   exists:   the lock's hash existed when the script began
 --   mine:     the stored grant of the holder load_lock was asked about
 --   changes:  fields to write back in settle ('n', 'e', ... and grants)
+--   removed:  fields to delete in settle (unless the whole key goes)
 --   keep_until: the keys must live at least until then (0: no new need)
 --   queue_known, head: the first waiting request, once looked up
+--   may_wait: 'seq' is set, so the queue may hold someone
 --   queue_fresh: this script made the queue keys (they have no TTL yet)
 local L
 
@@ -164,8 +168,8 @@ local function load_lock(holder)
   L = {
     n = tonumber(v[1] or '0'), e = tonumber(v[2] or '0'), top = tonumber(v[3] or '0'),
     limit = tonumber(v[4] or '1'), exists = (v[1] or v[5]) and true or false,
-    holder = holder, mine = v[6] or nil, changes = {}, keep_until = 0,
-    queue_known = false, head = nil, queue_fresh = false,
+    holder = holder, mine = v[6] or nil, changes = {}, removed = {}, keep_until = 0,
+    queue_known = false, head = nil, queue_fresh = false, may_wait = v[5] and true or false,
   }
   return L
 end
@@ -177,10 +181,11 @@ local function change(field, value)
 end
 
 -- The id of the first waiting request, or nil when nobody waits (one call
--- the first time, then remembered until the queue changes).
+-- the first time, none at all without 'seq', then remembered until the
+-- queue changes).
 local function queue_head()
   if not L.queue_known then
-    L.head = redis.call('ZRANGE', QUEUE, '0', '0')[1]
+    L.head = L.may_wait and redis.call('ZRANGE', QUEUE, '0', '0')[1] or nil
     L.queue_known = true
   end
   return L.head
@@ -193,6 +198,14 @@ end
 -- The keys must outlive a new lease or waiter deadline by the grace.
 local function keep_keys_until(at)
   L.keep_until = math.max(L.keep_until, at + KEY_GRACE_MS)
+end
+
+-- Delete the fields dropped so far (before anything reads them again).
+local function flush_removed()
+  for first = 1, #L.removed, BATCH do
+    redis.call('HDEL', LOCK, unpack(L.removed, first, math.min(first + BATCH - 1, #L.removed)))
+  end
+  L.removed = {}
 end
 
 -- HMGET of many fields, in batches.
@@ -210,6 +223,7 @@ end
 -- Every holder of the lock, expired or not: {{holder, expires, record}, ...}
 -- in slot order. Walks slots 1..top: two calls whatever the count.
 local function all_grants()
+  flush_removed()
   if L.n == 0 or L.top == 0 then
     return {}
   end
@@ -234,9 +248,11 @@ local function all_grants()
   return grants
 end
 
--- Remove one holder's grant: its record and its slot.
+-- Remove one holder's grant: its record and its slot (deleted in settle,
+-- which deletes the whole key instead when nothing is left).
 local function drop_grant(holder, record)
-  redis.call('HDEL', LOCK, 'g:' .. holder, 's:' .. record_slot(record))
+  table.insert(L.removed, 'g:' .. holder)
+  table.insert(L.removed, 's:' .. record_slot(record))
   L.n = L.n - 1
   if L.n == 0 then
     L.e = 0
@@ -310,9 +326,9 @@ end
 -- (GT would refuse it), an existing one only ever grows its TTL.
 local function expire_no_sooner(key, at)
   -- GT sets a later expiry in one call (the usual case: the newest lock
-  -- lives longest); it leaves a key without TTL alone, which gets one here.
-  if redis.call('PEXPIREAT', key, at, 'GT') == 0 and redis.call('PTTL', key) == -1 then
-    redis.call('PEXPIREAT', key, at)
+  -- lives longest); it leaves a key without TTL alone, which NX then sets.
+  if redis.call('PEXPIREAT', key, at, 'GT') == 0 then
+    redis.call('PEXPIREAT', key, at, 'NX')
   end
 end
 
@@ -331,8 +347,15 @@ local function settle()
       redis.call('ZREM', INDEX, LOCK_NAME)
       redis.call('ZREM', NAMES, LOCK_NAME)
     end
+    L.changes, L.removed = {}, {}
     return 0
   end
+  -- An empty queue drops its arrival counter: 'seq' says someone may wait.
+  if not head and L.may_wait then
+    table.insert(L.removed, 'seq')
+    L.may_wait = false
+  end
+  flush_removed()
   if #L.changes > 0 then
     redis.call('HSET', LOCK, unpack(L.changes))
     L.changes = {}

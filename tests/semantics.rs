@@ -552,3 +552,100 @@ async fn reflection_lists_the_lock_service() {
         "{names:?}"
     );
 }
+
+/// A semaphore's earliest-expiry bound (`e` in the lock hash) goes stale
+/// when its earliest holder releases; a lease that lapses later must still
+/// stop counting and hand its permit to a waiter, at its own expiry.
+#[tokio::test]
+async fn a_semaphore_hands_over_at_a_later_expiry_after_its_earliest_holder_released() {
+    let (redis, server) = setup().await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    let semaphore = |holder: &str, ttl: u64| proto::AcquireRequest {
+        limit: Some(2),
+        ttl_ms: Some(ttl),
+        ..acquire("stale", holder)
+    };
+    let early = client.acquire(semaphore("early", 300)).await.unwrap();
+    assert_eq!(early.into_inner().status(), AcquireStatus::Acquired);
+    let lapsing = grant(
+        &client
+            .acquire(semaphore("lapsing", 1_200))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    // The earliest lease leaves by release; a long one takes its permit.
+    client.release(release("stale", "early")).await.unwrap();
+    let long = client.acquire(semaphore("long", 30_000)).await.unwrap();
+    assert_eq!(long.into_inner().status(), AcquireStatus::Acquired);
+
+    // A waiter queues behind the full semaphore; nobody releases again.
+    let mut waiter_client = server.client().await;
+    let waiter = tokio::spawn(async move {
+        waiter_client
+            .acquire(proto::AcquireRequest {
+                wait_ms: 10_000,
+                ..semaphore("waiter", 30_000)
+            })
+            .await
+    });
+    // Past the released lease's end (the stale bound), the busy answer
+    // names the lapsing lease's true expiry.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let busy = client
+        .acquire(semaphore("prober", 30_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(busy.status(), AcquireStatus::NotAcquired);
+    assert_eq!(busy.next_expiry_at_ms, lapsing.expires_at_ms);
+
+    // The waiter gets the lapsed permit, its slot, no sooner than its expiry.
+    let granted = waiter.await.unwrap().unwrap().into_inner();
+    assert_eq!(granted.status(), AcquireStatus::Acquired);
+    let taken = grant(&granted);
+    assert_eq!(taken.slot, lapsing.slot);
+    assert!(
+        taken.acquired_at_ms >= lapsing.expires_at_ms,
+        "{taken:?} vs {lapsing:?}"
+    );
+    assert_eq!(granted.holders, 2);
+
+    // The queue is empty again: the lock hash keeps no arrival counter, and
+    // the next waiter still queues and is served in order.
+    let lock_key = scan_keys(&mut conn, "tumbler:*:l:stale").await;
+    let fields: Vec<String> = conn.hkeys(&lock_key[0]).await.unwrap();
+    assert!(
+        !fields.iter().any(|f| f == "seq" || f.starts_with("w:")),
+        "{fields:?}"
+    );
+    let mut next_client = server.client().await;
+    let next = tokio::spawn(async move {
+        next_client
+            .acquire(proto::AcquireRequest {
+                wait_ms: 10_000,
+                ..semaphore("next", 30_000)
+            })
+            .await
+    });
+    while client
+        .inspect(inspect("stale"))
+        .await
+        .unwrap()
+        .into_inner()
+        .waiters
+        != 1
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let refused = client
+        .acquire(semaphore("barger", 30_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(refused.status(), AcquireStatus::NotAcquired);
+    client.release(release("stale", "long")).await.unwrap();
+    let served = next.await.unwrap().unwrap().into_inner();
+    assert_eq!(served.status(), AcquireStatus::Acquired);
+}
