@@ -10,10 +10,21 @@
 //! release — which has no queue, no fencing token, no semaphore, no index
 //! and no metrics. The ratio is what tumbler's guarantees cost Redis.
 //!
-//! `cargo bench --bench script_cost` (SCRIPT_COST_PAIRS=N, default 5000).
-//! Under `cargo test` it runs a few pairs as a smoke test.
+//! A second measurement counts Redis' CPU instructions per pair with
+//! callgrind (valgrind): Redis runs under it, counting only while the pairs
+//! run. Instruction counts are exact and repeatable whatever else the
+//! shared machine does, so this ratio is the one to compare across runs.
+//! Skipped (with a note) where valgrind is not installed.
+//!
+//! `cargo bench --bench script_cost` (SCRIPT_COST_PAIRS=N, default 5000;
+//! SCRIPT_COST_CALLGRIND_PAIRS=N, default 1000). Under `cargo test` it
+//! runs a few pairs as a smoke test.
 
 mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use common::ServeProcess;
 use tumbler::dev::RedisServer;
@@ -64,60 +75,119 @@ async fn counted(conn: &mut redis::aio::MultiplexedConnection, top_level: &[&str
 const COMPARE_AND_DELETE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let benching = std::env::args().any(|a| a == "--bench");
-    let pairs: u64 = if benching {
-        std::env::var("SCRIPT_COST_PAIRS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(5000)
-    } else {
-        50
-    };
-    let redis = RedisServer::start("redis-server").expect("redis-server");
-    // Health checks far apart: their PINGs are not counted anyway.
-    let server = ServeProcess::start(&redis.url(), &["--health-interval-ms", "60000"]).await;
-    let mut client = LockServiceClient::connect(server.endpoint.clone())
+/// One tumbler pair: try-once acquire, then release, on a fresh name.
+async fn tumbler_pair(client: &mut LockServiceClient<tonic::transport::Channel>, i: u64) {
+    let name = format!("cost-{i}");
+    let reply = client
+        .acquire(proto::AcquireRequest {
+            name: name.clone(),
+            holder: "h".into(),
+            ttl_ms: Some(30_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+    let reply = client
+        .release(proto::ReleaseRequest {
+            name,
+            holder: "h".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), ReleaseStatus::Released);
+}
+
+/// One baseline pair: SET NX PX, then compare-and-delete.
+async fn baseline_pair(conn: &redis::aio::MultiplexedConnection, release: &redis::Script, i: u64) {
+    let key = format!("plain:{i}");
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg("h")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut conn.clone())
         .await
         .unwrap();
-    let mut conn = redis::Client::open(redis.url())
+    assert!(set.is_some());
+    let deleted: i64 = release
+        .key(&key)
+        .arg("h")
+        .invoke_async(&mut conn.clone())
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+}
+
+async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
         .await
-        .unwrap();
+        .unwrap()
+}
 
-    // tumbler: try-once acquire, release, each on a fresh name.
-    let pair = async |client: &mut LockServiceClient<_>, i: u64| {
-        let name = format!("cost-{i}");
-        let reply = client
-            .acquire(proto::AcquireRequest {
-                name: name.clone(),
-                holder: "h".into(),
-                ttl_ms: Some(30_000),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(reply.status(), AcquireStatus::Acquired);
-        let reply = client
-            .release(proto::ReleaseRequest {
-                name,
-                holder: "h".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(reply.status(), ReleaseStatus::Released);
+/// A tumbler server for the measurement: health checks far apart (their
+/// PINGs are not lock work) and no background reaper.
+async fn measured_server(redis_url: &str, redis_timeout_ms: &str) -> ServeProcess {
+    ServeProcess::start(
+        redis_url,
+        &[
+            "--health-interval-ms",
+            "60000",
+            "--reap-interval-ms",
+            "0",
+            "--redis-timeout-ms",
+            redis_timeout_ms,
+        ],
+    )
+    .await
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let benching = std::env::args().any(|a| a == "--bench");
+    let pairs = if benching {
+        env_or("SCRIPT_COST_PAIRS", 5000)
+    } else {
+        50
     };
+    command_stats(pairs).await;
+    let callgrind_pairs = if benching {
+        env_or("SCRIPT_COST_CALLGRIND_PAIRS", 1000)
+    } else {
+        20
+    };
+    instructions(callgrind_pairs).await;
+}
+
+/// Script calls, commands inside them and Redis' µs per pair, from
+/// `INFO commandstats`.
+async fn command_stats(pairs: u64) {
+    let redis = RedisServer::start("redis-server").expect("redis-server");
+    let server = measured_server(&redis.url(), "500").await;
+    let mut client = LockServiceClient::connect(server.endpoint.clone())
+        .await
+        .unwrap();
+    let mut conn = connect(&redis.url()).await;
+
     for i in 0..100 {
-        pair(&mut client, 1_000_000_000 + i).await;
+        tumbler_pair(&mut client, 1_000_000_000 + i).await;
     }
     common::reset_command_stats(&mut conn).await;
     for i in 0..pairs {
-        pair(&mut client, i).await;
+        tumbler_pair(&mut client, i).await;
     }
     let tumbler = counted(&mut conn, &["evalsha", "eval"]).await;
     if std::env::var_os("SCRIPT_COST_VERBOSE").is_some() {
@@ -130,34 +200,13 @@ async fn main() {
         }
     }
 
-    // Baseline: SET NX PX, compare-and-delete.
     let release = redis::Script::new(COMPARE_AND_DELETE);
-    let baseline_pair = async |i: u64| {
-        let key = format!("plain:{i}");
-        let set: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg("h")
-            .arg("NX")
-            .arg("PX")
-            .arg(30_000)
-            .query_async(&mut conn.clone())
-            .await
-            .unwrap();
-        assert!(set.is_some());
-        let deleted: i64 = release
-            .key(&key)
-            .arg("h")
-            .invoke_async(&mut conn.clone())
-            .await
-            .unwrap();
-        assert_eq!(deleted, 1);
-    };
     for i in 0..100 {
-        baseline_pair(1_000_000_000 + i).await;
+        baseline_pair(&conn, &release, 1_000_000_000 + i).await;
     }
-    common::reset_command_stats(&mut conn.clone()).await;
+    common::reset_command_stats(&mut conn).await;
     for i in 0..pairs {
-        baseline_pair(i).await;
+        baseline_pair(&conn, &release, i).await;
     }
     let baseline = counted(&mut conn, &["evalsha", "eval", "set"]).await;
 
@@ -178,4 +227,155 @@ async fn main() {
         );
     }
     assert!(tumbler.top_level_calls >= 2 * pairs && baseline.top_level_calls >= 2 * pairs);
+}
+
+/// A redis-server running under callgrind, instrumented (counting) only
+/// while told.
+struct CallgrindRedis {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl CallgrindRedis {
+    /// None (with a note) where valgrind is not installed.
+    fn start() -> Option<CallgrindRedis> {
+        let installed = |tool: &str| {
+            Command::new(tool)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !installed("valgrind") || !installed("callgrind_control") {
+            println!("\n(valgrind is not installed: Redis instructions per pair not measured)");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let port = tumbler::dev::free_port().unwrap();
+        let child = Command::new("valgrind")
+            .arg("--tool=callgrind")
+            .arg("--instr-atstart=no")
+            .arg(format!(
+                "--callgrind-out-file={}",
+                dir.path().join("redis.cg").display()
+            ))
+            .args(["redis-server", "--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let redis = CallgrindRedis { child, port, dir };
+        for _ in 0..600 {
+            if tumbler::dev::ping(port) {
+                return Some(redis);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server under callgrind never answered");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn control(&self, args: &[&str]) {
+        let status = Command::new("callgrind_control")
+            .args(args)
+            .arg(self.child.id().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "callgrind_control {args:?}");
+    }
+
+    /// Instructions Redis ran while `work` ran (collection on only then).
+    async fn count<F: std::future::Future<Output = ()>>(&self, work: F) -> u64 {
+        self.control(&["--zero"]);
+        self.control(&["--instr=on"]);
+        work.await;
+        self.control(&["--instr=off"]);
+        for entry in std::fs::read_dir(self.dir.path()).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        self.control(&["--dump"]);
+        total_instructions(self.dir.path())
+    }
+}
+
+impl Drop for CallgrindRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The instructions in the dump in `dir`: its `totals:` line (`summary:`
+/// stays 0 when instrumentation was switched on and off during the run).
+fn total_instructions(dir: &Path) -> u64 {
+    for _ in 0..100 {
+        let dumps: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
+            .collect();
+        let total = dumps.iter().find_map(|text| {
+            text.lines().find_map(|line| {
+                (line.strip_prefix("totals:")).and_then(|n| n.trim().parse().ok())
+            })
+        });
+        if let Some(total) = total {
+            return total;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no callgrind dump in {}", dir.display());
+}
+
+/// Redis' CPU instructions per pair, counted by callgrind.
+async fn instructions(pairs: u64) {
+    let Some(redis) = CallgrindRedis::start() else {
+        return;
+    };
+    // Redis runs many times slower under valgrind: a long command timeout.
+    let server = measured_server(&redis.url(), "20000").await;
+    let mut client = LockServiceClient::connect(server.endpoint.clone())
+        .await
+        .unwrap();
+    let conn = connect(&redis.url()).await;
+    let release = redis::Script::new(COMPARE_AND_DELETE);
+    for i in 0..20 {
+        tumbler_pair(&mut client, 1_000_000_000 + i).await;
+        baseline_pair(&conn, &release, 1_000_000_000 + i).await;
+    }
+    let tumbler = redis
+        .count(async {
+            for i in 0..pairs {
+                tumbler_pair(&mut client, i).await;
+            }
+        })
+        .await;
+    let baseline = redis
+        .count(async {
+            for i in 0..pairs {
+                baseline_pair(&conn, &release, i).await;
+            }
+        })
+        .await;
+    let per = |n: u64| n as f64 / pairs as f64;
+    println!("\nRedis CPU instructions per acquire+release pair (callgrind), {pairs} pairs\n");
+    println!("| lock | instructions per pair | ÷ baseline |");
+    println!("| --- | ---: | ---: |");
+    println!(
+        "| tumbler (acquire.lua + release.lua) | {:.0} | {:.2} |",
+        per(tumbler),
+        tumbler as f64 / baseline.max(1) as f64
+    );
+    println!(
+        "| baseline: SET NX PX + compare-and-delete | {:.0} | 1.00 |",
+        per(baseline)
+    );
+    assert!(tumbler > 0 && baseline > 0);
 }
