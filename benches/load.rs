@@ -10,9 +10,11 @@
 //! no semaphores).
 //!
 //! Scenarios: uncontended acquire+release pairs (1 and 64 clients, distinct
-//! names); 64 clients queueing on one lock (limit 1) and on a semaphore
-//! (limit 8), each holding ~1 ms; 500 jobs over 50 names run by 20 workers
-//! (lock the job's name waiting, work 1 ms, release).
+//! names); 16 and 64 clients queueing on one lock (limit 1) and 64 on a
+//! semaphore (limit 8), each holding ~1 ms; 16 clients on one lock that
+//! release as soon as they are granted (the hand-over's own rate, with no
+//! hold to hide it); 500 jobs over 50 names run by 20 workers (lock the
+//! job's name waiting, work 1 ms, release).
 //!
 //! `cargo bench --bench load` (LOAD_SECONDS=N per measurement, default 4;
 //! LOAD_ROUNDS=N rounds of 500 jobs, default 5). Under `cargo test` it runs
@@ -216,8 +218,13 @@ fn lock_id(name: &str) -> LockId {
 enum Scenario {
     /// Acquire (try once) + release pairs, each client on its own name.
     Uncontended { clients: usize },
-    /// All clients queue on one name with `limit` permits, hold ~1 ms.
-    Contended { clients: usize, limit: u32 },
+    /// All clients queue on one name with `limit` permits, hold ~1 ms
+    /// (`hold`) or release as soon as granted (the hand-over's own rate).
+    Contended {
+        clients: usize,
+        limit: u32,
+        hold: bool,
+    },
     /// `jobs` jobs over `names` names, `workers` at a time: lock the job's
     /// name waiting, work ~1 ms, release.
     Jobs {
@@ -233,10 +240,15 @@ impl Scenario {
             Scenario::Uncontended { clients } => {
                 format!("uncontended pairs, {clients} client(s)")
             }
-            Scenario::Contended { clients, limit: 1 } => {
-                format!("contended: {clients} clients, one lock")
-            }
-            Scenario::Contended { clients, limit } => {
+            Scenario::Contended {
+                clients,
+                limit: 1,
+                hold,
+            } => format!(
+                "contended: {clients} clients, one lock{}",
+                if hold { "" } else { ", released at once" }
+            ),
+            Scenario::Contended { clients, limit, .. } => {
                 format!("contended: {clients} clients, semaphore limit {limit}")
             }
             Scenario::Jobs {
@@ -298,9 +310,11 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
             for i in 0..clients {
                 let mut client = path.client(i).await;
                 let holder = format!("{tag}-h{i}");
-                let (name, limit, wait) = match scenario {
-                    Scenario::Contended { limit, .. } => (format!("{tag}-contended"), limit, true),
-                    _ => (format!("{tag}-u{i}"), 1, false),
+                let (name, limit, wait, hold) = match scenario {
+                    Scenario::Contended { limit, hold, .. } => {
+                        (format!("{tag}-contended"), limit, true, hold)
+                    }
+                    _ => (format!("{tag}-u{i}"), 1, false, false),
                 };
                 tasks.push(tokio::spawn(async move {
                     let mut latency = histogram();
@@ -313,7 +327,7 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
                         }
                         client.acquire(&name, &holder, limit, wait).await;
                         let granted = Instant::now();
-                        if wait {
+                        if hold {
                             tokio::time::sleep(HOLD).await;
                         }
                         client.release(&name, &holder).await;
@@ -627,14 +641,22 @@ async fn main() {
                 Scenario::Contended {
                     clients: 16,
                     limit: 1,
+                    hold: true,
+                },
+                Scenario::Contended {
+                    clients: 16,
+                    limit: 1,
+                    hold: false,
                 },
                 Scenario::Contended {
                     clients: 64,
                     limit: 1,
+                    hold: true,
                 },
                 Scenario::Contended {
                     clients: 64,
                     limit: 8,
+                    hold: true,
                 },
                 Scenario::Jobs {
                     jobs: 500,
@@ -656,10 +678,17 @@ async fn main() {
                 Scenario::Contended {
                     clients: 4,
                     limit: 1,
+                    hold: true,
+                },
+                Scenario::Contended {
+                    clients: 4,
+                    limit: 1,
+                    hold: false,
                 },
                 Scenario::Contended {
                     clients: 4,
                     limit: 2,
+                    hold: true,
                 },
                 Scenario::Jobs {
                     jobs: 20,

@@ -322,9 +322,8 @@ fn total_instructions(dir: &Path) -> u64 {
             .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
             .collect();
         let total = dumps.iter().find_map(|text| {
-            text.lines().find_map(|line| {
-                (line.strip_prefix("totals:")).and_then(|n| n.trim().parse().ok())
-            })
+            text.lines()
+                .find_map(|line| (line.strip_prefix("totals:")).and_then(|n| n.trim().parse().ok()))
         });
         if let Some(total) = total {
             return total;
