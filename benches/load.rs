@@ -17,8 +17,9 @@
 //! job's name waiting, work 1 ms, release).
 //!
 //! `cargo bench --bench load` (LOAD_SECONDS=N per measurement, default 4;
-//! LOAD_ROUNDS=N rounds of 500 jobs, default 5). Under `cargo test` it runs
-//! a smoke version with tiny counts that only checks numbers come out.
+//! LOAD_ROUNDS=N rounds of 500 jobs, default 5; LOAD_ONLY=text runs only
+//! the scenarios whose label contains it). Under `cargo test` it runs a
+//! smoke version with tiny counts that only checks numbers come out.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -698,6 +699,11 @@ async fn main() {
             ],
         )
     };
+
+    let only = std::env::var("LOAD_ONLY").unwrap_or_default();
+    let scenarios: Vec<Scenario> = (scenarios.into_iter())
+        .filter(|s| s.label().contains(&only))
+        .collect();
 
     let redis = RedisServer::start("redis-server").expect("redis-server");
     let config = ServerConfig::new(redis.url(), &service_args("tumbler", 4)).unwrap();
