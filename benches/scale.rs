@@ -206,6 +206,21 @@ async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
         usage += bytes.unwrap_or(0);
     }
     let usage_per_lock = usage as f64 / sample.len() as f64;
+    // The shard indexes' share: every entry of every index and names ZSET
+    // (SAMPLES 0 counts them all), per lock.
+    let mut index_bytes = 0i64;
+    for key in (held_keys.iter()).filter(|k| k.ends_with(":index") || k.ends_with(":names")) {
+        let bytes: Option<i64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(key.as_str())
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        index_bytes += bytes.unwrap_or(0);
+    }
+    let index_per_lock = index_bytes as f64 / locks as f64;
 
     // Waiting requests: `waiters_per_lock` on each of `waited_locks` locks
     // held by someone else.
@@ -297,6 +312,13 @@ async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
     println!(
         "| MEMORY USAGE of a lock's own key (l), mean of {} locks | {usage_per_lock:.0} bytes |",
         sample.len()
+    );
+    println!(
+        "| of which the shard indexes (index + names, MEMORY USAGE SAMPLES 0) | {index_per_lock:.0} bytes |"
+    );
+    println!(
+        "| of which the rest: the key's TTL entry, hash-table buckets | {:.0} bytes |",
+        per_lock - usage_per_lock - index_per_lock
     );
     println!("| INFO used_memory delta per waiting request | {per_waiter:.0} bytes |");
     println!(
