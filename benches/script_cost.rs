@@ -189,7 +189,7 @@ async fn command_stats(pairs: u64) {
     for i in 0..pairs {
         tumbler_pair(&mut client, i).await;
     }
-    let tumbler = counted(&mut conn, &["evalsha", "eval"]).await;
+    let tumbler = counted(&mut conn, &["fcall"]).await;
     if std::env::var_os("SCRIPT_COST_VERBOSE").is_some() {
         for stat in common::command_stats(&mut conn).await {
             println!(

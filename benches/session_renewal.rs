@@ -97,7 +97,7 @@ async fn measure(
     });
     tokio::time::sleep(window).await;
     let scripts: u64 = (common::command_stats(&mut conn).await.iter())
-        .filter(|stat| stat.name == "evalsha" || stat.name == "eval")
+        .filter(|stat| stat.name == "fcall")
         .map(|stat| stat.calls)
         .sum();
     ticker.abort();

@@ -1,6 +1,9 @@
--- common.lua: the prelude every tumbler script starts with (tumbler joins it
--- in front of each operation script before loading). It holds the steps
--- that several operations share, so each operation reads top to bottom.
+-- common.lua: the shared part of tumbler's Redis function library. It runs
+-- once, when the library loads; each operation's file then becomes the
+-- body of one function (src/engine/scripts.rs), which first calls `enter`
+-- (at the end of this file) to point these steps at its keys and
+-- arguments. It holds the steps that several operations share, so each
+-- operation reads top to bottom.
 --
 -- Key layout v2. A script on one lock gets six keys, all with the shard's
 -- hash tag, so one script touches one cluster slot:
@@ -33,17 +36,15 @@
 -- quotes): a Lua number handed to redis.call is printed with '%.14g', which
 -- is both slow and, past 14 digits, wrong.
 
+-- The call's keys and arguments, and the keys of the lock it works on
+-- (all set by `enter`).
+local KEYS, ARGV
 local LOCK, QUEUE, DEADLINES, INDEX, NAMES, FENCE
-if #KEYS == 3 then
-  INDEX, NAMES, FENCE = KEYS[1], KEYS[2], KEYS[3]
-else
-  LOCK, QUEUE, DEADLINES, INDEX, NAMES, FENCE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-end
-local LOCK_NAME, WAKE_CHANNEL = ARGV[1], ARGV[2]
+local LOCK_NAME, WAKE_CHANNEL
 
 -- The shard's key prefix '<prefix>:{<namespace>:<shard>}' (its index key
 -- without ':index'), for keys that belong to the whole shard.
-local SHARD = string.sub(INDEX, 1, -7)
+local SHARD
 
 -- How long per-minute counters are kept, and how many distinct
 -- 'kind|event' fields one shard-minute may hold before further kinds are
@@ -87,7 +88,7 @@ end
 -- Lock events for watchers go to '<prefix>:events' (beside the wake-up
 -- channel) as 'namespace\nname\nevent\nholder\ntoken\ntime_ms'. With no
 -- replica subscribed (nobody watches), a PUBLISH costs Redis next to nothing.
-local EVENTS_CHANNEL = string.gsub(WAKE_CHANNEL or '', 'wake$', 'events')
+local EVENTS_CHANNEL
 local function emit(event, holder, token)
   local namespace = string.match(SHARD, '{(.*):%d+}$') or ''
   redis.call('PUBLISH', EVENTS_CHANNEL,
@@ -394,4 +395,20 @@ local function next_token(now_us)
   return token
 end
 
--- The script of the operation follows.
+-- Every function of the library starts here: this call's keys and
+-- arguments, and nothing left over from the call before.
+local function enter(keys, args)
+  KEYS, ARGV = keys, args
+  if #keys == 3 then
+    LOCK, QUEUE, DEADLINES = nil, nil, nil
+    INDEX, NAMES, FENCE = keys[1], keys[2], keys[3]
+  else
+    LOCK, QUEUE, DEADLINES, INDEX, NAMES, FENCE = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
+  end
+  LOCK_NAME, WAKE_CHANNEL = args[1], args[2]
+  SHARD = string.sub(INDEX, 1, -7)
+  EVENTS_CHANNEL = string.gsub(WAKE_CHANNEL or '', 'wake$', 'events')
+  NOW_MS, L = 0, nil
+end
+
+-- The operation's own steps follow, as the body of its function.

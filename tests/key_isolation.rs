@@ -1,6 +1,6 @@
 //! Lua safety and key isolation. Request values reach the scripts only as
-//! KEYS and ARGV, never inside script text: Redis holds no script but
-//! tumbler's own, however hostile the input. And a lock name cannot leave
+//! keys and arguments, never inside script text: Redis holds no code but
+//! tumbler's one function library, however hostile the input. And a lock name cannot leave
 //! its shard or namespace, whatever braces, colons, key-suffix look-alikes
 //! or unicode it holds: every key carries the hash tag
 //! `{<namespace>:<shard>}` the layout computes for it, and locks of one
@@ -285,36 +285,58 @@ async fn info_field(conn: &mut redis::aio::MultiplexedConnection, field: &str) -
         .unwrap()
 }
 
-/// The scripts Redis has cached, checked against tumbler's own: returns
-/// how many there are, and fails if any is not one of tumbler's.
-async fn cached_scripts(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let scripts = Scripts::new();
-    let ours = [
-        &scripts.acquire,
-        &scripts.release,
-        &scripts.extend,
-        &scripts.inspect,
-        &scripts.queue,
-        &scripts.refresh,
-        &scripts.dequeue,
-        &scripts.list,
-        &scripts.reap,
-        &scripts.clear,
-        &scripts.renew,
-    ];
-    let mut exists = redis::cmd("SCRIPT");
-    exists.arg("EXISTS");
-    for script in ours {
-        exists.arg(script.get_hash());
-    }
-    let loaded: Vec<u64> = exists.query_async(conn).await.unwrap();
-    let ours_loaded: u64 = loaded.iter().sum();
+/// The code Redis holds, checked against tumbler's own: no EVAL script
+/// at all, and no function library but tumbler's one, with exactly its
+/// functions (one per operation). Returns how many libraries are loaded.
+async fn loaded_code(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
     let cached = info_field(conn, "number_of_cached_scripts").await;
-    assert_eq!(
-        cached, ours_loaded,
-        "Redis caches {cached} scripts, only {ours_loaded} of them tumbler's: script text depends on input"
-    );
-    cached
+    assert_eq!(cached, 0, "Redis caches {cached} EVAL scripts");
+    let stats: redis::Value = redis::cmd("FUNCTION")
+        .arg("STATS")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let count = |name: &str| counter_after(&stats, name).unwrap_or(0);
+    let (libraries, functions) = (count("libraries_count"), count("functions_count"));
+    if libraries > 0 {
+        let ours: Vec<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(Scripts::new().library_name)
+            .query_async(conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            (libraries, functions, ours.len()),
+            (1, 11, 1),
+            "Redis holds {libraries} libraries with {functions} functions; tumbler's is {} of them: code depends on input",
+            ours.len()
+        );
+    }
+    libraries
+}
+
+/// The integer that follows the string `name` anywhere in a reply.
+fn counter_after(value: &redis::Value, name: &str) -> Option<i64> {
+    let items: Vec<&redis::Value> = match value {
+        redis::Value::Array(items) => items.iter().collect(),
+        redis::Value::Map(pairs) => pairs.iter().flat_map(|(k, v)| [k, v]).collect(),
+        _ => return None,
+    };
+    for (i, item) in items.iter().enumerate() {
+        let is_name = match item {
+            redis::Value::BulkString(bytes) => bytes == name.as_bytes(),
+            redis::Value::SimpleString(text) => text == name,
+            _ => false,
+        };
+        if is_name && let Some(redis::Value::Int(n)) = items.get(i + 1) {
+            return Some(*n);
+        }
+        if let Some(found) = counter_after(item, name) {
+            return Some(found);
+        }
+    }
+    None
 }
 
 /// Every kind of request, with hostile values everywhere a string goes.
@@ -388,12 +410,12 @@ async fn scripts_never_depend_on_input() {
     let server = TestServer::start_with_shards(&redis.url(), SHARDS).await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
-    let _: () = redis::cmd("SCRIPT")
+    let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(cached_scripts(&mut conn).await, 0);
+    assert_eq!(loaded_code(&mut conn).await, 0);
 
     let names = hostile_names();
     let (first, second) = names.split_at(names.len() / 2);
@@ -415,10 +437,9 @@ async fn scripts_never_depend_on_input() {
             .await
             .unwrap();
     }
-    let after_first = cached_scripts(&mut conn).await;
-    assert!(after_first > 0);
+    assert_eq!(loaded_code(&mut conn).await, 1);
 
-    // Other hostile values: not one more script.
+    // Other hostile values: not one more library or function.
     for name in second {
         every_rpc(&mut client, "b", name).await;
     }
@@ -435,7 +456,7 @@ async fn scripts_never_depend_on_input() {
         })
         .await
         .unwrap();
-    assert_eq!(cached_scripts(&mut conn).await, after_first);
+    assert_eq!(loaded_code(&mut conn).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -477,7 +477,7 @@ async fn idle_waiting_costs_redis_only_heartbeats() {
             .and_then(|rest| rest.split(',').next())
             .map_or(0, |n| n.parse().unwrap())
     };
-    let scripts = calls("evalsha") + calls("eval");
+    let scripts = calls("fcall");
     // One heartbeat per lock every queue_ttl/3, whatever the waiter count.
     let heartbeats = idle_ms / (queue_ttl_ms / 3);
     println!(

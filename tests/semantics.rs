@@ -649,3 +649,34 @@ async fn a_semaphore_hands_over_at_a_later_expiry_after_its_earliest_holder_rele
     let served = next.await.unwrap().unwrap().into_inner();
     assert_eq!(served.status(), AcquireStatus::Acquired);
 }
+
+/// Redis can lose tumbler's function library (FUNCTION FLUSH, a restart
+/// without persistence, a failover to a node that never had it): the next
+/// call loads it again and is answered as if nothing happened.
+#[tokio::test]
+async fn a_redis_that_lost_the_function_library_gets_it_back_on_the_next_call() {
+    let (redis, server) = setup().await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    let held = client.acquire(acquire("reload", "h1")).await.unwrap();
+    assert_eq!(held.into_inner().status(), AcquireStatus::Acquired);
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(libraries.is_empty());
+    let reply = client.release(release("reload", "h1")).await.unwrap();
+    assert_eq!(reply.into_inner().status(), ReleaseStatus::Released);
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(libraries.len(), 1, "the library was loaded again");
+}

@@ -445,7 +445,7 @@ impl LockEngine {
     /// wake channel go first, then the operation's own arguments.
     async fn run<T: redis::FromRedisValue>(
         &self,
-        script: &redis::Script,
+        script: &scripts::LockScript,
         lock: &LockId,
         keys: &LockKeys,
         args: &[&str],
@@ -472,7 +472,7 @@ impl LockEngine {
     /// first element) that are grants.
     async fn run_granting<T: redis::FromRedisValue>(
         &self,
-        script: &redis::Script,
+        script: &scripts::LockScript,
         lock: &LockId,
         keys: &LockKeys,
         args: &[&str],
@@ -751,7 +751,7 @@ impl LockEngine {
     /// Runs one shard-walking script (list, reap, clear) on a shard.
     async fn run_on_shard<T: redis::FromRedisValue>(
         &self,
-        script: &redis::Script,
+        script: &scripts::LockScript,
         shard: &keys::ShardKeys,
         args: &[&str],
     ) -> Result<T, StoreError> {

@@ -28,7 +28,9 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, Script, Value};
+use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, Value};
+
+use crate::engine::scripts::LockScript;
 
 pub use target::RedisTarget;
 
@@ -108,6 +110,43 @@ pub fn convert<T: redis::FromRedisValue>(reply: Value) -> Result<T, StoreError> 
         return Err(StoreError::from_redis(err.into()));
     }
     redis::from_redis_value(reply).map_err(|e| StoreError::Protocol(e.to_string()))
+}
+
+/// `FCALL` of one operation of tumbler's library. A Redis (on a cluster:
+/// the node owning the keys) that lacks the library gets it first
+/// (`FUNCTION LOAD REPLACE`: replicas racing to load it load the same
+/// code), then the call is sent again.
+async fn fcall(
+    conn: &mut Conn,
+    script: &LockScript,
+    keys: &[&str],
+    args: &[&str],
+) -> Result<Value, RedisError> {
+    let mut call = redis::cmd("FCALL");
+    call.arg(&script.function)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+    match call.query_async::<Value>(&mut *conn).await {
+        Err(err) if err.to_string().contains("Function not found") => {
+            let mut load = redis::cmd("FUNCTION");
+            load.arg("LOAD").arg("REPLACE").arg(&*script.library);
+            match &mut *conn {
+                Conn::Single(single) => {
+                    let _: Value = load.query_async(single).await?;
+                }
+                Conn::Cluster(cluster) => {
+                    let key = keys.first().copied().unwrap_or_default();
+                    let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+                    let routing =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                    cluster.route_command(load, routing).await?;
+                }
+            }
+            call.query_async(conn).await
+        }
+        other => other,
+    }
 }
 
 /// Settings for the Redis connections.
@@ -464,33 +503,17 @@ impl Store {
         }
     }
 
-    fn invocation<'a>(
-        script: &'a Script,
-        keys: &[&str],
-        args: &[&str],
-    ) -> redis::ScriptInvocation<'a> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        invocation
-    }
-
-    /// Runs a Lua script (EVALSHA, loading it on NOSCRIPT) and converts
-    /// its reply. A reply of the wrong shape is a protocol error, never an
-    /// outage: the conversion happens after Redis answered.
+    /// Runs one operation of tumbler's function library (`FCALL`) and
+    /// converts its reply. A reply of the wrong shape is a protocol error,
+    /// never an outage: the conversion happens after Redis answered.
     pub async fn run_script<T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        script: &LockScript,
         keys: &[&str],
         args: &[&str],
     ) -> Result<T, StoreError> {
-        let invocation = Self::invocation(script, keys, args);
         let reply: Value = self
-            .with_connection(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .with_connection(|mut conn| async move { fcall(&mut conn, script, keys, args).await })
             .await?;
         convert(reply)
     }
@@ -504,7 +527,7 @@ impl Store {
     /// script (and whatever else shared the connection).
     pub async fn run_granting_script<T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        script: &LockScript,
         keys: &[&str],
         args: &[&str],
         granted: impl FnOnce(&Value) -> bool + Send,
@@ -514,11 +537,10 @@ impl Store {
             return self.run_script(script, keys, args).await;
         }
         let timeout_ms = self.min_replicas_timeout.as_millis() as u64;
-        let invocation = Self::invocation(script, keys, args);
         let slot_key = keys.first().map(|k| (*k).to_owned()).unwrap_or_default();
         let (reply, acked): (Value, Option<i64>) = self
             .with_connection(|mut conn| async move {
-                let reply: Value = invocation.invoke_async(&mut conn).await?;
+                let reply: Value = fcall(&mut conn, script, keys, args).await?;
                 if !granted(&reply) {
                     return Ok((reply, None));
                 }
