@@ -30,11 +30,20 @@ fi
 out="$(mktemp -d)"
 echo "==> $(redis-server --version | cut -d' ' -f1-3); $(command -v etcd >/dev/null && etcd --version | head -1 || echo 'no etcd'); $(nproc) cores"
 echo "==> results also in $out"
+# Each benchmark's tables go to the terminal and $out/<name>.md; cargo's
+# output and any panic to $out/<name>.log, shown when it fails.
 if [ "${1:-}" = "--quick" ]; then
-  run() { cargo test --release --locked --bench "$1" -- --nocapture 2>/dev/null | tee "$out/$1.md"; }
+  bench() { cargo test --release --locked --bench "$1" -- --nocapture; }
 else
-  run() { cargo bench --locked --bench "$1" 2>/dev/null | tee "$out/$1.md"; }
+  bench() { cargo bench --locked --bench "$1"; }
 fi
+run() {
+  if ! bench "$1" 2>"$out/$1.log" | tee "$out/$1.md"; then
+    echo "==> benchmark $1 failed:" >&2
+    tail -n 30 "$out/$1.log" >&2
+    return 1
+  fi
+}
 started=$(date +%s)
 for bench in handover script_cost load session_renewal scale; do
   echo

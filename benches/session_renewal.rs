@@ -27,6 +27,10 @@ fn service_args() -> ServiceArgs {
     }
 }
 
+/// Session commands sent before waiting for their answers (a session
+/// runs at most 1,000 at once).
+const IN_FLIGHT: usize = 500;
+
 /// Holds `grants` locks through one session with `ttl_ms`, then counts the
 /// script calls Redis sees during `window`.
 async fn measure(
@@ -54,24 +58,27 @@ async fn measure(
         .await
         .unwrap()
         .into_inner();
-    for i in 0..grants {
-        commands
-            .send(send(Command::Acquire(proto::SessionAcquire {
-                request_id: i as u64,
-                acquire: Some(proto::AcquireRequest {
-                    name: format!("bench-{grants}-{i}"),
-                    ..Default::default()
-                }),
-            })))
-            .await
-            .unwrap();
-    }
+    // In waves: a session runs at most 1,000 commands at once.
     let mut acquired = 0;
-    while acquired < grants {
-        match events.message().await.unwrap().and_then(|r| r.event) {
-            Some(Event::Acquired(_)) => acquired += 1,
-            Some(Event::Opened(_)) => {}
-            other => panic!("unexpected {other:?}"),
+    for wave in (0..grants).collect::<Vec<_>>().chunks(IN_FLIGHT) {
+        for &i in wave {
+            commands
+                .send(send(Command::Acquire(proto::SessionAcquire {
+                    request_id: i as u64,
+                    acquire: Some(proto::AcquireRequest {
+                        name: format!("bench-{grants}-{i}"),
+                        ..Default::default()
+                    }),
+                })))
+                .await
+                .unwrap();
+        }
+        while acquired < wave[wave.len() - 1] + 1 {
+            match events.message().await.unwrap().and_then(|r| r.event) {
+                Some(Event::Acquired(_)) => acquired += 1,
+                Some(Event::Opened(_)) => {}
+                other => panic!("unexpected {other:?}"),
+            }
         }
     }
     let mut conn = redis::Client::open(redis_url)
