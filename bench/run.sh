@@ -4,8 +4,9 @@
 # etcd, for the peer comparison) on free loopback ports and stops them by
 # pid when it ends; nothing is left running.
 #
-# Installs what is missing from Debian's packages: redis-server, and
-# etcd-server for the etcd baseline (the load benchmark skips etcd without it).
+# Installs what is missing from Debian's packages: redis-server, etcd-server
+# for the etcd baseline (the load benchmark skips etcd without it), and
+# valgrind for script_cost's instruction counts (skipped without it).
 #
 #   bench/run.sh            # full size, about 10-15 minutes on 2 cores
 #   bench/run.sh --quick    # the smoke sizes, seconds (what CI runs via cargo test)
@@ -16,13 +17,14 @@ need_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v callgrind_control >/dev/null 2>&1 || missing+=(valgrind)
 if [ "${#missing[@]}" -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     echo "==> installing ${missing[*]} (Debian packages)"
     need_root apt-get update -qq
     need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "missing: ${missing[*]}; install Redis 7 (and etcd 3.4 for the peer baseline)" >&2
+    echo "missing: ${missing[*]}; install Redis 7 (and etcd 3.4 for the peer baseline, valgrind for instruction counts)" >&2
     command -v redis-server >/dev/null 2>&1 || exit 1
   fi
 fi
