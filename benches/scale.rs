@@ -41,14 +41,6 @@ fn service_args() -> ServiceArgs {
     }
 }
 
-async fn redis(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
 /// A field of INFO (e.g. `used_memory`).
 async fn info_field(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -173,7 +165,7 @@ async fn acquire_all(channels: &[Channel], names: Vec<String>, concurrency: usiz
 async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
     let redis_server = RedisServer::start("redis-server").expect("redis-server");
     let server = start_server(&redis_server.url()).await;
-    let mut conn = redis(&redis_server.url()).await;
+    let mut conn = common::redis_conn(&redis_server.url()).await;
     // At most 500 streams per connection: the server allows 1,000
     // (--max-concurrent-streams), and waiting RPCs hold theirs.
     let chans = channels(
@@ -419,7 +411,7 @@ async fn many_waiters(waiters: usize, locks: usize, idle: Duration) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let rss_waiting = serve.rss_kib();
-    let mut conn = redis(&redis_server.url()).await;
+    let mut conn = common::redis_conn(&redis_server.url()).await;
     common::reset_command_stats(&mut conn).await;
     tokio::time::sleep(idle).await;
     let stats = common::command_stats(&mut conn).await;

@@ -123,14 +123,6 @@ async fn baseline_pair(conn: &redis::aio::MultiplexedConnection, release: &redis
     assert_eq!(deleted, 1);
 }
 
-async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
 /// A tumbler server for the measurement: health checks far apart (their
 /// PINGs are not lock work) and no background reaper.
 async fn measured_server(redis_url: &str, redis_timeout_ms: &str) -> ServeProcess {
@@ -180,7 +172,7 @@ async fn command_stats(pairs: u64) {
     let mut client = LockServiceClient::connect(server.endpoint.clone())
         .await
         .unwrap();
-    let mut conn = connect(&redis.url()).await;
+    let mut conn = common::redis_conn(&redis.url()).await;
 
     for i in 0..100 {
         tumbler_pair(&mut client, 1_000_000_000 + i).await;
@@ -343,7 +335,7 @@ async fn instructions(pairs: u64) {
     let mut client = LockServiceClient::connect(server.endpoint.clone())
         .await
         .unwrap();
-    let conn = connect(&redis.url()).await;
+    let conn = common::redis_conn(&redis.url()).await;
     let release = redis::Script::new(COMPARE_AND_DELETE);
     for i in 0..20 {
         tumbler_pair(&mut client, 1_000_000_000 + i).await;

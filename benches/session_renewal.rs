@@ -81,11 +81,7 @@ async fn measure(
             }
         }
     }
-    let mut conn = redis::Client::open(redis_url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = common::redis_conn(redis_url).await;
     common::reset_command_stats(&mut conn).await;
     let keep_alive = commands.clone();
     let ticker = tokio::spawn(async move {

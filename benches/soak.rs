@@ -70,11 +70,7 @@ async fn main() {
         .connect()
         .await
         .unwrap();
-    let mut conn = redis::Client::open(redis_server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = common::redis_conn(&redis_server.url()).await;
 
     let ops = Arc::new(AtomicU64::new(0));
     let stop = tokio_util::sync::CancellationToken::new();

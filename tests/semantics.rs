@@ -15,6 +15,15 @@ async fn setup() -> (tumbler::dev::RedisServer, TestServer) {
     (redis, server)
 }
 
+/// An acquire of a semaphore of 2 with its own lease.
+fn semaphore(name: &str, holder: &str, ttl_ms: u64) -> proto::AcquireRequest {
+    proto::AcquireRequest {
+        limit: Some(2),
+        ttl_ms: Some(ttl_ms),
+        ..acquire(name, holder)
+    }
+}
+
 fn grant(reply: &proto::AcquireResponse) -> proto::Grant {
     reply.grant.clone().expect("a grant")
 }
@@ -177,11 +186,7 @@ async fn an_expired_holder_is_purged_by_the_next_script() {
     let (redis, server) = setup().await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
-    let semaphore = |holder: &str, ttl: u64| proto::AcquireRequest {
-        limit: Some(2),
-        ttl_ms: Some(ttl),
-        ..acquire("purge", holder)
-    };
+    let semaphore = |holder: &str, ttl: u64| semaphore("purge", holder, ttl);
     client.acquire(semaphore("short", 200)).await.unwrap();
     client.acquire(semaphore("long", 30_000)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -561,11 +566,7 @@ async fn a_semaphore_hands_over_at_a_later_expiry_after_its_earliest_holder_rele
     let (redis, server) = setup().await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
-    let semaphore = |holder: &str, ttl: u64| proto::AcquireRequest {
-        limit: Some(2),
-        ttl_ms: Some(ttl),
-        ..acquire("stale", holder)
-    };
+    let semaphore = |holder: &str, ttl: u64| semaphore("stale", holder, ttl);
     let early = client.acquire(semaphore("early", 300)).await.unwrap();
     assert_eq!(early.into_inner().status(), AcquireStatus::Acquired);
     let lapsing = grant(

@@ -86,6 +86,15 @@ pub async fn wait_until_serving(endpoint: &str) {
     panic!("{endpoint} never served");
 }
 
+/// A multiplexed connection to the benchmark's own Redis.
+pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
 /// One line of `INFO commandstats`.
 #[derive(Debug)]
 pub struct CommandStat {
