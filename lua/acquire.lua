@@ -18,12 +18,11 @@ local changed = purge_expired(now) + purge_dead_waiters(now) > 0
 
 -- 2. A holder with a live grant gets that same grant back (idempotent retry).
 if L.mine then
-  local expires, record = split_grant(L.mine)
   if changed then
     settle()
     wake_eligible()
   end
-  return {2, record, expires, L.n, 0, 0, now}
+  return {2, L.mine, L.mine_expires, L.n, 0, 0, now}
 end
 
 -- 2b. A lock this shard does not know yet counts against the namespace's
@@ -71,14 +70,11 @@ if free > 0 and ahead == 0 then
   local expires = now + ttl
   local record = string.format('%d|%d|%d|%d|%s|%s', token, slot, now, ttl, ARGV[6], ARGV[7])
   L.n, L.limit, L.top = held + 1, limit, math.max(L.top, slot)
-  L.e = held > 0 and math.min(L.e, expires) or expires
-  change('g:' .. holder, int(expires) .. '|' .. record)
+  put_grant(holder, expires, record)
   change('s:' .. int(slot), holder)
   change('n', int(L.n))
-  change('e', int(L.e))
   change('top', int(L.top))
   change('limit', ARGV[4])
-  keep_keys_until(expires)
   local next_expiry = settle()
   count(ARGV[6], 'acquired')
   emit('acquired', holder, int(token))

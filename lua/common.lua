@@ -155,7 +155,10 @@ end
 -- date by the steps below; settle writes what changed.
 --   n, e, top, limit: the hash's fields (0 when absent; limit 1)
 --   exists:   the lock's hash existed when the script began
---   mine:     the stored grant of the holder load_lock was asked about
+--   listed:   the caller found the lock in a shard index (settle then
+--             removes index entries even when the hash is gone)
+--   mine, mine_expires: the grant record and lease expiry of the holder
+--             load_lock was asked about (nil when it holds nothing)
 --   changes:  fields to write back in settle ('n', 'e', ... and grants)
 --   removed:  fields to delete in settle (unless the whole key goes)
 --   keep_until: the keys must live at least until then (0: no new need)
@@ -164,15 +167,17 @@ end
 --   queue_fresh: this script made the queue keys (they have no TTL yet)
 local L
 
-local function load_lock(holder)
+local function load_lock(holder, listed)
   local v = redis.call('HMGET', LOCK, 'n', 'e', 'top', 'limit', 'seq', 'g:' .. (holder or ''))
   L = {
     n = tonumber(v[1] or '0'), e = tonumber(v[2] or '0'), top = tonumber(v[3] or '0'),
     limit = tonumber(v[4] or '1'), exists = (v[1] or v[5]) and true or false,
-    holder = holder, mine = v[6] or nil, changes = {}, removed = {}, keep_until = 0,
+    listed = listed or false, holder = holder, changes = {}, removed = {}, keep_until = 0,
     queue_known = false, head = nil, queue_fresh = false, may_wait = v[5] and true or false,
   }
-  return L
+  if v[6] then
+    L.mine_expires, L.mine = split_grant(v[6])
+  end
 end
 
 -- Queue a field for settle's one HSET.
@@ -201,24 +206,30 @@ local function keep_keys_until(at)
   L.keep_until = math.max(L.keep_until, at + KEY_GRACE_MS)
 end
 
--- Delete the fields dropped so far (before anything reads them again).
-local function flush_removed()
-  for first = 1, #L.removed, BATCH do
-    redis.call('HDEL', LOCK, unpack(L.removed, first, math.min(first + BATCH - 1, #L.removed)))
-  end
-  L.removed = {}
-end
-
--- HMGET of many fields, in batches.
-local function hmget_all(fields)
+-- A command on many fields of the lock's hash (HMGET, HDEL), in batches;
+-- returns the replies' elements in field order (HMGET's values).
+local function on_fields(command, fields)
   local values = {}
   for first = 1, #fields, BATCH do
-    local part = redis.call('HMGET', LOCK, unpack(fields, first, math.min(first + BATCH - 1, #fields)))
-    for _, value in ipairs(part) do
-      table.insert(values, value)
+    local part = redis.call(command, LOCK, unpack(fields, first, math.min(first + BATCH - 1, #fields)))
+    if type(part) == 'table' then
+      for _, value in ipairs(part) do
+        table.insert(values, value)
+      end
     end
   end
   return values
+end
+
+-- HMGET of many fields.
+local function hmget_all(fields)
+  return on_fields('HMGET', fields)
+end
+
+-- Delete the fields dropped so far (before anything reads them again).
+local function flush_removed()
+  on_fields('HDEL', L.removed)
+  L.removed = {}
 end
 
 -- Every holder of the lock, expired or not: {{holder, expires, record}, ...}
@@ -260,8 +271,18 @@ local function drop_grant(holder, record)
   end
   change('n', int(L.n))
   if holder == L.holder then
-    L.mine = nil
+    L.mine, L.mine_expires = nil, nil
   end
+end
+
+-- Store a holder's grant with its lease expiry (L.n already counts it):
+-- 'e' stays a bound no lease ends before (exact for a sole holder), and
+-- the keys outlive the lease.
+local function put_grant(holder, expires, record)
+  change('g:' .. holder, int(expires) .. '|' .. record)
+  L.e = L.n == 1 and expires or math.min(L.e, expires)
+  change('e', int(L.e))
+  keep_keys_until(expires)
 end
 
 -- Holders whose lease has passed stop counting now: drop their grants
@@ -343,7 +364,7 @@ end
 local function settle()
   local head = queue_head()
   if L.n == 0 and not head then
-    if L.exists or #L.changes > 0 then
+    if L.exists or L.listed or #L.changes > 0 then
       redis.call('DEL', LOCK, QUEUE, DEADLINES)
       redis.call('ZREM', INDEX, LOCK_NAME)
       redis.call('ZREM', NAMES, LOCK_NAME)

@@ -9,7 +9,7 @@ load_lock(holder)
 local changed = purge_expired(now) + purge_dead_waiters(now) > 0
 
 -- 2. Only a live grant of this holder (with this token, if given).
-local record = L.mine and select(2, split_grant(L.mine))
+local record = L.mine
 if not record or (token ~= '' and record_token(record) ~= token) then
   if changed then
     settle()
@@ -23,11 +23,7 @@ local head, old_ttl, tail = string.match(record, '^(%d+|%d+|%d+|)(%d+)(|.*)$')
 local ttl = ARGV[5] ~= '' and ARGV[5] or old_ttl
 local expires = now + tonumber(ttl)
 record = head .. ttl .. tail
-change('g:' .. holder, int(expires) .. '|' .. record)
--- 'e' stays a bound no lease ends before; a sole holder's is exact.
-L.e = L.n == 1 and expires or math.min(L.e, expires)
-change('e', int(L.e))
-keep_keys_until(expires)
+put_grant(holder, expires, record)
 
 -- 4. Key TTLs and the shard index follow the new lease.
 settle()

@@ -22,7 +22,7 @@ end
 
 for _, name in ipairs(names) do
   use_lock(shard, name)
-  load_lock()
+  load_lock(nil, true)
   -- 2. An index entry whose lock's key already expired is stale.
   if not L.exists then
     stale = stale + 1
@@ -52,12 +52,7 @@ for _, name in ipairs(names) do
       end
     end
   end
-  -- 5. Keys, indexes and wake-ups follow. An index entry without its
-  --    lock goes too (settle only cleans up what it saw).
-  if not L.exists then
-    redis.call('ZREM', INDEX, name)
-    redis.call('ZREM', NAMES, name)
-  end
+  -- 5. Keys, indexes (a stale entry included) and wake-ups follow.
   settle()
   wake_eligible()
 end

@@ -11,7 +11,7 @@ load_lock(holder)
 local changed = purge_expired(now) + purge_dead_waiters(now) > 0
 
 -- 2. Only a live grant of this holder (with this token, if given) is released.
-local record = L.mine and select(2, split_grant(L.mine))
+local record = L.mine
 if not record or (token ~= '' and record_token(record) ~= token) then
   if changed then
     settle()

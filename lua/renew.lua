@@ -15,13 +15,9 @@ for k = 4, #ARGV, 4 do
   purge_expired(now)
   -- 2. Only the same grant (holder and token) is renewed; its record keeps
   --    the ttl it was granted with.
-  local record = L.mine and select(2, split_grant(L.mine))
+  local record = L.mine
   if record and record_token(record) == token then
-    local expires = now + ttl
-    change('g:' .. holder, int(expires) .. '|' .. record)
-    L.e = L.n == 1 and expires or math.min(L.e, expires)
-    change('e', int(L.e))
-    keep_keys_until(expires)
+    put_grant(holder, now + ttl, record)
     settle()
   else
     table.insert(lost, (k - 4) / 4 + 1)
