@@ -150,6 +150,7 @@ impl Client {
                         queue_ttl_ms: *queue_ttl_ms,
                         priority: 0,
                         fair: true,
+                        answer_by: None,
                     })
                     .await
                     .expect("engine acquire");

@@ -501,6 +501,7 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
                             queue_ttl_ms: 5_000,
                             priority: 0,
                             fair: true,
+                            answer_by: None,
                         })
                         .await
                         .unwrap();

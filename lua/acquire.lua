@@ -1,128 +1,136 @@
 -- acquire: take one of `limit` permits of a lock for a holder, or, when the
 -- caller waits, hold its place in the lock's queue.
--- ARGV: 3 holder, 4 limit, 5 ttl_ms, 6 kind, 7 metadata JSON,
---       8 mode ('try' once | 'wait'), 9 fair ('1' | '0'), 10 priority,
---       11 queue_ttl_ms, 12 wait left (ms), 13 max waiters per lock,
---       14 max locks of the namespace in this shard ('0' = no limit)
--- Returns {status, grant record, expires_at, holders, next_expiry, position, now}
---   status 1 = acquired, 2 = already held (the existing grant),
---          0 = not granted (position > 0: queued at that place), -1 = queue full,
---          -2 = the namespace has no room for another lock in this shard
-local holder, limit, ttl = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-local waiting, fair, priority = ARGV[8] == 'wait', ARGV[9] == '1', tonumber(ARGV[10])
-local now, now_us = redis_now()
-load_lock(holder)
+-- KEYS[1] the lock
+-- ARGV: holder, limit, ttl_ms, kind, metadata (JSON; '' = none),
+--       answer_by (Redis ms; '0' = none),
+--       flags ('f' = fair: takes its turn in the queue; 'e' = publish events),
+--       then, when any is not its default: priority (absent = 0),
+--       max_locks (of the namespace in this shard; absent or '0' = no limit),
+--       and, only when waiting: wait_ms (left), queue_ttl_ms, max_waiters (per lock)
+-- Returns {status, now, holders, next_expiry, position or the lock's limit,
+--          slot, grant, events...}
+--   OK / HELD: slot and grant are the holder's; BUSY, QUEUED (position),
+--   QUEUE_FULL, NAMESPACE_FULL, LIMIT_MISMATCH (the lock's limit), LATE.
+local a = named(ARGV, {'holder', 'limit', 'ttl', 'kind', 'metadata', 'answer_by', 'flags',
+  'priority', 'max_locks', 'wait_ms', 'queue_ttl', 'max_waiters'})
+local limit, max_locks = tonumber(a.limit), tonumber(a.max_locks or '0')
+local fair = string.find(a.flags, 'f', 1, true) ~= nil
+local watched = string.find(a.flags, 'e', 1, true) ~= nil
+local waiting, priority = a.wait_ms ~= nil, tonumber(a.priority or '0')
+local now, now_us = clock()
 
--- 1. Expired leases and dead waiters stop counting before anything is decided.
-local changed = purge_expired(now) + purge_dead_waiters(now) > 0
+-- 1. Past the caller's answer-by time nothing happens: it was told no.
+if late(a.answer_by, now) then
+  return {LATE, now, 0, 0, 0}
+end
+local shard, rest = split_key(KEYS[1])
+local L = load(lock_of(shard, string.sub(rest, 3)), a.holder, watched)
 
--- 2. A holder with a live grant gets that same grant back (idempotent retry).
+-- 2. Expired leases and dead waiters stop counting before anything is decided.
+local changed = purge(L, now)
+
+-- 3. A holder with a live grant gets that same grant back (idempotent retry).
 if L.mine then
-  if changed then
-    settle()
-    wake_eligible()
-  end
-  return {2, L.mine, L.mine_expires, L.n, 0, 0, now}
+  settle_purged(L, changed)
+  return {HELD, now, L.n, 0, 0, L.mine_slot, L.mine.text, unpack(L.events)}
 end
 
--- 2b. A lock this shard does not know yet counts against the namespace's
---     lock limit; at the limit it is refused before anything is written.
-local max_locks = tonumber(ARGV[14])
-if max_locks > 0 and not L.exists and redis.call('ZCARD', NAMES) >= max_locks then
-  return {-2, '', 0, 0, 0, 0, now}
+-- 4. The limit belongs to the lock while anyone holds or waits.
+if (L.n > 0 or queue_head(L)) and L.limit ~= limit then
+  settle_purged(L, changed)
+  return {LIMIT_MISMATCH, now, L.n, 0, L.limit, unpack(L.events)}
 end
 
--- 3. Its place: how many live requests go before it. Fair requests queue
+-- 5. A lock the shard does not have yet counts against the namespace's
+--    lock limit (only when there is one).
+if not room_for_lock(L, max_locks, now) then
+  return {NAMESPACE_FULL, now, 0, 0, 0}
+end
+
+-- 6. Its place: how many live requests go before it. Fair requests queue
 --    behind everyone of their priority or higher; barging ones do not.
-local held = L.n
-local free = limit - held
-local queued_order = queue_head() and redis.call('ZSCORE', QUEUE, holder)
+local free = limit - L.n
+local queued_order = queue_head(L) and redis.call('ZSCORE', L.queue, a.holder)
 local ahead = 0
 if fair and queued_order then
-  ahead = redis.call('ZCOUNT', QUEUE, '-inf', '(' .. queued_order)
-elseif fair and queue_head() then
-  ahead = redis.call('ZCOUNT', QUEUE, '-inf', '(' .. int((PRIORITY_MAX - priority + 1) * ARRIVALS))
+  ahead = redis.call('ZCOUNT', L.queue, '-inf', '(' .. queued_order)
+elseif fair and queue_head(L) then
+  ahead = redis.call('ZCOUNT', L.queue, '-inf', '(' .. int((PRIORITY_MAX - priority + 1) * ARRIVALS))
 end
 
--- 4. A free permit and nobody ahead: grant, with a fresh token and the
---    smallest free slot (with `held` slots taken, one of 1..held+1 is free).
---    Only the head of the queue is granted, so grants follow queue order
---    exactly, for semaphores too.
+-- 7. A free permit and nobody ahead: grant, with a fresh token and the
+--    smallest free slot (with n slots taken, one of 1..n+1 is free). Only
+--    the head of the queue is granted, so grants follow queue order.
 if free > 0 and ahead == 0 then
   if queued_order then
-    drop_waiter(holder)
+    drop_waiters(L, {a.holder})
   end
   local slot = 1
-  if held > 0 then
-    flush_removed()
-    local fields = {}
-    for s = 1, held + 1 do
-      fields[s] = 's:' .. int(s)
+  if L.n > 0 then
+    -- Slots freed by this very call (purged above) are free too, though
+    -- their fields go only in settle.
+    local freed = {}
+    for _, field in ipairs(L.removed) do
+      freed[field] = true
     end
-    for s, taken in ipairs(hmget_all(fields)) do
-      if not taken then
+    local slots = {}
+    for s = 1, L.n + 1 do
+      slots[s] = int(s)
+    end
+    local taken = on_fields(L, 'HMGET', slots)
+    for s = 1, L.n + 1 do
+      if not taken[s] or freed[slots[s]] then
         slot = s
         break
       end
     end
   end
-  local token = next_token(now_us)
-  local expires = now + ttl
-  local record = string.format('%d|%d|%d|%d|%s|%s', token, slot, now, ttl, ARGV[6], ARGV[7])
-  L.n, L.limit, L.top = held + 1, limit, math.max(L.top, slot)
-  put_grant(holder, expires, record)
-  change('s:' .. int(slot), holder)
-  change('n', int(L.n))
-  change('top', int(L.top))
-  change('limit', ARGV[4])
-  local next_expiry = settle()
-  count(ARGV[6], 'acquired')
-  emit('acquired', holder, int(token))
+  local grant = {
+    expires = now + tonumber(a.ttl), token = next_token(L, now_us), acquired = now,
+    ttl = a.ttl, kind = a.kind, holder = a.holder, metadata = a.metadata,
+  }
+  L.n, L.limit, L.top = L.n + 1, limit, math.max(L.top, slot)
+  put_grant(L, slot, grant)
+  if limit > 1 then
+    change(L, 'h:' .. a.holder, int(slot))
+  end
+  settle(L, max_locks)
+  emit(L, 'acquired', a.holder, grant.token, now)
   -- A permit left over goes to the next waiter in line.
-  if free > 1 then
-    wake_eligible()
+  if free > 1 or changed then
+    wake_eligible(L)
   end
-  return {1, record, expires, L.n, next_expiry, 0, now}
+  return {OK, now, L.n, L.e, 0, slot, grant.text, unpack(L.events)}
 end
 
--- 5. Not granted, trying once: nothing is queued.
+-- 8. Not granted, trying once: nothing is queued.
 if not waiting then
-  count(ARGV[6], 'denied')
-  local next_expiry = L.n > 0 and L.e or 0
-  if changed then
-    next_expiry = settle()
-    wake_eligible()
-  end
-  return {0, '', 0, held, next_expiry, 0, now}
+  settle_purged(L, changed)
+  return {BUSY, now, L.n, L.n > 0 and L.e or 0, 0, unpack(L.events)}
 end
 
--- 6. Not granted, waiting: join the queue once (arrival order from the
+-- 9. Not granted, waiting: join the queue once (arrival order from the
 --    lock's counter), then keep the request alive for queue_ttl_ms.
 if not queued_order then
-  if queue_head() and redis.call('ZCARD', QUEUE) >= tonumber(ARGV[13]) then
-    if changed then
-      settle()
-      wake_eligible()
-    end
-    return {-1, '', 0, held, 0, 0, now}
+  if queue_head(L) and redis.call('ZCARD', L.queue) >= tonumber(a.max_waiters) then
+    settle_purged(L, changed)
+    return {QUEUE_FULL, now, L.n, 0, 0, unpack(L.events)}
   end
-  L.queue_fresh = not queue_head()
-  local arrival = redis.call('HINCRBY', LOCK, 'seq', '1')
-  L.may_wait = true
-  redis.call('ZADD', QUEUE, int((PRIORITY_MAX - priority) * ARRIVALS + arrival), holder)
-  local wait_deadline = now + tonumber(ARGV[12])
-  redis.call('HSET', LOCK, 'w:' .. holder,
-    string.format('%d|%d|%d|%s|%s', priority, now, wait_deadline, fair and '1' or '0', ARGV[6]))
-  queue_changed()
-  emit('queued', holder)
+  L.queue_fresh = not queue_head(L)
+  L.seq, L.limit, L.dirty = L.seq + 1, limit, true
+  redis.call('ZADD', L.queue, int((PRIORITY_MAX - priority) * ARRIVALS + L.seq), a.holder)
+  change(L, 'w:' .. a.holder, string.format('%d|%d|%d|%s|%s',
+    priority, now, now + tonumber(a.wait_ms), fair and '1' or '0', a.kind))
+  L.queue_known = false
+  emit(L, 'queued', a.holder, nil, now)
 end
-local deadline = now + tonumber(ARGV[11])
-redis.call('ZADD', DEADLINES, int(deadline), holder)
-keep_keys_until(deadline)
+local deadline = now + tonumber(a.queue_ttl)
+redis.call('ZADD', L.deadlines, int(deadline), a.holder)
+keep_keys_until(L, deadline)
 
--- 7. Key TTLs, the index, and a wake-up when expiries freed permits.
-local next_expiry = settle()
+-- 10. Keys and their TTLs, and a wake-up when expiries freed permits.
+settle(L, max_locks)
 if changed then
-  wake_eligible()
+  wake_eligible(L)
 end
-return {0, '', 0, held, next_expiry, redis.call('ZRANK', QUEUE, holder) + 1, now}
+return {QUEUED, now, L.n, L.n > 0 and L.e or 0, redis.call('ZRANK', L.queue, a.holder) + 1, unpack(L.events)}

@@ -1,25 +1,27 @@
--- clear: release every lock of one shard and drop its queues (an admin
--- operation), one batch of locks per call.
--- KEYS: 1 index, 2 names, 3 fence (a shard script)
--- ARGV: 3 shard key prefix, 4 most locks per call
--- Returns {locks cleared, grants released, requests dropped, 1 if more remain}
-local shard = ARGV[3]
+-- clear: release every lock of some of one shard's locks and drop their
+-- queues (an admin operation; the replica found their keys with SCAN).
+-- KEYS[1] the shard's fence key (a shard function)
+-- ARGV: watched ('1' = publish events), then lock names
+-- Returns {locks cleared, grants released, requests dropped}
+local a = named(ARGV, {'watched'})
+local now = clock()
+local shard = split_key(KEYS[1])
 local locks, grants, requests = 0, 0, 0
 
--- 1. The first locks by name (each call removes what it visits).
-for _, name in ipairs(redis.call('ZRANGE', NAMES, '0', int(tonumber(ARGV[4]) - 1))) do
-  use_lock(shard, name)
-  -- 2. Count what goes, then delete the lock's keys and index entries.
-  grants = grants + tonumber(redis.call('HGET', LOCK, 'n') or '0')
-  requests = requests + redis.call('ZCARD', QUEUE)
-  redis.call('DEL', LOCK, QUEUE, DEADLINES)
-  redis.call('ZREM', INDEX, name)
-  redis.call('ZREM', NAMES, name)
-  locks = locks + 1
+for k = 2, #ARGV do
+  local L = load(lock_of(shard, ARGV[k]), nil, a.watched)
+  if L.exists then
+    -- 1. Count what goes (and tell watchers), then delete the lock's keys.
+    for _, entry in ipairs(all_grants(L)) do
+      emit(L, 'cleared', entry[2].holder, entry[2].token, now)
+    end
+    grants = grants + L.n
+    if L.seq > 0 then
+      requests = requests + redis.call('ZCARD', L.queue)
+    end
+    redis.call('DEL', L.key, L.queue, L.deadlines)
+    redis.call('ZREM', shard .. ':n', L.name)
+    locks = locks + 1
+  end
 end
-
--- 3. Index entries without a name entry (should not exist) go too.
-if redis.call('ZCARD', NAMES) == 0 then
-  redis.call('DEL', INDEX)
-end
-return {locks, grants, requests, redis.call('ZCARD', NAMES) > 0 and 1 or 0}
+return {locks, grants, requests}

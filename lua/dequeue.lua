@@ -1,26 +1,27 @@
 -- dequeue: a waiting request leaves the queue (its RPC timed out or was
 -- cancelled).
--- ARGV: 3 request id, 4 why ('timeout' is counted as timed_out; 'cancel' is not)
--- Returns the position it had (1-based), or 0 when it was not queued.
-local id = ARGV[3]
-local now = redis_now()
-load_lock()
+-- KEYS[1] the lock
+-- ARGV: request id, watched ('1' = publish events)
+-- Returns {now, the position it had (1-based; 0 = it was not queued),
+--          the kind it waited as, events...}
+local a = named(ARGV, {'id', 'watched'})
+local now = clock()
+local shard, rest = split_key(KEYS[1])
+local L = load(lock_of(shard, string.sub(rest, 3)), nil, a.watched)
 
 -- 1. Expired leases and dead waiters leave too.
-purge_expired(now)
-purge_dead_waiters(now)
+purge(L, now)
 
 -- 2. Leave the queue.
-local rank = queue_head() and redis.call('ZRANK', QUEUE, id)
+local rank = queue_head(L) and redis.call('ZRANK', L.queue, a.id)
+local kind = ''
 if rank then
-  if ARGV[4] == 'timeout' then
-    count(waiter_kind(redis.call('HGET', LOCK, 'w:' .. id)), 'timed_out')
-  end
-  emit('dequeued', id)
-  drop_waiter(id)
+  kind = waiter_kind(redis.call('HGET', L.key, 'w:' .. a.id))
+  emit(L, 'dequeued', a.id, nil, now)
+  drop_waiters(L, {a.id})
 end
 
--- 3. Key TTLs and the index; whoever moves up may now be granted.
-settle()
-wake_eligible()
-return rank and rank + 1 or 0
+-- 3. Key TTLs; whoever moves up may now be granted.
+settle(L)
+wake_eligible(L)
+return {now, rank and rank + 1 or 0, kind, unpack(L.events)}

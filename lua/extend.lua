@@ -1,34 +1,41 @@
 -- extend: reset the remaining lease of a live grant, only for its holder.
--- ARGV: 3 holder, 4 fencing token ('' = any), 5 ttl_ms ('' = the grant's own ttl)
--- Returns {1, grant record, expires_at} = extended, {0, '', 0} = not held
-local holder, token = ARGV[3], ARGV[4]
-local now = redis_now()
-load_lock(holder)
+-- KEYS[1] the lock
+-- ARGV: holder, token ('' = any), ttl_ms ('' = the grant's own ttl),
+--       answer_by (Redis ms; '0' = none), watched ('1' = publish events)
+-- Returns {OK, now, slot, grant, events...}, {NOT_HELD, now, 0, '', events...}
+--         or {LATE, now, 0, ''}
+local a = named(ARGV, {'holder', 'token', 'ttl', 'answer_by', 'watched'})
+local now = clock()
 
--- 1. An expired lease cannot be extended: it is already lost.
-local changed = purge_expired(now) + purge_dead_waiters(now) > 0
+-- 1. Past the caller's answer-by time nothing happens: it was told no.
+if late(a.answer_by, now) then
+  return {LATE, now, 0, ''}
+end
+local shard, rest = split_key(KEYS[1])
+local L = load(lock_of(shard, string.sub(rest, 3)), a.holder, a.watched)
 
--- 2. Only a live grant of this holder (with this token, if given).
-local record = L.mine
-if not record or (token ~= '' and record_token(record) ~= token) then
-  if changed then
-    settle()
-    wake_eligible()
-  end
-  return {0, '', 0}
+-- 2. An expired lease cannot be extended: it is already lost.
+local changed = purge(L, now)
+
+-- 3. Only a live grant of this holder (with this token, if given).
+local grant, slot = L.mine, L.mine_slot
+if not grant or (a.token ~= '' and grant.token ~= a.token) then
+  settle_purged(L, changed)
+  return {NOT_HELD, now, 0, '', unpack(L.events)}
 end
 
--- 3. The new lease runs from now; the record keeps the ttl it was given.
-local head, old_ttl, tail = string.match(record, '^(%d+|%d+|%d+|)(%d+)(|.*)$')
-local ttl = ARGV[5] ~= '' and ARGV[5] or old_ttl
-local expires = now + tonumber(ttl)
-record = head .. ttl .. tail
-put_grant(holder, expires, record)
+-- 4. The new lease runs from now; the grant keeps the ttl it was given
+--    unless a new one is asked for.
+if a.ttl ~= '' then
+  grant.ttl = a.ttl
+end
+grant.expires = now + tonumber(grant.ttl)
+put_grant(L, slot, grant)
 
--- 4. Key TTLs and the shard index follow the new lease.
-settle()
-count(record_kind(record), 'extended')
+-- 5. The key's TTL follows the new lease when it must.
+settle(L)
+emit(L, 'extended', a.holder, grant.token, now)
 if changed then
-  wake_eligible()
+  wake_eligible(L)
 end
-return {1, record, expires}
+return {OK, now, slot, grant.text, unpack(L.events)}

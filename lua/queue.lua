@@ -1,18 +1,35 @@
 -- queue: a lock's live waiting requests in grant order. Reads only: dead
 -- requests are left out here and purged by the next write.
--- ARGV: 3 most entries to return
+-- KEYS[1] the lock
+-- ARGV: most entries to return
 -- Returns {now, live waiters, {{id, liveness deadline, waiter record}, ...}}
-local most = tonumber(ARGV[3])
-local now = redis_now()
+local a = named(ARGV, {'most'})
+local most = tonumber(a.most)
+local now = clock()
+local shard, rest = split_key(KEYS[1])
+local L = lock_of(shard, string.sub(rest, 3))
 
 -- 1. Walk the queue in order, skipping requests whose replica went quiet.
 local entries, live = {}, 0
-for _, id in ipairs(redis.call('ZRANGE', QUEUE, '0', '-1')) do
-  local deadline = tonumber(redis.call('ZSCORE', DEADLINES, id) or '0')
-  if deadline > now then
-    live = live + 1
-    if #entries < most then
-      table.insert(entries, {id, deadline, redis.call('HGET', LOCK, 'w:' .. id) or ''})
+local ids = redis.call('ZRANGE', L.queue, '0', '-1')
+for first = 1, #ids, BATCH do
+  local last = math.min(first + BATCH - 1, #ids)
+  local deadlines = redis.call('ZMSCORE', L.deadlines, unpack(ids, first, last))
+  local wanted, fields = {}, {}
+  for i = first, last do
+    local deadline = tonumber(deadlines[i - first + 1] or '0')
+    if deadline > now then
+      live = live + 1
+      if #entries + #wanted < most then
+        table.insert(wanted, {ids[i], deadline})
+        table.insert(fields, 'w:' .. ids[i])
+      end
+    end
+  end
+  if #fields > 0 then
+    local records = redis.call('HMGET', L.key, unpack(fields))
+    for i, entry in ipairs(wanted) do
+      table.insert(entries, {entry[1], entry[2], records[i] or ''})
     end
   end
 end

@@ -1,64 +1,68 @@
--- reap: clean up one shard now. Without a cutoff it visits the locks whose
--- next expiry has passed (the expiry index says which); with a cutoff it
--- walks every lock in name order and also drops grants acquired and
--- requests queued before the cutoff (clear_old_locks, clear_dead_requests).
--- KEYS: 1 index, 2 names, 3 fence (a shard script)
--- ARGV: 2 wake channel, 3 shard key prefix, 4 most locks to visit,
---       5 older than (ms; '' = no cutoff), 6 resume after this name
--- Returns {expired leases, dead waiters, stale index entries, old grants,
---          old waiters, locks visited, last name visited ('' = done)}
-local shard, most, after = ARGV[3], tonumber(ARGV[4]), ARGV[6]
-local now = redis_now()
-local cutoff = ARGV[5] ~= '' and now - tonumber(ARGV[5]) or nil
-local expired, dead, stale, old_grants, old_waiters = 0, 0, 0, 0, 0
+-- reap: clean up some locks of one shard now (the replica found their keys
+-- with SCAN): expired leases and dead waiters go; with a cutoff, grants
+-- acquired and requests queued before it go too (clear_old_locks,
+-- clear_dead_requests).
+-- KEYS[1] the shard's fence key (a shard function)
+-- ARGV: older than (ms; '' = no cutoff), watched ('1' = publish events),
+--       then lock names
+-- Returns {expired leases, dead waiters, locks gone already, old grants,
+--          old waiters, locks visited, events...}
+local a = named(ARGV, {'older_than', 'watched'})
+local now = clock()
+local cutoff = a.older_than ~= '' and now - tonumber(a.older_than) or nil
+local shard = split_key(KEYS[1])
+local expired, dead, gone, old_grants, old_waiters = 0, 0, 0, 0, 0
+local events = {}
 
--- 1. Which locks: overdue ones, or (cutoff) the next ones by name.
-local names
-if cutoff then
-  names = redis.call('ZRANGE', NAMES, after == '' and '-' or ('(' .. after), '+', 'BYLEX', 'LIMIT', '0', ARGV[4])
-else
-  names = redis.call('ZRANGEBYSCORE', INDEX, '-inf', int(now), 'LIMIT', '0', ARGV[4])
-end
-
-for _, name in ipairs(names) do
-  use_lock(shard, name)
-  load_lock(nil, true)
-  -- 2. An index entry whose lock's key already expired is stale.
+for k = 3, #ARGV do
+  local L = load(lock_of(shard, ARGV[k]), nil, a.watched)
   if not L.exists then
-    stale = stale + 1
-  end
-  -- 3. Leases that passed and waiters whose replica went quiet.
-  expired = expired + purge_expired(now)
-  dead = dead + purge_dead_waiters(now)
-  -- 4. With a cutoff: grants and requests older than it, live or not.
-  if cutoff then
-    for _, grant in ipairs(all_grants()) do
-      local holder, record = grant[1], grant[3]
-      if tonumber(string.match(record, '^%d+|%d+|(%d+)|')) < cutoff then
-        drop_grant(holder, record)
-        count(record_kind(record), 'reaped')
-        old_grants = old_grants + 1
+    -- 1. Its key expired (or was released) since the scan saw it.
+    gone = gone + 1
+  else
+    -- 2. Leases that passed and waiters whose replica went quiet.
+    expired = expired + purge_expired(L, now)
+    dead = dead + purge_dead_waiters(L, now)
+    -- 3. With a cutoff: grants and requests older than it, live or not.
+    if cutoff then
+      for _, entry in ipairs(all_grants(L)) do
+        local slot, grant = entry[1], entry[2]
+        if grant.acquired < cutoff then
+          drop_grant(L, slot, grant)
+          note(L, 'reaped', grant.kind)
+          emit(L, 'reaped', grant.holder, grant.token, now)
+          old_grants = old_grants + 1
+        end
       end
-    end
-    if queue_head() then
-      for _, id in ipairs(redis.call('ZRANGE', QUEUE, '0', '-1')) do
-        local record = redis.call('HGET', LOCK, 'w:' .. id) or ''
-        local enqueued = tonumber(string.match(record, '^%-?%d+|(%d+)|') or '0')
-        if enqueued < cutoff then
-          drop_waiter(id)
-          count(waiter_kind(record), 'reaped')
-          old_waiters = old_waiters + 1
+      if queue_head(L) then
+        local ids = redis.call('ZRANGE', L.queue, '0', '-1')
+        local fields = {}
+        for i, id in ipairs(ids) do
+          fields[i] = 'w:' .. id
+        end
+        local records = on_fields(L, 'HMGET', fields)
+        local old = {}
+        for i, id in ipairs(ids) do
+          local enqueued = tonumber(string.match(records[i] or '', '^%-?%d+|(%d+)|') or '0')
+          if enqueued < cutoff then
+            table.insert(old, id)
+            note(L, 'reaped', waiter_kind(records[i]))
+            emit(L, 'dequeued', id, nil, now)
+          end
+        end
+        if #old > 0 then
+          drop_waiters(L, old)
+          old_waiters = old_waiters + #old
         end
       end
     end
+    -- 4. Keys and wake-ups follow.
+    settle(L)
+    wake_eligible(L)
+    for _, item in ipairs(L.events) do
+      table.insert(events, item)
+    end
   end
-  -- 5. Keys, indexes (a stale entry included) and wake-ups follow.
-  settle()
-  wake_eligible()
 end
 
-local last = ''
-if #names == most then
-  last = names[#names]
-end
-return {expired, dead, stale, old_grants, old_waiters, #names, last}
+return {expired, dead, gone, old_grants, old_waiters, #ARGV - 2, unpack(events)}

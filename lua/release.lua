@@ -1,31 +1,29 @@
 -- release: give a grant back; only its holder can, optionally pinned to its
--- fencing token. The freed permit goes to the next waiters in line.
--- ARGV: 3 holder, 4 fencing token ('' = any)
--- Returns {1, the released grant record, now} = released,
---         {0, '', now} = not held (nothing changed for this holder)
-local holder, token = ARGV[3], ARGV[4]
-local now = redis_now()
-load_lock(holder)
+-- fencing token. The freed permit goes to the next waiter in line.
+-- KEYS[1] the lock
+-- ARGV: holder, token ('' = any), watched ('1' = publish events)
+-- Returns {OK, now, slot, the released grant, events...} or
+--         {NOT_HELD, now, 0, '', events...} (nothing changed for this holder)
+local a = named(ARGV, {'holder', 'token', 'watched'})
+local now = clock()
+local shard, rest = split_key(KEYS[1])
+local L = load(lock_of(shard, string.sub(rest, 3)), a.holder, a.watched)
 
 -- 1. Expired leases and dead waiters go first: an expired holder no longer holds.
-local changed = purge_expired(now) + purge_dead_waiters(now) > 0
+local changed = purge(L, now)
 
 -- 2. Only a live grant of this holder (with this token, if given) is released.
-local record = L.mine
-if not record or (token ~= '' and record_token(record) ~= token) then
-  if changed then
-    settle()
-    wake_eligible()
-  end
-  return {0, '', now}
+local grant, slot = L.mine, L.mine_slot
+if not grant or (a.token ~= '' and grant.token ~= a.token) then
+  settle_purged(L, changed)
+  return {NOT_HELD, now, 0, '', unpack(L.events)}
 end
 
--- 3. Drop the grant; the last one out deletes the lock's keys.
-drop_grant(holder, record)
-settle()
-count(record_kind(record), 'released')
-emit('released', holder, record_token(record))
+-- 3. Drop the grant; the last one out deletes the lock's key.
+drop_grant(L, slot, grant)
+settle(L)
+emit(L, 'released', a.holder, grant.token, now)
 
 -- 4. Wake whoever may take the permit now.
-wake_eligible()
-return {1, record, now}
+wake_eligible(L)
+return {OK, now, slot, grant.text, unpack(L.events)}

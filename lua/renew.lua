@@ -1,28 +1,40 @@
 -- renew: keep the grants of sessions alive, many locks of one shard per
 -- call (a replica renews all its session grants with one call per shard).
--- KEYS: 1 index, 2 names, 3 fence (a shard script)
--- ARGV: 3 shard key prefix, 4.. groups of (lock name, holder, fencing token, ttl_ms)
--- Returns the 1-based group numbers whose grant is gone (not renewed).
-local shard = ARGV[3]
-local now = redis_now()
-local lost = {}
+-- KEYS[1] the shard's fence key (a shard function)
+-- ARGV: answer_by (Redis ms; '0' = none), then groups of
+--       (lock name, holder, fencing token, ttl_ms)
+-- Returns {status, now, lost group numbers (1-based)..., events...}:
+--   status OK, or LATE (nothing renewed). The events follow a '' marker.
+local a = named(ARGV, {'answer_by'})
+local now = clock()
+if late(a.answer_by, now) then
+  return {LATE, now}
+end
+local shard = split_key(KEYS[1])
+local reply, events = {OK, now}, {}
 
-for k = 4, #ARGV, 4 do
+for k = 2, #ARGV, 4 do
   local name, holder, token, ttl = ARGV[k], ARGV[k + 1], ARGV[k + 2], tonumber(ARGV[k + 3])
-  use_lock(shard, name)
-  load_lock(holder)
+  local L = load(lock_of(shard, name), holder)
   -- 1. A lease that already passed is not brought back.
-  purge_expired(now)
-  -- 2. Only the same grant (holder and token) is renewed; its record keeps
-  --    the ttl it was granted with.
-  local record = L.mine
-  if record and record_token(record) == token then
-    put_grant(holder, now + ttl, record)
-    settle()
+  local changed = purge(L, now)
+  -- 2. Only the same grant (holder and token) is renewed; it keeps the ttl
+  --    it was granted with.
+  local grant = L.mine
+  if grant and grant.token == token then
+    grant.expires = now + ttl
+    put_grant(L, L.mine_slot, grant)
+    settle(L)
   else
-    table.insert(lost, (k - 4) / 4 + 1)
-    settle()
-    wake_eligible()
+    table.insert(reply, (k - 2) / 4 + 1)
+    settle_purged(L, changed)
+  end
+  for _, item in ipairs(L.events) do
+    table.insert(events, item)
   end
 end
-return lost
+table.insert(reply, '')
+for _, item in ipairs(events) do
+  table.insert(reply, item)
+end
+return reply

@@ -450,14 +450,19 @@ fn give_up_after(left: Duration) -> Duration {
 }
 
 /// The caller's gRPC deadline, read once from `grpc-timeout` by the RPC
-/// layer and handed to the handlers in the request's extensions.
+/// layer and handed to the handlers in the request's extensions, with
+/// the instant this layer answers DEADLINE_EXCEEDED itself (after which
+/// nothing may be granted to the caller).
 #[derive(Clone, Copy, Debug)]
-pub struct CallerDeadline(pub Instant);
+pub struct CallerDeadline {
+    pub at: Instant,
+    pub answered_at: Instant,
+}
 
 impl CallerDeadline {
     /// The time left before it.
     pub fn left(self) -> Duration {
-        self.0.saturating_duration_since(Instant::now())
+        self.at.saturating_duration_since(Instant::now())
     }
 }
 
@@ -518,9 +523,10 @@ where
         let left = (request.headers().get("grpc-timeout"))
             .and_then(|value| parse_grpc_timeout(value.to_str().ok()?));
         if let Some(left) = left {
-            request
-                .extensions_mut()
-                .insert(CallerDeadline(started + left));
+            request.extensions_mut().insert(CallerDeadline {
+                at: started + left,
+                answered_at: started + give_up_after(left),
+            });
         }
         let deadline = left.map(|left| started + give_up_after(left));
         let answer = span.in_scope(|| self.inner.call(request));

@@ -106,6 +106,7 @@ pub async fn serve_on(
     let refresher = tokio::spawn(engine.clone().run_refresher());
     let flusher = tokio::spawn(engine.clone().run_metrics_flusher());
     let renewer = tokio::spawn(engine.clone().run_session_renewer());
+    let watch_registry = tokio::spawn(engine.clone().run_watch_registry());
     let replica = format!("replica-{}", uuid::Uuid::now_v7());
     tracing::info!(%replica, "starting");
     let reaper = config
@@ -227,8 +228,16 @@ pub async fn serve_on(
     engine.waiters().shut_down();
     subscriber.abort();
     refresher.abort();
-    flusher.abort();
     renewer.abort();
+    watch_registry.abort();
+    flusher.abort();
+    // What this replica counted last goes to Redis, briefly.
+    if tokio::time::timeout(Duration::from_secs(2), engine.flush_counts())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the last per-minute counts could not be written");
+    }
     if let Some(reloader) = reloader {
         reloader.abort();
     }
@@ -260,26 +269,33 @@ async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// Checks Redis every `interval` and reports SERVING only while it answers.
-/// The first successful contact also verifies the key layout; a mismatch
-/// ends the watcher with an error, which stops the server.
+/// Checks Redis every `interval` and reports SERVING only while it answers
+/// and holds this deployment's key layout record (asserted at every tick:
+/// create if absent, then compare, so a Redis that lost its data is claimed
+/// again within a tick). A mismatch before this replica ever served stops
+/// the server; later (Redis restarted empty and a replica of another
+/// layout claimed it first) it turns the replica NOT_SERVING until the
+/// record is this deployment's again.
 async fn watch_redis(
     engine: Arc<LockEngine>,
     reporter: HealthReporter,
     interval: Duration,
 ) -> Result<(), LayoutError> {
     let mut serving = false;
+    let mut served = false;
     loop {
-        let reachable = if engine.is_layout_verified() {
-            engine.store().ping().await.map_err(LayoutError::from)
-        } else {
-            engine.verify_layout().await
-        };
+        let reachable = engine.check_redis().await;
         let now_serving = match reachable {
             Ok(()) => true,
-            Err(LayoutError::Mismatch { found, expected }) => {
+            Err(LayoutError::Mismatch { found, expected }) if !served => {
                 tracing::error!(%found, %expected, "refusing to serve: redis key layout differs");
                 return Err(LayoutError::Mismatch { found, expected });
+            }
+            Err(LayoutError::Mismatch { found, expected }) => {
+                if serving {
+                    tracing::error!(%found, %expected, "redis now holds another key layout (it lost its data and a replica of another layout claimed it): NOT_SERVING");
+                }
+                false
             }
             Err(LayoutError::Store(err)) => {
                 if serving {
@@ -289,6 +305,7 @@ async fn watch_redis(
             }
         };
         crate::observe::redis_up(now_serving);
+        served |= now_serving;
         if now_serving != serving {
             serving = now_serving;
             if serving {

@@ -188,34 +188,48 @@ async fn try_once_does_not_jump_the_queue_but_barging_does() {
     let server = TestServer::start(&redis.url()).await;
     let mut client = server.client().await;
     client.acquire(acquire("line", "holder")).await.unwrap();
-    let waiter = spawn_wait(server.client().await, wait_for("line", "patient", 30_000));
+    // "patient" waits through a replica that then stops answering (it is
+    // frozen, its queue entry stays alive for the queue TTL): once the
+    // holder releases, a permit is free while "patient" is first in line.
+    let frozen = TumblerProcess::start(&redis.url(), &[]).await;
+    let waiter = spawn_wait(
+        frozen.client().await,
+        proto::AcquireRequest {
+            queue_ttl_ms: Some(30_000),
+            ..wait_for("line", "patient", 30_000)
+        },
+    );
     until_queued(&mut client, "line", 1).await;
+    // Its replica settles (a fresh subscription wakes its waiters once),
+    // then freezes; whatever it sent before has run by the release.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = nix::unistd::Pid::from_raw(frozen.pid().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client.release(release("line", "holder")).await.unwrap();
 
-    // With limit 2 a permit is free, but "patient" is first in line.
+    // A fair try-once request does not take the free permit: "patient"
+    // goes first.
     let polite = client
-        .acquire(proto::AcquireRequest {
-            limit: Some(2),
-            ..acquire("line", "polite")
-        })
+        .acquire(acquire("line", "polite"))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(polite.status(), AcquireStatus::NotAcquired);
     assert_eq!(polite.reason(), NotAcquiredReason::Busy);
-    // A barging request takes the free permit at once.
+    // A barging request takes it at once.
     let barging = client
         .acquire(proto::AcquireRequest {
-            limit: Some(2),
             fair: Some(false),
             ..acquire("line", "barging")
         })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(barging.status(), AcquireStatus::Acquired);
+    assert_eq!(barging.status(), AcquireStatus::Acquired, "{barging:?}");
     assert_eq!(queue_of(&mut client, "line").await, ["patient"]);
 
-    client.release(release("line", "holder")).await.unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     client.release(release("line", "barging")).await.unwrap();
     let reply = waiter.await.unwrap().unwrap();
     assert_eq!(reply.grant.unwrap().holder, "patient");
@@ -237,25 +251,19 @@ async fn a_barging_waiter_overtakes_fair_ones() {
         },
     );
     until_queued(&mut client, "race", 2).await;
-    // With limit 2 a permit frees up for... the barging waiter, though it
-    // came second (its replica wakes it on any wake-up of the lock).
-    let reply = client
-        .acquire(proto::AcquireRequest {
-            limit: Some(2),
-            fair: Some(false),
-            ..acquire("race", "third")
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.status(), AcquireStatus::Acquired);
+    // The release names the head ("fair"); its replica also wakes every
+    // barging waiter of the lock, which may take the permit though it
+    // came second. Whoever is first holds it; the other follows.
     client.release(release("race", "holder")).await.unwrap();
-    client.release(release("race", "third")).await.unwrap();
-    let first = tokio::select! {
-        reply = fair => ("fair", reply.unwrap().unwrap()),
-        reply = barging => ("barging", reply.unwrap().unwrap()),
+    let (mut fair, mut barging) = (fair, barging);
+    let (first, second) = tokio::select! {
+        reply = &mut fair => (("fair", reply.unwrap().unwrap()), barging),
+        reply = &mut barging => (("barging", reply.unwrap().unwrap()), fair),
     };
     assert_eq!(first.1.status(), AcquireStatus::Acquired, "{}", first.0);
+    client.release(release("race", first.0)).await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(second.status(), AcquireStatus::Acquired);
 }
 
 #[tokio::test]

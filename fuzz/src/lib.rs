@@ -70,11 +70,10 @@ fn assert_names(status: &tonic::Status, field: &str) {
 }
 
 /// Page tokens: decoding any string never panics and yields either a
-/// `page_token` error or a cursor inside the shard range that re-encodes to
-/// itself; every cursor the server can issue round-trips.
+/// `page_token` error or a cursor that re-encodes to itself; every cursor
+/// the server can issue round-trips.
 pub fn page_token(data: &[u8]) {
     let mut bytes = Bytes(data);
-    let shards = u32::from(bytes.u8()) % 64 + 1;
     let mode = bytes.u8();
     let token = match mode % 3 {
         // The bytes as the token itself.
@@ -87,28 +86,24 @@ pub fn page_token(data: &[u8]) {
         // A cursor the server could have issued.
         _ => {
             let cursor = ListCursor {
-                shard: (bytes.u64() % u64::from(shards)) as u32,
-                after: truncate(
-                    String::from_utf8_lossy(bytes.rest()).into_owned(),
-                    validate::MAX_NAME_BYTES,
-                ),
+                node: (bytes.u64() % 16) as u32,
+                position: bytes.u64(),
+                skip: (bytes.u64() % 1000) as u32,
             };
             let token = validate::encode_page_token(&cursor);
             assert_eq!(
-                validate::page_token(&token, shards).unwrap(),
+                validate::page_token(&token).unwrap(),
                 Some(cursor),
                 "an issued token must decode to its cursor"
             );
             token
         }
     };
-    match validate::page_token(&token, shards) {
+    match validate::page_token(&token) {
         Ok(None) => assert!(token.is_empty()),
         Ok(Some(cursor)) => {
-            assert!(cursor.shard < shards, "{cursor:?} outside {shards} shards");
-            assert!(cursor.after.len() <= validate::MAX_NAME_BYTES);
             let again = validate::encode_page_token(&cursor);
-            assert_eq!(validate::page_token(&again, shards).unwrap(), Some(cursor));
+            assert_eq!(validate::page_token(&again).unwrap(), Some(cursor));
         }
         Err(status) => assert_names(&status, "page_token"),
     }
@@ -116,66 +111,61 @@ pub fn page_token(data: &[u8]) {
 
 /// Records read back from Redis: grant and waiter records, event and
 /// wake-up messages. Any bytes decode or fail without panicking; a grant
-/// record written the way `lua/acquire.lua` writes it (with the metadata
+/// record written the way `lua/common.lua` writes it (with the metadata
 /// JSON the engine sends) decodes to exactly what was written, whatever
-/// `|`, quotes or unicode the metadata holds.
+/// `|`, quotes or unicode the holder and metadata hold.
 pub fn grant_record(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let _ = engine::parse_grant("h", &text, 0);
+    let _ = engine::parse_grant(1, &text);
     let _ = engine::parse_waiter("h", &text, 0, 1);
     let _ = engine::watchers::LockEvent::parse(&text);
     engine::waiters::Waiters::new(1, 1).handle_message(&text);
 
     let mut bytes = Bytes(data);
+    let expires = bytes.u64() >> 1;
     let token = bytes.u64();
     let slot = bytes.u64() as u32;
-    let acquired_at_ms = bytes.u64() as i64;
+    let acquired_at_ms = bytes.u64() >> 1;
     let ttl_ms = bytes.u64();
     let kind = validate::kind(&bytes.text(validate::MAX_KIND_BYTES))
         .unwrap_or_else(|_| validate::DEFAULT_KIND.to_owned());
+    let holder = validate::holder(&bytes.text(64)).unwrap_or_else(|_| "h".to_owned());
     let metadata: BTreeMap<String, String> = entries(&mut bytes).into_iter().collect();
-    let json = serde_json::to_string(&metadata).unwrap();
-    let record = format!("{token}|{slot}|{acquired_at_ms}|{ttl_ms}|{kind}|{json}");
-    let grant = engine::parse_grant("h", &record, 5).expect("a written record decodes");
+    let json = engine::records::metadata_arg(&metadata).unwrap();
+    let mut record = format!("{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}|{holder}");
+    if !json.is_empty() {
+        record = format!("{record}\n{json}");
+    }
+    let grant = engine::parse_grant(slot, &record).expect("a written record decodes");
+    assert_eq!(grant.expires_at_ms, expires as i64);
     assert_eq!(grant.fencing_token, token);
     assert_eq!(grant.slot, slot);
-    assert_eq!(grant.acquired_at_ms, acquired_at_ms);
+    assert_eq!(grant.acquired_at_ms, acquired_at_ms as i64);
     assert_eq!(grant.ttl_ms, ttl_ms);
     assert_eq!(grant.kind, kind);
-    assert_eq!(grant.expires_at_ms, 5);
+    assert_eq!(grant.holder, holder);
     assert_eq!(grant.metadata, metadata);
 }
 
-/// Lua replies: any RESP bytes Redis could send, converted into each reply
-/// shape the engine reads, give a value or an error, never a panic; the
-/// strings inside go through the record decoders too.
+/// Function replies: any RESP bytes Redis could send, read by each typed
+/// twin of `engine::ops`, give a value or an error, never a panic.
 pub fn lua_reply(data: &[u8]) {
-    use tumbler::store::convert;
-    type Acquire = (i64, String, i64, u32, i64, u32, i64);
-    type Holders = (i64, u32, u32, Vec<(String, i64, String)>);
-    type Queue = (i64, u32, Vec<(String, i64, String)>);
-    type List = (i64, String, Vec<(String, u32, u32, u32, i64)>);
-    type Reap = (u64, u64, u64, u64, u64, u64, String);
-    type Clear = (u64, u64, u64, i64);
-    type Metrics = Vec<HashMap<String, u64>>;
+    use engine::ops;
     let Ok(value) = redis::parse_redis_value(data) else {
         return;
     };
-    let _ = convert::<Acquire>(value.clone());
-    let _ = convert::<(i64, String, i64)>(value.clone());
-    let _ = convert::<Queue>(value.clone());
-    let _ = convert::<List>(value.clone());
-    let _ = convert::<Reap>(value.clone());
-    let _ = convert::<Clear>(value.clone());
-    let _ = convert::<Metrics>(value.clone());
-    let _ = convert::<Vec<String>>(value.clone());
-    let _ = convert::<u32>(value.clone());
-    if let Ok((_, _, _, holders)) = convert::<Holders>(value) {
-        for (holder, expires_at, record) in holders {
-            let _ = engine::parse_grant(&holder, &record, expires_at);
-            let _ = engine::parse_waiter(&holder, &record, expires_at, 1);
-        }
-    }
+    let _ = ops::acquire::parse(value.clone());
+    let _ = ops::release::parse(value.clone());
+    let _ = ops::extend::parse(value.clone());
+    let _ = ops::renew::parse(value.clone());
+    let _ = ops::refresh::parse(value.clone());
+    let _ = ops::dequeue::parse(value.clone());
+    let _ = ops::inspect::parse(value.clone());
+    let _ = ops::queue::parse(value.clone());
+    let _ = ops::list::parse(value.clone());
+    let _ = ops::reap::parse(value.clone());
+    let _ = ops::clear::parse(value.clone());
+    let _ = tumbler::store::convert::<Vec<HashMap<String, u64>>>(value);
 }
 
 /// Metadata: validation of any map never panics; what it accepts keeps
@@ -197,9 +187,14 @@ pub fn metadata(data: &[u8]) {
                 total += key.len() + value.len();
             }
             assert!(total <= validate::MAX_METADATA_TOTAL_BYTES);
-            let json = serde_json::to_string(&valid).unwrap();
-            let record = format!("1|1|0|1|default|{json}");
-            let grant = engine::parse_grant("h", &record, 0).expect("a written record decodes");
+            let json = engine::records::metadata_arg(&valid).unwrap();
+            let record = format!("1|1|0|1|default|h\n{json}");
+            let grant = if valid.is_empty() {
+                engine::parse_grant(1, "1|1|0|1|default|h")
+            } else {
+                engine::parse_grant(1, &record)
+            }
+            .expect("a written record decodes");
             assert_eq!(grant.metadata, valid);
         }
         Err(status) => assert_names(&status, "metadata"),
@@ -215,11 +210,3 @@ fn entries(bytes: &mut Bytes) -> Vec<(String, String)> {
         .collect()
 }
 
-fn truncate(mut text: String, max: usize) -> String {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
-    text
-}

@@ -91,7 +91,7 @@ impl LockApi {
         req: proto::AcquireRequest,
         holder: String,
         ttl_ms: u64,
-        deadline: Option<Duration>,
+        deadline: Option<crate::observe::CallerDeadline>,
     ) -> Result<engine::AcquireRequest, Status> {
         let wait_ms = validate::wait_ms(req.wait_ms, &self.limits)?;
         Ok(engine::AcquireRequest {
@@ -101,8 +101,9 @@ impl LockApi {
             } else {
                 // A deadline too close to wait at all still waits 1 ms
                 // rather than turning into a try-once.
-                effective_wait(wait_ms, deadline).max(Duration::from_millis(1))
+                effective_wait(wait_ms, deadline.map(|d| d.left())).max(Duration::from_millis(1))
             },
+            answer_by: deadline.map(|d| d.answered_at.into()),
             queue_ttl_ms: validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits)?,
             priority: validate::priority(req.priority)?,
             fair: req.fair.unwrap_or(true),
@@ -160,13 +161,17 @@ fn engine_status(err: EngineError) -> Status {
         | EngineError::TooManyInNamespace(_)
         | EngineError::NamespaceFull) => Status::resource_exhausted(err.to_string()),
         err @ EngineError::ShuttingDown => Status::unavailable(err.to_string()),
+        err @ EngineError::LimitMismatch { .. } => Status::failed_precondition(err.to_string()),
     }
 }
 
-/// The time left before the caller's gRPC deadline, if it set one (read
-/// from `grpc-timeout` by the RPC layer).
-fn grpc_deadline<T>(request: &Request<T>) -> Option<Duration> {
-    (request.extensions().get::<crate::observe::CallerDeadline>()).map(|deadline| deadline.left())
+/// The caller's gRPC deadline, if it set one (read from `grpc-timeout` by
+/// the RPC layer).
+fn grpc_deadline<T>(request: &Request<T>) -> Option<crate::observe::CallerDeadline> {
+    request
+        .extensions()
+        .get::<crate::observe::CallerDeadline>()
+        .copied()
 }
 
 /// How long to wait: the request's wait_ms, cut short so that the reply
@@ -310,6 +315,7 @@ impl LockService for LockApi {
         request: Request<proto::ExtendRequest>,
     ) -> Result<Response<proto::ExtendResponse>, Status> {
         let access = Access::of(&request)?;
+        let deadline = grpc_deadline(&request);
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
         access.namespace(&lock.namespace)?;
@@ -318,7 +324,13 @@ impl LockService for LockApi {
         let token = validate::fencing_token(req.fencing_token)?;
         let outcome = self
             .engine
-            .extend(&lock, &holder, ttl, token)
+            .extend_by(
+                &lock,
+                &holder,
+                ttl,
+                token,
+                deadline.map(|d| d.answered_at.into()),
+            )
             .await
             .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?;
         crate::observe::extended(self.engine.layout(), &lock, &holder, &outcome);
@@ -411,7 +423,7 @@ impl LockService for LockApi {
         access.namespace(&namespace)?;
         let prefix = validate::prefix(&req.prefix)?;
         let page_size = validate::page_size(req.page_size)?;
-        let from = validate::page_token(&req.page_token, self.engine.layout().shards())?;
+        let from = validate::page_token(&req.page_token)?;
         let page = self
             .engine
             .list(&namespace, &prefix, page_size, from, req.only_waiting)
@@ -566,7 +578,14 @@ impl LockService for LockApi {
             prefix: validate::prefix(&req.prefix)?,
         };
         let slot = self.watchers.take()?;
+        let namespace = filter.namespace.clone();
         let watch = self.engine.watchers().add(filter, WATCH_BUFFER);
+        // From now on every replica's calls on this namespace publish its
+        // events (an unwatched namespace publishes none).
+        self.engine
+            .announce_watch(&namespace)
+            .await
+            .map_err(|e| engine_status(e.into()))?;
         let (guard, overflowed) = (watch.guard, watch.overflowed);
         let events = watch_events(watch.events);
         // The guard lives as long as the stream: dropping it unregisters.

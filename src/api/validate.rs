@@ -88,29 +88,40 @@ pub fn page_size(value: u32) -> Result<u32, Status> {
     }
 }
 
-/// A page token is `base64url(<shard>\n<last name>)`: opaque to clients,
-/// and harmless when tampered with (it only moves where a listing goes on).
-pub fn page_token(value: &str, shards: u32) -> Result<Option<ListCursor>, Status> {
+/// A page token is `base64url(<node>.<scan cursor>.<skip>)`: opaque to
+/// clients, and harmless when tampered with (it only moves where a
+/// listing goes on).
+pub fn page_token(value: &str) -> Result<Option<ListCursor>, Status> {
     if value.is_empty() {
         return Ok(None);
     }
     let bad = || invalid("page_token", "is not a token this service issued");
     let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|_| bad())?;
     let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    let (shard, after) = text.split_once('\n').ok_or_else(bad)?;
-    let shard: u32 = shard.parse().map_err(|_| bad())?;
-    if shard >= shards || after.len() > MAX_NAME_BYTES {
+    let mut parts = text.split('.');
+    let mut next = || parts.next().ok_or_else(bad);
+    let cursor = ListCursor {
+        node: next()?.parse().map_err(|_| bad())?,
+        position: next()?.parse().map_err(|_| bad())?,
+        skip: next()?.parse().map_err(|_| bad())?,
+    };
+    if parts.next().is_some() || cursor.node > MAX_NODES || cursor.skip > MAX_SKIP {
         return Err(bad());
     }
-    Ok(Some(ListCursor {
-        shard,
-        after: after.to_owned(),
-    }))
+    Ok(Some(cursor))
 }
+
+/// Bounds a page token's parts must keep (a cluster has at most 16,384
+/// primaries; one SCAN step finds far fewer keys than this).
+const MAX_NODES: u32 = 16_384;
+const MAX_SKIP: u32 = 1_000_000;
 
 /// The token that resumes a listing at `cursor`.
 pub fn encode_page_token(cursor: &ListCursor) -> String {
-    URL_SAFE_NO_PAD.encode(format!("{}\n{}", cursor.shard, cursor.after))
+    URL_SAFE_NO_PAD.encode(format!(
+        "{}.{}.{}",
+        cursor.node, cursor.position, cursor.skip
+    ))
 }
 
 /// Absent: no cutoff; otherwise at least 1.
@@ -382,25 +393,22 @@ mod tests {
         );
         rejects(prefix("a\u{1}"), "prefix");
         rejects(older_than_ms(Some(0)), "older_than_ms");
-        rejects(page_token("not base64!", 32), "page_token");
-        rejects(
-            page_token(&URL_SAFE_NO_PAD.encode("99\nx"), 32),
-            "page_token",
-        );
-        rejects(
-            page_token(&URL_SAFE_NO_PAD.encode("no newline"), 32),
-            "page_token",
-        );
+        rejects(page_token("not base64!"), "page_token");
+        rejects(page_token(&URL_SAFE_NO_PAD.encode("1.2")), "page_token");
+        rejects(page_token(&URL_SAFE_NO_PAD.encode("1.2.3.4")), "page_token");
+        rejects(page_token(&URL_SAFE_NO_PAD.encode("99999.0.0")), "page_token");
+        rejects(page_token(&URL_SAFE_NO_PAD.encode("0.x.0")), "page_token");
     }
 
     #[test]
-    fn page_tokens_round_trip_names_with_any_characters() {
+    fn page_tokens_round_trip_and_metadata_is_bounded() {
         let cursor = ListCursor {
-            shard: 7,
-            after: "orders:{42}\u{e9}|x".into(),
+            node: 2,
+            position: u64::MAX,
+            skip: 17,
         };
         let token = encode_page_token(&cursor);
-        assert_eq!(page_token(&token, 32).unwrap(), Some(cursor));
+        assert_eq!(page_token(&token).unwrap(), Some(cursor));
         let many: HashMap<_, _> = (0..33).map(|i| (i.to_string(), String::new())).collect();
         rejects(metadata(&many), "metadata");
         let long = HashMap::from([("k".to_owned(), "v".repeat(1025))]);
@@ -439,23 +447,21 @@ mod properties {
         #![proptest_config(config())]
 
         #[test]
-        fn page_tokens_round_trip(shard in 0u32..64, after in "\\PC{0,40}|.{0,40}") {
-            let cursor = ListCursor { shard, after };
+        fn page_tokens_round_trip(node in 0u32..=MAX_NODES, position in any::<u64>(), skip in 0u32..=MAX_SKIP) {
+            let cursor = ListCursor { node, position, skip };
             let token = encode_page_token(&cursor);
-            prop_assert_eq!(page_token(&token, 64).unwrap(), Some(cursor));
+            prop_assert_eq!(page_token(&token).unwrap(), Some(cursor));
         }
 
         #[test]
         fn any_string_decodes_to_a_cursor_in_range_or_a_page_token_error(
             token in ".{0,80}|[A-Za-z0-9_-]{0,80}",
-            shards in 1u32..64,
         ) {
-            match page_token(&token, shards) {
+            match page_token(&token) {
                 Ok(None) => prop_assert!(token.is_empty()),
                 Ok(Some(cursor)) => {
-                    prop_assert!(cursor.shard < shards);
-                    prop_assert!(cursor.after.len() <= MAX_NAME_BYTES);
-                    prop_assert_eq!(page_token(&encode_page_token(&cursor), shards).unwrap(), Some(cursor));
+                    prop_assert!(cursor.node <= MAX_NODES && cursor.skip <= MAX_SKIP);
+                    prop_assert_eq!(page_token(&encode_page_token(&cursor)).unwrap(), Some(cursor));
                 }
                 Err(status) => prop_assert!(names_field(&status, "page_token"), "{:?}", status),
             }

@@ -359,7 +359,7 @@ async fn api_locks(
     let namespace = params.namespace(&access)?;
     let prefix = validate::prefix(params.get("prefix"))?;
     let page_size = validate::page_size(params.number("page_size")?.unwrap_or(0))?;
-    let from = validate::page_token(params.get("page_token"), d.engine.layout().shards())?;
+    let from = validate::page_token(params.get("page_token"))?;
     let only_waiting = params.flag("only_waiting");
     let page = d
         .engine

@@ -3,11 +3,13 @@
 //! other tools may read these keys, so changes bump [`LAYOUT_VERSION`].
 //!
 //! Every key of one shard carries the hash tag `{<namespace>:<shard>}`, so
-//! every script, which only touches one lock and its shard's index and
-//! fencing counter, stays inside one Redis Cluster slot.
+//! every function call, which only touches one lock and its shard's
+//! fencing counter, stays inside one Redis Cluster slot. Layout v3 keeps
+//! no per-lock index: listing, reaping and clearing find lock keys with
+//! `SCAN` (see [`Layout::lock_pattern`]).
 
 /// Version of the key layout written to the `<prefix>:meta` hash.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Where the keys of a deployment live: its prefix and its shard count.
 #[derive(Clone, Debug)]
@@ -16,21 +18,18 @@ pub struct Layout {
     shards: u32,
 }
 
-/// The keys one lock operation touches.
+/// The keys of one lock (a function call gets only `lock`; the others
+/// share its hash tag and are derived from it in Lua).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockKeys {
-    /// HASH: the whole lock in one key — grants (with their lease
-    /// expiry), slots, holder count, earliest possible expiry, limit,
-    /// waiter records and the arrival counter.
+    /// HASH: the whole lock in one key — its header (limit, holders,
+    /// earliest expiry, highest slot, arrivals, key expiry), a grant per
+    /// slot, holder → slot for semaphores, waiter records.
     pub lock: String,
     /// ZSET of waiting requests in grant order; exists only while someone waits.
     pub queue: String,
     /// ZSET waiting request → liveness deadline; exists with the queue.
     pub deadlines: String,
-    /// ZSET (per shard) lock name → next time something in it expires.
-    pub index: String,
-    /// ZSET (per shard) lock name → 0, in name order (for listing).
-    pub names: String,
     /// STRING (per shard) last fencing token handed out.
     pub fence: String,
 }
@@ -67,8 +66,6 @@ impl Layout {
             lock: format!("{shard}:l:{name}"),
             queue: format!("{shard}:q:{name}"),
             deadlines: format!("{shard}:d:{name}"),
-            index: format!("{shard}:index"),
-            names: format!("{shard}:names"),
             fence: format!("{shard}:fence"),
         }
     }
@@ -77,11 +74,49 @@ impl Layout {
     pub fn shard_keys(&self, namespace: &str, shard: u32) -> ShardKeys {
         let prefix = self.shard_prefix(namespace, shard);
         ShardKeys {
-            index: format!("{prefix}:index"),
-            names: format!("{prefix}:names"),
             fence: format!("{prefix}:fence"),
             prefix,
         }
+    }
+
+    /// A `SCAN MATCH` pattern for the lock keys of a namespace (every
+    /// namespace when None) whose names start with `name_prefix`; with
+    /// `queued`, the queue keys instead (locks someone waits for).
+    pub fn lock_pattern(&self, namespace: Option<&str>, name_prefix: &str, queued: bool) -> String {
+        let namespace = namespace.map_or_else(|| "*".to_owned(), glob_escape);
+        let kind = if queued { 'q' } else { 'l' };
+        format!(
+            "{}:{{{namespace}:*}}:{kind}:{}*",
+            glob_escape(&self.prefix),
+            glob_escape(name_prefix)
+        )
+    }
+
+    /// The lock a key found by [`Self::lock_pattern`] belongs to: its
+    /// shard prefix (`<prefix>:{<namespace>:<shard>}`), namespace and name.
+    pub fn parse_lock_key<'a>(&self, key: &'a str) -> Option<(&'a str, &'a str, &'a str)> {
+        let rest = key.strip_prefix(&self.prefix)?.strip_prefix(":{")?;
+        // Neither the prefix nor a namespace holds a brace: the first '}'
+        // closes the tag.
+        let close = rest.find('}')?;
+        let (namespace, shard) = rest[..close].rsplit_once(':')?;
+        shard.parse::<u32>().ok()?;
+        let name = rest[close + 1..]
+            .strip_prefix(":l:")
+            .or_else(|| rest[close + 1..].strip_prefix(":q:"))?;
+        let shard_prefix = &key[..self.prefix.len() + 2 + close + 1];
+        Some((shard_prefix, namespace, name))
+    }
+
+    /// A namespace's per-minute counters of one minute (in its shard 0,
+    /// so one slot holds them all).
+    pub fn metrics_key(&self, namespace: &str, minute_ms: i64) -> String {
+        format!("{}:m:{minute_ms}", self.shard_prefix(namespace, 0))
+    }
+
+    /// ZSET namespace → until when (Redis ms) some replica watches it.
+    pub fn watching_key(&self) -> String {
+        format!("{}:watching", self.prefix)
     }
 
     /// The namespaces in use: ZSET namespace → when a replica last saw it
@@ -112,35 +147,26 @@ impl Layout {
     }
 }
 
-impl LockKeys {
-    /// The keys in the order every lock script expects them (see
-    /// lua/common.lua).
-    pub fn as_script_keys(&self) -> [&str; 6] {
-        [
-            &self.lock,
-            &self.queue,
-            &self.deadlines,
-            &self.index,
-            &self.names,
-            &self.fence,
-        ]
+/// Escapes the glob characters of `SCAN MATCH` (`* ? [ ] \`).
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
     }
+    escaped
 }
 
-/// The per-shard keys a shard-walking script (list, reap, clear) gets.
+/// The per-shard keys a shard function (list, reap, clear, renew) gets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardKeys {
     /// `<prefix>:{<namespace>:<shard>}`: lock keys are this plus `:l:<name>` …
     pub prefix: String,
-    pub index: String,
-    pub names: String,
+    /// The shard's fencing counter: the key a shard function is called
+    /// with (it names the slot).
     pub fence: String,
-}
-
-impl ShardKeys {
-    pub fn as_script_keys(&self) -> [&str; 3] {
-        [&self.index, &self.names, &self.fence]
-    }
 }
 
 #[cfg(test)]
@@ -153,7 +179,7 @@ mod tests {
         let keys = layout.lock_keys("default", "orders:{42}");
         let shard = layout.shard_of("default", "orders:{42}");
         let tag = format!("{{default:{shard}}}");
-        for key in [&keys.lock, &keys.queue, &keys.index, &keys.fence] {
+        for key in [&keys.lock, &keys.queue, &keys.deadlines, &keys.fence] {
             assert!(key.starts_with(&format!("tumbler:{tag}:")), "{key}");
         }
         assert_eq!(keys.lock, format!("tumbler:{tag}:l:orders:{{42}}"));
@@ -169,5 +195,24 @@ mod tests {
             layout.lock_keys("a", "x").lock,
             layout.lock_keys("b", "x").lock
         );
+    }
+
+    #[test]
+    fn lock_keys_found_by_scan_parse_back_to_their_lock() {
+        let layout = Layout::new("tumbler", 8);
+        for name in ["plain", "a}:l:b", "{x}", "*?[]\\", "sp ace|pipe"] {
+            let keys = layout.lock_keys("team-a", name);
+            let (shard, namespace, parsed) = layout.parse_lock_key(&keys.lock).unwrap();
+            assert_eq!((namespace, parsed), ("team-a", name));
+            assert_eq!(format!("{shard}:fence"), keys.fence);
+            assert_eq!(layout.parse_lock_key(&keys.queue).unwrap().2, name);
+        }
+        assert_eq!(layout.parse_lock_key("other:{a:1}:l:x"), None);
+        assert_eq!(layout.parse_lock_key("tumbler:{a:x}:l:x"), None);
+        assert_eq!(
+            layout.lock_pattern(Some("a.b"), "j*b", false),
+            "tumbler:{a.b:*}:l:j\\*b*"
+        );
+        assert_eq!(layout.lock_pattern(None, "", true), "tumbler:{*:*}:q:*");
     }
 }

@@ -39,6 +39,7 @@ const OPERATIONS: &[(&str, &str, bool)] = &[
     ("reap", include_str!("../../lua/reap.lua"), false),
     ("clear", include_str!("../../lua/clear.lua"), false),
     ("renew", include_str!("../../lua/renew.lua"), false),
+    ("count", include_str!("../../lua/count.lua"), false),
 ];
 
 const COMMON: &str = include_str!("../../lua/common.lua");
@@ -58,6 +59,7 @@ pub struct Scripts {
     pub reap: LockScript,
     pub clear: LockScript,
     pub renew: LockScript,
+    pub count: LockScript,
 }
 
 impl Scripts {
@@ -70,15 +72,14 @@ impl Scripts {
             hasher.update(body);
         }
         let library_name = format!("tumbler_{}", hex::encode(&hasher.finalize()[..8]));
-        // Each operation's file is the body of its function: `enter` (the
-        // last step of common.lua) points the shared steps at this call's
-        // keys and arguments first.
+        // Each operation's file is the body of its function, with this
+        // call's keys and arguments as its locals `KEYS` and `ARGV`.
         let mut code = format!("#!lua name={library_name}\n{COMMON}\n");
         for (name, body, read_only) in OPERATIONS {
             let flags = if *read_only { "'no-writes'" } else { "" };
             code.push_str(&format!(
                 "redis.register_function{{function_name = '{library_name}_{name}', flags = {{{flags}}}, \
-                 callback = function(keys, args)\nenter(keys, args)\n{body}\nend}}\n"
+                 callback = function(KEYS, ARGV)\n{body}\nend}}\n"
             ));
         }
         let library: Arc<str> = code.into();
@@ -98,6 +99,7 @@ impl Scripts {
             reap: script("reap"),
             clear: script("clear"),
             renew: script("renew"),
+            count: script("count"),
             library_name,
         }
     }

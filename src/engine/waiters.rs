@@ -27,6 +27,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::keys::LockKeys;
 
+/// A message on the wake channel that is not a wake-up: a replica
+/// announces that it now watches the namespace that follows.
+pub const WATCH_ANNOUNCEMENT: &str = "!watch\n";
+
 /// One waiting RPC.
 struct Entry {
     registration: u64,
@@ -38,6 +42,7 @@ struct Entry {
 /// The local waiters of one lock.
 struct LockWaiters {
     keys: LockKeys,
+    namespace: String,
     name: String,
     /// Holder id → its waiting RPCs (normally one).
     by_holder: HashMap<String, Vec<Entry>>,
@@ -68,6 +73,7 @@ pub enum RegisterError {
 /// Work for the refresher: one lock's keys, name and local requests.
 pub struct RefreshBatch {
     pub keys: LockKeys,
+    pub namespace: String,
     pub name: String,
     pub requests: Vec<(String, u64)>,
 }
@@ -173,6 +179,7 @@ impl Waiters {
                 .entry(keys.queue.clone())
                 .or_insert_with(|| LockWaiters {
                     keys: keys.clone(),
+                    namespace: namespace.to_owned(),
                     name: name.to_owned(),
                     by_holder: HashMap::new(),
                     next_refresh: first_refresh,
@@ -274,6 +281,7 @@ impl Waiters {
                 lock.next_refresh = now + lock.refresh_every();
                 due.push(RefreshBatch {
                     keys: lock.keys.clone(),
+                    namespace: lock.namespace.clone(),
                     name: lock.name.clone(),
                     requests: lock
                         .by_holder
@@ -353,6 +361,8 @@ pub async fn run_subscriber(
                                 };
                                 if message.get_channel_name() == events_channel {
                                     watchers.dispatch(&payload);
+                                } else if let Some(namespace) = payload.strip_prefix(WATCH_ANNOUNCEMENT) {
+                                    watchers.mark_watched(namespace);
                                 } else {
                                     waiters.handle_message(&payload);
                                 }

@@ -10,8 +10,9 @@
 //! Why a std `Mutex`: held only to walk or change the list, never across
 //! an `.await`.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::{mpsc, watch};
 
@@ -75,6 +76,9 @@ pub struct Watchers {
     next_id: AtomicU64,
     /// True while anyone here watches: the subscriber follows it.
     wanted: watch::Sender<bool>,
+    /// Namespaces some replica watches (this one's included): function
+    /// calls on their locks publish events; others publish none.
+    anywhere: RwLock<HashSet<String>>,
 }
 
 /// A registered watcher: its events, whether it was dropped for falling
@@ -103,7 +107,34 @@ impl Watchers {
             list: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             wanted: watch::Sender::new(false),
+            anywhere: RwLock::default(),
         })
+    }
+
+    /// The namespaces watched on this replica.
+    pub fn namespaces(&self) -> Vec<String> {
+        let list = self.list.lock().unwrap();
+        let set: HashSet<&str> = list.iter().map(|w| w.filter.namespace.as_str()).collect();
+        set.into_iter().map(str::to_owned).collect()
+    }
+
+    /// True when some replica watches the namespace.
+    pub fn is_watched(&self, namespace: &str) -> bool {
+        self.anywhere.read().unwrap().contains(namespace)
+    }
+
+    /// Learns that some replica watches the namespace.
+    pub fn mark_watched(&self, namespace: &str) {
+        if !self.is_watched(namespace) {
+            self.anywhere.write().unwrap().insert(namespace.to_owned());
+        }
+    }
+
+    /// Learns every namespace that some replica watches (the registry's
+    /// word, plus this replica's own).
+    pub fn set_watched(&self, mut anywhere: HashSet<String>) {
+        anywhere.extend(self.namespaces());
+        *self.anywhere.write().unwrap() = anywhere;
     }
 
     /// Adds a watcher with room for `buffer` unread events.

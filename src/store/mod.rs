@@ -34,6 +34,22 @@ use crate::engine::scripts::LockScript;
 
 pub use target::RedisTarget;
 
+/// Where a deployment-wide `SCAN` goes on (see [`Store::scan`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanCursor {
+    /// 0 on a single server; on a cluster, a primary in address order.
+    pub node: u32,
+    /// That node's SCAN cursor (0: from its start).
+    pub position: u64,
+}
+
+/// A check run on each new connection (see [`Store::on_connect`]).
+pub type ConnectCheck = Arc<
+    dyn Fn(MultiplexedConnection) -> futures::future::BoxFuture<'static, Result<(), RedisError>>
+        + Send
+        + Sync,
+>;
+
 /// What went wrong talking to Redis.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -354,6 +370,8 @@ struct Manager {
     backend: Arc<Backend>,
     config: AsyncConnectionConfig,
     timeout: Duration,
+    /// The check every new connection passes first (see [`Store::on_connect`]).
+    hooks: Arc<std::sync::OnceLock<ConnectCheck>>,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -390,6 +408,9 @@ impl bb8::ManageConnection for Manager {
                 (Conn::Single(connection), Some(addr))
             }
         };
+        if let (Some(check), Conn::Single(single)) = (self.hooks.get(), &connection) {
+            check(single.clone()).await?;
+        }
         Ok(TrackedConnection {
             connection,
             broken: Arc::new(AtomicBool::new(false)),
@@ -420,6 +441,7 @@ pub struct Store {
     /// Also for the one pub/sub connection a replica keeps (outside the
     /// pool: a subscribed connection cannot run commands).
     backend: Arc<Backend>,
+    backend_hooks: Arc<std::sync::OnceLock<ConnectCheck>>,
     command_timeout: Duration,
     min_replicas_acked: u32,
     min_replicas_timeout: Duration,
@@ -439,6 +461,7 @@ impl Store {
         let connection_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.command_timeout))
             .set_response_timeout(Some(config.command_timeout));
+        let hooks: Arc<std::sync::OnceLock<ConnectCheck>> = Arc::default();
         let pool = bb8::Pool::builder()
             .max_size(config.connections.max(1))
             .min_idle(Some(1))
@@ -449,10 +472,12 @@ impl Store {
                 backend: backend.clone(),
                 config: connection_config,
                 timeout: config.command_timeout,
+                hooks: hooks.clone(),
             });
         Ok(Store {
             pool,
             backend,
+            backend_hooks: hooks,
             command_timeout: config.command_timeout,
             min_replicas_acked: config.min_replicas_acked,
             min_replicas_timeout: config.min_replicas_timeout,
@@ -658,6 +683,25 @@ impl Store {
         }
     }
 
+    /// The cluster's primaries that own slots, by address, in a stable
+    /// order (`CLUSTER SLOTS`).
+    async fn primaries(conn: &mut ClusterConnection) -> Result<Vec<NodeAddr>, RedisError> {
+        let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+        let mut primaries = std::collections::BTreeSet::new();
+        for range in ranges {
+            // [first slot, last slot, [host, port, id, …], replicas…]
+            if let Value::Array(range) = range
+                && let Some(Value::Array(primary)) = range.get(2)
+                && let (Some(host), Some(Value::Int(port))) = (primary.first(), primary.get(1))
+                && let Ok(host) = redis::from_redis_value::<String>(host.clone())
+                && !host.is_empty()
+            {
+                primaries.insert((host, *port as u16));
+            }
+        }
+        Ok(primaries.into_iter().collect())
+    }
+
     /// Every primary that owns slots answers PING, asked by address (the
     /// cluster connection's own PING to all primaries quietly skips nodes
     /// it lost), and the cluster calls itself OK (`CLUSTER INFO`).
@@ -680,23 +724,7 @@ impl Store {
                     "the cluster reports cluster_state:fail",
                 )));
             }
-            let ranges: Vec<Value> = redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async(&mut conn)
-                .await?;
-            let mut primaries = std::collections::BTreeSet::new();
-            for range in ranges {
-                // [first slot, last slot, [host, port, id, …], replicas…]
-                if let Value::Array(range) = range
-                    && let Some(Value::Array(primary)) = range.get(2)
-                    && let (Some(host), Some(Value::Int(port))) = (primary.first(), primary.get(1))
-                    && let Ok(host) = redis::from_redis_value::<String>(host.clone())
-                    && !host.is_empty()
-                {
-                    primaries.insert((host, *port as u16));
-                }
-            }
-            for (host, port) in primaries {
+            for (host, port) in Self::primaries(&mut conn).await? {
                 let routing =
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
                 conn.route_command(redis::cmd("PING"), routing).await?;
@@ -704,6 +732,75 @@ impl Store {
             Ok(())
         })
         .await
+    }
+
+    /// One `SCAN` step over the whole deployment: `cursor` names a node
+    /// (0 on a single server; on a cluster the index of a primary in
+    /// address order) and that node's SCAN cursor. Returns the keys found
+    /// and where the next step goes on (None: every node is done). Keys
+    /// that exist for the whole walk are found at least once.
+    pub async fn scan(
+        &self,
+        cursor: ScanCursor,
+        pattern: &str,
+        count: u32,
+    ) -> Result<(Vec<String>, Option<ScanCursor>), StoreError> {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor.position)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        let (next, keys, nodes): (u64, Vec<String>, u32) = self
+            .with_connection(|conn| async move {
+                match conn {
+                    Conn::Single(mut conn) => {
+                        let (next, keys): (u64, Vec<String>) = scan.query_async(&mut conn).await?;
+                        Ok((next, keys, 1))
+                    }
+                    Conn::Cluster(mut conn) => {
+                        let primaries = Self::primaries(&mut conn).await?;
+                        let Some((host, port)) = primaries.get(cursor.node as usize).cloned()
+                        else {
+                            return Ok((0, Vec::new(), primaries.len() as u32));
+                        };
+                        let routing =
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                        let (next, keys): (u64, Vec<String>) =
+                            redis::from_redis_value(conn.route_command(scan, routing).await?)?;
+                        Ok((next, keys, primaries.len() as u32))
+                    }
+                }
+            })
+            .await?;
+        let following = if next != 0 {
+            Some(ScanCursor {
+                node: cursor.node,
+                position: next,
+            })
+        } else if cursor.node + 1 < nodes {
+            Some(ScanCursor {
+                node: cursor.node + 1,
+                position: 0,
+            })
+        } else {
+            None
+        };
+        Ok((keys, following))
+    }
+
+    /// Upper bound of one command, connecting included.
+    pub fn command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
+    /// Runs `check` on every new connection to one server (or the master
+    /// Sentinel names) before it is used, so that a replica that
+    /// reconnects (Redis restarted, failed over) learns anything it must
+    /// know about the new server first. A failed check fails the
+    /// connection: requests answer UNAVAILABLE until a check passes.
+    pub fn on_connect(&self, check: ConnectCheck) {
+        let _ = self.backend_hooks.set(check);
     }
 
     /// True when Redis can serve writes: one server or every cluster

@@ -190,14 +190,32 @@ pub async fn grants_in(
     conn: &mut redis::aio::MultiplexedConnection,
     lock_key: &str,
 ) -> Vec<String> {
-    let fields: Vec<String> = redis::cmd("HKEYS")
+    let fields: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(lock_key)
         .query_async(conn)
         .await
         .unwrap();
-    (fields.iter())
-        .filter_map(|f| f.strip_prefix("g:").map(str::to_owned))
-        .collect()
+    // Layout v3: a grant lives in the field of its slot (a number).
+    let mut grants: Vec<(u32, String)> = (fields.iter())
+        .filter_map(|(field, record)| {
+            let slot = field.parse().ok()?;
+            Some((slot, tumbler::engine::parse_grant(slot, record).ok()?.holder))
+        })
+        .collect();
+    grants.sort();
+    grants.into_iter().map(|(_, holder)| holder).collect()
+}
+
+/// The header of a lock's hash (layout v3): limit, holders, earliest
+/// expiry, top slot, arrivals, key expiry.
+pub async fn lock_header(conn: &mut redis::aio::MultiplexedConnection, lock_key: &str) -> Vec<i64> {
+    let header: String = redis::cmd("HGET")
+        .arg(lock_key)
+        .arg("_")
+        .query_async(conn)
+        .await
+        .unwrap();
+    header.split('|').map(|n| n.parse().unwrap()).collect()
 }
 
 pub async fn scan_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {

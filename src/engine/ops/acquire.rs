@@ -1,0 +1,153 @@
+//! `lua/acquire.lua`: take a permit of a lock, or hold a place in its queue.
+
+use redis::Value;
+
+use super::{Noted, Reply, status};
+use crate::engine::AcquireRequest;
+use crate::engine::records::parse_grant;
+use crate::store::StoreError;
+use crate::engine::Grant;
+
+/// One call of the acquire function.
+pub struct Call<'a> {
+    pub req: &'a AcquireRequest,
+    /// The metadata as the record stores it ('' when there is none).
+    pub metadata: &'a str,
+    /// Redis ms after which nothing may be granted (the caller was answered).
+    pub answer_by: i64,
+    /// Some replica watches the namespace: publish events.
+    pub watched: bool,
+    /// Locks the namespace may have in this shard (0: no limit).
+    pub max_locks: u64,
+    /// Set when the caller waits: how long it still waits, and how many
+    /// requests one lock's queue may hold.
+    pub wait: Option<Wait>,
+}
+
+/// The waiting part of a call.
+pub struct Wait {
+    pub left_ms: u64,
+    pub max_waiters: u32,
+}
+
+impl Call<'_> {
+    /// The function's arguments, in `lua/acquire.lua`'s order. The tail
+    /// is sent only as far as it differs from the defaults: an
+    /// uncontended try-once call sends seven.
+    pub fn args(&self) -> Vec<String> {
+        let req = self.req;
+        let mut flags = String::new();
+        if req.fair {
+            flags.push('f');
+        }
+        if self.watched {
+            flags.push('e');
+        }
+        let mut args = vec![
+            req.holder.clone(),
+            req.limit.to_string(),
+            req.ttl_ms.to_string(),
+            req.kind.clone(),
+            self.metadata.to_owned(),
+            self.answer_by.to_string(),
+            flags,
+        ];
+        let waiting = self.wait.is_some();
+        if req.priority != 0 || self.max_locks > 0 || waiting {
+            args.push(req.priority.to_string());
+        }
+        if self.max_locks > 0 || waiting {
+            args.push(self.max_locks.to_string());
+        }
+        if let Some(wait) = &self.wait {
+            args.extend([
+                wait.left_ms.max(1).to_string(),
+                req.queue_ttl_ms.to_string(),
+                wait.max_waiters.to_string(),
+            ]);
+        }
+        args
+    }
+}
+
+/// What the function answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A grant: new, or (`already`) the one the holder had.
+    Granted {
+        grant: Grant,
+        holders: u32,
+        already: bool,
+    },
+    /// Tried once; every permit is taken (or someone goes first).
+    Busy { holders: u32, next_expiry: i64 },
+    /// Waiting at `position` in the queue.
+    Queued {
+        holders: u32,
+        next_expiry: i64,
+        position: u32,
+    },
+    QueueFull,
+    NamespaceFull,
+    /// The lock is in use with another limit.
+    LimitMismatch { lock_limit: u32 },
+    /// Ran past the answer-by time: nothing happened.
+    Late,
+}
+
+/// The reply: Redis' clock, the outcome and what it noted for the counters.
+#[derive(Debug)]
+pub struct Answer {
+    pub now: i64,
+    pub outcome: Outcome,
+    pub noted: Vec<Noted>,
+}
+
+impl Answer {
+    /// True for a grant (the statuses `--min-replicas-acked` waits on).
+    pub fn is_grant(reply: &Value) -> bool {
+        matches!(reply, Value::Array(items)
+            if matches!(items.first(), Some(Value::Int(s)) if *s == status::OK || *s == status::HELD))
+    }
+}
+
+pub fn parse(value: Value) -> Result<Answer, StoreError> {
+    let mut reply = Reply::new("acquire", value)?;
+    let code: i64 = reply.next()?;
+    let now = reply.next()?;
+    let holders = reply.next()?;
+    let next_expiry = reply.next()?;
+    let extra: i64 = reply.next()?;
+    let outcome = match code {
+        status::OK | status::HELD => {
+            let slot = reply.next()?;
+            let record: String = reply.next()?;
+            Outcome::Granted {
+                grant: parse_grant(slot, &record)?,
+                holders,
+                already: code == status::HELD,
+            }
+        }
+        status::BUSY => Outcome::Busy {
+            holders,
+            next_expiry,
+        },
+        status::QUEUED => Outcome::Queued {
+            holders,
+            next_expiry,
+            position: extra as u32,
+        },
+        status::QUEUE_FULL => Outcome::QueueFull,
+        status::NAMESPACE_FULL => Outcome::NamespaceFull,
+        status::LIMIT_MISMATCH => Outcome::LimitMismatch {
+            lock_limit: extra as u32,
+        },
+        status::LATE => Outcome::Late,
+        other => return Err(StoreError::Protocol(format!("acquire status {other}"))),
+    };
+    Ok(Answer {
+        now,
+        outcome,
+        noted: reply.noted()?,
+    })
+}

@@ -1,0 +1,72 @@
+//! `lua/extend.lua`: reset the remaining lease of a live grant.
+
+use redis::Value;
+
+use super::{Noted, Reply, flag, status};
+use crate::engine::Grant;
+use crate::engine::records::parse_grant;
+use crate::store::StoreError;
+
+/// One call of the extend function.
+pub struct Call<'a> {
+    pub holder: &'a str,
+    pub token: Option<u64>,
+    /// The new lease (None: the grant's own ttl).
+    pub ttl_ms: Option<u64>,
+    pub answer_by: i64,
+    pub watched: bool,
+}
+
+impl Call<'_> {
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            self.holder.to_owned(),
+            self.token.map(|t| t.to_string()).unwrap_or_default(),
+            self.ttl_ms.map(|t| t.to_string()).unwrap_or_default(),
+            self.answer_by.to_string(),
+            flag(self.watched).to_owned(),
+        ]
+    }
+}
+
+/// What the function answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Extended(Grant),
+    NotHeld,
+    /// Ran past the answer-by time: nothing happened.
+    Late,
+}
+
+#[derive(Debug)]
+pub struct Answer {
+    pub now: i64,
+    pub outcome: Outcome,
+    pub noted: Vec<Noted>,
+}
+
+impl Answer {
+    /// True for an extension (what `--min-replicas-acked` waits on).
+    pub fn is_grant(reply: &Value) -> bool {
+        matches!(reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(status::OK))))
+    }
+}
+
+pub fn parse(value: Value) -> Result<Answer, StoreError> {
+    let mut reply = Reply::new("extend", value)?;
+    let code: i64 = reply.next()?;
+    let now = reply.next()?;
+    let slot = reply.next()?;
+    let record: String = reply.next()?;
+    let outcome = match code {
+        status::OK => Outcome::Extended(parse_grant(slot, &record)?),
+        status::NOT_HELD => Outcome::NotHeld,
+        status::LATE => Outcome::Late,
+        other => return Err(StoreError::Protocol(format!("extend status {other}"))),
+    };
+    Ok(Answer {
+        now,
+        outcome,
+        noted: reply.noted()?,
+    })
+}

@@ -1,0 +1,27 @@
+//! `lua/inspect.lua`: a lock's live holders, limit and waiter count.
+
+use redis::Value;
+
+use super::Reply;
+use crate::engine::LockState;
+use crate::engine::records::parse_grant;
+use crate::store::StoreError;
+
+pub fn parse(value: Value) -> Result<LockState, StoreError> {
+    let mut reply = Reply::new("inspect", value)?;
+    let now_ms = reply.next()?;
+    let limit = reply.next()?;
+    let waiters = reply.next()?;
+    let live: Vec<(u32, String)> = reply.next()?;
+    let mut holders = live
+        .iter()
+        .map(|(slot, record)| parse_grant(*slot, record))
+        .collect::<Result<Vec<_>, _>>()?;
+    holders.sort_by_key(|grant| grant.slot);
+    Ok(LockState {
+        now_ms,
+        limit,
+        waiters,
+        holders,
+    })
+}

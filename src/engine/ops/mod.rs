@@ -1,0 +1,144 @@
+//! The typed twins of tumbler's Redis functions, one file per function
+//! (`lua/<operation>.lua`): what it is called with (a typed input turned
+//! into its arguments in one place), what it answers (an enum or a
+//! struct), and the parse of that answer. The engine's methods
+//! (`engine/mod.rs`) are built from these; nothing else knows the
+//! functions' argument order or reply shape.
+
+pub mod acquire;
+pub mod clear;
+pub mod count;
+pub mod dequeue;
+pub mod extend;
+pub mod inspect;
+pub mod list;
+pub mod queue;
+pub mod reap;
+pub mod refresh;
+pub mod release;
+pub mod renew;
+
+use redis::Value;
+
+use crate::store::StoreError;
+
+/// Reply statuses, as `lua/common.lua` names them.
+pub mod status {
+    pub const BUSY: i64 = 0;
+    pub const OK: i64 = 1;
+    pub const HELD: i64 = 2;
+    pub const QUEUED: i64 = 3;
+    pub const QUEUE_FULL: i64 = 4;
+    pub const NAMESPACE_FULL: i64 = 5;
+    pub const LIMIT_MISMATCH: i64 = 6;
+    pub const LATE: i64 = 7;
+    pub const NOT_HELD: i64 = 8;
+}
+
+/// Something a function reports for the per-minute counters: an expired
+/// lease or a reaped waiter, with its kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Noted {
+    pub event: String,
+    pub kind: String,
+}
+
+/// A function's reply, read element by element.
+pub struct Reply {
+    what: &'static str,
+    items: std::vec::IntoIter<Value>,
+}
+
+impl Reply {
+    /// `what` names the function in errors.
+    pub fn new(what: &'static str, value: Value) -> Result<Self, StoreError> {
+        match value {
+            Value::Array(items) => Ok(Reply {
+                what,
+                items: items.into_iter(),
+            }),
+            other => Err(StoreError::Protocol(format!("{what} answered {other:?}"))),
+        }
+    }
+
+    fn bad(&self, detail: &str) -> StoreError {
+        StoreError::Protocol(format!("{} reply: {detail}", self.what))
+    }
+
+    /// The next element, converted.
+    pub fn next<T: redis::FromRedisValue>(&mut self) -> Result<T, StoreError> {
+        let value = self.items.next().ok_or_else(|| self.bad("too short"))?;
+        redis::from_redis_value(value).map_err(|e| self.bad(&e.to_string()))
+    }
+
+    /// The next element, or `None` at the end.
+    pub fn next_opt<T: redis::FromRedisValue>(&mut self) -> Result<Option<T>, StoreError> {
+        match self.items.next() {
+            None => Ok(None),
+            Some(value) => redis::from_redis_value(value)
+                .map(Some)
+                .map_err(|e| self.bad(&e.to_string())),
+        }
+    }
+
+    /// The elements up to an empty-string marker (or the end).
+    pub fn until_marker(&mut self) -> Result<Vec<String>, StoreError> {
+        let mut found = Vec::new();
+        while let Some(item) = self.next_opt::<String>()? {
+            if item.is_empty() {
+                break;
+            }
+            found.push(item);
+        }
+        Ok(found)
+    }
+
+    /// The rest: (event, kind) pairs for the counters.
+    pub fn noted(mut self) -> Result<Vec<Noted>, StoreError> {
+        let mut noted = Vec::new();
+        while let Some(event) = self.next_opt::<String>()? {
+            let kind = self.next()?;
+            noted.push(Noted { event, kind });
+        }
+        Ok(noted)
+    }
+}
+
+/// The `watched` argument: '1' when some replica watches the namespace.
+pub fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "0" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_read_in_order_then_the_noted_pairs() {
+        let value = Value::Array(vec![
+            Value::Int(1),
+            Value::BulkString(b"x".to_vec()),
+            Value::BulkString(b"expired".to_vec()),
+            Value::BulkString(b"jobs".to_vec()),
+        ]);
+        let mut reply = Reply::new("test", value).unwrap();
+        assert_eq!(reply.next::<i64>().unwrap(), 1);
+        assert_eq!(reply.next::<String>().unwrap(), "x");
+        assert_eq!(
+            reply.noted().unwrap(),
+            vec![Noted {
+                event: "expired".into(),
+                kind: "jobs".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn a_short_or_odd_reply_is_a_protocol_error() {
+        let mut reply = Reply::new("test", Value::Array(vec![])).unwrap();
+        assert!(reply.next::<i64>().is_err());
+        assert!(Reply::new("test", Value::Int(3)).is_err());
+        let odd = Value::Array(vec![Value::BulkString(b"expired".to_vec())]);
+        assert!(Reply::new("test", odd).unwrap().noted().is_err());
+    }
+}

@@ -1,0 +1,37 @@
+//! `lua/reap.lua`: clean up some locks of one shard now.
+
+use redis::Value;
+
+use super::{Noted, Reply, flag};
+use crate::engine::ReapCounts;
+use crate::store::StoreError;
+
+pub struct Call<'a> {
+    /// Also drop grants and requests older than this (ms).
+    pub older_than_ms: Option<u64>,
+    pub watched: bool,
+    pub names: &'a [String],
+}
+
+impl Call<'_> {
+    pub fn args(&self) -> Vec<String> {
+        let mut args = Vec::with_capacity(2 + self.names.len());
+        args.push(self.older_than_ms.map(|t| t.to_string()).unwrap_or_default());
+        args.push(flag(self.watched).to_owned());
+        args.extend(self.names.iter().cloned());
+        args
+    }
+}
+
+pub fn parse(value: Value) -> Result<(ReapCounts, Vec<Noted>), StoreError> {
+    let mut reply = Reply::new("reap", value)?;
+    let counts = ReapCounts {
+        expired_holders: reply.next()?,
+        dead_waiters: reply.next()?,
+        stale_index_entries: reply.next()?,
+        old_grants: reply.next()?,
+        old_waiters: reply.next()?,
+        locks_visited: reply.next()?,
+    };
+    Ok((counts, reply.noted()?))
+}

@@ -1,0 +1,53 @@
+//! `lua/release.lua`: give a grant back.
+
+use redis::Value;
+
+use super::{Noted, Reply, flag, status};
+use crate::engine::Grant;
+use crate::engine::records::parse_grant;
+use crate::store::StoreError;
+
+/// One call of the release function.
+pub struct Call<'a> {
+    pub holder: &'a str,
+    /// Only the grant with this token ('' = any).
+    pub token: Option<u64>,
+    pub watched: bool,
+}
+
+impl Call<'_> {
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            self.holder.to_owned(),
+            self.token.map(|t| t.to_string()).unwrap_or_default(),
+            flag(self.watched).to_owned(),
+        ]
+    }
+}
+
+/// The reply: Redis' clock, the released grant (None: not held) and what
+/// the call noted for the counters.
+#[derive(Debug)]
+pub struct Answer {
+    pub now: i64,
+    pub released: Option<Grant>,
+    pub noted: Vec<Noted>,
+}
+
+pub fn parse(value: Value) -> Result<Answer, StoreError> {
+    let mut reply = Reply::new("release", value)?;
+    let code: i64 = reply.next()?;
+    let now = reply.next()?;
+    let slot = reply.next()?;
+    let record: String = reply.next()?;
+    let released = match code {
+        status::OK => Some(parse_grant(slot, &record)?),
+        status::NOT_HELD => None,
+        other => return Err(StoreError::Protocol(format!("release status {other}"))),
+    };
+    Ok(Answer {
+        now,
+        released,
+        noted: reply.noted()?,
+    })
+}

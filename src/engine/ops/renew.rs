@@ -1,0 +1,78 @@
+//! `lua/renew.lua`: keep many session grants of one shard alive.
+
+use redis::Value;
+
+use super::{Noted, Reply, status};
+use crate::store::StoreError;
+
+/// One grant to renew.
+pub struct Item<'a> {
+    pub name: &'a str,
+    pub holder: &'a str,
+    pub token: u64,
+    pub ttl_ms: u64,
+}
+
+/// One call: the shard's grants due for renewal.
+pub struct Call<'a> {
+    pub answer_by: i64,
+    pub items: &'a [Item<'a>],
+}
+
+impl Call<'_> {
+    pub fn args(&self) -> Vec<String> {
+        let mut args = Vec::with_capacity(1 + 4 * self.items.len());
+        args.push(self.answer_by.to_string());
+        for item in self.items {
+            args.extend([
+                item.name.to_owned(),
+                item.holder.to_owned(),
+                item.token.to_string(),
+                item.ttl_ms.to_string(),
+            ]);
+        }
+        args
+    }
+}
+
+/// What the function answered: the 0-based indexes of the items whose
+/// grant is gone, or Late (nothing renewed).
+#[derive(Debug)]
+pub enum Outcome {
+    Renewed { lost: Vec<usize> },
+    Late,
+}
+
+#[derive(Debug)]
+pub struct Answer {
+    pub now: i64,
+    pub outcome: Outcome,
+    pub noted: Vec<Noted>,
+}
+
+pub fn parse(value: Value) -> Result<Answer, StoreError> {
+    let mut reply = Reply::new("renew", value)?;
+    let code: i64 = reply.next()?;
+    let now = reply.next()?;
+    if code == status::LATE {
+        return Ok(Answer {
+            now,
+            outcome: Outcome::Late,
+            noted: Vec::new(),
+        });
+    }
+    if code != status::OK {
+        return Err(StoreError::Protocol(format!("renew status {code}")));
+    }
+    let lost = reply
+        .until_marker()?
+        .iter()
+        .map(|group| group.parse::<usize>().map(|n| n.saturating_sub(1)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| StoreError::Protocol(format!("renew reply: {e}")))?;
+    Ok(Answer {
+        now,
+        outcome: Outcome::Renewed { lost },
+        noted: reply.noted()?,
+    })
+}

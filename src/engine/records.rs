@@ -1,0 +1,156 @@
+//! The two records tumbler keeps inside a lock's hash, decoded: a grant
+//! (`expires|token|acquired|ttl|kind|holder[\nmetadata]`, in the field of
+//! its slot) and a waiter (`priority|enqueued|wait_deadline|fair|kind`).
+//! `lua/common.lua` writes them; this is their one reader. Public so that
+//! the fuzz targets (`fuzz/`) and property tests reach them.
+
+use std::collections::BTreeMap;
+
+use crate::store::StoreError;
+
+use super::{Grant, QueuedRequest};
+
+/// Decodes the grant stored in `slot`. The holder id is free text without
+/// control characters, so the newline before the metadata (JSON, absent
+/// when there is none) is unambiguous.
+pub fn parse_grant(slot: u32, record: &str) -> Result<Grant, StoreError> {
+    let bad = || StoreError::Protocol(format!("grant record in slot {slot} not understood"));
+    let mut fields = record.splitn(6, '|');
+    let mut next = || fields.next().ok_or_else(bad);
+    let expires_at_ms = next()?.parse().map_err(|_| bad())?;
+    let fencing_token = next()?.parse().map_err(|_| bad())?;
+    let acquired_at_ms = next()?.parse().map_err(|_| bad())?;
+    let ttl_ms = next()?.parse().map_err(|_| bad())?;
+    let kind = next()?.to_owned();
+    let rest = next()?;
+    let (holder, metadata) = match rest.split_once('\n') {
+        Some((holder, json)) => (holder, serde_json::from_str(json).map_err(|_| bad())?),
+        None => (rest, BTreeMap::new()),
+    };
+    Ok(Grant {
+        holder: holder.to_owned(),
+        fencing_token,
+        slot,
+        acquired_at_ms,
+        expires_at_ms,
+        ttl_ms,
+        kind,
+        metadata,
+    })
+}
+
+/// The metadata argument of an acquire: JSON, or nothing when empty (the
+/// record then carries none).
+pub fn metadata_arg(metadata: &BTreeMap<String, String>) -> Result<String, StoreError> {
+    if metadata.is_empty() {
+        return Ok(String::new());
+    }
+    serde_json::to_string(metadata).map_err(|e| StoreError::Protocol(format!("metadata: {e}")))
+}
+
+/// Decodes a waiter record of request `holder` at `position`, whose
+/// liveness deadline is `expires_at_ms`.
+pub fn parse_waiter(
+    holder: &str,
+    record: &str,
+    expires_at_ms: i64,
+    position: u32,
+) -> Result<QueuedRequest, StoreError> {
+    let bad = || StoreError::Protocol(format!("waiter record of {holder:?} not understood"));
+    let mut fields = record.splitn(5, '|');
+    let mut next = || fields.next().ok_or_else(bad);
+    Ok(QueuedRequest {
+        holder: holder.to_owned(),
+        position,
+        priority: next()?.parse().map_err(|_| bad())?,
+        enqueued_at_ms: next()?.parse().map_err(|_| bad())?,
+        wait_deadline_ms: next()?.parse().map_err(|_| bad())?,
+        fair: next()? == "1",
+        kind: next()?.to_owned(),
+        expires_at_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grant_record_round_trips_holders_and_metadata_with_separators() {
+        let grant = parse_grant(
+            3,
+            "1732230005000|1732230000000001|1732230000000|5000|jobs|w|1\n{\"a|b\":\"c|d\"}",
+        )
+        .unwrap();
+        assert_eq!(grant.holder, "w|1");
+        assert_eq!(grant.fencing_token, 1_732_230_000_000_001);
+        assert_eq!(grant.slot, 3);
+        assert_eq!(grant.expires_at_ms, 1_732_230_005_000);
+        assert_eq!(grant.ttl_ms, 5000);
+        assert_eq!(grant.kind, "jobs");
+        assert_eq!(grant.metadata.get("a|b").map(String::as_str), Some("c|d"));
+        let bare = parse_grant(1, "9|8|7|6|default|h|x").unwrap();
+        assert_eq!(bare.holder, "h|x");
+        assert!(bare.metadata.is_empty());
+    }
+
+    #[test]
+    fn malformed_grant_record_is_a_protocol_error() {
+        assert!(parse_grant(1, "12|x|3|4|k|h").is_err());
+        assert!(parse_grant(1, "12|1|3").is_err());
+        assert!(parse_grant(1, "12|1|3|4|k|h\nnot json").is_err());
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 2000,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn records_of_any_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = parse_grant(1, &text);
+            let _ = parse_waiter("h", &text, 0, 1);
+        }
+
+        #[test]
+        fn grant_records_round_trip_holders_metadata_separators_and_unicode(
+            expires in 0..i64::MAX,
+            token in any::<u64>(),
+            slot in any::<u32>(),
+            acquired_at_ms in 0..i64::MAX,
+            ttl_ms in any::<u64>(),
+            kind in "[a-z0-9_.-]{1,32}",
+            holder in "[^\\p{Cc}]{1,24}",
+            metadata in proptest::collection::btree_map("[^\\p{Cc}]{1,16}|\\|+", "((?s:.)|\\||\\{|\\}|\"|\\\\){0,24}", 0..6),
+        ) {
+            // Written as lua/common.lua's format_grant writes it.
+            let json = metadata_arg(&metadata).unwrap();
+            let mut record = format!("{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}|{holder}");
+            if !json.is_empty() {
+                record = format!("{record}\n{json}");
+            }
+            let grant = parse_grant(slot, &record).unwrap();
+            prop_assert_eq!(grant.expires_at_ms, expires);
+            prop_assert_eq!(grant.fencing_token, token);
+            prop_assert_eq!(grant.slot, slot);
+            prop_assert_eq!(grant.acquired_at_ms, acquired_at_ms);
+            prop_assert_eq!(grant.ttl_ms, ttl_ms);
+            prop_assert_eq!(grant.kind, kind);
+            prop_assert_eq!(grant.holder, holder);
+            prop_assert_eq!(grant.metadata, metadata);
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The engine's vocabulary: typed requests, outcomes and errors. They
+//! know nothing of gRPC, HTTP or Redis replies; the handlers map them to
+//! their transport, the typed twins in `ops/` map them to Redis.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::store::StoreError;
+
+use super::waiters::RegisterError;
+
+/// A lock, named within a namespace. Both are already validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockId {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// One permit of a lock, as stored in its grant record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub holder: String,
+    pub fencing_token: u64,
+    pub slot: u32,
+    pub acquired_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub ttl_ms: u64,
+    pub kind: String,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// A validated acquire request.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    pub lock: LockId,
+    pub holder: String,
+    pub limit: u32,
+    pub ttl_ms: u64,
+    pub kind: String,
+    pub metadata: BTreeMap<String, String>,
+    /// How long to wait for a permit; zero tries once.
+    pub wait: Duration,
+    /// How long a waiting request lives in Redis without a refresh.
+    pub queue_ttl_ms: u64,
+    /// Higher goes first; FIFO within a priority.
+    pub priority: i32,
+    /// Fair requests take their turn in the queue; barging ones take any
+    /// free permit.
+    pub fair: bool,
+    /// When the caller stops listening (its deadline, less the time its
+    /// answer needs): nothing may be granted after it. None: only the
+    /// Redis command timeout bounds it.
+    pub answer_by: Option<Instant>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// A new grant; `holders` counts live holders including it.
+    Acquired { grant: Grant, holders: u32 },
+    /// The holder already held a live grant: that grant, unchanged.
+    AlreadyHeld { grant: Grant, holders: u32 },
+    /// Tried once: every permit is taken (or the queue goes first).
+    Busy {
+        holders: u32,
+        next_expiry_at_ms: i64,
+    },
+    /// Waited until the wait ended; `position` was its place in the queue.
+    TimedOut {
+        holders: u32,
+        next_expiry_at_ms: i64,
+        position: u32,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The grant is gone; it was held this long (Redis clock).
+    Released { kind: String, held_ms: i64 },
+    NotHeld,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtendOutcome {
+    Extended(Grant),
+    NotHeld,
+}
+
+/// What Inspect sees of a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockState {
+    pub now_ms: i64,
+    pub limit: u32,
+    pub waiters: u32,
+    /// Live holders, by slot.
+    pub holders: Vec<Grant>,
+}
+
+/// One live waiting request, as the Queue RPC shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedRequest {
+    pub holder: String,
+    pub position: u32,
+    pub priority: i32,
+    pub enqueued_at_ms: i64,
+    /// When the request is dropped unless its replica refreshes it.
+    pub expires_at_ms: i64,
+    /// When its RPC stops waiting.
+    pub wait_deadline_ms: i64,
+    pub fair: bool,
+    pub kind: String,
+}
+
+/// What the Queue RPC sees of a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueState {
+    pub now_ms: i64,
+    pub waiters: u32,
+    pub requests: Vec<QueuedRequest>,
+}
+
+/// One lock in a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockSummary {
+    pub name: String,
+    pub holders: u32,
+    pub limit: u32,
+    pub waiters: u32,
+    pub next_expiry_at_ms: i64,
+}
+
+/// Where a listing goes on: a deployment-wide SCAN position, and how many
+/// matching keys of the batch found there were already listed (a page
+/// that ended inside a batch reads it again and skips those).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListCursor {
+    pub node: u32,
+    pub position: u64,
+    pub skip: u32,
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListPage {
+    pub locks: Vec<LockSummary>,
+    /// None when the listing is complete.
+    pub next: Option<ListCursor>,
+    pub now_ms: i64,
+}
+
+/// What a reap removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReapCounts {
+    pub expired_holders: u64,
+    pub dead_waiters: u64,
+    /// Locks whose key was gone by the time the reaper looked at them.
+    pub stale_index_entries: u64,
+    pub old_grants: u64,
+    pub old_waiters: u64,
+    pub locks_visited: u64,
+}
+
+impl ReapCounts {
+    pub(super) fn add(&mut self, other: &ReapCounts) {
+        self.expired_holders += other.expired_holders;
+        self.dead_waiters += other.dead_waiters;
+        self.stale_index_entries += other.stale_index_entries;
+        self.old_grants += other.old_grants;
+        self.old_waiters += other.old_waiters;
+        self.locks_visited += other.locks_visited;
+    }
+
+    /// Anything removed at all.
+    pub fn removed_any(&self) -> bool {
+        self.expired_holders + self.dead_waiters + self.old_grants + self.old_waiters > 0
+    }
+}
+
+/// What a clear removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClearCounts {
+    pub locks: u64,
+    pub grants: u64,
+    pub requests: u64,
+}
+
+/// The events counted per minute and kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub acquired: u64,
+    pub denied: u64,
+    pub timed_out: u64,
+    pub released: u64,
+    pub extended: u64,
+    pub expired: u64,
+    pub reaped: u64,
+    pub errors: u64,
+}
+
+impl Counters {
+    pub(super) fn add_event(&mut self, event: &str, n: u64) {
+        let slot = match event {
+            "acquired" => &mut self.acquired,
+            "denied" => &mut self.denied,
+            "timed_out" => &mut self.timed_out,
+            "released" => &mut self.released,
+            "extended" => &mut self.extended,
+            "expired" => &mut self.expired,
+            "reaped" => &mut self.reaped,
+            "errors" => &mut self.errors,
+            _ => return,
+        };
+        *slot += n;
+    }
+
+    /// Adds another row's counts to these.
+    pub fn add(&mut self, other: &Counters) {
+        self.acquired += other.acquired;
+        self.denied += other.denied;
+        self.timed_out += other.timed_out;
+        self.released += other.released;
+        self.extended += other.extended;
+        self.expired += other.expired;
+        self.reaped += other.reaped;
+        self.errors += other.errors;
+    }
+}
+
+/// One kind's counters over one minute (or, in totals, over the range).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsRow {
+    pub minute_ms: i64,
+    pub kind: String,
+    pub counters: Counters,
+}
+
+/// What the Metrics RPC reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsReport {
+    pub minutes: Vec<MetricsRow>,
+    pub totals: Vec<MetricsRow>,
+    /// Every kind together over the range (kind `*`).
+    pub overall: MetricsRow,
+}
+
+/// Why an engine call failed. Not getting a lock is not a failure.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the queue of this lock is full ({0} waiting requests)")]
+    QueueFull(u32),
+    #[error("this replica already holds {0} waiting requests")]
+    TooManyWaiters(usize),
+    #[error("this namespace already has {0} waiting requests on this replica")]
+    TooManyInNamespace(usize),
+    #[error("this namespace has reached its lock limit")]
+    NamespaceFull,
+    #[error(
+        "the lock is in use with limit {lock_limit}; this request asks for limit {requested} (a lock's limit is fixed while anyone holds or waits)"
+    )]
+    LimitMismatch { lock_limit: u32, requested: u32 },
+    #[error("this replica is shutting down; retry on another")]
+    ShuttingDown,
+}
+
+impl From<RegisterError> for EngineError {
+    fn from(err: RegisterError) -> Self {
+        match err {
+            RegisterError::TooManyWaiters(max) => EngineError::TooManyWaiters(max),
+            RegisterError::TooManyInNamespace(max) => EngineError::TooManyInNamespace(max),
+            RegisterError::ShuttingDown => EngineError::ShuttingDown,
+        }
+    }
+}
+
+/// Bounds on waiting.
+#[derive(Clone, Debug)]
+pub struct WaitLimits {
+    /// Waiting requests one lock's queue may hold (all replicas together).
+    pub max_waiters_per_lock: u32,
+    /// Waiting RPCs one replica may hold open.
+    pub max_waiters_per_replica: usize,
+    /// Waiting RPCs one namespace may hold open on one replica.
+    pub max_waiters_per_namespace: usize,
+    /// Locks one namespace may have in one shard (0: no limit).
+    pub max_locks_per_shard: u64,
+    /// How long a dead session's grants stay held; None releases them.
+    pub session_lock_delay_ms: Option<u64>,
+}
+
+/// Why the layout recorded in Redis cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "redis holds tumbler data written with {found}; this server is configured for {expected} (the shard count of a deployment cannot change; data of an older layout must be cleared or migrated, see the README's \"Key layout\")"
+    )]
+    Mismatch { found: String, expected: String },
+}

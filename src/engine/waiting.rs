@@ -1,0 +1,123 @@
+//! An Acquire that waits in the lock's queue, in this server: registered
+//! with this replica's waiters before its first function call (so no
+//! wake-up slips between), it sleeps until a wake-up names it, the first
+//! lease runs out (at the head of the queue), its wait ends or the replica
+//! shuts down. No polling. A guard takes it out of the queue if its RPC
+//! goes away while it waits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::keys::LockKeys;
+use super::ops::acquire::Outcome;
+use super::{AcquireOutcome, AcquireRequest, EngineError, LockEngine, LockId};
+use crate::store::StoreError;
+
+impl LockEngine {
+    pub(super) async fn acquire_waiting(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        keys: &LockKeys,
+        metadata: &str,
+    ) -> Result<AcquireOutcome, EngineError> {
+        let deadline = Instant::now() + req.wait;
+        // Registered before the first call: no wake-up is missed.
+        let registration = self.waiters.register(
+            &req.lock.namespace,
+            keys,
+            &req.lock.name,
+            &req.holder,
+            req.queue_ttl_ms,
+            req.fair,
+        )?;
+        // Leaves the queue if this future is dropped (client cancelled,
+        // deadline passed) or fails while queued.
+        let mut queued = QueuedGuard {
+            engine: self.clone(),
+            lock: req.lock.clone(),
+            keys: keys.clone(),
+            holder: req.holder.clone(),
+            armed: false,
+        };
+        loop {
+            let wait_left = deadline.saturating_duration_since(Instant::now());
+            let answer = self.attempt(req, keys, metadata, Some(wait_left)).await?;
+            let (holders, next_expiry, position) = match answer.outcome {
+                Outcome::Queued {
+                    holders,
+                    next_expiry,
+                    position,
+                } => (holders, next_expiry, position),
+                outcome => {
+                    queued.armed = false;
+                    return self.settled(req, outcome)?.ok_or_else(|| {
+                        StoreError::Protocol("acquire answered busy to a waiting call".into())
+                            .into()
+                    });
+                }
+            };
+            queued.armed = true;
+            // At the head, also wake when the first lease runs out, so an
+            // expiry hands over without a release. (Only the head can be
+            // granted; it wakes the next one while permits remain.)
+            let expiry = (next_expiry > 0 && position == 1).then(|| {
+                Instant::now() + Duration::from_millis((next_expiry - answer.now).max(0) as u64 + 1)
+            });
+            tokio::select! {
+                () = registration.notified() => {}
+                () = sleep_until_some(expiry) => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    queued.armed = false;
+                    let had = self.dequeue(&req.lock, keys, &req.holder, true).await?;
+                    return Ok(AcquireOutcome::TimedOut {
+                        holders,
+                        next_expiry_at_ms: next_expiry,
+                        position: if had > 0 { had } else { position },
+                    });
+                }
+                () = self.waiters.shutdown_token().cancelled() => {
+                    // Leave the queue before answering, while the replica
+                    // still runs (a spawned clean-up might never run).
+                    queued.armed = false;
+                    let _ = self.dequeue(&req.lock, keys, &req.holder, false).await;
+                    return Err(EngineError::ShuttingDown);
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes a waiting request out of the queue when its RPC goes away while
+/// queued (dropped future: client cancelled, deadline passed, error).
+struct QueuedGuard {
+    engine: Arc<LockEngine>,
+    lock: LockId,
+    keys: LockKeys,
+    holder: String,
+    armed: bool,
+}
+
+impl Drop for QueuedGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let engine = self.engine.clone();
+        let (lock, keys, holder) = (self.lock.clone(), self.keys.clone(), self.holder.clone());
+        tokio::spawn(async move {
+            if let Err(err) = engine.dequeue(&lock, &keys, &holder, false).await {
+                // Its liveness deadline will drop it instead.
+                tracing::warn!(error = %err, lock = %lock.name, "leaving the queue failed");
+            }
+        });
+    }
+}
