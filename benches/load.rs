@@ -1,13 +1,17 @@
 //! Throughput and latency under load: N concurrent clients driving the real
-//! gRPC API over real connections (one tonic Channel per 8 clients), against
-//! the physical limit measured in the same run — the same Lua scripts run
-//! through the same engine and Redis pool, called in-process with no gRPC
-//! (`LockEngine` directly), with the shipped pool of 4 connections and with
-//! one multiplexed connection. The peer, when an `etcd` binary is
-//! installed (Debian `etcd-server`): etcd 3.4's v3lock `Lock`/`Unlock` over
-//! gRPC with one lease per client, etcd started by the benchmark on
-//! loopback with its data dir on tmpfs (mutex scenarios only: v3lock has
-//! no semaphores).
+//! gRPC API over real connections (one tonic Channel per 8 clients),
+//! against two baselines measured in the same run:
+//! - the **plain Redis lock**, the physical limit of a lock in Redis:
+//!   `SET key holder NX PX ttl` to acquire, a compare-and-delete script to
+//!   release, over four multiplexed connections (tumbler's pool size);
+//!   it cannot wait, so a waiting client retries every millisecond (no
+//!   semaphores: mutex scenarios only);
+//! - **etcd 3.4's v3lock**, when an `etcd` binary is installed (Debian
+//!   `etcd-server`): `Lock`/`Unlock` over gRPC with one lease per client,
+//!   etcd started by the benchmark on loopback with its data dir on tmpfs
+//!   (mutex scenarios only: v3lock has no semaphores).
+//! A third row shows tumbler's engine called in-process (same functions,
+//! same pool, no gRPC): what the gRPC layer costs, not a baseline.
 //!
 //! Scenarios: uncontended acquire+release pairs (1 and 64 clients, distinct
 //! names); 16 and 64 clients queueing on one lock (limit 1) and 64 on a
@@ -65,6 +69,8 @@ enum Path {
     },
     /// etcd's v3lock service over gRPC, one lease per client.
     Etcd(Vec<Channel>),
+    /// The plain Redis lock over a few multiplexed connections.
+    Plain(Vec<redis::aio::MultiplexedConnection>),
 }
 
 enum Client {
@@ -79,6 +85,16 @@ enum Client {
         /// The key each held lock got from Lock (Unlock takes the key).
         held: std::collections::HashMap<String, Vec<u8>>,
     },
+    Plain(redis::aio::MultiplexedConnection),
+}
+
+/// The plain lock's release: delete the key only if it holds our value.
+const COMPARE_AND_DELETE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+fn compare_and_delete() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(COMPARE_AND_DELETE))
 }
 
 impl Path {
@@ -110,6 +126,9 @@ impl Path {
                 engine: engine.clone(),
                 queue_ttl_ms: *queue_ttl_ms,
             },
+            Path::Plain(connections) => {
+                Client::Plain(connections[index % connections.len()].clone())
+            }
         }
     }
 }
@@ -173,6 +192,26 @@ impl Client {
                 .await;
                 held.insert(name.to_owned(), reply.key);
             }
+            // No queue: a waiting client retries every millisecond.
+            Client::Plain(conn) => {
+                assert_eq!(limit, 1, "the plain lock has no semaphores");
+                loop {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(format!("plain:{name}"))
+                        .arg(holder)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL_MS)
+                        .query_async(conn)
+                        .await
+                        .expect("SET NX PX");
+                    if set.is_some() {
+                        break;
+                    }
+                    assert!(wait, "{name}: busy");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
         }
     }
 
@@ -204,6 +243,15 @@ impl Client {
                 let key = held.remove(name).expect("held");
                 let _: etcd::UnlockResponse =
                     etcd::call(grpc, "/v3lockpb.Lock/Unlock", etcd::UnlockRequest { key }).await;
+            }
+            Client::Plain(conn) => {
+                let deleted: i64 = compare_and_delete()
+                    .key(format!("plain:{name}"))
+                    .arg(holder)
+                    .invoke_async(conn)
+                    .await
+                    .expect("compare-and-delete");
+                assert_eq!(deleted, 1, "{name}");
             }
         }
     }
@@ -735,7 +783,16 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let direct = direct_engine(&redis.url(), "direct4", 4).await;
-    let direct_one = direct_engine(&redis.url(), "direct1", 1).await;
+    let mut plain = Vec::new();
+    for _ in 0..4 {
+        plain.push(
+            redis::Client::open(redis.url())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        );
+    }
     // The peer: etcd's v3lock, when an `etcd` binary is installed.
     let etcd = etcd::EtcdServer::start();
     if let Some(etcd) = &etcd {
@@ -747,11 +804,9 @@ async fn main() {
         timing.warm_up, timing.measure, timing.job_rounds
     );
     println!();
-    println!(
-        "| scenario | path | ops/s | latency | p50 µs | p99 µs | ops/s ÷ direct (pool of 4) |"
-    );
+    println!("| scenario | path | ops/s | latency | p50 µs | p99 µs | tumbler ÷ this |");
     println!("| --- | --- | ---: | --- | ---: | ---: | ---: |");
-    let mut versus_etcd = Vec::new();
+    let mut ratios = Vec::new();
     for (index, &scenario) in scenarios.iter().enumerate() {
         let clients = match scenario {
             Scenario::Uncontended { clients } | Scenario::Contended { clients, .. } => clients,
@@ -759,20 +814,19 @@ async fn main() {
         };
         let grpc = grpc_path(&endpoint, clients).await;
         let mut paths = vec![
-            ("tumbler: gRPC, pool of 4", grpc),
+            (TUMBLER, grpc),
             (
-                "direct: engine in-process, same Lua, no gRPC, pool of 4",
+                "tumbler's engine in-process (same functions and pool, no gRPC)",
                 direct.clone(),
             ),
-            ("direct: one multiplexed connection", direct_one.clone()),
         ];
-        // etcd's v3lock has mutexes only.
+        // The plain lock and etcd's v3lock have mutexes only.
         let limit_one = !matches!(scenario, Scenario::Contended { limit, .. } if limit > 1);
+        if limit_one {
+            paths.push((PLAIN, Path::Plain(plain.clone())));
+        }
         if let (Some(etcd), true) = (&etcd, limit_one) {
-            paths.push((
-                "etcd 3.4 v3lock: gRPC Lock/Unlock with a lease",
-                Path::Etcd(channels(&etcd.endpoint, clients).await),
-            ));
+            paths.push((ETCD, Path::Etcd(channels(&etcd.endpoint, clients).await)));
         }
         let mut results = Vec::new();
         for (p, (label, path)) in paths.iter().enumerate() {
@@ -782,12 +836,15 @@ async fn main() {
                 "{}: {label}: no numbers",
                 scenario.label()
             );
-            results.push((label, measured));
+            results.push((*label, measured));
         }
-        let baseline = results[1].1.rate();
-        if let Some((_, peer)) = results.get(3) {
-            versus_etcd.push((scenario.label(), results[0].1.rate() / peer.rate()));
-        }
+        let tumbler = results[0].1.rate();
+        let rate_of = |wanted: &str| {
+            (results.iter())
+                .find(|(label, _)| *label == wanted)
+                .map(|(_, m)| tumbler / m.rate())
+        };
+        ratios.push((scenario.label(), rate_of(PLAIN), rate_of(ETCD)));
         for (label, measured) in &results {
             println!(
                 "| {} | {label} | {:.0} {} | {} | {} | {} | {:.2} |",
@@ -797,9 +854,16 @@ async fn main() {
                 scenario.latency(),
                 measured.latency.value_at_quantile(0.5),
                 measured.latency.value_at_quantile(0.99),
-                measured.rate() / baseline
+                tumbler / measured.rate()
             );
         }
+    }
+    println!();
+    println!("| scenario | tumbler ÷ plain Redis lock | tumbler ÷ etcd v3lock |");
+    println!("| --- | ---: | ---: |");
+    let show = |ratio: Option<f64>| ratio.map_or("—".to_owned(), |r| format!("{r:.2}"));
+    for (label, plain, etcd) in ratios {
+        println!("| {label} | {} | {} |", show(plain), show(etcd));
     }
     println!();
     println!(
@@ -807,12 +871,9 @@ async fn main() {
     );
     if etcd.is_none() {
         println!("(no `etcd` binary: the etcd rows were skipped)");
-    } else {
-        println!();
-        println!("| scenario | tumbler ops/s ÷ etcd ops/s |");
-        println!("| --- | ---: |");
-        for (label, ratio) in versus_etcd {
-            println!("| {label} | {ratio:.2} |");
-        }
     }
 }
+
+const TUMBLER: &str = "tumbler: gRPC, pool of 4";
+const PLAIN: &str = "plain Redis lock: SET NX PX + compare-and-delete, 4 connections";
+const ETCD: &str = "etcd 3.4 v3lock: gRPC Lock/Unlock with a lease";

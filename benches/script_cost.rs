@@ -18,7 +18,10 @@
 //!
 //! `cargo bench --bench script_cost` (SCRIPT_COST_PAIRS=N, default 5000;
 //! SCRIPT_COST_CALLGRIND_PAIRS=N, default 1000). Under `cargo test` it
-//! runs a few pairs as a smoke test.
+//! runs a few pairs as a smoke test. `SCRIPT_COST_COMPARE=label=path,…`
+//! measures other `tumbler` binaries (earlier versions) in the same run,
+//! each on a Redis of its own; `bench/run.sh` builds one from a git
+//! revision given as `COMPARE_WITH=<rev>`.
 
 mod common;
 
@@ -125,8 +128,9 @@ async fn baseline_pair(conn: &redis::aio::MultiplexedConnection, release: &redis
 
 /// A tumbler server for the measurement: health checks far apart (their
 /// PINGs are not lock work) and no background reaper.
-async fn measured_server(redis_url: &str, redis_timeout_ms: &str) -> ServeProcess {
-    ServeProcess::start(
+async fn measured_server(binary: &str, redis_url: &str, redis_timeout_ms: &str) -> ServeProcess {
+    ServeProcess::start_binary(
+        binary,
         redis_url,
         &[
             "--health-interval-ms",
@@ -147,6 +151,24 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The tumbler binaries to measure: this build, then any named in
+/// SCRIPT_COST_COMPARE (`label=path,…`).
+fn binaries() -> Vec<(String, String)> {
+    let mut binaries = vec![(
+        "tumbler (this build)".to_owned(),
+        env!("CARGO_BIN_EXE_tumbler").to_owned(),
+    )];
+    for entry in std::env::var("SCRIPT_COST_COMPARE")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|e| !e.is_empty())
+    {
+        let (label, path) = entry.split_once('=').expect("label=path");
+        binaries.push((format!("tumbler {label}"), path.to_owned()));
+    }
+    binaries
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
@@ -155,70 +177,85 @@ async fn main() {
     } else {
         50
     };
-    command_stats(pairs).await;
+    let binaries = binaries();
+    command_stats(&binaries, pairs).await;
     let callgrind_pairs = if benching {
         env_or("SCRIPT_COST_CALLGRIND_PAIRS", 1000)
     } else {
         20
     };
-    instructions(callgrind_pairs).await;
+    instructions(&binaries, callgrind_pairs).await;
 }
 
 /// Script calls, commands inside them and Redis' µs per pair, from
-/// `INFO commandstats`.
-async fn command_stats(pairs: u64) {
-    let redis = RedisServer::start("redis-server").expect("redis-server");
-    let server = measured_server(&redis.url(), "500").await;
-    let mut client = LockServiceClient::connect(server.endpoint.clone())
-        .await
-        .unwrap();
-    let mut conn = common::redis_conn(&redis.url()).await;
-
-    for i in 0..100 {
-        tumbler_pair(&mut client, 1_000_000_000 + i).await;
-    }
-    common::reset_command_stats(&mut conn).await;
-    for i in 0..pairs {
-        tumbler_pair(&mut client, i).await;
-    }
-    let tumbler = counted(&mut conn, &["fcall"]).await;
-    if std::env::var_os("SCRIPT_COST_VERBOSE").is_some() {
-        for stat in common::command_stats(&mut conn).await {
-            println!(
-                "{}: {:.2} per pair",
-                stat.name,
-                stat.calls as f64 / pairs as f64
-            );
+/// `INFO commandstats`: each binary on a Redis of its own, then the
+/// baseline.
+async fn command_stats(binaries: &[(String, String)], pairs: u64) {
+    let mut rows = Vec::new();
+    for (label, binary) in binaries {
+        let redis = RedisServer::start("redis-server").expect("redis-server");
+        let server = measured_server(binary, &redis.url(), "500").await;
+        let mut client = LockServiceClient::connect(server.endpoint.clone())
+            .await
+            .unwrap();
+        let mut conn = common::redis_conn(&redis.url()).await;
+        for i in 0..100 {
+            tumbler_pair(&mut client, 1_000_000_000 + i).await;
         }
+        common::reset_command_stats(&mut conn).await;
+        for i in 0..pairs {
+            tumbler_pair(&mut client, i).await;
+        }
+        let counted = counted(&mut conn, &["fcall", "evalsha"]).await;
+        if std::env::var_os("SCRIPT_COST_VERBOSE").is_some() {
+            println!("{label}:");
+            for stat in common::command_stats(&mut conn).await {
+                println!(
+                    "  {}: {:.2} per pair",
+                    stat.name,
+                    stat.calls as f64 / pairs as f64
+                );
+            }
+        }
+        assert!(counted.top_level_calls >= 2 * pairs, "{label}");
+        rows.push((label.clone(), counted));
     }
 
+    let redis = RedisServer::start("redis-server").expect("redis-server");
+    let conn = common::redis_conn(&redis.url()).await;
+    let mut stats_conn = conn.clone();
     let release = redis::Script::new(COMPARE_AND_DELETE);
     for i in 0..100 {
         baseline_pair(&conn, &release, 1_000_000_000 + i).await;
     }
-    common::reset_command_stats(&mut conn).await;
+    common::reset_command_stats(&mut stats_conn).await;
     for i in 0..pairs {
         baseline_pair(&conn, &release, i).await;
     }
-    let baseline = counted(&mut conn, &["evalsha", "eval", "set"]).await;
+    let baseline = counted(&mut stats_conn, &["evalsha", "eval", "set"]).await;
+    assert!(baseline.top_level_calls >= 2 * pairs);
 
     let per = |n: u64| n as f64 / pairs as f64;
     println!("Redis work per acquire+release pair, {pairs} pairs, uncontended, one client\n");
-    println!("| lock | calls | commands inside scripts | Redis µs | µs ÷ baseline |");
-    println!("| --- | ---: | ---: | ---: | ---: |");
-    for (label, c) in [
-        ("tumbler (acquire.lua + release.lua)", &tumbler),
-        ("baseline: SET NX PX + compare-and-delete", &baseline),
-    ] {
+    println!(
+        "| lock | calls | commands inside scripts | all commands | Redis µs | µs ÷ baseline |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    rows.push((
+        "baseline: SET NX PX + compare-and-delete".to_owned(),
+        baseline,
+    ));
+    let baseline_usec = rows.last().map_or(1, |(_, c)| c.usec.max(1));
+    for (label, c) in &rows {
         println!(
-            "| {label} | {:.2} | {:.2} | {:.1} | {:.2} |",
+            "| {label} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} |",
             per(c.top_level_calls),
             per(c.inner_commands),
+            per(c.top_level_calls + c.inner_commands),
             per(c.usec),
-            c.usec as f64 / baseline.usec.max(1) as f64
+            c.usec as f64 / baseline_usec as f64
         );
     }
-    assert!(tumbler.top_level_calls >= 2 * pairs && baseline.top_level_calls >= 2 * pairs);
 }
 
 /// A redis-server running under callgrind, instrumented (counting) only
@@ -325,29 +362,40 @@ fn total_instructions(dir: &Path) -> u64 {
     panic!("no callgrind dump in {}", dir.display());
 }
 
-/// Redis' CPU instructions per pair, counted by callgrind.
-async fn instructions(pairs: u64) {
+/// Redis' CPU instructions per pair, counted by callgrind: each binary
+/// on a Redis of its own, then the baseline.
+async fn instructions(binaries: &[(String, String)], pairs: u64) {
+    let mut rows = Vec::new();
+    for (label, binary) in binaries {
+        let Some(redis) = CallgrindRedis::start() else {
+            return;
+        };
+        // Redis runs many times slower under valgrind: a long command timeout.
+        let server = measured_server(binary, &redis.url(), "20000").await;
+        let mut client = LockServiceClient::connect(server.endpoint.clone())
+            .await
+            .unwrap();
+        for i in 0..20 {
+            tumbler_pair(&mut client, 1_000_000_000 + i).await;
+        }
+        let counted = redis
+            .count(async {
+                for i in 0..pairs {
+                    tumbler_pair(&mut client, i).await;
+                }
+            })
+            .await;
+        assert!(counted > 0, "{label}");
+        rows.push((label.clone(), counted));
+    }
     let Some(redis) = CallgrindRedis::start() else {
         return;
     };
-    // Redis runs many times slower under valgrind: a long command timeout.
-    let server = measured_server(&redis.url(), "20000").await;
-    let mut client = LockServiceClient::connect(server.endpoint.clone())
-        .await
-        .unwrap();
     let conn = common::redis_conn(&redis.url()).await;
     let release = redis::Script::new(COMPARE_AND_DELETE);
     for i in 0..20 {
-        tumbler_pair(&mut client, 1_000_000_000 + i).await;
         baseline_pair(&conn, &release, 1_000_000_000 + i).await;
     }
-    let tumbler = redis
-        .count(async {
-            for i in 0..pairs {
-                tumbler_pair(&mut client, i).await;
-            }
-        })
-        .await;
     let baseline = redis
         .count(async {
             for i in 0..pairs {
@@ -355,18 +403,20 @@ async fn instructions(pairs: u64) {
             }
         })
         .await;
+    assert!(baseline > 0);
     let per = |n: u64| n as f64 / pairs as f64;
     println!("\nRedis CPU instructions per acquire+release pair (callgrind), {pairs} pairs\n");
     println!("| lock | instructions per pair | ÷ baseline |");
     println!("| --- | ---: | ---: |");
-    println!(
-        "| tumbler (acquire.lua + release.lua) | {:.0} | {:.2} |",
-        per(tumbler),
-        tumbler as f64 / baseline.max(1) as f64
-    );
+    for (label, counted) in &rows {
+        println!(
+            "| {label} | {:.0} | {:.2} |",
+            per(*counted),
+            *counted as f64 / baseline as f64
+        );
+    }
     println!(
         "| baseline: SET NX PX + compare-and-delete | {:.0} | 1.00 |",
         per(baseline)
     );
-    assert!(tumbler > 0 && baseline > 0);
 }

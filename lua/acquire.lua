@@ -23,8 +23,7 @@ local now, now_us = clock()
 if late(a.answer_by, now) then
   return {LATE, now, 0, 0, 0}
 end
-local shard, rest = split_key(KEYS[1])
-local L = load(lock_of(shard, string.sub(rest, 3)), a.holder, watched)
+local L = load(lock_at(KEYS), a.holder, watched)
 
 -- 2. Expired leases and dead waiters stop counting before anything is decided.
 local changed = purge(L, now)
@@ -94,7 +93,7 @@ if free > 0 and ahead == 0 then
   if limit > 1 then
     change(L, 'h:' .. a.holder, int(slot))
   end
-  settle(L, max_locks)
+  settle(L)
   emit(L, 'acquired', a.holder, grant.token, now)
   -- A permit left over goes to the next waiter in line.
   if free > 1 or changed then
@@ -129,7 +128,7 @@ redis.call('ZADD', L.deadlines, int(deadline), a.holder)
 keep_keys_until(L, deadline)
 
 -- 10. Keys and their TTLs, and a wake-up when expiries freed permits.
-settle(L, max_locks)
+settle(L)
 if changed then
   wake_eligible(L)
 end

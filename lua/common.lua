@@ -19,9 +19,11 @@
 --   ...:m:<minute> HASH 'kind|event' -> count (written by the replicas, shard 0 only)
 -- An uncontended mutex is one key; nothing else is written per lock.
 --
--- A function on one lock gets that lock's key as KEYS[1]; one that walks a
--- shard (list, reap, clear, renew) gets the shard's fence key and derives
--- the lock keys from it (same hash tag, same slot).
+-- A function on one lock declares its keys (KEYS: lock, queue, deadlines,
+-- fence, and '...:n' with a lock limit), so Redis Cluster checks them all
+-- before it runs; the steps derive the same names from KEYS[1]. One that
+-- walks a shard (list, reap, clear, renew) gets the shard's fence key and
+-- derives the lock keys from it (same hash tag, same slot).
 --
 -- Numbers cross into Redis as decimal text made here (int): a Lua number
 -- handed to redis.call is printed with '%.14g', which is slow and, past 14
@@ -121,12 +123,22 @@ local function waiter_kind(record)
   return string.match(record or '', '|([^|]*)$') or 'default'
 end
 
--- A lock of the shard `shard`, before it is read.
-local function lock_of(shard, name)
+-- A lock of the shard `shard`, before it is read. `live`: the deployment
+-- has a per-namespace lock limit, so the shard's live locks are counted in
+-- '...:n' (only then: nobody else pays for it).
+local function lock_of(shard, name, live)
   return {
     shard = shard, name = name, key = shard .. ':l:' .. name,
     queue = shard .. ':q:' .. name, deadlines = shard .. ':d:' .. name,
+    live = live or false,
   }
+end
+
+-- The lock a function on one lock was called for: KEYS[1] is its key, and
+-- a fifth key ('...:n') is declared when live locks are counted.
+local function lock_at(keys)
+  local shard, rest = split_key(keys[1])
+  return lock_of(shard, string.sub(rest, 3), keys[5] ~= nil)
 end
 
 -- Reads a lock (one HMGET: its header, slot 1 and, for a semaphore, the
@@ -366,7 +378,7 @@ end
 -- With a per-namespace lock limit (max_locks > 0), the shard's live locks
 -- are counted in '...:n' (name -> key expiry); without one, nothing is.
 local function room_for_lock(L, max_locks, now)
-  if max_locks == 0 or L.exists then
+  if max_locks == 0 or not L.live or L.exists then
     return true
   end
   return redis.call('ZCOUNT', L.shard .. ':n', '(' .. int(now), '+inf') < max_locks
@@ -377,8 +389,8 @@ end
 -- included) in one HSET, and the keys' TTL moves later only when a lease
 -- or waiter deadline came within the grace of it (TTLs are set with twice
 -- the grace, so most extends and renewals leave them alone).
--- `max_locks` > 0 keeps the lock in the shard's lock count.
-local function settle(L, max_locks)
+-- A lock whose live locks are counted (L.live) keeps its entry in '...:n'.
+local function settle(L)
   local head = queue_head(L)
   if L.n == 0 and not head then
     if L.exists then
@@ -387,7 +399,7 @@ local function settle(L, max_locks)
       else
         redis.call('DEL', L.key)
       end
-      if (max_locks or 0) > 0 then
+      if L.live then
         redis.call('ZREM', L.shard .. ':n', L.name)
       end
     end
@@ -417,7 +429,7 @@ local function settle(L, max_locks)
   if expire then
     local at = int(L.x)
     redis.call('PEXPIREAT', L.key, at)
-    if (max_locks or 0) > 0 then
+    if L.live then
       redis.call('ZADD', L.shard .. ':n', at, L.name)
       redis.call('PEXPIREAT', L.shard .. ':n', at, 'GT')
       redis.call('PEXPIREAT', L.shard .. ':n', at, 'NX')

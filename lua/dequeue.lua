@@ -6,8 +6,7 @@
 --          the kind it waited as, events...}
 local a = named(ARGV, {'id', 'watched'})
 local now = clock()
-local shard, rest = split_key(KEYS[1])
-local L = load(lock_of(shard, string.sub(rest, 3)), nil, a.watched)
+local L = load(lock_at(KEYS), nil, a.watched)
 
 -- 1. Expired leases and dead waiters leave too.
 purge(L, now)

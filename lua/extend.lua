@@ -11,8 +11,7 @@ local now = clock()
 if late(a.answer_by, now) then
   return {LATE, now, 0, ''}
 end
-local shard, rest = split_key(KEYS[1])
-local L = load(lock_of(shard, string.sub(rest, 3)), a.holder, a.watched)
+local L = load(lock_at(KEYS), a.holder, a.watched)
 
 -- 2. An expired lease cannot be extended: it is already lost.
 local changed = purge(L, now)

@@ -4,8 +4,7 @@
 -- KEYS[1] the lock
 -- Returns {now, limit, waiters, {{slot, grant}, ...}} (live holders)
 local now = clock()
-local shard, rest = split_key(KEYS[1])
-local L = load(lock_of(shard, string.sub(rest, 3)))
+local L = load(lock_at(KEYS))
 
 -- 1. Live holders: leases that end after now.
 local holders = {}

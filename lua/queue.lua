@@ -6,8 +6,7 @@
 local a = named(ARGV, {'most'})
 local most = tonumber(a.most)
 local now = clock()
-local shard, rest = split_key(KEYS[1])
-local L = lock_of(shard, string.sub(rest, 3))
+local L = lock_at(KEYS)
 
 -- 1. Walk the queue in order, skipping requests whose replica went quiet.
 local entries, live = {}, 0

@@ -4,18 +4,18 @@
 -- clear_dead_requests).
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: older than (ms; '' = no cutoff), watched ('1' = publish events),
---       then lock names
+--       live ('1' = the shard's live locks are counted), then lock names
 -- Returns {expired leases, dead waiters, locks gone already, old grants,
 --          old waiters, locks visited, events...}
-local a = named(ARGV, {'older_than', 'watched'})
+local a = named(ARGV, {'older_than', 'watched', 'live'})
 local now = clock()
 local cutoff = a.older_than ~= '' and now - tonumber(a.older_than) or nil
 local shard = split_key(KEYS[1])
 local expired, dead, gone, old_grants, old_waiters = 0, 0, 0, 0, 0
 local events = {}
 
-for k = 3, #ARGV do
-  local L = load(lock_of(shard, ARGV[k]), nil, a.watched)
+for k = 4, #ARGV do
+  local L = load(lock_of(shard, ARGV[k], a.live == '1'), nil, a.watched)
   if not L.exists then
     -- 1. Its key expired (or was released) since the scan saw it.
     gone = gone + 1
@@ -65,4 +65,4 @@ for k = 3, #ARGV do
   end
 end
 
-return {expired, dead, gone, old_grants, old_waiters, #ARGV - 2, unpack(events)}
+return {expired, dead, gone, old_grants, old_waiters, #ARGV - 3, unpack(events)}

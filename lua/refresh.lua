@@ -5,8 +5,7 @@
 -- Returns {now, ids no longer queued (their place was lost)..., '', events...}
 local a = named(ARGV, {'watched'})
 local now = clock()
-local shard, rest = split_key(KEYS[1])
-local L = load(lock_of(shard, string.sub(rest, 3)), nil, a.watched)
+local L = load(lock_at(KEYS), nil, a.watched)
 
 -- 1. Expired leases and dead waiters (other replicas' too) leave.
 purge(L, now)

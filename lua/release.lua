@@ -6,8 +6,7 @@
 --         {NOT_HELD, now, 0, '', events...} (nothing changed for this holder)
 local a = named(ARGV, {'holder', 'token', 'watched'})
 local now = clock()
-local shard, rest = split_key(KEYS[1])
-local L = load(lock_of(shard, string.sub(rest, 3)), a.holder, a.watched)
+local L = load(lock_at(KEYS), a.holder, a.watched)
 
 -- 1. Expired leases and dead waiters go first: an expired holder no longer holds.
 local changed = purge(L, now)

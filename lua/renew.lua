@@ -1,11 +1,12 @@
 -- renew: keep the grants of sessions alive, many locks of one shard per
 -- call (a replica renews all its session grants with one call per shard).
 -- KEYS[1] the shard's fence key (a shard function)
--- ARGV: answer_by (Redis ms; '0' = none), then groups of
+-- ARGV: answer_by (Redis ms; '0' = none), live ('1' = the shard's live
+--       locks are counted), then groups of
 --       (lock name, holder, fencing token, ttl_ms)
 -- Returns {status, now, lost group numbers (1-based)..., events...}:
 --   status OK, or LATE (nothing renewed). The events follow a '' marker.
-local a = named(ARGV, {'answer_by'})
+local a = named(ARGV, {'answer_by', 'live'})
 local now = clock()
 if late(a.answer_by, now) then
   return {LATE, now}
@@ -13,9 +14,9 @@ end
 local shard = split_key(KEYS[1])
 local reply, events = {OK, now}, {}
 
-for k = 2, #ARGV, 4 do
+for k = 3, #ARGV, 4 do
   local name, holder, token, ttl = ARGV[k], ARGV[k + 1], ARGV[k + 2], tonumber(ARGV[k + 3])
-  local L = load(lock_of(shard, name), holder)
+  local L = load(lock_of(shard, name, a.live == '1'), holder)
   -- 1. A lease that already passed is not brought back.
   local changed = purge(L, now)
   -- 2. Only the same grant (holder and token) is renewed; it keeps the ttl
@@ -26,7 +27,7 @@ for k = 2, #ARGV, 4 do
     put_grant(L, L.mine_slot, grant)
     settle(L)
   else
-    table.insert(reply, (k - 2) / 4 + 1)
+    table.insert(reply, (k - 3) / 4 + 1)
     settle_purged(L, changed)
   end
   for _, item in ipairs(L.events) do

@@ -170,8 +170,12 @@ async fn a_namespace_at_its_lock_limit_takes_no_new_lock() {
     })
     .await;
     let mut client = server.client().await;
+    let semaphore = |name: &str, holder: &str| proto::AcquireRequest {
+        limit: Some(2),
+        ..acquire(name, holder)
+    };
     for name in ["l1", "l2", "l3"] {
-        let granted = client.acquire(acquire(name, "a")).await.unwrap();
+        let granted = client.acquire(semaphore(name, "a")).await.unwrap();
         assert_eq!(
             granted.into_inner().status(),
             proto::AcquireStatus::Acquired
@@ -187,13 +191,7 @@ async fn a_namespace_at_its_lock_limit_takes_no_new_lock() {
         );
     }
     // Existing locks still take holders; other namespaces are not counted.
-    let more = client
-        .acquire(proto::AcquireRequest {
-            limit: Some(2),
-            ..acquire("l1", "b")
-        })
-        .await
-        .unwrap();
+    let more = client.acquire(semaphore("l1", "b")).await.unwrap();
     assert_eq!(more.into_inner().status(), proto::AcquireStatus::Acquired);
     let elsewhere = client
         .acquire(proto::AcquireRequest {

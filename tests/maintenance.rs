@@ -38,7 +38,7 @@ async fn lock_keys_left(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_pages_return_every_lock_exactly_once_while_locks_change() {
+async fn list_pages_return_every_lock_at_least_once_while_locks_change() {
     let redis = start_redis();
     let server = TestServer::start(&redis.url()).await;
     let mut client = server.client().await;
@@ -65,9 +65,17 @@ async fn list_pages_return_every_lock_exactly_once_while_locks_change() {
     .await;
     churn.await.unwrap();
 
+    // SCAN's promise: a lock that exists for the whole listing appears at
+    // least once (a rehash while it runs may repeat a few), and a page
+    // never holds more than its size.
     let names: Vec<String> = listed.iter().map(|l| l.name.clone()).collect();
     let unique: HashSet<&String> = names.iter().collect();
-    assert_eq!(unique.len(), names.len(), "a lock was listed twice");
+    assert!(
+        names.len() - unique.len() <= 25,
+        "{} repeats in {} locks listed",
+        names.len() - unique.len(),
+        names.len()
+    );
     for name in &stable {
         assert!(unique.contains(name), "{name} missing from the listing");
     }
@@ -134,8 +142,8 @@ async fn reap_removes_what_crashed_and_leaves_the_living() {
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
 
-    // A lock whose keys were lost (evicted, deleted by hand): its index
-    // entries stay behind.
+    // A lock whose key was lost (evicted, deleted by hand): with no index
+    // (layout v3) nothing of it remains for the reaper to see.
     client
         .acquire(proto::AcquireRequest {
             ttl_ms: Some(200),
@@ -200,10 +208,8 @@ async fn reap_removes_what_crashed_and_leaves_the_living() {
         "the crashed mutex and semaphore holders"
     );
     assert_eq!(counts.dead_waiters, 1, "the orphaned request");
-    assert_eq!(
-        counts.stale_index_entries, 1,
-        "the lock whose keys were lost"
-    );
+    assert_eq!(counts.stale_index_entries, 0, "no index to go stale");
+    assert_eq!(counts.locks_visited, 3, "crashed, mixed, healthy");
     assert_eq!((counts.old_grants, counts.old_waiters), (0, 0));
 
     // The living are untouched; what crashed left nothing behind.
@@ -214,23 +220,19 @@ async fn reap_removes_what_crashed_and_leaves_the_living() {
     let mixed = client.inspect(inspect("mixed")).await.unwrap().into_inner();
     assert_eq!(mixed.holders.len(), 1);
     assert_eq!(mixed.holders[0].grant.as_ref().unwrap().holder, "alive");
-    let index_members: Vec<String> = {
-        let index = scan_keys(&mut conn, "tumbler:{default:*}:index").await;
-        let mut members = Vec::new();
-        for key in index {
-            let found: Vec<String> = redis::cmd("ZRANGE")
-                .arg(&key)
-                .arg(0)
-                .arg(-1)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            members.extend(found);
-        }
-        members.sort();
-        members
-    };
-    assert_eq!(index_members, ["healthy", "mixed"]);
+    // Only the living keep keys: one lock key each, no index anywhere.
+    let mut lock_keys: Vec<String> = scan_keys(&mut conn, "tumbler:{default:*}:l:*")
+        .await
+        .iter()
+        .filter_map(|key| key.split_once("}:l:").map(|(_, name)| name.to_owned()))
+        .collect();
+    lock_keys.sort();
+    assert_eq!(lock_keys, ["healthy", "mixed"]);
+    assert!(
+        scan_keys(&mut conn, "tumbler:{default:*}:index")
+            .await
+            .is_empty()
+    );
     let again = client
         .reap(proto::ReapRequest::default())
         .await

@@ -83,11 +83,25 @@ async fn two_replicas_counts_sum_per_kind_and_minute() {
         .into_inner();
     assert_eq!(reply.status(), AcquireStatus::Acquired);
 
-    let report = a
+    // Each replica adds its counts to Redis every second (the one asked
+    // first writes its own): wait for the other replica's.
+    let mut report = a
         .metrics(proto::MetricsRequest::default())
         .await
         .unwrap()
         .into_inner();
+    for _ in 0..40 {
+        let acquired = |r: &proto::MetricsResponse| r.overall.as_ref().map_or(0, |o| o.acquired);
+        if acquired(&report) >= 3 + 2 + 2 + 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        report = a
+            .metrics(proto::MetricsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    }
     let total = |kind: &str| {
         report
             .totals

@@ -30,9 +30,9 @@ enum Slowdown {
     ClientPause,
 }
 
-/// Stalls Redis for [`STALL_SECONDS`] from a connection of its own; the
-/// returned flag turns true once Redis answers again.
-fn stall(redis_url: &str, slowdown: Slowdown) -> Arc<AtomicBool> {
+/// Stalls Redis for `seconds` from a connection of its own; the returned
+/// flag turns true once Redis answers again.
+fn stall(redis_url: &str, slowdown: Slowdown, seconds: u64) -> Arc<AtomicBool> {
     let over = Arc::new(AtomicBool::new(false));
     let client = redis::Client::open(redis_url).unwrap();
     let mut conn = client.get_connection().unwrap();
@@ -45,7 +45,7 @@ fn stall(redis_url: &str, slowdown: Slowdown) -> Arc<AtomicBool> {
                 ready_tx.send(()).unwrap();
                 let _: () = redis::cmd("DEBUG")
                     .arg("SLEEP")
-                    .arg(STALL_SECONDS)
+                    .arg(seconds)
                     .query(&mut conn)
                     .unwrap();
             }
@@ -54,7 +54,7 @@ fn stall(redis_url: &str, slowdown: Slowdown) -> Arc<AtomicBool> {
             Slowdown::ClientPause => {
                 let _: () = redis::cmd("CLIENT")
                     .arg("PAUSE")
-                    .arg(STALL_SECONDS * 1000)
+                    .arg(seconds * 1000)
                     .arg("ALL")
                     .query(&mut conn)
                     .unwrap();
@@ -149,7 +149,7 @@ async fn slowed_redis_honours_deadlines_and_leaves_no_waiters(slowdown: Slowdown
     until_waiters(&mut client, "slow", QUEUED as u32).await;
     assert_eq!(replica_waiters(http).await, QUEUED as u64);
 
-    let over = tokio::task::block_in_place(|| stall(&redis.url(), slowdown));
+    let over = tokio::task::block_in_place(|| stall(&redis.url(), slowdown, STALL_SECONDS));
     // Callers arriving during the stall: half with a 1 s deadline, half
     // with no deadline but a 1.5 s wait.
     for i in 0..ARRIVING {
@@ -215,4 +215,70 @@ async fn debug_sleep_honours_deadlines_and_leaves_no_waiters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_pause_honours_deadlines_and_leaves_no_waiters() {
     slowed_redis_honours_deadlines_and_leaves_no_waiters(Slowdown::ClientPause).await;
+}
+
+/// The probe that found grants landing after their callers were told no:
+/// Redis stalls (`DEBUG SLEEP`) while callers try to take free locks, with
+/// a gRPC deadline or only the server's Redis timeout; each caller is
+/// answered DEADLINE_EXCEEDED or UNAVAILABLE while Redis sleeps. When Redis
+/// wakes, it runs the queued calls: every one of them must refuse (its
+/// answer-by time passed), so no lock is held by a caller that was told no.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_grant_lands_after_its_caller_was_told_no() {
+    let redis = tumbler::dev::RedisServer::start_with_args(
+        "redis-server",
+        &["--enable-debug-command", "local"],
+    )
+    .unwrap();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    // The function library is loaded and the clock known before the stall.
+    client.acquire(acquire("warm-up", "h")).await.unwrap();
+
+    let stalled = tokio::task::block_in_place(|| stall(&redis.url(), Slowdown::DebugSleep, 5));
+    let mut callers = tokio::task::JoinSet::new();
+    for i in 0..10 {
+        let mut client = server.client().await;
+        callers.spawn(async move {
+            let mut request = tonic::Request::new(acquire(&format!("late-{i}"), &format!("c{i}")));
+            // Half with a deadline of their own, half bounded only by the
+            // server's Redis timeout (1 s in the tests).
+            if i % 2 == 0 {
+                request.set_timeout(Duration::from_millis(700));
+            }
+            client.acquire(request).await
+        });
+    }
+    while let Some(answer) = callers.join_next().await {
+        let status = answer
+            .unwrap()
+            .expect_err("no answer but a refusal while Redis sleeps");
+        assert!(
+            matches!(status.code(), Code::DeadlineExceeded | Code::Unavailable),
+            "{status:?}"
+        );
+    }
+    assert!(
+        !stalled.load(Ordering::SeqCst),
+        "answered while Redis still slept"
+    );
+    while !stalled.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Redis ran every queued call by now; none of them granted.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..10 {
+        let seen = client
+            .inspect(inspect(&format!("late-{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            seen.holders.is_empty(),
+            "late-{i} was granted late: {seen:?}"
+        );
+    }
+    // And the locks are free for the next caller.
+    let reply = client.acquire(acquire("late-0", "next")).await.unwrap();
+    assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
 }

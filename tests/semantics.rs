@@ -8,6 +8,8 @@ use std::time::Duration;
 use common::*;
 use proto::{AcquireStatus, ExtendStatus, NotAcquiredReason, ReleaseStatus};
 use redis::AsyncCommands;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tumbler::config::ServiceArgs;
 
 async fn setup() -> (tumbler::dev::RedisServer, TestServer) {
     let redis = start_redis();
@@ -156,7 +158,10 @@ async fn an_expired_holder_stops_counting_and_every_key_carries_a_ttl() {
             !key.ends_with(":fence") && !key.ends_with(":namespaces") && !key.contains(":m:");
         if lock_or_index {
             assert!(ttl <= 300 + 120_000, "{key} outlives its lease: {ttl} ms");
-            assert!(ttl > 60_000, "{key} may vanish before the reaper sees it: {ttl} ms");
+            assert!(
+                ttl > 60_000,
+                "{key} may vanish before the reaper sees it: {ttl} ms"
+            );
         }
     }
     assert_eq!(
@@ -819,4 +824,106 @@ async fn a_session_acquire_with_another_limit_is_refused_on_the_stream() {
         3,
     );
     drop(commands);
+}
+
+/// The probe that found one mutex granted to two holders: Redis restarts
+/// empty under a running replica, and a replica with another shard count
+/// claims it first. The old replica must not serve that Redis again: its
+/// new connections meet the other layout's record (refused: UNAVAILABLE)
+/// and its health check turns NOT_SERVING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_of_another_layout_that_claims_an_emptied_redis_stops_the_old_ones() {
+    let mut redis = start_redis();
+    let old = TestServer::start_with(
+        &redis.url(),
+        ServiceArgs {
+            health_interval_ms: 2_000,
+            ..service_args()
+        },
+    )
+    .await;
+    let mut old_client = old.client().await;
+    let reply = old_client.acquire(acquire("m", "old-1")).await.unwrap();
+    assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+
+    // Redis loses everything; a 16-shard replica claims it at once.
+    redis.restart().unwrap();
+    let mut conn = redis_conn(&redis.url()).await;
+    let _: i64 = redis::cmd("HSETNX")
+        .arg("tumbler:meta")
+        .arg("layout")
+        .arg("v3/16 shards")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let new = TestServer::start_with(
+        &redis.url(),
+        ServiceArgs {
+            shards: 16,
+            ..service_args()
+        },
+    )
+    .await;
+    let mut new_client = new.client().await;
+    let reply = new_client.acquire(acquire("m", "new-1")).await.unwrap();
+    assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+
+    // The old replica grants nothing on it: neither "m" nor any other lock.
+    for name in ["m", "a", "b", "c", "d"] {
+        let refused = old_client
+            .acquire(acquire(name, "old-2"))
+            .await
+            .expect_err("the old replica must not serve another layout's Redis");
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    }
+    old.wait_for_health(ServingStatus::NotServing).await;
+    let seen = new_client.inspect(inspect("m")).await.unwrap().into_inner();
+    assert_eq!(seen.holders.len(), 1);
+    for name in ["a", "b", "c", "d"] {
+        let seen = new_client
+            .inspect(inspect(name))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(seen.holders.is_empty(), "{name}: {seen:?}");
+    }
+}
+
+/// The other order: the running replica claims the emptied Redis again
+/// first (at its next health tick), and a replica with another shard count
+/// refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_redis_is_claimed_again_by_the_running_replicas() {
+    let mut redis = start_redis();
+    let old = TestServer::start(&redis.url()).await;
+    redis.restart().unwrap();
+    // Within a health tick (100 ms in the tests) the record is back.
+    let mut conn = redis_conn(&redis.url()).await;
+    let mut record = None;
+    for _ in 0..100 {
+        record = redis::cmd("HGET")
+            .arg("tumbler:meta")
+            .arg("layout")
+            .query_async::<Option<String>>(&mut conn)
+            .await
+            .unwrap();
+        if record.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(record.as_deref(), Some("v3/32 shards"));
+    let second = TestServer::spawn(
+        &redis.url(),
+        ServiceArgs {
+            shards: 16,
+            ..service_args()
+        },
+    )
+    .await;
+    let message = format!("{:#}", second.finished().await.expect_err("must refuse"));
+    assert!(message.contains("v3/32 shards"), "{message}");
+    let mut client = old.client().await;
+    let reply = client.acquire(acquire("still", "h")).await.unwrap();
+    assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
 }

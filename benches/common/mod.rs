@@ -19,8 +19,14 @@ impl ServeProcess {
     /// Starts it against `redis_url` with `flags` added and waits until it
     /// answers.
     pub async fn start(redis_url: &str, flags: &[&str]) -> ServeProcess {
+        Self::start_binary(env!("CARGO_BIN_EXE_tumbler"), redis_url, flags).await
+    }
+
+    /// [`Self::start`] with another `tumbler` binary (an earlier version,
+    /// to compare in the same run).
+    pub async fn start_binary(binary: &str, redis_url: &str, flags: &[&str]) -> ServeProcess {
         let port = tumbler::dev::free_port().unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+        let child = std::process::Command::new(binary)
             .args([
                 "serve",
                 "--listen",

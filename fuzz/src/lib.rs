@@ -88,7 +88,7 @@ pub fn page_token(data: &[u8]) {
             let cursor = ListCursor {
                 node: (bytes.u64() % 16) as u32,
                 position: bytes.u64(),
-                skip: (bytes.u64() % 1000) as u32,
+                after: bytes.text(200),
             };
             let token = validate::encode_page_token(&cursor);
             assert_eq!(
@@ -209,4 +209,3 @@ fn entries(bytes: &mut Bytes) -> Vec<(String, String)> {
         .map(|_| (bytes.text(80), bytes.text(1100)))
         .collect()
 }
-

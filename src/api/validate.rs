@@ -88,9 +88,9 @@ pub fn page_size(value: u32) -> Result<u32, Status> {
     }
 }
 
-/// A page token is `base64url(<node>.<scan cursor>.<skip>)`: opaque to
-/// clients, and harmless when tampered with (it only moves where a
-/// listing goes on).
+/// A page token is `base64url(<node>.<scan cursor>.<last key listed>)`:
+/// opaque to clients, and harmless when tampered with (it only moves where
+/// a listing of the request's own namespace goes on).
 pub fn page_token(value: &str) -> Result<Option<ListCursor>, Status> {
     if value.is_empty() {
         return Ok(None);
@@ -98,29 +98,29 @@ pub fn page_token(value: &str) -> Result<Option<ListCursor>, Status> {
     let bad = || invalid("page_token", "is not a token this service issued");
     let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|_| bad())?;
     let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    let mut parts = text.split('.');
+    let mut parts = text.splitn(3, '.');
     let mut next = || parts.next().ok_or_else(bad);
     let cursor = ListCursor {
         node: next()?.parse().map_err(|_| bad())?,
         position: next()?.parse().map_err(|_| bad())?,
-        skip: next()?.parse().map_err(|_| bad())?,
+        after: next()?.to_owned(),
     };
-    if parts.next().is_some() || cursor.node > MAX_NODES || cursor.skip > MAX_SKIP {
+    if cursor.node > MAX_NODES || cursor.after.len() > MAX_AFTER_BYTES {
         return Err(bad());
     }
     Ok(Some(cursor))
 }
 
-/// Bounds a page token's parts must keep (a cluster has at most 16,384
-/// primaries; one SCAN step finds far fewer keys than this).
+/// Bounds a page token's parts must keep: a cluster has at most 16,384
+/// primaries; a key is a lock name with the prefix and shard tag before it.
 const MAX_NODES: u32 = 16_384;
-const MAX_SKIP: u32 = 1_000_000;
+const MAX_AFTER_BYTES: usize = MAX_NAME_BYTES + 256;
 
 /// The token that resumes a listing at `cursor`.
 pub fn encode_page_token(cursor: &ListCursor) -> String {
     URL_SAFE_NO_PAD.encode(format!(
         "{}.{}.{}",
-        cursor.node, cursor.position, cursor.skip
+        cursor.node, cursor.position, cursor.after
     ))
 }
 
@@ -395,9 +395,13 @@ mod tests {
         rejects(older_than_ms(Some(0)), "older_than_ms");
         rejects(page_token("not base64!"), "page_token");
         rejects(page_token(&URL_SAFE_NO_PAD.encode("1.2")), "page_token");
-        rejects(page_token(&URL_SAFE_NO_PAD.encode("1.2.3.4")), "page_token");
-        rejects(page_token(&URL_SAFE_NO_PAD.encode("99999.0.0")), "page_token");
-        rejects(page_token(&URL_SAFE_NO_PAD.encode("0.x.0")), "page_token");
+        rejects(
+            page_token(&URL_SAFE_NO_PAD.encode("99999.0.")),
+            "page_token",
+        );
+        rejects(page_token(&URL_SAFE_NO_PAD.encode("0.x.")), "page_token");
+        let long = format!("0.0.{}", "k".repeat(MAX_AFTER_BYTES + 1));
+        rejects(page_token(&URL_SAFE_NO_PAD.encode(long)), "page_token");
     }
 
     #[test]
@@ -405,7 +409,7 @@ mod tests {
         let cursor = ListCursor {
             node: 2,
             position: u64::MAX,
-            skip: 17,
+            after: "tumbler:{a:3}:l:orders.{42}\u{e9}|x".into(),
         };
         let token = encode_page_token(&cursor);
         assert_eq!(page_token(&token).unwrap(), Some(cursor));
@@ -447,8 +451,8 @@ mod properties {
         #![proptest_config(config())]
 
         #[test]
-        fn page_tokens_round_trip(node in 0u32..=MAX_NODES, position in any::<u64>(), skip in 0u32..=MAX_SKIP) {
-            let cursor = ListCursor { node, position, skip };
+        fn page_tokens_round_trip(node in 0u32..=MAX_NODES, position in any::<u64>(), after in "\\PC{0,40}|.{0,40}") {
+            let cursor = ListCursor { node, position, after };
             let token = encode_page_token(&cursor);
             prop_assert_eq!(page_token(&token).unwrap(), Some(cursor));
         }
@@ -460,7 +464,7 @@ mod properties {
             match page_token(&token) {
                 Ok(None) => prop_assert!(token.is_empty()),
                 Ok(Some(cursor)) => {
-                    prop_assert!(cursor.node <= MAX_NODES && cursor.skip <= MAX_SKIP);
+                    prop_assert!(cursor.node <= MAX_NODES && cursor.after.len() <= MAX_AFTER_BYTES);
                     prop_assert_eq!(page_token(&encode_page_token(&cursor)).unwrap(), Some(cursor));
                 }
                 Err(status) => prop_assert!(names_field(&status, "page_token"), "{:?}", status),

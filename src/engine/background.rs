@@ -33,7 +33,7 @@ impl LockEngine {
             requests: &batch.requests,
         };
         let reply = self
-            .call(&self.scripts.refresh, &batch.keys.lock, &call.args())
+            .call_lock(&self.scripts.refresh, &batch.keys, &call.args())
             .await?;
         let answer = ops::refresh::parse(reply)?;
         self.clock.observe(answer.now);
@@ -129,9 +129,13 @@ impl LockEngine {
             .collect();
         let call = ops::renew::Call {
             answer_by: self.answer_by(None),
+            live: self.counts_live(),
             items: &items,
         };
-        let renewed = match self.call(&self.scripts.renew, &keys.fence, &call.args()).await {
+        let renewed = match self
+            .call(&self.scripts.renew, &keys.fence, &call.args())
+            .await
+        {
             Ok(reply) => ops::renew::parse(reply),
             Err(err) => Err(err),
         };

@@ -32,6 +32,28 @@ pub struct LockKeys {
     pub deadlines: String,
     /// STRING (per shard) last fencing token handed out.
     pub fence: String,
+    /// ZSET (per shard) of live locks, kept only with a per-namespace lock
+    /// limit.
+    pub live: String,
+}
+
+impl LockKeys {
+    /// The keys a function on this lock declares, so that Redis Cluster
+    /// checks them all before it runs (a slot half-migrated answers
+    /// ASK/TRYAGAIN instead of running a script that would fail midway):
+    /// lock, queue, deadlines, fence, and the live-lock ZSET when asked.
+    pub fn declared(&self, with_live: bool) -> Vec<&str> {
+        let mut keys = vec![
+            self.lock.as_str(),
+            self.queue.as_str(),
+            self.deadlines.as_str(),
+            self.fence.as_str(),
+        ];
+        if with_live {
+            keys.push(&self.live);
+        }
+        keys
+    }
 }
 
 impl Layout {
@@ -67,6 +89,7 @@ impl Layout {
             queue: format!("{shard}:q:{name}"),
             deadlines: format!("{shard}:d:{name}"),
             fence: format!("{shard}:fence"),
+            live: format!("{shard}:n"),
         }
     }
 

@@ -26,8 +26,8 @@ pub mod scripts;
 pub mod sessions;
 pub mod tally;
 mod types;
-mod waiting;
 pub mod waiters;
+mod waiting;
 pub mod watchers;
 
 use std::collections::{BTreeMap, HashMap};
@@ -207,31 +207,58 @@ impl LockEngine {
         }
     }
 
-    /// Calls a function with one key, then learns Redis' clock from the
-    /// reply (its second element, or first for a few functions: `clock_at`).
+    /// Calls a function of a shard (its fence key names the slot).
     async fn call(
         &self,
         script: &LockScript,
         key: &str,
         args: &[String],
     ) -> Result<Value, StoreError> {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.store.run_script(script, &[key], &args).await
+        self.call_with(script, &[key], args).await
     }
 
-    /// [`Self::call`] for a function that may grant (acquire, extend):
-    /// with `--min-replicas-acked`, a grant is answered only once enough
-    /// replicas acknowledged it.
+    /// Calls a function with the keys it declares.
+    async fn call_with(
+        &self,
+        script: &LockScript,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Value, StoreError> {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.store.run_script(script, keys, &args).await
+    }
+
+    /// Calls a function on one lock (declaring its keys).
+    async fn call_lock(
+        &self,
+        script: &LockScript,
+        keys: &LockKeys,
+        args: &[String],
+    ) -> Result<Value, StoreError> {
+        self.call_with(script, &keys.declared(self.counts_live()), args)
+            .await
+    }
+
+    /// True when the shards count their live locks (a per-namespace lock
+    /// limit is set): every function that may delete a lock then keeps
+    /// the count.
+    fn counts_live(&self) -> bool {
+        self.max_locks_per_shard > 0
+    }
+
+    /// [`Self::call_lock`] for a function that may grant (acquire,
+    /// extend): with `--min-replicas-acked`, a grant is answered only once
+    /// enough replicas acknowledged it.
     async fn call_granting(
         &self,
         script: &LockScript,
-        key: &str,
+        keys: &[&str],
         args: &[String],
         is_grant: fn(&Value) -> bool,
     ) -> Result<Value, StoreError> {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.store
-            .run_granting_script(script, &[key], &args, is_grant)
+            .run_granting_script(script, keys, &args, is_grant)
             .await
     }
 
@@ -287,7 +314,7 @@ impl LockEngine {
         let reply = self
             .call_granting(
                 &self.scripts.acquire,
-                &keys.lock,
+                &keys.declared(self.counts_live()),
                 &call.args(),
                 ops::acquire::Answer::is_grant,
             )
@@ -376,7 +403,7 @@ impl LockEngine {
             watched: self.watchers.is_watched(&lock.namespace),
         };
         let reply = self
-            .call(&self.scripts.release, &keys.lock, &call.args())
+            .call_lock(&self.scripts.release, &keys, &call.args())
             .await?;
         let answer = ops::release::parse(reply)?;
         self.clock.observe(answer.now);
@@ -427,7 +454,7 @@ impl LockEngine {
         let reply = self
             .call_granting(
                 &self.scripts.extend,
-                &keys.lock,
+                &keys.declared(self.counts_live()),
                 &call.args(),
                 ops::extend::Answer::is_grant,
             )
@@ -449,7 +476,7 @@ impl LockEngine {
     pub async fn inspect(&self, lock: &LockId) -> Result<LockState, EngineError> {
         self.ready()?;
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
-        let reply = self.call(&self.scripts.inspect, &keys.lock, &[]).await?;
+        let reply = self.call_lock(&self.scripts.inspect, &keys, &[]).await?;
         Ok(ops::inspect::parse(reply)?)
     }
 
@@ -458,7 +485,7 @@ impl LockEngine {
         self.ready()?;
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
         let reply = self
-            .call(&self.scripts.queue, &keys.lock, &ops::queue::args(most))
+            .call_lock(&self.scripts.queue, &keys, &ops::queue::args(most))
             .await?;
         Ok(ops::queue::parse(reply)?)
     }
@@ -477,7 +504,7 @@ impl LockEngine {
             watched: self.watchers.is_watched(&lock.namespace),
         };
         let reply = self
-            .call(&self.scripts.dequeue, &keys.lock, &call.args())
+            .call_lock(&self.scripts.dequeue, keys, &call.args())
             .await?;
         let answer = ops::dequeue::parse(reply)?;
         self.count_noted(&lock.namespace, answer.now, &answer.noted);
@@ -549,7 +576,11 @@ impl LockEngine {
         let mut batches = Vec::new();
         for ((shard, namespace), names) in by_shard {
             for batch in names.chunks(SHARD_BATCH) {
-                batches.push((format!("{shard}:fence"), namespace.to_owned(), batch.to_vec()));
+                batches.push((
+                    format!("{shard}:fence"),
+                    namespace.to_owned(),
+                    batch.to_vec(),
+                ));
             }
         }
         batches
@@ -579,10 +610,13 @@ impl LockEngine {
             };
             let (mut keys, next) = self.store.scan(at, &pattern, SCAN_COUNT).await?;
             // In a stable order, so a page that ends inside a batch can
-            // read it again and skip what it listed.
+            // read it again and go on after the last key it listed.
             keys.sort();
             keys.dedup();
-            let fresh = &keys[(cursor.skip as usize).min(keys.len())..];
+            let fresh: Vec<String> = keys
+                .into_iter()
+                .filter(|key| cursor.after.is_empty() || *key > cursor.after)
+                .collect();
             // Each key is at most one lock: looking at no more keys than
             // the page has room for keeps the page within its size.
             let looked = &fresh[..fresh.len().min(page_size as usize - locks.len())];
@@ -592,17 +626,17 @@ impl LockEngine {
                 now_ms = now;
                 locks.extend(found);
             }
-            let next = if looked.len() < fresh.len() {
-                Some(ListCursor {
-                    skip: cursor.skip + looked.len() as u32,
-                    ..cursor
-                })
-            } else {
-                next.map(|next| ListCursor {
+            let next = match looked.last() {
+                Some(last) if looked.len() < fresh.len() => Some(ListCursor {
+                    node: cursor.node,
+                    position: cursor.position,
+                    after: last.clone(),
+                }),
+                _ => next.map(|next| ListCursor {
                     node: next.node,
                     position: next.position,
-                    skip: 0,
-                })
+                    after: String::new(),
+                }),
             };
             match next {
                 Some(next) if locks.len() < page_size as usize => cursor = next,
@@ -649,6 +683,7 @@ impl LockEngine {
                 let call = ops::reap::Call {
                     older_than_ms,
                     watched: self.watchers.is_watched(&namespace),
+                    live: self.counts_live(),
                     names: &names,
                 };
                 let reply = self.call(&self.scripts.reap, &fence, &call.args()).await?;
@@ -673,7 +708,8 @@ impl LockEngine {
             cursor = next;
             for (fence, _, names) in self.shard_batches(&keys) {
                 let args = ops::clear::args(watched, &names);
-                let counts = ops::clear::parse(self.call(&self.scripts.clear, &fence, &args).await?)?;
+                let counts =
+                    ops::clear::parse(self.call(&self.scripts.clear, &fence, &args).await?)?;
                 total.locks += counts.locks;
                 total.grants += counts.grants;
                 total.requests += counts.requests;
@@ -683,7 +719,9 @@ impl LockEngine {
     }
 
     /// Per-minute counters of a namespace between two instants (inclusive
-    /// minutes), as every replica added them.
+    /// minutes), as every replica added them: this replica's own counts
+    /// are written first (so a client sees its own operations counted at
+    /// once), other replicas' within a second of being made.
     pub async fn metrics(
         &self,
         namespace: &str,
@@ -692,6 +730,7 @@ impl LockEngine {
         kind: Option<&str>,
     ) -> Result<MetricsReport, EngineError> {
         self.ready()?;
+        self.flush_counts().await;
         let first = from_ms - from_ms.rem_euclid(MINUTE_MS);
         let minutes: Vec<i64> = (first..=to_ms).step_by(MINUTE_MS as usize).collect();
         // One pipeline: a namespace's counters share one slot.

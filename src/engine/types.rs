@@ -77,7 +77,10 @@ pub enum AcquireOutcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReleaseOutcome {
     /// The grant is gone; it was held this long (Redis clock).
-    Released { kind: String, held_ms: i64 },
+    Released {
+        kind: String,
+        held_ms: i64,
+    },
     NotHeld,
 }
 
@@ -130,14 +133,16 @@ pub struct LockSummary {
     pub next_expiry_at_ms: i64,
 }
 
-/// Where a listing goes on: a deployment-wide SCAN position, and how many
-/// matching keys of the batch found there were already listed (a page
-/// that ended inside a batch reads it again and skips those).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Where a listing goes on: a deployment-wide SCAN position, and the last
+/// key listed from the batch found there (a page that ended inside a batch
+/// reads it again and goes on after that key, in byte order; keys that
+/// come and go meanwhile cannot shift it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListCursor {
     pub node: u32,
     pub position: u64,
-    pub skip: u32,
+    /// Empty: from the batch's start.
+    pub after: String,
 }
 
 /// One page of a listing.

@@ -764,8 +764,10 @@ impl Store {
                         else {
                             return Ok((0, Vec::new(), primaries.len() as u32));
                         };
-                        let routing =
-                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host,
+                            port,
+                        });
                         let (next, keys): (u64, Vec<String>) =
                             redis::from_redis_value(conn.route_command(scan, routing).await?)?;
                         Ok((next, keys, primaries.len() as u32))

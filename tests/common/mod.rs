@@ -199,7 +199,10 @@ pub async fn grants_in(
     let mut grants: Vec<(u32, String)> = (fields.iter())
         .filter_map(|(field, record)| {
             let slot = field.parse().ok()?;
-            Some((slot, tumbler::engine::parse_grant(slot, record).ok()?.holder))
+            Some((
+                slot,
+                tumbler::engine::parse_grant(slot, record).ok()?.holder,
+            ))
         })
         .collect();
     grants.sort();

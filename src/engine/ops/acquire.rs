@@ -4,9 +4,9 @@ use redis::Value;
 
 use super::{Noted, Reply, status};
 use crate::engine::AcquireRequest;
+use crate::engine::Grant;
 use crate::engine::records::parse_grant;
 use crate::store::StoreError;
-use crate::engine::Grant;
 
 /// One call of the acquire function.
 pub struct Call<'a> {
@@ -80,7 +80,10 @@ pub enum Outcome {
         already: bool,
     },
     /// Tried once; every permit is taken (or someone goes first).
-    Busy { holders: u32, next_expiry: i64 },
+    Busy {
+        holders: u32,
+        next_expiry: i64,
+    },
     /// Waiting at `position` in the queue.
     Queued {
         holders: u32,
@@ -90,7 +93,9 @@ pub enum Outcome {
     QueueFull,
     NamespaceFull,
     /// The lock is in use with another limit.
-    LimitMismatch { lock_limit: u32 },
+    LimitMismatch {
+        lock_limit: u32,
+    },
     /// Ran past the answer-by time: nothing happened.
     Late,
 }

@@ -10,14 +10,21 @@ pub struct Call<'a> {
     /// Also drop grants and requests older than this (ms).
     pub older_than_ms: Option<u64>,
     pub watched: bool,
+    /// The shard's live locks are counted (a per-namespace lock limit).
+    pub live: bool,
     pub names: &'a [String],
 }
 
 impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         let mut args = Vec::with_capacity(2 + self.names.len());
-        args.push(self.older_than_ms.map(|t| t.to_string()).unwrap_or_default());
+        args.push(
+            self.older_than_ms
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+        );
         args.push(flag(self.watched).to_owned());
+        args.push(flag(self.live).to_owned());
         args.extend(self.names.iter().cloned());
         args
     }

@@ -16,6 +16,8 @@ pub struct Item<'a> {
 /// One call: the shard's grants due for renewal.
 pub struct Call<'a> {
     pub answer_by: i64,
+    /// The shard's live locks are counted (a per-namespace lock limit).
+    pub live: bool,
     pub items: &'a [Item<'a>],
 }
 
@@ -23,6 +25,7 @@ impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         let mut args = Vec::with_capacity(1 + 4 * self.items.len());
         args.push(self.answer_by.to_string());
+        args.push(super::flag(self.live).to_owned());
         for item in self.items {
             args.extend([
                 item.name.to_owned(),
