@@ -111,8 +111,12 @@ const steps = {
     ac.abort();
     const error = await settled;
     const out = { error, cancel_ms: Math.round(performance.now() - t0), queued_before: queued.includes(holder) };
-    out.queue_after = (await client.queue(name)).requests.map((r) => r.holder);
-    return out;
+    for (;;) { // poll the queue (up to 2 s) until the request has left it
+      out.queue_after = (await client.queue(name)).requests.map((r) => r.holder);
+      out.gone_ms = Math.round(performance.now() - t0);
+      if (!out.queue_after.includes(holder) || out.gone_ms > 2000) return out;
+      await sleep(10);
+    }
   },
   async restart(client, name, holder, waitMs) { // wait through a server restart (retries on UNAVAILABLE)
     const started = performance.now();

@@ -226,11 +226,22 @@ func cancel(c *tumbler.Client, a []string) (obj, error) { // NAME AFTER_MS: canc
 	if errors.Is(err, context.Canceled) {
 		out["error"] = "context.Canceled"
 	}
-	q, err = c.Queue(context.Background(), a[0])
-	if err != nil {
-		return nil, err
+	after, err := queueWithout(c, a[0], holder, t0)
+	return with(out, "queue_after", after, "gone_ms", time.Since(t0).Milliseconds()), err
+}
+
+// queueWithout polls the queue (up to 2 s) until holder has left it.
+func queueWithout(c *tumbler.Client, name, holder string, t0 time.Time) ([]string, error) {
+	for {
+		q, err := c.Queue(context.Background(), name)
+		if err != nil {
+			return nil, err
+		}
+		if names := holderNames(q); !contains(names, holder) || time.Since(t0) > 2*time.Second {
+			return names, nil
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	return with(out, "queue_after", holderNames(q)), nil
 }
 
 func contains(list []string, s string) bool {
