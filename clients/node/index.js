@@ -7,16 +7,14 @@
 const grpc = require('@grpc/grpc-js');
 const { Client, loadProto, DEFAULT_HELPER_TTL_MS } = require('./lib/client');
 const { Lock } = require('./lib/lock');
-const errors = require('./lib/errors');
+const {
+  TumblerError, NotAcquiredError, LockBusyError, LockTimeoutError, LockLostError,
+  InvalidArgumentError, PermissionDeniedError, UnavailableError,
+} = require('./lib/errors');
 
+// Plain names only, so `import { Client } from 'tumbler-client'` works from ES modules too.
 module.exports = {
   Client, Lock, loadProto, grpc, DEFAULT_HELPER_TTL_MS,
-  TumblerError: errors.TumblerError,
-  NotAcquiredError: errors.NotAcquiredError,
-  LockBusyError: errors.LockBusyError,
-  LockTimeoutError: errors.LockTimeoutError,
-  LockLostError: errors.LockLostError,
-  InvalidArgumentError: errors.InvalidArgumentError,
-  PermissionDeniedError: errors.PermissionDeniedError,
-  UnavailableError: errors.UnavailableError,
+  TumblerError, NotAcquiredError, LockBusyError, LockTimeoutError, LockLostError,
+  InvalidArgumentError, PermissionDeniedError, UnavailableError,
 };

@@ -20,6 +20,6 @@ Gem::Specification.new do |s|
   s.required_ruby_version = '>= 3.0'
   s.files = Dir.chdir(__dir__) { Dir['lib/**/*.rb'] + Dir['proto/**/*.proto'] + ['README.md'] }
   s.require_paths = ['lib']
-  s.add_dependency 'google-protobuf', '>= 3.21'
-  s.add_dependency 'grpc', '>= 1.50'
+  s.add_dependency 'google-protobuf', '>= 3.21', '< 5'
+  s.add_dependency 'grpc', '~> 1.50'
 end
