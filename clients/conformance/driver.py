@@ -297,6 +297,28 @@ def restart_retries(binary):
             stop(proc)
 
 
+def permission_denied(binary):
+    """Against a server with a tokens file: the client's token is sent; none, or another namespace, is denied."""
+    out = subprocess.run([binary, "token", "--name", "conformance", "--namespace", NAMESPACE],
+                         capture_output=True, text=True, check=True).stdout
+    token = re.search(r"^#\s+(\S+)\s*$", out.split("not stored anywhere", 1)[1], re.M).group(1)
+    tokens = os.path.join(tempfile.mkdtemp(prefix="tumbler-auth-"), "tokens.toml")
+    with open(tokens, "w") as f:
+        f.write("\n".join(line for line in out.splitlines() if not line.startswith("#")) + "\n")
+    proc, addr = start_dev(binary, "--auth-tokens-file", tokens)
+    try:
+        typed = {"python": "PermissionDenied", "node": "PermissionDeniedError", "go": "ErrPermissionDenied",
+                 "ruby": "Tumbler::PermissionDenied"}
+        for lang in LANGS:
+            r = step(lang, "auth", token, addr=addr)
+            if r:
+                check(lang, r["with_token"] == "ACQUIRED", "auth: the client's bearer token is accepted", r)
+                check(lang, r["no_token"] == r["other_namespace"] == typed[lang],
+                      f"auth: no token, or a token for another namespace -> {typed[lang]}", r)
+    finally:
+        stop(proc)
+
+
 def readme_code(lang):
     """The code blocks of the '## Example' section of clients/<lang>/README.md."""
     fences = {"python": "python", "node": "js", "go": "go", "ruby": "ruby"}
@@ -351,7 +373,7 @@ def main():
     proc, addr = start_dev(opts.server)
     print(f"==> tumbler dev on {addr} (pid {proc.pid})", flush=True)
     parts = [scenario, examples, held_means_held, crash_frees, lost_signalled, cancel_leaves_no_waiter,
-             readme_examples, lambda _addr: restart_retries(opts.server)]
+             readme_examples, lambda _addr: restart_retries(opts.server), lambda _addr: permission_denied(opts.server)]
     try:
         for part in parts:
             try:

@@ -145,11 +145,11 @@ def log_file(name):
     return open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tumbler-conformance-{name}.log"), "w")
 
 
-def start_dev(binary):
+def start_dev(binary, *flags):
     """`tumbler dev` (its own private redis-server) on a free port: (proc, addr)."""
     port = free_port()
     log = log_file(f"dev-{port}")
-    proc = subprocess.Popen([binary, "dev", "--listen", f"127.0.0.1:{port}", "--http-listen", "off"],
+    proc = subprocess.Popen([binary, "dev", "--listen", f"127.0.0.1:{port}", "--http-listen", "off", *flags],
                             stdout=log, stderr=log)
     wait_listening(proc, port, "tumbler dev", log.name)
     return proc, f"127.0.0.1:{port}"

@@ -33,4 +33,4 @@ func (insecureCreds) Info() credentials.ProtocolInfo {
 	return credentials.ProtocolInfo{SecurityProtocol: "insecure"}
 }
 func (insecureCreds) Clone() credentials.TransportCredentials { return insecureCreds{} }
-func (insecureCreds) OverrideServerName(string) error        { return nil }
+func (insecureCreds) OverrideServerName(string) error         { return nil }

@@ -127,7 +127,25 @@ const steps = {
   },
 };
 
+// The token is sent; none, or another namespace, is PermissionDeniedError.
+async function auth(addr, namespace, token) {
+  const attempt = async (ns, tok) => {
+    const client = new Client(addr, { namespace: ns, token: tok });
+    try {
+      await (await client.acquire('auth-node', { ttlMs: 5000 })).release();
+      return 'ACQUIRED';
+    } catch (e) {
+      return e.name;
+    } finally {
+      client.close();
+    }
+  };
+  return { with_token: await attempt(namespace, token), no_token: await attempt(namespace),
+    other_namespace: await attempt('elsewhere', token) };
+}
+
 async function main(addr, namespace, step, ...args) {
+  if (step === 'auth') return auth(addr, namespace, ...args);
   const client = new Client(addr, { namespace });
   try {
     if (!steps[step]) throw new Error(`unknown step ${step}`);

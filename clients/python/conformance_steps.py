@@ -152,12 +152,27 @@ def restart(client, name, holder, wait_ms):  # wait through a server restart (re
     return out
 
 
+def auth(addr, namespace, token):  # the token is sent; none, or another namespace, is PermissionDenied
+    def attempt(ns, tok):
+        with tc.Client(addr, namespace=ns, token=tok) as client:
+            try:
+                client.acquire("auth-python", ttl_ms=5000).release()
+                return "ACQUIRED"
+            except tc.TumblerError as e:
+                return type(e).__name__
+
+    return {"with_token": attempt(namespace, token), "no_token": attempt(namespace, None),
+            "other_namespace": attempt("elsewhere", token)}
+
+
 SYNC = {"hold": hold, "release": release, "wait": wait, "scoped": scoped, "inspect": inspect, "invalid": invalid,
         "keep": keep, "crash": crash, "lost": lost, "restart": restart}
 ASYNC = {"lost-async": lost_async, "cancel-async": cancel_async}
 
 
 def main(addr, namespace, step, *args):
+    if step == "auth":
+        return auth(addr, namespace, *args)
     if step in ASYNC:
         return asyncio.run(ASYNC[step](addr, namespace, *args))
     with tc.Client(addr, namespace=namespace) as client:

@@ -136,6 +136,22 @@ module Steps
   end
 end
 
+# The token is sent; none, or another namespace, is Tumbler::PermissionDenied.
+def auth(addr, namespace, token)
+  attempt = lambda do |ns, tok|
+    Tumbler::Client.new(addr, namespace: ns, token: tok).acquire('auth-ruby', ttl_ms: 5000).release
+    'ACQUIRED'
+  rescue Tumbler::Error => e
+    e.class.name
+  end
+  { with_token: attempt.call(namespace, token), no_token: attempt.call(namespace, nil),
+    other_namespace: attempt.call('elsewhere', token) }
+end
+
 addr, namespace, step, *args = ARGV
 client = Tumbler::Client.new(addr, namespace: namespace)
-emit(step == 'invalid' ? Steps.invalid(client) : Steps.public_send(step, client, *args))
+emit(case step
+     when 'invalid' then Steps.invalid(client)
+     when 'auth' then auth(addr, namespace, *args)
+     else Steps.public_send(step, client, *args)
+     end)

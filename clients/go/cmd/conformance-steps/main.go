@@ -264,7 +264,35 @@ func restart(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER WAIT_M
 	return out, err
 }
 
+// auth: the token is sent; none, or another namespace, is ErrPermissionDenied.
+func auth(addr, namespace, token string) (obj, error) {
+	attempt := func(ns, tok string) string {
+		c, err := tumbler.Dial(addr)
+		if err != nil {
+			return err.Error()
+		}
+		defer c.Close()
+		c.Namespace, c.Token = ns, tok
+		l, err := c.Acquire(context.Background(), "auth-go", tumbler.AcquireOptions{TTLMs: 5000})
+		switch {
+		case err == nil:
+			_, _ = l.Release(context.Background())
+			return "ACQUIRED"
+		case errors.Is(err, tumbler.ErrPermissionDenied):
+			return "ErrPermissionDenied"
+		}
+		return err.Error()
+	}
+	return obj{"with_token": attempt(namespace, token), "no_token": attempt(namespace, ""),
+		"other_namespace": attempt("elsewhere", token)}, nil
+}
+
 func main() {
+	if len(os.Args) == 5 && os.Args[3] == "auth" {
+		out, _ := auth(os.Args[1], os.Args[2], os.Args[4])
+		emit(out)
+		return
+	}
 	if len(os.Args) < 4 || steps[os.Args[3]] == nil {
 		fmt.Fprintln(os.Stderr, "usage: conformance-steps ADDR NAMESPACE STEP ARGS...")
 		os.Exit(2)
