@@ -297,6 +297,31 @@ def restart_retries(binary):
             stop(proc)
 
 
+def renewal_fails(binary):
+    """The server dies under a held lock: renewals fail, and the helper says the grant is lost when its lease ends."""
+    ttl = 1500
+    redis, redis_port = start_redis()
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    server = start_serve(binary, port, redis_port)
+    try:
+        variants = [("python", "lost"), ("python", "lost-async"), ("node", "lost"), ("go", "lost"), ("ruby", "lost")]
+        steps = [(lang, run_step(lang, [st, f"renew-{lang}-{st}", ttl], addr)) for lang, st in variants]
+        held = [s.event() for _, s in steps]
+        stop(server, sig=9)
+        killed_at = now_ms()
+        for (lang, s), ev in zip(steps, held):
+            r = s.result()
+            if ev and r:
+                delay = r.get("signal_at_ms", 0) - killed_at
+                check(lang, r["signalled"] and "lease ran out" in r.get("reason", "") and ttl // 3 <= delay <= ttl + 300,
+                      f"server gone: renewals failed, lost signalled {delay} ms after the kill, by the end of "
+                      f"the {ttl} ms lease ({s.args[0]})", r)
+    finally:
+        stop(server)
+        stop(redis)
+
+
 def permission_denied(binary):
     """Against a server with a tokens file: the client's token is sent; none, or another namespace, is denied."""
     out = subprocess.run([binary, "token", "--name", "conformance", "--namespace", NAMESPACE],
@@ -367,19 +392,26 @@ def readme_examples(addr):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default=os.path.join(ROOT, "target", "debug", "tumbler"))
+    ap.add_argument("--only", help="comma-separated parts to run (scenario, examples, keep, crash, lost, cancel, "
+                                   "readme, restart, auth, renewal); default all")
     opts = ap.parse_args()
     if not os.path.exists(opts.server):
         raise SystemExit(f"{opts.server} is missing: cargo build --bin tumbler")
     proc, addr = start_dev(opts.server)
     print(f"==> tumbler dev on {addr} (pid {proc.pid})", flush=True)
-    parts = [scenario, examples, held_means_held, crash_frees, lost_signalled, cancel_leaves_no_waiter,
-             readme_examples, lambda _addr: restart_retries(opts.server), lambda _addr: permission_denied(opts.server)]
+    server = opts.server
+    parts = [("scenario", scenario), ("examples", examples), ("keep", held_means_held), ("crash", crash_frees),
+             ("lost", lost_signalled), ("cancel", cancel_leaves_no_waiter), ("readme", readme_examples),
+             ("restart", lambda _addr: restart_retries(server)), ("auth", lambda _addr: permission_denied(server)),
+             ("renewal", lambda _addr: renewal_fails(server))]
     try:
-        for part in parts:
+        for name, part in parts:
+            if opts.only and name not in opts.only.split(","):
+                continue
             try:
                 part(addr)
             except Exception as e:  # a malformed reply must not hide the summary
-                check("driver", False, f"{getattr(part, '__name__', 'part')} stopped: {e!r}")
+                check("driver", False, f"{name} stopped: {e!r}")
     finally:
         stop(proc)
     print()
