@@ -53,6 +53,19 @@ function sleep(ms, signal) {
   });
 }
 
+// A signal that aborts when either of two does (with its reason); detach() drops the listeners.
+function followBoth(a, b) {
+  if (!b) return { signal: a, detach: () => {} };
+  const controller = new AbortController();
+  const forward = (from) => () => controller.abort(from.reason);
+  const onA = forward(a);
+  const onB = forward(b);
+  if (a.aborted || b.aborted) controller.abort(a.aborted ? a.reason : b.reason);
+  a.addEventListener('abort', onA, { once: true });
+  b.addEventListener('abort', onB, { once: true });
+  return { signal: controller.signal, detach: () => { a.removeEventListener('abort', onA); b.removeEventListener('abort', onB); } };
+}
+
 const newHolder = () => `node-${crypto.randomUUID()}`;
 
 class Client {
@@ -136,20 +149,24 @@ class Client {
   // every ttlMs/3 (default lease 15 s); if the grant is lost, `signal` aborts
   // at once (its reason a LockLostError), onLost is called, and withLock
   // rejects with LockLostError when fn ends. Otherwise the grant is released
-  // however fn ends. options.signal cancels a waiting acquire.
+  // however fn ends. options.signal cancels a waiting acquire, and aborts
+  // the body's signal too if it fires while fn runs.
   async withLock(name, options, fn) {
     if (typeof options === 'function') { fn = options; options = {}; }
     const { onLost, ttlMs = DEFAULT_HELPER_TTL_MS, ...acquireOptions } = options || {};
     const lock = await this.acquire(name, { ...acquireOptions, ttlMs });
     lock.keepAlive({ onLost });
+    const body = followBoth(lock.signal, acquireOptions.signal);
     let result;
     try {
-      result = await fn(lock, lock.signal);
+      result = await fn(lock, body.signal);
     } catch (err) {
       lock.stopKeepAlive();
       if (lock.lost) throw Object.assign(lock.lostError(), { cause: err });
       await lock.release().catch(() => {});
       throw err;
+    } finally {
+      body.detach();
     }
     lock.stopKeepAlive();
     if (lock.lost) throw lock.lostError();

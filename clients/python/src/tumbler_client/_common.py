@@ -52,14 +52,5 @@ def not_acquired(name, resp):
     return errors.LockTimeout(name, resp)
 
 
-def deadline_error(name, err):
-    """DEADLINE_EXCEEDED on Acquire is a timeout of the wait; elsewhere an error."""
-    import grpc
-
-    if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return errors.LockTimeout(name, None, f"{name}: not acquired before the deadline")
-    return errors.from_rpc_error(err)
-
-
 def auth_metadata(token):
     return (("authorization", f"Bearer {token}"),) if token else None

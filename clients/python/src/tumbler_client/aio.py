@@ -118,8 +118,9 @@ class _Scope:
         self.dog.cancel()
         await asyncio.gather(self.dog, return_exceptions=True)
         if self.lock.lost.is_set():
-            if self.cancelled_body and exc_type is asyncio.CancelledError and hasattr(self.body, "uncancel"):
-                self.body.uncancel()  # the cancellation was ours: it becomes LockLost
+            if self.cancelled_body and hasattr(self.body, "uncancel"):
+                self.body.uncancel()  # the cancellation was ours: it becomes LockLost (Python 3.11+)
+            if self.cancelled_body and exc_type is asyncio.CancelledError:
                 raise self.lock.lost_error() from None
             raise self.lock.lost_error()
         await self.lock.release()
@@ -170,8 +171,8 @@ class AsyncClient:
         try:
             resp = await self._call(self.stub.Acquire, request, deadline)
         except errors.TumblerError as e:
-            if isinstance(e.__cause__, grpc.RpcError):
-                raise c.deadline_error(name, e.__cause__) from e.__cause__
+            if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise errors.LockTimeout(name, None, f"{name}: not acquired before the deadline") from e
             raise
         if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED:
             raise c.not_acquired(name, resp)

@@ -192,8 +192,8 @@ class Client:
         try:
             resp = self._call(self.stub.Acquire, request, deadline)
         except errors.TumblerError as e:
-            if isinstance(e.__cause__, grpc.RpcError):
-                raise c.deadline_error(name, e.__cause__) from e.__cause__
+            if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise errors.LockTimeout(name, None, f"{name}: not acquired before the deadline") from e
             raise
         if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED:
             raise c.not_acquired(name, resp)
