@@ -408,10 +408,12 @@ def main():
         for name, part in parts:
             if opts.only and name not in opts.only.split(","):
                 continue
+            started = time.monotonic()
             try:
                 part(addr)
             except Exception as e:  # a malformed reply must not hide the summary
                 check("driver", False, f"{name} stopped: {e!r}")
+            print(f"==> {name}: {time.monotonic() - started:.1f} s", flush=True)
     finally:
         stop(proc)
     print()
