@@ -213,7 +213,7 @@ def crash_frees(addr):
             while probe(c, f"crash-{lang}") != "ACQUIRED" and time.monotonic() - killed < 5:
                 time.sleep(0.02)
             freed = int((time.monotonic() - killed) * 1000)
-            check(lang, freed <= ttl + 150,
+            check(lang, freed <= ttl + 250,
                   f"crash: SIGKILLed holder's lock free again {freed} ms after the kill (watchdog lease {ttl} ms)")
 
 
@@ -255,7 +255,7 @@ def cancel_leaves_no_waiter(addr):
         for lang, s in steps.items():
             r = s.result()
             if r:
-                check(lang, r["queued_before"] and r["error"] == names[lang][1] and r["cancel_ms"] <= 100,
+                check(lang, r["queued_before"] and r["error"] == names[lang][1] and r["cancel_ms"] <= 200,
                       f"cancel: a queued acquire stopped {r['cancel_ms']} ms after {names[lang][1]}", r)
                 check(lang, r["queue_after"] == [] and r["gone_ms"] <= 500,
                       f"cancel: the request left the server's queue within {r['gone_ms']} ms (Queue RPC)", r)
@@ -275,7 +275,7 @@ def restart_retries(binary):
     try:
         with tc.Client(addr, namespace=NAMESPACE) as c:
             for lang in LANGS:
-                c.acquire(f"restart-{lang}", "blocker", ttl_ms=2500)
+                c.acquire(f"restart-{lang}", "blocker", ttl_ms=4000)
         steps = {lang: run_step(lang, ["restart", f"restart-{lang}", f"{lang}-restarter", 15000], addr) for lang in LANGS}
         queued = {lang: wait_for_queue(addr, f"restart-{lang}", [f"{lang}-restarter"]) for lang in LANGS}
         stop(servers[0], sig=9)
