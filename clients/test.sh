@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Tests the clients in other languages: installs what is missing (Debian
-# packages for Go and Ruby, PyPI packages for Python, npm packages for Node),
-# builds the server if target/debug/tumbler is missing, then runs the
-# cross-language conformance scenario (clients/conformance/driver.py), which
-# ends with a line "N passed, M failed" and exits non-zero on any failure.
+# Builds each client package from a clean copy of the sources (tracked and
+# new files, nothing git ignores: no stubs, node_modules or vendor/),
+# installs it in a fresh environment the ecosystem's way, then runs the
+# cross-language conformance scenario (clients/conformance/driver.py) with
+# the installed packages. The driver ends with "N passed, M failed" and
+# exits non-zero on any failure.
+#
+#   Python  pip wheel (stubs compiled at build time) -> pip install into a new venv
+#   Node    npm pack (proto + generated .d.ts bundled) -> npm install into a temp app; tsc checks a TS consumer
+#   Go      go generate + vendor/ from Debian's grpc-go -> go vet, go build (offline)
+#   Ruby    gem build (stubs generated) -> gem install --local into a temp GEM_HOME
+#
+# Installs what is missing first: Debian packages (Go, Ruby, protoc, Redis),
+# PyPI and npm packages by name. Builds the server only if
+# target/debug/tumbler is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 
 need_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# Debian packages: Go and Ruby toolchains with their gRPC libraries, protoc
-# and its Go plugins, and Redis for `tumbler dev`.
 debs=(redis-server protobuf-compiler
       golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc
       ruby ruby-grpc ruby-google-protobuf ruby-grpc-tools)
@@ -28,23 +37,58 @@ if [ ${#missing[@]} -gt 0 ]; then
   need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 "${missing[@]}" >/dev/null
 fi
 
-# Python: grpcio and grpcio-tools (protoc as a library) from PyPI.
-if ! python3 -c "import grpc, grpc_tools" 2>/dev/null; then
-  echo "==> installing grpcio grpcio-tools (PyPI)"
-  python3 -m pip install -q -r clients/python/requirements.txt
-fi
-
-# Node: @grpc/grpc-js and @grpc/proto-loader, as locked in package-lock.json.
-if [ ! -d clients/node/node_modules/@grpc/proto-loader ] ||
-   [ clients/node/package-lock.json -nt clients/node/node_modules/.package-lock.json ]; then
-  echo "==> npm ci (clients/node)"
-  (cd clients/node && npm ci --no-audit --no-fund --loglevel=error)
-fi
-
 if [ ! -x target/debug/tumbler ]; then
   echo "==> building the server (cargo build --bin tumbler)"
   cargo build --locked --bin tumbler
 fi
 
-echo "==> python $(python3 -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
-exec python3 clients/conformance/driver.py
+work=$(mktemp -d "${TMPDIR:-/tmp}/tumbler-clients.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+src=$work/src
+mkdir -p "$src" "$work/dist"
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  git ls-files -co --exclude-standard -- clients proto | tar -cf - -T - | tar -xf - -C "$src"
+else
+  cp -r clients proto "$src/"
+fi
+step() { echo "==> $*"; }
+
+step "python: pip wheel from a clean copy, install into a fresh venv"
+python3 -m venv "$work/venv"
+"$work/venv/bin/pip" wheel -q --no-deps -w "$work/dist" "$src/clients/python"
+"$work/venv/bin/pip" install -q "$work"/dist/tumbler_client-*.whl
+"$work/venv/bin/python" -c 'import tumbler_client, sys; print("    installed", tumbler_client.__file__)'
+
+step "node: npm pack (proto and types bundled), install into a fresh app"
+(cd "$src/clients/node" && npm ci --no-audit --no-fund --loglevel=error &&
+  npm pack --pack-destination "$work/dist" --loglevel=error >/dev/null)
+mkdir -p "$work/node-app"
+(cd "$work/node-app" && npm init -y >/dev/null &&
+  npm install --no-audit --no-fund --loglevel=error "$work"/dist/tumbler-client-*.tgz >/dev/null)
+cat > "$work/node-app/check.ts" <<'EOF'
+import { Client, Lock, LockLostError, NotAcquiredError } from 'tumbler-client';
+async function run(client: Client): Promise<string> {
+  return client.withLock('reports', { waitMs: 1000, ttlMs: 3000 }, async (lock: Lock, signal: AbortSignal) => {
+    if (signal.aborted) throw new LockLostError();
+    return lock.fencingToken;
+  }).catch((e: unknown) => (e instanceof NotAcquiredError && e.busy ? 'busy' : 'error'));
+}
+export { run };
+EOF
+(cd "$work/node-app" && node "$src/clients/node/node_modules/typescript/bin/tsc" --noEmit --strict \
+  --module commonjs --moduleResolution node --target es2022 --lib es2022,dom check.ts)
+echo "    installed $(cd "$work/node-app" && node -p 'require.resolve("tumbler-client")'); check.ts type-checks"
+
+step "go: go generate, vendor/ from Debian's grpc-go, go vet, go build"
+(cd "$src/clients/go" && go generate ./... && ./vendor-debian.sh && go vet ./... &&
+  go build -o "$work/go-bin/" ./cmd/...)
+
+step "ruby: gem build, gem install --local into a fresh GEM_HOME"
+(cd "$src/clients/ruby" && gem build -q tumbler-client.gemspec >/dev/null &&
+  GEM_HOME="$work/gems" gem install -q --local --no-document tumbler-client-*.gem >/dev/null)
+GEM_HOME="$work/gems" ruby -e 'require "tumbler"; puts "    installed #{$LOADED_FEATURES.grep(/tumbler\/client/).first}"'
+
+echo "==> python $("$work/venv/bin/python" -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
+export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_GO_MODULE=$src/clients/go \
+  TUMBLER_NODE_APP=$work/node-app NODE_PATH=$work/node-app/node_modules GEM_HOME=$work/gems
+"$work/venv/bin/python" "$src/clients/conformance/driver.py" --server "$root/target/debug/tumbler" "$@"

@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
-# Runs the cross-language conformance scenario: starts a tumbler server
-# (target/debug/tumbler dev, with its own private redis-server) and runs the
-# Python, Node, Go and Ruby steps against it as separate processes.
-# Assumes the toolchains are installed (clients/test.sh installs them).
+# Runs the cross-language conformance scenario. The driver runs the steps
+# with the installed packages, so this builds and installs them first:
+# it is clients/test.sh (arguments are passed on to driver.py).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-exec python3 clients/conformance/driver.py "$@"
+exec "$(dirname "$0")/../test.sh" "$@"

@@ -1,75 +1,161 @@
 #!/usr/bin/env node
 'use strict';
-// Node's steps of the cross-language conformance scenario (clients/conformance).
-// usage: conformance_steps.js ADDR NAMESPACE STEP ARGS...   — prints one JSON line.
-const { Client, NotAcquiredError } = require('./index');
+// Node's steps of the cross-language conformance scenario (clients/conformance),
+// run with the installed tumbler-client package (NODE_PATH points at it).
+// usage: conformance_steps.js ADDR NAMESPACE STEP ARGS...
+// Prints JSON lines: events ({"event": ...}) while it runs, its result last.
+const { Client, NotAcquiredError, LockLostError, InvalidArgumentError } = require('tumbler-client');
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const sleep = (ms, signal) => new Promise((resolve, reject) => {
+  const t = setTimeout(resolve, ms);
+  signal?.addEventListener('abort', () => { clearTimeout(t); reject(signal.reason); }, { once: true });
+});
+const emit = (obj) => console.log(JSON.stringify(obj));
 const grantJson = (lock) => ({ holder: lock.holder, token: lock.fencingToken, slot: lock.slot,
   acquired_at_ms: Number(lock.grant.acquiredAtMs) });
 
-async function main(addr, namespace, step, ...args) {
-  const client = new Client(addr, { namespace });
-  try {
-    switch (step) {
-      case 'hold': { // NAME HOLDER LIMIT
+const steps = {
+  async hold(client, name, holder, limit) {
+    try {
+      const lock = await client.acquire(name, { holder, limit: Number(limit), ttlMs: 60000 });
+      return { status: 'ACQUIRED', ...grantJson(lock) };
+    } catch (e) {
+      if (e instanceof NotAcquiredError) return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response.holders };
+      throw e;
+    }
+  },
+  async release(client, name, holder) {
+    const resp = await client.call('Release', () => ({ namespace: client.namespace, name, holder }));
+    return { released: resp.status === 'RELEASE_STATUS_RELEASED' };
+  },
+  async wait(client, name, holder, waitMs, holdMs) {
+    return client.withLock(name, { holder, waitMs: Number(waitMs), ttlMs: 60000 }, async (lock) => {
+      const out = grantJson(lock);
+      await sleep(Number(holdMs));
+      out.released_at_ms = Date.now();
+      return out;
+    });
+  },
+  async scoped(client, name) {
+    const out = await client.withLock(name, { ttlMs: 2000 }, async (lock) => {
+      const o = grantJson(lock);
+      const before = Number(lock.grant.expiresAtMs);
+      await sleep(50);
+      await lock.extend(30000);
+      o.extended = Number(lock.grant.expiresAtMs) > before;
+      return o;
+    });
+    out.holders_after = (await client.inspect(name)).holders.length;
+    return out;
+  },
+  async inspect(client, name) {
+    const info = await client.inspect(name);
+    const queue = await client.queue(name);
+    return { limit: info.limit, waiters: info.waiters,
+      holders: info.holders.map((h) => ({ holder: h.grant.holder, token: h.grant.fencingToken, slot: h.grant.slot })),
+      queue: queue.requests.map((r) => r.holder) };
+  },
+  async invalid(client) { // bad input: a kind outside [a-z0-9_.-]
+    try {
+      await client.acquire('conformance-invalid', { kind: 'Bad Kind!' });
+      return { field: 'kind', code: 'OK' };
+    } catch (e) {
+      if (!(e instanceof InvalidArgumentError)) throw e;
+      return { field: 'kind', code: 'INVALID_ARGUMENT', message: e.details, typed: e.name };
+    }
+  },
+  async keep(client, name, ttlMs, workMs) { // a lease shorter than the work: the watchdog keeps it
+    const out = await client.withLock(name, { holder: 'node-keeper', ttlMs: Number(ttlMs) }, async (lock, signal) => {
+      emit({ event: 'held', ...grantJson(lock) });
+      const start = Date.now();
+      await sleep(Number(workMs), signal);
+      const info = await client.inspect(name);
+      return { body_start_ms: start, body_end_ms: Date.now(), token: lock.fencingToken, lost: lock.lost,
+        token_inside: info.holders[0]?.grant.fencingToken };
+    });
+    out.holders_after = (await client.inspect(name)).holders.length;
+    return out;
+  },
+  async crash(client, name, ttlMs) { // hold with the helper, then get killed by the driver
+    await client.withLock(name, { holder: 'node-crasher', ttlMs: Number(ttlMs) }, async (lock, signal) => {
+      emit({ event: 'held', ...grantJson(lock) });
+      await sleep(60000, signal);
+    });
+    return { survived: true };
+  },
+  async lost(client, name, ttlMs) { // the driver takes the grant away: the body's signal aborts
+    const out = { signalled: false };
+    try {
+      await client.withLock(name, { holder: 'node-loser', ttlMs: Number(ttlMs) }, async (lock, signal) => {
+        emit({ event: 'held', ...grantJson(lock) });
         try {
-          const lock = await client.acquire(args[0], { holder: args[1], limit: Number(args[2]), ttlMs: 60000 });
-          return { status: 'ACQUIRED', ...grantJson(lock) };
+          await sleep(10000, signal);
         } catch (e) {
-          if (e instanceof NotAcquiredError) return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response.holders };
+          Object.assign(out, { signalled: signal.aborted, signal_at_ms: Date.now(), reason: lock.lostReason });
           throw e;
         }
-      }
-      case 'release': { // NAME HOLDER
-        const resp = await client.call('Release', { namespace, name: args[0], holder: args[1] });
-        return { released: resp.status === 'RELEASE_STATUS_RELEASED' };
-      }
-      case 'wait': { // NAME HOLDER WAIT_MS HOLD_MS
-        return await client.withLock(args[0], { holder: args[1], waitMs: Number(args[2]), ttlMs: 60000 }, async (lock) => {
-          const out = grantJson(lock);
-          await sleep(Number(args[3]));
-          out.released_at_ms = Date.now();
-          return out;
-        });
-      }
-      case 'scoped': { // NAME
-        const out = await client.withLock(args[0], { ttlMs: 2000 }, async (lock) => {
-          const o = grantJson(lock);
-          const before = Number(lock.grant.expiresAtMs);
-          await sleep(50);
-          await lock.extend(30000);
-          o.extended = Number(lock.grant.expiresAtMs) > before;
-          return o;
-        });
-        out.holders_after = (await client.inspect(args[0])).holders.length;
-        return out;
-      }
-      case 'inspect': { // NAME
-        const info = await client.inspect(args[0]);
-        const queue = await client.call('Queue', { namespace, name: args[0] });
-        return { limit: info.limit, waiters: info.waiters,
-          holders: info.holders.map((h) => ({ holder: h.grant.holder, token: h.grant.fencingToken, slot: h.grant.slot })),
-          queue: queue.requests.map((r) => r.holder) };
-      }
-      case 'invalid': { // bad input: a kind outside [a-z0-9_.-]
-        try {
-          await client.acquire('conformance-invalid', { kind: 'Bad Kind!' });
-          return { field: 'kind', code: 'OK' };
-        } catch (e) {
-          const { status } = require('@grpc/grpc-js');
-          return { field: 'kind', code: Object.keys(status).find((k) => status[k] === e.code), message: e.details };
-        }
-      }
-      default:
-        throw new Error(`unknown step ${step}`);
+      });
+    } catch (e) {
+      if (e instanceof LockLostError) out.raised = e.name;
     }
+    return out;
+  },
+  async cancel(client, name, afterMs) { // abort a waiting acquire: no ghost waiter
+    const holder = 'node-canceller';
+    const ac = new AbortController();
+    const pending = client.acquire(name, { holder, waitMs: 20000, ttlMs: 10000, signal: ac.signal });
+    const settled = pending.then(() => 'acquired', (e) => e.name);
+    await sleep(Number(afterMs));
+    const queued = (await client.queue(name)).requests.map((r) => r.holder);
+    const t0 = performance.now();
+    ac.abort();
+    const error = await settled;
+    const out = { error, cancel_ms: Math.round(performance.now() - t0), queued_before: queued.includes(holder) };
+    for (;;) { // poll the queue (up to 2 s) until the request has left it
+      out.queue_after = (await client.queue(name)).requests.map((r) => r.holder);
+      out.gone_ms = Math.round(performance.now() - t0);
+      if (!out.queue_after.includes(holder) || out.gone_ms > 2000) return out;
+      await sleep(10);
+    }
+  },
+  async restart(client, name, holder, waitMs) { // wait through a server restart (retries on UNAVAILABLE)
+    const started = performance.now();
+    const lock = await client.acquire(name, { holder, waitMs: Number(waitMs), ttlMs: 30000 });
+    const out = { status: 'ACQUIRED', ...grantJson(lock), elapsed_ms: Math.round(performance.now() - started) };
+    await lock.release();
+    return out;
+  },
+};
+
+// The token is sent; none, or another namespace, is PermissionDeniedError.
+async function auth(addr, namespace, token) {
+  const attempt = async (ns, tok) => {
+    const client = new Client(addr, { namespace: ns, token: tok });
+    try {
+      await (await client.acquire('auth-node', { ttlMs: 5000 })).release();
+      return 'ACQUIRED';
+    } catch (e) {
+      return e.name;
+    } finally {
+      client.close();
+    }
+  };
+  return { with_token: await attempt(namespace, token), no_token: await attempt(namespace),
+    other_namespace: await attempt('elsewhere', token) };
+}
+
+async function main(addr, namespace, step, ...args) {
+  if (step === 'auth') return auth(addr, namespace, ...args);
+  const client = new Client(addr, { namespace });
+  try {
+    if (!steps[step]) throw new Error(`unknown step ${step}`);
+    return await steps[step](client, ...args);
   } finally {
     client.close();
   }
 }
 
 main(...process.argv.slice(2)).then(
-  (out) => console.log(JSON.stringify(out)),
+  (out) => { emit(out); process.exit(0); },
   (err) => { console.error(err); process.exit(1); },
 );

@@ -3,7 +3,7 @@
 // The Node seed pattern of clients/node/README.md, run by the conformance
 // driver: a job that locks around an ID with a limit above 1.
 // usage: examples.js ADDR NAMESPACE all   — prints {"checks": [...]} as one JSON line.
-const { Client } = require('./index');
+const { Client } = require('tumbler-client');
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -35,7 +35,7 @@ async function allChecks(client) {
   const arrived = async (n) => { // granted so far + waiting now
     const name = 'account-sync/42';
     while (order.filter(([, h]) => h.startsWith('sync-42-')).length
-      + (await client.call('Queue', { namespace: client.namespace, name })).waiters < n) await sleep(5);
+      + (await client.queue(name)).waiters < n) await sleep(5);
   };
   const jobs = [];
   for (let i = 1; i <= 5; i += 1) { jobs.push(job(42, i)); await arrived(i); }

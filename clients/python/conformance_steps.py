@@ -1,16 +1,25 @@
 #!/usr/bin/env python3
-"""Python's steps of the cross-language conformance scenario (clients/conformance).
+"""Python's steps of the cross-language conformance scenario (clients/conformance),
+run with the installed tumbler_client package (sync and asyncio).
 
-usage: conformance_steps.py ADDR NAMESPACE STEP ARGS...   — prints one JSON line.
+usage: conformance_steps.py ADDR NAMESPACE STEP ARGS...
+Prints JSON lines: events ({"event": ...}) while it runs, its result last.
 """
+import asyncio
 import json
 import sys
 import time
 
-import grpc
-
 import tumbler_client as tc
 from tumbler_client import pb
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+def emit(obj):
+    print(json.dumps(obj), flush=True)
 
 
 def grant_json(lock):
@@ -18,49 +27,157 @@ def grant_json(lock):
             "acquired_at_ms": lock.grant.acquired_at_ms}
 
 
+def hold(client, name, holder, limit):  # try once, keep the grant (60 s lease)
+    try:
+        return {"status": "ACQUIRED", **grant_json(client.acquire(name, holder, limit=int(limit), ttl_ms=60000))}
+    except tc.NotAcquired as e:
+        return {"status": "BUSY" if e.busy else "TIMEOUT", "holders": e.response.holders}
+
+
+def release(client, name, holder):
+    resp = client.stub.Release(pb.ReleaseRequest(namespace=client.namespace, name=name, holder=holder))
+    return {"released": resp.status == pb.RELEASE_STATUS_RELEASED}
+
+
+def wait(client, name, holder, wait_ms, hold_ms):  # wait, hold a while, release
+    with client.lock(name, holder, wait_ms=int(wait_ms), ttl_ms=60000) as lock:
+        out = grant_json(lock)
+        time.sleep(int(hold_ms) / 1000)
+        out["released_at_ms"] = now_ms()
+    return out
+
+
+def scoped(client, name):  # context manager, extend inside, nothing held after
+    with client.lock(name, ttl_ms=2000) as lock:
+        out = grant_json(lock)
+        before = lock.expires_at_ms
+        time.sleep(0.05)
+        lock.extend(ttl_ms=30000)
+        out["extended"] = lock.expires_at_ms > before
+    out["holders_after"] = len(client.inspect(name).holders)
+    return out
+
+
+def inspect(client, name):
+    info, queue = client.inspect(name), client.queue(name)
+    return {"limit": info.limit, "waiters": info.waiters,
+            "holders": [{"holder": h.grant.holder, "token": str(h.grant.fencing_token), "slot": h.grant.slot}
+                        for h in info.holders],
+            "queue": [r.holder for r in queue.requests]}
+
+
+def invalid(client):  # bad input: priority out of range
+    try:
+        client.acquire("conformance-invalid", priority=5000)
+        return {"field": "priority", "code": "OK"}
+    except tc.InvalidArgument as e:
+        return {"field": "priority", "code": e.code.name, "message": e.details, "typed": "InvalidArgument"}
+
+
+def keep(client, name, ttl_ms, work_ms):  # a lease shorter than the work: the watchdog keeps it
+    with client.lock(name, "py-keeper", ttl_ms=int(ttl_ms)) as lock:
+        emit({"event": "held", **grant_json(lock)})
+        start = now_ms()
+        time.sleep(int(work_ms) / 1000)
+        out = {"body_start_ms": start, "body_end_ms": now_ms(), "token": str(lock.fencing_token),
+               "lost": lock.lost.is_set()}
+        out["token_inside"] = str(client.inspect(name).holders[0].grant.fencing_token)
+    out["holders_after"] = len(client.inspect(name).holders)
+    return out
+
+
+def crash(client, name, ttl_ms):  # hold with the helper, then get killed by the driver
+    with client.lock(name, "py-crasher", ttl_ms=int(ttl_ms)) as lock:
+        emit({"event": "held", **grant_json(lock)})
+        time.sleep(60)
+    return {"survived": True}
+
+
+def lost(client, name, ttl_ms):  # the driver takes the grant away; the helper must say so
+    try:
+        with client.lock(name, "py-loser", ttl_ms=int(ttl_ms)) as lock:
+            emit({"event": "held", **grant_json(lock)})
+            signalled = lock.lost.wait(10)
+            out = {"signalled": signalled, "signal_at_ms": now_ms(), "reason": lock.lost_reason}
+    except tc.LockLost as e:
+        out["raised"] = type(e).__name__
+    return out
+
+
+async def lost_async(addr, namespace, name, ttl_ms):  # the body task is cancelled, the block raises LockLost
+    async with tc.AsyncClient(addr, namespace=namespace) as client:
+        out = {"signalled": False}
+        try:
+            async with client.lock(name, "py-aio-loser", ttl_ms=int(ttl_ms)) as lock:
+                emit({"event": "held", **grant_json(lock)})
+                await asyncio.sleep(10)
+        except tc.LockLost as e:
+            out.update(signalled=True, signal_at_ms=now_ms(), raised=type(e).__name__, reason=e.reason)
+        return out
+
+
+async def cancel_async(addr, namespace, name, after_ms):  # cancel a waiting acquire: no ghost waiter
+    async with tc.AsyncClient(addr, namespace=namespace) as client:
+        holder = "py-aio-canceller"
+        task = asyncio.ensure_future(client.acquire(name, holder, wait_ms=20000, ttl_ms=10000))
+        await asyncio.sleep(int(after_ms) / 1000)
+        queued = [r.holder for r in (await client.queue(name)).requests]
+        t0 = time.monotonic()
+        task.cancel()
+        try:
+            await task
+            out = {"error": "acquired"}
+        except asyncio.CancelledError:
+            out = {"error": "CancelledError"}
+        out["cancel_ms"] = int((time.monotonic() - t0) * 1000)
+        out["queued_before"] = holder in queued
+        out["queue_after"], out["gone_ms"] = await queue_without(client, name, holder, t0)
+        return out
+
+
+async def queue_without(client, name, holder, t0):
+    """Polls the queue (up to 2 s) until `holder` has left it: (last queue, ms since t0)."""
+    while True:
+        queue = [r.holder for r in (await client.queue(name)).requests]
+        if holder not in queue or time.monotonic() - t0 > 2:
+            return queue, int((time.monotonic() - t0) * 1000)
+        await asyncio.sleep(0.01)
+
+
+def restart(client, name, holder, wait_ms):  # wait through a server restart (retries on UNAVAILABLE)
+    started = time.monotonic()
+    lock = client.acquire(name, holder, wait_ms=int(wait_ms), ttl_ms=30000)
+    out = {"status": "ACQUIRED", **grant_json(lock), "elapsed_ms": int((time.monotonic() - started) * 1000)}
+    lock.release()
+    return out
+
+
+def auth(addr, namespace, token):  # the token is sent; none, or another namespace, is PermissionDenied
+    def attempt(ns, tok):
+        with tc.Client(addr, namespace=ns, token=tok) as client:
+            try:
+                client.acquire("auth-python", ttl_ms=5000).release()
+                return "ACQUIRED"
+            except tc.TumblerError as e:
+                return type(e).__name__
+
+    return {"with_token": attempt(namespace, token), "no_token": attempt(namespace, None),
+            "other_namespace": attempt("elsewhere", token)}
+
+
+SYNC = {"hold": hold, "release": release, "wait": wait, "scoped": scoped, "inspect": inspect, "invalid": invalid,
+        "keep": keep, "crash": crash, "lost": lost, "restart": restart}
+ASYNC = {"lost-async": lost_async, "cancel-async": cancel_async}
+
+
 def main(addr, namespace, step, *args):
-    client = tc.Client(addr, namespace=namespace)
-    if step == "hold":  # NAME HOLDER LIMIT: try once, keep the grant (60 s lease)
-        name, holder, limit = args[0], args[1], int(args[2])
-        try:
-            return {"status": "ACQUIRED", **grant_json(client.acquire(name, holder, limit=limit, ttl_ms=60000))}
-        except tc.NotAcquired as e:
-            return {"status": "BUSY" if e.busy else "TIMEOUT", "holders": e.response.holders}
-    if step == "release":  # NAME HOLDER
-        resp = client.stub.Release(pb.ReleaseRequest(namespace=namespace, name=args[0], holder=args[1]))
-        return {"released": resp.status == pb.RELEASE_STATUS_RELEASED}
-    if step == "wait":  # NAME HOLDER WAIT_MS HOLD_MS: wait, hold a while, release
-        name, holder, wait_ms, hold_ms = args[0], args[1], int(args[2]), int(args[3])
-        with client.lock(name, holder, wait_ms=wait_ms, ttl_ms=60000) as lock:
-            out = grant_json(lock)
-            time.sleep(hold_ms / 1000)
-            out["released_at_ms"] = int(time.time() * 1000)
-        return out
-    if step == "scoped":  # NAME: context manager, extend inside, nothing held after
-        name = args[0]
-        with client.lock(name, ttl_ms=2000) as lock:
-            out = grant_json(lock)
-            before = lock.expires_at_ms
-            time.sleep(0.05)
-            lock.extend(ttl_ms=30000)
-            out["extended"] = lock.expires_at_ms > before
-        out["holders_after"] = len(client.inspect(name).holders)
-        return out
-    if step == "inspect":  # NAME
-        info = client.inspect(args[0])
-        queue = client.stub.Queue(pb.QueueRequest(namespace=namespace, name=args[0]))
-        return {"limit": info.limit, "waiters": info.waiters,
-                "holders": [{"holder": h.grant.holder, "token": str(h.grant.fencing_token),
-                             "slot": h.grant.slot} for h in info.holders],
-                "queue": [r.holder for r in queue.requests]}
-    if step == "invalid":  # bad input: priority out of range
-        try:
-            client.acquire("conformance-invalid", priority=5000)
-            return {"field": "priority", "code": "OK"}
-        except grpc.RpcError as e:
-            return {"field": "priority", "code": e.code().name, "message": e.details()}
-    raise SystemExit(f"unknown step {step}")
+    if step == "auth":
+        return auth(addr, namespace, *args)
+    if step in ASYNC:
+        return asyncio.run(ASYNC[step](addr, namespace, *args))
+    with tc.Client(addr, namespace=namespace) as client:
+        return SYNC[step](client, *args)
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:])), flush=True)
+    emit(main(*sys.argv[1:]))

@@ -1,63 +1,157 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# Ruby's steps of the cross-language conformance scenario (clients/conformance).
-# usage: conformance_steps.rb ADDR NAMESPACE STEP ARGS...   — prints one JSON line.
-$LOAD_PATH.unshift File.join(__dir__, 'lib')
+# Ruby's steps of the cross-language conformance scenario (clients/conformance),
+# run with the installed tumbler-client gem.
+# usage: conformance_steps.rb ADDR NAMESPACE STEP ARGS...
+# Prints JSON lines: events ({"event": ...}) while it runs, its result last.
 require 'json'
-require 'tumbler/client'
+require 'timeout'
+require 'tumbler'
 
-def grant_json(lock)
-  { holder: lock.holder, token: lock.fencing_token.to_s, slot: lock.slot,
-    acquired_at_ms: lock.grant.acquired_at_ms }
+def emit(obj)
+  puts JSON.generate(obj)
+  $stdout.flush
 end
 
-def run(client, step, args)
-  ns = client.namespace
-  case step
-  when 'hold' # NAME HOLDER LIMIT
-    begin
-      lock = client.acquire(args[0], holder: args[1], limit: Integer(args[2]), ttl_ms: 60_000)
-      { status: 'ACQUIRED', **grant_json(lock) }
-    rescue Tumbler::NotAcquired => e
-      { status: e.busy? ? 'BUSY' : 'TIMEOUT', holders: e.response.holders }
-    end
-  when 'release' # NAME HOLDER
-    resp = client.stub.release(Tumbler::V1::ReleaseRequest.new(namespace: ns, name: args[0], holder: args[1]))
+def now_ms = (Time.now.to_f * 1000).to_i
+def mono = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+def grant_json(lock)
+  { holder: lock.holder, token: lock.fencing_token.to_s, slot: lock.slot, acquired_at_ms: lock.grant.acquired_at_ms }
+end
+
+def queue_names(client, name) = client.queue(name).requests.map(&:holder)
+
+module Steps
+  module_function
+
+  def hold(c, name, holder, limit)
+    { status: 'ACQUIRED', **grant_json(c.acquire(name, holder: holder, limit: Integer(limit), ttl_ms: 60_000)) }
+  rescue Tumbler::NotAcquired => e
+    { status: e.busy? ? 'BUSY' : 'TIMEOUT', holders: e.response.holders }
+  end
+
+  def release(c, name, holder)
+    resp = c.stub.release(Tumbler::V1::ReleaseRequest.new(namespace: c.namespace, name: name, holder: holder))
     { released: resp.status == :RELEASE_STATUS_RELEASED }
-  when 'wait' # NAME HOLDER WAIT_MS HOLD_MS
-    client.lock(args[0], holder: args[1], wait_ms: Integer(args[2]), ttl_ms: 60_000) do |lock|
+  end
+
+  def wait(c, name, holder, wait_ms, hold_ms)
+    c.lock(name, holder: holder, wait_ms: Integer(wait_ms), ttl_ms: 60_000) do |lock|
       out = grant_json(lock)
-      sleep Integer(args[3]) / 1000.0
-      out.merge(released_at_ms: (Time.now.to_f * 1000).to_i)
+      sleep Integer(hold_ms) / 1000.0
+      out.merge(released_at_ms: now_ms)
     end
-  when 'scoped' # NAME
-    out = client.lock(args[0], ttl_ms: 2000) do |lock|
+  end
+
+  def scoped(c, name)
+    out = c.lock(name, ttl_ms: 2000) do |lock|
       o = grant_json(lock)
       before = lock.grant.expires_at_ms
       sleep 0.05
       lock.extend_lease(30_000)
       o.merge(extended: lock.grant.expires_at_ms > before)
     end
-    out.merge(holders_after: client.inspect_lock(args[0]).holders.size)
-  when 'inspect' # NAME
-    info = client.inspect_lock(args[0])
-    queue = client.stub.queue(Tumbler::V1::QueueRequest.new(namespace: ns, name: args[0]))
+    out.merge(holders_after: c.inspect_lock(name).holders.size)
+  end
+
+  def inspect(c, name)
+    info = c.inspect_lock(name)
     { limit: info.limit, waiters: info.waiters,
       holders: info.holders.map { |h| { holder: h.grant.holder, token: h.grant.fencing_token.to_s, slot: h.grant.slot } },
-      queue: queue.requests.map(&:holder) }
-  when 'invalid' # bad input: queue_ttl_ms below 100
-    begin
-      client.acquire('conformance-invalid', wait_ms: 10, queue_ttl_ms: 5)
-      { field: 'queue_ttl_ms', code: 'OK' }
-    rescue GRPC::BadStatus => e
-      code = GRPC::Core::StatusCodes.constants.find { |c| GRPC::Core::StatusCodes.const_get(c) == e.code }
-      { field: 'queue_ttl_ms', code: code.to_s, message: e.details }
+      queue: queue_names(c, name) }
+  end
+
+  def invalid(c) # bad input: queue_ttl_ms below 100
+    c.acquire('conformance-invalid', wait_ms: 10, queue_ttl_ms: 5)
+    { field: 'queue_ttl_ms', code: 'OK' }
+  rescue Tumbler::InvalidArgument => e
+    { field: 'queue_ttl_ms', code: 'INVALID_ARGUMENT', message: e.details, typed: e.class.name }
+  end
+
+  def keep(c, name, ttl_ms, work_ms) # a lease shorter than the work: the watchdog keeps it
+    out = c.lock(name, holder: 'rb-keeper', ttl_ms: Integer(ttl_ms)) do |lock|
+      emit({ event: 'held', **grant_json(lock) })
+      start = now_ms
+      sleep Integer(work_ms) / 1000.0
+      { body_start_ms: start, body_end_ms: now_ms, token: lock.fencing_token.to_s, lost: lock.lost?,
+        token_inside: c.inspect_lock(name).holders.first&.grant&.fencing_token.to_s }
     end
-  else
-    raise "unknown step #{step}"
+    out.merge(holders_after: c.inspect_lock(name).holders.size)
+  end
+
+  def crash(c, name, ttl_ms) # hold with the helper, then get killed by the driver
+    c.lock(name, holder: 'rb-crasher', ttl_ms: Integer(ttl_ms)) do |lock|
+      emit({ event: 'held', **grant_json(lock) })
+      sleep 60
+    end
+    { survived: true }
+  end
+
+  def lost(c, name, ttl_ms) # the driver takes the grant away: LockLost is raised inside the block
+    out = { signalled: false }
+    c.lock(name, holder: 'rb-loser', ttl_ms: Integer(ttl_ms)) do |lock|
+      emit({ event: 'held', **grant_json(lock) })
+      begin
+        sleep 10
+      rescue Tumbler::LockLost => e
+        out.merge!(signalled: true, signal_at_ms: now_ms, reason: e.reason)
+        raise
+      end
+    end
+    out
+  rescue Tumbler::LockLost => e
+    out.merge(raised: e.class.name)
+  end
+
+  def cancel(c, name, after_ms) # Timeout.timeout around a waiting acquire: no ghost waiter
+    holder = 'rb-canceller'
+    t0 = mono + (Integer(after_ms) / 1000.0) # when the timeout fires
+    waiter = Thread.new do
+      Timeout.timeout(Integer(after_ms) / 1000.0) { c.acquire(name, holder: holder, wait_ms: 20_000, ttl_ms: 10_000) }
+      'acquired'
+    rescue Timeout::Error => e
+      e.class.name
+    end
+    sleep((Integer(after_ms) - 100) / 1000.0)
+    queued = queue_names(c, name).include?(holder)
+    error = waiter.value
+    out = { error: error, cancel_ms: ((mono - t0) * 1000).round, queued_before: queued }
+    loop do # poll the queue (up to 2 s) until the request has left it
+      out[:queue_after] = queue_names(c, name)
+      out[:gone_ms] = ((mono - t0) * 1000).round
+      return out if !out[:queue_after].include?(holder) || out[:gone_ms] > 2000
+
+      sleep 0.01
+    end
+  end
+
+  def restart(c, name, holder, wait_ms) # wait through a server restart (retries on UNAVAILABLE)
+    started = mono
+    lock = c.acquire(name, holder: holder, wait_ms: Integer(wait_ms), ttl_ms: 30_000)
+    out = { status: 'ACQUIRED', **grant_json(lock), elapsed_ms: ((mono - started) * 1000).round }
+    lock.release
+    out
   end
 end
 
+# The token is sent; none, or another namespace, is Tumbler::PermissionDenied.
+def auth(addr, namespace, token)
+  attempt = lambda do |ns, tok|
+    Tumbler::Client.new(addr, namespace: ns, token: tok).acquire('auth-ruby', ttl_ms: 5000).release
+    'ACQUIRED'
+  rescue Tumbler::Error => e
+    e.class.name
+  end
+  { with_token: attempt.call(namespace, token), no_token: attempt.call(namespace, nil),
+    other_namespace: attempt.call('elsewhere', token) }
+end
+
 addr, namespace, step, *args = ARGV
-puts JSON.generate(run(Tumbler::Client.new(addr, namespace: namespace), step, args))
+client = Tumbler::Client.new(addr, namespace: namespace)
+emit(case step
+     when 'invalid' then Steps.invalid(client)
+     when 'auth' then auth(addr, namespace, *args)
+     else Steps.public_send(step, client, *args)
+     end)

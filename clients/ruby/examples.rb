@@ -8,10 +8,9 @@
 # usage: examples.rb ADDR NAMESPACE all
 #        examples.rb ADDR NAMESPACE enqueue CLASS ARGS_JSON JOB_ID WINDOW_MS
 #        examples.rb ADDR NAMESPACE perform CLASS ARGS_JSON JOB_ID
-$LOAD_PATH.unshift File.join(__dir__, 'lib')
 require 'digest'
 require 'json'
-require 'tumbler/client'
+require 'tumbler'
 
 module UniqueJobs
   module_function

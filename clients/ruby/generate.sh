@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Generates the Ruby stubs from ../../proto into lib/tumbler/v1 (gitignored).
-# Needs grpc_tools_ruby_protoc (Debian: ruby-grpc-tools).
+# Generates the Ruby stubs from the repository's proto/tumbler/v1/lock.proto
+# into lib/tumbler/v1 (not committed); `gem build` runs it (see the gemspec).
+# Needs grpc_tools_ruby_protoc (Debian: ruby-grpc-tools; rubygems: grpc-tools).
 set -euo pipefail
 cd "$(dirname "$0")"
 proto_dir="${TUMBLER_PROTO_DIR:-../../proto}"
 grpc_tools_ruby_protoc -I "$proto_dir" --ruby_out=lib --grpc_out=lib tumbler/v1/lock.proto
+mkdir -p proto/tumbler/v1 && cp "$proto_dir/tumbler/v1/lock.proto" proto/tumbler/v1/

@@ -1,109 +1,147 @@
 # frozen_string_literal: true
 
-# A thin helper over tumbler's generated gRPC stubs (lib/tumbler/v1, built
-# from proto/ by generate.sh). Client#stub is the full API; this file adds
-# acquire with a wait and a deadline, a block form that always releases,
-# extend_lease, and the grant's fencing token and slot.
-unless File.exist?(File.join(__dir__, 'v1', 'lock_services_pb.rb'))
-  system(File.join(__dir__, '..', '..', 'generate.sh'), exception: true)
-end
+# The tumbler client: Tumbler::Client over the stubs generated from
+# tumbler/v1/lock.proto when the gem was built (lib/tumbler/v1). Every call
+# is retried on UNAVAILABLE with jittered back-off until its deadline, with
+# the same holder id, so a retried acquire can never take a second permit.
+# Client#lock holds a grant for a block, kept alive by a watchdog; when the
+# grant is lost, LockLost is raised in the block's thread at once.
+require 'securerandom'
 require 'tumbler/v1/lock_services_pb'
+require 'tumbler/errors'
+require 'tumbler/lock'
 
 module Tumbler
   # Extra seconds on the RPC deadline beyond wait_ms, so the server's own
   # TIMEOUT reply wins over DEADLINE_EXCEEDED.
   DEADLINE_SLACK = 5.0
-
-  # The lock was not granted: busy? (tried once) or timeout? (waited).
-  class NotAcquired < StandardError
-    attr_reader :response
-
-    def initialize(name, response)
-      @response = response
-      super("#{name}: not acquired (#{response.reason}, #{response.holders} holder(s))")
-    end
-
-    def busy? = response.reason == :NOT_ACQUIRED_REASON_BUSY
-    def timeout? = response.reason == :NOT_ACQUIRED_REASON_TIMEOUT
-  end
-
-  # Extend answered NOT_HELD: stop working on what the lock protected.
-  class LockLost < StandardError; end
-
-  # One grant.
-  class Lock
-    attr_reader :client, :name, :grant
-
-    def initialize(client, name, grant)
-      @client = client
-      @name = name
-      @grant = grant
-    end
-
-    def holder = grant.holder
-    def fencing_token = grant.fencing_token
-    def slot = grant.slot
-
-    # Reset the lease to ttl_ms from now (nil: the grant's own ttl). Raises LockLost.
-    # (Named so because Object#extend is Ruby's own.)
-    def extend_lease(ttl_ms = nil)
-      req = { namespace: client.namespace, name: name, holder: holder, fencing_token: fencing_token }
-      req[:ttl_ms] = ttl_ms if ttl_ms
-      resp = client.stub.extend(V1::ExtendRequest.new(**req), deadline: client.deadline)
-      raise LockLost, "#{name}: lease of #{holder} lost" unless resp.status == :EXTEND_STATUS_EXTENDED
-
-      @grant = resp.grant
-      self
-    end
-
-    # Give the permit back; false when it was no longer held (expired).
-    def release
-      req = V1::ReleaseRequest.new(namespace: client.namespace, name: name, holder: holder,
-                                   fencing_token: fencing_token)
-      client.stub.release(req, deadline: client.deadline).status == :RELEASE_STATUS_RELEASED
-    end
-  end
+  # The lease Client#lock asks for when the caller names none; the watchdog
+  # renews it every third, so it only bounds how long a crashed holder keeps it.
+  DEFAULT_HELPER_TTL_MS = 15_000
 
   # Tumbler::Client.new('127.0.0.1:50051'); #stub is the generated stub.
   class Client
-    attr_reader :stub, :namespace
+    attr_reader :stub, :namespace, :metadata
 
-    def initialize(target = '127.0.0.1:50051', namespace: '', timeout: 10.0,
-                   credentials: :this_channel_is_insecure)
+    def self.now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # credentials: GRPC::Core::ChannelCredentials for TLS (default plaintext);
+    # token: sent as "authorization: Bearer <token>"; timeout: seconds for
+    # calls that do not wait, retries included; retry: initial/max back-off (s).
+    def initialize(target = '127.0.0.1:50051', namespace: '', timeout: 10.0, token: nil,
+                   credentials: :this_channel_is_insecure, retry_initial: 0.05, retry_max: 1.0)
       @stub = V1::LockService::Stub.new(target, credentials)
       @namespace = namespace
       @timeout = timeout
+      @metadata = token ? { 'authorization' => "Bearer #{token}" } : {}
+      @retry_initial = retry_initial
+      @retry_max = retry_max
     end
 
-    def deadline(seconds = @timeout) = Time.now + seconds
+    # Full-jitter back-off for the attempt-th retry.
+    def backoff(attempt) = rand * [@retry_max, @retry_initial * (2**attempt)].min
 
-    # Take a permit, waiting up to wait_ms in the server (0: try once).
-    # timeout (seconds) is the RPC deadline; default wait_ms plus a little.
-    # Returns a Lock or raises NotAcquired.
-    def acquire(name, holder: '', wait_ms: 0, timeout: nil, limit: nil, ttl_ms: nil, kind: '',
-                metadata: {}, priority: 0, queue_ttl_ms: nil, fair: nil)
-      req = { namespace: namespace, name: name, holder: holder, kind: kind, metadata: metadata,
-              wait_ms: wait_ms, priority: priority, limit: limit, ttl_ms: ttl_ms,
-              queue_ttl_ms: queue_ttl_ms, fair: fair }.compact
-      resp = stub.acquire(V1::AcquireRequest.new(**req),
-                          deadline: deadline(timeout || (wait_ms / 1000.0) + DEADLINE_SLACK))
-      raise NotAcquired.new(name, resp) if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED
-
-      Lock.new(self, name, resp.grant)
-    end
-
-    # client.lock('reports', wait_ms: 5000) { |lock| ... } — released however the block ends.
-    def lock(name, **options)
-      held = acquire(name, **options)
+    # One RPC (the block builds its request), retried on UNAVAILABLE until the deadline.
+    def call(method, deadline: Client.now + @timeout)
+      attempt = 0
       begin
-        yield held
-      ensure
-        held.release
+        stub.public_send(method, yield, deadline: Time.now + [deadline - Client.now, 0.001].max, metadata: metadata)
+      rescue GRPC::Unavailable => e
+        pause = [backoff(attempt), deadline - Client.now - 0.001].min
+        raise Tumbler.error_from(e) if pause <= 0
+
+        sleep pause
+        attempt += 1
+        retry
+      rescue GRPC::BadStatus => e
+        raise Tumbler.error_from(e)
       end
     end
 
+    # Take a permit, waiting up to wait_ms in the server (0: try once).
+    # timeout (s) bounds the whole call, retries included (default wait_ms
+    # plus 5 s); Timeout.timeout around it cancels the wait (the server drops
+    # the request). Returns a Lock (no watchdog: see #lock / Lock#keep_alive);
+    # raises Busy, LockTimeout, InvalidArgument, PermissionDenied, Unavailable.
+    def acquire(name, holder: nil, wait_ms: 0, timeout: nil, limit: nil, ttl_ms: nil, kind: '',
+                metadata: {}, priority: 0, queue_ttl_ms: nil, fair: nil)
+      holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder.empty?
+      started = Client.now
+      deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
+      sent = started
+      base = { namespace: namespace, name: name, holder: holder, kind: kind, metadata: metadata, priority: priority,
+               limit: limit, ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms, fair: fair }.compact
+      resp = begin
+        call(:acquire, deadline: deadline) do
+          sent = Client.now
+          wait = [(wait_ms / 1000.0) - (sent - started), deadline - sent - 0.05].min
+          V1::AcquireRequest.new(**base, wait_ms: [(wait * 1000).to_i, 0].max)
+        end
+      rescue Error => e
+        raise LockTimeout.new(name, nil, "#{name}: not acquired before the deadline") if e.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED
+
+        raise
+      end
+      raise not_acquired(name, resp) if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED
+
+      Lock.new(self, name, resp.grant, [sent, Client.now - 0.05].max + (resp.grant.ttl_ms / 1000.0))
+    end
+
+    # client.lock('reports', wait_ms: 5000) { |lock| ... } — held for the whole block.
+    # A watchdog extends the lease every ttl_ms/3 (default lease 15 s). If the
+    # grant is lost, LockLost is raised in the block's thread at once (and
+    # the block ends with it); otherwise the grant is released however the block ends.
+    def lock(name, ttl_ms: DEFAULT_HELPER_TTL_MS, **options, &block)
+      held = acquire(name, ttl_ms: ttl_ms, **options)
+      begin
+        result = guarded(held, &block)
+      rescue LockLost
+        raise
+      rescue Exception # rubocop:disable Lint/RescueException -- the block failed: give the grant back
+        held.release unless held.lost?
+        raise
+      end
+      raise held.lost_error if held.lost?
+
+      held.release
+      result
+    end
+
     def inspect_lock(name)
-      stub.inspect(V1::InspectRequest.new(namespace: namespace, name: name), deadline: deadline)
+      call(:inspect) { V1::InspectRequest.new(namespace: namespace, name: name) }
+    end
+
+    def queue(name, max_entries: 0)
+      call(:queue) { V1::QueueRequest.new(namespace: namespace, name: name, max_entries: max_entries) }
+    end
+
+    private
+
+    # Runs the block with the watchdog on; LockLost is raised in this thread
+    # only while the block runs.
+    def guarded(held)
+      body = Thread.current
+      Thread.handle_interrupt(LockLost => :never) do
+        held.keep_alive { |err| body.raise(err) }
+        Thread.handle_interrupt(LockLost => :immediate) { yield held }
+      ensure
+        held.stop_keep_alive
+        discard_pending_lost
+      end
+    end
+
+    def not_acquired(name, resp)
+      resp.reason == :NOT_ACQUIRED_REASON_BUSY ? Busy.new(name, resp) : LockTimeout.new(name, resp)
+    end
+
+    # A LockLost the watchdog raised after the block ended is not delivered
+    # later: the ensure above already decided what the block ends with.
+    def discard_pending_lost
+      return unless Thread.pending_interrupt?(LockLost)
+
+      Thread.handle_interrupt(LockLost => :immediate) { Thread.pass }
+    rescue LockLost
+      nil
     end
   end
 end

@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tumbler"
+	tumbler "tumbler/client"
 )
 
 // renderJob runs one job on the render farm: at most 3 at once, across every
@@ -21,7 +21,7 @@ import (
 func renderJob(ctx context.Context, c *tumbler.Client, jobID string, work func(slot uint32) error) error {
 	return c.WithLock(ctx, "render-farm", tumbler.AcquireOptions{
 		Holder: jobID, Limit: 3, WaitMs: 30000, TTLMs: 60000, Kind: "render",
-	}, func(l *tumbler.Lock) error {
+	}, func(ctx context.Context, l *tumbler.Lock) error {
 		return work(l.Slot())
 	})
 }

@@ -1,0 +1,313 @@
+// Go's steps of the cross-language conformance scenario (clients/conformance).
+// usage: conformance-steps ADDR NAMESPACE STEP ARGS...
+// Prints JSON lines: events ({"event": ...}) while it runs, its result last.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	tumbler "tumbler/client"
+	pb "tumbler/client/tumblerv1"
+)
+
+type obj = map[string]interface{}
+
+func emit(v interface{}) {
+	b, _ := json.Marshal(v)
+	fmt.Println(string(b))
+}
+
+func grantJSON(l *tumbler.Lock) obj {
+	g := l.Grant()
+	return obj{"holder": g.Holder, "token": strconv.FormatUint(g.FencingToken, 10), "slot": g.Slot,
+		"acquired_at_ms": g.AcquiredAtMs}
+}
+
+func atoi(s string) uint64 { n, _ := strconv.ParseUint(s, 10, 64); return n }
+func nowMs() int64         { return time.Now().UnixMilli() }
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func with(out obj, kv ...interface{}) obj {
+	for i := 0; i+1 < len(kv); i += 2 {
+		out[kv[i].(string)] = kv[i+1]
+	}
+	return out
+}
+
+var steps = map[string]func(c *tumbler.Client, a []string) (obj, error){
+	"hold":    hold,
+	"release": release,
+	"wait":    wait,
+	"scoped":  scoped,
+	"inspect": inspect,
+	"invalid": invalid,
+	"keep":    keep,
+	"crash":   crash,
+	"lost":    lost,
+	"cancel":  cancel,
+	"restart": restart,
+}
+
+func hold(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER LIMIT
+	l, err := c.Acquire(context.Background(), a[0], tumbler.AcquireOptions{Holder: a[1], Limit: uint32(atoi(a[2])), TTLMs: 60000})
+	var na *tumbler.NotAcquiredError
+	if errors.As(err, &na) {
+		st := "TIMEOUT"
+		if errors.Is(err, tumbler.ErrBusy) {
+			st = "BUSY"
+		}
+		return obj{"status": st, "holders": na.Response.Holders}, nil
+	} else if err != nil {
+		return nil, err
+	}
+	return with(grantJSON(l), "status", "ACQUIRED"), nil
+}
+
+func release(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER
+	resp, err := c.Stub.Release(context.Background(), &pb.ReleaseRequest{Namespace: c.Namespace, Name: a[0], Holder: a[1]})
+	if err != nil {
+		return nil, err
+	}
+	return obj{"released": resp.Status == pb.ReleaseStatus_RELEASE_STATUS_RELEASED}, nil
+}
+
+func wait(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER WAIT_MS HOLD_MS
+	var out obj
+	err := c.WithLock(context.Background(), a[0], tumbler.AcquireOptions{Holder: a[1], WaitMs: atoi(a[2]), TTLMs: 60000},
+		func(ctx context.Context, l *tumbler.Lock) error {
+			out = grantJSON(l)
+			time.Sleep(time.Duration(atoi(a[3])) * time.Millisecond)
+			out["released_at_ms"] = nowMs()
+			return nil
+		})
+	return out, err
+}
+
+func scoped(c *tumbler.Client, a []string) (obj, error) { // NAME
+	var out obj
+	err := c.WithLock(context.Background(), a[0], tumbler.AcquireOptions{TTLMs: 2000}, func(ctx context.Context, l *tumbler.Lock) error {
+		out = grantJSON(l)
+		before := l.Grant().ExpiresAtMs
+		time.Sleep(50 * time.Millisecond)
+		if err := l.Extend(ctx, 30000); err != nil {
+			return err
+		}
+		out["extended"] = l.Grant().ExpiresAtMs > before
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.Inspect(context.Background(), a[0])
+	if err != nil {
+		return nil, err
+	}
+	return with(out, "holders_after", len(info.Holders)), nil
+}
+
+func inspect(c *tumbler.Client, a []string) (obj, error) { // NAME
+	info, err := c.Inspect(context.Background(), a[0])
+	if err != nil {
+		return nil, err
+	}
+	q, err := c.Queue(context.Background(), a[0])
+	if err != nil {
+		return nil, err
+	}
+	holders := []obj{}
+	for _, h := range info.Holders {
+		holders = append(holders, obj{"holder": h.Grant.Holder, "token": strconv.FormatUint(h.Grant.FencingToken, 10), "slot": h.Grant.Slot})
+	}
+	return obj{"limit": info.Limit, "waiters": info.Waiters, "holders": holders, "queue": holderNames(q)}, nil
+}
+
+func holderNames(q *pb.QueueResponse) []string {
+	out := []string{}
+	for _, r := range q.Requests {
+		out = append(out, r.Holder)
+	}
+	return out
+}
+
+func invalid(c *tumbler.Client, a []string) (obj, error) { // bad input: limit above the maximum
+	_, err := c.Acquire(context.Background(), "conformance-invalid", tumbler.AcquireOptions{Limit: 1 << 30})
+	var te *tumbler.Error
+	if !errors.As(err, &te) || !errors.Is(err, tumbler.ErrInvalidArgument) {
+		return obj{"field": "limit", "code": fmt.Sprint(err)}, nil
+	}
+	return obj{"field": "limit", "code": te.Code.String(), "message": te.Message, "typed": "ErrInvalidArgument"}, nil
+}
+
+func keep(c *tumbler.Client, a []string) (obj, error) { // NAME TTL_MS WORK_MS: lease shorter than the work
+	var out obj
+	err := c.WithLock(context.Background(), a[0], tumbler.AcquireOptions{Holder: "go-keeper", TTLMs: atoi(a[1])},
+		func(ctx context.Context, l *tumbler.Lock) error {
+			emit(with(grantJSON(l), "event", "held"))
+			start := nowMs()
+			if err := sleepCtx(ctx, time.Duration(atoi(a[2]))*time.Millisecond); err != nil {
+				return err
+			}
+			info, err := c.Inspect(ctx, a[0])
+			if err != nil || len(info.Holders) == 0 {
+				return fmt.Errorf("inspect inside the body: %v", err)
+			}
+			out = obj{"body_start_ms": start, "body_end_ms": nowMs(), "token": strconv.FormatUint(l.FencingToken(), 10),
+				"lost": l.Err() != nil, "token_inside": strconv.FormatUint(info.Holders[0].Grant.FencingToken, 10)}
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.Inspect(context.Background(), a[0])
+	if err != nil {
+		return nil, err
+	}
+	return with(out, "holders_after", len(info.Holders)), nil
+}
+
+func crash(c *tumbler.Client, a []string) (obj, error) { // NAME TTL_MS: get killed while holding
+	err := c.WithLock(context.Background(), a[0], tumbler.AcquireOptions{Holder: "go-crasher", TTLMs: atoi(a[1])},
+		func(ctx context.Context, l *tumbler.Lock) error {
+			emit(with(grantJSON(l), "event", "held"))
+			return sleepCtx(ctx, time.Minute)
+		})
+	return obj{"survived": true}, err
+}
+
+func lost(c *tumbler.Client, a []string) (obj, error) { // NAME TTL_MS: the driver takes the grant away
+	out := obj{"signalled": false}
+	err := c.WithLock(context.Background(), a[0], tumbler.AcquireOptions{Holder: "go-loser", TTLMs: atoi(a[1])},
+		func(ctx context.Context, l *tumbler.Lock) error {
+			emit(with(grantJSON(l), "event", "held"))
+			if err := sleepCtx(ctx, 10*time.Second); err != nil {
+				with(out, "signalled", true, "signal_at_ms", nowMs(), "reason", l.Err().Error())
+			}
+			return nil
+		})
+	if errors.Is(err, tumbler.ErrLockLost) {
+		out["raised"] = "ErrLockLost"
+	}
+	return out, nil
+}
+
+func cancel(c *tumbler.Client, a []string) (obj, error) { // NAME AFTER_MS: cancel a waiting acquire
+	holder := "go-canceller"
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	res := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, a[0], tumbler.AcquireOptions{Holder: holder, WaitMs: 20000, TTLMs: 10000})
+		res <- err
+	}()
+	time.Sleep(time.Duration(atoi(a[1])) * time.Millisecond)
+	q, err := c.Queue(context.Background(), a[0])
+	if err != nil {
+		return nil, err
+	}
+	before := holderNames(q)
+	t0 := time.Now()
+	stop()
+	err = <-res
+	out := obj{"error": fmt.Sprint(err), "cancel_ms": time.Since(t0).Milliseconds(), "queued_before": contains(before, holder)}
+	if errors.Is(err, context.Canceled) {
+		out["error"] = "context.Canceled"
+	}
+	after, err := queueWithout(c, a[0], holder, t0)
+	return with(out, "queue_after", after, "gone_ms", time.Since(t0).Milliseconds()), err
+}
+
+// queueWithout polls the queue (up to 2 s) until holder has left it.
+func queueWithout(c *tumbler.Client, name, holder string, t0 time.Time) ([]string, error) {
+	for {
+		q, err := c.Queue(context.Background(), name)
+		if err != nil {
+			return nil, err
+		}
+		if names := holderNames(q); !contains(names, holder) || time.Since(t0) > 2*time.Second {
+			return names, nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func restart(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER WAIT_MS: wait through a restart
+	started := time.Now()
+	l, err := c.Acquire(context.Background(), a[0], tumbler.AcquireOptions{Holder: a[1], WaitMs: atoi(a[2]), TTLMs: 30000})
+	if err != nil {
+		return nil, err
+	}
+	out := with(grantJSON(l), "status", "ACQUIRED", "elapsed_ms", time.Since(started).Milliseconds())
+	_, err = l.Release(context.Background())
+	return out, err
+}
+
+// auth: the token is sent; none, or another namespace, is ErrPermissionDenied.
+func auth(addr, namespace, token string) (obj, error) {
+	attempt := func(ns, tok string) string {
+		c, err := tumbler.Dial(addr)
+		if err != nil {
+			return err.Error()
+		}
+		defer c.Close()
+		c.Namespace, c.Token = ns, tok
+		l, err := c.Acquire(context.Background(), "auth-go", tumbler.AcquireOptions{TTLMs: 5000})
+		switch {
+		case err == nil:
+			_, _ = l.Release(context.Background())
+			return "ACQUIRED"
+		case errors.Is(err, tumbler.ErrPermissionDenied):
+			return "ErrPermissionDenied"
+		}
+		return err.Error()
+	}
+	return obj{"with_token": attempt(namespace, token), "no_token": attempt(namespace, ""),
+		"other_namespace": attempt("elsewhere", token)}, nil
+}
+
+func main() {
+	if len(os.Args) == 5 && os.Args[3] == "auth" {
+		out, _ := auth(os.Args[1], os.Args[2], os.Args[4])
+		emit(out)
+		return
+	}
+	if len(os.Args) < 4 || steps[os.Args[3]] == nil {
+		fmt.Fprintln(os.Stderr, "usage: conformance-steps ADDR NAMESPACE STEP ARGS...")
+		os.Exit(2)
+	}
+	c, err := tumbler.Dial(os.Args[1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer c.Close()
+	c.Namespace = os.Args[2]
+	out, err := steps[os.Args[3]](c, os.Args[4:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	emit(out)
+}

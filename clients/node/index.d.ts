@@ -1,0 +1,105 @@
+// Types of tumbler-client. Message types are generated from
+// proto/tumbler/v1/lock.proto when the package is packed (types/).
+import * as grpc from '@grpc/grpc-js';
+import type { Grant__Output as Grant } from './types/tumbler/v1/Grant';
+import type { AcquireResponse__Output as AcquireResponse } from './types/tumbler/v1/AcquireResponse';
+import type { InspectResponse__Output as InspectResponse } from './types/tumbler/v1/InspectResponse';
+import type { QueueResponse__Output as QueueResponse } from './types/tumbler/v1/QueueResponse';
+import type { LockServiceClient } from './types/tumbler/v1/LockService';
+
+export type { Grant, AcquireResponse, InspectResponse, QueueResponse, LockServiceClient };
+export { grpc };
+export declare const DEFAULT_HELPER_TTL_MS: number;
+
+export interface RetryOptions { initialMs?: number; maxMs?: number; multiplier?: number }
+
+export interface ClientOptions {
+  namespace?: string;
+  /** TLS: grpc.credentials.createSsl(...); default plaintext. */
+  credentials?: grpc.ChannelCredentials;
+  /** Sent as `authorization: Bearer <token>`. */
+  token?: string;
+  /** Deadline of the calls that do not wait, retries included (default 10 000). */
+  timeoutMs?: number;
+  retry?: RetryOptions;
+  protoDir?: string;
+  channelOptions?: grpc.ChannelOptions;
+}
+
+export interface AcquireOptions {
+  /** Default: an id made by the client, so retries are the same request. */
+  holder?: string;
+  /** Wait this long in the server; 0 tries once. */
+  waitMs?: number;
+  /** Bounds the whole call, retries included (default waitMs + 5 000). */
+  timeoutMs?: number;
+  /** Cancels a waiting acquire: the server drops the request at once. */
+  signal?: AbortSignal;
+  limit?: number;
+  ttlMs?: number;
+  kind?: string;
+  metadata?: Record<string, string>;
+  priority?: number;
+  queueTtlMs?: number;
+  fair?: boolean;
+}
+
+export interface WithLockOptions extends AcquireOptions {
+  /** Called at once when the grant is lost. */
+  onLost?: (err: LockLostError) => void;
+}
+
+export declare class Lock {
+  readonly name: string;
+  grant: Grant;
+  readonly holder: string;
+  /** A decimal string (uint64). */
+  readonly fencingToken: string;
+  readonly slot: number;
+  readonly ttlMs: number;
+  lost: boolean;
+  lostReason: string | null;
+  /** Aborted, with a LockLostError as reason, the moment the grant is known lost. */
+  readonly signal: AbortSignal;
+  extend(ttlMs?: number): Promise<Lock>;
+  release(): Promise<boolean>;
+  keepAlive(options?: { onLost?: (err: LockLostError) => void }): Lock;
+  stopKeepAlive(): void;
+  check(): void;
+}
+
+export declare class Client {
+  constructor(target?: string, options?: ClientOptions);
+  readonly stub: LockServiceClient;
+  namespace: string;
+  acquire(name: string, options?: AcquireOptions): Promise<Lock>;
+  withLock<T>(name: string, options: WithLockOptions, fn: (lock: Lock, signal: AbortSignal) => Promise<T> | T): Promise<T>;
+  withLock<T>(name: string, fn: (lock: Lock, signal: AbortSignal) => Promise<T> | T): Promise<T>;
+  inspect(name: string): Promise<InspectResponse>;
+  queue(name: string, maxEntries?: number): Promise<QueueResponse>;
+  close(): void;
+}
+
+export declare class TumblerError extends Error {
+  /** The gRPC status code, when the error came from one. */
+  code?: grpc.status;
+  details: string;
+}
+export declare class NotAcquiredError extends TumblerError {
+  lockName: string;
+  response: AcquireResponse | null;
+  busy: boolean;
+  timeout: boolean;
+}
+export declare class LockBusyError extends NotAcquiredError {}
+export declare class LockTimeoutError extends NotAcquiredError {}
+export declare class LockLostError extends TumblerError {
+  lockName: string;
+  holder: string;
+  fencingToken: string;
+  reason: string;
+}
+export declare class InvalidArgumentError extends TumblerError {}
+export declare class PermissionDeniedError extends TumblerError {}
+export declare class UnavailableError extends TumblerError {}
+export declare function loadProto(protoDir?: string): any;

@@ -1,0 +1,184 @@
+'use strict';
+// The tumbler Client: the LockService stub loaded from the proto bundled in
+// the package, every call retried on UNAVAILABLE with jittered back-off
+// until its deadline (same holder id, so a retried Acquire can never take a
+// second permit), AbortSignal support, and withLock (acquire, watchdog,
+// abort-on-loss, release).
+const fs = require('fs');
+const path = require('path');
+const crypto = require('crypto');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const errors = require('./errors');
+const { Lock } = require('./lock');
+
+// The proto ships inside the package (proto/, copied by `npm pack`); in a
+// checkout of the repository it is ../../proto.
+const BUNDLED_PROTO = path.join(__dirname, '..', 'proto');
+const PROTO_DIR = fs.existsSync(path.join(BUNDLED_PROTO, 'tumbler/v1/lock.proto'))
+  ? BUNDLED_PROTO : path.join(__dirname, '..', '..', '..', 'proto');
+// Extra time on the RPC deadline beyond waitMs, so the server's own TIMEOUT
+// reply (sent just before the deadline) wins over DEADLINE_EXCEEDED.
+const DEADLINE_SLACK_MS = 5000;
+// The lease withLock asks for when the caller names none; the watchdog
+// renews it every third, so it only bounds how long a crashed holder keeps it.
+const DEFAULT_HELPER_TTL_MS = 15000;
+
+function loadProto(protoDir = PROTO_DIR) {
+  const def = protoLoader.loadSync('tumbler/v1/lock.proto', {
+    includeDirs: [protoDir], longs: String, enums: String, defaults: true, oneofs: true,
+  });
+  return grpc.loadPackageDefinition(def).tumbler.v1;
+}
+
+// Full-jitter back-off: initialMs doubling up to maxMs.
+function makeRetry({ initialMs = 50, maxMs = 1000, multiplier = 2 } = {}) {
+  return { delay: (attempt) => Math.random() * Math.min(maxMs, initialMs * multiplier ** attempt) };
+}
+
+function abortError(signal) {
+  if (signal.reason instanceof Error) return signal.reason;
+  const err = new Error('The operation was aborted');
+  err.name = 'AbortError';
+  return err;
+}
+
+// Resolves after ms, or rejects at once when the signal aborts.
+function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(abortError(signal));
+    const onAbort = () => { clearTimeout(t); reject(abortError(signal)); };
+    const t = setTimeout(() => { signal?.removeEventListener('abort', onAbort); resolve(); }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+// A signal that aborts when either of two does (with its reason); detach() drops the listeners.
+function followBoth(a, b) {
+  if (!b) return { signal: a, detach: () => {} };
+  const controller = new AbortController();
+  const forward = (from) => () => controller.abort(from.reason);
+  const onA = forward(a);
+  const onB = forward(b);
+  if (a.aborted || b.aborted) controller.abort(a.aborted ? a.reason : b.reason);
+  a.addEventListener('abort', onA, { once: true });
+  b.addEventListener('abort', onB, { once: true });
+  return { signal: controller.signal, detach: () => { a.removeEventListener('abort', onA); b.removeEventListener('abort', onB); } };
+}
+
+const newHolder = () => `node-${crypto.randomUUID()}`;
+
+class Client {
+  // new Client('127.0.0.1:50051', { namespace, credentials, token, timeoutMs, retry, protoDir })
+  constructor(target = '127.0.0.1:50051', { namespace = '', credentials, token, protoDir, timeoutMs = 10000,
+    retry, channelOptions } = {}) {
+    const v1 = loadProto(protoDir);
+    this.stub = new v1.LockService(target, credentials || grpc.credentials.createInsecure(), channelOptions);
+    this.namespace = namespace;
+    this.timeoutMs = timeoutMs; // deadline of the calls that do not wait, retries included
+    this.retry = makeRetry(retry);
+    this.metadata = new grpc.Metadata();
+    if (token) this.metadata.set('authorization', `Bearer ${token}`);
+  }
+
+  // One attempt; the RPC is cancelled when `signal` aborts.
+  callOnce(method, request, timeoutMs, signal) {
+    return new Promise((resolve, reject) => {
+      if (signal?.aborted) return reject(abortError(signal));
+      const onAbort = () => { call.cancel(); reject(abortError(signal)); };
+      const call = this.stub[method](request, this.metadata, { deadline: Date.now() + Math.max(1, timeoutMs) },
+        (err, resp) => {
+          signal?.removeEventListener('abort', onAbort);
+          if (err) reject(err); else resolve(resp);
+        });
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  // One RPC, retried on UNAVAILABLE until the deadline (ms since the epoch).
+  async call(method, makeRequest, { deadline = Date.now() + this.timeoutMs, signal } = {}) {
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        return await this.callOnce(method, makeRequest(), deadline - Date.now(), signal);
+      } catch (err) {
+        if (signal?.aborted) throw abortError(signal);
+        const pause = Math.min(this.retry.delay(attempt), deadline - Date.now() - 1);
+        if (!errors.isRetryable(err) || pause <= 0) throw errors.fromGrpcError(err);
+        await sleep(pause, signal);
+      }
+    }
+  }
+
+  // Take a permit, waiting up to waitMs in the server (0: try once).
+  // timeoutMs bounds the whole call, retries included (default waitMs + 5 s);
+  // `signal` cancels the wait (the server drops the request at once).
+  // Resolves to a Lock (no watchdog: see withLock / lock.keepAlive());
+  // rejects with LockBusyError, LockTimeoutError, InvalidArgumentError,
+  // PermissionDeniedError, UnavailableError, or the signal's reason.
+  async acquire(name, { holder, waitMs = 0, timeoutMs, signal, limit, ttlMs, kind = '', metadata = {},
+    priority = 0, queueTtlMs, fair } = {}) {
+    const who = holder || newHolder();
+    const started = Date.now();
+    const deadline = started + (timeoutMs ?? waitMs + DEADLINE_SLACK_MS);
+    let sent = performance.now();
+    const request = () => {
+      sent = performance.now();
+      const wait = Math.max(0, Math.min(waitMs - (Date.now() - started), deadline - Date.now() - 50));
+      const req = { namespace: this.namespace, name, holder: who, kind, metadata, waitMs: Math.floor(wait), priority };
+      if (limit !== undefined) req.limit = limit;
+      if (ttlMs !== undefined) req.ttlMs = ttlMs;
+      if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
+      if (fair !== undefined) req.fair = fair;
+      return req;
+    };
+    let resp;
+    try {
+      resp = await this.call('Acquire', request, { deadline, signal });
+    } catch (err) {
+      if (err.code === grpc.status.DEADLINE_EXCEEDED) throw new errors.LockTimeoutError(name, null, `${name}: not acquired before the deadline`);
+      throw err;
+    }
+    if (resp.status === 'ACQUIRE_STATUS_NOT_ACQUIRED') {
+      if (resp.reason === 'NOT_ACQUIRED_REASON_BUSY') throw new errors.LockBusyError(name, resp);
+      throw new errors.LockTimeoutError(name, resp);
+    }
+    return new Lock(this, name, resp.grant, Math.max(sent, performance.now() - 50) + Number(resp.grant.ttlMs));
+  }
+
+  // Run fn(lock, signal) while holding the lock. A watchdog extends the lease
+  // every ttlMs/3 (default lease 15 s); if the grant is lost, `signal` aborts
+  // at once (its reason a LockLostError), onLost is called, and withLock
+  // rejects with LockLostError when fn ends. Otherwise the grant is released
+  // however fn ends. options.signal cancels a waiting acquire, and aborts
+  // the body's signal too if it fires while fn runs.
+  async withLock(name, options, fn) {
+    if (typeof options === 'function') { fn = options; options = {}; }
+    const { onLost, ttlMs = DEFAULT_HELPER_TTL_MS, ...acquireOptions } = options || {};
+    const lock = await this.acquire(name, { ...acquireOptions, ttlMs });
+    lock.keepAlive({ onLost });
+    const body = followBoth(lock.signal, acquireOptions.signal);
+    let result;
+    try {
+      result = await fn(lock, body.signal);
+    } catch (err) {
+      lock.stopKeepAlive();
+      if (lock.lost) throw Object.assign(lock.lostError(), { cause: err });
+      await lock.release().catch(() => {});
+      throw err;
+    } finally {
+      body.detach();
+    }
+    lock.stopKeepAlive();
+    if (lock.lost) throw lock.lostError();
+    await lock.release();
+    return result;
+  }
+
+  inspect(name) { return this.call('Inspect', () => ({ namespace: this.namespace, name })); }
+
+  queue(name, maxEntries = 0) { return this.call('Queue', () => ({ namespace: this.namespace, name, maxEntries })); }
+
+  close() { this.stub.close(); }
+}
+
+module.exports = { Client, loadProto, DEFAULT_HELPER_TTL_MS, PROTO_DIR };

@@ -1,0 +1,71 @@
+'use strict';
+// Typed errors of tumbler-client and the mapping from gRPC status codes.
+// Not getting a lock rejects with NotAcquiredError (LockBusyError after a
+// try-once request, LockTimeoutError after a wait); a grant that ends while
+// it is relied on is a LockLostError. gRPC failures become
+// InvalidArgumentError, PermissionDeniedError, UnavailableError (after the
+// retries ran out) or TumblerError; `code` and `details` are the status's.
+const { status } = require('@grpc/grpc-js');
+
+class TumblerError extends Error {
+  constructor(message, { code, details, cause } = {}) {
+    super(message, cause ? { cause } : undefined);
+    this.name = new.target.name;
+    this.code = code;
+    this.details = details ?? '';
+  }
+}
+
+class NotAcquiredError extends TumblerError {
+  constructor(name, response, message) {
+    super(message || `${name}: not acquired (${response ? response.reason : 'deadline'}, ${response ? response.holders : '?'} holder(s))`);
+    this.lockName = name;
+    this.response = response || null;
+    this.busy = false;
+    this.timeout = false;
+  }
+}
+
+class LockBusyError extends NotAcquiredError {
+  constructor(name, response) { super(name, response); this.busy = true; }
+}
+
+class LockTimeoutError extends NotAcquiredError {
+  constructor(name, response, message) { super(name, response, message); this.timeout = true; }
+}
+
+class LockLostError extends TumblerError {
+  constructor(lock, reason) {
+    super(`${lock.name}: lock lost by ${lock.holder} (token ${lock.fencingToken}): ${reason}`);
+    this.lockName = lock.name;
+    this.holder = lock.holder;
+    this.fencingToken = lock.fencingToken;
+    this.reason = reason;
+  }
+}
+
+class InvalidArgumentError extends TumblerError {}
+class PermissionDeniedError extends TumblerError {}
+class UnavailableError extends TumblerError {}
+
+const BY_CODE = {
+  [status.INVALID_ARGUMENT]: InvalidArgumentError,
+  [status.PERMISSION_DENIED]: PermissionDeniedError,
+  [status.UNAUTHENTICATED]: PermissionDeniedError,
+  [status.UNAVAILABLE]: UnavailableError,
+};
+
+// The typed error for a gRPC error (kept as `cause`).
+function fromGrpcError(err) {
+  const Cls = BY_CODE[err.code] || TumblerError;
+  const codeName = Object.keys(status).find((k) => status[k] === err.code) || 'UNKNOWN';
+  return new Cls(`${codeName}: ${err.details}`, { code: err.code, details: err.details, cause: err });
+}
+
+// UNAVAILABLE: the server was not reached or its Redis was down; nothing was applied.
+const isRetryable = (err) => err && err.code === status.UNAVAILABLE;
+
+module.exports = {
+  TumblerError, NotAcquiredError, LockBusyError, LockTimeoutError, LockLostError,
+  InvalidArgumentError, PermissionDeniedError, UnavailableError, fromGrpcError, isRetryable,
+};

@@ -1,0 +1,114 @@
+'use strict';
+// A grant (Lock) and its watchdog: extend every third of the lease, pinned
+// to the fencing token. NOT_HELD, or renewals that fail until the lease has
+// run out, mark the lock lost at once and abort `lock.signal`.
+const { LockLostError } = require('./errors');
+
+class Lock {
+  constructor(client, name, grant, leaseEnd) {
+    this.client = client;
+    this.name = name;
+    this.grant = grant;
+    this.lost = false;
+    this.lostReason = null;
+    this.leaseEnd = leaseEnd; // local (performance.now) estimate of when the lease runs out
+    this.controller = new AbortController();
+    this.timer = null;
+    this.onLost = null;
+  }
+
+  get holder() { return this.grant.holder; }
+  get fencingToken() { return this.grant.fencingToken; } // a decimal string (uint64)
+  get slot() { return this.grant.slot; }
+  get ttlMs() { return Number(this.grant.ttlMs); }
+  // Aborted (with a LockLostError as reason) the moment the grant is known lost.
+  get signal() { return this.controller.signal; }
+
+  extendRequest(ttlMs) {
+    const req = { namespace: this.client.namespace, name: this.name, holder: this.holder,
+      fencingToken: this.fencingToken };
+    if (ttlMs !== undefined) req.ttlMs = ttlMs;
+    return req;
+  }
+
+  // Reset the lease to ttlMs from now (default: the grant's own ttl); rejects with LockLostError.
+  async extend(ttlMs) {
+    const sent = performance.now();
+    const resp = await this.client.call('Extend', () => this.extendRequest(ttlMs));
+    if (resp.status !== 'EXTEND_STATUS_EXTENDED') {
+      this.markLost('not held');
+      throw this.lostError();
+    }
+    this.renewed(resp.grant, sent);
+    return this;
+  }
+
+  // Give the permit back (pinned to the fencing token); false when it was no longer held.
+  async release() {
+    this.stopKeepAlive();
+    const resp = await this.client.call('Release', () => ({ namespace: this.client.namespace, name: this.name,
+      holder: this.holder, fencingToken: this.fencingToken }));
+    return resp.status === 'RELEASE_STATUS_RELEASED';
+  }
+
+  // Start the watchdog; onLost(LockLostError) is called when the grant is lost.
+  keepAlive({ onLost } = {}) {
+    this.onLost = onLost || null;
+    if (!this.timer && !this.lost) this.schedule(this.ttlMs / 3, 0);
+    return this;
+  }
+
+  stopKeepAlive() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    this.stopped = true;
+  }
+
+  // Throws LockLostError if the grant is known to be gone.
+  check() { if (this.lost) throw this.lostError(); }
+
+  lostError() { return new LockLostError(this, this.lostReason || 'lost'); }
+
+  schedule(delayMs, attempt) {
+    this.stopped = false;
+    this.timer = setTimeout(() => this.renew(attempt), Math.max(0, delayMs));
+  }
+
+  async renew(attempt) {
+    const interval = this.ttlMs / 3;
+    const sent = performance.now();
+    const timeoutMs = Math.max(50, Math.min(interval, this.leaseEnd - sent));
+    let resp;
+    try {
+      resp = await this.client.callOnce('Extend', this.extendRequest(this.ttlMs), timeoutMs);
+    } catch (err) {
+      if (this.stopped) return;
+      if (performance.now() >= this.leaseEnd) return this.markLost(`renewals failed until the lease ran out (${err.code})`);
+      return this.schedule(Math.min(this.client.retry.delay(attempt), this.leaseEnd - performance.now()), attempt + 1);
+    }
+    if (this.stopped) return;
+    if (resp.status !== 'EXTEND_STATUS_EXTENDED') return this.markLost('not held');
+    this.renewed(resp.grant, sent);
+    this.schedule(sent + interval - performance.now(), 0);
+  }
+
+  renewed(grant, sent) {
+    this.grant = grant;
+    this.leaseEnd = sent + Number(grant.ttlMs);
+  }
+
+  markLost(reason) {
+    if (this.lost) return;
+    this.lost = true;
+    this.lostReason = reason;
+    this.timer = null;
+    const err = this.lostError();
+    this.controller.abort(err);
+    if (this.onLost) this.onLost(err);
+  }
+
+  // `await using lock = ...` where the runtime supports it.
+  async [Symbol.asyncDispose || Symbol.for('Symbol.asyncDispose')]() { if (!this.lost) await this.release(); }
+}
+
+module.exports = { Lock };

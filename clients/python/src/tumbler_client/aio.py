@@ -1,0 +1,207 @@
+"""The asyncio client: AsyncClient, AsyncLock, and ``async with client.lock(...)``
+whose watchdog task keeps the grant alive.
+
+Cancelling the task that awaits ``acquire`` cancels the RPC, so the server
+drops the waiting request at once. When a scoped grant is lost, the task
+running the block is cancelled and the block ends with LockLost.
+"""
+import asyncio
+import time
+
+import grpc
+
+from . import _common as c
+from . import errors
+from .v1 import lock_pb2 as pb
+from .v1 import lock_pb2_grpc as pb_grpc
+
+
+class AsyncLock:
+    """One grant, as ``Lock`` but with coroutines; ``lost`` is an asyncio.Event."""
+
+    def __init__(self, client, name, grant, lease_end):
+        self.client, self.name, self.grant = client, name, grant
+        self.lost = asyncio.Event()
+        self.lost_reason = None
+        self._lease_end = lease_end
+
+    holder = property(lambda self: self.grant.holder)
+    fencing_token = property(lambda self: self.grant.fencing_token)
+    slot = property(lambda self: self.grant.slot)
+    expires_at_ms = property(lambda self: self.grant.expires_at_ms)
+    ttl_ms = property(lambda self: self.grant.ttl_ms)
+
+    async def extend(self, ttl_ms=None):
+        """Reset the lease to ``ttl_ms`` from now (default: the grant's ttl). Raises LockLost."""
+        sent = time.monotonic()
+        resp = await self.client._call(self.client.stub.Extend, lambda: self._extend_request(ttl_ms))
+        if resp.status != pb.EXTEND_STATUS_EXTENDED:
+            self._mark_lost("not held")
+            raise self.lost_error()
+        self._renewed(resp.grant, sent)
+        return self
+
+    async def release(self):
+        """Give the permit back (pinned to the fencing token); False when it was no longer held."""
+        req = pb.ReleaseRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
+                                fencing_token=self.fencing_token)
+        resp = await self.client._call(self.client.stub.Release, lambda: req)
+        return resp.status == pb.RELEASE_STATUS_RELEASED
+
+    def check(self):
+        if self.lost.is_set():
+            raise self.lost_error()
+
+    def lost_error(self):
+        return errors.LockLost(self.name, self.holder, self.fencing_token, self.lost_reason or "lost")
+
+    def _extend_request(self, ttl_ms):
+        return pb.ExtendRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
+                                ttl_ms=ttl_ms, fencing_token=self.fencing_token)
+
+    def _renewed(self, grant, sent):
+        self.grant = grant
+        self._lease_end = sent + grant.ttl_ms / 1000.0
+
+    def _mark_lost(self, reason):
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
+
+    async def watch(self):
+        """The watchdog: Extend every third of the lease; returns when the grant is lost."""
+        interval = self.ttl_ms / 3000.0
+        next_at, attempt = time.monotonic() + interval, 0
+        while True:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            sent = time.monotonic()
+            timeout = max(0.05, min(interval, self._lease_end - sent))
+            try:
+                resp = await self.client.stub.Extend(self._extend_request(self.ttl_ms), timeout=timeout,
+                                                     metadata=self.client._md)
+            except grpc.RpcError as e:
+                if time.monotonic() >= self._lease_end:
+                    return self._mark_lost(f"renewals failed until the lease ran out ({e.code().name})")
+                next_at = min(time.monotonic() + self.client.retry.delay(attempt), self._lease_end)
+                attempt += 1
+                continue
+            if resp.status != pb.EXTEND_STATUS_EXTENDED:
+                return self._mark_lost("not held")
+            self._renewed(resp.grant, sent)
+            next_at, attempt = sent + interval, 0
+
+
+class _Scope:
+    """``async with client.lock(...) as lock``: acquire, watchdog, cancel-on-loss, release."""
+
+    def __init__(self, client, name, holder, ttl_ms, on_lost, cancel_on_loss, options):
+        self.client, self.name, self.holder, self.ttl_ms = client, name, holder, ttl_ms
+        self.on_lost, self.cancel_on_loss, self.options = on_lost, cancel_on_loss, options
+        self.lock = self.dog = self.body = None
+        self.cancelled_body = False
+
+    async def __aenter__(self):
+        self.lock = await self.client.acquire(self.name, self.holder, ttl_ms=self.ttl_ms, **self.options)
+        self.body = asyncio.current_task()
+        self.dog = asyncio.ensure_future(self._guard())
+        return self.lock
+
+    async def _guard(self):
+        await self.lock.watch()
+        if self.on_lost is not None:
+            self.on_lost(self.lock.lost_error())
+        if self.cancel_on_loss and self.body is not None and not self.body.done():
+            self.cancelled_body = True
+            self.body.cancel()
+
+    async def __aexit__(self, exc_type, exc, tb):
+        self.dog.cancel()
+        await asyncio.gather(self.dog, return_exceptions=True)
+        if self.lock.lost.is_set():
+            if self.cancelled_body and hasattr(self.body, "uncancel"):
+                self.body.uncancel()  # the cancellation was ours: it becomes LockLost (Python 3.11+)
+            if self.cancelled_body and exc_type is asyncio.CancelledError:
+                raise self.lock.lost_error() from None
+            raise self.lock.lost_error()
+        await self.lock.release()
+        return False
+
+
+class AsyncClient:
+    """``AsyncClient("127.0.0.1:50051")`` over grpc.aio; same options as ``Client``."""
+
+    def __init__(self, target="127.0.0.1:50051", *, namespace="", credentials=None, token=None,
+                 channel=None, timeout=10.0, retry=None):
+        if channel is None:
+            channel = (grpc.aio.secure_channel(target, credentials) if credentials is not None
+                       else grpc.aio.insecure_channel(target))
+        self.channel = channel
+        self.stub = pb_grpc.LockServiceStub(channel)
+        self.namespace, self.timeout = namespace, timeout
+        self.retry = retry or c.Retry()
+        self._md = c.auth_metadata(token)
+
+    async def _call(self, rpc, make_request, deadline=None):
+        """One RPC, retried on UNAVAILABLE until ``deadline`` (monotonic; default now + timeout)."""
+        deadline = deadline or time.monotonic() + self.timeout
+        attempt = 0
+        while True:
+            try:
+                return await rpc(make_request(), timeout=max(0.001, deadline - time.monotonic()), metadata=self._md)
+            except grpc.RpcError as e:
+                pause = min(self.retry.delay(attempt), deadline - time.monotonic() - 0.001)
+                if not errors.is_retryable(e) or pause <= 0:
+                    raise errors.from_rpc_error(e) from e
+                await asyncio.sleep(pause)
+                attempt += 1
+
+    async def acquire(self, name, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
+                      metadata=None, priority=0, queue_ttl_ms=None, fair=None):
+        """As ``Client.acquire``; cancelling the awaiting task cancels the wait in the server."""
+        holder = holder or c.new_holder()
+        started = time.monotonic()
+        deadline = started + (timeout if timeout is not None else wait_ms / 1000.0 + c.DEADLINE_SLACK_S)
+        sent = [started]
+
+        def request():
+            sent[0] = time.monotonic()
+            return c.acquire_request(self.namespace, name, holder, c.remaining_wait_ms(wait_ms, started, deadline),
+                                     limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair)
+
+        try:
+            resp = await self._call(self.stub.Acquire, request, deadline)
+        except errors.TumblerError as e:
+            if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise errors.LockTimeout(name, None, f"{name}: not acquired before the deadline") from e
+            raise
+        if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED:
+            raise c.not_acquired(name, resp)
+        lease_end = max(sent[0], time.monotonic() - 0.05) + resp.grant.ttl_ms / 1000.0
+        return AsyncLock(self, name, resp.grant, lease_end)
+
+    def lock(self, name, holder=None, *, ttl_ms=None, on_lost=None, cancel_on_loss=True, **acquire_options):
+        """``async with client.lock("report", wait_ms=5000) as lock:`` held for the whole block.
+
+        A watchdog task extends the lease every ttl_ms/3 (default lease 15 s).
+        On loss: ``lock.lost`` is set, ``on_lost(LockLost)`` is called, the
+        task running the block is cancelled (unless cancel_on_loss=False)
+        and the block ends with LockLost. Otherwise the grant is released on exit.
+        """
+        return _Scope(self, name, holder, ttl_ms or c.DEFAULT_HELPER_TTL_MS, on_lost, cancel_on_loss,
+                      acquire_options)
+
+    async def inspect(self, name):
+        return await self._call(self.stub.Inspect, lambda: pb.InspectRequest(namespace=self.namespace, name=name))
+
+    async def queue(self, name, max_entries=0):
+        return await self._call(self.stub.Queue, lambda: pb.QueueRequest(namespace=self.namespace, name=name,
+                                                                         max_entries=max_entries))
+
+    async def close(self):
+        await self.channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()

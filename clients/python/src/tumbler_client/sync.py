@@ -1,0 +1,236 @@
+"""The blocking client: Client, Lock, and the scoped ``with client.lock(...)``
+whose watchdog thread keeps the grant alive.
+
+Every call is retried on UNAVAILABLE with jittered back-off until its
+deadline, with the same holder id, so a retried Acquire is the same request
+to the server (which answers ALREADY_HELD with the same grant) and can
+never take a second permit.
+"""
+import contextlib
+import threading
+import time
+
+import grpc
+
+from . import _common as c
+from . import errors
+from .v1 import lock_pb2 as pb
+from .v1 import lock_pb2_grpc as pb_grpc
+
+
+class Lock:
+    """One grant: ``fencing_token``, ``slot``, ``holder``; ``extend()``, ``release()``.
+
+    ``lost`` is a threading.Event set the moment the grant is known to be
+    gone; ``check()`` raises LockLost once it is.
+    """
+
+    def __init__(self, client, name, grant, lease_end):
+        self.client, self.name, self.grant = client, name, grant
+        self.lost = threading.Event()
+        self.lost_reason = None
+        self._lease_end = lease_end  # local monotonic estimate of when the lease runs out
+        self._watchdog = None
+
+    holder = property(lambda self: self.grant.holder)
+    fencing_token = property(lambda self: self.grant.fencing_token)
+    slot = property(lambda self: self.grant.slot)
+    expires_at_ms = property(lambda self: self.grant.expires_at_ms)
+    ttl_ms = property(lambda self: self.grant.ttl_ms)
+
+    def extend(self, ttl_ms=None):
+        """Reset the lease to ``ttl_ms`` from now (default: the grant's ttl). Raises LockLost."""
+        sent = time.monotonic()
+        resp = self.client._call(self.client.stub.Extend, lambda: self._extend_request(ttl_ms))
+        if resp.status != pb.EXTEND_STATUS_EXTENDED:
+            self._mark_lost("not held")
+            raise self.lost_error()
+        self._renewed(resp.grant, sent)
+        return self
+
+    def release(self):
+        """Give the permit back (pinned to the fencing token); False when it was no longer held."""
+        self.stop_keep_alive()
+        req = pb.ReleaseRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
+                                fencing_token=self.fencing_token)
+        resp = self.client._call(self.client.stub.Release, lambda: req)
+        return resp.status == pb.RELEASE_STATUS_RELEASED
+
+    def keep_alive(self, on_lost=None):
+        """Start the watchdog: Extend every third of the lease; on loss set ``lost`` and call on_lost(LockLost)."""
+        if self._watchdog is None:
+            self._watchdog = _Watchdog(self, on_lost)
+            self._watchdog.start()
+        return self
+
+    def stop_keep_alive(self):
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+
+    def check(self):
+        """Raise LockLost if the grant is known to be gone."""
+        if self.lost.is_set():
+            raise self.lost_error()
+
+    def lost_error(self):
+        return errors.LockLost(self.name, self.holder, self.fencing_token, self.lost_reason or "lost")
+
+    def _extend_request(self, ttl_ms):
+        return pb.ExtendRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
+                                ttl_ms=ttl_ms, fencing_token=self.fencing_token)
+
+    def _renewed(self, grant, sent):
+        self.grant = grant
+        self._lease_end = sent + grant.ttl_ms / 1000.0
+
+    def _mark_lost(self, reason):
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
+
+    def __repr__(self):
+        return f"Lock({self.name!r}, holder={self.holder!r}, token={self.fencing_token}, slot={self.slot})"
+
+
+class _Watchdog(threading.Thread):
+    """Extends the grant every third of its lease, pinned to its fencing token.
+
+    NOT_HELD marks the lock lost at once. A failed renewal is retried with
+    back-off; when the lease has run out without one, the lock is lost.
+    """
+
+    def __init__(self, lock, on_lost):
+        super().__init__(name=f"tumbler-watchdog-{lock.name}", daemon=True)
+        self.lock, self.on_lost = lock, on_lost
+        self._halt = threading.Event()
+
+    def stop(self):
+        self._halt.set()
+        if self is not threading.current_thread():
+            self.join()
+
+    def run(self):
+        lock, client = self.lock, self.lock.client
+        interval = lock.ttl_ms / 3000.0
+        next_at, attempt = time.monotonic() + interval, 0
+        while not self._halt.wait(max(0.0, next_at - time.monotonic())):
+            sent = time.monotonic()
+            timeout = max(0.05, min(interval, lock._lease_end - sent))
+            try:
+                resp = client.stub.Extend(lock._extend_request(lock.ttl_ms), timeout=timeout, metadata=client._md)
+            except grpc.RpcError as e:
+                if time.monotonic() >= lock._lease_end:
+                    return self._lost(f"renewals failed until the lease ran out ({e.code().name})")
+                next_at, attempt = min(time.monotonic() + client.retry.delay(attempt), lock._lease_end), attempt + 1
+                continue
+            if resp.status != pb.EXTEND_STATUS_EXTENDED:
+                return self._lost("not held")
+            lock._renewed(resp.grant, sent)
+            next_at, attempt = sent + interval, 0
+
+    def _lost(self, reason):
+        if self._halt.is_set():
+            return
+        self.lock._mark_lost(reason)
+        if self.on_lost is not None:
+            self.on_lost(self.lock.lost_error())
+
+
+class Client:
+    """``Client("127.0.0.1:50051")``. ``stub`` is the generated LockServiceStub for everything else.
+
+    ``credentials``: grpc.ChannelCredentials for TLS (None: plaintext).
+    ``token``: sent as ``authorization: Bearer <token>``. ``timeout``: the
+    deadline (s) of calls that do not wait, retries included.
+    """
+
+    def __init__(self, target="127.0.0.1:50051", *, namespace="", credentials=None, token=None,
+                 channel=None, timeout=10.0, retry=None):
+        if channel is None:
+            channel = (grpc.secure_channel(target, credentials) if credentials is not None
+                       else grpc.insecure_channel(target))
+        self.channel = channel
+        self.stub = pb_grpc.LockServiceStub(channel)
+        self.namespace, self.timeout = namespace, timeout
+        self.retry = retry or c.Retry()
+        self._md = c.auth_metadata(token)
+
+    def _call(self, rpc, make_request, deadline=None):
+        """One RPC, retried on UNAVAILABLE until ``deadline`` (monotonic; default now + timeout)."""
+        deadline = deadline or time.monotonic() + self.timeout
+        attempt = 0
+        while True:
+            try:
+                return rpc(make_request(), timeout=max(0.001, deadline - time.monotonic()), metadata=self._md)
+            except grpc.RpcError as e:
+                pause = min(self.retry.delay(attempt), deadline - time.monotonic() - 0.001)
+                if not errors.is_retryable(e) or pause <= 0:
+                    raise errors.from_rpc_error(e) from e
+                time.sleep(pause)
+                attempt += 1
+
+    def acquire(self, name, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
+                metadata=None, priority=0, queue_ttl_ms=None, fair=None):
+        """Take a permit, waiting up to ``wait_ms`` in the server (0: try once).
+
+        ``timeout`` (s) bounds the whole call, retries included; default
+        wait_ms plus 5 s. ``holder`` defaults to a fresh id made here.
+        Returns a Lock (no watchdog: see ``lock()``/``keep_alive()``);
+        raises LockBusy, LockTimeout, InvalidArgument, PermissionDenied, Unavailable.
+        """
+        holder = holder or c.new_holder()
+        started = time.monotonic()
+        deadline = started + (timeout if timeout is not None else wait_ms / 1000.0 + c.DEADLINE_SLACK_S)
+        sent = [started]
+
+        def request():
+            sent[0] = time.monotonic()
+            return c.acquire_request(self.namespace, name, holder, c.remaining_wait_ms(wait_ms, started, deadline),
+                                     limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair)
+
+        try:
+            resp = self._call(self.stub.Acquire, request, deadline)
+        except errors.TumblerError as e:
+            if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise errors.LockTimeout(name, None, f"{name}: not acquired before the deadline") from e
+            raise
+        if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED:
+            raise c.not_acquired(name, resp)
+        lease_end = max(sent[0], time.monotonic() - 0.05) + resp.grant.ttl_ms / 1000.0
+        return Lock(self, name, resp.grant, lease_end)
+
+    @contextlib.contextmanager
+    def lock(self, name, holder=None, *, ttl_ms=None, on_lost=None, **acquire_options):
+        """``with client.lock("report", wait_ms=5000) as lock:`` held for the whole block.
+
+        A watchdog thread extends the lease every ttl_ms/3 (default lease
+        15 s). If the grant is lost, ``lock.lost`` is set, ``on_lost`` is
+        called, and LockLost is raised when the block ends; otherwise the
+        grant is released on exit, however the block ends.
+        """
+        held = self.acquire(name, holder, ttl_ms=ttl_ms or c.DEFAULT_HELPER_TTL_MS, **acquire_options)
+        held.keep_alive(on_lost)
+        try:
+            yield held
+        finally:
+            held.stop_keep_alive()
+            if held.lost.is_set():
+                raise held.lost_error()
+            held.release()
+
+    def inspect(self, name):
+        return self._call(self.stub.Inspect, lambda: pb.InspectRequest(namespace=self.namespace, name=name))
+
+    def queue(self, name, max_entries=0):
+        return self._call(self.stub.Queue, lambda: pb.QueueRequest(namespace=self.namespace, name=name,
+                                                                   max_entries=max_entries))
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,4 @@
+# frozen_string_literal: true
+
+# require 'tumbler' loads the client of the tumbler lock service.
+require 'tumbler/client'

@@ -1,0 +1,130 @@
+# frozen_string_literal: true
+
+# A grant (Tumbler::Lock) and its watchdog thread: extend every third of the
+# lease, pinned to the fencing token. NOT_HELD, or renewals that fail until
+# the lease has run out, mark the lock lost at once and call the on_lost
+# hook (Client#lock raises LockLost in the block's thread with it).
+module Tumbler
+  class Lock
+    attr_reader :client, :name, :grant, :lost_reason
+
+    def initialize(client, name, grant, lease_end)
+      @client = client
+      @name = name
+      @grant = grant
+      @lease_end = lease_end # local monotonic estimate of when the lease runs out
+      @lost_reason = nil
+      @mutex = Mutex.new
+      @wake = ConditionVariable.new
+      @stopped = false
+      @watchdog = nil
+    end
+
+    def holder = grant.holder
+    def fencing_token = grant.fencing_token
+    def slot = grant.slot
+    def ttl_ms = grant.ttl_ms
+    def lost? = !@lost_reason.nil?
+
+    def lost_error = LockLost.new(name, holder, fencing_token, @lost_reason || 'lost')
+
+    # Raises LockLost if the grant is known to be gone.
+    def check! = (raise lost_error if lost?)
+
+    # Reset the lease to ttl_ms from now (nil: the grant's own ttl). Raises LockLost.
+    # (Named so because Object#extend is Ruby's own.)
+    def extend_lease(ttl_ms = nil)
+      sent = Client.now
+      resp = client.call(:extend) { extend_request(ttl_ms) }
+      unless resp.status == :EXTEND_STATUS_EXTENDED
+        mark_lost('not held')
+        raise lost_error
+      end
+      renewed(resp.grant, sent)
+      self
+    end
+
+    # Give the permit back (pinned to the fencing token); false when it was no longer held.
+    def release
+      stop_keep_alive
+      req = V1::ReleaseRequest.new(namespace: client.namespace, name: name, holder: holder, fencing_token: fencing_token)
+      client.call(:release) { req }.status == :RELEASE_STATUS_RELEASED
+    end
+
+    # Start the watchdog; the block (if any) is called with a LockLost when the grant is lost.
+    def keep_alive(&on_lost)
+      @on_lost = on_lost
+      @stopped = false
+      @watchdog ||= Thread.new { watch }
+      self
+    end
+
+    def stop_keep_alive
+      return unless @watchdog
+
+      @mutex.synchronize do
+        @stopped = true
+        @wake.signal
+      end
+      @watchdog.join unless @watchdog == Thread.current
+      @watchdog = nil
+    end
+
+    def extend_request(ttl_ms)
+      req = { namespace: client.namespace, name: name, holder: holder, fencing_token: fencing_token }
+      req[:ttl_ms] = ttl_ms if ttl_ms
+      V1::ExtendRequest.new(**req)
+    end
+
+    private
+
+    def renewed(grant, sent)
+      @grant = grant
+      @lease_end = sent + (grant.ttl_ms / 1000.0)
+    end
+
+    def mark_lost(reason)
+      @mutex.synchronize do
+        return if lost?
+
+        @lost_reason = reason
+      end
+      @on_lost&.call(lost_error)
+    end
+
+    # Sleeps until `at` unless stopped first; true when stopped.
+    def stopped_before?(at)
+      @mutex.synchronize do
+        until @stopped || (wait = at - Client.now) <= 0
+          @wake.wait(@mutex, wait)
+        end
+        @stopped
+      end
+    end
+
+    def watch
+      interval = ttl_ms / 3000.0
+      next_at = Client.now + interval
+      attempt = 0
+      until stopped_before?(next_at)
+        sent = Client.now
+        timeout = [[interval, @lease_end - sent].min, 0.05].max
+        begin
+          resp = client.stub.extend(extend_request(ttl_ms), deadline: Time.now + timeout, metadata: client.metadata)
+        rescue GRPC::BadStatus => e
+          return mark_lost("renewals failed until the lease ran out (#{e.class.name})") if Client.now >= @lease_end
+
+          next_at = [Client.now + client.backoff(attempt), @lease_end].min
+          attempt += 1
+          next
+        end
+        return if @stopped
+        return mark_lost('not held') unless resp.status == :EXTEND_STATUS_EXTENDED
+
+        renewed(resp.grant, sent)
+        next_at = sent + interval
+        attempt = 0
+      end
+    end
+  end
+end
