@@ -11,19 +11,19 @@
 --          slot, grant, events...}
 --   OK / HELD: slot and grant are the holder's; BUSY, QUEUED (position),
 --   QUEUE_FULL, NAMESPACE_FULL, LIMIT_MISMATCH (the lock's limit), LATE.
-local a = named(ARGV, {'holder', 'limit', 'ttl', 'kind', 'metadata', 'answer_by', 'flags',
-  'priority', 'max_locks', 'wait_ms', 'queue_ttl', 'max_waiters'})
-local limit, max_locks = tonumber(a.limit), tonumber(a.max_locks or '0')
-local fair = string.find(a.flags, 'f', 1, true) ~= nil
-local watched = string.find(a.flags, 'e', 1, true) ~= nil
-local waiting, priority = a.wait_ms ~= nil, tonumber(a.priority or '0')
-local now, now_us = clock()
+local holder, limit_s, ttl, kind, metadata, answer_by, flags,
+  priority_s, max_locks_s, wait_ms, queue_ttl, max_waiters = unpack(ARGV, 1, 12)
+local limit, max_locks = tonumber(limit_s), tonumber(max_locks_s or '0')
+local fair = string.find(flags, 'f', 1, true) ~= nil
+local watched = string.find(flags, 'e', 1, true) ~= nil
+local waiting, priority = wait_ms ~= nil, tonumber(priority_s or '0')
+local now, now_us, now_s = clock()
 
 -- 1. Past the caller's answer-by time nothing happens: it was told no.
-if late(a.answer_by, now) then
+if late(answer_by, now) then
   return {LATE, now, 0, 0, 0}
 end
-local L = load(lock_at(KEYS), a.holder, watched)
+local L = load(lock_at(KEYS), holder, watched)
 
 -- 2. Expired leases and dead waiters stop counting before anything is decided.
 local changed = purge(L, now)
@@ -49,7 +49,7 @@ end
 -- 6. Its place: how many live requests go before it. Fair requests queue
 --    behind everyone of their priority or higher; barging ones do not.
 local free = limit - L.n
-local queued_order = queue_head(L) and redis.call('ZSCORE', L.queue, a.holder)
+local queued_order = queue_head(L) and redis.call('ZSCORE', L.queue, holder)
 local ahead = 0
 if fair and queued_order then
   ahead = redis.call('ZCOUNT', L.queue, '-inf', '(' .. queued_order)
@@ -62,7 +62,7 @@ end
 --    the head of the queue is granted, so grants follow queue order.
 if free > 0 and ahead == 0 then
   if queued_order then
-    drop_waiters(L, {a.holder})
+    drop_waiters(L, {holder})
   end
   local slot = 1
   if L.n > 0 then
@@ -85,16 +85,16 @@ if free > 0 and ahead == 0 then
     end
   end
   local grant = {
-    expires = now + tonumber(a.ttl), token = next_token(L, now_us), acquired = now,
-    ttl = a.ttl, kind = a.kind, holder = a.holder, metadata = a.metadata,
+    expires = now + tonumber(ttl), token = next_token(L, now_us), acquired = now,
+    acquired_s = now_s, ttl = ttl, kind = kind, holder = holder, metadata = metadata,
   }
   L.n, L.limit, L.top = L.n + 1, limit, math.max(L.top, slot)
   put_grant(L, slot, grant)
   if limit > 1 then
-    change(L, 'h:' .. a.holder, int(slot))
+    change(L, 'h:' .. holder, int(slot))
   end
   settle(L)
-  emit(L, 'acquired', a.holder, grant.token, now)
+  emit(L, 'acquired', holder, grant.token, now)
   -- A permit left over goes to the next waiter in line.
   if free > 1 or changed then
     wake_eligible(L)
@@ -111,20 +111,20 @@ end
 -- 9. Not granted, waiting: join the queue once (arrival order from the
 --    lock's counter), then keep the request alive for queue_ttl_ms.
 if not queued_order then
-  if queue_head(L) and redis.call('ZCARD', L.queue) >= tonumber(a.max_waiters) then
+  if queue_head(L) and redis.call('ZCARD', L.queue) >= tonumber(max_waiters) then
     settle_purged(L, changed)
     return {QUEUE_FULL, now, L.n, 0, 0, unpack(L.events)}
   end
   L.queue_fresh = not queue_head(L)
   L.seq, L.limit, L.dirty = L.seq + 1, limit, true
-  redis.call('ZADD', L.queue, int((PRIORITY_MAX - priority) * ARRIVALS + L.seq), a.holder)
-  change(L, 'w:' .. a.holder, string.format('%d|%d|%d|%s|%s',
-    priority, now, now + tonumber(a.wait_ms), fair and '1' or '0', a.kind))
+  redis.call('ZADD', L.queue, int((PRIORITY_MAX - priority) * ARRIVALS + L.seq), holder)
+  change(L, 'w:' .. holder, string.format('%d|%d|%d|%s|%s',
+    priority, now, now + tonumber(wait_ms), fair and '1' or '0', kind))
   L.queue_known = false
-  emit(L, 'queued', a.holder, nil, now)
+  emit(L, 'queued', holder, nil, now)
 end
-local deadline = now + tonumber(a.queue_ttl)
-redis.call('ZADD', L.deadlines, int(deadline), a.holder)
+local deadline = now + tonumber(queue_ttl)
+redis.call('ZADD', L.deadlines, int(deadline), holder)
 keep_keys_until(L, deadline)
 
 -- 10. Keys and their TTLs, and a wake-up when expiries freed permits.
@@ -132,4 +132,4 @@ settle(L)
 if changed then
   wake_eligible(L)
 end
-return {QUEUED, now, L.n, L.n > 0 and L.e or 0, redis.call('ZRANK', L.queue, a.holder) + 1, unpack(L.events)}
+return {QUEUED, now, L.n, L.n > 0 and L.e or 0, redis.call('ZRANK', L.queue, holder) + 1, unpack(L.events)}

@@ -3,13 +3,13 @@
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: watched ('1' = publish events), then lock names
 -- Returns {locks cleared, grants released, requests dropped}
-local a = named(ARGV, {'watched'})
+local watched = ARGV[1]
 local now = clock()
 local shard = split_key(KEYS[1])
 local locks, grants, requests = 0, 0, 0
 
 for k = 2, #ARGV do
-  local L = load(lock_of(shard, ARGV[k]), nil, a.watched)
+  local L = load(lock_of(shard, ARGV[k]), nil, watched)
   if L.exists then
     -- 1. Count what goes (and tell watchers), then delete the lock's keys.
     for _, entry in ipairs(all_grants(L)) do

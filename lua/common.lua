@@ -1,8 +1,10 @@
 -- common.lua: the shared part of tumbler's Redis function library (key
 -- layout v3). It runs once, when the library loads; each operation's file
 -- then becomes the body of one function (src/engine/scripts.rs) that gets
--- `KEYS` and `ARGV` as locals and calls the steps below with a lock table
--- of its own: nothing here is repointed from one call to the next.
+-- `KEYS` and `ARGV` as locals, names its arguments in one place (`local
+-- holder, token = unpack(ARGV, 1, 2)`), and calls the steps below with a
+-- lock table of its own: nothing here is repointed from one call to the
+-- next.
 --
 -- Key layout v3 (ARCHITECTURE.md has the whole table). A lock `name` of
 -- namespace `ns` lives in shard `s`; every key of the shard starts with
@@ -59,27 +61,35 @@ local ARRIVALS = 4398046511104 -- 2^42
 -- argument lists well inside Lua's stack.
 local BATCH = 500
 
+-- Small integers as text, made once (by the first call: the string
+-- library is not there while the library loads), so counts, slots and
+-- limits need no formatting per call.
+local SMALL
+
 -- Integers as exact decimal text (Lua's own tostring keeps 14 digits).
+-- Formatting a number is one of the dearest steps of a call: the hot
+-- paths keep numbers as the text they arrived as where they can.
 local function int(n)
-  return string.format('%d', n)
-end
-
--- A function's arguments by name: `names` lists them in ARGV order; an
--- argument not sent is nil. The rest of ARGV (past the names) is left
--- where it is, for functions that take a list.
-local function named(argv, names)
-  local a = {}
-  for i, name in ipairs(names) do
-    a[name] = argv[i]
+  if not SMALL then
+    SMALL = {}
+    for i = 0, 1023 do
+      SMALL[i] = string.format('%d', i)
+    end
   end
-  return a
+  return SMALL[n] or string.format('%d', n)
 end
 
--- The Redis clock, in milliseconds and in microseconds since the epoch.
+-- Zeros that pad TIME's microseconds to six digits.
+local PAD = {'00000', '0000', '000', '00', '0', ''}
+
+-- The Redis clock: milliseconds since the epoch (a number), and the same
+-- instant as text, in microseconds and in milliseconds (made from TIME's
+-- own digits, without formatting a number).
 local function clock()
   local t = redis.call('TIME')
-  local secs, micros = tonumber(t[1]), tonumber(t[2])
-  return secs * 1000 + math.floor(micros / 1000), secs * 1000000 + micros
+  local micros = PAD[#t[2]] .. t[2]
+  local millis = t[1] .. string.sub(micros, 1, 3)
+  return tonumber(millis), t[1] .. micros, millis
 end
 
 -- True when a granting call runs after its caller's answer-by time
@@ -98,19 +108,29 @@ local function split_key(key)
 end
 
 -- A grant as stored: 'expires|token|acquired|ttl|kind|holder[\nmetadata]'.
--- The token stays text (compared as text: no float rounding).
+-- Its numbers stay text too (the token is compared as text: no float
+-- rounding); `expires` and `acquired` are also numbers.
 local function parse_grant(text)
   local expires, token, acquired, ttl, kind, rest =
     string.match(text, '^(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
-  local holder, metadata = string.match(rest, '^([^\n]*)\n?(.*)$')
+  local holder, metadata = rest, ''
+  local newline = string.find(rest, '\n', 1, true)
+  if newline then
+    holder, metadata = string.sub(rest, 1, newline - 1), string.sub(rest, newline + 1)
+  end
   return {
-    expires = tonumber(expires), token = token, acquired = tonumber(acquired),
-    ttl = ttl, kind = kind, holder = holder, metadata = metadata, text = text,
+    expires = tonumber(expires), expires_s = expires, token = token,
+    acquired = tonumber(acquired), acquired_s = acquired, ttl = ttl, kind = kind,
+    holder = holder, metadata = metadata, text = text,
   }
 end
 
+-- The stored text of a grant (its `expires` may have moved).
 local function format_grant(g)
-  local text = string.format('%d|%s|%d|%s|%s|%s', g.expires, g.token, g.acquired, g.ttl, g.kind, g.holder)
+  if not g.expires_s then
+    g.expires_s = int(g.expires)
+  end
+  local text = g.expires_s .. '|' .. g.token .. '|' .. g.acquired_s .. '|' .. g.ttl .. '|' .. g.kind .. '|' .. g.holder
   if g.metadata ~= '' then
     text = text .. '\n' .. g.metadata
   end
@@ -130,15 +150,27 @@ local function lock_of(shard, name, live)
   return {
     shard = shard, name = name, key = shard .. ':l:' .. name,
     queue = shard .. ':q:' .. name, deadlines = shard .. ':d:' .. name,
-    live = live or false,
+    fence = shard .. ':fence', live = live or false,
   }
 end
 
--- The lock a function on one lock was called for: KEYS[1] is its key, and
--- a fifth key ('...:n') is declared when live locks are counted.
+-- The lock a function on one lock was called for, from its declared keys
+-- (lock, queue, deadlines, fence, and '...:n' when live locks are
+-- counted). Its shard and name are worked out only when needed (names).
 local function lock_at(keys)
-  local shard, rest = split_key(keys[1])
-  return lock_of(shard, string.sub(rest, 3), keys[5] ~= nil)
+  return {
+    key = keys[1], queue = keys[2], deadlines = keys[3], fence = keys[4],
+    live = keys[5] ~= nil,
+  }
+end
+
+-- The lock's shard prefix and name (from its key, once).
+local function names(L)
+  if not L.name then
+    local shard, rest = split_key(L.key)
+    L.shard, L.name = shard, string.sub(rest, 3)
+  end
+  return L.shard, L.name
 end
 
 -- Reads a lock (one HMGET: its header, slot 1 and, for a semaphore, the
@@ -160,6 +192,7 @@ local function load(L, holder, watched)
     local limit, n, e, top, seq, x = string.match(v[1], '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
     L.limit, L.n, L.e, L.top, L.seq, L.x =
       tonumber(limit), tonumber(n), tonumber(e), tonumber(top), tonumber(seq), tonumber(x)
+    L.e_s, L.x_s = e, x
   else
     L.limit, L.n, L.e, L.top, L.seq, L.x = 1, 0, 0, 0, 0, 0
   end
@@ -176,14 +209,16 @@ end
 
 -- Queue a field for settle's one HSET.
 local function change(L, field, value)
-  table.insert(L.changes, field)
-  table.insert(L.changes, value)
+  local changes = L.changes
+  changes[#changes + 1] = field
+  changes[#changes + 1] = value
 end
 
 -- Note an event for the replica's per-minute counters.
 local function note(L, event, kind)
-  table.insert(L.events, event)
-  table.insert(L.events, kind)
+  local events = L.events
+  events[#events + 1] = event
+  events[#events + 1] = kind
 end
 
 -- The keys must outlive a new lease or waiter deadline by the grace.
@@ -199,9 +234,10 @@ local function emit(L, event, holder, token, now)
   if not L.watched then
     return
   end
-  local prefix, namespace = string.match(L.shard, '^(.*):{(.*):%d+}$')
+  local shard, name = names(L)
+  local prefix, namespace = string.match(shard, '^(.*):{(.*):%d+}$')
   redis.call('PUBLISH', prefix .. ':events',
-    table.concat({namespace, L.name, event, holder, token or '0', int(now)}, '\n'))
+    table.concat({namespace, name, event, holder, token or '0', int(now)}, '\n'))
 end
 
 -- A command on many fields of the lock's hash (HMGET, HDEL), in batches;
@@ -262,7 +298,9 @@ end
 -- keys outlive the lease.
 local function put_grant(L, slot, grant)
   change(L, int(slot), format_grant(grant))
-  L.e = L.n == 1 and grant.expires or math.min(L.e, grant.expires)
+  if L.n == 1 or grant.expires < L.e then
+    L.e, L.e_s = grant.expires, grant.expires_s
+  end
   L.dirty = true
   keep_keys_until(L, grant.expires)
 end
@@ -288,7 +326,7 @@ local function purge_expired(L, now)
       top = slot
     end
   end
-  L.e, L.top, L.dirty = earliest or 0, top, true
+  L.e, L.e_s, L.top, L.dirty = earliest or 0, nil, top, true
   return dropped
 end
 
@@ -355,7 +393,7 @@ end
 local function wake_eligible(L)
   local head = queue_head(L)
   if head and L.limit - L.n > 0 then
-    local prefix = string.match(L.shard, '^(.*):{')
+    local prefix = string.match(L.queue, '^(.-):{')
     redis.call('PUBLISH', prefix .. ':wake', L.queue .. '\n' .. head)
   end
 end
@@ -366,13 +404,13 @@ end
 -- above every token it handed out, as long as the clock moves forward.
 -- Usually one call: the clock is ahead of the last token.
 local function next_token(L, now_us)
-  local fence = L.shard .. ':fence'
-  local last = tonumber(redis.call('SET', fence, int(now_us), 'GET', 'PX', FENCE_IDLE_TTL_MS) or '0')
-  if last < now_us then
-    return int(now_us)
+  local last = tonumber(redis.call('SET', L.fence, now_us, 'GET', 'PX', FENCE_IDLE_TTL_MS) or '0')
+  if last < tonumber(now_us) then
+    return now_us
   end
-  redis.call('SET', fence, int(last + 1), 'PX', FENCE_IDLE_TTL_MS)
-  return int(last + 1)
+  local token = int(last + 1)
+  redis.call('SET', L.fence, token, 'PX', FENCE_IDLE_TTL_MS)
+  return token
 end
 
 -- With a per-namespace lock limit (max_locks > 0), the shard's live locks
@@ -381,7 +419,8 @@ local function room_for_lock(L, max_locks, now)
   if max_locks == 0 or not L.live or L.exists then
     return true
   end
-  return redis.call('ZCOUNT', L.shard .. ':n', '(' .. int(now), '+inf') < max_locks
+  local shard = names(L)
+  return redis.call('ZCOUNT', shard .. ':n', '(' .. int(now), '+inf') < max_locks
 end
 
 -- After any change: a lock nobody holds or waits for leaves no key behind.
@@ -400,7 +439,8 @@ local function settle(L)
         redis.call('DEL', L.key)
       end
       if L.live then
-        redis.call('ZREM', L.shard .. ':n', L.name)
+        local shard, name = names(L)
+        redis.call('ZREM', shard .. ':n', name)
       end
     end
     L.exists = false
@@ -417,9 +457,13 @@ local function settle(L)
   local expire = L.keep_until > L.x
   if expire then
     L.x, L.dirty = L.keep_until + KEY_GRACE_MS, true
+    L.x_s = int(L.x)
   end
   if L.dirty then
-    change(L, '_', string.format('%d|%d|%d|%d|%d|%d', L.limit, L.n, L.e, L.top, L.seq, L.x))
+    if not L.e_s then
+      L.e_s = int(L.e)
+    end
+    change(L, '_', int(L.limit) .. '|' .. int(L.n) .. '|' .. L.e_s .. '|' .. int(L.top) .. '|' .. int(L.seq) .. '|' .. L.x_s)
     L.dirty = false
   end
   if #L.changes > 0 then
@@ -427,18 +471,22 @@ local function settle(L)
     L.changes = {}
   end
   if expire then
-    local at = int(L.x)
+    local at = L.x_s
     redis.call('PEXPIREAT', L.key, at)
     if L.live then
-      redis.call('ZADD', L.shard .. ':n', at, L.name)
-      redis.call('PEXPIREAT', L.shard .. ':n', at, 'GT')
-      redis.call('PEXPIREAT', L.shard .. ':n', at, 'NX')
+      local shard, name = names(L)
+      redis.call('ZADD', shard .. ':n', at, name)
+      redis.call('PEXPIREAT', shard .. ':n', at, 'GT')
+      redis.call('PEXPIREAT', shard .. ':n', at, 'NX')
     end
   end
   -- The queue's keys expire with the lock's (a new queue gets the TTL now).
   if head and (expire or L.queue_fresh) then
-    redis.call('PEXPIREAT', L.queue, int(L.x))
-    redis.call('PEXPIREAT', L.deadlines, int(L.x))
+    if not L.x_s then
+      L.x_s = int(L.x)
+    end
+    redis.call('PEXPIREAT', L.queue, L.x_s)
+    redis.call('PEXPIREAT', L.deadlines, L.x_s)
     L.queue_fresh = false
   end
   L.exists = true

@@ -5,8 +5,8 @@
 -- A field past the cap is counted as 'other|event': kinds are metrics
 -- labels, so their number stays bounded.
 -- Returns the number of fields counted as 'other'.
-local a = named(ARGV, {'retention', 'max_fields'})
-local key, max_fields = KEYS[1], tonumber(a.max_fields)
+local retention, max_fields_s = unpack(ARGV, 1, 2)
+local key, max_fields = KEYS[1], tonumber(max_fields_s)
 local fresh = redis.call('EXISTS', key) == 0
 local others = 0
 
@@ -21,6 +21,6 @@ for k = 3, #ARGV, 2 do
   end
 end
 if fresh then
-  redis.call('PEXPIRE', key, a.retention)
+  redis.call('PEXPIRE', key, retention)
 end
 return others

@@ -4,20 +4,20 @@
 -- ARGV: request id, watched ('1' = publish events)
 -- Returns {now, the position it had (1-based; 0 = it was not queued),
 --          the kind it waited as, events...}
-local a = named(ARGV, {'id', 'watched'})
+local id, watched = unpack(ARGV, 1, 2)
 local now = clock()
-local L = load(lock_at(KEYS), nil, a.watched)
+local L = load(lock_at(KEYS), nil, watched)
 
 -- 1. Expired leases and dead waiters leave too.
 purge(L, now)
 
 -- 2. Leave the queue.
-local rank = queue_head(L) and redis.call('ZRANK', L.queue, a.id)
+local rank = queue_head(L) and redis.call('ZRANK', L.queue, id)
 local kind = ''
 if rank then
-  kind = waiter_kind(redis.call('HGET', L.key, 'w:' .. a.id))
-  emit(L, 'dequeued', a.id, nil, now)
-  drop_waiters(L, {a.id})
+  kind = waiter_kind(redis.call('HGET', L.key, 'w:' .. id))
+  emit(L, 'dequeued', id, nil, now)
+  drop_waiters(L, {id})
 end
 
 -- 3. Key TTLs; whoever moves up may now be granted.

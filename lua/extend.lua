@@ -4,36 +4,36 @@
 --       answer_by (Redis ms; '0' = none), watched ('1' = publish events)
 -- Returns {OK, now, slot, grant, events...}, {NOT_HELD, now, 0, '', events...}
 --         or {LATE, now, 0, ''}
-local a = named(ARGV, {'holder', 'token', 'ttl', 'answer_by', 'watched'})
+local holder, token, ttl, answer_by, watched = unpack(ARGV, 1, 5)
 local now = clock()
 
 -- 1. Past the caller's answer-by time nothing happens: it was told no.
-if late(a.answer_by, now) then
+if late(answer_by, now) then
   return {LATE, now, 0, ''}
 end
-local L = load(lock_at(KEYS), a.holder, a.watched)
+local L = load(lock_at(KEYS), holder, watched)
 
 -- 2. An expired lease cannot be extended: it is already lost.
 local changed = purge(L, now)
 
 -- 3. Only a live grant of this holder (with this token, if given).
 local grant, slot = L.mine, L.mine_slot
-if not grant or (a.token ~= '' and grant.token ~= a.token) then
+if not grant or (token ~= '' and grant.token ~= token) then
   settle_purged(L, changed)
   return {NOT_HELD, now, 0, '', unpack(L.events)}
 end
 
 -- 4. The new lease runs from now; the grant keeps the ttl it was given
 --    unless a new one is asked for.
-if a.ttl ~= '' then
-  grant.ttl = a.ttl
+if ttl ~= '' then
+  grant.ttl = ttl
 end
-grant.expires = now + tonumber(grant.ttl)
+grant.expires, grant.expires_s = now + tonumber(grant.ttl), nil
 put_grant(L, slot, grant)
 
 -- 5. The key's TTL follows the new lease when it must.
 settle(L)
-emit(L, 'extended', a.holder, grant.token, now)
+emit(L, 'extended', holder, grant.token, now)
 if changed then
   wake_eligible(L)
 end

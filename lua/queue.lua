@@ -3,8 +3,7 @@
 -- KEYS[1] the lock
 -- ARGV: most entries to return
 -- Returns {now, live waiters, {{id, liveness deadline, waiter record}, ...}}
-local a = named(ARGV, {'most'})
-local most = tonumber(a.most)
+local most = tonumber(ARGV[1])
 local now = clock()
 local L = lock_at(KEYS)
 

@@ -7,15 +7,15 @@
 --       live ('1' = the shard's live locks are counted), then lock names
 -- Returns {expired leases, dead waiters, locks gone already, old grants,
 --          old waiters, locks visited, events...}
-local a = named(ARGV, {'older_than', 'watched', 'live'})
+local older_than, watched, live = unpack(ARGV, 1, 3)
 local now = clock()
-local cutoff = a.older_than ~= '' and now - tonumber(a.older_than) or nil
+local cutoff = older_than ~= '' and now - tonumber(older_than) or nil
 local shard = split_key(KEYS[1])
 local expired, dead, gone, old_grants, old_waiters = 0, 0, 0, 0, 0
 local events = {}
 
 for k = 4, #ARGV do
-  local L = load(lock_of(shard, ARGV[k], a.live == '1'), nil, a.watched)
+  local L = load(lock_of(shard, ARGV[k], live == '1'), nil, watched)
   if not L.exists then
     -- 1. Its key expired (or was released) since the scan saw it.
     gone = gone + 1

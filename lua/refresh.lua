@@ -3,9 +3,9 @@
 -- KEYS[1] the lock
 -- ARGV: watched ('1' = publish events), then pairs of (request id, queue_ttl_ms)
 -- Returns {now, ids no longer queued (their place was lost)..., '', events...}
-local a = named(ARGV, {'watched'})
+local watched = ARGV[1]
 local now = clock()
-local L = load(lock_at(KEYS), nil, a.watched)
+local L = load(lock_at(KEYS), nil, watched)
 
 -- 1. Expired leases and dead waiters (other replicas' too) leave.
 purge(L, now)

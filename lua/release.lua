@@ -4,16 +4,16 @@
 -- ARGV: holder, token ('' = any), watched ('1' = publish events)
 -- Returns {OK, now, slot, the released grant, events...} or
 --         {NOT_HELD, now, 0, '', events...} (nothing changed for this holder)
-local a = named(ARGV, {'holder', 'token', 'watched'})
+local holder, token, watched = unpack(ARGV, 1, 3)
 local now = clock()
-local L = load(lock_at(KEYS), a.holder, a.watched)
+local L = load(lock_at(KEYS), holder, watched)
 
 -- 1. Expired leases and dead waiters go first: an expired holder no longer holds.
 local changed = purge(L, now)
 
 -- 2. Only a live grant of this holder (with this token, if given) is released.
 local grant, slot = L.mine, L.mine_slot
-if not grant or (a.token ~= '' and grant.token ~= a.token) then
+if not grant or (token ~= '' and grant.token ~= token) then
   settle_purged(L, changed)
   return {NOT_HELD, now, 0, '', unpack(L.events)}
 end
@@ -21,7 +21,7 @@ end
 -- 3. Drop the grant; the last one out deletes the lock's key.
 drop_grant(L, slot, grant)
 settle(L)
-emit(L, 'released', a.holder, grant.token, now)
+emit(L, 'released', holder, grant.token, now)
 
 -- 4. Wake whoever may take the permit now.
 wake_eligible(L)

@@ -6,9 +6,9 @@
 --       (lock name, holder, fencing token, ttl_ms)
 -- Returns {status, now, lost group numbers (1-based)..., events...}:
 --   status OK, or LATE (nothing renewed). The events follow a '' marker.
-local a = named(ARGV, {'answer_by', 'live'})
+local answer_by, live = unpack(ARGV, 1, 2)
 local now = clock()
-if late(a.answer_by, now) then
+if late(answer_by, now) then
   return {LATE, now}
 end
 local shard = split_key(KEYS[1])
@@ -16,14 +16,14 @@ local reply, events = {OK, now}, {}
 
 for k = 3, #ARGV, 4 do
   local name, holder, token, ttl = ARGV[k], ARGV[k + 1], ARGV[k + 2], tonumber(ARGV[k + 3])
-  local L = load(lock_of(shard, name, a.live == '1'), holder)
+  local L = load(lock_of(shard, name, live == '1'), holder)
   -- 1. A lease that already passed is not brought back.
   local changed = purge(L, now)
   -- 2. Only the same grant (holder and token) is renewed; it keeps the ttl
   --    it was granted with.
   local grant = L.mine
   if grant and grant.token == token then
-    grant.expires = now + ttl
+    grant.expires, grant.expires_s = now + ttl, nil
     put_grant(L, L.mine_slot, grant)
     settle(L)
   else
