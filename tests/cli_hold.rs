@@ -128,16 +128,16 @@ async fn sigterm_reaches_the_whole_group_and_the_lock_outlives_it() {
     assert_eq!(holders(&mut client, "deploy").await.len(), 1);
 
     let sent = Instant::now();
-    kill(
-        Pid::from_raw(holding.id().unwrap() as i32),
-        Signal::SIGTERM,
-    )
-    .unwrap();
+    kill(Pid::from_raw(holding.id().unwrap() as i32), Signal::SIGTERM).unwrap();
     let (code, held_while_alive) =
         exit_keeping_exclusion(&mut holding, &mut client, "deploy", grandchild).await;
     assert!(held_while_alive);
     // The group ignored SIGTERM: it died by SIGKILL after the grace period.
-    assert!(sent.elapsed() >= Duration::from_millis(1400), "{:?}", sent.elapsed());
+    assert!(
+        sent.elapsed() >= Duration::from_millis(1400),
+        "{:?}",
+        sent.elapsed()
+    );
     assert_eq!(code, 128 + 9, "the command's own status: killed by SIGKILL");
     assert!(!alive(grandchild));
     assert!(holders(&mut client, "deploy").await.is_empty());
@@ -293,7 +293,18 @@ async fn stdout_is_the_commands_and_exit_codes_are_distinct() {
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.starts_with("NOT_ACQUIRED taken: BUSY"), "{stderr}");
-    let output = run(&["taken", "-E", "9", "--wait-ms", "200", "--", "sh", "-c", &touch]).await;
+    let output = run(&[
+        "taken",
+        "-E",
+        "9",
+        "--wait-ms",
+        "200",
+        "--",
+        "sh",
+        "-c",
+        &touch,
+    ])
+    .await;
     assert_eq!(output.status.code(), Some(9));
     assert!(String::from_utf8_lossy(&output.stderr).contains("TIMEOUT"));
     assert!(!marker.exists());

@@ -77,15 +77,17 @@ pub async fn run(args: AcquireArgs, globals: &Globals) -> Result<u8, Failure> {
     };
     let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, acquire, request).await?;
-    globals.output().reply(&acquire_json(&reply), || match &reply.grant {
-        Some(grant) => format!(
-            "{} {lock} (holders now: {})\n{}\n",
-            acquire_status(&reply),
-            reply.holders,
-            grant_table(grant, super::output::now_ms())
-        ),
-        None => format!("{}\n", not_acquired_line(&lock, &reply)),
-    })?;
+    globals
+        .output()
+        .reply(&acquire_json(&reply), || match &reply.grant {
+            Some(grant) => format!(
+                "{} {lock} (holders now: {})\n{}\n",
+                acquire_status(&reply),
+                reply.holders,
+                grant_table(grant, super::output::now_ms())
+            ),
+            None => format!("{}\n", not_acquired_line(&lock, &reply)),
+        })?;
     Ok(match reply.status() {
         proto::AcquireStatus::Acquired | proto::AcquireStatus::AlreadyHeld => exit::SUCCESS,
         _ => exit::NOT_ACQUIRED,

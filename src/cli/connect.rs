@@ -136,13 +136,10 @@ impl Conn {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
-        let channel = self.endpoints[self.current]
-            .connect()
-            .await
-            .map_err(|e| {
-                let cause = super::with_causes(&e.to_string(), std::error::Error::source(&e));
-                Status::unavailable(format!("cannot connect to {}: {cause}", self.endpoint()))
-            })?;
+        let channel = self.endpoints[self.current].connect().await.map_err(|e| {
+            let cause = super::with_causes(&e.to_string(), std::error::Error::source(&e));
+            Status::unavailable(format!("cannot connect to {}: {cause}", self.endpoint()))
+        })?;
         let client = LockServiceClient::with_interceptor(channel, self.token.clone());
         self.client = Some(client.clone());
         Ok(client)
@@ -230,11 +227,15 @@ fn parse_addrs(addr: &str) -> Result<Vec<String>, Failure> {
         let Some(host) = parsed.host().filter(|host| !host.is_empty()) else {
             return Err(Failure::usage(format!("--addr {entry:?}: no host")));
         };
-        if let Some(port) = parsed.port()
-            && port.as_str().parse::<u16>().is_err()
-        {
+        let authority = parsed.authority().map_or("", |a| a.as_str());
+        let port_text = parsed.port().map(|port| port.as_str().to_owned());
+        let expected = match &port_text {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_owned(),
+        };
+        if authority != expected || port_text.is_some_and(|p| p.parse::<u16>().is_err()) {
             return Err(Failure::usage(format!(
-                "--addr {entry:?}: the port must be a number up to 65535"
+                "--addr {entry:?}: expected host or host:port, the port a number up to 65535"
             )));
         }
         if !matches!(parsed.path(), "" | "/") || parsed.query().is_some() {
@@ -304,11 +305,21 @@ mod tests {
 
     #[test]
     fn bad_addresses_name_the_flag() {
-        for bad in ["", "a:1,", "grpc://a:1", "a:notaport", "http://a:1/path", "://x"] {
+        for bad in [
+            "",
+            "a:1,",
+            "grpc://a:1",
+            "a:notaport",
+            "http://a:1/path",
+            "://x",
+        ] {
             let Err(failure) = parse_addrs(bad) else {
                 panic!("{bad:?} was accepted");
             };
-            assert!(failure.message().starts_with("--addr"), "{bad:?}: {failure:?}");
+            assert!(
+                failure.message().starts_with("--addr"),
+                "{bad:?}: {failure:?}"
+            );
         }
     }
 }

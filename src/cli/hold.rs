@@ -125,7 +125,9 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
     // Caught from the start: a signal while waiting for the lock ends the
     // wait (and gives back a grant that may have landed meanwhile).
     let mut signals = Signals::catch().map_err(|e| {
-        Failure::Status(tonic::Status::internal(format!("cannot catch signals: {e}")))
+        Failure::Status(tonic::Status::internal(format!(
+            "cannot catch signals: {e}"
+        )))
     })?;
     let namespace = globals.namespace()?;
     let lock = display_name(&namespace, &args.lock.name);
@@ -355,11 +357,7 @@ impl LeaseKeeper {
             }
             let sent = Instant::now();
             let extend = self.extend.clone();
-            let answer = tokio::time::timeout(
-                rpc_timeout,
-                call!(self.conn, extend, extend),
-            )
-            .await;
+            let answer = tokio::time::timeout(rpc_timeout, call!(self.conn, extend, extend)).await;
             let error = match answer {
                 Ok(Ok(reply)) if reply.status() == proto::ExtendStatus::Extended => {
                     self.deadline = sent + self.ttl;
@@ -384,7 +382,10 @@ impl LeaseKeeper {
                 Ok(Err(status)) => status.message().to_owned(),
                 Err(_) => {
                     self.conn.skip();
-                    format!("no answer within {}", humantime::format_duration(rpc_timeout))
+                    format!(
+                        "no answer within {}",
+                        humantime::format_duration(rpc_timeout)
+                    )
                 }
             };
             let left = self.deadline.saturating_duration_since(Instant::now());
@@ -408,11 +409,8 @@ impl LeaseKeeper {
             }
         }
         let release = self.release.clone();
-        let answer = tokio::time::timeout(
-            Duration::from_secs(5),
-            call!(self.conn, release, release),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), call!(self.conn, release, release)).await;
         if let Ok(Err(status)) = answer {
             status_line(&format!(
                 "tumbler hold: cannot release {lock}: {}; its lease ends by itself",
@@ -527,7 +525,11 @@ struct Group {
 }
 
 impl Group {
-    fn spawn(program: &str, args: &[String], environment: &[(&str, String)]) -> std::io::Result<Group> {
+    fn spawn(
+        program: &str,
+        args: &[String],
+        environment: &[(&str, String)],
+    ) -> std::io::Result<Group> {
         use std::os::unix::process::CommandExt as _;
         // Orphaned descendants become our children, so the reaper below
         // collects them: a zombie would otherwise keep the group alive

@@ -131,7 +131,12 @@ pub struct Globals {
     pub json: bool,
     /// The namespace to act in (default: env TUMBLER_NAMESPACE, else
     /// `default`); `token` takes it once per namespace the token may use.
-    #[arg(short = 'n', long = "namespace", global = true, value_name = "NAMESPACE")]
+    #[arg(
+        short = 'n',
+        long = "namespace",
+        global = true,
+        value_name = "NAMESPACE"
+    )]
     pub namespace: Vec<String>,
 }
 

@@ -33,11 +33,9 @@ pub async fn run(args: ReleaseArgs, globals: &Globals) -> Result<u8, Failure> {
     let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, release, request).await?;
     let status = enum_name(reply.status().as_str_name(), "RELEASE_STATUS_");
-    globals
-        .output()
-        .reply(&json!({ "status": status }), || {
-            format!("{status} {lock} (holder {})\n", request.holder)
-        })?;
+    globals.output().reply(&json!({ "status": status }), || {
+        format!("{status} {lock} (holder {})\n", request.holder)
+    })?;
     Ok(match reply.status() {
         proto::ReleaseStatus::Released => exit::SUCCESS,
         _ => exit::NOT_HELD,

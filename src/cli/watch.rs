@@ -38,10 +38,7 @@ pub async fn run(args: WatchArgs, globals: &Globals) -> Result<u8, Failure> {
     };
     let what = match &args.name {
         Some(name) => display_name(&request.namespace, name),
-        None => format!(
-            "{}*",
-            display_name(&request.namespace, &request.prefix)
-        ),
+        None => format!("{}*", display_name(&request.namespace, &request.prefix)),
     };
     let out = globals.output();
     loop {
