@@ -13,6 +13,22 @@ pub struct AcquireArgs {
     pub target: Target,
     #[command(flatten)]
     pub lock: LockName,
+    #[command(flatten)]
+    pub grant: GrantArgs,
+    /// How long a waiting request outlives its server (default: the server's).
+    #[arg(long)]
+    pub queue_ttl_ms: Option<u64>,
+    /// Higher goes first in the queue (-1000..=1000).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Take any free permit at once, whoever waits (not fair).
+    #[arg(long)]
+    pub barging: bool,
+}
+
+/// How a grant is asked for (`acquire` and `hold`).
+#[derive(Args, Debug)]
+pub struct GrantArgs {
     /// Who takes the permit (empty: a new time-ordered id, printed with
     /// the grant; made here, so a retry on another --addr is the same
     /// request).
@@ -27,21 +43,33 @@ pub struct AcquireArgs {
     /// How long to wait for a permit in the server; 0 tries once.
     #[arg(long, default_value_t = 0)]
     pub wait_ms: u64,
-    /// How long a waiting request outlives its server (default: the server's).
-    #[arg(long)]
-    pub queue_ttl_ms: Option<u64>,
-    /// Higher goes first in the queue (-1000..=1000).
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub priority: i32,
-    /// Take any free permit at once, whoever waits (not fair).
-    #[arg(long)]
-    pub barging: bool,
     /// A short label for metrics ([a-z0-9_.-]).
     #[arg(long, default_value = "")]
     pub kind: String,
     /// Metadata stored with the grant, as key=value; repeatable.
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
     pub metadata: Vec<(String, String)>,
+}
+
+impl GrantArgs {
+    /// The Acquire request these flags ask for (fair, priority 0).
+    pub fn request(&self, namespace: String, name: String) -> proto::AcquireRequest {
+        proto::AcquireRequest {
+            namespace,
+            name,
+            holder: if self.holder.is_empty() {
+                new_holder()
+            } else {
+                self.holder.clone()
+            },
+            limit: self.limit,
+            ttl_ms: self.ttl_ms,
+            kind: self.kind.clone(),
+            metadata: self.metadata.iter().cloned().collect(),
+            wait_ms: self.wait_ms,
+            ..Default::default()
+        }
+    }
 }
 
 pub fn parse_meta(value: &str) -> Result<(String, String), String> {
@@ -59,21 +87,10 @@ pub fn new_holder() -> String {
 pub async fn run(args: AcquireArgs, globals: &Globals) -> Result<u8, Failure> {
     let mut conn = Conn::new(&args.target)?;
     let request = proto::AcquireRequest {
-        namespace: globals.namespace()?,
-        name: args.lock.name,
-        holder: if args.holder.is_empty() {
-            new_holder()
-        } else {
-            args.holder
-        },
-        limit: args.limit,
-        ttl_ms: args.ttl_ms,
-        kind: args.kind,
-        metadata: args.metadata.into_iter().collect(),
-        wait_ms: args.wait_ms,
         queue_ttl_ms: args.queue_ttl_ms,
         priority: args.priority,
         fair: args.barging.then_some(false),
+        ..args.grant.request(globals.namespace()?, args.lock.name)
     };
     let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, acquire, request).await?;

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::connect::{Conn, Target};
 use super::output::{display_name, enum_name, grant_json, grant_table, now_ms};
-use super::{Failure, Globals, LockName, exit};
+use super::{Failure, Globals, GrantRef, LockName, exit};
 use crate::proto;
 
 #[derive(Args, Debug)]
@@ -14,15 +14,11 @@ pub struct ExtendArgs {
     pub target: Target,
     #[command(flatten)]
     pub lock: LockName,
-    /// The holder whose lease to renew.
-    #[arg(long)]
-    pub holder: String,
+    #[command(flatten)]
+    pub grant: GrantRef,
     /// The new remaining lease (default: the grant's own ttl).
     #[arg(long)]
     pub ttl_ms: Option<u64>,
-    /// Only if the grant carries this fencing token.
-    #[arg(long)]
-    pub token: Option<u64>,
 }
 
 pub async fn run(args: ExtendArgs, globals: &Globals) -> Result<u8, Failure> {
@@ -30,9 +26,9 @@ pub async fn run(args: ExtendArgs, globals: &Globals) -> Result<u8, Failure> {
     let request = proto::ExtendRequest {
         namespace: globals.namespace()?,
         name: args.lock.name,
-        holder: args.holder,
+        holder: args.grant.holder,
         ttl_ms: args.ttl_ms,
-        fencing_token: args.token,
+        fencing_token: args.grant.token,
     };
     let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, extend, request).await?;

@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::acquire::{new_holder, parse_meta};
+use super::acquire::GrantArgs;
 use super::connect::{Conn, Target};
 use super::output::{display_name, not_acquired_line, status_line};
 use super::signals::{Signals, killed_by};
@@ -50,27 +50,11 @@ pub struct HoldArgs {
     pub target: Target,
     #[command(flatten)]
     pub lock: LockName,
-    /// The holder id (default: a new time-ordered id; the command gets it
-    /// as TUMBLER_HOLDER).
-    #[arg(long, default_value = "")]
-    pub holder: String,
-    /// Holders allowed at once (default 1: a mutex).
-    #[arg(long)]
-    pub limit: Option<u32>,
-    /// The lease, renewed every third of it while the command runs; also
-    /// how long the lock outlives a `hold` that is SIGKILLed (default: the
-    /// server's lease).
-    #[arg(long)]
-    pub ttl_ms: Option<u64>,
-    /// How long to wait for the lock; 0 tries once.
-    #[arg(long, default_value_t = 0)]
-    pub wait_ms: u64,
-    /// A short label for metrics.
-    #[arg(long, default_value = "")]
-    pub kind: String,
-    /// Metadata stored with the grant, as key=value; repeatable.
-    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
-    pub metadata: Vec<(String, String)>,
+    /// What the lock is asked with. The lease (--ttl-ms) is renewed every
+    /// third of it while the command runs, and is how long the lock
+    /// outlives a `hold` that is SIGKILLed.
+    #[command(flatten)]
+    pub grant: GrantArgs,
     /// How long the command's process group has between SIGTERM (a signal
     /// passed on, or the lock lost) and SIGKILL.
     #[arg(long, default_value_t = 10_000)]
@@ -85,7 +69,8 @@ pub struct HoldArgs {
     #[arg(long)]
     pub session: bool,
     /// The command to run while holding the lock (it gets
-    /// TUMBLER_FENCING_TOKEN, TUMBLER_SLOT and TUMBLER_HOLDER in its
+    /// TUMBLER_FENCING_TOKEN, TUMBLER_SLOT and TUMBLER_HOLDER, the holder
+    /// id, in its
     /// environment). Without one, the lock is held until a signal.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -131,22 +116,7 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
     })?;
     let namespace = globals.namespace()?;
     let lock = display_name(&namespace, &args.lock.name);
-    let holder = if args.holder.is_empty() {
-        new_holder()
-    } else {
-        args.holder.clone()
-    };
-    let request = proto::AcquireRequest {
-        namespace,
-        name: args.lock.name.clone(),
-        holder,
-        limit: args.limit,
-        ttl_ms: args.ttl_ms,
-        kind: args.kind.clone(),
-        metadata: args.metadata.iter().cloned().collect(),
-        wait_ms: args.wait_ms,
-        ..Default::default()
-    };
+    let request = args.grant.request(namespace, args.lock.name.clone());
     let grace = Duration::from_millis(args.grace_ms);
     let conn = Conn::new(&args.target)?;
     let acquiring = async {

@@ -166,6 +166,17 @@ pub struct LockName {
     pub name: String,
 }
 
+/// Whose grant (`release`, `extend`).
+#[derive(Args, Debug)]
+pub struct GrantRef {
+    /// The holder whose grant it is.
+    #[arg(long)]
+    pub holder: String,
+    /// Only if the grant carries this fencing token.
+    #[arg(long)]
+    pub token: Option<u64>,
+}
+
 /// Why a subcommand stopped short: mapped to one exit code and one line
 /// on stderr in [`Failure::report`].
 #[derive(Debug)]

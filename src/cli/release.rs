@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::connect::{Conn, Target};
 use super::output::{display_name, enum_name};
-use super::{Failure, Globals, LockName, exit};
+use super::{Failure, Globals, GrantRef, LockName, exit};
 use crate::proto;
 
 #[derive(Args, Debug)]
@@ -14,12 +14,8 @@ pub struct ReleaseArgs {
     pub target: Target,
     #[command(flatten)]
     pub lock: LockName,
-    /// The holder whose grant to give back.
-    #[arg(long)]
-    pub holder: String,
-    /// Only if the grant carries this fencing token.
-    #[arg(long)]
-    pub token: Option<u64>,
+    #[command(flatten)]
+    pub grant: GrantRef,
 }
 
 pub async fn run(args: ReleaseArgs, globals: &Globals) -> Result<u8, Failure> {
@@ -27,8 +23,8 @@ pub async fn run(args: ReleaseArgs, globals: &Globals) -> Result<u8, Failure> {
     let request = proto::ReleaseRequest {
         namespace: globals.namespace()?,
         name: args.lock.name,
-        holder: args.holder,
-        fencing_token: args.token,
+        holder: args.grant.holder,
+        fencing_token: args.grant.token,
     };
     let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, release, request).await?;
