@@ -61,8 +61,8 @@ pub mod exit {
     /// The server refused the input (INVALID_ARGUMENT, OUT_OF_RANGE,
     /// FAILED_PRECONDITION: e.g. a limit other than the lock's).
     pub const REFUSED_INPUT: u8 = 65;
-    /// No server could be reached, or every one answered UNAVAILABLE
-    /// (Redis down) or DEADLINE_EXCEEDED.
+    /// No server could be reached (connection or TLS failure), or every
+    /// one answered UNAVAILABLE (Redis down) or DEADLINE_EXCEEDED.
     pub const UNREACHABLE: u8 = 69;
     /// Any other error the server answered (INTERNAL, RESOURCE_EXHAUSTED, …).
     pub const SERVER_ERROR: u8 = 70;
@@ -210,6 +210,12 @@ impl Failure {
     pub fn code(&self) -> u8 {
         use tonic::Code;
         match self {
+            // Not the server's answer but the connection's failure (a TLS
+            // alert, a connection closed): tonic reports it with the
+            // transport error as its source, as UNKNOWN or CANCELLED.
+            Failure::Status(status) if std::error::Error::source(status).is_some() => {
+                exit::UNREACHABLE
+            }
             Failure::Status(status) => match status.code() {
                 Code::Unavailable | Code::DeadlineExceeded => exit::UNREACHABLE,
                 Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
