@@ -113,8 +113,8 @@ pub struct ServiceArgs {
 #[derive(Args, Clone, Debug, Default)]
 pub struct AuthArgs {
     /// TOML file of bearer tokens (their SHA-256 digests, roles and
-    /// namespaces); re-read when it changes. `tumbler token new` makes
-    /// entries.
+    /// namespaces); re-read when it changes. `tumbler token --name NAME
+    /// --namespace NS` makes entries.
     #[arg(long, env = "TUMBLER_AUTH_TOKENS_FILE")]
     pub auth_tokens_file: Option<std::path::PathBuf>,
     /// Serve without authentication: every caller may do everything,

@@ -1,12 +1,13 @@
 //! The `tumbler` command: `serve` runs the service against a Redis you
 //! name; `dev` runs it against a private redis-server it starts itself;
-//! `acquire`, `release`, `extend`, `inspect` and `queue` are clients.
+//! `acquire`, `release`, `hold`, `watch`, … are clients (`src/cli/`);
+//! `completion` prints a shell completion script.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use tokio::net::TcpListener;
 
 use tumbler::cli::{self, ClientCommand};
@@ -19,6 +20,8 @@ use tumbler::{server, telemetry};
 struct Cli {
     #[command(flatten)]
     log: LogArgs,
+    #[command(flatten)]
+    client: cli::Globals,
     #[command(subcommand)]
     command: Command,
 }
@@ -32,11 +35,31 @@ enum Command {
     Dev(DevArgs),
     #[command(flatten)]
     Client(ClientCommand),
+    /// Print a shell completion script: `tumbler completion bash >
+    /// /etc/bash_completion.d/tumbler`, `… zsh > "${fpath[1]}/_tumbler"`,
+    /// `… fish > ~/.config/fish/completions/tumbler.fish`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version are answers (exit 0); anything else is a
+            // usage error (64, like the client subcommands' own).
+            let code = if e.use_stderr() {
+                cli::exit::USAGE
+            } else {
+                cli::exit::SUCCESS
+            };
+            let _ = e.print();
+            return Ok(ExitCode::from(code));
+        }
+    };
     match cli.command {
         Command::Serve(args) => {
             let telemetry = telemetry::init(&cli.log, &args.observability.otlp_endpoint)?;
@@ -98,7 +121,17 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Client(command) => {
             // Clients export no spans.
             telemetry::init(&cli.log, "")?.shutdown().await;
-            Ok(cli::run(command).await)
+            Ok(cli::run(cli.client, command).await)
+        }
+        Command::Completion { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "tumbler", &mut script);
+            Ok(
+                match cli::output::write_stdout(&String::from_utf8_lossy(&script)) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => cli::report(e.into()),
+                },
+            )
         }
     }
 }
@@ -184,5 +217,26 @@ mod tests {
     #[test]
     fn command_line_definition_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    /// Each subcommand's help mentions every one of its flags (hidden ones
+    /// aside), and describes itself.
+    #[test]
+    fn every_flag_is_in_its_subcommands_help() {
+        let mut cli = super::Cli::command();
+        cli.build();
+        for sub in cli.get_subcommands_mut() {
+            let name = sub.get_name().to_owned();
+            let help = sub.render_long_help().to_string();
+            assert!(sub.get_about().is_some(), "{name} has no description");
+            for arg in sub.get_arguments().filter(|a| !a.is_hide_set()) {
+                if let Some(long) = arg.get_long() {
+                    assert!(help.contains(&format!("--{long}")), "{name}: --{long}");
+                }
+                if let Some(short) = arg.get_short() {
+                    assert!(help.contains(&format!("-{short}")), "{name}: -{short}");
+                }
+            }
+        }
     }
 }

@@ -539,10 +539,10 @@ async fn the_cli_sends_its_token_and_makes_entries_that_work() {
         String::from_utf8_lossy(&held.stderr)
     );
     let other = cli(&["inspect", "--namespace", "deploys", "main"], Some(&token));
-    assert_eq!(other.status.code(), Some(2));
+    assert_eq!(other.status.code(), Some(77));
     assert!(String::from_utf8_lossy(&other.stderr).contains("PERMISSION_DENIED"));
     let anonymous = cli(&["inspect", "--namespace", "builds", "main"], None);
-    assert_eq!(anonymous.status.code(), Some(2));
+    assert_eq!(anonymous.status.code(), Some(77));
     assert!(String::from_utf8_lossy(&anonymous.stderr).contains("UNAUTHENTICATED"));
 }
 

@@ -1,7 +1,9 @@
 //! The client subcommands (`tumbler acquire|release|extend|inspect|queue|
-//! list|reap|clear|metrics`):
-//! the real binary against a real server, its tables, its JSON and its
-//! exit codes (0 done, 1 not acquired / not held, 2 error).
+//! list|reap|clear|metrics|watch|completion`): the real binary against a
+//! real server, its tables, its JSON and YAML, its exit codes (0 done,
+//! 64 usage, 65 input refused, 69 unreachable, 75 not acquired, 79 not
+//! held), fail-over between endpoints, and stdout closed early or full.
+//! `hold` has its own file (`tests/cli_hold.rs`).
 
 mod common;
 
@@ -103,10 +105,11 @@ async fn acquire_prints_a_table_and_json_and_inspect_shows_the_holder() {
     let grant = &reply["grant"];
     assert_eq!(grant["holder"], "worker-2");
     assert_eq!(grant["slot"], 1);
-    assert!(grant["fencing_token"].as_u64().unwrap() > 0);
+    // Tokens are strings, as in the dashboard's /api/v1.
+    let token = grant["fencing_token"].as_str().unwrap().to_owned();
+    assert!(token.parse::<u64>().unwrap() > 0);
     assert_eq!(grant["metadata"]["a"], "1");
     assert_eq!(grant["metadata"]["b"], "x=y");
-    let token = grant["fencing_token"].as_u64().unwrap();
 
     // The same acquire again: the same grant, exit 0.
     let run = tumbler(
@@ -210,9 +213,9 @@ async fn exit_codes_for_refusals_and_errors() {
         0
     );
 
-    // Not acquired: 1, with the reason.
+    // Not acquired: 75, with the reason.
     let run = tumbler(&server, &["acquire", "cli-codes", "--holder", "b"]).await;
-    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert_eq!(run.code, 75, "{}", run.stdout);
     assert!(
         run.stdout.starts_with("NOT_ACQUIRED cli-codes: BUSY"),
         "{}",
@@ -223,11 +226,11 @@ async fn exit_codes_for_refusals_and_errors() {
         &["acquire", "cli-codes", "--holder", "b", "--json"],
     )
     .await;
-    assert_eq!(run.code, 1);
+    assert_eq!(run.code, 75);
     assert_eq!(json(&run)["status"], "NOT_ACQUIRED");
     assert_eq!(json(&run)["reason"], "BUSY");
 
-    // Waiting runs out: 1, TIMEOUT.
+    // Waiting runs out: 75, TIMEOUT.
     let run = tumbler(
         &server,
         &[
@@ -241,10 +244,10 @@ async fn exit_codes_for_refusals_and_errors() {
         ],
     )
     .await;
-    assert_eq!(run.code, 1);
+    assert_eq!(run.code, 75);
     assert_eq!(json(&run)["reason"], "TIMEOUT");
 
-    // Extend: 0 for the holder, 1 for anyone else.
+    // Extend: 0 for the holder, 79 for anyone else.
     let run = tumbler(
         &server,
         &["extend", "cli-codes", "--holder", "a", "--ttl-ms", "60000"],
@@ -258,10 +261,10 @@ async fn exit_codes_for_refusals_and_errors() {
     );
     assert!(run.stdout.contains("1m"), "{}", run.stdout);
     let run = tumbler(&server, &["extend", "cli-codes", "--holder", "b", "--json"]).await;
-    assert_eq!(run.code, 1);
+    assert_eq!(run.code, 79);
     assert_eq!(json(&run)["status"], "NOT_HELD");
 
-    // Release with a wrong token, by someone else, twice: 1.
+    // Release with a wrong token, by someone else, twice: 79.
     let run = tumbler(
         &server,
         &["release", "cli-codes", "--holder", "a", "--token", "7"],
@@ -269,13 +272,13 @@ async fn exit_codes_for_refusals_and_errors() {
     .await;
     assert_eq!(
         (run.code, run.stdout.trim()),
-        (1, "NOT_HELD cli-codes (holder a)")
+        (79, "NOT_HELD cli-codes (holder a)")
     );
     assert_eq!(
         tumbler(&server, &["release", "cli-codes", "--holder", "b"])
             .await
             .code,
-        1
+        79
     );
     let run = tumbler(
         &server,
@@ -290,12 +293,13 @@ async fn exit_codes_for_refusals_and_errors() {
         tumbler(&server, &["release", "cli-codes", "--holder", "a"])
             .await
             .code,
-        1
+        79
     );
 
-    // Bad input: 2, the gRPC status on stderr, nothing on stdout.
+    // Input the server refuses: 65, the gRPC status on stderr, nothing on
+    // stdout.
     let run = tumbler(&server, &["acquire", "cli-codes", "--limit", "0"]).await;
-    assert_eq!(run.code, 2);
+    assert_eq!(run.code, 65);
     assert!(run.stdout.is_empty(), "{}", run.stdout);
     assert!(
         run.stderr.starts_with("error: INVALID_ARGUMENT: limit"),
@@ -303,20 +307,47 @@ async fn exit_codes_for_refusals_and_errors() {
         run.stderr
     );
     let run = tumbler(&server, &["release", "cli-codes", "--holder", ""]).await;
-    assert_eq!(run.code, 2);
+    assert_eq!(run.code, 65);
     assert!(run.stderr.contains("INVALID_ARGUMENT"), "{}", run.stderr);
 
-    // No server: 2, UNAVAILABLE.
+    // Usage errors, found before sending: 64, naming the flag.
+    for (args, flag) in [
+        (&["acquire", "cli-codes", "--limit", "x"][..], "--limit"),
+        (
+            &["acquire", "cli-codes", "--addr", "grpc://h:1"][..],
+            "--addr",
+        ),
+        (
+            &["inspect", "cli-codes", "-n", "a", "-n", "b"][..],
+            "--namespace",
+        ),
+        (&["list", "-o", "xml"][..], "--output"),
+        (&["clear"][..], "--yes"),
+        (&["no-such-command"][..], "no-such-command"),
+    ] {
+        let output = tokio::process::Command::new(TUMBLER)
+            .args(args)
+            .env_remove("TUMBLER_ADDR")
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+
+    // No server: 69, UNAVAILABLE.
     server.shutdown().await.unwrap();
     let output = tokio::process::Command::new(TUMBLER)
         .args(["inspect", "cli-codes", "--addr", "http://127.0.0.1:1"])
         .output()
         .await
         .unwrap();
-    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(output.status.code(), Some(69));
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(
-        stderr.starts_with("error: UNAVAILABLE: cannot connect"),
+        stderr.starts_with("error: UNAVAILABLE: cannot connect to http://127.0.0.1:1"),
         "{stderr}"
     );
 }
@@ -338,7 +369,7 @@ async fn list_reap_metrics_and_clear_print_tables_and_json() {
         &["acquire", "other", "--holder", "x", "--kind", "export"],
     )
     .await;
-    assert_eq!(run.code, 1, "busy");
+    assert_eq!(run.code, 75, "busy");
 
     // list: every page by default, a prefix filter, table and JSON.
     let run = tumbler(
@@ -371,10 +402,24 @@ async fn list_reap_metrics_and_clear_print_tables_and_json() {
         assert!(run.stdout.contains(header), "{header}: {}", run.stdout);
     }
     let report = json(&tumbler(&server, &["metrics", "--json", "--kind", "export"]).await);
-    let rows = report["rows"].as_array().unwrap();
+    let rows = report["totals"].as_array().unwrap();
     assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["kind"], "export");
     assert_eq!(rows[0]["acquired"], 2);
     assert_eq!(rows[0]["denied"], 1);
+    // The totals the table shows: per kind, and every kind together.
+    let report = json(&tumbler(&server, &["metrics", "-o", "json"]).await);
+    let totals = report["totals"].as_array().unwrap();
+    assert_eq!(totals.len(), 2, "{report}");
+    assert_eq!(report["overall"]["acquired"], 3, "{report}");
+    assert_eq!(report["overall"]["denied"], 1, "{report}");
+    let minutes: u64 = report["minutes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["acquired"].as_u64().unwrap())
+        .sum();
+    assert_eq!(minutes, 3, "{report}");
 
     // reap: counts as a table and as JSON.
     let run = tumbler(&server, &["reap"]).await;
@@ -385,10 +430,353 @@ async fn list_reap_metrics_and_clear_print_tables_and_json() {
 
     // clear: refused without --yes, then done.
     let run = tumbler(&server, &["clear"]).await;
-    assert_eq!(run.code, 2);
+    assert_eq!(run.code, 64);
     assert!(run.stderr.contains("--yes"), "{}", run.stderr);
     let cleared = json(&tumbler(&server, &["clear", "--yes", "--json"]).await);
     assert_eq!(cleared["locks_cleared"], 3);
     let listed = json(&tumbler(&server, &["list", "--json"]).await);
     assert!(listed["locks"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn global_output_namespace_and_addresses_with_fail_over() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    // A replica whose Redis is unreachable answers UNAVAILABLE.
+    let broken = TestServer::spawn("redis://127.0.0.1:1", service_args()).await;
+    let bare = server.addr.to_string();
+
+    // -o and -n before the subcommand; host:port without a scheme.
+    let output = tokio::process::Command::new(TUMBLER)
+        .args(["-o", "yaml", "-n", "team-y", "acquire", "yaml-lock"])
+        .args(["--holder", "w", "--addr", &bare])
+        .env_remove("TUMBLER_NAMESPACE")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let reply: Value = serde_yaml_ng::from_slice(&output.stdout).unwrap();
+    assert_eq!(reply["status"], "ACQUIRED");
+    assert!(reply["grant"]["fencing_token"].is_string(), "{reply}");
+
+    // An endpoint that refuses connections, one that answers UNAVAILABLE,
+    // then the good one: the call lands on the good one.
+    let addrs = format!("127.0.0.1:1, {},{bare}", broken.endpoint());
+    let output = tokio::process::Command::new(TUMBLER)
+        .args(["inspect", "yaml-lock", "--namespace", "team-y", "--json"])
+        .args(["--addr", &addrs])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let reply: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(reply["holders"][0]["grant"]["holder"], "w");
+
+    // Every endpoint down: 69, each one named.
+    let addrs = format!("127.0.0.1:1,{}", broken.endpoint());
+    let output = tokio::process::Command::new(TUMBLER)
+        .args(["inspect", "yaml-lock", "--addr", &addrs])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(69));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("127.0.0.1:1") && stderr.contains(&broken.endpoint()),
+        "{stderr}"
+    );
+
+    // TUMBLER_NAMESPACE when no -n.
+    let output = tokio::process::Command::new(TUMBLER)
+        .args(["inspect", "yaml-lock", "--json", "--addr", &bare])
+        .env("TUMBLER_NAMESPACE", "team-y")
+        .output()
+        .await
+        .unwrap();
+    let reply: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(reply["namespace"], "team-y");
+    assert_eq!(reply["holders"].as_array().unwrap().len(), 1);
+}
+
+/// 1,500 locks: `list` writes far more than a pipe holds.
+async fn many_locks(server: &TestServer) {
+    let mut client = server.client().await;
+    for batch in 0..30 {
+        let mut acquiring = tokio::task::JoinSet::new();
+        for i in batch * 50..(batch + 1) * 50 {
+            let mut client = client.clone();
+            acquiring.spawn(async move {
+                client
+                    .acquire(acquire(&format!("pipe-{i:04}"), "w"))
+                    .await
+                    .unwrap();
+            });
+        }
+        while let Some(done) = acquiring.join_next().await {
+            done.unwrap();
+        }
+    }
+    let listed = client
+        .list(proto::ListRequest {
+            page_size: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.locks.len(), 1);
+}
+
+#[tokio::test]
+async fn a_reader_that_closes_early_ends_the_output_quietly() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    many_locks(&server).await;
+    for format in ["table", "json", "yaml"] {
+        let mut child = tokio::process::Command::new(TUMBLER)
+            .args(["list", "-o", format, "--addr", &server.endpoint()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line)
+            .await
+            .unwrap();
+        assert!(!line.is_empty());
+        drop(stdout); // like `| head -1`
+        let output = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{format}: {stderr}");
+        assert!(stderr.is_empty(), "{format}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_is_an_error() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let output = tokio::process::Command::new(TUMBLER)
+        .args(["list", "--addr", &server.endpoint()])
+        .stdout(full)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(74));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with("error: cannot write the output:"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panic"), "{stderr}");
+}
+
+#[tokio::test]
+async fn watch_prints_events_until_interrupted() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    for (format, signal, code) in [("json", "INT", 130), ("table", "TERM", 143)] {
+        let mut watching = tokio::process::Command::new(TUMBLER)
+            .args([
+                "watch",
+                "watched",
+                "-o",
+                format,
+                "--addr",
+                &server.endpoint(),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdout = tokio::io::BufReader::new(watching.stdout.take().unwrap());
+        // The subscription is in place once an event arrives: acquire and
+        // release until one does.
+        let mut line = String::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while line.is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "no event printed");
+            client.acquire(acquire("other", "x")).await.unwrap();
+            client.acquire(acquire("watched", "w")).await.unwrap();
+            client.release(release("watched", "w")).await.unwrap();
+            let _ = tokio::time::timeout(
+                Duration::from_millis(200),
+                tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+            )
+            .await;
+        }
+        if format == "json" {
+            let event: Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(event["name"], "watched", "{line}");
+            assert_eq!(event["holder"], "w", "{line}");
+            assert!(
+                event["fencing_token"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .is_ok()
+            );
+        } else {
+            assert!(line.contains(" watched holder=w token="), "{line}");
+        }
+        assert!(!line.contains("other"), "{line}");
+        let pid = nix::unistd::Pid::from_raw(watching.id().unwrap() as i32);
+        let signal = if signal == "INT" {
+            nix::sys::signal::Signal::SIGINT
+        } else {
+            nix::sys::signal::Signal::SIGTERM
+        };
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let output = tokio::time::timeout(Duration::from_secs(10), watching.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(code));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.starts_with("WATCHING watched on"), "{stderr}");
+        assert!(!stderr.contains("panic"), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn completion_scripts_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let output = tokio::process::Command::new(TUMBLER)
+            .args(["completion", shell])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{shell}");
+        let script = String::from_utf8(output.stdout).unwrap();
+        for word in [
+            "tumbler",
+            "hold",
+            "watch",
+            "namespace",
+            "output",
+            "grace-ms",
+        ] {
+            assert!(script.contains(word), "{shell}: {word}");
+        }
+        if shell == "bash" {
+            let check = std::process::Command::new("bash")
+                .arg("-n")
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .and_then(|mut bash| {
+                    use std::io::Write;
+                    bash.stdin.take().unwrap().write_all(script.as_bytes())?;
+                    bash.wait()
+                })
+                .unwrap();
+            assert!(check.success(), "bash -n rejects the script");
+        }
+    }
+}
+
+/// Every subcommand, with the flags its help must mention.
+const SUBCOMMANDS: &[(&str, &[&str])] = &[
+    ("serve", &["--redis-url", "--listen", "--auth-tokens-file"]),
+    ("dev", &["--listen", "--redis-server"]),
+    (
+        "acquire",
+        &[
+            "--holder",
+            "--limit",
+            "--ttl-ms",
+            "--wait-ms",
+            "--queue-ttl-ms",
+            "--priority",
+            "--barging",
+            "--kind",
+            "--meta",
+            "--addr",
+        ],
+    ),
+    ("release", &["--holder", "--token", "--addr"]),
+    ("extend", &["--holder", "--ttl-ms", "--token"]),
+    ("inspect", &["--addr", "--tls-ca-file", "--auth-token"]),
+    ("queue", &["--max-entries"]),
+    (
+        "list",
+        &["--prefix", "--waiting", "--page-size", "--page-token"],
+    ),
+    ("reap", &["--older-than-ms"]),
+    ("clear", &["--yes"]),
+    ("metrics", &["--minutes", "--kind", "--per-minute"]),
+    (
+        "hold",
+        &[
+            "--grace-ms",
+            "--ttl-ms",
+            "--wait-ms",
+            "--conflict-exit-code",
+            "-E",
+            "--session",
+            "--holder",
+            "--meta",
+        ],
+    ),
+    ("watch", &["--prefix", "[NAME]"]),
+    ("token", &["--name", "--role", "--existing"]),
+    ("completion", &["bash", "zsh", "fish"]),
+    ("help", &[]),
+];
+
+#[tokio::test]
+async fn every_subcommand_has_help_that_names_its_flags() {
+    let top = std::process::Command::new(TUMBLER)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert_eq!(top.status.code(), Some(0));
+    let top = String::from_utf8(top.stdout).unwrap();
+    // The list above is complete: every subcommand the help lists is in it.
+    let listed: Vec<&str> = top
+        .split("Commands:")
+        .nth(1)
+        .unwrap()
+        .split("Options:")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.strip_prefix("  "))
+        .filter(|line| !line.starts_with(' '))
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    let known: Vec<&str> = SUBCOMMANDS.iter().map(|(name, _)| *name).collect();
+    assert_eq!(listed, known);
+    for flag in ["--output", "--json", "--namespace", "--log-level"] {
+        assert!(top.contains(flag), "tumbler --help: {flag}");
+    }
+    for (name, flags) in SUBCOMMANDS.iter().filter(|(name, _)| *name != "help") {
+        let output = std::process::Command::new(TUMBLER)
+            .args([name, "--help"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{name} --help");
+        let help = String::from_utf8(output.stdout).unwrap();
+        assert!(help.contains("Usage: tumbler"), "{name}: {help}");
+        for flag in *flags {
+            assert!(help.contains(flag), "{name} --help lacks {flag}: {help}");
+        }
+        if !["serve", "dev", "help", "completion", "token"].contains(name) {
+            for global in ["--output", "--namespace", "--addr"] {
+                assert!(help.contains(global), "{name} --help lacks {global}");
+            }
+        }
+    }
 }

@@ -229,25 +229,27 @@ async fn a_killed_client_process_releases_its_lock_to_a_waiter_on_another_replic
     let redis = start_redis();
     let near = TestServer::start(&redis.url()).await;
     let far = TestServer::start(&redis.url()).await;
-    // The client is `tumbler hold`, its own process, with a 30 s session
-    // TTL: only the release on disconnect can hand the lock over quickly.
+    // The client is `tumbler hold --session`, its own process, with a 30 s
+    // session TTL: only the release on disconnect can hand the lock over
+    // quickly.
     let mut holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
         .args([
             "hold",
             "shared-job",
+            "--session",
             "--ttl-ms",
             "30000",
             "--addr",
             &near.endpoint(),
         ])
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut stdout = tokio::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut stderr = tokio::io::BufReader::new(holder.stderr.take().unwrap());
     let mut line = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line)
+    tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut line)
         .await
         .unwrap();
     assert!(line.starts_with("HOLDING shared-job"), "{line}");
@@ -363,19 +365,20 @@ async fn with_a_lock_delay_a_dead_session_keeps_its_lock_for_the_delay() {
         .args([
             "hold",
             "delayed",
+            "--session",
             "--ttl-ms",
             "30000",
             "--addr",
             &server.endpoint(),
         ])
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut stdout = tokio::io::BufReader::new(dying.stdout.take().unwrap());
+    let mut stderr = tokio::io::BufReader::new(dying.stderr.take().unwrap());
     let mut line = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line)
+    tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut line)
         .await
         .unwrap();
     assert!(line.starts_with("HOLDING delayed"), "{line}");

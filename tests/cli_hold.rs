@@ -1,0 +1,356 @@
+//! `tumbler hold`: real processes (the binary, `sh`, `sleep`) against a
+//! real server. The lock is released only after every process of the
+//! command's group is gone (grandchildren included), signals reach the
+//! whole group, a lost lock stops it, stdout is the command's alone, and
+//! the exit codes are the documented ones.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+const TUMBLER: &str = env!("CARGO_BIN_EXE_tumbler");
+
+/// `tumbler hold <args> --addr <endpoint>`, stdout and stderr piped.
+fn hold(endpoint: &str, args: &[&str]) -> Child {
+    Command::new(TUMBLER)
+        .arg("hold")
+        .args(["--addr", endpoint])
+        .args(args)
+        .env_remove("TUMBLER_NAMESPACE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// The first stdout line (the command prints its grandchild's pid).
+async fn first_line(child: &mut Child) -> String {
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        BufReader::new(stdout).read_line(&mut line),
+    )
+    .await
+    .expect("the command printed a line")
+    .unwrap();
+    line
+}
+
+fn alive(pid: i32) -> bool {
+    kill(Pid::from_raw(pid), None).is_ok()
+}
+
+async fn holders(client: &mut LockServiceClient, name: &str) -> Vec<proto::Grant> {
+    client
+        .inspect(inspect(name))
+        .await
+        .unwrap()
+        .into_inner()
+        .holders
+        .into_iter()
+        .filter_map(|h| h.grant)
+        .collect()
+}
+
+type LockServiceClient = proto::lock_service_client::LockServiceClient<tonic::transport::Channel>;
+
+/// Polls until `hold` exits, checking every few ms that the lock is never
+/// free while `grandchild` still runs; returns hold's exit code and
+/// whether the lock was seen held with the grandchild alive.
+async fn exit_keeping_exclusion(
+    hold: &mut Child,
+    client: &mut LockServiceClient,
+    name: &str,
+    grandchild: i32,
+) -> (i32, bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut held_while_alive = false;
+    loop {
+        let running = alive(grandchild);
+        let held = !holders(client, name).await.is_empty();
+        assert!(
+            held || !running,
+            "the lock is free while the command's grandchild {grandchild} still runs"
+        );
+        held_while_alive |= held && running;
+        if let Some(status) = hold.try_wait().unwrap() {
+            return (status.code().expect("hold exited"), held_while_alive);
+        }
+        assert!(Instant::now() < deadline, "hold did not exit");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn stderr_of(child: &mut Child) -> String {
+    let mut text = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .await
+        .unwrap();
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_reaches_the_whole_group_and_the_lock_outlives_it() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    // sh and its background sleep both ignore SIGTERM: only the SIGKILL
+    // after the grace period ends them.
+    let mut holding = hold(
+        &server.endpoint(),
+        &[
+            "deploy",
+            "--grace-ms",
+            "1500",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; sleep 30 & echo $!; wait",
+        ],
+    );
+    let grandchild: i32 = first_line(&mut holding).await.trim().parse().unwrap();
+    assert!(alive(grandchild));
+    assert_eq!(holders(&mut client, "deploy").await.len(), 1);
+
+    let sent = Instant::now();
+    kill(Pid::from_raw(holding.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let (code, held_while_alive) =
+        exit_keeping_exclusion(&mut holding, &mut client, "deploy", grandchild).await;
+    assert!(held_while_alive);
+    // The group ignored SIGTERM: it died by SIGKILL after the grace period.
+    assert!(
+        sent.elapsed() >= Duration::from_millis(1400),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(code, 128 + 9, "the command's own status: killed by SIGKILL");
+    assert!(!alive(grandchild));
+    assert!(holders(&mut client, "deploy").await.is_empty());
+    let stderr = stderr_of(&mut holding).await;
+    assert!(stderr.starts_with("HOLDING deploy token="), "{stderr}");
+    assert!(!stderr.contains("panic"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_job_keeps_the_lock_after_the_command_exits() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    // sh exits at once; the sleep it left behind is still in the group.
+    let mut holding = hold(
+        &server.endpoint(),
+        &[
+            "report",
+            "--",
+            "sh",
+            "-c",
+            "sleep 1 >/dev/null & echo $!; exit 4",
+        ],
+    );
+    let grandchild: i32 = first_line(&mut holding).await.trim().parse().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(alive(grandchild));
+    assert_eq!(holders(&mut client, "report").await.len(), 1);
+    let (code, held_while_alive) =
+        exit_keeping_exclusion(&mut holding, &mut client, "report", grandchild).await;
+    assert!(held_while_alive);
+    assert_eq!(code, 4, "the command's exit code");
+    assert!(holders(&mut client, "report").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_lost_to_the_server_stops_the_group_and_exits_79() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    let mut holding = hold(
+        &server.endpoint(),
+        &[
+            "nightly",
+            "--ttl-ms",
+            "600",
+            "--grace-ms",
+            "1000",
+            "--",
+            "sh",
+            "-c",
+            "sleep 30 & echo $!; wait",
+        ],
+    );
+    let grandchild: i32 = first_line(&mut holding).await.trim().parse().unwrap();
+    // Renewed past its 600 ms lease.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let grant = holders(&mut client, "nightly").await.pop().expect("held");
+    // An admin clears the namespace: the next renewal says NOT_HELD.
+    client
+        .clear(proto::ClearRequest {
+            namespace: String::new(),
+        })
+        .await
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), holding.wait())
+        .await
+        .expect("hold stops its command")
+        .unwrap();
+    assert_eq!(status.code(), Some(79));
+    assert!(!alive(grandchild), "the grandchild was stopped too");
+    let stderr = stderr_of(&mut holding).await;
+    assert!(
+        stderr.contains(&format!("holder={}", grant.holder)),
+        "{stderr}"
+    );
+    assert!(stderr.contains("LOST nightly: not held"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_stops_the_group_before_the_lease_can_end() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    // A second replica on the same Redis, to watch the lock.
+    let observer = TestServer::start(&redis.url()).await;
+    let mut client = observer.client().await;
+    let mut holding = hold(
+        &server.endpoint(),
+        &[
+            "fragile",
+            "--ttl-ms",
+            "2000",
+            "--grace-ms",
+            "500",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; sleep 30 & echo $!; wait",
+        ],
+    );
+    let grandchild: i32 = first_line(&mut holding).await.trim().parse().unwrap();
+    server.shutdown().await.unwrap();
+    let (code, held_while_alive) =
+        exit_keeping_exclusion(&mut holding, &mut client, "fragile", grandchild).await;
+    assert!(held_while_alive);
+    assert_eq!(code, 79);
+    assert!(!alive(grandchild));
+    let stderr = stderr_of(&mut holding).await;
+    assert!(stderr.contains("cannot renew fragile"), "{stderr}");
+    assert!(stderr.contains("LOST fragile"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdout_is_the_commands_and_exit_codes_are_distinct() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let endpoint = server.endpoint();
+    let run = |args: &[&str]| {
+        let child = hold(&endpoint, args);
+        async move { child.wait_with_output().await.unwrap() }
+    };
+
+    // The command's bytes, exactly; its exit code; the grant in its
+    // environment; the status line on stderr.
+    let output = run(&[
+        "job",
+        "--",
+        "sh",
+        "-c",
+        "printf 'a\\000b\\n%s' \"$TUMBLER_FENCING_TOKEN/$TUMBLER_SLOT\"; exit 3",
+    ])
+    .await;
+    assert_eq!(output.status.code(), Some(3));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let token = stderr
+        .strip_prefix("HOLDING job token=")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(output.stdout, format!("a\0b\n{token}/1").into_bytes());
+
+    // Killed by a signal: 128 + its number.
+    let output = run(&["job", "--", "sh", "-c", "kill -KILL $$"]).await;
+    assert_eq!(output.status.code(), Some(137));
+
+    // Busy: 75 (or -E's code), and the command does not run.
+    let mut client = server.client().await;
+    client.acquire(acquire("taken", "someone")).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let output = run(&["taken", "--", "sh", "-c", &touch]).await;
+    assert_eq!(output.status.code(), Some(75));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.starts_with("NOT_ACQUIRED taken: BUSY"), "{stderr}");
+    let output = run(&[
+        "taken",
+        "-E",
+        "9",
+        "--wait-ms",
+        "200",
+        "--",
+        "sh",
+        "-c",
+        &touch,
+    ])
+    .await;
+    assert_eq!(output.status.code(), Some(9));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("TIMEOUT"));
+    assert!(!marker.exists());
+
+    // Not found: 127; not executable: 126; the lock is given back.
+    let output = run(&["job", "--", "no-such-command-here"]).await;
+    assert_eq!(output.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("command not found"));
+    let plain = dir.path().join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    let output = run(&["job", "--", plain.to_str().unwrap()]).await;
+    assert_eq!(output.status.code(), Some(126));
+    assert!(holders(&mut client, "job").await.is_empty());
+
+    // Usage: 64; no server: 69.
+    let output = run(&["--grace-ms", "soon"]).await;
+    assert_eq!(output.status.code(), Some(64));
+    let output = hold("127.0.0.1:1", &["job", "--", "true"])
+        .wait_with_output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("UNAVAILABLE"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_command_the_lock_is_held_until_a_signal() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    // stdin is closed (/dev/null): that no longer ends the hold.
+    let mut holding = hold(&server.endpoint(), &["maintenance", "--ttl-ms", "900"]);
+    let mut stderr = BufReader::new(holding.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).await.unwrap();
+    assert!(line.starts_with("HOLDING maintenance"), "{line}");
+    // Well past the lease: renewed.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(holding.try_wait().unwrap().is_none());
+    assert_eq!(holders(&mut client, "maintenance").await.len(), 1);
+
+    kill(Pid::from_raw(holding.id().unwrap() as i32), Signal::SIGINT).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), holding.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(holders(&mut client, "maintenance").await.is_empty());
+}
