@@ -1580,7 +1580,9 @@ def test_license_file_matches_cargo_and_the_chart():
     assert "THE SOFTWARE IS PROVIDED \"AS IS\"" in text
     assert tomllib.loads((REPO / "Cargo.toml").read_text())["package"]["license"] == "MIT"
     assert _chart().metadata["annotations"]["artifacthub.io/license"] == "MIT"
-    assert 'org.opencontainers.image.licenses="MIT"' in (REPO / "Dockerfile").read_text()
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert 'org.opencontainers.image.licenses="MIT"' in dockerfile
+    assert re.search(r"^COPY --from=build /src/LICENSE \S+$", dockerfile, flags=re.M)
 
 
 def test_release_profile_strips_and_uses_lto():
@@ -2179,3 +2181,28 @@ def test_redis_password_from_a_secret_key_reaches_a_real_redis(started, tmp_path
         print(f"\nredis.host + existingSecretPasswordKey: right password {right}, wrong password {wrong}")
     assert right == "SERVING"
     assert wrong != "SERVING"
+
+
+def test_ingress_paths_cover_every_path_the_dashboard_uses(started, tmp_path):
+    # The default Ingress routes only /dashboard and /api/v1: every page,
+    # asset and JSON endpoint the real dashboard links to or fetches must
+    # fall under one of them (Prefix matching: whole path segments).
+    import urllib.request
+    redis_port = free_port()
+    start_redis(started, redis_port, tmp_path)
+    proc, ports, log = start_tumbler(started, tmp_path, {"TUMBLER_NO_AUTH": "true"}, f"redis://127.0.0.1:{redis_port}")
+    assert wait_for_health(proc, ports["health"], log) == "SERVING", log_tail(log)
+    texts = []
+    for path in ("/dashboard", "/dashboard/assets/app.js", "/dashboard/locks", "/dashboard/metrics"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}{path}", timeout=5) as answer:
+            texts.append(answer.read().decode())
+    used = set()
+    for text in texts:
+        used |= set(re.findall(r"""(?:href|src|action)="(/[^"#?]*)""", text))
+        used |= {m.split("$")[0] for m in re.findall(r"""["'`](/(?:dashboard|api)[^"'`?#\s]*)""", text)}
+    assert "/dashboard/assets/app.js" in used and any(u.startswith("/api/v1/") for u in used), used
+    prefixes = [p["path"] for p in _chart().values["ingress"]["paths"]]
+    for path in used:
+        assert any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes), f"{path} is not routed by {prefixes}"
+    # /metrics stays inside the cluster.
+    assert not any("/metrics" == p or "/metrics".startswith(p.rstrip("/") + "/") for p in prefixes)
