@@ -10,6 +10,7 @@
 //!   `etcd-server`): `Lock`/`Unlock` over gRPC with one lease per client,
 //!   etcd started by the benchmark on loopback with its data dir on tmpfs
 //!   (mutex scenarios only: v3lock has no semaphores).
+//!
 //! A third row shows tumbler's engine called in-process (same functions,
 //! same pool, no gRPC): what the gRPC layer costs, not a baseline.
 //!

@@ -288,11 +288,9 @@ impl LockEngine {
         let mut renewed_at: Option<Instant> = None;
         loop {
             let local = self.watchers.namespaces();
-            if !local.is_empty() && renewed_at.is_none_or(|at| at.elapsed() >= WATCHING_RENEW_EVERY)
-            {
-                if self.register_watching(&local).await.is_ok() {
-                    renewed_at = Some(Instant::now());
-                }
+            let due = renewed_at.is_none_or(|at| at.elapsed() >= WATCHING_RENEW_EVERY);
+            if !local.is_empty() && due && self.register_watching(&local).await.is_ok() {
+                renewed_at = Some(Instant::now());
             }
             let mut read = redis::cmd("ZRANGEBYSCORE");
             read.arg(self.layout.watching_key())

@@ -118,15 +118,15 @@ impl Answer {
 
 pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("acquire", value)?;
-    let code: i64 = reply.next()?;
-    let now = reply.next()?;
-    let holders = reply.next()?;
-    let next_expiry = reply.next()?;
-    let extra: i64 = reply.next()?;
+    let code: i64 = reply.take()?;
+    let now = reply.take()?;
+    let holders = reply.take()?;
+    let next_expiry = reply.take()?;
+    let extra: i64 = reply.take()?;
     let outcome = match code {
         status::OK | status::HELD => {
-            let slot = reply.next()?;
-            let record: String = reply.next()?;
+            let slot = reply.take()?;
+            let record: String = reply.take()?;
             Outcome::Granted {
                 grant: parse_grant(slot, &record)?,
                 holders,

@@ -16,8 +16,8 @@ pub fn args(watched: bool, names: &[String]) -> Vec<String> {
 pub fn parse(value: Value) -> Result<ClearCounts, StoreError> {
     let mut reply = Reply::new("clear", value)?;
     Ok(ClearCounts {
-        locks: reply.next()?,
-        grants: reply.next()?,
-        requests: reply.next()?,
+        locks: reply.take()?,
+        grants: reply.take()?,
+        requests: reply.take()?,
     })
 }

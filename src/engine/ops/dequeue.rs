@@ -28,9 +28,9 @@ pub struct Answer {
 pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("dequeue", value)?;
     Ok(Answer {
-        now: reply.next()?,
-        position: reply.next()?,
-        kind: reply.next()?,
+        now: reply.take()?,
+        position: reply.take()?,
+        kind: reply.take()?,
         noted: reply.noted()?,
     })
 }

@@ -54,10 +54,10 @@ impl Answer {
 
 pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("extend", value)?;
-    let code: i64 = reply.next()?;
-    let now = reply.next()?;
-    let slot = reply.next()?;
-    let record: String = reply.next()?;
+    let code: i64 = reply.take()?;
+    let now = reply.take()?;
+    let slot = reply.take()?;
+    let record: String = reply.take()?;
     let outcome = match code {
         status::OK => Outcome::Extended(parse_grant(slot, &record)?),
         status::NOT_HELD => Outcome::NotHeld,

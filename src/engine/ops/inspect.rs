@@ -9,10 +9,10 @@ use crate::store::StoreError;
 
 pub fn parse(value: Value) -> Result<LockState, StoreError> {
     let mut reply = Reply::new("inspect", value)?;
-    let now_ms = reply.next()?;
-    let limit = reply.next()?;
-    let waiters = reply.next()?;
-    let live: Vec<(u32, String)> = reply.next()?;
+    let now_ms = reply.take()?;
+    let limit = reply.take()?;
+    let waiters = reply.take()?;
+    let live: Vec<(u32, String)> = reply.take()?;
     let mut holders = live
         .iter()
         .map(|(slot, record)| parse_grant(*slot, record))

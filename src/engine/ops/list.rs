@@ -9,8 +9,8 @@ use crate::store::StoreError;
 /// Redis' clock and the locks with anything live, in the order asked.
 pub fn parse(value: Value) -> Result<(i64, Vec<LockSummary>), StoreError> {
     let mut reply = Reply::new("list", value)?;
-    let now = reply.next()?;
-    let found: Vec<(String, u32, u32, u32, i64)> = reply.next()?;
+    let now = reply.take()?;
+    let found: Vec<(String, u32, u32, u32, i64)> = reply.take()?;
     let locks = found
         .into_iter()
         .map(

@@ -66,13 +66,13 @@ impl Reply {
     }
 
     /// The next element, converted.
-    pub fn next<T: redis::FromRedisValue>(&mut self) -> Result<T, StoreError> {
+    pub fn take<T: redis::FromRedisValue>(&mut self) -> Result<T, StoreError> {
         let value = self.items.next().ok_or_else(|| self.bad("too short"))?;
         redis::from_redis_value(value).map_err(|e| self.bad(&e.to_string()))
     }
 
     /// The next element, or `None` at the end.
-    pub fn next_opt<T: redis::FromRedisValue>(&mut self) -> Result<Option<T>, StoreError> {
+    pub fn take_opt<T: redis::FromRedisValue>(&mut self) -> Result<Option<T>, StoreError> {
         match self.items.next() {
             None => Ok(None),
             Some(value) => redis::from_redis_value(value)
@@ -84,7 +84,7 @@ impl Reply {
     /// The elements up to an empty-string marker (or the end).
     pub fn until_marker(&mut self) -> Result<Vec<String>, StoreError> {
         let mut found = Vec::new();
-        while let Some(item) = self.next_opt::<String>()? {
+        while let Some(item) = self.take_opt::<String>()? {
             if item.is_empty() {
                 break;
             }
@@ -96,8 +96,8 @@ impl Reply {
     /// The rest: (event, kind) pairs for the counters.
     pub fn noted(mut self) -> Result<Vec<Noted>, StoreError> {
         let mut noted = Vec::new();
-        while let Some(event) = self.next_opt::<String>()? {
-            let kind = self.next()?;
+        while let Some(event) = self.take_opt::<String>()? {
+            let kind = self.take()?;
             noted.push(Noted { event, kind });
         }
         Ok(noted)
@@ -122,8 +122,8 @@ mod tests {
             Value::BulkString(b"jobs".to_vec()),
         ]);
         let mut reply = Reply::new("test", value).unwrap();
-        assert_eq!(reply.next::<i64>().unwrap(), 1);
-        assert_eq!(reply.next::<String>().unwrap(), "x");
+        assert_eq!(reply.take::<i64>().unwrap(), 1);
+        assert_eq!(reply.take::<String>().unwrap(), "x");
         assert_eq!(
             reply.noted().unwrap(),
             vec![Noted {
@@ -136,7 +136,7 @@ mod tests {
     #[test]
     fn a_short_or_odd_reply_is_a_protocol_error() {
         let mut reply = Reply::new("test", Value::Array(vec![])).unwrap();
-        assert!(reply.next::<i64>().is_err());
+        assert!(reply.take::<i64>().is_err());
         assert!(Reply::new("test", Value::Int(3)).is_err());
         let odd = Value::Array(vec![Value::BulkString(b"expired".to_vec())]);
         assert!(Reply::new("test", odd).unwrap().noted().is_err());

@@ -13,9 +13,9 @@ pub fn args(most: u32) -> Vec<String> {
 
 pub fn parse(value: Value) -> Result<QueueState, StoreError> {
     let mut reply = Reply::new("queue", value)?;
-    let now_ms = reply.next()?;
-    let waiters = reply.next()?;
-    let entries: Vec<(String, i64, String)> = reply.next()?;
+    let now_ms = reply.take()?;
+    let waiters = reply.take()?;
+    let entries: Vec<(String, i64, String)> = reply.take()?;
     let requests = entries
         .iter()
         .zip(1..)

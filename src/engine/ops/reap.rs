@@ -33,12 +33,12 @@ impl Call<'_> {
 pub fn parse(value: Value) -> Result<(ReapCounts, Vec<Noted>), StoreError> {
     let mut reply = Reply::new("reap", value)?;
     let counts = ReapCounts {
-        expired_holders: reply.next()?,
-        dead_waiters: reply.next()?,
-        stale_index_entries: reply.next()?,
-        old_grants: reply.next()?,
-        old_waiters: reply.next()?,
-        locks_visited: reply.next()?,
+        expired_holders: reply.take()?,
+        dead_waiters: reply.take()?,
+        stale_index_entries: reply.take()?,
+        old_grants: reply.take()?,
+        old_waiters: reply.take()?,
+        locks_visited: reply.take()?,
     };
     Ok((counts, reply.noted()?))
 }

@@ -33,7 +33,7 @@ pub struct Answer {
 
 pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("refresh", value)?;
-    let now = reply.next()?;
+    let now = reply.take()?;
     let lost = reply.until_marker()?;
     Ok(Answer {
         now,

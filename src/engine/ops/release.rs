@@ -36,10 +36,10 @@ pub struct Answer {
 
 pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("release", value)?;
-    let code: i64 = reply.next()?;
-    let now = reply.next()?;
-    let slot = reply.next()?;
-    let record: String = reply.next()?;
+    let code: i64 = reply.take()?;
+    let now = reply.take()?;
+    let slot = reply.take()?;
+    let record: String = reply.take()?;
     let released = match code {
         status::OK => Some(parse_grant(slot, &record)?),
         status::NOT_HELD => None,

@@ -55,8 +55,8 @@ pub struct Answer {
 
 pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("renew", value)?;
-    let code: i64 = reply.next()?;
-    let now = reply.next()?;
+    let code: i64 = reply.take()?;
+    let now = reply.take()?;
     if code == status::LATE {
         return Ok(Answer {
             now,
