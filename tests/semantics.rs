@@ -772,60 +772,6 @@ async fn a_locks_limit_is_fixed_while_anyone_holds_or_waits() {
     assert_eq!(fresh.status(), AcquireStatus::Acquired);
 }
 
-#[tokio::test]
-async fn a_session_acquire_with_another_limit_is_refused_on_the_stream() {
-    use proto::session_request::Command;
-    use proto::session_response::Event;
-    let (_redis, server) = setup().await;
-    let mut client = server.client().await;
-    client.acquire(acquire("shared", "plain")).await.unwrap();
-    let (commands, outbox) = tokio::sync::mpsc::channel(4);
-    for command in [
-        Command::Open(proto::SessionOpen {
-            ttl_ms: Some(5_000),
-        }),
-        Command::Acquire(proto::SessionAcquire {
-            request_id: 9,
-            acquire: Some(proto::AcquireRequest {
-                limit: Some(3),
-                ..acquire("shared", "")
-            }),
-        }),
-    ] {
-        commands
-            .send(proto::SessionRequest {
-                command: Some(command),
-            })
-            .await
-            .unwrap();
-    }
-    let mut events = client
-        .session(tokio_stream::wrappers::ReceiverStream::new(outbox))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut refusal = None;
-    while let Some(reply) = events.message().await.unwrap() {
-        match reply.event {
-            Some(Event::Opened(_)) => {}
-            Some(Event::Error(error)) => {
-                refusal = Some(error);
-                break;
-            }
-            other => panic!("expected a refusal, got {other:?}"),
-        }
-    }
-    let error = refusal.expect("a refusal");
-    assert_eq!(error.request_id, 9);
-    assert_eq!(error.code, tonic::Code::FailedPrecondition as i32);
-    assert_limit_refused(
-        &tonic::Status::new(tonic::Code::FailedPrecondition, error.message),
-        1,
-        3,
-    );
-    drop(commands);
-}
-
 /// The probe that found one mutex granted to two holders: Redis restarts
 /// empty under a running replica, and a replica with another shard count
 /// claims it first. The old replica must not serve that Redis again: its

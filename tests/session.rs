@@ -474,3 +474,39 @@ async fn a_session_runs_at_most_1000_commands_at_once() {
     let reply = session.acquire(RUNNING + 2, acquire("free", "")).await;
     assert_eq!(reply.status(), AcquireStatus::Acquired);
 }
+
+/// A session's acquire is held to the lock's limit like any other: one of
+/// another limit is refused on the stream (FAILED_PRECONDITION naming both
+/// limits) and the session goes on.
+#[tokio::test]
+async fn a_session_acquire_with_another_limit_is_refused_on_the_stream() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    client.acquire(acquire("shared", "plain")).await.unwrap();
+    let mut session = Session::open(&mut client, 5_000).await;
+    session
+        .send(Command::Acquire(proto::SessionAcquire {
+            request_id: 9,
+            acquire: Some(proto::AcquireRequest {
+                limit: Some(3),
+                ..acquire("shared", "")
+            }),
+        }))
+        .await;
+    match session.next().await {
+        Some(Event::Error(error)) => {
+            assert_eq!(error.request_id, 9);
+            assert_eq!(error.code, tonic::Code::FailedPrecondition as i32);
+            assert!(
+                error.message.contains("limit 1") && error.message.contains("limit 3"),
+                "{}",
+                error.message
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // The session still works.
+    let reply = session.acquire(10, acquire("other", "")).await;
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+}

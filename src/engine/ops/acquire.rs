@@ -111,8 +111,7 @@ pub struct Answer {
 impl Answer {
     /// True for a grant (the statuses `--min-replicas-acked` waits on).
     pub fn is_grant(reply: &Value) -> bool {
-        matches!(reply, Value::Array(items)
-            if matches!(items.first(), Some(Value::Int(s)) if *s == status::OK || *s == status::HELD))
+        super::status_in(reply, &[status::OK, status::HELD])
     }
 }
 

@@ -48,7 +48,7 @@ pub struct Answer {
 impl Answer {
     /// True for an extension (what `--min-replicas-acked` waits on).
     pub fn is_grant(reply: &Value) -> bool {
-        matches!(reply, Value::Array(items) if matches!(items.first(), Some(Value::Int(status::OK))))
+        super::status_in(reply, &[status::OK])
     }
 }
 

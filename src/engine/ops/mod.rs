@@ -104,6 +104,13 @@ impl Reply {
     }
 }
 
+/// True when a reply's status (its first element) is one of `statuses`
+/// (what `--min-replicas-acked` waits on for a grant).
+pub fn status_in(reply: &Value, statuses: &[i64]) -> bool {
+    matches!(reply, Value::Array(items)
+        if matches!(items.first(), Some(Value::Int(s)) if statuses.contains(s)))
+}
+
 /// The `watched` argument: '1' when some replica watches the namespace.
 pub fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
