@@ -316,7 +316,7 @@ impl LockEngine {
                 &self.scripts.acquire,
                 &keys.declared(self.counts_live()),
                 &call.args(),
-                ops::acquire::Answer::is_grant,
+                ops::acquire::is_grant,
             )
             .await?;
         let answer = ops::acquire::parse(reply)?;
@@ -408,7 +408,7 @@ impl LockEngine {
         let answer = ops::release::parse(reply)?;
         self.clock.observe(answer.now);
         self.count_noted(&lock.namespace, answer.now, &answer.noted);
-        Ok(match answer.released {
+        Ok(match answer.outcome {
             Some(grant) => {
                 self.tally
                     .add(&lock.namespace, answer.now, &grant.kind, "released", 1);
@@ -456,7 +456,7 @@ impl LockEngine {
                 &self.scripts.extend,
                 &keys.declared(self.counts_live()),
                 &call.args(),
-                ops::extend::Answer::is_grant,
+                ops::extend::is_grant,
             )
             .await?;
         let answer = ops::extend::parse(reply)?;

@@ -2,7 +2,7 @@
 
 use redis::Value;
 
-use super::{Noted, Reply, status};
+use super::{Reply, status};
 use crate::engine::AcquireRequest;
 use crate::engine::Grant;
 use crate::engine::records::parse_grant;
@@ -100,19 +100,12 @@ pub enum Outcome {
     Late,
 }
 
-/// The reply: Redis' clock, the outcome and what it noted for the counters.
-#[derive(Debug)]
-pub struct Answer {
-    pub now: i64,
-    pub outcome: Outcome,
-    pub noted: Vec<Noted>,
-}
+/// The reply: Redis' clock, the outcome and what it noted.
+pub type Answer = super::Answer<Outcome>;
 
-impl Answer {
-    /// True for a grant (the statuses `--min-replicas-acked` waits on).
-    pub fn is_grant(reply: &Value) -> bool {
-        super::status_in(reply, &[status::OK, status::HELD])
-    }
+/// True for a grant (what `--min-replicas-acked` waits on).
+pub fn is_grant(reply: &Value) -> bool {
+    super::status_in(reply, &[status::OK, status::HELD])
 }
 
 pub fn parse(value: Value) -> Result<Answer, StoreError> {

@@ -2,7 +2,7 @@
 
 use redis::Value;
 
-use super::{Noted, Reply, flag, status};
+use super::{Reply, flag, status};
 use crate::engine::Grant;
 use crate::engine::records::parse_grant;
 use crate::store::StoreError;
@@ -38,18 +38,12 @@ pub enum Outcome {
     Late,
 }
 
-#[derive(Debug)]
-pub struct Answer {
-    pub now: i64,
-    pub outcome: Outcome,
-    pub noted: Vec<Noted>,
-}
+/// The reply: Redis' clock, the outcome and what it noted.
+pub type Answer = super::Answer<Outcome>;
 
-impl Answer {
-    /// True for an extension (what `--min-replicas-acked` waits on).
-    pub fn is_grant(reply: &Value) -> bool {
-        super::status_in(reply, &[status::OK])
-    }
+/// True for an extension (what `--min-replicas-acked` waits on).
+pub fn is_grant(reply: &Value) -> bool {
+    super::status_in(reply, &[status::OK])
 }
 
 pub fn parse(value: Value) -> Result<Answer, StoreError> {

@@ -43,6 +43,15 @@ pub struct Noted {
     pub kind: String,
 }
 
+/// What a function that decides something answered: Redis' clock, the
+/// outcome, and what it noted for the counters.
+#[derive(Debug)]
+pub struct Answer<T> {
+    pub now: i64,
+    pub outcome: T,
+    pub noted: Vec<Noted>,
+}
+
 /// A function's reply, read element by element.
 pub struct Reply {
     what: &'static str,

@@ -2,7 +2,7 @@
 
 use redis::Value;
 
-use super::{Noted, Reply, flag, status};
+use super::{Reply, flag, status};
 use crate::engine::Grant;
 use crate::engine::records::parse_grant;
 use crate::store::StoreError;
@@ -27,12 +27,7 @@ impl Call<'_> {
 
 /// The reply: Redis' clock, the released grant (None: not held) and what
 /// the call noted for the counters.
-#[derive(Debug)]
-pub struct Answer {
-    pub now: i64,
-    pub released: Option<Grant>,
-    pub noted: Vec<Noted>,
-}
+pub type Answer = super::Answer<Option<Grant>>;
 
 pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("release", value)?;
@@ -47,7 +42,7 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
     };
     Ok(Answer {
         now,
-        released,
+        outcome: released,
         noted: reply.noted()?,
     })
 }

@@ -2,7 +2,7 @@
 
 use redis::Value;
 
-use super::{Noted, Reply, status};
+use super::{Reply, status};
 use crate::store::StoreError;
 
 /// One grant to renew.
@@ -46,12 +46,7 @@ pub enum Outcome {
     Late,
 }
 
-#[derive(Debug)]
-pub struct Answer {
-    pub now: i64,
-    pub outcome: Outcome,
-    pub noted: Vec<Noted>,
-}
+pub type Answer = super::Answer<Outcome>;
 
 pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("renew", value)?;
