@@ -306,7 +306,7 @@ async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
         sample.len()
     );
     println!(
-        "| of which the shard indexes (index + names, MEMORY USAGE SAMPLES 0) | {index_per_lock:.0} bytes |"
+        "| of which shard indexes (layout v2's index + names; none in v3 without a lock limit; MEMORY USAGE SAMPLES 0) | {index_per_lock:.0} bytes |"
     );
     println!(
         "| of which the rest: the key's TTL entry, hash-table buckets | {:.0} bytes |",
