@@ -107,7 +107,10 @@ local function split_key(key)
   return string.sub(key, 1, close), string.sub(key, close + 2)
 end
 
--- A grant as stored: 'expires|token|acquired|ttl|kind|holder[\nmetadata]'.
+-- A grant as stored: 'expires|token|acquired|ttl|kind|holder[\nmetadata]',
+-- the kind left empty when it is 'default': a value of at most 64 bytes
+-- keeps the lock's hash in Redis' compact encoding (hash-max-listpack-value),
+-- and with a short holder the record stays under it.
 -- Its numbers stay text too (the token is compared as text: no float
 -- rounding); `expires` and `acquired` are also numbers.
 local function parse_grant(text)
@@ -120,8 +123,8 @@ local function parse_grant(text)
   end
   return {
     expires = tonumber(expires), expires_s = expires, token = token,
-    acquired = tonumber(acquired), acquired_s = acquired, ttl = ttl, kind = kind,
-    holder = holder, metadata = metadata, text = text,
+    acquired = tonumber(acquired), acquired_s = acquired, ttl = ttl,
+    kind = kind ~= '' and kind or 'default', holder = holder, metadata = metadata, text = text,
   }
 end
 
@@ -130,7 +133,8 @@ local function format_grant(g)
   if not g.expires_s then
     g.expires_s = int(g.expires)
   end
-  local text = g.expires_s .. '|' .. g.token .. '|' .. g.acquired_s .. '|' .. g.ttl .. '|' .. g.kind .. '|' .. g.holder
+  local kind = g.kind ~= 'default' and g.kind or ''
+  local text = g.expires_s .. '|' .. g.token .. '|' .. g.acquired_s .. '|' .. g.ttl .. '|' .. kind .. '|' .. g.holder
   if g.metadata ~= '' then
     text = text .. '\n' .. g.metadata
   end

@@ -1,6 +1,7 @@
 //! The two records tumbler keeps inside a lock's hash, decoded: a grant
 //! (`expires|token|acquired|ttl|kind|holder[\nmetadata]`, in the field of
-//! its slot) and a waiter (`priority|enqueued|wait_deadline|fair|kind`).
+//! its slot; an empty kind is `default`) and a waiter
+//! (`priority|enqueued|wait_deadline|fair|kind`).
 //! `lua/common.lua` writes them; this is their one reader. Public so that
 //! the fuzz targets (`fuzz/`) and property tests reach them.
 
@@ -9,6 +10,9 @@ use std::collections::BTreeMap;
 use crate::store::StoreError;
 
 use super::{Grant, QueuedRequest};
+
+/// The kind a grant stored with an empty kind has.
+const DEFAULT_KIND: &str = "default";
 
 /// Decodes the grant stored in `slot`. The holder id is free text without
 /// control characters, so the newline before the metadata (JSON, absent
@@ -21,7 +25,10 @@ pub fn parse_grant(slot: u32, record: &str) -> Result<Grant, StoreError> {
     let fencing_token = next()?.parse().map_err(|_| bad())?;
     let acquired_at_ms = next()?.parse().map_err(|_| bad())?;
     let ttl_ms = next()?.parse().map_err(|_| bad())?;
-    let kind = next()?.to_owned();
+    let kind = match next()? {
+        "" => DEFAULT_KIND.to_owned(),
+        kind => kind.to_owned(),
+    };
     let rest = next()?;
     let (holder, metadata) = match rest.split_once('\n') {
         Some((holder, json)) => (holder, serde_json::from_str(json).map_err(|_| bad())?),
@@ -89,8 +96,9 @@ mod tests {
         assert_eq!(grant.ttl_ms, 5000);
         assert_eq!(grant.kind, "jobs");
         assert_eq!(grant.metadata.get("a|b").map(String::as_str), Some("c|d"));
-        let bare = parse_grant(1, "9|8|7|6|default|h|x").unwrap();
+        let bare = parse_grant(1, "9|8|7|6||h|x").unwrap();
         assert_eq!(bare.holder, "h|x");
+        assert_eq!(bare.kind, "default");
         assert!(bare.metadata.is_empty());
     }
 
