@@ -21,3 +21,16 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+
+/// Settings the in-crate property tests share.
+#[cfg(test)]
+mod test_support {
+    /// 2,000 cases, no regression files written.
+    pub fn proptest_config() -> proptest::prelude::ProptestConfig {
+        proptest::prelude::ProptestConfig {
+            cases: 2000,
+            failure_persistence: None,
+            ..Default::default()
+        }
+    }
+}

@@ -431,13 +431,7 @@ mod properties {
     use proptest::prelude::*;
     use tonic::Code;
 
-    fn config() -> ProptestConfig {
-        ProptestConfig {
-            cases: 2000,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        }
-    }
+    use crate::test_support::proptest_config as config;
 
     fn names_field(status: &Status, field: &str) -> bool {
         status.code() == Code::InvalidArgument

@@ -132,13 +132,10 @@ impl LockEngine {
             live: self.counts_live(),
             items: &items,
         };
-        let renewed = match self
+        let renewed = self
             .call(&self.scripts.renew, &keys.fence, &call.args())
             .await
-        {
-            Ok(reply) => ops::renew::parse(reply),
-            Err(err) => Err(err),
-        };
+            .and_then(ops::renew::parse);
         match renewed {
             Ok(answer) => {
                 self.clock.observe(answer.now);

@@ -115,13 +115,7 @@ mod properties {
     use super::*;
     use proptest::prelude::*;
 
-    fn config() -> ProptestConfig {
-        ProptestConfig {
-            cases: 2000,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        }
-    }
+    use crate::test_support::proptest_config as config;
 
     proptest! {
         #![proptest_config(config())]

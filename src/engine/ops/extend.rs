@@ -21,8 +21,8 @@ impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         vec![
             self.holder.to_owned(),
-            self.token.map(|t| t.to_string()).unwrap_or_default(),
-            self.ttl_ms.map(|t| t.to_string()).unwrap_or_default(),
+            super::optional(self.token),
+            super::optional(self.ttl_ms),
             self.answer_by.to_string(),
             flag(self.watched).to_owned(),
         ]

@@ -120,6 +120,12 @@ pub fn status_in(reply: &Value, statuses: &[i64]) -> bool {
         if matches!(items.first(), Some(Value::Int(s)) if statuses.contains(s)))
 }
 
+/// An optional number as an argument: '' when absent (the functions read
+/// '' as "any token", "the grant's own ttl", "no cutoff").
+pub fn optional(n: Option<u64>) -> String {
+    n.map(|n| n.to_string()).unwrap_or_default()
+}
+
 /// The `watched` argument: '1' when some replica watches the namespace.
 pub fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }

@@ -18,11 +18,7 @@ pub struct Call<'a> {
 impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         let mut args = Vec::with_capacity(2 + self.names.len());
-        args.push(
-            self.older_than_ms
-                .map(|t| t.to_string())
-                .unwrap_or_default(),
-        );
+        args.push(super::optional(self.older_than_ms));
         args.push(flag(self.watched).to_owned());
         args.push(flag(self.live).to_owned());
         args.extend(self.names.iter().cloned());

@@ -19,7 +19,7 @@ impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         vec![
             self.holder.to_owned(),
-            self.token.map(|t| t.to_string()).unwrap_or_default(),
+            super::optional(self.token),
             flag(self.watched).to_owned(),
         ]
     }
