@@ -6,7 +6,8 @@
 //! Everything runs against its own redis-server on a free port; the
 //! waiting-RPC scenario runs `tumbler serve` as a separate process so its
 //! RSS is the replica's own. `cargo bench --bench scale` measures at full
-//! size (SCALE_LOCKS, SCALE_WAITERS, SCALE_FILL override the defaults);
+//! size (SCALE_LOCKS, SCALE_WAITERS, SCALE_FILL override the defaults;
+//! SCALE_ONLY=memory runs the memory part alone);
 //! under `cargo test --all-targets` it runs at a tiny size as a smoke test.
 
 use std::sync::Arc;
@@ -90,6 +91,7 @@ fn lock_key_kinds(keys: &[String]) -> std::collections::BTreeMap<&'static str, u
             Some("l:") => "l (lock)",
             Some("q:") => "q (queue)",
             Some("d:") => "d (deadlines)",
+            Some("w:") => "w (waiter records)",
             _ => continue,
         };
         *kinds.entry(kind).or_default() += 1;
@@ -133,12 +135,20 @@ async fn channels(endpoint: &str, n: usize) -> Vec<Channel> {
 }
 
 /// Acquires `names` (try once, long lease) with `concurrency` RPCs in flight.
-async fn acquire_all(channels: &[Channel], names: Vec<String>, concurrency: usize) {
+async fn acquire_all(
+    channels: &[Channel],
+    names: Vec<String>,
+    concurrency: usize,
+    holder: Option<&str>,
+) -> Vec<(String, String)> {
     let names = Arc::new(std::sync::Mutex::new(names));
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..concurrency {
         let mut client = LockServiceClient::new(channels[i % channels.len()].clone());
-        let names = names.clone();
+        let (names, held) = (names.clone(), held.clone());
+        // No holder: the server makes one (a 36-character UUIDv7).
+        let holder = holder.unwrap_or_default().to_owned();
         tasks.spawn(async move {
             loop {
                 let Some(name) = names.lock().unwrap().pop() else {
@@ -146,8 +156,8 @@ async fn acquire_all(channels: &[Channel], names: Vec<String>, concurrency: usiz
                 };
                 let reply = client
                     .acquire(proto::AcquireRequest {
-                        name,
-                        holder: "filler".into(),
+                        name: name.clone(),
+                        holder: holder.clone(),
                         ttl_ms: Some(LONG_TTL_MS),
                         ..Default::default()
                     })
@@ -155,10 +165,13 @@ async fn acquire_all(channels: &[Channel], names: Vec<String>, concurrency: usiz
                     .unwrap()
                     .into_inner();
                 assert_eq!(reply.status(), AcquireStatus::Acquired);
+                let grant = reply.grant.unwrap();
+                held.lock().unwrap().push((name, grant.holder));
             }
         });
     }
     while tasks.join_next().await.is_some() {}
+    Arc::try_unwrap(held).unwrap().into_inner().unwrap()
 }
 
 /// Memory and keys per held lock and per waiting request.
@@ -177,7 +190,7 @@ async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
     // Held locks.
     let before = info_field(&mut conn, "memory", "used_memory").await;
     let names: Vec<String> = (0..locks).map(|i| format!("held-{i:08}")).collect();
-    acquire_all(&chans, names, 64).await;
+    acquire_all(&chans, names, 64, Some("filler")).await;
     let after = info_field(&mut conn, "memory", "used_memory").await;
     let per_lock = (after - before) as f64 / locks as f64;
     let held_keys = keys(&mut conn, "tumbler:{default:*}:*").await;
@@ -213,6 +226,25 @@ async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
         index_bytes += bytes.unwrap_or(0);
     }
     let index_per_lock = index_bytes as f64 / locks as f64;
+
+    // The same number of locks again, each with a holder the server makes
+    // (what a caller that brings none gets): then let go.
+    let before_uuid = info_field(&mut conn, "memory", "used_memory").await;
+    let names: Vec<String> = (0..locks).map(|i| format!("made-{i:08}")).collect();
+    let made = acquire_all(&chans, names, 64, None).await;
+    let after_uuid = info_field(&mut conn, "memory", "used_memory").await;
+    let per_lock_uuid = (after_uuid - before_uuid) as f64 / locks as f64;
+    let mut releaser = LockServiceClient::new(chans[0].clone());
+    for (name, holder) in made {
+        releaser
+            .release(proto::ReleaseRequest {
+                name,
+                holder,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
 
     // Waiting requests: `waiters_per_lock` on each of `waited_locks` locks
     // held by someone else.
@@ -300,7 +332,10 @@ async fn memory(locks: usize, waiters_per_lock: usize, waited_locks: usize) {
     );
     println!("| measure | value |");
     println!("| --- | ---: |");
-    println!("| INFO used_memory delta per held lock | {per_lock:.0} bytes |");
+    println!("| INFO used_memory delta per held lock (holder `filler`) | {per_lock:.0} bytes |");
+    println!(
+        "| INFO used_memory delta per held lock (server-made 36-character holder) | {per_lock_uuid:.0} bytes |"
+    );
     println!(
         "| MEMORY USAGE of a lock's own key (l), mean of {} locks | {usage_per_lock:.0} bytes |",
         sample.len()
@@ -564,6 +599,9 @@ async fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     if benching {
         memory(env("SCALE_LOCKS").unwrap_or(100_000) as usize, 100, 100).await;
+        if std::env::var("SCALE_ONLY").is_ok_and(|only| only == "memory") {
+            return;
+        }
         many_waiters(
             env("SCALE_WAITERS").unwrap_or(10_000) as usize,
             100,

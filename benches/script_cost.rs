@@ -292,6 +292,12 @@ impl CallgrindRedis {
             ))
             .args(["redis-server", "--port", &port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            // Redis' timer housekeeping (serverCron: memory statistics,
+            // expiry sampling) runs `hz` times a second whatever the
+            // pairs do, so its share grows with the run's wall time (a
+            // busy machine, a slower build): once a second keeps it out
+            // of the comparison.
+            .args(["--hz", "1"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -331,7 +337,9 @@ impl CallgrindRedis {
             std::fs::remove_file(entry.unwrap().path()).unwrap();
         }
         self.control(&["--dump"]);
-        total_instructions(self.dir.path())
+        let total = total_instructions(self.dir.path());
+        keep_dump(self.dir.path());
+        total
     }
 }
 
@@ -360,6 +368,21 @@ fn total_instructions(dir: &Path) -> u64 {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("no callgrind dump in {}", dir.display());
+}
+
+/// With `SCRIPT_COST_KEEP=<dir>`, each measurement's callgrind dump is
+/// copied there (`callgrind_annotate --inclusive=yes <file>` shows where
+/// Redis' instructions went: the profile behind BENCHMARKS.md's tables).
+fn keep_dump(dir: &Path) {
+    let Ok(keep) = std::env::var("SCRIPT_COST_KEEP") else {
+        return;
+    };
+    std::fs::create_dir_all(&keep).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let n = std::fs::read_dir(&keep).unwrap().count();
+        std::fs::copy(&path, Path::new(&keep).join(format!("{n}.cg"))).unwrap();
+    }
 }
 
 /// Redis' CPU instructions per pair, counted by callgrind: each binary

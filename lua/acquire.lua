@@ -1,6 +1,6 @@
 -- acquire: take one of `limit` permits of a lock for a holder, or, when the
 -- caller waits, hold its place in the lock's queue.
--- KEYS[1] the lock
+-- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, limit, ttl_ms, kind, metadata (JSON; '' = none),
 --       answer_by (Redis ms; '0' = none),
 --       flags ('f' = fair: takes its turn in the queue; 'e' = publish events),
@@ -8,15 +8,15 @@
 --       max_locks (of the namespace in this shard; absent or '0' = no limit),
 --       and, only when waiting: wait_ms (left), queue_ttl_ms, max_waiters (per lock)
 -- Returns {status, now, holders, next_expiry, position or the lock's limit,
---          slot, grant, events...}
---   OK / HELD: slot and grant are the holder's; BUSY, QUEUED (position),
+--          holder, grant, events...}
+--   OK / HELD: the holder and its grant record; BUSY, QUEUED (position),
 --   QUEUE_FULL, NAMESPACE_FULL, LIMIT_MISMATCH (the lock's limit), LATE.
 local holder, limit_s, ttl, kind, metadata, answer_by, flags,
   priority_s, max_locks_s, wait_ms, queue_ttl, max_waiters = unpack(ARGV, 1, 12)
-local limit, max_locks = tonumber(limit_s), tonumber(max_locks_s or '0')
+local limit, max_locks = num(limit_s), num(max_locks_s or '0')
 local fair = string.find(flags, 'f', 1, true) ~= nil
 local watched = string.find(flags, 'e', 1, true) ~= nil
-local waiting, priority = wait_ms ~= nil, tonumber(priority_s or '0')
+local waiting, priority = wait_ms ~= nil, num(priority_s or '0')
 local now, now_us, now_s = clock()
 
 -- 1. Past the caller's answer-by time nothing happens: it was told no.
@@ -29,9 +29,9 @@ local L = load(lock_at(KEYS), holder, watched)
 local changed = purge(L, now)
 
 -- 3. A holder with a live grant gets that same grant back (idempotent retry).
-if L.mine then
+if L.mine_text then
   settle_purged(L, changed)
-  return {HELD, now, L.n, 0, 0, L.mine_slot, L.mine.text, unpack(L.events)}
+  return {HELD, now, L.n, 0, 0, holder, L.mine_text, unpack(L.events)}
 end
 
 -- 4. The limit belongs to the lock while anyone holds or waits.
@@ -65,9 +65,10 @@ if free > 0 and ahead == 0 then
     drop_waiters(L, {holder})
   end
   local slot = 1
-  if L.n > 0 then
-    -- Slots freed by this very call (purged above) are free too, though
-    -- their fields go only in settle.
+  if limit > 1 and L.n > 0 then
+    -- The slot map ('<slot>' -> holder) says which are taken; slots freed
+    -- by this very call (purged above) are free too, though their fields
+    -- go only in settle.
     local freed = {}
     for _, field in ipairs(L.removed) do
       freed[field] = true
@@ -76,7 +77,7 @@ if free > 0 and ahead == 0 then
     for s = 1, L.n + 1 do
       slots[s] = int(s)
     end
-    local taken = on_fields(L, 'HMGET', slots)
+    local taken = on_fields(L.key, 'HMGET', slots)
     for s = 1, L.n + 1 do
       if not taken[s] or freed[slots[s]] then
         slot = s
@@ -85,13 +86,13 @@ if free > 0 and ahead == 0 then
     end
   end
   local grant = {
-    expires = now + tonumber(ttl), token = next_token(L, now_us), acquired = now,
+    slot = slot, expires = now + tonumber(ttl), token = next_token(L, now_us),
     acquired_s = now_s, ttl = ttl, kind = kind, holder = holder, metadata = metadata,
   }
   L.n, L.limit, L.top = L.n + 1, limit, math.max(L.top, slot)
-  put_grant(L, slot, grant)
+  put_grant(L, grant)
   if limit > 1 then
-    change(L, 'h:' .. holder, int(slot))
+    change(L, int(slot), holder)
   end
   settle(L)
   emit(L, 'acquired', holder, grant.token, now)
@@ -99,7 +100,7 @@ if free > 0 and ahead == 0 then
   if free > 1 or changed then
     wake_eligible(L)
   end
-  return {OK, now, L.n, L.e, 0, slot, grant.text, unpack(L.events)}
+  return {OK, now, L.n, L.e, 0, holder, grant.text, unpack(L.events)}
 end
 
 -- 8. Not granted, trying once: nothing is queued.
@@ -118,8 +119,8 @@ if not queued_order then
   L.queue_fresh = not queue_head(L)
   L.seq, L.limit, L.dirty = L.seq + 1, limit, true
   redis.call('ZADD', L.queue, int((PRIORITY_MAX - priority) * ARRIVALS + L.seq), holder)
-  change(L, 'w:' .. holder, string.format('%d|%d|%d|%s|%s',
-    priority, now, now + tonumber(wait_ms), fair and '1' or '0', kind))
+  redis.call('HSET', L.waiters, holder, (priority_s or '0') .. '|' .. now_s .. '|' .. wait_ms .. '|'
+    .. (fair and '1' or '0') .. '|' .. (kind ~= 'default' and kind or ''))
   L.queue_known = false
   emit(L, 'queued', holder, nil, now)
 end

@@ -11,25 +11,31 @@
 -- '<prefix>:{<ns>:<s>}', so one function call touches one cluster slot.
 --   ...:l:<name>  HASH, the lock; exists while someone holds or waits:
 --                   '_'          header 'limit|holders|earliest|top|arrivals|key_expiry'
---                   '<slot>'     grant 'expires|token|acquired|ttl|kind|holder[\nmetadata]'
---                   'h:<holder>' slot of a holder, for limit > 1 only
---                   'w:<id>'     waiter 'priority|enqueued|wait_deadline|fair|kind'
+--                   'h:<holder>' grant 'slot|expires|token|acquired|ttl|kind[\nmetadata]'
+--                   '<slot>'     holder of a slot, for limit > 1 only
 --   ...:q:<name>  ZSET waiting request -> order (priority, arrival); only while someone waits
 --   ...:d:<name>  ZSET waiting request -> liveness deadline (ms); with the queue
+--   ...:w:<name>  HASH waiting request -> 'priority|enqueued|wait_ms|fair|kind'; with the queue
 --   ...:fence     STRING the shard's last fencing token
 --   ...:n         ZSET lock name -> key expiry; only with a per-namespace lock limit
 --   ...:m:<minute> HASH 'kind|event' -> count (written by the replicas, shard 0 only)
--- An uncontended mutex is one key; nothing else is written per lock.
+-- An uncontended mutex is one key of two fields; nothing else is written
+-- per lock. Every value stays within 64 bytes for holders up to 64 bytes
+-- and no metadata, so the lock's hash keeps Redis' compact (listpack)
+-- encoding; the lock's hash holds no waiter, so reading all of its grants
+-- (HGETALL) costs what its holders cost, however long its queue.
 --
 -- A function on one lock declares its keys (KEYS: lock, queue, deadlines,
--- fence, and '...:n' with a lock limit), so Redis Cluster checks them all
--- before it runs; the steps derive the same names from KEYS[1]. One that
--- walks a shard (list, reap, clear, renew) gets the shard's fence key and
--- derives the lock keys from it (same hash tag, same slot).
+-- waiters, fence, and '...:n' with a lock limit), so Redis Cluster checks
+-- them all before it runs. One that walks a shard (list, reap, clear,
+-- renew) gets the shard's fence key and derives the lock keys from it
+-- (same hash tag, same slot).
 --
 -- Numbers cross into Redis as decimal text made here (int): a Lua number
 -- handed to redis.call is printed with '%.14g', which is slow and, past 14
--- digits, wrong.
+-- digits, wrong. Text read back is turned into numbers only where a step
+-- computes with it (tonumber runs the C library's strtod: one of the
+-- dearest steps of a call).
 
 -- Reply statuses, shared by every function (src/engine/ops/ has the twins).
 local OK = 1            -- acquired, released, extended
@@ -61,23 +67,39 @@ local ARRIVALS = 4398046511104 -- 2^42
 -- argument lists well inside Lua's stack.
 local BATCH = 500
 
--- Small integers as text, made once (by the first call: the string
--- library is not there while the library loads), so counts, slots and
--- limits need no formatting per call.
-local SMALL
+-- Small integers as text and back, made once (by the first call: the
+-- string library is not there while the library loads), so counts, slots
+-- and limits need no formatting or strtod per call.
+local SMALL, SMALL_NUM
+
+local function small_tables()
+  SMALL, SMALL_NUM = {}, {}
+  for i = 0, 1023 do
+    local text = string.format('%d', i)
+    SMALL[i], SMALL_NUM[text] = text, i
+  end
+end
 
 -- Integers as exact decimal text (Lua's own tostring keeps 14 digits).
--- Formatting a number is one of the dearest steps of a call: the hot
--- paths keep numbers as the text they arrived as where they can.
 local function int(n)
   if not SMALL then
-    SMALL = {}
-    for i = 0, 1023 do
-      SMALL[i] = string.format('%d', i)
-    end
+    small_tables()
   end
   return SMALL[n] or string.format('%d', n)
 end
+
+-- Decimal text as a number; small ones without strtod.
+local function num(text)
+  if not SMALL then
+    small_tables()
+  end
+  return SMALL_NUM[text] or tonumber(text)
+end
+
+-- The empty list every lock table starts with for its changes, removed
+-- fields and events (most calls have none of some): never appended to;
+-- the first append gives the lock a list of its own.
+local NONE = {}
 
 -- Zeros that pad TIME's microseconds to six digits.
 local PAD = {'00000', '0000', '000', '00', '0', ''}
@@ -92,12 +114,21 @@ local function clock()
   return tonumber(millis), t[1] .. micros, millis
 end
 
+-- The Redis clock in milliseconds only (a call that grants nothing needs
+-- no text of it).
+local function clock_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 -- True when a granting call runs after its caller's answer-by time
 -- (Redis clock, ms; absent or '0': no bound): the replica has answered
 -- the caller already (deadline, timeout), so nothing may be granted.
 local function late(answer_by, now)
-  local by = tonumber(answer_by or '0') or 0
-  return by > 0 and now > by
+  if not answer_by or answer_by == '0' then
+    return false
+  end
+  return now > (tonumber(answer_by) or 0)
 end
 
 -- The shard of a key ('<prefix>:{<ns>:<s>}') and what follows it. Neither
@@ -107,24 +138,20 @@ local function split_key(key)
   return string.sub(key, 1, close), string.sub(key, close + 2)
 end
 
--- A grant as stored: 'expires|token|acquired|ttl|kind|holder[\nmetadata]',
--- the kind left empty when it is 'default': a value of at most 64 bytes
--- keeps the lock's hash in Redis' compact encoding (hash-max-listpack-value),
--- and with a short holder the record stays under it.
--- Its numbers stay text too (the token is compared as text: no float
--- rounding); `expires` and `acquired` are also numbers.
-local function parse_grant(text)
-  local expires, token, acquired, ttl, kind, rest =
-    string.match(text, '^(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
-  local holder, metadata = rest, ''
-  local newline = string.find(rest, '\n', 1, true)
-  if newline then
-    holder, metadata = string.sub(rest, 1, newline - 1), string.sub(rest, newline + 1)
-  end
+-- A grant as stored, in the field 'h:<holder>':
+-- 'slot|expires|token|acquired|ttl|kind[\nmetadata]', the kind left empty
+-- when it is 'default'. The holder lives in the field's name, so with no
+-- metadata every part stays short: at most 64 bytes each keeps the lock's
+-- hash in Redis' compact encoding (hash-max-listpack-value).
+-- Its numbers stay text (the token is compared as text: no float
+-- rounding); `slot` and `expires` are also numbers.
+local function parse_grant(holder, text)
+  local slot, expires, token, acquired, ttl, kind, metadata =
+    string.match(text, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^\n]*)\n?(.*)$')
   return {
-    expires = tonumber(expires), expires_s = expires, token = token,
-    acquired = tonumber(acquired), acquired_s = acquired, ttl = ttl,
-    kind = kind ~= '' and kind or 'default', holder = holder, metadata = metadata, text = text,
+    slot = num(slot), expires = tonumber(expires), expires_s = expires, token = token,
+    acquired_s = acquired, ttl = ttl, kind = kind ~= '' and kind or 'default',
+    holder = holder, metadata = metadata, text = text,
   }
 end
 
@@ -134,7 +161,7 @@ local function format_grant(g)
     g.expires_s = int(g.expires)
   end
   local kind = g.kind ~= 'default' and g.kind or ''
-  local text = g.expires_s .. '|' .. g.token .. '|' .. g.acquired_s .. '|' .. g.ttl .. '|' .. kind .. '|' .. g.holder
+  local text = int(g.slot) .. '|' .. g.expires_s .. '|' .. g.token .. '|' .. g.acquired_s .. '|' .. g.ttl .. '|' .. kind
   if g.metadata ~= '' then
     text = text .. '\n' .. g.metadata
   end
@@ -142,30 +169,46 @@ local function format_grant(g)
   return text
 end
 
--- The kind inside a waiter record 'priority|enqueued|wait_deadline|fair|kind'.
+-- The parts of a waiter record 'priority|enqueued|wait_ms|fair|kind' the
+-- steps need: its kind (empty: 'default') and when it was queued.
 local function waiter_kind(record)
-  return string.match(record or '', '|([^|]*)$') or 'default'
+  local kind = string.match(record or '', '|([^|]*)$')
+  return (kind and kind ~= '') and kind or 'default'
+end
+
+local function waiter_enqueued(record)
+  return tonumber(string.match(record or '', '^%-?%d+|(%d+)|') or '0')
+end
+
+-- A lock table: every field a step may set is named here, so the table is
+-- made at its full size once.
+local function new_lock(key, queue, deadlines, waiters, fence, live)
+  return {
+    key = key, queue = queue, deadlines = deadlines, waiters = waiters, fence = fence,
+    live = live, shard = false, name = false,
+    holder = false, watched = false, exists = false,
+    limit = 1, n = 0, e = 0, top = 0, seq = 0, x = 0, e_s = false, x_s = false,
+    mine_text = false, mine_grant = false,
+    changes = NONE, removed = NONE, events = NONE, keep_until = 0, dirty = false,
+    head = false, queue_known = false, queue_fresh = false,
+  }
 end
 
 -- A lock of the shard `shard`, before it is read. `live`: the deployment
 -- has a per-namespace lock limit, so the shard's live locks are counted in
 -- '...:n' (only then: nobody else pays for it).
 local function lock_of(shard, name, live)
-  return {
-    shard = shard, name = name, key = shard .. ':l:' .. name,
-    queue = shard .. ':q:' .. name, deadlines = shard .. ':d:' .. name,
-    fence = shard .. ':fence', live = live or false,
-  }
+  local L = new_lock(shard .. ':l:' .. name, shard .. ':q:' .. name, shard .. ':d:' .. name,
+    shard .. ':w:' .. name, shard .. ':fence', live or false)
+  L.shard, L.name = shard, name
+  return L
 end
 
 -- The lock a function on one lock was called for, from its declared keys
--- (lock, queue, deadlines, fence, and '...:n' when live locks are
+-- (lock, queue, deadlines, waiters, fence, and '...:n' when live locks are
 -- counted). Its shard and name are worked out only when needed (names).
 local function lock_at(keys)
-  return {
-    key = keys[1], queue = keys[2], deadlines = keys[3], fence = keys[4],
-    live = keys[5] ~= nil,
-  }
+  return new_lock(keys[1], keys[2], keys[3], keys[4], keys[5], keys[6] ~= nil)
 end
 
 -- The lock's shard prefix and name (from its key, once).
@@ -177,57 +220,73 @@ local function names(L)
   return L.shard, L.name
 end
 
--- Reads a lock (one HMGET: its header, slot 1 and, for a semaphore, the
--- holder's slot) into L:
+-- Reads a lock (one HMGET: its header and the holder's grant) into L:
 --   limit, n (holders), e (no lease ends before), top (highest slot that
 --   may be taken), seq (arrivals; > 0 exactly while someone may wait),
 --   x (when the keys expire; 0 for a fresh lock), exists,
---   mine, mine_slot: the grant of `holder` (nil when it holds none),
+--   mine_text: the stored grant of `holder` (false when it holds none;
+--   `mine` decodes it, only for the calls that need its parts),
 -- and the bookkeeping settle works from:
 --   changes (fields to HSET), removed (fields to HDEL), dirty (header),
 --   keep_until (the keys must live until then), events (what happened,
 --   for the replica's counters: event, kind, event, kind, ...).
 local function load(L, holder, watched)
-  local v = redis.call('HMGET', L.key, '_', '1', 'h:' .. (holder or ''))
-  L.holder, L.watched = holder, watched == true or watched == '1'
-  L.changes, L.removed, L.events, L.keep_until, L.dirty = {}, {}, {}, 0, false
-  L.exists = v[1] and true or false
-  if L.exists then
-    local limit, n, e, top, seq, x = string.match(v[1], '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
-    L.limit, L.n, L.e, L.top, L.seq, L.x =
-      tonumber(limit), tonumber(n), tonumber(e), tonumber(top), tonumber(seq), tonumber(x)
-    L.e_s, L.x_s = e, x
+  local header, record
+  if holder then
+    local v = redis.call('HMGET', L.key, '_', 'h:' .. holder)
+    header, record = v[1], v[2]
   else
-    L.limit, L.n, L.e, L.top, L.seq, L.x = 1, 0, 0, 0, 0, 0
+    header = redis.call('HGET', L.key, '_')
   end
-  local slot = v[3] and tonumber(v[3]) or 1
-  local text = slot == 1 and v[2] or (v[3] and redis.call('HGET', L.key, v[3]))
-  if text and holder then
-    local grant = parse_grant(text)
-    if grant.holder == holder then
-      L.mine, L.mine_slot = grant, slot
-    end
+  L.holder, L.watched = holder or false, watched == true or watched == '1'
+  if header then
+    local limit, n, e, top, seq, x = string.match(header, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+    L.exists = true
+    L.limit, L.n, L.top, L.seq = num(limit), num(n), num(top), num(seq)
+    L.e, L.x = tonumber(e), tonumber(x)
+    L.e_s, L.x_s = e, x
   end
+  L.mine_text = record or false
   return L
+end
+
+-- The holder's grant, decoded (false when it holds none).
+local function mine(L)
+  if L.mine_text and not L.mine_grant then
+    L.mine_grant = parse_grant(L.holder, L.mine_text)
+  end
+  return L.mine_text and L.mine_grant
+end
+
+-- Append to one of the lock's lists (changes, removed, events), giving it
+-- a list of its own first.
+local function append(L, list, a, b)
+  local items = L[list]
+  if items == NONE then
+    items = {}
+    L[list] = items
+  end
+  items[#items + 1] = a
+  if b then
+    items[#items + 1] = b
+  end
 end
 
 -- Queue a field for settle's one HSET.
 local function change(L, field, value)
-  local changes = L.changes
-  changes[#changes + 1] = field
-  changes[#changes + 1] = value
+  append(L, 'changes', field, value)
 end
 
 -- Note an event for the replica's per-minute counters.
 local function note(L, event, kind)
-  local events = L.events
-  events[#events + 1] = event
-  events[#events + 1] = kind
+  append(L, 'events', event, kind)
 end
 
 -- The keys must outlive a new lease or waiter deadline by the grace.
 local function keep_keys_until(L, at)
-  L.keep_until = math.max(L.keep_until, at + KEY_GRACE_MS)
+  if at + KEY_GRACE_MS > L.keep_until then
+    L.keep_until = at + KEY_GRACE_MS
+  end
 end
 
 -- Lock events for watchers go to '<prefix>:events' as
@@ -244,14 +303,14 @@ local function emit(L, event, holder, token, now)
     table.concat({namespace, name, event, holder, token or '0', int(now)}, '\n'))
 end
 
--- A command on many fields of the lock's hash (HMGET, HDEL), in batches;
--- returns the replies' elements in field order (HMGET's values; nil kept
--- in place, so `count` says how many there are).
-local function on_fields(L, command, fields)
+-- A command on many fields of a hash (HMGET, HDEL), in batches; returns
+-- the replies' elements in field order (HMGET's values; nil kept in place,
+-- so `count` says how many there are).
+local function on_fields(key, command, fields)
   local values = {}
   for first = 1, #fields, BATCH do
     local last = math.min(first + BATCH - 1, #fields)
-    local part = redis.call(command, L.key, unpack(fields, first, last))
+    local part = redis.call(command, key, unpack(fields, first, last))
     if type(part) == 'table' then
       for i = 1, last - first + 1 do
         values[first + i - 1] = part[i]
@@ -261,47 +320,42 @@ local function on_fields(L, command, fields)
   return values
 end
 
--- Every grant of the lock, lapsed or not: {{slot, grant}, ...} in slot
--- order. One HMGET over the slots 1..top.
+-- Every grant of the lock, lapsed or not: {grant, ...} in no set order.
+-- One HGETALL: the lock's hash holds its header, its grants and (for a
+-- semaphore) its slots, never its waiters.
 local function all_grants(L)
-  if L.n == 0 or L.top == 0 then
+  if L.n == 0 then
     return {}
   end
-  local slots = {}
-  for slot = 1, L.top do
-    slots[slot] = int(slot)
-  end
   local grants = {}
-  local values = on_fields(L, 'HMGET', slots)
-  for slot = 1, L.top do
-    if values[slot] then
-      table.insert(grants, {slot, parse_grant(values[slot])})
+  local fields = redis.call('HGETALL', L.key)
+  for i = 1, #fields, 2 do
+    local field = fields[i]
+    if string.sub(field, 1, 2) == 'h:' then
+      grants[#grants + 1] = parse_grant(string.sub(field, 3), fields[i + 1])
     end
   end
   return grants
 end
 
 -- Remove one grant (its fields go in settle, with the whole key when
--- nothing is left).
-local function drop_grant(L, slot, grant)
-  table.insert(L.removed, int(slot))
-  if L.limit > 1 then
-    table.insert(L.removed, 'h:' .. grant.holder)
-  end
+-- nothing is left). `slot` matters for a semaphore only.
+local function drop_grant(L, holder, slot)
+  append(L, 'removed', 'h:' .. holder, L.limit > 1 and int(slot) or nil)
   L.n, L.dirty = L.n - 1, true
   if L.n == 0 then
-    L.e = 0
+    L.e, L.e_s = 0, '0'
   end
-  if grant.holder == L.holder then
-    L.mine, L.mine_slot = nil, nil
+  if holder == L.holder then
+    L.mine_text, L.mine_grant = false, false
   end
 end
 
--- Store a grant in its slot with its lease (L.n already counts it): 'e'
--- stays a bound no lease ends before (exact for a sole holder), and the
--- keys outlive the lease.
-local function put_grant(L, slot, grant)
-  change(L, int(slot), format_grant(grant))
+-- Store a grant with its lease (L.n already counts it): 'e' stays a bound
+-- no lease ends before (exact for a sole holder), and the keys outlive the
+-- lease.
+local function put_grant(L, grant)
+  change(L, 'h:' .. grant.holder, format_grant(grant))
   if L.n == 1 or grant.expires < L.e then
     L.e, L.e_s = grant.expires, grant.expires_s
   end
@@ -318,19 +372,18 @@ local function purge_expired(L, now)
     return 0
   end
   local dropped, earliest, top = 0, nil, 0
-  for _, entry in ipairs(all_grants(L)) do
-    local slot, grant = entry[1], entry[2]
+  for _, grant in ipairs(all_grants(L)) do
     if grant.expires <= now then
-      drop_grant(L, slot, grant)
+      drop_grant(L, grant.holder, grant.slot)
       note(L, 'expired', grant.kind)
       emit(L, 'expired', grant.holder, grant.token, now)
       dropped = dropped + 1
     else
       earliest = math.min(earliest or grant.expires, grant.expires)
-      top = slot
+      top = math.max(top, grant.slot)
     end
   end
-  L.e, L.e_s, L.top, L.dirty = earliest or 0, nil, top, true
+  L.e, L.e_s, L.top, L.dirty = earliest or 0, false, top, true
   return dropped
 end
 
@@ -342,21 +395,19 @@ local function queue_head(L)
     return nil
   end
   if not L.queue_known then
-    L.head = redis.call('ZRANGE', L.queue, '0', '0')[1]
+    L.head = redis.call('ZRANGE', L.queue, '0', '0')[1] or false
     L.queue_known = true
   end
-  return L.head
+  return L.head or nil
 end
 
--- Remove waiting requests from the queue (their records go in settle).
+-- Remove waiting requests from the queue, with their records.
 local function drop_waiters(L, ids)
   for first = 1, #ids, BATCH do
     local last = math.min(first + BATCH - 1, #ids)
     redis.call('ZREM', L.queue, unpack(ids, first, last))
     redis.call('ZREM', L.deadlines, unpack(ids, first, last))
-  end
-  for _, id in ipairs(ids) do
-    table.insert(L.removed, 'w:' .. id)
+    redis.call('HDEL', L.waiters, unpack(ids, first, last))
   end
   L.queue_known = false
 end
@@ -372,11 +423,7 @@ local function purge_dead_waiters(L, now)
   if #dead == 0 then
     return 0
   end
-  local fields = {}
-  for i, id in ipairs(dead) do
-    fields[i] = 'w:' .. id
-  end
-  local records = on_fields(L, 'HMGET', fields)
+  local records = on_fields(L.waiters, 'HMGET', dead)
   for i, id in ipairs(dead) do
     note(L, 'reaped', waiter_kind(records[i]))
     emit(L, 'dequeued', id, nil, now)
@@ -406,13 +453,14 @@ end
 -- never below the Redis clock in microseconds. A lost counter (restart
 -- without persistence, failover to a lagging replica) therefore resumes
 -- above every token it handed out, as long as the clock moves forward.
--- Usually one call: the clock is ahead of the last token.
+-- Usually one call: the clock is ahead of the last token (both are
+-- 16-digit text then, which compares as the numbers do).
 local function next_token(L, now_us)
-  local last = tonumber(redis.call('SET', L.fence, now_us, 'GET', 'PX', FENCE_IDLE_TTL_MS) or '0')
-  if last < tonumber(now_us) then
+  local last = redis.call('SET', L.fence, now_us, 'GET', 'PX', FENCE_IDLE_TTL_MS)
+  if not last or (#last == #now_us and last < now_us) or #last < #now_us then
     return now_us
   end
-  local token = int(last + 1)
+  local token = int(tonumber(last) + 1)
   redis.call('SET', L.fence, token, 'PX', FENCE_IDLE_TTL_MS)
   return token
 end
@@ -438,7 +486,7 @@ local function settle(L)
   if L.n == 0 and not head then
     if L.exists then
       if L.seq > 0 then
-        redis.call('DEL', L.key, L.queue, L.deadlines)
+        redis.call('DEL', L.key, L.queue, L.deadlines, L.waiters)
       else
         redis.call('DEL', L.key)
       end
@@ -455,8 +503,8 @@ local function settle(L)
     L.seq, L.dirty = 0, true
   end
   if #L.removed > 0 then
-    on_fields(L, 'HDEL', L.removed)
-    L.removed = {}
+    on_fields(L.key, 'HDEL', L.removed)
+    L.removed = NONE
   end
   local expire = L.keep_until > L.x
   if expire then
@@ -472,7 +520,7 @@ local function settle(L)
   end
   if #L.changes > 0 then
     redis.call('HSET', L.key, unpack(L.changes))
-    L.changes = {}
+    L.changes = NONE
   end
   if expire then
     local at = L.x_s
@@ -491,6 +539,7 @@ local function settle(L)
     end
     redis.call('PEXPIREAT', L.queue, L.x_s)
     redis.call('PEXPIREAT', L.deadlines, L.x_s)
+    redis.call('PEXPIREAT', L.waiters, L.x_s)
     L.queue_fresh = false
   end
   L.exists = true

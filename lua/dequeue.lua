@@ -1,11 +1,11 @@
 -- dequeue: a waiting request leaves the queue (its RPC timed out or was
 -- cancelled).
--- KEYS[1] the lock
+-- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: request id, watched ('1' = publish events)
 -- Returns {now, the position it had (1-based; 0 = it was not queued),
 --          the kind it waited as, events...}
 local id, watched = unpack(ARGV, 1, 2)
-local now = clock()
+local now = clock_ms()
 local L = load(lock_at(KEYS), nil, watched)
 
 -- 1. Expired leases and dead waiters leave too.
@@ -15,7 +15,7 @@ purge(L, now)
 local rank = queue_head(L) and redis.call('ZRANK', L.queue, id)
 local kind = ''
 if rank then
-  kind = waiter_kind(redis.call('HGET', L.key, 'w:' .. id))
+  kind = waiter_kind(redis.call('HGET', L.waiters, id))
   emit(L, 'dequeued', id, nil, now)
   drop_waiters(L, {id})
 end

@@ -1,15 +1,15 @@
 -- extend: reset the remaining lease of a live grant, only for its holder.
--- KEYS[1] the lock
+-- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, token ('' = any), ttl_ms ('' = the grant's own ttl),
 --       answer_by (Redis ms; '0' = none), watched ('1' = publish events)
--- Returns {OK, now, slot, grant, events...}, {NOT_HELD, now, 0, '', events...}
---         or {LATE, now, 0, ''}
+-- Returns {OK, now, holder, grant, events...}, {NOT_HELD, now, '', '', events...}
+--         or {LATE, now, '', ''}
 local holder, token, ttl, answer_by, watched = unpack(ARGV, 1, 5)
-local now = clock()
+local now = clock_ms()
 
 -- 1. Past the caller's answer-by time nothing happens: it was told no.
 if late(answer_by, now) then
-  return {LATE, now, 0, ''}
+  return {LATE, now, '', ''}
 end
 local L = load(lock_at(KEYS), holder, watched)
 
@@ -17,10 +17,10 @@ local L = load(lock_at(KEYS), holder, watched)
 local changed = purge(L, now)
 
 -- 3. Only a live grant of this holder (with this token, if given).
-local grant, slot = L.mine, L.mine_slot
+local grant = mine(L)
 if not grant or (token ~= '' and grant.token ~= token) then
   settle_purged(L, changed)
-  return {NOT_HELD, now, 0, '', unpack(L.events)}
+  return {NOT_HELD, now, '', '', unpack(L.events)}
 end
 
 -- 4. The new lease runs from now; the grant keeps the ttl it was given
@@ -29,7 +29,7 @@ if ttl ~= '' then
   grant.ttl = ttl
 end
 grant.expires, grant.expires_s = now + tonumber(grant.ttl), nil
-put_grant(L, slot, grant)
+put_grant(L, grant)
 
 -- 5. The key's TTL follows the new lease when it must.
 settle(L)
@@ -37,4 +37,4 @@ emit(L, 'extended', holder, grant.token, now)
 if changed then
   wake_eligible(L)
 end
-return {OK, now, slot, grant.text, unpack(L.events)}
+return {OK, now, holder, grant.text, unpack(L.events)}

@@ -1,16 +1,16 @@
 -- inspect: a lock's live holders, its limit and its live waiter count.
 -- Reads only: expired holders and dead waiters are left out here and
 -- purged by the next write.
--- KEYS[1] the lock
--- Returns {now, limit, waiters, {{slot, grant}, ...}} (live holders)
-local now = clock()
+-- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- Returns {now, limit, waiters, {{holder, grant}, ...}} (live holders)
+local now = clock_ms()
 local L = load(lock_at(KEYS))
 
 -- 1. Live holders: leases that end after now.
 local holders = {}
-for _, entry in ipairs(all_grants(L)) do
-  if entry[2].expires > now then
-    table.insert(holders, {entry[1], entry[2].text})
+for _, grant in ipairs(all_grants(L)) do
+  if grant.expires > now then
+    holders[#holders + 1] = {grant.holder, grant.text}
   end
 end
 

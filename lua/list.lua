@@ -4,15 +4,15 @@
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: lock names
 -- Returns {now, {{name, holders, limit, waiters, next lease expiry}, ...}}
-local now = clock()
+local now = clock_ms()
 local shard = split_key(KEYS[1])
 
 local locks = {}
 for _, name in ipairs(ARGV) do
   local L = load(lock_of(shard, name))
   local holders, first = 0, nil
-  for _, entry in ipairs(all_grants(L)) do
-    local expires = entry[2].expires
+  for _, grant in ipairs(all_grants(L)) do
+    local expires = grant.expires
     if expires > now then
       holders = holders + 1
       first = math.min(first or expires, expires)

@@ -1,10 +1,10 @@
 -- queue: a lock's live waiting requests in grant order. Reads only: dead
 -- requests are left out here and purged by the next write.
--- KEYS[1] the lock
+-- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: most entries to return
 -- Returns {now, live waiters, {{id, liveness deadline, waiter record}, ...}}
 local most = tonumber(ARGV[1])
-local now = clock()
+local now = clock_ms()
 local L = lock_at(KEYS)
 
 -- 1. Walk the queue in order, skipping requests whose replica went quiet.
@@ -20,12 +20,12 @@ for first = 1, #ids, BATCH do
       live = live + 1
       if #entries + #wanted < most then
         table.insert(wanted, {ids[i], deadline})
-        table.insert(fields, 'w:' .. ids[i])
+        table.insert(fields, ids[i])
       end
     end
   end
   if #fields > 0 then
-    local records = redis.call('HMGET', L.key, unpack(fields))
+    local records = redis.call('HMGET', L.waiters, unpack(fields))
     for i, entry in ipairs(wanted) do
       table.insert(entries, {entry[1], entry[2], records[i] or ''})
     end

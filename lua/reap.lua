@@ -8,7 +8,7 @@
 -- Returns {expired leases, dead waiters, locks gone already, old grants,
 --          old waiters, locks visited, events...}
 local older_than, watched, live = unpack(ARGV, 1, 3)
-local now = clock()
+local now = clock_ms()
 local cutoff = older_than ~= '' and now - tonumber(older_than) or nil
 local shard = split_key(KEYS[1])
 local expired, dead, gone, old_grants, old_waiters = 0, 0, 0, 0, 0
@@ -25,10 +25,9 @@ for k = 4, #ARGV do
     dead = dead + purge_dead_waiters(L, now)
     -- 3. With a cutoff: grants and requests older than it, live or not.
     if cutoff then
-      for _, entry in ipairs(all_grants(L)) do
-        local slot, grant = entry[1], entry[2]
-        if grant.acquired < cutoff then
-          drop_grant(L, slot, grant)
+      for _, grant in ipairs(all_grants(L)) do
+        if tonumber(grant.acquired_s) < cutoff then
+          drop_grant(L, grant.holder, grant.slot)
           note(L, 'reaped', grant.kind)
           emit(L, 'reaped', grant.holder, grant.token, now)
           old_grants = old_grants + 1
@@ -36,15 +35,10 @@ for k = 4, #ARGV do
       end
       if queue_head(L) then
         local ids = redis.call('ZRANGE', L.queue, '0', '-1')
-        local fields = {}
-        for i, id in ipairs(ids) do
-          fields[i] = 'w:' .. id
-        end
-        local records = on_fields(L, 'HMGET', fields)
+        local records = on_fields(L.waiters, 'HMGET', ids)
         local old = {}
         for i, id in ipairs(ids) do
-          local enqueued = tonumber(string.match(records[i] or '', '^%-?%d+|(%d+)|') or '0')
-          if enqueued < cutoff then
+          if waiter_enqueued(records[i]) < cutoff then
             table.insert(old, id)
             note(L, 'reaped', waiter_kind(records[i]))
             emit(L, 'dequeued', id, nil, now)

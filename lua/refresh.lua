@@ -1,10 +1,10 @@
 -- refresh: keep one replica's waiting requests on a lock alive while their
 -- RPCs are open, and clear out what died meanwhile.
--- KEYS[1] the lock
+-- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: watched ('1' = publish events), then pairs of (request id, queue_ttl_ms)
 -- Returns {now, ids no longer queued (their place was lost)..., '', events...}
 local watched = ARGV[1]
-local now = clock()
+local now = clock_ms()
 local L = load(lock_at(KEYS), nil, watched)
 
 -- 1. Expired leases and dead waiters (other replicas' too) leave.

@@ -7,7 +7,7 @@
 -- Returns {status, now, lost group numbers (1-based)..., events...}:
 --   status OK, or LATE (nothing renewed). The events follow a '' marker.
 local answer_by, live = unpack(ARGV, 1, 2)
-local now = clock()
+local now = clock_ms()
 if late(answer_by, now) then
   return {LATE, now}
 end
@@ -21,10 +21,10 @@ for k = 3, #ARGV, 4 do
   local changed = purge(L, now)
   -- 2. Only the same grant (holder and token) is renewed; it keeps the ttl
   --    it was granted with.
-  local grant = L.mine
+  local grant = mine(L)
   if grant and grant.token == token then
     grant.expires, grant.expires_s = now + ttl, nil
-    put_grant(L, L.mine_slot, grant)
+    put_grant(L, grant)
     settle(L)
   else
     table.insert(reply, (k - 3) / 4 + 1)

@@ -620,11 +620,14 @@ async fn a_semaphore_hands_over_at_a_later_expiry_after_its_earliest_holder_rele
     );
     assert_eq!(granted.holders, 2);
 
-    // The queue is empty again: the lock hash keeps no arrival counter, and
-    // the next waiter still queues and is served in order.
+    // The queue is empty again: its keys (order, deadlines, records) are
+    // gone, the lock hash keeps no arrival counter, and the next waiter
+    // still queues and is served in order.
     let lock_key = scan_keys(&mut conn, "tumbler:*:l:stale").await;
-    let fields: Vec<String> = conn.hkeys(&lock_key[0]).await.unwrap();
-    assert!(!fields.iter().any(|f| f.starts_with("w:")), "{fields:?}");
+    for kind in ["q", "d", "w"] {
+        let left = scan_keys(&mut conn, &format!("tumbler:*:{kind}:stale")).await;
+        assert!(left.is_empty(), "{left:?}");
+    }
     assert_eq!(lock_header(&mut conn, &lock_key[0]).await[4], 0, "arrivals");
     let mut next_client = server.client().await;
     let next = tokio::spawn(async move {
@@ -872,4 +875,77 @@ async fn an_emptied_redis_is_claimed_again_by_the_running_replicas() {
     let mut client = old.client().await;
     let reply = client.acquire(acquire("still", "h")).await.unwrap();
     assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+}
+
+/// A held lock stays one small, compactly encoded hash whoever holds it:
+/// the holder's id (here one the server makes, 36 characters) is the
+/// grant's field name, so no stored value passes Redis' 64-byte limit for
+/// compact hashes; and a long queue keeps its records out of the lock's
+/// hash, which stays compact too.
+#[tokio::test]
+async fn a_held_lock_stays_a_compact_hash_with_long_holders_and_long_queues() {
+    let (redis, server) = setup().await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    let probe = conn.clone();
+    let encoding = |key: String| {
+        let mut conn = probe.clone();
+        async move {
+            redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(&key)
+                .query_async::<String>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+
+    let made = client
+        .acquire(acquire("compact", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let holder = made.grant.unwrap().holder;
+    assert_eq!(holder.len(), 36, "{holder:?}");
+    let lock_key = scan_keys(&mut conn, "tumbler:*:l:compact").await.remove(0);
+    let fields: Vec<String> = conn.hkeys(&lock_key).await.unwrap();
+    assert_eq!(fields.len(), 2, "header and one grant: {fields:?}");
+    assert!(fields.contains(&format!("h:{holder}")), "{fields:?}");
+    assert_eq!(encoding(lock_key.clone()).await, "listpack");
+
+    // 200 waiters (more than a compact hash may hold entries).
+    let mut waiting = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let mut client = server.client().await;
+        waiting.spawn(async move {
+            client
+                .acquire(proto::AcquireRequest {
+                    wait_ms: 30_000,
+                    ..acquire("compact", &format!("waiter-{i:03}"))
+                })
+                .await
+        });
+    }
+    while inspect_waiters(&mut client, "compact").await < 200 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(encoding(lock_key.clone()).await, "listpack");
+    let fields: Vec<String> = conn.hkeys(&lock_key).await.unwrap();
+    assert_eq!(fields.len(), 2, "{fields:?}");
+    waiting.abort_all();
+}
+
+async fn inspect_waiters(
+    client: &mut tumbler::proto::lock_service_client::LockServiceClient<tonic::transport::Channel>,
+    name: &str,
+) -> u32 {
+    client
+        .inspect(proto::InspectRequest {
+            name: name.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .waiters
 }

@@ -116,7 +116,7 @@ pub fn page_token(data: &[u8]) {
 /// `|`, quotes or unicode the holder and metadata hold.
 pub fn grant_record(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let _ = engine::parse_grant(1, &text);
+    let _ = engine::parse_grant("h", &text);
     let _ = engine::parse_waiter("h", &text, 0, 1);
     let _ = engine::watchers::LockEvent::parse(&text);
     engine::waiters::Waiters::new(1, 1).handle_message(&text);
@@ -132,11 +132,11 @@ pub fn grant_record(data: &[u8]) {
     let holder = validate::holder(&bytes.text(64)).unwrap_or_else(|_| "h".to_owned());
     let metadata: BTreeMap<String, String> = entries(&mut bytes).into_iter().collect();
     let json = engine::records::metadata_arg(&metadata).unwrap();
-    let mut record = format!("{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}|{holder}");
+    let mut record = format!("{slot}|{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}");
     if !json.is_empty() {
         record = format!("{record}\n{json}");
     }
-    let grant = engine::parse_grant(slot, &record).expect("a written record decodes");
+    let grant = engine::parse_grant(&holder, &record).expect("a written record decodes");
     assert_eq!(grant.expires_at_ms, expires as i64);
     assert_eq!(grant.fencing_token, token);
     assert_eq!(grant.slot, slot);
@@ -188,11 +188,11 @@ pub fn metadata(data: &[u8]) {
             }
             assert!(total <= validate::MAX_METADATA_TOTAL_BYTES);
             let json = engine::records::metadata_arg(&valid).unwrap();
-            let record = format!("1|1|0|1|default|h\n{json}");
+            let record = format!("1|1|1|0|1|default\n{json}");
             let grant = if valid.is_empty() {
-                engine::parse_grant(1, "1|1|0|1|default|h")
+                engine::parse_grant("h", "1|1|1|0|1|default")
             } else {
-                engine::parse_grant(1, &record)
+                engine::parse_grant("h", &record)
             }
             .expect("a written record decodes");
             assert_eq!(grant.metadata, valid);

@@ -18,18 +18,20 @@ pub struct Layout {
     shards: u32,
 }
 
-/// The keys of one lock (a function call gets only `lock`; the others
-/// share its hash tag and are derived from it in Lua).
+/// The keys of one lock, all with the hash tag of its shard (a function
+/// on the lock declares them: [`LockKeys::declared`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockKeys {
     /// HASH: the whole lock in one key — its header (limit, holders,
     /// earliest expiry, highest slot, arrivals, key expiry), a grant per
-    /// slot, holder → slot for semaphores, waiter records.
+    /// holder (`h:<holder>`), slot → holder for semaphores.
     pub lock: String,
     /// ZSET of waiting requests in grant order; exists only while someone waits.
     pub queue: String,
     /// ZSET waiting request → liveness deadline; exists with the queue.
     pub deadlines: String,
+    /// HASH waiting request → its record; exists with the queue.
+    pub waiters: String,
     /// STRING (per shard) last fencing token handed out.
     pub fence: String,
     /// ZSET (per shard) of live locks, kept only with a per-namespace lock
@@ -41,12 +43,14 @@ impl LockKeys {
     /// The keys a function on this lock declares, so that Redis Cluster
     /// checks them all before it runs (a slot half-migrated answers
     /// ASK/TRYAGAIN instead of running a script that would fail midway):
-    /// lock, queue, deadlines, fence, and the live-lock ZSET when asked.
+    /// lock, queue, deadlines, waiters, fence, and the live-lock ZSET when
+    /// asked.
     pub fn declared(&self, with_live: bool) -> Vec<&str> {
         let mut keys = vec![
             self.lock.as_str(),
             self.queue.as_str(),
             self.deadlines.as_str(),
+            self.waiters.as_str(),
             self.fence.as_str(),
         ];
         if with_live {
@@ -88,6 +92,7 @@ impl Layout {
             lock: format!("{shard}:l:{name}"),
             queue: format!("{shard}:q:{name}"),
             deadlines: format!("{shard}:d:{name}"),
+            waiters: format!("{shard}:w:{name}"),
             fence: format!("{shard}:fence"),
             live: format!("{shard}:n"),
         }
@@ -202,7 +207,13 @@ mod tests {
         let keys = layout.lock_keys("default", "orders:{42}");
         let shard = layout.shard_of("default", "orders:{42}");
         let tag = format!("{{default:{shard}}}");
-        for key in [&keys.lock, &keys.queue, &keys.deadlines, &keys.fence] {
+        for key in [
+            &keys.lock,
+            &keys.queue,
+            &keys.deadlines,
+            &keys.waiters,
+            &keys.fence,
+        ] {
             assert!(key.starts_with(&format!("tumbler:{tag}:")), "{key}");
         }
         assert_eq!(keys.lock, format!("tumbler:{tag}:l:orders:{{42}}"));

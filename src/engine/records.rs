@@ -1,7 +1,7 @@
-//! The two records tumbler keeps inside a lock's hash, decoded: a grant
-//! (`expires|token|acquired|ttl|kind|holder[\nmetadata]`, in the field of
-//! its slot; an empty kind is `default`) and a waiter
-//! (`priority|enqueued|wait_deadline|fair|kind`).
+//! The two records tumbler keeps for a lock, decoded: a grant
+//! (`slot|expires|token|acquired|ttl|kind[\nmetadata]`, in the lock hash's
+//! field `h:<holder>`; an empty kind is `default`) and a waiter
+//! (`priority|enqueued|wait_ms|fair|kind`, in the queue's records hash).
 //! `lua/common.lua` writes them; this is their one reader. Public so that
 //! the fuzz targets (`fuzz/`) and property tests reach them.
 
@@ -11,29 +11,33 @@ use crate::store::StoreError;
 
 use super::{Grant, QueuedRequest};
 
-/// The kind a grant stored with an empty kind has.
+/// The kind a record stored with an empty kind has.
 const DEFAULT_KIND: &str = "default";
 
-/// Decodes the grant stored in `slot`. The holder id is free text without
-/// control characters, so the newline before the metadata (JSON, absent
-/// when there is none) is unambiguous.
-pub fn parse_grant(slot: u32, record: &str) -> Result<Grant, StoreError> {
-    let bad = || StoreError::Protocol(format!("grant record in slot {slot} not understood"));
-    let mut fields = record.splitn(6, '|');
+fn kind_of(text: &str) -> String {
+    match text {
+        "" => DEFAULT_KIND.to_owned(),
+        kind => kind.to_owned(),
+    }
+}
+
+/// Decodes the grant of `holder`. The kind never holds a newline, so the
+/// newline before the metadata (JSON, absent when there is none) is
+/// unambiguous.
+pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
+    let bad = || StoreError::Protocol(format!("grant record of {holder:?} not understood"));
+    let (numbers, metadata) = match record.split_once('\n') {
+        Some((numbers, json)) => (numbers, serde_json::from_str(json).map_err(|_| bad())?),
+        None => (record, BTreeMap::new()),
+    };
+    let mut fields = numbers.splitn(6, '|');
     let mut next = || fields.next().ok_or_else(bad);
+    let slot = next()?.parse().map_err(|_| bad())?;
     let expires_at_ms = next()?.parse().map_err(|_| bad())?;
     let fencing_token = next()?.parse().map_err(|_| bad())?;
     let acquired_at_ms = next()?.parse().map_err(|_| bad())?;
     let ttl_ms = next()?.parse().map_err(|_| bad())?;
-    let kind = match next()? {
-        "" => DEFAULT_KIND.to_owned(),
-        kind => kind.to_owned(),
-    };
-    let rest = next()?;
-    let (holder, metadata) = match rest.split_once('\n') {
-        Some((holder, json)) => (holder, serde_json::from_str(json).map_err(|_| bad())?),
-        None => (rest, BTreeMap::new()),
-    };
+    let kind = kind_of(next()?);
     Ok(Grant {
         holder: holder.to_owned(),
         fencing_token,
@@ -66,14 +70,17 @@ pub fn parse_waiter(
     let bad = || StoreError::Protocol(format!("waiter record of {holder:?} not understood"));
     let mut fields = record.splitn(5, '|');
     let mut next = || fields.next().ok_or_else(bad);
+    let priority = next()?.parse().map_err(|_| bad())?;
+    let enqueued_at_ms: i64 = next()?.parse().map_err(|_| bad())?;
+    let wait_ms: i64 = next()?.parse().map_err(|_| bad())?;
     Ok(QueuedRequest {
         holder: holder.to_owned(),
         position,
-        priority: next()?.parse().map_err(|_| bad())?,
-        enqueued_at_ms: next()?.parse().map_err(|_| bad())?,
-        wait_deadline_ms: next()?.parse().map_err(|_| bad())?,
+        priority,
+        enqueued_at_ms,
+        wait_deadline_ms: enqueued_at_ms.saturating_add(wait_ms),
         fair: next()? == "1",
-        kind: next()?.to_owned(),
+        kind: kind_of(next()?),
         expires_at_ms,
     })
 }
@@ -85,8 +92,8 @@ mod tests {
     #[test]
     fn grant_record_round_trips_holders_and_metadata_with_separators() {
         let grant = parse_grant(
-            3,
-            "1732230005000|1732230000000001|1732230000000|5000|jobs|w|1\n{\"a|b\":\"c|d\"}",
+            "w|1",
+            "3|1732230005000|1732230000000001|1732230000000|5000|jobs\n{\"a|b\":\"c|d\"}",
         )
         .unwrap();
         assert_eq!(grant.holder, "w|1");
@@ -96,17 +103,31 @@ mod tests {
         assert_eq!(grant.ttl_ms, 5000);
         assert_eq!(grant.kind, "jobs");
         assert_eq!(grant.metadata.get("a|b").map(String::as_str), Some("c|d"));
-        let bare = parse_grant(1, "9|8|7|6||h|x").unwrap();
+        let bare = parse_grant("h|x", "1|9|8|7|6|").unwrap();
         assert_eq!(bare.holder, "h|x");
         assert_eq!(bare.kind, "default");
         assert!(bare.metadata.is_empty());
     }
 
     #[test]
+    fn waiter_record_gives_its_wait_deadline_and_default_kind() {
+        let waiter = parse_waiter("w|1", "-5|1732230000000|2500|1|", 1732230009000, 2).unwrap();
+        assert_eq!(waiter.priority, -5);
+        assert_eq!(waiter.enqueued_at_ms, 1_732_230_000_000);
+        assert_eq!(waiter.wait_deadline_ms, 1_732_230_002_500);
+        assert!(waiter.fair);
+        assert_eq!(waiter.kind, "default");
+        assert_eq!(waiter.position, 2);
+        let jobs = parse_waiter("w", "0|1|2|0|jobs", 3, 1).unwrap();
+        assert_eq!((jobs.fair, jobs.kind.as_str()), (false, "jobs"));
+        assert!(parse_waiter("w", "0|x|2|0|", 3, 1).is_err());
+    }
+
+    #[test]
     fn malformed_grant_record_is_a_protocol_error() {
-        assert!(parse_grant(1, "12|x|3|4|k|h").is_err());
-        assert!(parse_grant(1, "12|1|3").is_err());
-        assert!(parse_grant(1, "12|1|3|4|k|h\nnot json").is_err());
+        assert!(parse_grant("h", "1|12|x|3|4|k").is_err());
+        assert!(parse_grant("h", "1|12|1|3").is_err());
+        assert!(parse_grant("h", "1|12|1|3|4|k\nnot json").is_err());
     }
 }
 
@@ -123,7 +144,7 @@ mod properties {
         #[test]
         fn records_of_any_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let text = String::from_utf8_lossy(&bytes);
-            let _ = parse_grant(1, &text);
+            let _ = parse_grant("h", &text);
             let _ = parse_waiter("h", &text, 0, 1);
         }
 
@@ -140,11 +161,11 @@ mod properties {
         ) {
             // Written as lua/common.lua's format_grant writes it.
             let json = metadata_arg(&metadata).unwrap();
-            let mut record = format!("{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}|{holder}");
+            let mut record = format!("{slot}|{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}");
             if !json.is_empty() {
                 record = format!("{record}\n{json}");
             }
-            let grant = parse_grant(slot, &record).unwrap();
+            let grant = parse_grant(&holder, &record).unwrap();
             prop_assert_eq!(grant.expires_at_ms, expires);
             prop_assert_eq!(grant.fencing_token, token);
             prop_assert_eq!(grant.slot, slot);

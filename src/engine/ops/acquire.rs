@@ -117,10 +117,10 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let extra: i64 = reply.take()?;
     let outcome = match code {
         status::OK | status::HELD => {
-            let slot = reply.take()?;
+            let holder: String = reply.take()?;
             let record: String = reply.take()?;
             Outcome::Granted {
-                grant: parse_grant(slot, &record)?,
+                grant: parse_grant(&holder, &record)?,
                 holders,
                 already: code == status::HELD,
             }

@@ -50,10 +50,10 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("extend", value)?;
     let code: i64 = reply.take()?;
     let now = reply.take()?;
-    let slot = reply.take()?;
+    let holder: String = reply.take()?;
     let record: String = reply.take()?;
     let outcome = match code {
-        status::OK => Outcome::Extended(parse_grant(slot, &record)?),
+        status::OK => Outcome::Extended(parse_grant(&holder, &record)?),
         status::NOT_HELD => Outcome::NotHeld,
         status::LATE => Outcome::Late,
         other => return Err(StoreError::Protocol(format!("extend status {other}"))),

@@ -12,10 +12,10 @@ pub fn parse(value: Value) -> Result<LockState, StoreError> {
     let now_ms = reply.take()?;
     let limit = reply.take()?;
     let waiters = reply.take()?;
-    let live: Vec<(u32, String)> = reply.take()?;
+    let live: Vec<(String, String)> = reply.take()?;
     let mut holders = live
         .iter()
-        .map(|(slot, record)| parse_grant(*slot, record))
+        .map(|(holder, record)| parse_grant(holder, record))
         .collect::<Result<Vec<_>, _>>()?;
     holders.sort_by_key(|grant| grant.slot);
     Ok(LockState {

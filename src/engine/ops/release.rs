@@ -33,10 +33,10 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let mut reply = Reply::new("release", value)?;
     let code: i64 = reply.take()?;
     let now = reply.take()?;
-    let slot = reply.take()?;
+    let holder: String = reply.take()?;
     let record: String = reply.take()?;
     let released = match code {
-        status::OK => Some(parse_grant(slot, &record)?),
+        status::OK => Some(parse_grant(&holder, &record)?),
         status::NOT_HELD => None,
         other => return Err(StoreError::Protocol(format!("release status {other}"))),
     };
