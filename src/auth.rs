@@ -54,6 +54,22 @@ struct TokenEntry {
     /// Requests per second this token may make on each replica.
     #[serde(default)]
     requests_per_second: Option<u32>,
+    /// Per-token overrides of the replica's quotas (`--max-*-per-token`).
+    #[serde(default)]
+    max_sessions: Option<usize>,
+    #[serde(default)]
+    max_watchers: Option<usize>,
+    #[serde(default)]
+    max_waiters: Option<usize>,
+}
+
+/// A token's own quotas, where its file entry sets them (None: the
+/// replica's `--max-*-per-token` default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenQuotas {
+    pub sessions: Option<usize>,
+    pub watchers: Option<usize>,
+    pub waiters: Option<usize>,
 }
 
 /// One configured token.
@@ -63,8 +79,17 @@ pub struct Token {
     digest: [u8; 32],
     namespaces: Vec<NamespacePattern>,
     expires_at: Option<SystemTime>,
-    rate: Option<DefaultDirectRateLimiter>,
+    /// Shared with this token's next version after a reload of the file
+    /// (same name, same rate), so a reload does not refill the budget.
+    rate: Option<Arc<DefaultDirectRateLimiter>>,
+    requests_per_second: Option<u32>,
+    pub quotas: TokenQuotas,
 }
+
+/// The namespace of tumbler's own locks (the reaper's). No client may act
+/// in it; only a token that names it exactly, with the admin role, may
+/// read it (Inspect, Queue, List).
+pub const SYSTEM_NAMESPACE: &str = "tumbler-system";
 
 enum NamespacePattern {
     Any,
@@ -137,9 +162,18 @@ impl Token {
             Some(rps) => {
                 let per_second = std::num::NonZeroU32::new(rps)
                     .ok_or_else(|| context("requests_per_second must be at least 1".into()))?;
-                Some(RateLimiter::direct(Quota::per_second(per_second)))
+                Some(Arc::new(RateLimiter::direct(Quota::per_second(per_second))))
             }
         };
+        for (field, value) in [
+            ("max_sessions", entry.max_sessions),
+            ("max_watchers", entry.max_watchers),
+            ("max_waiters", entry.max_waiters),
+        ] {
+            if value == Some(0) {
+                return Err(context(format!("{field} must be at least 1")));
+            }
+        }
         Ok(Token {
             name: entry.name,
             role: entry.role,
@@ -147,12 +181,43 @@ impl Token {
             namespaces,
             expires_at,
             rate,
+            requests_per_second: entry.requests_per_second,
+            quotas: TokenQuotas {
+                sessions: entry.max_sessions,
+                watchers: entry.max_watchers,
+                waiters: entry.max_waiters,
+            },
         })
     }
 
-    /// Whether this token may act in `namespace`.
+    /// Whether this token's namespaces include `namespace` (for
+    /// [`SYSTEM_NAMESPACE`], see [`Access::act`] and [`Access::read`]).
     pub fn allows(&self, namespace: &str) -> bool {
         self.namespaces.iter().any(|p| p.matches(namespace))
+    }
+
+    /// Whether this token may read tumbler's own namespace: the admin role
+    /// and the namespace named exactly (`*` and patterns do not count).
+    pub fn reads_system(&self) -> bool {
+        self.role == Role::Admin
+            && self
+                .namespaces
+                .iter()
+                .any(|p| matches!(p, NamespacePattern::Exact(n) if n == SYSTEM_NAMESPACE))
+    }
+
+    fn is_expired(&self) -> bool {
+        self.expires_at.is_some_and(|at| at <= SystemTime::now())
+    }
+
+    /// Charges one request to this token's rate, if it has one.
+    pub fn charge(&self) -> Result<(), Status> {
+        match &self.rate {
+            Some(rate) if rate.check().is_err() => Err(Status::resource_exhausted(
+                "request rate limit of this token exceeded; retry later",
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -166,6 +231,21 @@ pub fn new_token() -> anyhow::Result<String> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
     Ok(format!("tmb_{}", hex::encode(bytes)))
+}
+
+/// Parses a tokens file's text; a token that keeps its name and rate
+/// keeps its rate budget from `before`.
+fn parse_tokens_after(text: &str, before: &[Arc<Token>]) -> Result<Vec<Arc<Token>>, String> {
+    let mut tokens = parse_tokens(text)?;
+    for token in &mut tokens {
+        let old = before
+            .iter()
+            .find(|t| t.name == token.name && t.requests_per_second == token.requests_per_second);
+        if let (Some(old), Some(token)) = (old, Arc::get_mut(token)) {
+            token.rate = old.rate.clone();
+        }
+    }
+    Ok(tokens)
 }
 
 /// Parses a tokens file's text.
@@ -188,6 +268,8 @@ pub struct Authenticator {
     tokens: RwLock<Arc<Vec<Arc<Token>>>>,
     /// The file's text when last loaded, to notice changes.
     loaded_text: std::sync::Mutex<String>,
+    /// Counts reloads, so open streams re-check their token at each one.
+    reloads: tokio::sync::watch::Sender<u64>,
 }
 
 impl Authenticator {
@@ -202,6 +284,7 @@ impl Authenticator {
             path: path.to_owned(),
             tokens: RwLock::new(Arc::new(tokens)),
             loaded_text: std::sync::Mutex::new(text),
+            reloads: tokio::sync::watch::Sender::new(0),
         }))
     }
 
@@ -219,11 +302,13 @@ impl Authenticator {
         if *loaded == text {
             return;
         }
-        match parse_tokens(&text) {
+        let before = self.tokens.read().unwrap().clone();
+        match parse_tokens_after(&text, &before) {
             Ok(tokens) => {
                 tracing::info!(tokens = tokens.len(), file = %self.path.display(), "tokens file reloaded");
                 *self.tokens.write().unwrap() = Arc::new(tokens);
                 *loaded = text;
+                self.reloads.send_modify(|n| *n += 1);
             }
             Err(e) => {
                 tracing::error!(file = %self.path.display(), error = %e, "tokens file invalid; keeping the tokens loaded before");
@@ -268,18 +353,119 @@ impl Authenticator {
             }
         }
         let token = found.ok_or_else(unauthenticated)?;
-        if token.expires_at.is_some_and(|at| at <= SystemTime::now()) {
+        if token.is_expired() {
             tracing::info!(token = %token.name, "expired token refused");
             return Err(unauthenticated());
         }
-        if let Some(rate) = &token.rate
-            && rate.check().is_err()
-        {
-            return Err(Status::resource_exhausted(
-                "request rate limit of this token exceeded; retry later",
-            ));
-        }
+        token.charge()?;
         Ok(token)
+    }
+
+    /// The version of `token` in force now (the file may have been
+    /// reloaded since it was presented): UNAUTHENTICATED when it was
+    /// removed or has expired. Nothing is charged to its rate.
+    pub fn current(&self, token: &Token) -> Result<Arc<Token>, Status> {
+        let tokens = self.tokens.read().unwrap().clone();
+        let now = tokens
+            .iter()
+            .find(|t| bool::from(t.digest.ct_eq(&token.digest)))
+            .cloned()
+            .ok_or_else(revoked)?;
+        if now.is_expired() {
+            return Err(revoked());
+        }
+        Ok(now)
+    }
+}
+
+fn revoked() -> Status {
+    Status::unauthenticated("the bearer token was revoked or has expired")
+}
+
+/// The access of a long-lived stream (Session, Watch), kept current: the
+/// token is looked up again at every command, at every reload of the
+/// tokens file and when it expires, so a revoked or expired token ends
+/// its streams instead of living on in them.
+pub struct LiveAccess {
+    access: Access,
+    /// None: authentication is off.
+    auth: Option<(Arc<Authenticator>, tokio::sync::watch::Receiver<u64>)>,
+}
+
+impl LiveAccess {
+    /// The caller's access as the interceptor left it (fail closed).
+    pub fn of<T>(request: &tonic::Request<T>) -> Result<LiveAccess, Status> {
+        let access = Access::of(request)?;
+        let auth = match &access {
+            Access::Open => None,
+            Access::Token(_) => {
+                let auth = request
+                    .extensions()
+                    .get::<Arc<Authenticator>>()
+                    .cloned()
+                    .ok_or_else(unauthenticated)?;
+                let reloads = auth.reloads.subscribe();
+                Some((auth, reloads))
+            }
+        };
+        Ok(LiveAccess { access, auth })
+    }
+
+    /// What the caller may do, as of the last [`Self::recheck`].
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
+    /// Looks the token up again: UNAUTHENTICATED when it was revoked or
+    /// has expired (the stream must end).
+    pub fn recheck(&mut self) -> Result<(), Status> {
+        if let (Some((auth, _)), Access::Token(token)) = (&self.auth, &self.access) {
+            match auth.current(token) {
+                Ok(now) => self.access = Access::Token(now),
+                Err(status) => {
+                    tracing::info!(token = %token.name, "stream of a revoked or expired token ended");
+                    return Err(status);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Charges one command to the token's request rate, like an RPC.
+    pub fn charge(&self) -> Result<(), Status> {
+        match &self.access {
+            Access::Open => Ok(()),
+            Access::Token(token) => token.charge(),
+        }
+    }
+
+    /// Resolves when the token may have changed: the tokens file was
+    /// reloaded, or the token's expiry came. Never, with auth off.
+    pub async fn changed(&mut self) {
+        let expiry = match &self.access {
+            Access::Token(token) => token.expires_at,
+            Access::Open => None,
+        };
+        let Some((_, reloads)) = &mut self.auth else {
+            return std::future::pending().await;
+        };
+        let until_expiry = expiry.map(|at| {
+            at.duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO)
+        });
+        tokio::select! {
+            changed = reloads.changed() => {
+                if changed.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            () = async {
+                match until_expiry {
+                    Some(left) => tokio::time::sleep(left).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
     }
 }
 
@@ -298,6 +484,12 @@ fn permission_denied() -> Status {
     Status::permission_denied("this token may not do that")
 }
 
+fn reserved() -> Status {
+    Status::permission_denied(format!(
+        "namespace: {SYSTEM_NAMESPACE} is reserved for tumbler's own locks"
+    ))
+}
+
 /// What the caller of one RPC may do.
 #[derive(Clone)]
 pub enum Access {
@@ -307,7 +499,10 @@ pub enum Access {
 }
 
 impl Access {
-    /// PERMISSION_DENIED unless the caller may act in `namespace`.
+    /// PERMISSION_DENIED unless the caller's namespaces include
+    /// `namespace`. The lock service asks [`Self::act`] or [`Self::read`],
+    /// which also keep clients out of tumbler's own namespace; this plain
+    /// check serves the dashboard's read-only views.
     pub fn namespace(&self, namespace: &str) -> Result<(), Status> {
         match self {
             Access::Open => Ok(()),
@@ -319,9 +514,31 @@ impl Access {
         }
     }
 
-    /// PERMISSION_DENIED unless the caller may act in `namespace` as admin.
+    /// PERMISSION_DENIED unless the caller may act on locks of
+    /// `namespace` (acquire, release, extend, reap, watch, sessions,
+    /// metrics). Nobody acts in tumbler's own namespace, auth or not.
+    pub fn act(&self, namespace: &str) -> Result<(), Status> {
+        if namespace == SYSTEM_NAMESPACE {
+            tracing::info!(token = %self.who(), %namespace, "reserved namespace denied");
+            return Err(reserved());
+        }
+        self.namespace(namespace)
+    }
+
+    /// PERMISSION_DENIED unless the caller may read `namespace` (Inspect,
+    /// Queue, List): tumbler's own namespace only with an admin token that
+    /// names it exactly.
+    pub fn read(&self, namespace: &str) -> Result<(), Status> {
+        match self {
+            Access::Token(token) if namespace == SYSTEM_NAMESPACE && token.reads_system() => Ok(()),
+            _ => self.act(namespace),
+        }
+    }
+
+    /// PERMISSION_DENIED unless the caller may act in `namespace` as admin
+    /// (never in tumbler's own namespace).
     pub fn admin(&self, namespace: &str) -> Result<(), Status> {
-        self.namespace(namespace)?;
+        self.act(namespace)?;
         if self.may_admin(namespace) {
             return Ok(());
         }
@@ -333,6 +550,7 @@ impl Access {
     /// controls; nothing is logged).
     pub fn may_admin(&self, namespace: &str) -> bool {
         match self {
+            _ if namespace == SYSTEM_NAMESPACE => false,
             Access::Open => true,
             Access::Token(token) => token.role == Role::Admin && token.allows(namespace),
         }
@@ -357,6 +575,20 @@ impl Access {
         match self {
             Access::Open => true,
             Access::Token(token) => token.allows(namespace),
+        }
+    }
+
+    /// Whether the caller may see `namespace` in the lock service's
+    /// listings: tumbler's own namespace only for [`Self::read`]'s callers.
+    pub fn lists(&self, namespace: &str) -> bool {
+        self.read(namespace).is_ok()
+    }
+
+    /// The caller's token (None: auth is off).
+    pub fn token(&self) -> Option<&Token> {
+        match self {
+            Access::Open => None,
+            Access::Token(token) => Some(token),
         }
     }
 
@@ -409,6 +641,10 @@ impl tonic::service::Interceptor for AuthInterceptor {
                 .map(|v| v.as_bytes()),
         )?;
         request.extensions_mut().insert(access);
+        if let Some(auth) = &self.authenticator {
+            // For streams, which look their token up again while open.
+            request.extensions_mut().insert(auth.clone());
+        }
         Ok(request)
     }
 }
@@ -471,12 +707,55 @@ mod tests {
                 format!("{}colour = \"red\"\n", entry("a", "client", r#"["x"]"#)),
                 "colour",
             ),
+            (
+                format!("{}max_watchers = 0\n", entry("a", "client", r#"["x"]"#)),
+                "max_watchers",
+            ),
         ] {
             let err = file(&text)
                 .err()
                 .unwrap_or_else(|| panic!("accepted: {text}"));
             assert!(err.contains(needle), "{err:?} lacks {needle:?}");
         }
+    }
+
+    #[test]
+    fn tumbler_system_is_read_only_and_only_by_an_exact_admin_grant() {
+        let tokens = file(&format!(
+            "{}{}{}",
+            entry("all", "admin", r#"["*"]"#),
+            entry("sys", "admin", r#"["tumbler-system"]"#),
+            entry("csys", "client", r#"["tumbler-system"]"#)
+        ))
+        .unwrap();
+        let [all, sys, client] = [0, 1, 2].map(|i| Access::Token(tokens[i].clone()));
+        for access in [&all, &sys, &client, &Access::Open] {
+            let denied = access.act(SYSTEM_NAMESPACE).unwrap_err();
+            assert!(denied.message().contains(SYSTEM_NAMESPACE));
+            assert!(access.admin(SYSTEM_NAMESPACE).is_err());
+            assert!(!access.may_admin(SYSTEM_NAMESPACE));
+        }
+        assert!(sys.read(SYSTEM_NAMESPACE).is_ok() && sys.lists(SYSTEM_NAMESPACE));
+        for access in [&all, &client, &Access::Open] {
+            assert!(access.read(SYSTEM_NAMESPACE).is_err());
+            assert!(!access.lists(SYSTEM_NAMESPACE));
+        }
+        assert!(all.act("team-a").is_ok() && all.read("team-a").is_ok());
+    }
+
+    #[test]
+    fn a_reload_keeps_the_rate_budget_of_an_unchanged_token() {
+        let text = format!(
+            "{}requests_per_second = 1\n",
+            entry("a", "client", r#"["x"]"#)
+        );
+        let before = file(&text).unwrap();
+        before[0].charge().unwrap();
+        let after = parse_tokens_after(&text, &before).unwrap();
+        assert!(after[0].charge().is_err(), "the budget was refilled");
+        let faster = text.replace("= 1", "= 2");
+        let changed = parse_tokens_after(&faster, &before).unwrap();
+        assert!(changed[0].charge().is_ok(), "a new rate starts afresh");
     }
 
     #[test]

@@ -23,6 +23,7 @@ const SHARED: &str = "shared-secret";
 const ADMIN: &str = "admin-secret";
 const EXPIRED: &str = "expired-secret";
 const SLOW: &str = "slow-secret";
+const SYSTEM_READER: &str = "system-reader-secret";
 
 fn entry(name: &str, token: &str, role: &str, namespaces: &str, extra: &str) -> String {
     format!(
@@ -50,6 +51,13 @@ fn tokens_file() -> String {
             r#"["team-a"]"#,
             "requests_per_second = 1",
         ),
+        entry(
+            "system-reader",
+            SYSTEM_READER,
+            "admin",
+            r#"["tumbler-system"]"#,
+            "",
+        ),
     ]
     .concat()
 }
@@ -73,10 +81,14 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(&tokens_file()).await
+}
+
+async fn setup_with(tokens: &str) -> Setup {
     let redis = start_redis();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens.toml");
-    std::fs::write(&path, tokens_file()).unwrap();
+    std::fs::write(&path, tokens).unwrap();
     let server = TestServer::start_with(&redis.url(), auth_args(&path)).await;
     Setup {
         _redis: redis,
@@ -559,4 +571,278 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("condition not reached within 10 s");
+}
+
+/// Replaces the tokens file at once, as a Secret update does.
+fn replace_tokens_file(path: &Path, text: &str) {
+    let staged = path.with_extension("new");
+    std::fs::write(&staged, text).unwrap();
+    std::fs::rename(&staged, path).unwrap();
+}
+
+/// A session opened with `token`: its command sender and events.
+async fn open_session(
+    client: &mut Client,
+) -> (
+    tokio::sync::mpsc::Sender<proto::SessionRequest>,
+    tonic::Streaming<proto::SessionResponse>,
+) {
+    use proto::session_request::Command;
+    let (commands, outbox) = tokio::sync::mpsc::channel(256);
+    commands
+        .send(proto::SessionRequest {
+            command: Some(Command::Open(proto::SessionOpen {
+                ttl_ms: Some(10_000),
+            })),
+        })
+        .await
+        .unwrap();
+    let mut events = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(outbox))
+        .await
+        .unwrap()
+        .into_inner();
+    let opened = events.message().await.unwrap().unwrap();
+    assert!(matches!(
+        opened.event,
+        Some(proto::session_response::Event::Opened(_))
+    ));
+    (commands, events)
+}
+
+fn session_acquire_command(id: u64, namespace: &str, name: &str) -> proto::SessionRequest {
+    proto::SessionRequest {
+        command: Some(proto::session_request::Command::Acquire(
+            proto::SessionAcquire {
+                request_id: id,
+                acquire: Some(proto::AcquireRequest {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    ..Default::default()
+                }),
+            },
+        )),
+    }
+}
+
+/// Reads a session to its end: the `lost` events it told, and the status
+/// it ended with.
+async fn session_end(
+    events: &mut tonic::Streaming<proto::SessionResponse>,
+) -> (Vec<proto::GrantLost>, tonic::Status) {
+    use proto::session_response::Event;
+    let mut lost = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), events.message())
+            .await
+            .expect("the session ends within 10 s");
+        match next {
+            Ok(Some(proto::SessionResponse {
+                event: Some(Event::Lost(grant)),
+            })) => lost.push(grant),
+            Ok(Some(_)) => {}
+            Ok(None) => return (lost, tonic::Status::ok("")),
+            Err(status) => return (lost, status),
+        }
+    }
+}
+
+/// Reads a watch to its end; the status it ended with.
+async fn watch_end(events: &mut tonic::Streaming<proto::LockEvent>) -> tonic::Status {
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), events.message())
+            .await
+            .expect("the watch ends within 10 s");
+        match next {
+            Ok(Some(_)) => {}
+            Ok(None) => return tonic::Status::ok(""),
+            Err(status) => return status,
+        }
+    }
+}
+
+async fn holders(admin: &mut Client, namespace: &str, name: &str) -> usize {
+    admin
+        .inspect(proto::InspectRequest {
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .holders
+        .len()
+}
+
+/// Opens a session holding `team-a/held` and a watch on `team-a` with
+/// `token`; returns them once both work.
+async fn session_and_watch(
+    server: &TestServer,
+    token: &str,
+) -> (
+    tokio::sync::mpsc::Sender<proto::SessionRequest>,
+    tonic::Streaming<proto::SessionResponse>,
+    tonic::Streaming<proto::LockEvent>,
+) {
+    use proto::session_response::Event;
+    let mut c = bearer(server, token).await;
+    let (commands, mut events) = open_session(&mut c).await;
+    commands
+        .send(session_acquire_command(1, "team-a", "held"))
+        .await
+        .unwrap();
+    let reply = events.message().await.unwrap().unwrap();
+    let Some(Event::Acquired(acquired)) = reply.event else {
+        panic!("expected a grant, got {reply:?}");
+    };
+    assert_eq!(
+        acquired.response.unwrap().status(),
+        proto::AcquireStatus::Acquired
+    );
+    let watch = c
+        .watch(proto::WatchRequest {
+            namespace: "team-a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (commands, events, watch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_ends_its_session_with_lost_grants_and_its_watch() {
+    let s = setup().await;
+    let mut admin = bearer(&s.server, ADMIN).await;
+    let (commands, mut events, mut watch) = session_and_watch(&s.server, TEAM_A).await;
+    assert_eq!(holders(&mut admin, "team-a", "held").await, 1);
+
+    // team-a's token leaves the file; the others stay.
+    let without_team_a =
+        tokens_file().replace(&entry("team-a", TEAM_A, "client", r#"["team-a"]"#, ""), "");
+    assert_ne!(without_team_a, tokens_file());
+    replace_tokens_file(&s.path, &without_team_a);
+
+    let (lost, status) = session_end(&mut events).await;
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(
+        (lost[0].namespace.as_str(), lost[0].name.as_str()),
+        ("team-a", "held")
+    );
+    assert_eq!(lost[0].reason, "session ended");
+    assert_eq!(watch_end(&mut watch).await.code(), Code::Unauthenticated);
+    // The grant was released at once, not left to its lease.
+    assert_eq!(holders(&mut admin, "team-a", "held").await, 0);
+    drop(commands);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_expires_ends_its_streams_at_its_expiry() {
+    // The file holds whole seconds: the token expires at the written time,
+    // which is up to a second before `now + 3 s`.
+    let written =
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now() + Duration::from_secs(3));
+    let expires = humantime::parse_rfc3339(&written.to_string()).unwrap();
+    let brief = entry(
+        "brief",
+        "brief-secret",
+        "client",
+        r#"["team-a"]"#,
+        &format!("expires_at = \"{written}\""),
+    );
+    let s = setup_with(&format!("{}{brief}", tokens_file())).await;
+    let mut admin = bearer(&s.server, ADMIN).await;
+    let (commands, mut events, mut watch) = session_and_watch(&s.server, "brief-secret").await;
+
+    // No reload happens: the expiry alone ends both streams.
+    let (lost, status) = session_end(&mut events).await;
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(std::time::SystemTime::now() + Duration::from_millis(100) >= expires);
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(watch_end(&mut watch).await.code(), Code::Unauthenticated);
+    assert_eq!(holders(&mut admin, "team-a", "held").await, 0);
+    drop(commands);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_commands_are_charged_to_the_tokens_request_rate() {
+    use proto::session_response::Event;
+    let five = entry(
+        "five",
+        "five-secret",
+        "client",
+        r#"["team-a"]"#,
+        "requests_per_second = 5",
+    );
+    let s = setup_with(&format!("{}{five}", tokens_file())).await;
+    let mut c = bearer(&s.server, "five-secret").await;
+    let (commands, mut events) = open_session(&mut c).await;
+    let started = std::time::Instant::now();
+    for id in 1..=200 {
+        commands
+            .send(session_acquire_command(id, "team-a", &format!("lock-{id}")))
+            .await
+            .unwrap();
+    }
+    let (mut granted, mut limited) = (0, 0);
+    while granted + limited < 200 {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.message())
+            .await
+            .expect("every command is answered")
+            .unwrap()
+            .unwrap();
+        match event.event {
+            Some(Event::Acquired(_)) => granted += 1,
+            Some(Event::Error(e)) => {
+                assert_eq!(e.code, Code::ResourceExhausted as i32, "{}", e.message);
+                assert!(e.message.contains("rate"), "{}", e.message);
+                limited += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // At 5 per second (a burst of 5 first), as unary calls would be.
+    let allowed = 5 + 5 * started.elapsed().as_secs() as usize + 1;
+    assert!(
+        granted <= allowed,
+        "{granted} grants, at most {allowed} allowed"
+    );
+    assert!(granted >= 1, "the first commands pass");
+    // The session goes on, and its budget comes back.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    commands
+        .send(session_acquire_command(1000, "team-a", "later"))
+        .await
+        .unwrap();
+    let event = events.message().await.unwrap().unwrap();
+    assert!(matches!(event.event, Some(Event::Acquired(_))), "{event:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tumbler_system_is_reserved_even_for_everywhere_tokens_and_without_auth() {
+    let s = setup().await;
+    let reserved = "namespace: tumbler-system is reserved for tumbler's own locks";
+    // An admin token for every namespace: no RPC at all.
+    let mut admin = bearer(&s.server, ADMIN).await;
+    for (rpc, code, message) in every_rpc(&mut admin, "tumbler-system").await {
+        assert_eq!(code, Code::PermissionDenied, "{rpc}: {message}");
+        assert_eq!(message, reserved, "{rpc}");
+    }
+    // An admin token that names it exactly may read it, nothing more.
+    let mut reader = bearer(&s.server, SYSTEM_READER).await;
+    for (rpc, code, message) in every_rpc(&mut reader, "tumbler-system").await {
+        let expected = match rpc {
+            "Inspect" | "Queue" | "List" => Code::Ok,
+            _ => Code::PermissionDenied,
+        };
+        assert_eq!(code, expected, "{rpc}: {message}");
+    }
+    // Without authentication: nobody.
+    let open = TestServer::start(&s._redis.url()).await;
+    let mut anyone = client(&open, None).await;
+    for (rpc, code, message) in every_rpc(&mut anyone, "tumbler-system").await {
+        assert_eq!(code, Code::PermissionDenied, "--no-auth {rpc}: {message}");
+        assert_eq!(message, reserved, "{rpc}");
+    }
 }

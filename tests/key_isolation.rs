@@ -212,7 +212,7 @@ fn classify(layout: &Layout, key: &str) -> KeyKind {
         .strip_prefix(&format!("{{{tag}}}:"))
         .unwrap_or_else(|| panic!("{key:?}: the tag must come first"));
     if let Some((kind, name)) = after.split_once(':')
-        && ["l", "q", "d"].contains(&kind)
+        && ["l", "q", "d", "w"].contains(&kind)
     {
         assert_eq!(
             layout.shard_of(namespace, name),
@@ -221,7 +221,7 @@ fn classify(layout: &Layout, key: &str) -> KeyKind {
         );
         let keys = layout.lock_keys(namespace, name);
         assert!(
-            [&keys.lock, &keys.queue, &keys.deadlines].contains(&&key.to_owned()),
+            [&keys.lock, &keys.queue, &keys.deadlines, &keys.waiters].contains(&&key.to_owned()),
             "{key:?} is not a key the layout gives {name:?}"
         );
         return KeyKind::Lock {
@@ -523,8 +523,8 @@ async fn hostile_names_stay_in_their_shard_and_namespace() {
     }
 
     // Every key is where the layout puts it (checked in `classify`), and the
-    // lock keys are exactly: the lock hash of every lock, queue +
-    // deadlines of the waited one.
+    // lock keys are exactly: the lock hash of every lock, queue,
+    // deadlines and waiter records of the waited one.
     let keys = all_keys(&redis.url(), &layout).await;
     for ns in ["a", "b"] {
         let mut expected: BTreeSet<(char, String)> = names
@@ -534,6 +534,7 @@ async fn hostile_names_stay_in_their_shard_and_namespace() {
             .collect();
         expected.insert(('q', "{b:0}".into()));
         expected.insert(('d', "{b:0}".into()));
+        expected.insert(('w', "{b:0}".into()));
         assert_eq!(lock_keys_of(&keys, ns), expected, "lock keys of {ns}");
     }
     let shards_used: BTreeMap<&str, BTreeSet<u32>> =

@@ -1,7 +1,8 @@
 //! Resource limits: each one answers RESOURCE_EXHAUSTED (or, for HTTP/2
 //! streams, makes the client wait) and the server stays healthy: request
 //! size, streams per connection, waiters per namespace, locks per
-//! namespace, sessions and watchers per replica.
+//! namespace, sessions and watchers per replica; and the per-tenant
+//! quotas that keep one token (or namespace) from using those pools up.
 
 mod common;
 
@@ -289,4 +290,303 @@ async fn queued_holders(
         .unwrap()
         .into_inner();
     queue.requests.into_iter().map(|r| r.holder).collect()
+}
+
+/// A server with auth on: `tokens` (tokens-file entries) and `args`.
+struct TenantServer {
+    _redis: tumbler::dev::RedisServer,
+    _dir: tempfile::TempDir,
+    server: TestServer,
+}
+
+async fn tenant_server(tokens: &[String], args: ServiceArgs) -> TenantServer {
+    let redis = start_redis();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.toml");
+    std::fs::write(&path, tokens.concat()).unwrap();
+    let args = ServiceArgs {
+        auth: tumbler::config::AuthArgs {
+            auth_tokens_file: Some(path),
+            no_auth: false,
+            auth_reload_interval_ms: 100,
+        },
+        ..args
+    };
+    let server = TestServer::start_with(&redis.url(), args).await;
+    TenantServer {
+        _redis: redis,
+        _dir: dir,
+        server,
+    }
+}
+
+/// Opens a session (ttl 10 s) whose client side stays open while the
+/// returned sender lives.
+async fn open_session(
+    client: &mut common::BearerClient,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<proto::SessionRequest>,
+        tonic::Streaming<proto::SessionResponse>,
+    ),
+    tonic::Status,
+> {
+    let (commands, outbound) = tokio::sync::mpsc::channel(4);
+    commands
+        .try_send(proto::SessionRequest {
+            command: Some(proto::session_request::Command::Open(proto::SessionOpen {
+                ttl_ms: Some(10_000),
+            })),
+        })
+        .unwrap();
+    let events = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(outbound))
+        .await?
+        .into_inner();
+    Ok((commands, events))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tokens_watches_leave_room_for_other_tokens() {
+    let t = tenant_server(
+        &[
+            common::token_entry("greedy", "greedy-secret", "client", r#"["*"]"#, ""),
+            common::token_entry("polite", "polite-secret", "client", r#"["team-a"]"#, ""),
+            common::token_entry(
+                "tiny",
+                "tiny-secret",
+                "client",
+                r#"["team-a"]"#,
+                "max_watchers = 1",
+            ),
+        ],
+        ServiceArgs {
+            max_watchers: 10,
+            max_watchers_per_token: 4,
+            ..service_args()
+        },
+    )
+    .await;
+    let endpoint = t.server.endpoint();
+    let mut greedy = common::bearer_client(&endpoint, "greedy-secret").await;
+    // The greedy token opens as many watches as it can, over namespaces.
+    let mut open = Vec::new();
+    let mut refused = None;
+    for i in 0..20 {
+        match greedy
+            .watch(proto::WatchRequest {
+                namespace: format!("ns-{i}"),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(stream) => open.push(stream),
+            Err(status) => {
+                refused = Some(status);
+                break;
+            }
+        }
+    }
+    assert_eq!(open.len(), 4, "its quota, not the replica's pool");
+    let refused = refused.expect("refused past its quota");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("this token"),
+        "{}",
+        refused.message()
+    );
+    // Another token still watches.
+    let mut polite = common::bearer_client(&endpoint, "polite-secret").await;
+    let watch = || proto::WatchRequest {
+        namespace: "team-a".into(),
+        ..Default::default()
+    };
+    let _polite_watch = polite.watch(watch()).await.expect("another token watches");
+    // A token's own quota from the tokens file.
+    let mut tiny = common::bearer_client(&endpoint, "tiny-secret").await;
+    let _first = tiny.watch(watch()).await.unwrap();
+    let second = tiny.watch(watch()).await.unwrap_err();
+    assert_eq!(second.code(), Code::ResourceExhausted, "{second:?}");
+    // A watch that ends gives its place back.
+    drop(open.pop());
+    let mut rewatched = false;
+    for _ in 0..100 {
+        if greedy.watch(watch_in("ns-again")).await.is_ok() {
+            rewatched = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(rewatched);
+}
+
+fn watch_in(namespace: &str) -> proto::WatchRequest {
+    proto::WatchRequest {
+        namespace: namespace.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_has_a_share_of_the_replicas_watches() {
+    let (_redis, server) = server_with(ServiceArgs {
+        max_watchers: 10,
+        max_watchers_per_namespace: 3,
+        ..service_args()
+    })
+    .await;
+    let mut client = server.client().await;
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(client.watch(watch_in("busy")).await.unwrap());
+    }
+    let refused = client.watch(watch_in("busy")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("namespace busy"),
+        "{}",
+        refused.message()
+    );
+    let _other = client
+        .watch(watch_in("calm"))
+        .await
+        .expect("another namespace watches");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_without_access_to_a_namespace_cannot_lock_out_its_sessions() {
+    let t = tenant_server(
+        &[
+            common::token_entry("outsider", "outsider-secret", "client", r#"["team-b"]"#, ""),
+            common::token_entry("team-a", "team-a-secret", "client", r#"["team-a"]"#, ""),
+        ],
+        ServiceArgs {
+            max_sessions: 10,
+            max_sessions_per_token: 3,
+            ..service_args()
+        },
+    )
+    .await;
+    let endpoint = t.server.endpoint();
+    let mut outsider = common::bearer_client(&endpoint, "outsider-secret").await;
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..20 {
+        match open_session(&mut outsider).await {
+            Ok(session) => held.push(session),
+            Err(status) => {
+                refused = Some(status);
+                break;
+            }
+        }
+    }
+    assert_eq!(held.len(), 3);
+    let refused = refused.unwrap();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("Session"),
+        "{}",
+        refused.message()
+    );
+    // team-a's token opens its session and takes its lock.
+    let mut team_a = common::bearer_client(&endpoint, "team-a-secret").await;
+    let (commands, mut events) = open_session(&mut team_a).await.expect("team-a opens");
+    commands
+        .send(proto::SessionRequest {
+            command: Some(proto::session_request::Command::Acquire(
+                proto::SessionAcquire {
+                    request_id: 1,
+                    acquire: Some(proto::AcquireRequest {
+                        namespace: "team-a".into(),
+                        ..acquire("deploy", "")
+                    }),
+                },
+            )),
+        })
+        .await
+        .unwrap();
+    let mut granted = false;
+    while let Some(event) = events.message().await.unwrap() {
+        if let Some(proto::session_response::Event::Acquired(a)) = event.event {
+            granted = a.response.unwrap().status() == proto::AcquireStatus::Acquired;
+            break;
+        }
+    }
+    assert!(granted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_token_cannot_take_the_replicas_waiter_pool() {
+    let t = tenant_server(
+        &[
+            common::token_entry("owner", "owner-secret", "admin", r#"["*"]"#, ""),
+            common::token_entry("teams", "teams-secret", "client", r#"["team*"]"#, ""),
+            common::token_entry("team-a", "team-a-secret", "client", r#"["team-a"]"#, ""),
+        ],
+        ServiceArgs {
+            max_waiters: 10,
+            max_waiters_per_token: 3,
+            ..service_args()
+        },
+    )
+    .await;
+    let endpoint = t.server.endpoint();
+    let mut owner = common::bearer_client(&endpoint, "owner-secret").await;
+    let namespaces: Vec<String> = (1..=6)
+        .map(|i| format!("team-{i}"))
+        .chain(["team-a".to_string()])
+        .collect();
+    for namespace in &namespaces {
+        owner
+            .acquire(proto::AcquireRequest {
+                namespace: namespace.clone(),
+                ..acquire("busy", "owner")
+            })
+            .await
+            .unwrap();
+    }
+    // The prefix token waits in one namespace after another.
+    let teams = common::bearer_client(&endpoint, "teams-secret").await;
+    let mut waits = tokio::task::JoinSet::new();
+    for namespace in &namespaces[..3] {
+        let (mut c, namespace) = (teams.clone(), namespace.clone());
+        waits.spawn(async move { c.acquire(waiting("busy", "t", &namespace)).await });
+    }
+    for namespace in &namespaces[..3] {
+        until_waiters_bearer(&mut owner, namespace, 1).await;
+    }
+    let refused = teams
+        .clone()
+        .acquire(waiting("busy", "t", &namespaces[3]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("waiting acquires"),
+        "{}",
+        refused.message()
+    );
+    // team-a's own token still waits.
+    let mut team_a = common::bearer_client(&endpoint, "team-a-secret").await;
+    waits.spawn(async move { team_a.acquire(waiting("busy", "a", "team-a")).await });
+    until_waiters_bearer(&mut owner, "team-a", 1).await;
+    waits.abort_all();
+}
+
+async fn until_waiters_bearer(client: &mut common::BearerClient, namespace: &str, n: u32) {
+    for _ in 0..500 {
+        let seen = client
+            .inspect(proto::InspectRequest {
+                namespace: namespace.into(),
+                name: "busy".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if seen.waiters == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{namespace}/busy never had {n} waiter(s)");
 }

@@ -385,18 +385,14 @@ async fn clear_empties_one_namespace_only() {
     assert_eq!(again.status(), AcquireStatus::Acquired);
 }
 
-async fn reaper_holder(client: &mut LockServiceClient<Channel>) -> Option<String> {
-    let seen = client
-        .inspect(proto::InspectRequest {
-            namespace: "tumbler-system".into(),
-            name: "reaper".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    seen.holders
-        .first()
-        .map(|h| h.grant.as_ref().unwrap().holder.clone())
+/// The replica holding the reaper lock, read from Redis (no client may
+/// look into tumbler-system).
+async fn reaper_holder(conn: &mut redis::aio::MultiplexedConnection) -> Option<String> {
+    let key = scan_keys(conn, "tumbler:{tumbler-system:*}:l:reaper").await;
+    match key.first() {
+        Some(key) => grants_in(conn, key).await.into_iter().next(),
+        None => None,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,10 +400,10 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
     let redis = start_redis();
     // The first reaper is a process, so it can be killed.
     let mut first = TumblerProcess::start(&redis.url(), &["--reap-interval-ms", "100"]).await;
-    let mut first_client = first.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
     let mut first_reaper = None;
     for _ in 0..100 {
-        first_reaper = reaper_holder(&mut first_client).await;
+        first_reaper = reaper_holder(&mut conn).await;
         if first_reaper.is_some() {
             break;
         }
@@ -422,10 +418,7 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
     let mut client = second.client().await;
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(
-            reaper_holder(&mut client).await.as_ref(),
-            Some(&first_reaper)
-        );
+        assert_eq!(reaper_holder(&mut conn).await.as_ref(), Some(&first_reaper));
     }
 
     // A holder that crashed, beside a live one.
@@ -439,7 +432,6 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
             .await
             .unwrap();
     }
-    let mut conn = redis_conn(&redis.url()).await;
     let lock_key = scan_keys(&mut conn, "tumbler:{default:*}:l:left-over").await;
 
     // The reaper dies; the second replica takes over after the lease
@@ -447,7 +439,7 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
     first.kill();
     let mut took_over = None;
     for _ in 0..100 {
-        let holder = reaper_holder(&mut client).await;
+        let holder = reaper_holder(&mut conn).await;
         if holder.as_ref().is_some_and(|h| *h != first_reaper) {
             took_over = holder;
             break;
@@ -482,4 +474,151 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
             .await
             .is_empty()
     );
+}
+
+/// Holds `n` locks in `namespace`, a few calls at a time.
+async fn hold_locks(client: &LockServiceClient<Channel>, namespace: &str, n: usize) {
+    let mut calls = tokio::task::JoinSet::new();
+    for worker in 0..8 {
+        let mut c = client.clone();
+        let namespace = namespace.to_owned();
+        calls.spawn(async move {
+            for i in (worker..n).step_by(8) {
+                c.acquire(proto::AcquireRequest {
+                    namespace: namespace.clone(),
+                    ..acquire(&format!("lock-{i}"), "h")
+                })
+                .await
+                .unwrap();
+            }
+        });
+    }
+    while let Some(done) = calls.join_next().await {
+        done.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_clear_says_how_far_it_got_and_a_rerun_finishes() {
+    const LOCKS: usize = 3000;
+    let redis = start_redis();
+    let server = TestServer::start_with_shards(&redis.url(), 1).await;
+    let client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    let mut interrupted = None;
+    for _attempt in 0..5 {
+        hold_locks(&client, "doomed", LOCKS).await;
+        // Watching the namespace shows the clear's progress ("cleared").
+        let mut events = client
+            .clone()
+            .watch(proto::WatchRequest {
+                namespace: "doomed".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let cli = tokio::task::spawn_blocking({
+            let endpoint = server.endpoint();
+            move || {
+                std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+                    .args(["clear", "--yes", "--json", "--namespace", "doomed"])
+                    .args(["--addr", &endpoint])
+                    .env_remove("TUMBLER_TOKEN")
+                    .output()
+                    .unwrap()
+            }
+        });
+        // Once the clear is under way, Redis refuses writes (out of
+        // memory): the clear stops partway.
+        loop {
+            let event = events.message().await.unwrap().unwrap();
+            if event.event == "cleared" {
+                break;
+            }
+        }
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let output = cli.await.unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("0")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if output.status.success() {
+            continue; // finished before Redis refused: try again
+        }
+        interrupted = Some(output);
+        break;
+    }
+    let output = interrupted.expect("one of five clears was interrupted");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("UNAVAILABLE"), "{stderr}");
+    assert!(stderr.contains("run Clear again to finish"), "{stderr}");
+    let partial: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    let cleared = partial["locks_cleared"].as_u64().unwrap();
+    assert!(cleared > 0 && cleared < LOCKS as u64, "{partial}");
+    assert_eq!(partial["grants_released"].as_u64(), Some(cleared));
+    assert!(
+        stderr.contains(&format!("cleared {cleared} locks")),
+        "{stderr}"
+    );
+    let left = lock_keys_left(&mut conn, "doomed").await.len();
+    assert_eq!(left, LOCKS - cleared as usize);
+
+    // Run again: it finds only what is left and finishes.
+    let rest = server
+        .client()
+        .await
+        .clear(proto::ClearRequest {
+            namespace: "doomed".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rest.locks_cleared, (LOCKS - cleared as usize) as u64);
+    assert!(lock_keys_left(&mut conn, "doomed").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaper_kept_from_its_lock_longer_than_a_lease_logs_and_counts_it() {
+    let redis = start_redis();
+    let mut conn = redis_conn(&redis.url()).await;
+    // A replica with a much longer reap interval holds the lock with a
+    // lease (3 s) far past what the other replica's reaper expects (its
+    // own lease: 3 × 100 ms).
+    let _holder = TumblerProcess::start(&redis.url(), &["--reap-interval-ms", "1000"]).await;
+    for _ in 0..200 {
+        if reaper_holder(&mut conn).await.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(reaper_holder(&mut conn).await.is_some(), "no reaper lease");
+    let http_port = tumbler::dev::free_port().unwrap();
+    let http = format!("127.0.0.1:{http_port}");
+    let _kept_out = TumblerProcess::start(
+        &redis.url(),
+        &["--reap-interval-ms", "100", "--http-listen", &http],
+    )
+    .await;
+    let addr = http.parse().unwrap();
+    let mut seen = None;
+    for _ in 0..100 {
+        let page = common::http::scrape(addr).await;
+        seen = common::http::sample(&page, "tumbler_reaper_lock_unavailable_total", &[]);
+        if seen.is_some_and(|n| n >= 1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen.is_some_and(|n| n >= 1.0), "never counted: {seen:?}");
 }

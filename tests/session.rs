@@ -510,3 +510,102 @@ async fn a_session_acquire_with_another_limit_is_refused_on_the_stream() {
     let reply = session.acquire(10, acquire("other", "")).await;
     assert_eq!(reply.status(), AcquireStatus::Acquired);
 }
+
+/// Reads a session to its end: the `lost` events on the way, and the
+/// status it ended with (OK for a clean end).
+async fn until_ended(session: &mut Session) -> (Vec<proto::GrantLost>, tonic::Status) {
+    let mut lost = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), session.events.message())
+            .await
+            .expect("the session ends within 10 s");
+        match next {
+            Ok(Some(proto::SessionResponse {
+                event: Some(Event::Lost(grant)),
+            })) => lost.push(grant),
+            Ok(Some(_)) => {}
+            Ok(None) => return (lost, tonic::Status::ok("")),
+            Err(status) => return (lost, status),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_session_ends_deadline_exceeded_after_telling_its_lost_grants() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    let mut session = Session::open(&mut client, 500).await;
+    let token = session
+        .acquire(1, acquire("quiet", ""))
+        .await
+        .grant
+        .unwrap()
+        .fencing_token;
+    let (lost, status) = until_ended(&mut session).await;
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0].name, "quiet");
+    assert_eq!(lost[0].fencing_token, token);
+    assert_eq!(lost[0].reason, "session ended");
+    assert!(holder_of(&mut client, "quiet").await.is_none());
+    drop(session.commands);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_command_ends_the_session_resource_exhausted_after_its_lost_grants() {
+    let redis = start_redis();
+    let server = TestServer::start_with(
+        &redis.url(),
+        tumbler::config::ServiceArgs {
+            max_request_bytes: 1024,
+            ..service_args()
+        },
+    )
+    .await;
+    let mut client = server.client().await;
+    let mut session = Session::open(&mut client, 10_000).await;
+    for (id, name) in [(1, "kept-a"), (2, "kept-b")] {
+        let reply = session.acquire(id, acquire(name, "")).await;
+        assert_eq!(reply.status(), AcquireStatus::Acquired);
+    }
+    // One command larger than the server reads.
+    session
+        .send(Command::Acquire(proto::SessionAcquire {
+            request_id: 3,
+            acquire: Some(proto::AcquireRequest {
+                metadata: [("blob".to_string(), "x".repeat(4096))].into(),
+                ..acquire("too-big", "")
+            }),
+        }))
+        .await;
+    let (lost, status) = until_ended(&mut session).await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    let mut names: Vec<&str> = lost.iter().map(|l| l.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["kept-a", "kept-b"]);
+    for name in ["kept-a", "kept-b"] {
+        assert!(holder_of(&mut client, name).await.is_none(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_session_the_client_closes_ends_ok_without_lost_events() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    let mut session = Session::open(&mut client, 10_000).await;
+    session.acquire(1, acquire("closing", "")).await;
+    let (commands, mut ended) = (session.commands, session.events);
+    drop(commands);
+    let mut events = Vec::new();
+    let end = loop {
+        match ended.message().await {
+            Ok(Some(event)) => events.push(event),
+            Ok(None) => break Ok(()),
+            Err(status) => break Err(status),
+        }
+    };
+    assert!(end.is_ok(), "{end:?}");
+    assert!(events.is_empty(), "{events:?}");
+}

@@ -3,6 +3,7 @@
 //! outcome to a reply; Redis trouble becomes UNAVAILABLE. No lock
 //! semantics live here.
 
+mod quota;
 mod session;
 pub mod validate;
 
@@ -10,8 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
-use crate::auth::Access;
+use crate::auth::{Access, LiveAccess};
 use crate::config::TransportLimits;
 use crate::engine::{
     self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome,
@@ -31,6 +33,10 @@ pub struct LockApi {
     limits: Limits,
     sessions: Arc<StreamSlots>,
     watchers: Arc<StreamSlots>,
+    /// Per-tenant shares of the pools above and of the engine's waiters.
+    session_quota: Arc<quota::Quotas>,
+    watch_quota: Arc<quota::Quotas>,
+    waiter_quota: Arc<quota::Quotas>,
 }
 
 /// Long-lived streams of one kind that this replica may hold open.
@@ -62,12 +68,14 @@ impl StreamSlots {
                 self.max, self.what
             )));
         }
+        crate::observe::stream_opened(self.what);
         Ok(StreamSlot(self.clone()))
     }
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
+        crate::observe::stream_closed(self.0.what);
         self.0
             .open
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
@@ -81,7 +89,35 @@ impl LockApi {
             limits,
             sessions: StreamSlots::new("session", transport.max_sessions),
             watchers: StreamSlots::new("watch", transport.max_watchers),
+            session_quota: quota::Quotas::new(
+                quota::Held::Sessions,
+                transport.max_sessions_per_token,
+                None,
+            ),
+            watch_quota: quota::Quotas::new(
+                quota::Held::Watchers,
+                transport.max_watchers_per_token,
+                Some(transport.max_watchers_per_namespace),
+            ),
+            waiter_quota: quota::Quotas::new(
+                quota::Held::Waiters,
+                transport.max_waiters_per_token,
+                None,
+            ),
         }
+    }
+
+    /// The caller's share of waiters, for an acquire that may wait (None
+    /// for a try-once one).
+    fn waiter_slot(
+        &self,
+        access: &Access,
+        acquire: &engine::AcquireRequest,
+    ) -> Result<Option<quota::QuotaSlot>, Status> {
+        if acquire.wait.is_zero() {
+            return Ok(None);
+        }
+        self.waiter_quota.take(access, None).map(Some)
     }
 
     /// Validates an acquire request for a holder and lease already decided
@@ -163,6 +199,33 @@ fn engine_status(err: EngineError) -> Status {
         err @ EngineError::ShuttingDown => Status::unavailable(err.to_string()),
         err @ EngineError::LimitMismatch { .. } => Status::failed_precondition(err.to_string()),
     }
+}
+
+/// Trailers of an interrupted Clear: what it cleared before it stopped.
+pub const CLEARED_LOCKS: &str = "tumbler-locks-cleared";
+pub const CLEARED_GRANTS: &str = "tumbler-grants-released";
+pub const CLEARED_REQUESTS: &str = "tumbler-requests-dropped";
+
+/// The status of a Clear that stopped partway: its error, saying how far
+/// it got (in the message, and as numbers in trailers) and that running
+/// it again finishes the job.
+fn clear_interrupted(status: Status, counts: &engine::ClearCounts) -> Status {
+    let message = format!(
+        "{}; cleared {} locks ({} grants released, {} requests dropped) before stopping; run Clear again to finish",
+        status.message(),
+        counts.locks,
+        counts.grants,
+        counts.requests
+    );
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    for (key, value) in [
+        (CLEARED_LOCKS, counts.locks),
+        (CLEARED_GRANTS, counts.grants),
+        (CLEARED_REQUESTS, counts.requests),
+    ] {
+        metadata.insert(key, value.into());
+    }
+    Status::with_metadata(status.code(), message, metadata)
 }
 
 /// The caller's gRPC deadline, if it set one (read from `grpc-timeout` by
@@ -253,7 +316,7 @@ fn new_holder_id() -> String {
 
 #[tonic::async_trait]
 impl LockService for LockApi {
-    #[tracing::instrument(name = "Acquire", skip_all, fields(namespace, name, holder))]
+    #[tracing::instrument(name = "Acquire", skip_all, fields(namespace, lock_name, holder))]
     async fn acquire(
         &self,
         request: Request<proto::AcquireRequest>,
@@ -264,12 +327,13 @@ impl LockService for LockApi {
         let holder = validate::optional_holder(&req.holder)?.unwrap_or_else(new_holder_id);
         let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits)?;
         let acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
-        access.namespace(&acquire.lock.namespace)?;
+        access.act(&acquire.lock.namespace)?;
         let span = tracing::Span::current();
         span.record("namespace", &acquire.lock.namespace);
-        span.record("name", &acquire.lock.name);
+        span.record("lock_name", &acquire.lock.name);
         span.record("holder", &acquire.holder);
 
+        let _waiting = self.waiter_slot(&access, &acquire)?;
         crate::observe::acquire_waiting(self.engine.layout(), &acquire);
         let started = std::time::Instant::now();
         let outcome = self
@@ -283,7 +347,7 @@ impl LockService for LockApi {
         Ok(Response::new(reply))
     }
 
-    #[tracing::instrument(name = "Release", skip_all, fields(namespace, name, holder))]
+    #[tracing::instrument(name = "Release", skip_all, fields(namespace, lock_name, holder))]
     async fn release(
         &self,
         request: Request<proto::ReleaseRequest>,
@@ -291,7 +355,7 @@ impl LockService for LockApi {
         let access = Access::of(&request)?;
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
-        access.namespace(&lock.namespace)?;
+        access.act(&lock.namespace)?;
         let holder = validate::holder(&req.holder)?;
         let token = validate::fencing_token(req.fencing_token)?;
         let outcome = self
@@ -309,7 +373,7 @@ impl LockService for LockApi {
         }))
     }
 
-    #[tracing::instrument(name = "Extend", skip_all, fields(namespace, name, holder))]
+    #[tracing::instrument(name = "Extend", skip_all, fields(namespace, lock_name, holder))]
     async fn extend(
         &self,
         request: Request<proto::ExtendRequest>,
@@ -318,7 +382,7 @@ impl LockService for LockApi {
         let deadline = grpc_deadline(&request);
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
-        access.namespace(&lock.namespace)?;
+        access.act(&lock.namespace)?;
         let holder = validate::holder(&req.holder)?;
         let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits)?;
         let token = validate::fencing_token(req.fencing_token)?;
@@ -347,7 +411,7 @@ impl LockService for LockApi {
         Ok(Response::new(reply))
     }
 
-    #[tracing::instrument(name = "Inspect", skip_all, fields(namespace, name))]
+    #[tracing::instrument(name = "Inspect", skip_all, fields(namespace, lock_name))]
     async fn inspect(
         &self,
         request: Request<proto::InspectRequest>,
@@ -355,7 +419,7 @@ impl LockService for LockApi {
         let access = Access::of(&request)?;
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
-        access.namespace(&lock.namespace)?;
+        access.read(&lock.namespace)?;
         let state = self.engine.inspect(&lock).await.map_err(engine_status)?;
         let now_ms = state.now_ms;
         Ok(Response::new(proto::InspectResponse {
@@ -375,7 +439,7 @@ impl LockService for LockApi {
         }))
     }
 
-    #[tracing::instrument(name = "Queue", skip_all, fields(namespace, name))]
+    #[tracing::instrument(name = "Queue", skip_all, fields(namespace, lock_name))]
     async fn queue(
         &self,
         request: Request<proto::QueueRequest>,
@@ -383,7 +447,7 @@ impl LockService for LockApi {
         let access = Access::of(&request)?;
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
-        access.namespace(&lock.namespace)?;
+        access.read(&lock.namespace)?;
         let most = validate::max_entries(req.max_entries)?;
         let state = self
             .engine
@@ -420,7 +484,7 @@ impl LockService for LockApi {
         let access = Access::of(&request)?;
         let req = request.into_inner();
         let namespace = validate::namespace(&req.namespace)?;
-        access.namespace(&namespace)?;
+        access.read(&namespace)?;
         let prefix = validate::prefix(&req.prefix)?;
         let page_size = validate::page_size(req.page_size)?;
         let from = validate::page_token(&req.page_token)?;
@@ -457,7 +521,7 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::ListNamespacesResponse>, Status> {
         let access = Access::of(&request)?;
         let mut namespaces = self.engine.namespaces().await.map_err(engine_status)?;
-        namespaces.retain(|namespace| access.sees(namespace));
+        namespaces.retain(|namespace| access.lists(namespace));
         namespaces.sort();
         Ok(Response::new(proto::ListNamespacesResponse { namespaces }))
     }
@@ -476,14 +540,24 @@ impl LockService for LockApi {
         if older_than.is_some() {
             access.admin(&namespace)?;
         } else {
-            access.namespace(&namespace)?;
+            access.act(&namespace)?;
         }
         let counts = self
             .engine
             .reap(&namespace, older_than)
             .await
             .map_err(engine_status)?;
-        tracing::info!(?counts, %namespace, by = access.who(), "reaped on request");
+        tracing::info!(
+            %namespace,
+            by = access.who(),
+            expired_holders = counts.expired_holders,
+            dead_waiters = counts.dead_waiters,
+            stale_index_entries = counts.stale_index_entries,
+            old_grants = counts.old_grants,
+            old_waiters = counts.old_waiters,
+            locks_visited = counts.locks_visited,
+            "reaped on request"
+        );
         Ok(Response::new(proto::ReapResponse {
             expired_holders: counts.expired_holders,
             dead_waiters: counts.dead_waiters,
@@ -503,8 +577,22 @@ impl LockService for LockApi {
         let req = request.into_inner();
         let namespace = validate::namespace(&req.namespace)?;
         access.admin(&namespace)?;
-        let counts = self.engine.clear(&namespace).await.map_err(engine_status)?;
-        tracing::warn!(?counts, %namespace, by = access.who(), "namespace cleared");
+        let mut counts = engine::ClearCounts::default();
+        let result = self.engine.clear_counting(&namespace, &mut counts).await;
+        // One log line either way: how far the clear got, and why it
+        // stopped when it did not finish.
+        let error = result.as_ref().err().map(ToString::to_string);
+        tracing::warn!(
+            %namespace,
+            by = access.who(),
+            locks_cleared = counts.locks,
+            grants_released = counts.grants,
+            requests_dropped = counts.requests,
+            error = error.as_deref(),
+            "{}",
+            if error.is_some() { "namespace clear interrupted" } else { "namespace cleared" }
+        );
+        result.map_err(|err| clear_interrupted(engine_status(err), &counts))?;
         Ok(Response::new(proto::ClearResponse {
             locks_cleared: counts.locks,
             grants_released: counts.grants,
@@ -520,7 +608,7 @@ impl LockService for LockApi {
         let access = Access::of(&request)?;
         let req = request.into_inner();
         let namespace = validate::namespace(&req.namespace)?;
-        access.namespace(&namespace)?;
+        access.act(&namespace)?;
         let (from_ms, to_ms) = validate::metrics_range(req.from_ms, req.to_ms, unix_ms())?;
         let kind = if req.kind.is_empty() {
             None
@@ -548,9 +636,10 @@ impl LockService for LockApi {
         &self,
         request: Request<tonic::Streaming<proto::SessionRequest>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        let access = Access::of(&request)?;
+        let access = LiveAccess::of(&request)?;
+        let share = self.session_quota.take(access.access(), None)?;
         let slot = self.sessions.take()?;
-        session::open(self, access, slot, request.into_inner()).await
+        session::open(self, access, (share, slot), request.into_inner()).await
     }
 
     type WatchStream = std::pin::Pin<
@@ -563,11 +652,10 @@ impl LockService for LockApi {
         request: Request<proto::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         use std::sync::atomic::Ordering;
-        use tokio_stream::StreamExt;
-        let access = Access::of(&request)?;
+        let mut access = LiveAccess::of(&request)?;
         let req = request.into_inner();
         let namespace = validate::namespace(&req.namespace)?;
-        access.namespace(&namespace)?;
+        access.access().act(&namespace)?;
         let filter = engine::watchers::Filter {
             namespace,
             name: if req.name.is_empty() {
@@ -577,6 +665,9 @@ impl LockService for LockApi {
             },
             prefix: validate::prefix(&req.prefix)?,
         };
+        let share = self
+            .watch_quota
+            .take(access.access(), Some(&filter.namespace))?;
         let slot = self.watchers.take()?;
         let namespace = filter.namespace.clone();
         let watch = self.engine.watchers().add(filter, WATCH_BUFFER);
@@ -586,43 +677,65 @@ impl LockService for LockApi {
             .announce_watch(&namespace)
             .await
             .map_err(|e| engine_status(e.into()))?;
-        let (guard, overflowed) = (watch.guard, watch.overflowed);
-        let events = watch_events(watch.events);
-        // The guard lives as long as the stream: dropping it unregisters.
-        let ending = futures::stream::once(async move {
-            drop(guard);
-            drop(slot);
-            if overflowed.load(Ordering::Acquire) {
-                Some(Err(Status::resource_exhausted(format!(
-                    "watcher dropped: more than {WATCH_BUFFER} events unread"
-                ))))
-            } else {
-                None
+        let (guard, overflowed, mut events) = (watch.guard, watch.overflowed, watch.events);
+        // The stream's own task: forwards events while the client reads,
+        // ends the stream when the token is revoked or expires, and holds
+        // the registration and the slots as long as it runs.
+        let (out, outbox) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(
+            async move {
+                let _held = (guard, share, slot);
+                loop {
+                    tokio::select! {
+                        event = events.recv() => match event {
+                            Some(event) => {
+                                if out.send(Ok(lock_event(event))).await.is_err() {
+                                    return;
+                                }
+                            }
+                            None => {
+                                if overflowed.load(Ordering::Acquire) {
+                                    let _ = out.send(Err(Status::resource_exhausted(format!(
+                                        "watcher dropped: more than {WATCH_BUFFER} events unread"
+                                    )))).await;
+                                }
+                                return;
+                            }
+                        },
+                        () = access.changed() => {
+                            let still = access
+                                .recheck()
+                                .and_then(|()| access.access().act(&namespace));
+                            if let Err(status) = still {
+                                let _ = out.send(Err(status)).await;
+                                return;
+                            }
+                        }
+                        () = out.closed() => return,
+                    }
+                }
             }
-        })
-        .filter_map(|end| end);
-        Ok(Response::new(Box::pin(events.chain(ending))))
+            .in_current_span(),
+        );
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(outbox),
+        )))
     }
 }
 
 /// Events a watcher may leave unread before it is dropped.
 const WATCH_BUFFER: usize = 256;
 
-/// A watcher's events as the RPC's stream items.
-fn watch_events(
-    events: tokio::sync::mpsc::Receiver<engine::watchers::LockEvent>,
-) -> impl tokio_stream::Stream<Item = Result<proto::LockEvent, Status>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::ReceiverStream::new(events).map(|e| {
-        Ok(proto::LockEvent {
-            namespace: e.namespace,
-            name: e.name,
-            event: e.event,
-            holder: e.holder,
-            fencing_token: e.fencing_token,
-            at_ms: e.at_ms,
-        })
-    })
+/// A watcher's event as the RPC's stream item.
+fn lock_event(e: engine::watchers::LockEvent) -> proto::LockEvent {
+    proto::LockEvent {
+        namespace: e.namespace,
+        name: e.name,
+        event: e.event,
+        holder: e.holder,
+        fencing_token: e.fencing_token,
+        at_ms: e.at_ms,
+    }
 }
 
 /// This replica's clock in Unix ms (only to default a metrics range).

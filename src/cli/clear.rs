@@ -26,7 +26,17 @@ pub async fn run(args: ClearArgs, globals: &Globals) -> Result<u8, Failure> {
     let request = proto::ClearRequest {
         namespace: globals.namespace()?,
     };
-    let reply = call!(conn, clear, request).await?;
+    let reply = match call!(conn, clear, request).await {
+        Ok(reply) => reply,
+        Err(status) => {
+            // Interrupted partway: show what was cleared (a rerun finishes
+            // the job), then fail with the server's error.
+            if let Some(counts) = interrupted(&status) {
+                print_counts(globals.output(), &counts)?;
+            }
+            return Err(status.into());
+        }
+    };
     let counts = [
         ("locks_cleared", reply.locks_cleared),
         ("grants_released", reply.grants_released),
@@ -34,4 +44,16 @@ pub async fn run(args: ClearArgs, globals: &Globals) -> Result<u8, Failure> {
     ];
     print_counts(globals.output(), &counts)?;
     Ok(exit::SUCCESS)
+}
+
+/// What an interrupted Clear cleared, from its status' trailers.
+fn interrupted(status: &tonic::Status) -> Option<[(&'static str, u64); 3]> {
+    use crate::api::{CLEARED_GRANTS, CLEARED_LOCKS, CLEARED_REQUESTS};
+    let number =
+        |key: &str| -> Option<u64> { status.metadata().get(key)?.to_str().ok()?.parse().ok() };
+    Some([
+        ("locks_cleared", number(CLEARED_LOCKS)?),
+        ("grants_released", number(CLEARED_GRANTS)?),
+        ("requests_dropped", number(CLEARED_REQUESTS)?),
+    ])
 }

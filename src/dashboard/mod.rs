@@ -18,6 +18,7 @@
 //! for a token with the admin role in that namespace. Each one is a POST
 //! behind a confirmation page, and cross-site POSTs are refused.
 
+mod edge;
 mod login;
 
 use std::sync::Arc;
@@ -64,8 +65,12 @@ pub struct Options {
     /// The tokens gRPC checks (the same instance, so a reload of the file
     /// applies to both); None: auth is off and the dashboard is open.
     pub auth: Option<Arc<Authenticator>>,
-    /// Mark the login cookie `Secure` (the HTTP port is served over TLS).
+    /// Mark the login cookie `Secure` (the HTTP port is served over TLS);
+    /// also sends Strict-Transport-Security.
     pub secure_cookie: bool,
+    /// Host names the dashboard answers besides loopback ones; None: any
+    /// (see [`edge`]).
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 #[derive(Clone)]
@@ -87,6 +92,10 @@ impl Dashboard {
 /// login and logout routes, the static assets and `/` (a redirect) goes
 /// through `login::require_access`.
 pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
+    let edge = edge::EdgeOptions {
+        allowed_hosts: options.allowed_hosts.clone(),
+        hsts: options.secure_cookie,
+    };
     let state = Dashboard { engine, options };
     let guarded = Router::new()
         .route("/dashboard", get(overview_page))
@@ -120,6 +129,7 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         .route("/dashboard/assets/style.css", get(style_css))
         .merge(guarded)
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(edge, edge::edge))
 }
 
 // ---------------------------------------------------------------- errors
