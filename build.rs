@@ -1,11 +1,51 @@
 //! Compiles `proto/tumbler/v1/*.proto` into Rust with a pure-Rust proto
 //! compiler (protox), so a fresh machine needs no system `protoc`, and
 //! writes the encoded descriptor set that server reflection serves.
+//!
+//! Also records the commit the binary is built from (`TUMBLER_COMMIT`:
+//! the variable when set, as an image build without `.git` can pass it,
+//! else `git rev-parse`, else "unknown") for `tumbler_build_info`.
 
 use std::path::PathBuf;
+use std::process::Command;
+
+/// `git <args>`'s output, trimmed; None when git or the repository is
+/// missing.
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn commit() -> String {
+    println!("cargo:rerun-if-env-changed=TUMBLER_COMMIT");
+    if let Ok(commit) = std::env::var("TUMBLER_COMMIT")
+        && !commit.trim().is_empty()
+    {
+        return commit.trim().to_owned();
+    }
+    let Some(commit) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown".into();
+    };
+    // Built again when HEAD moves: HEAD itself (a checkout), the branch it
+    // names (a commit) and the packed refs.
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        println!("cargo:rerun-if-changed={dir}/HEAD");
+    }
+    if let (Some(common), Some(branch)) = (
+        git(&["rev-parse", "--git-common-dir"]),
+        git(&["rev-parse", "--symbolic-full-name", "HEAD"]),
+    ) {
+        println!("cargo:rerun-if-changed={common}/{branch}");
+        println!("cargo:rerun-if-changed={common}/packed-refs");
+    }
+    commit
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rustc-env=TUMBLER_COMMIT={}", commit());
     let protos: Vec<PathBuf> = std::fs::read_dir("proto/tumbler/v1")?
         .map(|entry| entry.map(|e| e.path()))
         .collect::<Result<_, _>>()?;

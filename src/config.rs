@@ -105,6 +105,58 @@ pub struct ServiceArgs {
     /// Watch streams one replica may hold open.
     #[arg(long, env = "TUMBLER_MAX_WATCHERS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_watchers: u32,
+    /// Session streams one token may hold open on one replica (a token's
+    /// `max_sessions` in the tokens file overrides it); beyond it Session
+    /// answers RESOURCE_EXHAUSTED, leaving --max-sessions to the others.
+    #[arg(long, env = "TUMBLER_MAX_SESSIONS_PER_TOKEN", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sessions_per_token: u32,
+    /// Watch streams one token may hold open on one replica (a token's
+    /// `max_watchers` overrides it).
+    #[arg(long, env = "TUMBLER_MAX_WATCHERS_PER_TOKEN", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_watchers_per_token: u32,
+    /// Watch streams on one namespace one replica may hold open.
+    #[arg(long, env = "TUMBLER_MAX_WATCHERS_PER_NAMESPACE", default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_watchers_per_namespace: u32,
+    /// Waiting acquires (RPCs and session commands) one token may have on
+    /// one replica, over all its namespaces (a token's `max_waiters`
+    /// overrides it).
+    #[arg(long, env = "TUMBLER_MAX_WAITERS_PER_TOKEN", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_waiters_per_token: u32,
+    /// Connections one port (gRPC, HTTP, health) holds at once. At the cap
+    /// the connection idle the longest is closed for a new one; only when
+    /// every connection has a request in flight is a new one refused.
+    /// Lowered at start to fit the process's open-files limit.
+    #[arg(long, env = "TUMBLER_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Connections one client address holds on one port; more are
+    /// refused (closed at once).
+    #[arg(long, env = "TUMBLER_MAX_CONNECTIONS_PER_IP", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_ip: u32,
+    /// A connection with no request in flight this long is closed (clients
+    /// reconnect when they next call). Waits, Sessions and Watches are
+    /// requests in flight: they are never cut.
+    #[arg(long, env = "TUMBLER_IDLE_TIMEOUT_MS", default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub idle_timeout_ms: u64,
+    /// Time a new connection has to send its first request's headers
+    /// (on the HTTP port: every request's headers); slow or silent
+    /// clients (slowloris, preface-only sockets) are closed after it.
+    #[arg(long, env = "TUMBLER_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub header_read_timeout_ms: u64,
+    /// HTTP/2 keep-alive pings on gRPC connections, sent when a connection
+    /// has been quiet this long...
+    #[arg(long, env = "TUMBLER_HTTP2_KEEPALIVE_INTERVAL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub http2_keepalive_interval_ms: u64,
+    /// ...and closed when a ping is unanswered this long (a vanished
+    /// client's waits and sessions end instead of hanging on).
+    #[arg(long, env = "TUMBLER_HTTP2_KEEPALIVE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub http2_keepalive_timeout_ms: u64,
+    /// Host names the dashboard answers (requests whose Host or Origin is
+    /// another name are refused, against DNS rebinding), besides loopback
+    /// names and addresses, which it always answers. The check is on
+    /// whenever names are given, and always without --auth-tokens-file
+    /// (`tumbler dev`, --no-auth), where the dashboard has no other guard.
+    #[arg(long, env = "TUMBLER_DASHBOARD_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub dashboard_allowed_hosts: Vec<String>,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -240,6 +292,8 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Whether the dashboard on the HTTP port offers admin actions.
     pub dashboard_admin: bool,
+    /// Host names the dashboard answers besides loopback ones; None: any.
+    pub dashboard_allowed_hosts: Option<Vec<String>>,
     /// Bearer tokens file; None: authentication is off.
     pub auth_tokens_file: Option<std::path::PathBuf>,
     pub auth_reload_interval: Duration,
@@ -257,6 +311,13 @@ pub struct TransportLimits {
     pub max_concurrent_streams: u32,
     pub max_sessions: usize,
     pub max_watchers: usize,
+    /// Per-tenant quotas (per token unless the tokens file says otherwise).
+    pub max_sessions_per_token: usize,
+    pub max_watchers_per_token: usize,
+    pub max_watchers_per_namespace: usize,
+    pub max_waiters_per_token: usize,
+    /// Connection caps and timeouts of every port.
+    pub connections: crate::limits::ConnLimits,
 }
 
 impl ServerConfig {
@@ -282,6 +343,7 @@ impl ServerConfig {
                 command_timeout: Duration::from_millis(args.redis_timeout_ms),
                 min_replicas_acked: args.min_replicas_acked,
                 min_replicas_timeout: Duration::from_millis(args.min_replicas_timeout_ms),
+                credentials: Default::default(),
             },
             key_prefix: args.key_prefix.clone(),
             shards: args.shards,
@@ -308,6 +370,9 @@ impl ServerConfig {
             shutdown_drain: Duration::ZERO,
             shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
             dashboard_admin: false,
+            dashboard_allowed_hosts: (args.auth.auth_tokens_file.is_none()
+                || !args.dashboard_allowed_hosts.is_empty())
+            .then(|| args.dashboard_allowed_hosts.clone()),
             auth_tokens_file: args.auth.auth_tokens_file.clone(),
             auth_reload_interval: Duration::from_millis(args.auth.auth_reload_interval_ms),
             transport: TransportLimits {
@@ -315,6 +380,18 @@ impl ServerConfig {
                 max_concurrent_streams: args.max_concurrent_streams,
                 max_sessions: args.max_sessions as usize,
                 max_watchers: args.max_watchers as usize,
+                max_sessions_per_token: args.max_sessions_per_token as usize,
+                max_watchers_per_token: args.max_watchers_per_token as usize,
+                max_watchers_per_namespace: args.max_watchers_per_namespace as usize,
+                max_waiters_per_token: args.max_waiters_per_token as usize,
+                connections: crate::limits::ConnLimits {
+                    max_connections: args.max_connections as usize,
+                    max_connections_per_ip: args.max_connections_per_ip as usize,
+                    idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+                    header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+                    keepalive_interval: Duration::from_millis(args.http2_keepalive_interval_ms),
+                    keepalive_timeout: Duration::from_millis(args.http2_keepalive_timeout_ms),
+                },
             },
             tls: None,
         })
@@ -337,6 +414,8 @@ pub struct ServeArgs {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
+    #[command(flatten)]
+    pub redis: RedisArgs,
     /// After SIGTERM, how long to keep serving while health reports
     /// NOT_SERVING, so load balancers and Kubernetes endpoints stop sending
     /// new work before the port closes.
@@ -363,10 +442,71 @@ impl ServeArgs {
             );
         }
         let mut config = ServerConfig::new(self.redis_url.clone(), &self.service)?;
+        config.store.credentials = self.redis.credentials()?;
+        crate::store::Store::check(&config.store).map_err(|e| anyhow::anyhow!("{e}"))?;
         config.shutdown_drain = Duration::from_millis(self.shutdown_drain_ms);
         config.dashboard_admin = self.observability.dashboard_admin;
         config.tls = self.tls.settings()?;
         Ok(config)
+    }
+}
+
+/// How `serve` authenticates to Redis and checks its certificate. The
+/// URL's own `user:password@` still works; these flags override it, so a
+/// password can come from a Secret without being part of a URL.
+#[derive(Args, Clone, Debug, Default)]
+pub struct RedisArgs {
+    /// Redis ACL user (AUTH user password).
+    #[arg(long, env = "TUMBLER_REDIS_USERNAME", value_name = "USER")]
+    pub redis_username: Option<String>,
+    /// Redis password (prefer --redis-password-file or the environment
+    /// variable: flags show up in process listings).
+    #[arg(
+        long,
+        env = "TUMBLER_REDIS_PASSWORD",
+        value_name = "PASSWORD",
+        hide_env_values = true
+    )]
+    pub redis_password: Option<String>,
+    /// A file holding the Redis password (a trailing newline is dropped);
+    /// re-read like the TLS files, so a rotated Secret is used by new
+    /// connections.
+    #[arg(long, env = "TUMBLER_REDIS_PASSWORD_FILE", value_name = "PATH")]
+    pub redis_password_file: Option<std::path::PathBuf>,
+    /// TLS to Redis (rediss://…): CA certificates (PEM) that Redis'
+    /// certificate must chain to. Default: the system's roots.
+    #[arg(long, env = "TUMBLER_REDIS_TLS_CA_FILE", value_name = "PATH")]
+    pub redis_tls_ca_file: Option<std::path::PathBuf>,
+    /// TLS to Redis: a client certificate chain (PEM) for Redis'
+    /// `tls-auth-clients`; needs --redis-tls-key-file.
+    #[arg(long, env = "TUMBLER_REDIS_TLS_CERT_FILE", value_name = "PATH")]
+    pub redis_tls_cert_file: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --redis-tls-cert-file.
+    #[arg(long, env = "TUMBLER_REDIS_TLS_KEY_FILE", value_name = "PATH")]
+    pub redis_tls_key_file: Option<std::path::PathBuf>,
+    /// How often new Redis connections re-read the password file and the
+    /// TLS files; 0 reads them once at start.
+    #[arg(
+        long,
+        env = "TUMBLER_REDIS_RELOAD_INTERVAL_MS",
+        default_value_t = 10_000
+    )]
+    pub redis_reload_interval_ms: u64,
+}
+
+impl RedisArgs {
+    /// The credentials these flags name (files are read by the store).
+    pub fn credentials(&self) -> anyhow::Result<crate::store::RedisCredentials> {
+        Ok(crate::store::RedisCredentials {
+            username: self.redis_username.clone().filter(|u| !u.is_empty()),
+            password: self.redis_password.clone().filter(|p| !p.is_empty()),
+            password_file: self.redis_password_file.clone(),
+            tls_ca_file: self.redis_tls_ca_file.clone(),
+            tls_cert_file: self.redis_tls_cert_file.clone(),
+            tls_key_file: self.redis_tls_key_file.clone(),
+            reload_interval: (self.redis_reload_interval_ms > 0)
+                .then(|| Duration::from_millis(self.redis_reload_interval_ms)),
+        })
     }
 }
 

@@ -6,8 +6,6 @@
 //! and probes carry none, and neither shows lock names or holders. The
 //! dashboard checks tokens itself.
 
-use std::future::IntoFuture;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,9 +15,10 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::net::TcpListener;
+use tower::ServiceExt;
 
 use crate::engine::LockEngine;
+use crate::limits::{ConnState, GatedListener};
 use crate::tls::TlsSettings;
 
 /// How often histograms are folded in when nobody scrapes, so their
@@ -33,9 +32,11 @@ struct Http {
 }
 
 /// Serves the HTTP port until the task running it is aborted (the server
-/// does that when it stops); over TLS when `tls` is given.
+/// does that when it stops); over TLS when `tls` is given. Connections
+/// pass `listener`'s gate (caps, idle timeout) and have the header-read
+/// timeout for every request.
 pub async fn serve(
-    listener: TcpListener,
+    listener: GatedListener,
     metrics: PrometheusHandle,
     engine: Arc<LockEngine>,
     dashboard: crate::dashboard::Options,
@@ -48,22 +49,84 @@ pub async fn serve(
             metrics: metrics.clone(),
             engine: engine.clone(),
         })
-        .merge(crate::dashboard::router(engine, dashboard));
-    let mut serving: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match tls {
-        Some(tls) => Box::pin(axum::serve(tls.https_listener(listener)?, app).into_future()),
-        None => Box::pin(axum::serve(listener, app).into_future()),
+        .merge(crate::dashboard::router(engine, dashboard))
+        .layer(axum::middleware::from_fn(crate::observe::http_span));
+    let header_read_timeout = listener.gate().limits().header_read_timeout;
+    let mut listener = match tls {
+        Some(tls) => Listener::Tls(tls.https_listener(listener)?),
+        None => Listener::Plain(listener),
     };
     let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);
     loop {
         tokio::select! {
-            served = &mut serving => return served,
+            (io, conn) = listener.accept() => {
+                let app = app.clone();
+                tokio::spawn(serve_connection(io, conn, app, header_read_timeout));
+            }
             _ = upkeep.tick() => metrics.run_upkeep(),
         }
     }
 }
 
+enum Listener {
+    Plain(GatedListener),
+    Tls(crate::tls::HttpsListener),
+}
+
+type Io = Box<dyn Connection>;
+
+trait Connection: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Connection for T {}
+
+impl Listener {
+    async fn accept(&mut self) -> (Io, Arc<ConnState>) {
+        match self {
+            Listener::Plain(listener) => {
+                let (io, _) = listener.accept().await;
+                let conn = io.state().clone();
+                (Box::new(io), conn)
+            }
+            Listener::Tls(listener) => {
+                let io = listener.accept().await;
+                let conn = io.get_ref().0.state().clone();
+                (Box::new(io), conn)
+            }
+        }
+    }
+}
+
+/// HTTP/1.1 on one connection: each request is in flight (not idle) until
+/// its response is ready; request headers must arrive within
+/// `header_read_timeout`.
+async fn serve_connection(
+    io: Io,
+    conn: Arc<ConnState>,
+    app: Router,
+    header_read_timeout: Duration,
+) {
+    let service =
+        hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+            let in_flight = conn.begin();
+            let answer = app.clone().oneshot(request.map(axum::body::Body::new));
+            async move {
+                let response = answer.await;
+                drop(in_flight);
+                response
+            }
+        });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(error = %e, "HTTP connection ended");
+    }
+}
+
 async fn metrics_page(State(http): State<Http>) -> impl IntoResponse {
-    let body = crate::observe::render(&http.metrics, http.engine.waiters().len());
+    let body = crate::observe::render(&http.metrics, &http.engine);
     (
         [(
             header::CONTENT_TYPE,

@@ -15,6 +15,7 @@ pub mod dashboard;
 pub mod dev;
 pub mod engine;
 pub mod http;
+pub mod limits;
 pub mod observe;
 pub mod proto;
 pub mod server;

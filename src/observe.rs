@@ -31,6 +31,42 @@ use crate::engine::{AcquireOutcome, AcquireRequest, ExtendOutcome, LockId, Relea
 /// The gRPC path prefix of the lock service's methods.
 const SERVICE_PATH: &str = "/tumbler.v1.LockService/";
 
+/// The lock service's own method names, read once from its descriptor
+/// (so a new RPC is covered without a list to keep in step).
+fn service_methods() -> &'static [String] {
+    static METHODS: OnceLock<Vec<String>> = OnceLock::new();
+    METHODS.get_or_init(|| {
+        use prost::Message;
+        let Ok(set) = prost_types::FileDescriptorSet::decode(crate::proto::FILE_DESCRIPTOR_SET)
+        else {
+            return Vec::new();
+        };
+        set.file
+            .iter()
+            .filter(|file| file.package() == "tumbler.v1")
+            .flat_map(|file| &file.service)
+            .filter(|service| service.name() == "LockService")
+            .flat_map(|service| &service.method)
+            .map(|method| method.name().to_owned())
+            .collect()
+    })
+}
+
+/// The `method` label of a request path: the method's name when the path
+/// is one of the lock service's own methods, `unknown` for any other path
+/// under the lock service (refused before routing with auth on, or
+/// UNIMPLEMENTED), None for other services (health, reflection), which
+/// are not counted. Label values therefore never come from the caller.
+fn method_label(path: &str) -> Option<&'static str> {
+    let method = path.strip_prefix(SERVICE_PATH)?;
+    Some(
+        service_methods()
+            .iter()
+            .find(|known| *known == method)
+            .map_or("unknown", String::as_str),
+    )
+}
+
 /// Distinct `kind` label values one process reports before counting the
 /// rest as `other`: kinds come from clients, and every value is a series.
 pub const MAX_KINDS: usize = 100;
@@ -70,6 +106,16 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
             metrics::set_global_recorder(recorder)
                 .map_err(|_| "another metrics recorder is installed in this process".to_owned())?;
             describe();
+            gauge!(
+                "tumbler_build_info",
+                "version" => env!("CARGO_PKG_VERSION"),
+                "commit" => COMMIT
+            )
+            .set(1.0);
+            // Zero rather than absent before the first stream.
+            for what in ["session", "watch"] {
+                gauge!("tumbler_open_streams", "stream" => what).increment(0.0);
+            }
             Ok(handle)
         })
         .clone()
@@ -113,9 +159,26 @@ fn describe() {
         "Background reaper rounds run by this replica (while it holds the reaper lease)."
     );
     describe_counter!(
+        "tumbler_reaper_lock_unavailable_total",
+        "Reaper rounds in which this replica could not take the reaper lock for longer than a reaper's lease, while no reaper with such a lease held it."
+    );
+    describe_counter!(
         "tumbler_reaped_total",
         "What the background reaper removed: expired_holders, dead_waiters, stale_index_entries."
     );
+    describe_gauge!(
+        "tumbler_build_info",
+        "Always 1; the labels say which tumbler this is (version, and the commit it was built from)."
+    );
+    describe_gauge!(
+        "tumbler_open_streams",
+        "Session and Watch streams open on this replica, by stream (session, watch)."
+    );
+    describe_gauge!(
+        "tumbler_session_grants",
+        "Locks held through sessions on this replica (grants it renews and releases when their session ends)."
+    );
+    process_collector().describe();
     describe_gauge!(
         "tumbler_redis_up",
         "1 while the health check reaches Redis (and the key layout is verified), else 0."
@@ -124,9 +187,32 @@ fn describe() {
 
 /// Renders the current metrics in the Prometheus text format, after
 /// setting the gauges that are read rather than counted.
-pub fn render(handle: &PrometheusHandle, waiters: usize) -> String {
-    gauge!("tumbler_waiters").set(waiters as f64);
+pub fn render(handle: &PrometheusHandle, engine: &crate::engine::LockEngine) -> String {
+    gauge!("tumbler_waiters").set(engine.waiters().len() as f64);
+    gauge!("tumbler_session_grants").set(engine.sessions().len() as f64);
+    process_collector().collect();
     handle.render()
+}
+
+/// The `process_*` metrics (CPU, memory, open files, threads, start time),
+/// read at each scrape.
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// The commit this binary was built from (see `build.rs`).
+pub const COMMIT: &str = env!("TUMBLER_COMMIT");
+
+/// A Session or Watch stream opened (`what`: `session` or `watch`) on
+/// this replica; [`stream_closed`] when it ends.
+pub fn stream_opened(what: &'static str) {
+    gauge!("tumbler_open_streams", "stream" => what).increment(1.0);
+}
+
+/// See [`stream_opened`].
+pub fn stream_closed(what: &'static str) {
+    gauge!("tumbler_open_streams", "stream" => what).decrement(1.0);
 }
 
 /// The result of one health check of Redis.
@@ -171,7 +257,7 @@ fn span_attribute(key: &'static str, value: impl Into<opentelemetry::Value>) {
 fn record_lock(lock: &LockId, holder: &str) {
     let span = tracing::Span::current();
     span.record("namespace", lock.namespace.as_str());
-    span.record("name", lock.name.as_str());
+    span.record("lock_name", lock.name.as_str());
     span.record("holder", holder);
 }
 
@@ -294,6 +380,11 @@ pub fn reaper_run() {
     counter!("tumbler_reaper_runs_total").increment(1);
 }
 
+/// A reaper round kept from the reaper lock for longer than expected.
+pub fn reaper_lock_unavailable() {
+    counter!("tumbler_reaper_lock_unavailable_total").increment(1);
+}
+
 /// What one namespace's reap by the background reaper removed.
 pub fn reaped(counts: &crate::engine::ReapCounts) {
     for (what, n) in [
@@ -377,6 +468,27 @@ fn oversized_request_is_resource_exhausted(headers: &mut http::HeaderMap) {
             http::HeaderValue::from(Code::ResourceExhausted as i32),
         );
     }
+    malformed_request_is_invalid_argument(headers);
+}
+
+/// tonic answers a request message that does not decode as protobuf with
+/// INTERNAL; the caller sent it, so it is INVALID_ARGUMENT (the message,
+/// which names the field where decoding failed, stays).
+fn malformed_request_is_invalid_argument(headers: &mut http::HeaderMap) {
+    let malformed = headers
+        .get("grpc-status")
+        .is_some_and(|code| Code::from_bytes(code.as_bytes()) == Code::Internal)
+        && headers.get("grpc-message").is_some_and(|m| {
+            let m = m.as_bytes();
+            m.starts_with(b"failed%20to%20decode%20Protobuf%20message")
+                || m.starts_with(b"failed to decode Protobuf message")
+        });
+    if malformed {
+        headers.insert(
+            "grpc-status",
+            http::HeaderValue::from(Code::InvalidArgument as i32),
+        );
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -414,6 +526,58 @@ impl<B: http_body::Body> http_body::Body for StatusRewrite<B> {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Reads W3C `traceparent`/`tracestate`/`baggage` from a request's headers
+/// (gRPC metadata are HTTP/2 headers).
+struct Headers<'a>(&'a http::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+/// Makes `span` a child of the caller's span when the request carries a
+/// trace context, so tumbler's spans join the caller's trace; the caller's
+/// baggage travels with it.
+pub fn join_callers_trace(span: &tracing::Span, headers: &http::HeaderMap) {
+    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&Headers(headers))
+    });
+    if opentelemetry::trace::TraceContextExt::has_active_span(&parent) {
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        let _ = span.set_parent(parent);
+    }
+}
+
+/// The HTTP port's requests (dashboard, JSON endpoints; not `/metrics`
+/// or `/healthz`) as server spans when export is on, children of the
+/// caller's trace when the request carries one.
+pub async fn http_span(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let path = request.uri().path();
+    if !rpc_spans() || path == "/metrics" || path == "/healthz" {
+        return next.run(request).await;
+    }
+    let span = tracing::info_span!(
+        "http",
+        otel.name = format!("{} {}", request.method(), path),
+        otel.kind = "server",
+        http.request.method = %request.method(),
+        url.path = %path,
+        http.response.status_code = tracing::field::Empty,
+    );
+    join_callers_trace(&span, request.headers());
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    response
 }
 
 /// A tower layer over the gRPC server: for every lock service RPC it counts
@@ -497,14 +661,13 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let Some(method) = request.uri().path().strip_prefix(SERVICE_PATH) else {
+        let Some(method) = method_label(request.uri().path()) else {
             let answer = self.inner.call(request);
             return Box::pin(async move {
                 let response = answer.await?;
                 Ok(response.map(|body| StatusRewrite { inner: body }))
             });
         };
-        let method = method.to_owned();
         let span = if rpc_spans() {
             tracing::info_span!(
                 "grpc",
@@ -519,6 +682,9 @@ where
         } else {
             tracing::Span::none()
         };
+        if rpc_spans() {
+            join_callers_trace(&span, request.headers());
+        }
         let started = Instant::now();
         let left = (request.headers().get("grpc-timeout"))
             .and_then(|value| parse_grpc_timeout(value.to_str().ok()?));
@@ -557,13 +723,6 @@ where
                         .map_or(Code::Ok, |value| Code::from_bytes(value.as_bytes())),
                     Err(_) => Code::Internal,
                 };
-                // Unknown paths are answered UNIMPLEMENTED: one label for all
-                // of them keeps the label set bounded.
-                let method = if code == Code::Unimplemented {
-                    "unknown".to_owned()
-                } else {
-                    method
-                };
                 let span = tracing::Span::current();
                 span.record("rpc.grpc.status_code", code as i32);
                 if matches!(
@@ -577,7 +736,7 @@ where
                 ) {
                     span.record("otel.status_code", "ERROR");
                 }
-                histogram!("tumbler_rpc_duration_seconds", "method" => method.clone())
+                histogram!("tumbler_rpc_duration_seconds", "method" => method)
                     .record(started.elapsed().as_secs_f64());
                 counter!("tumbler_rpc_requests_total", "method" => method, "code" => code_name(code))
                     .increment(1);
@@ -599,5 +758,20 @@ mod tests {
         }
         assert_eq!(kind_label("k0"), "k0");
         assert_eq!(kind_label("one-too-many"), "other");
+    }
+
+    #[test]
+    fn method_labels_are_the_services_own() {
+        assert_eq!(
+            method_label("/tumbler.v1.LockService/Acquire"),
+            Some("Acquire")
+        );
+        assert_eq!(method_label("/tumbler.v1.LockService/Watch"), Some("Watch"));
+        assert_eq!(
+            method_label("/tumbler.v1.LockService/MadeUp123"),
+            Some("unknown")
+        );
+        assert_eq!(method_label("/tumbler.v1.LockService/"), Some("unknown"));
+        assert_eq!(method_label("/grpc.health.v1.Health/Check"), None);
     }
 }

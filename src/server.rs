@@ -17,6 +17,7 @@ use crate::config::ServerConfig;
 use crate::engine::keys::Layout;
 use crate::engine::waiters::run_subscriber;
 use crate::engine::{LayoutError, LockEngine};
+use crate::limits::{ConnLimits, Gate, GatedListener, TrackLayer};
 use crate::proto::{self, lock_service_server::LockServiceServer};
 use crate::store::Store;
 
@@ -79,6 +80,15 @@ pub async fn serve_on(
         http,
         health,
     } = listeners;
+    // Every port gets the same caps, lowered if need be so all of them at
+    // their caps fit in the open-files limit (raised to its hard limit).
+    crate::limits::raise_fd_limit();
+    let ports = 1 + usize::from(http.is_some()) + usize::from(health.is_some());
+    let conn_limits = config.transport.connections.fitted(ports);
+    let gated = |port, listener| GatedListener::new(listener, Gate::new(port, conn_limits.clone()));
+    let listener = gated("grpc", listener);
+    let http = http.map(|http| gated("http", http));
+    let health = health.map(|health| gated("health", health));
     // One authenticator for gRPC and the dashboard, so a reload of the
     // tokens file applies to both at once; loaded first, so a bad file
     // stops the start before anything runs.
@@ -119,6 +129,7 @@ pub async fn serve_on(
                 admin: config.dashboard_admin,
                 auth: authenticator.clone(),
                 secure_cookie: tls.is_some(),
+                allowed_hosts: config.dashboard_allowed_hosts.clone(),
             };
             Some(tokio::spawn(crate::http::serve(
                 http,
@@ -144,11 +155,13 @@ pub async fn serve_on(
                 tonic_reflection::server::Builder::configure()
                     .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             };
-            let health = Server::builder()
+            let gate = listener.gate().clone();
+            let health = grpc_builder(&conn_limits)
+                .layer(TrackLayer::new(gate))
                 .add_service(health_service.clone())
                 .add_service(reflection().build_v1()?)
                 .add_service(reflection().build_v1alpha()?)
-                .serve_with_incoming(crate::tls::plain_incoming(listener));
+                .serve_with_incoming(listener.into_stream());
             Some(tokio::spawn(async {
                 if let Err(e) = health.await {
                     tracing::error!(error = %e, "the health port stopped");
@@ -203,8 +216,9 @@ pub async fn serve_on(
         engine.waiters().shut_down();
         draining.notify_one();
     };
-    let router = Server::builder()
+    let router = grpc_builder(&conn_limits)
         .max_concurrent_streams(config.transport.max_concurrent_streams)
+        .layer(TrackLayer::new(listener.gate().clone()))
         .layer(crate::observe::RpcLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -263,6 +277,14 @@ pub async fn serve_on(
     }
 }
 
+/// A gRPC server builder with the connection limits' HTTP/2 keep-alive
+/// (the caps and idle timeouts are the listener's, see `limits`).
+fn grpc_builder(limits: &ConnLimits) -> Server {
+    Server::builder()
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+}
+
 async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
     for service in REDIS_BOUND_SERVICES {
         reporter.set_service_status(service, status).await;
@@ -283,6 +305,9 @@ async fn watch_redis(
 ) -> Result<(), LayoutError> {
     let mut serving = false;
     let mut served = false;
+    // The last outage reason logged: each new reason is logged once, also
+    // before the first SERVING (a wrong CA or password says so at start).
+    let mut told: Option<String> = None;
     loop {
         let reachable = engine.check_redis().await;
         let now_serving = match reachable {
@@ -298,12 +323,17 @@ async fn watch_redis(
                 false
             }
             Err(LayoutError::Store(err)) => {
-                if serving {
-                    tracing::warn!(error = %err, "redis unreachable: NOT_SERVING");
+                let reason = err.to_string();
+                if serving || told.as_ref() != Some(&reason) {
+                    tracing::warn!(error = %reason, "redis unreachable: NOT_SERVING");
+                    told = Some(reason);
                 }
                 false
             }
         };
+        if now_serving {
+            told = None;
+        }
         crate::observe::redis_up(now_serving);
         served |= now_serving;
         if now_serving != serving {

@@ -3,16 +3,36 @@
 //!
 //! Without an endpoint nothing of OpenTelemetry is set up: no exporter, no
 //! extra tracing layer, no per-RPC server span.
+//!
+//! The endpoint is `--otlp-endpoint`, or else the standard
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! (either alone turns export on; `OTEL_SDK_DISABLED=true` or
+//! `OTEL_TRACES_EXPORTER=none` turn it off). The SDK reads the rest of the
+//! `OTEL_*` variables itself: `OTEL_SERVICE_NAME` and
+//! `OTEL_RESOURCE_ATTRIBUTES` (tumbler names itself `tumbler` only when
+//! neither names the service), `OTEL_TRACES_SAMPLER[_ARG]`,
+//! `OTEL_EXPORTER_OTLP_*_HEADERS`/`_TIMEOUT`, `OTEL_BSP_*`. Callers'
+//! W3C `traceparent`/`tracestate`/`baggage` are honoured (see
+//! `observe::RpcLayer`).
+//!
+//! JSON logs are one flat object per line: the event's fields, the fields
+//! of the spans it happened in (innermost wins), `span` (the innermost
+//! span's name) and, with export on, `trace_id` and `span_id`.
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing::Level;
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
 
@@ -27,35 +47,103 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
-/// Sets up logging, and span export when `otlp_endpoint` is not empty.
+/// Where spans go: `--otlp-endpoint`, else the standard variables.
+enum Export {
+    Off,
+    /// An endpoint given on the command line.
+    To(String),
+    /// The exporter reads `OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT` itself.
+    FromEnvironment,
+}
+
+fn export(otlp_endpoint: &str, env: impl Fn(&str) -> Option<String>) -> Export {
+    let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    if set("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        || set("OTEL_TRACES_EXPORTER").is_some_and(|v| v.trim().eq_ignore_ascii_case("none"))
+    {
+        return Export::Off;
+    }
+    if !otlp_endpoint.is_empty() {
+        return Export::To(otlp_endpoint.to_owned());
+    }
+    if set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+        || set("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+    {
+        return Export::FromEnvironment;
+    }
+    Export::Off
+}
+
+/// True unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` names the
+/// service: then the operator's name stands.
+fn names_itself(env: impl Fn(&str) -> Option<String>) -> bool {
+    let named = env("OTEL_SERVICE_NAME").is_some_and(|v| !v.trim().is_empty())
+        || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|attributes| {
+            attributes
+                .split(',')
+                .any(|pair| pair.split('=').next().map(str::trim) == Some("service.name"))
+        });
+    !named
+}
+
+/// Sets up logging, and span export when an endpoint is configured.
 /// Must run inside the Tokio runtime (the OTLP client lives on it).
 pub fn init(args: &LogArgs, otlp_endpoint: &str) -> anyhow::Result<Telemetry> {
+    let env = |name: &str| std::env::var(name).ok();
     let filter = EnvFilter::try_new(&args.log_level)
         .map_err(|e| anyhow::anyhow!("--log-level {:?}: {e}", args.log_level))?;
+    let export = export(otlp_endpoint, env);
+    let exporting = !matches!(export, Export::Off);
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let logs: Box<dyn Layer<Registry> + Send + Sync> = match args.log_format {
-        LogFormat::Pretty => logs.with_filter(filter).boxed(),
+        LogFormat::Pretty => logs
+            // Colours only for a person at a terminal, not for a file or a
+            // log collector.
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter)
+            .boxed(),
         LogFormat::Json => logs
-            .json()
-            .with_current_span(true)
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson { exporting })
             .with_filter(filter)
             .boxed(),
     };
 
-    let provider = if otlp_endpoint.is_empty() {
-        None
-    } else {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(otlp_endpoint)
-            .build()
-            .map_err(|e| anyhow::anyhow!("--otlp-endpoint {otlp_endpoint:?}: {e}"))?;
-        Some(
-            SdkTracerProvider::builder()
-                .with_batch_exporter(exporter)
-                .with_resource(Resource::builder().with_service_name("tumbler").build())
-                .build(),
-        )
+    let provider = match &export {
+        Export::Off => None,
+        Export::To(_) | Export::FromEnvironment => {
+            for name in [
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            ] {
+                if let Some(protocol) = env(name).filter(|p| !p.trim().is_empty()) {
+                    anyhow::ensure!(
+                        protocol.trim() == "grpc",
+                        "{name}={protocol:?}: tumbler exports spans over OTLP/gRPC only; set it to grpc (port 4317 of a collector)"
+                    );
+                    break;
+                }
+            }
+            let builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            let builder = match &export {
+                Export::To(endpoint) => builder.with_endpoint(endpoint),
+                _ => builder,
+            };
+            let exporter = builder
+                .build()
+                .map_err(|e| anyhow::anyhow!("OTLP endpoint: {e}"))?;
+            let resource = if names_itself(env) {
+                Resource::builder().with_service_name("tumbler").build()
+            } else {
+                Resource::builder().build()
+            };
+            Some(
+                SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(resource)
+                    .build(),
+            )
+        }
     };
     // Only tumbler's own spans are exported (not those of the HTTP/2 stack,
     // which would include the exporter's own requests), whatever the log
@@ -72,10 +160,132 @@ pub fn init(args: &LogArgs, otlp_endpoint: &str) -> anyhow::Result<Telemetry> {
         .try_init()
         .map_err(|e| anyhow::anyhow!("logging: {e}"))?;
     if provider.is_some() {
+        // W3C trace context and baggage, as every OpenTelemetry SDK sends.
+        opentelemetry::global::set_text_map_propagator(
+            opentelemetry::propagation::TextMapCompositePropagator::new(vec![
+                Box::new(opentelemetry_sdk::propagation::TraceContextPropagator::new()),
+                Box::new(opentelemetry_sdk::propagation::BaggagePropagator::new()),
+            ]),
+        );
         crate::observe::enable_rpc_spans();
-        tracing::info!(endpoint = otlp_endpoint, "exporting spans over OTLP");
+        match &export {
+            Export::To(endpoint) => {
+                tracing::info!(endpoint = endpoint.as_str(), "exporting spans over OTLP")
+            }
+            _ => tracing::info!("exporting spans over OTLP (endpoint from OTEL_EXPORTER_OTLP_*)"),
+        }
     }
     Ok(Telemetry { provider })
+}
+
+/// One flat JSON object per event (see the module's documentation).
+struct FlatJson {
+    /// Whether spans carry OpenTelemetry ids to log.
+    exporting: bool,
+}
+
+impl<S, N> FormatEvent<S, N> for FlatJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        use serde_json::{Map, Value};
+        let mut line = Map::new();
+        let mut timestamp = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut timestamp))?;
+        line.insert("timestamp".into(), timestamp.into());
+        let meta = event.metadata();
+        line.insert("level".into(), meta.level().as_str().into());
+        line.insert("target".into(), meta.target().into());
+        if let Some(scope) = ctx.event_scope() {
+            let mut innermost = None;
+            for span in scope.from_root() {
+                innermost = Some(span.name());
+                let extensions = span.extensions();
+                let Some(fields) = extensions.get::<FormattedFields<N>>() else {
+                    continue;
+                };
+                if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(fields) {
+                    for (key, value) in fields {
+                        if !key.starts_with("otel.") {
+                            line.insert(key, value);
+                        }
+                    }
+                }
+            }
+            if let Some(name) = innermost {
+                line.insert("span".into(), name.into());
+            }
+        }
+        event.record(&mut FieldsInto(&mut line));
+        if self.exporting
+            && let Some(span) = ctx.lookup_current()
+        {
+            let id = span.id();
+            drop(span);
+            let cx = tracing::dispatcher::get_default(|dispatch| {
+                tracing_opentelemetry::get_otel_context(&id, dispatch)
+            });
+            if let Some(cx) = cx {
+                let span = cx.span();
+                let span_context = span.span_context();
+                if span_context.is_valid() {
+                    line.insert(
+                        "trace_id".into(),
+                        span_context.trace_id().to_string().into(),
+                    );
+                    line.insert("span_id".into(), span_context.span_id().to_string().into());
+                }
+            }
+        }
+        let text = serde_json::to_string(&line).map_err(|_| std::fmt::Error)?;
+        writeln!(writer, "{text}")
+    }
+}
+
+/// Puts an event's fields into a JSON object: numbers and booleans as
+/// such, everything else as text.
+struct FieldsInto<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl tracing::field::Visit for FieldsInto<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_error(
+        &mut self,
+        field: &tracing::field::Field,
+        value: &(dyn std::error::Error + 'static),
+    ) {
+        self.0.insert(field.name().into(), value.to_string().into());
+    }
 }
 
 impl Telemetry {
@@ -95,5 +305,63 @@ impl Telemetry {
             Ok(Err(err)) => tracing::warn!(error = %err, "span export did not finish"),
             Err(_) => tracing::warn!("span export still busy at exit; dropping the rest"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_standard_endpoint_alone_turns_export_on() {
+        assert!(matches!(export("", env(&[])), Export::Off));
+        assert!(matches!(
+            export("", env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")])),
+            Export::FromEnvironment
+        ));
+        assert!(matches!(
+            export(
+                "",
+                env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4317")])
+            ),
+            Export::FromEnvironment
+        ));
+        assert!(matches!(export("http://x:4317", env(&[])), Export::To(_)));
+        assert!(matches!(
+            export("http://x:4317", env(&[("OTEL_SDK_DISABLED", "true")])),
+            Export::Off
+        ));
+        assert!(matches!(
+            export(
+                "",
+                env(&[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                    ("OTEL_TRACES_EXPORTER", "none")
+                ])
+            ),
+            Export::Off
+        ));
+    }
+
+    #[test]
+    fn an_operators_service_name_stands() {
+        assert!(names_itself(env(&[])));
+        assert!(!names_itself(env(&[("OTEL_SERVICE_NAME", "locks")])));
+        assert!(!names_itself(env(&[(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment=prod, service.name=locks"
+        )])));
+        assert!(names_itself(env(&[(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "service.namespace=infra"
+        )])));
     }
 }

@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use clap::Args;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
@@ -33,6 +33,8 @@ use tonic::codegen::Bytes;
 use tonic::service::Routes;
 use tonic::transport::server::Router;
 use tower::{Layer, Service};
+
+use crate::limits::{GatedListener, Guarded};
 
 /// How long a client has to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -211,7 +213,7 @@ impl TlsSettings {
     }
 
     /// TLS connections accepted on `listener`, handshakes done.
-    fn incoming(&self, listener: TcpListener, port: Port) -> Incoming {
+    fn incoming(&self, listener: GatedListener, port: Port) -> Incoming {
         let (tx, rx) = mpsc::channel(64);
         let accept = tokio::spawn(accept_loop(listener, self.clone(), port, tx));
         Incoming {
@@ -222,7 +224,7 @@ impl TlsSettings {
     }
 
     /// The HTTP port's listener: TLS over `listener`, for `axum::serve`.
-    pub fn https_listener(&self, listener: TcpListener) -> std::io::Result<HttpsListener> {
+    pub fn https_listener(&self, listener: GatedListener) -> std::io::Result<HttpsListener> {
         Ok(HttpsListener {
             addr: listener.local_addr()?,
             incoming: self.incoming(listener, Port::Http),
@@ -236,7 +238,7 @@ impl TlsSettings {
 /// mutual TLS).
 pub async fn serve<L, ResBody>(
     router: Router<L>,
-    listener: TcpListener,
+    listener: GatedListener,
     tls: Option<&TlsSettings>,
     signal: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error>
@@ -254,7 +256,7 @@ where
     match tls {
         None => {
             router
-                .serve_with_incoming_shutdown(plain_incoming(listener), signal)
+                .serve_with_incoming_shutdown(listener.into_stream(), signal)
                 .await
         }
         Some(tls) => {
@@ -264,41 +266,22 @@ where
     }
 }
 
-/// Plaintext connections with TCP_NODELAY: gRPC multiplexes small
-/// messages on one connection, and Nagle's algorithm would hold each one
-/// back until the previous one's (delayed, ~40 ms) ACK.
-pub fn plain_incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
 /// Accepts TCP connections and hands each to its own handshake task;
 /// finished handshakes go to `tx`. Ends when the receiving side is gone.
 async fn accept_loop(
-    listener: TcpListener,
+    listener: GatedListener,
     tls: TlsSettings,
     port: Port,
-    tx: mpsc::Sender<TlsStream<TcpStream>>,
+    tx: mpsc::Sender<TlsStream<Guarded<TcpStream>>>,
 ) {
     let mut handshakes = JoinSet::new();
     loop {
+        // Caps, TCP_NODELAY and accept errors: see `limits`.
         let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) if is_connection_error(&e) => continue,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait for some
-                    // to be freed rather than spin.
-                    tracing::error!(error = %e, ?port, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            },
+            accepted = listener.accept() => accepted,
             Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
             () = tx.closed() => return,
         };
-        // gRPC multiplexes small messages on one connection: Nagle's
-        // algorithm would hold each back for a delayed ACK (~40 ms).
-        let _ = tcp.set_nodelay(true);
         let acceptor = TlsAcceptor::from(tls.config(port));
         let tx = tx.clone();
         handshakes.spawn(async move {
@@ -313,24 +296,16 @@ async fn accept_loop(
     }
 }
 
-fn is_connection_error(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(
-        e.kind(),
-        ConnectionAborted | ConnectionReset | BrokenPipe | Interrupted | WouldBlock | TimedOut
-    )
-}
-
 /// A stream of TLS connections, for tonic's `serve_with_incoming*`.
 struct Incoming {
-    rx: mpsc::Receiver<TlsStream<TcpStream>>,
+    rx: mpsc::Receiver<TlsStream<Guarded<TcpStream>>>,
     /// The accept loop: stopped (closing the listener) when this is dropped.
     _accept: AbortOnDrop,
     _watcher: Option<Arc<Watcher>>,
 }
 
 impl tokio_stream::Stream for Incoming {
-    type Item = Result<TlsStream<TcpStream>, std::io::Error>;
+    type Item = Result<TlsStream<Guarded<TcpStream>>, std::io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx).map(|stream| stream.map(Ok))
@@ -343,25 +318,18 @@ pub struct HttpsListener {
     incoming: Incoming,
 }
 
-impl axum::serve::Listener for HttpsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let Some(stream) = self.incoming.rx.recv().await else {
-                // The accept loop ended: nothing more will come.
-                return std::future::pending().await;
-            };
-            match stream.get_ref().0.peer_addr() {
-                Ok(peer) => return (stream, peer),
-                Err(_) => continue,
-            }
+impl HttpsListener {
+    /// The next connection with its handshake done; pending forever once
+    /// the accept loop has ended.
+    pub async fn accept(&mut self) -> TlsStream<Guarded<TcpStream>> {
+        match self.incoming.rx.recv().await {
+            Some(stream) => stream,
+            None => std::future::pending().await,
         }
     }
 
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.addr)
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
 }
 

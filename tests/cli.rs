@@ -689,7 +689,17 @@ async fn completion_scripts_for_each_shell() {
 
 /// Every subcommand, with the flags its help must mention.
 const SUBCOMMANDS: &[(&str, &[&str])] = &[
-    ("serve", &["--redis-url", "--listen", "--auth-tokens-file"]),
+    (
+        "serve",
+        &[
+            "--redis-url",
+            "--listen",
+            "--auth-tokens-file",
+            "--redis-username",
+            "--redis-password-file",
+            "--redis-tls-ca-file",
+        ],
+    ),
     ("dev", &["--listen", "--redis-server"]),
     (
         "acquire",
@@ -732,6 +742,7 @@ const SUBCOMMANDS: &[(&str, &[&str])] = &[
     ),
     ("watch", &["--prefix", "[NAME]"]),
     ("token", &["--name", "--role", "--existing"]),
+    ("health", &["--service", "--addr"]),
     ("completion", &["bash", "zsh", "fish"]),
     ("help", &[]),
 ];

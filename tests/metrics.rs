@@ -247,3 +247,225 @@ async fn kinds_past_the_cap_of_one_shard_minute_are_counted_as_other() {
     }
     panic!("three runs in a row crossed a minute boundary");
 }
+
+/// A server in this process with an HTTP port (and a fast reaper).
+async fn serve_with_http() -> (
+    tumbler::dev::RedisServer,
+    String,
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let redis = start_redis();
+    let mut args = service_args();
+    args.reap_interval_ms = 100;
+    let config = tumbler::config::ServerConfig::new(redis.url(), &args).unwrap();
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", grpc.local_addr().unwrap());
+    let http_addr = http.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(tumbler::server::serve_with_http(
+        config,
+        grpc,
+        Some(http),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    wait_for_health(&endpoint, ServingStatus::Serving).await;
+    (redis, endpoint, http_addr, stop)
+}
+
+/// Scrapes until `check` holds (up to 10 s).
+async fn scrape_until(addr: std::net::SocketAddr, check: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = common::http::scrape(addr).await;
+        if check(&page) {
+            return page;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One Session holding one lock and one Watch, open on the server.
+async fn open_session_and_watch(
+    client: &mut proto::lock_service_client::LockServiceClient<tonic::transport::Channel>,
+) -> (
+    tokio::sync::mpsc::Sender<proto::SessionRequest>,
+    tonic::Streaming<proto::SessionResponse>,
+    tonic::Streaming<proto::LockEvent>,
+) {
+    use proto::session_request::Command;
+    let (commands, outbox) = tokio::sync::mpsc::channel(4);
+    commands
+        .send(proto::SessionRequest {
+            command: Some(Command::Open(proto::SessionOpen {
+                ttl_ms: Some(5_000),
+            })),
+        })
+        .await
+        .unwrap();
+    commands
+        .send(proto::SessionRequest {
+            command: Some(Command::Acquire(proto::SessionAcquire {
+                request_id: 1,
+                acquire: Some(acquire("gauged", "")),
+            })),
+        })
+        .await
+        .unwrap();
+    let mut events = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(outbox))
+        .await
+        .unwrap()
+        .into_inner();
+    // Opened, then acquired.
+    for _ in 0..2 {
+        events.message().await.unwrap().unwrap();
+    }
+    let watch = client
+        .watch(proto::WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    (commands, events, watch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gauges_show_open_streams_session_grants_build_and_process() {
+    let (_redis, endpoint, http, _stop) = serve_with_http().await;
+    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
+        .await
+        .unwrap();
+    let page = common::http::scrape(http).await;
+    let value = |page: &str, name: &str, labels: &[(&str, &str)]| {
+        common::http::sample(page, name, labels).unwrap_or_else(|| panic!("{name}: {page}"))
+    };
+    let version = env!("CARGO_PKG_VERSION");
+    let commit = page
+        .lines()
+        .find(|l| l.starts_with("tumbler_build_info{"))
+        .and_then(|l| l.split("commit=\"").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    assert!(
+        commit == "unknown" || commit.chars().all(|c| c.is_ascii_hexdigit()),
+        "{commit}"
+    );
+    assert_eq!(
+        value(
+            &page,
+            "tumbler_build_info",
+            &[("version", version), ("commit", &commit)]
+        ),
+        1.0
+    );
+    assert!(value(&page, "process_resident_memory_bytes", &[]) > 0.0);
+    assert!(value(&page, "process_start_time_seconds", &[]) > 1e9);
+    assert!(page.contains("process_cpu_seconds_total"));
+    let before_sessions = value(&page, "tumbler_open_streams", &[("stream", "session")]);
+    let before_watches = value(&page, "tumbler_open_streams", &[("stream", "watch")]);
+
+    let (commands, events, watch) = open_session_and_watch(&mut client).await;
+    let page = scrape_until(http, |page| {
+        common::http::sample(page, "tumbler_open_streams", &[("stream", "watch")])
+            == Some(before_watches + 1.0)
+    })
+    .await;
+    assert_eq!(
+        value(&page, "tumbler_open_streams", &[("stream", "session")]),
+        before_sessions + 1.0
+    );
+    assert!(value(&page, "tumbler_session_grants", &[]) >= 1.0);
+
+    // Streams that end are counted down.
+    drop((commands, events, watch));
+    scrape_until(http, |page| {
+        common::http::sample(page, "tumbler_open_streams", &[("stream", "session")])
+            == Some(before_sessions)
+            && common::http::sample(page, "tumbler_open_streams", &[("stream", "watch")])
+                == Some(before_watches)
+    })
+    .await;
+}
+
+/// The metric names the table of docs/operating.md lists (`process_*` stands for the
+/// process metrics).
+fn documented_metrics() -> std::collections::BTreeSet<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operating.md")).unwrap();
+    let section = readme
+        .split("### Prometheus metrics")
+        .nth(1)
+        .expect("docs/operating.md has a Prometheus metrics section");
+    let section = section.split("\n#").next().unwrap();
+    section
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split('`').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_metric_list_is_exactly_what_is_served() {
+    let (_redis, endpoint, http, _stop) = serve_with_http().await;
+    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
+        .await
+        .unwrap();
+    // Traffic that makes every lazily created series appear: grants, a
+    // wait, a release (hold time), a short lease the reaper finds expired.
+    client.acquire(acquire("listed", "a")).await.unwrap();
+    client
+        .acquire(proto::AcquireRequest {
+            wait_ms: 50,
+            ..acquire("listed", "b")
+        })
+        .await
+        .unwrap();
+    client.release(release("listed", "a")).await.unwrap();
+    client
+        .acquire(proto::AcquireRequest {
+            ttl_ms: Some(1),
+            ..acquire("lapsing", "a")
+        })
+        .await
+        .unwrap();
+    let _streams = open_session_and_watch(&mut client).await;
+    let page = scrape_until(http, |page| {
+        page.contains("tumbler_reaper_runs_total") && page.contains("tumbler_reaped_total")
+    })
+    .await;
+
+    let served: std::collections::BTreeSet<String> = page
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split(' ').next())
+        .map(|name| {
+            if name.starts_with("process_") {
+                "process_*".to_owned()
+            } else {
+                name.to_owned()
+            }
+        })
+        .collect();
+    let documented = documented_metrics();
+    // Appears with the first Redis failure behind an RPC.
+    let on_failure = ["tumbler_redis_errors_total"];
+    let missing: Vec<_> = served.difference(&documented).collect();
+    let stale: Vec<_> = documented
+        .difference(&served)
+        .filter(|name| !on_failure.contains(&name.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "served but not in docs/operating.md: {missing:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "in docs/operating.md but not served: {stale:?}"
+    );
+}

@@ -351,7 +351,7 @@ async fn every_rpc_exports_a_span_over_otlp() {
     // The handler's span: the lock, the holder, the kind and the outcome.
     let handler = handler.unwrap();
     let attrs = &handler.attributes;
-    assert_eq!(attribute(attrs, "name").as_deref(), Some("otel-lock"));
+    assert_eq!(attribute(attrs, "lock_name").as_deref(), Some("otel-lock"));
     assert_eq!(attribute(attrs, "namespace").as_deref(), Some("default"));
     assert_eq!(attribute(attrs, "holder").as_deref(), Some("otel-holder"));
     assert_eq!(attribute(attrs, "tumbler.kind").as_deref(), Some("traced"));
@@ -385,4 +385,135 @@ async fn every_rpc_exports_a_span_over_otlp() {
         .expect("tumbler serve exits after SIGTERM")
         .unwrap();
     assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_trace_is_joined_and_every_json_log_line_is_flat() {
+    let (spans_tx, mut spans) = mpsc::unbounded_channel();
+    let collector = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let collector_addr = collector.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(Collector { spans: spans_tx }))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(collector)),
+    );
+
+    // Configured the OpenTelemetry way only: the endpoint alone turns
+    // export on, and the operator's service name and attributes stand.
+    let redis = start_redis();
+    let port = tumbler::dev::free_port().unwrap();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut serve = tokio::process::Command::new(TUMBLER)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
+        .args([
+            "--shutdown-drain-ms",
+            "0",
+            "--http-listen",
+            "off",
+            "--no-auth",
+        ])
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://{collector_addr}"),
+        )
+        .env("OTEL_SERVICE_NAME", "locks-prod")
+        .env("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("TUMBLER_LOG_FORMAT", "json")
+        .env("TUMBLER_LOG", "tumbler=debug,info")
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    wait_for_health(&endpoint, ServingStatus::Serving).await;
+    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
+        .await
+        .unwrap();
+
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_id = "00f067aa0ba902b7";
+    let mut request = tonic::Request::new(acquire("traced-lock", "traced-holder"));
+    let metadata = request.metadata_mut();
+    metadata.insert(
+        "traceparent",
+        format!("00-{trace_id}-{parent_id}-01").parse().unwrap(),
+    );
+    metadata.insert("tracestate", "vendor=opaque".parse().unwrap());
+    metadata.insert("baggage", "tenant=blue".parse().unwrap());
+    client.acquire(request).await.unwrap();
+    client.reap(proto::ReapRequest::default()).await.unwrap();
+
+    // The server span continues the caller's trace, under the caller's span.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let (resource, server_span) = loop {
+        let (resource, span) = tokio::time::timeout_at(deadline, spans.recv())
+            .await
+            .expect("the spans reach the collector")
+            .unwrap();
+        if span.name == "tumbler.v1.LockService/Acquire" {
+            break (resource, span);
+        }
+    };
+    assert_eq!(hex(&server_span.trace_id), trace_id);
+    assert_eq!(hex(&server_span.parent_span_id), parent_id);
+    assert_eq!(
+        attribute(&resource, "service.name").as_deref(),
+        Some("locks-prod")
+    );
+    assert_eq!(
+        attribute(&resource, "deployment.environment").as_deref(),
+        Some("test")
+    );
+
+    kill(Pid::from_raw(serve.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), serve.wait())
+        .await
+        .expect("tumbler serve exits after SIGTERM")
+        .unwrap();
+
+    // Every line is one JSON object, without colour codes or Rust debug text.
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    assert!(
+        !text.contains('\u{1b}'),
+        "no ANSI colours in a file: {text}"
+    );
+    let lines: Vec<serde_json::Map<String, serde_json::Value>> = text
+        .lines()
+        .map(|line| match serde_json::from_str(line) {
+            Ok(serde_json::Value::Object(fields)) => fields,
+            other => panic!("not a JSON object: {line} ({other:?})"),
+        })
+        .collect();
+    // Inside the Acquire: the lock's fields, flat, and the caller's trace.
+    let acquired = lines
+        .iter()
+        .find(|l| l.get("lock_name").and_then(|v| v.as_str()) == Some("traced-lock"))
+        .unwrap_or_else(|| panic!("a log line about the lock: {text}"));
+    assert_eq!(acquired["trace_id"], trace_id, "{acquired:?}");
+    assert_eq!(acquired["span_id"].as_str().unwrap().len(), 16);
+    assert_eq!(acquired["namespace"], "default");
+    assert_eq!(acquired["holder"], "traced-holder");
+    assert!(!acquired.contains_key("name"), "{acquired:?}");
+    // The same key never appears twice on a line (a parser keeps one).
+    for line in text.lines() {
+        for key in ["\"lock_name\":", "\"namespace\":", "\"message\":"] {
+            assert!(line.matches(key).count() <= 1, "{key} twice: {line}");
+        }
+    }
+    let reaped = lines
+        .iter()
+        .find(|l| l.get("message").and_then(|v| v.as_str()) == Some("reaped on request"))
+        .unwrap_or_else(|| panic!("the reap is logged: {text}"));
+    assert!(reaped["locks_visited"].is_u64(), "{reaped:?}");
+    assert!(
+        !text.contains("ReapCounts"),
+        "no Rust debug text in logs: {text}"
+    );
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

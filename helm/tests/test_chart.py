@@ -550,6 +550,7 @@ def test_config_map_carries_every_setting():
         "TUMBLER_HTTP_LISTEN": "0.0.0.0:9090",
         "TUMBLER_REDIS_CONNECTIONS": "4",
         "TUMBLER_REDIS_TIMEOUT_MS": "2000",
+        "TUMBLER_REDIS_RELOAD_INTERVAL_MS": "10000",
         "TUMBLER_MIN_REPLICAS_ACKED": "0",
         "TUMBLER_MIN_REPLICAS_TIMEOUT_MS": "500",
         "TUMBLER_KEY_PREFIX": "tumbler",
@@ -576,6 +577,17 @@ def test_config_map_carries_every_setting():
         "TUMBLER_MAX_CONCURRENT_STREAMS": "1000",
         "TUMBLER_MAX_SESSIONS": "10000",
         "TUMBLER_MAX_WATCHERS": "1000",
+        "TUMBLER_MAX_SESSIONS_PER_TOKEN": "1000",
+        "TUMBLER_MAX_WATCHERS_PER_TOKEN": "100",
+        "TUMBLER_MAX_WATCHERS_PER_NAMESPACE": "250",
+        "TUMBLER_MAX_WAITERS_PER_TOKEN": "10000",
+        "TUMBLER_MAX_CONNECTIONS": "10000",
+        "TUMBLER_MAX_CONNECTIONS_PER_IP": "1000",
+        "TUMBLER_IDLE_TIMEOUT_MS": "300000",
+        "TUMBLER_HEADER_READ_TIMEOUT_MS": "10000",
+        "TUMBLER_HTTP2_KEEPALIVE_INTERVAL_MS": "30000",
+        "TUMBLER_HTTP2_KEEPALIVE_TIMEOUT_MS": "10000",
+        "TUMBLER_DASHBOARD_ALLOWED_HOSTS": "",
         "TUMBLER_HEALTH_LISTEN": "0.0.0.0:50052",
         "TUMBLER_NO_AUTH": "true",
         "TUMBLER_AUTH_RELOAD_INTERVAL_MS": "5000",
@@ -616,6 +628,7 @@ def test_waiting_and_reaper_settings_reach_the_config_map():
         "TUMBLER_MAX_WAITERS_PER_LOCK": "1",
         "TUMBLER_MAX_WAITERS": "0",
         "TUMBLER_MAX_WAITERS_PER_NAMESPACE": "7",
+        "TUMBLER_MAX_WAITERS_PER_TOKEN": "10000",
         "TUMBLER_REAP_INTERVAL_MS": "0",
     }
 
@@ -1250,7 +1263,7 @@ def test_extra_containers_and_volumes_reach_the_pod():
 
 def redis_env(values: dict[str, Any]) -> list[dict[str, Any]]:
     env = tumbler_container(one(objects_of(values), "Deployment"))["env"]
-    return [e for e in env if e["name"] in {"REDIS_PASSWORD", "TUMBLER_REDIS_URL"}]
+    return [e for e in env if e["name"].startswith("TUMBLER_REDIS_")]
 
 
 def test_redis_host_with_a_bitnami_password_secret():
@@ -1258,9 +1271,9 @@ def test_redis_host_with_a_bitnami_password_secret():
     rendered = render(values)
     objects = manifests(rendered)
     assert redis_env(values) == [
-        {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "redis", "key": "redis-password"}}},
-        # Kubernetes expands $(REDIS_PASSWORD) from the variable above.
-        {"name": "TUMBLER_REDIS_URL", "value": "redis://:$(REDIS_PASSWORD)@redis-master.data.svc:6380/2"},
+        {"name": "TUMBLER_REDIS_URL", "value": "redis://redis-master.data.svc:6380/2"},
+        # The password stays in the Secret: any character works.
+        {"name": "TUMBLER_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "redis", "key": "redis-password"}}},
     ]
     # No Secret of the chart's own, no default URL anywhere.
     none_of(objects, "Secret")
@@ -1273,12 +1286,38 @@ def test_redis_host_with_a_bitnami_password_secret():
 def test_redis_host_with_a_user_and_without_a_password():
     assert redis_env({"redis": {"host": "redis", "username": "locks", "existingSecret": "redis-acl",
                                 "existingSecretPasswordKey": "password"}}) == [
-        {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "redis-acl", "key": "password"}}},
-        {"name": "TUMBLER_REDIS_URL", "value": "redis://locks:$(REDIS_PASSWORD)@redis:6379/0"},
+        {"name": "TUMBLER_REDIS_URL", "value": "redis://redis:6379/0"},
+        {"name": "TUMBLER_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "redis-acl", "key": "password"}}},
+        {"name": "TUMBLER_REDIS_USERNAME", "value": "locks"},
     ]
     assert redis_env({"redis": {"host": "redis"}}) == [{"name": "TUMBLER_REDIS_URL", "value": "redis://redis:6379/0"}]
     assert redis_env({"redis": {"host": "redis", "username": "locks"}}) == [
-        {"name": "TUMBLER_REDIS_URL", "value": "redis://locks@redis:6379/0"}]
+        {"name": "TUMBLER_REDIS_URL", "value": "redis://redis:6379/0"},
+        {"name": "TUMBLER_REDIS_USERNAME", "value": "locks"}]
+
+
+# TLS to Redis with a CA and a client certificate from a cert-manager Secret.
+REDIS_TLS: dict[str, Any] = {
+    "redis": {"host": "redis.data.svc", "port": 6380, "existingSecret": "redis", "username": "locks",
+              "tls": {"enabled": True, "existingSecret": "redis-tls", "clientCertificate": True}},
+}
+
+
+def test_redis_tls_mounts_the_secret_and_names_its_files():
+    objects = objects_of(REDIS_TLS)
+    container = tumbler_container(one(objects, "Deployment"))
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TUMBLER_REDIS_URL"] == "rediss://redis.data.svc:6380/0"
+    assert env["TUMBLER_REDIS_TLS_CA_FILE"] == "/etc/tumbler/redis-tls/ca.crt"
+    assert env["TUMBLER_REDIS_TLS_CERT_FILE"] == "/etc/tumbler/redis-tls/tls.crt"
+    assert env["TUMBLER_REDIS_TLS_KEY_FILE"] == "/etc/tumbler/redis-tls/tls.key"
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "redis-tls"]
+    assert mount["mountPath"] == "/etc/tumbler/redis-tls" and "subPath" not in mount
+    [volume] = [v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "redis-tls"]
+    assert volume["secret"]["secretName"] == "redis-tls"
+    # Without a Secret: rediss:// with the system's roots, nothing mounted.
+    plain = redis_env({"redis": {"host": "redis", "tls": {"enabled": True}}})
+    assert plain == [{"name": "TUMBLER_REDIS_URL", "value": "rediss://redis:6379/0"}]
 
 
 def expand_kubernetes_env(env: list[dict[str, Any]], secrets: dict[tuple[str, str], str]) -> dict[str, str]:
@@ -1553,10 +1592,10 @@ def test_helm_test_pod_is_a_test_hook_that_runs_the_image_client():
     deployment = one(objects, "Deployment")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert pod["spec"]["restartPolicy"] == "Never"
-    # Steps run in order: the init container takes the lock, the container
-    # gives it back; both are the tumbler image's own client.
+    # Steps run in order: init containers check health and take the lock,
+    # the container gives it back; all are the tumbler image's own client.
     steps = pod["spec"]["initContainers"] + pod["spec"]["containers"]
-    assert [s["name"] for s in steps] == ["acquire", "release"]
+    assert [s["name"] for s in steps] == ["health", "acquire", "release"]
     image = tumbler_container(deployment)["image"]
     for step in steps:
         assert step["image"] == image
@@ -1564,7 +1603,7 @@ def test_helm_test_pod_is_a_test_hook_that_runs_the_image_client():
         env = {e["name"]: e.get("value") for e in step["env"]}
         assert env["TUMBLER_ADDR"] == f"http://{RELEASE}-tumbler.{NAMESPACE}.svc:{GRPC_PORT}"
         assert step["securityContext"]["readOnlyRootFilesystem"] is True
-    assert steps[0]["args"][0] == "acquire" and steps[1]["args"][0] == "release"
+    assert [s["args"][0] for s in steps] == ["health", "acquire", "release"]
     # Not one of the Service's or the Deployment's pods.
     labels = pod["metadata"]["labels"]
     for obj in objects:
@@ -1727,15 +1766,18 @@ def port_of(address: str) -> int:
 # Global flags of the command-line client that `tumbler serve --help` lists
 # too (clap shows global flags on every subcommand) but the server ignores.
 CLIENT_ONLY_SETTINGS = {"TUMBLER_OUTPUT"}
+# The chart passes the Redis password from its Secret as
+# TUMBLER_REDIS_PASSWORD; the file form is for deployments without one.
+NOT_SET_BY_THE_CHART = {"TUMBLER_REDIS_PASSWORD_FILE"}
 
 
 def test_config_map_covers_every_serve_flag():
     # Some settings exist only with a feature on (tokens file, certificates).
     covered = set()
-    for values in ({}, SECURED):
+    for values in ({}, SECURED, REDIS_TLS):
         objects = objects_of(values)
         covered |= set(config_data(objects)) | {e["name"] for e in tumbler_container(one(objects, "Deployment"))["env"]}
-    missing = sorted(set(binary_settings()) - covered - CLIENT_ONLY_SETTINGS)
+    missing = sorted(set(binary_settings()) - covered - CLIENT_ONLY_SETTINGS - NOT_SET_BY_THE_CHART)
     assert not missing, f"`tumbler serve` reads {missing}, which the chart does not set"
 
 
@@ -2179,8 +2221,8 @@ def test_helm_test_pod_passes_against_the_real_binary(scenario, started, tmp_pat
     with capsys.disabled():
         print(f"\nhelm test Pod ({scenario}) against tumbler 127.0.0.1:{ports['grpc']}: "
               + ", ".join(f"{name} exit {code}" for name, code, _ in results))
-    assert [(name, code) for name, code, _ in results] == [("acquire", 0), ("release", 0)], results
-    assert "ACQUIRED" in results[0][2] and "RELEASED" in results[1][2]
+    assert [(name, code) for name, code, _ in results] == [("health", 0), ("acquire", 0), ("release", 0)], results
+    assert "SERVING" in results[0][2] and "ACQUIRED" in results[1][2] and "RELEASED" in results[2][2]
     # The lock really went through the server and is free again.
     scheme = "https" if scenario == "secured" else "http"
     lock_env = {**client_env, "TUMBLER_ADDR": f"{scheme}://127.0.0.1:{ports['grpc']}",
@@ -2192,11 +2234,12 @@ def test_helm_test_pod_passes_against_the_real_binary(scenario, started, tmp_pat
     assert not json.loads(done.stdout).get("holders"), done.stdout
 
     if scenario == "defaults":
-        # With Redis gone the first step fails, and so does `helm test`.
+        # With Redis gone the first step (health: NOT_SERVING, exit 69)
+        # fails, and so does `helm test`.
         stop(redis, signal.SIGKILL)
         assert wait_for_health(proc, ports["health"], log, want="NOT_SERVING") == "NOT_SERVING"
         failed = run_helm_test_pod(pod, ports["grpc"], secrets, files)
-        assert [(name, code != 0) for name, code, _ in failed] == [("acquire", True)], failed
+        assert [(name, code) for name, code, _ in failed] == [("health", 69)], failed
 
 
 def test_redis_password_from_a_secret_key_reaches_a_real_redis(started, tmp_path, capsys):
@@ -2225,7 +2268,8 @@ def test_redis_password_from_a_secret_key_reaches_a_real_redis(started, tmp_path
         objects = objects_of(values)
         env = {**config_data(objects), **expand_kubernetes_env(tumbler_container(one(objects, "Deployment"))["env"],
                                                                 {("redis", "redis-password"): secret_value})}
-        assert env["TUMBLER_REDIS_URL"] == f"redis://:{secret_value}@127.0.0.1:{redis_port}/0"
+        assert env["TUMBLER_REDIS_URL"] == f"redis://127.0.0.1:{redis_port}/0"
+        assert env["TUMBLER_REDIS_PASSWORD"] == secret_value
         proc, ports, tumbler_log = start_tumbler(started, tmp_path, env)
         status = wait_for_health(proc, ports["health"], tumbler_log)
         if status == "SERVING":

@@ -145,6 +145,30 @@ impl Conn {
         Ok(client)
     }
 
+    /// A plain channel to the first endpoint that connects (for services
+    /// other than the lock service, such as grpc.health.v1).
+    pub async fn channel(&mut self) -> Result<Channel, Status> {
+        let mut failures: Vec<String> = Vec::new();
+        for _ in 0..self.endpoints.len() {
+            match self.endpoints[self.current].connect().await {
+                Ok(channel) => return Ok(channel),
+                Err(e) => {
+                    let cause = super::with_causes(&e.to_string(), std::error::Error::source(&e));
+                    let status = Status::unavailable(format!(
+                        "cannot connect to {}: {cause}",
+                        self.endpoint()
+                    ));
+                    if self.endpoints.len() == 1 {
+                        return Err(status);
+                    }
+                    failures.push(status.message().to_owned());
+                    self.skip();
+                }
+            }
+        }
+        Err(no_server(&failures))
+    }
+
     /// A client of the first endpoint that connects, from the one in use
     /// on (for streams, which cannot be sent twice).
     pub async fn connected(&mut self) -> Result<Client, Status> {

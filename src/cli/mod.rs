@@ -1,6 +1,6 @@
 //! Client subcommands for people and shell scripts: `tumbler acquire`,
 //! `release`, `extend`, `inspect`, `queue`, `list`, `reap`, `clear`,
-//! `metrics`, `hold`, `watch` and `token`, one file each, against a running
+//! `metrics`, `hold`, `watch`, `token` and `health`, one file each, against a running
 //! server.
 //!
 //! They share one connection helper (`connect`: endpoints, TLS, token,
@@ -9,7 +9,7 @@
 //! errors to stderr. A reader that closes stdout early (`| head`) ends
 //! the output quietly; any other failed write is an error (exit 74).
 //!
-//! Exit codes (README, "Command-line client"): 0 done; 64 usage error;
+//! Exit codes (docs/cli.md, "Command-line client"): 0 done; 64 usage error;
 //! 65 the server refused the input; 69 no server reachable; 70 another
 //! server error; 74 the output could not be written; 75 not acquired
 //! (busy or timed out); 77 not allowed (authentication, permission);
@@ -32,6 +32,7 @@ mod acquire;
 mod clear;
 pub mod connect;
 mod extend;
+mod health;
 mod hold;
 mod inspect;
 mod list;
@@ -110,6 +111,9 @@ pub enum ClientCommand {
     /// Make a bearer token: prints the token (give it to the client) and
     /// its entry for the --auth-tokens-file (which keeps only a digest).
     Token(token::TokenArgs),
+    /// Ask a server's gRPC health service: exit 0 when SERVING, 69 when
+    /// not (Redis unreachable, draining) or when no server answers.
+    Health(health::HealthArgs),
 }
 
 /// Flags every client subcommand takes, before or after its name.
@@ -283,6 +287,7 @@ async fn execute(globals: &Globals, command: ClientCommand) -> Result<u8, Failur
         ClientCommand::Hold(args) => hold::run(args, globals).await,
         ClientCommand::Watch(args) => watch::run(args, globals).await,
         ClientCommand::Token(args) => token::run(args, globals),
+        ClientCommand::Health(args) => health::run(args, globals).await,
     }
 }
 

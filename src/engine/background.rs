@@ -170,6 +170,12 @@ impl LockEngine {
     /// the lock keys). Its lease is three intervals long and renewed each
     /// round, so when that replica dies another one takes over within
     /// three intervals; a replica shutting down releases it at once.
+    ///
+    /// A replica that cannot take the lock while no reaper with such a
+    /// lease holds it (Redis failing, a holder with a longer lease or
+    /// another limit) for longer than one lease logs an error and counts
+    /// `tumbler_reaper_lock_unavailable_total` each round until it can:
+    /// reaping may have stopped everywhere.
     pub async fn run_reaper(self: Arc<Self>, interval: Duration, replica: String) {
         let lock = LockId {
             namespace: REAPER_NAMESPACE.into(),
@@ -179,6 +185,7 @@ impl LockEngine {
         let shutdown = self.waiters.shutdown_token().clone();
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut kept_out = KeptOut::default();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -187,24 +194,32 @@ impl LockEngine {
             if !self.is_layout_verified() {
                 continue;
             }
-            match self.take_reaper_lease(&lock, &replica, lease_ms).await {
-                Ok(true) => self.reap_everything().await,
-                Ok(false) => {}
-                Err(err) => tracing::debug!(error = %err, "reaper lease unavailable"),
+            let lease = self.take_reaper_lease(&lock, &replica, lease_ms).await;
+            match &lease {
+                Ok(Lease::Held) => self.reap_everything().await,
+                Ok(Lease::Elsewhere) => {}
+                Ok(Lease::Blocked(why)) => tracing::debug!(%why, "reaper lock unavailable"),
+                Err(err) => tracing::debug!(error = %err, "reaper lock unavailable"),
             }
+            let blocked = match lease {
+                Ok(Lease::Held | Lease::Elsewhere) => None,
+                Ok(Lease::Blocked(why)) => Some(why),
+                Err(err) => Some(err.to_string()),
+            };
+            kept_out.round(blocked, Duration::from_millis(lease_ms));
         }
         if let Err(err) = self.release(&lock, &replica, None).await {
             tracing::debug!(error = %err, "could not hand the reaper lease over");
         }
     }
 
-    /// Takes or renews the reaper lease; true while this replica holds it.
+    /// Takes or renews the reaper lease.
     async fn take_reaper_lease(
         &self,
         lock: &LockId,
         replica: &str,
         lease_ms: u64,
-    ) -> Result<bool, super::EngineError> {
+    ) -> Result<Lease, super::EngineError> {
         let request = AcquireRequest {
             lock: lock.clone(),
             holder: replica.to_owned(),
@@ -221,17 +236,33 @@ impl LockEngine {
         // A try-once attempt needs no Arc (it does not wait).
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
         let answer = self.attempt(&request, &keys, "", None).await?;
-        match answer.outcome {
+        Ok(match answer.outcome {
             ops::acquire::Outcome::Granted { already: false, .. } => {
                 tracing::info!(%replica, "this replica is now the reaper");
-                Ok(true)
+                Lease::Held
             }
-            ops::acquire::Outcome::Granted { already: true, .. } => Ok(matches!(
-                self.extend(lock, replica, Some(lease_ms), None).await?,
-                ExtendOutcome::Extended(_)
-            )),
-            _ => Ok(false),
-        }
+            ops::acquire::Outcome::Granted { already: true, .. } => {
+                match self.extend(lock, replica, Some(lease_ms), None).await? {
+                    ExtendOutcome::Extended(_) => Lease::Held,
+                    ExtendOutcome::NotHeld => Lease::Elsewhere,
+                }
+            }
+            // A reaper's lease ends within one lease (and a round) from
+            // now; anything held longer is not a reaper like this one.
+            ops::acquire::Outcome::Busy { next_expiry, .. }
+                if next_expiry - answer.now > (lease_ms + lease_ms / 3) as i64 =>
+            {
+                Lease::Blocked(format!(
+                    "held for {} ms more, past a reaper's lease of {lease_ms} ms",
+                    next_expiry - answer.now
+                ))
+            }
+            ops::acquire::Outcome::Busy { .. } => Lease::Elsewhere,
+            ops::acquire::Outcome::LimitMismatch { lock_limit } => {
+                Lease::Blocked(format!("held with limit {lock_limit}"))
+            }
+            other => Lease::Blocked(format!("{other:?}")),
+        })
     }
 
     async fn reap_everything(&self) {
@@ -338,5 +369,49 @@ impl LockEngine {
             .arg(format!("{}{namespace}", waiters::WATCH_ANNOUNCEMENT));
         self.store.command::<i64>(publish).await?;
         Ok(())
+    }
+}
+
+/// What a reaper round found about the reaper lock.
+enum Lease {
+    /// This replica holds it: reap.
+    Held,
+    /// Another reaper holds it, with a reaper's lease.
+    Elsewhere,
+    /// Nobody can take it: why.
+    Blocked(String),
+}
+
+/// How long this replica's reaper has been kept from its lock.
+#[derive(Default)]
+struct KeptOut {
+    since: Option<Instant>,
+    alerted: bool,
+}
+
+impl KeptOut {
+    /// Notes one round (`blocked`: why the lock could not be taken);
+    /// past one lease of being kept out, logs once and counts each round.
+    fn round(&mut self, blocked: Option<String>, lease: Duration) {
+        let Some(why) = blocked else {
+            if self.alerted {
+                tracing::info!("the reaper lock is available again");
+            }
+            *self = KeptOut::default();
+            return;
+        };
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() < lease {
+            return;
+        }
+        crate::observe::reaper_lock_unavailable();
+        if !self.alerted {
+            self.alerted = true;
+            tracing::error!(
+                %why,
+                for_ms = since.elapsed().as_millis() as u64,
+                "the reaper cannot take its lock (tumbler-system/reaper); reaping may have stopped on every replica"
+            );
+        }
     }
 }

@@ -698,10 +698,23 @@ impl LockEngine {
     /// Releases every lock and drops every queue of a namespace, in
     /// batches (a SCAN of its lock keys).
     pub async fn clear(&self, namespace: &str) -> Result<ClearCounts, EngineError> {
+        let mut done = ClearCounts::default();
+        self.clear_counting(namespace, &mut done).await?;
+        Ok(done)
+    }
+
+    /// [`Self::clear`], adding what it cleared to `done` batch by batch,
+    /// so a clear that Redis interrupts still says how far it got. It is
+    /// resumable: a cleared lock has no keys left, so running it again
+    /// finds only what is left and finishes the job.
+    pub async fn clear_counting(
+        &self,
+        namespace: &str,
+        done: &mut ClearCounts,
+    ) -> Result<(), EngineError> {
         self.ready()?;
         let pattern = self.layout.lock_pattern(Some(namespace), "", false);
         let watched = self.watchers.is_watched(namespace);
-        let mut total = ClearCounts::default();
         let mut cursor = Some(ScanCursor::default());
         while let Some(at) = cursor {
             let (keys, next) = self.store.scan(at, &pattern, SCAN_COUNT).await?;
@@ -710,12 +723,12 @@ impl LockEngine {
                 let args = ops::clear::args(watched, &names);
                 let counts =
                     ops::clear::parse(self.call(&self.scripts.clear, &fence, &args).await?)?;
-                total.locks += counts.locks;
-                total.grants += counts.grants;
-                total.requests += counts.requests;
+                done.locks += counts.locks;
+                done.grants += counts.grants;
+                done.requests += counts.requests;
             }
         }
-        Ok(total)
+        Ok(())
     }
 
     /// Per-minute counters of a namespace between two instants (inclusive
@@ -831,10 +844,9 @@ impl LockEngine {
     /// being closed) leaves its grants held for that delay instead, so a
     /// partitioned old holder cannot overlap with the next one. Grants that
     /// cannot be released now (Redis trouble) expire at their short lease.
-    /// Returns how many grants the session had.
-    pub async fn end_session(&self, session: &str, died: bool) -> usize {
+    /// Returns the grants the session had (lock, fencing token).
+    pub async fn end_session(&self, session: &str, died: bool) -> Vec<(LockId, u64)> {
         let grants = self.sessions.end(session);
-        let count = grants.len();
         let delay = self.session_lock_delay_ms.filter(|_| died);
         let endings = grants.iter().map(|(lock, token)| async move {
             match delay {
@@ -850,7 +862,7 @@ impl LockEngine {
                 tracing::warn!(%session, error = %err, "a session grant could not be released; it expires at its lease");
             }
         }
-        count
+        grants
     }
 }
 

@@ -29,6 +29,9 @@ pub struct LostGrant {
 /// Why a grant could not be renewed.
 pub const LOST_NOT_HELD: &str = "not held";
 pub const LOST_UNAVAILABLE: &str = "redis unavailable";
+/// The server ended the session (silent client, revoked token, oversized
+/// command, shutdown) and released the grant.
+pub const LOST_SESSION_ENDED: &str = "session ended";
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GrantKey {

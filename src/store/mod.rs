@@ -18,6 +18,7 @@
 //! broken by the request that saw it fail, and the next checkout drops it
 //! and connects anew.
 
+mod credentials;
 mod target;
 
 use std::sync::Arc;
@@ -28,11 +29,14 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, Value};
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, RedisError, Value};
 
 use crate::engine::scripts::LockScript;
 
+pub use credentials::RedisCredentials;
 pub use target::RedisTarget;
+
+use credentials::Credentials;
 
 /// Where a deployment-wide `SCAN` goes on (see [`Store::scan`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -181,6 +185,8 @@ pub struct StoreConfig {
     pub min_replicas_acked: u32,
     /// How long `WAIT` waits for those acknowledgements.
     pub min_replicas_timeout: Duration,
+    /// ACL user, password and TLS files (the `--redis-*` flags).
+    pub credentials: RedisCredentials,
 }
 
 /// One pooled connection: to one server, or to a whole cluster.
@@ -218,22 +224,35 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// Where connections come from.
-enum Backend {
-    Single(Client),
+/// Where connections come from, and what they present.
+struct Backend {
+    target: Target,
+    credentials: Credentials,
+    /// Why the last new connection failed (None after one succeeds): bb8
+    /// only says that a checkout timed out, and an operator needs the
+    /// reason (refused, wrong password, certificate not trusted).
+    last_connect_error: std::sync::Mutex<Option<String>>,
+}
+
+/// The servers to connect to. Clients are made per connection (see
+/// [`Backend::client`]), so that each new connection uses the credentials
+/// and TLS files as they are now.
+enum Target {
+    Single(ConnectionInfo),
     Cluster {
-        client: ClusterClient,
-        /// One client per seed node, for the pub/sub subscription.
-        seeds: Vec<Client>,
+        /// The seed nodes (also for the pub/sub subscription).
+        seeds: Vec<ConnectionInfo>,
         /// The seed the next subscription tries first.
         next_seed: AtomicUsize,
+        timeout: Duration,
     },
     Sentinel {
         master: String,
         /// The sentinels, asked in order "where is the master now".
-        sentinels: Vec<Client>,
-        /// Credentials and db for the master (its address is a placeholder).
-        settings: redis::ConnectionInfo,
+        sentinels: Vec<ConnectionInfo>,
+        /// Credentials, db and TLS mode for the master (its address is a
+        /// placeholder).
+        settings: ConnectionInfo,
         /// The master's address as the sentinels last named it; pooled
         /// connections to any other address count as broken, so a
         /// failover moves every connection as soon as a health check sees
@@ -260,41 +279,94 @@ async fn is_master(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
 }
 
 impl Backend {
-    fn new(target: &RedisTarget, timeout: Duration) -> Result<Self, RedisError> {
-        Ok(match target {
-            RedisTarget::Single { url } => Backend::Single(Client::open(url.as_str())?),
-            RedisTarget::Cluster { seeds } => Backend::Cluster {
-                client: ClusterClient::builder(seeds.iter().map(String::as_str))
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .build()?,
-                seeds: seeds
-                    .iter()
-                    .map(|seed| Client::open(seed.as_str()))
-                    .collect::<Result<_, _>>()?,
+    fn new(
+        target: &RedisTarget,
+        credentials: Credentials,
+        timeout: Duration,
+    ) -> Result<Self, RedisError> {
+        let info = |url: &str| url.into_connection_info();
+        let target = match target {
+            RedisTarget::Single { url } => Target::Single(info(url)?),
+            RedisTarget::Cluster { seeds } => Target::Cluster {
+                seeds: seeds.iter().map(|s| info(s)).collect::<Result<_, _>>()?,
                 next_seed: AtomicUsize::new(0),
+                timeout,
             },
             RedisTarget::Sentinel {
                 sentinels,
                 master,
                 redis,
-            } => Backend::Sentinel {
-                settings: redis.as_str().into_connection_info()?,
+            } => Target::Sentinel {
+                settings: info(redis)?,
                 master: master.clone(),
                 sentinels: sentinels
                     .iter()
-                    .map(|s| Client::open(s.as_str()))
+                    .map(|s| info(s))
                     .collect::<Result<_, _>>()?,
                 current: std::sync::RwLock::new(None),
             },
+        };
+        Ok(Backend {
+            target,
+            credentials,
+            last_connect_error: std::sync::Mutex::new(None),
         })
+    }
+
+    /// A client for `info` with the credentials in force now: the ACL
+    /// user and password (unless `sentinel`: those belong to Redis, not to
+    /// the sentinels) and, for a TLS address, the CA and client
+    /// certificate.
+    fn client(&self, info: &ConnectionInfo, sentinel: bool) -> Result<Client, RedisError> {
+        let current = self.credentials.current();
+        let mut info = info.clone();
+        if !sentinel {
+            let mut settings = info.redis_settings().clone();
+            if let Some(username) = &current.username {
+                settings = settings.set_username(username);
+            }
+            if let Some(password) = &current.password {
+                settings = settings.set_password(password);
+            }
+            info = info.set_redis_settings(settings);
+        }
+        if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            Client::build_with_tls(info, current.tls)
+        } else {
+            Client::open(info)
+        }
+    }
+
+    /// A cluster client over `seeds` with the credentials in force now.
+    fn cluster_client(
+        &self,
+        seeds: &[ConnectionInfo],
+        timeout: Duration,
+    ) -> Result<ClusterClient, RedisError> {
+        let current = self.credentials.current();
+        let mut builder = ClusterClient::builder(seeds.iter().cloned())
+            .connection_timeout(timeout)
+            .response_timeout(timeout);
+        if let Some(username) = &current.username {
+            builder = builder.username(username);
+        }
+        if let Some(password) = &current.password {
+            builder = builder.password(password);
+        }
+        if seeds
+            .iter()
+            .any(|s| matches!(s.addr(), redis::ConnectionAddr::TcpTls { .. }))
+        {
+            builder = builder.certs(current.tls);
+        }
+        builder.build()
     }
 
     /// True when `conn` leads to a server other than the master the
     /// sentinels named last.
     fn superseded(&self, conn: &TrackedConnection) -> bool {
-        match self {
-            Backend::Sentinel { current, .. } => {
+        match &self.target {
+            Target::Sentinel { current, .. } => {
                 let current = current.read().unwrap();
                 current.is_some() && conn.addr.is_some() && *current != conn.addr
             }
@@ -304,7 +376,8 @@ impl Backend {
 
     /// Asks the sentinels, one after another, where the master is now.
     async fn ask_sentinels(
-        sentinels: &[Client],
+        &self,
+        sentinels: &[ConnectionInfo],
         master: &str,
         timeout: Duration,
     ) -> Result<NodeAddr, RedisError> {
@@ -314,7 +387,8 @@ impl Backend {
         let mut last = RedisError::from((redis::ErrorKind::EmptySentinelList, "no sentinels"));
         for sentinel in sentinels {
             let ask = async {
-                let mut conn = sentinel
+                let mut conn = self
+                    .client(sentinel, true)?
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?;
                 redis::cmd("SENTINEL")
@@ -341,16 +415,24 @@ impl Backend {
     /// The same question as the health check's (see [`Store::ping`]), so
     /// the two cannot disagree during a switch.
     async fn sentinel_master(
-        sentinels: &[Client],
+        &self,
+        sentinels: &[ConnectionInfo],
         master: &str,
-        settings: &redis::ConnectionInfo,
+        settings: &ConnectionInfo,
         timeout: Duration,
     ) -> Result<(Client, NodeAddr), RedisError> {
-        let (host, port) = Self::ask_sentinels(sentinels, master, timeout).await?;
-        let info = settings
-            .clone()
-            .set_addr(redis::ConnectionAddr::Tcp(host.clone(), port));
-        Ok((Client::open(info)?, (host, port)))
+        let (host, port) = self.ask_sentinels(sentinels, master, timeout).await?;
+        let addr = match settings.addr() {
+            redis::ConnectionAddr::TcpTls { insecure, .. } => redis::ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port,
+                insecure: *insecure,
+                tls_params: None,
+            },
+            _ => redis::ConnectionAddr::Tcp(host.clone(), port),
+        };
+        let info = settings.clone().set_addr(addr);
+        Ok((self.client(&info, false)?, (host, port)))
     }
 }
 
@@ -379,26 +461,63 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<TrackedConnection, RedisError> {
-        let (connection, addr) = match &*self.backend {
-            Backend::Single(client) => (
+        let made = self.make().await;
+        *self
+            .backend
+            .last_connect_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = made.as_ref().err().map(|e| e.to_string());
+        made
+    }
+
+    async fn is_valid(&self, conn: &mut TrackedConnection) -> Result<(), RedisError> {
+        if conn.broken.load(Ordering::Relaxed) || self.backend.superseded(conn) {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "connection marked broken by a failed request",
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn has_broken(&self, conn: &mut TrackedConnection) -> bool {
+        conn.broken.load(Ordering::Relaxed) || self.backend.superseded(conn)
+    }
+}
+
+impl Manager {
+    /// A new connection, checked (see [`Store::on_connect`]).
+    async fn make(&self) -> Result<TrackedConnection, RedisError> {
+        let backend = &*self.backend;
+        let (connection, addr) = match &backend.target {
+            Target::Single(info) => (
                 Conn::Single(
-                    client
+                    backend
+                        .client(info, false)?
                         .get_multiplexed_async_connection_with_config(&self.config)
                         .await?,
                 ),
                 None,
             ),
-            Backend::Cluster { client, .. } => {
-                (Conn::Cluster(client.get_async_connection().await?), None)
-            }
-            Backend::Sentinel {
+            Target::Cluster { seeds, timeout, .. } => (
+                Conn::Cluster(
+                    backend
+                        .cluster_client(seeds, *timeout)?
+                        .get_async_connection()
+                        .await?,
+                ),
+                None,
+            ),
+            Target::Sentinel {
                 master,
                 sentinels,
                 settings,
                 current,
             } => {
-                let (client, addr) =
-                    Backend::sentinel_master(sentinels, master, settings, self.timeout).await?;
+                let (client, addr) = backend
+                    .sentinel_master(sentinels, master, settings, self.timeout)
+                    .await?;
                 let mut connection = client
                     .get_multiplexed_async_connection_with_config(&self.config)
                     .await?;
@@ -416,21 +535,6 @@ impl bb8::ManageConnection for Manager {
             broken: Arc::new(AtomicBool::new(false)),
             addr,
         })
-    }
-
-    async fn is_valid(&self, conn: &mut TrackedConnection) -> Result<(), RedisError> {
-        if conn.broken.load(Ordering::Relaxed) || self.backend.superseded(conn) {
-            Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::BrokenPipe,
-                "connection marked broken by a failed request",
-            )))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn has_broken(&self, conn: &mut TrackedConnection) -> bool {
-        conn.broken.load(Ordering::Relaxed) || self.backend.superseded(conn)
     }
 }
 
@@ -451,10 +555,9 @@ impl Store {
     /// Builds the pool without connecting: the service starts even while
     /// Redis is down and reports itself NOT_SERVING until Redis answers.
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
-        let target = RedisTarget::parse(&config.url)
-            .map_err(|e| StoreError::Protocol(format!("bad --redis-url: {e}")))?;
+        let (target, credentials) = Self::prepare(config)?;
         let backend = Arc::new(
-            Backend::new(&target, config.command_timeout)
+            Backend::new(&target, credentials, config.command_timeout)
                 .map_err(|e| StoreError::Protocol(format!("bad --redis-url: {e}")))?,
         );
         tracing::debug!(redis = %target.describe(), "redis target");
@@ -484,18 +587,45 @@ impl Store {
         })
     }
 
+    /// Checks the URL and loads the credentials and TLS files without
+    /// connecting: the error names the flag at fault, so `serve` can
+    /// refuse to start on it.
+    pub fn check(config: &StoreConfig) -> Result<(), StoreError> {
+        Self::prepare(config).map(drop)
+    }
+
+    fn prepare(config: &StoreConfig) -> Result<(RedisTarget, Credentials), StoreError> {
+        let target = RedisTarget::parse(&config.url)
+            .map_err(|e| StoreError::Protocol(format!("bad --redis-url: {e}")))?;
+        if config.credentials.has_tls_files() && !target.is_tls() {
+            return Err(StoreError::Protocol(
+                "--redis-tls-ca-file, --redis-tls-cert-file and --redis-tls-key-file need TLS to Redis: a rediss://, rediss+cluster:// or rediss+sentinel:// URL".into(),
+            ));
+        }
+        let credentials =
+            Credentials::load(config.credentials.clone()).map_err(StoreError::Protocol)?;
+        Ok((target, credentials))
+    }
+
     /// True when this store talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(*self.backend, Backend::Cluster { .. })
+        matches!(self.backend.target, Target::Cluster { .. })
     }
 
     /// A handle on one pooled connection; the checkout ends right here.
     async fn connection(&self) -> Result<(Conn, Arc<AtomicBool>), StoreError> {
-        let pooled = self
-            .pool
-            .get()
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("no redis connection: {e}")))?;
+        let pooled = self.pool.get().await.map_err(|e| {
+            let reason = self
+                .backend
+                .last_connect_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            match reason {
+                Some(reason) => StoreError::Unavailable(format!("no redis connection: {reason}")),
+                None => StoreError::Unavailable(format!("no redis connection: {e}")),
+            }
+        })?;
         Ok((pooled.connection.clone(), pooled.broken.clone()))
     }
 
@@ -638,22 +768,27 @@ impl Store {
         let within = |what: &'static str| {
             StoreError::Unavailable(format!("redis did not accept {what} within {timeout:?}"))
         };
-        match &*self.backend {
-            Backend::Single(client) => {
-                match tokio::time::timeout(timeout, on(client.clone())).await {
+        let backend = &*self.backend;
+        match &backend.target {
+            Target::Single(info) => {
+                let client = backend
+                    .client(info, false)
+                    .map_err(StoreError::from_redis)?;
+                match tokio::time::timeout(timeout, on(client)).await {
                     Ok(found) => found.map_err(StoreError::from_redis),
                     Err(_) => Err(within("a subscription")),
                 }
             }
-            Backend::Sentinel {
+            Target::Sentinel {
                 master,
                 sentinels,
                 settings,
                 ..
             } => {
                 let subscribe = async {
-                    let (client, _) =
-                        Backend::sentinel_master(sentinels, master, settings, timeout).await?;
+                    let (client, _) = backend
+                        .sentinel_master(sentinels, master, settings, timeout)
+                        .await?;
                     on(client).await
                 };
                 match tokio::time::timeout(timeout, subscribe).await {
@@ -661,14 +796,21 @@ impl Store {
                     Err(_) => Err(within("a subscription")),
                 }
             }
-            Backend::Cluster {
+            Target::Cluster {
                 seeds, next_seed, ..
             } => {
                 let first = next_seed.load(Ordering::Relaxed);
                 let mut last_error = StoreError::Unavailable("no cluster seed node".into());
                 for i in 0..seeds.len() {
                     let index = (first + i) % seeds.len();
-                    match tokio::time::timeout(timeout, on(seeds[index].clone())).await {
+                    let client = match backend.client(&seeds[index], false) {
+                        Ok(client) => client,
+                        Err(err) => {
+                            last_error = StoreError::from_redis(err);
+                            continue;
+                        }
+                    };
+                    match tokio::time::timeout(timeout, on(client)).await {
                         Ok(Ok(subscribed)) => {
                             next_seed.store((index + 1) % seeds.len(), Ordering::Relaxed);
                             tracing::debug!(seed = index, "subscribed on a cluster node");
@@ -809,18 +951,22 @@ impl Store {
     /// primary answers PING; a sentinel-found server still says it is the
     /// master (after a failover the old connections may lead to a replica).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        if let Backend::Sentinel {
+        if let Target::Sentinel {
             master,
             sentinels,
             current,
             ..
-        } = &*self.backend
+        } = &self.backend.target
         {
             // Where the sentinels say the master is now: connections that
             // lead elsewhere are replaced at their next checkout. Sentinels
             // that cannot be asked do not stop the service (the master may
             // be fine); they only delay noticing a failover.
-            match Backend::ask_sentinels(sentinels, master, self.command_timeout).await {
+            match self
+                .backend
+                .ask_sentinels(sentinels, master, self.command_timeout)
+                .await
+            {
                 Ok(addr) => {
                     let mut current = current.write().unwrap();
                     if current.as_ref() != Some(&addr) {

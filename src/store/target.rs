@@ -7,6 +7,9 @@
 //! redis+sentinel://[user:password@]host:port[,host:port…]/<master-name>[/db]
 //! ```
 //!
+//! `rediss://`, `rediss+cluster://` and `rediss+sentinel://` are the same
+//! over TLS (with Sentinel: to the sentinels and to the master).
+//!
 //! In the cluster form every host is a seed: any reachable one is enough to
 //! discover the cluster. In the sentinel form the hosts are the sentinels
 //! (port 26379 when omitted); the credentials and db are those of the Redis
@@ -17,11 +20,13 @@
 pub enum RedisTarget {
     /// One server, as the redis crate understands its URL.
     Single { url: String },
-    /// A Redis Cluster: seed nodes, each as `redis://[user:password@]host:port`.
+    /// A Redis Cluster: seed nodes, each as `redis://[user:password@]host:port`
+    /// (`rediss://` over TLS).
     Cluster { seeds: Vec<String> },
     /// A master named `master`, found through `sentinels` (each as
-    /// `redis://host:port`); `redis` is a `redis://` URL whose credentials
-    /// and db are used for the master.
+    /// `redis://host:port`, or `rediss://`); `redis` is a `redis://` (or
+    /// `rediss://`) URL whose credentials, db and TLS mode are used for
+    /// the master.
     Sentinel {
         sentinels: Vec<String>,
         master: String,
@@ -31,21 +36,26 @@ pub enum RedisTarget {
 
 const CLUSTER: &str = "redis+cluster://";
 const SENTINEL: &str = "redis+sentinel://";
-const SYNTAX: &str = "expected redis://host:port[/db], redis+cluster://host:port,host:port,… or redis+sentinel://host:port,host:port,…/<master-name>[/db]";
+const TLS_CLUSTER: &str = "rediss+cluster://";
+const TLS_SENTINEL: &str = "rediss+sentinel://";
+const SYNTAX: &str = "expected redis://host:port[/db], redis+cluster://host:port,host:port,… or redis+sentinel://host:port,host:port,…/<master-name>[/db] (rediss… for TLS)";
 
 impl RedisTarget {
     /// Parses and checks a `--redis-url`; the error names what is wrong.
     pub fn parse(url: &str) -> Result<Self, String> {
         let url = url.trim();
         let lower = url.to_ascii_lowercase();
-        if lower.starts_with("rediss+cluster://") || lower.starts_with("rediss+sentinel://") {
-            return Err("TLS to Redis (rediss+…) is not supported yet".into());
-        }
         if lower.starts_with(CLUSTER) {
-            return parse_cluster(&url[CLUSTER.len()..]);
+            return parse_cluster(&url[CLUSTER.len()..], "redis");
+        }
+        if lower.starts_with(TLS_CLUSTER) {
+            return parse_cluster(&url[TLS_CLUSTER.len()..], "rediss");
         }
         if lower.starts_with(SENTINEL) {
-            return parse_sentinel(&url[SENTINEL.len()..]);
+            return parse_sentinel(&url[SENTINEL.len()..], "redis");
+        }
+        if lower.starts_with(TLS_SENTINEL) {
+            return parse_sentinel(&url[TLS_SENTINEL.len()..], "rediss");
         }
         if !["redis://", "rediss://", "redis+unix://", "unix://"]
             .iter()
@@ -66,6 +76,16 @@ impl RedisTarget {
         Ok(RedisTarget::Single {
             url: url.to_owned(),
         })
+    }
+
+    /// True when connections use TLS (`rediss…`).
+    pub fn is_tls(&self) -> bool {
+        let tls = |url: &str| url.to_ascii_lowercase().starts_with("rediss://");
+        match self {
+            RedisTarget::Single { url } => tls(url),
+            RedisTarget::Cluster { seeds } => seeds.iter().any(|s| tls(s)),
+            RedisTarget::Sentinel { redis, .. } => tls(redis),
+        }
     }
 
     /// A short description for logs (no credentials).
@@ -127,7 +147,7 @@ fn hosts(list: &str, default_port: Option<u16>) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-fn parse_cluster(rest: &str) -> Result<RedisTarget, String> {
+fn parse_cluster(rest: &str, scheme: &str) -> Result<RedisTarget, String> {
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     if !path.is_empty() {
         return Err(format!(
@@ -142,7 +162,7 @@ fn parse_cluster(rest: &str) -> Result<RedisTarget, String> {
     let auth = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     let seeds: Vec<String> = seeds
         .into_iter()
-        .map(|host| format!("redis://{auth}{host}"))
+        .map(|host| format!("{scheme}://{auth}{host}"))
         .collect();
     for seed in &seeds {
         redis::Client::open(seed.as_str()).map_err(|e| format!("bad cluster seed: {e}"))?;
@@ -150,7 +170,7 @@ fn parse_cluster(rest: &str) -> Result<RedisTarget, String> {
     Ok(RedisTarget::Cluster { seeds })
 }
 
-fn parse_sentinel(rest: &str) -> Result<RedisTarget, String> {
+fn parse_sentinel(rest: &str, scheme: &str) -> Result<RedisTarget, String> {
     if rest.contains('?') {
         return Err("a redis+sentinel:// URL takes no query parameters".into());
     }
@@ -173,11 +193,11 @@ fn parse_sentinel(rest: &str) -> Result<RedisTarget, String> {
     let (userinfo, list) = split_userinfo(authority);
     let sentinels: Vec<String> = hosts(list, Some(26379))?
         .into_iter()
-        .map(|host| format!("redis://{host}"))
+        .map(|host| format!("{scheme}://{host}"))
         .collect();
     let auth = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     // Host and port are placeholders: only credentials and db are used.
-    let redis = format!("redis://{auth}localhost/{}", db.unwrap_or("0"));
+    let redis = format!("{scheme}://{auth}localhost/{}", db.unwrap_or("0"));
     redis::Client::open(redis.as_str()).map_err(|e| format!("bad credentials: {e}"))?;
     Ok(RedisTarget::Sentinel {
         sentinels,
@@ -230,6 +250,30 @@ mod tests {
     }
 
     #[test]
+    fn tls_forms_keep_tls_for_every_node() {
+        let cluster = RedisTarget::parse("rediss+cluster://u:p@a:1,b:2").unwrap();
+        assert_eq!(
+            cluster,
+            RedisTarget::Cluster {
+                seeds: vec!["rediss://u:p@a:1".into(), "rediss://u:p@b:2".into()]
+            }
+        );
+        assert!(cluster.is_tls());
+        let sentinel = RedisTarget::parse("rediss+sentinel://s1/m").unwrap();
+        assert_eq!(
+            sentinel,
+            RedisTarget::Sentinel {
+                sentinels: vec!["rediss://s1:26379".into()],
+                master: "m".into(),
+                redis: "rediss://localhost/0".into(),
+            }
+        );
+        assert!(sentinel.is_tls());
+        assert!(RedisTarget::parse("rediss://h:1").unwrap().is_tls());
+        assert!(!RedisTarget::parse("redis://h:1").unwrap().is_tls());
+    }
+
+    #[test]
     fn bad_urls_say_what_is_wrong() {
         let err = |url: &str| RedisTarget::parse(url).unwrap_err();
         assert!(err("redis+cluster://").contains("empty host"));
@@ -239,7 +283,6 @@ mod tests {
         assert!(err("redis+cluster://a:1/0").contains("no path"));
         assert!(err("redis+sentinel://a:1").contains("must name the master"));
         assert!(err("redis+sentinel://a:1/m/x").contains("bad db"));
-        assert!(err("rediss+cluster://a:1").contains("TLS"));
         assert!(err("redis://a:1,b:2").contains("redis+cluster://"));
         assert!(err("http://a:1").contains("unknown scheme"));
     }

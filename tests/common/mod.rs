@@ -184,8 +184,8 @@ pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
 }
 
 /// Every key matching `pattern`, found with SCAN (as an operator would).
-/// The holders with a grant stored in a lock's hash (its `g:<holder>`
-/// fields, key layout v2), in the hash's field order.
+/// The holders with a grant stored in a lock's hash (its `h:<holder>`
+/// fields, key layout v3), in slot order.
 pub async fn grants_in(
     conn: &mut redis::aio::MultiplexedConnection,
     lock_key: &str,
@@ -195,14 +195,10 @@ pub async fn grants_in(
         .query_async(conn)
         .await
         .unwrap();
-    // Layout v3: a grant lives in the field of its slot (a number).
     let mut grants: Vec<(u32, String)> = (fields.iter())
         .filter_map(|(field, record)| {
-            let slot = field.parse().ok()?;
-            Some((
-                slot,
-                tumbler::engine::parse_grant(slot, record).ok()?.holder,
-            ))
+            let grant = tumbler::engine::parse_grant(field.strip_prefix("h:")?, record).ok()?;
+            Some((grant.slot, grant.holder))
         })
         .collect();
     grants.sort();

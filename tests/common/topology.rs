@@ -74,6 +74,11 @@ impl RedisNode {
 
     /// A sentinel on a free port watching `master_port` as `name`.
     pub fn start_sentinel(name: &str, master_port: u16) -> Self {
+        Self::start_sentinel_with(name, master_port, &[])
+    }
+
+    /// [`Self::start_sentinel`] with `extra` arguments (e.g. TLS settings).
+    pub fn start_sentinel_with(name: &str, master_port: u16, extra: &[&str]) -> Self {
         let port = tumbler::dev::free_port().unwrap();
         let dir = tempfile::Builder::new()
             .prefix("tumbler-sentinel-")
@@ -95,7 +100,10 @@ impl RedisNode {
         let mut node = RedisNode {
             port,
             dir,
-            args: vec![config.display().to_string(), "--sentinel".into()],
+            args: [config.display().to_string(), "--sentinel".into()]
+                .into_iter()
+                .chain(extra.iter().map(|s| s.to_string()))
+                .collect(),
             child: None,
         };
         node.spawn();

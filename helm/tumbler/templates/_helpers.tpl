@@ -121,32 +121,45 @@ annotations:
 
 {{/*
 The container's Redis settings: TUMBLER_REDIS_URL from a Secret (redis.url
-or redis.existingSecret), or, with redis.host, a URL built in the pod from
-host, port, db, username and the password key of redis.existingSecret.
-Kubernetes expands $(REDIS_PASSWORD) in a value from a variable defined
-before it, so the password never appears in the pod spec.
+or redis.existingSecret), or, with redis.host, a URL without credentials
+built from host, port and db (rediss:// with redis.tls.enabled), the ACL
+user in TUMBLER_REDIS_USERNAME and the password, from the key of
+redis.existingSecret, in TUMBLER_REDIS_PASSWORD: the password never appears
+in the pod spec and may hold any character. With redis.tls.existingSecret,
+the CA (and client certificate) files mounted from it.
 */}}
 {{- define "tumbler.redisEnv" -}}
 {{- if .Values.redis.host }}
-{{- $auth := "" }}
-{{- if .Values.redis.existingSecret }}
-- name: REDIS_PASSWORD
+{{- $scheme := ternary "rediss" "redis" .Values.redis.tls.enabled }}
+- name: TUMBLER_REDIS_URL
+  value: {{ printf "%s://%s:%d/%d" $scheme .Values.redis.host (.Values.redis.port | int) (.Values.redis.db | int) | quote }}
+{{- with .Values.redis.existingSecret }}
+- name: TUMBLER_REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.redis.existingSecret }}
-      key: {{ .Values.redis.existingSecretPasswordKey }}
-{{- $auth = printf "%s:$(REDIS_PASSWORD)@" .Values.redis.username }}
-{{- else if .Values.redis.username }}
-{{- $auth = printf "%s@" .Values.redis.username }}
+      name: {{ . }}
+      key: {{ $.Values.redis.existingSecretPasswordKey }}
 {{- end }}
-- name: TUMBLER_REDIS_URL
-  value: {{ printf "redis://%s%s:%d/%d" $auth .Values.redis.host (.Values.redis.port | int) (.Values.redis.db | int) | quote }}
 {{- else }}
 - name: TUMBLER_REDIS_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "tumbler.secretName" . }}
       key: {{ include "tumbler.secretKey" . }}
+{{- end }}
+{{- with .Values.redis.username }}
+- name: TUMBLER_REDIS_USERNAME
+  value: {{ . | quote }}
+{{- end }}
+{{- if and .Values.redis.tls.enabled .Values.redis.tls.existingSecret }}
+- name: TUMBLER_REDIS_TLS_CA_FILE
+  value: {{ printf "/etc/tumbler/redis-tls/%s" .Values.redis.tls.caKey | quote }}
+{{- if .Values.redis.tls.clientCertificate }}
+- name: TUMBLER_REDIS_TLS_CERT_FILE
+  value: /etc/tumbler/redis-tls/tls.crt
+- name: TUMBLER_REDIS_TLS_KEY_FILE
+  value: /etc/tumbler/redis-tls/tls.key
+{{- end }}
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,47 @@
+//! `tumbler health`: asks a server's grpc.health.v1 service whether it
+//! serves (exit 0) or not (exit 69: NOT_SERVING, e.g. Redis unreachable,
+//! or no answer at all), as a probe or a `helm test` step would.
+
+use clap::Args;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use super::connect::{Conn, Target};
+use super::{Failure, Globals, exit};
+
+#[derive(Args, Debug)]
+pub struct HealthArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The service to ask about: "" (the default) is the server as a whole,
+    /// SERVING only while Redis answers; `tumbler.v1.LockService` is the
+    /// same; `liveness` is SERVING while the process runs.
+    #[arg(long, default_value = "")]
+    pub service: String,
+}
+
+pub async fn run(args: HealthArgs, globals: &Globals) -> Result<u8, Failure> {
+    let mut conn = Conn::new(&args.target)?;
+    let channel = conn.channel().await?;
+    let reply = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: args.service.clone(),
+        })
+        .await?;
+    let status = reply.into_inner().status();
+    let name = status.as_str_name();
+    globals.output().reply(
+        &serde_json::json!({
+            "endpoint": conn.endpoint(),
+            "service": args.service,
+            "status": name,
+        }),
+        || format!("{name}\n"),
+    )?;
+    Ok(if status == ServingStatus::Serving {
+        exit::SUCCESS
+    } else {
+        exit::UNREACHABLE
+    })
+}
