@@ -101,8 +101,13 @@ async fn waiting_acquire(
             format!("{status:?}")
         }
         Err(status) => {
+            // The server answers DEADLINE_EXCEEDED just before the
+            // deadline; on a loaded machine the client's own timer may
+            // fire first (CANCELLED, "Timeout expired"): told no either way.
+            let own_deadline =
+                status.code() == Code::Cancelled && status.message() == "Timeout expired";
             assert!(
-                matches!(status.code(), Code::DeadlineExceeded | Code::Unavailable),
+                matches!(status.code(), Code::DeadlineExceeded | Code::Unavailable) || own_deadline,
                 "{holder}: unexpected {status:?}"
             );
             format!("{:?}", status.code())
@@ -176,9 +181,14 @@ async fn slowed_redis_honours_deadlines_and_leaves_no_waiters(slowdown: Slowdown
         "tumbler_rpc_requests_total",
         &[("method", "Acquire"), ("code", "DEADLINE_EXCEEDED")],
     );
-    assert_eq!(
-        deadline_exceeded.unwrap_or(0.0) as usize,
-        outcomes.get("DeadlineExceeded").copied().unwrap_or(0)
+    // (A call whose client timer fired first may still have been answered
+    // DEADLINE_EXCEEDED by the replica.)
+    let told = outcomes.get("DeadlineExceeded").copied().unwrap_or(0);
+    let late = outcomes.get("Cancelled").copied().unwrap_or(0);
+    let counted = deadline_exceeded.unwrap_or(0.0) as usize;
+    assert!(
+        (told..=told + late).contains(&counted),
+        "replica counted {counted}, clients saw {told} (+{late} timed out on their side)"
     );
 
     // Redis back: no waiter left in the replica or in the queue, and the
