@@ -50,6 +50,7 @@ async fn measure(
     commands
         .send(send(Command::Open(proto::SessionOpen {
             ttl_ms: Some(ttl_ms),
+            ..Default::default()
         })))
         .await
         .unwrap();

@@ -156,6 +156,7 @@ async fn main() {
                 let _ = tx
                     .send(send(Command::Open(proto::SessionOpen {
                         ttl_ms: Some(3_000),
+                        ..Default::default()
                     })))
                     .await;
                 for i in 0..3u64 {

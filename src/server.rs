@@ -201,19 +201,19 @@ pub async fn serve_on(
             () = shutdown => {}
             outcome = &mut watcher => fatal = Some(outcome),
         }
-        // Probes see the drain before the port closes; new work still gets
-        // served until endpoints have moved away.
+        // Probes see the drain before the port closes. Long-lived work
+        // moves at once: Session streams end with UNAVAILABLE ("resume
+        // elsewhere"), keeping their grants for the session TTL, and new
+        // ones are refused; waiting Acquires answer UNAVAILABLE, keeping
+        // their place in the queue for their queue TTL. Short RPCs are
+        // still served until endpoints have moved away.
         set_status(&reporter, ServingStatus::NotServing).await;
+        engine.waiters().shut_down();
         if fatal.is_none() && !config.shutdown_drain.is_zero() {
-            tracing::info!(drain = ?config.shutdown_drain, "NOT_SERVING; draining before shutdown");
+            tracing::info!(drain = ?config.shutdown_drain, "NOT_SERVING; sessions and waiters told to move; draining before shutdown");
             tokio::time::sleep(config.shutdown_drain).await;
         }
-        tracing::info!(
-            "shutting down: no new connections, finishing in-flight RPCs; waiters answered UNAVAILABLE"
-        );
-        // Waiting RPCs leave their queues and answer UNAVAILABLE, so their
-        // clients retry on another replica instead of holding this one up.
-        engine.waiters().shut_down();
+        tracing::info!("shutting down: no new connections, finishing in-flight RPCs");
         draining.notify_one();
     };
     let router = grpc_builder(&conn_limits)

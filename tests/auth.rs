@@ -274,6 +274,7 @@ async fn session_acquire(
     let commands = vec![
         Command::Open(proto::SessionOpen {
             ttl_ms: Some(10_000),
+            ..Default::default()
         }),
         Command::Acquire(proto::SessionAcquire {
             request_id: 7,
@@ -593,6 +594,7 @@ async fn open_session(
         .send(proto::SessionRequest {
             command: Some(Command::Open(proto::SessionOpen {
                 ttl_ms: Some(10_000),
+                ..Default::default()
             })),
         })
         .await
@@ -845,4 +847,97 @@ async fn tumbler_system_is_reserved_even_for_everywhere_tokens_and_without_auth(
         assert_eq!(code, Code::PermissionDenied, "--no-auth {rpc}: {message}");
         assert_eq!(message, reserved, "{rpc}");
     }
+}
+
+/// Opens a stream whose first message is `open`; the opened event (or the
+/// refusal), the stream's events and its command sender.
+async fn open_stream(
+    client: &mut Client,
+    open: proto::SessionOpen,
+) -> Result<
+    (
+        proto::SessionOpened,
+        tonic::Streaming<proto::SessionResponse>,
+        tokio::sync::mpsc::Sender<proto::SessionRequest>,
+    ),
+    tonic::Status,
+> {
+    use proto::session_request::Command;
+    use proto::session_response::Event;
+    let (commands, outbox) = tokio::sync::mpsc::channel(8);
+    commands
+        .send(proto::SessionRequest {
+            command: Some(Command::Open(open)),
+        })
+        .await
+        .unwrap();
+    let mut events = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(outbox))
+        .await?
+        .into_inner();
+    match events.message().await?.and_then(|m| m.event) {
+        Some(Event::Opened(opened)) => Ok((opened, events, commands)),
+        other => panic!("expected opened, got {other:?}"),
+    }
+}
+
+/// A session belongs to its token: another token (even one with the same
+/// namespaces) cannot resume it, secret or not, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cannot_be_resumed_with_another_token() {
+    use proto::session_request::Command;
+    let s = setup().await;
+    let mut owner = bearer(&s.server, TEAM_A).await;
+    let (opened, mut events, commands) = open_stream(
+        &mut owner,
+        proto::SessionOpen {
+            ttl_ms: Some(1_000),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    commands
+        .send(proto::SessionRequest {
+            command: Some(Command::Acquire(proto::SessionAcquire {
+                request_id: 1,
+                acquire: Some(proto::AcquireRequest {
+                    namespace: "team-a".into(),
+                    ..common::acquire("owned", "")
+                }),
+            })),
+        })
+        .await
+        .unwrap();
+    events.message().await.unwrap().expect("acquired");
+
+    let resume = proto::SessionOpen {
+        ttl_ms: None,
+        resume: Some(proto::SessionResume {
+            session_id: opened.session_id.clone(),
+            secret: opened.resume_secret.clone(),
+        }),
+    };
+    let mut other = bearer(&s.server, SLOW).await;
+    let refused = open_stream(&mut other, resume.clone()).await.err().unwrap();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let mut admin = bearer(&s.server, ADMIN).await;
+    let refused = open_stream(&mut admin, resume.clone()).await.err().unwrap();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+
+    // The owner's stream still serves the session: its grant is renewed.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        commands
+            .send(proto::SessionRequest {
+                command: Some(Command::KeepAlive(proto::SessionKeepAlive {})),
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(holders(&mut admin, "team-a", "owned").await, 1);
+    // And the owner's token may resume it (taking it over).
+    let (resumed, _, _) = open_stream(&mut owner, resume).await.unwrap();
+    assert!(resumed.resumed);
+    assert_eq!(resumed.grants.len(), 1, "{resumed:?}");
 }

@@ -230,6 +230,7 @@ async fn sessions_and_watchers_per_replica_are_bounded() {
         let first = proto::SessionRequest {
             command: Some(proto::session_request::Command::Open(proto::SessionOpen {
                 ttl_ms: Some(10_000),
+                ..Default::default()
             })),
         };
         close.try_send(first).unwrap();
@@ -336,6 +337,7 @@ async fn open_session(
         .try_send(proto::SessionRequest {
             command: Some(proto::session_request::Command::Open(proto::SessionOpen {
                 ttl_ms: Some(10_000),
+                ..Default::default()
             })),
         })
         .unwrap();

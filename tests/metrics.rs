@@ -303,6 +303,7 @@ async fn open_session_and_watch(
         .send(proto::SessionRequest {
             command: Some(Command::Open(proto::SessionOpen {
                 ttl_ms: Some(5_000),
+                ..Default::default()
             })),
         })
         .await

@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::session::Session;
 use common::*;
 use proto::lock_service_client::LockServiceClient;
 use proto::session_request::Command;
@@ -12,83 +13,6 @@ use proto::session_response::Event;
 use proto::{AcquireStatus, SessionRequest};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
-
-/// A client's side of a session: the command sender and the event stream.
-struct Session {
-    commands: mpsc::Sender<SessionRequest>,
-    events: tonic::Streaming<proto::SessionResponse>,
-    id: String,
-}
-
-impl Session {
-    async fn open(client: &mut LockServiceClient<Channel>, ttl_ms: u64) -> Session {
-        let (commands, outbox) = mpsc::channel(16);
-        commands
-            .send(SessionRequest {
-                command: Some(Command::Open(proto::SessionOpen {
-                    ttl_ms: Some(ttl_ms),
-                })),
-            })
-            .await
-            .unwrap();
-        let mut events = client
-            .session(tokio_stream::wrappers::ReceiverStream::new(outbox))
-            .await
-            .unwrap()
-            .into_inner();
-        let Some(Event::Opened(opened)) = events.message().await.unwrap().unwrap().event else {
-            panic!("the first event is not opened");
-        };
-        assert_eq!(opened.ttl_ms, ttl_ms);
-        Session {
-            commands,
-            events,
-            id: opened.session_id,
-        }
-    }
-
-    async fn send(&self, command: Command) {
-        self.commands
-            .send(SessionRequest {
-                command: Some(command),
-            })
-            .await
-            .unwrap();
-    }
-
-    async fn next(&mut self) -> Option<Event> {
-        tokio::time::timeout(Duration::from_secs(10), self.events.message())
-            .await
-            .expect("an event within 10 s")
-            .ok()
-            .flatten()
-            .and_then(|r| r.event)
-    }
-
-    async fn acquire(
-        &mut self,
-        request_id: u64,
-        request: proto::AcquireRequest,
-    ) -> proto::AcquireResponse {
-        self.send(Command::Acquire(proto::SessionAcquire {
-            request_id,
-            acquire: Some(request),
-        }))
-        .await;
-        match self.next().await {
-            Some(Event::Acquired(acquired)) => {
-                assert_eq!(acquired.request_id, request_id);
-                acquired.response.unwrap()
-            }
-            other => panic!("expected an acquire reply, got {other:?}"),
-        }
-    }
-
-    async fn keep_alive(&self) {
-        self.send(Command::KeepAlive(proto::SessionKeepAlive {}))
-            .await;
-    }
-}
 
 async fn holder_of(client: &mut LockServiceClient<Channel>, name: &str) -> Option<proto::Grant> {
     let seen = client.inspect(inspect(name)).await.unwrap().into_inner();
@@ -143,23 +67,40 @@ async fn session_grants_outlive_many_ttls_while_the_stream_is_open() {
     assert!(released, "closing the session did not release its grant");
 }
 
-#[tokio::test]
-async fn a_silent_client_loses_its_session_after_one_ttl() {
+/// A silent client (a hung process, a network blip) is not a dead one:
+/// its stream ends after one session TTL, but its grants live on for one
+/// more TTL, unrenewed, in case it resumes; then they expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_clients_grants_outlive_its_stream_by_one_ttl_then_expire() {
     let redis = start_redis();
     let server = TestServer::start(&redis.url()).await;
     let mut client = server.client().await;
-    // A long lease would keep the lock for a minute; the silence ends the
-    // session (and releases the lock) after one session TTL instead.
     let mut session = Session::open(&mut client, 500).await;
-    let reply = session.acquire(1, acquire("silent", "ignored")).await;
-    assert_eq!(reply.status(), AcquireStatus::Acquired);
+    let token = session
+        .acquire(1, acquire("silent", ""))
+        .await
+        .grant
+        .unwrap()
+        .fencing_token;
     // Send nothing; keep the stream open (the sender stays alive).
-    let ended = tokio::time::timeout(Duration::from_secs(5), async {
-        while let Ok(Some(_)) = session.events.message().await {}
-    })
-    .await;
-    assert!(ended.is_ok(), "the session did not end");
-    assert!(holder_of(&mut client, "silent").await.is_none());
+    let (lost, status) = session.until_ended().await;
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(lost.is_empty(), "nothing is lost yet: {lost:?}");
+    let held = holder_of(&mut client, "silent").await.expect("kept");
+    assert_eq!(
+        (held.holder.as_str(), held.fencing_token),
+        (session.id.as_str(), token)
+    );
+    // Nobody renews it any more: it expires within one TTL.
+    let mut freed = false;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if holder_of(&mut client, "silent").await.is_none() {
+            freed = true;
+            break;
+        }
+    }
+    assert!(freed, "the grant of a silent session outlived its ttl");
     drop(session.commands);
 }
 
@@ -511,44 +452,45 @@ async fn a_session_acquire_with_another_limit_is_refused_on_the_stream() {
     assert_eq!(reply.status(), AcquireStatus::Acquired);
 }
 
-/// Reads a session to its end: the `lost` events on the way, and the
-/// status it ended with (OK for a clean end).
-async fn until_ended(session: &mut Session) -> (Vec<proto::GrantLost>, tonic::Status) {
-    let mut lost = Vec::new();
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(10), session.events.message())
-            .await
-            .expect("the session ends within 10 s");
-        match next {
-            Ok(Some(proto::SessionResponse {
-                event: Some(Event::Lost(grant)),
-            })) => lost.push(grant),
-            Ok(Some(_)) => {}
-            Ok(None) => return (lost, tonic::Status::ok("")),
-            Err(status) => return (lost, status),
-        }
-    }
-}
-
+/// A silent session ends DEADLINE_EXCEEDED without `lost`, and its client
+/// may take it back with its grants (same tokens) on a new stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_session_ends_deadline_exceeded_after_telling_its_lost_grants() {
+async fn a_silent_session_ends_deadline_exceeded_and_resumes_with_its_grants() {
     let redis = start_redis();
     let server = TestServer::start(&redis.url()).await;
     let mut client = server.client().await;
-    let mut session = Session::open(&mut client, 500).await;
+    let mut session = Session::open(&mut client, 800).await;
     let token = session
         .acquire(1, acquire("quiet", ""))
         .await
         .grant
         .unwrap()
         .fencing_token;
-    let (lost, status) = until_ended(&mut session).await;
+    let (lost, status) = session.until_ended().await;
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
-    assert_eq!(lost.len(), 1, "{lost:?}");
-    assert_eq!(lost[0].name, "quiet");
-    assert_eq!(lost[0].fencing_token, token);
-    assert_eq!(lost[0].reason, "session ended");
-    assert!(holder_of(&mut client, "quiet").await.is_none());
+    assert!(lost.is_empty(), "{lost:?}");
+
+    let (resumed, opened) = Session::resume(&mut client, &session.id, &session.secret)
+        .await
+        .expect("resumed within the ttl");
+    assert!(opened.resumed);
+    assert_eq!(opened.session_id, session.id);
+    assert_eq!(opened.ttl_ms, 800, "a resumed session keeps its ttl");
+    assert_eq!(opened.grants.len(), 1, "{opened:?}");
+    assert_eq!(
+        (
+            opened.grants[0].name.as_str(),
+            opened.grants[0].fencing_token
+        ),
+        ("quiet", token)
+    );
+    // Renewed again: held well past the old lease.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        resumed.keep_alive().await;
+    }
+    let held = holder_of(&mut client, "quiet").await.expect("still held");
+    assert_eq!(held.fencing_token, token);
     drop(session.commands);
 }
 
@@ -579,7 +521,7 @@ async fn an_oversized_command_ends_the_session_resource_exhausted_after_its_lost
             }),
         }))
         .await;
-    let (lost, status) = until_ended(&mut session).await;
+    let (lost, status) = session.until_ended().await;
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     let mut names: Vec<&str> = lost.iter().map(|l| l.name.as_str()).collect();
     names.sort();
@@ -608,4 +550,246 @@ async fn a_session_the_client_closes_ends_ok_without_lost_events() {
     };
     assert!(end.is_ok(), "{end:?}");
     assert!(events.is_empty(), "{events:?}");
+}
+
+/// A drained replica ends its sessions with UNAVAILABLE and the
+/// `tumbler-resume: elsewhere` trailer, keeps their grants, and another
+/// replica resumes them with the same tokens and renews them from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_of_a_draining_replica_resumes_on_another_with_the_same_grants() {
+    let redis = start_redis();
+    let mut leaving = TestServer::start(&redis.url()).await;
+    let staying = TestServer::start(&redis.url()).await;
+    let mut near = leaving.client().await;
+    let mut far = staying.client().await;
+    let mut session = Session::open(&mut near, 1_000).await;
+    let mut tokens = Vec::new();
+    for (id, name) in [(1, "kept-a"), (2, "kept-b")] {
+        let grant = session.acquire(id, acquire(name, "")).await.grant.unwrap();
+        tokens.push((name.to_owned(), grant.fencing_token));
+    }
+
+    leaving.begin_shutdown();
+    let (lost, status) = session.until_ended().await;
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(
+        status
+            .metadata()
+            .get("tumbler-resume")
+            .map(|v| v.to_str().unwrap()),
+        Some("elsewhere")
+    );
+    assert!(lost.is_empty(), "a drain loses nothing: {lost:?}");
+    for (name, token) in &tokens {
+        let held = holder_of(&mut far, name)
+            .await
+            .expect("kept through the drain");
+        assert_eq!(held.fencing_token, *token);
+    }
+
+    let (resumed, opened) = Session::resume(&mut far, &session.id, &session.secret)
+        .await
+        .unwrap();
+    let mut kept: Vec<(String, u64)> = opened
+        .grants
+        .iter()
+        .map(|g| (g.name.clone(), g.fencing_token))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, tokens);
+    assert!(opened.lost.is_empty(), "{opened:?}");
+    // Renewed by the new replica well past three old leases.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        resumed.keep_alive().await;
+    }
+    for (name, token) in &tokens {
+        let held = holder_of(&mut far, name).await.expect("renewed elsewhere");
+        assert_eq!(held.fencing_token, *token);
+    }
+    // Closing the resumed session ends it for good.
+    let mut resumed = resumed;
+    let (closed, _) = tokio::sync::mpsc::channel(1);
+    drop(std::mem::replace(&mut resumed.commands, closed));
+    let (_, status) = resumed.until_ended().await;
+    assert_eq!(status.code(), tonic::Code::Ok, "{status:?}");
+    for (name, _) in &tokens {
+        assert!(holder_of(&mut far, name).await.is_none(), "{name}");
+    }
+    let again = Session::resume(&mut far, &session.id, &session.secret).await;
+    assert_eq!(again.err().map(|s| s.code()), Some(tonic::Code::NotFound));
+}
+
+/// A resume with a wrong secret is refused and changes nothing (the
+/// session's stream goes on); an unknown or malformed id is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_with_a_wrong_secret_or_unknown_session_is_refused_and_changes_nothing() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    let mut session = Session::open(&mut client, 600).await;
+    let token = session
+        .acquire(1, acquire("mine", ""))
+        .await
+        .grant
+        .unwrap()
+        .fencing_token;
+
+    let wrong = "0".repeat(64);
+    let refused = Session::resume(&mut client, &session.id, &wrong).await;
+    assert_eq!(
+        refused.err().map(|s| s.code()),
+        Some(tonic::Code::PermissionDenied)
+    );
+    let unknown = Session::resume(&mut client, "session-0000", &session.secret).await;
+    assert_eq!(unknown.err().map(|s| s.code()), Some(tonic::Code::NotFound));
+    for (id, secret, field) in [
+        (
+            "not-a-session",
+            session.secret.as_str(),
+            "resume.session_id",
+        ),
+        (session.id.as_str(), "short", "resume.secret"),
+    ] {
+        let status = Session::resume(&mut client, id, secret)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().starts_with(field), "{}", status.message());
+    }
+
+    // The session was not taken over: it goes on renewing its grant.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        session.keep_alive().await;
+    }
+    let held = holder_of(&mut client, "mine").await.expect("still held");
+    assert_eq!(held.fencing_token, token);
+    let reply = session.acquire(2, acquire("also-mine", "")).await;
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+}
+
+/// A stream that breaks (its connection closes without the stream being
+/// closed: the client's process died, or a proxy dropped it) is a dead
+/// client's, unless the session is resumed at once: a client whose
+/// connection a proxy dropped reconnects and keeps its grants; one that
+/// does not come back frees them within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_stream_keeps_its_grants_only_for_a_prompt_resume() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut direct = server.client().await;
+    let proxy = common::proxy::CuttableProxy::start(server.addr).await;
+    let mut through_proxy = LockServiceClient::connect(proxy.endpoint()).await.unwrap();
+
+    // Cut and resumed at once: kept.
+    let mut session = Session::open(&mut through_proxy, 10_000).await;
+    let token = session
+        .acquire(1, acquire("proxied", ""))
+        .await
+        .grant
+        .unwrap()
+        .fencing_token;
+    proxy.cut();
+    let (resumed, opened) = Session::resume(&mut direct, &session.id, &session.secret)
+        .await
+        .unwrap();
+    assert_eq!(opened.grants.len(), 1, "{opened:?}");
+    assert_eq!(opened.grants[0].fencing_token, token);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let held = holder_of(&mut direct, "proxied").await.expect("kept");
+    assert_eq!(held.fencing_token, token);
+    drop(resumed);
+    drop(session);
+
+    // Cut and never resumed: freed within a second, though the lease is
+    // ten seconds.
+    let mut through_proxy = LockServiceClient::connect(proxy.endpoint()).await.unwrap();
+    let mut session = Session::open(&mut through_proxy, 10_000).await;
+    session.acquire(1, acquire("abandoned", "")).await;
+    let cut = std::time::Instant::now();
+    proxy.cut();
+    let mut freed = None;
+    for _ in 0..80 {
+        if holder_of(&mut direct, "abandoned").await.is_none() {
+            freed = Some(cut.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let freed = freed.expect("a dead client's grant was not released");
+    assert!(
+        freed < Duration::from_millis(1_500),
+        "freed after {freed:?}"
+    );
+    drop(session);
+}
+
+/// Waiting Acquires of a draining replica answer UNAVAILABLE but keep
+/// their places: retried on another replica (same holders) in any order,
+/// they are granted in their original order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_a_draining_replica_keep_their_place_in_line() {
+    let redis = start_redis();
+    let mut leaving = TestServer::start(&redis.url()).await;
+    let staying = TestServer::start(&redis.url()).await;
+    let mut far = staying.client().await;
+    far.acquire(acquire("line", "first")).await.unwrap();
+    let waiting_request = |holder: &str| proto::AcquireRequest {
+        wait_ms: 20_000,
+        queue_ttl_ms: Some(5_000),
+        ..acquire("line", holder)
+    };
+    let mut waits = Vec::new();
+    for holder in ["w1", "w2", "w3"] {
+        let mut near = leaving.client().await;
+        let request = waiting_request(holder);
+        waits.push(tokio::spawn(async move { near.acquire(request).await }));
+        until_waiters(&mut far, "line", waits.len() as u32).await;
+    }
+    leaving.begin_shutdown();
+    for wait in waits {
+        let status = wait.await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    }
+    // Still queued, in order.
+    let queue = far
+        .queue(proto::QueueRequest {
+            namespace: String::new(),
+            name: "line".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let order: Vec<&str> = queue.requests.iter().map(|r| r.holder.as_str()).collect();
+    assert_eq!(order, ["w1", "w2", "w3"]);
+
+    // Retried elsewhere, last first.
+    let mut retries = Vec::new();
+    for holder in ["w3", "w2", "w1"] {
+        let mut client = staying.client().await;
+        let request = waiting_request(holder);
+        retries.push((
+            holder,
+            tokio::spawn(async move { client.acquire(request).await }),
+        ));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut granted = Vec::new();
+    far.release(release("line", "first")).await.unwrap();
+    let mut retries: Vec<_> = retries.into_iter().collect();
+    while !retries.is_empty() {
+        let holder = holder_of(&mut far, "line").await;
+        if let Some(grant) = holder
+            && granted.last() != Some(&grant.holder)
+        {
+            granted.push(grant.holder.clone());
+            retries.retain(|(h, _)| *h != grant.holder);
+            far.release(release("line", &grant.holder)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(granted, ["w1", "w2", "w3"]);
 }

@@ -197,6 +197,7 @@ fn engine_status(err: EngineError) -> Status {
         | EngineError::TooManyInNamespace(_)
         | EngineError::NamespaceFull) => Status::resource_exhausted(err.to_string()),
         err @ EngineError::ShuttingDown => Status::unavailable(err.to_string()),
+        err @ EngineError::SessionMoved => Status::aborted(err.to_string()),
         err @ EngineError::LimitMismatch { .. } => Status::failed_precondition(err.to_string()),
     }
 }

@@ -1,27 +1,28 @@
 //! The Session stream: glue between a client's commands and the engine's
-//! session grants (see `engine::sessions`). A session is one stream on one
-//! replica; its grants' holder is the session id and their lease the
-//! session TTL, which this replica renews while the stream lives.
+//! session grants (`engine::sessions`) and records (`engine::resume`). A
+//! session's grants are held by the session id with the session TTL as
+//! lease; the replica serving its stream renews them, and the session's
+//! record in Redis names them, so a new stream on any replica can resume
+//! the session (`SessionOpen.resume`) with all its grants.
 //!
-//! The session ends, and all its grants are released at once, when the
-//! client closes its side, the stream or connection breaks, nothing comes
-//! from the client for a whole TTL, or the client stops reading (64
-//! messages wait unread for a whole TTL): a client that cannot hear
-//! "grant lost" must not keep grants alive.
+//! How a stream ends decides what becomes of the grants:
+//! - the client closes its side: released at once, session over;
+//! - the stream breaks (the client's process died, its connection reset)
+//!   and no stream resumes the session within `RESUME_GRACE`: released as
+//!   a dead client's (lock-delay applies), session over;
+//! - the server refuses the client (a command over the size limit, a
+//!   message that does not decode, a revoked or expired token): released,
+//!   the client gets `lost` for each, then RESOURCE_EXHAUSTED,
+//!   INVALID_ARGUMENT or UNAUTHENTICATED; session over;
+//! - the replica drains (UNAVAILABLE with `tumbler-resume: elsewhere`),
+//!   the client was silent for a whole TTL (DEADLINE_EXCEEDED), or another
+//!   stream resumed the session (ABORTED): the grants live on for the TTL,
+//!   resumable; nothing is reported lost.
 //!
-//! When the server ends a session that the client still hears, the client
-//! first gets a `lost` event for every grant released, then a non-OK
-//! status saying why: DEADLINE_EXCEEDED (silent for a whole TTL),
-//! RESOURCE_EXHAUSTED (a command over the size limit), INVALID_ARGUMENT
-//! (a message that does not decode), UNAUTHENTICATED (its token was
-//! revoked or expired: checked at every command, every reload of the
-//! tokens file and at the token's expiry), UNAVAILABLE (the replica is
-//! shutting down; reopen elsewhere). Only a session the client closed
-//! ends with OK.
-//!
-//! Acquire and release commands are charged to the token's request rate
-//! like the unary RPCs; a command over it is refused (RESOURCE_EXHAUSTED)
-//! and the session goes on.
+//! Only a session the client closed ends with OK. Acquire and release
+//! commands are charged to the token's request rate like the unary RPCs;
+//! a command over it is refused (RESOURCE_EXHAUSTED) and the session goes
+//! on.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,7 @@ use tracing::Instrument;
 use super::quota::QuotaSlot;
 use super::{LockApi, StreamSlot, acquire_reply, engine_status, lock_id, validate};
 use crate::auth::LiveAccess;
+use crate::engine::resume::{RESUME_GRACE, ResumeError, SessionEnd};
 use crate::engine::sessions::{LOST_SESSION_ENDED, LostGrant};
 use crate::engine::{LockEngine, LockId};
 use crate::proto::session_request::Command;
@@ -43,16 +45,25 @@ use crate::proto::{self, SessionResponse};
 
 pub type SessionStream = ReceiverStream<Result<SessionResponse, Status>>;
 
-/// How a session ended.
+/// How a session's stream ended.
 enum Ending {
     /// The client closed its side: grants released, stream ends OK.
     Closed,
     /// The client is gone or cannot be told (broken stream, stopped
-    /// reading): its grants are handled as those of a dead client.
+    /// reading): unless the session is resumed within a moment, its grants
+    /// are handled as those of a dead client.
     Gone(&'static str),
-    /// The server ended it: grants released, `lost` told, then `status`.
-    Ended { status: Status, died: bool },
+    /// The server refused the client: grants released, `lost` told, then
+    /// the status.
+    Refused(Status),
+    /// The session lives on for its TTL, resumable on any stream: grants
+    /// kept, the client told the status.
+    Suspended(Status),
 }
+
+/// The trailer that tells a client to resume its session on another
+/// replica (this one is draining).
+pub const RESUME_TRAILER: &str = "tumbler-resume";
 
 /// How long the last messages of a session the server ended may wait for
 /// the client to read them.
@@ -66,13 +77,17 @@ const MAX_RUNNING_COMMANDS: usize = 1000;
 /// How long a new stream may take to send its open message.
 const OPEN_WITHIN: Duration = Duration::from_secs(10);
 
-/// Reads the open message, starts the session, and returns its stream.
+/// Reads the open message, starts (or resumes) the session, and returns
+/// its stream.
 pub async fn open(
     api: &LockApi,
     access: LiveAccess,
     slot: (QuotaSlot, StreamSlot),
     mut inbound: Streaming<proto::SessionRequest>,
 ) -> Result<Response<SessionStream>, Status> {
+    if api.engine.waiters().shutdown_token().is_cancelled() {
+        return Err(draining());
+    }
     let first = tokio::time::timeout(OPEN_WITHIN, inbound.message())
         .await
         .map_err(|_| Status::deadline_exceeded("session: no open message within 10 s"))??;
@@ -84,27 +99,110 @@ pub async fn open(
             "command: the first message of a session must be open",
         ));
     };
-    let ttl_ms = validate::ttl_ms(open.ttl_ms, &api.limits)?;
-    let session = format!("session-{}", uuid::Uuid::now_v7());
-    tracing::Span::current().record("session", &session);
+    let (lost_tx, lost_rx) = mpsc::channel::<LostGrant>(OUTBOX);
+    let owner = access.access().who().to_owned();
+    let opened = match open.resume {
+        None => {
+            let ttl_ms = validate::ttl_ms(open.ttl_ms, &api.limits)?;
+            let ticket = api
+                .engine
+                .open_session(&owner, ttl_ms)
+                .await
+                .map_err(engine_status)?;
+            Opened {
+                session: ticket.id,
+                epoch: ticket.epoch,
+                ttl_ms,
+                reply: proto::SessionOpened {
+                    resume_secret: ticket.secret,
+                    ..Default::default()
+                },
+            }
+        }
+        Some(resume) => {
+            let session = validate::session_id(&resume.session_id)?;
+            let secret = validate::resume_secret(&resume.secret)?;
+            let may_act = |namespace: &str| access.access().act(namespace).is_ok();
+            let resumed = api
+                .engine
+                .resume_session(&owner, &session, &secret, may_act, &lost_tx)
+                .await
+                .map_err(|err| match err {
+                    ResumeError::Gone => Status::not_found(format!("resume.session_id: {err}")),
+                    ResumeError::Refused => {
+                        tracing::info!(%session, token = %owner, "session resume refused");
+                        Status::permission_denied(format!("resume: {err}"))
+                    }
+                    ResumeError::Engine(err) => engine_status(err),
+                })?;
+            tracing::info!(%session, kept = resumed.kept.len(), lost = resumed.lost.len(), "session resumed");
+            let grants = resumed
+                .kept
+                .into_iter()
+                .map(|(lock, fencing_token)| proto::SessionGrant {
+                    namespace: lock.namespace,
+                    name: lock.name,
+                    fencing_token,
+                })
+                .collect();
+            Opened {
+                session,
+                epoch: resumed.epoch,
+                ttl_ms: resumed.ttl_ms,
+                reply: proto::SessionOpened {
+                    resume_secret: secret,
+                    grants,
+                    lost: resumed.lost.into_iter().map(grant_lost).collect(),
+                    resumed: true,
+                    ..Default::default()
+                },
+            }
+        }
+    };
+    tracing::Span::current().record("session", &opened.session);
 
     let (out, outbox) = mpsc::channel(OUTBOX);
-    let opened = Event::Opened(proto::SessionOpened {
-        session_id: session.clone(),
-        ttl_ms,
-    });
+    let reply = proto::SessionOpened {
+        session_id: opened.session.clone(),
+        ttl_ms: opened.ttl_ms,
+        ..opened.reply
+    };
     let _ = out.try_send(Ok(SessionResponse {
-        event: Some(opened),
+        event: Some(Event::Opened(reply)),
     }));
     let driver = Driver {
         api: api.clone(),
         _slot: slot,
-        session,
-        ttl_ms,
+        session: opened.session,
+        epoch: opened.epoch,
+        ttl_ms: opened.ttl_ms,
         out,
     };
-    tokio::spawn(driver.run(access, inbound).in_current_span());
+    tokio::spawn(
+        driver
+            .run(access, inbound, lost_tx, lost_rx)
+            .in_current_span(),
+    );
     Ok(Response::new(ReceiverStream::new(outbox)))
+}
+
+/// A session opened or resumed, before its stream starts.
+struct Opened {
+    session: String,
+    epoch: u64,
+    ttl_ms: u64,
+    reply: proto::SessionOpened,
+}
+
+/// UNAVAILABLE for a session on a draining replica: resume elsewhere.
+fn draining() -> Status {
+    let mut trailers = tonic::metadata::MetadataMap::new();
+    trailers.insert(RESUME_TRAILER, "elsewhere".parse().expect("ascii"));
+    Status::with_metadata(
+        tonic::Code::Unavailable,
+        "this replica is shutting down; resume the session on another (SessionOpen.resume)",
+        trailers,
+    )
 }
 
 struct Driver {
@@ -113,32 +211,44 @@ struct Driver {
     /// open sessions.
     _slot: (QuotaSlot, StreamSlot),
     session: String,
+    /// This stream's epoch in the session's record.
+    epoch: u64,
     ttl_ms: u64,
     out: mpsc::Sender<Result<SessionResponse, Status>>,
 }
 
 impl Driver {
-    /// Serves commands until the session ends, then releases its grants.
-    async fn run(self, mut access: LiveAccess, mut inbound: Streaming<proto::SessionRequest>) {
-        let (lost_tx, mut lost_rx) = mpsc::channel::<LostGrant>(OUTBOX);
+    /// Serves commands until the stream ends, then releases or keeps the
+    /// session's grants (see the head of this file).
+    async fn run(
+        self,
+        mut access: LiveAccess,
+        mut inbound: Streaming<proto::SessionRequest>,
+        lost_tx: mpsc::Sender<LostGrant>,
+        mut lost_rx: mpsc::Receiver<LostGrant>,
+    ) {
         let mut running: JoinSet<Event> = JoinSet::new();
         let quiet_limit = Duration::from_millis(self.ttl_ms);
         let shutting_down = self.api.engine.waiters().shutdown_token().clone();
+        // The record is touched every third of the TTL, which also tells
+        // this stream when another one resumed the session.
+        let mut touch = tokio::time::interval(quiet_limit / 3);
+        touch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        touch.tick().await;
+        let mut quiet_until = tokio::time::Instant::now() + quiet_limit;
         let ending = loop {
             tokio::select! {
-                message = tokio::time::timeout(quiet_limit, inbound.message()) => match message {
-                    Err(_) => break Ending::Ended {
-                        status: Status::deadline_exceeded(
-                            "session: no message from the client within the session ttl",
-                        ),
-                        died: true,
-                    },
+                message = tokio::time::timeout_at(quiet_until, inbound.message()) => match message {
+                    Err(_) => break Ending::Suspended(Status::deadline_exceeded(
+                        "session: no message from the client within the session ttl; its grants live on for the ttl (resume it)",
+                    )),
                     Ok(Err(status)) => break unreadable(status),
                     Ok(Ok(None)) => break Ending::Closed,
                     Ok(Ok(Some(request))) => {
+                        quiet_until = tokio::time::Instant::now() + quiet_limit;
                         // A revoked or expired token ends the session.
                         if let Err(status) = access.recheck() {
-                            break Ending::Ended { status, died: false };
+                            break Ending::Refused(status);
                         }
                         if let Some(reply) = self.start(request, &access, &lost_tx, &mut running)
                             && !self.send(reply).await
@@ -149,7 +259,7 @@ impl Driver {
                 },
                 () = access.changed() => {
                     if let Err(status) = access.recheck() {
-                        break Ending::Ended { status, died: false };
+                        break Ending::Refused(status);
                     }
                 }
                 Some(lost) = lost_rx.recv() => {
@@ -164,30 +274,49 @@ impl Driver {
                         break Ending::Gone("the client stopped reading");
                     }
                 }
+                _ = touch.tick() => {
+                    match self.api.engine.touch_session(&self.session, self.epoch, self.ttl_ms).await {
+                        Ok(true) => {}
+                        Ok(false) => break Ending::Suspended(Status::aborted(
+                            "session: resumed on another stream",
+                        )),
+                        // The grants' renewals report what Redis trouble costs.
+                        Err(err) => tracing::warn!(session = %self.session, error = %err, "session record not touched"),
+                    }
+                }
                 () = self.out.closed() => break Ending::Gone("the client went away"),
-                () = shutting_down.cancelled() => break Ending::Ended {
-                    // Tell the client to open a new session elsewhere.
-                    status: Status::unavailable(
-                        "this replica is shutting down; open a new session on another",
-                    ),
-                    died: false,
-                },
+                () = shutting_down.cancelled() => break Ending::Suspended(draining()),
             }
         };
-        // Waiting acquires leave their queues; then every grant goes.
+        // Waiting acquires stop (a draining replica leaves their queue
+        // entries for a resumed session to take back).
         running.abort_all();
         while running.join_next().await.is_some() {}
-        // Closed on purpose (by the client, or by the server) releases;
-        // a client that vanished counts as dead (lock-delay applies).
-        let (died, why) = match &ending {
-            Ending::Closed => (false, "closed by the client".to_owned()),
-            Ending::Gone(why) => (true, (*why).to_owned()),
-            Ending::Ended { status, died } => (*died, status.message().to_owned()),
+        let end = match &ending {
+            Ending::Closed | Ending::Refused(_) => SessionEnd::Release,
+            Ending::Gone(_) => {
+                // A client whose connection a proxy dropped may resume at
+                // once; a dead one will not.
+                tokio::time::sleep(RESUME_GRACE).await;
+                SessionEnd::Died
+            }
+            Ending::Suspended(_) => SessionEnd::Keep,
         };
-        let grants = self.api.engine.end_session(&self.session, died).await;
-        tracing::info!(session = %self.session, grants = grants.len(), died, reason = %why, "session ended");
-        if let Ending::Ended { status, .. } = ending {
-            self.last_words(grants, status).await;
+        let (grants, released) = self
+            .api
+            .engine
+            .end_session(&self.session, self.epoch, end)
+            .await;
+        let why = match &ending {
+            Ending::Closed => "closed by the client",
+            Ending::Gone(why) => why,
+            Ending::Refused(status) | Ending::Suspended(status) => status.message(),
+        };
+        tracing::info!(session = %self.session, grants = grants.len(), released, reason = %why, "session stream ended");
+        match ending {
+            Ending::Refused(status) => self.last_words(grants, status).await,
+            Ending::Suspended(status) => self.last_words(Vec::new(), status).await,
+            Ending::Closed | Ending::Gone(_) => {}
         }
     }
 
@@ -261,10 +390,13 @@ impl Driver {
                     Err(status) => return Some(refused(id, status)),
                 };
                 let engine: Arc<LockEngine> = self.api.engine.clone();
-                let (session, lost) = (self.session.clone(), lost.clone());
+                let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
                 running.spawn(async move {
                     let _waiting = waiting;
-                    match engine.session_acquire(&session, &request, &lost).await {
+                    match engine
+                        .session_acquire(&session, epoch, &request, &lost)
+                        .await
+                    {
                         Ok(outcome) => Event::Acquired(proto::SessionAcquired {
                             request_id: id,
                             response: Some(acquire_reply(outcome)),
@@ -288,9 +420,9 @@ impl Driver {
                     Err(status) => return Some(refused(id, status)),
                 };
                 let engine = self.api.engine.clone();
-                let session = self.session.clone();
+                let (session, epoch) = (self.session.clone(), self.epoch);
                 running.spawn(async move {
-                    match engine.session_release(&session, &lock).await {
+                    match engine.session_release(&session, epoch, &lock).await {
                         Ok(outcome) => {
                             let status = match outcome {
                                 crate::engine::ReleaseOutcome::Released { .. } => {
@@ -327,31 +459,33 @@ fn too_many_running() -> Status {
 /// anything else is a broken stream.
 fn unreadable(status: Status) -> Ending {
     match status.code() {
-        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => Ending::Ended {
-            status: Status::resource_exhausted(format!(
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+            Ending::Refused(Status::resource_exhausted(format!(
                 "session: a command was larger than the server accepts ({})",
                 status.message()
-            )),
-            died: false,
-        },
-        tonic::Code::Internal if status.message().contains("decode") => Ending::Ended {
-            status: Status::invalid_argument(format!(
+            )))
+        }
+        tonic::Code::Internal if status.message().contains("decode") => {
+            Ending::Refused(Status::invalid_argument(format!(
                 "session: a message is not a valid SessionRequest ({})",
                 status.message()
-            )),
-            died: false,
-        },
+            )))
+        }
         _ => Ending::Gone("the stream broke"),
     }
 }
 
 fn lost_event(lost: LostGrant) -> Event {
-    Event::Lost(proto::GrantLost {
+    Event::Lost(grant_lost(lost))
+}
+
+fn grant_lost(lost: LostGrant) -> proto::GrantLost {
+    proto::GrantLost {
         namespace: lost.lock.namespace,
         name: lost.lock.name,
         fencing_token: lost.fencing_token,
         reason: lost.reason.into(),
-    })
+    }
 }
 
 /// A refused command, as the session reports it (the session goes on).

@@ -271,6 +271,33 @@ pub fn optional_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<Option<u64
     }
 }
 
+/// A session id to resume: as SessionOpened gave it (`session-<uuid>`).
+pub fn session_id(value: &str) -> Result<String, Status> {
+    let valid = value.starts_with("session-")
+        && value.len() <= 64
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if valid {
+        Ok(value.to_owned())
+    } else {
+        Err(invalid(
+            "resume.session_id",
+            "must be a session id as SessionOpened gave it",
+        ))
+    }
+}
+
+/// A resume secret: 64 hex digits, as SessionOpened gave it.
+pub fn resume_secret(value: &str) -> Result<String, Status> {
+    if value.len() == 64 && value.chars().all(|c| c.is_ascii_hexdigit()) {
+        Ok(value.to_owned())
+    } else {
+        Err(invalid(
+            "resume.secret",
+            "must be the resume secret SessionOpened gave (64 hex digits)",
+        ))
+    }
+}
+
 /// Absent means any token; 0 is never granted, so it is refused.
 pub fn fencing_token(value: Option<u64>) -> Result<Option<u64>, Status> {
     if value == Some(0) {

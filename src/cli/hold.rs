@@ -405,6 +405,7 @@ async fn acquire_in_session(
     let _ = commands
         .send(send(Command::Open(proto::SessionOpen {
             ttl_ms: request.ttl_ms,
+            ..Default::default()
         })))
         .await;
     let _ = commands

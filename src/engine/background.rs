@@ -127,34 +127,55 @@ impl LockEngine {
                 ttl_ms: r.ttl.as_millis() as u64,
             })
             .collect();
+        match self.renew_call(namespace, keys, &items).await {
+            Ok(ops::renew::Outcome::Renewed { lost }) => {
+                for (i, renewal) in batch.iter().enumerate() {
+                    if lost.contains(&i) {
+                        self.sessions.lost(&renewal.key);
+                    } else {
+                        self.sessions.renewed(&renewal.key, sent_at);
+                    }
+                }
+            }
+            Ok(ops::renew::Outcome::Late) => self.renewals_failed(batch, "ran late"),
+            Err(err) => self.renewals_failed(batch, &err.to_string()),
+        }
+    }
+
+    /// Renews grants of one shard now (a resumed session's); the indexes
+    /// of those that are gone.
+    pub(super) async fn renew_items(
+        &self,
+        namespace: &str,
+        shard: u32,
+        items: &[ops::renew::Item<'_>],
+    ) -> Result<Vec<usize>, super::EngineError> {
+        let keys = self.layout.shard_keys(namespace, shard);
+        match self.renew_call(namespace, &keys, items).await? {
+            ops::renew::Outcome::Renewed { lost } => Ok(lost),
+            ops::renew::Outcome::Late => Err(super::late().into()),
+        }
+    }
+
+    /// One `renew.lua` call.
+    async fn renew_call(
+        &self,
+        namespace: &str,
+        keys: &keys::ShardKeys,
+        items: &[ops::renew::Item<'_>],
+    ) -> Result<ops::renew::Outcome, StoreError> {
         let call = ops::renew::Call {
             answer_by: self.answer_by(None),
             live: self.counts_live(),
-            items: &items,
+            items,
         };
-        let renewed = self
+        let answer = self
             .call(&self.scripts.renew, &keys.fence, &call.args())
             .await
-            .and_then(ops::renew::parse);
-        match renewed {
-            Ok(answer) => {
-                self.clock.observe(answer.now);
-                self.count_noted(namespace, answer.now, &answer.noted);
-                match answer.outcome {
-                    ops::renew::Outcome::Renewed { lost } => {
-                        for (i, renewal) in batch.iter().enumerate() {
-                            if lost.contains(&i) {
-                                self.sessions.lost(&renewal.key);
-                            } else {
-                                self.sessions.renewed(&renewal.key, sent_at);
-                            }
-                        }
-                    }
-                    ops::renew::Outcome::Late => self.renewals_failed(batch, "ran late"),
-                }
-            }
-            Err(err) => self.renewals_failed(batch, &err.to_string()),
-        }
+            .and_then(ops::renew::parse)?;
+        self.clock.observe(answer.now);
+        self.count_noted(namespace, answer.now, &answer.noted);
+        Ok(answer.outcome)
     }
 
     fn renewals_failed(&self, batch: &[Renewal], why: &str) {

@@ -169,6 +169,14 @@ impl Layout {
         format!("{}:events", self.prefix)
     }
 
+    /// HASH: a session's record, so any replica can resume it: `owner`,
+    /// `digest` (SHA-256 of its resume secret), `ttl`, `epoch` (moves on
+    /// at each resume), and `g:<namespace>\n<name>` → fencing token per
+    /// grant. Expires two session TTLs after its last touch.
+    pub fn session_key(&self, session: &str) -> String {
+        format!("{}:s:{{{session}}}", self.prefix)
+    }
+
     /// The deployment's own record (layout version and shard count).
     pub fn meta_key(&self) -> String {
         format!("{}:meta", self.prefix)

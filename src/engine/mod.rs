@@ -22,6 +22,7 @@ pub mod clock;
 pub mod keys;
 pub mod ops;
 pub mod records;
+pub mod resume;
 pub mod scripts;
 pub mod sessions;
 pub mod tally;
@@ -803,11 +804,15 @@ impl LockEngine {
     }
 
     /// Acquires for a session: the holder is the session id, the lease the
-    /// session TTL, and a grant is renewed by this replica from now on
-    /// (lost grants are reported on `lost`).
+    /// session TTL, and a grant is named in the session's record (so any
+    /// replica can resume it) and renewed by this replica from now on
+    /// (lost grants are reported on `lost`). A grant that cannot be named
+    /// in the record is released again and the call fails: the client is
+    /// never told of a grant its session could not take along.
     pub async fn session_acquire(
         self: &Arc<Self>,
         session: &str,
+        epoch: u64,
         req: &AcquireRequest,
         lost: &tokio::sync::mpsc::Sender<LostGrant>,
     ) -> Result<AcquireOutcome, EngineError> {
@@ -815,38 +820,57 @@ impl LockEngine {
         if let AcquireOutcome::Acquired { grant, .. } | AcquireOutcome::AlreadyHeld { grant, .. } =
             &outcome
         {
+            let token = grant.fencing_token;
             // The lease started no later than now: renewing from now on is
             // safe (early, never late).
+            let granted_at = Instant::now();
+            let noted = self
+                .note_session_grant(session, epoch, &req.lock, Some(token))
+                .await;
+            if !matches!(noted, Ok(true)) {
+                let _ = self.release(&req.lock, session, Some(token)).await;
+                return Err(match noted {
+                    Err(err) => err,
+                    _ => EngineError::SessionMoved,
+                });
+            }
             self.sessions.add(
                 session,
+                epoch,
                 &req.lock,
-                grant.fencing_token,
+                token,
                 Duration::from_millis(req.ttl_ms),
-                Instant::now(),
+                granted_at,
                 lost.clone(),
             );
         }
         Ok(outcome)
     }
 
-    /// Releases one grant of a session and stops renewing it.
+    /// Releases one grant of a session, stops renewing it and takes it off
+    /// the session's record.
     pub async fn session_release(
         &self,
         session: &str,
+        epoch: u64,
         lock: &LockId,
     ) -> Result<ReleaseOutcome, EngineError> {
-        let token = self.sessions.remove(session, lock);
-        self.release(lock, session, token).await
+        let token = self.sessions.remove(session, epoch, lock);
+        let outcome = self.release(lock, session, token).await?;
+        if let Err(err) = self.note_session_grant(session, epoch, lock, None).await {
+            // A resume would find the grant gone and report it lost.
+            tracing::warn!(%session, error = %err, "a released grant stays named in the session record");
+        }
+        Ok(outcome)
     }
 
-    /// A session ended: release every grant it holds, at once (and so wake
-    /// their waiters). With a lock-delay, a session that died (rather than
-    /// being closed) leaves its grants held for that delay instead, so a
-    /// partitioned old holder cannot overlap with the next one. Grants that
-    /// cannot be released now (Redis trouble) expire at their short lease.
-    /// Returns the grants the session had (lock, fencing token).
-    pub async fn end_session(&self, session: &str, died: bool) -> Vec<(LockId, u64)> {
-        let grants = self.sessions.end(session);
+    /// Releases the grants of a session that is over, at once (and so
+    /// wakes their waiters). With a lock-delay, a session that died
+    /// (rather than being closed) leaves its grants held for that delay
+    /// instead, so a partitioned old holder cannot overlap with the next
+    /// one. Grants that cannot be released now (Redis trouble) expire at
+    /// their short lease.
+    async fn release_session_grants(&self, session: &str, grants: &[(LockId, u64)], died: bool) {
         let delay = self.session_lock_delay_ms.filter(|_| died);
         let endings = grants.iter().map(|(lock, token)| async move {
             match delay {
@@ -862,7 +886,6 @@ impl LockEngine {
                 tracing::warn!(%session, error = %err, "a session grant could not be released; it expires at its lease");
             }
         }
-        grants
     }
 }
 

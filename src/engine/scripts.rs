@@ -40,6 +40,31 @@ const OPERATIONS: &[(&str, &str, bool)] = &[
     ("clear", include_str!("../../lua/clear.lua"), false),
     ("renew", include_str!("../../lua/renew.lua"), false),
     ("count", include_str!("../../lua/count.lua"), false),
+    (
+        "session_open",
+        include_str!("../../lua/session_open.lua"),
+        false,
+    ),
+    (
+        "session_touch",
+        include_str!("../../lua/session_touch.lua"),
+        false,
+    ),
+    (
+        "session_note",
+        include_str!("../../lua/session_note.lua"),
+        false,
+    ),
+    (
+        "session_claim",
+        include_str!("../../lua/session_claim.lua"),
+        false,
+    ),
+    (
+        "session_end",
+        include_str!("../../lua/session_end.lua"),
+        false,
+    ),
 ];
 
 const COMMON: &str = include_str!("../../lua/common.lua");
@@ -60,6 +85,11 @@ pub struct Scripts {
     pub clear: LockScript,
     pub renew: LockScript,
     pub count: LockScript,
+    pub session_open: LockScript,
+    pub session_touch: LockScript,
+    pub session_note: LockScript,
+    pub session_claim: LockScript,
+    pub session_end: LockScript,
 }
 
 impl Scripts {
@@ -100,6 +130,11 @@ impl Scripts {
             clear: script("clear"),
             renew: script("renew"),
             count: script("count"),
+            session_open: script("session_open"),
+            session_touch: script("session_touch"),
+            session_note: script("session_note"),
+            session_claim: script("session_claim"),
+            session_end: script("session_end"),
             library_name,
         }
     }

@@ -36,6 +36,10 @@ pub const LOST_SESSION_ENDED: &str = "session ended";
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GrantKey {
     pub session: String,
+    /// The epoch of the stream that serves the session here (a session
+    /// resumed on this same replica must not lose grants to its old
+    /// stream's end).
+    pub epoch: u64,
     pub namespace: String,
     pub name: String,
 }
@@ -66,9 +70,10 @@ pub struct Sessions {
     changed: Notify,
 }
 
-fn key(session: &str, lock: &LockId) -> GrantKey {
+fn key(session: &str, epoch: u64, lock: &LockId) -> GrantKey {
     GrantKey {
         session: session.to_owned(),
+        epoch,
         namespace: lock.namespace.clone(),
         name: lock.name.clone(),
     }
@@ -76,9 +81,11 @@ fn key(session: &str, lock: &LockId) -> GrantKey {
 
 impl Sessions {
     /// Starts renewing a grant just made for `session`.
+    #[allow(clippy::too_many_arguments)]
     pub fn add(
         &self,
         session: &str,
+        epoch: u64,
         lock: &LockId,
         token: u64,
         ttl: Duration,
@@ -86,7 +93,7 @@ impl Sessions {
         lost: mpsc::Sender<LostGrant>,
     ) {
         self.grants.lock().unwrap().insert(
-            key(session, lock),
+            key(session, epoch, lock),
             SessionGrant {
                 token,
                 ttl,
@@ -100,21 +107,21 @@ impl Sessions {
     }
 
     /// Stops renewing one grant (released by its session); its token.
-    pub fn remove(&self, session: &str, lock: &LockId) -> Option<u64> {
+    pub fn remove(&self, session: &str, epoch: u64, lock: &LockId) -> Option<u64> {
         self.grants
             .lock()
             .unwrap()
-            .remove(&key(session, lock))
+            .remove(&key(session, epoch, lock))
             .map(|g| g.token)
     }
 
-    /// Stops renewing every grant of a session that ended; returns them
-    /// (lock, token) so they can be released.
-    pub fn end(&self, session: &str) -> Vec<(LockId, u64)> {
+    /// Stops renewing every grant of a session's stream that ended;
+    /// returns them (lock, token) so they can be released.
+    pub fn end(&self, session: &str, epoch: u64) -> Vec<(LockId, u64)> {
         let mut grants = self.grants.lock().unwrap();
         let ended: Vec<GrantKey> = grants
             .keys()
-            .filter(|k| k.session == session)
+            .filter(|k| k.session == session && k.epoch == epoch)
             .cloned()
             .collect();
         ended

@@ -268,6 +268,8 @@ pub enum EngineError {
     LimitMismatch { lock_limit: u32, requested: u32 },
     #[error("this replica is shutting down; retry on another")]
     ShuttingDown,
+    #[error("this session was resumed on another stream")]
+    SessionMoved,
 }
 
 impl From<RegisterError> for EngineError {

@@ -3,7 +3,9 @@
 //! wake-up slips between), it sleeps until a wake-up names it, the first
 //! lease runs out (at the head of the queue), its wait ends or the replica
 //! shuts down. No polling. A guard takes it out of the queue if its RPC
-//! goes away while it waits.
+//! goes away while it waits; when the replica drains, the request keeps
+//! its place for its queue TTL, for the same holder to take back through
+//! another replica.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,10 +80,10 @@ impl LockEngine {
                     });
                 }
                 () = self.waiters.shutdown_token().cancelled() => {
-                    // Leave the queue before answering, while the replica
-                    // still runs (a spawned clean-up might never run).
+                    // The replica drains: the request keeps its place for
+                    // its queue TTL, so the same holder retried on another
+                    // replica takes it back (or it is dropped as dead).
                     queued.armed = false;
-                    let _ = self.dequeue(&req.lock, keys, &req.holder, false).await;
                     return Err(EngineError::ShuttingDown);
                 }
             }
@@ -108,7 +110,8 @@ struct QueuedGuard {
 
 impl Drop for QueuedGuard {
     fn drop(&mut self) {
-        if !self.armed {
+        // On a draining replica the request keeps its place (see above).
+        if !self.armed || self.engine.waiters.shutdown_token().is_cancelled() {
             return;
         }
         let engine = self.engine.clone();

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod proxy;
+pub mod session;
 pub mod topology;
 
 use std::net::SocketAddr;
@@ -126,6 +128,13 @@ impl TestServer {
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         let _ = self.stop.take().unwrap().send(());
         self.task.take().unwrap().await.unwrap()
+    }
+
+    /// Starts a graceful shutdown (a drain) without waiting for it.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 
     /// Waits for `serve` to end on its own (e.g. a refused layout).
@@ -334,7 +343,11 @@ impl TumblerProcess {
 
     /// Starts it without waiting for health.
     pub fn spawn(redis_url: &str, flags: &[&str]) -> Self {
-        let port = tumbler::dev::free_port().unwrap();
+        Self::spawn_at(redis_url, tumbler::dev::free_port().unwrap(), flags)
+    }
+
+    /// [`Self::spawn`] on a given port (a replica restarted in place).
+    pub fn spawn_at(redis_url: &str, port: u16, flags: &[&str]) -> Self {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--redis-url", redis_url])

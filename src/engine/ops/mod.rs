@@ -3,7 +3,8 @@
 //! into its arguments in one place), what it answers (an enum or a
 //! struct), and the parse of that answer. The engine's methods
 //! (`engine/mod.rs`) are built from these; nothing else knows the
-//! functions' argument order or reply shape.
+//! functions' argument order or reply shape. (The five functions on a
+//! session's record, a few lines each, share `session_record.rs`.)
 
 pub mod acquire;
 pub mod clear;
@@ -17,6 +18,7 @@ pub mod reap;
 pub mod refresh;
 pub mod release;
 pub mod renew;
+pub mod session_record;
 
 use redis::Value;
 

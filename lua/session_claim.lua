@@ -1,0 +1,32 @@
+-- session_claim: a stream resumes a session. The owner and the secret must
+-- match; then the session's epoch moves on, so the stream that served it
+-- before stops renewing and never releases its grants.
+-- KEYS[1] the session's record
+-- ARGV: owner, secret digest, keep_ms
+-- Returns {0} gone (closed, or its TTL passed), {-1} refused (wrong secret
+-- or owner; nothing changed), or {epoch, ttl_ms, field, token, ...}.
+local owner, digest, keep = unpack(ARGV, 1, 3)
+local record = redis.call('HGETALL', KEYS[1])
+if #record == 0 then
+  return {0}
+end
+local fields, grants = {}, {}
+for i = 1, #record, 2 do
+  local field, value = record[i], record[i + 1]
+  if string.sub(field, 1, 2) == 'g:' then
+    table.insert(grants, field)
+    table.insert(grants, value)
+  else
+    fields[field] = value
+  end
+end
+if fields.owner ~= owner or fields.digest ~= digest then
+  return {-1}
+end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('PEXPIRE', KEYS[1], keep)
+local reply = {epoch, tonumber(fields.ttl)}
+for _, item in ipairs(grants) do
+  table.insert(reply, item)
+end
+return reply

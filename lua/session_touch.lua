@@ -1,0 +1,11 @@
+-- session_touch: the replica serving a session keeps its record alive,
+-- and learns whether another stream has resumed the session meanwhile.
+-- KEYS[1] the session's record
+-- ARGV: epoch (the serving stream's), keep_ms
+-- Returns 1 (still this stream's, kept), 0 (resumed elsewhere, or gone).
+local epoch, keep = unpack(ARGV, 1, 2)
+if redis.call('HGET', KEYS[1], 'epoch') ~= epoch then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], keep)
+return 1

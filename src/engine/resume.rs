@@ -1,0 +1,281 @@
+//! A session's record in Redis: what lets any replica resume a session
+//! whose stream ended without the client closing it (a draining or
+//! crashed replica, a broken connection), with all its grants.
+//!
+//! The grants themselves live in their locks, held by the session id with
+//! the session TTL as lease; the record (`keys.rs`: `session_key`) names
+//! them, with the session's owner (token name), the digest of its resume
+//! secret, its TTL and an **epoch**. The stream that serves the session
+//! writes the record under its epoch; a resume moves the epoch on, so the
+//! stream that served before learns at its next touch (a third of the TTL)
+//! that the session moved, stops renewing, and never releases grants that
+//! are no longer its own.
+//!
+//! | how the stream ended | grants | record |
+//! | --- | --- | --- |
+//! | the client closed it | released at once | deleted |
+//! | broke, not resumed within [`RESUME_GRACE`] (a dead client) | released | deleted |
+//! | the replica drained, crashed, or the client fell silent | live on for the TTL | kept, resumable |
+//! | the server refused the client (bad message, revoked token) | released | deleted |
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::ops::session_record::{self as record, Claim};
+use super::sessions::{LOST_NOT_HELD, LostGrant};
+use super::{EngineError, LockEngine, LockId, ops};
+
+/// How long the grants of a session whose stream broke wait for a resume
+/// before they are released as a dead client's. Short, so a client whose
+/// process died frees its locks within a second, and long enough for a
+/// client whose connection a proxy dropped to reconnect and resume.
+pub const RESUME_GRACE: Duration = Duration::from_millis(500);
+
+/// The reason given for a grant a resumed session may no longer renew
+/// (its token lost the namespace).
+pub const LOST_NOT_PERMITTED: &str = "not permitted";
+
+/// A new session: its id (the holder of its grants), its resume secret
+/// (told to the client once), and the epoch of the stream that serves it.
+#[derive(Debug)]
+pub struct SessionTicket {
+    pub id: String,
+    pub secret: String,
+    pub epoch: u64,
+}
+
+/// A session taken back by a new stream.
+#[derive(Debug)]
+pub struct Resumed {
+    pub epoch: u64,
+    pub ttl_ms: u64,
+    /// Grants kept (lock, fencing token), renewed by this replica now.
+    pub kept: Vec<(LockId, u64)>,
+    /// Grants that were gone, or may no longer be renewed.
+    pub lost: Vec<LostGrant>,
+}
+
+/// Why a resume was refused (nothing changed).
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("no such session: it was closed, or its TTL passed")]
+    Gone,
+    #[error("wrong resume secret, or a session of another token")]
+    Refused,
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl From<crate::store::StoreError> for ResumeError {
+    fn from(err: crate::store::StoreError) -> Self {
+        ResumeError::Engine(err.into())
+    }
+}
+
+/// How a session's stream ended, for its grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// Release the grants (closed by the client, or refused by the server).
+    Release,
+    /// A dead client: release (or leave for the lock-delay).
+    Died,
+    /// Keep the grants for the session TTL, resumable elsewhere.
+    Keep,
+}
+
+fn digest(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+impl LockEngine {
+    /// How long a session's record outlives its last touch: its grants'
+    /// lease, twice over.
+    fn record_keep_ms(ttl_ms: u64) -> u64 {
+        ttl_ms.saturating_mul(2)
+    }
+
+    /// Records a new session (owner: the token's name, '' without auth).
+    pub async fn open_session(
+        &self,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<SessionTicket, EngineError> {
+        self.ready()?;
+        let id = format!("session-{}", uuid::Uuid::now_v7());
+        let secret = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let call = record::Open {
+            owner,
+            digest: &digest(&secret),
+            ttl_ms,
+            keep_ms: Self::record_keep_ms(ttl_ms),
+        };
+        let key = self.layout.session_key(&id);
+        self.call(&self.scripts.session_open, &key, &call.args())
+            .await?;
+        Ok(SessionTicket {
+            id,
+            secret,
+            epoch: 1,
+        })
+    }
+
+    /// Takes a session back for a new stream: the owner and secret must
+    /// match. Its grants are renewed at once; those still held are kept
+    /// (and renewed by this replica from now on), the others reported
+    /// lost. `may_act` says whether the owner may still act in a namespace.
+    pub async fn resume_session(
+        &self,
+        owner: &str,
+        session: &str,
+        secret: &str,
+        may_act: impl Fn(&str) -> bool,
+        lost_tx: &mpsc::Sender<LostGrant>,
+    ) -> Result<Resumed, ResumeError> {
+        self.ready()?;
+        let key = self.layout.session_key(session);
+        // The keep time is the record's own TTL, read back below; until
+        // then a generous one (a claim of a live record keeps it alive).
+        let args = record::claim_args(owner, &digest(secret), 60_000);
+        let reply = self.call(&self.scripts.session_claim, &key, &args).await?;
+        let (epoch, ttl_ms, grants) = match record::parse_claim(reply)? {
+            Claim::Gone => return Err(ResumeError::Gone),
+            Claim::Refused => return Err(ResumeError::Refused),
+            Claim::Claimed {
+                epoch,
+                ttl_ms,
+                grants,
+            } => (epoch, ttl_ms, grants),
+        };
+        let _ = self.touch_session(session, epoch, ttl_ms).await;
+        let ttl = Duration::from_millis(ttl_ms);
+        let mut lost = Vec::new();
+        let mut by_shard: BTreeMap<(String, u32), Vec<(LockId, u64)>> = BTreeMap::new();
+        for (namespace, name, token) in grants {
+            let lock = LockId { namespace, name };
+            if !may_act(&lock.namespace) {
+                lost.push(LostGrant {
+                    lock,
+                    fencing_token: token,
+                    reason: LOST_NOT_PERMITTED,
+                });
+                continue;
+            }
+            let shard = self.layout.shard_of(&lock.namespace, &lock.name);
+            by_shard
+                .entry((lock.namespace.clone(), shard))
+                .or_default()
+                .push((lock, token));
+        }
+        let mut kept = Vec::new();
+        for ((namespace, shard), grants) in by_shard {
+            let sent_at = Instant::now();
+            let items: Vec<ops::renew::Item> = grants
+                .iter()
+                .map(|(lock, token)| ops::renew::Item {
+                    name: &lock.name,
+                    holder: session,
+                    token: *token,
+                    ttl_ms,
+                })
+                .collect();
+            let gone = self.renew_items(&namespace, shard, &items).await?;
+            for (i, (lock, token)) in grants.into_iter().enumerate() {
+                if gone.contains(&i) {
+                    lost.push(LostGrant {
+                        lock,
+                        fencing_token: token,
+                        reason: LOST_NOT_HELD,
+                    });
+                } else {
+                    self.sessions
+                        .add(session, epoch, &lock, token, ttl, sent_at, lost_tx.clone());
+                    kept.push((lock, token));
+                }
+            }
+        }
+        for grant in &lost {
+            let _ = self
+                .note_session_grant(session, epoch, &grant.lock, None)
+                .await;
+        }
+        Ok(Resumed {
+            epoch,
+            ttl_ms,
+            kept,
+            lost,
+        })
+    }
+
+    /// Keeps the record of a session this stream serves alive; false when
+    /// another stream resumed it (or it is gone).
+    pub async fn touch_session(
+        &self,
+        session: &str,
+        epoch: u64,
+        ttl_ms: u64,
+    ) -> Result<bool, EngineError> {
+        let key = self.layout.session_key(session);
+        let args = record::touch_args(epoch, Self::record_keep_ms(ttl_ms));
+        let reply = self.call(&self.scripts.session_touch, &key, &args).await?;
+        Ok(record::still_ours(reply)?)
+    }
+
+    /// Adds a grant to (or, with no token, takes it off) the record;
+    /// false when another stream resumed the session.
+    pub(super) async fn note_session_grant(
+        &self,
+        session: &str,
+        epoch: u64,
+        lock: &LockId,
+        token: Option<u64>,
+    ) -> Result<bool, EngineError> {
+        let key = self.layout.session_key(session);
+        let args = record::note_args(epoch, &lock.namespace, &lock.name, token);
+        let reply = self.call(&self.scripts.session_note, &key, &args).await?;
+        Ok(record::still_ours(reply)?)
+    }
+
+    /// The stream that serves a session stops: its grants are released
+    /// (`Release`, `Died`: the record goes first, so nobody resumes a
+    /// session whose grants are being released; a session resumed
+    /// elsewhere meanwhile keeps them) or left to live on for the TTL
+    /// (`Keep`). Returns the grants the stream had and whether they were
+    /// released.
+    pub async fn end_session(
+        &self,
+        session: &str,
+        epoch: u64,
+        end: SessionEnd,
+    ) -> (Vec<(LockId, u64)>, bool) {
+        let grants = self.sessions.end(session, epoch);
+        if end == SessionEnd::Keep {
+            return (grants, false);
+        }
+        let key = self.layout.session_key(session);
+        let ended = self
+            .call(&self.scripts.session_end, &key, &record::end_args(epoch))
+            .await
+            .map_err(EngineError::from)
+            .and_then(|reply| Ok(record::still_ours(reply)?));
+        match ended {
+            Ok(false) => {
+                tracing::info!(%session, "session resumed elsewhere; its grants stay");
+                return (grants, false);
+            }
+            Ok(true) => {}
+            // Releasing is still right: a resume needs this Redis too.
+            Err(err) => tracing::warn!(%session, error = %err, "session record not ended"),
+        }
+        self.release_session_grants(session, &grants, end == SessionEnd::Died)
+            .await;
+        (grants, true)
+    }
+}
