@@ -35,12 +35,17 @@ impl Replicas {
     }
 }
 
-/// An error a client library retries on another replica.
+/// An error a client library retries on another replica: UNAVAILABLE, or
+/// the connection failing under the call (tonic reports a request sent
+/// just after the server's GOAWAY, never processed, as INTERNAL with the
+/// transport error as its source).
 fn retryable(status: &tonic::Status) -> bool {
+    let transport = std::error::Error::source(status)
+        .is_some_and(|source| source.downcast_ref::<tonic::transport::Error>().is_some());
     matches!(
         status.code(),
         Code::Unavailable | Code::Unknown | Code::Cancelled
-    )
+    ) || transport
 }
 
 /// What a session holder saw through the restarts.

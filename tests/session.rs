@@ -793,3 +793,24 @@ async fn waiters_of_a_draining_replica_keep_their_place_in_line() {
     }
     assert_eq!(granted, ["w1", "w2", "w3"]);
 }
+
+/// A session whose TTL passed with nobody serving it is over: its resume
+/// is refused NOT_FOUND, and its grants are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_left_past_its_ttl_cannot_be_resumed() {
+    let redis = start_redis();
+    let mut leaving = TestServer::start(&redis.url()).await;
+    let staying = TestServer::start(&redis.url()).await;
+    let mut near = leaving.client().await;
+    let mut far = staying.client().await;
+    let mut session = Session::open(&mut near, 300).await;
+    session.acquire(1, acquire("left", "")).await;
+    leaving.begin_shutdown();
+    let (_, status) = session.until_ended().await;
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    // The record outlives the grants by a TTL; after both, it is over.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(holder_of(&mut far, "left").await.is_none());
+    let late = Session::resume(&mut far, &session.id, &session.secret).await;
+    assert_eq!(late.err().map(|s| s.code()), Some(tonic::Code::NotFound));
+}
