@@ -225,7 +225,9 @@ pub struct ObservabilityArgs {
     #[arg(long, env = "TUMBLER_HTTP_LISTEN", value_parser = parse_http_listen)]
     pub http_listen: Option<HttpListen>,
     /// OpenTelemetry collector to export a span per RPC to, over OTLP/gRPC
-    /// (e.g. `http://otel-collector:4317`). Empty: no tracing export.
+    /// (e.g. `http://otel-collector:4317`), or OTLP/HTTP with
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf` (e.g.
+    /// `http://otel-collector:4318`). Empty: no tracing export.
     #[arg(long, env = "TUMBLER_OTLP_ENDPOINT", default_value = "")]
     pub otlp_endpoint: String,
     /// Turns on the dashboard's admin actions (force release of a holder,

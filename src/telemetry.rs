@@ -7,7 +7,10 @@
 //! The endpoint is `--otlp-endpoint`, or else the standard
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`
 //! (either alone turns export on; `OTEL_SDK_DISABLED=true` or
-//! `OTEL_TRACES_EXPORTER=none` turn it off). The SDK reads the rest of the
+//! `OTEL_TRACES_EXPORTER=none` turn it off). The transport is
+//! `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, else `OTEL_EXPORTER_OTLP_PROTOCOL`:
+//! `grpc` (the default, port 4317) or `http/protobuf` (port 4318, `POST
+//! /v1/traces`, appended to an endpoint without a path). The SDK reads the rest of the
 //! `OTEL_*` variables itself: `OTEL_SERVICE_NAME` and
 //! `OTEL_RESOURCE_ATTRIBUTES` (tumbler names itself `tumbler` only when
 //! neither names the service), `OTEL_TRACES_SAMPLER[_ARG]`,
@@ -20,12 +23,14 @@
 //! span's name) and, with export on, `trace_id` and `span_id`.
 
 use std::io::IsTerminal;
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::{EnvFilter, Targets};
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
@@ -86,6 +91,149 @@ fn names_itself(env: impl Fn(&str) -> Option<String>) -> bool {
     !named
 }
 
+/// How spans travel to the collector: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`,
+/// else `OTEL_EXPORTER_OTLP_PROTOCOL`, else gRPC (what tumbler always did,
+/// a collector's port 4317).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    /// OTLP/gRPC (`grpc`).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (`http/protobuf`), a collector's
+    /// port 4318, `POST /v1/traces`.
+    HttpProtobuf,
+}
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
+fn protocol(env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Protocol> {
+    for name in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
+        let Some(value) = env(name).filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        return match value.trim() {
+            "grpc" => Ok(Protocol::Grpc),
+            "http/protobuf" => Ok(Protocol::HttpProtobuf),
+            other => Err(anyhow::anyhow!(
+                "{name}={other:?}: tumbler exports spans over `grpc` (a collector's port 4317) or `http/protobuf` (port 4318); http/json is not supported"
+            )),
+        };
+    }
+    Ok(Protocol::Grpc)
+}
+
+/// The traces URL for `--otlp-endpoint` over OTLP/HTTP: like
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`, a URL without a path is the collector's
+/// base and gets `/v1/traces`; a URL with a path is used as it is.
+fn http_traces_url(endpoint: &str) -> anyhow::Result<String> {
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--otlp-endpoint {endpoint:?}: {e}"))?;
+    anyhow::ensure!(
+        matches!(uri.scheme_str(), Some("http" | "https")),
+        "--otlp-endpoint {endpoint:?}: expected an http:// or https:// URL"
+    );
+    Ok(match uri.path() {
+        "" | "/" => format!("{}/v1/traces", endpoint.trim_end_matches('/')),
+        _ => endpoint.to_owned(),
+    })
+}
+
+/// The OTLP/HTTP client: hyper, plain http or https with the system's CA
+/// roots, bounded by `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` /
+/// `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds, 10 s by default).
+fn http_client(
+    env: impl Fn(&str) -> Option<String>,
+) -> opentelemetry_http::hyper::HyperClient<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+> {
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto::ring};
+    let timeout = [
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ]
+    .iter()
+    .find_map(|name| env(name).and_then(|v| v.trim().parse::<u64>().ok()))
+    .map_or(Duration::from_secs(10), Duration::from_millis);
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = match builder.with_provider_and_native_roots(ring::default_provider()) {
+        Ok(builder) => builder,
+        Err(err) => {
+            // No system roots (an image without CA certificates): plain
+            // http still works, https is refused at export.
+            tracing::warn!(error = %err, "no system CA certificates: OTLP over https cannot verify the collector");
+            let config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default TLS versions")
+                .with_root_certificates(RootCertStore::empty())
+                .with_no_client_auth();
+            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
+        }
+    };
+    let connector = builder.https_or_http().enable_http1().build();
+    opentelemetry_http::hyper::HyperClient::new(connector, timeout, None)
+}
+
+/// The span exporter for either protocol.
+#[derive(Debug)]
+enum Exporter {
+    Grpc(Box<opentelemetry_otlp::SpanExporter>),
+    Http(OnRuntime),
+}
+
+impl SpanExporter for Exporter {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        match self {
+            Exporter::Grpc(exporter) => exporter.export(batch).await,
+            Exporter::Http(exporter) => exporter.export(batch).await,
+        }
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        match self {
+            Exporter::Grpc(exporter) => exporter.set_resource(resource),
+            Exporter::Http(exporter) => exporter.set_resource(resource),
+        }
+    }
+}
+
+/// Runs each export of the OTLP/HTTP exporter on tumbler's Tokio runtime:
+/// the batch processor exports from a thread of its own, where hyper's
+/// client would find no reactor.
+#[derive(Debug)]
+struct OnRuntime {
+    inner: Arc<opentelemetry_otlp::SpanExporter>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl SpanExporter for OnRuntime {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let inner = self.inner.clone();
+        self.runtime
+            .spawn(async move { inner.export(batch).await })
+            .await
+            .unwrap_or_else(|e| Err(OTelSdkError::InternalFailure(e.to_string())))
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        // The provider sets the resource while it is built, before any
+        // export shares the exporter.
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.set_resource(resource),
+            None => tracing::warn!("span exporter in use: its resource stays as it was"),
+        }
+    }
+}
+
 /// Sets up logging, and span export when an endpoint is configured.
 /// Must run inside the Tokio runtime (the OTLP client lives on it).
 pub fn init(args: &LogArgs, otlp_endpoint: &str) -> anyhow::Result<Telemetry> {
@@ -112,26 +260,37 @@ pub fn init(args: &LogArgs, otlp_endpoint: &str) -> anyhow::Result<Telemetry> {
     let provider = match &export {
         Export::Off => None,
         Export::To(_) | Export::FromEnvironment => {
-            for name in [
-                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-            ] {
-                if let Some(protocol) = env(name).filter(|p| !p.trim().is_empty()) {
-                    anyhow::ensure!(
-                        protocol.trim() == "grpc",
-                        "{name}={protocol:?}: tumbler exports spans over OTLP/gRPC only; set it to grpc (port 4317 of a collector)"
-                    );
-                    break;
+            let exporter = match protocol(env)? {
+                Protocol::Grpc => {
+                    let builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+                    let builder = match &export {
+                        Export::To(endpoint) => builder.with_endpoint(endpoint),
+                        _ => builder,
+                    };
+                    Exporter::Grpc(Box::new(
+                        builder
+                            .build()
+                            .map_err(|e| anyhow::anyhow!("OTLP endpoint: {e}"))?,
+                    ))
                 }
-            }
-            let builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-            let builder = match &export {
-                Export::To(endpoint) => builder.with_endpoint(endpoint),
-                _ => builder,
+                Protocol::HttpProtobuf => {
+                    let builder = opentelemetry_otlp::SpanExporter::builder()
+                        .with_http()
+                        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                        .with_http_client(http_client(env));
+                    let builder = match &export {
+                        Export::To(endpoint) => builder.with_endpoint(http_traces_url(endpoint)?),
+                        _ => builder,
+                    };
+                    let exporter = builder
+                        .build()
+                        .map_err(|e| anyhow::anyhow!("OTLP endpoint: {e}"))?;
+                    Exporter::Http(OnRuntime {
+                        inner: Arc::new(exporter),
+                        runtime: tokio::runtime::Handle::current(),
+                    })
+                }
             };
-            let exporter = builder
-                .build()
-                .map_err(|e| anyhow::anyhow!("OTLP endpoint: {e}"))?;
             let resource = if names_itself(env) {
                 Resource::builder().with_service_name("tumbler").build()
             } else {
@@ -168,11 +327,19 @@ pub fn init(args: &LogArgs, otlp_endpoint: &str) -> anyhow::Result<Telemetry> {
             ]),
         );
         crate::observe::enable_rpc_spans();
+        let protocol = protocol(env)?.name();
         match &export {
             Export::To(endpoint) => {
-                tracing::info!(endpoint = endpoint.as_str(), "exporting spans over OTLP")
+                tracing::info!(
+                    endpoint = endpoint.as_str(),
+                    protocol,
+                    "exporting spans over OTLP"
+                )
             }
-            _ => tracing::info!("exporting spans over OTLP (endpoint from OTEL_EXPORTER_OTLP_*)"),
+            _ => tracing::info!(
+                protocol,
+                "exporting spans over OTLP (endpoint from OTEL_EXPORTER_OTLP_*)"
+            ),
         }
     }
     Ok(Telemetry { provider })
@@ -363,5 +530,54 @@ mod tests {
             "OTEL_RESOURCE_ATTRIBUTES",
             "service.namespace=infra"
         )])));
+    }
+
+    #[test]
+    fn the_traces_protocol_wins_over_the_general_one() {
+        assert_eq!(protocol(env(&[])).unwrap(), Protocol::Grpc);
+        assert_eq!(
+            protocol(env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")])).unwrap(),
+            Protocol::HttpProtobuf
+        );
+        assert_eq!(
+            protocol(env(&[
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+            ]))
+            .unwrap(),
+            Protocol::Grpc
+        );
+        assert_eq!(
+            protocol(env(&[
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", " http/protobuf ")
+            ]))
+            .unwrap(),
+            Protocol::HttpProtobuf
+        );
+        let err = protocol(env(&[("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") && err.contains("http/protobuf"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_http_endpoint_without_a_path_gets_the_traces_path() {
+        assert_eq!(
+            http_traces_url("http://collector:4318").unwrap(),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            http_traces_url("https://collector:4318/").unwrap(),
+            "https://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            http_traces_url("http://gateway/otlp/v1/traces").unwrap(),
+            "http://gateway/otlp/v1/traces"
+        );
+        assert!(http_traces_url("collector:4318").is_err());
     }
 }

@@ -517,3 +517,204 @@ async fn a_callers_trace_is_joined_and_every_json_log_line_is_flat() {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// What an OTLP/HTTP collector received: the request's path and
+/// content type, and the decoded spans with their resource.
+struct HttpExport {
+    path: String,
+    content_type: String,
+    spans: Vec<(Vec<KeyValue>, Span)>,
+}
+
+/// A collector speaking OTLP/HTTP with protobuf bodies on a loopback port
+/// (an axum server decoding `ExportTraceServiceRequest`); each request
+/// reaches the test through the returned channel.
+async fn http_collector() -> (SocketAddr, mpsc::UnboundedReceiver<HttpExport>) {
+    use axum::body::Bytes;
+    use axum::http::{HeaderMap, StatusCode, Uri, header};
+    use prost::Message;
+
+    let (tx, rx) = mpsc::unbounded_channel();
+    let receive = move |uri: Uri, headers: HeaderMap, body: Bytes| {
+        let tx = tx.clone();
+        async move {
+            let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                return (StatusCode::BAD_REQUEST, Vec::new());
+            };
+            let mut spans = Vec::new();
+            for resource_spans in request.resource_spans {
+                let resource = resource_spans
+                    .resource
+                    .map(|r| r.attributes)
+                    .unwrap_or_default();
+                for scope_spans in resource_spans.scope_spans {
+                    for span in scope_spans.spans {
+                        spans.push((resource.clone(), span));
+                    }
+                }
+            }
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let _ = tx.send(HttpExport {
+                path: uri.path().to_owned(),
+                content_type,
+                spans,
+            });
+            (
+                StatusCode::OK,
+                ExportTraceServiceResponse::default().encode_to_vec(),
+            )
+        }
+    };
+    let app = axum::Router::new().fallback(axum::routing::post(receive));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, rx)
+}
+
+/// Starts `tumbler serve` with `configure` applied, makes one Acquire, and
+/// returns the first export that carries its server span.
+async fn acquire_and_receive_over_http(
+    configure: impl FnOnce(&mut tokio::process::Command),
+    exports: &mut mpsc::UnboundedReceiver<HttpExport>,
+) -> (HttpExport, Vec<KeyValue>) {
+    let redis = start_redis();
+    let port = tumbler::dev::free_port().unwrap();
+    let mut command = tokio::process::Command::new(TUMBLER);
+    command
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
+        .args([
+            "--shutdown-drain-ms",
+            "0",
+            "--http-listen",
+            "off",
+            "--no-auth",
+        ])
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    configure(&mut command);
+    let mut serve = command.spawn().unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    wait_for_health(&endpoint, ServingStatus::Serving).await;
+    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
+        .await
+        .unwrap();
+    client
+        .acquire(acquire("http-otel-lock", "http-otel-holder"))
+        .await
+        .unwrap();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let found = loop {
+        let export = tokio::time::timeout_at(deadline, exports.recv())
+            .await
+            .expect("the spans reach the OTLP/HTTP collector")
+            .unwrap();
+        let acquire = export
+            .spans
+            .iter()
+            .find(|(_, span)| span.name == "tumbler.v1.LockService/Acquire")
+            .map(|(resource, _)| resource.clone());
+        if let Some(resource) = acquire {
+            break (export, resource);
+        }
+    };
+
+    // Exporting over HTTP does not hold up the exit either.
+    kill(Pid::from_raw(serve.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(15), serve.wait())
+        .await
+        .expect("tumbler serve exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_http_collector_with_the_traces_protocol() {
+    let (collector, mut exports) = http_collector().await;
+    // The traces-specific variable wins over the general one, and
+    // --otlp-endpoint without a path gets /v1/traces.
+    let (export, resource) = acquire_and_receive_over_http(
+        |command| {
+            command
+                .args(["--otlp-endpoint", &format!("http://{collector}")])
+                .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+                .env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf");
+        },
+        &mut exports,
+    )
+    .await;
+    assert_eq!(export.path, "/v1/traces");
+    assert_eq!(export.content_type, "application/x-protobuf");
+    assert_eq!(
+        attribute(&resource, "service.name").as_deref(),
+        Some("tumbler")
+    );
+    let handler = export
+        .spans
+        .iter()
+        .map(|(_, span)| span)
+        .find(|span| span.name == "Acquire")
+        .expect("the handler's span travels in the same batch");
+    assert_eq!(
+        attribute(&handler.attributes, "lock_name").as_deref(),
+        Some("http-otel-lock")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_http_collector_configured_by_the_standard_variables() {
+    let (collector, mut exports) = http_collector().await;
+    let (export, resource) = acquire_and_receive_over_http(
+        |command| {
+            command
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
+                .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+                .env("OTEL_SERVICE_NAME", "locks-http");
+        },
+        &mut exports,
+    )
+    .await;
+    assert_eq!(export.path, "/v1/traces");
+    assert_eq!(
+        attribute(&resource, "service.name").as_deref(),
+        Some("locks-http")
+    );
+}
+
+#[tokio::test]
+async fn an_unsupported_otlp_protocol_stops_the_start_with_the_variable_named() {
+    let redis = start_redis();
+    let port = tumbler::dev::free_port().unwrap();
+    let out = tokio::process::Command::new(TUMBLER)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "--redis-url",
+            &redis.url(),
+            "--http-listen",
+            "off",
+            "--no-auth",
+        ])
+        .args(["--otlp-endpoint", "http://127.0.0.1:4318"])
+        .env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(15), out)
+        .await
+        .expect("tumbler serve exits at once")
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") && stderr.contains("http/protobuf"),
+        "{stderr}"
+    );
+}

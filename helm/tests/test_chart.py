@@ -168,8 +168,12 @@ DAY_ONE: dict[str, Any] = {
     "networkPolicy": {"enabled": True, "grpcFrom": [{"namespaceSelector": {"matchLabels": {"tumbler-client": "true"}}}]},
 }
 
+# A trial: authentication and the NetworkPolicy off in one switch.
+INSECURE: dict[str, Any] = {"insecure": True}
+
 SCENARIOS = {
     "defaults": {},
+    "insecure": INSECURE,
     "all-features": ALL_FEATURES,
     "three-replicas": THREE_REPLICAS,
     "secured": SECURED,
@@ -178,24 +182,29 @@ SCENARIOS = {
 }
 
 # "Pod" is the `helm test` Pod; existing-secrets has auth on and no test
-# token, so its test Pod is left out.
+# token, so its test Pod is left out. The defaults' three Secrets: the Redis
+# URL, the tokens file and the generated admin token.
 EXPECTED_KINDS = {
-    "defaults": ["ConfigMap", "Deployment", "Pod", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"],
+    "defaults": ["ConfigMap", "Deployment", "NetworkPolicy", "Pod", "PodDisruptionBudget", "Secret", "Secret", "Secret",
+                 "Service", "ServiceAccount"],
+    "insecure": ["ConfigMap", "Deployment", "Pod", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"],
     "all-features": [
         "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy", "Pod",
-        "PodDisruptionBudget", "Service", "ServiceAccount", "ServiceMonitor",
+        "PodDisruptionBudget", "Secret", "Secret", "Service", "ServiceAccount", "ServiceMonitor",
     ],
     "three-replicas": [
         "ConfigMap", "Deployment", "NetworkPolicy", "Pod", "PodDisruptionBudget",
-        "Service", "ServiceAccount", "ServiceMonitor",
+        "Secret", "Secret", "Service", "ServiceAccount", "ServiceMonitor",
     ],
     "secured": [
-        "ConfigMap", "Deployment", "Pod", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount", "ServiceMonitor",
+        "ConfigMap", "Deployment", "NetworkPolicy", "Pod", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount",
+        "ServiceMonitor",
     ],
-    "existing-secrets": ["ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"],
+    "existing-secrets": ["ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Secret", "Service",
+                         "ServiceAccount"],
     "day-one": [
         "ConfigMap", "ConfigMap", "Deployment", "Ingress", "NetworkPolicy", "Pod", "PodDisruptionBudget",
-        "PrometheusRule", "Service", "Service", "ServiceAccount", "ServiceMonitor",
+        "PrometheusRule", "Secret", "Secret", "Service", "Service", "ServiceAccount", "ServiceMonitor",
     ],
 }
 
@@ -285,6 +294,14 @@ def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 def none_of(objects: list[dict[str, Any]], kind: str) -> None:
     assert kind not in kinds(objects), f"no {kind} was expected"
+
+
+def no_redis_secret(objects: list[dict[str, Any]]) -> None:
+    """The chart keeps no Redis URL or password of its own (the tokens file
+    and the generated admin token are other Secrets)."""
+    names = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
+    assert not [n for n in names if n.endswith("-redis")], names
+    assert all(n.endswith(("-auth", "-admin-token")) for n in names), names
 
 
 def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -498,10 +515,39 @@ def test_explicit_termination_grace_too_short_is_refused(seconds):
         render({"terminationGracePeriodSeconds": seconds})
 
 
-def test_rolling_update_never_drops_a_pod():
-    strategy = one(objects_of(), "Deployment")["spec"]["strategy"]
+def test_rolling_update_replaces_one_pod_at_a_time():
+    objects = objects_of()
+    deployment = one(objects, "Deployment")
+    strategy = deployment["spec"]["strategy"]
     assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 1}
+    # With the default two pods, a rollout keeps one serving, and so does
+    # the PodDisruptionBudget during a node drain.
+    replicas = deployment["spec"]["replicas"]
+    assert replicas - strategy["rollingUpdate"]["maxUnavailable"] >= one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] >= 1
+
+
+def test_rolling_update_can_keep_full_capacity():
+    strategy = one(objects_of({"rollingUpdate": {"maxUnavailable": 0}}), "Deployment")["spec"]["strategy"]
     assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_the_servers_drain_plays_the_pre_stop_pause():
+    # The image has no shell (no preStop `exec sleep`), and the chart's
+    # kubeVersion reaches below the Kubernetes release whose `sleep` preStop
+    # action is on by default (1.30): the server's own drain (NOT_SERVING,
+    # still serving) gives endpoints time to move before the port closes.
+    meta = _chart().metadata
+    assert meta["kubeVersion"].startswith(">=1.27")
+    objects = objects_of()
+    container = tumbler_container(one(objects, "Deployment"))
+    assert "lifecycle" not in container
+    drain_ms = int(config_data(objects)["TUMBLER_SHUTDOWN_DRAIN_MS"])
+    readiness = container["readinessProbe"]
+    # Longer than the readiness probe needs to see NOT_SERVING and fail.
+    assert drain_ms > readiness["periodSeconds"] * readiness["failureThreshold"] * 1000
+    grace = pod_spec(one(objects, "Deployment"))["terminationGracePeriodSeconds"]
+    assert grace * 1000 > drain_ms + int(config_data(objects)["TUMBLER_SHUTDOWN_GRACE_MS"])
 
 
 def test_default_replicas_and_anti_affinity():
@@ -589,7 +635,7 @@ def test_config_map_carries_every_setting():
         "TUMBLER_HTTP2_KEEPALIVE_TIMEOUT_MS": "10000",
         "TUMBLER_DASHBOARD_ALLOWED_HOSTS": "",
         "TUMBLER_HEALTH_LISTEN": "0.0.0.0:50052",
-        "TUMBLER_NO_AUTH": "true",
+        "TUMBLER_AUTH_TOKENS_FILE": "/etc/tumbler/auth/tokens.toml",
         "TUMBLER_AUTH_RELOAD_INTERVAL_MS": "5000",
         "TUMBLER_HTTP_TLS": "false",
         "TUMBLER_TLS_RELOAD_INTERVAL_MS": "10000",
@@ -652,7 +698,7 @@ def test_redis_url_comes_only_from_a_secret():
     [url_env] = [e for e in container["env"] if e["name"] == "TUMBLER_REDIS_URL"]
     assert "value" not in url_env
     ref = url_env["valueFrom"]["secretKeyRef"]
-    secret = one(objects, "Secret")
+    secret = secret_named(objects, f"{RELEASE}-tumbler-redis")
     assert ref["name"] == secret["metadata"]["name"]
     assert base64.b64decode(secret["data"][ref["key"]]).decode() == REDIS_URL_WITH_PASSWORD
     # Nowhere in plain text: not in env values, not in the ConfigMap, not in NOTES.
@@ -686,7 +732,7 @@ def test_existing_secret_is_referenced_and_no_secret_rendered():
     values = {"redis": {"existingSecret": "redis-credentials", "existingSecretKey": "url"}}
     rendered = render(values)
     objects = manifests(rendered)
-    none_of(objects, "Secret")
+    no_redis_secret(objects)
     container = tumbler_container(one(objects, "Deployment"))
     [url_env] = [e for e in container["env"] if e["name"] == "TUMBLER_REDIS_URL"]
     assert url_env == {
@@ -701,7 +747,7 @@ def test_existing_secret_is_referenced_and_no_secret_rendered():
 
 def test_existing_secret_with_empty_url():
     objects = objects_of({"redis": {"url": "", "existingSecret": "redis-credentials"}})
-    none_of(objects, "Secret")
+    no_redis_secret(objects)
     [url_env] = [e for e in tumbler_container(one(objects, "Deployment"))["env"] if e["name"] == "TUMBLER_REDIS_URL"]
     assert url_env["valueFrom"]["secretKeyRef"] == {"name": "redis-credentials", "key": "redis-url"}
 
@@ -727,13 +773,123 @@ def mounted_file(deployment: dict[str, Any], path: str) -> tuple[str, str]:
     raise AssertionError(f"nothing is mounted at {path}")
 
 
-def test_auth_is_off_by_default_and_notes_warn_about_it():
+def secret_named(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == name]
+    return secret
+
+
+def secret_value(secret: dict[str, Any], key: str) -> str:
+    if key in secret.get("stringData", {}):
+        return secret["stringData"][key]
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def generated_admin_token(objects: list[dict[str, Any]]) -> str:
+    return secret_value(secret_named(objects, f"{RELEASE}-tumbler-admin-token"), "token")
+
+
+def tokens_file_of(objects: list[dict[str, Any]]) -> str:
+    """The tokens file the pods read, from the rendered Secret."""
+    secret_name, key = mounted_file(one(objects, "Deployment"), config_data(objects)["TUMBLER_AUTH_TOKENS_FILE"])
+    return secret_value(secret_named(objects, secret_name), key)
+
+
+def test_auth_is_on_by_default_with_a_generated_admin_token():
     rendered = render()
-    data = config_data(manifests(rendered))
+    objects = manifests(rendered)
+    data = config_data(objects)
+    assert "TUMBLER_NO_AUTH" not in data
+    token = generated_admin_token(objects)
+    assert re.fullmatch(r"tmb_[A-Za-z0-9]{64}", token), token
+    # Its digest, as an admin for every namespace, is the tokens file.
+    assert tomllib.loads(tokens_file_of(objects))["token"] == [
+        {"name": "admin", "sha256": hashlib.sha256(token.encode()).hexdigest(), "role": "admin", "namespaces": ["*"]}]
+    # Random, not a constant: another render makes another token.
+    other = render({"commonLabels": {"render": "again"}})
+    assert generated_admin_token(manifests(other)) != token
+    # The token is only in its own Secret, never in the ConfigMap or the pods.
+    for obj in objects:
+        if obj["metadata"]["name"] != f"{RELEASE}-tumbler-admin-token":
+            assert token not in json.dumps(obj), obj["kind"]
+    notes = rendered["tumbler/templates/NOTES.txt"]
+    assert f"get secret {RELEASE}-tumbler-admin-token -o jsonpath='{{.data.token}}' | base64 -d" in notes
+    assert "WARNING" not in notes and "INSECURE" not in notes
+    assert "WARNING" not in render(SECURED)["tumbler/templates/NOTES.txt"]
+
+
+def test_upgrades_keep_the_generated_token():
+    # Helm's `lookup` reads the token back from the Secret this release
+    # already has; offline (as here, and in `helm template`) it finds
+    # nothing and a token is made. The lookup must name that very Secret.
+    template = (CHART / "templates" / "auth-secret.yaml").read_text()
+    assert re.search(r'lookup "v1" "Secret" \.Release\.Namespace \(include "tumbler\.adminTokenSecretName" \.\)', template)
+    assert 'index $existing.data "token" | b64dec' in template
+    objects = objects_of()
+    assert secret_named(objects, f"{RELEASE}-tumbler-admin-token")["metadata"]["namespace"] == NAMESPACE
+
+
+def test_given_tokens_replace_the_generated_one():
+    for values in (SECURED, EXISTING_SECRETS):
+        names = [o["metadata"]["name"] for o in objects_of(values) if o["kind"] == "Secret"]
+        assert f"{RELEASE}-tumbler-admin-token" not in names, values
+    assert [t["name"] for t in tomllib.loads(tokens_file_of(objects_of(SECURED)))["token"]] == ["billing", "ops"]
+
+
+def test_without_generation_auth_requires_tokens():
+    with pytest.raises(helm.HelmError, match=re.escape("auth.generateAdminToken=true")):
+        render({"auth": {"generateAdminToken": False}})
+    with pytest.raises(helm.HelmError, match=re.escape("insecure=true")):
+        render({"auth": {"generateAdminToken": False}})
+
+
+def test_network_policy_is_on_by_default():
+    objects = objects_of()
+    policy = one(objects, "NetworkPolicy")
+    assert selects(policy["spec"]["podSelector"]["matchLabels"], pod_labels(one(objects, "Deployment")))
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    egress_ports = {(p["port"], p["protocol"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert egress_ports == {(6379, "TCP"), (53, "UDP"), (53, "TCP")}
+    assert "NetworkPolicy" not in render()["tumbler/templates/NOTES.txt"]
+
+
+def test_network_policy_follows_redis_host_port_and_the_otlp_collector():
+    policy = one(objects_of({"redis": {"host": "redis-master", "port": 6380},
+                             "config": {"otlpEndpoint": "http://otel-collector.observability:4318"}}), "NetworkPolicy")
+    egress_ports = {(p["port"], p["protocol"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert egress_ports == {(6379, "TCP"), (6380, "TCP"), (53, "UDP"), (53, "TCP"), (4318, "TCP")}
+    policy = one(objects_of({"config": {"otlpEndpoint": "https://otel.example.com"}}), "NetworkPolicy")
+    assert (443, "TCP") in {(p["port"], p["protocol"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("values", [INSECURE, {**SECURED, "insecure": True}], ids=["insecure", "insecure over tokens"])
+def test_insecure_turns_auth_and_the_network_policy_off_and_says_so(values):
+    rendered = render(values)
+    objects = manifests(rendered)
+    data = config_data(objects)
     assert data["TUMBLER_NO_AUTH"] == "true"
     assert "TUMBLER_AUTH_TOKENS_FILE" not in data
-    assert "WARNING: authentication is off" in rendered["tumbler/templates/NOTES.txt"]
-    assert "WARNING" not in render(SECURED)["tumbler/templates/NOTES.txt"]
+    none_of(objects, "NetworkPolicy")
+    secrets = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
+    assert not any(name.endswith(("-auth", "-admin-token")) for name in secrets), secrets
+    deployment = one(objects, "Deployment")
+    assert "auth" not in {v["name"] for v in pod_spec(deployment)["volumes"]}
+    for step in helm_test_pod(values)["spec"]["initContainers"]:
+        assert "TUMBLER_TOKEN" not in {e["name"] for e in step["env"]}
+    notes = rendered["tumbler/templates/NOTES.txt"]
+    # Loudly: first thing in NOTES, and again at the end.
+    assert notes.lstrip().startswith("#####")
+    assert "INSECURE: insecure=true. Authentication and the NetworkPolicy are OFF." in notes
+    assert notes.count("INSECURE") == 2
+    assert "--set insecure=false" in notes
+
+
+def test_auth_off_without_insecure_still_warns():
+    rendered = render({"auth": {"enabled": False}, "networkPolicy": {"enabled": False}})
+    data = config_data(manifests(rendered))
+    assert data["TUMBLER_NO_AUTH"] == "true"
+    notes = rendered["tumbler/templates/NOTES.txt"]
+    assert "WARNING: authentication is off" in notes and "networkPolicy.enabled=false" in notes
 
 
 def test_tokens_file_comes_from_the_chart_secret_and_holds_only_digests():
@@ -842,6 +998,8 @@ BAD_VALUES = {
     "token plaintext field": {"auth": {"tokens": [{"name": "a", "token": "secret", "role": "client", "namespaces": ["a"]}]}},
     "auth reload too fast": {"auth": {"reloadIntervalMs": 10}},
     "tls enabled as a string": {"tls": {"enabled": "yes"}},
+    "insecure as a string": {"insecure": "yes"},
+    "generate admin token as a string": {"auth": {"generateAdminToken": "yes"}},
     "unknown tls key": {"tls": {"cert": "x"}},
     "image repository with a space": {"image": {"repository": "registry.example.com/my tumbler"}},
     "common annotation not a string": {"commonAnnotations": {"example.com/replicas": 3}},
@@ -927,7 +1085,7 @@ REFUSED_COMBINATIONS = {
         "minReplicasTimeoutMs",
     ),
     "autoscaling min above max": ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}, "minReplicas"),
-    "auth without tokens": ({"auth": {"enabled": True}}, "auth.tokens"),
+    "auth without tokens or generation": ({"auth": {"enabled": True, "generateAdminToken": False}}, "auth.tokens"),
     "tls without a certificate": ({"tls": {"enabled": True}}, "tls.existingSecret"),
     "tls http without tls": ({"tls": {"http": True}}, "tls.enabled"),
     "client ca without tls": ({"tls": {"clientCaSecret": "ca"}}, "tls.enabled"),
@@ -1045,7 +1203,7 @@ def test_pdb_with_autoscaling_selects_the_pods():
 
 def test_optional_resources_are_off_by_default():
     objects = objects_of()
-    for kind in ("HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy"):
+    for kind in ("HorizontalPodAutoscaler", "ServiceMonitor", "Ingress", "PrometheusRule"):
         none_of(objects, kind)
 
 
@@ -1103,7 +1261,7 @@ def test_network_policy_allows_the_ports_and_redis_and_dns():
 
 
 def test_network_policy_without_peers_allows_any_source():
-    policy = one(objects_of({"networkPolicy": {"enabled": True}}), "NetworkPolicy")
+    policy = one(objects_of(), "NetworkPolicy")
     assert all("from" not in rule for rule in policy["spec"]["ingress"])
     assert all("to" not in rule for rule in policy["spec"]["egress"])
     kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
@@ -1141,8 +1299,15 @@ def test_existing_service_account():
 def test_long_release_names_stay_within_63_characters():
     release = "a-release-name-that-is-exactly-fifty-three-chars-long"
     assert len(release) == 53
-    for obj in manifests(render({}, release=release)):
+    objects = manifests(render({}, release=release))
+    for obj in objects:
         assert len(obj["metadata"]["name"]) <= 63, obj["metadata"]["name"]
+    # Cut short, the Secrets' names still differ (and the pods mount the
+    # tokens file by the name it got).
+    secrets = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
+    assert len(secrets) == len(set(secrets)) == 3, secrets
+    volumes = {v["name"]: v for v in pod_spec(one(objects, "Deployment"))["volumes"]}
+    assert volumes["auth"]["secret"]["secretName"] in secrets
 
 
 def test_notes_explain_how_to_reach_the_service():
@@ -1258,7 +1423,7 @@ def test_extra_containers_and_volumes_reach_the_pod():
         for mount in container.get("volumeMounts", []):
             assert mount["name"] in volumes, mount
     default_spec = pod_spec(one(objects_of(), "Deployment"))
-    assert "initContainers" not in default_spec and [v["name"] for v in default_spec["volumes"]] == ["tmp"]
+    assert "initContainers" not in default_spec and [v["name"] for v in default_spec["volumes"]] == ["tmp", "auth"]
 
 
 def redis_env(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1276,7 +1441,7 @@ def test_redis_host_with_a_bitnami_password_secret():
         {"name": "TUMBLER_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "redis", "key": "redis-password"}}},
     ]
     # No Secret of the chart's own, no default URL anywhere.
-    none_of(objects, "Secret")
+    no_redis_secret(objects)
     assert "redis-master:6379" not in all_text(rendered)
     annotations = one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert annotations["checksum/secret-ref"] == hashlib.sha256(b"redis/redis-password").hexdigest()
@@ -1774,7 +1939,7 @@ NOT_SET_BY_THE_CHART = {"TUMBLER_REDIS_PASSWORD_FILE"}
 def test_config_map_covers_every_serve_flag():
     # Some settings exist only with a feature on (tokens file, certificates).
     covered = set()
-    for values in ({}, SECURED, REDIS_TLS):
+    for values in ({}, INSECURE, SECURED, REDIS_TLS):
         objects = objects_of(values)
         covered |= set(config_data(objects)) | {e["name"] for e in tumbler_container(one(objects, "Deployment"))["env"]}
     missing = sorted(set(binary_settings()) - covered - CLIENT_ONLY_SETTINGS - NOT_SET_BY_THE_CHART)
@@ -1940,15 +2105,13 @@ def test_probes_answer_as_the_chart_expects_from_the_real_binary(scenario, start
     # made here; the ConfigMap's paths are pointed at them.
     env = dict(data)
     secured = scenario == "secured"
+    if "TUMBLER_AUTH_TOKENS_FILE" in data:
+        tokens_file = tmp_path / "tokens.toml"
+        tokens_file.write_text(tokens_file_of(objects))
+        env["TUMBLER_AUTH_TOKENS_FILE"] = str(tokens_file)
     if secured:
         certs = make_certificates(tmp_path / "tls")
-        deployment = one(objects, "Deployment")
-        secret_name, key = mounted_file(deployment, data["TUMBLER_AUTH_TOKENS_FILE"])
-        [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == secret_name]
-        tokens_file = tmp_path / "tokens.toml"
-        tokens_file.write_text(secret["stringData"][key])
         env.update({
-            "TUMBLER_AUTH_TOKENS_FILE": str(tokens_file),
             "TUMBLER_TLS_CERT_FILE": str(certs["tls.crt"]),
             "TUMBLER_TLS_KEY_FILE": str(certs["tls.key"]),
             "TUMBLER_TLS_CLIENT_CA_FILE": str(certs["ca.crt"]),
@@ -2024,6 +2187,30 @@ def test_probes_answer_as_the_chart_expects_from_the_real_binary(scenario, start
                 print(f"  {phase:<14} after {took:4.1f} s: {answers}")
             if len(results) < 3:
                 print(f"  (stopped after {len(results)} of 3 phases)\n{log_tail(tumbler_log)}")
+
+
+def test_generated_admin_token_is_what_the_real_binary_accepts(started, tmp_path, capsys):
+    # The defaults: the pods read the rendered tokens file; the token from
+    # the generated Secret is accepted, no token or another one is not.
+    objects = objects_of()
+    token = generated_admin_token(objects)
+    tokens_file = tmp_path / "tokens.toml"
+    tokens_file.write_text(tokens_file_of(objects))
+    env = {**config_data(objects), "TUMBLER_AUTH_TOKENS_FILE": str(tokens_file)}
+    redis_port = free_port()
+    start_redis(started, redis_port, tmp_path)
+    proc, ports, log = start_tumbler(started, tmp_path, env, f"redis://127.0.0.1:{redis_port}")
+    assert wait_for_health(proc, ports["health"], log) == "SERVING", log_tail(log)
+    args = ("acquire", "generated", "--holder", "chart", "--ttl-ms", "5000", "-n", "team-a")
+    with_token = client(ports["grpc"], *args, env={"TUMBLER_TOKEN": token})
+    without = client(ports["grpc"], *args)
+    wrong = client(ports["grpc"], *args, env={"TUMBLER_TOKEN": token[:-1] + ("x" if token[-1] != "x" else "y")})
+    with capsys.disabled():
+        print(f"\ngenerated admin token against the real binary: with it exit {with_token.returncode}, "
+              f"without exit {without.returncode}, altered exit {wrong.returncode}")
+    assert with_token.returncode == 0, with_token.stdout + with_token.stderr
+    for refused in (without, wrong):
+        assert refused.returncode != 0 and "unauthenticated" in (refused.stdout + refused.stderr).lower(), refused
 
 
 # --------------------------------------------------------------------------
@@ -2186,7 +2373,7 @@ def run_helm_test_pod(pod: dict[str, Any], grpc_port: int, secrets: dict[tuple[s
     return results
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "secured"])
+@pytest.mark.parametrize("scenario", ["defaults", "insecure", "secured"])
 def test_helm_test_pod_passes_against_the_real_binary(scenario, started, tmp_path, capsys):
     objects = objects_of(SCENARIOS[scenario])
     pod = one(objects, "Pod")
@@ -2195,13 +2382,17 @@ def test_helm_test_pod_passes_against_the_real_binary(scenario, started, tmp_pat
     secrets: dict[tuple[str, str], str] = {}
     files: dict[tuple[str, str], Path] = {}
     client_env: dict[str, str] = {}
+    if "TUMBLER_AUTH_TOKENS_FILE" in data:
+        tokens_file = tmp_path / "tokens.toml"
+        tokens_file.write_text(tokens_file_of(objects))
+        env["TUMBLER_AUTH_TOKENS_FILE"] = str(tokens_file)
+    if scenario == "defaults":
+        # The generated admin token, from the Secret the chart rendered.
+        secrets[(f"{RELEASE}-tumbler-admin-token", "token")] = generated_admin_token(objects)
+        client_env = {"TUMBLER_TOKEN": generated_admin_token(objects)}
     if scenario == "secured":
         certs = make_certificates(tmp_path / "tls")
-        secret_name, key = mounted_file(one(objects, "Deployment"), data["TUMBLER_AUTH_TOKENS_FILE"])
-        [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == secret_name]
-        tokens_file = tmp_path / "tokens.toml"
-        tokens_file.write_text(secret["stringData"][key])
-        env.update({"TUMBLER_AUTH_TOKENS_FILE": str(tokens_file), "TUMBLER_TLS_CERT_FILE": str(certs["tls.crt"]),
+        env.update({"TUMBLER_TLS_CERT_FILE": str(certs["tls.crt"]),
                     "TUMBLER_TLS_KEY_FILE": str(certs["tls.key"]), "TUMBLER_TLS_CLIENT_CA_FILE": str(certs["ca.crt"]),
                     "TUMBLER_HTTP_TLS": "false"})
         # The operator's Secrets: a token allowed in every namespace, the
@@ -2226,14 +2417,14 @@ def test_helm_test_pod_passes_against_the_real_binary(scenario, started, tmp_pat
     # The lock really went through the server and is free again.
     scheme = "https" if scenario == "secured" else "http"
     lock_env = {**client_env, "TUMBLER_ADDR": f"{scheme}://127.0.0.1:{ports['grpc']}",
-                "TUMBLER_TLS_SERVER_NAME": f"{RELEASE}-tumbler.{NAMESPACE}.svc"} if scenario == "secured" else {}
+                "TUMBLER_TLS_SERVER_NAME": f"{RELEASE}-tumbler.{NAMESPACE}.svc"} if scenario == "secured" else client_env
     args = ["inspect", "--json", "-n", SCENARIOS[scenario].get("tests", {}).get("namespace", "helm-test"), "helm-test"]
     done = subprocess.run([str(tumbler_binary()), *args], capture_output=True, text=True, timeout=30, check=False,
                           env=clean_env(**({"TUMBLER_ADDR": f"http://127.0.0.1:{ports['grpc']}"} | lock_env)))
     assert done.returncode == 0, done.stderr
     assert not json.loads(done.stdout).get("holders"), done.stdout
 
-    if scenario == "defaults":
+    if scenario != "secured":
         # With Redis gone the first step (health: NOT_SERVING, exit 69)
         # fails, and so does `helm test`.
         stop(redis, signal.SIGKILL)
@@ -2268,12 +2459,16 @@ def test_redis_password_from_a_secret_key_reaches_a_real_redis(started, tmp_path
         objects = objects_of(values)
         env = {**config_data(objects), **expand_kubernetes_env(tumbler_container(one(objects, "Deployment"))["env"],
                                                                 {("redis", "redis-password"): secret_value})}
+        tokens_file = tmp_path / "tokens.toml"
+        tokens_file.write_text(tokens_file_of(objects))
+        env["TUMBLER_AUTH_TOKENS_FILE"] = str(tokens_file)
         assert env["TUMBLER_REDIS_URL"] == f"redis://127.0.0.1:{redis_port}/0"
         assert env["TUMBLER_REDIS_PASSWORD"] == secret_value
         proc, ports, tumbler_log = start_tumbler(started, tmp_path, env)
         status = wait_for_health(proc, ports["health"], tumbler_log)
         if status == "SERVING":
-            done = client(ports["grpc"], "acquire", "bitnami", "--holder", "chart", "--ttl-ms", "5000")
+            done = client(ports["grpc"], "acquire", "bitnami", "--holder", "chart", "--ttl-ms", "5000",
+                          env={"TUMBLER_TOKEN": generated_admin_token(objects)})
             assert done.returncode == 0, done.stdout + done.stderr
         stop(proc)
         return status

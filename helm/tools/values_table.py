@@ -166,6 +166,9 @@ def readme() -> str:
         " ".join(chart["description"].split()),
         "",
         f"Chart version {chart['version']}, app version {chart['appVersion']}, Kubernetes {chart['kubeVersion']}.",
+        "Secure by default: authentication on (an admin token is generated when no tokens are given),"
+        " a NetworkPolicy, and a PodDisruptionBudget; `insecure=true` turns authentication and the"
+        " NetworkPolicy off for a trial.",
         "Installing, the Redis forms, authentication, TLS, probes, alerts and the dashboard:",
         "[helm/README.md](../README.md).",
         "",

@@ -208,7 +208,7 @@ Checks across values that the schema cannot express.
 The Secret with the tokens file, its key, and where the pods read it.
 */}}
 {{- define "tumbler.authSecretName" -}}
-{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "tumbler.fullname" .)) -}}
+{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "tumbler.fullname" . | trunc 58 | trimSuffix "-")) -}}
 {{- end -}}
 
 {{- define "tumbler.authSecretKey" -}}
@@ -223,9 +223,45 @@ tokens.toml
 /etc/tumbler/auth/tokens.toml
 {{- end -}}
 
+{{/*
+"true" when the pods require bearer tokens: auth.enabled, unless insecure.
+*/}}
+{{- define "tumbler.authEnabled" -}}
+{{- if and .Values.auth.enabled (not .Values.insecure) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+"true" when the NetworkPolicy is rendered: networkPolicy.enabled, unless
+insecure.
+*/}}
+{{- define "tumbler.networkPolicyEnabled" -}}
+{{- if and .Values.networkPolicy.enabled (not .Values.insecure) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+"true" when the chart generates the admin token: auth on, and neither
+tokens nor a tokens-file Secret given.
+*/}}
+{{- define "tumbler.generatesAdminToken" -}}
+{{- if and (include "tumbler.authEnabled" .) (not .Values.auth.existingSecret) (not .Values.auth.tokens) .Values.auth.generateAdminToken -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+The Secret that holds the generated admin token (key `token`).
+*/}}
+{{- define "tumbler.adminTokenSecretName" -}}
+{{- printf "%s-admin-token" (include "tumbler.fullname" . | trunc 51 | trimSuffix "-") -}}
+{{- end }}
+
 {{- define "tumbler.validate" -}}
-{{- if and .Values.auth.enabled (not .Values.auth.existingSecret) (not .Values.auth.tokens) }}
-{{- fail "auth.enabled needs auth.tokens (name, sha256, role, namespaces) or auth.existingSecret with a tokens file" }}
+{{- if and (include "tumbler.authEnabled" .) (not .Values.auth.existingSecret) (not .Values.auth.tokens) (not .Values.auth.generateAdminToken) }}
+{{- fail "auth.enabled needs auth.tokens (name, sha256, role, namespaces; `tumbler token` prints them) or auth.existingSecret with a tokens file, or auth.generateAdminToken=true to generate an admin token; for a trial without authentication set insecure=true" }}
 {{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
 {{- fail "tls.enabled needs tls.existingSecret: a kubernetes.io/tls Secret with tls.crt and tls.key" }}
@@ -256,7 +292,7 @@ client token (tests.tokenSecret), and with mutual TLS a client certificate
 (tests.clientCertSecret). Otherwise empty, and NOTES says what is missing.
 */}}
 {{- define "tumbler.testEnabled" -}}
-{{- if and .Values.tests.enabled (or (not .Values.auth.enabled) .Values.tests.tokenSecret) (or (not (and .Values.tls.enabled .Values.tls.clientCaSecret)) .Values.tests.clientCertSecret) -}}
+{{- if and .Values.tests.enabled (or (not (include "tumbler.authEnabled" .)) .Values.tests.tokenSecret (include "tumbler.generatesAdminToken" .)) (or (not (and .Values.tls.enabled .Values.tls.clientCaSecret)) .Values.tests.clientCertSecret) -}}
 true
 {{- end -}}
 {{- end }}
