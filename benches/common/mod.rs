@@ -3,6 +3,8 @@
 //! and Redis' own command counters (`INFO commandstats`).
 #![allow(dead_code)]
 
+pub mod etcd;
+
 use std::time::Duration;
 
 use tonic::transport::Channel;
@@ -25,16 +27,24 @@ impl ServeProcess {
     /// [`Self::start`] with another `tumbler` binary (an earlier version,
     /// to compare in the same run).
     pub async fn start_binary(binary: &str, redis_url: &str, flags: &[&str]) -> ServeProcess {
+        let mut args = vec![
+            "--no-auth",
+            "--redis-url",
+            redis_url,
+            "--http-listen",
+            "off",
+        ];
+        args.extend_from_slice(flags);
+        Self::start_with_args(binary, &args).await
+    }
+
+    /// `tumbler serve --listen <free port>` with exactly `args` after it
+    /// (nothing assumed: auth, Redis, HTTP port all given by the caller).
+    pub async fn start_with_args(binary: &str, args: &[&str]) -> ServeProcess {
         let port = tumbler::dev::free_port().unwrap();
         let child = std::process::Command::new(binary)
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--no-auth",
-            ])
-            .args(["--redis-url", redis_url, "--http-listen", "off"])
-            .args(flags)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -83,8 +93,11 @@ pub async fn wait_until_serving(endpoint: &str) {
                     ..Default::default()
                 })
                 .await;
-            if probe.is_ok() {
-                return;
+            // Refused for want of a token is an answer too (auth on).
+            match probe {
+                Ok(_) => return,
+                Err(status) if status.code() == tonic::Code::Unauthenticated => return,
+                Err(_) => {}
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

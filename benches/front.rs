@@ -1,0 +1,549 @@
+//! tumbler's own cost per lock operation, against a **yardstick**: a bare
+//! tonic server with tumbler's proto that decodes an Acquire or Release,
+//! runs one plain Lua lock script over one multiplexed Redis connection
+//! and encodes the reply (no auth, no tracing, no metrics, no checks). It
+//! is what any gRPC front over Redis must pay; what tumbler pays above it
+//! is its own. etcd's v3lock is the peer, when an `etcd` binary exists.
+//!
+//! Each server is its own process (the yardstick is this benchmark's own
+//! binary, started again in its serving mode), so its CPU is read from
+//! `/proc/<pid>/stat`, and Redis' from `INFO cpu`, over the same measured
+//! window. tumbler runs as deployed: auth on (a bearer token per call),
+//! tracing at its default level, the HTTP port with `/metrics` on.
+//!
+//! Scenario: 64 clients (one tonic Channel per 8), each on its own name,
+//! uncontended try-once Acquire + Release pairs, back to back.
+//!
+//! `cargo bench --bench front` (FRONT_SECONDS=N per measurement, default
+//! 5; FRONT_CLIENTS=N, default 64). Under `cargo test` it runs a smoke
+//! version that only checks numbers come out.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{ServeProcess, etcd};
+use hdrhistogram::Histogram;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tumbler::dev::RedisServer;
+use tumbler::proto::lock_service_client::LockServiceClient;
+use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
+
+const CLIENTS_PER_CHANNEL: usize = 8;
+const YARDSTICK_ENV: &str = "TUMBLER_BENCH_YARDSTICK";
+const TOKEN: &str = "front-bench-token";
+
+/// The yardstick: a bare front over the plain Redis lock.
+mod yardstick {
+    use std::pin::Pin;
+
+    use tonic::{Request, Response, Status};
+    use tumbler::proto::lock_service_server::{LockService, LockServiceServer};
+    use tumbler::proto::*;
+
+    /// `SET key holder NX PX ttl` as one script, and compare-and-delete.
+    const ACQUIRE: &str =
+        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end return 0";
+    const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+    struct Yardstick {
+        conn: redis::aio::MultiplexedConnection,
+        acquire: redis::Script,
+        release: redis::Script,
+    }
+
+    fn unavailable(err: redis::RedisError) -> Status {
+        Status::unavailable(err.to_string())
+    }
+
+    type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
+    #[tonic::async_trait]
+    impl LockService for Yardstick {
+        async fn acquire(
+            &self,
+            request: Request<AcquireRequest>,
+        ) -> Result<Response<AcquireResponse>, Status> {
+            let request = request.into_inner();
+            let granted: i64 = self
+                .acquire
+                .key(format!("y:{}:{}", request.namespace, request.name))
+                .arg(&request.holder)
+                .arg(request.ttl_ms.unwrap_or(30_000))
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(unavailable)?;
+            let status = if granted == 1 {
+                AcquireStatus::Acquired
+            } else {
+                AcquireStatus::NotAcquired
+            };
+            Ok(Response::new(AcquireResponse {
+                status: status.into(),
+                ..Default::default()
+            }))
+        }
+
+        async fn release(
+            &self,
+            request: Request<ReleaseRequest>,
+        ) -> Result<Response<ReleaseResponse>, Status> {
+            let request = request.into_inner();
+            let deleted: i64 = self
+                .release
+                .key(format!("y:{}:{}", request.namespace, request.name))
+                .arg(&request.holder)
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(unavailable)?;
+            let status = if deleted == 1 {
+                ReleaseStatus::Released
+            } else {
+                ReleaseStatus::NotHeld
+            };
+            Ok(Response::new(ReleaseResponse {
+                status: status.into(),
+            }))
+        }
+
+        async fn extend(
+            &self,
+            _: Request<ExtendRequest>,
+        ) -> Result<Response<ExtendResponse>, Status> {
+            Err(Status::unimplemented("yardstick"))
+        }
+        async fn inspect(
+            &self,
+            _: Request<InspectRequest>,
+        ) -> Result<Response<InspectResponse>, Status> {
+            // Answers, so the benchmark's readiness probe sees it serve.
+            Ok(Response::new(InspectResponse::default()))
+        }
+        async fn queue(&self, _: Request<QueueRequest>) -> Result<Response<QueueResponse>, Status> {
+            Err(Status::unimplemented("yardstick"))
+        }
+        async fn list(&self, _: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+            Err(Status::unimplemented("yardstick"))
+        }
+        async fn list_namespaces(
+            &self,
+            _: Request<ListNamespacesRequest>,
+        ) -> Result<Response<ListNamespacesResponse>, Status> {
+            Err(Status::unimplemented("yardstick"))
+        }
+        async fn reap(&self, _: Request<ReapRequest>) -> Result<Response<ReapResponse>, Status> {
+            Err(Status::unimplemented("yardstick"))
+        }
+        async fn clear(&self, _: Request<ClearRequest>) -> Result<Response<ClearResponse>, Status> {
+            Err(Status::unimplemented("yardstick"))
+        }
+        async fn metrics(
+            &self,
+            _: Request<MetricsRequest>,
+        ) -> Result<Response<MetricsResponse>, Status> {
+            Err(Status::unimplemented("yardstick"))
+        }
+        type SessionStream = Stream<SessionResponse>;
+        async fn session(
+            &self,
+            _: Request<tonic::Streaming<SessionRequest>>,
+        ) -> Result<Response<Self::SessionStream>, Status> {
+            Err(Status::unimplemented("yardstick"))
+        }
+        type WatchStream = Stream<LockEvent>;
+        async fn watch(
+            &self,
+            _: Request<WatchRequest>,
+        ) -> Result<Response<Self::WatchStream>, Status> {
+            Err(Status::unimplemented("yardstick"))
+        }
+    }
+
+    /// Serves on `listen` until killed.
+    pub async fn serve(listen: &str, redis_url: &str) {
+        let conn = redis::Client::open(redis_url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let service = Yardstick {
+            conn,
+            acquire: redis::Script::new(ACQUIRE),
+            release: redis::Script::new(RELEASE),
+        };
+        tonic::transport::Server::builder()
+            .add_service(LockServiceServer::new(service))
+            .serve(listen.parse().unwrap())
+            .await
+            .unwrap();
+    }
+}
+
+/// A server process under test: its endpoint and pid.
+struct Target {
+    label: &'static str,
+    endpoint: String,
+    pid: u32,
+    etcd: bool,
+}
+
+/// User + system CPU time of a process so far, from `/proc/<pid>/stat`.
+fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start at ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap() as u64;
+    Duration::from_micros(ticks * 1_000_000 / per_second)
+}
+
+/// Redis' own CPU so far (`INFO cpu`: used_cpu_user + used_cpu_sys).
+async fn redis_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Duration {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let seconds: f64 = info
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .map(|v| v.trim().parse::<f64>().unwrap())
+        .sum();
+    Duration::from_secs_f64(seconds)
+}
+
+#[derive(Clone)]
+struct Bearer;
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+        Ok(req)
+    }
+}
+
+/// One client's loop: try-once Acquire + Release of its own name until
+/// `stop`; each Acquire's latency in µs. Every call carries the bearer
+/// token (the yardstick ignores it; tumbler checks it).
+async fn client_loop(
+    target: Arc<Target>,
+    channel: Channel,
+    id: usize,
+    stop: Arc<AtomicBool>,
+) -> (u64, Histogram<u64>) {
+    let mut latency = Histogram::<u64>::new(3).unwrap();
+    let mut pairs = 0;
+    let name = format!("front-{id}");
+    let holder = format!("client-{id}");
+    if target.etcd {
+        let mut grpc = tonic::client::Grpc::new(channel);
+        let lease: etcd::LeaseGrantResponse = etcd::call(
+            &mut grpc,
+            "/etcdserverpb.Lease/LeaseGrant",
+            etcd::LeaseGrantRequest { ttl: 600, id: 0 },
+        )
+        .await;
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let locked: etcd::LockResponse = etcd::call(
+                &mut grpc,
+                "/v3lockpb.Lock/Lock",
+                etcd::LockRequest {
+                    name: name.clone().into_bytes(),
+                    lease: lease.id,
+                },
+            )
+            .await;
+            latency
+                .record(started.elapsed().as_micros() as u64)
+                .unwrap();
+            let _: etcd::UnlockResponse = etcd::call(
+                &mut grpc,
+                "/v3lockpb.Lock/Unlock",
+                etcd::UnlockRequest { key: locked.key },
+            )
+            .await;
+            pairs += 1;
+        }
+        return (pairs, latency);
+    }
+    let mut client = LockServiceClient::new(InterceptedService::new(channel, Bearer));
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let acquired = client
+            .acquire(proto::AcquireRequest {
+                name: name.clone(),
+                holder: holder.clone(),
+                ttl_ms: Some(30_000),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        latency
+            .record(started.elapsed().as_micros() as u64)
+            .unwrap();
+        assert_eq!(
+            acquired.status(),
+            AcquireStatus::Acquired,
+            "{}",
+            target.label
+        );
+        let released = client
+            .release(proto::ReleaseRequest {
+                name: name.clone(),
+                holder: holder.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            released.status(),
+            ReleaseStatus::Released,
+            "{}",
+            target.label
+        );
+        pairs += 1;
+    }
+    (pairs, latency)
+}
+
+/// What one target measured.
+struct Measured {
+    pairs: u64,
+    seconds: f64,
+    latency: Histogram<u64>,
+    server_cpu: Duration,
+    redis_cpu: Duration,
+}
+
+impl Measured {
+    fn rate(&self) -> f64 {
+        self.pairs as f64 / self.seconds
+    }
+    fn server_us(&self) -> f64 {
+        self.server_cpu.as_secs_f64() * 1e6 / self.pairs as f64
+    }
+    fn redis_us(&self) -> f64 {
+        self.redis_cpu.as_secs_f64() * 1e6 / self.pairs as f64
+    }
+}
+
+async fn measure(
+    target: &Arc<Target>,
+    clients: usize,
+    warm_up: Duration,
+    window: Duration,
+    redis: &mut redis::aio::MultiplexedConnection,
+) -> Measured {
+    let mut channels = Vec::new();
+    for _ in 0..clients.div_ceil(CLIENTS_PER_CHANNEL) {
+        channels.push(
+            Channel::from_shared(target.endpoint.clone())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    // Warm up, then the measured window with fresh counters.
+    for (phase, length) in [("warm-up", warm_up), ("measure", window)] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for id in 0..clients {
+            let channel = channels[id / CLIENTS_PER_CHANNEL].clone();
+            tasks.spawn(client_loop(target.clone(), channel, id, stop.clone()));
+        }
+        let (server_before, redis_before, started) = (
+            process_cpu(target.pid),
+            redis_cpu(redis).await,
+            Instant::now(),
+        );
+        tokio::time::sleep(length).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut pairs = 0;
+        let mut latency = Histogram::<u64>::new(3).unwrap();
+        while let Some(done) = tasks.join_next().await {
+            let (n, h) = done.unwrap();
+            pairs += n;
+            latency.add(h).unwrap();
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        if phase == "measure" {
+            return Measured {
+                pairs,
+                seconds,
+                latency,
+                server_cpu: process_cpu(target.pid) - server_before,
+                redis_cpu: redis_cpu(redis).await - redis_before,
+            };
+        }
+    }
+    unreachable!()
+}
+
+fn env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+#[tokio::main]
+async fn main() {
+    if let Ok(spec) = std::env::var(YARDSTICK_ENV) {
+        let (listen, redis_url) = spec.split_once(' ').expect("<listen> <redis url>");
+        yardstick::serve(listen, redis_url).await;
+        return;
+    }
+    let benching = std::env::args().any(|a| a == "--bench");
+    let (clients, warm_up, window) = if benching {
+        (
+            env("FRONT_CLIENTS").unwrap_or(64) as usize,
+            Duration::from_secs(1),
+            Duration::from_secs(env("FRONT_SECONDS").unwrap_or(5)),
+        )
+    } else {
+        (4, Duration::from_millis(100), Duration::from_millis(300))
+    };
+
+    let redis_server = RedisServer::start("redis-server").expect("redis-server");
+    let mut redis = common::redis_conn(&redis_server.url()).await;
+
+    // tumbler as deployed: auth on, default tracing, /metrics served.
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nname = \"bench\"\nsha256 = \"{}\"\nrole = \"client\"\nnamespaces = [\"*\"]\n",
+            tumbler::auth::token_digest(TOKEN)
+        ),
+    )
+    .unwrap();
+    let http = format!("127.0.0.1:{}", tumbler::dev::free_port().unwrap());
+    let tokens_path = tokens.display().to_string();
+    let tumbler = ServeProcess::start_with_args(
+        env!("CARGO_BIN_EXE_tumbler"),
+        &[
+            "--redis-url",
+            &redis_server.url(),
+            "--auth-tokens-file",
+            &tokens_path,
+            "--http-listen",
+            &http,
+            "--reap-interval-ms",
+            "0",
+        ],
+    )
+    .await;
+
+    let yardstick_port = tumbler::dev::free_port().unwrap();
+    let yardstick_endpoint = format!("http://127.0.0.1:{yardstick_port}");
+    let mut yardstick = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(
+            YARDSTICK_ENV,
+            format!("127.0.0.1:{yardstick_port} {}", redis_server.url()),
+        )
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_until_serving(&yardstick_endpoint).await;
+
+    let etcd_server = etcd::EtcdServer::start();
+    if let Some(etcd_server) = &etcd_server {
+        etcd_server.ready().await;
+    }
+
+    let mut targets = vec![
+        Target {
+            label: "yardstick: bare tonic front, one plain Lua lock script, one connection",
+            endpoint: yardstick_endpoint,
+            pid: yardstick.id(),
+            etcd: false,
+        },
+        Target {
+            label: "tumbler: auth on, default tracing, metrics on",
+            endpoint: tumbler.endpoint.clone(),
+            pid: tumbler.pid(),
+            etcd: false,
+        },
+    ];
+    if let Some(etcd_server) = &etcd_server {
+        targets.push(Target {
+            label: "etcd 3.4 v3lock: Lock/Unlock with a lease",
+            endpoint: etcd_server.endpoint.clone(),
+            pid: etcd_server.pid(),
+            etcd: true,
+        });
+    }
+
+    println!(
+        "tumbler front benchmark: {clients} clients, uncontended try-once Acquire + Release pairs, warm-up {warm_up:?}, {window:?} measured; every server its own process; loopback"
+    );
+    println!();
+    println!(
+        "| path | pairs/s | acquire p50 µs | acquire p99 µs | server CPU µs/pair | Redis CPU µs/pair | whole µs/pair |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut results = Vec::new();
+    for target in targets {
+        let target = Arc::new(target);
+        let measured = measure(&target, clients, warm_up, window, &mut redis).await;
+        assert!(measured.pairs > 0, "{}: no pairs", target.label);
+        println!(
+            "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} |",
+            target.label,
+            measured.rate(),
+            measured.latency.value_at_quantile(0.5),
+            measured.latency.value_at_quantile(0.99),
+            measured.server_us(),
+            measured.redis_us(),
+            measured.server_us() + measured.redis_us(),
+        );
+        results.push((target, measured));
+    }
+    let (yard, tumbler_m) = (&results[0].1, &results[1].1);
+    println!();
+    println!("| ratio (same run) | value | target |");
+    println!("| --- | ---: | ---: |");
+    println!(
+        "| tumbler's own CPU per pair ÷ the yardstick's | {:.2} | ≤ 1.5 |",
+        tumbler_m.server_us() / yard.server_us()
+    );
+    println!(
+        "| tumbler pairs/s ÷ the yardstick's | {:.2} | ≥ 0.8 |",
+        tumbler_m.rate() / yard.rate()
+    );
+    println!(
+        "| tumbler acquire p99 ÷ the yardstick's | {:.2} | ≤ 2 |",
+        tumbler_m.latency.value_at_quantile(0.99) as f64
+            / yard.latency.value_at_quantile(0.99).max(1) as f64
+    );
+    if let Some((_, etcd_m)) = results.get(2) {
+        println!(
+            "| tumbler pairs/s ÷ etcd's | {:.2} | ≥ 1.5 |",
+            tumbler_m.rate() / etcd_m.rate()
+        );
+        println!(
+            "| tumbler whole CPU per pair (tumbler + Redis) ÷ etcd's | {:.2} | ≤ 0.5 |",
+            (tumbler_m.server_us() + tumbler_m.redis_us()) / etcd_m.server_us()
+        );
+    } else {
+        println!("(no `etcd` binary: the etcd rows were skipped)");
+    }
+    let _ = yardstick.kill();
+    let _ = yardstick.wait();
+}
