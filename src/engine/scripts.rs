@@ -40,6 +40,7 @@ const OPERATIONS: &[(&str, &str, bool)] = &[
     ("clear", include_str!("../../lua/clear.lua"), false),
     ("renew", include_str!("../../lua/renew.lua"), false),
     ("count", include_str!("../../lua/count.lua"), false),
+    ("purge", include_str!("../../lua/purge.lua"), false),
 ];
 
 const COMMON: &str = include_str!("../../lua/common.lua");
@@ -60,6 +61,7 @@ pub struct Scripts {
     pub clear: LockScript,
     pub renew: LockScript,
     pub count: LockScript,
+    pub purge: LockScript,
 }
 
 impl Scripts {
@@ -100,6 +102,7 @@ impl Scripts {
             clear: script("clear"),
             renew: script("renew"),
             count: script("count"),
+            purge: script("purge"),
             library_name,
         }
     }

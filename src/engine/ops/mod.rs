@@ -12,6 +12,7 @@ pub mod dequeue;
 pub mod extend;
 pub mod inspect;
 pub mod list;
+pub mod purge;
 pub mod queue;
 pub mod reap;
 pub mod refresh;
