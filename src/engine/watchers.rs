@@ -521,3 +521,59 @@ impl LockEngine {
         Ok(events)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_parse_with_and_without_the_grant_parts() {
+        // An older replica's event: six fields.
+        let old = LockEvent::parse("ns\nlock\nreleased\nh\n17\n1000").unwrap();
+        assert_eq!(
+            (old.event.as_str(), old.fencing_token, old.at_ms),
+            ("released", 17, 1000)
+        );
+        assert_eq!((old.slot, old.actor.as_str()), (0, ""));
+        // This version's: the grant's parts, metadata last.
+        let full = LockEvent::parse(
+            "ns\nlock\nreleased\nh\n17\n1500\n2\nreport\n30000\n31000\n1000\n500\nholder\n{\"a\":\"x\\ny\"}",
+        )
+        .unwrap();
+        assert_eq!(full.slot, 2);
+        assert_eq!(full.kind, "report");
+        assert_eq!((full.ttl_ms, full.expires_at_ms), (30_000, 31_000));
+        assert_eq!((full.acquired_at_ms, full.hold_ms), (1000, 500));
+        assert_eq!(full.actor, "holder");
+        assert_eq!(full.metadata.get("a").map(String::as_str), Some("x\ny"));
+        // Broken ones are refused, not half read.
+        assert!(LockEvent::parse("ns\nlock\nreleased\nh\nnot-a-number\n1").is_none());
+        assert!(LockEvent::parse("ns\nlock\nreleased\nh\n1\n1\n2\nk").is_none());
+    }
+
+    #[test]
+    fn lease_ends_move_with_their_grant_and_come_due_in_order() {
+        let key = |name: &str, holder: &str| ("ns".to_owned(), name.to_owned(), holder.to_owned());
+        let mut leases = Leases::default();
+        assert!(leases.set(key("a", "h1"), 300));
+        assert!(
+            leases.set(key("b", "h1"), 100),
+            "earlier than any: wake the loop"
+        );
+        assert!(!leases.set(key("a", "h2"), 200));
+        // Extended: the old end is gone.
+        leases.set(key("b", "h1"), 400);
+        assert_eq!(leases.due.first().map(|(at, _)| *at), Some(200));
+        // Released: forgotten.
+        leases.remove(&key("a", "h2"));
+        assert!(leases.take_due(299).is_empty());
+        let due = leases.take_due(400);
+        let expected: HashSet<_> = [
+            ("ns".to_owned(), "a".to_owned()),
+            ("ns".to_owned(), "b".to_owned()),
+        ]
+        .into();
+        assert_eq!(due, expected);
+        assert!(leases.by_grant.is_empty() && leases.due.is_empty());
+    }
+}
