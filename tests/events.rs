@@ -250,6 +250,7 @@ async fn expiry_is_told_at_the_lease_end_once_without_any_call_on_the_lock() {
     assert_eq!(expired.expires_at_ms, acquired.expires_at_ms);
     assert_eq!(expired.hold_ms, 400, "held for the whole lease");
     let late = expired.at_ms - expired.expires_at_ms;
+    println!("expired told {late} ms after the lease ended");
     assert!(
         (0..=150).contains(&late),
         "told {late} ms after the lease ended"
@@ -473,6 +474,96 @@ async fn a_watch_can_start_with_the_current_holders_and_queue() {
     let granted = events.next_of("s-sem").await;
     assert_eq!(what(&granted), ("acquired", "third", "holder"));
     waiting.await.unwrap().unwrap();
+}
+
+// The Session messages may gain fields: the struct updates keep this test
+// building when they do.
+#[allow(clippy::needless_update)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_renewals_are_extensions_and_a_renewal_that_finds_its_grant_gone_is_lost() {
+    use proto::session_request::Command;
+    use proto::session_response::Event;
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut watcher = server.client().await;
+    let mut client = server.client().await;
+    let mut events = Events::open(&mut watcher, watch_name("sess")).await;
+    events.until_live(&mut client, "sess").await;
+
+    let (commands, outbox) = tokio::sync::mpsc::channel(4);
+    let open = proto::SessionRequest {
+        command: Some(Command::Open(proto::SessionOpen {
+            ttl_ms: Some(600),
+            ..Default::default()
+        })),
+    };
+    let acquire = proto::SessionRequest {
+        command: Some(Command::Acquire(proto::SessionAcquire {
+            request_id: 1,
+            acquire: Some(ns_acquire("sess", "")),
+            ..Default::default()
+        })),
+    };
+    commands.send(open).await.unwrap();
+    commands.send(acquire).await.unwrap();
+    let mut session = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(outbox))
+        .await
+        .unwrap()
+        .into_inner();
+    let acquired = events.next_of("sess").await;
+    assert_eq!(
+        what(&acquired),
+        ("acquired", acquired.holder.as_str(), "holder")
+    );
+    assert_eq!(acquired.ttl_ms, 600);
+
+    // The server renews the grant every ttl/3: each renewal moves the lease.
+    let renewed = events.next_of("sess").await;
+    assert_eq!(
+        what(&renewed),
+        ("extended", acquired.holder.as_str(), "holder")
+    );
+    assert_eq!(renewed.fencing_token, acquired.fencing_token);
+    assert!(
+        renewed.expires_at_ms > acquired.expires_at_ms,
+        "{renewed:?}"
+    );
+
+    // An admin clears the lock; the next renewal finds the grant gone.
+    client
+        .clear(proto::ClearRequest {
+            namespace: NS.into(),
+        })
+        .await
+        .unwrap();
+    let mut after = Vec::new();
+    while !after.iter().any(|e: &proto::LockEvent| e.event == "lost") {
+        after.push(events.next_of("sess").await);
+    }
+    let kinds: Vec<_> = after.iter().map(what).collect();
+    let holder = acquired.holder.as_str();
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k != ("extended", holder, "holder"))
+            .collect::<Vec<_>>(),
+        vec![&("cleared", holder, "admin"), &("lost", holder, "holder")],
+        "{after:?}"
+    );
+    assert_eq!(after.last().unwrap().fencing_token, acquired.fencing_token);
+    // The session's client hears it too.
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(5), session.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if let Some(Event::Lost(lost)) = message.event {
+            assert_eq!(lost.fencing_token, acquired.fencing_token);
+            break;
+        }
+    }
 }
 
 /// Waits until a lock of the namespace has `n` waiters.
