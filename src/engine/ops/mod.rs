@@ -37,7 +37,8 @@ pub mod status {
 }
 
 /// Something a function reports for the per-minute counters: an expired
-/// lease or a reaped waiter, with its kind.
+/// lease, a reaped waiter or grant, a cleared grant or request, with its
+/// kind.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Noted {
     pub event: String,
