@@ -108,6 +108,13 @@ impl Scripts {
     }
 }
 
+impl Scripts {
+    /// How many functions the library has (one per operation).
+    pub fn operations() -> usize {
+        OPERATIONS.len()
+    }
+}
+
 impl Default for Scripts {
     fn default() -> Self {
         Self::new()
