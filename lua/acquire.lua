@@ -95,7 +95,7 @@ if free > 0 and ahead == 0 then
     change(L, int(slot), holder)
   end
   settle(L)
-  emit(L, 'acquired', holder, grant.token, now)
+  emit(L, 'acquired', holder, grant, now, HOLDER)
   -- A permit left over goes to the next waiter in line.
   if free > 1 or changed then
     wake_eligible(L)
@@ -122,7 +122,9 @@ if not queued_order then
   redis.call('HSET', L.waiters, holder, (priority_s or '0') .. '|' .. now_s .. '|' .. wait_ms .. '|'
     .. (fair and '1' or '0') .. '|' .. (kind ~= 'default' and kind or ''))
   L.queue_known = false
-  emit(L, 'queued', holder, nil, now)
+  if L.watched then
+    emit(L, 'queued', holder, {kind = kind, metadata = metadata}, now, HOLDER)
+  end
 end
 local deadline = now + tonumber(queue_ttl)
 redis.call('ZADD', L.deadlines, int(deadline), holder)

@@ -2,26 +2,43 @@
 -- queues (an admin operation; the replica found their keys with SCAN).
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: watched ('1' = publish events), then lock names
--- Returns {locks cleared, grants released, requests dropped}
+-- Returns {locks cleared, grants released, requests dropped, events...}
+--   (events: 'cleared', kind pairs for the per-minute counters, one per
+--   grant and per request)
 local watched = ARGV[1]
 local now = clock_ms()
 local shard = split_key(KEYS[1])
 local locks, grants, requests = 0, 0, 0
+local events = {}
 
 for k = 2, #ARGV do
   local L = load(lock_of(shard, ARGV[k]), nil, watched)
   if L.exists then
-    -- 1. Count what goes (and tell watchers), then delete the lock's keys.
+    -- 1. Count what goes, per kind (and tell watchers), then delete the
+    --    lock's keys.
     for _, grant in ipairs(all_grants(L)) do
-      emit(L, 'cleared', grant.holder, grant.token, now)
+      note(L, 'cleared', grant.kind)
+      emit(L, 'cleared', grant.holder, grant, now, ADMIN, now)
     end
     grants = grants + L.n
-    if L.seq > 0 then
-      requests = requests + redis.call('ZCARD', L.queue)
+    if queue_head(L) then
+      local ids = redis.call('ZRANGE', L.queue, '0', '-1')
+      local records = on_fields(L.waiters, 'HMGET', ids)
+      for i, id in ipairs(ids) do
+        local kind = waiter_kind(records[i])
+        note(L, 'cleared', kind)
+        if L.watched then
+          emit(L, 'cleared', id, {kind = kind}, now, ADMIN)
+        end
+      end
+      requests = requests + #ids
     end
     redis.call('DEL', L.key, L.queue, L.deadlines, L.waiters)
     redis.call('ZREM', shard .. ':n', L.name)
     locks = locks + 1
+    for _, item in ipairs(L.events) do
+      events[#events + 1] = item
+    end
   end
 end
-return {locks, grants, requests}
+return {locks, grants, requests, unpack(events)}

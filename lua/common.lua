@@ -289,18 +289,35 @@ local function keep_keys_until(L, at)
   end
 end
 
--- Lock events for watchers go to '<prefix>:events' as
--- 'namespace\nname\nevent\nholder\ntoken\ntime_ms', and only while some
--- replica has a watcher for the namespace (the caller says so): an
--- unwatched lock publishes nothing.
-local function emit(L, event, holder, token, now)
+-- Actors of lock events: who made the change.
+local HOLDER, REAPER, ADMIN = 'holder', 'reaper', 'admin'
+
+-- Lock events for watchers go to '<prefix>:events', one message each:
+--   'namespace\nname\nevent\nholder\ntoken\ntime_ms\nslot\nkind\nttl_ms\n
+--    expires_at\nacquired_at\nhold_ms\nactor\nmetadata'
+-- (the metadata last: it is JSON, so it holds no raw newline), and only
+-- while some replica has a watcher for the namespace (the caller says so):
+-- an unwatched lock publishes nothing and builds nothing. `g` is the
+-- grant (or, for a waiter, a small table with its kind and metadata, made
+-- by callers only when L.watched); `ended`, when the grant ended
+-- (released, expired, reaped, cleared), gives its hold time.
+local function emit(L, event, holder, g, now, actor, ended)
   if not L.watched then
     return
   end
   local shard, name = names(L)
   local prefix, namespace = string.match(shard, '^(.*):{(.*):%d+}$')
-  redis.call('PUBLISH', prefix .. ':events',
-    table.concat({namespace, name, event, holder, token or '0', int(now)}, '\n'))
+  g = g or NONE
+  local hold = '0'
+  if ended and g.acquired_s then
+    hold = int(math.max(0, ended - tonumber(g.acquired_s)))
+  end
+  local expires = g.expires_s or (g.expires and int(g.expires)) or '0'
+  redis.call('PUBLISH', prefix .. ':events', table.concat({
+    namespace, name, event, holder, g.token or '0', int(now),
+    g.slot and int(g.slot) or '0', g.kind or 'default', g.ttl or '0', expires,
+    g.acquired_s or '0', hold, actor, g.metadata or '',
+  }, '\n'))
 end
 
 -- A command on many fields of a hash (HMGET, HDEL), in batches; returns
@@ -376,7 +393,7 @@ local function purge_expired(L, now)
     if grant.expires <= now then
       drop_grant(L, grant.holder, grant.slot)
       note(L, 'expired', grant.kind)
-      emit(L, 'expired', grant.holder, grant.token, now)
+      emit(L, 'expired', grant.holder, grant, now, REAPER, grant.expires)
       dropped = dropped + 1
     else
       earliest = math.min(earliest or grant.expires, grant.expires)
@@ -414,7 +431,7 @@ end
 
 -- Waiting requests whose replica stopped refreshing them (crashed, cut
 -- off) are dead: they leave the queue instead of holding it up (each
--- noted as 'reaped').
+-- noted as 'reaped', told to watchers as 'skipped').
 local function purge_dead_waiters(L, now)
   if not queue_head(L) then
     return 0
@@ -425,8 +442,11 @@ local function purge_dead_waiters(L, now)
   end
   local records = on_fields(L.waiters, 'HMGET', dead)
   for i, id in ipairs(dead) do
-    note(L, 'reaped', waiter_kind(records[i]))
-    emit(L, 'dequeued', id, nil, now)
+    local kind = waiter_kind(records[i])
+    note(L, 'reaped', kind)
+    if L.watched then
+      emit(L, 'skipped', id, {kind = kind}, now, REAPER)
+    end
   end
   drop_waiters(L, dead)
   return #dead

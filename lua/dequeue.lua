@@ -16,7 +16,9 @@ local rank = queue_head(L) and redis.call('ZRANK', L.queue, id)
 local kind = ''
 if rank then
   kind = waiter_kind(redis.call('HGET', L.waiters, id))
-  emit(L, 'dequeued', id, nil, now)
+  if L.watched then
+    emit(L, 'dequeued', id, {kind = kind}, now, HOLDER)
+  end
   drop_waiters(L, {id})
 end
 

@@ -19,6 +19,10 @@ local changed = purge(L, now)
 -- 3. Only a live grant of this holder (with this token, if given).
 local grant = mine(L)
 if not grant or (token ~= '' and grant.token ~= token) then
+  -- The holder learns it lost the grant (watchers hear it as 'lost').
+  if L.watched then
+    emit(L, 'lost', holder, {token = token ~= '' and token or nil}, now, HOLDER)
+  end
   settle_purged(L, changed)
   return {NOT_HELD, now, '', '', unpack(L.events)}
 end
@@ -33,7 +37,7 @@ put_grant(L, grant)
 
 -- 5. The key's TTL follows the new lease when it must.
 settle(L)
-emit(L, 'extended', holder, grant.token, now)
+emit(L, 'extended', holder, grant, now, HOLDER)
 if changed then
   wake_eligible(L)
 end

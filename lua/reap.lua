@@ -29,7 +29,7 @@ for k = 4, #ARGV do
         if tonumber(grant.acquired_s) < cutoff then
           drop_grant(L, grant.holder, grant.slot)
           note(L, 'reaped', grant.kind)
-          emit(L, 'reaped', grant.holder, grant.token, now)
+          emit(L, 'reaped', grant.holder, grant, now, REAPER, now)
           old_grants = old_grants + 1
         end
       end
@@ -40,8 +40,11 @@ for k = 4, #ARGV do
         for i, id in ipairs(ids) do
           if waiter_enqueued(records[i]) < cutoff then
             table.insert(old, id)
-            note(L, 'reaped', waiter_kind(records[i]))
-            emit(L, 'dequeued', id, nil, now)
+            local kind = waiter_kind(records[i])
+            note(L, 'reaped', kind)
+            if L.watched then
+              emit(L, 'reaped', id, {kind = kind}, now, REAPER)
+            end
           end
         end
         if #old > 0 then

@@ -25,7 +25,7 @@ end
 drop_grant(L, holder, grant and grant.slot)
 settle(L)
 if grant then
-  emit(L, 'released', holder, grant.token, now)
+  emit(L, 'released', holder, grant, now, HOLDER, now)
 end
 
 -- 4. Wake whoever may take the permit now.

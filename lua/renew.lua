@@ -2,11 +2,11 @@
 -- call (a replica renews all its session grants with one call per shard).
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: answer_by (Redis ms; '0' = none), live ('1' = the shard's live
---       locks are counted), then groups of
+--       locks are counted), watched ('1' = publish events), then groups of
 --       (lock name, holder, fencing token, ttl_ms)
 -- Returns {status, now, lost group numbers (1-based)..., events...}:
 --   status OK, or LATE (nothing renewed). The events follow a '' marker.
-local answer_by, live = unpack(ARGV, 1, 2)
+local answer_by, live, watched = unpack(ARGV, 1, 3)
 local now = clock_ms()
 if late(answer_by, now) then
   return {LATE, now}
@@ -14,9 +14,9 @@ end
 local shard = split_key(KEYS[1])
 local reply, events = {OK, now}, {}
 
-for k = 3, #ARGV, 4 do
+for k = 4, #ARGV, 4 do
   local name, holder, token, ttl = ARGV[k], ARGV[k + 1], ARGV[k + 2], tonumber(ARGV[k + 3])
-  local L = load(lock_of(shard, name, live == '1'), holder)
+  local L = load(lock_of(shard, name, live == '1'), holder, watched)
   -- 1. A lease that already passed is not brought back.
   local changed = purge(L, now)
   -- 2. Only the same grant (holder and token) is renewed; it keeps the ttl
@@ -26,8 +26,12 @@ for k = 3, #ARGV, 4 do
     grant.expires, grant.expires_s = now + ttl, nil
     put_grant(L, grant)
     settle(L)
+    emit(L, 'extended', holder, grant, now, HOLDER)
   else
-    table.insert(reply, (k - 3) / 4 + 1)
+    table.insert(reply, (k - 4) / 4 + 1)
+    if L.watched then
+      emit(L, 'lost', holder, {token = token}, now, HOLDER)
+    end
     settle_purged(L, changed)
   end
   for _, item in ipairs(L.events) do

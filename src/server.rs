@@ -117,6 +117,7 @@ pub async fn serve_on(
     let flusher = tokio::spawn(engine.clone().run_metrics_flusher());
     let renewer = tokio::spawn(engine.clone().run_session_renewer());
     let watch_registry = tokio::spawn(engine.clone().run_watch_registry());
+    let expiry_timers = tokio::spawn(engine.clone().run_expiry_timers());
     let replica = format!("replica-{}", uuid::Uuid::now_v7());
     tracing::info!(%replica, "starting");
     let reaper = config
@@ -244,6 +245,7 @@ pub async fn serve_on(
     refresher.abort();
     renewer.abort();
     watch_registry.abort();
+    expiry_timers.abort();
     flusher.abort();
     // What this replica counted last goes to Redis, briefly.
     if tokio::time::timeout(Duration::from_secs(2), engine.flush_counts())

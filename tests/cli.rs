@@ -652,6 +652,61 @@ async fn watch_prints_events_until_interrupted() {
 }
 
 #[tokio::test]
+async fn watch_can_start_with_the_current_holders() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    client
+        .acquire(proto::AcquireRequest {
+            kind: "nightly".into(),
+            ..acquire("busy", "w")
+        })
+        .await
+        .unwrap();
+    let mut watching = tokio::process::Command::new(TUMBLER)
+        .args([
+            "watch",
+            "busy",
+            "--initial-state",
+            "-o",
+            "json",
+            "--addr",
+            &server.endpoint(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(watching.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+        )
+        .await
+        .expect("a line within 10 s")
+        .unwrap();
+        lines.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    assert_eq!(lines[0]["event"], "held", "{lines:?}");
+    assert_eq!(lines[0]["holder"], "w");
+    assert_eq!(lines[0]["kind"], "nightly");
+    assert_eq!(lines[0]["slot"], 1);
+    assert!(lines[0]["expires_at_ms"].as_i64().unwrap() > lines[0]["at_ms"].as_i64().unwrap());
+    assert_eq!(lines[1]["event"], "synced", "{lines:?}");
+    let pid = nix::unistd::Pid::from_raw(watching.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let output = tokio::time::timeout(Duration::from_secs(10), watching.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(130));
+}
+
+#[tokio::test]
 async fn completion_scripts_for_each_shell() {
     for shell in ["bash", "zsh", "fish"] {
         let output = tokio::process::Command::new(TUMBLER)

@@ -160,6 +160,100 @@ async fn two_replicas_counts_sum_per_kind_and_minute() {
     drop(other);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_and_reap_are_counted_per_kind() {
+    let redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    let in_ns = |request: proto::AcquireRequest| proto::AcquireRequest {
+        namespace: "counted".into(),
+        ..request
+    };
+    // Reap with a cutoff: two old email grants and one report grant.
+    for (name, kind) in [("r-1", "email"), ("r-2", "email"), ("r-3", "report")] {
+        client
+            .acquire(in_ns(kinded(name, "old", kind)))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let reaped = client
+        .reap(proto::ReapRequest {
+            namespace: "counted".into(),
+            older_than_ms: Some(100),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reaped.old_grants, 3);
+
+    // Clear: one email grant, one report grant and one waiting report
+    // request.
+    client
+        .acquire(in_ns(kinded("c-1", "a", "email")))
+        .await
+        .unwrap();
+    client
+        .acquire(in_ns(kinded("c-2", "a", "report")))
+        .await
+        .unwrap();
+    let mut waiter = server.client().await;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire(proto::AcquireRequest {
+                namespace: "counted".into(),
+                wait_ms: 2_000,
+                ..kinded("c-2", "b", "report")
+            })
+            .await
+    });
+    for _ in 0..200 {
+        let state = client
+            .inspect(proto::InspectRequest {
+                namespace: "counted".into(),
+                ..inspect("c-2")
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if state.waiters == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cleared = client
+        .clear(proto::ClearRequest {
+            namespace: "counted".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((cleared.grants_released, cleared.requests_dropped), (2, 1));
+
+    let report = client
+        .metrics(proto::MetricsRequest {
+            namespace: "counted".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let total = |kind: &str| {
+        report
+            .totals
+            .iter()
+            .find(|row| row.kind == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind} totals in {report:?}"))
+    };
+    let (email, reports) = (total("email"), total("report"));
+    assert_eq!((email.reaped, email.cleared), (2, 1), "{email:?}");
+    assert_eq!((reports.reaped, reports.cleared), (1, 2), "{reports:?}");
+    let overall = report.overall.clone().unwrap();
+    assert_eq!((overall.reaped, overall.cleared), (3, 3));
+    let _ = waiting.await;
+}
+
 #[tokio::test]
 async fn redis_errors_are_counted_once_redis_is_back() {
     let mut redis = start_redis();

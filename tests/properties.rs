@@ -594,6 +594,7 @@ fn lock_case() -> impl Strategy<Value = Case> {
                             namespace: ns.0,
                             name,
                             prefix: String::new(),
+                            initial_state: false,
                         }),
                     }
                 }

@@ -174,6 +174,7 @@ fn counters_row(row: engine::MetricsRow) -> proto::MetricsRow {
         expired: c.expired,
         reaped: c.reaped,
         errors: c.errors,
+        cleared: c.cleared,
     }
 }
 
@@ -671,6 +672,7 @@ impl LockService for LockApi {
             .take(access.access(), Some(&filter.namespace))?;
         let slot = self.watchers.take()?;
         let namespace = filter.namespace.clone();
+        let state_filter = filter.clone();
         let watch = self.engine.watchers().add(filter, WATCH_BUFFER);
         // From now on every replica's calls on this namespace publish its
         // events (an unwatched namespace publishes none).
@@ -678,6 +680,16 @@ impl LockService for LockApi {
             .announce_watch(&namespace)
             .await
             .map_err(|e| engine_status(e.into()))?;
+        // The state is read once the watcher is registered and announced:
+        // whatever changes meanwhile arrives as events after it.
+        let state = if req.initial_state {
+            self.engine
+                .watch_state(&state_filter)
+                .await
+                .map_err(engine_status)?
+        } else {
+            Vec::new()
+        };
         let (guard, overflowed, mut events) = (watch.guard, watch.overflowed, watch.events);
         // The stream's own task: forwards events while the client reads,
         // ends the stream when the token is revoked or expires, and holds
@@ -686,6 +698,11 @@ impl LockService for LockApi {
         tokio::spawn(
             async move {
                 let _held = (guard, share, slot);
+                for event in state {
+                    if out.send(Ok(lock_event(event))).await.is_err() {
+                        return;
+                    }
+                }
                 loop {
                     tokio::select! {
                         event = events.recv() => match event {
@@ -736,6 +753,14 @@ fn lock_event(e: engine::watchers::LockEvent) -> proto::LockEvent {
         holder: e.holder,
         fencing_token: e.fencing_token,
         at_ms: e.at_ms,
+        slot: e.slot,
+        kind: e.kind,
+        metadata: e.metadata.into_iter().collect(),
+        ttl_ms: e.ttl_ms,
+        expires_at_ms: e.expires_at_ms,
+        acquired_at_ms: e.acquired_at_ms,
+        hold_ms: e.hold_ms,
+        actor: e.actor,
     }
 }
 

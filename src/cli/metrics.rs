@@ -49,7 +49,7 @@ pub async fn run(args: MetricsArgs, globals: &Globals) -> Result<u8, Failure> {
 }
 
 /// The counters of a metrics row, in table order.
-fn counter_columns(row: &proto::MetricsRow) -> [(&'static str, u64); 8] {
+fn counter_columns(row: &proto::MetricsRow) -> [(&'static str, u64); 9] {
     [
         ("acquired", row.acquired),
         ("denied", row.denied),
@@ -58,6 +58,7 @@ fn counter_columns(row: &proto::MetricsRow) -> [(&'static str, u64); 8] {
         ("extended", row.extended),
         ("expired", row.expired),
         ("reaped", row.reaped),
+        ("cleared", row.cleared),
         ("errors", row.errors),
     ]
 }

@@ -22,6 +22,10 @@ pub struct WatchArgs {
     /// Watch every lock whose name starts with this.
     #[arg(long, default_value = "")]
     pub prefix: String,
+    /// Start with the current holders and waiters (`held`, `waiting`
+    /// events, then `synced`), then follow the changes.
+    #[arg(long)]
+    pub initial_state: bool,
 }
 
 /// Prints events until a signal (exit 128 + its number: 130 for Ctrl-C),
@@ -35,6 +39,7 @@ pub async fn run(args: WatchArgs, globals: &Globals) -> Result<u8, Failure> {
         namespace: globals.namespace()?,
         name: args.name.clone().unwrap_or_default(),
         prefix: args.prefix.clone(),
+        initial_state: args.initial_state,
     };
     let what = match &args.name {
         Some(name) => display_name(&request.namespace, name),
@@ -85,6 +90,14 @@ fn event_json(event: &proto::LockEvent) -> Value {
         "holder": event.holder,
         "fencing_token": event.fencing_token.to_string(),
         "at_ms": event.at_ms,
+        "slot": event.slot,
+        "kind": event.kind,
+        "metadata": event.metadata,
+        "ttl_ms": event.ttl_ms,
+        "expires_at_ms": event.expires_at_ms,
+        "acquired_at_ms": event.acquired_at_ms,
+        "hold_ms": event.hold_ms,
+        "actor": event.actor,
     })
 }
 
@@ -101,6 +114,15 @@ fn event_line(event: &proto::LockEvent) -> String {
     }
     if event.fencing_token > 0 {
         line += &format!(" token={}", event.fencing_token);
+    }
+    if event.slot > 0 {
+        line += &format!(" slot={}", event.slot);
+    }
+    if event.hold_ms > 0 {
+        line += &format!(" held={}ms", event.hold_ms);
+    }
+    if !event.actor.is_empty() {
+        line += &format!(" by={}", event.actor);
     }
     line + "\n"
 }

@@ -312,6 +312,7 @@ fn counters_json(c: &Counters) -> Value {
         "extended": c.extended,
         "expired": c.expired,
         "reaped": c.reaped,
+        "cleared": c.cleared,
         "errors": c.errors,
     })
 }

@@ -167,6 +167,7 @@ impl LockEngine {
         let call = ops::renew::Call {
             answer_by: self.answer_by(None),
             live: self.counts_live(),
+            watched: self.watchers.is_watched(namespace),
             items,
         };
         let answer = self

@@ -722,8 +722,9 @@ impl LockEngine {
             cursor = next;
             for (fence, _, names) in self.shard_batches(&keys) {
                 let args = ops::clear::args(watched, &names);
-                let counts =
+                let (counts, noted) =
                     ops::clear::parse(self.call(&self.scripts.clear, &fence, &args).await?)?;
+                self.count_noted(namespace, self.clock.now_ms(), &noted);
                 done.locks += counts.locks;
                 done.grants += counts.grants;
                 done.requests += counts.requests;

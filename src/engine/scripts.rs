@@ -65,6 +65,7 @@ const OPERATIONS: &[(&str, &str, bool)] = &[
         include_str!("../../lua/session_end.lua"),
         false,
     ),
+    ("purge", include_str!("../../lua/purge.lua"), false),
 ];
 
 const COMMON: &str = include_str!("../../lua/common.lua");
@@ -90,6 +91,7 @@ pub struct Scripts {
     pub session_note: LockScript,
     pub session_claim: LockScript,
     pub session_end: LockScript,
+    pub purge: LockScript,
 }
 
 impl Scripts {
@@ -135,8 +137,16 @@ impl Scripts {
             session_note: script("session_note"),
             session_claim: script("session_claim"),
             session_end: script("session_end"),
+            purge: script("purge"),
             library_name,
         }
+    }
+}
+
+impl Scripts {
+    /// How many functions the library has (one per operation).
+    pub fn operations() -> usize {
+        OPERATIONS.len()
     }
 }
 

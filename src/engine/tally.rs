@@ -6,8 +6,9 @@
 //!
 //! Outcomes the replica sees (acquired, denied, timed out, released,
 //! extended, errors) are counted here directly; what only a script sees
-//! (a lease that expired, a dead waiter or an old grant reaped) comes back
-//! in its reply and is counted here the same way.
+//! (a lease that expired, a dead waiter or an old grant reaped, a grant or
+//! request that a Clear removed) comes back in its reply, per kind, and is
+//! counted here the same way.
 //!
 //! Why a std `Mutex`: held for a map update, never across an `.await`.
 

@@ -200,6 +200,8 @@ pub struct Counters {
     pub extended: u64,
     pub expired: u64,
     pub reaped: u64,
+    /// Grants and waiting requests removed by a Clear.
+    pub cleared: u64,
     pub errors: u64,
 }
 
@@ -213,6 +215,7 @@ impl Counters {
             "extended" => &mut self.extended,
             "expired" => &mut self.expired,
             "reaped" => &mut self.reaped,
+            "cleared" => &mut self.cleared,
             "errors" => &mut self.errors,
             _ => return,
         };
@@ -228,6 +231,7 @@ impl Counters {
         self.extended += other.extended;
         self.expired += other.expired;
         self.reaped += other.reaped;
+        self.cleared += other.cleared;
         self.errors += other.errors;
     }
 }

@@ -7,41 +7,123 @@
 //! dropped (its stream ends with RESOURCE_EXHAUSTED) rather than slowing
 //! anything: fan-out never waits.
 //!
+//! Prompt expiry: a lease that nobody releases ends without any call on
+//! the lock, so nothing would publish `expired` until some later call
+//! touched it. A replica with a watcher on a lock therefore keeps the
+//! lease ends of the grants it heard of (from `acquired`, `extended` and
+//! the initial state; dropped again on `released`, `expired`, ...) and,
+//! when one is due, calls `lua/purge.lua` on that lock, which drops what
+//! has passed and publishes `expired` once (a second replica's purge
+//! finds nothing left). Only watched locks cost anything: no Redis index
+//! of lease ends exists for that.
+//!
 //! Why a std `Mutex`: held only to walk or change the list, never across
 //! an `.await`.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
+
+use super::{EngineError, LockEngine, LockId, ops};
+use crate::store::StoreError;
+
+/// Events of the initial state (not changes): a live grant, a live
+/// waiting request, and the end of the state.
+pub const HELD: &str = "held";
+pub const WAITING: &str = "waiting";
+pub const SYNCED: &str = "synced";
+
+/// Locks (with a prefix) whose state a Watch's initial state shows at most.
+pub const STATE_MAX_LOCKS: usize = 1000;
+/// Waiting requests per lock the initial state shows at most.
+const STATE_MAX_WAITERS: u32 = 1000;
+
+/// The least time between two purges of one lock (a purge that found its
+/// lease not yet ended schedules the next one no sooner).
+const PURGE_GAP_MS: i64 = 5;
 
 /// One lock event, as scripts publish it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockEvent {
     pub namespace: String,
     pub name: String,
-    /// acquired, released, expired, queued or dequeued.
+    /// acquired, released, extended, expired, lost, reaped, cleared,
+    /// queued, dequeued, skipped (and held, waiting, synced for the
+    /// initial state).
     pub event: String,
+    /// The grant's holder, or the waiting request's id.
     pub holder: String,
-    /// The grant's fencing token (0 for queue events).
+    /// The grant's fencing token (0 for events of waiting requests).
     pub fencing_token: u64,
     /// Redis clock, Unix ms.
     pub at_ms: i64,
+    /// The grant's slot (0 for waiting requests).
+    pub slot: u32,
+    pub kind: String,
+    pub metadata: BTreeMap<String, String>,
+    pub ttl_ms: u64,
+    /// When the grant's lease ends (or ended), Redis clock; 0 if none.
+    pub expires_at_ms: i64,
+    pub acquired_at_ms: i64,
+    /// How long the grant was held (when it ended).
+    pub hold_ms: u64,
+    /// holder, reaper or admin ('' for initial state).
+    pub actor: String,
 }
 
 impl LockEvent {
-    /// Parses `namespace\nname\nevent\nholder\ntoken\ntime_ms`.
+    /// Parses `namespace\nname\nevent\nholder\ntoken\ntime_ms` and, from
+    /// `lua/common.lua`'s `emit`, `\nslot\nkind\nttl_ms\nexpires_at\n
+    /// acquired_at\nhold_ms\nactor\nmetadata` (absent from an older
+    /// replica's events: left at their defaults).
     pub fn parse(payload: &str) -> Option<LockEvent> {
-        let mut fields = payload.split('\n');
-        Some(LockEvent {
+        let mut fields = payload.splitn(14, '\n');
+        let mut event = LockEvent {
             namespace: fields.next()?.to_owned(),
             name: fields.next()?.to_owned(),
             event: fields.next()?.to_owned(),
             holder: fields.next()?.to_owned(),
             fencing_token: fields.next()?.parse().ok()?,
             at_ms: fields.next()?.parse().ok()?,
-        })
+            ..LockEvent::default()
+        };
+        let Some(slot) = fields.next() else {
+            return Some(event);
+        };
+        event.slot = slot.parse().ok()?;
+        event.kind = fields.next()?.to_owned();
+        event.ttl_ms = fields.next()?.parse().ok()?;
+        event.expires_at_ms = fields.next()?.parse().ok()?;
+        event.acquired_at_ms = fields.next()?.parse().ok()?;
+        event.hold_ms = fields.next()?.parse().ok()?;
+        event.actor = fields.next()?.to_owned();
+        let metadata = fields.next()?;
+        if !metadata.is_empty() {
+            event.metadata = serde_json::from_str(metadata).ok()?;
+        }
+        Some(event)
+    }
+
+    /// The event of a live grant in a Watch's initial state.
+    fn held(lock: &LockId, grant: super::Grant, now_ms: i64) -> LockEvent {
+        LockEvent {
+            namespace: lock.namespace.clone(),
+            name: lock.name.clone(),
+            event: HELD.into(),
+            holder: grant.holder,
+            fencing_token: grant.fencing_token,
+            at_ms: now_ms,
+            slot: grant.slot,
+            kind: grant.kind,
+            metadata: grant.metadata,
+            ttl_ms: grant.ttl_ms,
+            expires_at_ms: grant.expires_at_ms,
+            acquired_at_ms: grant.acquired_at_ms,
+            ..LockEvent::default()
+        }
     }
 }
 
@@ -55,10 +137,14 @@ pub struct Filter {
 
 impl Filter {
     fn matches(&self, event: &LockEvent) -> bool {
-        event.namespace == self.namespace
+        self.matches_lock(&event.namespace, &event.name)
+    }
+
+    fn matches_lock(&self, namespace: &str, name: &str) -> bool {
+        namespace == self.namespace
             && match &self.name {
-                Some(name) => event.name == *name,
-                None => event.name.starts_with(&self.prefix),
+                Some(wanted) => name == wanted,
+                None => name.starts_with(&self.prefix),
             }
     }
 }
@@ -79,6 +165,53 @@ pub struct Watchers {
     /// Namespaces some replica watches (this one's included): function
     /// calls on their locks publish events; others publish none.
     anywhere: RwLock<HashSet<String>>,
+    /// Lease ends of the grants on locks watched here (prompt expiry).
+    leases: Mutex<Leases>,
+    /// Woken when a lease end earlier than the one waited for appears.
+    leases_changed: Notify,
+}
+
+/// (namespace, lock name, holder): one grant. The holder '' stands for
+/// "the lock's next lease end", which a purge reports.
+type GrantKey = (String, String, String);
+
+/// The lease ends of the grants on watched locks, by grant and in time
+/// order. Bounded by the live grants of the locks watched here.
+#[derive(Default)]
+struct Leases {
+    by_grant: HashMap<GrantKey, i64>,
+    due: BTreeSet<(i64, GrantKey)>,
+}
+
+impl Leases {
+    fn set(&mut self, key: GrantKey, at_ms: i64) -> bool {
+        if let Some(old) = self.by_grant.insert(key.clone(), at_ms) {
+            self.due.remove(&(old, key.clone()));
+        }
+        let earliest = self.due.first().is_none_or(|(first, _)| at_ms < *first);
+        self.due.insert((at_ms, key));
+        earliest
+    }
+
+    fn remove(&mut self, key: &GrantKey) {
+        if let Some(at) = self.by_grant.remove(key) {
+            self.due.remove(&(at, key.clone()));
+        }
+    }
+
+    /// Takes the lease ends due by `now_ms`: the locks to purge.
+    fn take_due(&mut self, now_ms: i64) -> HashSet<(String, String)> {
+        let mut locks = HashSet::new();
+        while let Some((at, _)) = self.due.first() {
+            if *at > now_ms {
+                break;
+            }
+            let (_, key) = self.due.pop_first().expect("a first entry");
+            self.by_grant.remove(&key);
+            locks.insert((key.0, key.1));
+        }
+        locks
+    }
 }
 
 /// A registered watcher: its events, whether it was dropped for falling
@@ -108,6 +241,8 @@ impl Watchers {
             next_id: AtomicU64::new(1),
             wanted: watch::Sender::new(false),
             anywhere: RwLock::default(),
+            leases: Mutex::default(),
+            leases_changed: Notify::new(),
         })
     }
 
@@ -165,7 +300,52 @@ impl Watchers {
         list.retain(|w| w.id != id);
         if list.is_empty() {
             self.wanted.send_replace(false);
+            *self.leases.lock().unwrap() = Leases::default();
         }
+    }
+
+    /// True when a watcher on this replica wants the lock's events.
+    pub fn watched_here(&self, namespace: &str, name: &str) -> bool {
+        let list = self.list.lock().unwrap();
+        list.iter().any(|w| w.filter.matches_lock(namespace, name))
+    }
+
+    /// Remembers when a grant's lease ends (or, with holder '', when the
+    /// lock's next lease may end), to purge the lock then.
+    pub fn schedule(&self, namespace: &str, name: &str, holder: &str, at_ms: i64) {
+        let key = (namespace.to_owned(), name.to_owned(), holder.to_owned());
+        if self.leases.lock().unwrap().set(key, at_ms) {
+            self.leases_changed.notify_one();
+        }
+    }
+
+    /// Follows a relayed event in the lease ends: a grant that starts or
+    /// moves its lease is scheduled, one that ends is forgotten.
+    fn track(&self, event: &LockEvent) {
+        match event.event.as_str() {
+            "acquired" | "extended" if event.expires_at_ms > 0 => {
+                self.schedule(
+                    &event.namespace,
+                    &event.name,
+                    &event.holder,
+                    event.expires_at_ms,
+                );
+            }
+            "released" | "expired" | "reaped" | "cleared" | "lost" => {
+                let key = (
+                    event.namespace.clone(),
+                    event.name.clone(),
+                    event.holder.clone(),
+                );
+                self.leases.lock().unwrap().remove(&key);
+            }
+            _ => {}
+        }
+    }
+
+    /// The earliest lease end scheduled (Redis ms).
+    fn next_lease_end(&self) -> Option<i64> {
+        self.leases.lock().unwrap().due.first().map(|(at, _)| *at)
     }
 
     /// Follows whether anyone watches (for the subscriber).
@@ -180,11 +360,13 @@ impl Watchers {
             tracing::warn!("unreadable lock event");
             return;
         };
+        let mut matched = false;
         let mut list = self.list.lock().unwrap();
         list.retain(|watcher| {
             if !watcher.filter.matches(&event) {
                 return true;
             }
+            matched = true;
             match watcher.events.try_send(event.clone()) {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Full(_)) => {
@@ -197,5 +379,201 @@ impl Watchers {
         if list.is_empty() {
             self.wanted.send_replace(false);
         }
+        drop(list);
+        if matched {
+            self.track(&event);
+        }
+    }
+}
+
+impl LockEngine {
+    /// Purges watched locks at their lease ends until shutdown, so that
+    /// `expired` is published when a lease ends rather than when some
+    /// later call touches the lock (see the module's notes).
+    pub async fn run_expiry_timers(self: Arc<Self>) {
+        let shutdown = self.waiters.shutdown_token().clone();
+        loop {
+            let wait = match self.watchers.next_lease_end() {
+                Some(at) => Duration::from_millis((at - self.clock.now_ms()).max(0) as u64),
+                None => Duration::from_secs(3600),
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.watchers.leases_changed.notified() => continue,
+                () = tokio::time::sleep(wait) => {}
+            }
+            let now = self.clock.now_ms();
+            let due = self.watchers.leases.lock().unwrap().take_due(now);
+            for (namespace, name) in due {
+                if !self.watchers.watched_here(&namespace, &name) {
+                    continue;
+                }
+                let engine = self.clone();
+                tokio::spawn(async move {
+                    let lock = LockId { namespace, name };
+                    match engine.purge_watched(&lock).await {
+                        Ok(Some(next)) => engine.watchers.schedule(
+                            &lock.namespace,
+                            &lock.name,
+                            "",
+                            next.max(engine.clock.now_ms() + PURGE_GAP_MS),
+                        ),
+                        Ok(None) => {}
+                        Err(err) => {
+                            tracing::debug!(error = %err, lock = %lock.name, "lease-end purge failed; retried");
+                            engine.watchers.schedule(
+                                &lock.namespace,
+                                &lock.name,
+                                "",
+                                engine.clock.now_ms() + 100,
+                            );
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// One lease-end purge of a watched lock (`lua/purge.lua`); returns
+    /// when its next lease may end (None: nobody holds it).
+    async fn purge_watched(&self, lock: &LockId) -> Result<Option<i64>, StoreError> {
+        self.ready()?;
+        let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
+        let args = ops::purge::args(self.watchers.is_watched(&lock.namespace));
+        let reply = self.call_lock(&self.scripts.purge, &keys, &args).await?;
+        let answer = ops::purge::parse(reply)?;
+        self.clock.observe(answer.now);
+        self.count_noted(&lock.namespace, answer.now, &answer.noted);
+        Ok(answer.outcome)
+    }
+
+    /// The current state of the locks a watcher wants, as events: one
+    /// `held` per live grant, one `waiting` per live waiting request, then
+    /// one `synced`. Their lease ends are scheduled like relayed grants'.
+    /// With a prefix, at most [`STATE_MAX_LOCKS`] locks are shown.
+    pub async fn watch_state(&self, filter: &Filter) -> Result<Vec<LockEvent>, EngineError> {
+        let names = match &filter.name {
+            Some(name) => vec![name.clone()],
+            None => {
+                let mut names = Vec::new();
+                let mut from = None;
+                loop {
+                    let left = STATE_MAX_LOCKS - names.len();
+                    let page = self
+                        .list(
+                            &filter.namespace,
+                            &filter.prefix,
+                            left.min(500) as u32,
+                            from,
+                            false,
+                        )
+                        .await?;
+                    names.extend(page.locks.into_iter().map(|l| l.name));
+                    match page.next {
+                        Some(next) if names.len() < STATE_MAX_LOCKS => from = Some(next),
+                        _ => break,
+                    }
+                }
+                names.sort();
+                names.dedup();
+                names
+            }
+        };
+        let mut events = Vec::new();
+        let mut now_ms = self.clock.now_ms();
+        for name in names {
+            let lock = LockId {
+                namespace: filter.namespace.clone(),
+                name,
+            };
+            let state = self.inspect(&lock).await?;
+            now_ms = state.now_ms;
+            for grant in state.holders {
+                self.watchers.schedule(
+                    &lock.namespace,
+                    &lock.name,
+                    &grant.holder,
+                    grant.expires_at_ms,
+                );
+                events.push(LockEvent::held(&lock, grant, state.now_ms));
+            }
+            if state.waiters > 0 {
+                let queue = self.queue(&lock, STATE_MAX_WAITERS).await?;
+                for request in queue.requests {
+                    events.push(LockEvent {
+                        namespace: lock.namespace.clone(),
+                        name: lock.name.clone(),
+                        event: WAITING.into(),
+                        holder: request.holder,
+                        at_ms: queue.now_ms,
+                        kind: request.kind,
+                        ..LockEvent::default()
+                    });
+                }
+            }
+        }
+        events.push(LockEvent {
+            namespace: filter.namespace.clone(),
+            event: SYNCED.into(),
+            at_ms: now_ms,
+            ..LockEvent::default()
+        });
+        Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_parse_with_and_without_the_grant_parts() {
+        // An older replica's event: six fields.
+        let old = LockEvent::parse("ns\nlock\nreleased\nh\n17\n1000").unwrap();
+        assert_eq!(
+            (old.event.as_str(), old.fencing_token, old.at_ms),
+            ("released", 17, 1000)
+        );
+        assert_eq!((old.slot, old.actor.as_str()), (0, ""));
+        // This version's: the grant's parts, metadata last.
+        let full = LockEvent::parse(
+            "ns\nlock\nreleased\nh\n17\n1500\n2\nreport\n30000\n31000\n1000\n500\nholder\n{\"a\":\"x\\ny\"}",
+        )
+        .unwrap();
+        assert_eq!(full.slot, 2);
+        assert_eq!(full.kind, "report");
+        assert_eq!((full.ttl_ms, full.expires_at_ms), (30_000, 31_000));
+        assert_eq!((full.acquired_at_ms, full.hold_ms), (1000, 500));
+        assert_eq!(full.actor, "holder");
+        assert_eq!(full.metadata.get("a").map(String::as_str), Some("x\ny"));
+        // Broken ones are refused, not half read.
+        assert!(LockEvent::parse("ns\nlock\nreleased\nh\nnot-a-number\n1").is_none());
+        assert!(LockEvent::parse("ns\nlock\nreleased\nh\n1\n1\n2\nk").is_none());
+    }
+
+    #[test]
+    fn lease_ends_move_with_their_grant_and_come_due_in_order() {
+        let key = |name: &str, holder: &str| ("ns".to_owned(), name.to_owned(), holder.to_owned());
+        let mut leases = Leases::default();
+        assert!(leases.set(key("a", "h1"), 300));
+        assert!(
+            leases.set(key("b", "h1"), 100),
+            "earlier than any: wake the loop"
+        );
+        assert!(!leases.set(key("a", "h2"), 200));
+        // Extended: the old end is gone.
+        leases.set(key("b", "h1"), 400);
+        assert_eq!(leases.due.first().map(|(at, _)| *at), Some(200));
+        // Released: forgotten.
+        leases.remove(&key("a", "h2"));
+        assert!(leases.take_due(299).is_empty());
+        let due = leases.take_due(400);
+        let expected: HashSet<_> = [
+            ("ns".to_owned(), "a".to_owned()),
+            ("ns".to_owned(), "b".to_owned()),
+        ]
+        .into();
+        assert_eq!(due, expected);
+        assert!(leases.by_grant.is_empty() && leases.due.is_empty());
     }
 }

@@ -364,8 +364,8 @@ function metadata(map) {
 
 // ------------------------------------------------------------ metrics
 
-const EVENTS = ["acquired", "denied", "timed_out", "released", "extended", "expired", "reaped", "errors"];
-const EVENT_LABELS = ["Acquired", "Denied", "Timed out", "Released", "Extended", "Expired", "Reaped", "Errors"];
+const EVENTS = ["acquired", "denied", "timed_out", "released", "extended", "expired", "reaped", "cleared", "errors"];
+const EVENT_LABELS = ["Acquired", "Denied", "Timed out", "Released", "Extended", "Expired", "Reaped", "Cleared", "Errors"];
 
 function renderMetricsToolbar() {
   const minutes = params.get("minutes") || "60";

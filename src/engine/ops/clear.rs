@@ -2,7 +2,7 @@
 
 use redis::Value;
 
-use super::{Reply, flag};
+use super::{Noted, Reply, flag};
 use crate::engine::ClearCounts;
 use crate::store::StoreError;
 
@@ -13,11 +13,14 @@ pub fn args(watched: bool, names: &[String]) -> Vec<String> {
     args
 }
 
-pub fn parse(value: Value) -> Result<ClearCounts, StoreError> {
+/// What the call cleared, and its 'cleared' events per kind for the
+/// counters (one per grant and per request).
+pub fn parse(value: Value) -> Result<(ClearCounts, Vec<Noted>), StoreError> {
     let mut reply = Reply::new("clear", value)?;
-    Ok(ClearCounts {
+    let counts = ClearCounts {
         locks: reply.take()?,
         grants: reply.take()?,
         requests: reply.take()?,
-    })
+    };
+    Ok((counts, reply.noted()?))
 }

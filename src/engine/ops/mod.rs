@@ -13,6 +13,7 @@ pub mod dequeue;
 pub mod extend;
 pub mod inspect;
 pub mod list;
+pub mod purge;
 pub mod queue;
 pub mod reap;
 pub mod refresh;
@@ -38,7 +39,8 @@ pub mod status {
 }
 
 /// Something a function reports for the per-minute counters: an expired
-/// lease or a reaped waiter, with its kind.
+/// lease, a reaped waiter or grant, a cleared grant or request, with its
+/// kind.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Noted {
     pub event: String,

@@ -18,14 +18,17 @@ pub struct Call<'a> {
     pub answer_by: i64,
     /// The shard's live locks are counted (a per-namespace lock limit).
     pub live: bool,
+    /// Some replica watches the namespace: publish events.
+    pub watched: bool,
     pub items: &'a [Item<'a>],
 }
 
 impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
-        let mut args = Vec::with_capacity(1 + 4 * self.items.len());
+        let mut args = Vec::with_capacity(3 + 4 * self.items.len());
         args.push(self.answer_by.to_string());
         args.push(super::flag(self.live).to_owned());
+        args.push(super::flag(self.watched).to_owned());
         for item in self.items {
             args.extend([
                 item.name.to_owned(),
