@@ -162,6 +162,8 @@ fn describe() {
         "tumbler_reaper_lock_unavailable_total",
         "Reaper rounds in which this replica could not take the reaper lock for longer than a reaper's lease, while no reaper with such a lease held it."
     );
+    // Served from the start at 0, so an alert on its increase has a base.
+    counter!("tumbler_reaper_lock_unavailable_total").increment(0);
     describe_counter!(
         "tumbler_reaped_total",
         "What the background reaper removed: expired_holders, dead_waiters, stale_index_entries."
