@@ -396,26 +396,40 @@ async fn exit_holding_throughout(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_hold_resumes_on_the_next_replica_when_its_replica_drains() {
+    let stderr = hold_rides_out_a_drain(&["--session"]).await;
+    assert!(stderr.contains("resumed the session"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_hold_renews_on_the_next_replica_when_its_replica_drains() {
+    hold_rides_out_a_drain(&[]).await;
+}
+
+/// `hold <mode> --ttl-ms 3000` over two replicas, running a 4 s command;
+/// the replica it is on drains meanwhile. The lock stays with the same
+/// holder and token throughout, and hold exits with the command's code.
+/// Returns hold's stderr.
+async fn hold_rides_out_a_drain(mode: &[&str]) -> String {
     let redis = start_redis();
     let first = TumblerProcess::start(&redis.url(), REPLICA_FLAGS).await;
     let second = TumblerProcess::start(&redis.url(), REPLICA_FLAGS).await;
     let mut observer = second.client().await;
     let addrs = format!("{},{}", first.endpoint, second.endpoint);
-    // The session TTL (3 s) is shorter than the command (4 s): the hold
-    // lives only if the session moves to the second replica and is
-    // renewed there.
+    // The lease (3 s) is shorter than the command (4 s): the hold lives
+    // only if it is renewed on the second replica.
     let mut holding = hold(
         &addrs,
         &[
-            "migrate",
-            "--session",
-            "--ttl-ms",
-            "3000",
-            "--",
-            "sh",
-            "-c",
-            "echo \"$TUMBLER_HOLDER $TUMBLER_FENCING_TOKEN\"; sleep 4; exit 7",
-        ],
+            &["migrate", "--ttl-ms", "3000"],
+            mode,
+            &[
+                "--",
+                "sh",
+                "-c",
+                "echo \"$TUMBLER_HOLDER $TUMBLER_FENCING_TOKEN\"; sleep 4; exit 7",
+            ],
+        ]
+        .concat(),
     );
     let line = first_line(&mut holding).await;
     let (holder, token) = line.trim().split_once(' ').unwrap();
@@ -431,14 +445,26 @@ async fn a_session_hold_resumes_on_the_next_replica_when_its_replica_drains() {
     assert!(exited.success(), "{exited:?}");
     assert_eq!(code, 7, "hold exits with the command's code");
     let stderr = stderr_of(&mut holding).await;
-    assert!(stderr.contains("resumed the session"), "{stderr}");
     assert!(!stderr.contains("LOST"), "{stderr}");
     // Released once the command was done.
     assert!(holders(&mut observer, "migrate").await.is_empty());
+    stderr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_hold_keeps_its_place_when_its_replica_restarts() {
+async fn a_waiting_session_hold_keeps_its_place_when_its_replica_restarts() {
+    waiting_hold_keeps_its_place(&["--session"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lease_hold_keeps_its_place_when_its_replica_restarts() {
+    waiting_hold_keeps_its_place(&["--ttl-ms", "3000"]).await;
+}
+
+/// `hold <mode> --wait-ms …` queued on a replica that restarts (its only
+/// address), a later waiter queued on another replica: once the gate
+/// leaves, the hold is granted first.
+async fn waiting_hold_keeps_its_place(mode: &[&str]) {
     let redis = start_redis();
     let port = tumbler::dev::free_port().unwrap();
     let replica = TumblerProcess::spawn_at(&redis.url(), port, REPLICA_FLAGS);
@@ -461,15 +487,11 @@ async fn a_waiting_hold_keeps_its_place_when_its_replica_restarts() {
     let mut waiting = hold(
         &replica.endpoint,
         &[
-            "line",
-            "--session",
-            "--wait-ms",
-            "30000",
-            "--",
-            "sh",
-            "-c",
-            "echo $TUMBLER_FENCING_TOKEN",
-        ],
+            &["line", "--wait-ms", "30000"],
+            mode,
+            &["--", "sh", "-c", "echo $TUMBLER_FENCING_TOKEN"],
+        ]
+        .concat(),
     );
     until_waiters(&mut admin, "line", 1).await;
     let mut later = admin.clone();
