@@ -396,22 +396,29 @@ async fn exit_holding_throughout(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_hold_resumes_on_the_next_replica_when_its_replica_drains() {
-    let stderr = hold_rides_out_a_drain(&["--session"]).await;
+    let stderr = hold_rides_out_a_drain(&["--session"], false).await;
+    assert!(stderr.contains("resumed the session"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_hold_resumes_on_the_next_replica_when_its_replica_crashes() {
+    let stderr = hold_rides_out_a_drain(&["--session"], true).await;
     assert!(stderr.contains("resumed the session"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_hold_renews_on_the_next_replica_when_its_replica_drains() {
-    hold_rides_out_a_drain(&[]).await;
+    hold_rides_out_a_drain(&[], false).await;
 }
 
 /// `hold <mode> --ttl-ms 3000` over two replicas, running a 4 s command;
-/// the replica it is on drains meanwhile. The lock stays with the same
-/// holder and token throughout, and hold exits with the command's code.
-/// Returns hold's stderr.
-async fn hold_rides_out_a_drain(mode: &[&str]) -> String {
+/// the replica it is on drains (or, with `crash`, is SIGKILLed)
+/// meanwhile. The lock stays with the same holder and token throughout,
+/// and hold exits with the command's code. Returns hold's stderr.
+async fn hold_rides_out_a_drain(mode: &[&str], crash: bool) -> String {
     let redis = start_redis();
     let first = TumblerProcess::start(&redis.url(), REPLICA_FLAGS).await;
+    let mut first = first;
     let second = TumblerProcess::start(&redis.url(), REPLICA_FLAGS).await;
     let mut observer = second.client().await;
     let addrs = format!("{},{}", first.endpoint, second.endpoint);
@@ -438,11 +445,18 @@ async fn hold_rides_out_a_drain(mode: &[&str]) -> String {
     assert_eq!(seen.len(), 1);
     assert_eq!((seen[0].holder.clone(), seen[0].fencing_token), expected);
 
-    // The replica serving the session drains while the command runs.
-    first.terminate();
-    let watching = exit_holding_throughout(&mut holding, &mut observer, "migrate", &expected);
-    let (code, exited) = tokio::join!(watching, first.exit_status());
-    assert!(exited.success(), "{exited:?}");
+    // The replica serving the lock drains (or crashes) while the command
+    // runs.
+    let code = if crash {
+        first.kill();
+        exit_holding_throughout(&mut holding, &mut observer, "migrate", &expected).await
+    } else {
+        first.terminate();
+        let watching = exit_holding_throughout(&mut holding, &mut observer, "migrate", &expected);
+        let (code, exited) = tokio::join!(watching, first.exit_status());
+        assert!(exited.success(), "{exited:?}");
+        code
+    };
     assert_eq!(code, 7, "hold exits with the command's code");
     let stderr = stderr_of(&mut holding).await;
     assert!(!stderr.contains("LOST"), "{stderr}");
