@@ -354,3 +354,216 @@ async fn without_a_command_the_lock_is_held_until_a_signal() {
     assert_eq!(status.code(), Some(0));
     assert!(holders(&mut client, "maintenance").await.is_empty());
 }
+
+/// Flags of the replicas restarted below: a short drain, as in a rollout.
+const REPLICA_FLAGS: &[&str] = &["--shutdown-drain-ms", "300", "--shutdown-grace-ms", "2000"];
+
+/// Polls Inspect on `client` until `hold` exits, checking that `name` is
+/// held all along by exactly `expected` (holder, fencing token); returns
+/// hold's exit code.
+async fn exit_holding_throughout(
+    hold: &mut Child,
+    client: &mut LockServiceClient,
+    name: &str,
+    expected: &(String, u64),
+) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = hold.try_wait().unwrap() {
+            return status.code().expect("hold exited");
+        }
+        let seen: Vec<(String, u64)> = holders(client, name)
+            .await
+            .into_iter()
+            .map(|g| (g.holder, g.fencing_token))
+            .collect();
+        // Once the command is done, hold releases: an empty list is then
+        // fine, any other holder never.
+        if seen.is_empty() {
+            if let Some(status) = hold.try_wait().unwrap() {
+                return status.code().expect("hold exited");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let status = hold.try_wait().unwrap();
+            assert!(status.is_some(), "{name} was free while the command ran");
+            return status.unwrap().code().expect("hold exited");
+        }
+        assert_eq!(seen, std::slice::from_ref(expected), "{name} changed hands");
+        assert!(Instant::now() < deadline, "hold did not exit");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_hold_resumes_on_the_next_replica_when_its_replica_drains() {
+    let stderr = hold_rides_out_a_drain(&["--session"], false).await;
+    assert!(stderr.contains("resumed the session"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_hold_resumes_on_the_next_replica_when_its_replica_crashes() {
+    let stderr = hold_rides_out_a_drain(&["--session"], true).await;
+    assert!(stderr.contains("resumed the session"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_hold_renews_on_the_next_replica_when_its_replica_drains() {
+    hold_rides_out_a_drain(&[], false).await;
+}
+
+/// `hold <mode> --ttl-ms 3000` over two replicas, running a 4 s command;
+/// the replica it is on drains (or, with `crash`, is SIGKILLed)
+/// meanwhile. The lock stays with the same holder and token throughout,
+/// and hold exits with the command's code. Returns hold's stderr.
+async fn hold_rides_out_a_drain(mode: &[&str], crash: bool) -> String {
+    let redis = start_redis();
+    let first = TumblerProcess::start(&redis.url(), REPLICA_FLAGS).await;
+    let mut first = first;
+    let second = TumblerProcess::start(&redis.url(), REPLICA_FLAGS).await;
+    let mut observer = second.client().await;
+    let addrs = format!("{},{}", first.endpoint, second.endpoint);
+    // The lease (3 s) is shorter than the command (4 s): the hold lives
+    // only if it is renewed on the second replica.
+    let mut holding = hold(
+        &addrs,
+        &[
+            &["migrate", "--ttl-ms", "3000"],
+            mode,
+            &[
+                "--",
+                "sh",
+                "-c",
+                "echo \"$TUMBLER_HOLDER $TUMBLER_FENCING_TOKEN\"; sleep 4; exit 7",
+            ],
+        ]
+        .concat(),
+    );
+    let line = first_line(&mut holding).await;
+    let (holder, token) = line.trim().split_once(' ').unwrap();
+    let expected = (holder.to_owned(), token.parse::<u64>().unwrap());
+    let seen = holders(&mut observer, "migrate").await;
+    assert_eq!(seen.len(), 1);
+    assert_eq!((seen[0].holder.clone(), seen[0].fencing_token), expected);
+
+    // The replica serving the lock drains (or crashes) while the command
+    // runs.
+    let code = if crash {
+        first.kill();
+        exit_holding_throughout(&mut holding, &mut observer, "migrate", &expected).await
+    } else {
+        first.terminate();
+        let watching = exit_holding_throughout(&mut holding, &mut observer, "migrate", &expected);
+        let (code, exited) = tokio::join!(watching, first.exit_status());
+        assert!(exited.success(), "{exited:?}");
+        code
+    };
+    assert_eq!(code, 7, "hold exits with the command's code");
+    let stderr = stderr_of(&mut holding).await;
+    assert!(!stderr.contains("LOST"), "{stderr}");
+    // Released once the command was done.
+    assert!(holders(&mut observer, "migrate").await.is_empty());
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_session_hold_keeps_its_place_when_its_replica_restarts() {
+    waiting_hold_keeps_its_place(&["--session"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lease_hold_keeps_its_place_when_its_replica_restarts() {
+    waiting_hold_keeps_its_place(&["--ttl-ms", "3000"]).await;
+}
+
+/// `hold <mode> --wait-ms …` queued on a replica that restarts (its only
+/// address), a later waiter queued on another replica: once the gate
+/// leaves, the hold is granted first.
+async fn waiting_hold_keeps_its_place(mode: &[&str]) {
+    let redis = start_redis();
+    let port = tumbler::dev::free_port().unwrap();
+    let replica = TumblerProcess::spawn_at(&redis.url(), port, REPLICA_FLAGS);
+    wait_for_health(
+        &replica.endpoint,
+        tonic_health::pb::health_check_response::ServingStatus::Serving,
+    )
+    .await;
+    let other = TumblerProcess::start(&redis.url(), REPLICA_FLAGS).await;
+    let mut admin = other.client().await;
+    admin
+        .acquire(proto::AcquireRequest {
+            ttl_ms: Some(60_000),
+            ..acquire("line", "gate")
+        })
+        .await
+        .unwrap();
+    // The hold waits on the replica about to restart (its only address),
+    // then a later waiter queues behind it on the other replica.
+    let mut waiting = hold(
+        &replica.endpoint,
+        &[
+            &["line", "--wait-ms", "30000"],
+            mode,
+            &["--", "sh", "-c", "echo $TUMBLER_FENCING_TOKEN"],
+        ]
+        .concat(),
+    );
+    until_waiters(&mut admin, "line", 1).await;
+    let mut later = admin.clone();
+    let later_wait = tokio::spawn(async move {
+        later
+            .acquire(proto::AcquireRequest {
+                wait_ms: 30_000,
+                ..acquire("line", "later")
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    until_waiters(&mut admin, "line", 2).await;
+
+    // Restart the replica the hold waits on: SIGTERM, then again on its
+    // port.
+    replica.terminate();
+    assert!(replica.exit_status().await.success());
+    let back = TumblerProcess::spawn_at(&redis.url(), port, REPLICA_FLAGS);
+    wait_for_health(
+        &back.endpoint,
+        tonic_health::pb::health_check_response::ServingStatus::Serving,
+    )
+    .await;
+    until_waiters(&mut admin, "line", 2).await;
+
+    // The gate leaves: the hold, first in line, gets the lock before the
+    // later waiter.
+    admin
+        .release(proto::ReleaseRequest {
+            namespace: String::new(),
+            name: "line".into(),
+            holder: "gate".into(),
+            fencing_token: None,
+        })
+        .await
+        .unwrap();
+    let line = first_line(&mut waiting).await;
+    let Ok(token) = line.trim().parse::<u64>() else {
+        panic!("hold printed {line:?}: {}", stderr_of(&mut waiting).await);
+    };
+    let status = tokio::time::timeout(Duration::from_secs(10), waiting.wait())
+        .await
+        .expect("hold exited")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let later_reply = tokio::time::timeout(Duration::from_secs(10), later_wait)
+        .await
+        .expect("the later waiter was granted")
+        .unwrap();
+    let later_grant = later_reply.grant.expect("granted after the hold");
+    assert_eq!(later_grant.holder, "later");
+    assert!(
+        later_grant.fencing_token > token,
+        "the later waiter ({}) was granted before the hold ({token})",
+        later_grant.fencing_token
+    );
+    let stderr = stderr_of(&mut waiting).await;
+    assert!(!stderr.contains("LOST"), "{stderr}");
+}

@@ -164,11 +164,11 @@ def start_redis():
     return proc, port
 
 
-def start_serve(binary, port, redis_port):
-    """`tumbler serve` on a given port against the driver's redis-server."""
+def start_serve(binary, port, redis_port, *flags):
+    """`tumbler serve` on a given port against the driver's redis-server (extra `flags` added)."""
     log = log_file(f"serve-{port}-{int(time.time() * 1000)}")
     proc = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", "--http-listen", "off", "--no-auth",
-                             "--redis-url", f"redis://127.0.0.1:{redis_port}"], stdout=log, stderr=log)
+                             "--redis-url", f"redis://127.0.0.1:{redis_port}", *flags], stdout=log, stderr=log)
     wait_listening(proc, port, "tumbler serve", log.name)
     return proc
 

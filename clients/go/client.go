@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
@@ -59,7 +60,13 @@ type Client struct {
 // Dial connects in plaintext unless opts carry grpc.WithTransportCredentials
 // (TLS). grpc-go 1.33 has no grpc.NewClient; grpc.Dial does not block.
 func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
-	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(Insecure())}, opts...)
+	// Reconnect soon after a server restart: grpc-go's default backoff
+	// (1 s growing to 120 s) could outlast a lease.
+	reconnect := grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+		MinConnectTimeout: 5 * time.Second,
+	})
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(Insecure()), reconnect}, opts...)
 	conn, err := grpc.Dial(target, opts...)
 	if err != nil {
 		return nil, err
@@ -87,11 +94,20 @@ func (c *Client) retry(ctx context.Context, rpc func(context.Context) error) err
 		if err == nil || !retryable(err) {
 			return err
 		}
+		c.reconnectSoon()
 		select {
 		case <-time.After(c.Retry.delay(attempt)):
 		case <-ctx.Done():
 			return err
 		}
+	}
+}
+
+// reconnectSoon makes the connection try its server again now rather than
+// after its reconnect backoff (a restarted server is back on its address).
+func (c *Client) reconnectSoon() {
+	if c.Conn != nil {
+		c.Conn.ResetConnectBackoff()
 	}
 }
 

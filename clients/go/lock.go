@@ -185,6 +185,9 @@ func (l *Lock) renewOnce(stop chan struct{}, next *time.Time, attempt *int, inte
 	default:
 	}
 	if err != nil {
+		if retryable(err) {
+			l.c.reconnectSoon()
+		}
 		if !time.Now().Before(leaseEnd) {
 			l.markLost("renewals failed until the lease ran out (" + fromRPC(err).Error() + ")")
 			return false

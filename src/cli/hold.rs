@@ -13,11 +13,16 @@
 //! - status lines go to stderr: stdout is the command's alone.
 //!
 //! The lock is kept by renewing its lease (Extend every third of the
-//! lease, retried on other `--addr` endpoints), not through a Session
-//! stream: a session's grants are released as soon as its stream breaks
-//! (a network blip, the replica restarting), while the command may still
-//! be running. `--session` keeps the Session way, which frees the lock at
-//! once if `hold` itself is SIGKILLed.
+//! lease, retried on other `--addr` endpoints), or with `--session`
+//! through a Session stream, which frees the lock at once if `hold`
+//! itself is SIGKILLed. A session whose stream ends with UNAVAILABLE (its
+//! replica drains) or breaks is resumed on the next `--addr` endpoint
+//! (the same one again when there is only one: a restarted server comes
+//! back on its address), with backoff and jitter, until its TTL would
+//! pass: the command runs on and the lock is reported lost only if the
+//! resume fails. Either way, an acquire answered UNAVAILABLE (a waiting
+//! one included) is sent again with the same holder, keeping its place
+//! in the queue.
 //!
 //! What no process can do: if `hold` itself is SIGKILLed, its command's
 //! direct child gets SIGKILL too (parent-death signal), but processes it
@@ -64,8 +69,10 @@ pub struct HoldArgs {
     #[arg(short = 'E', long, default_value_t = exit::NOT_ACQUIRED, value_name = "CODE")]
     pub conflict_exit_code: u8,
     /// Keep the lock through a Session stream instead of renewing its
-    /// lease: freed at once if `hold` is killed, but also whenever the
-    /// stream breaks (the command is then stopped, exit 79).
+    /// lease: freed at once if `hold` is killed. A stream cut off by a
+    /// draining or restarting server is resumed on the next --addr
+    /// endpoint within the session TTL (--ttl-ms); only if that fails is
+    /// the command stopped (exit 79).
     #[arg(long)]
     pub session: bool,
     /// The command to run while holding the lock (it gets
@@ -261,8 +268,7 @@ async fn acquire_lease(
     request: proto::AcquireRequest,
     grace: Duration,
 ) -> Result<Acquired, Failure> {
-    let sent = Instant::now();
-    let reply = call!(conn, acquire, request).await?;
+    let (reply, sent) = acquire_retrying(&mut conn, &request).await?;
     let Some(grant) = reply.grant.clone() else {
         return Ok(Acquired::Refused(reply));
     };
@@ -293,6 +299,46 @@ async fn acquire_lease(
         stop,
         task,
     }))
+}
+
+/// Sends the acquire, and sends it again with the same holder while the
+/// servers answer UNAVAILABLE (with backoff, on the next endpoint), until
+/// the wait is over or at least `RETRY_BUDGET` passed: a waiter keeps its
+/// place in the queue, and a grant whose answer was lost comes back as
+/// ALREADY_HELD. Returns the reply, and the earliest time its grant's
+/// lease may have begun.
+async fn acquire_retrying(
+    conn: &mut Conn,
+    request: &proto::AcquireRequest,
+) -> Result<(proto::AcquireResponse, Instant), tonic::Status> {
+    let started = Instant::now();
+    let wait_until = started + Duration::from_millis(request.wait_ms);
+    let retry_until = wait_until.max(started + RETRY_BUDGET);
+    let mut backoff = Backoff::new();
+    // An attempt whose answer was lost may have been granted.
+    let mut first_unanswered: Option<Instant> = None;
+    loop {
+        let sent = Instant::now();
+        let attempt = proto::AcquireRequest {
+            wait_ms: wait_until.saturating_duration_since(sent).as_millis() as u64,
+            ..request.clone()
+        };
+        match call!(conn, acquire, attempt).await {
+            Ok(reply) => return Ok((reply, first_unanswered.unwrap_or(sent))),
+            Err(status) if retryable(&status) && Instant::now() < retry_until => {
+                if first_unanswered.is_none() {
+                    status_line(&format!(
+                        "tumbler hold: {}; trying again with the same holder",
+                        status.message()
+                    ));
+                }
+                first_unanswered.get_or_insert(sent);
+                conn.skip();
+                tokio::time::sleep(backoff.next()).await;
+            }
+            Err(status) => return Err(status),
+        }
+    }
 }
 
 struct LeaseKeeper {
@@ -392,98 +438,392 @@ impl LeaseKeeper {
 
 // ---- Keeping the lock through a Session stream (`--session`). ----
 
+/// A Session stream: the commands sent on it and the events it brings.
+struct Stream {
+    commands: mpsc::Sender<proto::SessionRequest>,
+    events: tonic::Streaming<proto::SessionResponse>,
+}
+
+fn session_command(command: proto::session_request::Command) -> proto::SessionRequest {
+    proto::SessionRequest {
+        command: Some(command),
+    }
+}
+
+impl Stream {
+    /// Opens (or resumes) a session on the endpoint in use.
+    async fn open(
+        conn: &mut Conn,
+        open: proto::SessionOpen,
+    ) -> Result<(Stream, proto::SessionOpened), tonic::Status> {
+        use proto::session_response::Event;
+        let (commands, outbox) = mpsc::channel(16);
+        let _ = commands
+            .send(session_command(proto::session_request::Command::Open(open)))
+            .await;
+        let mut events = conn
+            .connected()
+            .await?
+            .session(tokio_stream::wrappers::ReceiverStream::new(outbox))
+            .await?
+            .into_inner();
+        match events.message().await?.and_then(|r| r.event) {
+            Some(Event::Opened(opened)) => Ok((Stream { commands, events }, opened)),
+            Some(Event::Error(error)) => Err(tonic::Status::new(error.code.into(), error.message)),
+            _ => Err(tonic::Status::unavailable(
+                "the session ended before it opened",
+            )),
+        }
+    }
+
+    /// Opens (or resumes) a session, on the next endpoint after each
+    /// UNAVAILABLE or broken connection, with backoff, until `until`.
+    async fn open_retrying(
+        conn: &mut Conn,
+        open: &proto::SessionOpen,
+        until: Instant,
+    ) -> Result<(Stream, proto::SessionOpened), tonic::Status> {
+        let mut backoff = Backoff::new();
+        loop {
+            let status =
+                match tokio::time::timeout(OPEN_WITHIN, Stream::open(conn, open.clone())).await {
+                    Ok(Ok(opened)) => return Ok(opened),
+                    Ok(Err(status)) if !retryable(&status) => return Err(status),
+                    Ok(Err(status)) => status,
+                    Err(_) => tonic::Status::unavailable(format!(
+                        "{}: no answer within {}",
+                        conn.endpoint(),
+                        humantime::format_duration(OPEN_WITHIN)
+                    )),
+                };
+            conn.skip();
+            let pause = backoff.next();
+            if Instant::now() + pause >= until {
+                return Err(status);
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    async fn keep_alive(&self) {
+        let _ = self
+            .commands
+            .send(session_command(proto::session_request::Command::KeepAlive(
+                proto::SessionKeepAlive {},
+            )))
+            .await;
+    }
+
+    /// Closes the session (releasing its grants) and waits a moment for
+    /// the server to end the stream.
+    async fn close(self) {
+        let Stream {
+            commands,
+            mut events,
+        } = self;
+        drop(commands);
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while let Ok(Some(_)) = events.message().await {}
+        })
+        .await;
+    }
+}
+
+/// The session's id and resume secret.
+#[derive(Clone)]
+struct Resume {
+    open: proto::SessionOpen,
+    ttl: Duration,
+}
+
+impl Resume {
+    fn of(opened: &proto::SessionOpened) -> Resume {
+        Resume {
+            open: proto::SessionOpen {
+                resume: Some(proto::SessionResume {
+                    session_id: opened.session_id.clone(),
+                    secret: opened.resume_secret.clone(),
+                }),
+                ..Default::default()
+            },
+            ttl: Duration::from_millis(opened.ttl_ms.max(1)),
+        }
+    }
+}
+
+/// Acquires through a Session. When the stream ends with UNAVAILABLE or
+/// breaks while waiting (a replica draining or restarting), the session
+/// is resumed on the next endpoint and the same acquire sent again: its
+/// holder is the session id, so it takes its place in the queue back.
 async fn acquire_in_session(
     mut conn: Conn,
     request: proto::AcquireRequest,
 ) -> Result<Acquired, Failure> {
-    use proto::session_request::Command;
     use proto::session_response::Event;
-    let send = |command| proto::SessionRequest {
-        command: Some(command),
+    let acquire = proto::AcquireRequest {
+        holder: String::new(),
+        ttl_ms: None,
+        ..request.clone()
     };
-    let (commands, outbox) = mpsc::channel(16);
-    let _ = commands
-        .send(send(Command::Open(proto::SessionOpen {
-            ttl_ms: request.ttl_ms,
-            ..Default::default()
-        })))
-        .await;
-    let _ = commands
-        .send(send(Command::Acquire(proto::SessionAcquire {
-            request_id: 1,
-            acquire: Some(proto::AcquireRequest {
-                holder: String::new(),
-                ttl_ms: None,
-                ..request
-            }),
-        })))
-        .await;
-    let mut events = conn
-        .connected()
-        .await?
-        .session(tokio_stream::wrappers::ReceiverStream::new(outbox))
-        .await?
-        .into_inner();
-    let mut keep_alive_every = Duration::from_secs(1);
-    let grant = loop {
-        match events.message().await?.and_then(|r| r.event) {
-            Some(Event::Opened(opened)) => {
-                keep_alive_every = Duration::from_millis((opened.ttl_ms / 3).max(10));
+    let fresh = proto::SessionOpen {
+        ttl_ms: request.ttl_ms,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let wait_until = started + Duration::from_millis(request.wait_ms);
+    let retry_until = wait_until.max(started + RETRY_BUDGET);
+    let mut resume: Option<Resume> = None;
+    let mut request_id = 0;
+    let mut backoff = Backoff::new();
+    loop {
+        let open = resume.as_ref().map_or(&fresh, |resume| &resume.open);
+        let (mut stream, opened) = match Stream::open_retrying(&mut conn, open, retry_until).await {
+            Ok(opened) => opened,
+            // The session (which held nothing yet) is over: a new one.
+            Err(status) if status.code() == tonic::Code::NotFound && resume.is_some() => {
+                resume = None;
+                continue;
             }
-            Some(Event::Acquired(acquired)) => {
-                let reply = acquired.response.unwrap_or_default();
-                match reply.grant.clone() {
-                    Some(grant) => break grant,
-                    None => return Ok(Acquired::Refused(reply)),
-                }
+            Err(status) => return Err(status.into()),
+        };
+        resume = Some(Resume::of(&opened));
+        let keep_alive_every = Duration::from_millis((opened.ttl_ms / 3).max(10));
+        request_id += 1;
+        let _ = stream
+            .commands
+            .send(session_command(proto::session_request::Command::Acquire(
+                proto::SessionAcquire {
+                    request_id,
+                    acquire: Some(proto::AcquireRequest {
+                        wait_ms: wait_until
+                            .saturating_duration_since(Instant::now())
+                            .as_millis() as u64,
+                        ..acquire.clone()
+                    }),
+                },
+            )))
+            .await;
+        let mut ticker = tokio::time::interval(keep_alive_every);
+        let ended = loop {
+            tokio::select! {
+                _ = ticker.tick() => stream.keep_alive().await,
+                event = stream.events.message() => match event {
+                    Ok(Some(proto::SessionResponse { event: Some(Event::Acquired(acquired)) }))
+                        if acquired.request_id == request_id =>
+                    {
+                        let reply = acquired.response.unwrap_or_default();
+                        return Ok(match reply.grant.clone() {
+                            Some(grant) => Acquired::Held(keep_session(
+                                conn,
+                                stream,
+                                resume.expect("opened"),
+                                acquire,
+                                grant,
+                                keep_alive_every,
+                            )),
+                            None => {
+                                stream.close().await;
+                                Acquired::Refused(reply)
+                            }
+                        });
+                    }
+                    Ok(Some(proto::SessionResponse { event: Some(Event::Error(error)) })) => {
+                        // A draining replica answers the waiting acquire
+                        // UNAVAILABLE, keeping its place for a retry.
+                        let status = tonic::Status::new(error.code.into(), error.message);
+                        if retryable(&status) {
+                            break status;
+                        }
+                        return Err(status.into());
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        return Err(tonic::Status::unavailable("the session ended").into());
+                    }
+                    Err(status) if retryable(&status) => break status,
+                    Err(status) => return Err(status.into()),
+                },
             }
-            Some(Event::Error(error)) => {
-                return Err(tonic::Status::new(error.code.into(), error.message).into());
-            }
-            Some(_) => {}
-            None => return Err(tonic::Status::unavailable("the session ended").into()),
+        };
+        if Instant::now() >= retry_until {
+            return Err(ended.into());
         }
-    };
+        conn.skip();
+        tokio::time::sleep(backoff.next()).await;
+    }
+}
+
+/// Keeps the session alive in a task; when its stream ends with
+/// UNAVAILABLE or breaks, resumes it on the next endpoint (backoff and
+/// jitter) until its TTL would pass: the grant is reported lost only when
+/// the server says so (a `lost` event, the session over or the grant gone
+/// on resume) or no endpoint took the session back in time.
+fn keep_session(
+    mut conn: Conn,
+    stream: Stream,
+    resume: Resume,
+    acquire: proto::AcquireRequest,
+    grant: proto::Grant,
+    keep_alive_every: Duration,
+) -> Held {
+    use proto::session_response::Event;
     let (lost_tx, lost) = mpsc::channel(1);
     let stop = CancellationToken::new();
+    let lock = display_name(&acquire.namespace, &acquire.name);
+    // An empty namespace is the server's default one.
+    let ours = move |namespace: &str, name: &str| {
+        name == acquire.name && (namespace == acquire.namespace || acquire.namespace.is_empty())
+    };
     let task = tokio::spawn({
         let stop = stop.clone();
+        let token = grant.fencing_token;
         async move {
+            let mut stream = Some(stream);
             let mut ticker = tokio::time::interval(keep_alive_every);
-            let mut ended = false;
+            let report = |reason: String| {
+                let lost_tx = lost_tx.clone();
+                async move {
+                    let _ = lost_tx
+                        .send(Loss {
+                            reason,
+                            kill_by: None,
+                        })
+                        .await;
+                }
+            };
             loop {
-                tokio::select! {
+                let Some(live) = stream.as_mut() else {
+                    // Lost: nothing left to keep.
+                    stop.cancelled().await;
+                    return;
+                };
+                let ended = tokio::select! {
                     biased;
                     () = stop.cancelled() => break,
                     _ = ticker.tick() => {
-                        let _ = commands.send(send(Command::KeepAlive(proto::SessionKeepAlive {}))).await;
+                        live.keep_alive().await;
+                        continue;
                     }
-                    event = events.message(), if !ended => {
-                        let reason = match event {
-                            Ok(Some(proto::SessionResponse { event: Some(Event::Lost(lost)) })) => lost.reason,
-                            Ok(Some(_)) => continue,
-                            Ok(None) => "the session ended".to_owned(),
-                            Err(status) => format!("the session ended: {}", status.message()),
-                        };
-                        ended = true;
-                        let _ = lost_tx.send(Loss { reason, kill_by: None }).await;
+                    event = live.events.message() => match event {
+                        Ok(Some(proto::SessionResponse { event: Some(Event::Lost(gone)) }))
+                            if ours(&gone.namespace, &gone.name) =>
+                        {
+                            stream = None;
+                            report(gone.reason).await;
+                            continue;
+                        }
+                        Ok(Some(_)) => continue,
+                        Ok(None) => {
+                            stream = None;
+                            report("the server closed the session".into()).await;
+                            continue;
+                        }
+                        Err(status) if retryable(&status) => status,
+                        Err(status) => {
+                            stream = None;
+                            report(format!("the session ended: {}", status.message())).await;
+                            continue;
+                        }
+                    },
+                };
+                // The replica drains, restarts or cannot be reached: the
+                // session's grants live on for its TTL, resumable anywhere.
+                stream = None;
+                let until = Instant::now() + resume.ttl;
+                status_line(&format!(
+                    "tumbler hold: the session of {lock} was cut off ({}: {}); resuming it",
+                    conn.endpoint(),
+                    ended.message()
+                ));
+                conn.skip();
+                let resumed = tokio::select! {
+                    biased;
+                    () = stop.cancelled() => break,
+                    resumed = Stream::open_retrying(&mut conn, &resume.open, until) => resumed,
+                };
+                match resumed {
+                    Ok((live, opened))
+                        if opened
+                            .grants
+                            .iter()
+                            .any(|g| ours(&g.namespace, &g.name) && g.fencing_token == token) =>
+                    {
+                        status_line(&format!(
+                            "tumbler hold: resumed the session of {lock} on {}",
+                            conn.endpoint()
+                        ));
+                        stream = Some(live);
+                        ticker.reset();
+                    }
+                    Ok((live, _)) => {
+                        live.close().await;
+                        report("the grant was gone when the session was resumed".into()).await;
+                    }
+                    Err(status) => {
+                        report(format!("cannot resume the session: {}", status.message())).await;
                     }
                 }
             }
-            // Closing the session releases the lock.
-            drop(commands);
-            let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                while let Ok(Some(_)) = events.message().await {}
-            })
-            .await;
+            // Closing the session releases the lock; cut off, the session
+            // is resumed just to be closed (or its TTL ends it).
+            let live = match stream {
+                Some(live) => Some(live),
+                None => {
+                    Stream::open_retrying(&mut conn, &resume.open, Instant::now() + OPEN_WITHIN)
+                        .await
+                        .ok()
+                        .map(|(live, _)| live)
+                }
+            };
+            if let Some(live) = live {
+                live.close().await;
+            }
         }
     });
-    Ok(Acquired::Held(Held {
+    Held {
         grant,
         lost,
         stop,
         task,
-    }))
+    }
+}
+
+// ---- Riding out a restart of the server. ----
+
+/// How long an acquire keeps retrying UNAVAILABLE past its wait (a try-once
+/// `hold`, or a wait that ends while the servers restart).
+const RETRY_BUDGET: Duration = Duration::from_secs(10);
+/// How long an open or resume may take on one endpoint.
+const OPEN_WITHIN: Duration = Duration::from_secs(5);
+
+/// Errors after which the same request goes to the next endpoint: the
+/// server is draining or restarting, or the connection broke.
+fn retryable(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded
+    )
+}
+
+/// Exponential backoff (50 ms doubling to 1 s) with full jitter in its
+/// upper half, so that the clients of a restarted replica do not all come
+/// back in the same instant.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff(Duration::from_millis(50))
+    }
+
+    fn next(&mut self) -> Duration {
+        let base = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(1));
+        let jitter = getrandom::u32().unwrap_or(0) % 1000;
+        base / 2 + base / 2 * jitter / 1000
+    }
 }
 
 // ---- The command's process group. ----

@@ -111,7 +111,9 @@ module Tumbler
         timeout = [[interval, @lease_end - sent].min, 0.05].max
         begin
           resp = client.stub.extend(extend_request(ttl_ms), deadline: Time.now + timeout, metadata: client.metadata)
-        rescue GRPC::BadStatus => e
+        rescue StandardError => e
+          # Any failure (a status, or the channel erroring while its server
+          # restarts) is retried until the lease would end.
           return mark_lost("renewals failed until the lease ran out (#{e.class.name})") if Client.now >= @lease_end
 
           next_at = [Client.now + client.backoff(attempt), @lease_end].min
