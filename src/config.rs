@@ -161,8 +161,9 @@ pub struct ServiceArgs {
     /// -base64 48`) that signs the dashboard's login cookies; replicas
     /// given the same file accept each other's logins. Without it each
     /// process signs with a random key of its own, so logins last until
-    /// it restarts and hold only on the replica that made them.
-    #[arg(long, env = "TUMBLER_DASHBOARD_COOKIE_KEY_FILE")]
+    /// it restarts and hold only on the replica that made them. Empty:
+    /// no file.
+    #[arg(long, env = "TUMBLER_DASHBOARD_COOKIE_KEY_FILE", value_parser = parse_optional_path)]
     pub dashboard_cookie_key_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub auth: AuthArgs,
@@ -269,6 +270,12 @@ fn parse_http_listen(value: &str) -> Result<HttpListen, String> {
 pub enum LogFormat {
     Pretty,
     Json,
+}
+
+/// A path that may be given empty (as the Helm chart's ConfigMap does for
+/// "none"); the reader treats an empty path as absent.
+fn parse_optional_path(value: &str) -> Result<std::path::PathBuf, String> {
+    Ok(value.into())
 }
 
 fn parse_key_prefix(value: &str) -> Result<String, String> {
