@@ -1436,6 +1436,27 @@ async fn the_login_cookie_is_a_signed_session_not_the_token() {
     let renewed = setup.cookie("viewer-new-secret").await;
     assert_eq!(with_cookie(&setup.server, &renewed).await, 200);
 
+    // The token expires in the file: its session ends with it.
+    let expired = tokens_file().replace(
+        &token_entry("viewer", VIEWER, "client", r#"["*"]"#, ""),
+        &token_entry(
+            "viewer",
+            "viewer-new-secret",
+            "client",
+            r#"["*"]"#,
+            "expires_at = \"2020-01-01T00:00:00Z\"",
+        ),
+    );
+    std::fs::write(&setup.tokens, expired).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while with_cookie(&setup.server, &renewed).await != 401 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an expired token's session still works"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // Logging out tells the browser to drop the cookie.
     let out = setup
         .server
