@@ -1253,6 +1253,10 @@ async fn admin_actions_need_the_flag_and_an_admin_token_for_the_namespace() {
         .await
         .json();
     assert_eq!(lock["admin"], true);
+    // The overview is shared between callers; its admin flag is each one's.
+    let overview = setup.server.get_with("/api/v1/overview", &as_ops).await;
+    assert_eq!(overview.json()["admin"], true);
+    assert_eq!(overview.json()["locks"], 1);
     let token = lock["holders"][0]["fencing_token"]
         .as_str()
         .unwrap()

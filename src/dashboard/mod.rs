@@ -527,9 +527,8 @@ async fn api_overview(
     let params = Params::query(&query);
     let namespace = params.namespace(&access)?;
     let shared = d.overviews.get(&d.engine, &namespace).await?;
-    let mut overview = Value::clone(&shared);
-    overview["admin"] = json!(d.shows_admin(&access, &namespace));
-    json_reply(overview)
+    let body = shared.body(d.shows_admin(&access, &namespace)).to_owned();
+    Ok((json_headers(), body).into_response())
 }
 
 /// `GET /api/v1/reaper`: which replica reaps now (Inspect of

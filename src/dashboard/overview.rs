@@ -52,7 +52,32 @@ struct Entry {
 
 struct Done {
     at: Instant,
-    result: Result<Arc<Value>, ApiError>,
+    result: Result<Arc<Rendered>, ApiError>,
+}
+
+/// A walk's JSON, serialized once for all the requests that share it: as
+/// a caller without admin rights in the namespace sees it, and as one
+/// with them.
+pub(super) struct Rendered {
+    plain: String,
+    admin: String,
+}
+
+impl Rendered {
+    fn of(mut overview: Value) -> Self {
+        overview["admin"] = Value::Bool(false);
+        let plain = overview.to_string();
+        overview["admin"] = Value::Bool(true);
+        Rendered {
+            plain,
+            admin: overview.to_string(),
+        }
+    }
+
+    /// The body for a caller who may (or may not) use the admin actions.
+    pub(super) fn body(&self, admin: bool) -> &str {
+        if admin { &self.admin } else { &self.plain }
+    }
 }
 
 impl Entry {
@@ -84,14 +109,16 @@ impl Overviews {
         &self,
         engine: &LockEngine,
         namespace: &str,
-    ) -> Result<Arc<Value>, ApiError> {
+    ) -> Result<Arc<Rendered>, ApiError> {
         let entry = self.entry(namespace);
         let done = entry
             .done
             .get_or_init(|| async {
                 // Never closed, so always a permit.
                 let _permit = self.passes.acquire().await.ok();
-                let result = walk(engine, namespace).await.map(Arc::new);
+                let result = walk(engine, namespace)
+                    .await
+                    .map(|overview| Arc::new(Rendered::of(overview)));
                 Done {
                     at: Instant::now(),
                     result,
@@ -121,7 +148,7 @@ impl Overviews {
 }
 
 /// One walk: what `GET /api/v1/overview` shows for `namespace`, but for
-/// the caller's own `admin` flag.
+/// the caller's own `admin` flag (see [`Rendered`]).
 async fn walk(engine: &LockEngine, namespace: &str) -> Result<Value, ApiError> {
     let (mut locks, mut held, mut holders, mut waiters, mut waiting_locks) = (0u64, 0, 0, 0, 0);
     let mut busiest = Vec::new();
