@@ -1841,7 +1841,7 @@ async fn the_overview_costs_redis_one_walk_per_second_however_often_it_is_asked(
 }
 
 /// The figures for BENCHMARKS.md ("Dashboard overview under load"):
-/// `cargo test --release --test dashboard -- --ignored --nocapture overview_latency`.
+/// `cargo test --profile bench --test dashboard -- --ignored --nocapture overview_latency`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run with --ignored --nocapture"]
 async fn overview_latency_ratio_for_the_benchmarks() {
