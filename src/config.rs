@@ -157,6 +157,14 @@ pub struct ServiceArgs {
     /// (`tumbler dev`, --no-auth), where the dashboard has no other guard.
     #[arg(long, env = "TUMBLER_DASHBOARD_ALLOWED_HOSTS", value_delimiter = ',')]
     pub dashboard_allowed_hosts: Vec<String>,
+    /// File holding the secret (at least 32 bytes, e.g. `openssl rand
+    /// -base64 48`) that signs the dashboard's login cookies; replicas
+    /// given the same file accept each other's logins. Without it each
+    /// process signs with a random key of its own, so logins last until
+    /// it restarts and hold only on the replica that made them. Empty:
+    /// no file.
+    #[arg(long, env = "TUMBLER_DASHBOARD_COOKIE_KEY_FILE", value_parser = parse_optional_path)]
+    pub dashboard_cookie_key_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -266,6 +274,12 @@ pub enum LogFormat {
     Json,
 }
 
+/// A path that may be given empty (as the Helm chart's ConfigMap does for
+/// "none"); the reader treats an empty path as absent.
+fn parse_optional_path(value: &str) -> Result<std::path::PathBuf, String> {
+    Ok(value.into())
+}
+
 fn parse_key_prefix(value: &str) -> Result<String, String> {
     if value.is_empty()
         || value.len() > 64
@@ -296,6 +310,8 @@ pub struct ServerConfig {
     pub dashboard_admin: bool,
     /// Host names the dashboard answers besides loopback ones; None: any.
     pub dashboard_allowed_hosts: Option<Vec<String>>,
+    /// The key that signs the dashboard's login cookies.
+    pub dashboard_cookie_key: crate::dashboard::CookieKey,
     /// Bearer tokens file; None: authentication is off.
     pub auth_tokens_file: Option<std::path::PathBuf>,
     pub auth_reload_interval: Duration,
@@ -375,6 +391,9 @@ impl ServerConfig {
             dashboard_allowed_hosts: (args.auth.auth_tokens_file.is_none()
                 || !args.dashboard_allowed_hosts.is_empty())
             .then(|| args.dashboard_allowed_hosts.clone()),
+            dashboard_cookie_key: crate::dashboard::CookieKey::load(
+                args.dashboard_cookie_key_file.as_deref(),
+            )?,
             auth_tokens_file: args.auth.auth_tokens_file.clone(),
             auth_reload_interval: Duration::from_millis(args.auth.auth_reload_interval_ms),
             transport: TransportLimits {

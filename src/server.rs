@@ -131,6 +131,7 @@ pub async fn serve_on(
                 auth: authenticator.clone(),
                 secure_cookie: tls.is_some(),
                 allowed_hosts: config.dashboard_allowed_hosts.clone(),
+                cookie_key: config.dashboard_cookie_key.clone(),
             };
             Some(tokio::spawn(crate::http::serve(
                 http,

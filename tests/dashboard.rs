@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tumbler::config::ServerConfig;
+use tumbler::config::{ServerConfig, ServiceArgs};
 
 /// A server with its HTTP port (and the dashboard) on.
 struct DashServer {
@@ -42,7 +42,11 @@ impl DashServer {
         args.reap_interval_ms = 200;
         args.auth.auth_tokens_file = tokens;
         args.auth.auth_reload_interval_ms = 100;
-        let mut config = ServerConfig::new(redis_url.to_owned(), &args).unwrap();
+        Self::launch_with(redis_url, admin, &args).await
+    }
+
+    async fn launch_with(redis_url: &str, admin: bool, args: &ServiceArgs) -> Self {
+        let mut config = ServerConfig::new(redis_url.to_owned(), args).unwrap();
         config.dashboard_admin = admin;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -300,39 +304,48 @@ async fn json_endpoints_show_what_the_grpc_api_shows() {
         .sum();
     assert_eq!(charted, 3);
 
-    // Reaper: this replica holds tumbler-system/reaper.
+    // tumbler-system is tumbler's own (the reaper's lock): with auth off
+    // it holds a lock but is not shown, and none of its endpoints answer.
+    let mut redis_conn = redis_conn(&redis.url()).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, reaper) = server.get_json("/api/v1/reaper").await;
-        assert_eq!(status, 200, "{reaper}");
-        if reaper["held"] == true {
-            assert!(
-                reaper["holder"]["holder"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("replica-")
-            );
-            assert!(
-                reaper["namespaces"]
-                    .as_array()
-                    .unwrap()
-                    .contains(&"default".into())
-            );
-            break;
-        }
+    while scan_keys(&mut redis_conn, "tumbler:{tumbler-system:*")
+        .await
+        .is_empty()
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no reaper: {reaper}"
+            "the reaper never took its lock"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (_, namespaces) = server.get_json("/api/v1/namespaces").await;
-    assert!(
-        namespaces["namespaces"]
-            .as_array()
-            .unwrap()
-            .contains(&"default".into())
-    );
+    let listed = namespaces["namespaces"].as_array().unwrap();
+    assert!(listed.contains(&"default".into()), "{namespaces}");
+    assert!(!listed.contains(&"tumbler-system".into()), "{namespaces}");
+    for path in [
+        "/api/v1/reaper",
+        "/api/v1/locks?namespace=tumbler-system",
+        "/api/v1/locks/reaper?namespace=tumbler-system",
+        "/api/v1/overview?namespace=tumbler-system",
+        "/api/v1/metrics?namespace=tumbler-system",
+    ] {
+        let (status, body) = server.get_json(path).await;
+        assert_eq!(status, 403, "{path}: {body}");
+        assert_eq!(
+            body["error"], "namespace: tumbler-system is reserved for tumbler's own locks",
+            "{path}"
+        );
+        assert!(!body.to_string().contains("replica-"), "{path}: {body}");
+    }
+    for path in [
+        "/dashboard/reaper",
+        "/dashboard/locks?namespace=tumbler-system",
+        "/dashboard/lock?namespace=tumbler-system&name=reaper",
+    ] {
+        let (status, body) = server.get(path).await;
+        assert_eq!(status, 403, "{path}");
+        assert!(body.contains("reserved for tumbler"), "{path}: {body}");
+    }
 
     // The pages and their assets are served.
     for path in [
@@ -340,12 +353,15 @@ async fn json_endpoints_show_what_the_grpc_api_shows() {
         "/dashboard/locks",
         "/dashboard/lock?name=reports",
         "/dashboard/metrics",
-        "/dashboard/reaper",
     ] {
         let (status, body) = server.get(path).await;
         assert_eq!(status, 200, "{path}");
         assert!(body.contains("<main id=\"main\""), "{path}");
         assert!(body.contains("data-admin=\"off\""), "{path}");
+        assert!(
+            !body.contains("/dashboard/reaper"),
+            "no Reaper link: {path}"
+        );
         assert!(
             !body.contains("/dashboard/logout"),
             "no login without auth: {path}"
@@ -587,11 +603,13 @@ const VIEWER: &str = "viewer-secret";
 const TEAM_A: &str = "team-a-secret";
 const TEAM_A_ADMIN: &str = "team-a-admin-secret";
 const EXPIRED: &str = "expired-secret";
+const SYSTEM: &str = "system-secret";
 const UNAUTHENTICATED: &str = "authentication required: send a valid token as \
      `authorization: Bearer <token>`, or log in at /dashboard/login";
 
 /// ops: admin everywhere; viewer: client everywhere; team-a: client in
-/// team-a; team-a-admin: admin in team-a only; old: expired.
+/// team-a; team-a-admin: admin in team-a only; old: expired; system:
+/// admin naming tumbler-system (the one that may read it).
 fn tokens_file() -> String {
     [
         token_entry("ops", OPS, "admin", r#"["*"]"#, ""),
@@ -605,6 +623,7 @@ fn tokens_file() -> String {
             r#"["*"]"#,
             "expires_at = \"2020-01-01T00:00:00Z\"",
         ),
+        token_entry("system", SYSTEM, "admin", r#"["tumbler-system"]"#, ""),
     ]
     .concat()
 }
@@ -1036,13 +1055,16 @@ async fn a_client_token_sees_only_its_namespaces() {
         "/api/v1/overview",
         "/api/v1/metrics?namespace=team-b",
         "/api/v1/metrics?namespace=no-such-team",
-        "/api/v1/reaper",
     ] {
         let reply = server.get_with(endpoint, &as_team_a).await;
         assert_eq!(reply.status, 403, "{endpoint}: {reply:?}");
         assert_eq!(reply.json(), denied, "{endpoint}");
         assert!(!reply.body.contains("b-worker"));
     }
+    // tumbler-system says it is reserved, as the gRPC API does.
+    let reaper = server.get_with("/api/v1/reaper", &as_team_a).await;
+    assert_eq!(reaper.status, 403);
+    assert!(reaper.body.contains("reserved for tumbler"), "{reaper:?}");
 
     // Pages: a namespace of its own renders; others are 403; with none,
     // the token is sent to its own.
@@ -1055,12 +1077,13 @@ async fn a_client_token_sees_only_its_namespaces() {
         "/dashboard/locks?namespace=team-b",
         "/dashboard/lock?namespace=team-b&name=b-lock",
         "/dashboard/metrics?namespace=default",
-        "/dashboard/reaper",
     ] {
         let reply = server.get_with(path, &as_team_a).await;
         assert_eq!(reply.status, 403, "{path}");
         assert!(reply.body.contains("this token may not do that"), "{path}");
     }
+    let reply = server.get_with("/dashboard/reaper", &as_team_a).await;
+    assert_eq!(reply.status, 403);
     let landing = server
         .get_with("/dashboard/locks?prefix=a", &as_team_a)
         .await;
@@ -1069,11 +1092,60 @@ async fn a_client_token_sees_only_its_namespaces() {
         landing.header("location"),
         Some("/dashboard/locks?prefix=a&namespace=team-a")
     );
-    // A token for every namespace sees the reaper.
-    let reaper = server
-        .get_with("/api/v1/reaper", &[("Authorization", &bearer(VIEWER))])
+    // Not even a token for every namespace (client or admin) sees
+    // tumbler's own namespace: not listed, not readable, no Reaper link.
+    for token in [VIEWER, OPS] {
+        let header = bearer(token);
+        let as_token = [("Authorization", header.as_str())];
+        for path in [
+            "/api/v1/reaper",
+            "/dashboard/reaper",
+            "/api/v1/locks?namespace=tumbler-system",
+            "/api/v1/locks/reaper?namespace=tumbler-system",
+            "/api/v1/overview?namespace=tumbler-system",
+        ] {
+            let reply = server.get_with(path, &as_token).await;
+            assert_eq!(reply.status, 403, "{token} {path}: {reply:?}");
+            assert!(reply.body.contains("reserved for tumbler"), "{path}");
+        }
+        let listed = server.get_with("/api/v1/namespaces", &as_token).await;
+        assert!(!listed.body.contains("tumbler-system"), "{listed:?}");
+        let page = server.get_with("/dashboard/locks", &as_token).await;
+        assert_eq!(page.status, 200);
+        assert!(!page.body.contains("/dashboard/reaper"), "no Reaper link");
+    }
+    // An admin token that names it reads it: the reaper's page and lock.
+    let system = bearer(SYSTEM);
+    let as_system = [("Authorization", system.as_str())];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let reaper = server.get_with("/api/v1/reaper", &as_system).await;
+        assert_eq!(reaper.status, 200, "{reaper:?}");
+        if reaper.json()["held"] == true {
+            assert!(
+                reaper.json()["holder"]["holder"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("replica-")
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no reaper");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let page = server.get_with("/dashboard/reaper", &as_system).await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("/dashboard/reaper"), "the Reaper link");
+    let lock = server
+        .get_with("/api/v1/locks/reaper?namespace=tumbler-system", &as_system)
         .await;
-    assert_eq!(reaper.status, 200);
+    assert_eq!(lock.status, 200, "{lock:?}");
+    assert_eq!(lock.json()["admin"], false, "read only, never admin");
+    let list = server
+        .get_with("/api/v1/locks?namespace=tumbler-system", &as_system)
+        .await;
+    assert_eq!(list.status, 200, "{list:?}");
+    assert_eq!(list.json()["locks"][0]["name"], "reaper");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1181,6 +1253,10 @@ async fn admin_actions_need_the_flag_and_an_admin_token_for_the_namespace() {
         .await
         .json();
     assert_eq!(lock["admin"], true);
+    // The overview is shared between callers; its admin flag is each one's.
+    let overview = setup.server.get_with("/api/v1/overview", &as_ops).await;
+    assert_eq!(overview.json()["admin"], true);
+    assert_eq!(overview.json()["locks"], 1);
     let token = lock["holders"][0]["fencing_token"]
         .as_str()
         .unwrap()
@@ -1259,4 +1335,517 @@ async fn admin_actions_need_the_flag_and_an_admin_token_for_the_namespace() {
     assert_eq!(reply.status, 403);
     assert!(reply.body.contains("--dashboard-admin"));
     assert_eq!(setup.holders("default", "reports").await, ["worker-9"]);
+}
+
+// ------------------------------------------------------------ login sessions
+
+/// `value` with the byte at `at` changed to another cookie-safe one.
+fn altered(value: &str, at: usize) -> String {
+    let mut bytes = value.as_bytes().to_vec();
+    bytes[at] = if bytes[at] == b'A' { b'B' } else { b'A' };
+    String::from_utf8(bytes).unwrap()
+}
+
+/// The status of `GET /api/v1/namespaces` with the login cookie `cookie`.
+async fn with_cookie(server: &DashServer, cookie: &str) -> u16 {
+    server
+        .get_with("/api/v1/namespaces", &[("Cookie", cookie)])
+        .await
+        .status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_login_cookie_is_a_signed_session_not_the_token() {
+    use base64::Engine as _;
+    let setup = AuthSetup::start(false).await;
+    let cookie = setup.cookie(VIEWER).await;
+    let value = cookie.strip_prefix("tumbler_token=").unwrap();
+
+    // The token is nowhere in it, in any encoding; its name is.
+    for form in [
+        VIEWER.to_owned(),
+        base64url(VIEWER),
+        base64::engine::general_purpose::STANDARD.encode(VIEWER),
+        hex::encode(VIEWER),
+        tumbler::auth::token_digest(VIEWER),
+    ] {
+        assert!(!value.contains(&form), "{form} in {cookie}");
+    }
+    assert!(value.contains(&base64url("viewer")), "{cookie}");
+    assert_eq!(with_cookie(&setup.server, &cookie).await, 200);
+
+    // Tampered: a byte of the signature, of the expiry, of the name; a
+    // session naming another token under the viewer's signature; the
+    // raw token as an older dashboard stored it. All refused, and a page
+    // drops the cookie.
+    let session = value.find("s1.").expect("a session value");
+    let mut forged: Vec<String> = [0, session + 3, value.len() - 1]
+        .iter()
+        .map(|&at| format!("tumbler_token={}", altered(value, at)))
+        .collect();
+    forged.push(cookie.replace(&base64url("viewer"), &base64url("ops")));
+    forged.push(format!("tumbler_token={}", base64url(VIEWER)));
+    for bad in &forged {
+        assert_ne!(bad, &cookie);
+        assert_eq!(with_cookie(&setup.server, bad).await, 401, "{bad}");
+        let page = setup
+            .server
+            .get_with("/dashboard", &[("Cookie", bad)])
+            .await;
+        assert_eq!(page.status, 303, "{bad}");
+        assert!(page.header("set-cookie").unwrap().contains("Max-Age=0"));
+    }
+
+    // Replicas sharing --dashboard-cookie-key-file accept each other's
+    // logins; a replica with its own (random) key does not.
+    let key_dir = tempfile::tempdir().unwrap();
+    let key_file = key_dir.path().join("cookie.key");
+    std::fs::write(&key_file, "k3y-0f-at-least-32-bytes-for-both-replicas\n").unwrap();
+    let mut args = service_args();
+    args.auth.auth_tokens_file = Some(setup.tokens.clone());
+    args.dashboard_cookie_key_file = Some(key_file);
+    let (a, b) = (
+        DashServer::launch_with(&setup._redis.url(), false, &args).await,
+        DashServer::launch_with(&setup._redis.url(), false, &args).await,
+    );
+    let form = format!("token={}", url_encode(VIEWER));
+    let login = a.post("/dashboard/login", &[], &form).await;
+    let shared = login
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(with_cookie(&b, &shared).await, 200, "replica b");
+    assert_eq!(with_cookie(&setup.server, &shared).await, 401, "own key");
+    assert_eq!(with_cookie(&a, &cookie).await, 401, "another key");
+
+    // A new secret under the same name ends the old secret's sessions
+    // (without a restart); the new secret logs in.
+    let rotated = tokens_file().replace(
+        &token_entry("viewer", VIEWER, "client", r#"["*"]"#, ""),
+        &token_entry("viewer", "viewer-new-secret", "client", r#"["*"]"#, ""),
+    );
+    std::fs::write(&setup.tokens, rotated).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while with_cookie(&setup.server, &cookie).await != 401 || with_cookie(&b, &shared).await != 401
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the old secret's session still works"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let renewed = setup.cookie("viewer-new-secret").await;
+    assert_eq!(with_cookie(&setup.server, &renewed).await, 200);
+
+    // The token expires in the file: its session ends with it.
+    let expired = tokens_file().replace(
+        &token_entry("viewer", VIEWER, "client", r#"["*"]"#, ""),
+        &token_entry(
+            "viewer",
+            "viewer-new-secret",
+            "client",
+            r#"["*"]"#,
+            "expires_at = \"2020-01-01T00:00:00Z\"",
+        ),
+    );
+    std::fs::write(&setup.tokens, expired).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while with_cookie(&setup.server, &renewed).await != 401 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an expired token's session still works"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Logging out tells the browser to drop the cookie.
+    let out = setup
+        .server
+        .post("/dashboard/logout", &[("Cookie", &renewed)], "")
+        .await;
+    assert_eq!(out.status, 303);
+    let cleared = out.header("set-cookie").unwrap();
+    assert!(cleared.starts_with("tumbler_token=;") && cleared.contains("Max-Age=0"));
+}
+
+#[test]
+fn a_short_cookie_key_file_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("cookie.key");
+    std::fs::write(&key_file, "short\n").unwrap();
+    let mut args = service_args();
+    args.dashboard_cookie_key_file = Some(key_file);
+    let err = ServerConfig::new("redis://127.0.0.1:1".into(), &args)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--dashboard-cookie-key-file") && err.contains("at least 32 bytes"),
+        "{err}"
+    );
+}
+
+// ------------------------------------------------------------ HSTS
+
+/// A CA (PEM) and a certificate and key for `localhost` signed by it.
+fn localhost_certificate() -> (String, String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "dashboard test CA");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let mut leaf = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    leaf.distinguished_name
+        .push(DnType::CommonName, "localhost");
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = leaf.signed_by(&key, &issuer).unwrap();
+    (ca_pem, cert.pem(), key.serialize_pem())
+}
+
+/// `GET path` over TLS (trusting `ca`, verifying `localhost`): the reply's
+/// head (status line and headers, names lowercased by the server).
+async fn https_head(addr: SocketAddr, ca: &str, path: &str) -> String {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto::ring};
+
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
+        .unwrap();
+    let config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    // A peer that closes without close_notify ends in an error after the
+    // whole response; what was read is kept.
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response)).await;
+    let response = String::from_utf8_lossy(&response).into_owned();
+    response
+        .split_once("\r\n\r\n")
+        .map_or(response.clone(), |(head, _)| head.to_owned())
+}
+
+const DASHBOARD_PATHS: [&str; 5] = [
+    "/dashboard",
+    "/dashboard/locks",
+    "/api/v1/overview",
+    "/dashboard/assets/app.js",
+    "/",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hsts_is_sent_over_tls_and_not_over_plain_http() {
+    let redis = start_redis();
+    let (ca, cert, key) = localhost_certificate();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let files = tumbler::tls::TlsFiles {
+        cert: cert_file,
+        key: key_file,
+        client_ca: None,
+    };
+    let mut tls = tumbler::tls::TlsSettings::load(files, None).unwrap();
+    tls.http = true;
+    let mut config = ServerConfig::new(redis.url(), &service_args()).unwrap();
+    config.tls = Some(tls);
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (http_addr, health_addr) = (http.local_addr().unwrap(), health.local_addr().unwrap());
+    let _server = TestServer::spawn_on(
+        config,
+        tumbler::server::Listeners {
+            grpc: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            http: Some(http),
+            health: Some(health),
+        },
+    );
+    wait_for_health(&format!("http://{health_addr}"), ServingStatus::Serving).await;
+    for path in DASHBOARD_PATHS {
+        let head = https_head(http_addr, &ca, path).await;
+        let status = head.lines().next().unwrap_or("");
+        assert!(
+            status.starts_with("HTTP/1.1 200") || status.starts_with("HTTP/1.1 303"),
+            "{path}: {head}"
+        );
+        assert!(
+            head.lines()
+                .any(|line| line == "strict-transport-security: max-age=31536000"),
+            "{path}: {head}"
+        );
+    }
+
+    // The same dashboard over plain HTTP: the other headers, no HSTS (a
+    // browser ignores it there, and it would pin nothing).
+    let plain = DashServer::start(&redis.url(), false).await;
+    for path in DASHBOARD_PATHS {
+        let reply = plain.get_with(path, &[]).await;
+        assert!(matches!(reply.status, 200 | 303), "{path}: {reply:?}");
+        assert!(reply.header("content-security-policy").is_some(), "{path}");
+        assert_eq!(reply.header("strict-transport-security"), None, "{path}");
+    }
+}
+
+// ------------------------------------------------------------ overview cost
+
+/// Redis' call counts of `commands` (INFO commandstats), in that order.
+async fn command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+    commands: &[&str],
+) -> Vec<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    commands
+        .iter()
+        .map(|command| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |calls| calls.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The commands an overview walk sends: SCAN (List finds lock keys) and
+/// HGETALL (List's function reads each lock; Metrics one per minute).
+/// Nothing else here sends them: the reaper is off and the probe's
+/// acquires are uncontended.
+const OVERVIEW_COMMANDS: [&str; 2] = ["scan", "hgetall"];
+
+/// What [`overview_under_load`] saw.
+#[derive(Debug)]
+struct OverviewLoad {
+    /// Redis calls of one overview walk of the 10,000 locks, measured alone.
+    walk: Vec<u64>,
+    /// Redis calls while the overview loops ran (acquires alone subtracted).
+    hammered: Vec<u64>,
+    overview_requests: u64,
+    overview_errors: u64,
+    seconds: f64,
+    acquires_alone: Vec<Duration>,
+    acquires_loaded: Vec<Duration>,
+    acquires_failed: u64,
+}
+
+fn p50(samples: &[Duration]) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
+}
+
+/// Acquire+release pairs on fresh names for `seconds`: each acquire's
+/// latency, and how many were not granted.
+async fn acquire_probe(server: &DashServer, seconds: f64) -> (Vec<Duration>, u64) {
+    let mut client = server.client().await;
+    let until = tokio::time::Instant::now() + Duration::from_secs_f64(seconds);
+    let (mut latencies, mut failed) = (Vec::new(), 0);
+    let mut i = 0u64;
+    while tokio::time::Instant::now() < until {
+        i += 1;
+        let name = format!("probe-{i}");
+        let started = std::time::Instant::now();
+        let granted = client
+            .acquire(acquire(&name, "probe"))
+            .await
+            .is_ok_and(|reply| reply.into_inner().grant.is_some());
+        latencies.push(started.elapsed());
+        if granted {
+            client.release(release(&name, "probe")).await.unwrap();
+        } else {
+            failed += 1;
+        }
+    }
+    (latencies, failed)
+}
+
+/// 10,000 locks held in `bulk`; acquires on other locks for `seconds`
+/// alone, then again while 8 loops fetch `bulk`'s overview as fast as
+/// they can.
+async fn overview_under_load(seconds: f64) -> OverviewLoad {
+    let redis = start_redis();
+    let server = DashServer::launch_with(&redis.url(), false, &service_args()).await;
+    let mut conn = redis_conn(&redis.url()).await;
+
+    // 10,000 locks, 16 clients at a time.
+    let fill: Vec<_> = (0..16)
+        .map(|worker| {
+            let endpoint = server.grpc.clone();
+            tokio::spawn(async move {
+                let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
+                    .await
+                    .unwrap();
+                for i in (worker..10_000).step_by(16) {
+                    let reply = client
+                        .acquire(proto::AcquireRequest {
+                            namespace: "bulk".into(),
+                            ttl_ms: Some(600_000),
+                            ..acquire(&format!("job-{i:05}"), "filler")
+                        })
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    assert!(reply.grant.is_some());
+                }
+            })
+        })
+        .collect();
+    for task in fill {
+        task.await.unwrap();
+    }
+
+    // One walk, alone: what it costs Redis.
+    let before = command_calls(&mut conn, &OVERVIEW_COMMANDS).await;
+    let (status, overview) = server.get_json("/api/v1/overview?namespace=bulk").await;
+    assert_eq!(status, 200, "{overview}");
+    assert_eq!(overview["locks"], 10_000, "{overview}");
+    let after = command_calls(&mut conn, &OVERVIEW_COMMANDS).await;
+    let walk: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(walk.iter().all(|&calls| calls > 0), "{walk:?}");
+
+    // Acquires alone.
+    let before = command_calls(&mut conn, &OVERVIEW_COMMANDS).await;
+    let (acquires_alone, failed_alone) = acquire_probe(&server, seconds).await;
+    let after = command_calls(&mut conn, &OVERVIEW_COMMANDS).await;
+    let background: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+
+    // Acquires while 8 loops hammer the overview.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let http_addr = server.http;
+    let loops: Vec<_> = (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let (mut ok, mut errors) = (0u64, 0u64);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, _) =
+                        http(http_addr, "GET", "/api/v1/overview?namespace=bulk", &[], "").await;
+                    if status == 200 {
+                        ok += 1;
+                    } else {
+                        errors += 1;
+                    }
+                }
+                (ok, errors)
+            })
+        })
+        .collect();
+    let before = command_calls(&mut conn, &OVERVIEW_COMMANDS).await;
+    let started = std::time::Instant::now();
+    let (acquires_loaded, failed_loaded) = acquire_probe(&server, seconds).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut overview_requests, mut overview_errors) = (0, 0);
+    for task in loops {
+        let (ok, errors) = task.await.unwrap();
+        overview_requests += ok;
+        overview_errors += errors;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let after = command_calls(&mut conn, &OVERVIEW_COMMANDS).await;
+    let hammered: Vec<u64> = after
+        .iter()
+        .zip(&before)
+        .zip(&background)
+        .map(|((a, b), bg)| (a - b).saturating_sub((*bg as f64 * elapsed / seconds) as u64))
+        .collect();
+    OverviewLoad {
+        walk,
+        hammered,
+        overview_requests,
+        overview_errors,
+        seconds: elapsed,
+        acquires_alone,
+        acquires_loaded,
+        acquires_failed: failed_alone + failed_loaded,
+    }
+}
+
+impl OverviewLoad {
+    /// Walks Redis did for the overview while it was hammered, by the
+    /// command that shows the most.
+    fn walks(&self) -> f64 {
+        self.hammered
+            .iter()
+            .zip(&self.walk)
+            .map(|(&calls, &per_walk)| calls as f64 / per_walk as f64)
+            .fold(0.0, f64::max)
+    }
+
+    fn report(&self) -> String {
+        let (alone, loaded) = (p50(&self.acquires_alone), p50(&self.acquires_loaded));
+        format!(
+            "overview: {} requests in {:.1} s by 8 loops, {:.1} walks' worth of Redis work \
+             (one walk: {:?} calls of {:?}; while hammered: {:?}); acquire p50 {:.2} ms alone \
+             ({} acquires), {:.2} ms with the overview loops ({} acquires): ratio {:.2}",
+            self.overview_requests,
+            self.seconds,
+            self.walks(),
+            self.walk,
+            OVERVIEW_COMMANDS,
+            self.hammered,
+            alone.as_secs_f64() * 1e3,
+            self.acquires_alone.len(),
+            loaded.as_secs_f64() * 1e3,
+            self.acquires_loaded.len(),
+            loaded.as_secs_f64() / alone.as_secs_f64(),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_costs_redis_one_walk_per_second_however_often_it_is_asked() {
+    let seconds = 3.0;
+    let load = overview_under_load(seconds).await;
+    println!("{}", load.report());
+    assert_eq!(load.overview_errors, 0, "{load:?}");
+    // About one walk per second (each kept for a second after it ends),
+    // plus the one under way at either end.
+    let most = load.seconds.ceil() + 2.0;
+    assert!(load.walks() <= most, "{}", load.report());
+    // ...while the loops asked many times more often.
+    assert!(
+        load.overview_requests as f64 >= 3.0 * most,
+        "{}",
+        load.report()
+    );
+    // Acquires kept being granted throughout.
+    assert_eq!(load.acquires_failed, 0, "{}", load.report());
+    assert!(!load.acquires_loaded.is_empty());
+}
+
+/// The figures for BENCHMARKS.md ("Dashboard overview under load"):
+/// `cargo test --profile bench --test dashboard -- --ignored --nocapture overview_latency`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn overview_latency_ratio_for_the_benchmarks() {
+    let load = overview_under_load(10.0).await;
+    println!("{}", load.report());
+    assert_eq!(load.acquires_failed, 0);
 }

@@ -617,6 +617,7 @@ def test_config_map_carries_every_setting():
         "TUMBLER_LOG": "info",
         "TUMBLER_OTLP_ENDPOINT": "",
         "TUMBLER_DASHBOARD_ADMIN": "false",
+        "TUMBLER_DASHBOARD_COOKIE_KEY_FILE": "",
         "TUMBLER_MAX_WAITERS_PER_NAMESPACE": "10000",
         "TUMBLER_MAX_LOCKS_PER_NAMESPACE": "0",
         "TUMBLER_MAX_REQUEST_BYTES": "65536",

@@ -4,8 +4,11 @@
 //! of the file, an expiry or a removed token applies to the dashboard at
 //! its next request, as it does to gRPC. Scripts send the token as
 //! `authorization: Bearer <token>`; a browser logs in once on a form, which
-//! puts the token in an HttpOnly, SameSite=Strict cookie that is checked
-//! again on every request (the server keeps no sessions).
+//! sets an HttpOnly, SameSite=Strict cookie holding a signed session that
+//! names the token, never the token itself (see `session.rs`). The
+//! session's token is looked up again on every request, so removing or
+//! expiring it logs its browsers out at once (the server keeps no session
+//! table).
 //!
 //! Refusals say nothing about the token: an endpoint answers 401 with one
 //! fixed message, a page redirects to the login form. `/metrics` and
@@ -18,16 +21,15 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
+use super::session::Session;
 use super::{ApiError, Dashboard, Params, escape, redirect, same_origin, url_encode};
 use crate::auth::Access;
 
 const LOGIN_PAGE: &str = include_str!("assets/login.html");
 const LOGIN_PATH: &str = "/dashboard/login";
-/// The cookie a logged-in browser sends: the token, base64url-encoded (a
-/// token may hold characters a cookie value may not).
+/// The cookie a logged-in browser sends: a session signed by the server
+/// (its token's name, a tag of its secret, an expiry), not the token.
 const COOKIE: &str = "tumbler_token";
 
 /// The caller of a dashboard request, as [`require_access`] found it. A
@@ -73,8 +75,16 @@ fn access(d: &Dashboard, headers: &HeaderMap) -> Result<Access, tonic::Status> {
     if let Some(value) = headers.get(header::AUTHORIZATION) {
         return Access::from_header(Some(auth), Some(value.as_bytes()));
     }
-    let token = cookie_token(headers).ok_or_else(|| tonic::Status::unauthenticated("no token"))?;
-    auth.authenticate_token(&token).map(Access::Token)
+    let refused = || tonic::Status::unauthenticated("no valid login session");
+    let value = cookie_value(headers).ok_or_else(refused)?;
+    let session = Session::open(&value, &d.options.cookie_key, COOKIE).ok_or_else(refused)?;
+    // The token under that name now: gone or expired ends the session; so
+    // does a new secret under the same name.
+    let token = auth.named(&session.name)?;
+    if !session.holds_for(&token) {
+        return Err(refused());
+    }
+    Ok(Access::Token(token))
 }
 
 /// An endpoint gets the JSON error (401 with the fixed message, or 429
@@ -103,7 +113,7 @@ fn refuse(d: &Dashboard, request: &Request, status: tonic::Status) -> Response {
         _ => String::new(),
     };
     let mut response = redirect(&login_href(safe_next(&back)));
-    if cookie_token(request.headers()).is_some() {
+    if cookie_value(request.headers()).is_some() {
         set_cookie(&mut response, &cleared_cookie(d.options.secure_cookie));
     }
     response
@@ -143,9 +153,10 @@ pub(super) async fn log_in(
         Ok(token) => {
             tracing::info!(token = %token.name, "dashboard login");
             let mut response = redirect(if next.is_empty() { "/dashboard" } else { next });
+            let session = Session::start(&token).seal(&d.options.cookie_key, COOKIE);
             set_cookie(
                 &mut response,
-                &token_cookie(presented, d.options.secure_cookie),
+                &session_cookie(&session, d.options.secure_cookie),
             );
             response
         }
@@ -225,12 +236,12 @@ fn safe_next(next: &str) -> &str {
     if local { next } else { "" }
 }
 
-/// The login cookie's `Set-Cookie` value: no Max-Age (it ends with the
-/// browser session; the token's own expiry is checked on every request).
-fn token_cookie(token: &str, secure: bool) -> String {
+/// The login cookie's `Set-Cookie` value for a sealed session: no
+/// Max-Age (it ends with the browser session; the session's own expiry
+/// and its token are checked on every request).
+fn session_cookie(sealed: &str, secure: bool) -> String {
     format!(
-        "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{}",
-        URL_SAFE_NO_PAD.encode(token),
+        "{COOKIE}={sealed}; Path=/; HttpOnly; SameSite=Strict{}",
         if secure { "; Secure" } else { "" }
     )
 }
@@ -243,14 +254,14 @@ fn cleared_cookie(secure: bool) -> String {
 }
 
 fn set_cookie(response: &mut Response, cookie: &str) {
-    // Always a valid header value: base64url and fixed text.
+    // Always a valid header value: base64 and fixed text.
     if let Ok(value) = HeaderValue::from_str(cookie) {
         response.headers_mut().append(header::SET_COOKIE, value);
     }
 }
 
-/// The token in the request's login cookie, if any.
-fn cookie_token(headers: &HeaderMap) -> Option<String> {
+/// The value of the request's login cookie, if any (not yet verified).
+fn cookie_value(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -260,9 +271,8 @@ fn cookie_token(headers: &HeaderMap) -> Option<String> {
             let (name, value) = pair.trim().split_once('=')?;
             (name == COOKIE).then_some(value)
         })
-        .and_then(|value| URL_SAFE_NO_PAD.decode(value).ok())
-        .and_then(|bytes| String::from_utf8(bytes).ok())
-        .filter(|token| !token.is_empty())
+        .filter(|value| !value.is_empty())
+        .map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -270,25 +280,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cookie_round_trips_any_token_and_is_locked_down() {
-        let token = "tmb_0a; odd=\"chars\" é";
-        let cookie = token_cookie(token, false);
+    fn the_cookie_carries_the_sealed_session_and_is_locked_down() {
+        let sealed = "c2lnbmF0dXJl+/=s1.1.tag.b3Bz";
+        let cookie = session_cookie(sealed, false);
         assert!(
             cookie.ends_with("; Path=/; HttpOnly; SameSite=Strict"),
             "{cookie}"
         );
-        assert!(token_cookie(token, true).ends_with("; SameSite=Strict; Secure"));
+        assert!(session_cookie(sealed, true).ends_with("; SameSite=Strict; Secure"));
         let pair = cookie.split(';').next().unwrap();
         let mut headers = HeaderMap::new();
         headers.insert(
             header::COOKIE,
             format!("theme=dark; {pair}; other=1").parse().unwrap(),
         );
-        assert_eq!(cookie_token(&headers).as_deref(), Some(token));
-        headers.insert(header::COOKIE, "tumbler_token=%%%".parse().unwrap());
-        assert_eq!(cookie_token(&headers), None);
+        assert_eq!(cookie_value(&headers).as_deref(), Some(sealed));
         headers.insert(header::COOKIE, "tumbler_token=".parse().unwrap());
-        assert_eq!(cookie_token(&headers), None);
+        assert_eq!(cookie_value(&headers), None);
     }
 
     #[test]

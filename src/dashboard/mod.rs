@@ -11,7 +11,12 @@
 //! tokens (a bearer header, or the login cookie; see `login.rs`), and
 //! shows only the namespaces that token may see: each handler passes the
 //! namespace it reads through `Params::namespace`, which checks it with
-//! the caller's [`Access`], as the gRPC handlers do.
+//! the caller's [`Access::read`], as the gRPC handlers do. So tumbler's
+//! own namespace (`tumbler-system`) shows only to an admin token that
+//! names it: not with auth off, not to a `*` token.
+//!
+//! The overview, the one costly read, is kept per namespace for a second
+//! and made once for all concurrent requests (see `overview.rs`).
 //!
 //! Admin actions (force release of a holder, clear a namespace) exist only
 //! when the server runs with `--dashboard-admin`, and, with auth on, only
@@ -20,6 +25,10 @@
 
 mod edge;
 mod login;
+mod overview;
+mod session;
+
+pub use session::{CookieKey, SESSION_TTL};
 
 use std::sync::Arc;
 
@@ -44,15 +53,8 @@ const PAGE: &str = include_str!("assets/page.html");
 const APP_JS: &str = include_str!("assets/app.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");
 
-/// Locks the overview counts at most (10 List calls of 1000); past that it
-/// says its counts are partial rather than keep Redis busy.
-const OVERVIEW_MAX_LOCKS: usize = 10_000;
-/// Locks with waiters the overview shows.
-const OVERVIEW_TOP: usize = 10;
-/// The overview's chart: the last hour, per minute.
-const CHART_MINUTES: i64 = 60;
-/// Rates are averaged over the last few minutes.
-const RATE_MINUTES: i64 = 5;
+use self::overview::CHART_MINUTES;
+
 const MINUTE_MS: i64 = 60_000;
 /// Largest `minutes` the metrics endpoint takes (the counters' retention).
 const MAX_MINUTES: i64 = validate::MAX_METRICS_RANGE_MS / MINUTE_MS;
@@ -71,12 +73,16 @@ pub struct Options {
     /// Host names the dashboard answers besides loopback ones; None: any
     /// (see [`edge`]).
     pub allowed_hosts: Option<Vec<String>>,
+    /// Signs the login cookies (`--dashboard-cookie-key-file`, else a
+    /// random key of this process).
+    pub cookie_key: CookieKey,
 }
 
 #[derive(Clone)]
 struct Dashboard {
     engine: Arc<LockEngine>,
     options: Options,
+    overviews: Arc<overview::Overviews>,
 }
 
 impl Dashboard {
@@ -96,7 +102,11 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         allowed_hosts: options.allowed_hosts.clone(),
         hsts: options.secure_cookie,
     };
-    let state = Dashboard { engine, options };
+    let state = Dashboard {
+        engine,
+        options,
+        overviews: Arc::default(),
+    };
     let guarded = Router::new()
         .route("/dashboard", get(overview_page))
         .route("/dashboard/", get(overview_page))
@@ -136,7 +146,7 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
 
 /// An endpoint's failure: a status and a message, as JSON
 /// (`{"error": "...", "code": "..."}`).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct ApiError {
     status: StatusCode,
     code: &'static str,
@@ -285,10 +295,11 @@ impl Params {
     }
 
     /// The `namespace` parameter (empty: `default`), valid and one the
-    /// caller may see; every namespace a handler acts on comes from here.
+    /// caller may read (as Inspect and List would allow it); every
+    /// namespace a handler reads comes from here.
     fn namespace(&self, access: &Access) -> Result<String, ApiError> {
         let namespace = validate::namespace(self.get("namespace"))?;
-        access.namespace(&namespace)?;
+        access.read(&namespace)?;
         Ok(namespace)
     }
 }
@@ -342,10 +353,11 @@ fn grant_json(grant: &Grant, now_ms: i64) -> Value {
 
 // ---------------------------------------------------------------- API
 
-/// The namespaces in use that `access` may see.
+/// The namespaces in use that `access` may read (tumbler's own only for
+/// an admin token that names it).
 async fn visible_namespaces(d: &Dashboard, access: &Access) -> Result<Vec<String>, ApiError> {
     let mut namespaces = d.engine.namespaces().await?;
-    namespaces.retain(|namespace| access.sees(namespace));
+    namespaces.retain(|namespace| access.lists(namespace));
     Ok(namespaces)
 }
 
@@ -506,7 +518,8 @@ async fn api_metrics(
 }
 
 /// `GET /api/v1/overview?namespace=`: what the overview page shows, from
-/// List (walked up to [`OVERVIEW_MAX_LOCKS`]) and Metrics (the last hour).
+/// List (walked up to 10,000 locks) and Metrics (the last hour), made at
+/// most about once a second per namespace (see `overview.rs`).
 async fn api_overview(
     State(d): State<Dashboard>,
     Caller(access): Caller,
@@ -514,100 +527,17 @@ async fn api_overview(
 ) -> ApiResult {
     let params = Params::query(&query);
     let namespace = params.namespace(&access)?;
-
-    let (mut locks, mut held, mut holders, mut waiters, mut waiting_locks) = (0u64, 0, 0, 0, 0);
-    let mut busiest = Vec::new();
-    let mut cursor = None;
-    let mut now_ms = 0;
-    let mut truncated = false;
-    loop {
-        let page = d
-            .engine
-            .list(&namespace, "", validate::MAX_PAGE_SIZE, cursor, false)
-            .await?;
-        now_ms = now_ms.max(page.now_ms);
-        for lock in page.locks {
-            locks += 1;
-            held += u64::from(lock.holders > 0);
-            holders += u64::from(lock.holders);
-            waiters += u64::from(lock.waiters);
-            if lock.waiters > 0 {
-                waiting_locks += 1;
-                busiest.push(lock);
-            }
-        }
-        cursor = page.next;
-        if cursor.is_none() {
-            break;
-        }
-        if locks as usize >= OVERVIEW_MAX_LOCKS {
-            truncated = true;
-            break;
-        }
-    }
-    busiest.sort_by(|a, b| b.waiters.cmp(&a.waiters).then(a.name.cmp(&b.name)));
-    busiest.truncate(OVERVIEW_TOP);
-
-    let to_ms = unix_ms();
-    let this_minute = to_ms - to_ms.rem_euclid(MINUTE_MS);
-    let first = this_minute - (CHART_MINUTES - 1) * MINUTE_MS;
-    let report = d.engine.metrics(&namespace, first, to_ms, None).await?;
-    // Every kind together, per minute, zero-filled.
-    let mut series = vec![Counters::default(); CHART_MINUTES as usize];
-    for row in &report.minutes {
-        let index = (row.minute_ms - first) / MINUTE_MS;
-        if let Some(sum) = usize::try_from(index).ok().and_then(|i| series.get_mut(i)) {
-            sum.add(&row.counters);
-        }
-    }
-    // Rates: per minute over the last RATE_MINUTES minutes, this one
-    // (still filling) included, so activity shows at once.
-    let recent = &series[(CHART_MINUTES - RATE_MINUTES) as usize..];
-    let rate =
-        |f: fn(&Counters) -> u64| recent.iter().map(f).sum::<u64>() as f64 / RATE_MINUTES as f64;
-    let tried = report.overall.counters.acquired
-        + report.overall.counters.denied
-        + report.overall.counters.timed_out;
-    let denied = report.overall.counters.denied + report.overall.counters.timed_out;
-    json_reply(json!({
-        "namespace": namespace,
-        "now_ms": now_ms,
-        "locks": locks,
-        "locks_held": held,
-        "holders": holders,
-        "waiters": waiters,
-        "waiting_locks": waiting_locks,
-        "truncated": truncated,
-        "busiest": busiest.iter().map(|lock| json!({
-            "name": lock.name,
-            "holders": lock.holders,
-            "limit": lock.limit,
-            "waiters": lock.waiters,
-            "next_expiry_at_ms": lock.next_expiry_at_ms,
-        })).collect::<Vec<_>>(),
-        "rates": {
-            "minutes": RATE_MINUTES,
-            "acquired_per_minute": rate(|c| c.acquired),
-            "denied_per_minute": rate(|c| c.denied + c.timed_out),
-            "errors_per_minute": rate(|c| c.errors),
-        },
-        "last_hour": counters_json(&report.overall.counters),
-        "denial_ratio": if tried == 0 { 0.0 } else { denied as f64 / tried as f64 },
-        "series": series.iter().enumerate().map(|(i, c)| json!({
-            "minute_ms": first + i as i64 * MINUTE_MS,
-            "acquired": c.acquired,
-            "denied": c.denied + c.timed_out,
-            "errors": c.errors,
-        })).collect::<Vec<_>>(),
-        "admin": d.shows_admin(&access, &namespace),
-    }))
+    let shared = d.overviews.get(&d.engine, &namespace).await?;
+    let body = shared.body(d.shows_admin(&access, &namespace)).to_owned();
+    Ok((json_headers(), body).into_response())
 }
 
 /// `GET /api/v1/reaper`: which replica reaps now (Inspect of
-/// `tumbler-system/reaper`, so only for callers who may see that
-/// namespace), and the namespaces it visits that the caller sees.
+/// `tumbler-system/reaper`, so only for callers who may read that
+/// namespace: an admin token naming it), and the namespaces it visits
+/// that the caller sees.
 async fn api_reaper(State(d): State<Dashboard>, Caller(access): Caller) -> ApiResult {
-    access.namespace(REAPER_NAMESPACE)?;
+    access.read(REAPER_NAMESPACE)?;
     let lock = LockId {
         namespace: REAPER_NAMESPACE.into(),
         name: REAPER_LOCK.into(),
@@ -663,7 +593,7 @@ impl<'a> View<'a> {
         ]
         .iter()
         // The reaper page is Inspect of a lock in tumbler-system.
-        .filter(|(id, _, _)| *id != "reaper" || self.access.sees(REAPER_NAMESPACE))
+        .filter(|(id, _, _)| *id != "reaper" || self.access.lists(REAPER_NAMESPACE))
         .map(|(id, href, label)| {
             let current = if *id == page || (*id == "locks" && page == "lock") {
                 " aria-current=\"page\""
@@ -767,7 +697,7 @@ async fn shell(d: &Dashboard, access: &Access, uri: &Uri, id: &str, title: &str)
     // A malformed name still gets the page: its endpoints answer 400 with
     // the rule.
     if validate::namespace(view.namespace).is_ok()
-        && let Err(denied) = access.namespace(view.namespace)
+        && let Err(denied) = access.read(view.namespace)
     {
         return view.error(denied.into());
     }
@@ -817,7 +747,7 @@ async fn reaper_page(State(d): State<Dashboard>, Caller(access): Caller) -> Resp
         access: &access,
         namespace: REAPER_NAMESPACE,
     };
-    match access.namespace(REAPER_NAMESPACE) {
+    match access.read(REAPER_NAMESPACE) {
         Ok(()) => view.page("reaper", "Reaper", &live("Reaper")),
         Err(denied) => view.error(denied.into()),
     }

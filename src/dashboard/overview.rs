@@ -1,0 +1,237 @@
+//! The overview's numbers for one namespace: a walk of its locks (List,
+//! up to [`OVERVIEW_MAX_LOCKS`]) and its last hour of counters (Metrics).
+//! That walk is the dashboard's one costly read (a namespace of 10,000
+//! locks is a SCAN of the keyspace and a function call per 100 locks), and
+//! every open overview tab asks for it every few seconds; so its result is
+//! kept per namespace for [`FRESH_FOR`] after it is made, concurrent
+//! requests for the same namespace wait for one walk rather than start
+//! their own (single flight), and at most [`PASSES`] walks run at once on
+//! a replica, whatever the namespaces. Redis then does at most about one
+//! walk per namespace per second for the overview, however many browsers
+//! and scripts poll it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::sync::{OnceCell, Semaphore};
+
+use super::{ApiError, MINUTE_MS, counters_json, unix_ms};
+use crate::api::validate;
+use crate::engine::{Counters, LockEngine};
+
+/// Locks the overview counts at most (10 List calls of 1000); past that it
+/// says its counts are partial rather than keep Redis busy.
+pub(super) const OVERVIEW_MAX_LOCKS: usize = 10_000;
+/// Locks with waiters the overview shows.
+const OVERVIEW_TOP: usize = 10;
+/// The overview's chart: the last hour, per minute.
+pub(super) const CHART_MINUTES: i64 = 60;
+/// Rates are averaged over the last few minutes.
+const RATE_MINUTES: i64 = 5;
+/// How long a namespace's overview is served from memory once made.
+pub(super) const FRESH_FOR: Duration = Duration::from_secs(1);
+/// Overview walks one replica runs at once, over all namespaces.
+pub(super) const PASSES: usize = 2;
+/// A walk still unfinished after this long (its requests all went away
+/// mid-walk and nobody asked again) is forgotten.
+const STALLED: Duration = Duration::from_secs(60);
+
+/// The overviews of one dashboard: a namespace's latest (or running) walk.
+pub(super) struct Overviews {
+    entries: Mutex<HashMap<String, Arc<Entry>>>,
+    passes: Semaphore,
+}
+
+/// One walk of one namespace: running until `done` is set.
+struct Entry {
+    started: Instant,
+    done: OnceCell<Done>,
+}
+
+struct Done {
+    at: Instant,
+    result: Result<Arc<Rendered>, ApiError>,
+}
+
+/// A walk's JSON, serialized once for all the requests that share it: as
+/// a caller without admin rights in the namespace sees it, and as one
+/// with them.
+pub(super) struct Rendered {
+    plain: String,
+    admin: String,
+}
+
+impl Rendered {
+    fn of(mut overview: Value) -> Self {
+        overview["admin"] = Value::Bool(false);
+        let plain = overview.to_string();
+        overview["admin"] = Value::Bool(true);
+        Rendered {
+            plain,
+            admin: overview.to_string(),
+        }
+    }
+
+    /// The body for a caller who may (or may not) use the admin actions.
+    pub(super) fn body(&self, admin: bool) -> &str {
+        if admin { &self.admin } else { &self.plain }
+    }
+}
+
+impl Entry {
+    /// Whether a request arriving `now` may use this walk: it is running,
+    /// or finished less than [`FRESH_FOR`] ago.
+    fn usable(&self, now: Instant) -> bool {
+        match self.done.get() {
+            Some(done) => now.duration_since(done.at) < FRESH_FOR,
+            None => now.duration_since(self.started) < STALLED,
+        }
+    }
+}
+
+impl Default for Overviews {
+    fn default() -> Self {
+        Overviews {
+            entries: Mutex::new(HashMap::new()),
+            passes: Semaphore::new(PASSES),
+        }
+    }
+}
+
+impl Overviews {
+    /// The overview of `namespace` (the caller checked it may see it):
+    /// the last walk's if it is fresh, the running walk's if one runs,
+    /// else a new walk's. Errors are kept as long as results, so a
+    /// failing Redis is not asked more often either.
+    pub(super) async fn get(
+        &self,
+        engine: &LockEngine,
+        namespace: &str,
+    ) -> Result<Arc<Rendered>, ApiError> {
+        let entry = self.entry(namespace);
+        let done = entry
+            .done
+            .get_or_init(|| async {
+                // Never closed, so always a permit.
+                let _permit = self.passes.acquire().await.ok();
+                let result = walk(engine, namespace)
+                    .await
+                    .map(|overview| Arc::new(Rendered::of(overview)));
+                Done {
+                    at: Instant::now(),
+                    result,
+                }
+            })
+            .await;
+        done.result.clone()
+    }
+
+    /// The walk a request for `namespace` joins; old walks of every
+    /// namespace are dropped on the way, so the map holds only the
+    /// namespaces asked for within the last second or so.
+    fn entry(&self, namespace: &str) -> Arc<Entry> {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.retain(|_, entry| entry.usable(now));
+        entries
+            .entry(namespace.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Entry {
+                    started: now,
+                    done: OnceCell::new(),
+                })
+            })
+            .clone()
+    }
+}
+
+/// One walk: what `GET /api/v1/overview` shows for `namespace`, but for
+/// the caller's own `admin` flag (see [`Rendered`]).
+async fn walk(engine: &LockEngine, namespace: &str) -> Result<Value, ApiError> {
+    let (mut locks, mut held, mut holders, mut waiters, mut waiting_locks) = (0u64, 0, 0, 0, 0);
+    let mut busiest = Vec::new();
+    let mut cursor = None;
+    let mut now_ms = 0;
+    let mut truncated = false;
+    loop {
+        let page = engine
+            .list(namespace, "", validate::MAX_PAGE_SIZE, cursor, false)
+            .await?;
+        now_ms = now_ms.max(page.now_ms);
+        for lock in page.locks {
+            locks += 1;
+            held += u64::from(lock.holders > 0);
+            holders += u64::from(lock.holders);
+            waiters += u64::from(lock.waiters);
+            if lock.waiters > 0 {
+                waiting_locks += 1;
+                busiest.push(lock);
+            }
+        }
+        cursor = page.next;
+        if cursor.is_none() {
+            break;
+        }
+        if locks as usize >= OVERVIEW_MAX_LOCKS {
+            truncated = true;
+            break;
+        }
+    }
+    busiest.sort_by(|a, b| b.waiters.cmp(&a.waiters).then(a.name.cmp(&b.name)));
+    busiest.truncate(OVERVIEW_TOP);
+
+    let to_ms = unix_ms();
+    let this_minute = to_ms - to_ms.rem_euclid(MINUTE_MS);
+    let first = this_minute - (CHART_MINUTES - 1) * MINUTE_MS;
+    let report = engine.metrics(namespace, first, to_ms, None).await?;
+    // Every kind together, per minute, zero-filled.
+    let mut series = vec![Counters::default(); CHART_MINUTES as usize];
+    for row in &report.minutes {
+        let index = (row.minute_ms - first) / MINUTE_MS;
+        if let Some(sum) = usize::try_from(index).ok().and_then(|i| series.get_mut(i)) {
+            sum.add(&row.counters);
+        }
+    }
+    // Rates: per minute over the last RATE_MINUTES minutes, this one
+    // (still filling) included, so activity shows at once.
+    let recent = &series[(CHART_MINUTES - RATE_MINUTES) as usize..];
+    let rate =
+        |f: fn(&Counters) -> u64| recent.iter().map(f).sum::<u64>() as f64 / RATE_MINUTES as f64;
+    let tried = report.overall.counters.acquired
+        + report.overall.counters.denied
+        + report.overall.counters.timed_out;
+    let denied = report.overall.counters.denied + report.overall.counters.timed_out;
+    Ok(json!({
+        "namespace": namespace,
+        "now_ms": now_ms,
+        "locks": locks,
+        "locks_held": held,
+        "holders": holders,
+        "waiters": waiters,
+        "waiting_locks": waiting_locks,
+        "truncated": truncated,
+        "busiest": busiest.iter().map(|lock| json!({
+            "name": lock.name,
+            "holders": lock.holders,
+            "limit": lock.limit,
+            "waiters": lock.waiters,
+            "next_expiry_at_ms": lock.next_expiry_at_ms,
+        })).collect::<Vec<_>>(),
+        "rates": {
+            "minutes": RATE_MINUTES,
+            "acquired_per_minute": rate(|c| c.acquired),
+            "denied_per_minute": rate(|c| c.denied + c.timed_out),
+            "errors_per_minute": rate(|c| c.errors),
+        },
+        "last_hour": counters_json(&report.overall.counters),
+        "denial_ratio": if tried == 0 { 0.0 } else { denied as f64 / tried as f64 },
+        "series": series.iter().enumerate().map(|(i, c)| json!({
+            "minute_ms": first + i as i64 * MINUTE_MS,
+            "acquired": c.acquired,
+            "denied": c.denied + c.timed_out,
+            "errors": c.errors,
+        })).collect::<Vec<_>>(),
+    }))
+}
