@@ -729,7 +729,11 @@ fn keep_session(
                 // The replica drains, restarts or cannot be reached: the
                 // session's grants live on for its TTL, resumable anywhere.
                 stream = None;
-                let until = Instant::now() + resume.ttl;
+                // The server renews a third of a TTL apart, so the lease
+                // has at least two thirds of a TTL left when the stream
+                // ends: a resume that takes longer might find the lock
+                // gone while the command still runs, so stop trying then.
+                let until = Instant::now() + resume.ttl * 2 / 3;
                 status_line(&format!(
                     "tumbler hold: the session of {lock} was cut off ({}: {}); resuming it",
                     conn.endpoint(),
