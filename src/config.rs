@@ -277,11 +277,12 @@ pub enum LogFormat {
     Json,
 }
 
-/// A `--changelog-namespaces` entry: a namespace, `prefix*` or `*`.
+/// A `--changelog-namespaces` entry: a namespace, `prefix*` or `*` (an
+/// empty one, as an empty TUMBLER_CHANGELOG_NAMESPACES gives, names none).
 fn parse_changelog_namespace(value: &str) -> Result<String, String> {
     let value = value.trim();
     let name = value.strip_suffix('*').unwrap_or(value);
-    if name.contains('*') || (name.is_empty() && value.is_empty()) {
+    if name.contains('*') {
         return Err(format!(
             "{value:?}: a namespace, a `prefix*` pattern or `*`"
         ));
@@ -406,7 +407,10 @@ impl ServerConfig {
             auth_tokens_file: args.auth.auth_tokens_file.clone(),
             auth_reload_interval: Duration::from_millis(args.auth.auth_reload_interval_ms),
             changelog: crate::engine::changelog::ChangelogSettings {
-                namespaces: args.changelog_namespaces.clone(),
+                namespaces: (args.changelog_namespaces.iter())
+                    .filter(|n| !n.is_empty())
+                    .cloned()
+                    .collect(),
                 size: args.changelog_size,
                 retention_ms: args.changelog_retention_ms,
             },
