@@ -347,9 +347,12 @@ local function emit(L, event, holder, g, now, actor, ended)
     redis.call('PUBLISH', prefix .. ':events', message)
   end
   if L.log then
-    local log = shard .. ':c'
-    redis.call('LPUSH', log, message)
-    redis.call('LTRIM', log, '0', int(tonumber(L.log) - 1))
+    -- Trimmed back to its size once it is an eighth over (one LTRIM per
+    -- size/8 events, not one per event); readers keep the newest `size`.
+    local log, size = shard .. ':c', tonumber(L.log)
+    if redis.call('LPUSH', log, message) > size + math.floor(size / 8) then
+      redis.call('LTRIM', log, '0', int(size - 1))
+    end
     redis.call('PEXPIRE', log, L.log_ttl)
   end
 end
