@@ -188,7 +188,7 @@ local function new_lock(key, queue, deadlines, waiters, fence, live)
   return {
     key = key, queue = queue, deadlines = deadlines, waiters = waiters, fence = fence,
     live = live, shard = false, name = false,
-    holder = false, watched = false, publish = false, log = false, log_ttl = false, exists = false,
+    holder = false, watched = false, exists = false,
     limit = 1, n = 0, e = 0, top = 0, seq = 0, x = 0, e_s = false, x_s = false,
     mine_text = false, mine_grant = false,
     changes = NONE, removed = NONE, events = NONE, keep_until = 0, dirty = false,
@@ -227,6 +227,8 @@ end
 -- (some replica watches the namespace); 'c<size>:<retention_ms>' = record
 -- them in the shard's changelog; acquire's flags may also hold 'f'.
 -- L.watched: the lock has events at all (callers build them only then).
+-- L.publish, L.log, L.log_ttl are set only here (not by new_lock), so a
+-- lock without events carries none of them.
 local function events(L, flags)
   if flags == '1' or flags == 'e' then
     L.watched, L.publish = true, true
