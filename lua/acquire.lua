@@ -3,7 +3,8 @@
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, limit, ttl_ms, kind, metadata (JSON; '' = none),
 --       answer_by (Redis ms; '0' = none),
---       flags ('f' = fair: takes its turn in the queue; 'e' = publish events),
+--       flags ('f' = fair: takes its turn in the queue; 'e' = publish events;
+--       'c<size>:<retention_ms>' = record them in the changelog),
 --       then, when any is not its default: priority (absent = 0),
 --       max_locks (of the namespace in this shard; absent or '0' = no limit),
 --       and, only when waiting: wait_ms (left), queue_ttl_ms, max_waiters (per lock)
@@ -15,7 +16,6 @@ local holder, limit_s, ttl, kind, metadata, answer_by, flags,
   priority_s, max_locks_s, wait_ms, queue_ttl, max_waiters = unpack(ARGV, 1, 12)
 local limit, max_locks = num(limit_s), num(max_locks_s or '0')
 local fair = string.find(flags, 'f', 1, true) ~= nil
-local watched = string.find(flags, 'e', 1, true) ~= nil
 local waiting, priority = wait_ms ~= nil, num(priority_s or '0')
 local now, now_us, now_s = clock()
 
@@ -23,7 +23,7 @@ local now, now_us, now_s = clock()
 if late(answer_by, now) then
   return {LATE, now, 0, 0, 0}
 end
-local L = load(lock_at(KEYS), holder, watched)
+local L = load(lock_at(KEYS), holder, flags)
 
 -- 2. Expired leases and dead waiters stop counting before anything is decided.
 local changed = purge(L, now)

@@ -19,6 +19,8 @@
 --   ...:fence     STRING the shard's last fencing token
 --   ...:n         ZSET lock name -> key expiry; only with a per-namespace lock limit
 --   ...:m:<minute> HASH 'kind|event' -> count (written by the replicas, shard 0 only)
+--   ...:c         LIST the shard's latest lock events, newest first; only for
+--                 namespaces with a changelog (capped and expiring: emit)
 -- An uncontended mutex is one key of two fields; nothing else is written
 -- per lock. Every value stays within 64 bytes for holders up to 64 bytes
 -- and no metadata, so the lock's hash keeps Redis' compact (listpack)
@@ -220,6 +222,26 @@ local function names(L)
   return L.shard, L.name
 end
 
+-- What the lock's events do, from the caller's event flags (read only when
+-- some flag is set: the default costs nothing): '1' or 'e' = publish them
+-- (some replica watches the namespace); 'c<size>:<retention_ms>' = record
+-- them in the shard's changelog; acquire's flags may also hold 'f'.
+-- L.watched: the lock has events at all (callers build them only then).
+-- L.publish, L.log, L.log_ttl are set only here (not by new_lock), so a
+-- lock without events carries none of them.
+local function events(L, flags)
+  if flags == '1' or flags == 'e' then
+    L.watched, L.publish = true, true
+    return
+  end
+  L.publish = string.find(flags, 'e', 1, true) ~= nil
+  local size, ttl = string.match(flags, 'c(%d+):(%d+)')
+  if size then
+    L.log, L.log_ttl = size, ttl
+  end
+  L.watched = L.publish or L.log ~= false
+end
+
 -- Reads a lock (one HMGET: its header and the holder's grant) into L:
 --   limit, n (holders), e (no lease ends before), top (highest slot that
 --   may be taken), seq (arrivals; > 0 exactly while someone may wait),
@@ -238,7 +260,10 @@ local function load(L, holder, watched)
   else
     header = redis.call('HGET', L.key, '_')
   end
-  L.holder, L.watched = holder or false, watched == true or watched == '1'
+  L.holder = holder or false
+  if watched and watched ~= '0' and watched ~= '' and watched ~= 'f' then
+    events(L, watched)
+  end
   if header then
     local limit, n, e, top, seq, x = string.match(header, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
     L.exists = true
@@ -292,7 +317,9 @@ end
 -- Actors of lock events: who made the change.
 local HOLDER, REAPER, ADMIN = 'holder', 'reaper', 'admin'
 
--- Lock events for watchers go to '<prefix>:events', one message each:
+-- Lock events for watchers go to '<prefix>:events', one message each
+-- (and, for a namespace with a changelog, to the shard's capped list
+-- '...:c', newest first, the same message):
 --   'namespace\nname\nevent\nholder\ntoken\ntime_ms\nslot\nkind\nttl_ms\n
 --    expires_at\nacquired_at\nhold_ms\nactor\nmetadata'
 -- (the metadata last: it is JSON, so it holds no raw newline), and only
@@ -313,11 +340,23 @@ local function emit(L, event, holder, g, now, actor, ended)
     hold = int(math.max(0, ended - tonumber(g.acquired_s)))
   end
   local expires = g.expires_s or (g.expires and int(g.expires)) or '0'
-  redis.call('PUBLISH', prefix .. ':events', table.concat({
+  local message = table.concat({
     namespace, name, event, holder, g.token or '0', int(now),
     g.slot and int(g.slot) or '0', g.kind or 'default', g.ttl or '0', expires,
     g.acquired_s or '0', hold, actor, g.metadata or '',
-  }, '\n'))
+  }, '\n')
+  if L.publish then
+    redis.call('PUBLISH', prefix .. ':events', message)
+  end
+  if L.log then
+    -- Trimmed back to its size once it is an eighth over (one LTRIM per
+    -- size/8 events, not one per event); readers keep the newest `size`.
+    local log, size = shard .. ':c', tonumber(L.log)
+    if redis.call('LPUSH', log, message) > size + math.floor(size / 8) then
+      redis.call('LTRIM', log, '0', int(size - 1))
+    end
+    redis.call('PEXPIRE', log, L.log_ttl)
+  end
 end
 
 -- A command on many fields of a hash (HMGET, HDEL), in batches; returns

@@ -1,7 +1,7 @@
 -- dequeue: a waiting request leaves the queue (its RPC timed out or was
 -- cancelled).
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
--- ARGV: request id, watched ('1' = publish events)
+-- ARGV: request id, event flags ('0' = none; common.lua `events`)
 -- Returns {now, the position it had (1-based; 0 = it was not queued),
 --          the kind it waited as, events...}
 local id, watched = unpack(ARGV, 1, 2)

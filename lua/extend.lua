@@ -1,7 +1,7 @@
 -- extend: reset the remaining lease of a live grant, only for its holder.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, token ('' = any), ttl_ms ('' = the grant's own ttl),
---       answer_by (Redis ms; '0' = none), watched ('1' = publish events)
+--       answer_by (Redis ms; '0' = none), event flags ('0' = none; common.lua `events`)
 -- Returns {OK, now, holder, grant, events...}, {NOT_HELD, now, '', '', events...}
 --         or {LATE, now, '', ''}
 local holder, token, ttl, answer_by, watched = unpack(ARGV, 1, 5)

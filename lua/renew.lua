@@ -2,7 +2,7 @@
 -- call (a replica renews all its session grants with one call per shard).
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: answer_by (Redis ms; '0' = none), live ('1' = the shard's live
---       locks are counted), watched ('1' = publish events), then groups of
+--       locks are counted), event flags ('0' = none; common.lua `events`), then groups of
 --       (lock name, holder, fencing token, ttl_ms)
 -- Returns {status, now, lost group numbers (1-based)..., events...}:
 --   status OK, or LATE (nothing renewed). The events follow a '' marker.

@@ -165,6 +165,17 @@ pub struct ServiceArgs {
     /// no file.
     #[arg(long, env = "TUMBLER_DASHBOARD_COOKIE_KEY_FILE", value_parser = parse_optional_path)]
     pub dashboard_cookie_key_file: Option<std::path::PathBuf>,
+    /// Namespaces whose latest lock events are kept for the dashboard's
+    /// Changelog page: names, `prefix*` patterns or `*`, comma-separated
+    /// (default none: no lock call writes anything for it).
+    #[arg(long, env = "TUMBLER_CHANGELOG_NAMESPACES", value_delimiter = ',', value_parser = parse_changelog_namespace)]
+    pub changelog_namespaces: Vec<String>,
+    /// Events a namespace's changelog keeps (the newest).
+    #[arg(long, env = "TUMBLER_CHANGELOG_SIZE", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub changelog_size: u32,
+    /// How long a changelog is kept after its last event.
+    #[arg(long, env = "TUMBLER_CHANGELOG_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(u64).range(1000..))]
+    pub changelog_retention_ms: u64,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -280,6 +291,22 @@ fn parse_optional_path(value: &str) -> Result<std::path::PathBuf, String> {
     Ok(value.into())
 }
 
+/// A `--changelog-namespaces` entry: a namespace, `prefix*` or `*` (an
+/// empty one, as an empty TUMBLER_CHANGELOG_NAMESPACES gives, names none).
+fn parse_changelog_namespace(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let name = value.strip_suffix('*').unwrap_or(value);
+    if name.contains('*') {
+        return Err(format!(
+            "{value:?}: a namespace, a `prefix*` pattern or `*`"
+        ));
+    }
+    if !name.is_empty() {
+        crate::api::validate::namespace(name).map_err(|e| e.message().to_owned())?;
+    }
+    Ok(value.to_owned())
+}
+
 fn parse_key_prefix(value: &str) -> Result<String, String> {
     if value.is_empty()
         || value.len() > 64
@@ -315,6 +342,8 @@ pub struct ServerConfig {
     /// Bearer tokens file; None: authentication is off.
     pub auth_tokens_file: Option<std::path::PathBuf>,
     pub auth_reload_interval: Duration,
+    /// Which namespaces keep a changelog.
+    pub changelog: crate::engine::changelog::ChangelogSettings,
     pub transport: TransportLimits,
     /// TLS for the gRPC port (and the HTTP port if it says so); None:
     /// plaintext.
@@ -396,6 +425,14 @@ impl ServerConfig {
             )?,
             auth_tokens_file: args.auth.auth_tokens_file.clone(),
             auth_reload_interval: Duration::from_millis(args.auth.auth_reload_interval_ms),
+            changelog: crate::engine::changelog::ChangelogSettings {
+                namespaces: (args.changelog_namespaces.iter())
+                    .filter(|n| !n.is_empty())
+                    .cloned()
+                    .collect(),
+                size: args.changelog_size,
+                retention_ms: args.changelog_retention_ms,
+            },
             transport: TransportLimits {
                 max_request_bytes: args.max_request_bytes as usize,
                 max_concurrent_streams: args.max_concurrent_streams,

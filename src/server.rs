@@ -100,11 +100,10 @@ pub async fn serve_on(
     let layout = Layout::new(&config.key_prefix, config.shards);
     let wake_channel = layout.wake_channel();
     let events_channel = layout.events_channel();
-    let engine = Arc::new(LockEngine::new(
-        store.clone(),
-        layout,
-        config.wait_limits.clone(),
-    ));
+    let engine = Arc::new(
+        LockEngine::new(store.clone(), layout, config.wait_limits.clone())
+            .with_changelog(config.changelog.clone()),
+    );
     // The replica's one wake-up subscription and its waiter heartbeats.
     let subscriber = tokio::spawn(run_subscriber(
         engine.waiters().clone(),

@@ -714,8 +714,9 @@ fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
-const PAGES: [&str; 8] = [
+const PAGES: [&str; 9] = [
     "/dashboard",
+    "/dashboard/changelog?event=released",
     "/dashboard/",
     "/dashboard/locks?prefix=r",
     "/dashboard/lock?name=reports",
@@ -725,8 +726,9 @@ const PAGES: [&str; 8] = [
     "/dashboard/clear",
 ];
 
-const ENDPOINTS: [&str; 6] = [
+const ENDPOINTS: [&str; 7] = [
     "/api/v1/namespaces",
+    "/api/v1/changelog",
     "/api/v1/overview",
     "/api/v1/locks",
     "/api/v1/locks/reports",
@@ -1039,6 +1041,7 @@ async fn a_client_token_sees_only_its_namespaces() {
     for endpoint in [
         "/api/v1/overview?namespace=team-a",
         "/api/v1/metrics?namespace=team-a",
+        "/api/v1/changelog?namespace=team-a",
     ] {
         assert_eq!(server.get_with(endpoint, &as_team_a).await.status, 200);
     }
@@ -1055,6 +1058,8 @@ async fn a_client_token_sees_only_its_namespaces() {
         "/api/v1/overview",
         "/api/v1/metrics?namespace=team-b",
         "/api/v1/metrics?namespace=no-such-team",
+        "/api/v1/changelog?namespace=team-b",
+        "/api/v1/changelog",
     ] {
         let reply = server.get_with(endpoint, &as_team_a).await;
         assert_eq!(reply.status, 403, "{endpoint}: {reply:?}");
@@ -1077,6 +1082,7 @@ async fn a_client_token_sees_only_its_namespaces() {
         "/dashboard/locks?namespace=team-b",
         "/dashboard/lock?namespace=team-b&name=b-lock",
         "/dashboard/metrics?namespace=default",
+        "/dashboard/changelog?namespace=team-b",
     ] {
         let reply = server.get_with(path, &as_team_a).await;
         assert_eq!(reply.status, 403, "{path}");
@@ -1848,4 +1854,104 @@ async fn overview_latency_ratio_for_the_benchmarks() {
     let load = overview_under_load(10.0).await;
     println!("{}", load.report());
     assert_eq!(load.acquires_failed, 0);
+}
+
+/// A server whose namespaces all keep a changelog, HTTP port on.
+async fn changelog_server(redis_url: &str) -> DashServer {
+    let mut args = service_args();
+    args.changelog_namespaces = vec!["*".into()];
+    args.shards = 8;
+    let config = ServerConfig::new(redis_url.to_owned(), &args).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = format!("http://{}", listener.local_addr().unwrap());
+    let http_addr = http.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(tumbler::server::serve_with_http(
+        config,
+        listener,
+        Some(http),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    wait_for_health(&grpc, ServingStatus::Serving).await;
+    DashServer {
+        grpc,
+        http: http_addr,
+        _stop: stop,
+    }
+}
+
+#[tokio::test]
+async fn the_changelog_page_renders_and_keeps_hostile_names_as_data() {
+    let redis = start_redis();
+    let server = changelog_server(&redis.url()).await;
+    let mut client = server.client().await;
+    let hostile = "<script>alert(1)</script>&\"'";
+    let holder = "<img src=x onerror=alert(2)>";
+    client.acquire(acquire(hostile, holder)).await.unwrap();
+    client.release(release(hostile, holder)).await.unwrap();
+
+    // The page: the shell app.js fills in, with a Changelog tab marked
+    // current, and nothing of a hostile query string echoed raw.
+    let query = url_encode(hostile);
+    let (status, page) = server
+        .get(&format!(
+            "/dashboard/changelog?prefix={query}&holder={query}"
+        ))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("data-page=\"changelog\""), "{page}");
+    assert!(
+        page.contains("<a href=\"/dashboard/changelog\" data-keep-namespace aria-current=\"page\">Changelog</a>"),
+        "{page}"
+    );
+    assert!(!page.contains("<script>alert"), "{page}");
+    assert!(!page.contains("onerror"), "{page}");
+    // The script renders text only through textContent (h()).
+    let (_, script) = server.get("/dashboard/assets/app.js").await;
+    assert!(script.contains("function renderChangelog(d)"));
+    assert!(!script.contains("innerHTML"));
+
+    // The endpoint: the names as JSON data, exactly as given.
+    let (status, log) = server
+        .get_json(&format!("/api/v1/changelog?prefix={query}"))
+        .await;
+    assert_eq!(status, 200, "{log}");
+    let events = log["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2, "{log}");
+    for (event, expected) in events.iter().zip(["released", "acquired"]) {
+        assert_eq!(event["event"], expected);
+        assert_eq!(event["name"], hostile);
+        assert_eq!(event["holder"], holder);
+    }
+    let (_, by_holder) = server
+        .get_json(&format!("/api/v1/changelog?holder={}", url_encode(holder)))
+        .await;
+    assert_eq!(by_holder["events"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn the_locks_tab_lists_a_page_in_name_order() {
+    let redis = start_redis();
+    let server = changelog_server(&redis.url()).await;
+    let mut client = server.client().await;
+    let names = [
+        "delta", "alpha", "echo", "charlie", "bravo", "golf", "foxtrot", "hotel",
+    ];
+    for name in names {
+        client.acquire(acquire(name, "h")).await.unwrap();
+    }
+    let (status, page) = server.get_json("/api/v1/locks?page_size=100").await;
+    assert_eq!(status, 200, "{page}");
+    let listed: Vec<&str> = page["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    let mut sorted = names.to_vec();
+    sorted.sort();
+    assert_eq!(listed, sorted);
 }

@@ -23,6 +23,7 @@
 //! for a token with the admin role in that namespace. Each one is a POST
 //! behind a confirmation page, and cross-site POSTs are refused.
 
+mod changelog;
 mod edge;
 mod login;
 mod overview;
@@ -114,6 +115,7 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         .route("/dashboard/lock", get(lock_page))
         .route("/dashboard/metrics", get(metrics_page))
         .route("/dashboard/reaper", get(reaper_page))
+        .route("/dashboard/changelog", get(changelog::changelog_page))
         .route("/dashboard/release", get(confirm_release))
         .route("/dashboard/clear", get(confirm_clear))
         .route("/dashboard/admin/release", post(admin_release))
@@ -124,6 +126,7 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         .route("/api/v1/locks/{*name}", get(api_lock))
         .route("/api/v1/metrics", get(api_metrics))
         .route("/api/v1/reaper", get(api_reaper))
+        .route("/api/v1/changelog", get(changelog::api_changelog))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             login::require_access,
@@ -388,9 +391,11 @@ async fn api_locks(
         .engine
         .list(&namespace, &prefix, page_size, from, only_waiting)
         .await?;
-    let locks: Vec<Value> = page
-        .locks
-        .iter()
+    // The page in name order (List pages go shard by shard).
+    let mut found: Vec<_> = page.locks.iter().collect();
+    found.sort_by(|a, b| a.name.cmp(&b.name));
+    let locks: Vec<Value> = found
+        .into_iter()
         .map(|lock| {
             json!({
                 "name": lock.name,
@@ -589,6 +594,7 @@ impl<'a> View<'a> {
             ("overview", "/dashboard", "Overview"),
             ("locks", "/dashboard/locks", "Locks"),
             ("metrics", "/dashboard/metrics", "Metrics"),
+            ("changelog", "/dashboard/changelog", "Changelog"),
             ("reaper", "/dashboard/reaper", "Reaper"),
         ]
         .iter()

@@ -29,7 +29,7 @@ impl LockEngine {
     /// place was lost meanwhile.
     async fn refresh(&self, batch: &waiters::RefreshBatch) -> Result<Vec<String>, StoreError> {
         let call = ops::refresh::Call {
-            watched: self.watchers.is_watched(&batch.namespace),
+            watched: self.emits(&batch.namespace),
             requests: &batch.requests,
         };
         let reply = self
@@ -167,7 +167,7 @@ impl LockEngine {
         let call = ops::renew::Call {
             answer_by: self.answer_by(None),
             live: self.counts_live(),
-            watched: self.watchers.is_watched(namespace),
+            watched: self.emits(namespace),
             items,
         };
         let answer = self

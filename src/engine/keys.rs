@@ -142,6 +142,12 @@ impl Layout {
         format!("{}:m:{minute_ms}", self.shard_prefix(namespace, 0))
     }
 
+    /// LIST: the latest lock events of one shard of a namespace with a
+    /// changelog, newest first (`lua/common.lua`'s `emit` writes it).
+    pub fn changelog_key(&self, namespace: &str, shard: u32) -> String {
+        format!("{}:c", self.shard_prefix(namespace, shard))
+    }
+
     /// ZSET namespace → until when (Redis ms) some replica watches it.
     pub fn watching_key(&self) -> String {
         format!("{}:watching", self.prefix)

@@ -18,6 +18,7 @@
 //!   per-minute counters, session grants, waiting RPCs, watch streams.
 
 mod background;
+pub mod changelog;
 pub mod clock;
 pub mod keys;
 pub mod ops;
@@ -94,6 +95,8 @@ pub struct LockEngine {
     layout_mismatch: Arc<std::sync::Mutex<Option<String>>>,
     /// Namespaces this replica recorded as in use, and when.
     noted_namespaces: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+    /// Which namespaces keep a changelog (`changelog.rs`).
+    changelog: changelog::ChangelogSettings,
 }
 
 impl LockEngine {
@@ -123,6 +126,7 @@ impl LockEngine {
             layout_verified,
             layout_mismatch,
             noted_namespaces: Default::default(),
+            changelog: Default::default(),
         }
     }
 
@@ -305,7 +309,7 @@ impl LockEngine {
             req,
             metadata,
             answer_by: self.answer_by(req.answer_by),
-            watched: self.watchers.is_watched(&req.lock.namespace),
+            watched: self.emits(&req.lock.namespace),
             max_locks: self.max_locks_per_shard,
             wait: wait_left.map(|left| ops::acquire::Wait {
                 left_ms: left.as_millis() as u64,
@@ -401,7 +405,7 @@ impl LockEngine {
         let call = ops::release::Call {
             holder,
             token: fencing_token,
-            watched: self.watchers.is_watched(&lock.namespace),
+            watched: self.emits(&lock.namespace),
         };
         let reply = self
             .call_lock(&self.scripts.release, &keys, &call.args())
@@ -450,7 +454,7 @@ impl LockEngine {
             token: fencing_token,
             ttl_ms,
             answer_by: self.answer_by(answer_by),
-            watched: self.watchers.is_watched(&lock.namespace),
+            watched: self.emits(&lock.namespace),
         };
         let reply = self
             .call_granting(
@@ -502,7 +506,7 @@ impl LockEngine {
     ) -> Result<u32, StoreError> {
         let call = ops::dequeue::Call {
             id: holder,
-            watched: self.watchers.is_watched(&lock.namespace),
+            watched: self.emits(&lock.namespace),
         };
         let reply = self
             .call_lock(&self.scripts.dequeue, keys, &call.args())
@@ -683,7 +687,7 @@ impl LockEngine {
             for (fence, namespace, names) in self.shard_batches(&keys) {
                 let call = ops::reap::Call {
                     older_than_ms,
-                    watched: self.watchers.is_watched(&namespace),
+                    watched: self.emits(&namespace),
                     live: self.counts_live(),
                     names: &names,
                 };
@@ -715,7 +719,7 @@ impl LockEngine {
     ) -> Result<(), EngineError> {
         self.ready()?;
         let pattern = self.layout.lock_pattern(Some(namespace), "", false);
-        let watched = self.watchers.is_watched(namespace);
+        let watched = self.emits(namespace);
         let mut cursor = Some(ScanCursor::default());
         while let Some(at) = cursor {
             let (keys, next) = self.store.scan(at, &pattern, SCAN_COUNT).await?;

@@ -439,7 +439,7 @@ impl LockEngine {
     async fn purge_watched(&self, lock: &LockId) -> Result<Option<i64>, StoreError> {
         self.ready()?;
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
-        let args = ops::purge::args(self.watchers.is_watched(&lock.namespace));
+        let args = ops::purge::args(self.emits(&lock.namespace));
         let reply = self.call_lock(&self.scripts.purge, &keys, &args).await?;
         let answer = ops::purge::parse(reply)?;
         self.clock.observe(answer.now);

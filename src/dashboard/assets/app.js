@@ -288,7 +288,7 @@ function renderLocks(d) {
     d.next_page_token ? h("a", { class: "button", href: pageHref(d.next_page_token, pageNo + 1), rel: "next" },
       "Next page") : null);
   const what = d.prefix ? `Locks whose name starts with “${d.prefix}”` : "Locks";
-  return [table(`${what}: ${d.locks.length} on this page (name order within each shard)`, [
+  return [table(`${what}: ${d.locks.length} on this page, in name order`, [
     "Lock", { label: "Holders", num: true }, { label: "Limit", num: true },
     { label: "Waiters", num: true }, "Next expiry"], rows,
   { id: "locks", empty: "No locks match." }), pager];
@@ -309,6 +309,60 @@ function locksQuery() {
   if (params.get("only_waiting") === "1") q.set("only_waiting", "1");
   q.set("page_size", "50");
   return `/api/v1/locks?${q}`;
+}
+
+// ------------------------------------------------------------ changelog
+
+const CHANGELOG_EVENTS = ["acquired", "released", "extended", "expired", "lost", "reaped", "cleared",
+  "queued", "dequeued", "skipped"];
+
+function renderChangelogToolbar() {
+  const chosen = params.get("event") || "";
+  const form = h("form", { class: "toolbar", method: "get", action: "/dashboard/changelog", role: "search",
+    "aria-label": "Filter events" },
+  namespace ? h("input", { type: "hidden", name: "namespace", value: namespace }) : null,
+  h("div", { class: "field" }, h("label", { for: "prefix" }, "Name starts with"),
+    h("input", { id: "prefix", name: "prefix", type: "search", value: params.get("prefix") || "",
+      spellcheck: "false", autocomplete: "off" })),
+  h("div", { class: "field" }, h("label", { for: "holder" }, "Holder"),
+    h("input", { id: "holder", name: "holder", type: "search", value: params.get("holder") || "",
+      spellcheck: "false", autocomplete: "off" })),
+  h("div", { class: "field" }, h("label", { for: "event" }, "Event"),
+    h("select", { id: "event", name: "event" },
+      h("option", { value: "", selected: chosen === "" }, "Any"),
+      CHANGELOG_EVENTS.map((e) => h("option", { value: e, selected: chosen === e }, e)))),
+  h("button", { type: "submit" }, "Filter"));
+  document.getElementById("content").before(form);
+}
+
+function renderChangelog(d) {
+  if (!d.enabled) {
+    return h("p", { id: "changelog-off" }, "This namespace keeps no changelog: name it in ",
+      h("code", {}, "--changelog-namespaces"), " to record its lock events.");
+  }
+  const now = Date.now();
+  const rows = d.events.map((e) => h("tr", {},
+    h("td", {}, when(e.at_ms, now)),
+    h("td", {}, e.event),
+    h("th", { scope: "row" }, h("a", { href: lockHref(e.name) }, e.name)),
+    h("td", {}, e.holder),
+    h("td", { class: "num" }, e.fencing_token === "0" ? "—" : e.fencing_token),
+    h("td", {}, e.kind),
+    h("td", {}, e.actor),
+    h("td", { class: "num" }, e.hold_ms ? fmtDuration(e.hold_ms) : "—"),
+    h("td", {}, metadata(e.metadata))));
+  const kept = `the last ${fmtNumber(d.size)} events, each kept ${fmtDuration(d.retention_ms)} at most`;
+  return table(`${d.events.length} events, newest first (${kept})`, [
+    "When", "Event", "Lock", "Holder", { label: "Token", num: true }, "Kind", "Actor",
+    { label: "Held", num: true }, "Metadata"], rows,
+  { id: "changelog", empty: "No events match." });
+}
+
+function changelogQuery() {
+  const q = new URLSearchParams();
+  if (namespace) q.set("namespace", namespace);
+  for (const key of ["prefix", "holder", "event"]) if (params.get(key)) q.set(key, params.get(key));
+  return `/api/v1/changelog?${q}`;
 }
 
 // ------------------------------------------------------------ one lock
@@ -463,6 +517,11 @@ switch (page) {
     heading("Metrics");
     renderMetricsToolbar();
     poll(() => getJson(metricsQuery()), renderMetrics);
+    break;
+  case "changelog":
+    heading("Changelog");
+    renderChangelogToolbar();
+    poll(() => getJson(changelogQuery()), renderChangelog);
     break;
   case "reaper":
     heading("Reaper", false);

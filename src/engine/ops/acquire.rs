@@ -16,7 +16,7 @@ pub struct Call<'a> {
     /// Redis ms after which nothing may be granted (the caller was answered).
     pub answer_by: i64,
     /// Some replica watches the namespace: publish events.
-    pub watched: bool,
+    pub watched: super::Emit,
     /// Locks the namespace may have in this shard (0: no limit).
     pub max_locks: u64,
     /// Set when the caller waits: how long it still waits, and how many
@@ -40,9 +40,7 @@ impl Call<'_> {
         if req.fair {
             flags.push('f');
         }
-        if self.watched {
-            flags.push('e');
-        }
+        self.watched.push_flags(&mut flags);
         let mut args = vec![
             req.holder.clone(),
             req.limit.to_string(),

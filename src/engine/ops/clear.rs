@@ -2,13 +2,13 @@
 
 use redis::Value;
 
-use super::{Noted, Reply, flag};
+use super::{Noted, Reply};
 use crate::engine::ClearCounts;
 use crate::store::StoreError;
 
-pub fn args(watched: bool, names: &[String]) -> Vec<String> {
+pub fn args(watched: super::Emit, names: &[String]) -> Vec<String> {
     let mut args = Vec::with_capacity(1 + names.len());
-    args.push(flag(watched).to_owned());
+    args.push(watched.arg());
     args.extend(names.iter().cloned());
     args
 }

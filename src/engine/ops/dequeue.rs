@@ -2,17 +2,17 @@
 
 use redis::Value;
 
-use super::{Noted, Reply, flag};
+use super::{Noted, Reply};
 use crate::store::StoreError;
 
 pub struct Call<'a> {
     pub id: &'a str,
-    pub watched: bool,
+    pub watched: super::Emit,
 }
 
 impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
-        vec![self.id.to_owned(), flag(self.watched).to_owned()]
+        vec![self.id.to_owned(), self.watched.arg()]
     }
 }
 

@@ -2,7 +2,7 @@
 
 use redis::Value;
 
-use super::{Reply, flag, status};
+use super::{Reply, status};
 use crate::engine::Grant;
 use crate::engine::records::parse_grant;
 use crate::store::StoreError;
@@ -14,7 +14,7 @@ pub struct Call<'a> {
     /// The new lease (None: the grant's own ttl).
     pub ttl_ms: Option<u64>,
     pub answer_by: i64,
-    pub watched: bool,
+    pub watched: super::Emit,
 }
 
 impl Call<'_> {
@@ -24,7 +24,7 @@ impl Call<'_> {
             super::optional(self.token),
             super::optional(self.ttl_ms),
             self.answer_by.to_string(),
-            flag(self.watched).to_owned(),
+            self.watched.arg(),
         ]
     }
 }

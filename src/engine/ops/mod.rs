@@ -130,7 +130,43 @@ pub fn optional(n: Option<u64>) -> String {
     n.map(|n| n.to_string()).unwrap_or_default()
 }
 
-/// The `watched` argument: '1' when some replica watches the namespace.
+/// What a lock's events do: published (some replica watches the
+/// namespace) and/or recorded in the namespace's changelog.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Emit {
+    pub publish: bool,
+    /// The changelog's size per shard and retention (ms), when recorded.
+    pub record: Option<(u32, u64)>,
+}
+
+impl Emit {
+    /// Appends the event flags (`lua/common.lua`'s `events`): 'e' to
+    /// publish, 'c<size>:<retention_ms>' to record.
+    pub fn push_flags(&self, flags: &mut String) {
+        if self.publish {
+            flags.push('e');
+        }
+        if let Some((size, retention_ms)) = self.record {
+            flags.push_str(&format!("c{size}:{retention_ms}"));
+        }
+    }
+
+    /// The event flags argument of the functions other than acquire: '0'
+    /// when the lock's events go nowhere (the default: nothing is built).
+    pub fn arg(&self) -> String {
+        match (self.publish, self.record) {
+            (false, None) => "0".to_owned(),
+            (true, None) => "1".to_owned(),
+            _ => {
+                let mut flags = String::new();
+                self.push_flags(&mut flags);
+                flags
+            }
+        }
+    }
+}
+
+/// A yes/no argument: '1' or '0'.
 pub fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }

@@ -2,11 +2,11 @@
 
 use redis::Value;
 
-use super::{Reply, flag};
+use super::Reply;
 use crate::store::StoreError;
 
-pub fn args(watched: bool) -> Vec<String> {
-    vec![flag(watched).to_owned()]
+pub fn args(watched: super::Emit) -> Vec<String> {
+    vec![watched.arg()]
 }
 
 /// The reply: Redis' clock, when the next lease may end (None: nobody

@@ -9,7 +9,7 @@ use crate::store::StoreError;
 pub struct Call<'a> {
     /// Also drop grants and requests older than this (ms).
     pub older_than_ms: Option<u64>,
-    pub watched: bool,
+    pub watched: super::Emit,
     /// The shard's live locks are counted (a per-namespace lock limit).
     pub live: bool,
     pub names: &'a [String],
@@ -19,7 +19,7 @@ impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         let mut args = Vec::with_capacity(2 + self.names.len());
         args.push(super::optional(self.older_than_ms));
-        args.push(flag(self.watched).to_owned());
+        args.push(self.watched.arg());
         args.push(flag(self.live).to_owned());
         args.extend(self.names.iter().cloned());
         args

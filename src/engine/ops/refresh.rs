@@ -2,19 +2,19 @@
 
 use redis::Value;
 
-use super::{Noted, Reply, flag};
+use super::{Noted, Reply};
 use crate::store::StoreError;
 
 /// One call: this replica's requests on the lock and their queue TTLs.
 pub struct Call<'a> {
-    pub watched: bool,
+    pub watched: super::Emit,
     pub requests: &'a [(String, u64)],
 }
 
 impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         let mut args = Vec::with_capacity(1 + 2 * self.requests.len());
-        args.push(flag(self.watched).to_owned());
+        args.push(self.watched.arg());
         for (id, ttl) in self.requests {
             args.push(id.clone());
             args.push(ttl.to_string());

@@ -2,7 +2,7 @@
 
 use redis::Value;
 
-use super::{Reply, flag, status};
+use super::{Reply, status};
 use crate::engine::Grant;
 use crate::engine::records::parse_grant;
 use crate::store::StoreError;
@@ -12,7 +12,7 @@ pub struct Call<'a> {
     pub holder: &'a str,
     /// Only the grant with this token ('' = any).
     pub token: Option<u64>,
-    pub watched: bool,
+    pub watched: super::Emit,
 }
 
 impl Call<'_> {
@@ -20,7 +20,7 @@ impl Call<'_> {
         vec![
             self.holder.to_owned(),
             super::optional(self.token),
-            flag(self.watched).to_owned(),
+            self.watched.arg(),
         ]
     }
 }

@@ -19,7 +19,7 @@ pub struct Call<'a> {
     /// The shard's live locks are counted (a per-namespace lock limit).
     pub live: bool,
     /// Some replica watches the namespace: publish events.
-    pub watched: bool,
+    pub watched: super::Emit,
     pub items: &'a [Item<'a>],
 }
 
@@ -28,7 +28,7 @@ impl Call<'_> {
         let mut args = Vec::with_capacity(3 + 4 * self.items.len());
         args.push(self.answer_by.to_string());
         args.push(super::flag(self.live).to_owned());
-        args.push(super::flag(self.watched).to_owned());
+        args.push(self.watched.arg());
         for item in self.items {
             args.extend([
                 item.name.to_owned(),
