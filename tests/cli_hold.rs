@@ -77,8 +77,10 @@ async fn exit_keeping_exclusion(
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut held_while_alive = false;
     loop {
-        let running = alive(grandchild);
+        // Held first, then alive: a grandchild seen alive after the lock
+        // was seen free is a breach; the other order races its reaping.
         let held = !holders(client, name).await.is_empty();
+        let running = alive(grandchild);
         assert!(
             held || !running,
             "the lock is free while the command's grandchild {grandchild} still runs"
