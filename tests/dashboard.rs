@@ -1861,26 +1861,7 @@ async fn changelog_server(redis_url: &str) -> DashServer {
     let mut args = service_args();
     args.changelog_namespaces = vec!["*".into()];
     args.shards = 8;
-    let config = ServerConfig::new(redis_url.to_owned(), &args).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = format!("http://{}", listener.local_addr().unwrap());
-    let http_addr = http.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(tumbler::server::serve_with_http(
-        config,
-        listener,
-        Some(http),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    wait_for_health(&grpc, ServingStatus::Serving).await;
-    DashServer {
-        grpc,
-        http: http_addr,
-        _stop: stop,
-    }
+    DashServer::launch_with(redis_url, false, &args).await
 }
 
 #[tokio::test]
