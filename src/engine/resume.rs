@@ -141,9 +141,7 @@ impl LockEngine {
     ) -> Result<Resumed, ResumeError> {
         self.ready()?;
         let key = self.layout.session_key(session);
-        // The keep time is the record's own TTL, read back below; until
-        // then a generous one (a claim of a live record keeps it alive).
-        let args = record::claim_args(owner, &digest(secret), 60_000);
+        let args = record::claim_args(owner, &digest(secret));
         let reply = self.call(&self.scripts.session_claim, &key, &args).await?;
         let (epoch, ttl_ms, grants) = match record::parse_claim(reply)? {
             Claim::Gone => return Err(ResumeError::Gone),
@@ -154,7 +152,6 @@ impl LockEngine {
                 grants,
             } => (epoch, ttl_ms, grants),
         };
-        let _ = self.touch_session(session, epoch, ttl_ms).await;
         let ttl = Duration::from_millis(ttl_ms);
         let mut lost = Vec::new();
         let mut by_shard: BTreeMap<(String, u32), Vec<(LockId, u64)>> = BTreeMap::new();

@@ -59,9 +59,10 @@ pub fn still_ours(value: Value) -> Result<bool, StoreError> {
     }
 }
 
-/// `session_claim`: resume with the owner's name and the secret's digest.
-pub fn claim_args(owner: &str, digest: &str, keep_ms: u64) -> Vec<String> {
-    vec![owner.to_owned(), digest.to_owned(), keep_ms.to_string()]
+/// `session_claim`: resume with the owner's name and the secret's digest
+/// (the record's expiry follows from its own TTL).
+pub fn claim_args(owner: &str, digest: &str) -> Vec<String> {
+    vec![owner.to_owned(), digest.to_owned()]
 }
 
 /// What `session_claim` answered.
