@@ -12,41 +12,66 @@
 --          holder, grant, events...}
 --   OK / HELD: the holder and its grant record; BUSY, QUEUED (position),
 --   QUEUE_FULL, NAMESPACE_FULL, LIMIT_MISMATCH (the lock's limit), LATE.
-local holder, limit_s, ttl, kind, metadata, answer_by, flags,
-  priority_s, max_locks_s, wait_ms, queue_ttl, max_waiters = unpack(ARGV, 1, 12)
+local holder, limit_s, ttl, kind, metadata, answer_by, flags = unpack(ARGV, 1, 7)
+local now, now_us = clock()
+
+-- 1. Past the caller's answer-by time nothing happens: it was told no.
+if late_us(answer_by, now_us) then
+  return {LATE, now, 0, 0, 0}
+end
+
+-- 2. The common case, decided on one read: a lock that does not exist
+--    (nobody holds or waits), in a namespace nobody watches and with no
+--    lock limit, is granted at once with slot 1, in the writes the steps
+--    below would make for it (one HSET, the keys' TTL: PEXPIRE from the
+--    same clock, so the header may leave the keys' expiry out).
+local lock_key, grant_field = KEYS[1], 'h:' .. holder
+local read = redis.call('HMGET', lock_key, '_', grant_field)
+if not read[1] and (flags == '' or flags == 'f') and not KEYS[6] then
+  local token = next_token(KEYS[5], now_us)
+  local expires_s = int(now + num(ttl))
+  local acquired = token == now_us and '' or string.sub(now_us, 1, -4)
+  local record = '1|' .. expires_s .. '|' .. token .. '|' .. acquired .. '|' .. ttl .. '|'
+    .. (kind ~= 'default' and kind or '') .. (metadata ~= '' and '\n' .. metadata or '')
+  if limit_s == '1' then
+    redis.call('HSET', lock_key, '_', '1|1|' .. expires_s .. '|1|0|', grant_field, record)
+  else
+    redis.call('HSET', lock_key, '_', limit_s .. '|1|' .. expires_s .. '|1|0|', grant_field, record, '1', holder)
+  end
+  redis.call('PEXPIRE', lock_key, keys_ttl(ttl))
+  return {OK, now, 1, expires_s, 0, holder, record}
+end
+
+-- The rest of the arguments, for the steps below.
+local priority_s, max_locks_s, wait_ms, queue_ttl, max_waiters = unpack(ARGV, 8, 12)
 local limit, max_locks = num(limit_s), num(max_locks_s or '0')
 local fair = string.find(flags, 'f', 1, true) ~= nil
 local waiting, priority = wait_ms ~= nil, num(priority_s or '0')
-local now, now_us, now_s = clock()
+local now_s = string.sub(now_us, 1, -4)
+local L = load(lock_at(KEYS), holder, flags, read)
 
--- 1. Past the caller's answer-by time nothing happens: it was told no.
-if late(answer_by, now) then
-  return {LATE, now, 0, 0, 0}
-end
-local L = load(lock_at(KEYS), holder, flags)
-
--- 2. Expired leases and dead waiters stop counting before anything is decided.
+-- 3. Expired leases and dead waiters stop counting before anything is decided.
 local changed = purge(L, now)
 
--- 3. A holder with a live grant gets that same grant back (idempotent retry).
+-- 4. A holder with a live grant gets that same grant back (idempotent retry).
 if L.mine_text then
   settle_purged(L, changed)
   return {HELD, now, L.n, 0, 0, holder, L.mine_text, unpack(L.events)}
 end
 
--- 4. The limit belongs to the lock while anyone holds or waits.
+-- 5. The limit belongs to the lock while anyone holds or waits.
 if (L.n > 0 or queue_head(L)) and L.limit ~= limit then
   settle_purged(L, changed)
   return {LIMIT_MISMATCH, now, L.n, 0, L.limit, unpack(L.events)}
 end
 
--- 5. A lock the shard does not have yet counts against the namespace's
+-- 6. A lock the shard does not have yet counts against the namespace's
 --    lock limit (only when there is one).
 if not room_for_lock(L, max_locks, now) then
   return {NAMESPACE_FULL, now, 0, 0, 0}
 end
 
--- 6. Its place: how many live requests go before it. Fair requests queue
+-- 7. Its place: how many live requests go before it. Fair requests queue
 --    behind everyone of their priority or higher; barging ones do not.
 local free = limit - L.n
 local queued_order = queue_head(L) and redis.call('ZSCORE', L.queue, holder)
@@ -57,7 +82,7 @@ elseif fair and queue_head(L) then
   ahead = redis.call('ZCOUNT', L.queue, '-inf', '(' .. int((PRIORITY_MAX - priority + 1) * ARRIVALS))
 end
 
--- 7. A free permit and nobody ahead: grant, with a fresh token and the
+-- 8. A free permit and nobody ahead: grant, with a fresh token and the
 --    smallest free slot (with n slots taken, one of 1..n+1 is free). Only
 --    the head of the queue is granted, so grants follow queue order.
 if free > 0 and ahead == 0 then
@@ -86,7 +111,7 @@ if free > 0 and ahead == 0 then
     end
   end
   local grant = {
-    slot = slot, expires = now + tonumber(ttl), token = next_token(L, now_us),
+    slot = slot, expires = now + tonumber(ttl), token = next_token(L.fence, now_us),
     acquired_s = now_s, ttl = ttl, kind = kind, holder = holder, metadata = metadata,
   }
   L.n, L.limit, L.top = L.n + 1, limit, math.max(L.top, slot)
@@ -103,13 +128,13 @@ if free > 0 and ahead == 0 then
   return {OK, now, L.n, L.e, 0, holder, grant.text, unpack(L.events)}
 end
 
--- 8. Not granted, trying once: nothing is queued.
+-- 9. Not granted, trying once: nothing is queued.
 if not waiting then
   settle_purged(L, changed)
   return {BUSY, now, L.n, L.n > 0 and L.e or 0, 0, unpack(L.events)}
 end
 
--- 9. Not granted, waiting: join the queue once (arrival order from the
+-- 10. Not granted, waiting: join the queue once (arrival order from the
 --    lock's counter), then keep the request alive for queue_ttl_ms.
 if not queued_order then
   if queue_head(L) and redis.call('ZCARD', L.queue) >= tonumber(max_waiters) then
@@ -130,7 +155,7 @@ local deadline = now + tonumber(queue_ttl)
 redis.call('ZADD', L.deadlines, int(deadline), holder)
 keep_keys_until(L, deadline)
 
--- 10. Keys and their TTLs, and a wake-up when expiries freed permits.
+-- 11. Keys and their TTLs, and a wake-up when expiries freed permits.
 settle(L)
 if changed then
   wake_eligible(L)

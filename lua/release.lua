@@ -5,13 +5,30 @@
 -- Returns {OK, now, holder, the released grant, events...} or
 --         {NOT_HELD, now, '', '', events...} (nothing changed for this holder)
 local holder, token, watched = unpack(ARGV, 1, 3)
-local now = clock_ms()
-local L = load(lock_at(KEYS), holder, watched)
+local now, now_us = clock()
 
--- 1. Expired leases and dead waiters go first: an expired holder no longer holds.
+-- 1. The common case, decided on one read: the holder's grant is the
+--    lock's only one, its lease has not ended (no lease ends before the
+--    header's earliest expiry), nobody waits, nobody watches and
+--    live locks are not counted. Then the lock's key goes, as the steps
+--    below would decide, and nobody is to be woken.
+local lock_key = KEYS[1]
+local read = redis.call('HMGET', lock_key, '_', 'h:' .. holder)
+local header, record = read[1], read[2]
+if record and watched == '0' and not KEYS[6] then
+  local n, e, seq = string.match(header, '^%d+|(%d+)|(%d+)|%d+|(%d+)|')
+  if n == '1' and seq == '0' and above(e, string.sub(now_us, 1, -4))
+    and (token == '' or string.match(record, '^%d+|%d+|(%d+)|') == token) then
+    redis.call('DEL', lock_key)
+    return {OK, now, holder, record}
+  end
+end
+local L = load(lock_at(KEYS), holder, watched, read)
+
+-- 2. Expired leases and dead waiters go first: an expired holder no longer holds.
 local changed = purge(L, now)
 
--- 2. Only a live grant of this holder (with this token, if given) is
+-- 3. Only a live grant of this holder (with this token, if given) is
 --    released. Its record is decoded only for a token to compare, a slot
 --    to free, or watchers to tell.
 local record = L.mine_text
@@ -21,13 +38,13 @@ if not record or (token ~= '' and grant.token ~= token) then
   return {NOT_HELD, now, '', '', unpack(L.events)}
 end
 
--- 3. Drop the grant; the last one out deletes the lock's key.
+-- 4. Drop the grant; the last one out deletes the lock's key.
 drop_grant(L, holder, grant and grant.slot)
 settle(L)
 if grant then
   emit(L, 'released', holder, grant, now, HOLDER, now)
 end
 
--- 4. Wake whoever may take the permit now.
+-- 5. Wake whoever may take the permit now.
 wake_eligible(L)
 return {OK, now, holder, record, unpack(L.events)}

@@ -905,13 +905,42 @@ async fn a_held_lock_stays_a_compact_hash_with_long_holders_and_long_queues() {
         .await
         .unwrap()
         .into_inner();
-    let holder = made.grant.unwrap().holder;
+    let grant = made.grant.unwrap();
+    let holder = grant.holder.clone();
     assert_eq!(holder.len(), 36, "{holder:?}");
     let lock_key = scan_keys(&mut conn, "tumbler:*:l:compact").await.remove(0);
     let fields: Vec<String> = conn.hkeys(&lock_key).await.unwrap();
     assert_eq!(fields.len(), 2, "header and one grant: {fields:?}");
     assert!(fields.contains(&format!("h:{holder}")), "{fields:?}");
     assert_eq!(encoding(lock_key.clone()).await, "listpack");
+    // What can be derived is left out: the grant's instant (its token's
+    // milliseconds) and the keys' expiry (the lease's end plus twice the
+    // 60 s grace), so a 36-character holder's lock fits Redis' 128-byte
+    // allocation for its listpack.
+    let record: String = conn.hget(&lock_key, format!("h:{holder}")).await.unwrap();
+    let parts: Vec<&str> = record.split('|').collect();
+    assert_eq!(parts[2], grant.fencing_token.to_string(), "{record}");
+    assert_eq!(
+        parts[3], "",
+        "acquired is the token's milliseconds: {record}"
+    );
+    let parsed = tumbler::engine::parse_grant(&holder, &record).unwrap();
+    assert_eq!(parsed.acquired_at_ms as u64, grant.fencing_token / 1000);
+    let header = lock_header(&mut conn, &lock_key).await;
+    let key_ttl: i64 = conn.pttl(&lock_key).await.unwrap();
+    let now_ms = i64::try_from(grant.fencing_token / 1000).unwrap();
+    let expected = header[5] - now_ms;
+    assert!(
+        (expected - 1_000..=expected + 2).contains(&key_ttl),
+        "the key expires when its header says: PTTL {key_ttl}, header {header:?}"
+    );
+    let bytes: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&lock_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(bytes <= 200, "a held mutex's key takes {bytes} bytes");
 
     // 200 waiters (more than a compact hash may hold entries).
     let mut waiting = tokio::task::JoinSet::new();

@@ -1,6 +1,7 @@
 //! The two records tumbler keeps for a lock, decoded: a grant
 //! (`slot|expires|token|acquired|ttl|kind[\nmetadata]`, in the lock hash's
-//! field `h:<holder>`; an empty kind is `default`) and a waiter
+//! field `h:<holder>`; an empty kind is `default`, an empty `acquired` the
+//! token's own milliseconds: tokens are made from Redis' clock in µs) and a waiter
 //! (`priority|enqueued|wait_ms|fair|kind`, in the queue's records hash).
 //! `lua/common.lua` writes them; this is their one reader. Public so that
 //! the fuzz targets (`fuzz/`) and property tests reach them.
@@ -34,8 +35,11 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
     let mut next = || fields.next().ok_or_else(bad);
     let slot = next()?.parse().map_err(|_| bad())?;
     let expires_at_ms = next()?.parse().map_err(|_| bad())?;
-    let fencing_token = next()?.parse().map_err(|_| bad())?;
-    let acquired_at_ms = next()?.parse().map_err(|_| bad())?;
+    let fencing_token: u64 = next()?.parse().map_err(|_| bad())?;
+    let acquired_at_ms = match next()? {
+        "" => i64::try_from(fencing_token / 1000).map_err(|_| bad())?,
+        acquired => acquired.parse().map_err(|_| bad())?,
+    };
     let ttl_ms = next()?.parse().map_err(|_| bad())?;
     let kind = kind_of(next()?);
     Ok(Grant {
@@ -105,6 +109,8 @@ mod tests {
         assert_eq!(grant.metadata.get("a|b").map(String::as_str), Some("c|d"));
         let bare = parse_grant("h|x", "1|9|8|7|6|").unwrap();
         assert_eq!(bare.holder, "h|x");
+        let from_token = parse_grant("h", "1|1732230005000|1732230000123456||5000|").unwrap();
+        assert_eq!(from_token.acquired_at_ms, 1_732_230_000_123);
         assert_eq!(bare.kind, "default");
         assert!(bare.metadata.is_empty());
     }

@@ -215,7 +215,8 @@ pub async fn grants_in(
 }
 
 /// The header of a lock's hash (layout v3): limit, holders, earliest
-/// expiry, top slot, arrivals, key expiry.
+/// expiry, top slot, arrivals, key expiry (stored empty when it is the
+/// earliest expiry plus two minutes; given here in full).
 pub async fn lock_header(conn: &mut redis::aio::MultiplexedConnection, lock_key: &str) -> Vec<i64> {
     let header: String = redis::cmd("HGET")
         .arg(lock_key)
@@ -223,7 +224,13 @@ pub async fn lock_header(conn: &mut redis::aio::MultiplexedConnection, lock_key:
         .query_async(conn)
         .await
         .unwrap();
-    header.split('|').map(|n| n.parse().unwrap()).collect()
+    let mut fields: Vec<i64> = (header.split('|'))
+        .map(|n| if n.is_empty() { -1 } else { n.parse().unwrap() })
+        .collect();
+    if fields[5] == -1 {
+        fields[5] = fields[2] + 120_000;
+    }
+    fields
 }
 
 pub async fn scan_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
