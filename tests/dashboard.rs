@@ -1936,3 +1936,68 @@ async fn the_locks_tab_lists_a_page_in_name_order() {
     sorted.sort();
     assert_eq!(listed, sorted);
 }
+
+/// An engine error gets the status of the gRPC code the API gives it,
+/// through the dashboard's one table: a full queue or a namespace at its
+/// limit is 429 as it is RESOURCE_EXHAUSTED over gRPC (the dashboard said
+/// 503 before), a session resumed elsewhere 409 (ABORTED, was 503), Redis
+/// trouble 503, a reply the engine cannot read 500 (never 400).
+#[test]
+fn engine_errors_get_the_status_of_their_grpc_code() {
+    use tonic::Code;
+    use tumbler::dashboard::{engine_code, engine_error_status, http_status};
+    use tumbler::engine::EngineError;
+    use tumbler::store::StoreError;
+
+    let cases = [
+        (EngineError::QueueFull(8), Code::ResourceExhausted, 429),
+        (
+            EngineError::TooManyWaiters(100),
+            Code::ResourceExhausted,
+            429,
+        ),
+        (
+            EngineError::TooManyInNamespace(10),
+            Code::ResourceExhausted,
+            429,
+        ),
+        (EngineError::NamespaceFull, Code::ResourceExhausted, 429),
+        (
+            EngineError::Store(StoreError::Unavailable("connection refused".into())),
+            Code::Unavailable,
+            503,
+        ),
+        (EngineError::ShuttingDown, Code::Unavailable, 503),
+        (
+            EngineError::Store(StoreError::Protocol("odd reply".into())),
+            Code::Internal,
+            500,
+        ),
+        (EngineError::SessionMoved, Code::Aborted, 409),
+        (
+            EngineError::LimitMismatch {
+                lock_limit: 1,
+                requested: 2,
+            },
+            Code::FailedPrecondition,
+            400,
+        ),
+    ];
+    for (err, code, status) in cases {
+        assert_eq!(engine_code(&err), code, "{err}");
+        assert_eq!(engine_error_status(&err).as_u16(), status, "{err}");
+    }
+    // The refusals that come as gRPC statuses (validation, auth, rate).
+    for (code, status, name) in [
+        (Code::InvalidArgument, 400, "INVALID_ARGUMENT"),
+        (Code::Unauthenticated, 401, "UNAUTHENTICATED"),
+        (Code::PermissionDenied, 403, "PERMISSION_DENIED"),
+        (Code::NotFound, 404, "NOT_FOUND"),
+        (Code::ResourceExhausted, 429, "RESOURCE_EXHAUSTED"),
+        (Code::Internal, 500, "INTERNAL"),
+        (Code::Unknown, 500, "UNKNOWN"),
+        (Code::Unavailable, 503, "UNAVAILABLE"),
+    ] {
+        assert_eq!(http_status(code), (status.try_into().unwrap(), name));
+    }
+}

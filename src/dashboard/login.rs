@@ -15,22 +15,36 @@
 //! `/healthz` are not dashboard routes and stay open (Prometheus, probes);
 //! so do the static assets, which hold no data.
 
-use axum::body::Bytes;
-use axum::extract::{FromRequestParts, RawQuery, Request, State};
+use askama::Template;
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
+use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 
+use super::admin::same_origin;
+use super::errors::ApiError;
+use super::pages::{html, login_href};
+use super::params::{Form, LoginForm, NextQuery, Query};
 use super::session::Session;
-use super::{ApiError, Dashboard, Params, escape, redirect, same_origin, url_encode};
+use super::{Dashboard, redirect};
 use crate::auth::Access;
 
-const LOGIN_PAGE: &str = include_str!("assets/login.html");
 const LOGIN_PATH: &str = "/dashboard/login";
 /// The cookie a logged-in browser sends: a session signed by the server
 /// (its token's name, a tag of its secret, an expiry), not the token.
 const COOKIE: &str = "tumbler_token";
+
+/// The login form (`templates/login.html`).
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage<'a> {
+    /// Where to go once logged in (a dashboard page, or empty).
+    next: &'a str,
+    /// Why the last attempt failed.
+    error: Option<&'a str>,
+}
 
 /// The caller of a dashboard request, as [`require_access`] found it. A
 /// handler reached without it answers 401 (fail closed).
@@ -76,8 +90,9 @@ fn access(d: &Dashboard, headers: &HeaderMap) -> Result<Access, tonic::Status> {
         return Access::from_header(Some(auth), Some(value.as_bytes()));
     }
     let refused = || tonic::Status::unauthenticated("no valid login session");
-    let value = cookie_value(headers).ok_or_else(refused)?;
-    let session = Session::open(&value, &d.options.cookie_key, COOKIE).ok_or_else(refused)?;
+    let jar = CookieJar::from_headers(headers);
+    let value = cookie_value(&jar).ok_or_else(refused)?;
+    let session = Session::open(value, &d.options.cookie_key, COOKIE).ok_or_else(refused)?;
     // The token under that name now: gone or expired ends the session; so
     // does a new secret under the same name.
     let token = auth.named(&session.name)?;
@@ -112,21 +127,26 @@ fn refuse(d: &Dashboard, request: &Request, status: tonic::Status) -> Response {
             .to_owned(),
         _ => String::new(),
     };
-    let mut response = redirect(&login_href(safe_next(&back)));
-    if cookie_value(request.headers()).is_some() {
-        set_cookie(&mut response, &cleared_cookie(d.options.secure_cookie));
+    let to = redirect(&login_href(LOGIN_PATH, safe_next(&back)));
+    let jar = CookieJar::from_headers(request.headers());
+    if cookie_value(&jar).is_some() {
+        let jar = CookieJar::new().add(cleared_cookie(d.options.secure_cookie));
+        return (jar, to).into_response();
     }
-    response
+    to
 }
 
 /// `GET /dashboard/login?next=`: the login form (with auth off there is
 /// nothing to log in to: the overview).
-pub(super) async fn login_page(State(d): State<Dashboard>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn login_page(
+    State(d): State<Dashboard>,
+    query: Result<Query<NextQuery>, ApiError>,
+) -> Response {
     if d.options.auth.is_none() {
         return redirect("/dashboard");
     }
-    let params = Params::query(&query);
-    login_form(StatusCode::OK, safe_next(params.get("next")), None)
+    let next = query.map(|Query(q)| q.next).unwrap_or_default();
+    login_form(StatusCode::OK, safe_next(&next), None)
 }
 
 /// `POST /dashboard/login` (form: token, next): checks the token with the
@@ -134,13 +154,16 @@ pub(super) async fn login_page(State(d): State<Dashboard>, RawQuery(query): RawQ
 pub(super) async fn log_in(
     State(d): State<Dashboard>,
     headers: HeaderMap,
-    body: Bytes,
+    form: Result<Form<LoginForm>, ApiError>,
 ) -> Response {
     let Some(auth) = d.options.auth.as_deref() else {
         return redirect("/dashboard");
     };
-    let params = Params::parse(&body);
-    let next = safe_next(params.get("next"));
+    let form = match form {
+        Ok(Form(form)) => form,
+        Err(err) => return login_form(err.status, "", Some(&err.message)),
+    };
+    let next = safe_next(&form.next);
     if !same_origin(&headers) {
         return login_form(
             StatusCode::FORBIDDEN,
@@ -148,17 +171,14 @@ pub(super) async fn log_in(
             Some("Cross-site logins are refused."),
         );
     }
-    let presented = params.get("token").trim();
+    let presented = form.token.trim();
     match auth.authenticate_token(presented) {
         Ok(token) => {
             tracing::info!(token = %token.name, "dashboard login");
-            let mut response = redirect(if next.is_empty() { "/dashboard" } else { next });
+            let to = redirect(if next.is_empty() { "/dashboard" } else { next });
             let session = Session::start(&token).seal(&d.options.cookie_key, COOKIE);
-            set_cookie(
-                &mut response,
-                &session_cookie(&session, d.options.secure_cookie),
-            );
-            response
+            let jar = CookieJar::new().add(session_cookie(session, d.options.secure_cookie));
+            (jar, to).into_response()
         }
         Err(status) if status.code() == tonic::Code::ResourceExhausted => {
             login_form(StatusCode::TOO_MANY_REQUESTS, next, Some(status.message()))
@@ -177,54 +197,19 @@ pub(super) async fn log_in(
 /// `POST /dashboard/logout`: forgets the cookie.
 pub(super) async fn log_out(State(d): State<Dashboard>, headers: HeaderMap) -> Response {
     if !same_origin(&headers) {
-        return ApiError {
-            status: StatusCode::FORBIDDEN,
-            code: "PERMISSION_DENIED",
-            message: "cross-site requests are refused".into(),
-        }
-        .into_response();
+        return ApiError::cross_site().into_response();
     }
     let to = if d.options.auth.is_some() {
         LOGIN_PATH
     } else {
         "/dashboard"
     };
-    let mut response = redirect(to);
-    set_cookie(&mut response, &cleared_cookie(d.options.secure_cookie));
-    response
+    let jar = CookieJar::new().add(cleared_cookie(d.options.secure_cookie));
+    (jar, redirect(to)).into_response()
 }
 
 fn login_form(status: StatusCode, next: &str, error: Option<&str>) -> Response {
-    let (error, invalid) = match error {
-        Some(message) => (
-            format!(
-                "<p id=\"login-error\" class=\"alert\" role=\"alert\">{}</p>",
-                escape(message)
-            ),
-            " aria-invalid=\"true\" aria-describedby=\"login-error\"",
-        ),
-        None => (String::new(), ""),
-    };
-    let html = LOGIN_PAGE
-        .replace("{{error}}", &error)
-        .replace("{{invalid}}", invalid)
-        .replace("{{next}}", &escape(next));
-    (
-        status,
-        [
-            (header::CACHE_CONTROL, "no-store"),
-            (header::X_FRAME_OPTIONS, "DENY"),
-        ],
-        Html(html),
-    )
-        .into_response()
-}
-
-fn login_href(next: &str) -> String {
-    match next {
-        "" => LOGIN_PATH.to_owned(),
-        next => format!("{LOGIN_PATH}?next={}", url_encode(next)),
-    }
+    html(status, LoginPage { next, error })
 }
 
 /// Where to go after logging in: a dashboard page of this server (never
@@ -236,43 +221,30 @@ fn safe_next(next: &str) -> &str {
     if local { next } else { "" }
 }
 
-/// The login cookie's `Set-Cookie` value for a sealed session: no
-/// Max-Age (it ends with the browser session; the session's own expiry
-/// and its token are checked on every request).
-fn session_cookie(sealed: &str, secure: bool) -> String {
-    format!(
-        "{COOKIE}={sealed}; Path=/; HttpOnly; SameSite=Strict{}",
-        if secure { "; Secure" } else { "" }
-    )
+/// The login cookie for a sealed session: no Max-Age (it ends with the
+/// browser session; the session's own expiry and its token are checked on
+/// every request).
+fn session_cookie(sealed: String, secure: bool) -> Cookie<'static> {
+    Cookie::build((COOKIE, sealed))
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(secure)
+        .build()
 }
 
-fn cleared_cookie(secure: bool) -> String {
-    format!(
-        "{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
-        if secure { "; Secure" } else { "" }
-    )
-}
-
-fn set_cookie(response: &mut Response, cookie: &str) {
-    // Always a valid header value: base64 and fixed text.
-    if let Ok(value) = HeaderValue::from_str(cookie) {
-        response.headers_mut().append(header::SET_COOKIE, value);
-    }
+/// The login cookie, emptied and expired.
+fn cleared_cookie(secure: bool) -> Cookie<'static> {
+    let mut cookie = session_cookie(String::new(), secure);
+    cookie.make_removal();
+    cookie
 }
 
 /// The value of the request's login cookie, if any (not yet verified).
-fn cookie_value(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .find_map(|pair| {
-            let (name, value) = pair.trim().split_once('=')?;
-            (name == COOKIE).then_some(value)
-        })
+fn cookie_value(jar: &CookieJar) -> Option<&str> {
+    jar.get(COOKIE)
+        .map(Cookie::value)
         .filter(|value| !value.is_empty())
-        .map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -282,21 +254,28 @@ mod tests {
     #[test]
     fn the_cookie_carries_the_sealed_session_and_is_locked_down() {
         let sealed = "c2lnbmF0dXJl+/=s1.1.tag.b3Bz";
-        let cookie = session_cookie(sealed, false);
-        assert!(
-            cookie.ends_with("; Path=/; HttpOnly; SameSite=Strict"),
+        let cookie = session_cookie(sealed.into(), false).to_string();
+        let mut attributes: Vec<&str> = cookie.split("; ").skip(1).collect();
+        attributes.sort();
+        assert_eq!(
+            attributes,
+            ["HttpOnly", "Path=/", "SameSite=Strict"],
             "{cookie}"
         );
-        assert!(session_cookie(sealed, true).ends_with("; SameSite=Strict; Secure"));
+        let secure = session_cookie(sealed.into(), true).to_string();
+        assert!(secure.split("; ").any(|a| a == "Secure"), "{secure}");
+        let cleared = cleared_cookie(false).to_string();
+        assert!(cleared.starts_with("tumbler_token=;") && cleared.contains("Max-Age=0"));
         let pair = cookie.split(';').next().unwrap();
         let mut headers = HeaderMap::new();
         headers.insert(
             header::COOKIE,
             format!("theme=dark; {pair}; other=1").parse().unwrap(),
         );
-        assert_eq!(cookie_value(&headers).as_deref(), Some(sealed));
+        let jar = CookieJar::from_headers(&headers);
+        assert_eq!(cookie_value(&jar), Some(sealed));
         headers.insert(header::COOKIE, "tumbler_token=".parse().unwrap());
-        assert_eq!(cookie_value(&headers), None);
+        assert_eq!(cookie_value(&CookieJar::from_headers(&headers)), None);
     }
 
     #[test]
@@ -318,7 +297,7 @@ mod tests {
             assert_eq!(safe_next(bad), "", "{bad:?}");
         }
         assert_eq!(
-            login_href("/dashboard/lock?name=a&namespace=b"),
+            login_href(LOGIN_PATH, "/dashboard/lock?name=a&namespace=b"),
             "/dashboard/login?next=%2Fdashboard%2Flock%3Fname%3Da%26namespace%3Db"
         );
     }

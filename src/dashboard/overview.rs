@@ -14,12 +14,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde::Serialize;
 use tokio::sync::{OnceCell, Semaphore};
 
-use super::{ApiError, MINUTE_MS, counters_json, unix_ms};
+use super::errors::ApiError;
+use super::{MINUTE_MS, unix_ms};
 use crate::api::validate;
-use crate::engine::{Counters, LockEngine};
+use crate::engine::{Counters, LockEngine, LockSummary};
 
 /// Locks the overview counts at most (10 List calls of 1000); past that it
 /// says its counts are partial rather than keep Redis busy.
@@ -64,13 +65,13 @@ pub(super) struct Rendered {
 }
 
 impl Rendered {
-    fn of(mut overview: Value) -> Self {
-        overview["admin"] = Value::Bool(false);
-        let plain = overview.to_string();
-        overview["admin"] = Value::Bool(true);
+    fn of(mut overview: Overview) -> Self {
+        overview.admin = false;
+        let plain = to_json(&overview);
+        overview.admin = true;
         Rendered {
             plain,
-            admin: overview.to_string(),
+            admin: to_json(&overview),
         }
     }
 
@@ -147,9 +148,53 @@ impl Overviews {
     }
 }
 
+/// The overview's JSON (plain numbers and strings: it always serializes).
+fn to_json(overview: &Overview) -> String {
+    serde_json::to_string(overview).unwrap_or_default()
+}
+
+/// What `GET /api/v1/overview` answers for one namespace.
+#[derive(Serialize)]
+struct Overview {
+    namespace: String,
+    now_ms: i64,
+    locks: u64,
+    locks_held: u64,
+    holders: u64,
+    waiters: u64,
+    waiting_locks: u64,
+    truncated: bool,
+    /// The locks with the most waiters.
+    busiest: Vec<LockSummary>,
+    rates: Rates,
+    last_hour: Counters,
+    denial_ratio: f64,
+    series: Vec<Minute>,
+    /// Whether the caller may use the admin actions here (see [`Rendered`]).
+    admin: bool,
+}
+
+/// Per minute, over the last [`RATE_MINUTES`].
+#[derive(Serialize)]
+struct Rates {
+    minutes: i64,
+    acquired_per_minute: f64,
+    denied_per_minute: f64,
+    errors_per_minute: f64,
+}
+
+/// One minute of the chart (denied counts timed-out waits too).
+#[derive(Serialize)]
+struct Minute {
+    minute_ms: i64,
+    acquired: u64,
+    denied: u64,
+    errors: u64,
+}
+
 /// One walk: what `GET /api/v1/overview` shows for `namespace`, but for
 /// the caller's own `admin` flag (see [`Rendered`]).
-async fn walk(engine: &LockEngine, namespace: &str) -> Result<Value, ApiError> {
+async fn walk(engine: &LockEngine, namespace: &str) -> Result<Overview, ApiError> {
     let (mut locks, mut held, mut holders, mut waiters, mut waiting_locks) = (0u64, 0, 0, 0, 0);
     let mut busiest = Vec::new();
     let mut cursor = None;
@@ -203,35 +248,38 @@ async fn walk(engine: &LockEngine, namespace: &str) -> Result<Value, ApiError> {
         + report.overall.counters.denied
         + report.overall.counters.timed_out;
     let denied = report.overall.counters.denied + report.overall.counters.timed_out;
-    Ok(json!({
-        "namespace": namespace,
-        "now_ms": now_ms,
-        "locks": locks,
-        "locks_held": held,
-        "holders": holders,
-        "waiters": waiters,
-        "waiting_locks": waiting_locks,
-        "truncated": truncated,
-        "busiest": busiest.iter().map(|lock| json!({
-            "name": lock.name,
-            "holders": lock.holders,
-            "limit": lock.limit,
-            "waiters": lock.waiters,
-            "next_expiry_at_ms": lock.next_expiry_at_ms,
-        })).collect::<Vec<_>>(),
-        "rates": {
-            "minutes": RATE_MINUTES,
-            "acquired_per_minute": rate(|c| c.acquired),
-            "denied_per_minute": rate(|c| c.denied + c.timed_out),
-            "errors_per_minute": rate(|c| c.errors),
+    Ok(Overview {
+        namespace: namespace.to_owned(),
+        now_ms,
+        locks,
+        locks_held: held,
+        holders,
+        waiters,
+        waiting_locks,
+        truncated,
+        busiest,
+        rates: Rates {
+            minutes: RATE_MINUTES,
+            acquired_per_minute: rate(|c| c.acquired),
+            denied_per_minute: rate(|c| c.denied + c.timed_out),
+            errors_per_minute: rate(|c| c.errors),
         },
-        "last_hour": counters_json(&report.overall.counters),
-        "denial_ratio": if tried == 0 { 0.0 } else { denied as f64 / tried as f64 },
-        "series": series.iter().enumerate().map(|(i, c)| json!({
-            "minute_ms": first + i as i64 * MINUTE_MS,
-            "acquired": c.acquired,
-            "denied": c.denied + c.timed_out,
-            "errors": c.errors,
-        })).collect::<Vec<_>>(),
-    }))
+        last_hour: report.overall.counters.clone(),
+        denial_ratio: if tried == 0 {
+            0.0
+        } else {
+            denied as f64 / tried as f64
+        },
+        series: series
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Minute {
+                minute_ms: first + i as i64 * MINUTE_MS,
+                acquired: c.acquired,
+                denied: c.denied + c.timed_out,
+                errors: c.errors,
+            })
+            .collect(),
+        admin: false,
+    })
 }

@@ -101,7 +101,7 @@ pub struct LockState {
 }
 
 /// One live waiting request, as the Queue RPC shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct QueuedRequest {
     pub holder: String,
     pub position: u32,
@@ -124,7 +124,7 @@ pub struct QueueState {
 }
 
 /// One lock in a listing.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LockSummary {
     pub name: String,
     pub holders: u32,
@@ -191,7 +191,7 @@ pub struct ClearCounts {
 }
 
 /// The events counted per minute and kind.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counters {
     pub acquired: u64,
     pub denied: u64,

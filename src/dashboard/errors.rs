@@ -1,0 +1,200 @@
+//! How the dashboard fails: [`ApiError`] (a status, a gRPC-style code
+//! name and a message, sent as `{"error": "...", "code": "..."}`), and the
+//! one table from gRPC codes to HTTP statuses ([`http_status`]) that every
+//! refusal goes through. Engine errors take the gRPC API's code first
+//! ([`engine_code`], the same choice as `api::engine_status`), so a full
+//! queue is 429 here as it is RESOURCE_EXHAUSTED there, Redis trouble 503,
+//! a reply the engine cannot read 500: never 400 for an internal error.
+
+use axum::Json;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::engine::EngineError;
+use crate::store::StoreError;
+
+/// An endpoint's failure: a status and a message, as JSON.
+#[derive(Clone, Debug)]
+pub(super) struct ApiError {
+    pub(super) status: StatusCode,
+    pub(super) code: &'static str,
+    pub(super) message: String,
+}
+
+/// The one table: a gRPC code, its HTTP status and its name (the `code`
+/// of the JSON error), after google.rpc.Code's HTTP mapping.
+pub fn http_status(code: tonic::Code) -> (StatusCode, &'static str) {
+    use tonic::Code;
+    match code {
+        Code::Ok => (StatusCode::OK, "OK"),
+        Code::Cancelled => (client_closed(), "CANCELLED"),
+        Code::Unknown => (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN"),
+        Code::InvalidArgument => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
+        Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "DEADLINE_EXCEEDED"),
+        Code::NotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        Code::AlreadyExists => (StatusCode::CONFLICT, "ALREADY_EXISTS"),
+        Code::PermissionDenied => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
+        Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED"),
+        Code::FailedPrecondition => (StatusCode::BAD_REQUEST, "FAILED_PRECONDITION"),
+        Code::Aborted => (StatusCode::CONFLICT, "ABORTED"),
+        Code::OutOfRange => (StatusCode::BAD_REQUEST, "OUT_OF_RANGE"),
+        Code::Unimplemented => (StatusCode::NOT_IMPLEMENTED, "UNIMPLEMENTED"),
+        Code::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
+        Code::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+        Code::DataLoss => (StatusCode::INTERNAL_SERVER_ERROR, "DATA_LOSS"),
+        Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
+    }
+}
+
+/// 499 Client Closed Request (nginx's; google.rpc.Code's for CANCELLED).
+fn client_closed() -> StatusCode {
+    StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
+}
+
+/// The gRPC code of an engine error: the same choice the gRPC handlers
+/// make (`api::engine_status`).
+pub fn engine_code(err: &EngineError) -> tonic::Code {
+    match err {
+        EngineError::Store(StoreError::Unavailable(_)) => tonic::Code::Unavailable,
+        EngineError::Store(StoreError::Protocol(_)) => tonic::Code::Internal,
+        EngineError::QueueFull(_)
+        | EngineError::TooManyWaiters(_)
+        | EngineError::TooManyInNamespace(_)
+        | EngineError::NamespaceFull => tonic::Code::ResourceExhausted,
+        EngineError::ShuttingDown => tonic::Code::Unavailable,
+        EngineError::SessionMoved => tonic::Code::Aborted,
+        EngineError::LimitMismatch { .. } => tonic::Code::FailedPrecondition,
+    }
+}
+
+/// The HTTP status the dashboard answers for an engine error.
+pub fn engine_error_status(err: &EngineError) -> StatusCode {
+    http_status(engine_code(err)).0
+}
+
+impl ApiError {
+    fn new(code: tonic::Code, message: impl Into<String>) -> Self {
+        let (status, code) = http_status(code);
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(super) fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(tonic::Code::InvalidArgument, message)
+    }
+
+    pub(super) fn forbidden(message: impl Into<String>) -> Self {
+        ApiError::new(tonic::Code::PermissionDenied, message)
+    }
+
+    pub(super) fn admin_off() -> Self {
+        ApiError::forbidden(ADMIN_OFF)
+    }
+
+    pub(super) fn cross_site() -> Self {
+        ApiError::forbidden("cross-site requests are refused")
+    }
+
+    /// No valid token: one fixed message, whatever was wrong with it.
+    pub(super) fn unauthenticated() -> Self {
+        ApiError::new(tonic::Code::Unauthenticated, UNAUTHENTICATED)
+    }
+}
+
+const ADMIN_OFF: &str = "admin actions are off: start tumbler with --dashboard-admin \
+     (TUMBLER_DASHBOARD_ADMIN=true) to enable them";
+
+const UNAUTHENTICATED: &str = "authentication required: send a valid token as \
+     `authorization: Bearer <token>`, or log in at /dashboard/login";
+
+/// The gRPC API's refusals keep their meaning and their message (a
+/// validation failure is a 400, a namespace or role the token lacks a 403,
+/// a token over its request rate a 429); an unauthenticated caller gets
+/// the one fixed message.
+impl From<tonic::Status> for ApiError {
+    fn from(status: tonic::Status) -> Self {
+        match status.code() {
+            tonic::Code::Unauthenticated => ApiError::unauthenticated(),
+            code => ApiError::new(code, status.message()),
+        }
+    }
+}
+
+/// Redis trouble is logged and counted as the gRPC handlers do; a reply
+/// the engine cannot read is not described to the caller.
+impl From<EngineError> for ApiError {
+    fn from(err: EngineError) -> Self {
+        let code = engine_code(&err);
+        let message = match err {
+            EngineError::Store(StoreError::Unavailable(detail)) => {
+                tracing::warn!(%detail, "redis unavailable (dashboard)");
+                crate::observe::redis_error("unavailable");
+                format!("lock store unavailable: {detail}")
+            }
+            EngineError::Store(StoreError::Protocol(detail)) => {
+                tracing::error!(%detail, "unexpected redis reply (dashboard)");
+                crate::observe::redis_error("protocol");
+                "lock store answered unexpectedly".into()
+            }
+            other => other.to_string(),
+        };
+        ApiError::new(code, message)
+    }
+}
+
+/// The body of every JSON error.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    code: &'a str,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: &self.message,
+            code: self.code,
+        };
+        (self.status, no_store(), Json(body)).into_response()
+    }
+}
+
+pub(super) type ApiResult<T = Response> = Result<T, ApiError>;
+
+/// Dashboard answers are never cached.
+pub(super) fn no_store() -> [(header::HeaderName, &'static str); 1] {
+    [(header::CACHE_CONTROL, "no-store")]
+}
+
+/// A JSON answer from a view type.
+pub(super) fn json_reply<T: Serialize>(value: T) -> ApiResult {
+    Ok((no_store(), Json(value)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_errors_are_never_400() {
+        for code in [
+            tonic::Code::Internal,
+            tonic::Code::Unknown,
+            tonic::Code::DataLoss,
+        ] {
+            assert_eq!(http_status(code).0, StatusCode::INTERNAL_SERVER_ERROR);
+        }
+        let err = ApiError::from(tonic::Status::internal("boom"));
+        assert_eq!(
+            (err.status, err.code),
+            (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL")
+        );
+        let full = ApiError::from(EngineError::QueueFull(3));
+        assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(full.code, "RESOURCE_EXHAUSTED");
+    }
+}
