@@ -1,18 +1,20 @@
 -- acquire: take one of `limit` permits of a lock for a holder, or, when the
 -- caller waits, hold its place in the lock's queue.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
--- ARGV: holder, limit, ttl_ms, kind, metadata (JSON; '' = none),
---       answer_by (Redis ms; '0' = none),
---       flags ('f' = fair: takes its turn in the queue; 'e' = publish events;
---       'c<size>:<retention_ms>' = record them in the changelog),
---       then, when any is not its default: priority (absent = 0),
---       max_locks (of the namespace in this shard; absent or '0' = no limit),
---       and, only when waiting: wait_ms (left), queue_ttl_ms, max_waiters (per lock)
+-- ARGV: holder, ttl_ms, answer_by (Redis ms; '0' = none), then as far as
+--       any is not its default (each argument costs Redis ~1,000
+--       instructions): limit (1), kind ('default'), metadata (JSON; '' = none),
+--       flags ('' ; 'f' = fair: takes its turn in the queue; 'e' = publish
+--       events; 'c<size>:<retention_ms>' = record them in the changelog),
+--       priority (0), max_locks (of the namespace in this shard; 0 = no limit),
+--       and, only when waiting (all of the above then sent): wait_ms (left),
+--       queue_ttl_ms, max_waiters (per lock)
 -- Returns {status, now, holders, next_expiry, position or the lock's limit,
 --          holder, grant, events...}
 --   OK / HELD: the holder and its grant record; BUSY, QUEUED (position),
 --   QUEUE_FULL, NAMESPACE_FULL, LIMIT_MISMATCH (the lock's limit), LATE.
-local holder, limit_s, ttl, kind, metadata, answer_by, flags = unpack(ARGV, 1, 7)
+local holder, ttl, answer_by, limit_s, kind, metadata, flags = unpack(ARGV, 1, 7)
+limit_s, kind, metadata, flags = limit_s or '1', kind or 'default', metadata or '', flags or ''
 local now, now_us = clock()
 
 -- 1. Past the caller's answer-by time nothing happens: it was told no.

@@ -81,12 +81,9 @@ local MILLIS
 
 local function small_tables()
   SMALL, SMALL_NUM, MILLIS = {}, {}, {}
-  for i = 0, 1023 do
+  for i = 0, 127 do
     local text = string.format('%d', i)
     SMALL[i], SMALL_NUM[text] = text, i
-  end
-  for i = 0, 999 do
-    MILLIS[string.format('%03d', i)] = i
   end
 end
 
@@ -163,7 +160,8 @@ local function clock()
   if not MILLIS then
     small_tables()
   end
-  return SECOND_MS + MILLIS[string.sub(micros, 1, 3)], seconds .. micros
+  local a, b, c = string.byte(micros, 1, 3)
+  return SECOND_MS + a * 100 + b * 10 + c - 5328, seconds .. micros
 end
 
 -- The Redis clock in milliseconds only.

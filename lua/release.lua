@@ -1,10 +1,12 @@
 -- release: give a grant back; only its holder can, optionally pinned to its
 -- fencing token. The freed permit goes to the next waiter in line.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
--- ARGV: holder, token ('' = any), event flags ('0' = none; common.lua `events`)
+-- ARGV: holder, then as far as either is not its default: token ('' = any),
+--       event flags ('0' = none; common.lua `events`)
 -- Returns {OK, now, holder, the released grant, events...} or
 --         {NOT_HELD, now, '', '', events...} (nothing changed for this holder)
 local holder, token, watched = unpack(ARGV, 1, 3)
+token, watched = token or '', watched or '0'
 local now, now_us = clock()
 
 -- 1. The common case, decided on one read: the holder's grant is the

@@ -32,8 +32,8 @@ pub struct Wait {
 
 impl Call<'_> {
     /// The function's arguments, in `lua/acquire.lua`'s order. The tail
-    /// is sent only as far as it differs from the defaults: an
-    /// uncontended try-once call sends seven.
+    /// is sent only as far as it differs from the defaults: a try-once
+    /// call for a plain mutex sends three.
     pub fn args(&self) -> Vec<String> {
         let req = self.req;
         let mut flags = String::new();
@@ -43,20 +43,26 @@ impl Call<'_> {
         self.watched.push_flags(&mut flags);
         let mut args = vec![
             req.holder.clone(),
-            req.limit.to_string(),
             req.ttl_ms.to_string(),
-            req.kind.clone(),
-            self.metadata.to_owned(),
             self.answer_by.to_string(),
-            flags,
         ];
-        let waiting = self.wait.is_some();
-        if req.priority != 0 || self.max_locks > 0 || waiting {
-            args.push(req.priority.to_string());
-        }
-        if self.max_locks > 0 || waiting {
-            args.push(self.max_locks.to_string());
-        }
+        // The rest with their defaults (the Lua's): trailing defaults are
+        // not sent, except before the waiting arguments.
+        let tail = [
+            (req.limit.to_string(), "1"),
+            (req.kind.clone(), "default"),
+            (self.metadata.to_owned(), ""),
+            (flags, ""),
+            (req.priority.to_string(), "0"),
+            (self.max_locks.to_string(), "0"),
+        ];
+        let sent = match self.wait {
+            Some(_) => tail.len(),
+            None => (tail.iter())
+                .rposition(|(arg, default)| arg != default)
+                .map_or(0, |last| last + 1),
+        };
+        args.extend(tail.into_iter().take(sent).map(|(arg, _)| arg));
         if let Some(wait) = &self.wait {
             args.extend([
                 wait.left_ms.max(1).to_string(),

@@ -16,12 +16,19 @@ pub struct Call<'a> {
 }
 
 impl Call<'_> {
+    /// The function's arguments, in `lua/release.lua`'s order; the tail
+    /// is sent only as far as it differs from the defaults (any token, no
+    /// events), so a plain release sends one.
     pub fn args(&self) -> Vec<String> {
-        vec![
-            self.holder.to_owned(),
-            super::optional(self.token),
-            self.watched.arg(),
-        ]
+        let mut args = vec![self.holder.to_owned()];
+        let watched = self.watched.arg();
+        if self.token.is_some() || watched != "0" {
+            args.push(super::optional(self.token));
+        }
+        if watched != "0" {
+            args.push(watched);
+        }
+        args
     }
 }
 
