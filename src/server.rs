@@ -15,8 +15,7 @@ use crate::api::LockApi;
 use crate::auth::AuthInterceptor;
 use crate::config::ServerConfig;
 use crate::engine::keys::Layout;
-use crate::engine::waiters::run_subscriber;
-use crate::engine::{LayoutError, LockEngine};
+use crate::engine::{EngineSettings, LayoutError, LockEngine};
 use crate::limits::{ConnLimits, Gate, GatedListener, TrackLayer};
 use crate::proto::{self, lock_service_server::LockServiceServer};
 use crate::store::Store;
@@ -96,32 +95,19 @@ pub async fn serve_on(
         Some(path) => Some(crate::auth::Authenticator::load(path)?),
         None => None,
     };
-    let store = Store::new(&config.store)?;
-    let layout = Layout::new(&config.key_prefix, config.shards);
-    let wake_channel = layout.wake_channel();
-    let events_channel = layout.events_channel();
-    let engine = Arc::new(
-        LockEngine::new(store.clone(), layout, config.wait_limits.clone())
-            .with_changelog(config.changelog.clone()),
-    );
-    // The replica's one wake-up subscription and its waiter heartbeats.
-    let subscriber = tokio::spawn(run_subscriber(
-        engine.waiters().clone(),
-        engine.watchers().clone(),
-        store,
-        wake_channel,
-        events_channel,
-    ));
-    let refresher = tokio::spawn(engine.clone().run_refresher());
-    let flusher = tokio::spawn(engine.clone().run_metrics_flusher());
-    let renewer = tokio::spawn(engine.clone().run_session_renewer());
-    let watch_registry = tokio::spawn(engine.clone().run_watch_registry());
-    let expiry_timers = tokio::spawn(engine.clone().run_expiry_timers());
     let replica = format!("replica-{}", uuid::Uuid::now_v7());
     tracing::info!(%replica, "starting");
-    let reaper = config
-        .reap_interval
-        .map(|interval| tokio::spawn(engine.clone().run_reaper(interval, replica.clone())));
+    let running = LockEngine::start(
+        Store::new(&config.store)?,
+        EngineSettings {
+            layout: Layout::new(&config.key_prefix, config.shards),
+            wait_limits: config.wait_limits.clone(),
+            changelog: config.changelog.clone(),
+            reap_interval: config.reap_interval,
+            replica,
+        },
+    );
+    let engine = running.engine().clone();
     let http = match http {
         Some(http) => {
             let tls = config.tls.clone().filter(|tls| tls.http);
@@ -209,7 +195,7 @@ pub async fn serve_on(
         // their place in the queue for their queue TTL. Short RPCs are
         // still served until endpoints have moved away.
         set_status(&reporter, ServingStatus::NotServing).await;
-        engine.waiters().shut_down();
+        running.drain();
         if fatal.is_none() && !config.shutdown_drain.is_zero() {
             tracing::info!(drain = ?config.shutdown_drain, "NOT_SERVING; sessions and waiters told to move; draining before shutdown");
             tokio::time::sleep(config.shutdown_drain).await;
@@ -240,27 +226,10 @@ pub async fn serve_on(
         ),
     }
 
-    engine.waiters().shut_down();
-    subscriber.abort();
-    refresher.abort();
-    renewer.abort();
-    watch_registry.abort();
-    expiry_timers.abort();
-    flusher.abort();
-    // What this replica counted last goes to Redis, briefly.
-    if tokio::time::timeout(Duration::from_secs(2), engine.flush_counts())
-        .await
-        .is_err()
-    {
-        tracing::warn!("the last per-minute counts could not be written");
-    }
     if let Some(reloader) = reloader {
         reloader.abort();
     }
-    if let Some(reaper) = reaper {
-        // Let it hand its lease over, briefly.
-        let _ = tokio::time::timeout(Duration::from_secs(2), reaper).await;
-    }
+    running.shutdown().await;
     if let Some(http) = http {
         http.abort();
         let _ = http.await;

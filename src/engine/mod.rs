@@ -25,6 +25,7 @@ mod background;
 pub mod changelog;
 pub mod clock;
 pub mod keys;
+mod lifecycle;
 mod locks;
 pub mod ops;
 pub mod records;
@@ -52,6 +53,7 @@ use scripts::{LockScript, Scripts};
 use sessions::{LostGrant, Sessions};
 use waiters::Waiters;
 
+pub use lifecycle::{EngineSettings, Running};
 pub use records::{parse_grant, parse_waiter};
 pub use types::*;
 

@@ -16,14 +16,9 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-/// One operation: a function of tumbler's library.
-#[derive(Clone, Debug)]
-pub struct LockScript {
-    /// `tumbler_<library hash>_<operation>`.
-    pub function: String,
-    /// The library's code, for `FUNCTION LOAD` when Redis lacks it.
-    pub library: Arc<str>,
-}
+/// One operation: a function of tumbler's library (named
+/// `tumbler_<library hash>_<operation>`), as the store calls it.
+pub use crate::store::Function as LockScript;
 
 /// Every operation: its name, its file, and whether it only reads (then
 /// Redis runs it even when it refuses writes for lack of memory).

@@ -31,10 +31,17 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, RedisError, Value};
 
-use crate::engine::scripts::LockScript;
-
 pub use credentials::RedisCredentials;
 pub use target::RedisTarget;
+
+/// A function of a Redis function library, as `run_script` calls it: its
+/// name, and the library's code for `FUNCTION LOAD` when Redis lacks it.
+/// (What the functions do is the engine's business.)
+#[derive(Clone, Debug)]
+pub struct Function {
+    pub function: String,
+    pub library: Arc<str>,
+}
 
 use credentials::Credentials;
 
@@ -138,7 +145,7 @@ pub fn convert<T: redis::FromRedisValue>(reply: Value) -> Result<T, StoreError> 
 /// code), then the call is sent again.
 async fn fcall(
     conn: &mut Conn,
-    script: &LockScript,
+    script: &Function,
     keys: &[&str],
     args: &[&str],
 ) -> Result<Value, RedisError> {
@@ -663,7 +670,7 @@ impl Store {
     /// never an outage: the conversion happens after Redis answered.
     pub async fn run_script<T: redis::FromRedisValue>(
         &self,
-        script: &LockScript,
+        script: &Function,
         keys: &[&str],
         args: &[&str],
     ) -> Result<T, StoreError> {
@@ -682,7 +689,7 @@ impl Store {
     /// script (and whatever else shared the connection).
     pub async fn run_granting_script<T: redis::FromRedisValue>(
         &self,
-        script: &LockScript,
+        script: &Function,
         keys: &[&str],
         args: &[&str],
         granted: impl FnOnce(&Value) -> bool + Send,
