@@ -3,6 +3,7 @@
 //! outcome to a reply; Redis trouble becomes UNAVAILABLE. No lock
 //! semantics live here.
 
+pub mod convert;
 mod quota;
 mod session;
 pub mod validate;

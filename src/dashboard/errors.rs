@@ -2,7 +2,7 @@
 //! name and a message, sent as `{"error": "...", "code": "..."}`), and the
 //! one table from gRPC codes to HTTP statuses ([`http_status`]) that every
 //! refusal goes through. Engine errors take the gRPC API's code first
-//! ([`engine_code`], the same choice as `api::engine_status`), so a full
+//! ([`engine_code`]: `api::convert`'s table of engine error kinds), so a full
 //! queue is 429 here as it is RESOURCE_EXHAUSTED there, Redis trouble 503,
 //! a reply the engine cannot read 500: never 400 for an internal error.
 
@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::engine::EngineError;
-use crate::store::StoreError;
 
 /// An endpoint's failure: a status and a message, as JSON.
 #[derive(Clone, Debug)]
@@ -52,20 +51,10 @@ fn client_closed() -> StatusCode {
     StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
 }
 
-/// The gRPC code of an engine error: the same choice the gRPC handlers
-/// make (`api::engine_status`).
+/// The gRPC code of an engine error: the gRPC API's own table
+/// (`api::convert::code`).
 pub fn engine_code(err: &EngineError) -> tonic::Code {
-    match err {
-        EngineError::Store(StoreError::Unavailable(_)) => tonic::Code::Unavailable,
-        EngineError::Store(StoreError::Protocol(_)) => tonic::Code::Internal,
-        EngineError::QueueFull(_)
-        | EngineError::TooManyWaiters(_)
-        | EngineError::TooManyInNamespace(_)
-        | EngineError::NamespaceFull => tonic::Code::ResourceExhausted,
-        EngineError::ShuttingDown => tonic::Code::Unavailable,
-        EngineError::SessionMoved => tonic::Code::Aborted,
-        EngineError::LimitMismatch { .. } => tonic::Code::FailedPrecondition,
-    }
+    crate::api::convert::code(err.kind())
 }
 
 /// The HTTP status the dashboard answers for an engine error.
@@ -128,20 +117,7 @@ impl From<tonic::Status> for ApiError {
 /// the engine cannot read is not described to the caller.
 impl From<EngineError> for ApiError {
     fn from(err: EngineError) -> Self {
-        let code = engine_code(&err);
-        let message = match err {
-            EngineError::Store(StoreError::Unavailable(detail)) => {
-                tracing::warn!(%detail, "redis unavailable (dashboard)");
-                crate::observe::redis_error("unavailable");
-                format!("lock store unavailable: {detail}")
-            }
-            EngineError::Store(StoreError::Protocol(detail)) => {
-                tracing::error!(%detail, "unexpected redis reply (dashboard)");
-                crate::observe::redis_error("protocol");
-                "lock store answered unexpectedly".into()
-            }
-            other => other.to_string(),
-        };
+        let (code, message) = crate::api::convert::describe(err, "dashboard");
         ApiError::new(code, message)
     }
 }

@@ -276,6 +276,52 @@ pub enum EngineError {
     SessionMoved,
 }
 
+/// What kind of failure an engine error is: the one table the transports
+/// map from (`api::convert` to gRPC codes; the dashboard from those to HTTP
+/// statuses, ARCHITECTURE.md "Errors").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Redis is unreachable, too slow or refusing writes, or this replica
+    /// is shutting down: nothing was granted; retry later or elsewhere.
+    Unavailable,
+    /// Redis answered something the engine cannot read.
+    Internal,
+    /// A bound was reached: the lock's queue, this replica's or this
+    /// namespace's waiting requests, the namespace's locks.
+    Exhausted,
+    /// The request conflicts with the lock as it is (another limit).
+    Conflict,
+    /// The session was taken over by another stream.
+    Moved,
+}
+
+impl EngineError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            EngineError::Store(StoreError::Unavailable(_)) | EngineError::ShuttingDown => {
+                ErrorKind::Unavailable
+            }
+            EngineError::Store(StoreError::Protocol(_)) => ErrorKind::Internal,
+            EngineError::QueueFull(_)
+            | EngineError::TooManyWaiters(_)
+            | EngineError::TooManyInNamespace(_)
+            | EngineError::NamespaceFull => ErrorKind::Exhausted,
+            EngineError::LimitMismatch { .. } => ErrorKind::Conflict,
+            EngineError::SessionMoved => ErrorKind::Moved,
+        }
+    }
+
+    /// What Redis said, for logs, when the error is Redis trouble.
+    pub fn store_detail(&self) -> Option<&str> {
+        match self {
+            EngineError::Store(StoreError::Unavailable(detail) | StoreError::Protocol(detail)) => {
+                Some(detail)
+            }
+            _ => None,
+        }
+    }
+}
+
 impl From<RegisterError> for EngineError {
     fn from(err: RegisterError) -> Self {
         match err {
