@@ -13,14 +13,17 @@
 //! are the 17 of gRPC, and lock kinds are capped at [`MAX_KINDS`] per
 //! process (the rest are counted as `other`).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{OnceLock, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{
+    Counter, Histogram, counter, describe_counter, describe_gauge, describe_histogram, gauge,
+    histogram,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tonic::Code;
 use tracing::Instrument;
@@ -57,14 +60,70 @@ fn service_methods() -> &'static [String] {
 /// under the lock service (refused before routing with auth on, or
 /// UNIMPLEMENTED), None for other services (health, reflection), which
 /// are not counted. Label values therefore never come from the caller.
+#[cfg(test)]
 fn method_label(path: &str) -> Option<&'static str> {
+    method_index(path).map(method_name)
+}
+
+/// The position of a request path's method in [`service_methods`], or
+/// its length for `unknown` (see [`method_label`]).
+fn method_index(path: &str) -> Option<usize> {
     let method = path.strip_prefix(SERVICE_PATH)?;
+    let methods = service_methods();
     Some(
-        service_methods()
+        methods
             .iter()
-            .find(|known| *known == method)
-            .map_or("unknown", String::as_str),
+            .position(|known| known == method)
+            .unwrap_or(methods.len()),
     )
+}
+
+/// The `method` label of a [`method_index`].
+fn method_name(index: usize) -> &'static str {
+    service_methods()
+        .get(index)
+        .map_or("unknown", String::as_str)
+}
+
+/// The handles of one method's RPC metrics, each registered with the
+/// recorder at its first use and kept (rather than looked up by its
+/// label strings at every RPC). Same series, same labels, created at the
+/// same moment as before: a series appears when it is first counted.
+struct MethodMetrics {
+    duration: OnceLock<Histogram>,
+    /// By gRPC code (`Code as usize`, 0..=16).
+    requests: [OnceLock<Counter>; 17],
+}
+
+fn method_metrics(index: usize) -> &'static MethodMetrics {
+    static ALL: OnceLock<Box<[MethodMetrics]>> = OnceLock::new();
+    let all = ALL.get_or_init(|| {
+        (0..=service_methods().len())
+            .map(|_| MethodMetrics {
+                duration: OnceLock::new(),
+                requests: Default::default(),
+            })
+            .collect()
+    });
+    &all[index.min(all.len() - 1)]
+}
+
+/// Counts one answered RPC of method `index` with `code`, taking `elapsed`.
+fn rpc_answered(index: usize, code: Code, elapsed: Duration) {
+    if !recording() {
+        return;
+    }
+    let method = method_name(index);
+    let handles = method_metrics(index);
+    handles
+        .duration
+        .get_or_init(|| histogram!("tumbler_rpc_duration_seconds", "method" => method))
+        .record(elapsed.as_secs_f64());
+    handles.requests[(code as usize).min(16)]
+        .get_or_init(|| {
+            counter!("tumbler_rpc_requests_total", "method" => method, "code" => code_name(code))
+        })
+        .increment(1);
 }
 
 /// Distinct `kind` label values one process reports before counting the
@@ -90,13 +149,29 @@ fn rpc_spans() -> bool {
     TRACING.load(Ordering::Relaxed)
 }
 
+/// Whether spans are exported (the handlers then open theirs; see
+/// `api`).
+pub fn spans_exported() -> bool {
+    rpc_spans()
+}
+
+/// The process-wide Prometheus recorder's handle, once installed.
+static RECORDER: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+
+/// Whether tumbler's recorder is installed. Until it is, every metric is
+/// a no-op (the `metrics` facade has no recorder), so the kept handles
+/// below are only taken once it is: a handle taken before would stay a
+/// no-op for good.
+fn recording() -> bool {
+    RECORDER.get().is_some_and(Result::is_ok)
+}
+
 /// Installs the process-wide Prometheus recorder (once; later calls return
 /// the same handle) and describes every metric.
 pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
     // One initialisation per process; concurrent callers (several servers
     // in one test process) wait for it instead of racing it.
-    static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
-    HANDLE
+    RECORDER
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &TIME_BUCKETS)
@@ -227,22 +302,76 @@ pub fn redis_error(kind: &'static str) {
     counter!("tumbler_redis_errors_total", "kind" => kind).increment(1);
 }
 
-/// `kind` as a label value: itself for the first [`MAX_KINDS`] distinct
-/// kinds this process sees, `other` after that.
-fn kind_label(kind: &str) -> String {
-    static SEEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
-    let mut seen = SEEN
-        .get_or_init(Default::default)
-        .lock()
+/// The metric handles of one `kind` label value, each registered at its
+/// first use and kept.
+struct KindMetrics {
+    label: String,
+    /// By outcome: acquired, already_held, busy, timeout.
+    outcomes: [OnceLock<Counter>; 4],
+    wait: OnceLock<Histogram>,
+    hold: OnceLock<Histogram>,
+}
+
+impl KindMetrics {
+    fn new(label: &str) -> Self {
+        KindMetrics {
+            label: label.to_owned(),
+            outcomes: Default::default(),
+            wait: OnceLock::new(),
+            hold: OnceLock::new(),
+        }
+    }
+
+    fn outcome(&self, index: usize, outcome: &'static str) -> &Counter {
+        self.outcomes[index].get_or_init(|| {
+            counter!("tumbler_acquire_outcomes_total", "kind" => self.label.clone(), "outcome" => outcome)
+        })
+    }
+
+    fn wait(&self) -> &Histogram {
+        self.wait.get_or_init(
+            || histogram!("tumbler_acquire_wait_seconds", "kind" => self.label.clone()),
+        )
+    }
+
+    fn hold(&self) -> &Histogram {
+        self.hold
+            .get_or_init(|| histogram!("tumbler_hold_seconds", "kind" => self.label.clone()))
+    }
+}
+
+/// `kind`'s metrics: under its own label for the first [`MAX_KINDS`]
+/// distinct kinds this process sees, under `other` after that.
+fn kind_metrics(kind: &str) -> &'static KindMetrics {
+    static SEEN: OnceLock<RwLock<HashMap<String, &'static KindMetrics>>> = OnceLock::new();
+    static OTHER: OnceLock<KindMetrics> = OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    if let Some(known) = seen
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(kind)
+    {
+        return known;
+    }
+    let mut seen = seen
+        .write()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if seen.contains(kind) {
-        return kind.to_owned();
+    if let Some(known) = seen.get(kind) {
+        return known;
     }
     if seen.len() < MAX_KINDS {
-        seen.insert(kind.to_owned());
-        return kind.to_owned();
+        // At most MAX_KINDS of them, for the life of the process.
+        let metrics: &'static KindMetrics = Box::leak(Box::new(KindMetrics::new(kind)));
+        seen.insert(kind.to_owned(), metrics);
+        return metrics;
     }
-    "other".to_owned()
+    OTHER.get_or_init(|| KindMetrics::new("other"))
+}
+
+/// `kind` as a label value (see [`kind_metrics`]).
+#[cfg(test)]
+fn kind_label(kind: &str) -> &'static str {
+    &kind_metrics(kind).label
 }
 
 /// Sets an attribute on the current span's OpenTelemetry span (a no-op
@@ -255,9 +384,12 @@ fn span_attribute(key: &'static str, value: impl Into<opentelemetry::Value>) {
 }
 
 /// Fills the lock fields the handler's span declares (Acquire records its
-/// own before calling the engine).
+/// own before calling the engine), when the handler opened one.
 fn record_lock(lock: &LockId, holder: &str) {
     let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
     span.record("namespace", lock.namespace.as_str());
     span.record("lock_name", lock.name.as_str());
     span.record("holder", holder);
@@ -288,24 +420,27 @@ pub fn acquired(
     outcome: &AcquireOutcome,
     elapsed: Duration,
 ) {
-    let kind = kind_label(&req.kind);
-    let (label, grant) = match outcome {
-        AcquireOutcome::Acquired { grant, .. } => ("acquired", Some(grant)),
-        AcquireOutcome::AlreadyHeld { grant, .. } => ("already_held", Some(grant)),
-        AcquireOutcome::Busy { .. } => ("busy", None),
-        AcquireOutcome::TimedOut { .. } => ("timeout", None),
+    let (index, label, grant) = match outcome {
+        AcquireOutcome::Acquired { grant, .. } => (0, "acquired", Some(grant)),
+        AcquireOutcome::AlreadyHeld { grant, .. } => (1, "already_held", Some(grant)),
+        AcquireOutcome::Busy { .. } => (2, "busy", None),
+        AcquireOutcome::TimedOut { .. } => (3, "timeout", None),
     };
-    counter!("tumbler_acquire_outcomes_total", "kind" => kind.clone(), "outcome" => label)
-        .increment(1);
-    if !req.wait.is_zero() {
-        histogram!("tumbler_acquire_wait_seconds", "kind" => kind).record(elapsed.as_secs_f64());
+    let kind = kind_metrics(&req.kind);
+    if recording() {
+        kind.outcome(index, label).increment(1);
+        if !req.wait.is_zero() {
+            kind.wait().record(elapsed.as_secs_f64());
+        }
     }
 
-    span_attribute("tumbler.kind", req.kind.clone());
-    span_attribute("tumbler.status", label);
-    span_attribute("tumbler.wait_ms", elapsed.as_millis() as i64);
-    if let Some(grant) = grant {
-        span_attribute("tumbler.fencing_token", grant.fencing_token as i64);
+    if rpc_spans() {
+        span_attribute("tumbler.kind", req.kind.clone());
+        span_attribute("tumbler.status", label);
+        span_attribute("tumbler.wait_ms", elapsed.as_millis() as i64);
+        if let Some(grant) = grant {
+            span_attribute("tumbler.fencing_token", grant.fencing_token as i64);
+        }
     }
 
     if !tracing::enabled!(tracing::Level::DEBUG) {
@@ -360,8 +495,10 @@ pub fn released(
 ) {
     let label = match &outcome {
         ReleaseOutcome::Released { kind, held_ms } => {
-            histogram!("tumbler_hold_seconds", "kind" => kind_label(kind))
-                .record(*held_ms as f64 / 1000.0);
+            let kind = kind_metrics(kind);
+            if recording() {
+                kind.hold().record(*held_ms as f64 / 1000.0);
+            }
             "released"
         }
         ReleaseOutcome::NotHeld => "not_held",
@@ -663,14 +800,16 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let Some(method) = method_label(request.uri().path()) else {
+        let Some(index) = method_index(request.uri().path()) else {
             let answer = self.inner.call(request);
             return Box::pin(async move {
                 let response = answer.await?;
                 Ok(response.map(|body| StatusRewrite { inner: body }))
             });
         };
-        let span = if rpc_spans() {
+        let spans = rpc_spans();
+        let span = if spans {
+            let method = method_name(index);
             tracing::info_span!(
                 "grpc",
                 otel.name = format!("tumbler.v1.LockService/{method}"),
@@ -684,7 +823,7 @@ where
         } else {
             tracing::Span::none()
         };
-        if rpc_spans() {
+        if spans {
             join_callers_trace(&span, request.headers());
         }
         let started = Instant::now();
@@ -725,23 +864,22 @@ where
                         .map_or(Code::Ok, |value| Code::from_bytes(value.as_bytes())),
                     Err(_) => Code::Internal,
                 };
-                let span = tracing::Span::current();
-                span.record("rpc.grpc.status_code", code as i32);
-                if matches!(
-                    code,
-                    Code::Unknown
-                        | Code::DeadlineExceeded
-                        | Code::Unimplemented
-                        | Code::Internal
-                        | Code::Unavailable
-                        | Code::DataLoss
-                ) {
-                    span.record("otel.status_code", "ERROR");
+                if spans {
+                    let span = tracing::Span::current();
+                    span.record("rpc.grpc.status_code", code as i32);
+                    if matches!(
+                        code,
+                        Code::Unknown
+                            | Code::DeadlineExceeded
+                            | Code::Unimplemented
+                            | Code::Internal
+                            | Code::Unavailable
+                            | Code::DataLoss
+                    ) {
+                        span.record("otel.status_code", "ERROR");
+                    }
                 }
-                histogram!("tumbler_rpc_duration_seconds", "method" => method)
-                    .record(started.elapsed().as_secs_f64());
-                counter!("tumbler_rpc_requests_total", "method" => method, "code" => code_name(code))
-                    .increment(1);
+                rpc_answered(index, code, started.elapsed());
                 result.map(|response| response.map(|body| StatusRewrite { inner: body }))
             }
             .instrument(span),

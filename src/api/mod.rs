@@ -125,14 +125,17 @@ impl LockApi {
     /// (by the request itself, or by its session).
     fn acquire_request(
         &self,
-        req: proto::AcquireRequest,
+        mut req: proto::AcquireRequest,
         holder: String,
         ttl_ms: u64,
         deadline: Option<crate::observe::CallerDeadline>,
     ) -> Result<engine::AcquireRequest, Status> {
         let wait_ms = validate::wait_ms(req.wait_ms, &self.limits)?;
         Ok(engine::AcquireRequest {
-            lock: lock_id(&req.namespace, &req.name)?,
+            lock: lock_id_owned(
+                std::mem::take(&mut req.namespace),
+                std::mem::take(&mut req.name),
+            )?,
             wait: if wait_ms == 0 {
                 Duration::ZERO
             } else {
@@ -145,7 +148,7 @@ impl LockApi {
             priority: validate::priority(req.priority)?,
             fair: req.fair.unwrap_or(true),
             limit: validate::limit(req.limit, &self.limits)?,
-            kind: validate::kind(&req.kind)?,
+            kind: validate::kind_owned(std::mem::take(&mut req.kind))?,
             metadata: validate::metadata(&req.metadata)?,
             ttl_ms,
             holder,
@@ -153,12 +156,21 @@ impl LockApi {
     }
 
     /// Maps a failed lock operation to its status, counting Redis trouble
-    /// in the `errors` metric of the lock's namespace and kind.
-    fn failed(&self, lock: &LockId, kind: &str, err: EngineError) -> Status {
+    /// in the `errors` metric of the lock's namespace and kind. Its log
+    /// line names the RPC, the lock and the holder itself: the handler
+    /// may have opened no span to carry them (see [`handler_spans`]).
+    fn failed(
+        &self,
+        rpc: &'static str,
+        lock: &LockId,
+        holder: &str,
+        kind: &str,
+        err: EngineError,
+    ) -> Status {
         if matches!(err, EngineError::Store(_)) {
             self.engine.record_error(&lock.namespace, kind);
         }
-        engine_status(err)
+        status_of(err, Some(LockAt { rpc, lock, holder }))
     }
 }
 
@@ -183,14 +195,44 @@ fn counters_row(row: engine::MetricsRow) -> proto::MetricsRow {
 /// granted); a reply the engine cannot read is INTERNAL; full queues are
 /// RESOURCE_EXHAUSTED; a replica shutting down is UNAVAILABLE.
 fn engine_status(err: EngineError) -> Status {
+    status_of(err, None)
+}
+
+/// The lock operation a failure happened in, for its log line.
+struct LockAt<'a> {
+    rpc: &'static str,
+    lock: &'a LockId,
+    holder: &'a str,
+}
+
+/// [`engine_status`], logging the operation's lock when there is one.
+fn status_of(err: EngineError, at: Option<LockAt<'_>>) -> Status {
+    let rpc = at.as_ref().map(|at| at.rpc);
+    let namespace = at.as_ref().map(|at| at.lock.namespace.as_str());
+    let lock_name = at.as_ref().map(|at| at.lock.name.as_str());
+    let holder = at.as_ref().map(|at| at.holder);
     match err {
         EngineError::Store(StoreError::Unavailable(detail)) => {
-            tracing::warn!(%detail, "redis unavailable");
+            tracing::warn!(
+                %detail,
+                rpc,
+                namespace,
+                lock_name,
+                holder,
+                "redis unavailable"
+            );
             crate::observe::redis_error("unavailable");
             Status::unavailable(format!("lock store unavailable: {detail}"))
         }
         EngineError::Store(StoreError::Protocol(detail)) => {
-            tracing::error!(%detail, "unexpected redis reply");
+            tracing::error!(
+                %detail,
+                rpc,
+                namespace,
+                lock_name,
+                holder,
+                "unexpected redis reply"
+            );
             crate::observe::redis_error("protocol");
             Status::internal("lock store answered unexpectedly")
         }
@@ -260,6 +302,14 @@ fn lock_id(namespace: &str, name: &str) -> Result<LockId, Status> {
     })
 }
 
+/// [`lock_id`] of request fields the handler gives up (no copies).
+fn lock_id_owned(namespace: String, name: String) -> Result<LockId, Status> {
+    Ok(LockId {
+        namespace: validate::namespace_owned(namespace)?,
+        name: validate::name_owned(name)?,
+    })
+}
+
 fn acquire_reply(outcome: AcquireOutcome) -> proto::AcquireResponse {
     match outcome {
         AcquireOutcome::Acquired { grant, holders } => proto::AcquireResponse {
@@ -312,60 +362,69 @@ fn grant_reply(grant: engine::Grant) -> proto::Grant {
     }
 }
 
+/// Whether the lock operations' handlers (Acquire, Release, Extend) open
+/// their span: when spans are exported, or when debug logging is on (the
+/// handlers' debug lines then carry the lock from it). At the default
+/// level nothing would read it, and it is the largest cost of tracing on
+/// the hot path; the handlers' warnings name their lock themselves.
+fn handler_spans() -> bool {
+    crate::observe::spans_exported() || tracing::enabled!(tracing::Level::DEBUG)
+}
+
 /// A time-ordered holder id for callers that bring none.
 fn new_holder_id() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
-#[tonic::async_trait]
-impl LockService for LockApi {
-    #[tracing::instrument(name = "Acquire", skip_all, fields(namespace, lock_name, holder))]
-    async fn acquire(
+/// The lock operations' bodies, run inside their handler's span when it
+/// opens one (see [`handler_spans`]).
+impl LockApi {
+    async fn acquire_rpc(
         &self,
         request: Request<proto::AcquireRequest>,
     ) -> Result<Response<proto::AcquireResponse>, Status> {
         let access = Access::of(&request)?;
         let deadline = grpc_deadline(&request);
-        let req = request.into_inner();
-        let holder = validate::optional_holder(&req.holder)?.unwrap_or_else(new_holder_id);
+        let mut req = request.into_inner();
+        let holder = validate::optional_holder_owned(std::mem::take(&mut req.holder))?
+            .unwrap_or_else(new_holder_id);
         let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits)?;
         let acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
         access.act(&acquire.lock.namespace)?;
         let span = tracing::Span::current();
-        span.record("namespace", &acquire.lock.namespace);
-        span.record("lock_name", &acquire.lock.name);
-        span.record("holder", &acquire.holder);
+        if !span.is_disabled() {
+            span.record("namespace", &acquire.lock.namespace);
+            span.record("lock_name", &acquire.lock.name);
+            span.record("holder", &acquire.holder);
+        }
 
         let _waiting = self.waiter_slot(&access, &acquire)?;
         crate::observe::acquire_waiting(self.engine.layout(), &acquire);
         let started = std::time::Instant::now();
-        let outcome = self
-            .engine
-            .acquire(&acquire)
-            .await
-            .map_err(|e| self.failed(&acquire.lock, &acquire.kind, e))?;
+        let outcome = self.engine.acquire(&acquire).await.map_err(|e| {
+            self.failed("Acquire", &acquire.lock, &acquire.holder, &acquire.kind, e)
+        })?;
         crate::observe::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
         let reply = acquire_reply(outcome);
         tracing::debug!(status = ?reply.status(), "acquire answered");
         Ok(Response::new(reply))
     }
 
-    #[tracing::instrument(name = "Release", skip_all, fields(namespace, lock_name, holder))]
-    async fn release(
+    async fn release_rpc(
         &self,
         request: Request<proto::ReleaseRequest>,
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = lock_id(&req.namespace, &req.name)?;
+        let lock = lock_id_owned(req.namespace, req.name)?;
         access.act(&lock.namespace)?;
-        let holder = validate::holder(&req.holder)?;
+        let holder = validate::holder_owned(req.holder)?;
         let token = validate::fencing_token(req.fencing_token)?;
         let outcome = self
             .engine
             .release(&lock, &holder, token)
             .await
-            .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?;
+            .map_err(|e| self.failed("Release", &lock, &holder, validate::DEFAULT_KIND, e))?;
         let status = match &outcome {
             ReleaseOutcome::Released { .. } => ReleaseStatus::Released,
             ReleaseOutcome::NotHeld => ReleaseStatus::NotHeld,
@@ -376,17 +435,16 @@ impl LockService for LockApi {
         }))
     }
 
-    #[tracing::instrument(name = "Extend", skip_all, fields(namespace, lock_name, holder))]
-    async fn extend(
+    async fn extend_rpc(
         &self,
         request: Request<proto::ExtendRequest>,
     ) -> Result<Response<proto::ExtendResponse>, Status> {
         let access = Access::of(&request)?;
         let deadline = grpc_deadline(&request);
         let req = request.into_inner();
-        let lock = lock_id(&req.namespace, &req.name)?;
+        let lock = lock_id_owned(req.namespace, req.name)?;
         access.act(&lock.namespace)?;
-        let holder = validate::holder(&req.holder)?;
+        let holder = validate::holder_owned(req.holder)?;
         let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits)?;
         let token = validate::fencing_token(req.fencing_token)?;
         let outcome = self
@@ -399,7 +457,7 @@ impl LockService for LockApi {
                 deadline.map(|d| d.answered_at.into()),
             )
             .await
-            .map_err(|e| self.failed(&lock, validate::DEFAULT_KIND, e))?;
+            .map_err(|e| self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e))?;
         crate::observe::extended(self.engine.layout(), &lock, &holder, &outcome);
         let reply = match outcome {
             ExtendOutcome::Extended(grant) => proto::ExtendResponse {
@@ -412,6 +470,57 @@ impl LockService for LockApi {
             },
         };
         Ok(Response::new(reply))
+    }
+}
+
+#[tonic::async_trait]
+impl LockService for LockApi {
+    async fn acquire(
+        &self,
+        request: Request<proto::AcquireRequest>,
+    ) -> Result<Response<proto::AcquireResponse>, Status> {
+        if !handler_spans() {
+            return self.acquire_rpc(request).await;
+        }
+        let span = tracing::info_span!(
+            "Acquire",
+            namespace = tracing::field::Empty,
+            lock_name = tracing::field::Empty,
+            holder = tracing::field::Empty,
+        );
+        self.acquire_rpc(request).instrument(span).await
+    }
+
+    async fn release(
+        &self,
+        request: Request<proto::ReleaseRequest>,
+    ) -> Result<Response<proto::ReleaseResponse>, Status> {
+        if !handler_spans() {
+            return self.release_rpc(request).await;
+        }
+        let span = tracing::info_span!(
+            "Release",
+            namespace = tracing::field::Empty,
+            lock_name = tracing::field::Empty,
+            holder = tracing::field::Empty,
+        );
+        self.release_rpc(request).instrument(span).await
+    }
+
+    async fn extend(
+        &self,
+        request: Request<proto::ExtendRequest>,
+    ) -> Result<Response<proto::ExtendResponse>, Status> {
+        if !handler_spans() {
+            return self.extend_rpc(request).await;
+        }
+        let span = tracing::info_span!(
+            "Extend",
+            namespace = tracing::field::Empty,
+            lock_name = tracing::field::Empty,
+            holder = tracing::field::Empty,
+        );
+        self.extend_rpc(request).instrument(span).await
     }
 
     #[tracing::instrument(name = "Inspect", skip_all, fields(namespace, lock_name))]

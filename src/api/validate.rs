@@ -197,6 +197,20 @@ pub fn namespace(value: &str) -> Result<String, Status> {
     if value.is_empty() {
         return Ok(DEFAULT_NAMESPACE.to_owned());
     }
+    check_namespace(value)?;
+    Ok(value.to_owned())
+}
+
+/// [`namespace`] for a request field the caller gives up (no copy).
+pub fn namespace_owned(value: String) -> Result<String, Status> {
+    if value.is_empty() {
+        return Ok(DEFAULT_NAMESPACE.to_owned());
+    }
+    check_namespace(&value)?;
+    Ok(value)
+}
+
+fn check_namespace(value: &str) -> Result<(), Status> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
     if value.len() > MAX_NAMESPACE_BYTES || !value.chars().all(allowed) {
         return Err(invalid(
@@ -204,7 +218,7 @@ pub fn namespace(value: &str) -> Result<String, Status> {
             format!("must be at most {MAX_NAMESPACE_BYTES} characters of [A-Za-z0-9_.-]"),
         ));
     }
-    Ok(value.to_owned())
+    Ok(())
 }
 
 /// Free text of at most `max` bytes without control characters.
@@ -220,11 +234,21 @@ fn text(field: &str, value: &str, max: usize) -> Result<(), Status> {
 
 /// 1..=512 bytes, no control characters.
 pub fn name(value: &str) -> Result<String, Status> {
+    check_name(value)?;
+    Ok(value.to_owned())
+}
+
+/// [`name`] for a request field the caller gives up (no copy).
+pub fn name_owned(value: String) -> Result<String, Status> {
+    check_name(&value)?;
+    Ok(value)
+}
+
+fn check_name(value: &str) -> Result<(), Status> {
     if value.is_empty() {
         return Err(invalid("name", "must not be empty"));
     }
-    text("name", value, MAX_NAME_BYTES)?;
-    Ok(value.to_owned())
+    text("name", value, MAX_NAME_BYTES)
 }
 
 /// An acquiring holder: empty means "make one up" (None).
@@ -239,6 +263,20 @@ pub fn optional_holder(value: &str) -> Result<Option<String>, Status> {
 /// A releasing or extending holder: required.
 pub fn holder(value: &str) -> Result<String, Status> {
     optional_holder(value)?.ok_or_else(|| invalid("holder", "must not be empty"))
+}
+
+/// [`optional_holder`] for a request field the caller gives up (no copy).
+pub fn optional_holder_owned(value: String) -> Result<Option<String>, Status> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    text("holder", &value, MAX_HOLDER_BYTES)?;
+    Ok(Some(value))
+}
+
+/// [`holder`] for a request field the caller gives up (no copy).
+pub fn holder_owned(value: String) -> Result<String, Status> {
+    optional_holder_owned(value)?.ok_or_else(|| invalid("holder", "must not be empty"))
 }
 
 /// Absent → 1; otherwise 1..=max_limit.
@@ -315,6 +353,20 @@ pub fn kind(value: &str) -> Result<String, Status> {
     if value.is_empty() {
         return Ok(DEFAULT_KIND.to_owned());
     }
+    check_kind(value)?;
+    Ok(value.to_owned())
+}
+
+/// [`kind`] for a request field the caller gives up (no copy).
+pub fn kind_owned(value: String) -> Result<String, Status> {
+    if value.is_empty() {
+        return Ok(DEFAULT_KIND.to_owned());
+    }
+    check_kind(&value)?;
+    Ok(value)
+}
+
+fn check_kind(value: &str) -> Result<(), Status> {
     let allowed =
         |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-');
     if value.len() > MAX_KIND_BYTES || !value.chars().all(allowed) {
@@ -323,7 +375,7 @@ pub fn kind(value: &str) -> Result<String, Status> {
             format!("must be at most {MAX_KIND_BYTES} characters of [a-z0-9_.-]"),
         ));
     }
-    Ok(value.to_owned())
+    Ok(())
 }
 
 /// At most 32 entries; keys 1..=64 bytes without control characters;
