@@ -1,8 +1,10 @@
 //! The client subcommands (`tumbler acquire|release|extend|inspect|queue|
-//! list|reap|clear|metrics|watch|completion`): the real binary against a
-//! real server, its tables, its JSON and YAML, its exit codes (0 done,
-//! 64 usage, 65 input refused, 69 unreachable, 75 not acquired, 79 not
-//! held), fail-over between endpoints, and stdout closed early or full.
+//! list|reap|clear|metrics|watch|token|completion`): the real binary
+//! against a real server, its tables, its JSON and YAML, its exit codes
+//! (0 done, 64 usage, 65 input refused, 69 unreachable, 75 not acquired,
+//! 77 not allowed, 79 not held), fail-over between endpoints, stdout
+//! closed early or full, and `token` entries a server with authentication
+//! reads and enforces.
 //! `hold` has its own file (`tests/cli_hold.rs`).
 
 mod common;
@@ -845,4 +847,142 @@ async fn every_subcommand_has_help_that_names_its_flags() {
             }
         }
     }
+}
+
+/// Runs `tumbler <args>` (no server address) to completion.
+fn offline(args: &[&str]) -> Run {
+    let output = std::process::Command::new(TUMBLER)
+        .args(args)
+        .env_remove("TUMBLER_NAMESPACE")
+        .output()
+        .unwrap();
+    Run {
+        code: output.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+        stderr: String::from_utf8(output.stderr).unwrap(),
+    }
+}
+
+/// Runs `tumbler <args> --auth-token <token> --addr <server>`.
+async fn authed(server: &TestServer, token: &str, args: &[&str]) -> Run {
+    let mut all = args.to_vec();
+    all.extend(["--auth-token", token]);
+    tumbler(server, &all).await
+}
+
+/// The token on `tumbler token`'s comment line.
+fn made_token(run: &Run) -> String {
+    run.stdout
+        .lines()
+        .find_map(|l| l.trim_start_matches('#').trim().strip_prefix("tmb_"))
+        .map(|t| format!("tmb_{t}"))
+        .unwrap_or_else(|| panic!("a token line: {}", run.stdout))
+}
+
+#[tokio::test]
+async fn token_entries_are_read_by_the_server_and_grant_what_they_say() {
+    // A name that needs quoting, two namespaces (one a prefix), a client.
+    let client = offline(&[
+        "token",
+        "--name",
+        "ci \"nightly\" \\ builds",
+        "--namespace",
+        "builds",
+        "--namespace",
+        "b-*",
+    ]);
+    assert_eq!(client.code, 0, "{}", client.stderr);
+    let client_token = made_token(&client);
+    // An admin, for a token it was given; `-o json` changes nothing.
+    let admin = offline(&[
+        "token",
+        "--name",
+        "ops",
+        "--namespace",
+        "*",
+        "--role",
+        "admin",
+        "--existing",
+        "ops-secret",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(admin.code, 0, "{}", admin.stderr);
+    assert!(
+        admin.stdout.contains("#   ops-secret\n"),
+        "{}",
+        admin.stdout
+    );
+    assert!(admin.stdout.contains("[[token]]\n"), "{}", admin.stdout);
+    assert!(
+        admin.stdout.contains("role = \"admin\"\n"),
+        "{}",
+        admin.stdout
+    );
+    // The file keeps digests only.
+    assert!(!client.stdout.contains(&format!("\"{client_token}\"")));
+    assert!(!admin.stdout.contains("\"ops-secret\""));
+
+    let redis = start_redis();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.toml");
+    std::fs::write(&path, format!("{}{}", client.stdout, admin.stdout)).unwrap();
+    let args = tumbler::config::ServiceArgs {
+        auth: tumbler::config::AuthArgs {
+            auth_tokens_file: Some(path.clone()),
+            no_auth: false,
+            auth_reload_interval_ms: 100,
+        },
+        ..service_args()
+    };
+    let server = TestServer::start_with(&redis.url(), args).await;
+    for namespace in ["builds", "b-nightly"] {
+        let held = authed(
+            &server,
+            &client_token,
+            &["acquire", "-n", namespace, "main"],
+        )
+        .await;
+        assert_eq!(held.code, 0, "{namespace}: {}", held.stderr);
+    }
+    let elsewhere = authed(
+        &server,
+        &client_token,
+        &["inspect", "-n", "deploys", "main"],
+    )
+    .await;
+    assert_eq!(elsewhere.code, 77, "{}", elsewhere.stderr);
+    assert!(elsewhere.stderr.contains("PERMISSION_DENIED"));
+    let not_admin = authed(&server, &client_token, &["clear", "-n", "builds", "--yes"]).await;
+    assert_eq!(not_admin.code, 77, "{}", not_admin.stderr);
+    let cleared = authed(&server, "ops-secret", &["clear", "-n", "builds", "--yes"]).await;
+    assert_eq!(cleared.code, 0, "{}", cleared.stderr);
+    let unknown = authed(&server, "not-a-token", &["inspect", "-n", "builds", "main"]).await;
+    assert_eq!(unknown.code, 77, "{}", unknown.stderr);
+    assert!(unknown.stderr.contains("UNAUTHENTICATED"));
+}
+
+#[test]
+fn the_tokens_file_help_names_the_command_that_makes_entries() {
+    let help = offline(&["serve", "--help"]);
+    assert_eq!(help.code, 0);
+    let (_, after) = help
+        .stdout
+        .split_once("--auth-tokens-file <")
+        .expect("serve --help describes --auth-tokens-file");
+    let named = after.split('`').nth(1).expect("the help quotes a command");
+    assert!(named.starts_with("tumbler token --name"), "{named}");
+    // The command it names runs, as named (with a namespace filled in).
+    let words: Vec<&str> = named
+        .split_whitespace()
+        .skip(1)
+        .map(|w| match w {
+            "NAME" => "ci",
+            "NS" => "builds",
+            other => other,
+        })
+        .collect();
+    let made = offline(&words);
+    assert_eq!(made.code, 0, "{named}: {}", made.stderr);
+    assert!(made.stdout.contains("[[token]]"), "{}", made.stdout);
 }

@@ -1,6 +1,9 @@
-//! `tumbler token`: make a bearer token and its tokens-file entry.
+//! `tumbler token`: make a bearer token and its tokens-file entry. The
+//! entry is a [`TokensFile`] serialized with `toml`, in the shape the
+//! server's tokens file (`auth.rs`) reads: one `[[token]]` table.
 
 use clap::Args;
+use serde::Serialize;
 
 use super::output::write_stdout;
 use super::{Failure, Globals, exit};
@@ -19,6 +22,21 @@ pub struct TokenArgs {
     pub existing: Option<String>,
 }
 
+/// A tokens file holding one entry: `[[token]]`.
+#[derive(Serialize)]
+struct TokensFile<'a> {
+    token: [Entry<'a>; 1],
+}
+
+/// One `[[token]]` table: the token's digest, never the token.
+#[derive(Serialize)]
+struct Entry<'a> {
+    name: &'a str,
+    sha256: String,
+    role: &'a str,
+    namespaces: &'a [String],
+}
+
 /// Prints the token and its TOML entry (TOML whatever `-o` says: it goes
 /// into the tokens file). The namespaces are the `--namespace` flags, each
 /// a name, a `prefix*` or `*`.
@@ -28,29 +46,22 @@ pub fn run(args: TokenArgs, globals: &Globals) -> Result<u8, Failure> {
             "token: name at least one --namespace the token may act in (`prefix*` and `*` work)",
         ));
     }
+    let internal = |e: String| Failure::Status(tonic::Status::internal(e));
     let token = match args.existing {
         Some(token) => token,
-        None => crate::auth::new_token()
-            .map_err(|e| Failure::Status(tonic::Status::internal(e.to_string())))?,
+        None => crate::auth::new_token().map_err(|e| internal(e.to_string()))?,
     };
-    let namespaces = globals
-        .namespace
-        .iter()
-        .map(|n| format!("{n:?}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let text = format!(
-        "# token (give this to the client; it is not stored anywhere):\n\
-         #   {token}\n\
-         [[token]]\n\
-         name = {:?}\n\
-         sha256 = \"{}\"\n\
-         role = \"{}\"\n\
-         namespaces = [{namespaces}]\n",
-        args.name,
-        crate::auth::token_digest(&token),
-        args.role
-    );
-    write_stdout(&text)?;
+    let entry = toml::to_string(&TokensFile {
+        token: [Entry {
+            name: &args.name,
+            sha256: crate::auth::token_digest(&token),
+            role: &args.role,
+            namespaces: &globals.namespace,
+        }],
+    })
+    .map_err(|e| internal(format!("cannot write the tokens-file entry: {e}")))?;
+    write_stdout(&format!(
+        "# token (give this to the client; it is not stored anywhere):\n#   {token}\n{entry}"
+    ))?;
     Ok(exit::SUCCESS)
 }
