@@ -126,7 +126,11 @@ async fn serve_connection(
 }
 
 async fn metrics_page(State(http): State<Http>) -> impl IntoResponse {
-    let body = crate::observe::render(&http.metrics, &http.engine);
+    let body = crate::observe::render(
+        &http.metrics,
+        http.engine.waiters().len(),
+        http.engine.sessions().len(),
+    );
     (
         [(
             header::CONTENT_TYPE,

@@ -28,9 +28,6 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tonic::Code;
 use tracing::Instrument;
 
-use crate::engine::keys::Layout;
-use crate::engine::{AcquireOutcome, AcquireRequest, ExtendOutcome, LockId, ReleaseOutcome};
-
 /// The gRPC path prefix of the lock service's methods.
 const SERVICE_PATH: &str = "/tumbler.v1.LockService/";
 
@@ -145,7 +142,7 @@ pub fn enable_rpc_spans() {
     TRACING.store(true, Ordering::Relaxed);
 }
 
-fn rpc_spans() -> bool {
+pub fn rpc_spans() -> bool {
     TRACING.load(Ordering::Relaxed)
 }
 
@@ -162,7 +159,7 @@ static RECORDER: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 /// a no-op (the `metrics` facade has no recorder), so the kept handles
 /// below are only taken once it is: a handle taken before would stay a
 /// no-op for good.
-fn recording() -> bool {
+pub fn recording() -> bool {
     RECORDER.get().is_some_and(Result::is_ok)
 }
 
@@ -264,9 +261,11 @@ fn describe() {
 
 /// Renders the current metrics in the Prometheus text format, after
 /// setting the gauges that are read rather than counted.
-pub fn render(handle: &PrometheusHandle, engine: &crate::engine::LockEngine) -> String {
-    gauge!("tumbler_waiters").set(engine.waiters().len() as f64);
-    gauge!("tumbler_session_grants").set(engine.sessions().len() as f64);
+/// `waiters`: waiting RPCs on this replica; `session_grants`: grants its
+/// sessions hold.
+pub fn render(handle: &PrometheusHandle, waiters: usize, session_grants: usize) -> String {
+    gauge!("tumbler_waiters").set(waiters as f64);
+    gauge!("tumbler_session_grants").set(session_grants as f64);
     process_collector().collect();
     handle.render()
 }
@@ -304,7 +303,7 @@ pub fn redis_error(kind: &'static str) {
 
 /// The metric handles of one `kind` label value, each registered at its
 /// first use and kept.
-struct KindMetrics {
+pub struct KindMetrics {
     label: String,
     /// By outcome: acquired, already_held, busy, timeout.
     outcomes: [OnceLock<Counter>; 4],
@@ -322,19 +321,19 @@ impl KindMetrics {
         }
     }
 
-    fn outcome(&self, index: usize, outcome: &'static str) -> &Counter {
+    pub fn outcome(&self, index: usize, outcome: &'static str) -> &Counter {
         self.outcomes[index].get_or_init(|| {
             counter!("tumbler_acquire_outcomes_total", "kind" => self.label.clone(), "outcome" => outcome)
         })
     }
 
-    fn wait(&self) -> &Histogram {
+    pub fn wait(&self) -> &Histogram {
         self.wait.get_or_init(
             || histogram!("tumbler_acquire_wait_seconds", "kind" => self.label.clone()),
         )
     }
 
-    fn hold(&self) -> &Histogram {
+    pub fn hold(&self) -> &Histogram {
         self.hold
             .get_or_init(|| histogram!("tumbler_hold_seconds", "kind" => self.label.clone()))
     }
@@ -342,7 +341,7 @@ impl KindMetrics {
 
 /// `kind`'s metrics: under its own label for the first [`MAX_KINDS`]
 /// distinct kinds this process sees, under `other` after that.
-fn kind_metrics(kind: &str) -> &'static KindMetrics {
+pub fn kind_metrics(kind: &str) -> &'static KindMetrics {
     static SEEN: OnceLock<RwLock<HashMap<String, &'static KindMetrics>>> = OnceLock::new();
     static OTHER: OnceLock<KindMetrics> = OnceLock::new();
     let seen = SEEN.get_or_init(Default::default);
@@ -376,7 +375,7 @@ fn kind_label(kind: &str) -> &'static str {
 
 /// Sets an attribute on the current span's OpenTelemetry span (a no-op
 /// when export is off).
-fn span_attribute(key: &'static str, value: impl Into<opentelemetry::Value>) {
+pub fn span_attribute(key: &'static str, value: impl Into<opentelemetry::Value>) {
     use tracing_opentelemetry::OpenTelemetrySpanExt;
     if rpc_spans() {
         tracing::Span::current().set_attribute(key, value);
@@ -385,133 +384,14 @@ fn span_attribute(key: &'static str, value: impl Into<opentelemetry::Value>) {
 
 /// Fills the lock fields the handler's span declares (Acquire records its
 /// own before calling the engine), when the handler opened one.
-fn record_lock(lock: &LockId, holder: &str) {
+pub fn record_lock(namespace: &str, lock_name: &str, holder: &str) {
     let span = tracing::Span::current();
     if span.is_disabled() {
         return;
     }
-    span.record("namespace", lock.namespace.as_str());
-    span.record("lock_name", lock.name.as_str());
+    span.record("namespace", namespace);
+    span.record("lock_name", lock_name);
     span.record("holder", holder);
-}
-
-/// Before a waiting Acquire goes to the engine: the request joins the
-/// lock's queue unless a permit is free for it at once.
-pub fn acquire_waiting(layout: &Layout, req: &AcquireRequest) {
-    if req.wait.is_zero() || !tracing::enabled!(tracing::Level::DEBUG) {
-        return;
-    }
-    let keys = layout.lock_keys(&req.lock.namespace, &req.lock.name);
-    tracing::debug!(
-        lock_key = %keys.queue,
-        acq_id = %req.holder,
-        queue_ttl = req.queue_ttl_ms,
-        wait_ms = req.wait.as_millis() as u64,
-        priority = req.priority,
-        fair = req.fair,
-        "lock request waiting (enqueued unless a permit is free)"
-    );
-}
-
-/// An Acquire answered by the engine after `elapsed`.
-pub fn acquired(
-    layout: &Layout,
-    req: &AcquireRequest,
-    outcome: &AcquireOutcome,
-    elapsed: Duration,
-) {
-    let (index, label, grant) = match outcome {
-        AcquireOutcome::Acquired { grant, .. } => (0, "acquired", Some(grant)),
-        AcquireOutcome::AlreadyHeld { grant, .. } => (1, "already_held", Some(grant)),
-        AcquireOutcome::Busy { .. } => (2, "busy", None),
-        AcquireOutcome::TimedOut { .. } => (3, "timeout", None),
-    };
-    let kind = kind_metrics(&req.kind);
-    if recording() {
-        kind.outcome(index, label).increment(1);
-        if !req.wait.is_zero() {
-            kind.wait().record(elapsed.as_secs_f64());
-        }
-    }
-
-    if rpc_spans() {
-        span_attribute("tumbler.kind", req.kind.clone());
-        span_attribute("tumbler.status", label);
-        span_attribute("tumbler.wait_ms", elapsed.as_millis() as i64);
-        if let Some(grant) = grant {
-            span_attribute("tumbler.fencing_token", grant.fencing_token as i64);
-        }
-    }
-
-    if !tracing::enabled!(tracing::Level::DEBUG) {
-        return;
-    }
-    let lock_key = layout.lock_keys(&req.lock.namespace, &req.lock.name).lock;
-    // Milliseconds, to the microsecond.
-    let acq_time = elapsed.as_micros() as f64 / 1000.0;
-    match outcome {
-        AcquireOutcome::Acquired { grant, holders }
-        | AcquireOutcome::AlreadyHeld { grant, holders } => {
-            tracing::debug!(
-                %lock_key,
-                acq_id = %grant.holder,
-                token = grant.fencing_token,
-                slot = grant.slot,
-                ttl = grant.ttl_ms,
-                holders,
-                kind = %grant.kind,
-                acq_time,
-                "{}",
-                if label == "acquired" { "lock obtained" } else { "lock already held by this holder" }
-            );
-        }
-        AcquireOutcome::Busy { holders, .. } => tracing::debug!(
-            %lock_key,
-            acq_id = %req.holder,
-            holders,
-            "lock busy (tried once)"
-        ),
-        AcquireOutcome::TimedOut {
-            holders, position, ..
-        } => tracing::debug!(
-            %lock_key,
-            acq_id = %req.holder,
-            queue_ttl = req.queue_ttl_ms,
-            position,
-            holders,
-            acq_time,
-            "lock request timed out"
-        ),
-    }
-}
-
-/// A Release answered by the engine.
-pub fn released(
-    layout: &Layout,
-    lock: &LockId,
-    holder: &str,
-    token: Option<u64>,
-    outcome: ReleaseOutcome,
-) {
-    let label = match &outcome {
-        ReleaseOutcome::Released { kind, held_ms } => {
-            let kind = kind_metrics(kind);
-            if recording() {
-                kind.hold().record(*held_ms as f64 / 1000.0);
-            }
-            "released"
-        }
-        ReleaseOutcome::NotHeld => "not_held",
-    };
-    record_lock(lock, holder);
-    span_attribute("tumbler.status", label);
-    if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).lock;
-        tracing::debug!(%lock_key, acq_id = %holder, token, "{}", match outcome {
-            ReleaseOutcome::Released { .. } => "lock released",
-            ReleaseOutcome::NotHeld => "release of a lock not held",
-        });
-    }
 }
 
 /// One round of the background reaper on this replica.
@@ -524,42 +404,16 @@ pub fn reaper_lock_unavailable() {
     counter!("tumbler_reaper_lock_unavailable_total").increment(1);
 }
 
-/// What one namespace's reap by the background reaper removed.
-pub fn reaped(counts: &crate::engine::ReapCounts) {
+/// What one namespace's reap by the background reaper removed: expired
+/// holders, dead waiters, stale index entries.
+pub fn reaped(expired_holders: u64, dead_waiters: u64, stale_index_entries: u64) {
     for (what, n) in [
-        ("expired_holders", counts.expired_holders),
-        ("dead_waiters", counts.dead_waiters),
-        ("stale_index_entries", counts.stale_index_entries),
+        ("expired_holders", expired_holders),
+        ("dead_waiters", dead_waiters),
+        ("stale_index_entries", stale_index_entries),
     ] {
         if n > 0 {
             counter!("tumbler_reaped_total", "what" => what).increment(n);
-        }
-    }
-}
-
-/// An Extend answered by the engine.
-pub fn extended(layout: &Layout, lock: &LockId, holder: &str, outcome: &ExtendOutcome) {
-    let label = match outcome {
-        ExtendOutcome::Extended(_) => "extended",
-        ExtendOutcome::NotHeld => "not_held",
-    };
-    record_lock(lock, holder);
-    span_attribute("tumbler.status", label);
-    if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).lock;
-        match outcome {
-            ExtendOutcome::Extended(grant) => tracing::debug!(
-                %lock_key,
-                acq_id = %holder,
-                token = grant.fencing_token,
-                slot = grant.slot,
-                ttl = grant.ttl_ms,
-                expires_at_ms = grant.expires_at_ms,
-                "lock extended"
-            ),
-            ExtendOutcome::NotHeld => {
-                tracing::debug!(%lock_key, acq_id = %holder, "extend of a lock not held")
-            }
         }
     }
 }

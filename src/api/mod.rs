@@ -4,6 +4,8 @@
 //! semantics live here.
 
 pub mod convert;
+pub mod report;
+use convert::{LockAt, status_of};
 mod quota;
 mod session;
 pub mod validate;
@@ -23,7 +25,6 @@ use crate::proto::{
     self, AcquireStatus, ExtendStatus, NotAcquiredReason, ReleaseStatus,
     lock_service_server::LockService,
 };
-use crate::store::StoreError;
 use validate::Limits;
 
 /// The service: the shared engine, the request bounds and the open
@@ -191,61 +192,6 @@ fn counters_row(row: engine::MetricsRow) -> proto::MetricsRow {
     }
 }
 
-/// Redis trouble is UNAVAILABLE (retry elsewhere or later; nothing was
-/// granted); a reply the engine cannot read is INTERNAL; full queues are
-/// RESOURCE_EXHAUSTED; a replica shutting down is UNAVAILABLE.
-fn engine_status(err: EngineError) -> Status {
-    status_of(err, None)
-}
-
-/// The lock operation a failure happened in, for its log line.
-struct LockAt<'a> {
-    rpc: &'static str,
-    lock: &'a LockId,
-    holder: &'a str,
-}
-
-/// [`engine_status`], logging the operation's lock when there is one.
-fn status_of(err: EngineError, at: Option<LockAt<'_>>) -> Status {
-    let rpc = at.as_ref().map(|at| at.rpc);
-    let namespace = at.as_ref().map(|at| at.lock.namespace.as_str());
-    let lock_name = at.as_ref().map(|at| at.lock.name.as_str());
-    let holder = at.as_ref().map(|at| at.holder);
-    match err {
-        EngineError::Store(StoreError::Unavailable(detail)) => {
-            tracing::warn!(
-                %detail,
-                rpc,
-                namespace,
-                lock_name,
-                holder,
-                "redis unavailable"
-            );
-            crate::observe::redis_error("unavailable");
-            Status::unavailable(format!("lock store unavailable: {detail}"))
-        }
-        EngineError::Store(StoreError::Protocol(detail)) => {
-            tracing::error!(
-                %detail,
-                rpc,
-                namespace,
-                lock_name,
-                holder,
-                "unexpected redis reply"
-            );
-            crate::observe::redis_error("protocol");
-            Status::internal("lock store answered unexpectedly")
-        }
-        err @ (EngineError::QueueFull(_)
-        | EngineError::TooManyWaiters(_)
-        | EngineError::TooManyInNamespace(_)
-        | EngineError::NamespaceFull) => Status::resource_exhausted(err.to_string()),
-        err @ EngineError::ShuttingDown => Status::unavailable(err.to_string()),
-        err @ EngineError::SessionMoved => Status::aborted(err.to_string()),
-        err @ EngineError::LimitMismatch { .. } => Status::failed_precondition(err.to_string()),
-    }
-}
-
 /// Trailers of an interrupted Clear: what it cleared before it stopped.
 pub const CLEARED_LOCKS: &str = "tumbler-locks-cleared";
 pub const CLEARED_GRANTS: &str = "tumbler-grants-released";
@@ -399,12 +345,12 @@ impl LockApi {
         }
 
         let _waiting = self.waiter_slot(&access, &acquire)?;
-        crate::observe::acquire_waiting(self.engine.layout(), &acquire);
+        report::acquire_waiting(self.engine.layout(), &acquire);
         let started = std::time::Instant::now();
         let outcome = self.engine.acquire(&acquire).await.map_err(|e| {
             self.failed("Acquire", &acquire.lock, &acquire.holder, &acquire.kind, e)
         })?;
-        crate::observe::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
+        report::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
         let reply = acquire_reply(outcome);
         tracing::debug!(status = ?reply.status(), "acquire answered");
         Ok(Response::new(reply))
@@ -429,7 +375,7 @@ impl LockApi {
             ReleaseOutcome::Released { .. } => ReleaseStatus::Released,
             ReleaseOutcome::NotHeld => ReleaseStatus::NotHeld,
         };
-        crate::observe::released(self.engine.layout(), &lock, &holder, token, outcome);
+        report::released(self.engine.layout(), &lock, &holder, token, outcome);
         Ok(Response::new(proto::ReleaseResponse {
             status: status.into(),
         }))
@@ -458,7 +404,7 @@ impl LockApi {
             )
             .await
             .map_err(|e| self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e))?;
-        crate::observe::extended(self.engine.layout(), &lock, &holder, &outcome);
+        report::extended(self.engine.layout(), &lock, &holder, &outcome);
         let reply = match outcome {
             ExtendOutcome::Extended(grant) => proto::ExtendResponse {
                 status: ExtendStatus::Extended.into(),
@@ -532,7 +478,7 @@ impl LockService for LockApi {
         let req = request.into_inner();
         let lock = lock_id(&req.namespace, &req.name)?;
         access.read(&lock.namespace)?;
-        let state = self.engine.inspect(&lock).await.map_err(engine_status)?;
+        let state = self.engine.inspect(&lock).await.map_err(Status::from)?;
         let now_ms = state.now_ms;
         Ok(Response::new(proto::InspectResponse {
             namespace: lock.namespace,
@@ -561,11 +507,7 @@ impl LockService for LockApi {
         let lock = lock_id(&req.namespace, &req.name)?;
         access.read(&lock.namespace)?;
         let most = validate::max_entries(req.max_entries)?;
-        let state = self
-            .engine
-            .queue(&lock, most)
-            .await
-            .map_err(engine_status)?;
+        let state = self.engine.queue(&lock, most).await.map_err(Status::from)?;
         Ok(Response::new(proto::QueueResponse {
             namespace: lock.namespace,
             name: lock.name,
@@ -604,7 +546,7 @@ impl LockService for LockApi {
             .engine
             .list(&namespace, &prefix, page_size, from, req.only_waiting)
             .await
-            .map_err(engine_status)?;
+            .map_err(Status::from)?;
         Ok(Response::new(proto::ListResponse {
             locks: page
                 .locks
@@ -632,7 +574,7 @@ impl LockService for LockApi {
         request: Request<proto::ListNamespacesRequest>,
     ) -> Result<Response<proto::ListNamespacesResponse>, Status> {
         let access = Access::of(&request)?;
-        let mut namespaces = self.engine.namespaces().await.map_err(engine_status)?;
+        let mut namespaces = self.engine.namespaces().await.map_err(Status::from)?;
         namespaces.retain(|namespace| access.lists(namespace));
         namespaces.sort();
         Ok(Response::new(proto::ListNamespacesResponse { namespaces }))
@@ -658,7 +600,7 @@ impl LockService for LockApi {
             .engine
             .reap(&namespace, older_than)
             .await
-            .map_err(engine_status)?;
+            .map_err(Status::from)?;
         tracing::info!(
             %namespace,
             by = access.who(),
@@ -704,7 +646,7 @@ impl LockService for LockApi {
             "{}",
             if error.is_some() { "namespace clear interrupted" } else { "namespace cleared" }
         );
-        result.map_err(|err| clear_interrupted(engine_status(err), &counts))?;
+        result.map_err(|err| clear_interrupted(Status::from(err), &counts))?;
         Ok(Response::new(proto::ClearResponse {
             locks_cleared: counts.locks,
             grants_released: counts.grants,
@@ -731,7 +673,7 @@ impl LockService for LockApi {
             .engine
             .metrics(&namespace, from_ms, to_ms, kind.as_deref())
             .await
-            .map_err(engine_status)?;
+            .map_err(Status::from)?;
         Ok(Response::new(proto::MetricsResponse {
             minutes: report.minutes.into_iter().map(counters_row).collect(),
             totals: report.totals.into_iter().map(counters_row).collect(),
@@ -789,14 +731,14 @@ impl LockService for LockApi {
         self.engine
             .announce_watch(&namespace)
             .await
-            .map_err(|e| engine_status(e.into()))?;
+            .map_err(|e| Status::from(EngineError::from(e)))?;
         // The state is read once the watcher is registered and announced:
         // whatever changes meanwhile arrives as events after it.
         let state = if req.initial_state {
             self.engine
                 .watch_state(&state_filter)
                 .await
-                .map_err(engine_status)?
+                .map_err(Status::from)?
         } else {
             Vec::new()
         };

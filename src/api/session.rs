@@ -34,7 +34,7 @@ use tonic::{Response, Status, Streaming};
 use tracing::Instrument;
 
 use super::quota::QuotaSlot;
-use super::{LockApi, StreamSlot, acquire_reply, engine_status, lock_id, validate};
+use super::{LockApi, StreamSlot, acquire_reply, lock_id, validate};
 use crate::auth::LiveAccess;
 use crate::engine::resume::{RESUME_GRACE, ResumeError, SessionEnd};
 use crate::engine::sessions::{LOST_SESSION_ENDED, LostGrant};
@@ -108,7 +108,7 @@ pub async fn open(
                 .engine
                 .open_session(&owner, ttl_ms)
                 .await
-                .map_err(engine_status)?;
+                .map_err(Status::from)?;
             Opened {
                 session: ticket.id,
                 epoch: ticket.epoch,
@@ -133,7 +133,7 @@ pub async fn open(
                         tracing::info!(%session, token = %owner, "session resume refused");
                         Status::permission_denied(format!("resume: {err}"))
                     }
-                    ResumeError::Engine(err) => engine_status(err),
+                    ResumeError::Engine(err) => Status::from(err),
                 })?;
             tracing::info!(%session, kept = resumed.kept.len(), lost = resumed.lost.len(), "session resumed");
             let grants = resumed
@@ -401,7 +401,7 @@ impl Driver {
                             request_id: id,
                             response: Some(acquire_reply(outcome)),
                         }),
-                        Err(err) => refused(id, engine_status(err)),
+                        Err(err) => refused(id, Status::from(err)),
                     }
                 });
                 None
@@ -439,7 +439,7 @@ impl Driver {
                                 }),
                             })
                         }
-                        Err(err) => refused(id, engine_status(err)),
+                        Err(err) => refused(id, Status::from(err)),
                     }
                 });
                 None

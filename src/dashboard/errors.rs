@@ -117,7 +117,7 @@ impl From<tonic::Status> for ApiError {
 /// the engine cannot read is not described to the caller.
 impl From<EngineError> for ApiError {
     fn from(err: EngineError) -> Self {
-        let (code, message) = crate::api::convert::describe(err, "dashboard");
+        let (code, message) = crate::api::convert::describe(err, "dashboard", None);
         ApiError::new(code, message)
     }
 }

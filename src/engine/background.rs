@@ -290,7 +290,11 @@ impl LockEngine {
     async fn reap_everything(&self) {
         match self.reap_matching(None, None).await {
             Ok(counts) => {
-                crate::observe::reaped(&counts);
+                crate::observe::reaped(
+                    counts.expired_holders,
+                    counts.dead_waiters,
+                    counts.stale_index_entries,
+                );
                 if counts.removed_any() {
                     tracing::info!(
                         expired_holders = counts.expired_holders,
