@@ -1,11 +1,14 @@
-//! Engine values across the gRPC boundary. Errors: the gRPC code of each
+//! Engine values across the gRPC boundary: outcomes, grants, metrics rows
+//! and lock events into their proto messages (one `From` each), and
+//! errors. Errors: the gRPC code of each
 //! engine error kind is the one table ([`code`]; the dashboard turns these
 //! codes into HTTP statuses), and [`describe`] is where Redis trouble is
 //! logged and counted, once, whichever transport answers.
 
 use tonic::{Code, Status};
 
-use crate::engine::{EngineError, ErrorKind, LockId};
+use crate::engine::{self, AcquireOutcome, EngineError, ErrorKind, LockId};
+use crate::proto::{self, AcquireStatus, NotAcquiredReason};
 
 /// The gRPC code of an engine error kind.
 pub fn code(kind: ErrorKind) -> Code {
@@ -65,5 +68,101 @@ pub fn status_of(err: EngineError, at: Option<LockAt<'_>>) -> Status {
 impl From<EngineError> for Status {
     fn from(err: EngineError) -> Status {
         status_of(err, None)
+    }
+}
+
+impl From<engine::MetricsRow> for proto::MetricsRow {
+    fn from(row: engine::MetricsRow) -> Self {
+        let c = row.counters;
+        proto::MetricsRow {
+            minute_ms: row.minute_ms,
+            kind: row.kind,
+            acquired: c.acquired,
+            denied: c.denied,
+            timed_out: c.timed_out,
+            released: c.released,
+            extended: c.extended,
+            expired: c.expired,
+            reaped: c.reaped,
+            errors: c.errors,
+            cleared: c.cleared,
+        }
+    }
+}
+
+impl From<AcquireOutcome> for proto::AcquireResponse {
+    fn from(outcome: AcquireOutcome) -> Self {
+        match outcome {
+            AcquireOutcome::Acquired { grant, holders } => proto::AcquireResponse {
+                status: AcquireStatus::Acquired.into(),
+                grant: Some(grant.into()),
+                holders,
+                ..Default::default()
+            },
+            AcquireOutcome::AlreadyHeld { grant, holders } => proto::AcquireResponse {
+                status: AcquireStatus::AlreadyHeld.into(),
+                grant: Some(grant.into()),
+                holders,
+                ..Default::default()
+            },
+            AcquireOutcome::Busy {
+                holders,
+                next_expiry_at_ms,
+            } => proto::AcquireResponse {
+                status: AcquireStatus::NotAcquired.into(),
+                reason: NotAcquiredReason::Busy.into(),
+                holders,
+                next_expiry_at_ms,
+                ..Default::default()
+            },
+            AcquireOutcome::TimedOut {
+                holders,
+                next_expiry_at_ms,
+                position,
+            } => proto::AcquireResponse {
+                status: AcquireStatus::NotAcquired.into(),
+                reason: NotAcquiredReason::Timeout.into(),
+                holders,
+                next_expiry_at_ms,
+                queue_position: position,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl From<engine::Grant> for proto::Grant {
+    fn from(grant: engine::Grant) -> Self {
+        proto::Grant {
+            holder: grant.holder,
+            fencing_token: grant.fencing_token,
+            slot: grant.slot,
+            acquired_at_ms: grant.acquired_at_ms,
+            expires_at_ms: grant.expires_at_ms,
+            ttl_ms: grant.ttl_ms,
+            kind: grant.kind,
+            metadata: grant.metadata.into_iter().collect(),
+        }
+    }
+}
+
+impl From<engine::watchers::LockEvent> for proto::LockEvent {
+    fn from(e: engine::watchers::LockEvent) -> Self {
+        proto::LockEvent {
+            namespace: e.namespace,
+            name: e.name,
+            event: e.event,
+            holder: e.holder,
+            fencing_token: e.fencing_token,
+            at_ms: e.at_ms,
+            slot: e.slot,
+            kind: e.kind,
+            metadata: e.metadata.into_iter().collect(),
+            ttl_ms: e.ttl_ms,
+            expires_at_ms: e.expires_at_ms,
+            acquired_at_ms: e.acquired_at_ms,
+            hold_ms: e.hold_ms,
+            actor: e.actor,
+        }
     }
 }

@@ -18,13 +18,8 @@ use tracing::Instrument;
 
 use crate::auth::{Access, LiveAccess};
 use crate::config::TransportLimits;
-use crate::engine::{
-    self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome,
-};
-use crate::proto::{
-    self, AcquireStatus, ExtendStatus, NotAcquiredReason, ReleaseStatus,
-    lock_service_server::LockService,
-};
+use crate::engine::{self, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome};
+use crate::proto::{self, ExtendStatus, ReleaseStatus, lock_service_server::LockService};
 use validate::Limits;
 
 /// The service: the shared engine, the request bounds and the open
@@ -175,23 +170,6 @@ impl LockApi {
     }
 }
 
-fn counters_row(row: engine::MetricsRow) -> proto::MetricsRow {
-    let c = row.counters;
-    proto::MetricsRow {
-        minute_ms: row.minute_ms,
-        kind: row.kind,
-        acquired: c.acquired,
-        denied: c.denied,
-        timed_out: c.timed_out,
-        released: c.released,
-        extended: c.extended,
-        expired: c.expired,
-        reaped: c.reaped,
-        errors: c.errors,
-        cleared: c.cleared,
-    }
-}
-
 /// Trailers of an interrupted Clear: what it cleared before it stopped.
 pub const CLEARED_LOCKS: &str = "tumbler-locks-cleared";
 pub const CLEARED_GRANTS: &str = "tumbler-grants-released";
@@ -256,58 +234,6 @@ fn lock_id_owned(namespace: String, name: String) -> Result<LockId, Status> {
     })
 }
 
-fn acquire_reply(outcome: AcquireOutcome) -> proto::AcquireResponse {
-    match outcome {
-        AcquireOutcome::Acquired { grant, holders } => proto::AcquireResponse {
-            status: AcquireStatus::Acquired.into(),
-            grant: Some(grant_reply(grant)),
-            holders,
-            ..Default::default()
-        },
-        AcquireOutcome::AlreadyHeld { grant, holders } => proto::AcquireResponse {
-            status: AcquireStatus::AlreadyHeld.into(),
-            grant: Some(grant_reply(grant)),
-            holders,
-            ..Default::default()
-        },
-        AcquireOutcome::Busy {
-            holders,
-            next_expiry_at_ms,
-        } => proto::AcquireResponse {
-            status: AcquireStatus::NotAcquired.into(),
-            reason: NotAcquiredReason::Busy.into(),
-            holders,
-            next_expiry_at_ms,
-            ..Default::default()
-        },
-        AcquireOutcome::TimedOut {
-            holders,
-            next_expiry_at_ms,
-            position,
-        } => proto::AcquireResponse {
-            status: AcquireStatus::NotAcquired.into(),
-            reason: NotAcquiredReason::Timeout.into(),
-            holders,
-            next_expiry_at_ms,
-            queue_position: position,
-            ..Default::default()
-        },
-    }
-}
-
-fn grant_reply(grant: engine::Grant) -> proto::Grant {
-    proto::Grant {
-        holder: grant.holder,
-        fencing_token: grant.fencing_token,
-        slot: grant.slot,
-        acquired_at_ms: grant.acquired_at_ms,
-        expires_at_ms: grant.expires_at_ms,
-        ttl_ms: grant.ttl_ms,
-        kind: grant.kind,
-        metadata: grant.metadata.into_iter().collect(),
-    }
-}
-
 /// Whether the lock operations' handlers (Acquire, Release, Extend) open
 /// their span: when spans are exported, or when debug logging is on (the
 /// handlers' debug lines then carry the lock from it). At the default
@@ -351,7 +277,7 @@ impl LockApi {
             self.failed("Acquire", &acquire.lock, &acquire.holder, &acquire.kind, e)
         })?;
         report::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
-        let reply = acquire_reply(outcome);
+        let reply = proto::AcquireResponse::from(outcome);
         tracing::debug!(status = ?reply.status(), "acquire answered");
         Ok(Response::new(reply))
     }
@@ -408,7 +334,7 @@ impl LockApi {
         let reply = match outcome {
             ExtendOutcome::Extended(grant) => proto::ExtendResponse {
                 status: ExtendStatus::Extended.into(),
-                grant: Some(grant_reply(grant)),
+                grant: Some(grant.into()),
             },
             ExtendOutcome::NotHeld => proto::ExtendResponse {
                 status: ExtendStatus::NotHeld.into(),
@@ -491,7 +417,7 @@ impl LockService for LockApi {
                 .into_iter()
                 .map(|grant| proto::HolderInfo {
                     remaining_ms: grant.expires_at_ms - now_ms,
-                    grant: Some(grant_reply(grant)),
+                    grant: Some(grant.into()),
                 })
                 .collect(),
         }))
@@ -675,9 +601,17 @@ impl LockService for LockApi {
             .await
             .map_err(Status::from)?;
         Ok(Response::new(proto::MetricsResponse {
-            minutes: report.minutes.into_iter().map(counters_row).collect(),
-            totals: report.totals.into_iter().map(counters_row).collect(),
-            overall: Some(counters_row(report.overall)),
+            minutes: report
+                .minutes
+                .into_iter()
+                .map(proto::MetricsRow::from)
+                .collect(),
+            totals: report
+                .totals
+                .into_iter()
+                .map(proto::MetricsRow::from)
+                .collect(),
+            overall: Some(report.overall.into()),
             from_ms,
             to_ms,
         }))
@@ -751,7 +685,7 @@ impl LockService for LockApi {
             async move {
                 let _held = (guard, share, slot);
                 for event in state {
-                    if out.send(Ok(lock_event(event))).await.is_err() {
+                    if out.send(Ok(event.into())).await.is_err() {
                         return;
                     }
                 }
@@ -759,7 +693,7 @@ impl LockService for LockApi {
                     tokio::select! {
                         event = events.recv() => match event {
                             Some(event) => {
-                                if out.send(Ok(lock_event(event))).await.is_err() {
+                                if out.send(Ok(event.into())).await.is_err() {
                                     return;
                                 }
                             }
@@ -795,26 +729,6 @@ impl LockService for LockApi {
 
 /// Events a watcher may leave unread before it is dropped.
 const WATCH_BUFFER: usize = 256;
-
-/// A watcher's event as the RPC's stream item.
-fn lock_event(e: engine::watchers::LockEvent) -> proto::LockEvent {
-    proto::LockEvent {
-        namespace: e.namespace,
-        name: e.name,
-        event: e.event,
-        holder: e.holder,
-        fencing_token: e.fencing_token,
-        at_ms: e.at_ms,
-        slot: e.slot,
-        kind: e.kind,
-        metadata: e.metadata.into_iter().collect(),
-        ttl_ms: e.ttl_ms,
-        expires_at_ms: e.expires_at_ms,
-        acquired_at_ms: e.acquired_at_ms,
-        hold_ms: e.hold_ms,
-        actor: e.actor,
-    }
-}
 
 /// This replica's clock in Unix ms (only to default a metrics range).
 fn unix_ms() -> i64 {

@@ -34,7 +34,7 @@ use tonic::{Response, Status, Streaming};
 use tracing::Instrument;
 
 use super::quota::QuotaSlot;
-use super::{LockApi, StreamSlot, acquire_reply, lock_id, validate};
+use super::{LockApi, StreamSlot, lock_id, validate};
 use crate::auth::LiveAccess;
 use crate::engine::resume::{RESUME_GRACE, ResumeError, SessionEnd};
 use crate::engine::sessions::{LOST_SESSION_ENDED, LostGrant};
@@ -399,7 +399,7 @@ impl Driver {
                     {
                         Ok(outcome) => Event::Acquired(proto::SessionAcquired {
                             request_id: id,
-                            response: Some(acquire_reply(outcome)),
+                            response: Some(outcome.into()),
                         }),
                         Err(err) => refused(id, Status::from(err)),
                     }
