@@ -17,6 +17,12 @@
 //! `cargo bench --bench front` (FRONT_SECONDS=N per measurement, default
 //! 5; FRONT_CLIENTS=N, default 64). Under `cargo test` it runs a smoke
 //! version that only checks numbers come out.
+//!
+//! For an A/B comparison in one run, `FRONT_COMPARE=<tumbler binary>`
+//! adds a second tumbler row (that binary, e.g. one built from another
+//! commit, run with the same flags), and `FRONT_COMPARE_ARGS="--flag v …"`
+//! adds flags to that row (with the same binary when FRONT_COMPARE is
+//! unset): what a change or a setting costs, measured beside the rest.
 
 mod common;
 
@@ -489,6 +495,39 @@ async fn main() {
             etcd: true,
         });
     }
+    // The A/B row (see the head comment), measured last.
+    let compare_bin = std::env::var("FRONT_COMPARE").ok();
+    let compare_args = std::env::var("FRONT_COMPARE_ARGS").unwrap_or_default();
+    let compare = if compare_bin.is_some() || !compare_args.is_empty() {
+        let bin = compare_bin.unwrap_or_else(|| env!("CARGO_BIN_EXE_tumbler").to_owned());
+        let http = format!("127.0.0.1:{}", tumbler::dev::free_port().unwrap());
+        let mut args = vec![
+            "--redis-url",
+            &redis_server.url(),
+            "--auth-tokens-file",
+            &tokens_path,
+            "--http-listen",
+            &http,
+            "--reap-interval-ms",
+            "0",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+        args.extend(compare_args.split_whitespace().map(str::to_owned));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let process = ServeProcess::start_with_args(&bin, &args).await;
+        let label = format!("compare: {bin} {compare_args}");
+        targets.push(Target {
+            label: Box::leak(label.into_boxed_str()),
+            endpoint: process.endpoint.clone(),
+            pid: process.pid(),
+            etcd: false,
+        });
+        Some(process)
+    } else {
+        None
+    };
 
     println!(
         "tumbler front benchmark: {clients} clients, uncontended try-once Acquire + Release pairs, warm-up {warm_up:?}, {window:?} measured; every server its own process; loopback"
@@ -532,7 +571,19 @@ async fn main() {
         tumbler_m.latency.value_at_quantile(0.99) as f64
             / yard.latency.value_at_quantile(0.99).max(1) as f64
     );
-    if let Some((_, etcd_m)) = results.get(2) {
+    if compare.is_some()
+        && let Some((_, compare_m)) = results.last()
+    {
+        println!(
+            "| compare row's own CPU per pair ÷ tumbler's | {:.2} | |",
+            compare_m.server_us() / tumbler_m.server_us()
+        );
+        println!(
+            "| compare row's pairs/s ÷ tumbler's | {:.2} | |",
+            compare_m.rate() / tumbler_m.rate()
+        );
+    }
+    if let Some((_, etcd_m)) = results.get(2).filter(|(t, _)| t.etcd) {
         println!(
             "| tumbler pairs/s ÷ etcd's | {:.2} | ≥ 1.5 |",
             tumbler_m.rate() / etcd_m.rate()

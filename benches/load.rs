@@ -600,7 +600,11 @@ async fn main() {
         .collect();
 
     let redis = RedisServer::start("redis-server").expect("redis-server");
-    let config = ServerConfig::new(redis.url(), &service_args("tumbler", 4)).unwrap();
+    let config = ServerConfig::new(
+        redis.url(),
+        &service_args("tumbler", ServiceArgs::default().redis_connections),
+    )
+    .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(tumbler::server::serve(

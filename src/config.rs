@@ -14,8 +14,12 @@ use crate::tls::TlsArgs;
 /// Settings shared by `tumbler serve` and `tumbler dev`.
 #[derive(Args, Clone, Debug)]
 pub struct ServiceArgs {
-    /// Multiplexed Redis connections in the pool.
-    #[arg(long, env = "TUMBLER_REDIS_CONNECTIONS", default_value_t = 4)]
+    /// Multiplexed Redis connections in the pool. One batches best: the
+    /// calls of concurrent RPCs share its writes and Redis' reads (with 4,
+    /// tumbler spent 12 % and Redis 10 % more CPU per lock, BENCHMARKS.md
+    /// "Lean server path"); more only spread the client-side decoding of
+    /// large replies.
+    #[arg(long, env = "TUMBLER_REDIS_CONNECTIONS", default_value_t = 1)]
     pub redis_connections: u32,
     /// Upper bound for one Redis command, connecting included; past it the
     /// RPC answers UNAVAILABLE.

@@ -594,7 +594,7 @@ def test_config_map_carries_every_setting():
     assert data == {
         "TUMBLER_LISTEN": "0.0.0.0:50051",
         "TUMBLER_HTTP_LISTEN": "0.0.0.0:9090",
-        "TUMBLER_REDIS_CONNECTIONS": "4",
+        "TUMBLER_REDIS_CONNECTIONS": "1",
         "TUMBLER_REDIS_TIMEOUT_MS": "2000",
         "TUMBLER_REDIS_RELOAD_INTERVAL_MS": "10000",
         "TUMBLER_MIN_REPLICAS_ACKED": "0",

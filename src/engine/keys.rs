@@ -88,13 +88,22 @@ impl Layout {
     /// The keys of one lock.
     pub fn lock_keys(&self, namespace: &str, name: &str) -> LockKeys {
         let shard = self.shard_prefix(namespace, self.shard_of(namespace, name));
+        // Concatenated rather than formatted: this runs on every lock
+        // operation.
+        let key = |parts: &[&str]| {
+            let mut key =
+                String::with_capacity(shard.len() + parts.iter().map(|p| p.len()).sum::<usize>());
+            key.push_str(&shard);
+            parts.iter().for_each(|part| key.push_str(part));
+            key
+        };
         LockKeys {
-            lock: format!("{shard}:l:{name}"),
-            queue: format!("{shard}:q:{name}"),
-            deadlines: format!("{shard}:d:{name}"),
-            waiters: format!("{shard}:w:{name}"),
-            fence: format!("{shard}:fence"),
-            live: format!("{shard}:n"),
+            lock: key(&[":l:", name]),
+            queue: key(&[":q:", name]),
+            deadlines: key(&[":d:", name]),
+            waiters: key(&[":w:", name]),
+            fence: key(&[":fence"]),
+            live: key(&[":n"]),
         }
     }
 

@@ -15,10 +15,37 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// Counts not yet written: (namespace, minute ms) → 'kind|event' → n.
+/// Counts not yet written.
 #[derive(Default)]
 pub struct Tally {
-    pending: Mutex<HashMap<(String, i64), HashMap<String, u64>>>,
+    pending: Mutex<Pending>,
+}
+
+/// namespace → minute ms → 'kind|event' → n. Nested by namespace and
+/// field (looked up by `&str`, with `field` as the reused buffer) so that
+/// counting an event already seen this minute allocates nothing: it runs
+/// on every lock operation.
+#[derive(Default)]
+struct Pending {
+    counts: HashMap<String, HashMap<i64, HashMap<String, u64>>>,
+    field: String,
+}
+
+impl Pending {
+    fn add(&mut self, namespace: &str, minute_ms: i64, field: &str, n: u64) {
+        if !self.counts.contains_key(namespace) {
+            self.counts.insert(namespace.to_owned(), HashMap::new());
+        }
+        let minute = (self.counts.get_mut(namespace).expect("inserted above"))
+            .entry(minute_ms)
+            .or_default();
+        match minute.get_mut(field) {
+            Some(count) => *count += n,
+            None => {
+                minute.insert(field.to_owned(), n);
+            }
+        }
+    }
 }
 
 /// One namespace-minute's counts, as written in one call.
@@ -38,35 +65,37 @@ impl Tally {
         }
         let minute = at_ms - at_ms.rem_euclid(MINUTE_MS);
         let mut pending = self.pending.lock().unwrap();
-        *pending
-            .entry((namespace.to_owned(), minute))
-            .or_default()
-            .entry(format!("{kind}|{event}"))
-            .or_default() += n;
+        let mut field = std::mem::take(&mut pending.field);
+        field.clear();
+        field.push_str(kind);
+        field.push('|');
+        field.push_str(event);
+        pending.add(namespace, minute, &field, n);
+        pending.field = field;
     }
 
     /// Everything counted so far, taken out.
     pub fn take(&self) -> Vec<Batch> {
-        let pending = std::mem::take(&mut *self.pending.lock().unwrap());
-        pending
-            .into_iter()
-            .map(|((namespace, minute_ms), counts)| Batch {
-                namespace,
-                minute_ms,
-                counts: counts.into_iter().collect(),
-            })
-            .collect()
+        let pending = std::mem::take(&mut self.pending.lock().unwrap().counts);
+        let mut batches = Vec::new();
+        for (namespace, minutes) in pending {
+            for (minute_ms, counts) in minutes {
+                batches.push(Batch {
+                    namespace: namespace.clone(),
+                    minute_ms,
+                    counts: counts.into_iter().collect(),
+                });
+            }
+        }
+        batches
     }
 
     /// Puts back a batch that could not be written (Redis trouble): it
     /// goes with the next round.
     pub fn put_back(&self, batch: Batch) {
         let mut pending = self.pending.lock().unwrap();
-        let minute = pending
-            .entry((batch.namespace, batch.minute_ms))
-            .or_default();
         for (field, n) in batch.counts {
-            *minute.entry(field).or_default() += n;
+            pending.add(&batch.namespace, batch.minute_ms, &field, n);
         }
     }
 }
