@@ -22,6 +22,7 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod wallclock;
 
 /// Settings the in-crate property tests share.
 #[cfg(test)]

@@ -42,7 +42,7 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "handlers reach Redis only through the engine",
     ),
     (
-        "observe.rs",
+        "observe",
         &["crate::engine"],
         "observation does not reach back into the engine",
     ),

@@ -4,11 +4,14 @@
 //! semantics live here.
 
 pub mod convert;
-pub mod report;
-use convert::{LockAt, status_of};
+mod locks;
 mod quota;
+pub mod report;
 mod session;
 pub mod validate;
+
+use convert::{LockAt, status_of};
+use locks::*;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -195,154 +198,6 @@ fn clear_interrupted(status: Status, counts: &engine::ClearCounts) -> Status {
         metadata.insert(key, value.into());
     }
     Status::with_metadata(status.code(), message, metadata)
-}
-
-/// The caller's gRPC deadline, if it set one (read from `grpc-timeout` by
-/// the RPC layer).
-fn grpc_deadline<T>(request: &Request<T>) -> Option<crate::observe::CallerDeadline> {
-    request
-        .extensions()
-        .get::<crate::observe::CallerDeadline>()
-        .copied()
-}
-
-/// How long to wait: the request's wait_ms, cut short so that the reply
-/// (NOT_ACQUIRED, TIMEOUT) still reaches the caller before its deadline.
-fn effective_wait(wait_ms: u64, deadline: Option<Duration>) -> Duration {
-    let asked = Duration::from_millis(wait_ms);
-    match deadline {
-        Some(left) => {
-            let margin = (left / 20).max(Duration::from_millis(20));
-            asked.min(left.saturating_sub(margin))
-        }
-        None => asked,
-    }
-}
-
-fn lock_id(namespace: &str, name: &str) -> Result<LockId, Status> {
-    Ok(LockId {
-        namespace: validate::namespace(namespace)?,
-        name: validate::name(name)?,
-    })
-}
-
-/// [`lock_id`] of request fields the handler gives up (no copies).
-fn lock_id_owned(namespace: String, name: String) -> Result<LockId, Status> {
-    Ok(LockId {
-        namespace: validate::namespace_owned(namespace)?,
-        name: validate::name_owned(name)?,
-    })
-}
-
-/// Whether the lock operations' handlers (Acquire, Release, Extend) open
-/// their span: when spans are exported, or when debug logging is on (the
-/// handlers' debug lines then carry the lock from it). At the default
-/// level nothing would read it, and it is the largest cost of tracing on
-/// the hot path; the handlers' warnings name their lock themselves.
-fn handler_spans() -> bool {
-    crate::observe::spans_exported() || tracing::enabled!(tracing::Level::DEBUG)
-}
-
-/// A time-ordered holder id for callers that bring none.
-fn new_holder_id() -> String {
-    uuid::Uuid::now_v7().to_string()
-}
-
-/// The lock operations' bodies, run inside their handler's span when it
-/// opens one (see [`handler_spans`]).
-impl LockApi {
-    async fn acquire_rpc(
-        &self,
-        request: Request<proto::AcquireRequest>,
-    ) -> Result<Response<proto::AcquireResponse>, Status> {
-        let access = Access::of(&request)?;
-        let deadline = grpc_deadline(&request);
-        let mut req = request.into_inner();
-        let holder = validate::optional_holder_owned(std::mem::take(&mut req.holder))?
-            .unwrap_or_else(new_holder_id);
-        let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits)?;
-        let acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
-        access.act(&acquire.lock.namespace)?;
-        let span = tracing::Span::current();
-        if !span.is_disabled() {
-            span.record("namespace", &acquire.lock.namespace);
-            span.record("lock_name", &acquire.lock.name);
-            span.record("holder", &acquire.holder);
-        }
-
-        let _waiting = self.waiter_slot(&access, &acquire)?;
-        report::acquire_waiting(self.engine.layout(), &acquire);
-        let started = std::time::Instant::now();
-        let outcome = self.engine.acquire(&acquire).await.map_err(|e| {
-            self.failed("Acquire", &acquire.lock, &acquire.holder, &acquire.kind, e)
-        })?;
-        report::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
-        let reply = proto::AcquireResponse::from(outcome);
-        tracing::debug!(status = ?reply.status(), "acquire answered");
-        Ok(Response::new(reply))
-    }
-
-    async fn release_rpc(
-        &self,
-        request: Request<proto::ReleaseRequest>,
-    ) -> Result<Response<proto::ReleaseResponse>, Status> {
-        let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let lock = lock_id_owned(req.namespace, req.name)?;
-        access.act(&lock.namespace)?;
-        let holder = validate::holder_owned(req.holder)?;
-        let token = validate::fencing_token(req.fencing_token)?;
-        let outcome = self
-            .engine
-            .release(&lock, &holder, token)
-            .await
-            .map_err(|e| self.failed("Release", &lock, &holder, validate::DEFAULT_KIND, e))?;
-        let status = match &outcome {
-            ReleaseOutcome::Released { .. } => ReleaseStatus::Released,
-            ReleaseOutcome::NotHeld => ReleaseStatus::NotHeld,
-        };
-        report::released(self.engine.layout(), &lock, &holder, token, outcome);
-        Ok(Response::new(proto::ReleaseResponse {
-            status: status.into(),
-        }))
-    }
-
-    async fn extend_rpc(
-        &self,
-        request: Request<proto::ExtendRequest>,
-    ) -> Result<Response<proto::ExtendResponse>, Status> {
-        let access = Access::of(&request)?;
-        let deadline = grpc_deadline(&request);
-        let req = request.into_inner();
-        let lock = lock_id_owned(req.namespace, req.name)?;
-        access.act(&lock.namespace)?;
-        let holder = validate::holder_owned(req.holder)?;
-        let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits)?;
-        let token = validate::fencing_token(req.fencing_token)?;
-        let outcome = self
-            .engine
-            .extend_by(
-                &lock,
-                &holder,
-                ttl,
-                token,
-                deadline.map(|d| d.answered_at.into()),
-            )
-            .await
-            .map_err(|e| self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e))?;
-        report::extended(self.engine.layout(), &lock, &holder, &outcome);
-        let reply = match outcome {
-            ExtendOutcome::Extended(grant) => proto::ExtendResponse {
-                status: ExtendStatus::Extended.into(),
-                grant: Some(grant.into()),
-            },
-            ExtendOutcome::NotHeld => proto::ExtendResponse {
-                status: ExtendStatus::NotHeld.into(),
-                grant: None,
-            },
-        };
-        Ok(Response::new(reply))
-    }
 }
 
 #[tonic::async_trait]
@@ -589,7 +444,8 @@ impl LockService for LockApi {
         let req = request.into_inner();
         let namespace = validate::namespace(&req.namespace)?;
         access.act(&namespace)?;
-        let (from_ms, to_ms) = validate::metrics_range(req.from_ms, req.to_ms, unix_ms())?;
+        let (from_ms, to_ms) =
+            validate::metrics_range(req.from_ms, req.to_ms, crate::wallclock::unix_ms())?;
         let kind = if req.kind.is_empty() {
             None
         } else {
@@ -729,10 +585,3 @@ impl LockService for LockApi {
 
 /// Events a watcher may leave unread before it is dropped.
 const WATCH_BUFFER: usize = 256;
-
-/// This replica's clock in Unix ms (only to default a metrics range).
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}

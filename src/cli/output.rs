@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use clap::ValueEnum;
 use comfy_table::{Table, presets};
@@ -142,11 +142,7 @@ pub fn display_name(namespace: &str, name: &str) -> String {
     }
 }
 
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as i64)
-}
+pub use crate::wallclock::unix_ms as now_ms;
 
 /// A Redis-clock timestamp as RFC 3339 (UTC, milliseconds).
 pub fn rfc3339(at_ms: i64) -> String {

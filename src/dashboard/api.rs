@@ -14,12 +14,13 @@ use super::errors::{ApiError, ApiResult, json_reply, no_store};
 use super::login::Caller;
 use super::overview::CHART_MINUTES;
 use super::params::{LockQuery, LocksQuery, MetricsQuery, NamespaceQuery, Query, readable};
-use super::{Dashboard, MAX_MINUTES, MINUTE_MS, unix_ms};
+use super::{Dashboard, MAX_MINUTES, MINUTE_MS};
 use crate::api::validate;
 use crate::auth::Access;
 use crate::engine::{
     Counters, Grant, LockId, LockSummary, MetricsRow, QueuedRequest, REAPER_LOCK, REAPER_NAMESPACE,
 };
+use crate::wallclock::unix_ms;
 
 /// One permit, as the lock and reaper endpoints show it.
 #[derive(Serialize)]

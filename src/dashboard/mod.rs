@@ -149,14 +149,6 @@ fn redirect(to: &str) -> Response {
     (StatusCode::SEE_OTHER, [(header::LOCATION, to.to_owned())]).into_response()
 }
 
-/// This replica's clock in Unix ms (only to place a metrics range, as the
-/// Metrics RPC does).
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 async fn app_js() -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],

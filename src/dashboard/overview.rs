@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::{OnceCell, Semaphore};
 
+use super::MINUTE_MS;
 use super::errors::ApiError;
-use super::{MINUTE_MS, unix_ms};
 use crate::api::validate;
 use crate::engine::{Counters, LockEngine, LockSummary};
+use crate::wallclock::unix_ms;
 
 /// Locks the overview counts at most (10 List calls of 1000); past that it
 /// says its counts are partial rather than keep Redis busy.

@@ -63,12 +63,7 @@ impl RedisClock {
     }
 }
 
-/// Milliseconds since the Unix epoch on this replica's clock.
-pub fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub use crate::wallclock::unix_ms;
 
 #[cfg(test)]
 mod tests {

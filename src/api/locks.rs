@@ -1,0 +1,154 @@
+//! The bodies of the lock operations' handlers (Acquire, Release,
+//! Extend), the hot path: validate, check the caller's namespace, call the
+//! engine once, report, answer. Each handler opens its span only when
+//! something would read it (see [`handler_spans`]).
+
+use super::*;
+
+/// The caller's gRPC deadline, if it set one (read from `grpc-timeout` by
+/// the RPC layer).
+pub(super) fn grpc_deadline<T>(request: &Request<T>) -> Option<crate::observe::CallerDeadline> {
+    request
+        .extensions()
+        .get::<crate::observe::CallerDeadline>()
+        .copied()
+}
+
+/// How long to wait: the request's wait_ms, cut short so that the reply
+/// (NOT_ACQUIRED, TIMEOUT) still reaches the caller before its deadline.
+pub(super) fn effective_wait(wait_ms: u64, deadline: Option<Duration>) -> Duration {
+    let asked = Duration::from_millis(wait_ms);
+    match deadline {
+        Some(left) => {
+            let margin = (left / 20).max(Duration::from_millis(20));
+            asked.min(left.saturating_sub(margin))
+        }
+        None => asked,
+    }
+}
+
+pub(super) fn lock_id(namespace: &str, name: &str) -> Result<LockId, Status> {
+    Ok(LockId {
+        namespace: validate::namespace(namespace)?,
+        name: validate::name(name)?,
+    })
+}
+
+/// [`lock_id`] of request fields the handler gives up (no copies).
+pub(super) fn lock_id_owned(namespace: String, name: String) -> Result<LockId, Status> {
+    Ok(LockId {
+        namespace: validate::namespace_owned(namespace)?,
+        name: validate::name_owned(name)?,
+    })
+}
+
+/// Whether the lock operations' handlers (Acquire, Release, Extend) open
+/// their span: when spans are exported, or when debug logging is on (the
+/// handlers' debug lines then carry the lock from it). At the default
+/// level nothing would read it, and it is the largest cost of tracing on
+/// the hot path; the handlers' warnings name their lock themselves.
+pub(super) fn handler_spans() -> bool {
+    crate::observe::spans_exported() || tracing::enabled!(tracing::Level::DEBUG)
+}
+
+/// A time-ordered holder id for callers that bring none.
+pub(super) fn new_holder_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// The lock operations' bodies, run inside their handler's span when it
+/// opens one (see [`handler_spans`]).
+impl LockApi {
+    pub(super) async fn acquire_rpc(
+        &self,
+        request: Request<proto::AcquireRequest>,
+    ) -> Result<Response<proto::AcquireResponse>, Status> {
+        let access = Access::of(&request)?;
+        let deadline = grpc_deadline(&request);
+        let mut req = request.into_inner();
+        let holder = validate::optional_holder_owned(std::mem::take(&mut req.holder))?
+            .unwrap_or_else(new_holder_id);
+        let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits)?;
+        let acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
+        access.act(&acquire.lock.namespace)?;
+        let span = tracing::Span::current();
+        if !span.is_disabled() {
+            span.record("namespace", &acquire.lock.namespace);
+            span.record("lock_name", &acquire.lock.name);
+            span.record("holder", &acquire.holder);
+        }
+
+        let _waiting = self.waiter_slot(&access, &acquire)?;
+        report::acquire_waiting(self.engine.layout(), &acquire);
+        let started = std::time::Instant::now();
+        let outcome = self.engine.acquire(&acquire).await.map_err(|e| {
+            self.failed("Acquire", &acquire.lock, &acquire.holder, &acquire.kind, e)
+        })?;
+        report::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
+        let reply = proto::AcquireResponse::from(outcome);
+        tracing::debug!(status = ?reply.status(), "acquire answered");
+        Ok(Response::new(reply))
+    }
+
+    pub(super) async fn release_rpc(
+        &self,
+        request: Request<proto::ReleaseRequest>,
+    ) -> Result<Response<proto::ReleaseResponse>, Status> {
+        let access = Access::of(&request)?;
+        let req = request.into_inner();
+        let lock = lock_id_owned(req.namespace, req.name)?;
+        access.act(&lock.namespace)?;
+        let holder = validate::holder_owned(req.holder)?;
+        let token = validate::fencing_token(req.fencing_token)?;
+        let outcome = self
+            .engine
+            .release(&lock, &holder, token)
+            .await
+            .map_err(|e| self.failed("Release", &lock, &holder, validate::DEFAULT_KIND, e))?;
+        let status = match &outcome {
+            ReleaseOutcome::Released { .. } => ReleaseStatus::Released,
+            ReleaseOutcome::NotHeld => ReleaseStatus::NotHeld,
+        };
+        report::released(self.engine.layout(), &lock, &holder, token, outcome);
+        Ok(Response::new(proto::ReleaseResponse {
+            status: status.into(),
+        }))
+    }
+
+    pub(super) async fn extend_rpc(
+        &self,
+        request: Request<proto::ExtendRequest>,
+    ) -> Result<Response<proto::ExtendResponse>, Status> {
+        let access = Access::of(&request)?;
+        let deadline = grpc_deadline(&request);
+        let req = request.into_inner();
+        let lock = lock_id_owned(req.namespace, req.name)?;
+        access.act(&lock.namespace)?;
+        let holder = validate::holder_owned(req.holder)?;
+        let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits)?;
+        let token = validate::fencing_token(req.fencing_token)?;
+        let outcome = self
+            .engine
+            .extend_by(
+                &lock,
+                &holder,
+                ttl,
+                token,
+                deadline.map(|d| d.answered_at.into()),
+            )
+            .await
+            .map_err(|e| self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e))?;
+        report::extended(self.engine.layout(), &lock, &holder, &outcome);
+        let reply = match outcome {
+            ExtendOutcome::Extended(grant) => proto::ExtendResponse {
+                status: ExtendStatus::Extended.into(),
+                grant: Some(grant.into()),
+            },
+            ExtendOutcome::NotHeld => proto::ExtendResponse {
+                status: ExtendStatus::NotHeld.into(),
+                grant: None,
+            },
+        };
+        Ok(Response::new(reply))
+    }
+}
