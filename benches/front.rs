@@ -439,22 +439,25 @@ async fn main() {
         ),
     )
     .unwrap();
-    let http = format!("127.0.0.1:{}", tumbler::dev::free_port().unwrap());
     let tokens_path = tokens.display().to_string();
-    let tumbler = ServeProcess::start_with_args(
-        env!("CARGO_BIN_EXE_tumbler"),
-        &[
+    // tumbler as deployed, on `binary`, with `extra` flags (the A/B row's).
+    let start_tumbler = async |binary: &str, extra: &str| {
+        let http = format!("127.0.0.1:{}", tumbler::dev::free_port().unwrap());
+        let redis_url = redis_server.url();
+        let mut args = vec![
             "--redis-url",
-            &redis_server.url(),
+            &redis_url,
             "--auth-tokens-file",
             &tokens_path,
             "--http-listen",
             &http,
             "--reap-interval-ms",
             "0",
-        ],
-    )
-    .await;
+        ];
+        args.extend(extra.split_whitespace());
+        ServeProcess::start_with_args(binary, &args).await
+    };
+    let tumbler = start_tumbler(env!("CARGO_BIN_EXE_tumbler"), "").await;
 
     let yardstick_port = tumbler::dev::free_port().unwrap();
     let yardstick_endpoint = format!("http://127.0.0.1:{yardstick_port}");
@@ -500,23 +503,7 @@ async fn main() {
     let compare_args = std::env::var("FRONT_COMPARE_ARGS").unwrap_or_default();
     let compare = if compare_bin.is_some() || !compare_args.is_empty() {
         let bin = compare_bin.unwrap_or_else(|| env!("CARGO_BIN_EXE_tumbler").to_owned());
-        let http = format!("127.0.0.1:{}", tumbler::dev::free_port().unwrap());
-        let mut args = vec![
-            "--redis-url",
-            &redis_server.url(),
-            "--auth-tokens-file",
-            &tokens_path,
-            "--http-listen",
-            &http,
-            "--reap-interval-ms",
-            "0",
-        ]
-        .into_iter()
-        .map(str::to_owned)
-        .collect::<Vec<_>>();
-        args.extend(compare_args.split_whitespace().map(str::to_owned));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let process = ServeProcess::start_with_args(&bin, &args).await;
+        let process = start_tumbler(&bin, &compare_args).await;
         let label = format!("compare: {bin} {compare_args}");
         targets.push(Target {
             label: Box::leak(label.into_boxed_str()),

@@ -90,6 +90,27 @@ impl From<engine::MetricsRow> for proto::MetricsRow {
     }
 }
 
+/// The way back, for the CLI (see `engine::Grant`'s).
+impl From<proto::MetricsRow> for engine::MetricsRow {
+    fn from(row: proto::MetricsRow) -> Self {
+        engine::MetricsRow {
+            minute_ms: row.minute_ms,
+            kind: row.kind,
+            counters: engine::Counters {
+                acquired: row.acquired,
+                denied: row.denied,
+                timed_out: row.timed_out,
+                released: row.released,
+                extended: row.extended,
+                expired: row.expired,
+                reaped: row.reaped,
+                cleared: row.cleared,
+                errors: row.errors,
+            },
+        }
+    }
+}
+
 impl From<AcquireOutcome> for proto::AcquireResponse {
     fn from(outcome: AcquireOutcome) -> Self {
         match outcome {
@@ -131,38 +152,34 @@ impl From<AcquireOutcome> for proto::AcquireResponse {
     }
 }
 
-impl From<engine::Grant> for proto::Grant {
-    fn from(grant: engine::Grant) -> Self {
-        proto::Grant {
-            holder: grant.holder,
-            fencing_token: grant.fencing_token,
-            slot: grant.slot,
-            acquired_at_ms: grant.acquired_at_ms,
-            expires_at_ms: grant.expires_at_ms,
-            ttl_ms: grant.ttl_ms,
-            kind: grant.kind,
-            metadata: grant.metadata.into_iter().collect(),
+/// `From` both ways between an engine type and its proto message, from one
+/// list of their fields (the same names on both sides; `collected` ones
+/// change collection type, a `BTreeMap` against prost's `HashMap`). A
+/// field added to one side only fails to compile here. The way back serves
+/// the CLI, which shows what the server sent through the engine type's own
+/// `Serialize`, as the dashboard does.
+macro_rules! both_ways {
+    ($engine:ty, $proto:ty; same: [$($f:ident),*]; collected: [$($c:ident),*]) => {
+        impl From<$engine> for $proto {
+            fn from(x: $engine) -> Self {
+                Self { $($f: x.$f,)* $($c: x.$c.into_iter().collect(),)* }
+            }
         }
-    }
+        impl From<$proto> for $engine {
+            fn from(x: $proto) -> Self {
+                Self { $($f: x.$f,)* $($c: x.$c.into_iter().collect(),)* }
+            }
+        }
+    };
 }
 
-impl From<engine::watchers::LockEvent> for proto::LockEvent {
-    fn from(e: engine::watchers::LockEvent) -> Self {
-        proto::LockEvent {
-            namespace: e.namespace,
-            name: e.name,
-            event: e.event,
-            holder: e.holder,
-            fencing_token: e.fencing_token,
-            at_ms: e.at_ms,
-            slot: e.slot,
-            kind: e.kind,
-            metadata: e.metadata.into_iter().collect(),
-            ttl_ms: e.ttl_ms,
-            expires_at_ms: e.expires_at_ms,
-            acquired_at_ms: e.acquired_at_ms,
-            hold_ms: e.hold_ms,
-            actor: e.actor,
-        }
-    }
-}
+both_ways!(engine::Grant, proto::Grant;
+    same: [holder, fencing_token, slot, acquired_at_ms, expires_at_ms, ttl_ms, kind];
+    collected: [metadata]);
+both_ways!(engine::LockSummary, proto::LockSummary;
+    same: [name, holders, limit, waiters, next_expiry_at_ms];
+    collected: []);
+both_ways!(engine::watchers::LockEvent, proto::LockEvent;
+    same: [namespace, name, event, holder, fencing_token, at_ms, slot, kind, ttl_ms,
+        expires_at_ms, acquired_at_ms, hold_ms, actor];
+    collected: [metadata]);

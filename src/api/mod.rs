@@ -332,13 +332,7 @@ impl LockService for LockApi {
             locks: page
                 .locks
                 .into_iter()
-                .map(|lock| proto::LockSummary {
-                    name: lock.name,
-                    holders: lock.holders,
-                    limit: lock.limit,
-                    waiters: lock.waiters,
-                    next_expiry_at_ms: lock.next_expiry_at_ms,
-                })
+                .map(proto::LockSummary::from)
                 .collect(),
             next_page_token: page
                 .next

@@ -4,8 +4,9 @@ use clap::Args;
 use serde_json::json;
 
 use super::connect::{Conn, Target};
-use super::output::{new_table, now_ms, when};
+use super::output::{new_table, now_ms, to_json, when};
 use super::{Failure, Globals, exit};
+use crate::engine::LockSummary;
 use crate::proto;
 
 #[derive(Args, Debug)]
@@ -48,13 +49,7 @@ pub async fn run(args: ListArgs, globals: &Globals) -> Result<u8, Failure> {
         token = page.next_page_token;
     };
     let value = json!({
-        "locks": locks.iter().map(|l| json!({
-            "name": l.name,
-            "holders": l.holders,
-            "limit": l.limit,
-            "waiters": l.waiters,
-            "next_expiry_at_ms": l.next_expiry_at_ms,
-        })).collect::<Vec<_>>(),
+        "locks": locks.iter().map(|l| to_json(&LockSummary::from(l.clone()))).collect::<Vec<_>>(),
         "next_page_token": next,
     });
     globals

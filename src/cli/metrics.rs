@@ -4,7 +4,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use super::connect::{Conn, Target};
-use super::output::{new_table, now_ms, rfc3339};
+use super::output::{new_table, now_ms, rfc3339, to_json};
 use super::{Failure, Globals, exit};
 use crate::proto;
 
@@ -63,12 +63,9 @@ fn counter_columns(row: &proto::MetricsRow) -> [(&'static str, u64); 9] {
     ]
 }
 
+/// A row as JSON: the engine's `MetricsRow` and its derived `Serialize`.
 fn row_json(row: &proto::MetricsRow) -> Value {
-    let mut value = json!({ "minute_ms": row.minute_ms, "kind": row.kind });
-    for (name, count) in counter_columns(row) {
-        value[name] = count.into();
-    }
-    value
+    to_json(&crate::engine::MetricsRow::from(row.clone()))
 }
 
 /// The per-kind table of the seed's web "Locks" tab: totals per kind (and

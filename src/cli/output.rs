@@ -92,17 +92,16 @@ pub fn enum_name(full: &str, prefix: &str) -> String {
     full.strip_prefix(prefix).unwrap_or(full).to_owned()
 }
 
+/// A grant as JSON: the engine's `Grant` and its derived `Serialize` (the
+/// dashboard shows the same fields).
 pub fn grant_json(grant: &proto::Grant) -> Value {
-    json!({
-        "holder": grant.holder,
-        "fencing_token": grant.fencing_token.to_string(),
-        "slot": grant.slot,
-        "acquired_at_ms": grant.acquired_at_ms,
-        "expires_at_ms": grant.expires_at_ms,
-        "ttl_ms": grant.ttl_ms,
-        "kind": grant.kind,
-        "metadata": grant.metadata,
-    })
+    to_json(&crate::engine::Grant::from(grant.clone()))
+}
+
+/// A value of a type that derives `Serialize` as JSON.
+pub fn to_json(value: &impl serde::Serialize) -> Value {
+    // Derived Serialize of plain structs with string keys cannot fail.
+    serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
 pub fn acquire_status(reply: &proto::AcquireResponse) -> String {

@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, rfc3339, status_line};
+use super::output::{display_name, rfc3339, status_line, to_json};
 use super::signals::{Signals, killed_by};
 use super::{Failure, Globals};
 use crate::proto;
@@ -82,23 +82,9 @@ pub async fn run(args: WatchArgs, globals: &Globals) -> Result<u8, Failure> {
     }
 }
 
+/// An event as JSON: the engine's `LockEvent` and its derived `Serialize`.
 fn event_json(event: &proto::LockEvent) -> Value {
-    json!({
-        "namespace": event.namespace,
-        "name": event.name,
-        "event": event.event,
-        "holder": event.holder,
-        "fencing_token": event.fencing_token.to_string(),
-        "at_ms": event.at_ms,
-        "slot": event.slot,
-        "kind": event.kind,
-        "metadata": event.metadata,
-        "ttl_ms": event.ttl_ms,
-        "expires_at_ms": event.expires_at_ms,
-        "acquired_at_ms": event.acquired_at_ms,
-        "hold_ms": event.hold_ms,
-        "actor": event.actor,
-    })
+    to_json(&crate::engine::watchers::LockEvent::from(event.clone()))
 }
 
 /// `2026-11-22T00:40:17.537Z acquired reports holder=worker-1 token=17953…`.

@@ -18,55 +18,24 @@ use super::{Dashboard, MAX_MINUTES, MINUTE_MS};
 use crate::api::validate;
 use crate::auth::Access;
 use crate::engine::{
-    Counters, Grant, LockId, LockSummary, MetricsRow, QueuedRequest, REAPER_LOCK, REAPER_NAMESPACE,
+    Grant, LockId, LockSummary, MetricsReport, QueuedRequest, REAPER_LOCK, REAPER_NAMESPACE,
 };
 use crate::wallclock::unix_ms;
 
-/// One permit, as the lock and reaper endpoints show it.
+/// One permit, as the lock and reaper endpoints show it: the engine's
+/// `Grant` (its own `Serialize`) and the time it has left.
 #[derive(Serialize)]
 pub(super) struct GrantView<'a> {
-    holder: &'a str,
-    fencing_token: String,
-    slot: u32,
-    acquired_at_ms: i64,
-    expires_at_ms: i64,
+    #[serde(flatten)]
+    grant: &'a Grant,
     remaining_ms: i64,
-    ttl_ms: u64,
-    kind: &'a str,
-    metadata: &'a std::collections::BTreeMap<String, String>,
 }
 
 impl<'a> GrantView<'a> {
     fn of(grant: &'a Grant, now_ms: i64) -> Self {
         GrantView {
-            holder: &grant.holder,
-            fencing_token: grant.fencing_token.to_string(),
-            slot: grant.slot,
-            acquired_at_ms: grant.acquired_at_ms,
-            expires_at_ms: grant.expires_at_ms,
+            grant,
             remaining_ms: grant.expires_at_ms - now_ms,
-            ttl_ms: grant.ttl_ms,
-            kind: &grant.kind,
-            metadata: &grant.metadata,
-        }
-    }
-}
-
-/// One kind's (or every kind's) counters of a minute or a range.
-#[derive(Serialize)]
-pub(super) struct RowView<'a> {
-    minute_ms: i64,
-    kind: &'a str,
-    #[serde(flatten)]
-    counters: &'a Counters,
-}
-
-impl<'a> From<&'a MetricsRow> for RowView<'a> {
-    fn from(row: &'a MetricsRow) -> Self {
-        RowView {
-            minute_ms: row.minute_ms,
-            kind: &row.kind,
-            counters: &row.counters,
         }
     }
 }
@@ -220,9 +189,9 @@ struct MetricsView<'a> {
     namespace: &'a str,
     from_ms: i64,
     to_ms: i64,
-    minutes: Vec<RowView<'a>>,
-    totals: Vec<RowView<'a>>,
-    overall: RowView<'a>,
+    /// minutes, totals, overall: the engine's report as it is.
+    #[serde(flatten)]
+    report: &'a MetricsReport,
 }
 
 /// `GET /api/v1/metrics?namespace=&minutes=&kind=` (or `from_ms`/`to_ms`):
@@ -246,9 +215,7 @@ pub(super) async fn api_metrics(
         namespace: &namespace,
         from_ms,
         to_ms,
-        minutes: report.minutes.iter().map(RowView::from).collect(),
-        totals: report.totals.iter().map(RowView::from).collect(),
-        overall: RowView::from(&report.overall),
+        report: &report,
     })
 }
 

@@ -3,8 +3,6 @@
 //! `engine/changelog.rs`), filtered by name prefix, holder and event. Its
 //! page is a live page (`pages.rs`).
 
-use std::collections::BTreeMap;
-
 use axum::extract::State;
 use serde::Serialize;
 
@@ -27,44 +25,6 @@ pub const EVENTS: &[&str] = &[
     "dequeued", "skipped",
 ];
 
-/// One event; its fencing token as a string (see `api.rs`).
-#[derive(Serialize)]
-struct EventView<'a> {
-    at_ms: i64,
-    name: &'a str,
-    event: &'a str,
-    holder: &'a str,
-    fencing_token: String,
-    slot: u32,
-    kind: &'a str,
-    metadata: &'a BTreeMap<String, String>,
-    ttl_ms: u64,
-    expires_at_ms: i64,
-    acquired_at_ms: i64,
-    hold_ms: u64,
-    actor: &'a str,
-}
-
-impl<'a> From<&'a LockEvent> for EventView<'a> {
-    fn from(e: &'a LockEvent) -> Self {
-        EventView {
-            at_ms: e.at_ms,
-            name: &e.name,
-            event: &e.event,
-            holder: &e.holder,
-            fencing_token: e.fencing_token.to_string(),
-            slot: e.slot,
-            kind: &e.kind,
-            metadata: &e.metadata,
-            ttl_ms: e.ttl_ms,
-            expires_at_ms: e.expires_at_ms,
-            acquired_at_ms: e.acquired_at_ms,
-            hold_ms: e.hold_ms,
-            actor: &e.actor,
-        }
-    }
-}
-
 #[derive(Serialize)]
 struct ChangelogView<'a> {
     namespace: String,
@@ -74,7 +34,8 @@ struct ChangelogView<'a> {
     prefix: String,
     holder: String,
     event: &'a str,
-    events: Vec<EventView<'a>>,
+    /// The engine's events as they are (their own `Serialize`).
+    events: &'a [LockEvent],
     scanned: usize,
 }
 
@@ -119,7 +80,7 @@ pub(super) async fn api_changelog(
         prefix,
         holder,
         event,
-        events: page.events.iter().map(EventView::from).collect(),
+        events: &page.events,
         scanned: page.scanned,
     })
 }

@@ -18,10 +18,13 @@ pub struct LockId {
     pub name: String,
 }
 
-/// One permit of a lock, as stored in its grant record.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One permit of a lock, as stored in its grant record. Its JSON (the
+/// dashboard's, the CLI's `-o json`) carries the fencing token as a
+/// string: it may pass 2^53, past what a JavaScript number holds exactly.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Grant {
     pub holder: String,
+    #[serde(serialize_with = "as_string")]
     pub fencing_token: u64,
     pub slot: u32,
     pub acquired_at_ms: i64,
@@ -236,16 +239,18 @@ impl Counters {
     }
 }
 
-/// One kind's counters over one minute (or, in totals, over the range).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One kind's counters over one minute (or, in totals, over the range);
+/// in JSON the counters sit beside `minute_ms` and `kind`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct MetricsRow {
     pub minute_ms: i64,
     pub kind: String,
+    #[serde(flatten)]
     pub counters: Counters,
 }
 
 /// What the Metrics RPC reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct MetricsReport {
     pub minutes: Vec<MetricsRow>,
     pub totals: Vec<MetricsRow>,
@@ -356,4 +361,9 @@ pub enum LayoutError {
         "redis holds tumbler data written with {found}; this server is configured for {expected} (the shard count of a deployment cannot change; data of an older layout must be cleared or migrated, see the README's \"Key layout\")"
     )]
     Mismatch { found: String, expected: String },
+}
+
+/// A number serialized as its decimal string (see [`Grant`]).
+pub(crate) fn as_string<S: serde::Serializer>(n: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(n)
 }

@@ -45,8 +45,10 @@ const STATE_MAX_WAITERS: u32 = 1000;
 /// lease not yet ended schedules the next one no sooner).
 const PURGE_GAP_MS: i64 = 5;
 
-/// One lock event, as scripts publish it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// One lock event, as scripts publish it. Its JSON (the dashboard's
+/// changelog, `tumbler watch -o json`) carries the fencing token as a
+/// string, as a [`super::Grant`]'s does.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LockEvent {
     pub namespace: String,
     pub name: String,
@@ -57,6 +59,7 @@ pub struct LockEvent {
     /// The grant's holder, or the waiting request's id.
     pub holder: String,
     /// The grant's fencing token (0 for events of waiting requests).
+    #[serde(serialize_with = "super::types::as_string")]
     pub fencing_token: u64,
     /// Redis clock, Unix ms.
     pub at_ms: i64,
