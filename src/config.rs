@@ -16,7 +16,7 @@ use crate::tls::TlsArgs;
 pub struct ServiceArgs {
     /// Multiplexed Redis connections in the pool. One batches best: the
     /// calls of concurrent RPCs share its writes and Redis' reads (with 4,
-    /// tumbler spent 12 % and Redis 10 % more CPU per lock, BENCHMARKS.md
+    /// tumbler spent 7-12 % and Redis 11-12 % more CPU per lock, BENCHMARKS.md
     /// "Lean server path"); more only spread the client-side decoding of
     /// large replies.
     #[arg(long, env = "TUMBLER_REDIS_CONNECTIONS", default_value_t = 1)]

@@ -47,7 +47,7 @@ enum Command {
 /// mimalloc rather than glibc's malloc: with tokio's workers allocating and
 /// freeing each other's request buffers, glibc's arenas cost an eighth of
 /// the server's CPU per lock operation; mimalloc cut tumbler's own CPU per
-/// Acquire + Release by 9-17 % (BENCHMARKS.md "Lean server path").
+/// Acquire + Release by 8-15 % (BENCHMARKS.md "Lean server path").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -263,6 +263,42 @@ async fn grants_wait_for_replicas_with_min_replicas_acked() {
     );
 }
 
+/// A grant waiting for its replicas (`WAIT` blocks the connection it was
+/// sent on) holds a connection of its own: the calls multiplexed on the
+/// shared connection go on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_waiting_for_replicas_stalls_no_other_call() {
+    let (master, mut replica) = start_replicated();
+    let args = tumbler::config::ServiceArgs {
+        min_replicas_acked: 1,
+        min_replicas_timeout_ms: 1_500,
+        redis_timeout_ms: 5_000,
+        ..service_args()
+    };
+    let server = TestServer::start_with(&master.url(), args).await;
+    let mut client = server.client().await;
+    let held = client.acquire(acquire("held", "h")).await.unwrap();
+    assert_eq!(held.into_inner().status(), AcquireStatus::Acquired);
+
+    // Without its replica, this grant waits the whole WAIT timeout.
+    replica.kill();
+    let mut waiting = server.client().await;
+    let grant = tokio::spawn(async move { waiting.acquire(acquire("lonely", "h")).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!grant.is_finished(), "the grant should still wait for WAIT");
+    // Inspect and a busy try-once answer while the WAIT still blocks.
+    let state = client.inspect(inspect("held")).await.unwrap().into_inner();
+    assert_eq!(state.holders.len(), 1);
+    let busy = client.acquire(acquire("held", "other")).await.unwrap();
+    assert_eq!(busy.into_inner().status(), AcquireStatus::NotAcquired);
+    assert!(
+        !grant.is_finished(),
+        "the other calls waited for the grant's WAIT"
+    );
+    let refused = grant.await.unwrap().unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+}
+
 #[test]
 fn min_replicas_timeout_must_fit_in_the_redis_timeout() {
     let args = tumbler::config::ServiceArgs {

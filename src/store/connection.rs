@@ -280,6 +280,7 @@ pub(super) struct TrackedConnection {
 /// used because it cannot set the response timeout, PINGs on every
 /// checkout and knows neither clusters nor sentinels; this one checks a
 /// flag instead.
+#[derive(Clone)]
 pub(super) struct Manager {
     pub(super) backend: Arc<Backend>,
     pub(super) config: AsyncConnectionConfig,

@@ -133,10 +133,20 @@ pub struct StoreConfig {
     pub credentials: RedisCredentials,
 }
 
+/// How many grants may wait for their replicas at once (each on a
+/// connection of its own); more wait for a connection, within the command
+/// timeout.
+const WAITING_GRANTS: u32 = 16;
+
 /// The engine's handle on Redis. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
     pool: bb8::Pool<Manager>,
+    /// With `--min-replicas-acked`: connections for a grant and its `WAIT`,
+    /// each held for both (see [`Self::run_granting_script`]), so that a
+    /// `WAIT`, which blocks its connection until replicas acknowledge,
+    /// never stalls the calls multiplexed on the shared one.
+    waits: Option<bb8::Pool<Manager>>,
     /// Also for the one pub/sub connection a replica keeps (outside the
     /// pool: a subscribed connection cannot run commands).
     backend: Arc<Backend>,
@@ -160,20 +170,24 @@ impl Store {
             .set_connection_timeout(Some(config.command_timeout))
             .set_response_timeout(Some(config.command_timeout));
         let hooks: Arc<std::sync::OnceLock<ConnectCheck>> = Arc::default();
-        let pool = bb8::Pool::builder()
-            .max_size(config.connections.max(1))
-            .min_idle(Some(1))
-            .test_on_check_out(true)
-            .connection_timeout(config.command_timeout)
-            .retry_connection(false)
-            .build_unchecked(Manager {
-                backend: backend.clone(),
-                config: connection_config,
-                timeout: config.command_timeout,
-                hooks: hooks.clone(),
-            });
+        let manager = Manager {
+            backend: backend.clone(),
+            config: connection_config,
+            timeout: config.command_timeout,
+            hooks: hooks.clone(),
+        };
+        let pool = |size: u32, idle: u32| {
+            bb8::Pool::builder()
+                .max_size(size)
+                .min_idle(Some(idle))
+                .test_on_check_out(true)
+                .connection_timeout(config.command_timeout)
+                .retry_connection(false)
+                .build_unchecked(manager.clone())
+        };
         Ok(Store {
-            pool,
+            pool: pool(config.connections.max(1), 1),
+            waits: (config.min_replicas_acked > 0).then(|| pool(WAITING_GRANTS, 0)),
             backend,
             backend_hooks: hooks,
             command_timeout: config.command_timeout,
@@ -209,7 +223,16 @@ impl Store {
 
     /// A handle on one pooled connection; the checkout ends right here.
     async fn connection(&self) -> Result<(Conn, Arc<AtomicBool>), StoreError> {
-        let pooled = self.pool.get().await.map_err(|e| {
+        let pooled = self.checkout(&self.pool).await?;
+        Ok((pooled.connection.clone(), pooled.broken.clone()))
+    }
+
+    /// A connection of `pool`, held until the handle is dropped.
+    async fn checkout<'a>(
+        &self,
+        pool: &'a bb8::Pool<Manager>,
+    ) -> Result<bb8::PooledConnection<'a, Manager>, StoreError> {
+        pool.get().await.map_err(|e| {
             let reason = self
                 .backend
                 .last_connect_error
@@ -220,8 +243,7 @@ impl Store {
                 Some(reason) => StoreError::Unavailable(format!("no redis connection: {reason}")),
                 None => StoreError::Unavailable(format!("no redis connection: {e}")),
             }
-        })?;
-        Ok((pooled.connection.clone(), pooled.broken.clone()))
+        })
     }
 
     /// Runs a future on a connection with the command timeout; marks the
@@ -234,6 +256,35 @@ impl Store {
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let (connection, broken) = self.connection().await?;
+        self.run_on(connection, &broken, run).await
+    }
+
+    /// [`Self::with_connection`] on a connection of the `--min-replicas-acked`
+    /// pool, held by this call alone until it ends.
+    async fn with_own_connection<T, F, Fut>(
+        &self,
+        pool: &bb8::Pool<Manager>,
+        run: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let held = self.checkout(pool).await?;
+        self.run_on(held.connection.clone(), &held.broken, run)
+            .await
+    }
+
+    async fn run_on<T, F, Fut>(
+        &self,
+        connection: Conn,
+        broken: &AtomicBool,
+        run: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
         match tokio::time::timeout(self.command_timeout, run(connection)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
@@ -272,7 +323,9 @@ impl Store {
     /// says the reply is a grant and `--min-replicas-acked` is set, sends
     /// `WAIT n timeout` on the same connection (in a cluster: the same
     /// node connection, the one owning the keys' slot) before answering,
-    /// and answers UNAVAILABLE when fewer replicas acknowledged. WAIT
+    /// and answers UNAVAILABLE when fewer replicas acknowledged. The
+    /// call and its `WAIT` hold a connection of their own (`WAIT` blocks
+    /// it), never the shared one. WAIT
     /// counts the writes sent on its own connection, so it covers this
     /// script (and whatever else shared the connection).
     pub async fn run_granting_script<T: redis::FromRedisValue>(
@@ -283,13 +336,13 @@ impl Store {
         granted: impl FnOnce(&Value) -> bool + Send,
     ) -> Result<T, StoreError> {
         let wanted = self.min_replicas_acked;
-        if wanted == 0 {
+        let Some(waits) = self.waits.as_ref().filter(|_| wanted > 0) else {
             return self.run_script(script, keys, args).await;
-        }
+        };
         let timeout_ms = self.min_replicas_timeout.as_millis() as u64;
         let slot_key = keys.first().map(|k| (*k).to_owned()).unwrap_or_default();
         let (reply, acked): (Value, Option<i64>) = self
-            .with_connection(|mut conn| async move {
+            .with_own_connection(waits, |mut conn| async move {
                 let reply: Value = fcall(&mut conn, script, keys, args).await?;
                 if !granted(&reply) {
                     return Ok((reply, None));
