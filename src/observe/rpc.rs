@@ -10,21 +10,16 @@ use super::*;
 /// RESOURCE_EXHAUSTED, so the status is rewritten (its message stays),
 /// in the headers of a trailers-only answer or in the trailers.
 pub(super) fn oversized_request_is_resource_exhausted(headers: &mut http::HeaderMap) {
-    let oversized = headers
-        .get("grpc-status")
-        .is_some_and(|code| Code::from_bytes(code.as_bytes()) == Code::OutOfRange)
-        && headers.get("grpc-message").is_some_and(|m| {
-            // grpc-message is percent-encoded (tonic encodes spaces).
-            let m = m.as_bytes();
-            m.starts_with(b"Error,%20decoded%20message%20length%20too%20large")
-                || m.starts_with(b"Error, decoded message length too large")
-        });
-    if oversized {
-        headers.insert(
-            "grpc-status",
-            http::HeaderValue::from(Code::ResourceExhausted as i32),
-        );
-    }
+    // grpc-message is percent-encoded (tonic encodes spaces).
+    rewrite_status(
+        headers,
+        Code::OutOfRange,
+        &[
+            b"Error,%20decoded%20message%20length%20too%20large",
+            b"Error, decoded message length too large",
+        ],
+        Code::ResourceExhausted,
+    );
     malformed_request_is_invalid_argument(headers);
 }
 
@@ -32,19 +27,30 @@ pub(super) fn oversized_request_is_resource_exhausted(headers: &mut http::Header
 /// INTERNAL; the caller sent it, so it is INVALID_ARGUMENT (the message,
 /// which names the field where decoding failed, stays).
 pub(super) fn malformed_request_is_invalid_argument(headers: &mut http::HeaderMap) {
-    let malformed = headers
+    rewrite_status(
+        headers,
+        Code::Internal,
+        &[
+            b"failed%20to%20decode%20Protobuf%20message",
+            b"failed to decode Protobuf message",
+        ],
+        Code::InvalidArgument,
+    );
+}
+
+/// Sets `grpc-status` to `to` where it is `from` with a `grpc-message`
+/// starting with one of `messages`.
+fn rewrite_status(headers: &mut http::HeaderMap, from: Code, messages: &[&[u8]], to: Code) {
+    let matches = headers
         .get("grpc-status")
-        .is_some_and(|code| Code::from_bytes(code.as_bytes()) == Code::Internal)
+        .is_some_and(|code| Code::from_bytes(code.as_bytes()) == from)
         && headers.get("grpc-message").is_some_and(|m| {
-            let m = m.as_bytes();
-            m.starts_with(b"failed%20to%20decode%20Protobuf%20message")
-                || m.starts_with(b"failed to decode Protobuf message")
+            messages
+                .iter()
+                .any(|prefix| m.as_bytes().starts_with(prefix))
         });
-    if malformed {
-        headers.insert(
-            "grpc-status",
-            http::HeaderValue::from(Code::InvalidArgument as i32),
-        );
+    if matches {
+        headers.insert("grpc-status", http::HeaderValue::from(to as i32));
     }
 }
 
