@@ -179,6 +179,10 @@ both_ways!(engine::Grant, proto::Grant;
 both_ways!(engine::LockSummary, proto::LockSummary;
     same: [name, holders, limit, waiters, next_expiry_at_ms];
     collected: []);
+both_ways!(engine::QueuedRequest, proto::QueuedRequest;
+    same: [holder, position, priority, enqueued_at_ms, expires_at_ms, wait_deadline_ms, fair,
+        kind];
+    collected: []);
 both_ways!(engine::watchers::LockEvent, proto::LockEvent;
     same: [namespace, name, event, holder, fencing_token, at_ms, slot, kind, ttl_ms,
         expires_at_ms, acquired_at_ms, hold_ms, actor];

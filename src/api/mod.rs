@@ -297,16 +297,7 @@ impl LockService for LockApi {
             requests: state
                 .requests
                 .into_iter()
-                .map(|r| proto::QueuedRequest {
-                    holder: r.holder,
-                    position: r.position,
-                    priority: r.priority,
-                    enqueued_at_ms: r.enqueued_at_ms,
-                    expires_at_ms: r.expires_at_ms,
-                    wait_deadline_ms: r.wait_deadline_ms,
-                    fair: r.fair,
-                    kind: r.kind,
-                })
+                .map(proto::QueuedRequest::from)
                 .collect(),
         }))
     }

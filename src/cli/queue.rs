@@ -4,7 +4,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, new_table, when};
+use super::output::{display_name, new_table, to_json, when};
 use super::{Failure, Globals, LockName, exit};
 use crate::proto;
 
@@ -39,16 +39,9 @@ fn queue_json(reply: &proto::QueueResponse) -> Value {
         "name": reply.name,
         "waiters": reply.waiters,
         "now_ms": reply.now_ms,
-        "requests": reply.requests.iter().map(|r| json!({
-            "holder": r.holder,
-            "position": r.position,
-            "priority": r.priority,
-            "enqueued_at_ms": r.enqueued_at_ms,
-            "expires_at_ms": r.expires_at_ms,
-            "wait_deadline_ms": r.wait_deadline_ms,
-            "fair": r.fair,
-            "kind": r.kind,
-        })).collect::<Vec<_>>(),
+        "requests": reply.requests.iter()
+            .map(|r| to_json(&crate::engine::QueuedRequest::from(r.clone())))
+            .collect::<Vec<_>>(),
     })
 }
 
