@@ -1,6 +1,10 @@
 //! What tumbler tells operators: Prometheus metrics on its HTTP port, and
 //! a span per RPC exported over OTLP to a collector (here a tiny one the
 //! test runs itself).
+//!
+//! A test binary of its own, not folded into an area: it counts exact RPC
+//! totals and per-kind series in the process-wide metrics registry, which
+//! other tests in the same process would move.
 
 mod common;
 

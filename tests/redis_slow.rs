@@ -4,6 +4,10 @@
 //! caller's deadline or its own wait, while Redis is still stalled; nothing
 //! is granted while Redis cannot answer; and once Redis is back no waiter
 //! is left behind, neither in the replica nor in the lock's queue.
+//!
+//! A test binary of its own, not folded into an area: it reads the waiting
+//! gauge and the DEADLINE_EXCEEDED count from the process-wide metrics
+//! registry, which other tests in the same process would move.
 
 mod common;
 

@@ -2,7 +2,7 @@
 //! taking the fuzzer's raw bytes. They panic (a "crash" to libFuzzer) when
 //! a decoder panics or breaks one of its promises.
 //!
-//! The same functions run on stable in `cargo test --test properties`
+//! The same functions run on stable in `cargo test --test locks properties::`
 //! (random bytes from proptest, plus the seed corpus in `fuzz/corpus/`),
 //! so they keep compiling and passing between fuzzing sessions. This file
 //! therefore only uses crates that tumbler itself depends on.

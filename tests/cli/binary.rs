@@ -1,0 +1,223 @@
+//! The `tumbler` binary itself: `tumbler dev` serves with a private Redis
+//! and leaves none behind; `tumbler serve` shuts down gracefully on SIGTERM.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use proto::{AcquireStatus, ReleaseStatus};
+use tonic_health::pb::health_check_response::ServingStatus;
+
+const TUMBLER: &str = env!("CARGO_BIN_EXE_tumbler");
+
+/// Pids of the direct children of `parent` (read from /proc).
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the ")" that closes the command name: state, ppid.
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after_name.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == parent {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn is_running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie has exited; only its parent's wait is missing.
+        Ok(stat) => !stat[stat.rfind(')').unwrap() + 2..].starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+fn wait_gone(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if !is_running(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Starts `tumbler dev` on a free port and reads where it listens.
+fn start_dev() -> (Child, String, u32) {
+    let mut child = Command::new(TUMBLER)
+        .args(["dev", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut first_line).unwrap();
+    // Keep reading, as a terminal would.
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    // "tumbler dev: gRPC on 127.0.0.1:PORT, private Redis at redis://..."
+    let addr = first_line
+        .split("gRPC on ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("unexpected first line: {first_line:?}"))
+        .to_owned();
+    let redis_children = children_of(child.id());
+    assert_eq!(redis_children.len(), 1, "one private redis-server");
+    let redis_pid = redis_children[0];
+    let comm = std::fs::read_to_string(format!("/proc/{redis_pid}/comm")).unwrap();
+    assert!(comm.starts_with("redis-server"), "{comm}");
+    (child, format!("http://{addr}"), redis_pid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tumbler_dev_serves_and_leaves_no_redis_behind_after_sigterm() {
+    let (mut dev, endpoint, redis_pid) = start_dev();
+    wait_for_health(&endpoint, ServingStatus::Serving).await;
+    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
+        .await
+        .unwrap();
+    let reply = client
+        .acquire(acquire("dev-demo", "me"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+    let released = client
+        .release(release("dev-demo", "me"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(released.status(), ReleaseStatus::Released);
+
+    // The client stays connected: shutdown must not wait for it to leave.
+    kill(Pid::from_raw(dev.id() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::task::spawn_blocking(move || dev.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "tumbler dev exited with {status}");
+    drop(client);
+    assert!(
+        wait_gone(redis_pid),
+        "redis-server {redis_pid} outlived tumbler dev"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_tumbler_dev_takes_its_redis_with_it() {
+    let (mut dev, endpoint, redis_pid) = start_dev();
+    wait_for_health(&endpoint, ServingStatus::Serving).await;
+    dev.kill().unwrap();
+    dev.wait().unwrap();
+    assert!(
+        wait_gone(redis_pid),
+        "redis-server {redis_pid} outlived a SIGKILLed tumbler dev"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_finishes_in_flight_rpcs_on_sigterm() {
+    let redis = start_redis();
+    let flags = ["--health-interval-ms", "100", "--redis-timeout-ms", "5000"];
+    let serve = TumblerProcess::start(&redis.url(), &flags).await;
+    let endpoint = serve.endpoint.clone();
+    let mut client = serve.client().await;
+
+    // Hold Redis writes for a moment so an Acquire is in flight when
+    // SIGTERM arrives.
+    let mut conn = redis_conn(&redis.url()).await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1000)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let in_flight = tokio::spawn(async move { client.acquire(acquire("graceful", "h")).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    serve.terminate();
+
+    let reply = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight RPC is answered");
+    assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+    let status = serve.exit_status().await;
+    assert!(status.success(), "tumbler serve exited with {status}");
+    // And it no longer accepts connections.
+    assert!(health_status(&endpoint, "").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_drains_then_answers_waiters_unavailable_and_exits_zero() {
+    let redis = start_redis();
+    let flags = ["--health-interval-ms", "100", "--shutdown-drain-ms", "1500"];
+    let serve = TumblerProcess::start(&redis.url(), &flags).await;
+    let endpoint = serve.endpoint.clone();
+    let mut client = serve.client().await;
+    client.acquire(acquire("drain", "holder")).await.unwrap();
+    let mut waiting_client = serve.client().await;
+    let waiter = tokio::spawn(async move {
+        waiting_client
+            .acquire(proto::AcquireRequest {
+                wait_ms: 60_000,
+                ..acquire("drain", "waiter")
+            })
+            .await
+    });
+    until_waiters(&mut client, "drain", 1).await;
+
+    serve.terminate();
+    // Readiness flips at once, liveness stays up, and new work is still
+    // served while endpoints drain.
+    wait_for_health(&endpoint, ServingStatus::NotServing).await;
+    assert_eq!(
+        health_status(&endpoint, "liveness").await.unwrap(),
+        ServingStatus::Serving
+    );
+    let reply = client
+        .acquire(acquire("drain-late", "late"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+
+    // The waiter is told to go elsewhere (at the drain's start), and the
+    // process exits 0 having released nothing it does not own.
+    let err = waiter.await.unwrap().expect_err("the waiter is answered");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    drop(client);
+    let status = serve.exit_status().await;
+    assert!(status.success(), "tumbler serve exited with {status}");
+    let mut conn = redis_conn(&redis.url()).await;
+    let lock = scan_keys(&mut conn, "tumbler:{default:*}:l:drain").await;
+    assert_eq!(
+        grants_in(&mut conn, &lock[0]).await,
+        ["holder"],
+        "grants belong to clients, not to the replica"
+    );
+    // The waiter keeps its place for its queue TTL, for its retry on
+    // another replica to take back.
+    let queue = scan_keys(&mut conn, "tumbler:{default:*}:q:drain").await;
+    assert_eq!(queue.len(), 1, "the waiter's place was dropped");
+    let waiting: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&queue[0])
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(waiting, ["waiter"]);
+}

@@ -1,0 +1,12 @@
+//! The `tumbler` binary and its client subcommands, run as processes.
+//!
+//! One test binary per area (each file a module named as its tests were
+//! before): the suite links a handful of binaries, not one per file.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod binary;
+mod cli;
+mod cli_health;
+mod cli_hold;

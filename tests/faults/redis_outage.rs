@@ -1,0 +1,100 @@
+//! Redis killed under a running server: RPCs answer UNAVAILABLE (never a
+//! grant), health goes NOT_SERVING; Redis back: the same server recovers
+//! by itself.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::*;
+use proto::AcquireStatus;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_while_redis_is_down_and_recovers_after() {
+    let mut redis = start_redis();
+    let server = TestServer::start(&redis.url()).await;
+    let mut client = server.client().await;
+    let before = client
+        .acquire(acquire("survivor", "h1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(before.status(), AcquireStatus::Acquired);
+
+    redis.kill();
+
+    for attempt in 0..3 {
+        let err = client
+            .acquire(acquire("outage", &format!("h{attempt}")))
+            .await
+            .expect_err("no grant while redis is down");
+        assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    }
+    let err = client.release(release("survivor", "h1")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    let err = client.inspect(inspect("survivor")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    server.wait_for_health(ServingStatus::NotServing).await;
+    assert_eq!(
+        server.health("tumbler.v1.LockService").await.unwrap(),
+        ServingStatus::NotServing
+    );
+    // Liveness does not follow Redis: an outage must not restart replicas.
+    assert_eq!(
+        server.health("liveness").await.unwrap(),
+        ServingStatus::Serving
+    );
+
+    redis.restart().unwrap();
+    server.wait_for_health(ServingStatus::Serving).await;
+    // The restarted Redis kept nothing; the server serves without a restart
+    // of its own, on connections it made anew.
+    let mut granted = false;
+    for _ in 0..50 {
+        match client.acquire(acquire("outage", "h-after")).await {
+            Ok(reply) => {
+                assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+                granted = true;
+                break;
+            }
+            Err(status) => {
+                assert_eq!(status.code(), Code::Unavailable);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(granted, "the server did not recover");
+    let after = client
+        .acquire(acquire("survivor", "h2"))
+        .await
+        .unwrap()
+        .into_inner();
+    // Redis lost the old grant; its new tokens still rise above it.
+    assert_eq!(after.status(), AcquireStatus::Acquired);
+    assert!(
+        after.grant.unwrap().fencing_token > before.grant.unwrap().fencing_token,
+        "fencing tokens went backwards after data loss"
+    );
+}
+
+#[tokio::test]
+async fn a_server_started_while_redis_is_down_serves_once_it_is_up() {
+    let mut redis = start_redis();
+    redis.kill();
+    let server = TestServer::spawn(&redis.url(), service_args()).await;
+    server.wait_for_health(ServingStatus::NotServing).await;
+    let mut client = server.client().await;
+    let err = client.acquire(acquire("early", "h")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+
+    redis.restart().unwrap();
+    server.wait_for_health(ServingStatus::Serving).await;
+    let reply = client
+        .acquire(acquire("early", "h"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
+}

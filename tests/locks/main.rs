@@ -1,0 +1,20 @@
+//! Lock semantics through the real server: mutual exclusion, queues, limits, namespaces, validation, sessions, watches, events, the changelog, the Metrics RPC, random requests.
+//!
+//! One test binary per area (each file a module named as its tests were
+//! before): the suite links a handful of binaries, not one per file.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod changelog;
+mod events;
+mod key_isolation;
+mod limits;
+mod metrics;
+mod mutual_exclusion;
+mod properties;
+mod queue;
+mod semantics;
+mod session;
+mod validation;
+mod watch;

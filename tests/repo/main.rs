@@ -1,0 +1,10 @@
+//! Checks of the repository itself: the documentation navigates and its examples run; the layers keep their rules.
+//!
+//! One test binary per area (each file a module named as its tests were
+//! before): the suite links a handful of binaries, not one per file.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod docs;
+mod layers;

@@ -1,0 +1,12 @@
+//! What callers meet at the door: auth, TLS on the ports, HTTP/2 edge cases and connection limits, the dashboard.
+//!
+//! One test binary per area (each file a module named as its tests were
+//! before): the suite links a handful of binaries, not one per file.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod auth;
+mod dashboard;
+mod edge;
+mod tls;
