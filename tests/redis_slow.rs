@@ -244,7 +244,7 @@ async fn no_grant_lands_after_its_caller_was_told_no() {
         &["--enable-debug-command", "local"],
     )
     .unwrap();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     // The function library is loaded and the clock known before the stall.
     client.acquire(acquire("warm-up", "h")).await.unwrap();

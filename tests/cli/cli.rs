@@ -46,8 +46,7 @@ fn json(run: &Run) -> Value {
 
 #[tokio::test]
 async fn acquire_prints_a_table_and_json_and_inspect_shows_the_holder() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
 
     let run = tumbler(
         &server,
@@ -146,8 +145,7 @@ async fn acquire_prints_a_table_and_json_and_inspect_shows_the_holder() {
 
 #[tokio::test]
 async fn queue_shows_a_waiter_until_release_hands_the_lock_over() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
 
     let run = tumbler(&server, &["acquire", "cli-queue", "--holder", "first"]).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -205,8 +203,7 @@ async fn queue_shows_a_waiter_until_release_hands_the_lock_over() {
 
 #[tokio::test]
 async fn exit_codes_for_refusals_and_errors() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
 
     assert_eq!(
         tumbler(&server, &["acquire", "cli-codes", "--holder", "a"])
@@ -356,8 +353,7 @@ async fn exit_codes_for_refusals_and_errors() {
 
 #[tokio::test]
 async fn list_reap_metrics_and_clear_print_tables_and_json() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     for (name, kind) in [
         ("nightly-export", "export"),
         ("nightly-import", "import"),
@@ -442,10 +438,13 @@ async fn list_reap_metrics_and_clear_print_tables_and_json() {
 
 #[tokio::test]
 async fn global_output_namespace_and_addresses_with_fail_over() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     // A replica whose Redis is unreachable answers UNAVAILABLE.
-    let broken = TestServer::spawn("redis://127.0.0.1:1", service_args()).await;
+    let broken = TestServer::new()
+        .redis("redis://127.0.0.1:1")
+        .args(service_args())
+        .spawn()
+        .await;
     let bare = server.addr.to_string();
 
     // -o and -n before the subcommand; host:port without a scheme.
@@ -531,8 +530,7 @@ async fn many_locks(server: &TestServer) {
 
 #[tokio::test]
 async fn a_reader_that_closes_early_ends_the_output_quietly() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     many_locks(&server).await;
     for format in ["table", "json", "yaml"] {
         let mut child = tokio::process::Command::new(TUMBLER)
@@ -560,8 +558,7 @@ async fn a_reader_that_closes_early_ends_the_output_quietly() {
 
 #[tokio::test]
 async fn a_full_disk_is_an_error() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let full = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/full")
@@ -586,8 +583,7 @@ async fn a_full_disk_is_an_error() {
 
 #[tokio::test]
 async fn watch_prints_events_until_interrupted() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     for (format, signal, code) in [("json", "INT", 130), ("table", "TERM", 143)] {
         let mut watching = tokio::process::Command::new(TUMBLER)
@@ -655,8 +651,7 @@ async fn watch_prints_events_until_interrupted() {
 
 #[tokio::test]
 async fn watch_can_start_with_the_current_holders() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     client
         .acquire(proto::AcquireRequest {
@@ -923,7 +918,6 @@ async fn token_entries_are_read_by_the_server_and_grant_what_they_say() {
     assert!(!client.stdout.contains(&format!("\"{client_token}\"")));
     assert!(!admin.stdout.contains("\"ops-secret\""));
 
-    let redis = start_redis();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens.toml");
     std::fs::write(&path, format!("{}{}", client.stdout, admin.stdout)).unwrap();
@@ -935,7 +929,7 @@ async fn token_entries_are_read_by_the_server_and_grant_what_they_say() {
         },
         ..service_args()
     };
-    let server = TestServer::start_with(&redis.url(), args).await;
+    let server = TestServer::new().args(args).start().await;
     for namespace in ["builds", "b-nightly"] {
         let held = authed(
             &server,

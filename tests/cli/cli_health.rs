@@ -27,7 +27,7 @@ async fn health(args: &[&str]) -> (i32, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_exits_0_while_serving_and_69_when_redis_or_the_server_is_gone() {
     let mut redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let addr = server.endpoint();
 
     let (code, out) = health(&["--addr", &addr]).await;

@@ -108,8 +108,7 @@ async fn stderr_of(child: &mut Child) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_reaches_the_whole_group_and_the_lock_outlives_it() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     // sh and its background sleep both ignore SIGTERM: only the SIGKILL
     // after the grace period ends them.
@@ -150,8 +149,7 @@ async fn sigterm_reaches_the_whole_group_and_the_lock_outlives_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_job_keeps_the_lock_after_the_command_exits() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     // sh exits at once; the sleep it left behind is still in the group.
     let mut holding = hold(
@@ -177,8 +175,7 @@ async fn a_background_job_keeps_the_lock_after_the_command_exits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_lost_to_the_server_stops_the_group_and_exits_79() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut holding = hold(
         &server.endpoint(),
@@ -222,9 +219,9 @@ async fn a_lock_lost_to_the_server_stops_the_group_and_exits_79() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_stops_the_group_before_the_lease_can_end() {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     // A second replica on the same Redis, to watch the lock.
-    let observer = TestServer::start(&redis.url()).await;
+    let observer = TestServer::new().redis(&redis.url()).start().await;
     let mut client = observer.client().await;
     let mut holding = hold(
         &server.endpoint(),
@@ -254,8 +251,7 @@ async fn an_unreachable_server_stops_the_group_before_the_lease_can_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdout_is_the_commands_and_exit_codes_are_distinct() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let endpoint = server.endpoint();
     let run = |args: &[&str]| {
         let child = hold(&endpoint, args);
@@ -334,8 +330,7 @@ async fn stdout_is_the_commands_and_exit_codes_are_distinct() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_command_the_lock_is_held_until_a_signal() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     // stdin is closed (/dev/null): that no longer ends the hold.
     let mut holding = hold(&server.endpoint(), &["maintenance", "--ttl-ms", "900"]);

@@ -1,12 +1,12 @@
-//! A plain HTTP/1.1 client for the tests of tumbler's HTTP port (metrics,
-//! health, dashboard): one request per fresh connection, the whole reply;
-//! and reading samples off the /metrics page.
+//! An HTTP client for the tests of tumbler's HTTP port (metrics, health,
+//! dashboard): reqwest, one request per fresh connection, redirects not
+//! followed (the dashboard's are what is tested), the whole reply; and
+//! reading samples off the /metrics page.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// An HTTP reply: status, headers (names lowercased) and body.
 #[derive(Debug)]
@@ -41,7 +41,8 @@ pub async fn http(
     (reply.status, reply.body)
 }
 
-/// One HTTP/1.1 request on a fresh connection; the whole reply.
+/// One HTTP/1.1 request on a fresh connection; the whole reply. A `host`
+/// among `headers` replaces the address's own (the dashboard checks it).
 pub async fn fetch(
     addr: SocketAddr,
     method: &str,
@@ -49,41 +50,33 @@ pub async fn fetch(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Reply {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(0)
+        .http1_only()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut request = client
+        .request(method, format!("http://{addr}{path}"))
+        .body(body.to_owned());
     for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
+        request = request.header(*name, *value);
     }
-    request.push_str("\r\n");
-    request.push_str(body);
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut reply = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
-        .await
-        .expect("the HTTP port answers")
-        .unwrap();
-    let reply = String::from_utf8(reply).unwrap();
-    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+    let reply = request.send().await.expect("the HTTP port answers");
+    let status = reply.status().as_u16();
+    let headers = (reply.headers().iter())
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_owned(), value)
+        })
         .collect();
+    let body = reply.text().await.unwrap();
     Reply {
         status,
         headers,
-        body: body.to_owned(),
+        body,
     }
 }
 

@@ -45,40 +45,105 @@ pub fn service_args() -> ServiceArgs {
     }
 }
 
-/// A tumbler server running inside the test process.
+/// A tumbler server running inside the test process, started by one
+/// builder call: `TestServer::new().start().await` brings its own Redis;
+/// `.redis(url)` uses one the test holds, `.cluster()` a Redis Cluster of
+/// three nodes, `.auth(entries)` a tokens file with those entries,
+/// `.shards(n)` or `.args(..)` other settings; `.spawn()` instead of
+/// `.start()` does not wait for SERVING.
 pub struct TestServer {
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
+    /// What the builder started for this server (its Redis, the tokens
+    /// file's folder), kept until the server is dropped.
+    owned: Owned,
 }
 
-impl TestServer {
-    pub async fn start(redis_url: &str) -> Self {
-        Self::start_with(redis_url, service_args()).await
+/// What a [`TestServer`] keeps alive for itself.
+#[derive(Default)]
+struct Owned {
+    redis: Option<RedisServer>,
+    cluster: Option<topology::TestCluster>,
+    dir: Option<tempfile::TempDir>,
+    redis_url: String,
+}
+
+/// How a [`TestServer`] is to be started (see [`TestServer::new`]).
+pub struct Builder {
+    args: ServiceArgs,
+    redis_url: Option<String>,
+    cluster: bool,
+    tokens: Option<String>,
+}
+
+impl Builder {
+    /// Uses this Redis (one the test started and keeps).
+    pub fn redis(mut self, url: &str) -> Self {
+        self.redis_url = Some(url.to_owned());
+        self
     }
 
-    /// [`Self::start`] with `shards` shards per namespace.
-    pub async fn start_with_shards(redis_url: &str, shards: u32) -> Self {
-        Self::start_with(
-            redis_url,
-            ServiceArgs {
-                shards,
-                ..service_args()
-            },
-        )
-        .await
+    /// Starts a Redis Cluster of three nodes for the server.
+    pub fn cluster(mut self) -> Self {
+        self.cluster = true;
+        self
     }
 
-    /// Starts a server and waits until it reports SERVING.
-    pub async fn start_with(redis_url: &str, args: ServiceArgs) -> Self {
-        let server = Self::spawn(redis_url, args).await;
+    /// Auth on, with a tokens file of these entries (see [`token_entry`]).
+    pub fn auth(mut self, entries: &str) -> Self {
+        self.tokens = Some(entries.to_owned());
+        self
+    }
+
+    /// `shards` shards per namespace.
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.args.shards = shards;
+        self
+    }
+
+    /// These settings instead of [`service_args`].
+    pub fn args(mut self, args: ServiceArgs) -> Self {
+        self.args = args;
+        self
+    }
+
+    /// Starts the server and waits until it reports SERVING.
+    pub async fn start(self) -> TestServer {
+        let server = self.spawn().await;
         server.wait_for_health(ServingStatus::Serving).await;
         server
     }
 
-    /// Starts a server without waiting for it to become healthy.
-    pub async fn spawn(redis_url: &str, args: ServiceArgs) -> Self {
-        let config = ServerConfig::new(redis_url.to_owned(), &args).unwrap();
+    /// Starts the server without waiting for it to become healthy.
+    pub async fn spawn(mut self) -> TestServer {
+        let mut owned = Owned::default();
+        owned.redis_url = match (self.redis_url.take(), self.cluster) {
+            (Some(url), _) => url,
+            (None, true) => {
+                let cluster = tokio::task::spawn_blocking(topology::start_cluster)
+                    .await
+                    .unwrap();
+                let url = cluster.url();
+                owned.cluster = Some(cluster);
+                url
+            }
+            (None, false) => {
+                let redis = start_redis();
+                let url = redis.url();
+                owned.redis = Some(redis);
+                url
+            }
+        };
+        if let Some(entries) = &self.tokens {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("tokens.toml");
+            std::fs::write(&path, entries).unwrap();
+            self.args.auth.auth_tokens_file = Some(path);
+            self.args.auth.no_auth = false;
+            owned.dir = Some(dir);
+        }
+        let config = ServerConfig::new(owned.redis_url.clone(), &self.args).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -89,7 +154,34 @@ impl TestServer {
             addr,
             stop: Some(stop),
             task: Some(task),
+            owned,
         }
+    }
+}
+
+impl TestServer {
+    /// A builder with [`service_args`] and a Redis of the server's own.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new() -> Builder {
+        Builder {
+            args: service_args(),
+            redis_url: None,
+            cluster: false,
+            tokens: None,
+        }
+    }
+
+    /// The Redis the server uses (its own, or the one it was given).
+    pub fn redis_url(&self) -> &str {
+        &self.owned.redis_url
+    }
+
+    /// The Redis Cluster the builder started for it (`.cluster()`).
+    pub fn cluster(&self) -> &topology::TestCluster {
+        self.owned
+            .cluster
+            .as_ref()
+            .expect("started with .cluster()")
     }
 
     /// Starts a server from a whole config (e.g. with TLS) on `listeners`,
@@ -104,6 +196,7 @@ impl TestServer {
             addr,
             stop: Some(stop),
             task: Some(task),
+            owned: Owned::default(),
         }
     }
 

@@ -43,8 +43,8 @@ async fn status(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_on_a_cluster_keep_their_semantics_and_leave_no_keys() {
-    let cluster = start_cluster();
-    let server = TestServer::start(&cluster.url()).await;
+    let server = TestServer::new().cluster().start().await;
+    let cluster = server.cluster();
     let mut client = server.client().await;
 
     // Acquire, busy, extend, inspect, release.
@@ -136,7 +136,7 @@ async fn locks_on_a_cluster_keep_their_semantics_and_leave_no_keys() {
         client.release(release("pool", holder)).await.unwrap();
     }
 
-    assert_eq!(lock_keys_left(&cluster, "default"), Vec::<String>::new());
+    assert_eq!(lock_keys_left(cluster, "default"), Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,8 +149,8 @@ async fn waiters_on_one_server_are_woken_by_releases_on_another_in_fifo_order() 
         "redis+cluster://",
         &format!("redis+cluster://127.0.0.1:{dead},"),
     );
-    let a = TestServer::start(&cluster.url()).await;
-    let b = TestServer::start(&url_b).await;
+    let a = TestServer::new().redis(&cluster.url()).start().await;
+    let b = TestServer::new().redis(&url_b).start().await;
     let mut on_a = a.client().await;
     let on_b = b.client().await;
 
@@ -196,8 +196,8 @@ async fn waiters_on_one_server_are_woken_by_releases_on_another_in_fifo_order() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_reap_metrics_and_clear_walk_shards_on_every_node() {
-    let cluster = start_cluster();
-    let server = TestServer::start(&cluster.url()).await;
+    let server = TestServer::new().cluster().start().await;
+    let cluster = server.cluster();
     let mut client = server.client().await;
     let ns = "spread";
     let names: BTreeSet<String> = (0..60).map(|i| format!("job-{i:02}")).collect();
@@ -277,7 +277,7 @@ async fn list_reap_metrics_and_clear_walk_shards_on_every_node() {
         .into_inner();
     assert_eq!(cleared.locks_cleared, 60);
     assert_eq!(cleared.grants_released, 60);
-    assert_eq!(lock_keys_left(&cluster, ns), Vec::<String>::new());
+    assert_eq!(lock_keys_left(cluster, ns), Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -300,7 +300,7 @@ async fn bad_cluster_urls_stop_the_server_with_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_cluster_node_is_unavailable_never_a_grant() {
     let mut cluster = start_cluster();
-    let server = TestServer::start(&cluster.url()).await;
+    let server = TestServer::new().redis(&cluster.url()).start().await;
     let client = server.client().await;
     cluster.nodes[0].kill();
     server
@@ -353,8 +353,8 @@ fn owner_of(cluster: &TestCluster, key: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_node() {
-    let cluster = start_cluster();
-    let server = TestServer::start(&cluster.url()).await;
+    let server = TestServer::new().cluster().start().await;
+    let cluster = server.cluster();
     let mut client = server.client().await;
     let layout = tumbler::engine::keys::Layout::new("tumbler", 32);
 
@@ -377,7 +377,7 @@ async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_
     );
 
     let moving_keys = layout.lock_keys("default", "moving");
-    let from = owner_of(&cluster, &moving_keys.lock);
+    let from = owner_of(cluster, &moving_keys.lock);
     let to = (from + 1) % cluster.nodes.len();
     let slot: i64 =
         cluster.nodes[from].query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(&moving_keys.lock));
@@ -413,7 +413,7 @@ async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_
         .iter()
         .cloned()
         .partition(|key| key.ends_with(":moving"));
-    migrate_keys(&cluster, from, to, &moved);
+    migrate_keys(cluster, from, to, &moved);
     let mut releasing_client = client.clone();
     let releasing = tokio::spawn(async move {
         releasing_client
@@ -424,7 +424,7 @@ async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_
             .await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    migrate_keys(&cluster, from, to, &staying);
+    migrate_keys(cluster, from, to, &staying);
     for node in &cluster.nodes {
         let _: () = node.query(
             redis::cmd("CLUSTER")
@@ -451,7 +451,7 @@ async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_
 
     // After the move: every key of the slot lives on the new node, the
     // server follows (MOVED), holders and tokens carried over.
-    assert_eq!(owner_of(&cluster, &moving_keys.lock), to);
+    assert_eq!(owner_of(cluster, &moving_keys.lock), to);
     let left: Vec<String> = cluster.nodes[from].query(
         redis::cmd("CLUSTER")
             .arg("GETKEYSINSLOT")
@@ -477,5 +477,5 @@ async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_
     assert!(second.grant.unwrap().fencing_token > first_token);
     client.release(release("moving", "h2")).await.unwrap();
     client.release(release(&neighbour, "n1")).await.unwrap();
-    assert_eq!(lock_keys_left(&cluster, "default"), Vec::<String>::new());
+    assert_eq!(lock_keys_left(cluster, "default"), Vec::<String>::new());
 }

@@ -39,8 +39,7 @@ async fn lock_keys_left(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_pages_return_every_lock_at_least_once_while_locks_change() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let stable: BTreeSet<String> = (0..250).map(|i| format!("job-{i:03}")).collect();
     for name in &stable {
@@ -101,8 +100,7 @@ async fn list_pages_return_every_lock_at_least_once_while_locks_change() {
 
 #[tokio::test]
 async fn list_can_show_only_the_queues() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     client.acquire(acquire("quiet", "h")).await.unwrap();
     client.acquire(acquire("busy", "h")).await.unwrap();
@@ -138,7 +136,7 @@ async fn list_can_show_only_the_queues() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reap_removes_what_crashed_and_leaves_the_living() {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
 
@@ -250,8 +248,7 @@ async fn reap_removes_what_crashed_and_leaves_the_living() {
 
 #[tokio::test]
 async fn reap_with_a_cutoff_drops_old_grants_and_requests() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     client.acquire(acquire("old", "early")).await.unwrap();
     let mut waiter = server.client().await;
@@ -293,7 +290,7 @@ async fn reap_with_a_cutoff_drops_old_grants_and_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn churn_of_ten_thousand_locks_leaves_nothing_behind() {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut conn = redis_conn(&redis.url()).await;
     let mut tasks = Vec::new();
     for worker in 0..16 {
@@ -343,7 +340,7 @@ async fn churn_of_ten_thousand_locks_leaves_nothing_behind() {
 #[tokio::test]
 async fn clear_empties_one_namespace_only() {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
     for i in 0..150 {
@@ -414,7 +411,11 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
     // A second replica joins: the lease stays where it is.
     let mut args = service_args();
     args.reap_interval_ms = 100;
-    let second = TestServer::start_with(&redis.url(), args).await;
+    let second = TestServer::new()
+        .redis(&redis.url())
+        .args(args)
+        .start()
+        .await;
     let mut client = second.client().await;
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -502,7 +503,11 @@ async fn hold_locks(client: &LockServiceClient<Channel>, namespace: &str, n: usi
 async fn an_interrupted_clear_says_how_far_it_got_and_a_rerun_finishes() {
     const LOCKS: usize = 3000;
     let redis = start_redis();
-    let server = TestServer::start_with_shards(&redis.url(), 1).await;
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .shards(1)
+        .start()
+        .await;
     let client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
     let mut interrupted = None;

@@ -14,7 +14,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unavailable_while_redis_is_down_and_recovers_after() {
     let mut redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     let before = client
         .acquire(acquire("survivor", "h1"))
@@ -83,7 +83,11 @@ async fn unavailable_while_redis_is_down_and_recovers_after() {
 async fn a_server_started_while_redis_is_down_serves_once_it_is_up() {
     let mut redis = start_redis();
     redis.kill();
-    let server = TestServer::spawn(&redis.url(), service_args()).await;
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .args(service_args())
+        .spawn()
+        .await;
     server.wait_for_health(ServingStatus::NotServing).await;
     let mut client = server.client().await;
     let err = client.acquire(acquire("early", "h")).await.unwrap_err();

@@ -16,7 +16,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 async fn a_sentinel_failover_is_followed_without_a_restart() {
     let mut setup = start_sentinel_setup();
     let old_master = setup.master.port;
-    let server = TestServer::start(&setup.url()).await;
+    let server = TestServer::new().redis(&setup.url()).start().await;
     let mut client = server.client().await;
     let before = client
         .acquire(acquire("before", "h"))
@@ -98,16 +98,16 @@ async fn a_forced_failover_moves_the_writes_and_acked_grants_survive_it() {
     let setup = start_sentinel_setup();
     // Two servers on the same Sentinel URL: one answers as soon as the
     // master has a grant, one only once the replica acknowledged it.
-    let plain = TestServer::start(&setup.url()).await;
-    let acked = TestServer::start_with(
-        &setup.url(),
-        tumbler::config::ServiceArgs {
+    let plain = TestServer::new().redis(&setup.url()).start().await;
+    let acked = TestServer::new()
+        .redis(&setup.url())
+        .args(tumbler::config::ServiceArgs {
             min_replicas_acked: 1,
             min_replicas_timeout_ms: 300,
             ..service_args()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let mut clients = [
         ("plain", plain.client().await),
         ("acked", acked.client().await),
@@ -197,7 +197,11 @@ async fn grants_wait_for_replicas_with_min_replicas_acked() {
         min_replicas_timeout_ms: 300,
         ..service_args()
     };
-    let server = TestServer::start_with(&master.url(), args).await;
+    let server = TestServer::new()
+        .redis(&master.url())
+        .args(args)
+        .start()
+        .await;
     let mut client = server.client().await;
     assert_eq!(
         client
@@ -275,7 +279,11 @@ async fn a_grant_waiting_for_replicas_stalls_no_other_call() {
         redis_timeout_ms: 5_000,
         ..service_args()
     };
-    let server = TestServer::start_with(&master.url(), args).await;
+    let server = TestServer::new()
+        .redis(&master.url())
+        .args(args)
+        .start()
+        .await;
     let mut client = server.client().await;
     let held = client.acquire(acquire("held", "h")).await.unwrap();
     assert_eq!(held.into_inner().status(), AcquireStatus::Acquired);

@@ -108,8 +108,8 @@ fn what(event: &proto::LockEvent) -> (&str, &str, &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grant_events_carry_slot_kind_metadata_lease_hold_time_and_actor() {
     let redis = start_redis();
-    let watching = TestServer::start(&redis.url()).await;
-    let acting = TestServer::start(&redis.url()).await;
+    let watching = TestServer::new().redis(&redis.url()).start().await;
+    let acting = TestServer::new().redis(&redis.url()).start().await;
     let mut watcher = watching.client().await;
     let mut client = acting.client().await;
     let mut events = Events::open(&mut watcher, watch_prefix("g-")).await;
@@ -185,8 +185,7 @@ async fn grant_events_carry_slot_kind_metadata_lease_hold_time_and_actor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_queued_then_dequeued_or_acquired() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut watcher = server.client().await;
     let mut client = server.client().await;
     let mut events = Events::open(&mut watcher, watch_name("q")).await;
@@ -218,9 +217,9 @@ async fn waiters_are_queued_then_dequeued_or_acquired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_is_told_at_the_lease_end_once_without_any_call_on_the_lock() {
     let redis = start_redis();
-    let first = TestServer::start(&redis.url()).await;
-    let second = TestServer::start(&redis.url()).await;
-    let acting = TestServer::start(&redis.url()).await;
+    let first = TestServer::new().redis(&redis.url()).start().await;
+    let second = TestServer::new().redis(&redis.url()).start().await;
+    let acting = TestServer::new().redis(&redis.url()).start().await;
     let mut client = acting.client().await;
     // Two replicas watch the lock: both would purge it; one expiry is told.
     let mut watcher_1 = first.client().await;
@@ -286,7 +285,7 @@ async fn expiry_is_told_at_the_lease_end_once_without_any_call_on_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reap_and_clear_tell_each_grant_and_request_with_their_actor() {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut watcher = server.client().await;
     let mut client = server.client().await;
     let mut events = Events::open(&mut watcher, watch_prefix("m-")).await;
@@ -388,8 +387,7 @@ async fn reap_and_clear_tell_each_grant_and_request_with_their_actor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_can_start_with_the_current_holders_and_queue() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     for holder in ["one", "two"] {
         client
@@ -483,8 +481,7 @@ async fn a_watch_can_start_with_the_current_holders_and_queue() {
 async fn session_renewals_are_extensions_and_a_renewal_that_finds_its_grant_gone_is_lost() {
     use proto::session_request::Command;
     use proto::session_response::Event;
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut watcher = server.client().await;
     let mut client = server.client().await;
     let mut events = Events::open(&mut watcher, watch_name("sess")).await;

@@ -407,7 +407,11 @@ async fn every_rpc(client: &mut LockServiceClient<Channel>, namespace: &str, nam
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_never_depend_on_input() {
     let redis = start_redis();
-    let server = TestServer::start_with_shards(&redis.url(), SHARDS).await;
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .shards(SHARDS)
+        .start()
+        .await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
     let _: () = redis::cmd("FUNCTION")
@@ -462,7 +466,11 @@ async fn scripts_never_depend_on_input() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_names_stay_in_their_shard_and_namespace() {
     let redis = start_redis();
-    let server = TestServer::start_with_shards(&redis.url(), SHARDS).await;
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .shards(SHARDS)
+        .start()
+        .await;
     let layout = Layout::new(PREFIX, SHARDS);
     let mut client = server.client().await;
     let names = hostile_names();

@@ -18,7 +18,11 @@ use tumbler::config::ServiceArgs;
 
 async fn server_with(args: ServiceArgs) -> (tumbler::dev::RedisServer, TestServer) {
     let redis = start_redis();
-    let server = TestServer::start_with(&redis.url(), args).await;
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .args(args)
+        .start()
+        .await;
     (redis, server)
 }
 
@@ -313,7 +317,11 @@ async fn tenant_server(tokens: &[String], args: ServiceArgs) -> TenantServer {
         },
         ..args
     };
-    let server = TestServer::start_with(&redis.url(), args).await;
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .args(args)
+        .start()
+        .await;
     TenantServer {
         _redis: redis,
         _dir: dir,

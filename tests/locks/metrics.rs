@@ -19,7 +19,7 @@ fn kinded(name: &str, holder: &str, kind: &str) -> proto::AcquireRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_counts_sum_per_kind_and_minute() {
     let redis = start_redis();
-    let here = TestServer::start(&redis.url()).await;
+    let here = TestServer::new().redis(&redis.url()).start().await;
     let mut a = here.client().await;
     // The second replica is its own process.
     let other = TumblerProcess::start(&redis.url(), &[]).await;
@@ -162,8 +162,7 @@ async fn two_replicas_counts_sum_per_kind_and_minute() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clear_and_reap_are_counted_per_kind() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let in_ns = |request: proto::AcquireRequest| proto::AcquireRequest {
         namespace: "counted".into(),
@@ -257,7 +256,7 @@ async fn clear_and_reap_are_counted_per_kind() {
 #[tokio::test]
 async fn redis_errors_are_counted_once_redis_is_back() {
     let mut redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     redis.kill();
     for i in 0..3 {
@@ -294,7 +293,11 @@ async fn kinds_past_the_cap_of_one_shard_minute_are_counted_as_other() {
     const CAP: usize = 512;
     const KINDS: usize = CAP + 8;
     let redis = start_redis();
-    let server = TestServer::start_with_shards(&redis.url(), 1).await;
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .shards(1)
+        .start()
+        .await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
     // The cap is per minute: a run that crosses a minute boundary is

@@ -42,8 +42,7 @@ fn max_overlap(tenures: &[Tenure]) -> usize {
 }
 
 async fn hammer(limit: u32) {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let name = format!("contended-{limit}");
     let tenures = Arc::new(Mutex::new(Vec::new()));
     // A second, live checker: holders count themselves in and out.

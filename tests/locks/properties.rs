@@ -843,9 +843,8 @@ fn random_requests_get_ok_or_invalid_argument_naming_the_broken_field() {
         .enable_all()
         .build()
         .unwrap();
-    let redis = start_redis();
     let (server, clients) = rt.block_on(async {
-        let server = TestServer::start_with_shards(&redis.url(), SHARDS).await;
+        let server = TestServer::new().shards(SHARDS).start().await;
         // One connection per request of a batch, as separate clients
         // would have.
         let mut clients = Vec::new();
@@ -1027,9 +1026,8 @@ fn tampered_page_tokens_never_reach_another_namespace() {
         .enable_all()
         .build()
         .unwrap();
-    let redis = start_redis();
     let (server, mut client, tokens) = rt.block_on(async {
-        let server = TestServer::start_with_shards(&redis.url(), SHARDS).await;
+        let server = TestServer::new().shards(SHARDS).start().await;
         let mut client = server.client().await;
         for ns in ["ta", "tb"] {
             for i in 0..40 {

@@ -63,8 +63,7 @@ fn spawn_wait(
 /// before the next starts), lets them all through, and returns holder ids
 /// in the order they were granted (by fencing token: grant order).
 async fn grant_order(limit: u32, waiters: usize) -> (Vec<String>, Vec<String>) {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let name = format!("fifo-{limit}");
     let take = |holder: &str, wait_ms| proto::AcquireRequest {
@@ -133,8 +132,7 @@ async fn a_semaphore_of_four_keeps_arrival_order_for_a_hundred_waiters() {
 
 #[tokio::test]
 async fn higher_priority_goes_first_and_fifo_within_a_priority() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     client.acquire(acquire("prio", "holder")).await.unwrap();
     let mut tasks = Vec::new();
@@ -185,7 +183,7 @@ async fn higher_priority_goes_first_and_fifo_within_a_priority() {
 #[tokio::test]
 async fn try_once_does_not_jump_the_queue_but_barging_does() {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     client.acquire(acquire("line", "holder")).await.unwrap();
     // "patient" waits through a replica that then stops answering (it is
@@ -237,8 +235,7 @@ async fn try_once_does_not_jump_the_queue_but_barging_does() {
 
 #[tokio::test]
 async fn a_barging_waiter_overtakes_fair_ones() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     client.acquire(acquire("race", "holder")).await.unwrap();
     let fair = spawn_wait(server.client().await, wait_for("race", "fair", 30_000));
@@ -268,8 +265,7 @@ async fn a_barging_waiter_overtakes_fair_ones() {
 
 #[tokio::test]
 async fn a_live_waiter_keeps_its_place_far_beyond_its_queue_ttl() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     client.acquire(acquire("patience", "holder")).await.unwrap();
     let ttl = |holder: &str| proto::AcquireRequest {
@@ -296,7 +292,7 @@ async fn a_live_waiter_keeps_its_place_far_beyond_its_queue_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_of_a_killed_replica_are_skipped_after_their_queue_ttl() {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     client.acquire(acquire("crash", "holder")).await.unwrap();
 
@@ -354,8 +350,7 @@ async fn waiters_of_a_killed_replica_are_skipped_after_their_queue_ttl() {
 
 #[tokio::test]
 async fn a_cancelled_or_timed_out_request_leaves_the_queue_at_once() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     client.acquire(acquire("bye", "holder")).await.unwrap();
     // A long queue TTL: only the cancellation can remove it quickly.
@@ -393,8 +388,8 @@ async fn a_cancelled_or_timed_out_request_leaves_the_queue_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_on_one_replica_wakes_a_waiter_on_another() {
     let redis = start_redis();
-    let here = TestServer::start(&redis.url()).await;
-    let there = TestServer::start(&redis.url()).await;
+    let here = TestServer::new().redis(&redis.url()).start().await;
+    let there = TestServer::new().redis(&redis.url()).start().await;
     let mut there_client = there.client().await;
     there_client
         .acquire(acquire("across", "holder"))
@@ -420,8 +415,7 @@ async fn a_release_on_one_replica_wakes_a_waiter_on_another() {
 
 #[tokio::test]
 async fn an_expiring_lease_hands_over_without_a_release() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let held = client
         .acquire(proto::AcquireRequest {
@@ -450,7 +444,7 @@ async fn an_expiring_lease_hands_over_without_a_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_waiting_costs_redis_only_heartbeats() {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
     client.acquire(acquire("idle", "holder")).await.unwrap();
@@ -510,11 +504,10 @@ async fn idle_waiting_costs_redis_only_heartbeats() {
 
 #[tokio::test]
 async fn full_queues_answer_resource_exhausted() {
-    let redis = start_redis();
     let mut args = service_args();
     args.max_waiters_per_lock = 2;
     args.max_waiters = 3;
-    let server = TestServer::start_with(&redis.url(), args).await;
+    let server = TestServer::new().args(args).start().await;
     let mut client = server.client().await;
     client.acquire(acquire("full", "holder")).await.unwrap();
     let mut waiting = Vec::new();
@@ -553,8 +546,8 @@ async fn full_queues_answer_resource_exhausted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_shutting_down_answers_its_waiters_unavailable() {
     let redis = start_redis();
-    let leaving = TestServer::start(&redis.url()).await;
-    let staying = TestServer::start(&redis.url()).await;
+    let leaving = TestServer::new().redis(&redis.url()).start().await;
+    let staying = TestServer::new().redis(&redis.url()).start().await;
     let mut client = staying.client().await;
     client.acquire(acquire("rollout", "holder")).await.unwrap();
     let waiter = spawn_wait(leaving.client().await, wait_for("rollout", "w", 60_000));
@@ -568,8 +561,7 @@ async fn a_replica_shutting_down_answers_its_waiters_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_waiter_whose_queue_entry_was_removed_rejoins_and_is_granted() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     client.acquire(acquire("dropped", "holder")).await.unwrap();
     let waiter = spawn_wait(

@@ -13,7 +13,7 @@ use tumbler::config::ServiceArgs;
 
 async fn setup() -> (tumbler::dev::RedisServer, TestServer) {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     (redis, server)
 }
 
@@ -510,10 +510,14 @@ async fn no_key_of_the_lock_remains_after_the_last_release() {
 #[tokio::test]
 async fn a_server_refuses_data_written_with_another_shard_count() {
     let redis = start_redis();
-    let first = TestServer::start(&redis.url()).await;
+    let first = TestServer::new().redis(&redis.url()).start().await;
     let mut other = service_args();
     other.shards = 16;
-    let second = TestServer::spawn(&redis.url(), other).await;
+    let second = TestServer::new()
+        .redis(&redis.url())
+        .args(other)
+        .spawn()
+        .await;
     let outcome = second.finished().await;
     let message = format!("{:#}", outcome.expect_err("must refuse"));
     assert!(message.contains("shards"), "{message}");
@@ -783,14 +787,14 @@ async fn a_locks_limit_is_fixed_while_anyone_holds_or_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_of_another_layout_that_claims_an_emptied_redis_stops_the_old_ones() {
     let mut redis = start_redis();
-    let old = TestServer::start_with(
-        &redis.url(),
-        ServiceArgs {
+    let old = TestServer::new()
+        .redis(&redis.url())
+        .args(ServiceArgs {
             health_interval_ms: 2_000,
             ..service_args()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let mut old_client = old.client().await;
     let reply = old_client.acquire(acquire("m", "old-1")).await.unwrap();
     assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
@@ -805,14 +809,14 @@ async fn a_replica_of_another_layout_that_claims_an_emptied_redis_stops_the_old_
         .query_async(&mut conn)
         .await
         .unwrap();
-    let new = TestServer::start_with(
-        &redis.url(),
-        ServiceArgs {
+    let new = TestServer::new()
+        .redis(&redis.url())
+        .args(ServiceArgs {
             shards: 16,
             ..service_args()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let mut new_client = new.client().await;
     let reply = new_client.acquire(acquire("m", "new-1")).await.unwrap();
     assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
@@ -844,7 +848,7 @@ async fn a_replica_of_another_layout_that_claims_an_emptied_redis_stops_the_old_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emptied_redis_is_claimed_again_by_the_running_replicas() {
     let mut redis = start_redis();
-    let old = TestServer::start(&redis.url()).await;
+    let old = TestServer::new().redis(&redis.url()).start().await;
     redis.restart().unwrap();
     // Within a health tick (100 ms in the tests) the record is back.
     let mut conn = redis_conn(&redis.url()).await;
@@ -862,14 +866,14 @@ async fn an_emptied_redis_is_claimed_again_by_the_running_replicas() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(record.as_deref(), Some("v3/32 shards"));
-    let second = TestServer::spawn(
-        &redis.url(),
-        ServiceArgs {
+    let second = TestServer::new()
+        .redis(&redis.url())
+        .args(ServiceArgs {
             shards: 16,
             ..service_args()
-        },
-    )
-    .await;
+        })
+        .spawn()
+        .await;
     let message = format!("{:#}", second.finished().await.expect_err("must refuse"));
     assert!(message.contains("v3/32 shards"), "{message}");
     let mut client = old.client().await;

@@ -21,8 +21,7 @@ async fn holder_of(client: &mut LockServiceClient<Channel>, name: &str) -> Optio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_grants_outlive_many_ttls_while_the_stream_is_open() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut session = Session::open(&mut client, 300).await;
     let reply = session.acquire(1, acquire("long-job", "ignored")).await;
@@ -72,8 +71,7 @@ async fn session_grants_outlive_many_ttls_while_the_stream_is_open() {
 /// more TTL, unrenewed, in case it resumes; then they expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_clients_grants_outlive_its_stream_by_one_ttl_then_expire() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut session = Session::open(&mut client, 500).await;
     let token = session
@@ -106,8 +104,7 @@ async fn a_silent_clients_grants_outlive_its_stream_by_one_ttl_then_expire() {
 
 #[tokio::test]
 async fn session_commands_are_validated_and_released_individually() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut session = Session::open(&mut client, 5_000).await;
     session
@@ -168,8 +165,8 @@ async fn session_commands_are_validated_and_released_individually() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_client_process_releases_its_lock_to_a_waiter_on_another_replica() {
     let redis = start_redis();
-    let near = TestServer::start(&redis.url()).await;
-    let far = TestServer::start(&redis.url()).await;
+    let near = TestServer::new().redis(&redis.url()).start().await;
+    let far = TestServer::new().redis(&redis.url()).start().await;
     // The client is `tumbler hold --session`, its own process, with a 30 s
     // session TTL: only the release on disconnect can hand the lock over
     // quickly.
@@ -215,7 +212,7 @@ async fn a_killed_client_process_releases_its_lock_to_a_waiter_on_another_replic
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_of_a_killed_replica_expire_at_their_ttl_and_are_never_renewed_again() {
     let redis = start_redis();
-    let observer = TestServer::start(&redis.url()).await;
+    let observer = TestServer::new().redis(&redis.url()).start().await;
     let mut client = observer.client().await;
     let mut replica = TumblerProcess::start(&redis.url(), &[]).await;
     let mut remote = replica.client().await;
@@ -252,7 +249,7 @@ async fn grants_of_a_killed_replica_expire_at_their_ttl_and_are_never_renewed_ag
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_outage_longer_than_the_ttl_tells_the_client_its_grant_is_lost() {
     let mut redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     let mut session = Session::open(&mut client, 600).await;
     let grant = session
@@ -279,10 +276,9 @@ async fn a_redis_outage_longer_than_the_ttl_tells_the_client_its_grant_is_lost()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_lock_delay_a_dead_session_keeps_its_lock_for_the_delay() {
-    let redis = start_redis();
     let mut args = service_args();
     args.session_lock_delay_ms = 800;
-    let server = TestServer::start_with(&redis.url(), args).await;
+    let server = TestServer::new().args(args).start().await;
     let mut client = server.client().await;
 
     // Closed on purpose: released at once, delay or not.
@@ -355,8 +351,7 @@ async fn with_a_lock_delay_a_dead_session_keeps_its_lock_for_the_delay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_runs_at_most_1000_commands_at_once() {
     const RUNNING: u64 = 1000;
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     // RUNNING locks held by someone else, so the session's acquires wait.
     let mut holding = tokio::task::JoinSet::new();
@@ -421,8 +416,7 @@ async fn a_session_runs_at_most_1000_commands_at_once() {
 /// limits) and the session goes on.
 #[tokio::test]
 async fn a_session_acquire_with_another_limit_is_refused_on_the_stream() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     client.acquire(acquire("shared", "plain")).await.unwrap();
     let mut session = Session::open(&mut client, 5_000).await;
@@ -456,8 +450,7 @@ async fn a_session_acquire_with_another_limit_is_refused_on_the_stream() {
 /// may take it back with its grants (same tokens) on a new stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_session_ends_deadline_exceeded_and_resumes_with_its_grants() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut session = Session::open(&mut client, 800).await;
     let token = session
@@ -496,15 +489,13 @@ async fn a_silent_session_ends_deadline_exceeded_and_resumes_with_its_grants() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_command_ends_the_session_resource_exhausted_after_its_lost_grants() {
-    let redis = start_redis();
-    let server = TestServer::start_with(
-        &redis.url(),
-        tumbler::config::ServiceArgs {
+    let server = TestServer::new()
+        .args(tumbler::config::ServiceArgs {
             max_request_bytes: 1024,
             ..service_args()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let mut client = server.client().await;
     let mut session = Session::open(&mut client, 10_000).await;
     for (id, name) in [(1, "kept-a"), (2, "kept-b")] {
@@ -533,8 +524,7 @@ async fn an_oversized_command_ends_the_session_resource_exhausted_after_its_lost
 
 #[tokio::test]
 async fn a_session_the_client_closes_ends_ok_without_lost_events() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut session = Session::open(&mut client, 10_000).await;
     session.acquire(1, acquire("closing", "")).await;
@@ -558,8 +548,8 @@ async fn a_session_the_client_closes_ends_ok_without_lost_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_of_a_draining_replica_resumes_on_another_with_the_same_grants() {
     let redis = start_redis();
-    let mut leaving = TestServer::start(&redis.url()).await;
-    let staying = TestServer::start(&redis.url()).await;
+    let mut leaving = TestServer::new().redis(&redis.url()).start().await;
+    let staying = TestServer::new().redis(&redis.url()).start().await;
     let mut near = leaving.client().await;
     let mut far = staying.client().await;
     let mut session = Session::open(&mut near, 1_000).await;
@@ -624,8 +614,7 @@ async fn a_session_of_a_draining_replica_resumes_on_another_with_the_same_grants
 /// session's stream goes on); an unknown or malformed id is refused too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_with_a_wrong_secret_or_unknown_session_is_refused_and_changes_nothing() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut session = Session::open(&mut client, 600).await;
     let token = session
@@ -677,8 +666,7 @@ async fn a_resume_with_a_wrong_secret_or_unknown_session_is_refused_and_changes_
 /// does not come back frees them within a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_stream_keeps_its_grants_only_for_a_prompt_resume() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut direct = server.client().await;
     let proxy = common::proxy::CuttableProxy::start(server.addr).await;
     let mut through_proxy = LockServiceClient::connect(proxy.endpoint()).await.unwrap();
@@ -732,8 +720,8 @@ async fn a_broken_stream_keeps_its_grants_only_for_a_prompt_resume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_of_a_draining_replica_keep_their_place_in_line() {
     let redis = start_redis();
-    let mut leaving = TestServer::start(&redis.url()).await;
-    let staying = TestServer::start(&redis.url()).await;
+    let mut leaving = TestServer::new().redis(&redis.url()).start().await;
+    let staying = TestServer::new().redis(&redis.url()).start().await;
     let mut far = staying.client().await;
     far.acquire(acquire("line", "first")).await.unwrap();
     let waiting_request = |holder: &str| proto::AcquireRequest {
@@ -799,8 +787,8 @@ async fn waiters_of_a_draining_replica_keep_their_place_in_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_left_past_its_ttl_cannot_be_resumed() {
     let redis = start_redis();
-    let mut leaving = TestServer::start(&redis.url()).await;
-    let staying = TestServer::start(&redis.url()).await;
+    let mut leaving = TestServer::new().redis(&redis.url()).start().await;
+    let staying = TestServer::new().redis(&redis.url()).start().await;
     let mut near = leaving.client().await;
     let mut far = staying.client().await;
     let mut session = Session::open(&mut near, 300).await;

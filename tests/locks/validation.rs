@@ -20,7 +20,7 @@ fn rejected(result: Result<tonic::Response<impl std::fmt::Debug>, tonic::Status>
 #[tokio::test]
 async fn every_rule_names_its_field_and_nothing_is_written() {
     let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().redis(&redis.url()).start().await;
     let mut client = server.client().await;
     let ok = || acquire("valid-name", "h");
 

@@ -64,8 +64,8 @@ async fn next_event(events: &mut tonic::Streaming<proto::LockEvent>) -> (String,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_delivers_the_events_of_a_scripted_scenario_from_another_replica() {
     let redis = start_redis();
-    let watching = TestServer::start(&redis.url()).await;
-    let acting = TestServer::start(&redis.url()).await;
+    let watching = TestServer::new().redis(&redis.url()).start().await;
+    let acting = TestServer::new().redis(&redis.url()).start().await;
     let mut watcher = watching.client().await;
     let mut client = acting.client().await;
     let mut events = watch(
@@ -168,8 +168,7 @@ async fn watch_delivers_the_events_of_a_scripted_scenario_from_another_replica()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_watcher_is_dropped_and_the_service_stays_fast() {
-    let redis = start_redis();
-    let server = TestServer::start(&redis.url()).await;
+    let server = TestServer::new().start().await;
     let mut client = server.client().await;
     // A client that reads nothing holds little in flight: a small HTTP/2
     // window, so the server's side fills up as a stuck client's would.

@@ -89,7 +89,11 @@ async fn setup_with(tokens: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens.toml");
     std::fs::write(&path, tokens).unwrap();
-    let server = TestServer::start_with(&redis.url(), auth_args(&path)).await;
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .args(auth_args(&path))
+        .start()
+        .await;
     Setup {
         _redis: redis,
         _dir: dir,
@@ -515,8 +519,6 @@ async fn serve_refuses_to_start_without_a_choice_about_authentication() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_sends_its_token_and_makes_entries_that_work() {
-    let redis = start_redis();
-    let dir = tempfile::tempdir().unwrap();
     // `tumbler token` makes the token and its file entry.
     let made = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
         .args(["token", "--name", "ci", "--namespace", "builds"])
@@ -530,9 +532,7 @@ async fn the_cli_sends_its_token_and_makes_entries_that_work() {
         .map(|t| format!("tmb_{t}"))
         .expect("a token line");
     assert!(!text.contains(&format!("sha256 = \"{token}\"")));
-    let path = dir.path().join("tokens.toml");
-    std::fs::write(&path, &text).unwrap();
-    let server = TestServer::start_with(&redis.url(), auth_args(&path)).await;
+    let server = TestServer::new().auth(&text).start().await;
 
     let cli = |args: &[&str], token: Option<&str>| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"));
@@ -841,7 +841,7 @@ async fn tumbler_system_is_reserved_even_for_everywhere_tokens_and_without_auth(
         assert_eq!(code, expected, "{rpc}: {message}");
     }
     // Without authentication: nobody.
-    let open = TestServer::start(&s._redis.url()).await;
+    let open = TestServer::new().redis(&s._redis.url()).start().await;
     let mut anyone = client(&open, None).await;
     for (rpc, code, message) in every_rpc(&mut anyone, "tumbler-system").await {
         assert_eq!(code, Code::PermissionDenied, "--no-auth {rpc}: {message}");
