@@ -119,3 +119,57 @@ fn the_checker_sees_a_forbidden_name() {
     assert!(!names("use bb8_redis::Pool;", "redis::"));
     assert!(names("let x: redis::Value;", "redis::"));
 }
+
+/// The paths in the first column of the tables of ARCHITECTURE.md's
+/// "Codemap" section: `` `src/engine/keys.rs` ``, `` `src/cli/` ``, several
+/// per row.
+fn codemap_paths(text: &str) -> Vec<String> {
+    let section = text
+        .split("\n## Codemap")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("a Codemap section");
+    let mut paths = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let first = line[1..].split(" | ").next().unwrap_or("");
+        paths.extend(
+            first
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|p| p.contains('/') || p.contains('.'))
+                .map(str::to_owned),
+        );
+    }
+    paths
+}
+
+#[test]
+fn the_codemap_matches_the_tree() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let paths = codemap_paths(&text);
+    // Every path it names exists (a `*` stands for any run of characters).
+    let gone: Vec<&String> = (paths.iter())
+        .filter(|p| !p.contains('*') && !p.contains('<') && !root.join(p).exists())
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "the codemap names paths that do not exist: {gone:?}"
+    );
+    // Every source file is named, itself or by a folder row (`src/cli/`).
+    let mut files = Vec::new();
+    sources(&root.join("src"), &mut files);
+    let unnamed: Vec<String> = (files.iter())
+        .map(|f| f.strip_prefix(root).unwrap().display().to_string())
+        .filter(|f| {
+            !paths
+                .iter()
+                .any(|p| p == f || (p.ends_with('/') && f.starts_with(p.as_str())))
+        })
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "source files missing from ARCHITECTURE.md's codemap: {unnamed:?}"
+    );
+}
