@@ -260,21 +260,8 @@ impl From<std::io::Error> for Failure {
 
 /// Runs one client subcommand and returns its exit code.
 pub async fn run(globals: Globals, command: ClientCommand) -> ExitCode {
-    let code = match execute(&globals, command).await {
-        Ok(code) => code,
-        Err(failure) => failure.report(),
-    };
-    ExitCode::from(code)
-}
-
-/// Prints a usage error the way subcommands do and returns its code (for
-/// `main`, e.g. a completion script that cannot be written).
-pub fn report(failure: Failure) -> ExitCode {
-    ExitCode::from(failure.report())
-}
-
-async fn execute(globals: &Globals, command: ClientCommand) -> Result<u8, Failure> {
-    match command {
+    let globals = &globals;
+    let ran = match command {
         ClientCommand::Acquire(args) => acquire::run(args, globals).await,
         ClientCommand::Release(args) => release::run(args, globals).await,
         ClientCommand::Extend(args) => extend::run(args, globals).await,
@@ -288,7 +275,14 @@ async fn execute(globals: &Globals, command: ClientCommand) -> Result<u8, Failur
         ClientCommand::Watch(args) => watch::run(args, globals).await,
         ClientCommand::Token(args) => token::run(args, globals),
         ClientCommand::Health(args) => health::run(args, globals).await,
-    }
+    };
+    ExitCode::from(ran.unwrap_or_else(|failure| failure.report()))
+}
+
+/// Prints a usage error the way subcommands do and returns its code (for
+/// `main`, e.g. a completion script that cannot be written).
+pub fn report(failure: Failure) -> ExitCode {
+    ExitCode::from(failure.report())
 }
 
 /// `message`, followed by the causes below it that it does not already
