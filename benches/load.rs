@@ -631,7 +631,12 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let direct = direct_engine(&redis.url(), "direct4", 4).await;
+    let direct = direct_engine(
+        &redis.url(),
+        "direct",
+        ServiceArgs::default().redis_connections,
+    )
+    .await;
     let mut plain = Vec::new();
     for _ in 0..4 {
         plain.push(
@@ -723,6 +728,6 @@ async fn main() {
     }
 }
 
-const TUMBLER: &str = "tumbler: gRPC, pool of 4";
+const TUMBLER: &str = "tumbler: gRPC, default pool (one connection)";
 const PLAIN: &str = "plain Redis lock: SET NX PX + compare-and-delete, 4 connections";
 const ETCD: &str = "etcd 3.4 v3lock: gRPC Lock/Unlock with a lease";
