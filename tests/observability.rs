@@ -5,6 +5,9 @@
 //! A test binary of its own, not folded into an area: it counts exact RPC
 //! totals and per-kind series in the process-wide metrics registry, which
 //! other tests in the same process would move.
+//!
+//! One file on purpose: its tests read the same registry through the
+//! metrics-page readers and the small OTLP collector defined here.
 
 mod common;
 
@@ -25,10 +28,9 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tumbler::config::ServerConfig;
 
 const TUMBLER: &str = env!("CARGO_BIN_EXE_tumbler");
 
@@ -53,25 +55,11 @@ async fn metrics_count_rpcs_outcomes_waiters_and_redis_health() {
     let redis = start_redis();
     let mut args = service_args();
     args.reap_interval_ms = 100;
-    let config = ServerConfig::new(redis.url(), &args).unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc_addr = grpc.local_addr().unwrap();
-    let http_addr = http.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(tumbler::server::serve_with_http(
-        config,
-        grpc,
-        Some(http),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    let endpoint = format!("http://{grpc_addr}");
-    wait_for_health(&endpoint, ServingStatus::Serving).await;
-    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
-        .await
-        .unwrap();
+    let server = (TestServer::new().redis(&redis.url()).args(args).http())
+        .start()
+        .await;
+    let http_addr = server.http();
+    let mut client = server.client().await;
 
     assert_eq!(
         common::http::get(http_addr, "/healthz").await,
@@ -238,8 +226,7 @@ async fn metrics_count_rpcs_outcomes_waiters_and_redis_health() {
     );
 
     // The HTTP port closes with the server.
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.shutdown().await.unwrap();
     assert!(TcpStream::connect(http_addr).await.is_err());
 }
 

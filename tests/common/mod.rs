@@ -49,10 +49,13 @@ pub fn service_args() -> ServiceArgs {
 /// builder call: `TestServer::new().start().await` brings its own Redis;
 /// `.redis(url)` uses one the test holds, `.cluster()` a Redis Cluster of
 /// three nodes, `.auth(entries)` a tokens file with those entries,
-/// `.shards(n)` or `.args(..)` other settings; `.spawn()` instead of
-/// `.start()` does not wait for SERVING.
+/// `.shards(n)` or `.args(..)` other settings, `.http()` the HTTP port
+/// too, `.config(..)` what no flag sets; `.spawn()` instead of `.start()`
+/// does not wait for SERVING.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The HTTP port (`/metrics`, `/healthz`, the dashboard), with `.http()`.
+    http: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
     /// What the builder started for this server (its Redis, the tokens
@@ -75,7 +78,12 @@ pub struct Builder {
     redis_url: Option<String>,
     cluster: bool,
     tokens: Option<String>,
+    http: bool,
+    configure: Option<ConfigChange>,
 }
+
+/// What [`Builder::config`] does to the config.
+type ConfigChange = Box<dyn FnOnce(&mut ServerConfig) + Send>;
 
 impl Builder {
     /// Uses this Redis (one the test started and keeps).
@@ -105,6 +113,20 @@ impl Builder {
     /// These settings instead of [`service_args`].
     pub fn args(mut self, args: ServiceArgs) -> Self {
         self.args = args;
+        self
+    }
+
+    /// The HTTP port on too (`/metrics`, `/healthz`, the dashboard):
+    /// [`TestServer::http`].
+    pub fn http(mut self) -> Self {
+        self.http = true;
+        self
+    }
+
+    /// Changes the config the settings made, for what no flag sets here
+    /// (e.g. `dashboard_admin`).
+    pub fn config(mut self, change: impl FnOnce(&mut ServerConfig) + Send + 'static) -> Self {
+        self.configure = Some(Box::new(change));
         self
     }
 
@@ -143,15 +165,29 @@ impl Builder {
             self.args.auth.no_auth = false;
             owned.dir = Some(dir);
         }
-        let config = ServerConfig::new(owned.redis_url.clone(), &self.args).unwrap();
+        let mut config = ServerConfig::new(owned.redis_url.clone(), &self.args).unwrap();
+        if let Some(change) = self.configure.take() {
+            change(&mut config);
+        }
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let http = match self.http {
+            true => Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            false => None,
+        };
+        let http_addr = http.as_ref().map(|l| l.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tumbler::server::serve(config, listener, async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(tumbler::server::serve_with_http(
+            config,
+            listener,
+            http,
+            async {
+                let _ = stopped.await;
+            },
+        ));
         TestServer {
             addr,
+            http: http_addr,
             stop: Some(stop),
             task: Some(task),
             owned,
@@ -168,7 +204,14 @@ impl TestServer {
             redis_url: None,
             cluster: false,
             tokens: None,
+            http: false,
+            configure: None,
         }
+    }
+
+    /// The HTTP port (started with `.http()`).
+    pub fn http(&self) -> SocketAddr {
+        self.http.expect("started with .http()")
     }
 
     /// The Redis the server uses (its own, or the one it was given).
@@ -188,12 +231,14 @@ impl TestServer {
     /// without waiting for it to become healthy.
     pub fn spawn_on(config: ServerConfig, listeners: tumbler::server::Listeners) -> Self {
         let addr = listeners.grpc.local_addr().unwrap();
+        let http = listeners.http.as_ref().map(|l| l.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(tumbler::server::serve_on(config, listeners, async {
             let _ = stopped.await;
         }));
         TestServer {
             addr,
+            http,
             stop: Some(stop),
             task: Some(task),
             owned: Owned::default(),

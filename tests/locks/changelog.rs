@@ -14,46 +14,30 @@ use std::time::Duration;
 use common::http::http;
 use common::*;
 use serde_json::Value;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tonic::transport::Channel;
-use tonic_health::pb::health_check_response::ServingStatus;
 use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::proto::lock_service_client::LockServiceClient;
 
 /// A server with its HTTP port on.
 struct Server {
-    grpc: String,
+    server: TestServer,
     http: SocketAddr,
-    _stop: oneshot::Sender<()>,
 }
 
 impl Server {
     async fn start(redis_url: &str, args: ServiceArgs) -> Self {
-        let config = ServerConfig::new(redis_url.to_owned(), &args).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let grpc = format!("http://{}", listener.local_addr().unwrap());
-        let http_addr = http.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(tumbler::server::serve_with_http(
-            config,
-            listener,
-            Some(http),
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        wait_for_health(&grpc, ServingStatus::Serving).await;
-        Server {
-            grpc,
-            http: http_addr,
-            _stop: stop,
-        }
+        let server = TestServer::new()
+            .redis(redis_url)
+            .args(args)
+            .http()
+            .start()
+            .await;
+        let http = server.http();
+        Server { server, http }
     }
 
     async fn client(&self) -> LockServiceClient<Channel> {
-        LockServiceClient::connect(self.grpc.clone()).await.unwrap()
+        self.server.client().await
     }
 
     async fn changelog(&self, query: &str) -> (u16, Value) {

@@ -346,31 +346,10 @@ async fn kinds_past_the_cap_of_one_shard_minute_are_counted_as_other() {
 }
 
 /// A server in this process with an HTTP port (and a fast reaper).
-async fn serve_with_http() -> (
-    tumbler::dev::RedisServer,
-    String,
-    std::net::SocketAddr,
-    tokio::sync::oneshot::Sender<()>,
-) {
-    let redis = start_redis();
+async fn serve_with_http() -> TestServer {
     let mut args = service_args();
     args.reap_interval_ms = 100;
-    let config = tumbler::config::ServerConfig::new(redis.url(), &args).unwrap();
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", grpc.local_addr().unwrap());
-    let http_addr = http.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(tumbler::server::serve_with_http(
-        config,
-        grpc,
-        Some(http),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    wait_for_health(&endpoint, ServingStatus::Serving).await;
-    (redis, endpoint, http_addr, stop)
+    TestServer::new().args(args).http().start().await
 }
 
 /// Scrapes until `check` holds (up to 10 s).
@@ -433,10 +412,9 @@ async fn open_session_and_watch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gauges_show_open_streams_session_grants_build_and_process() {
-    let (_redis, endpoint, http, _stop) = serve_with_http().await;
-    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
-        .await
-        .unwrap();
+    let server = serve_with_http().await;
+    let http = server.http();
+    let mut client = server.client().await;
     let page = common::http::scrape(http).await;
     let value = |page: &str, name: &str, labels: &[(&str, &str)]| {
         common::http::sample(page, name, labels).unwrap_or_else(|| panic!("{name}: {page}"))
@@ -510,10 +488,9 @@ fn documented_metrics() -> std::collections::BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_metric_list_is_exactly_what_is_served() {
-    let (_redis, endpoint, http, _stop) = serve_with_http().await;
-    let mut client = proto::lock_service_client::LockServiceClient::connect(endpoint)
-        .await
-        .unwrap();
+    let server = serve_with_http().await;
+    let http = server.http();
+    let mut client = server.client().await;
     // Traffic that makes every lazily created series appear: grants, a
     // wait, a release (hold time), a short lease the reaper finds expired.
     client.acquire(acquire("listed", "a")).await.unwrap();
