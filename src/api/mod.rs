@@ -325,11 +325,7 @@ impl LockService for LockApi {
                 .into_iter()
                 .map(proto::LockSummary::from)
                 .collect(),
-            next_page_token: page
-                .next
-                .as_ref()
-                .map(validate::encode_page_token)
-                .unwrap_or_default(),
+            next_page_token: validate::next_page_token(page.next.as_ref()),
             now_ms: page.now_ms,
         }))
     }

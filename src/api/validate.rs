@@ -116,6 +116,11 @@ pub fn page_token(value: &str) -> Result<Option<ListCursor>, Status> {
 const MAX_NODES: u32 = 16_384;
 const MAX_AFTER_BYTES: usize = MAX_NAME_BYTES + 256;
 
+/// The `next_page_token` of a page: empty when the listing is done.
+pub fn next_page_token(next: Option<&ListCursor>) -> String {
+    next.map(encode_page_token).unwrap_or_default()
+}
+
 /// The token that resumes a listing at `cursor`.
 pub fn encode_page_token(cursor: &ListCursor) -> String {
     URL_SAFE_NO_PAD.encode(format!(

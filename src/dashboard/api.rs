@@ -100,11 +100,7 @@ pub(super) async fn api_locks(
         namespace,
         prefix,
         locks,
-        next_page_token: page
-            .next
-            .as_ref()
-            .map(validate::encode_page_token)
-            .unwrap_or_default(),
+        next_page_token: validate::next_page_token(page.next.as_ref()),
         now_ms: page.now_ms,
     })
 }
