@@ -8,8 +8,11 @@
 //! Each server is its own process (the yardstick is this benchmark's own
 //! binary, started again in its serving mode), so its CPU is read from
 //! `/proc/<pid>/stat`, and Redis' from `INFO cpu`, over the same measured
-//! window. tumbler runs as deployed: auth on (a bearer token per call),
-//! tracing at its default level, the HTTP port with `/metrics` on.
+//! window; its own CPU (the load generator's) and the machine's idle share
+//! too, since on a machine the run keeps busy pairs/s follows what a pair
+//! costs all three processes together. tumbler runs as deployed: auth on
+//! (a bearer token per call), tracing at its default level, the HTTP port
+//! with `/metrics` on.
 //!
 //! Scenario: 64 clients (one tonic Channel per 8), each on its own name,
 //! uncontended try-once Acquire + Release pairs, back to back.
@@ -43,150 +46,8 @@ const YARDSTICK_ENV: &str = "TUMBLER_BENCH_YARDSTICK";
 const TOKEN: &str = "front-bench-token";
 
 /// The yardstick: a bare front over the plain Redis lock.
-mod yardstick {
-    use std::pin::Pin;
-
-    use tonic::{Request, Response, Status};
-    use tumbler::proto::lock_service_server::{LockService, LockServiceServer};
-    use tumbler::proto::*;
-
-    /// `SET key holder NX PX ttl` as one script, and compare-and-delete.
-    const ACQUIRE: &str =
-        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end return 0";
-    const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
-
-    struct Yardstick {
-        conn: redis::aio::MultiplexedConnection,
-        acquire: redis::Script,
-        release: redis::Script,
-    }
-
-    fn unavailable(err: redis::RedisError) -> Status {
-        Status::unavailable(err.to_string())
-    }
-
-    type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
-
-    #[tonic::async_trait]
-    impl LockService for Yardstick {
-        async fn acquire(
-            &self,
-            request: Request<AcquireRequest>,
-        ) -> Result<Response<AcquireResponse>, Status> {
-            let request = request.into_inner();
-            let granted: i64 = self
-                .acquire
-                .key(format!("y:{}:{}", request.namespace, request.name))
-                .arg(&request.holder)
-                .arg(request.ttl_ms.unwrap_or(30_000))
-                .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(unavailable)?;
-            let status = if granted == 1 {
-                AcquireStatus::Acquired
-            } else {
-                AcquireStatus::NotAcquired
-            };
-            Ok(Response::new(AcquireResponse {
-                status: status.into(),
-                ..Default::default()
-            }))
-        }
-
-        async fn release(
-            &self,
-            request: Request<ReleaseRequest>,
-        ) -> Result<Response<ReleaseResponse>, Status> {
-            let request = request.into_inner();
-            let deleted: i64 = self
-                .release
-                .key(format!("y:{}:{}", request.namespace, request.name))
-                .arg(&request.holder)
-                .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(unavailable)?;
-            let status = if deleted == 1 {
-                ReleaseStatus::Released
-            } else {
-                ReleaseStatus::NotHeld
-            };
-            Ok(Response::new(ReleaseResponse {
-                status: status.into(),
-            }))
-        }
-
-        async fn extend(
-            &self,
-            _: Request<ExtendRequest>,
-        ) -> Result<Response<ExtendResponse>, Status> {
-            Err(Status::unimplemented("yardstick"))
-        }
-        async fn inspect(
-            &self,
-            _: Request<InspectRequest>,
-        ) -> Result<Response<InspectResponse>, Status> {
-            // Answers, so the benchmark's readiness probe sees it serve.
-            Ok(Response::new(InspectResponse::default()))
-        }
-        async fn queue(&self, _: Request<QueueRequest>) -> Result<Response<QueueResponse>, Status> {
-            Err(Status::unimplemented("yardstick"))
-        }
-        async fn list(&self, _: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
-            Err(Status::unimplemented("yardstick"))
-        }
-        async fn list_namespaces(
-            &self,
-            _: Request<ListNamespacesRequest>,
-        ) -> Result<Response<ListNamespacesResponse>, Status> {
-            Err(Status::unimplemented("yardstick"))
-        }
-        async fn reap(&self, _: Request<ReapRequest>) -> Result<Response<ReapResponse>, Status> {
-            Err(Status::unimplemented("yardstick"))
-        }
-        async fn clear(&self, _: Request<ClearRequest>) -> Result<Response<ClearResponse>, Status> {
-            Err(Status::unimplemented("yardstick"))
-        }
-        async fn metrics(
-            &self,
-            _: Request<MetricsRequest>,
-        ) -> Result<Response<MetricsResponse>, Status> {
-            Err(Status::unimplemented("yardstick"))
-        }
-        type SessionStream = Stream<SessionResponse>;
-        async fn session(
-            &self,
-            _: Request<tonic::Streaming<SessionRequest>>,
-        ) -> Result<Response<Self::SessionStream>, Status> {
-            Err(Status::unimplemented("yardstick"))
-        }
-        type WatchStream = Stream<LockEvent>;
-        async fn watch(
-            &self,
-            _: Request<WatchRequest>,
-        ) -> Result<Response<Self::WatchStream>, Status> {
-            Err(Status::unimplemented("yardstick"))
-        }
-    }
-
-    /// Serves on `listen` until killed.
-    pub async fn serve(listen: &str, redis_url: &str) {
-        let conn = redis::Client::open(redis_url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let service = Yardstick {
-            conn,
-            acquire: redis::Script::new(ACQUIRE),
-            release: redis::Script::new(RELEASE),
-        };
-        tonic::transport::Server::builder()
-            .add_service(LockServiceServer::new(service))
-            .serve(listen.parse().unwrap())
-            .await
-            .unwrap();
-    }
-}
+#[path = "front/yardstick.rs"]
+mod yardstick;
 
 /// A server process under test: its endpoint and pid.
 struct Target {
@@ -211,6 +72,17 @@ fn process_cpu(pid: u32) -> Duration {
         .unwrap()
         .unwrap() as u64;
     Duration::from_micros(ticks * 1_000_000 / per_second)
+}
+
+/// The machine's CPU time so far from `/proc/stat`: (idle, all), in ticks.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let ticks: Vec<u64> = (stat.lines().next().unwrap().split_whitespace())
+        .skip(1)
+        .map(|t| t.parse().unwrap())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    (ticks[3] + ticks[4], ticks.iter().take(8).sum())
 }
 
 /// Redis' own CPU so far (`INFO cpu`: used_cpu_user + used_cpu_sys).
@@ -336,6 +208,10 @@ struct Measured {
     latency: Histogram<u64>,
     server_cpu: Duration,
     redis_cpu: Duration,
+    /// This benchmark's own CPU: the load generator (clients and channels).
+    client_cpu: Duration,
+    /// The share of the machine's CPU time left idle over the window.
+    idle: f64,
 }
 
 impl Measured {
@@ -347,6 +223,13 @@ impl Measured {
     }
     fn redis_us(&self) -> f64 {
         self.redis_cpu.as_secs_f64() * 1e6 / self.pairs as f64
+    }
+    fn client_us(&self) -> f64 {
+        self.client_cpu.as_secs_f64() * 1e6 / self.pairs as f64
+    }
+    /// Everything one pair cost the machine: load generator, server, Redis.
+    fn all_us(&self) -> f64 {
+        self.client_us() + self.server_us() + self.redis_us()
     }
 }
 
@@ -375,9 +258,11 @@ async fn measure(
             let channel = channels[id / CLIENTS_PER_CHANNEL].clone();
             tasks.spawn(client_loop(target.clone(), channel, id, stop.clone()));
         }
-        let (server_before, redis_before, started) = (
+        let (server_before, redis_before, client_before, machine_before, started) = (
             process_cpu(target.pid),
             redis_cpu(redis).await,
+            process_cpu(std::process::id()),
+            machine_ticks(),
             Instant::now(),
         );
         tokio::time::sleep(length).await;
@@ -397,6 +282,11 @@ async fn measure(
                 latency,
                 server_cpu: process_cpu(target.pid) - server_before,
                 redis_cpu: redis_cpu(redis).await - redis_before,
+                client_cpu: process_cpu(std::process::id()) - client_before,
+                idle: {
+                    let (idle, all) = machine_ticks();
+                    (idle - machine_before.0) as f64 / (all - machine_before.1).max(1) as f64
+                },
             };
         }
     }
@@ -521,16 +411,16 @@ async fn main() {
     );
     println!();
     println!(
-        "| path | pairs/s | acquire p50 µs | acquire p99 µs | server CPU µs/pair | Redis CPU µs/pair | whole µs/pair |"
+        "| path | pairs/s | acquire p50 µs | acquire p99 µs | server CPU µs/pair | Redis CPU µs/pair | whole µs/pair | load generator µs/pair | machine idle |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut results = Vec::new();
     for target in targets {
         let target = Arc::new(target);
         let measured = measure(&target, clients, warm_up, window, &mut redis).await;
         assert!(measured.pairs > 0, "{}: no pairs", target.label);
         println!(
-            "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} |",
+            "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % |",
             target.label,
             measured.rate(),
             measured.latency.value_at_quantile(0.5),
@@ -538,6 +428,8 @@ async fn main() {
             measured.server_us(),
             measured.redis_us(),
             measured.server_us() + measured.redis_us(),
+            measured.client_us(),
+            measured.idle * 100.0,
         );
         results.push((target, measured));
     }
@@ -552,6 +444,12 @@ async fn main() {
     println!(
         "| tumbler pairs/s ÷ the yardstick's | {:.2} | ≥ 0.8 |",
         tumbler_m.rate() / yard.rate()
+    );
+    // On a machine the run keeps busy, pairs/s follows the CPU a pair
+    // costs all three processes together; this is the ratio that predicts.
+    println!(
+        "| yardstick's CPU per pair ÷ tumbler's, load generator + server + Redis (predicts the line above when the machine is busy) | {:.2} | |",
+        yard.all_us() / tumbler_m.all_us()
     );
     println!(
         "| tumbler acquire p99 ÷ the yardstick's | {:.2} | ≤ 2 |",
