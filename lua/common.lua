@@ -6,6 +6,11 @@
 -- lock table of its own: nothing here is repointed from one call to the
 -- next.
 --
+-- One file of ~700 lines on purpose: Redis loads a function library as one
+-- unit, and the steps every operation shares (clock, records, purge,
+-- queue, settle, events) live here once, so each operation's file stays a
+-- short list of steps.
+--
 -- Key layout v3 (ARCHITECTURE.md has the whole table). A lock `name` of
 -- namespace `ns` lives in shard `s`; every key of the shard starts with
 -- '<prefix>:{<ns>:<s>}', so one function call touches one cluster slot.

@@ -1,4 +1,5 @@
-//! Checks of the repository itself: the documentation navigates and its examples run; the layers keep their rules.
+//! Checks of the repository itself: the documentation navigates and its
+//! examples run; the layers keep their rules; long files say why.
 //!
 //! One test binary per area (each file a module named as its tests were
 //! before): the suite links a handful of binaries, not one per file.
@@ -8,3 +9,4 @@ mod common;
 
 mod docs;
 mod layers;
+mod sizes;
