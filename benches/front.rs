@@ -18,7 +18,9 @@
 //! uncontended try-once Acquire + Release pairs, back to back.
 //!
 //! `cargo bench --bench front` (FRONT_SECONDS=N per measurement, default
-//! 5; FRONT_CLIENTS=N, default 64). Under `cargo test` it runs a smoke
+//! 5; FRONT_CLIENTS=N, default 64; FRONT_ROUNDS=N, default 3: every target
+//! is measured in turn N times, so a slow spell of a shared machine falls
+//! on all of them, and each row sums its rounds). Under `cargo test` it runs a smoke
 //! version that only checks numbers come out.
 //!
 //! For an A/B comparison in one run, `FRONT_COMPARE=<tumbler binary>`
@@ -224,6 +226,18 @@ impl Measured {
     fn redis_us(&self) -> f64 {
         self.redis_cpu.as_secs_f64() * 1e6 / self.pairs as f64
     }
+    /// The sum of two measurements of one target.
+    fn plus(mut self, other: Measured) -> Measured {
+        self.idle = (self.idle * self.seconds + other.idle * other.seconds)
+            / (self.seconds + other.seconds);
+        self.pairs += other.pairs;
+        self.seconds += other.seconds;
+        self.latency.add(other.latency).unwrap();
+        self.server_cpu += other.server_cpu;
+        self.redis_cpu += other.redis_cpu;
+        self.client_cpu += other.client_cpu;
+        self
+    }
     fn client_us(&self) -> f64 {
         self.client_cpu.as_secs_f64() * 1e6 / self.pairs as f64
     }
@@ -305,14 +319,15 @@ async fn main() {
         return;
     }
     let benching = std::env::args().any(|a| a == "--bench");
-    let (clients, warm_up, window) = if benching {
+    let (clients, warm_up, window, rounds) = if benching {
         (
             env("FRONT_CLIENTS").unwrap_or(64) as usize,
             Duration::from_secs(1),
             Duration::from_secs(env("FRONT_SECONDS").unwrap_or(5)),
+            env("FRONT_ROUNDS").unwrap_or(3),
         )
     } else {
-        (4, Duration::from_millis(100), Duration::from_millis(300))
+        (4, Duration::from_millis(100), Duration::from_millis(300), 1)
     };
 
     let redis_server = RedisServer::start("redis-server").expect("redis-server");
@@ -407,18 +422,31 @@ async fn main() {
     };
 
     println!(
-        "tumbler front benchmark: {clients} clients, uncontended try-once Acquire + Release pairs, warm-up {warm_up:?}, {window:?} measured; every server its own process; loopback"
+        "tumbler front benchmark: {clients} clients, uncontended try-once Acquire + Release pairs, warm-up {warm_up:?}, {window:?} measured, {rounds} round(s) of every target in turn (rows sum them); every server its own process; loopback"
     );
     println!();
     println!(
         "| path | pairs/s | acquire p50 µs | acquire p99 µs | server CPU µs/pair | Redis CPU µs/pair | whole µs/pair | load generator µs/pair | machine idle |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    // Every target in turn, round after round, so a slow spell of the
+    // machine falls on all of them; each row sums its rounds.
+    let targets: Vec<Arc<Target>> = targets.into_iter().map(Arc::new).collect();
+    let mut sums: Vec<Option<Measured>> = targets.iter().map(|_| None).collect();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    for _ in 0..rounds {
+        for (i, target) in targets.iter().enumerate() {
+            let measured = measure(target, clients, warm_up, window, &mut redis).await;
+            assert!(measured.pairs > 0, "{}: no pairs", target.label);
+            rates[i].push(measured.rate());
+            sums[i] = Some(match sums[i].take() {
+                Some(sum) => sum.plus(measured),
+                None => measured,
+            });
+        }
+    }
     let mut results = Vec::new();
-    for target in targets {
-        let target = Arc::new(target);
-        let measured = measure(&target, clients, warm_up, window, &mut redis).await;
-        assert!(measured.pairs > 0, "{}: no pairs", target.label);
+    for (target, measured) in targets.into_iter().zip(sums.into_iter().flatten()) {
         println!(
             "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % |",
             target.label,
@@ -434,6 +462,16 @@ async fn main() {
         results.push((target, measured));
     }
     let (yard, tumbler_m) = (&results[0].1, &results[1].1);
+    if rounds > 1 {
+        let each: Vec<String> = (rates[1].iter().zip(&rates[0]))
+            .map(|(t, y)| format!("{:.2}", t / y))
+            .collect();
+        println!();
+        println!(
+            "tumbler pairs/s ÷ the yardstick's, round by round: {}",
+            each.join(", ")
+        );
+    }
     println!();
     println!("| ratio (same run) | value | target |");
     println!("| --- | ---: | ---: |");
