@@ -226,8 +226,8 @@ impl Measured {
     fn redis_us(&self) -> f64 {
         self.redis_cpu.as_secs_f64() * 1e6 / self.pairs as f64
     }
-    /// The sum of two measurements of one target.
-    fn plus(mut self, other: Measured) -> Measured {
+    /// Adds another measurement of the same target (another round).
+    fn add(&mut self, other: Measured) {
         self.idle = (self.idle * self.seconds + other.idle * other.seconds)
             / (self.seconds + other.seconds);
         self.pairs += other.pairs;
@@ -236,7 +236,6 @@ impl Measured {
         self.server_cpu += other.server_cpu;
         self.redis_cpu += other.redis_cpu;
         self.client_cpu += other.client_cpu;
-        self
     }
     fn client_us(&self) -> f64 {
         self.client_cpu.as_secs_f64() * 1e6 / self.pairs as f64
@@ -432,21 +431,22 @@ async fn main() {
     // Every target in turn, round after round, so a slow spell of the
     // machine falls on all of them; each row sums its rounds.
     let targets: Vec<Arc<Target>> = targets.into_iter().map(Arc::new).collect();
-    let mut sums: Vec<Option<Measured>> = targets.iter().map(|_| None).collect();
+    let mut sums: Vec<Measured> = Vec::new();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
-    for _ in 0..rounds {
+    for round in 0..rounds {
         for (i, target) in targets.iter().enumerate() {
             let measured = measure(target, clients, warm_up, window, &mut redis).await;
             assert!(measured.pairs > 0, "{}: no pairs", target.label);
             rates[i].push(measured.rate());
-            sums[i] = Some(match sums[i].take() {
-                Some(sum) => sum.plus(measured),
-                None => measured,
-            });
+            if round == 0 {
+                sums.push(measured);
+            } else {
+                sums[i].add(measured);
+            }
         }
     }
     let mut results = Vec::new();
-    for (target, measured) in targets.into_iter().zip(sums.into_iter().flatten()) {
+    for (target, measured) in targets.into_iter().zip(sums) {
         println!(
             "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % |",
             target.label,

@@ -169,29 +169,19 @@ impl Builder {
         if let Some(change) = self.configure.take() {
             change(&mut config);
         }
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let http = match self.http {
-            true => Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
-            false => None,
+        let http = if self.http {
+            Some(TcpListener::bind("127.0.0.1:0").await.unwrap())
+        } else {
+            None
         };
-        let http_addr = http.as_ref().map(|l| l.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tumbler::server::serve_with_http(
-            config,
-            listener,
+        let listeners = tumbler::server::Listeners {
+            grpc: TcpListener::bind("127.0.0.1:0").await.unwrap(),
             http,
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        TestServer {
-            addr,
-            http: http_addr,
-            stop: Some(stop),
-            task: Some(task),
-            owned,
-        }
+            health: None,
+        };
+        let mut server = TestServer::spawn_on(config, listeners);
+        server.owned = owned;
+        server
     }
 }
 

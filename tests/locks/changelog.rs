@@ -8,7 +8,6 @@
 use crate::common;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::http::http;
@@ -21,7 +20,6 @@ use tumbler::proto::lock_service_client::LockServiceClient;
 /// A server with its HTTP port on.
 struct Server {
     server: TestServer,
-    http: SocketAddr,
 }
 
 impl Server {
@@ -32,8 +30,7 @@ impl Server {
             .http()
             .start()
             .await;
-        let http = server.http();
-        Server { server, http }
+        Server { server }
     }
 
     async fn client(&self) -> LockServiceClient<Channel> {
@@ -42,7 +39,7 @@ impl Server {
 
     async fn changelog(&self, query: &str) -> (u16, Value) {
         let (status, body) = http(
-            self.http,
+            self.server.http(),
             "GET",
             &format!("/api/v1/changelog?{query}"),
             &[],
