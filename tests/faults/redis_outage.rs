@@ -102,3 +102,45 @@ async fn a_server_started_while_redis_is_down_serves_once_it_is_up() {
         .into_inner();
     assert_eq!(reply.status(), AcquireStatus::Acquired);
 }
+
+/// A Redis that takes connections and never answers (a hung process, a
+/// proxy that black-holes): every call is UNAVAILABLE within a bound set
+/// by the command timeout, never a hang and never a grant, and health
+/// stays NOT_SERVING; the server still shuts down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_never_answers_is_unavailable_within_the_timeout() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}", silent.local_addr().unwrap());
+    // Keeps every connection open without reading or writing a byte.
+    let accepting = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let server = TestServer::new().redis(&url).spawn().await;
+    let mut client = server.client().await;
+    for attempt in 0..3 {
+        let started = std::time::Instant::now();
+        let err = client
+            .acquire(acquire("silent", &format!("h{attempt}")))
+            .await
+            .expect_err("no grant from a Redis that never answers");
+        assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+        // The command timeout is 1 s (common::service_args).
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "answered after {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        server.health("tumbler.v1.LockService").await.unwrap(),
+        ServingStatus::NotServing
+    );
+    tokio::time::timeout(Duration::from_secs(10), server.shutdown())
+        .await
+        .expect("shuts down while Redis stays silent")
+        .unwrap();
+    accepting.abort();
+}
