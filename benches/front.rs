@@ -3,7 +3,12 @@
 //! runs one plain Lua lock script over one multiplexed Redis connection
 //! and encodes the reply (no auth, no tracing, no metrics, no checks). It
 //! is what any gRPC front over Redis must pay; what tumbler pays above it
-//! is its own. etcd's v3lock is the peer, when an `etcd` binary exists.
+//! is its own. A **padded yardstick**, the same with each script first
+//! spending about as much Redis CPU as tumbler's functions, splits
+//! tumbler's gap in pairs/s into what its Redis work costs (Redis is one
+//! thread: while it works through a batch the other core waits) and what
+//! its server path does. etcd's v3lock is the peer, when an `etcd` binary
+//! exists.
 //!
 //! Each server is its own process (the yardstick is this benchmark's own
 //! binary, started again in its serving mode), so its CPU is read from
@@ -19,8 +24,9 @@
 //!
 //! `cargo bench --bench front` (FRONT_SECONDS=N per measurement, default
 //! 5; FRONT_CLIENTS=N, default 64; FRONT_ROUNDS=N, default 3: every target
-//! is measured in turn N times, so a slow spell of a shared machine falls
-//! on all of them, and each row sums its rounds). Under `cargo test` it runs a smoke
+//! is measured in turn N times, each round starting one target later, so
+//! a slow spell of a shared machine falls on all of them, and each row
+//! sums its rounds; FRONT_PAD=N, the padded yardstick's loop steps). Under `cargo test` it runs a smoke
 //! version that only checks numbers come out.
 //!
 //! For an A/B comparison in one run, `FRONT_COMPARE=<tumbler binary>`
@@ -45,18 +51,37 @@ use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
 
 const CLIENTS_PER_CHANNEL: usize = 8;
 const YARDSTICK_ENV: &str = "TUMBLER_BENCH_YARDSTICK";
+/// Steps of an empty Lua loop run before each of the padded yardstick's
+/// scripts (FRONT_PAD overrides): about 3 ns each on this machine, 1,800
+/// bring its Redis CPU per pair from ~10 µs to about tumbler's ~21 µs,
+/// so that row pays what tumbler's Redis work costs and nothing else of
+/// tumbler's: how far apart the two are then is the server path alone.
+const PAD_STEPS: u64 = 1_800;
 const TOKEN: &str = "front-bench-token";
 
 /// The yardstick: a bare front over the plain Redis lock.
 #[path = "front/yardstick.rs"]
 mod yardstick;
 
+/// What a target is, for the ratios.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Yardstick,
+    /// The yardstick with its scripts padded to cost Redis about what
+    /// tumbler's functions do (see `PAD_STEPS`).
+    Padded,
+    Tumbler,
+    Etcd,
+    /// The A/B row (see the head comment).
+    Compare,
+}
+
 /// A server process under test: its endpoint and pid.
 struct Target {
     label: &'static str,
     endpoint: String,
     pid: u32,
-    etcd: bool,
+    kind: Kind,
 }
 
 /// User + system CPU time of a process so far, from `/proc/<pid>/stat`.
@@ -129,7 +154,7 @@ async fn client_loop(
     let mut pairs = 0;
     let name = format!("front-{id}");
     let holder = format!("client-{id}");
-    if target.etcd {
+    if target.kind == Kind::Etcd {
         let mut grpc = tonic::client::Grpc::new(channel);
         let lease: etcd::LeaseGrantResponse = etcd::call(
             &mut grpc,
@@ -313,8 +338,12 @@ fn env(name: &str) -> Option<u64> {
 #[tokio::main]
 async fn main() {
     if let Ok(spec) = std::env::var(YARDSTICK_ENV) {
-        let (listen, redis_url) = spec.split_once(' ').expect("<listen> <redis url>");
-        yardstick::serve(listen, redis_url).await;
+        let mut parts = spec.split(' ');
+        let (Some(listen), Some(redis_url), Some(pad)) = (parts.next(), parts.next(), parts.next())
+        else {
+            panic!("{YARDSTICK_ENV}: <listen> <redis url> <pad steps>");
+        };
+        yardstick::serve(listen, redis_url, pad.parse().unwrap()).await;
         return;
     }
     let benching = std::env::args().any(|a| a == "--bench");
@@ -363,17 +392,24 @@ async fn main() {
     };
     let tumbler = start_tumbler(env!("CARGO_BIN_EXE_tumbler"), "").await;
 
-    let yardstick_port = tumbler::dev::free_port().unwrap();
-    let yardstick_endpoint = format!("http://127.0.0.1:{yardstick_port}");
-    let mut yardstick = std::process::Command::new(std::env::current_exe().unwrap())
-        .env(
-            YARDSTICK_ENV,
-            format!("127.0.0.1:{yardstick_port} {}", redis_server.url()),
-        )
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    common::wait_until_serving(&yardstick_endpoint).await;
+    // The yardstick, plain and padded: this binary in its serving mode.
+    let start_yardstick = async |pad: u64| {
+        let port = tumbler::dev::free_port().unwrap();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let process = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(
+                YARDSTICK_ENV,
+                format!("127.0.0.1:{port} {} {pad}", redis_server.url()),
+            )
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        common::wait_until_serving(&endpoint).await;
+        (endpoint, process)
+    };
+    let pad = env("FRONT_PAD").unwrap_or(PAD_STEPS);
+    let (yardstick_endpoint, mut yardstick) = start_yardstick(0).await;
+    let (padded_endpoint, mut padded) = start_yardstick(pad).await;
 
     let etcd_server = etcd::EtcdServer::start();
     if let Some(etcd_server) = &etcd_server {
@@ -385,13 +421,24 @@ async fn main() {
             label: "yardstick: bare tonic front, one plain Lua lock script, one connection",
             endpoint: yardstick_endpoint,
             pid: yardstick.id(),
-            etcd: false,
+            kind: Kind::Yardstick,
+        },
+        Target {
+            label: Box::leak(
+                format!(
+                    "padded yardstick: the same, each script first runs {pad} empty Lua loop steps"
+                )
+                .into_boxed_str(),
+            ),
+            endpoint: padded_endpoint,
+            pid: padded.id(),
+            kind: Kind::Padded,
         },
         Target {
             label: "tumbler: auth on, default tracing, metrics on",
             endpoint: tumbler.endpoint.clone(),
             pid: tumbler.pid(),
-            etcd: false,
+            kind: Kind::Tumbler,
         },
     ];
     if let Some(etcd_server) = &etcd_server {
@@ -399,13 +446,13 @@ async fn main() {
             label: "etcd 3.4 v3lock: Lock/Unlock with a lease",
             endpoint: etcd_server.endpoint.clone(),
             pid: etcd_server.pid(),
-            etcd: true,
+            kind: Kind::Etcd,
         });
     }
     // The A/B row (see the head comment), measured last.
     let compare_bin = std::env::var("FRONT_COMPARE").ok();
     let compare_args = std::env::var("FRONT_COMPARE_ARGS").unwrap_or_default();
-    let compare = if compare_bin.is_some() || !compare_args.is_empty() {
+    let _compare = if compare_bin.is_some() || !compare_args.is_empty() {
         let bin = compare_bin.unwrap_or_else(|| env!("CARGO_BIN_EXE_tumbler").to_owned());
         let process = start_tumbler(&bin, &compare_args).await;
         let label = format!("compare: {bin} {compare_args}");
@@ -413,7 +460,7 @@ async fn main() {
             label: Box::leak(label.into_boxed_str()),
             endpoint: process.endpoint.clone(),
             pid: process.pid(),
-            etcd: false,
+            kind: Kind::Compare,
         });
         Some(process)
     } else {
@@ -431,22 +478,24 @@ async fn main() {
     // Every target in turn, round after round, so a slow spell of the
     // machine falls on all of them; each row sums its rounds.
     let targets: Vec<Arc<Target>> = targets.into_iter().map(Arc::new).collect();
-    let mut sums: Vec<Measured> = Vec::new();
+    let mut sums: Vec<Option<Measured>> = targets.iter().map(|_| None).collect();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
     for round in 0..rounds {
-        for (i, target) in targets.iter().enumerate() {
+        // Each round starts one target later, so no target is always the
+        // one measured right after another (or always first or last).
+        for i in (0..targets.len()).map(|k| (k + round as usize) % targets.len()) {
+            let target = &targets[i];
             let measured = measure(target, clients, warm_up, window, &mut redis).await;
             assert!(measured.pairs > 0, "{}: no pairs", target.label);
             rates[i].push(measured.rate());
-            if round == 0 {
-                sums.push(measured);
-            } else {
-                sums[i].add(measured);
+            match &mut sums[i] {
+                Some(sum) => sum.add(measured),
+                None => sums[i] = Some(measured),
             }
         }
     }
     let mut results = Vec::new();
-    for (target, measured) in targets.into_iter().zip(sums) {
+    for (target, measured) in targets.into_iter().zip(sums.into_iter().flatten()) {
         println!(
             "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % |",
             target.label,
@@ -461,9 +510,11 @@ async fn main() {
         );
         results.push((target, measured));
     }
-    let (yard, tumbler_m) = (&results[0].1, &results[1].1);
+    let find = |kind: Kind| results.iter().position(|(t, _)| t.kind == kind);
+    let (yard_i, tumbler_i) = (find(Kind::Yardstick).unwrap(), find(Kind::Tumbler).unwrap());
+    let (yard, tumbler_m) = (&results[yard_i].1, &results[tumbler_i].1);
     if rounds > 1 {
-        let each: Vec<String> = (rates[1].iter().zip(&rates[0]))
+        let each: Vec<String> = (rates[tumbler_i].iter().zip(&rates[yard_i]))
             .map(|(t, y)| format!("{:.2}", t / y))
             .collect();
         println!();
@@ -494,9 +545,21 @@ async fn main() {
         tumbler_m.latency.value_at_quantile(0.99) as f64
             / yard.latency.value_at_quantile(0.99).max(1) as f64
     );
-    if compare.is_some()
-        && let Some((_, compare_m)) = results.last()
-    {
+    if let Some(padded_i) = find(Kind::Padded) {
+        let padded_m = &results[padded_i].1;
+        // The padded row pays tumbler's Redis work and nothing else of
+        // tumbler's: these two lines split the gap above in two.
+        println!(
+            "| padded yardstick's pairs/s ÷ the yardstick's (what Redis work like tumbler's costs a bare front) | {:.2} | |",
+            padded_m.rate() / yard.rate()
+        );
+        println!(
+            "| tumbler pairs/s ÷ the padded yardstick's (the server path alone, Redis work alike) | {:.2} | |",
+            tumbler_m.rate() / padded_m.rate()
+        );
+    }
+    if let Some(compare_i) = find(Kind::Compare) {
+        let compare_m = &results[compare_i].1;
         println!(
             "| compare row's own CPU per pair ÷ tumbler's | {:.2} | |",
             compare_m.server_us() / tumbler_m.server_us()
@@ -506,7 +569,8 @@ async fn main() {
             compare_m.rate() / tumbler_m.rate()
         );
     }
-    if let Some((_, etcd_m)) = results.get(2).filter(|(t, _)| t.etcd) {
+    if let Some(etcd_i) = find(Kind::Etcd) {
+        let etcd_m = &results[etcd_i].1;
         println!(
             "| tumbler pairs/s ÷ etcd's | {:.2} | ≥ 1.5 |",
             tumbler_m.rate() / etcd_m.rate()
@@ -518,6 +582,8 @@ async fn main() {
     } else {
         println!("(no `etcd` binary: the etcd rows were skipped)");
     }
-    let _ = yardstick.kill();
-    let _ = yardstick.wait();
+    for process in [&mut yardstick, &mut padded] {
+        let _ = process.kill();
+        let _ = process.wait();
+    }
 }
