@@ -26,8 +26,9 @@
 //! 5; FRONT_CLIENTS=N, default 64; FRONT_ROUNDS=N, default 3: every target
 //! is measured in turn N times, each round starting one target later, so
 //! a slow spell of a shared machine falls on all of them, and each row
-//! sums its rounds; FRONT_PAD=N, the padded yardstick's loop steps). Under `cargo test` it runs a smoke
-//! version that only checks numbers come out.
+//! sums its rounds; FRONT_PAD=N, the padded yardstick's loop steps).
+//! Under `cargo test` it runs a smoke version that only checks numbers
+//! come out.
 //!
 //! For an A/B comparison in one run, `FRONT_COMPARE=<tumbler binary>`
 //! adds a second tumbler row (that binary, e.g. one built from another
@@ -449,7 +450,7 @@ async fn main() {
             kind: Kind::Etcd,
         });
     }
-    // The A/B row (see the head comment), measured last.
+    // The A/B row (see the head comment); its process lives until the end.
     let compare_bin = std::env::var("FRONT_COMPARE").ok();
     let compare_args = std::env::var("FRONT_COMPARE_ARGS").unwrap_or_default();
     let _compare = if compare_bin.is_some() || !compare_args.is_empty() {
@@ -495,7 +496,10 @@ async fn main() {
         }
     }
     let mut results = Vec::new();
-    for (target, measured) in targets.into_iter().zip(sums.into_iter().flatten()) {
+    let sums = sums
+        .into_iter()
+        .map(|sum| sum.expect("every target measured"));
+    for (target, measured) in targets.into_iter().zip(sums) {
         println!(
             "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % |",
             target.label,
@@ -545,19 +549,17 @@ async fn main() {
         tumbler_m.latency.value_at_quantile(0.99) as f64
             / yard.latency.value_at_quantile(0.99).max(1) as f64
     );
-    if let Some(padded_i) = find(Kind::Padded) {
-        let padded_m = &results[padded_i].1;
-        // The padded row pays tumbler's Redis work and nothing else of
-        // tumbler's: these two lines split the gap above in two.
-        println!(
-            "| padded yardstick's pairs/s ÷ the yardstick's (what Redis work like tumbler's costs a bare front) | {:.2} | |",
-            padded_m.rate() / yard.rate()
-        );
-        println!(
-            "| tumbler pairs/s ÷ the padded yardstick's (the server path alone, Redis work alike) | {:.2} | |",
-            tumbler_m.rate() / padded_m.rate()
-        );
-    }
+    // The padded row pays tumbler's Redis work and nothing else of
+    // tumbler's: these two lines split the gap above in two.
+    let padded_m = &results[find(Kind::Padded).unwrap()].1;
+    println!(
+        "| padded yardstick's pairs/s ÷ the yardstick's (what Redis work like tumbler's costs a bare front) | {:.2} | |",
+        padded_m.rate() / yard.rate()
+    );
+    println!(
+        "| tumbler pairs/s ÷ the padded yardstick's (the server path alone, Redis work alike) | {:.2} | |",
+        tumbler_m.rate() / padded_m.rate()
+    );
     if let Some(compare_i) = find(Kind::Compare) {
         let compare_m = &results[compare_i].1;
         println!(

@@ -589,6 +589,31 @@ async fn https_get(addr: SocketAddr, ca: &Ca, path: &str) -> (String, String) {
     (head.lines().next().unwrap_or("").to_owned(), body)
 }
 
+/// A TLS connection to `addr`, trusting only `ca_pem` and verifying the
+/// name `localhost`.
+pub(crate) async fn tls_connect(
+    addr: SocketAddr,
+    ca_pem: &str,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto::ring};
+
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+        .unwrap();
+    let config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
 /// A request over TLS (a form body, if any): the reply's head (status
 /// line and headers) and body.
 async fn https_request(
@@ -598,23 +623,7 @@ async fn https_request(
     path: &str,
     form: &str,
 ) -> (String, String) {
-    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
-    use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto::ring};
-
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
-        .unwrap();
-    let config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
+    let mut tls = tls_connect(addr, &ca.pem).await;
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
          Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",

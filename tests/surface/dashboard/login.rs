@@ -332,25 +332,9 @@ fn localhost_certificate() -> (String, String, String) {
 /// `GET path` over TLS (trusting `ca`, verifying `localhost`): the reply's
 /// head (status line and headers, names lowercased by the server).
 async fn https_head(addr: SocketAddr, ca: &str, path: &str) -> String {
-    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
-    use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto::ring};
 
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
-        .unwrap();
-    let config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
+    let mut tls = crate::tls::tls_connect(addr, ca).await;
     let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     tls.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
