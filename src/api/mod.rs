@@ -151,6 +151,8 @@ impl LockApi {
             metadata: validate::metadata(&req.metadata)?,
             ttl_ms,
             holder,
+            session_epoch: None,
+            stop: None,
         })
     }
 

@@ -16,5 +16,6 @@ mod properties;
 mod queue;
 mod semantics;
 mod session;
+mod session_takeover;
 mod validation;
 mod watch;
