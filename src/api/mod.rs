@@ -21,7 +21,9 @@ use tracing::Instrument;
 
 use crate::auth::{Access, LiveAccess};
 use crate::config::TransportLimits;
-use crate::engine::{self, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome};
+use crate::engine::{
+    self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome,
+};
 use crate::proto::{self, ExtendStatus, ReleaseStatus, lock_service_server::LockService};
 use validate::Limits;
 

@@ -21,21 +21,21 @@ use tumbler::auth::token_digest;
 use tumbler::config::{AuthArgs, ServiceArgs};
 use tumbler::proto::lock_service_client::LockServiceClient;
 
-const TEAM_A: &str = "team-a-secret";
+pub(super) const TEAM_A: &str = "team-a-secret";
 const SHARED: &str = "shared-secret";
-const ADMIN: &str = "admin-secret";
+pub(super) const ADMIN: &str = "admin-secret";
 const EXPIRED: &str = "expired-secret";
 const SLOW: &str = "slow-secret";
 const SYSTEM_READER: &str = "system-reader-secret";
 
-fn entry(name: &str, token: &str, role: &str, namespaces: &str, extra: &str) -> String {
+pub(super) fn entry(name: &str, token: &str, role: &str, namespaces: &str, extra: &str) -> String {
     format!(
         "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nrole = \"{role}\"\nnamespaces = {namespaces}\n{extra}\n",
         token_digest(token)
     )
 }
 
-fn tokens_file() -> String {
+pub(super) fn tokens_file() -> String {
     [
         entry("team-a", TEAM_A, "client", r#"["team-a"]"#, ""),
         entry("shared", SHARED, "client", r#"["shared.*"]"#, ""),
@@ -76,18 +76,18 @@ fn auth_args(path: &Path) -> ServiceArgs {
     }
 }
 
-struct Setup {
+pub(super) struct Setup {
     _redis: tumbler::dev::RedisServer,
     _dir: tempfile::TempDir,
-    path: PathBuf,
-    server: TestServer,
+    pub(super) path: PathBuf,
+    pub(super) server: TestServer,
 }
 
 async fn setup() -> Setup {
     setup_with(&tokens_file()).await
 }
 
-async fn setup_with(tokens: &str) -> Setup {
+pub(super) async fn setup_with(tokens: &str) -> Setup {
     let redis = start_redis();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens.toml");
@@ -107,7 +107,7 @@ async fn setup_with(tokens: &str) -> Setup {
 
 /// Sends `authorization` as given (None: no header).
 #[derive(Clone)]
-struct Header(Option<String>);
+pub(super) struct Header(Option<String>);
 
 impl tonic::service::Interceptor for Header {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
@@ -119,7 +119,7 @@ impl tonic::service::Interceptor for Header {
     }
 }
 
-type Client = LockServiceClient<InterceptedService<Channel, Header>>;
+pub(super) type Client = LockServiceClient<InterceptedService<Channel, Header>>;
 
 async fn client(server: &TestServer, header: Option<String>) -> Client {
     let channel = Channel::from_shared(server.endpoint())
@@ -130,7 +130,7 @@ async fn client(server: &TestServer, header: Option<String>) -> Client {
     LockServiceClient::with_interceptor(channel, Header(header))
 }
 
-async fn bearer(server: &TestServer, token: &str) -> Client {
+pub(super) async fn bearer(server: &TestServer, token: &str) -> Client {
     client(server, Some(format!("Bearer {token}"))).await
 }
 
@@ -563,7 +563,7 @@ async fn the_cli_sends_its_token_and_makes_entries_that_work() {
 }
 
 /// Polls `check` until it holds (up to 10 s).
-async fn wait_until<F, Fut>(mut check: F)
+pub(super) async fn wait_until<F, Fut>(mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -578,14 +578,14 @@ where
 }
 
 /// Replaces the tokens file at once, as a Secret update does.
-fn replace_tokens_file(path: &Path, text: &str) {
+pub(super) fn replace_tokens_file(path: &Path, text: &str) {
     let staged = path.with_extension("new");
     std::fs::write(&staged, text).unwrap();
     std::fs::rename(&staged, path).unwrap();
 }
 
 /// A session opened with `token`: its command sender and events.
-async fn open_session(
+pub(super) async fn open_session(
     client: &mut Client,
 ) -> (
     tokio::sync::mpsc::Sender<proto::SessionRequest>,
@@ -615,7 +615,11 @@ async fn open_session(
     (commands, events)
 }
 
-fn session_acquire_command(id: u64, namespace: &str, name: &str) -> proto::SessionRequest {
+pub(super) fn session_acquire_command(
+    id: u64,
+    namespace: &str,
+    name: &str,
+) -> proto::SessionRequest {
     proto::SessionRequest {
         command: Some(proto::session_request::Command::Acquire(
             proto::SessionAcquire {
@@ -632,7 +636,7 @@ fn session_acquire_command(id: u64, namespace: &str, name: &str) -> proto::Sessi
 
 /// Reads a session to its end: the `lost` events it told, and the status
 /// it ended with.
-async fn session_end(
+pub(super) async fn session_end(
     events: &mut tonic::Streaming<proto::SessionResponse>,
 ) -> (Vec<proto::GrantLost>, tonic::Status) {
     use proto::session_response::Event;
@@ -666,7 +670,7 @@ async fn watch_end(events: &mut tonic::Streaming<proto::LockEvent>) -> tonic::St
     }
 }
 
-async fn holders(admin: &mut Client, namespace: &str, name: &str) -> usize {
+pub(super) async fn holders(admin: &mut Client, namespace: &str, name: &str) -> usize {
     admin
         .inspect(proto::InspectRequest {
             namespace: namespace.into(),
@@ -922,11 +926,12 @@ async fn a_session_cannot_be_resumed_with_another_token() {
         }),
     };
     let mut other = bearer(&s.server, SLOW).await;
+    // Refused as an unknown session is: another token learns nothing.
     let refused = open_stream(&mut other, resume.clone()).await.err().unwrap();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
     let mut admin = bearer(&s.server, ADMIN).await;
     let refused = open_stream(&mut admin, resume.clone()).await.err().unwrap();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
 
     // The owner's stream still serves the session: its grant is renewed.
     for _ in 0..4 {

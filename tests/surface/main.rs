@@ -9,4 +9,5 @@ mod common;
 mod auth;
 mod dashboard;
 mod edge;
+mod revocation;
 mod tls;
