@@ -16,6 +16,7 @@ mod properties;
 mod queue;
 mod semantics;
 mod session;
+mod session_edges;
 mod session_takeover;
 mod validation;
 mod watch;

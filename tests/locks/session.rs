@@ -806,9 +806,14 @@ async fn a_session_left_past_its_ttl_cannot_be_resumed() {
     leaving.begin_shutdown();
     let (_, status) = session.until_ended().await;
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
-    // The record outlives the grants by a TTL; after both, it is over.
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    // Past the TTL it is over, though its record lingers (for a late
+    // stream to learn it moved): NOT_FOUND, not a resume with every grant
+    // lost.
+    tokio::time::sleep(Duration::from_millis(450)).await;
     assert!(holder_of(&mut far, "left").await.is_none());
+    let mut conn = redis_conn(&redis.url()).await;
+    let records = scan_keys(&mut conn, "*:s:{session-*").await;
+    assert_eq!(records.len(), 1, "the record still lingers: {records:?}");
     let late = Session::resume(&mut far, &session.id, &session.secret).await;
     assert_eq!(late.err().map(|s| s.code()), Some(tonic::Code::NotFound));
 }
