@@ -348,15 +348,12 @@ impl Driver {
             Ending::Gone(_) => SessionEnd::Died,
             Ending::Suspended(_) | Ending::Vanished(_) => SessionEnd::Keep,
         };
-        if end == SessionEnd::Keep {
-            // Waiting acquires stop where they are (a draining replica
-            // leaves their queue entries for a resumed session to take
-            // back).
-            running.tasks.abort_all();
-            while running.tasks.join_next().await.is_some() {}
-        } else {
-            running.stop_all().await;
-        }
+        // Commands still running finish at a safe point, so none leaves a
+        // grant behind that nobody renews or releases. On a draining
+        // replica the waits end by themselves, keeping their place in the
+        // queue for a resumed session to take back; otherwise they are
+        // stopped (and leave the queue).
+        running.finish(!shutting_down.is_cancelled()).await;
         if end == SessionEnd::Died {
             // A client whose connection a proxy dropped may resume at
             // once; a dead one will not.
@@ -619,11 +616,15 @@ impl Running {
         });
     }
 
-    /// Stops every command at a safe point and waits (a bounded time) for
-    /// them: a grant one of them made is then among the session's grants,
-    /// released with them. Whatever has not stopped by then is cut off.
-    async fn stop_all(&mut self) {
-        self.stop.cancel();
+    /// Stops every command at a safe point (with `stop`; without, they end
+    /// by themselves, as a draining replica's do) and waits a bounded time
+    /// for them: a grant one of them made is then among the session's
+    /// grants, handled with them. Whatever has not stopped by then is cut
+    /// off.
+    async fn finish(&mut self, stop: bool) {
+        if stop {
+            self.stop.cancel();
+        }
         let drained = async { while self.tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(STOP_WITHIN, drained).await.is_err() {
             self.tasks.abort_all();

@@ -302,3 +302,268 @@ async fn of_two_concurrent_resumes_one_serves_and_the_other_touches_nothing() {
     }
     eprintln!("concurrent resumes: both opened {both_opened}, one refused {one_refused}");
 }
+
+/// One step of the two streams of a session, in a random interleaving.
+#[derive(Clone, Debug)]
+enum Step {
+    /// The superseded stream sends a command (its answer is not awaited:
+    /// it runs concurrently with what follows).
+    Old(Op),
+    /// The stream that serves the session sends a command and awaits it.
+    New(Op),
+    Pause(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Acquire(usize),
+    Release(usize),
+    KeepAlive,
+}
+
+const NAMES: [&str; 4] = ["p0", "p1", "p2", "p3"];
+
+fn any_step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    let op = prop_oneof![
+        (0..NAMES.len()).prop_map(Op::Acquire),
+        (0..NAMES.len()).prop_map(Op::Release),
+        Just(Op::KeepAlive),
+    ];
+    prop_oneof![
+        3 => op.clone().prop_map(Step::Old),
+        3 => op.prop_map(Step::New),
+        1 => (0u64..30).prop_map(Step::Pause),
+    ]
+}
+
+fn command(request_id: u64, op: Op, namespace: &str) -> Command {
+    match op {
+        Op::Acquire(i) => Command::Acquire(proto::SessionAcquire {
+            request_id,
+            acquire: Some(proto::AcquireRequest {
+                namespace: namespace.into(),
+                ..acquire(NAMES[i], "")
+            }),
+        }),
+        Op::Release(i) => Command::Release(proto::SessionRelease {
+            request_id,
+            namespace: namespace.into(),
+            name: NAMES[i].into(),
+        }),
+        Op::KeepAlive => Command::KeepAlive(proto::SessionKeepAlive {}),
+    }
+}
+
+/// Random interleavings of a superseded stream and the stream that resumed
+/// its session: whatever the old one sends, and whenever, the new one's
+/// view holds in Redis (every grant it was told of is the session's, with
+/// its token; every lock it released or never got is not the session's
+/// once the old stream is gone), and the old stream is never told of a
+/// grant or a release it made.
+#[test]
+fn two_streams_of_one_session_never_undo_each_other() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (a, b, on_a, on_b) = rt.block_on(async {
+        let (a, b) = two_replicas().await;
+        let (on_a, on_b) = (a.client().await, b.client().await);
+        (a, b, on_a, on_b)
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU32::new(0);
+    let outcome = runner.run(&proptest::collection::vec(any_step(), 1..14), |steps| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let namespace = format!("interleave-{case}");
+        let (mut on_a, mut on_b) = (on_a.clone(), on_b.clone());
+        let checked: Result<(), String> = rt.block_on(async {
+            // The old stream holds p0 and p1; the session is resumed.
+            let mut old = Session::open(&mut on_a, 5_000).await;
+            let mut held = BTreeMap::new();
+            for i in 0..2 {
+                let reply = old
+                    .acquire(
+                        i as u64 + 1,
+                        proto::AcquireRequest {
+                            namespace: namespace.clone(),
+                            ..acquire(NAMES[i], "")
+                        },
+                    )
+                    .await;
+                held.insert(NAMES[i].to_owned(), reply.grant.unwrap().fencing_token);
+            }
+            let (mut new, _) = Session::resume(&mut on_b, &old.id, &old.secret)
+                .await
+                .unwrap();
+            let mut old_events =
+                std::mem::replace(&mut old.events, new_placeholder_stream(&mut on_b).await);
+            let old_answers = tokio::spawn(async move {
+                let mut applied = Vec::new();
+                while let Ok(Ok(Some(message))) =
+                    tokio::time::timeout(Duration::from_secs(10), old_events.message()).await
+                {
+                    match message.event {
+                        Some(Event::Acquired(a))
+                            if a.response.as_ref().is_some_and(|r| r.grant.is_some()) =>
+                        {
+                            applied.push(format!("{a:?}"))
+                        }
+                        Some(Event::Released(r))
+                            if r.response
+                                .as_ref()
+                                .is_some_and(|r| r.status() == proto::ReleaseStatus::Released) =>
+                        {
+                            applied.push(format!("{r:?}"))
+                        }
+                        _ => {}
+                    }
+                }
+                applied
+            });
+
+            let mut id = 100;
+            let mut old_acquired = std::collections::BTreeSet::new();
+            for step in &steps {
+                id += 1;
+                match *step {
+                    Step::Pause(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    Step::Old(op) => {
+                        if let Op::Acquire(i) = op {
+                            old_acquired.insert(i);
+                        }
+                        let _ = old
+                            .commands
+                            .send(proto::SessionRequest {
+                                command: Some(command(id, op, &namespace)),
+                            })
+                            .await;
+                    }
+                    Step::New(op) => {
+                        new.send(command(id, op, &namespace)).await;
+                        match op {
+                            Op::KeepAlive => {}
+                            Op::Acquire(i) => match new.next().await {
+                                Some(Event::Acquired(reply)) => {
+                                    let reply = reply.response.unwrap();
+                                    let told = format!("{step:?}: no grant: {reply:?}");
+                                    let grant = reply.grant.ok_or(told)?;
+                                    if let Some(token) = held.get(NAMES[i])
+                                        && *token != grant.fencing_token
+                                    {
+                                        return Err(format!(
+                                            "{step:?}: token {} for a grant held as {token}",
+                                            grant.fencing_token
+                                        ));
+                                    }
+                                    held.insert(NAMES[i].to_owned(), grant.fencing_token);
+                                }
+                                other => return Err(format!("{step:?}: {other:?}")),
+                            },
+                            Op::Release(i) => match new.next().await {
+                                Some(Event::Released(reply)) => {
+                                    let released = reply.response.unwrap().status()
+                                        == proto::ReleaseStatus::Released;
+                                    let was_held = held.remove(NAMES[i]).is_some();
+                                    // A grant the old stream made in passing
+                                    // (before it learnt it was superseded) is
+                                    // the session's too: the serving stream
+                                    // may release it.
+                                    let old_made = old_acquired.contains(&i);
+                                    if was_held != released && !(released && old_made) {
+                                        return Err(format!(
+                                            "{step:?}: released {released}, held before: {held:?}"
+                                        ));
+                                    }
+                                }
+                                other => return Err(format!("{step:?}: {other:?}")),
+                            },
+                        }
+                        // The new stream's view holds in Redis after each of its steps.
+                        for (name, token) in &held {
+                            let seen = on_a
+                                .inspect(proto::InspectRequest {
+                                    namespace: namespace.clone(),
+                                    name: name.clone(),
+                                })
+                                .await
+                                .unwrap()
+                                .into_inner();
+                            let mine = seen
+                                .holders
+                                .iter()
+                                .filter_map(|h| h.grant.as_ref())
+                                .any(|g| g.holder == old.id && g.fencing_token == *token);
+                            if !mine {
+                                return Err(format!(
+                                    "after {step:?}: {name} is not the session's: {seen:?}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            // The old stream goes; once it has, Redis holds exactly the new
+            // stream's view.
+            drop(old);
+            let applied = old_answers.await.unwrap();
+            if !applied.is_empty() {
+                return Err(format!(
+                    "the superseded stream was told of changes: {applied:?}"
+                ));
+            }
+            let names: Vec<&str> = NAMES.to_vec();
+            let mut found = BTreeMap::new();
+            for name in &names {
+                let seen = on_a
+                    .inspect(proto::InspectRequest {
+                        namespace: namespace.clone(),
+                        name: (*name).into(),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                if let Some(g) = seen
+                    .holders
+                    .iter()
+                    .filter_map(|h| h.grant.as_ref())
+                    .find(|g| g.holder == new.id)
+                {
+                    found.insert((*name).to_owned(), g.fencing_token);
+                }
+            }
+            if found != held {
+                return Err(format!(
+                    "Redis holds {found:?}, the serving stream believes {held:?}"
+                ));
+            }
+            // The new stream closes: everything goes.
+            let (closed, _) = tokio::sync::mpsc::channel(1);
+            drop(std::mem::replace(&mut new.commands, closed));
+            let (_, status) = new.until_ended().await;
+            if status.code() != tonic::Code::Ok {
+                return Err(format!("the serving stream ended {status:?}"));
+            }
+            Ok(())
+        });
+        checked.map_err(TestCaseError::fail)
+    });
+    drop((a, b));
+    if let Err(err) = outcome {
+        panic!("{err}");
+    }
+}
+
+/// A stream to stand in for one taken out of a `Session` (never read).
+async fn new_placeholder_stream(
+    client: &mut LockServiceClient<Channel>,
+) -> tonic::Streaming<proto::SessionResponse> {
+    Session::open(client, 1_000).await.events
+}
