@@ -24,28 +24,28 @@
 //! a command over it is refused (RESOURCE_EXHAUSTED) and the session goes
 //! on.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Response, Status, Streaming};
 use tracing::Instrument;
 
+mod commands;
+
+use commands::{Running, refused};
+
 use super::quota::QuotaSlot;
-use super::{LockApi, StreamSlot, lock_id, validate};
+use super::{LockApi, StreamSlot, validate};
 use crate::auth::LiveAccess;
+use crate::engine::LockId;
 use crate::engine::ops::session_record::Touch;
 use crate::engine::resume::LOST_NOT_PERMITTED;
 use crate::engine::resume::{RESUME_GRACE, ResumeError, SessionEnd};
 use crate::engine::sessions::{LOST_MOVED, LOST_SESSION_ENDED, LOST_SESSION_GONE, LostGrant};
-use crate::engine::{LockEngine, LockId};
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
 use crate::proto::{self, SessionResponse};
-use tokio_util::sync::CancellationToken;
 
 pub type SessionStream = ReceiverStream<Result<SessionResponse, Status>>;
 
@@ -69,23 +69,10 @@ enum Ending {
     Vanished(Status),
 }
 
-/// What a finished command tells the stream: its reply, and whether it
-/// found the session taken over by another stream (this one then ends).
-struct Done {
-    event: Event,
-    moved: bool,
-}
-
 /// How long after its request side ended a stream's response side must
 /// stay open for the end to count as the client closing the session (not
 /// resetting it): see `Driver::closed_or_reset`.
 const RESET_WITHIN: Duration = Duration::from_millis(100);
-
-/// How long the commands still running when a stream ends may take to
-/// stop at a safe point (a waiting acquire leaves its queue; a function
-/// call in flight answers, so a grant it made is released with the
-/// others) before they are cut off.
-const STOP_WITHIN: Duration = Duration::from_secs(2);
 
 /// The trailer that tells a client to resume its session on another
 /// replica (this one is draining).
@@ -97,9 +84,6 @@ const LAST_WORDS: Duration = Duration::from_secs(1);
 
 /// Messages waiting for the client before the session counts it as gone.
 const OUTBOX: usize = 64;
-/// Commands one session may have running at once (waiting acquires
-/// included); more are refused with RESOURCE_EXHAUSTED.
-const MAX_RUNNING_COMMANDS: usize = 1000;
 /// How long a new stream may take to send its open message.
 const OPEN_WITHIN: Duration = Duration::from_secs(10);
 
@@ -480,192 +464,12 @@ impl Driver {
             Ok(Ok(()))
         )
     }
-
-    /// Starts one command; returns an immediate reply (refusals) if any.
-    fn start(
-        &self,
-        request: proto::SessionRequest,
-        access: &LiveAccess,
-        lost: &mpsc::Sender<LostGrant>,
-        running: &mut Running,
-    ) -> Option<Event> {
-        match request.command {
-            None => Some(refused(0, Status::invalid_argument("command: missing"))),
-            Some(Command::KeepAlive(_)) => None,
-            Some(Command::Open(_)) => Some(refused(
-                0,
-                Status::invalid_argument("command: the session is already open"),
-            )),
-            Some(Command::Acquire(command)) => {
-                let id = command.request_id;
-                if running.tasks.len() >= MAX_RUNNING_COMMANDS {
-                    return Some(refused(id, too_many_running()));
-                }
-                let started = access.charge().and_then(|()| {
-                    let req = command
-                        .acquire
-                        .ok_or_else(|| Status::invalid_argument("acquire: missing"))?;
-                    let request =
-                        self.api
-                            .acquire_request(req, self.session.clone(), self.ttl_ms, None)?;
-                    access.access().act(&request.lock.namespace)?;
-                    let waiting = self.api.waiter_slot(access.access(), &request)?;
-                    Ok((request, waiting))
-                });
-                let (mut request, waiting) = match started {
-                    Ok(started) => started,
-                    Err(status) => return Some(refused(id, status)),
-                };
-                request.stop = Some(running.stop_for(&request.lock.namespace));
-                let engine: Arc<LockEngine> = self.api.engine.clone();
-                let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
-                let lock = request.lock.clone();
-                running.tasks.spawn(async move {
-                    let _waiting = waiting;
-                    let outcome = engine
-                        .session_acquire(&session, epoch, request, &lost)
-                        .await;
-                    let done = match outcome {
-                        Ok(outcome) => Done::reply(Event::Acquired(proto::SessionAcquired {
-                            request_id: id,
-                            response: Some(outcome.into()),
-                        })),
-                        Err(err) => Done::refused(id, err),
-                    };
-                    (lock, done)
-                });
-                None
-            }
-            Some(Command::Release(command)) => {
-                let id = command.request_id;
-                if running.tasks.len() >= MAX_RUNNING_COMMANDS {
-                    return Some(refused(id, too_many_running()));
-                }
-                let lock = match access.charge().and_then(|()| {
-                    let lock = lock_id(&command.namespace, &command.name)?;
-                    access.access().act(&lock.namespace)?;
-                    Ok(lock)
-                }) {
-                    Ok(lock) => lock,
-                    Err(status) => return Some(refused(id, status)),
-                };
-                let engine = self.api.engine.clone();
-                let (session, epoch) = (self.session.clone(), self.epoch);
-                running.tasks.spawn(async move {
-                    let done = match engine.session_release(&session, epoch, &lock).await {
-                        Ok(outcome) => {
-                            let status = match outcome {
-                                crate::engine::ReleaseOutcome::Released { .. } => {
-                                    proto::ReleaseStatus::Released
-                                }
-                                crate::engine::ReleaseOutcome::NotHeld => {
-                                    proto::ReleaseStatus::NotHeld
-                                }
-                            };
-                            Done::reply(Event::Released(proto::SessionReleased {
-                                request_id: id,
-                                response: Some(proto::ReleaseResponse {
-                                    status: status.into(),
-                                }),
-                            }))
-                        }
-                        Err(err) => Done::refused(id, err),
-                    };
-                    (lock, done)
-                });
-                None
-            }
-        }
-    }
-}
-
-/// The commands a stream has running, and the signal that stops them at a
-/// safe point: one child signal per namespace, so a namespace taken from
-/// the token stops only its own waits.
-struct Running {
-    tasks: JoinSet<(LockId, Done)>,
-    stop: CancellationToken,
-    by_namespace: HashMap<String, CancellationToken>,
-}
-
-impl Running {
-    fn new() -> Self {
-        Running {
-            tasks: JoinSet::new(),
-            stop: CancellationToken::new(),
-            by_namespace: HashMap::new(),
-        }
-    }
-
-    /// The stop signal of a command in `namespace`.
-    fn stop_for(&mut self, namespace: &str) -> CancellationToken {
-        self.by_namespace
-            .entry(namespace.to_owned())
-            .or_insert_with(|| self.stop.child_token())
-            .clone()
-    }
-
-    /// Stops the waits in namespaces the token may no longer act in.
-    fn stop_unpermitted(&mut self, access: &LiveAccess) {
-        self.by_namespace.retain(|namespace, stop| {
-            let permitted = access.access().act(namespace).is_ok();
-            if !permitted {
-                stop.cancel();
-            }
-            permitted
-        });
-    }
-
-    /// Stops every command at a safe point (with `stop`; without, they end
-    /// by themselves, as a draining replica's do) and waits a bounded time
-    /// for them: a grant one of them made is then among the session's
-    /// grants, handled with them. Whatever has not stopped by then is cut
-    /// off.
-    async fn finish(&mut self, stop: bool) {
-        if stop {
-            self.stop.cancel();
-        }
-        let drained = async { while self.tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(STOP_WITHIN, drained).await.is_err() {
-            self.tasks.abort_all();
-            while self.tasks.join_next().await.is_some() {}
-        }
-    }
-}
-
-impl Done {
-    fn reply(event: Event) -> Done {
-        Done {
-            event,
-            moved: false,
-        }
-    }
-
-    fn refused(request_id: u64, err: crate::engine::EngineError) -> Done {
-        let moved = matches!(err, crate::engine::EngineError::SessionMoved);
-        let status = match err {
-            crate::engine::EngineError::Stopped => {
-                Status::permission_denied("the token may no longer act in this namespace")
-            }
-            err => Status::from(err),
-        };
-        Done {
-            event: refused(request_id, status),
-            moved,
-        }
-    }
 }
 
 /// The end of a stream whose session another stream took over: the
 /// grants are that stream's now (kept), nothing is reported lost.
 fn moved() -> Ending {
     Ending::Suspended(Status::aborted("session: resumed on another stream"))
-}
-
-fn too_many_running() -> Status {
-    Status::resource_exhausted(format!(
-        "command: this session already runs {MAX_RUNNING_COMMANDS} commands; wait for answers"
-    ))
 }
 
 /// How a session whose inbound stream failed ends: a message over the
@@ -700,13 +504,4 @@ fn grant_lost(lost: LostGrant) -> proto::GrantLost {
         fencing_token: lost.fencing_token,
         reason: lost.reason.into(),
     }
-}
-
-/// A refused command, as the session reports it (the session goes on).
-fn refused(request_id: u64, status: Status) -> Event {
-    Event::Error(proto::SessionError {
-        request_id,
-        code: status.code() as i32,
-        message: status.message().to_owned(),
-    })
 }
