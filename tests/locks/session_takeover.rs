@@ -388,17 +388,17 @@ fn two_streams_of_one_session_never_undo_each_other() {
             // The old stream holds p0 and p1; the session is resumed.
             let mut old = Session::open(&mut on_a, 5_000).await;
             let mut held = BTreeMap::new();
-            for i in 0..2 {
+            for (id, name) in (1..).zip(&NAMES[..2]) {
                 let reply = old
                     .acquire(
-                        i as u64 + 1,
+                        id,
                         proto::AcquireRequest {
                             namespace: namespace.clone(),
-                            ..acquire(NAMES[i], "")
+                            ..acquire(name, "")
                         },
                     )
                     .await;
-                held.insert(NAMES[i].to_owned(), reply.grant.unwrap().fencing_token);
+                held.insert((*name).to_owned(), reply.grant.unwrap().fencing_token);
             }
             let (mut new, _) = Session::resume(&mut on_b, &old.id, &old.secret)
                 .await
