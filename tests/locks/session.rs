@@ -9,19 +9,13 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::session::Session;
+use common::session::{Session, holder_of};
 use common::*;
 use proto::lock_service_client::LockServiceClient;
 use proto::session_request::Command;
 use proto::session_response::Event;
 use proto::{AcquireStatus, SessionRequest};
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
-
-async fn holder_of(client: &mut LockServiceClient<Channel>, name: &str) -> Option<proto::Grant> {
-    let seen = client.inspect(inspect(name)).await.unwrap().into_inner();
-    seen.holders.into_iter().next().and_then(|h| h.grant)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_grants_outlive_many_ttls_while_the_stream_is_open() {

@@ -7,15 +7,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::session::Session;
+use common::session::{Session, holder_of};
 use common::*;
-use proto::lock_service_client::LockServiceClient;
-use tonic::transport::Channel;
-
-async fn holder_of(client: &mut LockServiceClient<Channel>, name: &str) -> Option<proto::Grant> {
-    let seen = client.inspect(inspect(name)).await.unwrap().into_inner();
-    seen.holders.into_iter().next().and_then(|h| h.grant)
-}
 
 const ROUNDS: usize = 50;
 const LOCK_DELAY_MS: u64 = 5_000;

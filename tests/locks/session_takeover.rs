@@ -9,18 +9,13 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::session::Session;
+use common::session::{Session, holder_of};
 use common::*;
 use proto::AcquireStatus;
 use proto::lock_service_client::LockServiceClient;
 use proto::session_request::Command;
 use proto::session_response::Event;
 use tonic::transport::Channel;
-
-async fn holder_of(client: &mut LockServiceClient<Channel>, name: &str) -> Option<proto::Grant> {
-    let seen = client.inspect(inspect(name)).await.unwrap().into_inner();
-    seen.holders.into_iter().next().and_then(|h| h.grant)
-}
 
 fn release_command(request_id: u64, name: &str) -> Command {
     Command::Release(proto::SessionRelease {
