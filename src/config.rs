@@ -146,6 +146,13 @@ pub struct ServiceArgs {
     /// clients (slowloris, preface-only sockets) are closed after it.
     #[arg(long, env = "TUMBLER_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub header_read_timeout_ms: u64,
+    /// Time a request has, once its headers are in, to send its body (on
+    /// the HTTP port: all of it, else 408 and the connection closed) or
+    /// its first message (gRPC: else DEADLINE_EXCEEDED and the stream
+    /// reset). Until then it is not work: a connection whose requests all
+    /// wait for their message may be closed when its port needs room.
+    #[arg(long, env = "TUMBLER_BODY_READ_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub body_read_timeout_ms: u64,
     /// HTTP/2 keep-alive pings on gRPC connections, sent when a connection
     /// has been quiet this long...
     #[arg(long, env = "TUMBLER_HTTP2_KEEPALIVE_INTERVAL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
@@ -451,6 +458,7 @@ impl ServerConfig {
                     max_connections_per_ip: args.max_connections_per_ip as usize,
                     idle_timeout: Duration::from_millis(args.idle_timeout_ms),
                     header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+                    body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
                     keepalive_interval: Duration::from_millis(args.http2_keepalive_interval_ms),
                     keepalive_timeout: Duration::from_millis(args.http2_keepalive_timeout_ms),
                 },

@@ -16,6 +16,18 @@
 //! preface-only or slow-header socket), the connection's I/O fails and the
 //! HTTP stack closes it. A long wait (an Acquire of an hour, a Session, a
 //! Watch) is a request in flight, so it is never cut.
+//!
+//! A request is only work once its message is in: until then (the whole
+//! body on the HTTP port, the first message of a gRPC call) it waits for
+//! the client, which must send it within the body-read timeout
+//! ([`WatchedBody`]: 408 on the HTTP port, DEADLINE_EXCEEDED and a reset
+//! stream on gRPC). Room at the cap is made by closing, first, the oldest
+//! connection that never got a request past authentication
+//! ([`ConnState::trust`]), then the connection idle the longest (nothing
+//! in flight but requests still waiting for their message); only when
+//! every connection is authenticated and working is a new one refused.
+//! So tricklers and unauthenticated sockets cannot keep probes and real
+//! clients out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -46,6 +58,9 @@ pub struct ConnLimits {
     /// How long a new connection has to complete its first request's
     /// headers (HTTP port: every request's headers).
     pub header_read_timeout: Duration,
+    /// How long a request has, once its headers are in, to send its body
+    /// (HTTP port) or its first message (gRPC).
+    pub body_read_timeout: Duration,
     /// HTTP/2 keep-alive pings on the gRPC ports: how often, when the
     /// connection is quiet...
     pub keepalive_interval: Duration,
@@ -129,6 +144,12 @@ pub struct ConnState {
     peer: SocketAddr,
     /// Requests in flight.
     active: AtomicUsize,
+    /// Requests in flight still waiting for their body or first message
+    /// (not work yet: see [`ConnState::awaiting_body`]).
+    awaiting: AtomicUsize,
+    /// Whether a request on this connection got past authentication (any
+    /// request of the lock service or the dashboard, when auth is off).
+    trusted: AtomicBool,
     /// Whether a request ever started (until then the header-read timeout
     /// applies rather than the idle timeout).
     started: AtomicBool,
@@ -148,8 +169,39 @@ impl ConnState {
         InFlight(self.clone())
     }
 
+    /// Marks a request waiting for its body or first message, until the
+    /// returned guard says it arrived or is dropped.
+    pub fn awaiting_body(self: &Arc<Self>) -> Awaiting {
+        self.awaiting.fetch_add(1, Ordering::AcqRel);
+        Awaiting(self.clone())
+    }
+
+    /// Records that a request on this connection passed authentication:
+    /// from now on it is not closed before idle connections to make room.
+    pub fn trust(&self) {
+        if !self.trusted.load(Ordering::Relaxed) {
+            self.trusted.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The client's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn is_trusted(&self) -> bool {
+        self.trusted.load(Ordering::Relaxed)
+    }
+
     fn is_idle(&self) -> bool {
         self.active.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether a request in flight has its message: the server works on
+    /// it (or holds a wait, a Session, a Watch), so the connection is not
+    /// closed to make room.
+    fn is_working(&self) -> bool {
+        self.active.load(Ordering::Acquire) > self.awaiting.load(Ordering::Acquire)
     }
 
     /// When this connection times out if nothing starts; None while busy.
@@ -173,6 +225,16 @@ impl ConnState {
 
 /// A request in flight on a connection (see [`ConnState::begin`]).
 pub struct InFlight(Arc<ConnState>);
+
+/// A request still waiting for its body or first message (see
+/// [`ConnState::awaiting_body`]).
+pub struct Awaiting(Arc<ConnState>);
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        self.0.awaiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -221,23 +283,21 @@ impl Gate {
             return None;
         }
         if state.open.len() >= limits.max_connections {
-            let idlest = (state.open.values())
-                .filter(|conn| conn.is_idle())
-                .min_by_key(|conn| *conn.idle_since.lock().unwrap_or_else(|e| e.into_inner()))
-                .cloned();
-            let Some(idlest) = idlest else {
+            let Some(victim) = state.make_room() else {
                 drop(state);
                 tracing::warn!(port = self.shared.port, %peer, "connection refused: the port is at --max-connections and every connection is busy");
                 return None;
             };
-            state.forget(&idlest);
-            idlest.close();
+            state.forget(&victim);
+            victim.close();
         }
         state.next_id += 1;
         let conn = Arc::new(ConnState {
             id: state.next_id,
             peer,
             active: AtomicUsize::new(0),
+            awaiting: AtomicUsize::new(0),
+            trusted: AtomicBool::new(false),
             started: AtomicBool::new(false),
             idle_since: Mutex::new(Instant::now()),
             closing: AtomicBool::new(false),
@@ -261,6 +321,21 @@ impl Gate {
 }
 
 impl GateState {
+    /// The connection to close for a new one: the oldest that never got a
+    /// request past authentication, else the one idle the longest (no
+    /// request in flight that has its message); None when every
+    /// connection is authenticated and working.
+    fn make_room(&self) -> Option<Arc<ConnState>> {
+        // `open` is in arrival order: the first untrusted one is the oldest.
+        if let Some(untrusted) = self.open.values().find(|conn| !conn.is_trusted()) {
+            return Some(untrusted.clone());
+        }
+        (self.open.values())
+            .filter(|conn| !conn.is_working())
+            .min_by_key(|conn| *conn.idle_since.lock().unwrap_or_else(|e| e.into_inner()))
+            .cloned()
+    }
+
     fn forget(&mut self, conn: &ConnState) {
         if self.open.remove(&conn.id).is_none() {
             return;
@@ -498,9 +573,9 @@ fn peer_of<B>(request: &http::Request<B>) -> Option<SocketAddr> {
     }
 }
 
-impl<S, B, R> tower::Service<http::Request<B>> for Track<S>
+impl<S, R> tower::Service<http::Request<tonic::body::Body>> for Track<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<R>>,
     S::Future: Send + 'static,
 {
     type Response = http::Response<Tracked<R>>;
@@ -511,10 +586,24 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let in_flight = peer_of(&request)
-            .and_then(|peer| self.gate.connection(&peer))
-            .map(|conn| conn.begin());
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        let conn = peer_of(&request).and_then(|peer| self.gate.connection(&peer));
+        let in_flight = conn.as_ref().map(|conn| conn.begin());
+        if let Some(conn) = conn {
+            // The first message must arrive within the body-read timeout;
+            // until it has, the call is not work (see `make_room`).
+            if !http_body::Body::is_end_stream(request.body()) {
+                let timeout = self.gate.shared.limits.body_read_timeout;
+                let awaiting = conn.awaiting_body();
+                request = request.map(|body| {
+                    tonic::body::Body::new(WatchedBody::first_message(body, awaiting, timeout))
+                });
+            }
+            // For the auth interceptor to mark the connection trusted.
+            if !conn.is_trusted() {
+                request.extensions_mut().insert(conn);
+            }
+        }
         let answer = self.inner.call(request);
         Box::pin(async move {
             let response = answer.await?;
@@ -523,6 +612,191 @@ where
                 _in_flight: in_flight,
             }))
         })
+    }
+}
+
+/// A request body the client did not finish sending within the
+/// body-read timeout (the [`WatchedBody`]'s error).
+#[derive(Debug)]
+pub struct BodyTimedOut {
+    after: Duration,
+}
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the request's message did not arrive within --body-read-timeout-ms ({} ms)",
+            self.after.as_millis()
+        )
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
+
+impl From<BodyTimedOut> for tonic::Status {
+    /// DEADLINE_EXCEEDED, as a Session's missing open message is: the
+    /// client's message did not come in time.
+    fn from(timed_out: BodyTimedOut) -> Self {
+        tonic::Status::deadline_exceeded(timed_out.to_string())
+    }
+}
+
+/// What a [`WatchedBody`] waits for.
+enum Until {
+    /// The first gRPC message: its 5-byte prefix (flag, length), then its
+    /// length in bytes.
+    FirstMessage {
+        prefix: [u8; 5],
+        have: usize,
+        left: usize,
+    },
+    /// The end of the body (HTTP/1.1).
+    End,
+}
+
+impl Until {
+    /// Takes in `data`; true once what is waited for has all arrived.
+    fn feed(&mut self, mut data: &[u8]) -> bool {
+        let Until::FirstMessage { prefix, have, left } = self else {
+            return false;
+        };
+        if *have < prefix.len() {
+            let take = (prefix.len() - *have).min(data.len());
+            prefix[*have..*have + take].copy_from_slice(&data[..take]);
+            *have += take;
+            data = &data[take..];
+            if *have < prefix.len() {
+                return false;
+            }
+            *left = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        }
+        *left = left.saturating_sub(data.len());
+        *left == 0
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body that must arrive (its first gRPC message, or all of
+    /// it) within the body-read timeout: past it, reading fails with
+    /// [`BodyTimedOut`] (as the body's own error type). Until then its
+    /// request counts as waiting for the client ([`ConnState::awaiting_body`]).
+    /// The timer is only armed when the client is behind: a message that
+    /// comes with its headers costs none.
+    pub struct WatchedBody<B> {
+        #[pin]
+        inner: B,
+        until: Until,
+        // Some until the awaited part arrived (or the time ran out).
+        awaiting: Option<Awaiting>,
+        deadline: Instant,
+        after: Duration,
+        timer: Option<Pin<Box<Sleep>>>,
+        // Set when the time ran out (the HTTP port answers 408).
+        timed_out: Option<Arc<AtomicBool>>,
+    }
+}
+
+impl<B> WatchedBody<B> {
+    /// A gRPC call's body: its first message within `timeout`.
+    pub fn first_message(inner: B, awaiting: Awaiting, timeout: Duration) -> Self {
+        Self::new(
+            inner,
+            Until::FirstMessage {
+                prefix: [0; 5],
+                have: 0,
+                left: 0,
+            },
+            awaiting,
+            timeout,
+            None,
+        )
+    }
+
+    /// An HTTP request's body: all of it within `timeout`; `timed_out` is
+    /// set when it did not come.
+    pub fn whole(
+        inner: B,
+        awaiting: Awaiting,
+        timeout: Duration,
+        timed_out: Arc<AtomicBool>,
+    ) -> Self {
+        Self::new(inner, Until::End, awaiting, timeout, Some(timed_out))
+    }
+
+    fn new(
+        inner: B,
+        until: Until,
+        awaiting: Awaiting,
+        timeout: Duration,
+        timed_out: Option<Arc<AtomicBool>>,
+    ) -> Self {
+        WatchedBody {
+            inner,
+            until,
+            awaiting: Some(awaiting),
+            deadline: Instant::now() + timeout,
+            after: timeout,
+            timer: None,
+            timed_out,
+        }
+    }
+}
+
+impl<B> http_body::Body for WatchedBody<B>
+where
+    B: http_body::Body<Data = tonic::codegen::Bytes>,
+    B::Error: From<BodyTimedOut>,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        if this.awaiting.is_none() {
+            return this.inner.poll_frame(cx);
+        }
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let arrived = match &polled {
+            Poll::Ready(Some(Ok(frame))) => match frame.data_ref() {
+                Some(data) => this.until.feed(data) || this.inner.is_end_stream(),
+                // Trailers: the body is over.
+                None => true,
+            },
+            // The end, or the connection's error: nothing more to wait for.
+            Poll::Ready(_) => true,
+            Poll::Pending => {
+                let deadline = *this.deadline;
+                let timer = (this.timer)
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                *this.awaiting = None;
+                *this.timer = None;
+                if let Some(flag) = this.timed_out {
+                    flag.store(true, Ordering::Release);
+                }
+                let after = *this.after;
+                return Poll::Ready(Some(Err(BodyTimedOut { after }.into())));
+            }
+        };
+        if arrived {
+            *this.awaiting = None;
+            *this.timer = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -552,5 +826,39 @@ impl<B: http_body::Body> http_body::Body for Tracked<B> {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Until;
+
+    fn first_message() -> Until {
+        Until::FirstMessage {
+            prefix: [0; 5],
+            have: 0,
+            left: 0,
+        }
+    }
+
+    #[test]
+    fn the_first_grpc_message_is_found_however_its_bytes_are_split() {
+        // Flag 0, length 3, then the message.
+        let framed = [0u8, 0, 0, 0, 3, b'a', b'b', b'c'];
+        for split in 0..framed.len() {
+            let mut until = first_message();
+            let (a, b) = framed.split_at(split);
+            let done_early = until.feed(a);
+            assert!(!done_early, "complete after {split} of 8 bytes");
+            assert!(until.feed(b), "split at {split}");
+        }
+        // One byte at a time.
+        let mut until = first_message();
+        let fed: Vec<bool> = framed.iter().map(|b| until.feed(&[*b])).collect();
+        assert_eq!(fed, [false, false, false, false, false, false, false, true]);
+        // An empty message is complete with its prefix.
+        assert!(first_message().feed(&[0, 0, 0, 0, 0]));
+        // The whole body (HTTP) is not a matter of bytes.
+        assert!(!Until::End.feed(b"everything"));
     }
 }

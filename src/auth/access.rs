@@ -268,6 +268,11 @@ impl tonic::service::Interceptor for AuthInterceptor {
                 .map(|v| v.as_bytes()),
         )?;
         request.extensions_mut().insert(access);
+        // The connection carried an authenticated call: it is no longer
+        // the first to close when its port needs room (`limits`).
+        if let Some(conn) = request.extensions().get::<Arc<crate::limits::ConnState>>() {
+            conn.trust();
+        }
         if let Some(auth) = &self.authenticator {
             // For streams, which look their token up again while open.
             request.extensions_mut().insert(auth.clone());

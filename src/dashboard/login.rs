@@ -15,6 +15,8 @@
 //! `/healthz` are not dashboard routes and stay open (Prometheus, probes);
 //! so do the static assets, which hold no data.
 
+use std::sync::Arc;
+
 use askama::Template;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -30,6 +32,7 @@ use super::params::{Form, LoginForm, NextQuery, Query};
 use super::session::Session;
 use super::{Dashboard, redirect};
 use crate::auth::Access;
+use crate::limits::ConnState;
 
 const LOGIN_PATH: &str = "/dashboard/login";
 /// The cookie a logged-in browser sends: a session signed by the server
@@ -73,6 +76,11 @@ pub(super) async fn require_access(
 ) -> Response {
     match access(&d, request.headers()) {
         Ok(access) => {
+            // An authenticated request: its connection is no longer the
+            // first closed when the port needs room (`limits`).
+            if let Some(conn) = request.extensions().get::<Arc<ConnState>>() {
+                conn.trust();
+            }
             request.extensions_mut().insert(Caller(access));
             next.run(request).await
         }
