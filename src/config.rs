@@ -187,6 +187,16 @@ pub struct ServiceArgs {
     /// How long a changelog is kept after its last event.
     #[arg(long, env = "TUMBLER_CHANGELOG_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(u64).range(1000..))]
     pub changelog_retention_ms: u64,
+    /// Failed authentications (dashboard logins with an unknown token,
+    /// session resumes with a wrong secret) one client address (IPv6: its
+    /// /64) may make per --auth-failure-window-ms; past that its attempts
+    /// are refused (429, RESOURCE_EXHAUSTED) until the window, counted
+    /// from its first failure, ends. 0 turns the throttle off.
+    #[arg(long, env = "TUMBLER_AUTH_FAILURES_PER_ADDRESS", default_value_t = crate::auth::ThrottleSettings::DEFAULT_MAX_FAILURES)]
+    pub auth_failures_per_address: u32,
+    /// The window of --auth-failures-per-address.
+    #[arg(long, env = "TUMBLER_AUTH_FAILURE_WINDOW_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub auth_failure_window_ms: u64,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -353,6 +363,8 @@ pub struct ServerConfig {
     /// Bearer tokens file; None: authentication is off.
     pub auth_tokens_file: Option<std::path::PathBuf>,
     pub auth_reload_interval: Duration,
+    /// Failed-authentication throttling per client address.
+    pub auth_throttle: crate::auth::ThrottleSettings,
     /// Which namespaces keep a changelog.
     pub changelog: crate::engine::changelog::ChangelogSettings,
     pub transport: TransportLimits,
@@ -436,6 +448,11 @@ impl ServerConfig {
             )?,
             auth_tokens_file: args.auth.auth_tokens_file.clone(),
             auth_reload_interval: Duration::from_millis(args.auth.auth_reload_interval_ms),
+            auth_throttle: crate::auth::ThrottleSettings {
+                max_failures: args.auth_failures_per_address,
+                window: Duration::from_millis(args.auth_failure_window_ms),
+                ..Default::default()
+            },
             changelog: crate::engine::changelog::ChangelogSettings {
                 namespaces: (args.changelog_namespaces.iter())
                     .filter(|n| !n.is_empty())

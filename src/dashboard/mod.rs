@@ -77,6 +77,8 @@ pub struct Options {
     /// Signs the login cookies (`--dashboard-cookie-key-file`, else a
     /// random key of this process).
     pub cookie_key: CookieKey,
+    /// Failed logins per client address (shared with session resumes).
+    pub auth_throttle: Arc<crate::auth::Throttle>,
 }
 
 #[derive(Clone)]
