@@ -682,14 +682,13 @@ pin_project_lite::pin_project! {
     /// [`BodyTimedOut`] (as the body's own error type). Until then its
     /// request counts as waiting for the client ([`ConnState::awaiting_body`]).
     /// The timer is only armed when the client is behind: a message that
-    /// comes with its headers costs none.
+    /// comes with its headers costs none (not even a clock read).
     pub struct WatchedBody<B> {
         #[pin]
         inner: B,
         until: Until,
         // Some until the awaited part arrived (or the time ran out).
         awaiting: Option<Awaiting>,
-        deadline: Instant,
         after: Duration,
         timer: Option<Pin<Box<Sleep>>>,
         // Set when the time ran out (the HTTP port answers 408).
@@ -735,7 +734,6 @@ impl<B> WatchedBody<B> {
             inner,
             until,
             awaiting: Some(awaiting),
-            deadline: Instant::now() + timeout,
             after: timeout,
             timer: None,
             timed_out,
@@ -769,9 +767,10 @@ where
             // The end, or the connection's error: nothing more to wait for.
             Poll::Ready(_) => true,
             Poll::Pending => {
-                let deadline = *this.deadline;
-                let timer = (this.timer)
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                // The clock starts when the body is first read and found
+                // behind: the request's handler reads it at once.
+                let after = *this.after;
+                let timer = (this.timer).get_or_insert_with(|| Box::pin(tokio::time::sleep(after)));
                 if timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
@@ -780,7 +779,6 @@ where
                 if let Some(flag) = this.timed_out {
                     flag.store(true, Ordering::Release);
                 }
-                let after = *this.after;
                 return Poll::Ready(Some(Err(BodyTimedOut { after }.into())));
             }
         };
