@@ -13,7 +13,9 @@
 //! - `admin.rs`: force release and clear;
 //! - `login.rs`, `session.rs`: who is looking; `edge.rs`: the Host check
 //!   and security headers; `overview.rs`: the overview's shared walk;
-//!   `changelog.rs`: the Changelog endpoint.
+//!   `changelog.rs`: the Changelog endpoint; `visible.rs`: control, bidi
+//!   and invisible characters shown as `\u{…}` escapes (app.js does the
+//!   same on the live pages).
 //!
 //! With an auth tokens file, every page and endpoint needs one of its
 //! tokens (a bearer header, or the login cookie; see `login.rs`), and
@@ -38,6 +40,7 @@ mod overview;
 mod pages;
 mod params;
 mod session;
+mod visible;
 
 pub use errors::{engine_code, engine_error_status, http_status};
 pub use session::{CookieKey, SESSION_TTL};
@@ -77,6 +80,8 @@ pub struct Options {
     /// Signs the login cookies (`--dashboard-cookie-key-file`, else a
     /// random key of this process).
     pub cookie_key: CookieKey,
+    /// Failed logins per client address (shared with session resumes).
+    pub auth_throttle: Arc<crate::auth::Throttle>,
 }
 
 #[derive(Clone)]

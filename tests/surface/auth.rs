@@ -448,7 +448,11 @@ async fn the_tokens_file_is_reloaded_without_a_restart() {
         Code::Unauthenticated
     );
 
-    // A broken file is refused and the tokens in force stay.
+    // A broken file is refused and the tokens in force stay; so is an
+    // empty one (a file caught mid-write: `fs::write` truncates first).
+    std::fs::write(&s.path, "").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(code(newcomer.inspect(inspect("team-c")).await), Code::Ok);
     std::fs::write(&s.path, "[[token]]\nname = 3\n").unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(code(newcomer.inspect(inspect("team-c")).await), Code::Ok);
@@ -948,4 +952,69 @@ async fn a_session_cannot_be_resumed_with_another_token() {
     let (resumed, _, _) = open_stream(&mut owner, resume).await.unwrap();
     assert!(resumed.resumed);
     assert_eq!(resumed.grants.len(), 1, "{resumed:?}");
+}
+
+/// A client of `token` whose connections come from `from` (a loopback
+/// address of its own, as another host's would).
+async fn bearer_from(server: &TestServer, token: &str, from: [u8; 4]) -> Client {
+    let channel = Channel::from_shared(server.endpoint())
+        .unwrap()
+        .local_address(Some(std::net::IpAddr::from(from)))
+        .connect()
+        .await
+        .unwrap();
+    LockServiceClient::with_interceptor(channel, Header(Some(format!("Bearer {token}"))))
+}
+
+/// Failed resumes (wrong secret, unknown id: counted alike) are throttled
+/// per client address: past the limit (10 a minute by default) that
+/// address is refused RESOURCE_EXHAUSTED, even with the right secret, and
+/// nothing is looked up; another address resumes the session as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_resumes_are_throttled_per_address() {
+    let s = setup().await;
+    let mut owner = bearer(&s.server, TEAM_A).await;
+    let (opened, _events, _commands) = open_stream(
+        &mut owner,
+        proto::SessionOpen {
+            ttl_ms: Some(10_000),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let resume = |secret: &str| proto::SessionOpen {
+        ttl_ms: None,
+        resume: Some(proto::SessionResume {
+            session_id: opened.session_id.clone(),
+            secret: secret.to_owned(),
+        }),
+    };
+    let wrong = "0".repeat(64);
+
+    let mut guesser = bearer_from(&s.server, TEAM_A, [127, 0, 0, 2]).await;
+    for attempt in 1..=10 {
+        let refused = open_stream(&mut guesser, resume(&wrong))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(
+            refused.code(),
+            Code::NotFound,
+            "attempt {attempt}: {refused:?}"
+        );
+    }
+    for secret in [wrong.as_str(), opened.resume_secret.as_str()] {
+        let throttled = open_stream(&mut guesser, resume(secret))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(throttled.code(), Code::ResourceExhausted, "{throttled:?}");
+    }
+
+    let mut elsewhere = bearer_from(&s.server, TEAM_A, [127, 0, 0, 3]).await;
+    let (resumed, _, _) = open_stream(&mut elsewhere, resume(&opened.resume_secret))
+        .await
+        .expect("another address resumes as usual");
+    assert!(resumed.resumed);
 }

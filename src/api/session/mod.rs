@@ -130,6 +130,9 @@ pub async fn open(
             }
         }
         Some(resume) => {
+            // An address that failed to resume too often lately is turned
+            // away before anything is looked up.
+            api.auth_throttle.check(access.peer())?;
             let session = validate::session_id(&resume.session_id)?;
             let secret = validate::resume_secret(&resume.secret)?;
             let may_act = |namespace: &str| access.access().act(namespace).is_ok();
@@ -142,6 +145,9 @@ pub async fn open(
                     // this caller may not resume (another token's, a wrong
                     // secret): nobody learns whether an id is live.
                     ResumeError::Gone | ResumeError::Refused => {
+                        // Counted alike, so the throttle tells nothing of
+                        // which ids are live either.
+                        api.auth_throttle.failed(access.peer());
                         tracing::info!(%session, token = %owner, reason = %err, "session resume refused");
                         Status::not_found(
                             "resume.session_id: no such session for this token and secret (closed, silent past its ttl, or never this token's)",
