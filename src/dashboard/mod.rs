@@ -13,7 +13,8 @@
 //! - `admin.rs`: force release and clear;
 //! - `login.rs`, `session.rs`: who is looking; `edge.rs`: the Host check
 //!   and security headers; `overview.rs`: the overview's shared walk;
-//!   `changelog.rs`: the Changelog endpoint.
+//!   `changelog.rs`: the Changelog endpoint; `flight.rs`: the single
+//!   flight the overview's walk goes through.
 //!
 //! With an auth tokens file, every page and endpoint needs one of its
 //! tokens (a bearer header, or the login cookie; see `login.rs`), and
@@ -33,6 +34,7 @@ mod api;
 mod changelog;
 mod edge;
 mod errors;
+mod flight;
 mod login;
 mod overview;
 mod pages;
