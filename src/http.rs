@@ -106,7 +106,9 @@ async fn serve_connection(
     header_read_timeout: Duration,
 ) {
     let service =
-        hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
+            // The client's address, for rates kept per address.
+            (request.extensions_mut()).insert(axum::extract::ConnectInfo(conn.peer()));
             let in_flight = conn.begin();
             let answer = app.clone().oneshot(request.map(axum::body::Body::new));
             async move {

@@ -141,6 +141,11 @@ pub struct ConnState {
 }
 
 impl ConnState {
+    /// The client's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
     /// Marks a request in flight until the returned guard is dropped.
     pub fn begin(self: &Arc<Self>) -> InFlight {
         self.started.store(true, Ordering::Relaxed);

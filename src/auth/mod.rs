@@ -20,9 +20,11 @@ use subtle::ConstantTimeEq;
 use tonic::Status;
 
 mod access;
+mod rate;
 mod tokens;
 
 pub use access::*;
+pub use rate::CallerRate;
 pub use tokens::*;
 
 /// The configured tokens, re-read from their file when it changes.
