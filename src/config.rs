@@ -174,12 +174,18 @@ pub struct ServiceArgs {
     /// (default none: no lock call writes anything for it).
     #[arg(long, env = "TUMBLER_CHANGELOG_NAMESPACES", value_delimiter = ',', value_parser = parse_changelog_namespace)]
     pub changelog_namespaces: Vec<String>,
-    /// Events a namespace's changelog keeps (the newest).
+    /// Events each shard of a namespace's changelog keeps (the newest),
+    /// and 256 bytes per event of it at most (as Redis counts them).
     #[arg(long, env = "TUMBLER_CHANGELOG_SIZE", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub changelog_size: u32,
     /// How long a changelog is kept after its last event.
     #[arg(long, env = "TUMBLER_CHANGELOG_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(u64).range(1000..))]
     pub changelog_retention_ms: u64,
+    /// Changelog pages (`/api/v1/changelog`) one caller may read per
+    /// second on each replica, in bursts of as many: each token, or with
+    /// auth off each client address; past it, 429.
+    #[arg(long, env = "TUMBLER_CHANGELOG_READS_PER_SECOND", default_value_t = crate::engine::changelog::DEFAULT_READS_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub changelog_reads_per_second: u32,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -436,6 +442,8 @@ impl ServerConfig {
                     .collect(),
                 size: args.changelog_size,
                 retention_ms: args.changelog_retention_ms,
+                reads_per_second: std::num::NonZeroU32::new(args.changelog_reads_per_second)
+                    .unwrap_or(std::num::NonZeroU32::MIN),
             },
             transport: TransportLimits {
                 max_request_bytes: args.max_request_bytes as usize,

@@ -14,7 +14,7 @@
 //! - `login.rs`, `session.rs`: who is looking; `edge.rs`: the Host check
 //!   and security headers; `overview.rs`: the overview's shared walk;
 //!   `changelog.rs`: the Changelog endpoint; `flight.rs`: the single
-//!   flight the overview's walk goes through.
+//!   flight both share.
 //!
 //! With an auth tokens file, every page and endpoint needs one of its
 //! tokens (a bearer header, or the login cookie; see `login.rs`), and
@@ -86,6 +86,7 @@ struct Dashboard {
     engine: Arc<LockEngine>,
     options: Options,
     overviews: Arc<overview::Overviews>,
+    changelogs: Arc<changelog::Changelogs>,
 }
 
 impl Dashboard {
@@ -105,10 +106,12 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         allowed_hosts: options.allowed_hosts.clone(),
         hsts: options.secure_cookie,
     };
+    let changelogs = changelog::Changelogs::new(engine.changelog_settings().reads_per_second);
     let state = Dashboard {
         engine,
         options,
         overviews: Arc::default(),
+        changelogs: Arc::new(changelogs),
     };
     let guarded = Router::new()
         .route("/dashboard", get(pages::overview_page))
