@@ -30,6 +30,11 @@ use tumbler::store::Store;
 
 mod common;
 
+#[path = "scale/changelog.rs"]
+mod changelog;
+#[path = "scale/waiters.rs"]
+mod waiters;
+
 const LONG_TTL_MS: u64 = 600_000;
 
 fn env(name: &str) -> Option<u64> {
@@ -388,112 +393,6 @@ fn per_lock_counts_of_waited(
         .collect()
 }
 
-/// 10,000 waiting RPCs on one `tumbler serve` process.
-async fn many_waiters(waiters: usize, locks: usize, idle: Duration) {
-    let redis_server = RedisServer::start("redis-server").expect("redis-server");
-    let serve = common::ServeProcess::start(
-        &redis_server.url(),
-        &[
-            "--reap-interval-ms",
-            "0",
-            "--max-waiters-per-namespace",
-            "1000000",
-        ],
-    )
-    .await;
-    let endpoint = serve.endpoint.clone();
-    let chans = channels(&endpoint, waiters.div_ceil(500)).await;
-    let mut client = LockServiceClient::new(chans[0].clone());
-    for l in 0..locks {
-        client
-            .acquire(proto::AcquireRequest {
-                name: format!("busy-{l}"),
-                holder: "owner".into(),
-                ttl_ms: Some(LONG_TTL_MS),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
-    let rss_before = serve.rss_kib();
-    let mut tasks = tokio::task::JoinSet::new();
-    for w in 0..waiters {
-        let mut c = LockServiceClient::new(chans[w / 500].clone());
-        tasks.spawn(async move {
-            let _ = c
-                .acquire(proto::AcquireRequest {
-                    name: format!("busy-{}", w % locks),
-                    holder: format!("w{w}"),
-                    wait_ms: 600_000,
-                    ..Default::default()
-                })
-                .await;
-        });
-    }
-    loop {
-        let mut queued = 0;
-        for l in 0..locks {
-            queued += client
-                .inspect(proto::InspectRequest {
-                    name: format!("busy-{l}"),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .waiters as usize;
-        }
-        if queued == waiters {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let rss_waiting = serve.rss_kib();
-    let mut conn = common::redis_conn(&redis_server.url()).await;
-    common::reset_command_stats(&mut conn).await;
-    tokio::time::sleep(idle).await;
-    let stats = common::command_stats(&mut conn).await;
-    let calls: u64 = stats.iter().map(|stat| stat.calls).sum();
-    let rss_after_idle = serve.rss_kib();
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    drop(serve);
-
-    let seconds = idle.as_secs_f64();
-    let per_command: Vec<String> = (stats.iter())
-        .filter(|stat| stat.calls > 0)
-        .map(|stat| format!("{} {:.1}/s", stat.name, stat.calls as f64 / seconds))
-        .collect();
-    // What the waiters' heartbeats should cost: one refresh per lock per
-    // queue_ttl/3 (default queue TTL 5 s), plus the health PING each second.
-    let expected = locks as f64 * 3.0 / 5.0 + 1.0;
-    println!("\n### {waiters} waiting RPCs on one replica ({locks} locks, {seconds:.0} s idle)\n");
-    println!("| measure | value |");
-    println!("| --- | ---: |");
-    println!(
-        "| replica RSS before the waiters | {:.1} MiB |",
-        rss_before as f64 / 1024.0
-    );
-    println!(
-        "| replica RSS with them waiting | {:.1} MiB |",
-        rss_waiting as f64 / 1024.0
-    );
-    println!(
-        "| replica RSS after {seconds:.0} s of waiting | {:.1} MiB |",
-        rss_after_idle as f64 / 1024.0
-    );
-    println!(
-        "| RSS per waiter | {:.1} KiB |",
-        (rss_waiting.saturating_sub(rss_before)) as f64 / waiters as f64
-    );
-    println!(
-        "| Redis commands/s while they wait (INFO is the bench's own) | {:.1} ({}) |",
-        calls as f64 / seconds,
-        per_command.join(", ")
-    );
-    println!("| expected: one refresh per lock per queue_ttl/3 + health PING | {expected:.1} |");
-}
-
 /// Acquire+release latency through gRPC on fresh names with `existing`
 /// other locks held in Redis (filled through the engine, in-process).
 async fn latency_with_existing(fills: &[usize], samples: usize) {
@@ -595,157 +494,6 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
     }
 }
 
-/// What one changelog event costs Redis: `pairs` acquire+release pairs in
-/// each of three namespaces with a changelog (32 shards, size 1000), of
-/// events without metadata, with a little (two short entries) and with
-/// 8 KB (cut to 256 bytes in the changelog); then per event the list
-/// bytes Redis counts (MEMORY USAGE ... SAMPLES 0 over every shard's
-/// list, divided by the entries kept) and the entry's own length; and
-/// the whole namespace's lists after `flood` pairs of 8 KB metadata
-/// against the byte budget (shards x size x 256 bytes).
-async fn changelog_bytes(pairs: usize, flood: usize) {
-    let redis_server = RedisServer::start("redis-server").expect("redis-server");
-    let mut conn = common::redis_conn(&redis_server.url()).await;
-    let args = ServiceArgs {
-        changelog_namespaces: vec!["plain".into(), "typical".into(), "meta8k".into()],
-        ..service_args()
-    };
-    let shards = args.shards;
-    let size = args.changelog_size;
-    let config = ServerConfig::new(redis_server.url(), &args).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let _task = tokio::spawn(tumbler::server::serve(
-        config,
-        listener,
-        std::future::pending(),
-    ));
-    common::wait_until_serving(&endpoint).await;
-    let chans = channels(&endpoint, 8).await;
-    let eight_kb: std::collections::HashMap<String, String> = (0..32)
-        .map(|i| (format!("key-{i:02}"), "v".repeat(250)))
-        .collect();
-    let typical: std::collections::HashMap<String, String> = [
-        ("job".to_owned(), "4711".to_owned()),
-        ("host".to_owned(), "worker-3".to_owned()),
-    ]
-    .into();
-    let run = |namespace: &'static str,
-               metadata: std::collections::HashMap<String, String>,
-               pairs: usize| {
-        let chans = chans.clone();
-        async move {
-            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let mut tasks = tokio::task::JoinSet::new();
-            for c in 0..32 {
-                let mut client = LockServiceClient::new(chans[c % chans.len()].clone());
-                let (next, metadata) = (next.clone(), metadata.clone());
-                tasks.spawn(async move {
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= pairs {
-                            return;
-                        }
-                        let name = format!("jobs/nightly-{i:06}");
-                        let holder = format!("worker-{:02}", i % 64);
-                        client
-                            .acquire(proto::AcquireRequest {
-                                namespace: namespace.into(),
-                                name: name.clone(),
-                                holder: holder.clone(),
-                                metadata: metadata.clone(),
-                                ..Default::default()
-                            })
-                            .await
-                            .unwrap();
-                        client
-                            .release(proto::ReleaseRequest {
-                                namespace: namespace.into(),
-                                name,
-                                holder,
-                                ..Default::default()
-                            })
-                            .await
-                            .unwrap();
-                    }
-                });
-            }
-            while tasks.join_next().await.is_some() {}
-        }
-    };
-    // (bytes Redis counts for the namespace's lists, entries, entry bytes)
-    let lists_conn = conn.clone();
-    let lists = |namespace: &'static str| {
-        let mut conn = lists_conn.clone();
-        async move {
-            let (mut bytes, mut entries, mut raw) = (0i64, 0i64, 0usize);
-            for shard in 0..shards {
-                let key = format!("tumbler:{{{namespace}:{shard}}}:c");
-                let usage: Option<i64> = redis::cmd("MEMORY")
-                    .arg("USAGE")
-                    .arg(&key)
-                    .arg("SAMPLES")
-                    .arg(0)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                let kept: Vec<String> = redis::cmd("LRANGE")
-                    .arg(&key)
-                    .arg(0)
-                    .arg(-1)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                bytes += usage.unwrap_or(0);
-                entries += kept.len() as i64;
-                raw += kept.iter().map(String::len).sum::<usize>();
-            }
-            (bytes, entries, raw)
-        }
-    };
-    println!(
-        "\n### Changelog: bytes per event ({pairs} acquire+release pairs per namespace, {shards} shards, size {size})\n"
-    );
-    println!(
-        "| events | list bytes per event (MEMORY USAGE) | entry length | INFO used_memory delta per event |"
-    );
-    println!("| --- | ---: | ---: | ---: |");
-    for (namespace, metadata, label) in [
-        ("plain", Default::default(), "no metadata"),
-        (
-            "typical",
-            typical,
-            "two short metadata entries (29 bytes of JSON)",
-        ),
-        (
-            "meta8k",
-            eight_kb.clone(),
-            "8 KB of metadata (cut to 256 bytes)",
-        ),
-    ] {
-        let before = info_field(&mut conn, "memory", "used_memory").await;
-        run(namespace, metadata, pairs).await;
-        let after = info_field(&mut conn, "memory", "used_memory").await;
-        let (bytes, entries, raw) = lists(namespace).await;
-        println!(
-            "| {label} | {:.0} | {:.0} | {:.0} |",
-            bytes as f64 / entries as f64,
-            raw as f64 / entries as f64,
-            (after - before) as f64 / entries as f64,
-        );
-    }
-    run("meta8k", eight_kb, flood).await;
-    let (bytes, entries, _) = lists("meta8k").await;
-    let budget = i64::from(shards) * i64::from(size) * 256;
-    println!(
-        "\nAfter {} more pairs of 8 KB metadata: {entries} events kept, {:.2} MB of lists \
-         (budget {:.2} MB: {shards} shards x {size} x 256 bytes).",
-        flood,
-        bytes as f64 / 1e6,
-        budget as f64 / 1e6
-    );
-}
-
 #[tokio::main]
 async fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` runs a tiny
@@ -753,7 +501,7 @@ async fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     if benching {
         if std::env::var("SCALE_ONLY").is_ok_and(|only| only == "changelog") {
-            changelog_bytes(
+            changelog::changelog_bytes(
                 2_000,
                 env("SCALE_CHANGELOG_FLOOD").unwrap_or(20_000) as usize,
             )
@@ -764,7 +512,7 @@ async fn main() {
         if std::env::var("SCALE_ONLY").is_ok_and(|only| only == "memory") {
             return;
         }
-        many_waiters(
+        waiters::many_waiters(
             env("SCALE_WAITERS").unwrap_or(10_000) as usize,
             100,
             Duration::from_secs(10),
@@ -772,15 +520,15 @@ async fn main() {
         .await;
         let fill = env("SCALE_FILL").unwrap_or(1_000_000) as usize;
         latency_with_existing(&[1_000, fill], 2_000).await;
-        changelog_bytes(
+        changelog::changelog_bytes(
             2_000,
             env("SCALE_CHANGELOG_FLOOD").unwrap_or(20_000) as usize,
         )
         .await;
     } else {
         memory(200, 5, 4).await;
-        many_waiters(50, 5, Duration::from_millis(500)).await;
+        waiters::many_waiters(50, 5, Duration::from_millis(500)).await;
         latency_with_existing(&[100, 300], 20).await;
-        changelog_bytes(50, 50).await;
+        changelog::changelog_bytes(50, 50).await;
     }
 }

@@ -4,12 +4,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use tonic::Status;
 
-use crate::engine::ListCursor;
-use crate::engine::changelog::ChangelogCursor;
+mod page_tokens;
+
+pub use page_tokens::{
+    changelog_page_token, encode_page_token, next_changelog_page_token, next_page_token, page_token,
+};
 
 /// Bounds that depend on the deployment (set by flags).
 #[derive(Clone, Debug)]
@@ -87,91 +88,6 @@ pub fn page_size(value: u32) -> Result<u32, Status> {
         )),
         n => Ok(n),
     }
-}
-
-/// A page token is `base64url(<node>.<scan cursor>.<last key listed>)`:
-/// opaque to clients, and harmless when tampered with (it only moves where
-/// a listing of the request's own namespace goes on).
-pub fn page_token(value: &str) -> Result<Option<ListCursor>, Status> {
-    let Some(text) = page_token_text(value)? else {
-        return Ok(None);
-    };
-    let mut parts = text.splitn(3, '.');
-    let mut next = || parts.next().ok_or_else(not_issued);
-    let cursor = ListCursor {
-        node: next()?.parse().map_err(|_| not_issued())?,
-        position: next()?.parse().map_err(|_| not_issued())?,
-        after: next()?.to_owned(),
-    };
-    if cursor.node > MAX_NODES || cursor.after.len() > MAX_AFTER_BYTES {
-        return Err(not_issued());
-    }
-    Ok(Some(cursor))
-}
-
-/// A page token's text (None for an empty token): base64url of UTF-8.
-fn page_token_text(value: &str) -> Result<Option<String>, Status> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|_| not_issued())?;
-    String::from_utf8(bytes).map(Some).map_err(|_| not_issued())
-}
-
-fn not_issued() -> Status {
-    invalid("page_token", "is not a token this service issued")
-}
-
-/// Bounds a page token's parts must keep: a cluster has at most 16,384
-/// primaries; a key is a lock name with the prefix and shard tag before it.
-const MAX_NODES: u32 = 16_384;
-const MAX_AFTER_BYTES: usize = MAX_NAME_BYTES + 256;
-
-/// The `next_page_token` of a page: empty when the listing is done.
-pub fn next_page_token(next: Option<&ListCursor>) -> String {
-    next.map(encode_page_token).unwrap_or_default()
-}
-
-/// The token that resumes a listing at `cursor`.
-pub fn encode_page_token(cursor: &ListCursor) -> String {
-    URL_SAFE_NO_PAD.encode(format!(
-        "{}.{}.{}",
-        cursor.node, cursor.position, cursor.after
-    ))
-}
-
-/// A changelog read's page token, `base64url(c.<ms>.<shard>.<index>)`
-/// (the `c` keeps a List token from passing for one): opaque to clients,
-/// and harmless when tampered with, as a List token is (it holds positions
-/// in time only: a made-up one moves where a walk of the request's own
-/// namespace goes on). Numbers out of their range are refused.
-pub fn changelog_page_token(value: &str) -> Result<Option<ChangelogCursor>, Status> {
-    let Some(text) = page_token_text(value)? else {
-        return Ok(None);
-    };
-    let mut parts = text.split('.');
-    if parts.next() != Some("c") {
-        return Err(not_issued());
-    }
-    let mut next = || parts.next().ok_or_else(not_issued);
-    let cursor = ChangelogCursor {
-        at_ms: next()?.parse().map_err(|_| not_issued())?,
-        shard: next()?.parse().map_err(|_| not_issued())?,
-        index: next()?.parse().map_err(|_| not_issued())?,
-    };
-    if parts.next().is_some() || cursor.at_ms < 0 || cursor.shard > MAX_SHARDS {
-        return Err(not_issued());
-    }
-    Ok(Some(cursor))
-}
-
-/// `--shards` at most (a cursor's shard may be one past the last).
-const MAX_SHARDS: u32 = 16_384;
-
-/// The `next_page_token` of a changelog page: empty when the walk is done.
-pub fn next_changelog_page_token(next: Option<&ChangelogCursor>) -> String {
-    next.map(|c| URL_SAFE_NO_PAD.encode(format!("c.{}.{}.{}", c.at_ms, c.shard, c.index)))
-        .unwrap_or_default()
 }
 
 /// Absent: no cutoff; otherwise at least 1.
@@ -463,7 +379,11 @@ pub fn metadata(value: &HashMap<String, String>) -> Result<BTreeMap<String, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use tonic::Code;
+
+    use crate::engine::ListCursor;
 
     fn limits() -> Limits {
         Limits {
@@ -529,7 +449,7 @@ mod tests {
             "page_token",
         );
         rejects(page_token(&URL_SAFE_NO_PAD.encode("0.x.")), "page_token");
-        let long = format!("0.0.{}", "k".repeat(MAX_AFTER_BYTES + 1));
+        let long = format!("0.0.{}", "k".repeat(page_tokens::MAX_AFTER_BYTES + 1));
         rejects(page_token(&URL_SAFE_NO_PAD.encode(long)), "page_token");
     }
 
@@ -549,43 +469,6 @@ mod tests {
     }
 
     #[test]
-    fn changelog_page_tokens_round_trip_and_refuse_what_was_not_issued() {
-        let cursor = ChangelogCursor {
-            at_ms: 1_764_000_000_123,
-            shard: 31,
-            index: 4,
-        };
-        let token = next_changelog_page_token(Some(&cursor));
-        assert_eq!(changelog_page_token(&token).unwrap(), Some(cursor));
-        assert_eq!(next_changelog_page_token(None), "");
-        assert_eq!(changelog_page_token("").unwrap(), None);
-        for bad in [
-            "c.1.2",
-            "c.1.2.3.4",
-            "x.1.2.3",
-            "c.-1.0.0",
-            "c.1.16385.0",
-            "c.1.0.-1",
-            "c.1.0.4294967296",
-            "0.0.",
-        ] {
-            rejects(
-                changelog_page_token(&URL_SAFE_NO_PAD.encode(bad)),
-                "page_token",
-            );
-        }
-        rejects(changelog_page_token("%%%"), "page_token");
-        // A List token is no changelog token, and the other way round.
-        let list = encode_page_token(&ListCursor {
-            node: 0,
-            position: 0,
-            after: String::new(),
-        });
-        rejects(changelog_page_token(&list), "page_token");
-        rejects(page_token(&token), "page_token");
-    }
-
-    #[test]
     fn names_may_hold_braces_colons_and_unicode() {
         assert!(name("orders:{42}:größe").is_ok());
     }
@@ -596,6 +479,8 @@ mod properties {
     use super::*;
     use proptest::prelude::*;
     use tonic::Code;
+
+    use crate::engine::ListCursor;
 
     use crate::test_support::proptest_config as config;
 
@@ -611,7 +496,7 @@ mod properties {
         #![proptest_config(config())]
 
         #[test]
-        fn page_tokens_round_trip(node in 0u32..=MAX_NODES, position in any::<u64>(), after in "\\PC{0,40}|.{0,40}") {
+        fn page_tokens_round_trip(node in 0u32..=page_tokens::MAX_NODES, position in any::<u64>(), after in "\\PC{0,40}|.{0,40}") {
             let cursor = ListCursor { node, position, after };
             let token = encode_page_token(&cursor);
             prop_assert_eq!(page_token(&token).unwrap(), Some(cursor));
@@ -624,7 +509,7 @@ mod properties {
             match page_token(&token) {
                 Ok(None) => prop_assert!(token.is_empty()),
                 Ok(Some(cursor)) => {
-                    prop_assert!(cursor.node <= MAX_NODES && cursor.after.len() <= MAX_AFTER_BYTES);
+                    prop_assert!(cursor.node <= page_tokens::MAX_NODES && cursor.after.len() <= page_tokens::MAX_AFTER_BYTES);
                     prop_assert_eq!(page_token(&encode_page_token(&cursor)).unwrap(), Some(cursor));
                 }
                 Err(status) => prop_assert!(names_field(&status, "page_token"), "{:?}", status),
