@@ -638,6 +638,7 @@ def test_config_map_carries_every_setting():
         "TUMBLER_CHANGELOG_NAMESPACES": "",
         "TUMBLER_CHANGELOG_SIZE": "1000",
         "TUMBLER_CHANGELOG_RETENTION_MS": "86400000",
+        "TUMBLER_CHANGELOG_READS_PER_SECOND": "10",
         "TUMBLER_HEALTH_LISTEN": "0.0.0.0:50052",
         "TUMBLER_AUTH_TOKENS_FILE": "/etc/tumbler/auth/tokens.toml",
         "TUMBLER_AUTH_RELOAD_INTERVAL_MS": "5000",
