@@ -29,16 +29,31 @@ fn commit() -> String {
         return "unknown".into();
     };
     // Built again when HEAD moves: HEAD itself (a checkout), the branch it
-    // names (a commit) and the packed refs.
+    // names (a commit) and the packed refs. Only files that exist are
+    // named: cargo takes a named file that is missing as changed on every
+    // build, which would rebuild the crate each time in a clone whose
+    // branch ref is packed or whose refs were never packed.
+    let mut watched = Vec::new();
     if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
-        println!("cargo:rerun-if-changed={dir}/HEAD");
+        watched.push(format!("{dir}/HEAD"));
     }
     if let (Some(common), Some(branch)) = (
         git(&["rev-parse", "--git-common-dir"]),
         git(&["rev-parse", "--symbolic-full-name", "HEAD"]),
     ) {
-        println!("cargo:rerun-if-changed={common}/{branch}");
-        println!("cargo:rerun-if-changed={common}/packed-refs");
+        // A packed branch gets a loose file at its next commit: watch the
+        // folder it will appear in until it exists.
+        let loose = std::path::Path::new(&common).join(&branch);
+        match loose.parent() {
+            Some(folder) if !loose.exists() => watched.push(folder.display().to_string()),
+            _ => watched.push(loose.display().to_string()),
+        }
+        watched.push(format!("{common}/packed-refs"));
+    }
+    for file in watched {
+        if std::path::Path::new(&file).exists() {
+            println!("cargo:rerun-if-changed={file}");
+        }
     }
     commit
 }

@@ -177,6 +177,8 @@ impl Client {
                         priority: 0,
                         fair: true,
                         answer_by: None,
+                        session_epoch: None,
+                        stop: None,
                     })
                     .await
                     .expect("engine acquire");

@@ -439,6 +439,8 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
                             priority: 0,
                             fair: true,
                             answer_by: None,
+                            session_epoch: None,
+                            stop: None,
                         })
                         .await
                         .unwrap();

@@ -199,6 +199,36 @@ try {
   await page.waitForSelector("#locks tbody tr th a");
   assert.deepEqual((await tableRows(page, "#locks tbody tr")).map((r) => r[0]), ["invoices"]);
 
+  // Bidi and invisible characters: written out, never applied. The lock
+  // `pay<U+202E>gnp.exe` would read "payexe.png" otherwise.
+  step("bidi characters in a name, a holder and metadata show as \\u{…} escapes");
+  const shownName = "pay\\u{202E}gnp.exe";
+  const hiddenChars = /[\u061C\u200B\u200E\u200F\u2028-\u202E\u2060\u2066-\u2069\uFEFF]/;
+  const rawOnPage = () => page.evaluate((source) =>
+    new RegExp(source).test(document.body.textContent + document.title), hiddenChars.source);
+  await page.goto(`${base}/dashboard/locks?namespace=lab`);
+  await page.waitForSelector("#locks tbody tr th a");
+  assert.deepEqual((await tableRows(page, "#locks tbody tr")).map((r) => r[0]), [shownName]);
+  assert.equal(await page.locator("#locks .esc").count(), 1, "the escape is marked");
+  assert.equal(await page.locator("#locks .esc").getAttribute("title"), "U+202E");
+  assert.equal(await rawOnPage(), false, "no bidi character reaches the page");
+  await page.getByRole("link", { name: shownName, exact: true }).click();
+  await page.waitForSelector("#holders tbody tr th code");
+  const [bidiHolder] = await tableRows(page, "#holders tbody tr");
+  assert.equal(bidiHolder[1], "svc\\u{2066}-1");
+  assert.match(bidiHolder[7], /^note = txt\.\\u\{202E\}exe$/);
+  assert.equal(await page.locator("#heading code").textContent(), shownName);
+  assert.ok((await page.title()).startsWith(shownName), await page.title());
+  assert.equal(await rawOnPage(), false, "no bidi character reaches the lock page");
+  const bidiInspect = grpc("Inspect", { namespace: "lab", name: "pay\u202Egnp.exe" });
+  assert.equal(bidiInspect.holders[0].grant.holder, "svc\u2066-1", "the lock the page links to");
+  await page.screenshot({ path: path.join(shots, "bidi.png"), fullPage: true });
+  // The server-rendered confirmation page escapes the same way.
+  await page.getByRole("link", { name: "Force release svc\\u{2066}-1" }).click();
+  await page.waitForSelector("text=Force release?");
+  assert.match(await page.locator("dl.facts").textContent(), /Lockpay\\u\{202E\}gnp\.exe/);
+  assert.equal(await rawOnPage(), false, "no bidi character on the confirmation page");
+
   // tumbler-system is tumbler's own: not even a `*` admin token sees it.
   step("a token for every namespace sees no Reaper page (tumbler-system is reserved)");
   assert.equal(await page.getByRole("link", { name: "Reaper", exact: true }).count(), 0);

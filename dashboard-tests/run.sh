@@ -8,7 +8,8 @@
 # the admin actions on, holds some locks and queues a waiter with the
 # tumbler client, then dashboard.test.mjs logs in on the login page, loads
 # the pages, checks what they show against the gRPC API (the Metrics RPC
-# through grpcurl), force-releases a holder through the confirmation page,
+# through grpcurl), that bidi characters in a name, a holder and metadata
+# show as \u{…} escapes, force-releases a holder through the confirmation page,
 # logs in again with the client token to check what it may see, then with
 # the tumbler-system token for the reaper page, and saves
 # screenshots under target/dashboard-screenshots/.
@@ -94,6 +95,12 @@ t acquire jobs/nightly --holder runner-b --limit 3 --ttl-ms 600000 --kind batch
 t acquire jobs/hourly --holder runner-c --ttl-ms 600000 --kind batch
 t release jobs/hourly --holder runner-c
 t acquire invoices -n billing --holder svc-1 --ttl-ms 600000
+# Names that would show reversed or hide characters: a right-to-left
+# override (U+202E) in a name and in metadata, a left-to-right isolate
+# (U+2066) in a holder, in a namespace of their own.
+rlo="$(printf '\342\200\256')"
+lri="$(printf '\342\201\246')"
+t acquire "pay${rlo}gnp.exe" -n lab --holder "svc${lri}-1" --ttl-ms 600000 --meta "note=txt.${rlo}exe"
 
 export DASHBOARD_URL="http://127.0.0.1:$http_port"
 export GRPC_ADDR="127.0.0.1:$grpc_port"

@@ -5,14 +5,16 @@
 --       any is not its default (each argument costs Redis ~1,000
 --       instructions): limit (1), kind ('default'), metadata (JSON; '' = none),
 --       flags ('' ; 'f' = fair: takes its turn in the queue; 'e' = publish
---       events; 'c<size>:<retention_ms>' = record them in the changelog),
+--       events; 'c<size>:<retention_ms>' = record them in the changelog;
+--       's<epoch>' = a session's stream of that epoch: common.lua `stale`),
 --       priority (0), max_locks (of the namespace in this shard; 0 = no limit),
 --       and, only when waiting (all of the above then sent): wait_ms (left),
 --       queue_ttl_ms, max_waiters (per lock)
 -- Returns {status, now, holders, next_expiry, position or the lock's limit,
 --          holder, grant, events...}
 --   OK / HELD: the holder and its grant record; BUSY, QUEUED (position),
---   QUEUE_FULL, NAMESPACE_FULL, LIMIT_MISMATCH (the lock's limit), LATE.
+--   QUEUE_FULL, NAMESPACE_FULL, LIMIT_MISMATCH (the lock's limit), LATE,
+--   MOVED (a newer stream of the session holds the grant; nothing changed).
 local holder, ttl, answer_by, limit_s, kind, metadata, flags = unpack(ARGV, 1, 7)
 limit_s, kind, metadata, flags = limit_s or '1', kind or 'default', metadata or '', flags or ''
 local now, now_us = clock()
@@ -49,16 +51,32 @@ local priority_s, max_locks_s, wait_ms, queue_ttl, max_waiters = unpack(ARGV, 8,
 local limit, max_locks = num(limit_s), num(max_locks_s or '0')
 local fair = string.find(flags, 'f', 1, true) ~= nil
 local waiting, priority = wait_ms ~= nil, num(priority_s or '0')
+local epoch = string.match(flags, 's(%d+)')
 local now_s = string.sub(now_us, 1, -4)
 local L = load(lock_at(KEYS), holder, flags, read)
 
 -- 3. Expired leases and dead waiters stop counting before anything is decided.
 local changed = purge(L, now)
 
--- 4. A holder with a live grant gets that same grant back (idempotent retry).
+-- 4. A holder with a live grant gets that same grant back (idempotent
+--    retry); a session's stream only when no newer stream took it over,
+--    and a newer stream takes it over.
 if L.mine_text then
-  settle_purged(L, changed)
-  return {HELD, now, L.n, 0, 0, holder, L.mine_text, unpack(L.events)}
+  local grant = epoch and mine(L)
+  if grant and stale(grant, epoch) then
+    settle_purged(L, changed)
+    return {MOVED, now, L.n, 0, 0, unpack(L.events)}
+  end
+  if grant and claim_epoch(grant, epoch) then
+    put_grant(L, grant)
+    settle(L)
+    if changed then
+      wake_eligible(L)
+    end
+  else
+    settle_purged(L, changed)
+  end
+  return {HELD, now, L.n, 0, 0, holder, grant and grant.text or L.mine_text, unpack(L.events)}
 end
 
 -- 5. The limit belongs to the lock while anyone holds or waits.
@@ -115,6 +133,7 @@ if free > 0 and ahead == 0 then
   local grant = {
     slot = slot, expires = now + tonumber(ttl), token = next_token(L.fence, now_us),
     acquired_s = now_s, ttl = ttl, kind = kind, holder = holder, metadata = metadata,
+    epoch = epoch or '',
   }
   L.n, L.limit, L.top = L.n + 1, limit, math.max(L.top, slot)
   put_grant(L, grant)

@@ -17,8 +17,9 @@
 --   ...:l:<name>  HASH, the lock; exists while someone holds or waits:
 --                   '_'          header 'limit|holders|earliest|top|arrivals|key_expiry'
 --                                (key_expiry empty: earliest + twice KEY_GRACE_MS)
---                   'h:<holder>' grant 'slot|expires|token|acquired|ttl|kind[\nmetadata]'
---                                (acquired empty: the token's milliseconds)
+--                   'h:<holder>' grant 'slot|expires|token|acquired|ttl|kind[|epoch][\nmetadata]'
+--                                (acquired empty: the token's milliseconds;
+--                                epoch: only a session's grant, its stream's)
 --                   '<slot>'     holder of a slot, for limit > 1 only
 --   ...:q:<name>  ZSET waiting request -> order (priority, arrival); only while someone waits
 --   ...:d:<name>  ZSET waiting request -> liveness deadline (ms); with the queue
@@ -56,6 +57,7 @@ local NAMESPACE_FULL = 5 -- acquire: no room for another lock of the namespace h
 local LIMIT_MISMATCH = 6 -- acquire: the lock is in use with another limit
 local LATE = 7          -- a granting call ran past its caller's answer-by time
 local NOT_HELD = 8      -- release, extend: no live grant of this holder (and token)
+local MOVED = 9         -- a session stream's call: a newer stream of its session owns the grant
 
 -- How long a lock's keys outlive its last lease or waiter deadline, so that
 -- the reaper (or the next call) sees, counts and cleans up an expiry
@@ -200,8 +202,10 @@ local function split_key(key)
 end
 
 -- A grant as stored, in the field 'h:<holder>':
--- 'slot|expires|token|acquired|ttl|kind[\nmetadata]', the kind left empty
--- when it is 'default'. The holder lives in the field's name, so with no
+-- 'slot|expires|token|acquired|ttl|kind[|epoch][\nmetadata]', the kind left
+-- empty when it is 'default'. `epoch` is there only for a session's grant:
+-- the epoch of the session's stream that last acquired or renewed it (see
+-- `stale`); other grants pay nothing for it. The holder lives in the field's name, so with no
 -- metadata every part stays short: at most 64 bytes each keeps the lock's
 -- hash in Redis' compact encoding (hash-max-listpack-value).
 -- Its numbers stay text (the token is compared as text: no float
@@ -209,15 +213,15 @@ end
 -- empty when it is the token's own milliseconds (a token made from the
 -- clock at the grant: nearly always), 13 bytes fewer per grant.
 local function parse_grant(holder, text)
-  local slot, expires, token, acquired, ttl, kind, metadata =
-    string.match(text, '^(%d+)|(%d+)|(%d+)|(%d*)|(%d+)|([^\n]*)\n?(.*)$')
+  local slot, expires, token, acquired, ttl, kind, epoch, metadata =
+    string.match(text, '^(%d+)|(%d+)|(%d+)|(%d*)|(%d+)|([^\n|]*)|?(%d*)\n?(.*)$')
   if acquired == '' then
     acquired = string.sub(token, 1, -4)
   end
   return {
     slot = num(slot), expires = tonumber(expires), expires_s = expires, token = token,
     acquired_s = acquired, ttl = ttl, kind = kind ~= '' and kind or 'default',
-    holder = holder, metadata = metadata, text = text,
+    holder = holder, metadata = metadata, epoch = epoch, text = text,
   }
 end
 
@@ -232,11 +236,37 @@ local function format_grant(g)
     acquired = ''
   end
   local text = int(g.slot) .. '|' .. g.expires_s .. '|' .. g.token .. '|' .. acquired .. '|' .. g.ttl .. '|' .. kind
+  if g.epoch ~= '' then
+    text = text .. '|' .. g.epoch
+  end
   if g.metadata ~= '' then
     text = text .. '\n' .. g.metadata
   end
   g.text = text
   return text
+end
+
+-- Session epochs. A session's grants are held by the session id; its
+-- record (session_*.lua) counts the streams that served it, and a resume
+-- moves that epoch on. Every call a session's stream makes on a grant
+-- (acquire, release, extend, renew) carries its epoch and is refused
+-- (MOVED, nothing changed) when the grant already carries a later one:
+-- a stream that was superseded can neither keep, renew nor release what
+-- the newer stream now holds. A call with a later epoch than the grant's
+-- takes the grant over (`claim_epoch`). Calls without an epoch (not a
+-- session's) neither check nor stamp.
+local function stale(g, epoch)
+  return epoch ~= nil and g.epoch ~= '' and above(g.epoch, epoch)
+end
+
+-- Stamps the grant with the caller's epoch when it is a later one; true
+-- when the grant changed (it must be put back).
+local function claim_epoch(g, epoch)
+  if epoch == nil or g.epoch == epoch then
+    return false
+  end
+  g.epoch = epoch
+  return true
 end
 
 -- The parts of a waiter record 'priority|enqueued|wait_ms|fair|kind' the

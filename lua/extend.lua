@@ -1,10 +1,12 @@
 -- extend: reset the remaining lease of a live grant, only for its holder.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, token ('' = any), ttl_ms ('' = the grant's own ttl),
---       answer_by (Redis ms; '0' = none), event flags ('0' = none; common.lua `events`)
--- Returns {OK, now, holder, grant, events...}, {NOT_HELD, now, '', '', events...}
---         or {LATE, now, '', ''}
-local holder, token, ttl, answer_by, watched = unpack(ARGV, 1, 5)
+--       answer_by (Redis ms; '0' = none), event flags ('0' = none; common.lua
+--       `events`), epoch (a session's stream; absent = not a session's)
+-- Returns {OK, now, holder, grant, events...}, {NOT_HELD, now, '', '', events...},
+--         {MOVED, now, '', '', events...} (a newer stream of the session holds
+--         it; nothing changed) or {LATE, now, '', ''}
+local holder, token, ttl, answer_by, watched, epoch = unpack(ARGV, 1, 6)
 local now = clock_ms()
 
 -- 1. Past the caller's answer-by time nothing happens: it was told no.
@@ -27,7 +29,13 @@ if not grant or (token ~= '' and grant.token ~= token) then
   return {NOT_HELD, now, '', '', unpack(L.events)}
 end
 
--- 4. The new lease runs from now; the grant keeps the ttl it was given
+-- 4. A superseded stream of a session extends nothing.
+if stale(grant, epoch) then
+  settle_purged(L, changed)
+  return {MOVED, now, '', '', unpack(L.events)}
+end
+
+-- 5. The new lease runs from now; the grant keeps the ttl it was given
 --    unless a new one is asked for.
 if ttl ~= '' then
   grant.ttl = ttl
@@ -35,7 +43,7 @@ end
 grant.expires, grant.expires_s = now + tonumber(grant.ttl), nil
 put_grant(L, grant)
 
--- 5. The key's TTL follows the new lease when it must.
+-- 6. The key's TTL follows the new lease when it must.
 settle(L)
 emit(L, 'extended', holder, grant, now, HOLDER)
 if changed then

@@ -1,11 +1,14 @@
 -- release: give a grant back; only its holder can, optionally pinned to its
 -- fencing token. The freed permit goes to the next waiter in line.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
--- ARGV: holder, then as far as either is not its default: token ('' = any),
---       event flags ('0' = none; common.lua `events`)
--- Returns {OK, now, holder, the released grant, events...} or
+-- ARGV: holder, then as far as any is not its default: token ('' = any),
+--       event flags ('0' = none; common.lua `events`), epoch (a session's
+--       stream; absent = not a session's: common.lua `stale`)
+-- Returns {OK, now, holder, the released grant, events...},
 --         {NOT_HELD, now, '', '', events...} (nothing changed for this holder)
-local holder, token, watched = unpack(ARGV, 1, 3)
+--         or {MOVED, now, '', '', events...} (a newer stream of the session
+--         holds it; nothing changed)
+local holder, token, watched, epoch = unpack(ARGV, 1, 4)
 token, watched = token or '', watched or '0'
 local now, now_us = clock()
 
@@ -17,7 +20,7 @@ local now, now_us = clock()
 local lock_key = KEYS[1]
 local read = redis.call('HMGET', lock_key, '_', 'h:' .. holder)
 local header, record = read[1], read[2]
-if record and watched == '0' and not KEYS[6] then
+if record and watched == '0' and not KEYS[6] and not epoch then
   local n, e, seq = string.match(header, '^%d+|(%d+)|(%d+)|%d+|(%d+)|')
   if n == '1' and seq == '0' and above(e, string.sub(now_us, 1, -4))
     and (token == '' or string.match(record, '^%d+|%d+|(%d+)|') == token) then
@@ -34,10 +37,14 @@ local changed = purge(L, now)
 --    released. Its record is decoded only for a token to compare, a slot
 --    to free, or watchers to tell.
 local record = L.mine_text
-local grant = record and (token ~= '' or L.limit > 1 or L.watched) and mine(L)
+local grant = record and (token ~= '' or L.limit > 1 or L.watched or epoch) and mine(L)
 if not record or (token ~= '' and grant.token ~= token) then
   settle_purged(L, changed)
   return {NOT_HELD, now, '', '', unpack(L.events)}
+end
+if stale(grant, epoch) then
+  settle_purged(L, changed)
+  return {MOVED, now, '', '', unpack(L.events)}
 end
 
 -- 4. Drop the grant; the last one out deletes the lock's key.

@@ -1,6 +1,8 @@
 -- session_claim: a stream resumes a session. The owner and the secret must
--- match; then the session's epoch moves on, so the stream that served it
--- before stops renewing and never releases its grants.
+-- match, and the session must still live: its serving stream said so
+-- within the session TTL. Then the session's epoch moves on, so the stream
+-- that served it before can no longer act on its grants (common.lua
+-- `stale`).
 -- KEYS[1] the session's record
 -- ARGV: owner, secret digest
 -- Returns {0} gone (closed, or its TTL passed), {-1} refused (wrong secret
@@ -20,13 +22,24 @@ for i = 1, #record, 2 do
     fields[field] = value
   end
 end
+-- 1. Only the owner with the secret learns anything of the session.
 if fields.owner ~= owner or fields.digest ~= digest then
   return {-1}
 end
+-- 2. Silent past its TTL: the session is over (its record outlives that
+--    for a while only so that a late stream learns it moved, not to be
+--    resumed).
+local now, ttl = clock_ms(), tonumber(fields.ttl)
+if fields.seen and now > tonumber(fields.seen) + ttl then
+  redis.call('DEL', KEYS[1])
+  return {0}
+end
+-- 3. The new stream serves it from now on.
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'seen', int(now))
 -- The record outlives its grants' lease twice over (as session_touch).
-redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(fields.ttl) * 2))
-local reply = {epoch, tonumber(fields.ttl)}
+redis.call('PEXPIRE', KEYS[1], int(ttl * 2))
+local reply = {epoch, ttl}
 for _, item in ipairs(grants) do
   table.insert(reply, item)
 end

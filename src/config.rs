@@ -146,6 +146,13 @@ pub struct ServiceArgs {
     /// clients (slowloris, preface-only sockets) are closed after it.
     #[arg(long, env = "TUMBLER_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub header_read_timeout_ms: u64,
+    /// Time a request has, once its headers are in, to send its body (on
+    /// the HTTP port: all of it, else 408 and the connection closed) or
+    /// its first message (gRPC: else DEADLINE_EXCEEDED and the stream
+    /// reset). Until then it is not work: a connection whose requests all
+    /// wait for their message may be closed when its port needs room.
+    #[arg(long, env = "TUMBLER_BODY_READ_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub body_read_timeout_ms: u64,
     /// HTTP/2 keep-alive pings on gRPC connections, sent when a connection
     /// has been quiet this long...
     #[arg(long, env = "TUMBLER_HTTP2_KEEPALIVE_INTERVAL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
@@ -174,18 +181,25 @@ pub struct ServiceArgs {
     /// (default none: no lock call writes anything for it).
     #[arg(long, env = "TUMBLER_CHANGELOG_NAMESPACES", value_delimiter = ',', value_parser = parse_changelog_namespace)]
     pub changelog_namespaces: Vec<String>,
-    /// Events each shard of a namespace's changelog keeps (the newest),
-    /// and 256 bytes per event of it at most (as Redis counts them).
+    /// Events each shard of a namespace's changelog keeps (the newest), in size x 256 bytes at most.
     #[arg(long, env = "TUMBLER_CHANGELOG_SIZE", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub changelog_size: u32,
     /// How long a changelog is kept after its last event.
     #[arg(long, env = "TUMBLER_CHANGELOG_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(u64).range(1000..))]
     pub changelog_retention_ms: u64,
-    /// Changelog pages (`/api/v1/changelog`) one caller may read per
-    /// second on each replica, in bursts of as many: each token, or with
-    /// auth off each client address; past it, 429.
+    /// Changelog pages one caller (token; with auth off, address) may read per second; then 429.
     #[arg(long, env = "TUMBLER_CHANGELOG_READS_PER_SECOND", default_value_t = crate::engine::changelog::DEFAULT_READS_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub changelog_reads_per_second: u32,
+    /// Failed authentications (dashboard logins with an unknown token,
+    /// session resumes with a wrong secret) one client address (IPv6: its
+    /// /64) may make per --auth-failure-window-ms; past that its attempts
+    /// are refused (429, RESOURCE_EXHAUSTED) until the window, counted
+    /// from its first failure, ends. 0 turns the throttle off.
+    #[arg(long, env = "TUMBLER_AUTH_FAILURES_PER_ADDRESS", default_value_t = crate::auth::ThrottleSettings::DEFAULT_MAX_FAILURES)]
+    pub auth_failures_per_address: u32,
+    /// The window of --auth-failures-per-address.
+    #[arg(long, env = "TUMBLER_AUTH_FAILURE_WINDOW_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub auth_failure_window_ms: u64,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -352,6 +366,8 @@ pub struct ServerConfig {
     /// Bearer tokens file; None: authentication is off.
     pub auth_tokens_file: Option<std::path::PathBuf>,
     pub auth_reload_interval: Duration,
+    /// Failed-authentication throttling per client address.
+    pub auth_throttle: crate::auth::ThrottleSettings,
     /// Which namespaces keep a changelog.
     pub changelog: crate::engine::changelog::ChangelogSettings,
     pub transport: TransportLimits,
@@ -435,6 +451,11 @@ impl ServerConfig {
             )?,
             auth_tokens_file: args.auth.auth_tokens_file.clone(),
             auth_reload_interval: Duration::from_millis(args.auth.auth_reload_interval_ms),
+            auth_throttle: crate::auth::ThrottleSettings {
+                max_failures: args.auth_failures_per_address,
+                window: Duration::from_millis(args.auth_failure_window_ms),
+                ..Default::default()
+            },
             changelog: crate::engine::changelog::ChangelogSettings {
                 namespaces: (args.changelog_namespaces.iter())
                     .filter(|n| !n.is_empty())
@@ -459,6 +480,7 @@ impl ServerConfig {
                     max_connections_per_ip: args.max_connections_per_ip as usize,
                     idle_timeout: Duration::from_millis(args.idle_timeout_ms),
                     header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+                    body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
                     keepalive_interval: Duration::from_millis(args.http2_keepalive_interval_ms),
                     keepalive_timeout: Duration::from_millis(args.http2_keepalive_timeout_ms),
                 },

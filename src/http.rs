@@ -7,6 +7,7 @@
 //! dashboard checks tokens itself.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -14,16 +15,19 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use http_body_util::BodyExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower::ServiceExt;
 
 use crate::engine::LockEngine;
-use crate::limits::{ConnState, GatedListener};
+use crate::limits::{ConnState, GatedListener, WatchedBody};
 use crate::tls::TlsSettings;
 
 /// How often histograms are folded in when nobody scrapes, so their
 /// samples do not pile up between scrapes.
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone)]
 struct Http {
@@ -51,7 +55,8 @@ pub async fn serve(
         })
         .merge(crate::dashboard::router(engine, dashboard))
         .layer(axum::middleware::from_fn(crate::observe::http_span));
-    let header_read_timeout = listener.gate().limits().header_read_timeout;
+    let limits = listener.gate().limits();
+    let timeouts = (limits.header_read_timeout, limits.body_read_timeout);
     let mut listener = match tls {
         Some(tls) => Listener::Tls(tls.https_listener(listener)?),
         None => Listener::Plain(listener),
@@ -61,7 +66,7 @@ pub async fn serve(
         tokio::select! {
             (io, conn) = listener.accept() => {
                 let app = app.clone();
-                tokio::spawn(serve_connection(io, conn, app, header_read_timeout));
+                tokio::spawn(serve_connection(io, conn, app, timeouts));
             }
             _ = upkeep.tick() => metrics.run_upkeep(),
         }
@@ -97,23 +102,41 @@ impl Listener {
 }
 
 /// HTTP/1.1 on one connection: each request is in flight (not idle) until
-/// its response is ready; request headers must arrive within
-/// `header_read_timeout`.
+/// its response is ready; request headers must arrive within the first of
+/// `timeouts`, a request's body within the second once its headers are in
+/// (else 408, and the connection is closed). The connection's state goes
+/// into each request's extensions, for the dashboard to mark it trusted
+/// and to know the client's address.
 async fn serve_connection(
     io: Io,
     conn: Arc<ConnState>,
     app: Router,
-    header_read_timeout: Duration,
+    (header_read_timeout, body_read_timeout): (Duration, Duration),
 ) {
     let service =
-        hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
-            // The client's address, for rates kept per address.
-            (request.extensions_mut()).insert(axum::extract::ConnectInfo(conn.peer()));
+        hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
             let in_flight = conn.begin();
-            let answer = app.clone().oneshot(request.map(axum::body::Body::new));
+            let timed_out = Arc::new(AtomicBool::new(false));
+            let mut request = request.map(|body| {
+                if http_body::Body::is_end_stream(&body) {
+                    return axum::body::Body::new(body);
+                }
+                let body = body.map_err(BoxError::from);
+                axum::body::Body::new(WatchedBody::whole(
+                    body,
+                    conn.awaiting_body(),
+                    body_read_timeout,
+                    timed_out.clone(),
+                ))
+            });
+            request.extensions_mut().insert(conn.clone());
+            let answer = app.clone().oneshot(request);
             async move {
                 let response = answer.await;
                 drop(in_flight);
+                if timed_out.load(Ordering::Acquire) {
+                    return Ok(body_timed_out(body_read_timeout));
+                }
                 response
             }
         });
@@ -125,6 +148,26 @@ async fn serve_connection(
     if let Err(e) = served {
         tracing::debug!(error = %e, "HTTP connection ended");
     }
+}
+
+/// The answer to a request whose body did not arrive in time (whatever
+/// its handler made of the truncated body): 408, and the connection
+/// closes after it.
+fn body_timed_out(after: Duration) -> axum::response::Response {
+    let text = format!(
+        "request body not received within --body-read-timeout-ms ({} ms)\n",
+        after.as_millis()
+    );
+    (
+        http::StatusCode::REQUEST_TIMEOUT,
+        [
+            (header::CONNECTION, "close"),
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        text,
+    )
+        .into_response()
 }
 
 async fn metrics_page(State(http): State<Http>) -> impl IntoResponse {

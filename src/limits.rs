@@ -16,6 +16,18 @@
 //! preface-only or slow-header socket), the connection's I/O fails and the
 //! HTTP stack closes it. A long wait (an Acquire of an hour, a Session, a
 //! Watch) is a request in flight, so it is never cut.
+//!
+//! A request is only work once its message is in: until then (the whole
+//! body on the HTTP port, the first message of a gRPC call) it waits for
+//! the client, which must send it within the body-read timeout
+//! ([`WatchedBody`]: 408 on the HTTP port, DEADLINE_EXCEEDED and a reset
+//! stream on gRPC). Room at the cap is made by closing, first, the oldest
+//! connection that never got a request past authentication
+//! ([`ConnState::trust`]), then the connection idle the longest (nothing
+//! in flight but requests still waiting for their message); only when
+//! every connection is authenticated and working is a new one refused.
+//! So tricklers and unauthenticated sockets cannot keep probes and real
+//! clients out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -29,6 +41,10 @@ use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, Sleep};
+
+mod requests;
+
+pub use requests::*;
 
 /// File descriptors kept out of the connection budget: Redis connections,
 /// the tokens and TLS files, the listeners themselves.
@@ -46,6 +62,9 @@ pub struct ConnLimits {
     /// How long a new connection has to complete its first request's
     /// headers (HTTP port: every request's headers).
     pub header_read_timeout: Duration,
+    /// How long a request has, once its headers are in, to send its body
+    /// (HTTP port) or its first message (gRPC).
+    pub body_read_timeout: Duration,
     /// HTTP/2 keep-alive pings on the gRPC ports: how often, when the
     /// connection is quiet...
     pub keepalive_interval: Duration,
@@ -129,6 +148,12 @@ pub struct ConnState {
     peer: SocketAddr,
     /// Requests in flight.
     active: AtomicUsize,
+    /// Requests in flight still waiting for their body or first message
+    /// (not work yet: see [`ConnState::awaiting_body`]).
+    awaiting: AtomicUsize,
+    /// Whether a request on this connection got past authentication (any
+    /// request of the lock service or the dashboard, when auth is off).
+    trusted: AtomicBool,
     /// Whether a request ever started (until then the header-read timeout
     /// applies rather than the idle timeout).
     started: AtomicBool,
@@ -141,11 +166,6 @@ pub struct ConnState {
 }
 
 impl ConnState {
-    /// The client's address.
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
-    }
-
     /// Marks a request in flight until the returned guard is dropped.
     pub fn begin(self: &Arc<Self>) -> InFlight {
         self.started.store(true, Ordering::Relaxed);
@@ -153,8 +173,39 @@ impl ConnState {
         InFlight(self.clone())
     }
 
+    /// Marks a request waiting for its body or first message, until the
+    /// returned guard says it arrived or is dropped.
+    pub fn awaiting_body(self: &Arc<Self>) -> Awaiting {
+        self.awaiting.fetch_add(1, Ordering::AcqRel);
+        Awaiting(self.clone())
+    }
+
+    /// Records that a request on this connection passed authentication:
+    /// from now on it is not closed before idle connections to make room.
+    pub fn trust(&self) {
+        if !self.trusted.load(Ordering::Relaxed) {
+            self.trusted.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The client's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn is_trusted(&self) -> bool {
+        self.trusted.load(Ordering::Relaxed)
+    }
+
     fn is_idle(&self) -> bool {
         self.active.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether a request in flight has its message: the server works on
+    /// it (or holds a wait, a Session, a Watch), so the connection is not
+    /// closed to make room.
+    fn is_working(&self) -> bool {
+        self.active.load(Ordering::Acquire) > self.awaiting.load(Ordering::Acquire)
     }
 
     /// When this connection times out if nothing starts; None while busy.
@@ -178,6 +229,16 @@ impl ConnState {
 
 /// A request in flight on a connection (see [`ConnState::begin`]).
 pub struct InFlight(Arc<ConnState>);
+
+/// A request still waiting for its body or first message (see
+/// [`ConnState::awaiting_body`]).
+pub struct Awaiting(Arc<ConnState>);
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        self.0.awaiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -226,23 +287,21 @@ impl Gate {
             return None;
         }
         if state.open.len() >= limits.max_connections {
-            let idlest = (state.open.values())
-                .filter(|conn| conn.is_idle())
-                .min_by_key(|conn| *conn.idle_since.lock().unwrap_or_else(|e| e.into_inner()))
-                .cloned();
-            let Some(idlest) = idlest else {
+            let Some(victim) = state.make_room() else {
                 drop(state);
                 tracing::warn!(port = self.shared.port, %peer, "connection refused: the port is at --max-connections and every connection is busy");
                 return None;
             };
-            state.forget(&idlest);
-            idlest.close();
+            state.forget(&victim);
+            victim.close();
         }
         state.next_id += 1;
         let conn = Arc::new(ConnState {
             id: state.next_id,
             peer,
             active: AtomicUsize::new(0),
+            awaiting: AtomicUsize::new(0),
+            trusted: AtomicBool::new(false),
             started: AtomicBool::new(false),
             idle_since: Mutex::new(Instant::now()),
             closing: AtomicBool::new(false),
@@ -266,6 +325,21 @@ impl Gate {
 }
 
 impl GateState {
+    /// The connection to close for a new one: the oldest that never got a
+    /// request past authentication, else the one idle the longest (no
+    /// request in flight that has its message); None when every
+    /// connection is authenticated and working.
+    fn make_room(&self) -> Option<Arc<ConnState>> {
+        // `open` is in arrival order: the first untrusted one is the oldest.
+        if let Some(untrusted) = self.open.values().find(|conn| !conn.is_trusted()) {
+            return Some(untrusted.clone());
+        }
+        (self.open.values())
+            .filter(|conn| !conn.is_working())
+            .min_by_key(|conn| *conn.idle_since.lock().unwrap_or_else(|e| e.into_inner()))
+            .cloned()
+    }
+
     fn forget(&mut self, conn: &ConnState) {
         if self.open.remove(&conn.id).is_none() {
             return;
@@ -458,104 +532,4 @@ fn is_connection_error(e: &std::io::Error) -> bool {
         e.kind(),
         ConnectionAborted | ConnectionReset | BrokenPipe | Interrupted | WouldBlock | TimedOut
     )
-}
-
-/// A tower layer for the gRPC ports that marks each request in flight on
-/// its connection (found by the peer address tonic records), until its
-/// response body ends.
-#[derive(Clone)]
-pub struct TrackLayer {
-    gate: Gate,
-}
-
-impl TrackLayer {
-    pub fn new(gate: Gate) -> Self {
-        TrackLayer { gate }
-    }
-}
-
-impl<S> tower::Layer<S> for TrackLayer {
-    type Service = Track<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Track {
-            inner,
-            gate: self.gate.clone(),
-        }
-    }
-}
-
-/// See [`TrackLayer`].
-#[derive(Clone)]
-pub struct Track<S> {
-    inner: S,
-    gate: Gate,
-}
-
-fn peer_of<B>(request: &http::Request<B>) -> Option<SocketAddr> {
-    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-    let extensions = request.extensions();
-    match extensions.get::<TcpConnectInfo>() {
-        Some(info) => info.remote_addr(),
-        None => extensions
-            .get::<TlsConnectInfo<TcpConnectInfo>>()
-            .and_then(|info| info.get_ref().remote_addr()),
-    }
-}
-
-impl<S, B, R> tower::Service<http::Request<B>> for Track<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Tracked<R>>;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let in_flight = peer_of(&request)
-            .and_then(|peer| self.gate.connection(&peer))
-            .map(|conn| conn.begin());
-        let answer = self.inner.call(request);
-        Box::pin(async move {
-            let response = answer.await?;
-            Ok(response.map(|inner| Tracked {
-                inner,
-                _in_flight: in_flight,
-            }))
-        })
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A response body that keeps its request in flight until it ends.
-    pub struct Tracked<B> {
-        #[pin]
-        inner: B,
-        _in_flight: Option<InFlight>,
-    }
-}
-
-impl<B: http_body::Body> http_body::Body for Tracked<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        self.project().inner.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
 }

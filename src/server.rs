@@ -95,6 +95,9 @@ pub async fn serve_on(
         Some(path) => Some(crate::auth::Authenticator::load(path)?),
         None => None,
     };
+    // Failed logins and session resumes, counted per client address over
+    // both ports.
+    let auth_throttle = Arc::new(crate::auth::Throttle::new(config.auth_throttle.clone()));
     let replica = format!("replica-{}", uuid::Uuid::now_v7());
     tracing::info!(%replica, "starting");
     let running = LockEngine::start(
@@ -117,6 +120,7 @@ pub async fn serve_on(
                 secure_cookie: tls.is_some(),
                 allowed_hosts: config.dashboard_allowed_hosts.clone(),
                 cookie_key: config.dashboard_cookie_key.clone(),
+                auth_throttle: auth_throttle.clone(),
             };
             Some(tokio::spawn(crate::http::serve(
                 http,
@@ -171,7 +175,12 @@ pub async fn serve_on(
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let api = LockApi::new(engine.clone(), config.limits.clone(), &config.transport);
+    let api = LockApi::new(
+        engine.clone(),
+        config.limits.clone(),
+        &config.transport,
+        auth_throttle,
+    );
     let reloader = authenticator
         .clone()
         .map(|auth| tokio::spawn(auth.run_reloader(config.auth_reload_interval)));

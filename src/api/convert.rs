@@ -19,6 +19,7 @@ pub fn code(kind: ErrorKind) -> Code {
         ErrorKind::Exhausted => Code::ResourceExhausted,
         ErrorKind::Conflict => Code::FailedPrecondition,
         ErrorKind::Moved => Code::Aborted,
+        ErrorKind::Stopped => Code::Cancelled,
     }
 }
 

@@ -65,6 +65,14 @@ impl LockApi {
     ) -> Result<Response<proto::AcquireResponse>, Status> {
         let access = Access::of(&request)?;
         let deadline = grpc_deadline(&request);
+        // A waiting acquire of a token keeps watching the token: revoked,
+        // or its namespace taken away, the wait ends (and nothing it was
+        // granted meanwhile is kept). The hot path (try-once, or auth off)
+        // pays nothing for it.
+        let live = match access.token() {
+            Some(_) if request.get_ref().wait_ms > 0 => Some(LiveAccess::of(&request)?),
+            _ => None,
+        };
         let mut req = request.into_inner();
         let holder = validate::optional_holder_owned(std::mem::take(&mut req.holder))?
             .unwrap_or_else(new_holder_id);
@@ -81,13 +89,59 @@ impl LockApi {
         let _waiting = self.waiter_slot(&access, &acquire)?;
         report::acquire_waiting(self.engine.layout(), &acquire);
         let started = std::time::Instant::now();
-        let outcome = self.engine.acquire(&acquire).await.map_err(|e| {
-            self.failed("Acquire", &acquire.lock, &acquire.holder, &acquire.kind, e)
-        })?;
+        let outcome = match live {
+            None => self.engine.acquire(&acquire).await,
+            Some(live) => self.acquire_while_permitted(acquire.clone(), live).await?,
+        }
+        .map_err(|e| self.failed("Acquire", &acquire.lock, &acquire.holder, &acquire.kind, e))?;
         report::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
         let reply = proto::AcquireResponse::from(outcome);
         tracing::debug!(status = ?reply.status(), "acquire answered");
         Ok(Response::new(reply))
+    }
+
+    /// A waiting acquire that ends when its caller's access does: the
+    /// token revoked or expired (UNAUTHENTICATED) or its namespace taken
+    /// away (PERMISSION_DENIED). The wait is stopped at a safe point (the
+    /// request leaves the queue; a function call in flight still answers),
+    /// and a grant that landed meanwhile is released again, so the caller
+    /// told no never holds anything.
+    async fn acquire_while_permitted(
+        &self,
+        mut acquire: engine::AcquireRequest,
+        mut live: LiveAccess,
+    ) -> Result<Result<AcquireOutcome, engine::EngineError>, Status> {
+        let stop = tokio_util::sync::CancellationToken::new();
+        acquire.stop = Some(stop.clone());
+        let acquiring = self.engine.acquire(&acquire);
+        tokio::pin!(acquiring);
+        let mut denied = None;
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut acquiring => break outcome,
+                () = live.changed(), if denied.is_none() => {
+                    let still = live.recheck().and_then(|()| live.access().act(&acquire.lock.namespace));
+                    if let Err(status) = still {
+                        tracing::info!(namespace = %acquire.lock.namespace, lock = %acquire.lock.name, holder = %acquire.holder, "waiting acquire ended: its token may no longer act here");
+                        stop.cancel();
+                        denied = Some(status);
+                    }
+                }
+            }
+        };
+        let Some(status) = denied else {
+            return Ok(outcome);
+        };
+        if let Ok(AcquireOutcome::Acquired { grant, .. }) = outcome {
+            let released = self
+                .engine
+                .release(&acquire.lock, &acquire.holder, Some(grant.fencing_token))
+                .await;
+            if let Err(err) = released {
+                tracing::warn!(error = %err, lock = %acquire.lock.name, "a grant made as its token was revoked was not released; it expires at its lease");
+            }
+        }
+        Err(status)
     }
 
     pub(super) async fn release_rpc(

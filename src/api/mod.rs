@@ -19,9 +19,11 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::auth::{Access, LiveAccess};
+use crate::auth::{Access, LiveAccess, Throttle};
 use crate::config::TransportLimits;
-use crate::engine::{self, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome};
+use crate::engine::{
+    self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome,
+};
 use crate::proto::{self, ExtendStatus, ReleaseStatus, lock_service_server::LockService};
 use validate::Limits;
 
@@ -37,6 +39,9 @@ pub struct LockApi {
     session_quota: Arc<quota::Quotas>,
     watch_quota: Arc<quota::Quotas>,
     waiter_quota: Arc<quota::Quotas>,
+    /// Failed resumes per client address (shared with the dashboard's
+    /// login): `check` before a resume, `failed` after a wrong secret.
+    auth_throttle: Arc<Throttle>,
 }
 
 /// Long-lived streams of one kind that this replica may hold open.
@@ -83,10 +88,16 @@ impl Drop for StreamSlot {
 }
 
 impl LockApi {
-    pub fn new(engine: Arc<LockEngine>, limits: Limits, transport: &TransportLimits) -> Self {
+    pub fn new(
+        engine: Arc<LockEngine>,
+        limits: Limits,
+        transport: &TransportLimits,
+        auth_throttle: Arc<Throttle>,
+    ) -> Self {
         LockApi {
             engine,
             limits,
+            auth_throttle,
             sessions: StreamSlots::new("session", transport.max_sessions),
             watchers: StreamSlots::new("watch", transport.max_watchers),
             session_quota: quota::Quotas::new(
@@ -151,6 +162,8 @@ impl LockApi {
             metadata: validate::metadata(&req.metadata)?,
             ttl_ms,
             holder,
+            session_epoch: None,
+            stop: None,
         })
     }
 

@@ -17,6 +17,8 @@ pub struct LiveAccess {
     pub(super) access: Access,
     /// None: authentication is off.
     pub(super) auth: Option<(Arc<Authenticator>, tokio::sync::watch::Receiver<u64>)>,
+    /// The client's address, when the transport knows it.
+    pub(super) peer: Option<std::net::IpAddr>,
 }
 
 impl LiveAccess {
@@ -35,7 +37,16 @@ impl LiveAccess {
                 Some((auth, reloads))
             }
         };
-        Ok(LiveAccess { access, auth })
+        Ok(LiveAccess {
+            access,
+            auth,
+            peer: request.remote_addr().map(|addr| addr.ip()),
+        })
+    }
+
+    /// The client's address (for [`super::Throttle`]), when known.
+    pub fn peer(&self) -> Option<std::net::IpAddr> {
+        self.peer
     }
 
     /// What the caller may do, as of the last [`Self::recheck`].
@@ -268,6 +279,11 @@ impl tonic::service::Interceptor for AuthInterceptor {
                 .map(|v| v.as_bytes()),
         )?;
         request.extensions_mut().insert(access);
+        // The connection carried an authenticated call: it is no longer
+        // the first to close when its port needs room (`limits`).
+        if let Some(conn) = request.extensions().get::<Arc<crate::limits::ConnState>>() {
+            conn.trust();
+        }
         if let Some(auth) = &self.authenticator {
             // For streams, which look their token up again while open.
             request.extensions_mut().insert(auth.clone());

@@ -21,10 +21,12 @@ use tonic::Status;
 
 mod access;
 mod rate;
+mod throttle;
 mod tokens;
 
 pub use access::*;
 pub use rate::CallerRate;
+pub use throttle::*;
 pub use tokens::*;
 
 /// The configured tokens, re-read from their file when it changes.
@@ -65,6 +67,13 @@ impl Authenticator {
         };
         let mut loaded = self.loaded_text.lock().unwrap();
         if *loaded == text {
+            return;
+        }
+        // An empty file is one caught while it is rewritten in place (a
+        // write truncates first): revoking every token takes a file that
+        // says so (a comment, no `[[token]]`), not an empty one.
+        if text.trim().is_empty() {
+            tracing::warn!(file = %self.path.display(), "tokens file empty (being rewritten?); keeping the tokens loaded before");
             return;
         }
         let before = self.tokens.read().unwrap().clone();

@@ -16,6 +16,7 @@ use super::errors::{ApiError, ApiResult};
 use super::login::Caller;
 use super::pages::{View, lock_href, overview_href};
 use super::params::{ClearForm, Form, NamespaceQuery, Query, ReleaseForm};
+use super::visible::filters;
 use crate::api::validate;
 use crate::auth::Access;
 use crate::engine::{ClearCounts, LockId, ReleaseOutcome};

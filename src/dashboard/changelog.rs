@@ -9,12 +9,12 @@
 //! [`PASSES`] reads run at once on a replica, and each caller (its token,
 //! or with auth off its address) may read `--changelog-reads-per-second`.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, FromRequestParts, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use serde::Serialize;
 
@@ -26,6 +26,7 @@ use super::params::{ChangelogQuery, Query, readable};
 use crate::api::validate;
 use crate::auth::CallerRate;
 use crate::engine::changelog::{ChangelogEvent, ChangelogPage, ChangelogQuery as EngineQuery};
+use crate::limits::ConnState;
 
 /// Events one read returns unless it asks for fewer.
 const DEFAULT_LIMIT: usize = 100;
@@ -59,8 +60,9 @@ impl Changelogs {
     }
 }
 
-/// The client's address, when the HTTP port knows it (the rate of a
-/// caller without a token is its address's).
+/// The client's address, when the HTTP port knows it (it puts each
+/// request's connection into its extensions): the rate of a caller
+/// without a token is its address's.
 pub(super) struct Peer(Option<IpAddr>);
 
 impl<S: Send + Sync> FromRequestParts<S> for Peer {
@@ -70,8 +72,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
         Ok(Peer(
             parts
                 .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|ConnectInfo(peer)| peer.ip()),
+                .get::<Arc<ConnState>>()
+                .map(|conn| conn.peer().ip()),
         ))
     }
 }

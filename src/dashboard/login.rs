@@ -15,7 +15,11 @@
 //! `/healthz` are not dashboard routes and stay open (Prometheus, probes);
 //! so do the static assets, which hold no data.
 
+use std::sync::Arc;
+
 use askama::Template;
+
+use axum::Extension;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -30,6 +34,7 @@ use super::params::{Form, LoginForm, NextQuery, Query};
 use super::session::Session;
 use super::{Dashboard, redirect};
 use crate::auth::Access;
+use crate::limits::ConnState;
 
 const LOGIN_PATH: &str = "/dashboard/login";
 /// The cookie a logged-in browser sends: a session signed by the server
@@ -73,6 +78,11 @@ pub(super) async fn require_access(
 ) -> Response {
     match access(&d, request.headers()) {
         Ok(access) => {
+            // An authenticated request: its connection is no longer the
+            // first closed when the port needs room (`limits`).
+            if let Some(conn) = request.extensions().get::<Arc<ConnState>>() {
+                conn.trust();
+            }
             request.extensions_mut().insert(Caller(access));
             next.run(request).await
         }
@@ -150,9 +160,13 @@ pub(super) async fn login_page(
 }
 
 /// `POST /dashboard/login` (form: token, next): checks the token with the
-/// gRPC authenticator, sets the cookie and goes on to `next`.
+/// gRPC authenticator, sets the cookie and goes on to `next`. Unknown
+/// tokens count against the client's address (`auth::Throttle`); past its
+/// limit, attempts from there are refused with 429 before any token is
+/// checked.
 pub(super) async fn log_in(
     State(d): State<Dashboard>,
+    conn: Option<Extension<Arc<ConnState>>>,
     headers: HeaderMap,
     form: Result<Form<LoginForm>, ApiError>,
 ) -> Response {
@@ -171,9 +185,23 @@ pub(super) async fn log_in(
             Some("Cross-site logins are refused."),
         );
     }
+    let from = conn.as_ref().map(|Extension(conn)| conn.peer().ip());
+    if let Err(refused) = d.options.auth_throttle.check(from) {
+        tracing::info!(client = ?from, "dashboard login refused: too many failures from this address");
+        let message = refused.to_string();
+        let mut response = login_form(StatusCode::TOO_MANY_REQUESTS, next, Some(&message));
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(refused.retry_after_secs()),
+        );
+        return response;
+    }
     let presented = form.token.trim();
     match auth.authenticate_token(presented) {
         Ok(token) => {
+            if let Some(Extension(conn)) = &conn {
+                conn.trust();
+            }
             tracing::info!(token = %token.name, "dashboard login");
             let to = redirect(if next.is_empty() { "/dashboard" } else { next });
             let session = Session::start(&token).seal(&d.options.cookie_key, COOKIE);
@@ -184,7 +212,8 @@ pub(super) async fn log_in(
             login_form(StatusCode::TOO_MANY_REQUESTS, next, Some(status.message()))
         }
         Err(_) => {
-            tracing::info!("dashboard login refused");
+            d.options.auth_throttle.failed(from);
+            tracing::info!(client = ?from, "dashboard login refused");
             login_form(
                 StatusCode::UNAUTHORIZED,
                 next,

@@ -14,7 +14,9 @@
 //! - `login.rs`, `session.rs`: who is looking; `edge.rs`: the Host check
 //!   and security headers; `overview.rs`: the overview's shared walk;
 //!   `changelog.rs`: the Changelog endpoint; `flight.rs`: the single
-//!   flight both share.
+//!   flight both share; `visible.rs`: control, bidi and invisible
+//!   characters shown as `\u{…}` escapes (app.js does the same on the
+//!   live pages).
 //!
 //! With an auth tokens file, every page and endpoint needs one of its
 //! tokens (a bearer header, or the login cookie; see `login.rs`), and
@@ -40,6 +42,7 @@ mod overview;
 mod pages;
 mod params;
 mod session;
+mod visible;
 
 pub use errors::{engine_code, engine_error_status, http_status};
 pub use session::{CookieKey, SESSION_TTL};
@@ -79,6 +82,8 @@ pub struct Options {
     /// Signs the login cookies (`--dashboard-cookie-key-file`, else a
     /// random key of this process).
     pub cookie_key: CookieKey,
+    /// Failed logins per client address (shared with session resumes).
+    pub auth_throttle: Arc<crate::auth::Throttle>,
 }
 
 #[derive(Clone)]

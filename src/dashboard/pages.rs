@@ -13,6 +13,7 @@ use axum::response::{Html, IntoResponse, Response};
 use super::errors::ApiError;
 use super::login::Caller;
 use super::params::{NamespaceQuery, Query};
+use super::visible::filters;
 use super::{Dashboard, redirect};
 use crate::api::validate;
 use crate::auth::Access;

@@ -125,13 +125,16 @@ impl LockEngine {
                 holder: &r.key.session,
                 token: r.token,
                 ttl_ms: r.ttl.as_millis() as u64,
+                epoch: r.key.epoch,
             })
             .collect();
         match self.renew_call(namespace, keys, &items).await {
-            Ok(ops::renew::Outcome::Renewed { lost }) => {
+            Ok(ops::renew::Outcome::Renewed { lost, moved }) => {
                 for (i, renewal) in batch.iter().enumerate() {
                     if lost.contains(&i) {
                         self.sessions.lost(&renewal.key);
+                    } else if moved.contains(&i) {
+                        self.sessions.moved(&renewal.key);
                     } else {
                         self.sessions.renewed(&renewal.key, sent_at);
                     }
@@ -142,17 +145,17 @@ impl LockEngine {
         }
     }
 
-    /// Renews grants of one shard now (a resumed session's); the indexes
-    /// of those that are gone.
+    /// Renews grants of one shard now (a resumed session's): the indexes
+    /// of those that are gone, and of those a newer stream holds.
     pub(super) async fn renew_items(
         &self,
         namespace: &str,
         shard: u32,
         items: &[ops::renew::Item<'_>],
-    ) -> Result<Vec<usize>, super::EngineError> {
+    ) -> Result<(Vec<usize>, Vec<usize>), super::EngineError> {
         let keys = self.layout.shard_keys(namespace, shard);
         match self.renew_call(namespace, &keys, items).await? {
-            ops::renew::Outcome::Renewed { lost } => Ok(lost),
+            ops::renew::Outcome::Renewed { lost, moved } => Ok((lost, moved)),
             ops::renew::Outcome::Late => Err(super::late().into()),
         }
     }
@@ -254,6 +257,8 @@ impl LockEngine {
             priority: 0,
             fair: true,
             answer_by: None,
+            session_epoch: None,
+            stop: None,
         };
         // A try-once attempt needs no Arc (it does not wait).
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);

@@ -9,6 +9,15 @@ use tokio::time::Instant;
 
 use super::*;
 
+/// A grant as a holder names it: the lock, the holder, and optionally the
+/// fencing token it must have.
+#[derive(Clone, Copy)]
+pub(super) struct GrantRef<'a> {
+    pub lock: &'a LockId,
+    pub holder: &'a str,
+    pub fencing_token: Option<u64>,
+}
+
 impl LockEngine {
     /// One acquire function call.
     pub(super) async fn attempt(
@@ -74,6 +83,7 @@ impl LockEngine {
                 });
             }
             Outcome::Late => return Err(late().into()),
+            Outcome::Moved => return Err(EngineError::SessionMoved),
         })
     }
 
@@ -113,12 +123,25 @@ impl LockEngine {
         holder: &str,
         fencing_token: Option<u64>,
     ) -> Result<ReleaseOutcome, EngineError> {
+        self.release_as(lock, holder, fencing_token, None).await
+    }
+
+    /// [`Self::release`] for a session's stream of `epoch` (Some): refused
+    /// with [`EngineError::SessionMoved`] when a newer stream holds it.
+    pub(super) async fn release_as(
+        &self,
+        lock: &LockId,
+        holder: &str,
+        fencing_token: Option<u64>,
+        epoch: Option<u64>,
+    ) -> Result<ReleaseOutcome, EngineError> {
         self.ready()?;
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
         let call = ops::release::Call {
             holder,
             token: fencing_token,
             watched: self.emits(&lock.namespace),
+            epoch,
         };
         let reply = self
             .call_lock(&self.scripts.release, &keys, &call.args())
@@ -127,7 +150,7 @@ impl LockEngine {
         self.clock.observe(answer.now);
         self.count_noted(&lock.namespace, answer.now, &answer.noted);
         Ok(match answer.outcome {
-            Some(grant) => {
+            ops::release::Outcome::Released(grant) => {
                 self.tally
                     .add(&lock.namespace, answer.now, &grant.kind, "released", 1);
                 ReleaseOutcome::Released {
@@ -135,7 +158,8 @@ impl LockEngine {
                     kind: grant.kind,
                 }
             }
-            None => ReleaseOutcome::NotHeld,
+            ops::release::Outcome::NotHeld => ReleaseOutcome::NotHeld,
+            ops::release::Outcome::Moved => return Err(EngineError::SessionMoved),
         })
     }
 
@@ -160,6 +184,28 @@ impl LockEngine {
         fencing_token: Option<u64>,
         answer_by: Option<Instant>,
     ) -> Result<ExtendOutcome, EngineError> {
+        let grant = GrantRef {
+            lock,
+            holder,
+            fencing_token,
+        };
+        self.extend_as(grant, ttl_ms, answer_by, None).await
+    }
+
+    /// [`Self::extend_by`] for a session's stream of `epoch` (Some):
+    /// refused with [`EngineError::SessionMoved`] when a newer stream holds
+    /// it.
+    pub(super) async fn extend_as(
+        &self,
+        GrantRef {
+            lock,
+            holder,
+            fencing_token,
+        }: GrantRef<'_>,
+        ttl_ms: Option<u64>,
+        answer_by: Option<Instant>,
+        epoch: Option<u64>,
+    ) -> Result<ExtendOutcome, EngineError> {
         self.ready()?;
         let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
         let call = ops::extend::Call {
@@ -168,6 +214,7 @@ impl LockEngine {
             ttl_ms,
             answer_by: self.answer_by(answer_by),
             watched: self.emits(&lock.namespace),
+            epoch,
         };
         let reply = self
             .call_granting(
@@ -188,6 +235,7 @@ impl LockEngine {
             }
             ops::extend::Outcome::NotHeld => Ok(ExtendOutcome::NotHeld),
             ops::extend::Outcome::Late => Err(late().into()),
+            ops::extend::Outcome::Moved => Err(EngineError::SessionMoved),
         }
     }
 

@@ -311,13 +311,19 @@ impl LockEngine {
     /// (lost grants are reported on `lost`). A grant that cannot be named
     /// in the record is released again and the call fails: the client is
     /// never told of a grant its session could not take along.
+    ///
+    /// Every call carries the stream's epoch: a grant a newer stream of
+    /// the session holds is refused ([`EngineError::SessionMoved`]) and
+    /// left alone, by the function itself.
     pub async fn session_acquire(
         self: &Arc<Self>,
         session: &str,
         epoch: u64,
-        req: &AcquireRequest,
+        mut req: AcquireRequest,
         lost: &tokio::sync::mpsc::Sender<LostGrant>,
     ) -> Result<AcquireOutcome, EngineError> {
+        req.session_epoch = Some(epoch);
+        let req = &req;
         let outcome = self.acquire(req).await?;
         if let AcquireOutcome::Acquired { grant, .. } | AcquireOutcome::AlreadyHeld { grant, .. } =
             &outcome
@@ -330,7 +336,11 @@ impl LockEngine {
                 .note_session_grant(session, epoch, &req.lock, Some(token))
                 .await;
             if !matches!(noted, Ok(true)) {
-                let _ = self.release(&req.lock, session, Some(token)).await;
+                // Refused (MOVED) when a newer stream took the grant over
+                // meanwhile: then it is that stream's to keep.
+                let _ = self
+                    .release_as(&req.lock, session, Some(token), Some(epoch))
+                    .await;
                 return Err(match noted {
                     Err(err) => err,
                     _ => EngineError::SessionMoved,
@@ -358,7 +368,7 @@ impl LockEngine {
         lock: &LockId,
     ) -> Result<ReleaseOutcome, EngineError> {
         let token = self.sessions.remove(session, epoch, lock);
-        let outcome = self.release(lock, session, token).await?;
+        let outcome = self.release_as(lock, session, token, Some(epoch)).await?;
         if let Err(err) = self.note_session_grant(session, epoch, lock, None).await {
             // A resume would find the grant gone and report it lost.
             tracing::warn!(%session, error = %err, "a released grant stays named in the session record");
@@ -372,15 +382,29 @@ impl LockEngine {
     /// instead, so a partitioned old holder cannot overlap with the next
     /// one. Grants that cannot be released now (Redis trouble) expire at
     /// their short lease.
-    async fn release_session_grants(&self, session: &str, grants: &[(LockId, u64)], died: bool) {
+    async fn release_session_grants(
+        &self,
+        session: &str,
+        epoch: u64,
+        grants: &[(LockId, u64)],
+        died: bool,
+    ) {
         let delay = self.session_lock_delay_ms.filter(|_| died);
         let endings = grants.iter().map(|(lock, token)| async move {
+            let grant = locks::GrantRef {
+                lock,
+                holder: session,
+                fencing_token: Some(*token),
+            };
             match delay {
                 Some(delay_ms) => self
-                    .extend(lock, session, Some(delay_ms), Some(*token))
+                    .extend_as(grant, Some(delay_ms), None, Some(epoch))
                     .await
                     .map(|_| ()),
-                None => self.release(lock, session, Some(*token)).await.map(|_| ()),
+                None => self
+                    .release_as(lock, session, Some(*token), Some(epoch))
+                    .await
+                    .map(|_| ()),
             }
         });
         for outcome in futures::future::join_all(endings).await {

@@ -1,7 +1,9 @@
 //! The two records tumbler keeps for a lock, decoded: a grant
-//! (`slot|expires|token|acquired|ttl|kind[\nmetadata]`, in the lock hash's
-//! field `h:<holder>`; an empty kind is `default`, an empty `acquired` the
-//! token's own milliseconds: tokens are made from Redis' clock in µs) and a waiter
+//! (`slot|expires|token|acquired|ttl|kind[|epoch][\nmetadata]`, in the lock
+//! hash's field `h:<holder>`; an empty kind is `default`, an empty
+//! `acquired` the token's own milliseconds: tokens are made from Redis'
+//! clock in µs; `epoch` only on a session's grant, the epoch of the stream
+//! that serves it, which only the functions read) and a waiter
 //! (`priority|enqueued|wait_ms|fair|kind`, in the queue's records hash).
 //! `lua/common.lua` writes them; this is their one reader. Public so that
 //! the fuzz targets (`fuzz/`) and property tests reach them.
@@ -41,7 +43,16 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
         acquired => acquired.parse().map_err(|_| bad())?,
     };
     let ttl_ms = next()?.parse().map_err(|_| bad())?;
-    let kind = kind_of(next()?);
+    // The kind, and a session grant's epoch after it (digits only).
+    let last = next()?;
+    let kind = match last.split_once('|') {
+        Some((kind, epoch)) if !epoch.is_empty() && epoch.bytes().all(|b| b.is_ascii_digit()) => {
+            kind
+        }
+        Some(_) => return Err(bad()),
+        None => last,
+    };
+    let kind = kind_of(kind);
     Ok(Grant {
         holder: holder.to_owned(),
         fencing_token,
@@ -113,6 +124,11 @@ mod tests {
         assert_eq!(from_token.acquired_at_ms, 1_732_230_000_123);
         assert_eq!(bare.kind, "default");
         assert!(bare.metadata.is_empty());
+        // A session's grant carries its stream's epoch after the kind.
+        let session = parse_grant("s", "1|9|8|7|6|jobs|3\n{\"a\":\"b\"}").unwrap();
+        assert_eq!((session.kind.as_str(), session.fencing_token), ("jobs", 8));
+        assert_eq!(session.metadata.get("a").map(String::as_str), Some("b"));
+        assert_eq!(parse_grant("s", "1|9|8|7|6||12").unwrap().kind, "default");
     }
 
     #[test]
@@ -134,6 +150,8 @@ mod tests {
         assert!(parse_grant("h", "1|12|x|3|4|k").is_err());
         assert!(parse_grant("h", "1|12|1|3").is_err());
         assert!(parse_grant("h", "1|12|1|3|4|k\nnot json").is_err());
+        assert!(parse_grant("h", "1|12|1|3|4|k|").is_err());
+        assert!(parse_grant("h", "1|12|1|3|4|k|x1").is_err());
     }
 }
 

@@ -6,10 +6,16 @@
 //! the session TTL as lease; the record (`keys.rs`: `session_key`) names
 //! them, with the session's owner (token name), the digest of its resume
 //! secret, its TTL and an **epoch**. The stream that serves the session
-//! writes the record under its epoch; a resume moves the epoch on, so the
-//! stream that served before learns at its next touch (a third of the TTL)
-//! that the session moved, stops renewing, and never releases grants that
-//! are no longer its own.
+//! writes the record under its epoch; a resume moves the epoch on and
+//! stamps the session's grants with it (`renew.lua`). Every function the
+//! old stream may still call on a grant (acquire, release, extend, renew)
+//! carries its epoch and is refused there, atomically, once a newer
+//! stream stamped the grant: the old stream can neither renew nor release
+//! what is no longer its own, and ends (ABORTED) as soon as it tries or
+//! its next touch (a third of the TTL) finds the record moved on. Of two
+//! concurrent resumes the later claim wins: the earlier one is refused
+//! before it is told `opened` when it can tell (its renewals refused, or
+//! the record moved on by then), and its commands are refused otherwise.
 //!
 //! | how the stream ended | grants | record |
 //! | --- | --- | --- |
@@ -25,7 +31,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::ops::session_record::{self as record, Claim};
+use super::ops::session_record::{self as record, Claim, Touch};
 use super::sessions::{LOST_NOT_HELD, LostGrant};
 use super::{EngineError, LockEngine, LockId, ops};
 
@@ -66,6 +72,8 @@ pub enum ResumeError {
     Gone,
     #[error("wrong resume secret, or a session of another token")]
     Refused,
+    #[error("another stream resumed the session at the same time")]
+    Moved,
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -181,9 +189,22 @@ impl LockEngine {
                     holder: session,
                     token: *token,
                     ttl_ms,
+                    epoch,
                 })
                 .collect();
-            let gone = self.renew_items(&namespace, shard, &items).await?;
+            let (gone, moved) = match self.renew_items(&namespace, shard, &items).await {
+                Ok(found) => found,
+                Err(err) => {
+                    self.sessions.end(session, epoch);
+                    return Err(err.into());
+                }
+            };
+            if !moved.is_empty() {
+                // A later claim stamped these grants first: that stream
+                // serves the session, this one never does.
+                self.sessions.end(session, epoch);
+                return Err(ResumeError::Moved);
+            }
             for (i, (lock, token)) in grants.into_iter().enumerate() {
                 if gone.contains(&i) {
                     lost.push(LostGrant {
@@ -203,6 +224,23 @@ impl LockEngine {
                 .note_session_grant(session, epoch, &grant.lock, None)
                 .await;
         }
+        // Still this stream's? A claim that came later has moved the epoch
+        // on: refuse before the client is told `opened`.
+        match self.touch_session(session, epoch, ttl_ms).await {
+            Ok(Touch::Ours) => {}
+            Ok(Touch::Moved) => {
+                self.sessions.end(session, epoch);
+                return Err(ResumeError::Moved);
+            }
+            Ok(Touch::Gone) => {
+                self.sessions.end(session, epoch);
+                return Err(ResumeError::Gone);
+            }
+            Err(err) => {
+                self.sessions.end(session, epoch);
+                return Err(err.into());
+            }
+        }
         Ok(Resumed {
             epoch,
             ttl_ms,
@@ -211,18 +249,19 @@ impl LockEngine {
         })
     }
 
-    /// Keeps the record of a session this stream serves alive; false when
-    /// another stream resumed it (or it is gone).
+    /// Keeps the record of a session this stream serves alive (and notes
+    /// that it lives now: a resume within the TTL from now finds it); or
+    /// learns that another stream resumed it, or that it is gone.
     pub async fn touch_session(
         &self,
         session: &str,
         epoch: u64,
         ttl_ms: u64,
-    ) -> Result<bool, EngineError> {
+    ) -> Result<Touch, EngineError> {
         let key = self.layout.session_key(session);
         let args = record::touch_args(epoch, Self::record_keep_ms(ttl_ms));
         let reply = self.call(&self.scripts.session_touch, &key, &args).await?;
-        Ok(record::still_ours(reply)?)
+        Ok(record::parse_touch(reply)?)
     }
 
     /// Adds a grant to (or, with no token, takes it off) the record;
@@ -250,10 +289,15 @@ impl LockEngine {
         &self,
         session: &str,
         epoch: u64,
+        ttl_ms: u64,
         end: SessionEnd,
     ) -> (Vec<(LockId, u64)>, bool) {
         let grants = self.sessions.end(session, epoch);
         if end == SessionEnd::Keep {
+            // The TTL within which it may be resumed runs from now.
+            if let Err(err) = self.touch_session(session, epoch, ttl_ms).await {
+                tracing::warn!(%session, error = %err, "session record not touched at the stream's end");
+            }
             return (grants, false);
         }
         let key = self.layout.session_key(session);
@@ -271,7 +315,7 @@ impl LockEngine {
             // Releasing is still right: a resume needs this Redis too.
             Err(err) => tracing::warn!(%session, error = %err, "session record not ended"),
         }
-        self.release_session_grants(session, &grants, end == SessionEnd::Died)
+        self.release_session_grants(session, epoch, &grants, end == SessionEnd::Died)
             .await;
         (grants, true)
     }

@@ -32,6 +32,12 @@ pub const LOST_UNAVAILABLE: &str = "redis unavailable";
 /// The server ended the session (silent client, revoked token, oversized
 /// command, shutdown) and released the grant.
 pub const LOST_SESSION_ENDED: &str = "session ended";
+/// Another stream resumed the session and holds the grant now: this
+/// stream may no longer act on it (the grant itself lives on).
+pub const LOST_MOVED: &str = "resumed elsewhere";
+/// The session's record vanished from Redis (data lost): its grants went
+/// with it.
+pub const LOST_SESSION_GONE: &str = "session gone from redis";
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GrantKey {
@@ -138,6 +144,23 @@ impl Sessions {
             .collect()
     }
 
+    /// The grants a session's stream holds here (lock, token).
+    pub fn grants_of(&self, session: &str, epoch: u64) -> Vec<(LockId, u64)> {
+        self.grants
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.session == session && k.epoch == epoch)
+            .map(|(k, g)| {
+                let lock = LockId {
+                    namespace: k.namespace.clone(),
+                    name: k.name.clone(),
+                };
+                (lock, g.token)
+            })
+            .collect()
+    }
+
     /// Session grants held on this replica now.
     pub fn len(&self) -> usize {
         self.grants.lock().unwrap().len()
@@ -194,6 +217,12 @@ impl Sessions {
     /// The grant is gone in Redis: stop renewing, tell its session.
     pub fn lost(&self, key: &GrantKey) {
         self.drop_lost(key, LOST_NOT_HELD);
+    }
+
+    /// A newer stream of the session holds the grant: stop renewing it
+    /// here, tell this stream (which then ends).
+    pub fn moved(&self, key: &GrantKey) {
+        self.drop_lost(key, LOST_MOVED);
     }
 
     /// A renewal could not reach Redis. Retry soon, unless the lease has

@@ -56,6 +56,15 @@ pub struct AcquireRequest {
     /// answer needs): nothing may be granted after it. None: only the
     /// Redis command timeout bounds it.
     pub answer_by: Option<Instant>,
+    /// Set for a session's stream: its epoch. The grant is refused
+    /// ([`EngineError::SessionMoved`], nothing changed) when a newer stream
+    /// of the session holds it, and taken over from an older one.
+    pub session_epoch: Option<u64>,
+    /// Cancelled when the caller may no longer wait (its token was
+    /// revoked): a waiting acquire leaves the queue at its next wake-up
+    /// point and answers [`EngineError::Stopped`]. Never cuts a function
+    /// call short, so the caller learns of any grant that call made.
+    pub stop: Option<tokio_util::sync::CancellationToken>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -279,6 +288,8 @@ pub enum EngineError {
     ShuttingDown,
     #[error("this session was resumed on another stream")]
     SessionMoved,
+    #[error("the caller stopped waiting")]
+    Stopped,
 }
 
 /// What kind of failure an engine error is: the one table the transports
@@ -298,6 +309,8 @@ pub enum ErrorKind {
     Conflict,
     /// The session was taken over by another stream.
     Moved,
+    /// The caller's own stop signal ended the wait (the transport says why).
+    Stopped,
 }
 
 impl EngineError {
@@ -313,6 +326,7 @@ impl EngineError {
             | EngineError::NamespaceFull => ErrorKind::Exhausted,
             EngineError::LimitMismatch { .. } => ErrorKind::Conflict,
             EngineError::SessionMoved => ErrorKind::Moved,
+            EngineError::Stopped => ErrorKind::Stopped,
         }
     }
 

@@ -79,6 +79,13 @@ impl LockEngine {
                         position: if had > 0 { had } else { position },
                     });
                 }
+                () = stopped(req.stop.as_ref()) => {
+                    // The caller may no longer wait (its token was
+                    // revoked): leave the queue, grant nothing more.
+                    queued.armed = false;
+                    self.dequeue(&req.lock, keys, &req.holder, false).await?;
+                    return Err(EngineError::Stopped);
+                }
                 () = self.waiters.shutdown_token().cancelled() => {
                     // The replica drains: the request keeps its place for
                     // its queue TTL, so the same holder retried on another
@@ -88,6 +95,13 @@ impl LockEngine {
                 }
             }
         }
+    }
+}
+
+async fn stopped(stop: Option<&tokio_util::sync::CancellationToken>) {
+    match stop {
+        Some(stop) => stop.cancelled().await,
+        None => std::future::pending().await,
     }
 }
 

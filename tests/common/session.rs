@@ -138,3 +138,16 @@ impl Session {
         }
     }
 }
+
+/// The first holder's grant of `default/<name>` (None: nobody holds it).
+pub async fn holder_of(
+    client: &mut LockServiceClient<Channel>,
+    name: &str,
+) -> Option<proto::Grant> {
+    let seen = client
+        .inspect(super::inspect(name))
+        .await
+        .unwrap()
+        .into_inner();
+    seen.holders.into_iter().next().and_then(|h| h.grant)
+}

@@ -18,5 +18,7 @@ mod properties;
 mod queue;
 mod semantics;
 mod session;
+mod session_edges;
+mod session_takeover;
 mod validation;
 mod watch;

@@ -21,21 +21,21 @@ use tumbler::auth::token_digest;
 use tumbler::config::{AuthArgs, ServiceArgs};
 use tumbler::proto::lock_service_client::LockServiceClient;
 
-const TEAM_A: &str = "team-a-secret";
+pub(super) const TEAM_A: &str = "team-a-secret";
 const SHARED: &str = "shared-secret";
-const ADMIN: &str = "admin-secret";
+pub(super) const ADMIN: &str = "admin-secret";
 const EXPIRED: &str = "expired-secret";
 const SLOW: &str = "slow-secret";
 const SYSTEM_READER: &str = "system-reader-secret";
 
-fn entry(name: &str, token: &str, role: &str, namespaces: &str, extra: &str) -> String {
+pub(super) fn entry(name: &str, token: &str, role: &str, namespaces: &str, extra: &str) -> String {
     format!(
         "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nrole = \"{role}\"\nnamespaces = {namespaces}\n{extra}\n",
         token_digest(token)
     )
 }
 
-fn tokens_file() -> String {
+pub(super) fn tokens_file() -> String {
     [
         entry("team-a", TEAM_A, "client", r#"["team-a"]"#, ""),
         entry("shared", SHARED, "client", r#"["shared.*"]"#, ""),
@@ -76,18 +76,18 @@ fn auth_args(path: &Path) -> ServiceArgs {
     }
 }
 
-struct Setup {
+pub(super) struct Setup {
     _redis: tumbler::dev::RedisServer,
     _dir: tempfile::TempDir,
-    path: PathBuf,
-    server: TestServer,
+    pub(super) path: PathBuf,
+    pub(super) server: TestServer,
 }
 
 async fn setup() -> Setup {
     setup_with(&tokens_file()).await
 }
 
-async fn setup_with(tokens: &str) -> Setup {
+pub(super) async fn setup_with(tokens: &str) -> Setup {
     let redis = start_redis();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens.toml");
@@ -107,7 +107,7 @@ async fn setup_with(tokens: &str) -> Setup {
 
 /// Sends `authorization` as given (None: no header).
 #[derive(Clone)]
-struct Header(Option<String>);
+pub(super) struct Header(Option<String>);
 
 impl tonic::service::Interceptor for Header {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
@@ -119,7 +119,7 @@ impl tonic::service::Interceptor for Header {
     }
 }
 
-type Client = LockServiceClient<InterceptedService<Channel, Header>>;
+pub(super) type Client = LockServiceClient<InterceptedService<Channel, Header>>;
 
 async fn client(server: &TestServer, header: Option<String>) -> Client {
     let channel = Channel::from_shared(server.endpoint())
@@ -130,7 +130,7 @@ async fn client(server: &TestServer, header: Option<String>) -> Client {
     LockServiceClient::with_interceptor(channel, Header(header))
 }
 
-async fn bearer(server: &TestServer, token: &str) -> Client {
+pub(super) async fn bearer(server: &TestServer, token: &str) -> Client {
     client(server, Some(format!("Bearer {token}"))).await
 }
 
@@ -448,7 +448,11 @@ async fn the_tokens_file_is_reloaded_without_a_restart() {
         Code::Unauthenticated
     );
 
-    // A broken file is refused and the tokens in force stay.
+    // A broken file is refused and the tokens in force stay; so is an
+    // empty one (a file caught mid-write: `fs::write` truncates first).
+    std::fs::write(&s.path, "").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(code(newcomer.inspect(inspect("team-c")).await), Code::Ok);
     std::fs::write(&s.path, "[[token]]\nname = 3\n").unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(code(newcomer.inspect(inspect("team-c")).await), Code::Ok);
@@ -563,7 +567,7 @@ async fn the_cli_sends_its_token_and_makes_entries_that_work() {
 }
 
 /// Polls `check` until it holds (up to 10 s).
-async fn wait_until<F, Fut>(mut check: F)
+pub(super) async fn wait_until<F, Fut>(mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -578,14 +582,14 @@ where
 }
 
 /// Replaces the tokens file at once, as a Secret update does.
-fn replace_tokens_file(path: &Path, text: &str) {
+pub(super) fn replace_tokens_file(path: &Path, text: &str) {
     let staged = path.with_extension("new");
     std::fs::write(&staged, text).unwrap();
     std::fs::rename(&staged, path).unwrap();
 }
 
 /// A session opened with `token`: its command sender and events.
-async fn open_session(
+pub(super) async fn open_session(
     client: &mut Client,
 ) -> (
     tokio::sync::mpsc::Sender<proto::SessionRequest>,
@@ -615,7 +619,11 @@ async fn open_session(
     (commands, events)
 }
 
-fn session_acquire_command(id: u64, namespace: &str, name: &str) -> proto::SessionRequest {
+pub(super) fn session_acquire_command(
+    id: u64,
+    namespace: &str,
+    name: &str,
+) -> proto::SessionRequest {
     proto::SessionRequest {
         command: Some(proto::session_request::Command::Acquire(
             proto::SessionAcquire {
@@ -632,7 +640,7 @@ fn session_acquire_command(id: u64, namespace: &str, name: &str) -> proto::Sessi
 
 /// Reads a session to its end: the `lost` events it told, and the status
 /// it ended with.
-async fn session_end(
+pub(super) async fn session_end(
     events: &mut tonic::Streaming<proto::SessionResponse>,
 ) -> (Vec<proto::GrantLost>, tonic::Status) {
     use proto::session_response::Event;
@@ -666,7 +674,7 @@ async fn watch_end(events: &mut tonic::Streaming<proto::LockEvent>) -> tonic::St
     }
 }
 
-async fn holders(admin: &mut Client, namespace: &str, name: &str) -> usize {
+pub(super) async fn holders(admin: &mut Client, namespace: &str, name: &str) -> usize {
     admin
         .inspect(proto::InspectRequest {
             namespace: namespace.into(),
@@ -922,11 +930,12 @@ async fn a_session_cannot_be_resumed_with_another_token() {
         }),
     };
     let mut other = bearer(&s.server, SLOW).await;
+    // Refused as an unknown session is: another token learns nothing.
     let refused = open_stream(&mut other, resume.clone()).await.err().unwrap();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
     let mut admin = bearer(&s.server, ADMIN).await;
     let refused = open_stream(&mut admin, resume.clone()).await.err().unwrap();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
 
     // The owner's stream still serves the session: its grant is renewed.
     for _ in 0..4 {
@@ -943,4 +952,69 @@ async fn a_session_cannot_be_resumed_with_another_token() {
     let (resumed, _, _) = open_stream(&mut owner, resume).await.unwrap();
     assert!(resumed.resumed);
     assert_eq!(resumed.grants.len(), 1, "{resumed:?}");
+}
+
+/// A client of `token` whose connections come from `from` (a loopback
+/// address of its own, as another host's would).
+async fn bearer_from(server: &TestServer, token: &str, from: [u8; 4]) -> Client {
+    let channel = Channel::from_shared(server.endpoint())
+        .unwrap()
+        .local_address(Some(std::net::IpAddr::from(from)))
+        .connect()
+        .await
+        .unwrap();
+    LockServiceClient::with_interceptor(channel, Header(Some(format!("Bearer {token}"))))
+}
+
+/// Failed resumes (wrong secret, unknown id: counted alike) are throttled
+/// per client address: past the limit (10 a minute by default) that
+/// address is refused RESOURCE_EXHAUSTED, even with the right secret, and
+/// nothing is looked up; another address resumes the session as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_resumes_are_throttled_per_address() {
+    let s = setup().await;
+    let mut owner = bearer(&s.server, TEAM_A).await;
+    let (opened, _events, _commands) = open_stream(
+        &mut owner,
+        proto::SessionOpen {
+            ttl_ms: Some(10_000),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let resume = |secret: &str| proto::SessionOpen {
+        ttl_ms: None,
+        resume: Some(proto::SessionResume {
+            session_id: opened.session_id.clone(),
+            secret: secret.to_owned(),
+        }),
+    };
+    let wrong = "0".repeat(64);
+
+    let mut guesser = bearer_from(&s.server, TEAM_A, [127, 0, 0, 2]).await;
+    for attempt in 1..=10 {
+        let refused = open_stream(&mut guesser, resume(&wrong))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(
+            refused.code(),
+            Code::NotFound,
+            "attempt {attempt}: {refused:?}"
+        );
+    }
+    for secret in [wrong.as_str(), opened.resume_secret.as_str()] {
+        let throttled = open_stream(&mut guesser, resume(secret))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(throttled.code(), Code::ResourceExhausted, "{throttled:?}");
+    }
+
+    let mut elsewhere = bearer_from(&s.server, TEAM_A, [127, 0, 0, 3]).await;
+    let (resumed, _, _) = open_stream(&mut elsewhere, resume(&opened.resume_secret))
+        .await
+        .expect("another address resumes as usual");
+    assert!(resumed.resumed);
 }

@@ -1,4 +1,4 @@
-//! What callers meet at the door: auth, TLS on the ports, HTTP/2 edge cases and connection limits, the dashboard.
+//! What callers meet at the door: auth, TLS on the ports, HTTP/2 edge cases and connection limits, slow bodies, the dashboard.
 //!
 //! One test binary per area (each file a module named as its tests were
 //! before): the suite links a handful of binaries, not one per file.
@@ -9,4 +9,6 @@ mod common;
 mod auth;
 mod dashboard;
 mod edge;
+mod revocation;
+mod slow;
 mod tls;

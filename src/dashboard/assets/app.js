@@ -2,7 +2,9 @@
 // Each page is a shell from the server (body[data-page]); this script
 // fetches the JSON endpoints under /api/v1/ and renders them, every
 // REFRESH_MS while the tab is visible. Text from the server (lock names,
-// holders, metadata) only ever reaches the page through textContent.
+// holders, metadata) only ever reaches the page through textContent, with
+// control, bidi and invisible characters shown as marked `\u{202E}`
+// escapes (`visible`, the same characters as src/dashboard/visible.rs).
 "use strict";
 
 const REFRESH_MS = 3000;
@@ -19,20 +21,52 @@ const ADMIN_NOTES = {
 
 // ------------------------------------------------------------ helpers
 
-/** h("td", {class: "num"}, "3") → <td class="num">3</td>; strings become text. */
+/** h("td", {class: "num"}, "3") → <td class="num">3</td>; strings become
+ * text, through `visible` (attributes through `visibleText`, but for the
+ * values a form sends and links, which must stay as they are). */
 function h(tag, attrs, ...children) {
   const el = tag === "svg" || SVG_TAGS.has(tag)
     ? document.createElementNS("http://www.w3.org/2000/svg", tag)
     : document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
-    el.setAttribute(key, value === true ? "" : String(value));
+    const text = value === true ? "" : String(value);
+    el.setAttribute(key, RAW_ATTRIBUTES.has(key) ? text : visibleText(text));
   }
   for (const child of children.flat()) {
     if (child === null || child === undefined || child === false) continue;
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    if (child instanceof Node) el.append(child);
+    else el.append(...visible(String(child)));
   }
   return el;
+}
+const RAW_ATTRIBUTES = new Set(["value", "href", "action"]);
+
+// Characters that are invisible or reorder the text around them (C0/C1
+// controls, DEL, bidi controls, zero width space, word joiner, BOM, line
+// and paragraph separators): `pay\u{202E}gnp.exe` would show as
+// "payexe.png". Zero width (non-)joiners stay: some scripts need them.
+const HIDDEN = /([\u0000-\u001F\u007F-\u009F\u061C\u200B\u200E\u200F\u2028-\u202E\u2060\u2066-\u2069\uFEFF])/u;
+
+function escapeOf(c) {
+  return `\\u{${c.codePointAt(0).toString(16).toUpperCase()}}`;
+}
+
+/** `text` as strings and nodes for `append`: each hidden character as a
+ * marked escape, `<span class="esc" title="U+202E">\u{202E}</span>`. */
+function visible(text) {
+  const parts = text.split(HIDDEN);
+  if (parts.length === 1) return [text];
+  return parts.map((part, i) => {
+    if (i % 2 === 0) return part;
+    const code = part.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+    return h("span", { class: "esc", title: `U+${code}` }, escapeOf(part));
+  });
+}
+
+/** `text` with each hidden character as `\u{…}` (for attributes and plain text). */
+function visibleText(text) {
+  return text.split(HIDDEN).map((part, i) => (i % 2 ? escapeOf(part) : part)).join("");
 }
 const SVG_TAGS = new Set(["g", "line", "polyline", "rect", "text", "title", "desc", "path", "circle"]);
 
@@ -98,7 +132,7 @@ let lastError = "";
 function showError(message) {
   if (message === lastError) return;
   lastError = message;
-  document.getElementById("error").textContent = message;
+  document.getElementById("error").replaceChildren(...visible(message));
 }
 
 async function getJson(path) {

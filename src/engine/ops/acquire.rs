@@ -41,6 +41,10 @@ impl Call<'_> {
             flags.push('f');
         }
         self.watched.push_flags(&mut flags);
+        if let Some(epoch) = req.session_epoch {
+            flags.push('s');
+            flags.push_str(&epoch.to_string());
+        }
         let mut args = vec![
             req.holder.clone(),
             req.ttl_ms.to_string(),
@@ -102,6 +106,9 @@ pub enum Outcome {
     },
     /// Ran past the answer-by time: nothing happened.
     Late,
+    /// A newer stream of the caller's session holds the grant: nothing
+    /// happened.
+    Moved,
 }
 
 /// The reply: Redis' clock, the outcome and what it noted.
@@ -144,6 +151,7 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
             lock_limit: extra as u32,
         },
         status::LATE => Outcome::Late,
+        status::MOVED => Outcome::Moved,
         other => return Err(StoreError::Protocol(format!("acquire status {other}"))),
     };
     Ok(Answer {

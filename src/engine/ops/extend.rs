@@ -15,17 +15,24 @@ pub struct Call<'a> {
     pub ttl_ms: Option<u64>,
     pub answer_by: i64,
     pub watched: super::Emit,
+    /// The epoch of the session's stream that extends (None: not a
+    /// session's call).
+    pub epoch: Option<u64>,
 }
 
 impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             self.holder.to_owned(),
             super::optional(self.token),
             super::optional(self.ttl_ms),
             self.answer_by.to_string(),
             self.watched.arg(),
-        ]
+        ];
+        if let Some(epoch) = self.epoch {
+            args.push(epoch.to_string());
+        }
+        args
     }
 }
 
@@ -36,6 +43,9 @@ pub enum Outcome {
     NotHeld,
     /// Ran past the answer-by time: nothing happened.
     Late,
+    /// A newer stream of the caller's session holds the grant: nothing
+    /// changed.
+    Moved,
 }
 
 /// The reply: Redis' clock, the outcome and what it noted.
@@ -56,6 +66,7 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
         status::OK => Outcome::Extended(parse_grant(&holder, &record)?),
         status::NOT_HELD => Outcome::NotHeld,
         status::LATE => Outcome::Late,
+        status::MOVED => Outcome::Moved,
         other => return Err(StoreError::Protocol(format!("extend status {other}"))),
     };
     Ok(Answer {

@@ -37,6 +37,7 @@ pub mod status {
     pub const LIMIT_MISMATCH: i64 = 6;
     pub const LATE: i64 = 7;
     pub const NOT_HELD: i64 = 8;
+    pub const MOVED: i64 = 9;
 }
 
 /// Something a function reports for the per-minute counters: an expired

@@ -11,6 +11,9 @@ pub struct Item<'a> {
     pub holder: &'a str,
     pub token: u64,
     pub ttl_ms: u64,
+    /// The epoch of the session's stream that renews (a resume's new
+    /// epoch takes the grant over).
+    pub epoch: u64,
 }
 
 /// One call: the shard's grants due for renewal.
@@ -25,7 +28,7 @@ pub struct Call<'a> {
 
 impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
-        let mut args = Vec::with_capacity(3 + 4 * self.items.len());
+        let mut args = Vec::with_capacity(3 + 5 * self.items.len());
         args.push(self.answer_by.to_string());
         args.push(super::flag(self.live).to_owned());
         args.push(self.watched.arg());
@@ -35,6 +38,7 @@ impl Call<'_> {
                 item.holder.to_owned(),
                 item.token.to_string(),
                 item.ttl_ms.to_string(),
+                item.epoch.to_string(),
             ]);
         }
         args
@@ -42,10 +46,11 @@ impl Call<'_> {
 }
 
 /// What the function answered: the 0-based indexes of the items whose
-/// grant is gone, or Late (nothing renewed).
+/// grant is gone (`lost`) and of those a newer stream of their session
+/// holds (`moved`, left as they were), or Late (nothing renewed).
 #[derive(Debug)]
 pub enum Outcome {
-    Renewed { lost: Vec<usize> },
+    Renewed { lost: Vec<usize>, moved: Vec<usize> },
     Late,
 }
 
@@ -65,15 +70,22 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
     if code != status::OK {
         return Err(StoreError::Protocol(format!("renew status {code}")));
     }
-    let lost = reply
-        .until_marker()?
-        .iter()
-        .map(|group| group.parse::<usize>().map(|n| n.saturating_sub(1)))
-        .collect::<Result<_, _>>()
-        .map_err(|e| StoreError::Protocol(format!("renew reply: {e}")))?;
+    let (mut lost, mut moved) = (Vec::new(), Vec::new());
+    for group in reply.until_marker()? {
+        // Group numbers are 1-based; a moved one is negated.
+        let n: i64 = group
+            .parse()
+            .map_err(|e| StoreError::Protocol(format!("renew reply {group:?}: {e}")))?;
+        let index = (n.unsigned_abs() as usize).saturating_sub(1);
+        if n < 0 {
+            moved.push(index)
+        } else {
+            lost.push(index)
+        }
+    }
     Ok(Answer {
         now,
-        outcome: Outcome::Renewed { lost },
+        outcome: Outcome::Renewed { lost, moved },
         noted: reply.noted()?,
     })
 }

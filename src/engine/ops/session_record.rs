@@ -50,8 +50,29 @@ pub fn end_args(epoch: u64) -> Vec<String> {
     vec![epoch.to_string()]
 }
 
-/// `session_touch`, `session_note` and `session_end` answer 1 when the
-/// calling stream still serves the session.
+/// What `session_touch` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Touch {
+    /// The calling stream still serves the session (kept alive).
+    Ours,
+    /// Another stream resumed it.
+    Moved,
+    /// The record is gone (Redis lost its data, or it was cleared).
+    Gone,
+}
+
+pub fn parse_touch(value: Value) -> Result<Touch, StoreError> {
+    match redis::from_redis_value::<i64>(value) {
+        Ok(1) => Ok(Touch::Ours),
+        Ok(0) => Ok(Touch::Moved),
+        Ok(-1) => Ok(Touch::Gone),
+        Ok(n) => Err(StoreError::Protocol(format!("session_touch answered {n}"))),
+        Err(e) => Err(StoreError::Protocol(format!("session record reply: {e}"))),
+    }
+}
+
+/// `session_note` and `session_end` answer 1 when the calling stream
+/// still serves the session.
 pub fn still_ours(value: Value) -> Result<bool, StoreError> {
     match redis::from_redis_value::<i64>(value) {
         Ok(n) => Ok(n == 1),

@@ -24,21 +24,25 @@
 //! a command over it is refused (RESOURCE_EXHAUSTED) and the session goes
 //! on.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Response, Status, Streaming};
 use tracing::Instrument;
 
+mod commands;
+
+use commands::{Running, refused};
+
 use super::quota::QuotaSlot;
-use super::{LockApi, StreamSlot, lock_id, validate};
+use super::{LockApi, StreamSlot, validate};
 use crate::auth::LiveAccess;
+use crate::engine::LockId;
+use crate::engine::ops::session_record::Touch;
+use crate::engine::resume::LOST_NOT_PERMITTED;
 use crate::engine::resume::{RESUME_GRACE, ResumeError, SessionEnd};
-use crate::engine::sessions::{LOST_SESSION_ENDED, LostGrant};
-use crate::engine::{LockEngine, LockId};
+use crate::engine::sessions::{LOST_MOVED, LOST_SESSION_ENDED, LOST_SESSION_GONE, LostGrant};
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
 use crate::proto::{self, SessionResponse};
@@ -59,7 +63,16 @@ enum Ending {
     /// The session lives on for its TTL, resumable on any stream: grants
     /// kept, the client told the status.
     Suspended(Status),
+    /// The session's record is gone from Redis (its data was lost): the
+    /// grants went with it; the client is told `lost` for each, then the
+    /// status.
+    Vanished(Status),
 }
+
+/// How long after its request side ended a stream's response side must
+/// stay open for the end to count as the client closing the session (not
+/// resetting it): see `Driver::closed_or_reset`.
+const RESET_WITHIN: Duration = Duration::from_millis(100);
 
 /// The trailer that tells a client to resume its session on another
 /// replica (this one is draining).
@@ -71,9 +84,6 @@ const LAST_WORDS: Duration = Duration::from_secs(1);
 
 /// Messages waiting for the client before the session counts it as gone.
 const OUTBOX: usize = 64;
-/// Commands one session may have running at once (waiting acquires
-/// included); more are refused with RESOURCE_EXHAUSTED.
-const MAX_RUNNING_COMMANDS: usize = 1000;
 /// How long a new stream may take to send its open message.
 const OPEN_WITHIN: Duration = Duration::from_secs(10);
 
@@ -120,6 +130,9 @@ pub async fn open(
             }
         }
         Some(resume) => {
+            // An address that failed to resume too often lately is turned
+            // away before anything is looked up.
+            api.auth_throttle.check(access.peer())?;
             let session = validate::session_id(&resume.session_id)?;
             let secret = validate::resume_secret(&resume.secret)?;
             let may_act = |namespace: &str| access.access().act(namespace).is_ok();
@@ -128,11 +141,19 @@ pub async fn open(
                 .resume_session(&owner, &session, &secret, may_act, &lost_tx)
                 .await
                 .map_err(|err| match err {
-                    ResumeError::Gone => Status::not_found(format!("resume.session_id: {err}")),
-                    ResumeError::Refused => {
-                        tracing::info!(%session, token = %owner, "session resume refused");
-                        Status::permission_denied(format!("resume: {err}"))
+                    // One answer for a session that is over and for one
+                    // this caller may not resume (another token's, a wrong
+                    // secret): nobody learns whether an id is live.
+                    ResumeError::Gone | ResumeError::Refused => {
+                        // Counted alike, so the throttle tells nothing of
+                        // which ids are live either.
+                        api.auth_throttle.failed(access.peer());
+                        tracing::info!(%session, token = %owner, reason = %err, "session resume refused");
+                        Status::not_found(
+                            "resume.session_id: no such session for this token and secret (closed, silent past its ttl, or never this token's)",
+                        )
                     }
+                    ResumeError::Moved => Status::aborted(format!("resume: {err}")),
                     ResumeError::Engine(err) => Status::from(err),
                 })?;
             tracing::info!(%session, kept = resumed.kept.len(), lost = resumed.lost.len(), "session resumed");
@@ -227,23 +248,30 @@ impl Driver {
         lost_tx: mpsc::Sender<LostGrant>,
         mut lost_rx: mpsc::Receiver<LostGrant>,
     ) {
-        let mut running: JoinSet<Event> = JoinSet::new();
+        let mut running = Running::new();
         let quiet_limit = Duration::from_millis(self.ttl_ms);
         let shutting_down = self.api.engine.waiters().shutdown_token().clone();
         // The record is touched every third of the TTL, which also tells
-        // this stream when another one resumed the session.
+        // this stream when another one resumed the session, and the
+        // token's access is looked at again (an expiry, a namespace taken
+        // away) for every renewal round.
         let mut touch = tokio::time::interval(quiet_limit / 3);
         touch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         touch.tick().await;
         let mut quiet_until = tokio::time::Instant::now() + quiet_limit;
         let ending = loop {
+            // `biased`: when several are ready at once (a reset stream is
+            // both unreadable and closed), the first in this order decides,
+            // so one event always ends a stream the same way.
             tokio::select! {
+                biased;
+                () = self.out.closed() => break Ending::Gone("the client went away"),
                 message = tokio::time::timeout_at(quiet_until, inbound.message()) => match message {
                     Err(_) => break Ending::Suspended(Status::deadline_exceeded(
                         "session: no message from the client within the session ttl; its grants live on for the ttl (resume it)",
                     )),
                     Ok(Err(status)) => break unreadable(status),
-                    Ok(Ok(None)) => break Ending::Closed,
+                    Ok(Ok(None)) => break self.closed_or_reset().await,
                     Ok(Ok(Some(request))) => {
                         quiet_until = tokio::time::Instant::now() + quiet_limit;
                         // A revoked or expired token ends the session.
@@ -261,72 +289,161 @@ impl Driver {
                     if let Err(status) = access.recheck() {
                         break Ending::Refused(status);
                     }
+                    if !self.drop_unpermitted(&access, &mut running).await {
+                        break Ending::Gone("the client stopped reading");
+                    }
                 }
                 Some(lost) = lost_rx.recv() => {
+                    if lost.reason == LOST_MOVED {
+                        break moved();
+                    }
                     if !self.send(lost_event(lost)).await {
                         break Ending::Gone("the client stopped reading");
                     }
                 }
-                Some(done) = running.join_next(), if !running.is_empty() => {
-                    if let Ok(event) = done
-                        && !self.send(event).await
-                    {
+                Some(done) = running.tasks.join_next(), if !running.tasks.is_empty() => {
+                    let Ok((lock, done)) = done else { continue };
+                    if done.moved {
+                        // The command is answered (refused), then the stream ends.
+                        let _ = self.send(done.event).await;
+                        break moved();
+                    }
+                    let event = self.permitted_outcome(&access, &lock, done.event).await;
+                    if !self.send(event).await {
                         break Ending::Gone("the client stopped reading");
                     }
                 }
                 _ = touch.tick() => {
+                    if let Err(status) = access.recheck() {
+                        break Ending::Refused(status);
+                    }
+                    if !self.drop_unpermitted(&access, &mut running).await {
+                        break Ending::Gone("the client stopped reading");
+                    }
                     match self.api.engine.touch_session(&self.session, self.epoch, self.ttl_ms).await {
-                        Ok(true) => {}
-                        Ok(false) => break Ending::Suspended(Status::aborted(
-                            "session: resumed on another stream",
+                        Ok(Touch::Ours) => {}
+                        Ok(Touch::Moved) => break moved(),
+                        Ok(Touch::Gone) => break Ending::Vanished(Status::not_found(
+                            "session: its record is gone from redis (redis lost its data, or the session was cleared); its grants are lost",
                         )),
                         // The grants' renewals report what Redis trouble costs.
                         Err(err) => tracing::warn!(session = %self.session, error = %err, "session record not touched"),
                     }
                 }
-                () = self.out.closed() => break Ending::Gone("the client went away"),
                 () = shutting_down.cancelled() => break Ending::Suspended(draining()),
             }
         };
-        // Waiting acquires stop (a draining replica leaves their queue
-        // entries for a resumed session to take back).
-        running.abort_all();
-        while running.join_next().await.is_some() {}
         let end = match &ending {
             Ending::Closed | Ending::Refused(_) => SessionEnd::Release,
-            Ending::Gone(_) => {
-                // A client whose connection a proxy dropped may resume at
-                // once; a dead one will not.
-                tokio::time::sleep(RESUME_GRACE).await;
-                SessionEnd::Died
-            }
-            Ending::Suspended(_) => SessionEnd::Keep,
+            Ending::Gone(_) => SessionEnd::Died,
+            Ending::Suspended(_) | Ending::Vanished(_) => SessionEnd::Keep,
         };
+        // Commands still running finish at a safe point, so none leaves a
+        // grant behind that nobody renews or releases. On a draining
+        // replica the waits end by themselves, keeping their place in the
+        // queue for a resumed session to take back; otherwise they are
+        // stopped (and leave the queue).
+        running.finish(!shutting_down.is_cancelled()).await;
+        if end == SessionEnd::Died {
+            // A client whose connection a proxy dropped may resume at
+            // once; a dead one will not.
+            tokio::time::sleep(RESUME_GRACE).await;
+        }
         let (grants, released) = self
             .api
             .engine
-            .end_session(&self.session, self.epoch, end)
+            .end_session(&self.session, self.epoch, self.ttl_ms, end)
             .await;
         let why = match &ending {
             Ending::Closed => "closed by the client",
             Ending::Gone(why) => why,
-            Ending::Refused(status) | Ending::Suspended(status) => status.message(),
+            Ending::Refused(status) | Ending::Suspended(status) | Ending::Vanished(status) => {
+                status.message()
+            }
         };
         tracing::info!(session = %self.session, grants = grants.len(), released, reason = %why, "session stream ended");
         match ending {
-            Ending::Refused(status) => self.last_words(grants, status).await,
-            Ending::Suspended(status) => self.last_words(Vec::new(), status).await,
+            Ending::Refused(status) => self.last_words(grants, LOST_SESSION_ENDED, status).await,
+            Ending::Vanished(status) => self.last_words(grants, LOST_SESSION_GONE, status).await,
+            Ending::Suspended(status) => self.last_words(Vec::new(), "", status).await,
             Ending::Closed | Ending::Gone(_) => {}
         }
     }
 
+    /// The request side ended. A client that closes its session half-closes
+    /// and goes on reading for the final status; one that cancels resets
+    /// the stream, which the request side also reports as its end (hyper
+    /// reads a CANCEL reset as end of body), and the response side closes
+    /// right after. So the end counts as a close only when the response
+    /// side is still open a moment later: one reading, whatever the order
+    /// in which the two sides' news arrives.
+    async fn closed_or_reset(&self) -> Ending {
+        match tokio::time::timeout(RESET_WITHIN, self.out.closed()).await {
+            Ok(()) => Ending::Gone("the client reset the stream"),
+            Err(_) => Ending::Closed,
+        }
+    }
+
+    /// Releases the grants this stream holds in namespaces its token may
+    /// no longer act in (and stops its commands there), telling the client
+    /// `lost` ("not permitted") for each. False when the client is gone.
+    async fn drop_unpermitted(&self, access: &LiveAccess, running: &mut Running) -> bool {
+        running.stop_unpermitted(access);
+        let engine = &self.api.engine;
+        for (lock, fencing_token) in engine.sessions().grants_of(&self.session, self.epoch) {
+            if access.access().act(&lock.namespace).is_ok() {
+                continue;
+            }
+            if let Err(err) = engine
+                .session_release(&self.session, self.epoch, &lock)
+                .await
+            {
+                tracing::warn!(session = %self.session, error = %err, "a grant of a namespace the token lost was not released; it is no longer renewed");
+            }
+            tracing::info!(session = %self.session, namespace = %lock.namespace, lock = %lock.name, "session grant released: its token lost the namespace");
+            let lost = LostGrant {
+                lock,
+                fencing_token,
+                reason: LOST_NOT_PERMITTED,
+            };
+            if !self.send(lost_event(lost)).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A finished command's reply, unless its namespace was taken from the
+    /// token meanwhile: then a grant it made is released again and the
+    /// command answered PERMISSION_DENIED.
+    async fn permitted_outcome(&self, access: &LiveAccess, lock: &LockId, event: Event) -> Event {
+        let Event::Acquired(acquired) = &event else {
+            return event;
+        };
+        let Err(status) = access.access().act(&lock.namespace) else {
+            return event;
+        };
+        if acquired
+            .response
+            .as_ref()
+            .is_some_and(|r| r.grant.is_some())
+        {
+            let _ = self
+                .api
+                .engine
+                .session_release(&self.session, self.epoch, lock)
+                .await;
+        }
+        refused(acquired.request_id, status)
+    }
+
     /// Tells a client whose session the server ended which grants it lost
-    /// (and any lost before), then why the session ended.
-    async fn last_words(&self, grants: Vec<(LockId, u64)>, status: Status) {
+    /// (and why), then why the session ended.
+    async fn last_words(&self, grants: Vec<(LockId, u64)>, reason: &'static str, status: Status) {
         let lost = grants.into_iter().map(|(lock, fencing_token)| LostGrant {
             lock,
             fencing_token,
-            reason: LOST_SESSION_ENDED,
+            reason,
         });
         let told = async {
             for lost in lost {
@@ -353,105 +470,12 @@ impl Driver {
             Ok(Ok(()))
         )
     }
-
-    /// Starts one command; returns an immediate reply (refusals) if any.
-    fn start(
-        &self,
-        request: proto::SessionRequest,
-        access: &LiveAccess,
-        lost: &mpsc::Sender<LostGrant>,
-        running: &mut JoinSet<Event>,
-    ) -> Option<Event> {
-        match request.command {
-            None => Some(refused(0, Status::invalid_argument("command: missing"))),
-            Some(Command::KeepAlive(_)) => None,
-            Some(Command::Open(_)) => Some(refused(
-                0,
-                Status::invalid_argument("command: the session is already open"),
-            )),
-            Some(Command::Acquire(command)) => {
-                let id = command.request_id;
-                if running.len() >= MAX_RUNNING_COMMANDS {
-                    return Some(refused(id, too_many_running()));
-                }
-                let started = access.charge().and_then(|()| {
-                    let req = command
-                        .acquire
-                        .ok_or_else(|| Status::invalid_argument("acquire: missing"))?;
-                    let request =
-                        self.api
-                            .acquire_request(req, self.session.clone(), self.ttl_ms, None)?;
-                    access.access().act(&request.lock.namespace)?;
-                    let waiting = self.api.waiter_slot(access.access(), &request)?;
-                    Ok((request, waiting))
-                });
-                let (request, waiting) = match started {
-                    Ok(started) => started,
-                    Err(status) => return Some(refused(id, status)),
-                };
-                let engine: Arc<LockEngine> = self.api.engine.clone();
-                let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
-                running.spawn(async move {
-                    let _waiting = waiting;
-                    match engine
-                        .session_acquire(&session, epoch, &request, &lost)
-                        .await
-                    {
-                        Ok(outcome) => Event::Acquired(proto::SessionAcquired {
-                            request_id: id,
-                            response: Some(outcome.into()),
-                        }),
-                        Err(err) => refused(id, Status::from(err)),
-                    }
-                });
-                None
-            }
-            Some(Command::Release(command)) => {
-                let id = command.request_id;
-                if running.len() >= MAX_RUNNING_COMMANDS {
-                    return Some(refused(id, too_many_running()));
-                }
-                let lock = match access.charge().and_then(|()| {
-                    let lock = lock_id(&command.namespace, &command.name)?;
-                    access.access().act(&lock.namespace)?;
-                    Ok(lock)
-                }) {
-                    Ok(lock) => lock,
-                    Err(status) => return Some(refused(id, status)),
-                };
-                let engine = self.api.engine.clone();
-                let (session, epoch) = (self.session.clone(), self.epoch);
-                running.spawn(async move {
-                    match engine.session_release(&session, epoch, &lock).await {
-                        Ok(outcome) => {
-                            let status = match outcome {
-                                crate::engine::ReleaseOutcome::Released { .. } => {
-                                    proto::ReleaseStatus::Released
-                                }
-                                crate::engine::ReleaseOutcome::NotHeld => {
-                                    proto::ReleaseStatus::NotHeld
-                                }
-                            };
-                            Event::Released(proto::SessionReleased {
-                                request_id: id,
-                                response: Some(proto::ReleaseResponse {
-                                    status: status.into(),
-                                }),
-                            })
-                        }
-                        Err(err) => refused(id, Status::from(err)),
-                    }
-                });
-                None
-            }
-        }
-    }
 }
 
-fn too_many_running() -> Status {
-    Status::resource_exhausted(format!(
-        "command: this session already runs {MAX_RUNNING_COMMANDS} commands; wait for answers"
-    ))
+/// The end of a stream whose session another stream took over: the
+/// grants are that stream's now (kept), nothing is reported lost.
+fn moved() -> Ending {
+    Ending::Suspended(Status::aborted("session: resumed on another stream"))
 }
 
 /// How a session whose inbound stream failed ends: a message over the
@@ -486,13 +510,4 @@ fn grant_lost(lost: LostGrant) -> proto::GrantLost {
         fencing_token: lost.fencing_token,
         reason: lost.reason.into(),
     }
-}
-
-/// A refused command, as the session reports it (the session goes on).
-fn refused(request_id: u64, status: Status) -> Event {
-    Event::Error(proto::SessionError {
-        request_id,
-        code: status.code() as i32,
-        message: status.message().to_owned(),
-    })
 }

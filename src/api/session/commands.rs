@@ -1,0 +1,229 @@
+//! A session stream's commands: starting one (validated, charged to the
+//! token, its namespace checked), the set running with their stop
+//! signals, and what a finished one tells the stream.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use super::Driver;
+use crate::api::lock_id;
+use crate::auth::LiveAccess;
+use crate::engine::sessions::LostGrant;
+use crate::engine::{LockEngine, LockId};
+use crate::proto;
+use crate::proto::session_request::Command;
+use crate::proto::session_response::Event;
+
+/// Commands one session may have running at once (waiting acquires
+/// included); more are refused with RESOURCE_EXHAUSTED.
+const MAX_RUNNING_COMMANDS: usize = 1000;
+
+/// How long the commands still running when a stream ends may take to
+/// stop at a safe point (a waiting acquire leaves its queue; a function
+/// call in flight answers, so a grant it made is released with the
+/// others) before they are cut off.
+const STOP_WITHIN: Duration = Duration::from_secs(2);
+
+/// What a finished command tells the stream: its reply, and whether it
+/// found the session taken over by another stream (this one then ends).
+pub(super) struct Done {
+    pub(super) event: Event,
+    pub(super) moved: bool,
+}
+
+impl Driver {
+    /// Starts one command; returns an immediate reply (refusals) if any.
+    pub(super) fn start(
+        &self,
+        request: proto::SessionRequest,
+        access: &LiveAccess,
+        lost: &mpsc::Sender<LostGrant>,
+        running: &mut Running,
+    ) -> Option<Event> {
+        match request.command {
+            None => Some(refused(0, Status::invalid_argument("command: missing"))),
+            Some(Command::KeepAlive(_)) => None,
+            Some(Command::Open(_)) => Some(refused(
+                0,
+                Status::invalid_argument("command: the session is already open"),
+            )),
+            Some(Command::Acquire(command)) => {
+                let id = command.request_id;
+                if running.tasks.len() >= MAX_RUNNING_COMMANDS {
+                    return Some(refused(id, too_many_running()));
+                }
+                let started = access.charge().and_then(|()| {
+                    let req = command
+                        .acquire
+                        .ok_or_else(|| Status::invalid_argument("acquire: missing"))?;
+                    let request =
+                        self.api
+                            .acquire_request(req, self.session.clone(), self.ttl_ms, None)?;
+                    access.access().act(&request.lock.namespace)?;
+                    let waiting = self.api.waiter_slot(access.access(), &request)?;
+                    Ok((request, waiting))
+                });
+                let (mut request, waiting) = match started {
+                    Ok(started) => started,
+                    Err(status) => return Some(refused(id, status)),
+                };
+                request.stop = Some(running.stop_for(&request.lock.namespace));
+                let engine: Arc<LockEngine> = self.api.engine.clone();
+                let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
+                let lock = request.lock.clone();
+                running.tasks.spawn(async move {
+                    let _waiting = waiting;
+                    let outcome = engine
+                        .session_acquire(&session, epoch, request, &lost)
+                        .await;
+                    let done = match outcome {
+                        Ok(outcome) => Done::reply(Event::Acquired(proto::SessionAcquired {
+                            request_id: id,
+                            response: Some(outcome.into()),
+                        })),
+                        Err(err) => Done::refused(id, err),
+                    };
+                    (lock, done)
+                });
+                None
+            }
+            Some(Command::Release(command)) => {
+                let id = command.request_id;
+                if running.tasks.len() >= MAX_RUNNING_COMMANDS {
+                    return Some(refused(id, too_many_running()));
+                }
+                let lock = match access.charge().and_then(|()| {
+                    let lock = lock_id(&command.namespace, &command.name)?;
+                    access.access().act(&lock.namespace)?;
+                    Ok(lock)
+                }) {
+                    Ok(lock) => lock,
+                    Err(status) => return Some(refused(id, status)),
+                };
+                let engine = self.api.engine.clone();
+                let (session, epoch) = (self.session.clone(), self.epoch);
+                running.tasks.spawn(async move {
+                    let done = match engine.session_release(&session, epoch, &lock).await {
+                        Ok(outcome) => {
+                            let status = match outcome {
+                                crate::engine::ReleaseOutcome::Released { .. } => {
+                                    proto::ReleaseStatus::Released
+                                }
+                                crate::engine::ReleaseOutcome::NotHeld => {
+                                    proto::ReleaseStatus::NotHeld
+                                }
+                            };
+                            Done::reply(Event::Released(proto::SessionReleased {
+                                request_id: id,
+                                response: Some(proto::ReleaseResponse {
+                                    status: status.into(),
+                                }),
+                            }))
+                        }
+                        Err(err) => Done::refused(id, err),
+                    };
+                    (lock, done)
+                });
+                None
+            }
+        }
+    }
+}
+
+/// The commands a stream has running, and the signal that stops them at a
+/// safe point: one child signal per namespace, so a namespace taken from
+/// the token stops only its own waits.
+pub(super) struct Running {
+    pub(super) tasks: JoinSet<(LockId, Done)>,
+    stop: CancellationToken,
+    by_namespace: HashMap<String, CancellationToken>,
+}
+
+impl Running {
+    pub(super) fn new() -> Self {
+        Running {
+            tasks: JoinSet::new(),
+            stop: CancellationToken::new(),
+            by_namespace: HashMap::new(),
+        }
+    }
+
+    /// The stop signal of a command in `namespace`.
+    fn stop_for(&mut self, namespace: &str) -> CancellationToken {
+        self.by_namespace
+            .entry(namespace.to_owned())
+            .or_insert_with(|| self.stop.child_token())
+            .clone()
+    }
+
+    /// Stops the waits in namespaces the token may no longer act in.
+    pub(super) fn stop_unpermitted(&mut self, access: &LiveAccess) {
+        self.by_namespace.retain(|namespace, stop| {
+            let permitted = access.access().act(namespace).is_ok();
+            if !permitted {
+                stop.cancel();
+            }
+            permitted
+        });
+    }
+
+    /// Stops every command at a safe point (with `stop`; without, they end
+    /// by themselves, as a draining replica's do) and waits a bounded time
+    /// for them: a grant one of them made is then among the session's
+    /// grants, handled with them. Whatever has not stopped by then is cut
+    /// off.
+    pub(super) async fn finish(&mut self, stop: bool) {
+        if stop {
+            self.stop.cancel();
+        }
+        let drained = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(STOP_WITHIN, drained).await.is_err() {
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+        }
+    }
+}
+
+impl Done {
+    fn reply(event: Event) -> Done {
+        Done {
+            event,
+            moved: false,
+        }
+    }
+
+    fn refused(request_id: u64, err: crate::engine::EngineError) -> Done {
+        let moved = matches!(err, crate::engine::EngineError::SessionMoved);
+        let status = match err {
+            crate::engine::EngineError::Stopped => {
+                Status::permission_denied("the token may no longer act in this namespace")
+            }
+            err => Status::from(err),
+        };
+        Done {
+            event: refused(request_id, status),
+            moved,
+        }
+    }
+}
+
+fn too_many_running() -> Status {
+    Status::resource_exhausted(format!(
+        "command: this session already runs {MAX_RUNNING_COMMANDS} commands; wait for answers"
+    ))
+}
+
+/// A refused command, as the session reports it (the session goes on).
+pub(super) fn refused(request_id: u64, status: Status) -> Event {
+    Event::Error(proto::SessionError {
+        request_id,
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+    })
+}
