@@ -384,3 +384,26 @@ async fn redis_trouble_is_503() {
     assert_eq!(status, 503, "{page}");
     assert_eq!(page["code"], "UNAVAILABLE");
 }
+
+#[tokio::test]
+async fn pages_walk_a_changelog_on_a_redis_cluster() {
+    // Eight shards' lists spread over three nodes: each seek and LRANGE
+    // goes to the node of its list's slot.
+    let server = TestServer::new()
+        .cluster()
+        .args(args(&["*"], 1000, 60_000, 8))
+        .http()
+        .start()
+        .await;
+    let mut client = server.client().await;
+    for i in 0..60 {
+        pair(&mut client, "default", &format!("c-{i}"), "h").await;
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let server = Server { server };
+    let whole = walk(&server, "limit=7").await;
+    let walked = newest_first_once(&whole.events);
+    assert_eq!(walked.len(), 120);
+    let names: HashSet<&str> = walked.iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(names.len(), 60);
+}
