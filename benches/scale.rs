@@ -1,13 +1,16 @@
 //! Scale: what a held lock and a waiting request cost Redis in memory and
 //! keys, what 10,000 waiting RPCs cost a replica (RSS) and Redis (commands
 //! per second while they wait), and whether acquire latency depends on how
-//! many locks Redis already holds (1,000 vs 1,000,000).
+//! many locks Redis already holds (1,000 vs 1,000,000), and what a
+//! changelog event costs Redis (bytes per event; a flooded namespace
+//! against its byte budget).
 //!
 //! Everything runs against its own redis-server on a free port; the
 //! waiting-RPC scenario runs `tumbler serve` as a separate process so its
 //! RSS is the replica's own. `cargo bench --bench scale` measures at full
 //! size (SCALE_LOCKS, SCALE_WAITERS, SCALE_FILL override the defaults;
-//! SCALE_ONLY=memory runs the memory part alone);
+//! SCALE_ONLY=memory runs the memory part alone, SCALE_ONLY=changelog the
+//! changelog part, SCALE_CHANGELOG_FLOOD its flood's pairs);
 //! under `cargo test --all-targets` it runs at a tiny size as a smoke test.
 
 use std::sync::Arc;
@@ -26,6 +29,11 @@ use tumbler::proto::{self, AcquireStatus};
 use tumbler::store::Store;
 
 mod common;
+
+#[path = "scale/changelog.rs"]
+mod changelog;
+#[path = "scale/waiters.rs"]
+mod waiters;
 
 const LONG_TTL_MS: u64 = 600_000;
 
@@ -385,112 +393,6 @@ fn per_lock_counts_of_waited(
         .collect()
 }
 
-/// 10,000 waiting RPCs on one `tumbler serve` process.
-async fn many_waiters(waiters: usize, locks: usize, idle: Duration) {
-    let redis_server = RedisServer::start("redis-server").expect("redis-server");
-    let serve = common::ServeProcess::start(
-        &redis_server.url(),
-        &[
-            "--reap-interval-ms",
-            "0",
-            "--max-waiters-per-namespace",
-            "1000000",
-        ],
-    )
-    .await;
-    let endpoint = serve.endpoint.clone();
-    let chans = channels(&endpoint, waiters.div_ceil(500)).await;
-    let mut client = LockServiceClient::new(chans[0].clone());
-    for l in 0..locks {
-        client
-            .acquire(proto::AcquireRequest {
-                name: format!("busy-{l}"),
-                holder: "owner".into(),
-                ttl_ms: Some(LONG_TTL_MS),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
-    let rss_before = serve.rss_kib();
-    let mut tasks = tokio::task::JoinSet::new();
-    for w in 0..waiters {
-        let mut c = LockServiceClient::new(chans[w / 500].clone());
-        tasks.spawn(async move {
-            let _ = c
-                .acquire(proto::AcquireRequest {
-                    name: format!("busy-{}", w % locks),
-                    holder: format!("w{w}"),
-                    wait_ms: 600_000,
-                    ..Default::default()
-                })
-                .await;
-        });
-    }
-    loop {
-        let mut queued = 0;
-        for l in 0..locks {
-            queued += client
-                .inspect(proto::InspectRequest {
-                    name: format!("busy-{l}"),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .waiters as usize;
-        }
-        if queued == waiters {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let rss_waiting = serve.rss_kib();
-    let mut conn = common::redis_conn(&redis_server.url()).await;
-    common::reset_command_stats(&mut conn).await;
-    tokio::time::sleep(idle).await;
-    let stats = common::command_stats(&mut conn).await;
-    let calls: u64 = stats.iter().map(|stat| stat.calls).sum();
-    let rss_after_idle = serve.rss_kib();
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    drop(serve);
-
-    let seconds = idle.as_secs_f64();
-    let per_command: Vec<String> = (stats.iter())
-        .filter(|stat| stat.calls > 0)
-        .map(|stat| format!("{} {:.1}/s", stat.name, stat.calls as f64 / seconds))
-        .collect();
-    // What the waiters' heartbeats should cost: one refresh per lock per
-    // queue_ttl/3 (default queue TTL 5 s), plus the health PING each second.
-    let expected = locks as f64 * 3.0 / 5.0 + 1.0;
-    println!("\n### {waiters} waiting RPCs on one replica ({locks} locks, {seconds:.0} s idle)\n");
-    println!("| measure | value |");
-    println!("| --- | ---: |");
-    println!(
-        "| replica RSS before the waiters | {:.1} MiB |",
-        rss_before as f64 / 1024.0
-    );
-    println!(
-        "| replica RSS with them waiting | {:.1} MiB |",
-        rss_waiting as f64 / 1024.0
-    );
-    println!(
-        "| replica RSS after {seconds:.0} s of waiting | {:.1} MiB |",
-        rss_after_idle as f64 / 1024.0
-    );
-    println!(
-        "| RSS per waiter | {:.1} KiB |",
-        (rss_waiting.saturating_sub(rss_before)) as f64 / waiters as f64
-    );
-    println!(
-        "| Redis commands/s while they wait (INFO is the bench's own) | {:.1} ({}) |",
-        calls as f64 / seconds,
-        per_command.join(", ")
-    );
-    println!("| expected: one refresh per lock per queue_ttl/3 + health PING | {expected:.1} |");
-}
-
 /// Acquire+release latency through gRPC on fresh names with `existing`
 /// other locks held in Redis (filled through the engine, in-process).
 async fn latency_with_existing(fills: &[usize], samples: usize) {
@@ -600,11 +502,19 @@ async fn main() {
     // version as a smoke test.
     let benching = std::env::args().any(|a| a == "--bench");
     if benching {
+        if std::env::var("SCALE_ONLY").is_ok_and(|only| only == "changelog") {
+            changelog::changelog_bytes(
+                2_000,
+                env("SCALE_CHANGELOG_FLOOD").unwrap_or(20_000) as usize,
+            )
+            .await;
+            return;
+        }
         memory(env("SCALE_LOCKS").unwrap_or(100_000) as usize, 100, 100).await;
         if std::env::var("SCALE_ONLY").is_ok_and(|only| only == "memory") {
             return;
         }
-        many_waiters(
+        waiters::many_waiters(
             env("SCALE_WAITERS").unwrap_or(10_000) as usize,
             100,
             Duration::from_secs(10),
@@ -612,9 +522,15 @@ async fn main() {
         .await;
         let fill = env("SCALE_FILL").unwrap_or(1_000_000) as usize;
         latency_with_existing(&[1_000, fill], 2_000).await;
+        changelog::changelog_bytes(
+            2_000,
+            env("SCALE_CHANGELOG_FLOOD").unwrap_or(20_000) as usize,
+        )
+        .await;
     } else {
         memory(200, 5, 4).await;
-        many_waiters(50, 5, Duration::from_millis(500)).await;
+        waiters::many_waiters(50, 5, Duration::from_millis(500)).await;
         latency_with_existing(&[100, 300], 20).await;
+        changelog::changelog_bytes(50, 50).await;
     }
 }

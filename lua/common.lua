@@ -431,6 +431,15 @@ local HOLDER, REAPER, ADMIN = 'holder', 'reaper', 'admin'
 -- grant (or, for a waiter, a small table with its kind and metadata, made
 -- by callers only when L.watched); `ended`, when the grant ended
 -- (released, expired, reaped, cleared), gives its hold time.
+-- The changelog's copy keeps at most LOG_METADATA_BYTES of the metadata's
+-- JSON (cut before a UTF-8 character, never inside one), followed by a
+-- newline and the whole metadata's size in bytes, which marks the cut;
+-- watchers get the whole message. A shard's list holds at most `size`
+-- entries and about `size` * LOG_BYTES_PER_EVENT bytes as Redis counts
+-- them (MEMORY USAGE, every LOG_BYTES_CHECK-th push).
+local LOG_METADATA_BYTES = 256
+local LOG_BYTES_PER_EVENT = 256
+local LOG_BYTES_CHECK = 8
 local function emit(L, event, holder, g, now, actor, ended)
   if not L.watched then
     return
@@ -452,11 +461,31 @@ local function emit(L, event, holder, g, now, actor, ended)
     redis.call('PUBLISH', prefix .. ':events', message)
   end
   if L.log then
+    local metadata, logged = g.metadata, message
+    if metadata and #metadata > LOG_METADATA_BYTES then
+      local cut = LOG_METADATA_BYTES
+      -- Back off over UTF-8 continuation bytes (0x80..0xBF).
+      while cut > 0 and string.byte(metadata, cut + 1) >= 128 and string.byte(metadata, cut + 1) < 192 do
+        cut = cut - 1
+      end
+      logged = string.sub(message, 1, #message - #metadata + cut) .. '\n' .. int(#metadata)
+    end
     -- Trimmed back to its size once it is an eighth over (one LTRIM per
-    -- size/8 events, not one per event); readers keep the newest `size`.
+    -- size/8 events, not one per event). Every LOG_BYTES_CHECK-th push
+    -- also asks Redis what the list takes (SAMPLES 0: every node, exact;
+    -- a few µs); past the byte budget it is trimmed back to seven eighths
+    -- of it, keeping the newest entries in proportion.
     local log, size = shard .. ':c', tonumber(L.log)
-    if redis.call('LPUSH', log, message) > size + math.floor(size / 8) then
+    local n = redis.call('LPUSH', log, logged)
+    if n > size + math.floor(size / 8) then
       redis.call('LTRIM', log, '0', int(size - 1))
+    elseif n % LOG_BYTES_CHECK == 0 then
+      local budget = size * LOG_BYTES_PER_EVENT
+      local used = redis.call('MEMORY', 'USAGE', log, 'SAMPLES', '0')
+      if used > budget then
+        local keep = math.max(1, math.floor(n * budget * 7 / 8 / used))
+        redis.call('LTRIM', log, '0', int(keep - 1))
+      end
     end
     redis.call('PEXPIRE', log, L.log_ttl)
   end

@@ -181,12 +181,15 @@ pub struct ServiceArgs {
     /// (default none: no lock call writes anything for it).
     #[arg(long, env = "TUMBLER_CHANGELOG_NAMESPACES", value_delimiter = ',', value_parser = parse_changelog_namespace)]
     pub changelog_namespaces: Vec<String>,
-    /// Events a namespace's changelog keeps (the newest).
+    /// Events each shard of a namespace's changelog keeps (the newest), in size x 256 bytes at most.
     #[arg(long, env = "TUMBLER_CHANGELOG_SIZE", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub changelog_size: u32,
     /// How long a changelog is kept after its last event.
     #[arg(long, env = "TUMBLER_CHANGELOG_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(u64).range(1000..))]
     pub changelog_retention_ms: u64,
+    /// Changelog pages one caller (token; with auth off, address) may read per second; then 429.
+    #[arg(long, env = "TUMBLER_CHANGELOG_READS_PER_SECOND", default_value_t = crate::engine::changelog::DEFAULT_READS_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub changelog_reads_per_second: u32,
     /// Failed authentications (dashboard logins with an unknown token,
     /// session resumes with a wrong secret) one client address (IPv6: its
     /// /64) may make per --auth-failure-window-ms; past that its attempts
@@ -460,6 +463,8 @@ impl ServerConfig {
                     .collect(),
                 size: args.changelog_size,
                 retention_ms: args.changelog_retention_ms,
+                reads_per_second: std::num::NonZeroU32::new(args.changelog_reads_per_second)
+                    .unwrap_or(std::num::NonZeroU32::MIN),
             },
             transport: TransportLimits {
                 max_request_bytes: args.max_request_bytes as usize,

@@ -4,11 +4,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use tonic::Status;
 
-use crate::engine::ListCursor;
+mod page_tokens;
+
+pub use page_tokens::{
+    changelog_page_token, encode_page_token, next_changelog_page_token, next_page_token, page_token,
+};
 
 /// Bounds that depend on the deployment (set by flags).
 #[derive(Clone, Debug)]
@@ -86,47 +88,6 @@ pub fn page_size(value: u32) -> Result<u32, Status> {
         )),
         n => Ok(n),
     }
-}
-
-/// A page token is `base64url(<node>.<scan cursor>.<last key listed>)`:
-/// opaque to clients, and harmless when tampered with (it only moves where
-/// a listing of the request's own namespace goes on).
-pub fn page_token(value: &str) -> Result<Option<ListCursor>, Status> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    let bad = || invalid("page_token", "is not a token this service issued");
-    let bytes = URL_SAFE_NO_PAD.decode(value).map_err(|_| bad())?;
-    let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    let mut parts = text.splitn(3, '.');
-    let mut next = || parts.next().ok_or_else(bad);
-    let cursor = ListCursor {
-        node: next()?.parse().map_err(|_| bad())?,
-        position: next()?.parse().map_err(|_| bad())?,
-        after: next()?.to_owned(),
-    };
-    if cursor.node > MAX_NODES || cursor.after.len() > MAX_AFTER_BYTES {
-        return Err(bad());
-    }
-    Ok(Some(cursor))
-}
-
-/// Bounds a page token's parts must keep: a cluster has at most 16,384
-/// primaries; a key is a lock name with the prefix and shard tag before it.
-const MAX_NODES: u32 = 16_384;
-const MAX_AFTER_BYTES: usize = MAX_NAME_BYTES + 256;
-
-/// The `next_page_token` of a page: empty when the listing is done.
-pub fn next_page_token(next: Option<&ListCursor>) -> String {
-    next.map(encode_page_token).unwrap_or_default()
-}
-
-/// The token that resumes a listing at `cursor`.
-pub fn encode_page_token(cursor: &ListCursor) -> String {
-    URL_SAFE_NO_PAD.encode(format!(
-        "{}.{}.{}",
-        cursor.node, cursor.position, cursor.after
-    ))
 }
 
 /// Absent: no cutoff; otherwise at least 1.
@@ -418,7 +379,11 @@ pub fn metadata(value: &HashMap<String, String>) -> Result<BTreeMap<String, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use tonic::Code;
+
+    use crate::engine::ListCursor;
 
     fn limits() -> Limits {
         Limits {
@@ -484,7 +449,7 @@ mod tests {
             "page_token",
         );
         rejects(page_token(&URL_SAFE_NO_PAD.encode("0.x.")), "page_token");
-        let long = format!("0.0.{}", "k".repeat(MAX_AFTER_BYTES + 1));
+        let long = format!("0.0.{}", "k".repeat(page_tokens::MAX_AFTER_BYTES + 1));
         rejects(page_token(&URL_SAFE_NO_PAD.encode(long)), "page_token");
     }
 
@@ -515,6 +480,8 @@ mod properties {
     use proptest::prelude::*;
     use tonic::Code;
 
+    use crate::engine::ListCursor;
+
     use crate::test_support::proptest_config as config;
 
     fn names_field(status: &Status, field: &str) -> bool {
@@ -529,7 +496,7 @@ mod properties {
         #![proptest_config(config())]
 
         #[test]
-        fn page_tokens_round_trip(node in 0u32..=MAX_NODES, position in any::<u64>(), after in "\\PC{0,40}|.{0,40}") {
+        fn page_tokens_round_trip(node in 0u32..=page_tokens::MAX_NODES, position in any::<u64>(), after in "\\PC{0,40}|.{0,40}") {
             let cursor = ListCursor { node, position, after };
             let token = encode_page_token(&cursor);
             prop_assert_eq!(page_token(&token).unwrap(), Some(cursor));
@@ -542,7 +509,7 @@ mod properties {
             match page_token(&token) {
                 Ok(None) => prop_assert!(token.is_empty()),
                 Ok(Some(cursor)) => {
-                    prop_assert!(cursor.node <= MAX_NODES && cursor.after.len() <= MAX_AFTER_BYTES);
+                    prop_assert!(cursor.node <= page_tokens::MAX_NODES && cursor.after.len() <= page_tokens::MAX_AFTER_BYTES);
                     prop_assert_eq!(page_token(&encode_page_token(&cursor)).unwrap(), Some(cursor));
                 }
                 Err(status) => prop_assert!(names_field(&status, "page_token"), "{:?}", status),

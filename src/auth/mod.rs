@@ -20,10 +20,12 @@ use subtle::ConstantTimeEq;
 use tonic::Status;
 
 mod access;
+mod rate;
 mod throttle;
 mod tokens;
 
 pub use access::*;
+pub use rate::CallerRate;
 pub use throttle::*;
 pub use tokens::*;
 

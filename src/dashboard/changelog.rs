@@ -1,29 +1,82 @@
-//! The Changelog endpoint: a namespace's latest lock events (kept only
-//! for namespaces named by `--changelog-namespaces`; see
+//! The Changelog endpoint: a namespace's lock events, newest first, in
+//! pages (kept only for namespaces named by `--changelog-namespaces`; see
 //! `engine/changelog.rs`), filtered by name prefix, holder and event. Its
 //! page is a live page (`pages.rs`).
+//!
+//! A read is bounded by the engine (entries per shard, entries per page);
+//! here, the same read asked by several requests at once is made once and
+//! kept for [`FRESH_FOR`] (single flight, as the overview's walk), at most
+//! [`PASSES`] reads run at once on a replica, and each caller (its token,
+//! or with auth off its address) may read `--changelog-reads-per-second`.
 
-use axum::extract::State;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
 use serde::Serialize;
 
 use super::Dashboard;
 use super::errors::{ApiError, ApiResult, json_reply};
+use super::flight::Flights;
 use super::login::Caller;
 use super::params::{ChangelogQuery, Query, readable};
 use crate::api::validate;
-use crate::engine::changelog::ChangelogQuery as EngineQuery;
-use crate::engine::watchers::LockEvent;
+use crate::auth::CallerRate;
+use crate::engine::changelog::{ChangelogEvent, ChangelogPage, ChangelogQuery as EngineQuery};
+use crate::limits::ConnState;
 
 /// Events one read returns unless it asks for fewer.
 const DEFAULT_LIMIT: usize = 100;
 /// Events one read returns at most.
 const MAX_LIMIT: usize = 1000;
+/// How long a read's answer serves the same read again.
+const FRESH_FOR: Duration = Duration::from_secs(1);
+/// Changelog reads one replica makes at once, whatever they ask (each
+/// with two function calls in flight at most: `engine/changelog.rs`).
+const PASSES: usize = 2;
 
 /// The lock events a changelog may hold (the `event` filter's choices).
 pub const EVENTS: &[&str] = &[
     "acquired", "released", "extended", "expired", "lost", "reaped", "cleared", "queued",
     "dequeued", "skipped",
 ];
+
+/// The changelog reads of one dashboard: shared answers and the callers'
+/// rates.
+pub(super) struct Changelogs {
+    flights: Flights<(String, EngineQuery), Arc<ChangelogPage>>,
+    rate: CallerRate,
+}
+
+impl Changelogs {
+    pub(super) fn new(reads_per_second: NonZeroU32) -> Self {
+        Changelogs {
+            flights: Flights::new(PASSES, FRESH_FOR),
+            rate: CallerRate::per_second(reads_per_second),
+        }
+    }
+}
+
+/// The client's address, when the HTTP port knows it (it puts each
+/// request's connection into its extensions): the rate of a caller
+/// without a token is its address's.
+pub(super) struct Peer(Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Peer(
+            parts
+                .extensions
+                .get::<Arc<ConnState>>()
+                .map(|conn| conn.peer().ip()),
+        ))
+    }
+}
 
 #[derive(Serialize)]
 struct ChangelogView<'a> {
@@ -35,15 +88,19 @@ struct ChangelogView<'a> {
     holder: String,
     event: &'a str,
     /// The engine's events as they are (their own `Serialize`).
-    events: &'a [LockEvent],
+    events: &'a [ChangelogEvent],
+    /// Entries this page read from Redis, matching or not.
     scanned: usize,
+    /// Where the next page starts (`page_token=`); empty at the end.
+    next_page_token: String,
 }
 
-/// `GET /api/v1/changelog?namespace=&prefix=&holder=&event=&limit=`: the
-/// namespace's latest lock events that match, newest first.
+/// `GET /api/v1/changelog?namespace=&prefix=&holder=&event=&limit=&page_token=`:
+/// a page of the namespace's lock events that match, newest first.
 pub(super) async fn api_changelog(
     State(d): State<Dashboard>,
     Caller(access): Caller,
+    Peer(peer): Peer,
     Query(query): Query<ChangelogQuery>,
 ) -> ApiResult {
     let namespace = readable(&query.namespace, &access)?;
@@ -65,13 +122,23 @@ pub(super) async fn api_changelog(
             "limit: must be 1..={MAX_LIMIT}"
         )));
     }
+    let from = validate::changelog_page_token(&query.page_token)?;
+    d.changelogs.rate.charge(&access, peer, "changelog reads")?;
     let read = EngineQuery {
         prefix: prefix.clone(),
         holder: holder.clone(),
         event: event.to_owned(),
         limit,
+        from,
     };
-    let page = d.engine.changelog(&namespace, &read).await?;
+    let engine = &d.engine;
+    let page = d
+        .changelogs
+        .flights
+        .get((namespace.clone(), read.clone()), || async {
+            Ok(Arc::new(engine.changelog(&namespace, &read).await?))
+        })
+        .await?;
     json_reply(ChangelogView {
         namespace,
         enabled: page.enabled,
@@ -82,5 +149,6 @@ pub(super) async fn api_changelog(
         event,
         events: &page.events,
         scanned: page.scanned,
+        next_page_token: validate::next_changelog_page_token(page.next.as_ref()),
     })
 }

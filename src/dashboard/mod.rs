@@ -13,9 +13,10 @@
 //! - `admin.rs`: force release and clear;
 //! - `login.rs`, `session.rs`: who is looking; `edge.rs`: the Host check
 //!   and security headers; `overview.rs`: the overview's shared walk;
-//!   `changelog.rs`: the Changelog endpoint; `visible.rs`: control, bidi
-//!   and invisible characters shown as `\u{…}` escapes (app.js does the
-//!   same on the live pages).
+//!   `changelog.rs`: the Changelog endpoint; `flight.rs`: the single
+//!   flight both share; `visible.rs`: control, bidi and invisible
+//!   characters shown as `\u{…}` escapes (app.js does the same on the
+//!   live pages).
 //!
 //! With an auth tokens file, every page and endpoint needs one of its
 //! tokens (a bearer header, or the login cookie; see `login.rs`), and
@@ -35,6 +36,7 @@ mod api;
 mod changelog;
 mod edge;
 mod errors;
+mod flight;
 mod login;
 mod overview;
 mod pages;
@@ -89,6 +91,7 @@ struct Dashboard {
     engine: Arc<LockEngine>,
     options: Options,
     overviews: Arc<overview::Overviews>,
+    changelogs: Arc<changelog::Changelogs>,
 }
 
 impl Dashboard {
@@ -108,10 +111,12 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         allowed_hosts: options.allowed_hosts.clone(),
         hsts: options.secure_cookie,
     };
+    let changelogs = changelog::Changelogs::new(engine.changelog_settings().reads_per_second);
     let state = Dashboard {
         engine,
         options,
         overviews: Arc::default(),
+        changelogs: Arc::new(changelogs),
     };
     let guarded = Router::new()
         .route("/dashboard", get(pages::overview_page))

@@ -10,15 +10,14 @@
 //! walk per namespace per second for the overview, however many browsers
 //! and scripts poll it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::{OnceCell, Semaphore};
 
 use super::MINUTE_MS;
 use super::errors::ApiError;
+use super::flight::Flights;
 use crate::api::validate;
 use crate::engine::{Counters, LockEngine, LockSummary};
 use crate::wallclock::unix_ms;
@@ -36,25 +35,11 @@ const RATE_MINUTES: i64 = 5;
 pub(super) const FRESH_FOR: Duration = Duration::from_secs(1);
 /// Overview walks one replica runs at once, over all namespaces.
 pub(super) const PASSES: usize = 2;
-/// A walk still unfinished after this long (its requests all went away
-/// mid-walk and nobody asked again) is forgotten.
-const STALLED: Duration = Duration::from_secs(60);
 
-/// The overviews of one dashboard: a namespace's latest (or running) walk.
+/// The overviews of one dashboard: a namespace's latest (or running)
+/// walk, shared as [`flight`](super::flight) shares answers.
 pub(super) struct Overviews {
-    entries: Mutex<HashMap<String, Arc<Entry>>>,
-    passes: Semaphore,
-}
-
-/// One walk of one namespace: running until `done` is set.
-struct Entry {
-    started: Instant,
-    done: OnceCell<Done>,
-}
-
-struct Done {
-    at: Instant,
-    result: Result<Arc<Rendered>, ApiError>,
+    flights: Flights<String, Arc<Rendered>>,
 }
 
 /// A walk's JSON, serialized once for all the requests that share it: as
@@ -82,22 +67,10 @@ impl Rendered {
     }
 }
 
-impl Entry {
-    /// Whether a request arriving `now` may use this walk: it is running,
-    /// or finished less than [`FRESH_FOR`] ago.
-    fn usable(&self, now: Instant) -> bool {
-        match self.done.get() {
-            Some(done) => now.duration_since(done.at) < FRESH_FOR,
-            None => now.duration_since(self.started) < STALLED,
-        }
-    }
-}
-
 impl Default for Overviews {
     fn default() -> Self {
         Overviews {
-            entries: Mutex::new(HashMap::new()),
-            passes: Semaphore::new(PASSES),
+            flights: Flights::new(PASSES, FRESH_FOR),
         }
     }
 }
@@ -112,40 +85,13 @@ impl Overviews {
         engine: &LockEngine,
         namespace: &str,
     ) -> Result<Arc<Rendered>, ApiError> {
-        let entry = self.entry(namespace);
-        let done = entry
-            .done
-            .get_or_init(|| async {
-                // Never closed, so always a permit.
-                let _permit = self.passes.acquire().await.ok();
-                let result = walk(engine, namespace)
+        self.flights
+            .get(namespace.to_owned(), || async {
+                walk(engine, namespace)
                     .await
-                    .map(|overview| Arc::new(Rendered::of(overview)));
-                Done {
-                    at: Instant::now(),
-                    result,
-                }
+                    .map(|overview| Arc::new(Rendered::of(overview)))
             })
-            .await;
-        done.result.clone()
-    }
-
-    /// The walk a request for `namespace` joins; old walks of every
-    /// namespace are dropped on the way, so the map holds only the
-    /// namespaces asked for within the last second or so.
-    fn entry(&self, namespace: &str) -> Arc<Entry> {
-        let now = Instant::now();
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.retain(|_, entry| entry.usable(now));
-        entries
-            .entry(namespace.to_owned())
-            .or_insert_with(|| {
-                Arc::new(Entry {
-                    started: now,
-                    done: OnceCell::new(),
-                })
-            })
-            .clone()
+            .await
     }
 }
 

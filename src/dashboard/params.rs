@@ -162,6 +162,7 @@ pub(super) struct ChangelogQuery {
     pub event: String,
     #[serde(deserialize_with = "whole")]
     pub limit: Option<usize>,
+    pub page_token: String,
 }
 
 /// `GET /dashboard/release` (the confirmation page) and `POST

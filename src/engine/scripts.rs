@@ -61,6 +61,7 @@ const OPERATIONS: &[(&str, &str, bool)] = &[
         false,
     ),
     ("purge", include_str!("../../lua/purge.lua"), false),
+    ("changelog", include_str!("../../lua/changelog.lua"), true),
 ];
 
 const COMMON: &str = include_str!("../../lua/common.lua");
@@ -87,6 +88,7 @@ pub struct Scripts {
     pub session_claim: LockScript,
     pub session_end: LockScript,
     pub purge: LockScript,
+    pub changelog: LockScript,
 }
 
 impl Scripts {
@@ -133,6 +135,7 @@ impl Scripts {
             session_claim: script("session_claim"),
             session_end: script("session_end"),
             purge: script("purge"),
+            changelog: script("changelog"),
             library_name,
         }
     }

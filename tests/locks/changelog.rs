@@ -1,9 +1,11 @@
 //! The changelog on a live server with a real Redis: lock events are kept
 //! (by the functions themselves) only for the namespaces named by
-//! `--changelog-namespaces`, bounded by `--changelog-size` and expiring
-//! after `--changelog-retention-ms`, and read back newest first through
+//! `--changelog-namespaces`, bounded by `--changelog-size` and by bytes,
+//! their metadata cut to a stated size, expiring after
+//! `--changelog-retention-ms`, and read back newest first through
 //! `/api/v1/changelog`, filtered by name prefix, holder and event. A
-//! namespace without one costs Redis no extra command.
+//! namespace without one costs Redis no extra command. How reads are
+//! bounded (pages, single flight, rates) is `changelog_reads.rs`.
 
 use crate::common;
 
@@ -18,12 +20,12 @@ use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::proto::lock_service_client::LockServiceClient;
 
 /// A server with its HTTP port on.
-struct Server {
-    server: TestServer,
+pub(super) struct Server {
+    pub(super) server: TestServer,
 }
 
 impl Server {
-    async fn start(redis_url: &str, args: ServiceArgs) -> Self {
+    pub(super) async fn start(redis_url: &str, args: ServiceArgs) -> Self {
         let server = TestServer::new()
             .redis(redis_url)
             .args(args)
@@ -33,11 +35,11 @@ impl Server {
         Server { server }
     }
 
-    async fn client(&self) -> LockServiceClient<Channel> {
+    pub(super) async fn client(&self) -> LockServiceClient<Channel> {
         self.server.client().await
     }
 
-    async fn changelog(&self, query: &str) -> (u16, Value) {
+    pub(super) async fn changelog(&self, query: &str) -> (u16, Value) {
         let (status, body) = http(
             self.server.http(),
             "GET",
@@ -51,17 +53,20 @@ impl Server {
     }
 }
 
-fn args(namespaces: &[&str], size: u32, retention_ms: u64, shards: u32) -> ServiceArgs {
+/// A changelog for `namespaces`; reads not rate-limited in practice (the
+/// rate's own test sets one).
+pub(super) fn args(namespaces: &[&str], size: u32, retention_ms: u64, shards: u32) -> ServiceArgs {
     ServiceArgs {
         changelog_namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
         changelog_size: size,
         changelog_retention_ms: retention_ms,
+        changelog_reads_per_second: 100_000,
         shards,
         ..service_args()
     }
 }
 
-fn in_ns(namespace: &str, name: &str, holder: &str) -> proto::AcquireRequest {
+pub(super) fn in_ns(namespace: &str, name: &str, holder: &str) -> proto::AcquireRequest {
     proto::AcquireRequest {
         namespace: namespace.into(),
         ..acquire(name, holder)
@@ -69,7 +74,7 @@ fn in_ns(namespace: &str, name: &str, holder: &str) -> proto::AcquireRequest {
 }
 
 /// Acquire then release `name` in `namespace`; the grant's token.
-async fn pair(
+pub(super) async fn pair(
     client: &mut LockServiceClient<Channel>,
     namespace: &str,
     name: &str,
@@ -94,7 +99,7 @@ async fn pair(
 }
 
 /// (event, name, holder) of each event, in the reply's order.
-fn seen(page: &Value) -> Vec<(String, String, String)> {
+pub(super) fn seen(page: &Value) -> Vec<(String, String, String)> {
     page["events"]
         .as_array()
         .unwrap_or_else(|| panic!("no events: {page}"))
@@ -114,7 +119,9 @@ fn ev(event: &str, name: &str, holder: &str) -> (String, String, String) {
 }
 
 /// Redis' calls per command since the last CONFIG RESETSTAT.
-async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
+pub(super) async fn command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> HashMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -191,7 +198,9 @@ async fn the_changelog_is_bounded_and_expires() {
     }
     let (_, page) = server.changelog("").await;
     assert_eq!(page["size"], 8);
-    // The eight newest of twenty events, whichever shards they are in.
+    // Each shard keeps its newest 8 (or 9): the namespace's eight newest
+    // of twenty events come first, whichever shards they are in, and no
+    // more than two shards' worth come at all.
     let newest: Vec<_> = (6..10)
         .rev()
         .flat_map(|i| {
@@ -199,7 +208,9 @@ async fn the_changelog_is_bounded_and_expires() {
             [ev("released", &name, "h"), ev("acquired", &name, "h")]
         })
         .collect();
-    assert_eq!(seen(&page), newest);
+    let shown = seen(&page);
+    assert_eq!(shown[..8], newest[..], "{page}");
+    assert!(shown.len() <= 18, "{page}");
     let mut conn = redis_conn(&redis.url()).await;
     let keys = scan_keys(&mut conn, "tumbler:{default:*}:c").await;
     assert_eq!(keys.len(), 2, "{keys:?}");
@@ -349,4 +360,150 @@ async fn a_bad_changelog_namespace_is_refused_at_start() {
     let cli = Cli::try_parse_from(["tumbler", "--changelog-namespaces", ""]).unwrap();
     let config = ServerConfig::new("redis://127.0.0.1:1".into(), &cli.service).unwrap();
     assert!(config.changelog.namespaces.is_empty());
+}
+
+/// Metadata of `entries` entries whose values are `value_bytes` long, in
+/// two-byte characters, so a cut at a byte count can land inside one.
+pub(super) fn wide_metadata(entries: usize, value_bytes: usize) -> HashMap<String, String> {
+    (0..entries)
+        .map(|i| (format!("key-{i:02}"), "é".repeat(value_bytes / 2)))
+        .collect()
+}
+
+/// The raw entries of a changelog's lists, newest first per shard.
+pub(super) async fn raw_entries(
+    conn: &mut redis::aio::MultiplexedConnection,
+    namespace: &str,
+    shards: u32,
+) -> Vec<Vec<String>> {
+    let mut lists = Vec::new();
+    for shard in 0..shards {
+        let entries: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("tumbler:{{{namespace}:{shard}}}:c"))
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await
+            .unwrap();
+        lists.push(entries);
+    }
+    lists
+}
+
+#[tokio::test]
+async fn metadata_is_cut_in_the_changelog_and_the_cut_is_marked() {
+    use tumbler::engine::changelog::LOG_METADATA_BYTES;
+    let redis = start_redis();
+    let server = Server::start(&redis.url(), args(&["jobs"], 1000, 60_000, 1)).await;
+    let mut client = server.client().await;
+    // 8 KB of metadata, about as much as a request may carry (the defect
+    // report's case): two short values first (by key), then long ones.
+    let mut metadata = wide_metadata(32, 250);
+    metadata.insert("key-00".into(), "é".repeat(30));
+    metadata.insert("key-01".into(), "é".repeat(30));
+    let json = serde_json::to_string(
+        &metadata
+            .iter()
+            .collect::<std::collections::BTreeMap<_, _>>(),
+    )
+    .unwrap();
+    assert!(json.len() > 8000, "{}", json.len());
+    let mut request = in_ns("jobs", "big", "h1");
+    request.metadata = metadata.clone();
+    let granted = client.acquire(request).await.unwrap().into_inner();
+    assert_eq!(granted.status(), proto::AcquireStatus::Acquired);
+    // The grant keeps all of it; only the changelog's copy is cut.
+    assert_eq!(granted.grant.unwrap().metadata.len(), 32);
+    let mut small = in_ns("jobs", "small", "h2");
+    small.metadata = HashMap::from([("job".to_owned(), "42".to_owned())]);
+    client.acquire(small).await.unwrap();
+
+    let (status, page) = server.changelog("namespace=jobs").await;
+    assert_eq!(status, 200, "{page}");
+    let events = page["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2, "{page}");
+    let (small, big) = (&events[0], &events[1]);
+    assert_eq!(small["metadata"]["job"], "42");
+    assert_eq!(small["metadata_truncated"], false);
+    assert!(small.get("metadata_bytes").is_none(), "{small}");
+    assert_eq!(big["name"], "big");
+    assert_eq!(big["metadata_truncated"], true, "{big}");
+    assert_eq!(big["metadata_bytes"], json.len());
+    // The entries that fit whole in the cut, each as it was.
+    let kept = big["metadata"].as_object().unwrap();
+    assert!(!kept.is_empty() && kept.len() < 32, "{big}");
+    for (key, value) in kept {
+        assert_eq!(metadata[key], value.as_str().unwrap(), "{key}");
+    }
+    // In Redis, the entry holds at most the cut of the metadata: the rest
+    // of the event (namespace, name, holder, numbers) and the marker.
+    let mut conn = redis_conn(&redis.url()).await;
+    let lists = raw_entries(&mut conn, "jobs", 1).await;
+    let longest = lists[0].iter().map(String::len).max().unwrap();
+    assert!(longest <= LOG_METADATA_BYTES + 120, "{longest}");
+}
+
+#[tokio::test]
+async fn each_shard_of_a_changelog_keeps_to_a_byte_budget() {
+    use tumbler::engine::changelog::LOG_BYTES_PER_EVENT;
+    let redis = start_redis();
+    let size = 200;
+    let server = Server::start(&redis.url(), args(&["big", "small"], size, 60_000, 1)).await;
+    let budget = u64::from(size) * LOG_BYTES_PER_EVENT;
+    let metadata = wide_metadata(32, 250);
+    let mut tasks = Vec::new();
+    for worker in 0..4 {
+        let mut client = server.client().await;
+        let metadata = metadata.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..100 {
+                let name = format!("w{worker}-{i}");
+                let mut big = in_ns("big", &name, "h");
+                big.metadata = metadata.clone();
+                client.acquire(big).await.unwrap();
+                client
+                    .release(proto::ReleaseRequest {
+                        namespace: "big".into(),
+                        ..release(&name, "h")
+                    })
+                    .await
+                    .unwrap();
+                pair(&mut client, "small", &name, "h").await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let conn = redis_conn(&redis.url()).await;
+    let usage = |key: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            let bytes: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let len: u64 = redis::cmd("LLEN")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            (bytes, len)
+        }
+    };
+    // 800 events of ~400 bytes each: the byte budget, not the size,
+    // bounds the list (checked every eighth push: at most eight entries
+    // over, each under 600 bytes).
+    let (bytes, len) = usage("tumbler:{big:0}:c").await;
+    assert!(bytes <= budget + 8 * 600, "{bytes} bytes over {budget}");
+    assert!(len < u64::from(size), "{len} entries: the size ruled");
+    assert!(len >= u64::from(size) / 3, "{len} entries: trimmed too far");
+    // Small events: the size rules (200..=225 entries) within the budget.
+    let (bytes, len) = usage("tumbler:{small:0}:c").await;
+    assert!((200..=225).contains(&len), "{len}");
+    assert!(bytes <= budget, "{bytes} bytes over {budget}");
 }

@@ -7,6 +7,8 @@
 mod common;
 
 mod changelog;
+mod changelog_flood;
+mod changelog_reads;
 mod events;
 mod key_isolation;
 mod limits;

@@ -328,12 +328,12 @@ function renderLocks(d) {
   { id: "locks", empty: "No locks match." }), pager];
 }
 
-function pageHref(token, pageNo) {
+function pageHref(token, pageNo, path = "/dashboard/locks") {
   const q = new URLSearchParams(params);
   q.delete("page_token"); q.delete("page");
   if (token) { q.set("page_token", token); q.set("page", String(pageNo)); }
   const s = q.toString();
-  return s ? `/dashboard/locks?${s}` : "/dashboard/locks";
+  return s ? `${path}?${s}` : path;
 }
 
 function locksQuery() {
@@ -384,18 +384,28 @@ function renderChangelog(d) {
     h("td", {}, e.kind),
     h("td", {}, e.actor),
     h("td", { class: "num" }, e.hold_ms ? fmtDuration(e.hold_ms) : "—"),
-    h("td", {}, metadata(e.metadata))));
-  const kept = `the last ${fmtNumber(d.size)} events, each kept ${fmtDuration(d.retention_ms)} at most`;
-  return table(`${d.events.length} events, newest first (${kept})`, [
+    h("td", {}, metadata(e.metadata), e.metadata_truncated ? h("span", { class: "badge warn",
+      title: `The changelog keeps the first bytes of metadata only: ${fmtNumber(e.metadata_bytes)} bytes in all` },
+    "cut") : null)));
+  const kept = `each shard keeps its last ${fmtNumber(d.size)} events, each ${fmtDuration(d.retention_ms)} at most`;
+  const pageNo = Number(params.get("page") || "1");
+  const path = "/dashboard/changelog";
+  const pager = h("nav", { class: "pager", "aria-label": "Pages" },
+    params.get("page_token") ? h("a", { class: "button secondary", href: pageHref(null, 1, path) }, "Newest") : null,
+    h("span", {}, `Page ${pageNo} (${fmtNumber(d.scanned)} events looked at)`),
+    d.next_page_token ? h("a", { class: "button", href: pageHref(d.next_page_token, pageNo + 1, path), rel: "next" },
+      "Older events") : null);
+  return [table(`${d.events.length} events on this page, newest first (${kept})`, [
     "When", "Event", "Lock", "Holder", { label: "Token", num: true }, "Kind", "Actor",
     { label: "Held", num: true }, "Metadata"], rows,
-  { id: "changelog", empty: "No events match." });
+  { id: "changelog", empty: d.next_page_token ? "None on this page: older events may match." : "No events match." }),
+  pager];
 }
 
 function changelogQuery() {
   const q = new URLSearchParams();
   if (namespace) q.set("namespace", namespace);
-  for (const key of ["prefix", "holder", "event"]) if (params.get(key)) q.set(key, params.get(key));
+  for (const key of ["prefix", "holder", "event", "page_token"]) if (params.get(key)) q.set(key, params.get(key));
   return `/api/v1/changelog?${q}`;
 }
 

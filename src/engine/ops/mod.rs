@@ -7,6 +7,7 @@
 //! session's record, a few lines each, share `session_record.rs`.)
 
 pub mod acquire;
+pub mod changelog;
 pub mod clear;
 pub mod count;
 pub mod dequeue;
