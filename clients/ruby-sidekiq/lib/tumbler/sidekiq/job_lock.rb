@@ -26,10 +26,12 @@ module Tumbler
 
       # Client side: take the digest's lock for the job (holder: its jid)
       # and push it (the block); on a conflict, the client strategy decides.
+      # A push never waits (lock_timeout is for running jobs), as in
+      # sidekiq-unique-jobs v9 and Sidekiq Enterprise.
       def push(&push)
         return yield unless options.client_lock?
 
-        lock = acquire(digest, ttl_ms: queued_ttl_ms, wait_ms: wait_ms)
+        lock = acquire(digest, ttl_ms: queued_ttl_ms)
         return client_conflict(&push) unless lock
 
         push_holding(lock, &push)
@@ -64,7 +66,8 @@ module Tumbler
 
       def execution_ttl_ms = ms(options.execution_ttl)
 
-      # lock_timeout: seconds to wait in tumbler's queue (server side, no
+      # lock_timeout: seconds a job about to run waits for its lock in
+      # tumbler's fair queue (the waiting happens in the tumbler server: no
       # polling); nil waits as long as the server allows (max_lock_timeout).
       def wait_ms
         t = options.timeout
