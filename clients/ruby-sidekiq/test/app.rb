@@ -50,7 +50,7 @@ module Probe
     ensure
       Sidekiq.redis do |r|
         r.decr("running:#{tag}")
-        r.rpush("ev:#{tag}", JSON.generate(e: $ERROR_INFO ? 'fail' : 'end', jid: jid, pid: Process.pid,
+        r.rpush("ev:#{tag}", JSON.generate(e: $! ? 'fail' : 'end', jid: jid, pid: Process.pid,
                                            lost: tumbler_lock&.lost?, t: Time.now.to_f))
       end
     end
