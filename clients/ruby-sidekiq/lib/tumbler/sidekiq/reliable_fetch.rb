@@ -26,10 +26,12 @@ module Tumbler
 
       # Moves the working lists of dead processes back to the head of their
       # queues, in one script so two live processes never both recover one list.
+      # ARGV[3] = '1': this process stops; its own list goes back too.
       RECOVER = <<~LUA
         local moved = 0
         for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-          if id ~= ARGV[1] and redis.call('EXISTS', ARGV[2] .. ':alive:' .. id) == 0 then
+          local mine = id == ARGV[1]
+          if (mine and ARGV[3] == '1') or (not mine and redis.call('EXISTS', ARGV[2] .. ':alive:' .. id) == 0) then
             local working = ARGV[2] .. ':working:' .. id
             while true do
               local job = redis.call('RPOP', working)
@@ -113,25 +115,30 @@ module Tumbler
         ::Sidekiq.logger.warn("Failed to requeue #{inprogress.size} jobs: #{e.message}")
       end
 
-      # Jobs of dead processes put back in their queues; the count.
-      def recover
-        moved = ::Sidekiq.redis { |conn| conn.eval(RECOVER, keys: [PROCESSES], argv: [@identity, PREFIX]) }
-        ::Sidekiq.logger.warn("tumbler-sidekiq: recovered #{moved} jobs of dead processes") if moved.positive?
+      # Jobs of dead processes (and, when stopping, this one's) put back in
+      # their queues; the count.
+      def recover(own: false)
+        moved = ::Sidekiq.redis do |conn|
+          conn.eval(RECOVER, keys: [PROCESSES], argv: [@identity, PREFIX, own ? '1' : '0'])
+        end
+        ::Sidekiq.logger.warn("tumbler-sidekiq: recovered #{moved} jobs of dead processes") if moved.positive? && !own
         moved
       end
 
-      # The end of the process: no heartbeat any more; an empty working
-      # list is forgotten, a non-empty one is left for a live process.
+      # The end of the process (Launcher#stop, after its worker threads were
+      # stopped or killed): no heartbeat any more, and whatever is left in
+      # the working list goes back to its queue. A thread killed while its
+      # fetch was blocked can leave a job there (Redis moved it, the reply
+      # was lost); with Sidekiq's BasicFetch that job would be lost.
       def stop
         @mutex.synchronize do
           @done = true
           @wake.signal
         end
         @thread&.join(2)
-        ::Sidekiq.redis do |conn|
-          conn.del("#{PREFIX}:alive:#{@identity}")
-          conn.respond_to?(:srem?) ? conn.srem?(PROCESSES, @identity) : conn.srem(PROCESSES, @identity) if conn.llen(@working).zero?
-        end
+        moved = recover(own: true)
+        ::Sidekiq.logger.info("Pushed #{moved} fetched jobs back to Redis") if moved.positive?
+        ::Sidekiq.redis { |conn| conn.del("#{PREFIX}:alive:#{@identity}") }
       end
 
       private
