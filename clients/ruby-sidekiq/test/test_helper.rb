@@ -44,9 +44,9 @@ module SidekiqHarness
 
     attr_reader :pid, :log
 
-    def initialize(queue:, concurrency: 5, timeout: 1, env: {})
+    def initialize(queue:, concurrency: 5, timeout: 1, env: {}, app: APP)
       @queue = queue
-      @argv = [RbConfig.ruby, Gem.bin_path('sidekiq', 'sidekiq'), '-r', APP, '-q', queue,
+      @argv = [RbConfig.ruby, Gem.bin_path('sidekiq', 'sidekiq'), '-r', app, '-q', queue,
                '-c', concurrency.to_s, '-t', timeout.to_s]
       @env = env
       @starts = 0

@@ -3,12 +3,14 @@
 # Real servers for the Ruby tests: redis-server and `tumbler serve` on free
 # loopback ports (never 6379), started and stopped by pid. Logs go to
 # $TUMBLER_TEST_LOGS (default: a new temporary directory), named in failures.
+require 'fileutils'
 require 'socket'
 require 'tmpdir'
 
 module TumblerTest
   ROOT = File.expand_path('../../../..', __dir__)
   LOGS = ENV['TUMBLER_TEST_LOGS'] || Dir.mktmpdir('tumbler-ruby-tests')
+  FileUtils.mkdir_p(LOGS)
 
   module_function
 
