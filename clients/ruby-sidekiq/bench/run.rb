@@ -61,7 +61,8 @@ begin
       t0 = redis.zscore("bench:t0:#{tag}", 'first')
       t1 = redis.zscore("bench:t1:#{tag}", 'last')
       after = rpc_counts(http_port)
-      calls = after.to_h { |m, v| [m, (v - before[m]) / N.to_f] }.reject { |_, v| v.zero? }
+      # (push.rb's warm-up makes one Inspect per arm: left out)
+      calls = after.to_h { |m, v| [m, (v - before[m]) / N.to_f] }.reject { |m, v| v.zero? || m == 'Inspect' }
       results[arm] << { push_us: push_s / N * 1e6, run_s: t1 - t0, jobs_per_s: N / (t1 - t0), calls: calls }
       r = results[arm].last
       warn format('round %d %-11s push %6.0f µs/job   run %5.2f s  %6.0f jobs/s   lock calls/job %s',
@@ -80,8 +81,9 @@ median = ->(xs) { xs.sort[xs.size / 2] }
 base = median.(results['sidekiq'].map { |r| r[:run_s] }) / N
 base_push = median.(results['sidekiq'].map { |r| r[:push_us] })
 puts
-puts "#{N} no-op jobs, Sidekiq #{Gem.loaded_specs['sidekiq']&.version || Sidekiq::VERSION rescue '6'}, concurrency 10, " \
-     "median of #{ROUNDS} rounds; load average at the end #{File.read('/proc/loadavg').split[0, 3].join(' ')}"
+sidekiq_version = Gem::Specification.find_by_name('sidekiq').version
+puts "#{N} no-op jobs, Sidekiq #{sidekiq_version}, concurrency 10, median of #{ROUNDS} rounds; " \
+     "tumbler #{TumblerTest.tumbler_bin}; load average at the end #{File.read('/proc/loadavg').split[0, 3].join(' ')}"
 puts
 puts '| arm | push µs/job | jobs/s | run µs/job | overhead µs/job (run) | overhead µs/job (push) | lock calls/job |'
 puts '| --- | ---: | ---: | ---: | ---: | ---: | --- |'
