@@ -40,6 +40,30 @@ class OptionsTest < Minitest::Test
     assert_nil Tumbler::Sidekiq::LockOptions.for(PlainJob, { 'args' => [] }), 'no lock: not unique'
   end
 
+  class TtlByMethodJob
+    include Sidekiq::Worker
+    sidekiq_options lock: :until_executed, lock_ttl: :ttl_for
+    def self.ttl_for(args) = args.first * 2
+  end
+
+  class TtlByProcJob
+    include Sidekiq::Worker
+    sidekiq_options lock: :until_expired, lock_ttl: ->(_args) { 7.minutes }
+  end
+
+  # lock_ttl as a class method's name or a Proc (called with the arguments),
+  # read from the class on both sides: in the job hash it went through JSON.
+  def test_callable_lock_ttl
+    opts = Tumbler::Sidekiq::LockOptions.for(TtlByMethodJob, { 'lock_ttl' => 'ttl_for', 'args' => [21] })
+    assert_equal 42.0, opts.ttl
+    opts = Tumbler::Sidekiq::LockOptions.for(TtlByProcJob, { 'lock_ttl' => '#<Proc:0x0001>', 'args' => [] })
+    assert_equal 420.0, opts.ttl
+    item = { 'lock_ttl' => TtlByProcJob.get_sidekiq_options['lock_ttl'], 'unique_for' => 2.minutes,
+             'lock_args_method' => ->(a) { a } }
+    Tumbler::Sidekiq::Middleware.sanitize(item)
+    assert_equal({ 'unique_for' => 120 }, item, 'what cannot go through JSON stays in the class')
+  end
+
   # The digest the client computed travels in the job; the worker process
   # (another Ruby process) locks the same name.
   def test_the_worker_process_locks_the_digest_the_client_computed

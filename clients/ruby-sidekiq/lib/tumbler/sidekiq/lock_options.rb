@@ -45,9 +45,11 @@ module Tumbler
           @class_opts = class_opts
         end
 
+        CALLABLE = %w[lock_args_method unique_args lock_ttl lock_expiration].freeze
+
         def [](key)
           from_class = @class_opts[key]
-          return from_class if from_class.is_a?(Proc) || from_class.is_a?(Symbol) && key.end_with?('_method')
+          return from_class if from_class.is_a?(Proc) || from_class.is_a?(Symbol) && CALLABLE.include?(key)
 
           @item.key?(key) ? @item[key] : from_class
         end
