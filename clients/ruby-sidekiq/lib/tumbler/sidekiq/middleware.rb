@@ -46,6 +46,8 @@ module Tumbler
           return yield unless options
 
           JobLock.new(options, item).execute(worker, &perform)
+        ensure
+          Thread.current[:tumbler_sidekiq_lock] = nil # the next job on this thread holds nothing yet
         end
       end
     end
