@@ -10,6 +10,10 @@
 #   Node    npm pack (proto + generated .d.ts bundled) -> npm install into a temp app; tsc checks a TS consumer
 #   Go      go generate + vendor/ from Debian's grpc-go -> go vet, go build (offline)
 #   Ruby    gem build (stubs generated) -> gem install --local into a temp GEM_HOME
+#   Sidekiq gem build tumbler-sidekiq -> gem install --local into the same GEM_HOME, then
+#           the Ruby tests that need real servers (clients/ruby-sidekiq/test/run.sh:
+#           Tumbler::QueuedLocks, and tumbler-sidekiq with real redis-server,
+#           tumbler serve and `sidekiq -r test/app.rb` processes; minitest)
 #
 # Installs what is missing first: Debian packages (Go, Ruby, protoc, Redis),
 # PyPI and npm packages by name. Builds the server only if
@@ -22,7 +26,8 @@ need_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 debs=(redis-server protobuf-compiler
       golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc
-      ruby ruby-grpc ruby-google-protobuf ruby-grpc-tools)
+      ruby ruby-grpc ruby-google-protobuf ruby-grpc-tools
+      ruby-sidekiq ruby-redis ruby-activesupport ruby-minitest)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -87,6 +92,18 @@ step "ruby: gem build, gem install --local into a fresh GEM_HOME"
 (cd "$src/clients/ruby" && gem build -q tumbler-client.gemspec >/dev/null &&
   GEM_HOME="$work/gems" gem install -q --local --no-document tumbler-client-*.gem >/dev/null)
 GEM_HOME="$work/gems" ruby -e 'require "tumbler"; puts "    installed #{$LOADED_FEATURES.grep(/tumbler\/client/).first}"'
+
+step "ruby-sidekiq: gem build tumbler-sidekiq, gem install --local into the same GEM_HOME"
+(cd "$src/clients/ruby-sidekiq" && gem build -q tumbler-sidekiq.gemspec >/dev/null &&
+  GEM_HOME="$work/gems" gem install -q --local --no-document tumbler-sidekiq-*.gem >/dev/null)
+GEM_HOME="$work/gems" ruby -e 'require "tumbler/sidekiq"; puts "    installed #{$LOADED_FEATURES.grep(/tumbler\/sidekiq\.rb/).first} (sidekiq #{Sidekiq::VERSION})"'
+
+step "ruby-sidekiq: Tumbler::QueuedLocks and tumbler-sidekiq against real servers and real Sidekiq processes"
+GEM_HOME="$work/gems" TUMBLER_BIN="$root/target/debug/tumbler" TUMBLER_TEST_LOGS="$work/ruby-test-logs" \
+  "$src/clients/ruby-sidekiq/test/run.sh" || {
+    for f in "$work"/ruby-test-logs/*.log; do echo "---- ${f##*/} (last lines)"; tail -n 25 "$f"; done
+    exit 1
+  }
 
 echo "==> python $("$work/venv/bin/python" -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
 export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_GO_MODULE=$src/clients/go \

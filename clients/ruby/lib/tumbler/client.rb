@@ -27,10 +27,12 @@ module Tumbler
 
     # credentials: GRPC::Core::ChannelCredentials for TLS (default plaintext);
     # token: sent as "authorization: Bearer <token>"; timeout: seconds for
-    # calls that do not wait, retries included; retry: initial/max back-off (s).
+    # calls that do not wait, retries included; retry: initial/max back-off (s);
+    # interceptors: GRPC::ClientInterceptor instances (see every RPC, the
+    # watchdog's renewals included).
     def initialize(target = '127.0.0.1:50051', namespace: '', timeout: 10.0, token: nil,
-                   credentials: :this_channel_is_insecure, retry_initial: 0.05, retry_max: 1.0)
-      @stub = V1::LockService::Stub.new(target, credentials)
+                   credentials: :this_channel_is_insecure, retry_initial: 0.05, retry_max: 1.0, interceptors: [])
+      @stub = V1::LockService::Stub.new(target, credentials, interceptors: interceptors)
       @namespace = namespace
       @timeout = timeout
       @metadata = token ? { 'authorization' => "Bearer #{token}" } : {}
@@ -84,7 +86,8 @@ module Tumbler
       end
       raise not_acquired(name, resp) if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED
 
-      Lock.new(self, name, resp.grant, [sent, Client.now - 0.05].max + (resp.grant.ttl_ms / 1000.0))
+      Lock.new(self, name, resp.grant, [sent, Client.now - 0.05].max + (resp.grant.ttl_ms / 1000.0),
+               already_held: resp.status == :ACQUIRE_STATUS_ALREADY_HELD)
     end
 
     # client.lock('reports', wait_ms: 5000) { |lock| ... } — held for the whole block.
@@ -94,7 +97,7 @@ module Tumbler
     def lock(name, ttl_ms: DEFAULT_HELPER_TTL_MS, **options, &block)
       held = acquire(name, ttl_ms: ttl_ms, **options)
       begin
-        result = guarded(held, &block)
+        result = hold(held, &block)
       rescue LockLost
         raise
       rescue Exception # rubocop:disable Lint/RescueException -- the block failed: give the grant back
@@ -115,11 +118,12 @@ module Tumbler
       call(:queue) { V1::QueueRequest.new(namespace: namespace, name: name, max_entries: max_entries) }
     end
 
-    private
-
-    # Runs the block with the watchdog on; LockLost is raised in this thread
-    # only while the block runs.
-    def guarded(held)
+    # Runs the block with the watchdog on for a grant you already have (from
+    # #acquire, or a Lock built from an Extend reply): LockLost is raised in
+    # this thread at once when the grant is lost, and only while the block
+    # runs. Does not release: the caller decides what becomes of the grant
+    # (release it, or extend it to a longer lease and keep it).
+    def hold(held)
       body = Thread.current
       Thread.handle_interrupt(LockLost => :never) do
         held.keep_alive { |err| body.raise(err) }
@@ -129,6 +133,28 @@ module Tumbler
         discard_pending_lost
       end
     end
+
+    # Extend the grant `holder` has on `name` (optionally pinned to its
+    # token) and return it as a Lock, as if this process had acquired it
+    # (a job taking over the lock its enqueue took with the job id as
+    # holder); nil when the holder holds no live grant (NOT_HELD).
+    def extend_grant(name, holder:, ttl_ms: nil, fencing_token: nil)
+      req = { namespace: namespace, name: name, holder: holder, ttl_ms: ttl_ms, fencing_token: fencing_token }.compact
+      sent = Client.now
+      resp = call(:extend) { V1::ExtendRequest.new(**req) }
+      return nil unless resp.status == :EXTEND_STATUS_EXTENDED
+
+      Lock.new(self, name, resp.grant, sent + (resp.grant.ttl_ms / 1000.0))
+    end
+
+    # Release the grant `holder` has on `name` (optionally pinned to its
+    # token) without a Lock object; false when it was not held.
+    def release(name, holder:, fencing_token: nil)
+      req = { namespace: namespace, name: name, holder: holder, fencing_token: fencing_token }.compact
+      call(:release) { V1::ReleaseRequest.new(**req) }.status == :RELEASE_STATUS_RELEASED
+    end
+
+    private
 
     def not_acquired(name, resp)
       resp.reason == :NOT_ACQUIRED_REASON_BUSY ? Busy.new(name, resp) : LockTimeout.new(name, resp)

@@ -8,7 +8,10 @@ module Tumbler
   class Lock
     attr_reader :client, :name, :grant, :lost_reason
 
-    def initialize(client, name, grant, lease_end)
+    # already_held: the Acquire found this holder already holding the grant
+    # (ALREADY_HELD: same token and slot, lease unchanged).
+    def initialize(client, name, grant, lease_end, already_held: false)
+      @already_held = already_held
       @client = client
       @name = name
       @grant = grant
@@ -25,6 +28,7 @@ module Tumbler
     def slot = grant.slot
     def ttl_ms = grant.ttl_ms
     def lost? = !@lost_reason.nil?
+    def already_held? = @already_held
 
     def lost_error = LockLost.new(name, holder, fencing_token, @lost_reason || 'lost')
 

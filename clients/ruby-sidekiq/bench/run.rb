@@ -1,0 +1,98 @@
+# frozen_string_literal: true
+
+# The tumbler-sidekiq benchmark: the same 2,000 no-op jobs through a real
+# Sidekiq (concurrency 10) in three arms, in the same run, round after round:
+#
+#   sidekiq      Sidekiq alone (BasicFetch), no uniqueness
+#   until_exec   tumbler-sidekiq, lock: :until_executed (BasicFetch)
+#   +reliable    tumbler-sidekiq, lock: :until_executed, with its ReliableFetch
+#
+# For each: pushing (perform_async, one process, one thread) and processing
+# (first job's start to last job's end, stamped by the jobs), and the lock
+# calls per job, counted by tumbler itself (tumbler_rpc_requests_total on
+# its /metrics). Starts its own redis-server and `tumbler serve`.
+#
+#   ruby clients/ruby-sidekiq/bench/run.rb [JOBS=2000] [ROUNDS=2]
+require 'json'
+require 'net/http'
+require 'redis'
+require 'tumbler'
+require_relative '../../ruby/test/support/servers'
+
+N = Integer(ARGV[0] || 2000)
+ROUNDS = Integer(ARGV[1] || 2)
+HERE = __dir__
+ARMS = {
+  'sidekiq' => {},
+  'until_exec' => { 'BENCH_GEM' => '1' },
+  '+reliable' => { 'BENCH_GEM' => '1', 'BENCH_RELIABLE' => '1' }
+}.freeze
+
+redis_pid, redis_port = TumblerTest.start_redis
+http_port = TumblerTest.free_port
+tumbler_pid, tumbler_port = TumblerTest.start_tumbler(redis_port, http_port: http_port)
+env = { 'REDIS_URL' => "redis://127.0.0.1:#{redis_port}/1", 'TUMBLER_ADDR' => "127.0.0.1:#{tumbler_port}" }
+redis = Redis.new(url: env['REDIS_URL'])
+
+def rpc_counts(http_port)
+  body = Net::HTTP.get(URI("http://127.0.0.1:#{http_port}/metrics"))
+  body.scan(/^tumbler_rpc_requests_total\{method="(\w+)",code="\w+"\} (\d+)/)
+      .each_with_object(Hash.new(0)) { |(m, v), h| h[m] += Integer(v) }
+end
+
+results = Hash.new { |h, k| h[k] = [] }
+begin
+  ROUNDS.times do |round|
+    ARMS.each do |arm, arm_env|
+      tag = "#{arm.delete('+')}-#{round}"
+      queue = "bench-#{tag}"
+      before = rpc_counts(http_port)
+      out = IO.popen(env.merge(arm_env), [RbConfig.ruby, File.join(HERE, 'push.rb'), tag, queue, N.to_s], &:read)
+      pushed, push_s = out.split.then { |a, b| [Integer(a), Float(b)] }
+      raise "#{arm}: pushed #{pushed} of #{N}" unless pushed == N
+
+      pid, log = TumblerTest.spawn_logged("bench-sidekiq-#{tag}", env.merge(arm_env), RbConfig.ruby,
+                                          Gem.bin_path('sidekiq', 'sidekiq'), '-r', File.join(HERE, 'app.rb'),
+                                          '-q', queue, '-c', '10', '-t', '2')
+      TumblerTest.wait_until("#{arm}: #{N} jobs done (log: #{log})", timeout: 300, every: 0.05) do
+        redis.get("bench:done:#{tag}").to_i >= N
+      end
+      TumblerTest.stop(pid)
+      t0 = redis.zscore("bench:t0:#{tag}", 'first')
+      t1 = redis.zscore("bench:t1:#{tag}", 'last')
+      after = rpc_counts(http_port)
+      # (push.rb's warm-up makes one Inspect per arm: left out)
+      calls = after.to_h { |m, v| [m, (v - before[m]) / N.to_f] }.reject { |m, v| v.zero? || m == 'Inspect' }
+      results[arm] << { push_us: push_s / N * 1e6, run_s: t1 - t0, jobs_per_s: N / (t1 - t0), calls: calls }
+      r = results[arm].last
+      warn format('round %d %-11s push %6.0f µs/job   run %5.2f s  %6.0f jobs/s   lock calls/job %s',
+                  round + 1, arm, r[:push_us], r[:run_s], r[:jobs_per_s], calls.map { |m, v| "#{m} #{v.round(2)}" }.join(', '))
+    end
+  end
+  listed = Tumbler::Client.new("127.0.0.1:#{tumbler_port}", namespace: 'bench')
+                         .call(:list) { Tumbler::V1::ListRequest.new(namespace: 'bench', page_size: 1000) }
+  leftover = listed.locks.size
+ensure
+  TumblerTest.stop(tumbler_pid)
+  TumblerTest.stop(redis_pid)
+end
+
+median = ->(xs) { xs.sort[xs.size / 2] }
+base = median.(results['sidekiq'].map { |r| r[:run_s] }) / N
+base_push = median.(results['sidekiq'].map { |r| r[:push_us] })
+puts
+sidekiq_version = Gem::Specification.find_by_name('sidekiq').version
+puts "#{N} no-op jobs, Sidekiq #{sidekiq_version}, concurrency 10, median of #{ROUNDS} rounds; " \
+     "tumbler #{TumblerTest.tumbler_bin}; load average at the end #{File.read('/proc/loadavg').split[0, 3].join(' ')}"
+puts
+puts '| arm | push µs/job | jobs/s | run µs/job | overhead µs/job (run) | overhead µs/job (push) | lock calls/job |'
+puts '| --- | ---: | ---: | ---: | ---: | ---: | --- |'
+results.each do |arm, rs|
+  run_s = median.(rs.map { |r| r[:run_s] })
+  push = median.(rs.map { |r| r[:push_us] })
+  calls = rs.last[:calls].map { |m, v| "#{m} #{v.round(2)}" }.join(', ')
+  puts format('| %s | %.0f | %.0f | %.0f | %+.0f | %+.0f | %s |', arm, push, N / run_s, run_s / N * 1e6,
+              (run_s / N - base) * 1e6, push - base_push, calls.empty? ? '0' : calls)
+end
+puts
+puts "locks left in tumbler's namespace after the run (every job released its lock): #{leftover}"

@@ -1,0 +1,313 @@
+# frozen_string_literal: true
+
+require 'sidekiq/api'
+
+module Tumbler
+  module Sidekiq
+    # The locks of one job: taken when it is pushed (client side) and while
+    # it runs (server side), as its lock type says. The holder of every
+    # grant is the job id, so a retry, a requeue after a shutdown or a
+    # recovered job finds its own grant again (Acquire is idempotent per
+    # holder) instead of conflicting with itself.
+    class JobLock
+      RUN_SUFFIX = ':RUN'
+
+      attr_reader :options, :item, :digest
+
+      def initialize(options, item, config = Sidekiq.config)
+        @options = options
+        @item = item
+        @config = config
+        @digest = (item['lock_digest'] ||= options.digest(item))
+      end
+
+      def jid = item['jid']
+      def runtime_digest = "#{digest}#{RUN_SUFFIX}"
+
+      # Client side: take the digest's lock for the job (holder: its jid)
+      # and push it (the block); on a conflict, the client strategy decides.
+      # A push never waits (lock_timeout is for running jobs), as in
+      # sidekiq-unique-jobs v9 and Sidekiq Enterprise.
+      def push(&push)
+        return yield unless options.client_lock?
+
+        lock = acquire(digest, ttl_ms: queued_ttl_ms)
+        return client_conflict(&push) unless lock
+
+        push_holding(lock, &push)
+      end
+
+      # Server side: run the job (the block) under its lock type's rules.
+      def execute(worker, &perform)
+        case options.type
+        when :until_executing then run_until_executing(worker, &perform)
+        when :until_executed then run_until_executed(worker, &perform)
+        when :until_expired then run_until_expired(worker, &perform)
+        when :while_executing then run_while_executing(worker, &perform)
+        when :until_and_while_executing
+          release_quietly(digest)
+          run_while_executing(worker, relock: true, &perform)
+        end
+      end
+
+      private
+
+      def client = Sidekiq.client
+      def logger = @config.logger
+
+      # The lease while the job waits in a queue (or in the schedule, or for
+      # a retry): lock_ttl (default max_lock_ttl) plus the time until it is
+      # due, capped at max_lock_ttl.
+      def queued_ttl_ms
+        secs = options.ttl || @config.max_lock_ttl
+        secs += [item['at'].to_f - Time.now.to_f, 0].max if item['at']
+        ms([secs, @config.max_lock_ttl].min)
+      end
+
+      def execution_ttl_ms = ms(options.execution_ttl)
+
+      # lock_timeout: seconds a job about to run waits for its lock in
+      # tumbler's fair queue (the waiting happens in the tumbler server: no
+      # polling); nil waits as long as the server allows (max_lock_timeout).
+      def wait_ms
+        t = options.timeout
+        t = @config.max_lock_timeout if t.nil? || t > @config.max_lock_timeout
+        t.positive? ? ms(t) : 0
+      end
+
+      def ms(secs) = [(secs * 1000).round, 1].max
+
+      def metadata
+        meta = { 'class' => item['class'].to_s, 'queue' => item['queue'].to_s, 'jid' => jid.to_s,
+                 'lock' => options.type.to_s }
+        meta['at'] = item['at'].to_s if item['at']
+        meta
+      end
+
+      # A grant for this job, or nil when the lock is busy (or the wait timed out).
+      def acquire(name, ttl_ms:, wait_ms: 0)
+        client.acquire(name, holder: jid, ttl_ms: ttl_ms, wait_ms: wait_ms, limit: options.limit,
+                             kind: options.kind, metadata: metadata)
+      rescue Tumbler::NotAcquired
+        nil
+      end
+
+      # Pushes while holding a fresh grant; gives it back if the push fails
+      # or a later middleware drops the job.
+      def push_holding(lock)
+        pushed = false
+        result = yield
+        pushed = result ? true : false
+        result
+      ensure
+        release_quietly(digest, lock.fencing_token) unless pushed || lock.already_held?
+      end
+
+      def release_quietly(name, token = nil)
+        client.release(name, holder: jid, fencing_token: token)
+      rescue Tumbler::Error => e
+        logger.warn("tumbler-sidekiq: could not release #{name} for job #{jid}: #{e.message}")
+        false
+      end
+
+      # --- server side, by lock type
+
+      def run_until_executing(worker)
+        release_quietly(digest)
+        expose(worker, nil)
+        begin
+          yield
+        rescue Exception => e # rubocop:disable Lint/RescueException -- a shutdown too: the job goes back to its queue
+          relock_until if comes_back?(e)
+          raise
+        end
+      end
+
+      # The lock taken at push time becomes an execution lease (renewed by
+      # the watchdog); if it lapsed meanwhile and nobody took it, the job
+      # takes it again. Released on success; kept (back on a queued lease)
+      # when the job goes back to a queue or waits for a retry.
+      def run_until_executed(worker, &perform)
+        lock = client.extend_grant(digest, holder: jid, ttl_ms: execution_ttl_ms) ||
+               acquire(digest, ttl_ms: execution_ttl_ms, wait_ms: wait_ms)
+        return server_conflict unless lock
+
+        run_held(worker, lock, perform) do |outcome|
+          if lock.lost?
+            nil # gone already: nothing to give back or keep
+          elsif outcome == :done || outcome == :dropped
+            release_quietly(digest, lock.fencing_token)
+          else
+            requeue_lease(lock)
+          end
+        end
+      end
+
+      # Held until its lease ends, whatever the job does; the job runs only
+      # if this jid still holds it (or takes it again).
+      def run_until_expired(worker)
+        lock = acquire(digest, ttl_ms: ms(options.ttl || @config.max_lock_ttl))
+        return server_conflict unless lock
+
+        expose(worker, lock)
+        yield
+      end
+
+      # The runtime lock (digest:RUN, limit lock_limit), waited for up to
+      # lock_timeout in tumbler's fair queue; released however the job ends.
+      def run_while_executing(worker, relock: false, &perform)
+        lock = begin
+          acquire(runtime_digest, ttl_ms: execution_ttl_ms, wait_ms: wait_ms)
+        rescue Exception => e # rubocop:disable Lint/RescueException -- a shutdown while waiting
+          relock_until if relock && comes_back?(e)
+          raise
+        end
+        return server_conflict unless lock
+
+        run_held(worker, lock, perform) do |outcome|
+          release_quietly(runtime_digest, lock.fencing_token)
+          relock_until if relock && %i[requeued retried].include?(outcome)
+        end
+      end
+
+      # Runs the job with the watchdog renewing `lock` (LockLost is raised
+      # in the job if the grant is lost), then calls finish with the
+      # outcome: :done, :requeued (shutdown), :retried (failed, a retry
+      # will come) or :dropped (failed for good). A shutdown cannot
+      # interrupt finish.
+      def run_held(worker, lock, perform, &finish)
+        expose(worker, lock)
+        outcome = :dropped
+        begin
+          client.hold(lock) { perform.call }
+          outcome = :done
+        rescue Exception => e # rubocop:disable Lint/RescueException -- decide the lock's fate, then re-raise
+          outcome = e.is_a?(::Sidekiq::Shutdown) ? :requeued : (retried?(e) ? :retried : :dropped)
+          raise
+        ensure
+          Thread.handle_interrupt(::Sidekiq::Shutdown => :never) { finish.call(outcome) }
+        end
+      end
+
+      # The job goes back to a queue (shutdown) or waits for its retry: its
+      # until-lock returns to a queued lease so no duplicate slips in.
+      def requeue_lease(lock)
+        return if lock.lost?
+
+        client.extend_grant(digest, holder: jid, ttl_ms: queued_ttl_ms, fencing_token: lock.fencing_token)
+      rescue Tumbler::Error => e
+        logger.warn("tumbler-sidekiq: could not keep #{digest} for job #{jid}: #{e.message}")
+      end
+
+      # until_executing / until_and_while_executing: a job that goes back to
+      # a queue takes its until-lock again (if nobody took it since).
+      def relock_until
+        acquire(digest, ttl_ms: queued_ttl_ms)
+      rescue Tumbler::Error => e
+        logger.warn("tumbler-sidekiq: could not lock #{digest} again for job #{jid}: #{e.message}")
+      end
+
+      def comes_back?(err) = err.is_a?(::Sidekiq::Shutdown) || retried?(err)
+
+      # Will Sidekiq retry this job after this failure? (JobRetry runs
+      # outside the server middleware, so retry_count is the previous one.)
+      def retried?(err)
+        return false unless err.is_a?(StandardError)
+
+        max = case item['retry']
+              when true, nil then ::Sidekiq.options.fetch(:max_retries, 25)
+              when false then 0
+              else Integer(item['retry'])
+              end
+        count = item['retry_count'] ? item['retry_count'].to_i + 1 : 0
+        count < max
+      rescue ArgumentError, TypeError
+        false
+      end
+
+      def expose(worker, lock)
+        worker.tumbler_lock = lock if worker.respond_to?(:tumbler_lock=)
+        Thread.current[:tumbler_sidekiq_lock] = lock
+      end
+
+      # --- conflicts
+
+      def client_conflict(&push)
+        case options.on_client_conflict
+        when :raise then raise Conflict.new(item, digest, :client)
+        when :reject then reject(:client)
+        when :replace then replace(&push)
+        when :reschedule then reschedule_push(&push)
+        else log_conflict(:client)
+        end
+      end
+
+      def server_conflict
+        case options.on_server_conflict
+        when :raise then raise Conflict.new(item, digest, :server)
+        when :reject then reject(:server)
+        when :reschedule then reschedule_server
+        else log_conflict(:server)
+        end
+      end
+
+      def log_conflict(side, what = 'skipping')
+        logger.info("tumbler-sidekiq: #{what} job #{jid} (#{item['class']}) on #{side}: #{side == :server && options.runtime_lock? ? runtime_digest : digest} " \
+                    "is locked (#{options.type}, limit #{options.limit})")
+        nil
+      end
+
+      # To the dead set, as Sidekiq would put a job that ran out of retries.
+      def reject(side)
+        log_conflict(side, 'rejecting (to the dead set)')
+        ::Sidekiq::DeadSet.new.kill(::Sidekiq.dump_json(item), notify_failure: false)
+        nil
+      end
+
+      # Push it into the schedule, schedule_in seconds from now, without a
+      # lock: when it comes due, Sidekiq's poller pushes it through this
+      # middleware again, which tries the lock again.
+      def reschedule_push
+        log_conflict(:client, "rescheduling (in #{options.schedule_in} s)")
+        item['at'] = Time.now.to_f + options.schedule_in
+        item['tumbler_rescheduled'] = item['tumbler_rescheduled'].to_i + 1
+        yield
+      end
+
+      # The same job (same jid) scheduled again schedule_in seconds from now;
+      # this run ends without running it.
+      def reschedule_server
+        log_conflict(:server, "rescheduling (in #{options.schedule_in} s)")
+        copy = item.merge('at' => Time.now.to_f + options.schedule_in,
+                          'tumbler_rescheduled' => item['tumbler_rescheduled'].to_i + 1)
+        ::Sidekiq::Client.push(copy)
+        nil
+      end
+
+      # Delete the job(s) holding the digest from their queue, the schedule
+      # or the retry set, give their locks back, and push this one in their
+      # place. A holder that is already running cannot be replaced: then
+      # this job is dropped (logged), as in sidekiq-unique-jobs.
+      def replace(&push)
+        replaced = client.inspect_lock(digest).holders.map(&:grant).reject { |g| g.holder == jid }.any? do |grant|
+          next false unless delete_job(grant.holder, grant.metadata['queue'] || item['queue'])
+
+          client.release(digest, holder: grant.holder, fencing_token: grant.fencing_token)
+          logger.info("tumbler-sidekiq: replaced job #{grant.holder} with #{jid} (#{digest})")
+          true
+        end
+        lock = replaced && acquire(digest, ttl_ms: queued_ttl_ms)
+        return log_conflict(:client, 'skipping (the holder is running, not replaced)') unless lock
+
+        push_holding(lock, &push)
+      end
+
+      def delete_job(old_jid, queue)
+        [::Sidekiq::Queue.new(queue), ::Sidekiq::ScheduledSet.new, ::Sidekiq::RetrySet.new].any? do |set|
+          found = set.find_job(old_jid)
+          found&.delete
+        end
+      end
+    end
+  end
+end

@@ -1,0 +1,41 @@
+# frozen_string_literal: true
+
+require 'digest'
+require 'json'
+
+module Tumbler
+  module Sidekiq
+    # The digest that names a job's lock. Documented and stable (README,
+    # "The digest"): the same job gives the same name in every process,
+    # Ruby version and host, and the test suite pins a known vector.
+    #
+    #   <lock_prefix>:<hex SHA-256 of the canonical JSON of
+    #                  {"class": ..., "lock_args": [...], "queue": ...}>
+    #
+    # Canonical JSON: the lock arguments as Sidekiq stores them (JSON
+    # types: symbols become strings), object keys sorted at every level,
+    # no whitespace, UTF-8 left unescaped. unique_across_queues drops
+    # "queue"; unique_across_workers drops "class". The runtime lock of
+    # while_executing and until_and_while_executing is the digest plus ":RUN".
+    module LockDigest
+      module_function
+
+      def call(class_name:, queue:, lock_args:, prefix:, across_queues: false, across_workers: false)
+        fields = { 'lock_args' => lock_args }
+        fields['class'] = class_name.to_s unless across_workers
+        fields['queue'] = queue.to_s unless across_queues
+        "#{prefix}:#{::Digest::SHA256.hexdigest(canonical_json(fields))}"
+      end
+
+      def canonical_json(value) = JSON.generate(canonical(JSON.parse(JSON.generate([value]))[0]))
+
+      def canonical(value)
+        case value
+        when Hash then value.keys.sort.to_h { |k| [k, canonical(value[k])] }
+        when Array then value.map { |v| canonical(v) }
+        else value
+        end
+      end
+    end
+  end
+end
