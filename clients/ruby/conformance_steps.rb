@@ -78,7 +78,8 @@ module Steps
       { body_start_ms: start, body_end_ms: now_ms, token: lock.fencing_token.to_s, lost: lock.lost?,
         token_inside: c.inspect_lock(name).holders.first&.grant&.fencing_token.to_s }
     end
-    out.merge(holders_after: c.inspect_lock(name).holders.size)
+    # Its own grant only: the driver's prober may take the freed lock at once.
+    out.merge(holders_after: c.inspect_lock(name).holders.count { |h| h.grant.holder == 'rb-keeper' })
   end
 
   def crash(c, name, ttl_ms) # hold with the helper, then get killed by the driver
