@@ -15,7 +15,8 @@ use rcgen::{
 use tokio::net::TcpListener;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use common::topology::{RedisNode, wait_until};
+use common::topology::RedisNode;
+use common::wait::wait_until;
 use common::{TestServer, acquire, redis_conn, release, service_args};
 use tumbler::config::ServerConfig;
 use tumbler::dev::RedisServer;
