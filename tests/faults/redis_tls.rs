@@ -374,6 +374,9 @@ async fn bad_tls_files_and_plaintext_urls_stop_serve_at_start() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--redis-tls-ca-file"), "{stderr}");
+    // A settings error, not one of Redis' replies.
+    assert!(stderr.contains("redis settings"), "{stderr}");
+    assert!(!stderr.contains("reply not understood"), "{stderr}");
 
     let out = run(vec![
         "--redis-url".into(),
