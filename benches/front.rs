@@ -36,7 +36,7 @@
 //! adds flags to that row (with the same binary when FRONT_COMPARE is
 //! unset): what a change or a setting costs, measured beside the rest.
 
-mod common;
+pub mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

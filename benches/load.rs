@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-mod common;
+pub mod common;
 
 use common::etcd;
 use hdrhistogram::Histogram;

@@ -28,7 +28,7 @@ use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus};
 use tumbler::store::Store;
 
-mod common;
+pub mod common;
 
 #[path = "scale/changelog.rs"]
 mod changelog;

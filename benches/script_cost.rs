@@ -23,7 +23,7 @@
 //! each on a Redis of its own; `bench/run.sh` builds one from a git
 //! revision given as `COMPARE_WITH=<rev>`.
 
-mod common;
+pub mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -6,7 +6,7 @@
 //! `cargo bench --bench session_renewal` (under `cargo test` it runs a
 //! small smoke version).
 
-mod common;
+pub mod common;
 
 use std::time::Duration;
 

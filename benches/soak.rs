@@ -20,7 +20,7 @@ use tumbler::dev::RedisServer;
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, session_request::Command};
 
-mod common;
+pub mod common;
 
 /// Whether `key` belongs to a lock of the load (holders, info, queue,
 /// deadlines); the reaper's own lock (namespace `tumbler-system`, held by

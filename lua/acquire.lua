@@ -20,7 +20,7 @@ limit_s, kind, metadata, flags = limit_s or '1', kind or 'default', metadata or 
 local now, now_us = clock()
 
 -- 1. Past the caller's answer-by time nothing happens: it was told no.
-if late_us(answer_by, now_us) then
+if late(answer_by, now_us) then
   return {LATE, now, 0, 0, 0}
 end
 

@@ -1,3 +1,4 @@
+-- flags: no-writes (reads only: Redis runs it even while it refuses writes)
 -- changelog: where one shard's part of a changelog page starts. Reads
 -- only, and bounded whatever the list holds: a search of the list by time
 -- (LINDEX probes: about 2*log2 of the start's position, at most ~22 for a

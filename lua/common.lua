@@ -11,7 +11,7 @@
 -- queue, settle, events) live here once, so each operation's file stays a
 -- short list of steps.
 --
--- Key layout v3 (ARCHITECTURE.md has the whole table). A lock `name` of
+-- Key layout v3 (docs/concepts.md has the whole table). A lock `name` of
 -- namespace `ns` lives in shard `s`; every key of the shard starts with
 -- '<prefix>:{<ns>:<s>}', so one function call touches one cluster slot.
 --   ...:l:<name>  HASH, the lock; exists while someone holds or waits:
@@ -83,11 +83,9 @@ local BATCH = 500
 -- string library is not there while the library loads), so counts, slots
 -- and limits need no formatting or strtod per call.
 local SMALL, SMALL_NUM
--- TIME's milliseconds as text ('000'..'999') -> number.
-local MILLIS
 
 local function small_tables()
-  SMALL, SMALL_NUM, MILLIS = {}, {}, {}
+  SMALL, SMALL_NUM = {}, {}
   for i = 0, 127 do
     local text = string.format('%d', i)
     SMALL[i], SMALL_NUM[text] = text, i
@@ -129,7 +127,7 @@ local KEYS_TTL, KEYS_TTL_SIZE = {}, 0
 local function keys_ttl(ttl)
   local text = KEYS_TTL[ttl]
   if not text then
-    text = int(num(ttl) + 2 * 60 * 1000)
+    text = int(num(ttl) + KEY_TTL_MS)
     if KEYS_TTL_SIZE < MEMO_MAX then
       KEYS_TTL[ttl], KEYS_TTL_SIZE = text, KEYS_TTL_SIZE + 1
     end
@@ -164,9 +162,6 @@ local function clock()
   if seconds ~= SECOND then
     SECOND, SECOND_MS = seconds, tonumber(seconds) * 1000
   end
-  if not MILLIS then
-    small_tables()
-  end
   local a, b, c = string.byte(micros, 1, 3)
   return SECOND_MS + a * 100 + b * 10 + c - 5328, seconds .. micros
 end
@@ -179,15 +174,9 @@ end
 -- True when a granting call runs after its caller's answer-by time
 -- (Redis clock, ms; absent or '0': no bound): the replica has answered
 -- the caller already (deadline, timeout), so nothing may be granted.
-local function late(answer_by, now)
-  if not answer_by or answer_by == '0' then
-    return false
-  end
-  return now > (tonumber(answer_by) or 0)
-end
-
--- The same for a call that has the clock as text in microseconds.
-local function late_us(answer_by, now_us)
+-- `now_us` is the clock as text in microseconds (`clock`'s second value),
+-- compared as text: no strtod.
+local function late(answer_by, now_us)
   if not answer_by or answer_by == '0' then
     return false
   end

@@ -7,10 +7,10 @@
 --         {MOVED, now, '', '', events...} (a newer stream of the session holds
 --         it; nothing changed) or {LATE, now, '', ''}
 local holder, token, ttl, answer_by, watched, epoch = unpack(ARGV, 1, 6)
-local now = clock_ms()
+local now, now_us = clock()
 
 -- 1. Past the caller's answer-by time nothing happens: it was told no.
-if late(answer_by, now) then
+if late(answer_by, now_us) then
   return {LATE, now, '', ''}
 end
 local L = load(lock_at(KEYS), holder, watched)

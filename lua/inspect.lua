@@ -1,3 +1,4 @@
+-- flags: no-writes (reads only: Redis runs it even while it refuses writes)
 -- inspect: a lock's live holders, its limit and its live waiter count.
 -- Reads only: expired holders and dead waiters are left out here and
 -- purged by the next write.

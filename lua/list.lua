@@ -1,3 +1,4 @@
+-- flags: no-writes (reads only: Redis runs it even while it refuses writes)
 -- list: the live state of some locks of one shard (the replica found their
 -- keys with SCAN). Reads only: a lock with nothing live left is skipped
 -- here and removed by the next write, the reaper, or its key's TTL.

@@ -1,3 +1,4 @@
+-- flags: no-writes (reads only: Redis runs it even while it refuses writes)
 -- queue: a lock's live waiting requests in grant order. Reads only: dead
 -- requests are left out here and purged by the next write.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])

@@ -11,8 +11,8 @@
 --   epoch than the grant's takes the grant over (a resume). The events
 --   follow a '' marker.
 local answer_by, live, watched = unpack(ARGV, 1, 3)
-local now = clock_ms()
-if late(answer_by, now) then
+local now, now_us = clock()
+if late(answer_by, now_us) then
   return {LATE, now}
 end
 local shard = split_key(KEYS[1])

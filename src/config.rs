@@ -407,11 +407,11 @@ impl ServerConfig {
             args.min_replicas_timeout_ms,
             args.redis_timeout_ms
         );
-        crate::store::RedisTarget::parse(&redis_url)
+        let target = crate::store::RedisTarget::parse(&redis_url)
             .map_err(|e| anyhow::anyhow!("--redis-url: {e}"))?;
         Ok(ServerConfig {
             store: StoreConfig {
-                url: redis_url,
+                target,
                 connections: args.redis_connections,
                 command_timeout: Duration::from_millis(args.redis_timeout_ms),
                 min_replicas_acked: args.min_replicas_acked,

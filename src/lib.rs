@@ -2,8 +2,9 @@
 //! fenced leases for services written in any language.
 //!
 //! Layers, top to bottom: [`api`] (gRPC handlers: validate, call the
-//! engine, map the outcome) → [`engine`] (lock semantics: one Lua script
-//! per operation, key layout) → [`store`] (pooled Redis connections).
+//! engine, map the outcome) → [`engine`] (lock semantics: one Redis
+//! function per operation in one library built from `lua/`, key layout)
+//! → [`store`] (pooled Redis connections).
 //! [`server`] wires them with health and reflection; [`dev`] runs a private
 //! redis-server for `tumbler dev` and the tests.
 

@@ -9,7 +9,7 @@
 //! One file on purpose: its tests read the same registry through the
 //! metrics-page readers and the small OTLP collector defined here.
 
-mod common;
+pub mod common;
 
 use std::net::SocketAddr;
 use std::process::Stdio;

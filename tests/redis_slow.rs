@@ -9,7 +9,7 @@
 //! gauge and the DEADLINE_EXCEEDED count from the process-wide metrics
 //! registry, which other tests in the same process would move.
 
-mod common;
+pub mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

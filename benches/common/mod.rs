@@ -1,7 +1,6 @@
 //! Shared by the benchmarks: a `tumbler serve` process of its own (so its
 //! RSS is the replica's alone), waiting until it serves, reading its RSS;
 //! and Redis' own command counters (`INFO commandstats`).
-#![allow(dead_code)]
 
 pub mod etcd;
 

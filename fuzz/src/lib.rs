@@ -131,7 +131,7 @@ pub fn grant_record(data: &[u8]) {
         .unwrap_or_else(|_| validate::DEFAULT_KIND.to_owned());
     let holder = validate::holder(&bytes.text(64)).unwrap_or_else(|_| "h".to_owned());
     let metadata: BTreeMap<String, String> = entries(&mut bytes).into_iter().collect();
-    let json = engine::records::metadata_arg(&metadata).unwrap();
+    let json = engine::records::metadata_arg(&metadata);
     let mut record = format!("{slot}|{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}");
     if !json.is_empty() {
         record = format!("{record}\n{json}");
@@ -187,7 +187,7 @@ pub fn metadata(data: &[u8]) {
                 total += key.len() + value.len();
             }
             assert!(total <= validate::MAX_METADATA_TOTAL_BYTES);
-            let json = engine::records::metadata_arg(&valid).unwrap();
+            let json = engine::records::metadata_arg(&valid);
             let record = format!("1|1|1|0|1|default\n{json}");
             let grant = if valid.is_empty() {
                 engine::parse_grant("h", "1|1|1|0|1|default")

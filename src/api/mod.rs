@@ -213,54 +213,47 @@ fn clear_interrupted(status: Status, counts: &engine::ClearCounts) -> Status {
     Status::with_metadata(status.code(), message, metadata)
 }
 
+/// Runs a hot-path RPC's body (`$body`, a future) inside its handler's
+/// span `$name`, whose lock fields the body fills in, when spans are
+/// wanted (see [`handler_spans`]); else bare. A macro: a span's name is
+/// part of its static metadata.
+macro_rules! in_handler_span {
+    ($name:literal, $body:expr) => {
+        if handler_spans() {
+            let span = tracing::info_span!(
+                $name,
+                namespace = tracing::field::Empty,
+                lock_name = tracing::field::Empty,
+                holder = tracing::field::Empty,
+            );
+            $body.instrument(span).await
+        } else {
+            $body.await
+        }
+    };
+}
+
 #[tonic::async_trait]
 impl LockService for LockApi {
     async fn acquire(
         &self,
         request: Request<proto::AcquireRequest>,
     ) -> Result<Response<proto::AcquireResponse>, Status> {
-        if !handler_spans() {
-            return self.acquire_rpc(request).await;
-        }
-        let span = tracing::info_span!(
-            "Acquire",
-            namespace = tracing::field::Empty,
-            lock_name = tracing::field::Empty,
-            holder = tracing::field::Empty,
-        );
-        self.acquire_rpc(request).instrument(span).await
+        in_handler_span!("Acquire", self.acquire_rpc(request))
     }
 
     async fn release(
         &self,
         request: Request<proto::ReleaseRequest>,
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
-        if !handler_spans() {
-            return self.release_rpc(request).await;
-        }
-        let span = tracing::info_span!(
-            "Release",
-            namespace = tracing::field::Empty,
-            lock_name = tracing::field::Empty,
-            holder = tracing::field::Empty,
-        );
-        self.release_rpc(request).instrument(span).await
+        in_handler_span!("Release", self.release_rpc(request))
     }
 
     async fn extend(
         &self,
         request: Request<proto::ExtendRequest>,
     ) -> Result<Response<proto::ExtendResponse>, Status> {
-        if !handler_spans() {
-            return self.extend_rpc(request).await;
-        }
-        let span = tracing::info_span!(
-            "Extend",
-            namespace = tracing::field::Empty,
-            lock_name = tracing::field::Empty,
-            holder = tracing::field::Empty,
-        );
-        self.extend_rpc(request).instrument(span).await
+        in_handler_span!("Extend", self.extend_rpc(request))
     }
 
     #[tracing::instrument(name = "Inspect", skip_all, fields(namespace, lock_name))]

@@ -242,6 +242,38 @@ mod tests {
         assert_eq!(keys.lock, format!("tumbler:{tag}:l:orders:{{42}}"));
     }
 
+    /// The key suffixes exist twice, here and in `lua/common.lua` (the
+    /// functions build a lock's keys from its shard and name, and the
+    /// shard keys from the fence key they get): this pins both spellings.
+    #[test]
+    fn lua_builds_the_keys_rust_builds() {
+        let common = include_str!("../../lua/common.lua");
+        let layout = Layout::new("tumbler", 4);
+        let keys = layout.lock_keys("ns", "x");
+        let shard = layout.shard_prefix("ns", layout.shard_of("ns", "x"));
+        let changelog = layout.changelog_key("ns", layout.shard_of("ns", "x"));
+        // How common.lua joins each key: the shard prefix (or the
+        // deployment's prefix, for channels), the suffix, the lock's name.
+        let lock_key =
+            |key: &str| format!("shard .. '{}' .. name", &key[shard.len()..key.len() - 1]);
+        let shard_key = |key: &str| format!("shard .. '{}'", &key[shard.len()..]);
+        let channel = |key: &str| format!("prefix .. '{}'", &key["tumbler".len()..]);
+        let joins = [
+            lock_key(&keys.lock),
+            lock_key(&keys.queue),
+            lock_key(&keys.deadlines),
+            lock_key(&keys.waiters),
+            shard_key(&keys.fence),
+            shard_key(&keys.live),
+            shard_key(&changelog),
+            channel(&layout.wake_channel()),
+            channel(&layout.events_channel()),
+        ];
+        for join in joins {
+            assert!(common.contains(&join), "{join} is not in lua/common.lua");
+        }
+    }
+
     #[test]
     fn shard_is_crc32_of_namespace_nul_name() {
         let layout = Layout::new("tumbler", 32);

@@ -95,7 +95,7 @@ impl LockEngine {
     ) -> Result<AcquireOutcome, EngineError> {
         self.ready()?;
         let keys = self.layout.lock_keys(&req.lock.namespace, &req.lock.name);
-        let metadata = records::metadata_arg(&req.metadata)?;
+        let metadata = records::metadata_arg(&req.metadata);
         self.note_namespace(&req.lock.namespace).await?;
         if !req.wait.is_zero() {
             return self.acquire_waiting(req, &keys, &metadata).await;

@@ -130,7 +130,7 @@ impl LockEngine {
             tally: tally::Tally::default(),
             store,
             layout,
-            scripts: Scripts::new(),
+            scripts: Scripts::compile(),
             layout_verified,
             layout_mismatch,
             noted_namespaces: Default::default(),
@@ -168,13 +168,7 @@ impl LockEngine {
     pub async fn verify_layout(&self) -> Result<(), LayoutError> {
         let meta = self.layout.meta_key();
         let expected = layout_record(&self.layout);
-        let mut pipe = redis::pipe();
-        pipe.cmd("HSETNX")
-            .arg(&meta)
-            .arg("layout")
-            .arg(&expected)
-            .ignore();
-        pipe.cmd("HGET").arg(&meta).arg("layout");
+        let mut pipe = claim_layout(&meta, &expected);
         pipe.cmd("TIME");
         let (found, (secs, micros)): (String, (i64, i64)) = self.store.pipeline(pipe).await?;
         self.clock.observe(secs * 1000 + micros / 1000);
@@ -428,6 +422,20 @@ fn layout_record(layout: &Layout) -> String {
     format!("v{LAYOUT_VERSION}/{} shards", layout.shards())
 }
 
+/// The commands that assert the layout record, written once for the
+/// start/health check and the check of every new connection: create it
+/// when absent, then read back the one in force.
+fn claim_layout(meta: &str, expected: &str) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSETNX")
+        .arg(meta)
+        .arg("layout")
+        .arg(expected)
+        .ignore();
+    pipe.cmd("HGET").arg(meta).arg("layout");
+    pipe
+}
+
 /// The check every new connection passes before it is used: the layout
 /// record is there (created if absent: a Redis that restarted empty is
 /// claimed again at once) and is this deployment's. A mismatch fails the
@@ -444,14 +452,7 @@ fn layout_check(
         let (meta, expected) = (meta.clone(), expected.clone());
         let (verified, mismatch) = (verified.clone(), mismatch.clone());
         Box::pin(async move {
-            let (_, found): (i64, String) = redis::pipe()
-                .cmd("HSETNX")
-                .arg(&meta)
-                .arg("layout")
-                .arg(&expected)
-                .cmd("HGET")
-                .arg(&meta)
-                .arg("layout")
+            let (found,): (String,) = claim_layout(&meta, &expected)
                 .query_async(&mut conn)
                 .await?;
             if found == expected {

@@ -66,12 +66,13 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
 }
 
 /// The metadata argument of an acquire: JSON, or nothing when empty (the
-/// record then carries none).
-pub fn metadata_arg(metadata: &BTreeMap<String, String>) -> Result<String, StoreError> {
+/// record then carries none). A map of strings always serializes: serde_json
+/// fails only on a failing `Serialize` or a map key that is not a string.
+pub fn metadata_arg(metadata: &BTreeMap<String, String>) -> String {
     if metadata.is_empty() {
-        return Ok(String::new());
+        return String::new();
     }
-    serde_json::to_string(metadata).map_err(|e| StoreError::Protocol(format!("metadata: {e}")))
+    serde_json::to_string(metadata).expect("a map of strings serializes to JSON")
 }
 
 /// Decodes a waiter record of request `holder` at `position`, whose
@@ -184,7 +185,7 @@ mod properties {
             metadata in proptest::collection::btree_map("[^\\p{Cc}]{1,16}|\\|+", "((?s:.)|\\||\\{|\\}|\"|\\\\){0,24}", 0..6),
         ) {
             // Written as lua/common.lua's format_grant writes it.
-            let json = metadata_arg(&metadata).unwrap();
+            let json = metadata_arg(&metadata);
             let mut record = format!("{slot}|{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}");
             if !json.is_empty() {
                 record = format!("{record}\n{json}");

@@ -319,7 +319,9 @@ impl EngineError {
             EngineError::Store(StoreError::Unavailable(_)) | EngineError::ShuttingDown => {
                 ErrorKind::Unavailable
             }
-            EngineError::Store(StoreError::Protocol(_)) => ErrorKind::Internal,
+            EngineError::Store(StoreError::Protocol(_) | StoreError::Config(_)) => {
+                ErrorKind::Internal
+            }
             EngineError::QueueFull(_)
             | EngineError::TooManyWaiters(_)
             | EngineError::TooManyInNamespace(_)
@@ -333,9 +335,11 @@ impl EngineError {
     /// What Redis said, for logs, when the error is Redis trouble.
     pub fn store_detail(&self) -> Option<&str> {
         match self {
-            EngineError::Store(StoreError::Unavailable(detail) | StoreError::Protocol(detail)) => {
-                Some(detail)
-            }
+            EngineError::Store(
+                StoreError::Unavailable(detail)
+                | StoreError::Protocol(detail)
+                | StoreError::Config(detail),
+            ) => Some(detail),
             _ => None,
         }
     }

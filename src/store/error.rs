@@ -17,6 +17,11 @@ pub enum StoreError {
     /// Redis answered, but not as the scripts promise (a bug, not an outage).
     #[error("redis reply not understood: {0}")]
     Protocol(String),
+    /// The Redis settings cannot be used (a `--redis-url` the redis crate
+    /// refuses, a credentials or TLS file that cannot be read, TLS files
+    /// without a TLS URL): found before any connection, names the flag.
+    #[error("redis settings: {0}")]
+    Config(String),
 }
 
 /// Error codes that mean "not now" rather than "wrong".
@@ -90,6 +95,7 @@ mod tests {
         match StoreError::from_redis(err) {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Protocol(_) => "protocol",
+            StoreError::Config(_) => "config",
         }
     }
 

@@ -101,10 +101,7 @@ async fn fcall(
                 }
                 Conn::Cluster(cluster) => {
                     let key = keys.first().copied().unwrap_or_default();
-                    let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
-                    let routing =
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                    cluster.route_command(load, routing).await?;
+                    cluster.route_command(load, by_key(key)).await?;
                 }
             }
             call.query_async(conn).await
@@ -113,13 +110,21 @@ async fn fcall(
     }
 }
 
+/// Where a cluster sends a command about `key`: the primary that owns its
+/// slot.
+fn by_key(key: &str) -> RoutingInfo {
+    let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))
+}
+
 /// Settings for the Redis connections.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
-    /// A `--redis-url`: `redis://host:port/db` (or `rediss://`,
-    /// `redis+unix://`), `redis+cluster://h:p,h:p,…` or
-    /// `redis+sentinel://h:p,h:p,…/<master>[/db]` (see [`RedisTarget`]).
-    pub url: String,
+    /// The `--redis-url`, parsed once where the flag is read:
+    /// `redis://host:port/db` (or `rediss://`, `redis+unix://`),
+    /// `redis+cluster://h:p,h:p,…` or `redis+sentinel://h:p,h:p,…/<master>[/db]`
+    /// (see [`RedisTarget::parse`]).
+    pub target: RedisTarget,
     /// How many multiplexed connections the pool keeps.
     pub connections: u32,
     /// Upper bound for one command, connecting included.
@@ -163,7 +168,7 @@ impl Store {
         let (target, credentials) = Self::prepare(config)?;
         let backend = Arc::new(
             Backend::new(&target, credentials, config.command_timeout)
-                .map_err(|e| StoreError::Protocol(format!("bad --redis-url: {e}")))?,
+                .map_err(|e| StoreError::Config(format!("--redis-url: {e}")))?,
         );
         tracing::debug!(redis = %target.describe(), "redis target");
         let connection_config = AsyncConnectionConfig::new()
@@ -204,15 +209,14 @@ impl Store {
     }
 
     fn prepare(config: &StoreConfig) -> Result<(RedisTarget, Credentials), StoreError> {
-        let target = RedisTarget::parse(&config.url)
-            .map_err(|e| StoreError::Protocol(format!("bad --redis-url: {e}")))?;
+        let target = config.target.clone();
         if config.credentials.has_tls_files() && !target.is_tls() {
-            return Err(StoreError::Protocol(
+            return Err(StoreError::Config(
                 "--redis-tls-ca-file, --redis-tls-cert-file and --redis-tls-key-file need TLS to Redis: a rediss://, rediss+cluster:// or rediss+sentinel:// URL".into(),
             ));
         }
         let credentials =
-            Credentials::load(config.credentials.clone()).map_err(StoreError::Protocol)?;
+            Credentials::load(config.credentials.clone()).map_err(StoreError::Config)?;
         Ok((target, credentials))
     }
 
@@ -352,10 +356,7 @@ impl Store {
                 let acked: i64 = match &mut conn {
                     Conn::Single(conn) => wait.query_async(conn).await?,
                     Conn::Cluster(conn) => {
-                        let route = Route::with_key(slot_key.as_bytes(), SlotAddr::Master);
-                        let routing =
-                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                        redis::from_redis_value(conn.route_command(wait, routing).await?)?
+                        redis::from_redis_value(conn.route_command(wait, by_key(&slot_key)).await?)?
                     }
                 };
                 Ok((reply, Some(acked)))

@@ -4,7 +4,7 @@
 //! before): the suite links a handful of binaries, not one per file.
 
 #[path = "../common/mod.rs"]
-mod common;
+pub mod common;
 
 mod binary;
 mod cli;

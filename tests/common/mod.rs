@@ -1,12 +1,12 @@
 //! Test harness: real redis-server children on free loopback ports and
 //! real tumbler servers (in this process, or as `tumbler` processes) on
 //! free ports, reached over real gRPC connections.
-#![allow(dead_code)]
 
 pub mod http;
 pub mod proxy;
 pub mod session;
 pub mod topology;
+pub mod wait;
 
 use std::net::SocketAddr;
 use std::time::Duration;

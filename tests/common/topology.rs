@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+use super::wait::wait_until;
+
 /// One redis-server (or sentinel) child.
 pub struct RedisNode {
     pub port: u16,
@@ -214,15 +216,6 @@ impl Drop for RedisNode {
         if let Some(child) = self.child.take() {
             tumbler::dev::stop_child(child);
         }
-    }
-}
-
-/// Polls `check` every 20 ms until it holds, for at most `within`.
-pub fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -15,7 +15,8 @@ use rcgen::{
 use tokio::net::TcpListener;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use common::topology::{RedisNode, wait_until};
+use common::topology::RedisNode;
+use common::wait::wait_until;
 use common::{TestServer, acquire, redis_conn, release, service_args};
 use tumbler::config::ServerConfig;
 use tumbler::dev::RedisServer;
@@ -373,6 +374,9 @@ async fn bad_tls_files_and_plaintext_urls_stop_serve_at_start() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--redis-tls-ca-file"), "{stderr}");
+    // A settings error, not one of Redis' replies.
+    assert!(stderr.contains("redis settings"), "{stderr}");
+    assert!(!stderr.contains("reply not understood"), "{stderr}");
 
     let out = run(vec![
         "--redis-url".into(),

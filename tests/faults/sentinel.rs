@@ -6,7 +6,8 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::topology::{start_replicated, start_sentinel_setup, wait_for_replication, wait_until};
+use common::topology::{start_replicated, start_sentinel_setup, wait_for_replication};
+use common::wait::wait_until;
 use common::*;
 use proto::AcquireStatus;
 use tonic::Code;

@@ -305,7 +305,7 @@ async fn loaded_code(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
         let ours: Vec<redis::Value> = redis::cmd("FUNCTION")
             .arg("LIST")
             .arg("LIBRARYNAME")
-            .arg(Scripts::new().library_name)
+            .arg(Scripts::compile().library_name)
             .query_async(conn)
             .await
             .unwrap();

@@ -1,5 +1,5 @@
 //! The documentation can be navigated: every relative link in README.md,
-//! docs/, ARCHITECTURE.md, BENCHMARKS.md and the Helm chart's README
+//! docs/ (and docs/decisions/), ARCHITECTURE.md, BENCHMARKS.md and the Helm chart's README
 //! leads to a file that exists and, with a `#fragment` into Markdown, to a
 //! heading of that file. And what it shows runs: every fenced block marked
 //! `sh runnable` in README.md and docs/ is run against the built binary
@@ -27,8 +27,9 @@ fn documents() -> Vec<PathBuf> {
     .iter()
     .map(|f| root.join(f))
     .collect();
-    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
-        .expect("a docs/ directory")
+    let mut docs: Vec<PathBuf> = ["docs", "docs/decisions"]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(root.join(dir)).expect("a docs/ directory"))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "md"))
         .collect();
@@ -163,18 +164,29 @@ fn the_readme_starts_with_the_two_commands_and_links_every_document() {
         .filter(|l| !l.is_empty())
         .collect();
     assert_eq!(commands, ["cargo run -- dev", "scripts/test.sh"]);
-    let index = std::fs::read_to_string(Path::new(ROOT).join("docs/README.md")).unwrap();
+    // docs/README.md links every document of docs/ and the index of each
+    // folder below it (docs/decisions/README.md), which links its own.
+    let docs = Path::new(ROOT).join("docs");
     for document in documents() {
-        let Ok(inside) = document.strip_prefix(Path::new(ROOT).join("docs")) else {
+        let Ok(inside) = document.strip_prefix(&docs) else {
             continue;
         };
-        let name = inside.display().to_string();
-        if name != "README.md" {
-            assert!(
-                index.contains(&format!("]({name}")),
-                "docs/README.md does not link {name}"
-            );
-        }
+        let (index, name) = match inside.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(_) if inside.ends_with("README.md") => ("README.md".into(), inside),
+            Some(folder) => (
+                folder.join("README.md"),
+                inside.strip_prefix(folder).unwrap(),
+            ),
+            None if inside == Path::new("README.md") => continue,
+            None => ("README.md".into(), inside),
+        };
+        let text = std::fs::read_to_string(docs.join(&index)).unwrap();
+        let name = name.display().to_string();
+        assert!(
+            text.contains(&format!("]({name}")),
+            "docs/{} does not link {name}",
+            index.display()
+        );
     }
 }
 

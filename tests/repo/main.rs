@@ -5,7 +5,7 @@
 //! before): the suite links a handful of binaries, not one per file.
 
 #[path = "../common/mod.rs"]
-mod common;
+pub mod common;
 
 mod docs;
 mod layers;

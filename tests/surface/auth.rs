@@ -12,6 +12,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::wait::wait_until_async;
 use common::{TestServer, proto, service_args, start_redis};
 use tokio_stream::StreamExt;
 use tonic::Code;
@@ -441,8 +442,12 @@ async fn the_tokens_file_is_reloaded_without_a_restart() {
     let staged = s.path.with_extension("new");
     std::fs::write(&staged, &next).unwrap();
     std::fs::rename(&staged, &s.path).unwrap();
-    wait_until(|| async { code(newcomer.clone().inspect(inspect("team-c")).await) == Code::Ok })
-        .await;
+    wait_until_async(
+        "the new token is accepted",
+        Duration::from_secs(10),
+        || async { code(newcomer.clone().inspect(inspect("team-c")).await) == Code::Ok },
+    )
+    .await;
     assert_eq!(
         code(team_a.inspect(inspect("team-a")).await),
         Code::Unauthenticated
@@ -489,7 +494,10 @@ async fn a_token_over_its_request_rate_is_resource_exhausted_and_others_are_not(
         assert_eq!(code(team_a.inspect(inspect.clone()).await), Code::Ok);
     }
     // The budget comes back.
-    wait_until(|| async { code(slow.clone().inspect(inspect.clone()).await) == Code::Ok }).await;
+    wait_until_async("the budget comes back", Duration::from_secs(10), || async {
+        code(slow.clone().inspect(inspect.clone()).await) == Code::Ok
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -564,21 +572,6 @@ async fn the_cli_sends_its_token_and_makes_entries_that_work() {
     let anonymous = cli(&["inspect", "--namespace", "builds", "main"], None);
     assert_eq!(anonymous.status.code(), Some(77));
     assert!(String::from_utf8_lossy(&anonymous.stderr).contains("UNAUTHENTICATED"));
-}
-
-/// Polls `check` until it holds (up to 10 s).
-pub(super) async fn wait_until<F, Fut>(mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    for _ in 0..200 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("condition not reached within 10 s");
 }
 
 /// Replaces the tokens file at once, as a Secret update does.
