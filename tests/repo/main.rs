@@ -9,4 +9,5 @@ mod common;
 
 mod docs;
 mod layers;
+mod metric_names;
 mod sizes;
