@@ -338,10 +338,7 @@ fn tumbler_dev_on_a_busy_chosen_port_says_who_listens_and_how_to_choose() {
                 && err.contains("Address already in use"),
             "{err}"
         );
-        assert!(
-            err.contains(&format!("{me}")) && err.contains("listens there"),
-            "{err}"
-        );
+        assert!(err.contains(&me) && err.contains("listens there"), "{err}");
         assert!(
             err.contains(&format!(
                 "choose another with {flag}, e.g. {flag} 127.0.0.1:0"
