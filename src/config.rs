@@ -605,9 +605,7 @@ impl RedisArgs {
 /// `tumbler dev` flags.
 #[derive(Args, Clone, Debug)]
 pub struct DevArgs {
-    /// Address of the gRPC port [default: 127.0.0.1:50051, or a free port
-    /// when that one is taken, which `tumbler dev` then says]. An address
-    /// given here must be free (`127.0.0.1:0` picks any free port).
+    /// gRPC address [default: 127.0.0.1:50051, or a free port if taken]; one given must be free.
     #[arg(long, env = "TUMBLER_LISTEN")]
     pub listen: Option<SocketAddr>,
     /// The redis-server program to start.
