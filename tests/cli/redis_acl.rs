@@ -26,10 +26,8 @@ fn documented_acl_line() -> String {
         .collect();
     assert_eq!(lines.len(), 1, "one ACL SETUSER line in docs/operating.md");
     assert!(
-        read("helm/tumbler/README.md")
-            .lines()
-            .any(|l| l == lines[0]),
-        "helm/tumbler/README.md carries docs/operating.md's ACL line"
+        read("helm/README.md").lines().any(|l| l == lines[0]),
+        "helm/README.md carries docs/operating.md's ACL line"
     );
     lines[0].clone()
 }
