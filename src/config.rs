@@ -605,9 +605,9 @@ impl RedisArgs {
 /// `tumbler dev` flags.
 #[derive(Args, Clone, Debug)]
 pub struct DevArgs {
-    /// Address of the gRPC port.
-    #[arg(long, env = "TUMBLER_LISTEN", default_value = "127.0.0.1:50051")]
-    pub listen: SocketAddr,
+    /// gRPC address [default: 127.0.0.1:50051, or a free port if taken]; one given must be free.
+    #[arg(long, env = "TUMBLER_LISTEN")]
+    pub listen: Option<SocketAddr>,
     /// The redis-server program to start.
     #[arg(long, env = "TUMBLER_REDIS_SERVER", default_value = "redis-server")]
     pub redis_server: String,

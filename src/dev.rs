@@ -202,3 +202,119 @@ pub fn ping(port: u16) -> bool {
         && stream.read_exact(&mut reply).is_ok()
         && &reply == b"+PONG\r\n"
 }
+
+/// The default gRPC address of `tumbler dev`.
+pub const DEV_LISTEN: &str = "127.0.0.1:50051";
+
+/// Who listens on TCP `port` on this machine, as "pid 1234 (tumbler)", when
+/// /proc tells (Linux; a process of another user shows as "another user's
+/// process"); `None` when nothing is found.
+pub fn who_listens(port: u16) -> Option<String> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if fields.len() < 10 || fields[3] != "0A" {
+                continue;
+            }
+            let local_port = fields[1]
+                .rsplit(':')
+                .next()
+                .and_then(|hex| u16::from_str_radix(hex, 16).ok());
+            if local_port == Some(port) && fields[9] != "0" {
+                inodes.push(format!("socket:[{}]", fields[9]));
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return None;
+    }
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && inodes.iter().any(|i| target.as_os_str() == i.as_str())
+            {
+                let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+                return Some(format!("pid {pid} ({})", comm.trim()));
+            }
+        }
+    }
+    Some("another user's process".to_owned())
+}
+
+/// How the hints `tumbler dev` prints call tumbler: the running binary's
+/// path (so a hint runs as printed after `cargo run -- dev`, with nothing on
+/// `PATH`), and an `export PATH=…` line that puts its directory first.
+/// `tumbler` and no line when that is what `PATH` already finds.
+pub fn hint_command() -> (String, Option<String>) {
+    let Ok(exe) = std::env::current_exe() else {
+        return ("tumbler".to_owned(), None);
+    };
+    let on_path = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("tumbler"))
+            .find(|candidate| candidate.is_file())
+            .and_then(|found| found.canonicalize().ok())
+            == exe.canonicalize().ok()
+    });
+    if on_path || exe.file_name().is_none_or(|name| name != "tumbler") {
+        return ("tumbler".to_owned(), None);
+    }
+    let dir = exe
+        .parent()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    (
+        shell_quote(&exe.display().to_string()),
+        Some(format!("export PATH={}:\"$PATH\"", shell_quote(&dir))),
+    )
+}
+
+/// `s` as one POSIX shell word.
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+,:@%".contains(&b))
+    {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shell_quote_keeps_plain_paths_and_quotes_the_rest() {
+        assert_eq!(
+            super::shell_quote("/a/b-c/target/debug"),
+            "/a/b-c/target/debug"
+        );
+        assert_eq!(super::shell_quote("/my dir/it's"), r"'/my dir/it'\''s'");
+    }
+
+    #[test]
+    fn who_listens_names_this_process() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let who = super::who_listens(port).unwrap();
+        assert!(
+            who.starts_with(&format!("pid {} (", std::process::id())),
+            "{who}"
+        );
+    }
+}

@@ -72,7 +72,8 @@ async fn main() -> anyhow::Result<ExitCode> {
             let telemetry = telemetry::init(&cli.log, &args.observability.otlp_endpoint)?;
             let config = args.server_config()?;
             let listener = bind(args.listen).await?;
-            let http = bind_http(args.observability.http_listen, "0.0.0.0:9090", false).await?;
+            let (http, _) =
+                bind_http(args.observability.http_listen, "0.0.0.0:9090", false).await?;
             let listeners = server::Listeners {
                 grpc: listener,
                 http,
@@ -88,9 +89,10 @@ async fn main() -> anyhow::Result<ExitCode> {
             let mut config = ServerConfig::new(redis.url(), &args.service)?;
             config.dashboard_admin = args.observability.dashboard_admin;
             config.tls = args.tls.settings()?;
-            let listener = bind(args.listen).await?;
+            let (listener, grpc_note) = bind_dev(args.listen).await?;
             let addr = listener.local_addr()?;
-            let http = bind_http(args.observability.http_listen, "127.0.0.1:9090", true).await?;
+            let (http, http_note) =
+                bind_http(args.observability.http_listen, "127.0.0.1:9090", true).await?;
             let (scheme, http_scheme, grpcurl_tls) = match &config.tls {
                 Some(tls) => (
                     "https",
@@ -106,15 +108,26 @@ async fn main() -> anyhow::Result<ExitCode> {
                 ),
                 None => "off".to_owned(),
             };
-            // Errors ignored: a closed stdout must not stop the service.
-            let _ = writeln!(
-                std::io::stdout(),
-                "tumbler dev: gRPC on {addr}, private Redis at {url}, metrics {metrics}\n\
-                 \x20 try: tumbler acquire --addr {scheme}://{addr} demo --ttl-ms 30000\n\
-                 \x20  or: grpcurl {grpcurl_tls} -d '{{\"name\":\"demo\",\"ttl_ms\":30000}}' {addr} tumbler.v1.LockService/Acquire\n\
-                 \x20 stop with Ctrl-C; the private Redis stops with it",
+            // The hints name the running binary, so they work as printed
+            // after `cargo run -- dev`, with nothing installed.
+            let (tumbler, path_line) = tumbler::dev::hint_command();
+            let mut banner = format!(
+                "tumbler dev: gRPC on {addr}, private Redis at {url}, metrics {metrics}\n",
                 url = redis.url()
             );
+            for note in [grpc_note, http_note].into_iter().flatten() {
+                banner.push_str(&format!("  note: {note}\n"));
+            }
+            banner.push_str(&format!(
+                "  try: {tumbler} acquire --addr {scheme}://{addr} demo --ttl-ms 30000\n\
+                 \x20  or: grpcurl {grpcurl_tls} -d '{{\"name\":\"demo\",\"ttl_ms\":30000}}' {addr} tumbler.v1.LockService/Acquire\n"
+            ));
+            if let Some(line) = path_line {
+                banner.push_str(&format!("  to call it `tumbler` in this shell: {line}\n"));
+            }
+            banner.push_str("  stop with Ctrl-C; the private Redis stops with it");
+            // Errors ignored: a closed stdout must not stop the service.
+            let _ = writeln!(std::io::stdout(), "{banner}");
             let listeners = server::Listeners {
                 grpc: listener,
                 http,
@@ -151,6 +164,55 @@ async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
     Ok(listener)
 }
 
+/// `tumbler dev`'s gRPC listener: the address asked for, which must be
+/// free (the error says who holds it and how to choose another), or the
+/// default, which may be taken: then a free port, and a note that says so.
+async fn bind_dev(asked: Option<SocketAddr>) -> anyhow::Result<(TcpListener, Option<String>)> {
+    if let Some(addr) = asked {
+        let listener = TcpListener::bind(addr).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen on {addr} (--listen): {e}{}; choose another with --listen, e.g. --listen {}:0 for any free port",
+                listened_by(addr.port()),
+                addr.ip()
+            )
+        })?;
+        tracing::info!(addr = %listener.local_addr()?, "listening for gRPC");
+        return Ok((listener, None));
+    }
+    let addr: SocketAddr = tumbler::dev::DEV_LISTEN.parse()?;
+    match TcpListener::bind(addr).await {
+        Ok(listener) => {
+            tracing::info!(addr = %listener.local_addr()?, "listening for gRPC");
+            Ok((listener, None))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let listener = bind(SocketAddr::new(addr.ip(), 0)).await?;
+            let note = format!(
+                "the default gRPC port {addr} is taken{}: gRPC is on {} instead (choose one with --listen)",
+                held_by(addr.port()),
+                listener.local_addr()?
+            );
+            Ok((listener, Some(note)))
+        }
+        Err(e) => Err(anyhow::anyhow!("cannot listen on {addr}: {e}")),
+    }
+}
+
+/// ", pid 1234 (tumbler) listens there" when /proc tells who listens on
+/// `port`.
+fn listened_by(port: u16) -> String {
+    tumbler::dev::who_listens(port)
+        .map(|who| format!(", {who} listens there"))
+        .unwrap_or_default()
+}
+
+/// " by pid 1234 (tumbler)" when /proc tells who listens on `port`.
+fn held_by(port: u16) -> String {
+    tumbler::dev::who_listens(port)
+        .map(|who| format!(" by {who}"))
+        .unwrap_or_default()
+}
+
 /// The HTTP port's listener: the address asked for (which must be free),
 /// none for `off`, or the default, which may be taken: then `dev` takes a
 /// free port and `serve` runs without the HTTP port, saying so.
@@ -158,29 +220,42 @@ async fn bind_http(
     asked: Option<HttpListen>,
     default: &str,
     free_port_fallback: bool,
-) -> anyhow::Result<Option<TcpListener>> {
+) -> anyhow::Result<(Option<TcpListener>, Option<String>)> {
     let addr = match asked {
-        Some(HttpListen::Off) => return Ok(None),
+        Some(HttpListen::Off) => return Ok((None, None)),
         Some(HttpListen::At(addr)) => {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--http-listen): {e}"))?;
+            let listener = TcpListener::bind(addr).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot listen on {addr} (--http-listen): {e}{}; choose another with --http-listen, e.g. --http-listen {}:0 for any free port",
+                    listened_by(addr.port()),
+                    addr.ip()
+                )
+            })?;
             tracing::info!(addr = %listener.local_addr()?, "listening for HTTP (/metrics)");
-            return Ok(Some(listener));
+            return Ok((Some(listener), None));
         }
         None => default.parse::<SocketAddr>()?,
     };
+    let mut note = None;
     let bound = match TcpListener::bind(addr).await {
         Err(e) if free_port_fallback => {
             tracing::info!(%addr, error = %e, "default HTTP port taken; using a free port");
-            TcpListener::bind(SocketAddr::new(addr.ip(), 0)).await
+            let bound = TcpListener::bind(SocketAddr::new(addr.ip(), 0)).await;
+            if let Ok(listener) = &bound {
+                note = Some(format!(
+                    "the default HTTP port {addr} is taken{}: HTTP is on {} instead (choose one with --http-listen)",
+                    held_by(addr.port()),
+                    listener.local_addr()?
+                ));
+            }
+            bound
         }
         other => other,
     };
     match bound {
         Ok(listener) => {
             tracing::info!(addr = %listener.local_addr()?, "listening for HTTP (/metrics)");
-            Ok(Some(listener))
+            Ok((Some(listener), note))
         }
         Err(e) => {
             tracing::error!(
@@ -188,7 +263,7 @@ async fn bind_http(
                 error = %e,
                 "cannot open the default HTTP port: serving without /metrics (choose one with --http-listen)"
             );
-            Ok(None)
+            Ok((None, None))
         }
     }
 }

@@ -221,3 +221,129 @@ async fn serve_drains_then_answers_waiters_unavailable_and_exits_zero() {
         .unwrap();
     assert_eq!(waiting, ["waiter"]);
 }
+
+/// Starts `tumbler dev` with `args` and returns it with the lines it printed
+/// before its "stop with Ctrl-C" line (its banner).
+fn dev_banner(args: &[&str]) -> (Child, Vec<String>) {
+    let mut child = Command::new(TUMBLER)
+        .arg("dev")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "banner ended: {lines:?}"
+        );
+        if line.contains("stop with Ctrl-C") {
+            break;
+        }
+        lines.push(line.trim_end().to_owned());
+    }
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    (child, lines)
+}
+
+fn stop(mut child: Child) {
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    child.wait().unwrap();
+}
+
+/// With its default ports taken (by this test when it can bind them, by
+/// whatever holds them otherwise), `tumbler dev` serves gRPC and HTTP on
+/// free ports and says so, naming who holds the defaults; the `try:` hint
+/// runs as printed (it names the running binary), and so does the PATH line.
+#[test]
+fn tumbler_dev_on_busy_default_ports_takes_free_ones_and_says_so() {
+    let grpc = std::net::TcpListener::bind("127.0.0.1:50051").ok();
+    let http = std::net::TcpListener::bind("127.0.0.1:9090").ok();
+    let (dev, banner) = dev_banner(&[]);
+    let text = banner.join("\n");
+    assert!(!banner[0].contains("gRPC on 127.0.0.1:50051,"), "{text}");
+    assert!(!banner[0].contains("127.0.0.1:9090/"), "{text}");
+    let me = format!("by pid {} (", std::process::id());
+    for (held, port, flag) in [
+        (grpc.is_some(), "50051", "--listen"),
+        (http.is_some(), "9090", "--http-listen"),
+    ] {
+        let note = banner
+            .iter()
+            .find(|l| l.contains(&format!("127.0.0.1:{port} is taken")))
+            .unwrap_or_else(|| panic!("no note for {port}: {text}"));
+        assert!(
+            note.contains(&format!("(choose one with {flag})")),
+            "{note}"
+        );
+        if held {
+            assert!(note.contains(&me), "{note}");
+        }
+    }
+    let try_line = banner
+        .iter()
+        .find_map(|l| l.strip_prefix("  try: "))
+        .unwrap();
+    let hint = Command::new("sh").args(["-c", try_line]).output().unwrap();
+    let out = String::from_utf8_lossy(&hint.stdout);
+    assert!(
+        hint.status.success() && out.starts_with("ACQUIRED demo"),
+        "{try_line}: {out}"
+    );
+    // The PATH line makes the short form work too.
+    let path_line = banner
+        .iter()
+        .find_map(|l| l.strip_prefix("  to call it `tumbler` in this shell: "))
+        .unwrap_or_else(|| panic!("no PATH line: {text}"));
+    let short = try_line
+        .replacen(TUMBLER, "tumbler", 1)
+        .replace(" demo ", " demo-2 ");
+    let hint = Command::new("sh")
+        .args(["-c", &format!("{path_line}; {short}")])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&hint.stdout);
+    assert!(
+        hint.status.success() && out.starts_with("ACQUIRED demo-2"),
+        "{short}: {out}"
+    );
+    stop(dev);
+}
+
+/// An address given with --listen or --http-listen must be free: when it is
+/// taken, `tumbler dev` exits saying who listens there and how to choose
+/// another.
+#[test]
+fn tumbler_dev_on_a_busy_chosen_port_says_who_listens_and_how_to_choose() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let me = format!("pid {} (", std::process::id());
+    for flag in ["--listen", "--http-listen"] {
+        let mut args = vec!["dev", flag, &addr];
+        if flag == "--http-listen" {
+            args.extend(["--listen", "127.0.0.1:0"]);
+        }
+        let out = Command::new(TUMBLER)
+            .args(&args)
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag}: {err}");
+        assert!(
+            err.contains(&format!("cannot listen on {addr} ({flag})"))
+                && err.contains("Address already in use"),
+            "{err}"
+        );
+        assert!(err.contains(&me) && err.contains("listens there"), "{err}");
+        assert!(
+            err.contains(&format!(
+                "choose another with {flag}, e.g. {flag} 127.0.0.1:0"
+            )),
+            "{err}"
+        );
+    }
+}

@@ -10,3 +10,4 @@ mod binary;
 mod cli;
 mod cli_health;
 mod cli_hold;
+mod redis_acl;

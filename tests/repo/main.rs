@@ -9,4 +9,5 @@ pub mod common;
 
 mod docs;
 mod layers;
+mod metric_names;
 mod sizes;
