@@ -15,6 +15,14 @@ DEADLINE_SLACK_S = 5.0
 # watchdog renews it every third, so it only bounds how long a crashed
 # holder keeps the lock.
 DEFAULT_HELPER_TTL_MS = 15000
+# Reconnect soon after a server restart. gRPC's own back-off (1 s, growing
+# by 1.6 up to 120 s) can outlast a short lease: a watchdog's renewals then
+# fail fast on a channel still waiting to reconnect to a server that is back.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 @dataclass

@@ -148,8 +148,8 @@ class Client:
     def __init__(self, target="127.0.0.1:50051", *, namespace="", credentials=None, token=None,
                  channel=None, timeout=10.0, retry=None):
         if channel is None:
-            channel = (grpc.secure_channel(target, credentials) if credentials is not None
-                       else grpc.insecure_channel(target))
+            channel = (grpc.secure_channel(target, credentials, options=c.CHANNEL_OPTIONS)
+                       if credentials is not None else grpc.insecure_channel(target, options=c.CHANNEL_OPTIONS))
         self.channel = channel
         self.stub = pb_grpc.LockServiceStub(channel)
         self.namespace, self.timeout = namespace, timeout
