@@ -12,7 +12,7 @@ use crate::store::StoreError;
 use super::waiters::RegisterError;
 
 /// A lock, named within a namespace. Both are already validated.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LockId {
     pub namespace: String,
     pub name: String,

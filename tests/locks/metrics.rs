@@ -412,8 +412,12 @@ async fn open_session_and_watch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gauges_show_open_streams_session_grants_build_and_process() {
-    let server = serve_with_http().await;
-    let http = server.http();
+    // Its own process: the gauges are the process's, and other tests in
+    // this one open streams of their own meanwhile.
+    let redis = start_redis();
+    let http = std::net::SocketAddr::from(([127, 0, 0, 1], tumbler::dev::free_port().unwrap()));
+    let listen = format!("--http-listen={http}");
+    let server = TumblerProcess::start(&redis.url(), &[&listen]).await;
     let mut client = server.client().await;
     let page = common::http::scrape(http).await;
     let value = |page: &str, name: &str, labels: &[(&str, &str)]| {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -73,12 +73,16 @@ impl Driver {
                     Ok(started) => started,
                     Err(status) => return Some(refused(id, status)),
                 };
-                request.stop = Some(running.stop_for(&request.lock.namespace));
+                let namespace_stop = running.stop_for(&request.lock.namespace);
+                let stop = namespace_stop.child_token();
+                request.stop = Some(stop.clone());
                 let engine: Arc<LockEngine> = self.api.engine.clone();
                 let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
                 let lock = request.lock.clone();
+                let turn = running.turn(&lock, Some(stop));
                 running.tasks.spawn(async move {
                     let _waiting = waiting;
+                    let _done = turn.wait().await;
                     let outcome = engine
                         .session_acquire(&session, epoch, request, &lost)
                         .await;
@@ -87,6 +91,16 @@ impl Driver {
                             request_id: id,
                             response: Some(outcome.into()),
                         })),
+                        Err(crate::engine::EngineError::Stopped)
+                            if !namespace_stop.is_cancelled() =>
+                        {
+                            Done::reply(refused(
+                                id,
+                                Status::cancelled(
+                                    "acquire: a later release of this lock on the stream stopped the wait",
+                                ),
+                            ))
+                        }
                         Err(err) => Done::refused(id, err),
                     };
                     (lock, done)
@@ -108,7 +122,9 @@ impl Driver {
                 };
                 let engine = self.api.engine.clone();
                 let (session, epoch) = (self.session.clone(), self.epoch);
+                let turn = running.turn(&lock, None);
                 running.tasks.spawn(async move {
+                    let _done = turn.wait().await;
                     let done = match engine.session_release(&session, epoch, &lock).await {
                         Ok(outcome) => {
                             let status = match outcome {
@@ -139,10 +155,43 @@ impl Driver {
 /// The commands a stream has running, and the signal that stops them at a
 /// safe point: one child signal per namespace, so a namespace taken from
 /// the token stops only its own waits.
+///
+/// Commands on one lock run in the order they came, each after the one
+/// before has answered: a release sent before an acquire never undoes the
+/// grant the acquire makes. A release that finds an acquire of its lock
+/// still waiting stops that wait first (the acquire is answered
+/// `CANCELLED`, or with its grant when it was made meanwhile, which the
+/// release then releases).
 pub(super) struct Running {
     pub(super) tasks: JoinSet<(LockId, Done)>,
     stop: CancellationToken,
     by_namespace: HashMap<String, CancellationToken>,
+    by_lock: HashMap<LockId, Last>,
+}
+
+/// The last command started on a lock: done when `done` closes; `waiting`
+/// stops it when it is an acquire.
+struct Last {
+    done: oneshot::Receiver<()>,
+    waiting: Option<CancellationToken>,
+}
+
+/// A command's place in its lock's line: it starts once the command before
+/// it has answered, and holds `done` until it has answered itself.
+pub(super) struct Turn {
+    after: Option<oneshot::Receiver<()>>,
+    done: oneshot::Sender<()>,
+}
+
+impl Turn {
+    /// Waits for the command before this one; what it returns marks this
+    /// one done when dropped.
+    pub(super) async fn wait(self) -> oneshot::Sender<()> {
+        if let Some(after) = self.after {
+            let _ = after.await;
+        }
+        self.done
+    }
 }
 
 impl Running {
@@ -151,6 +200,41 @@ impl Running {
             tasks: JoinSet::new(),
             stop: CancellationToken::new(),
             by_namespace: HashMap::new(),
+            by_lock: HashMap::new(),
+        }
+    }
+
+    /// The place of a new command on `lock` (`waiting`: it is an acquire,
+    /// stopped by that signal). A release stops the wait of the acquire
+    /// before it.
+    fn turn(&mut self, lock: &LockId, waiting: Option<CancellationToken>) -> Turn {
+        let (done, next) = oneshot::channel();
+        let releasing = waiting.is_none();
+        let last = self.by_lock.insert(
+            lock.clone(),
+            Last {
+                done: next,
+                waiting,
+            },
+        );
+        let after = last.map(|last| {
+            if let (true, Some(wait)) = (releasing, &last.waiting) {
+                wait.cancel();
+            }
+            last.done
+        });
+        Turn { after, done }
+    }
+
+    /// Forgets a lock's line once its last command has answered.
+    pub(super) fn answered(&mut self, lock: &LockId) {
+        if let Some(last) = self.by_lock.get_mut(lock)
+            && matches!(
+                last.done.try_recv(),
+                Err(oneshot::error::TryRecvError::Closed)
+            )
+        {
+            self.by_lock.remove(lock);
         }
     }
 

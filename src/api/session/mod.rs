@@ -303,6 +303,7 @@ impl Driver {
                 }
                 Some(done) = running.tasks.join_next(), if !running.tasks.is_empty() => {
                     let Ok((lock, done)) = done else { continue };
+                    running.answered(&lock);
                     if done.moved {
                         // The command is answered (refused), then the stream ends.
                         let _ = self.send(done.event).await;
