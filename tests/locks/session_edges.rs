@@ -9,6 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::session::{Session, holder_of};
+use common::wait::wait_until_async;
 use common::*;
 
 const ROUNDS: usize = 50;
@@ -315,7 +316,27 @@ async fn commands_on_one_lock_take_effect_in_the_order_sent() {
         ..acquire(name, "")
     };
     session.send(acquire_command(901, waiting)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued = |mut client: proto::lock_service_client::LockServiceClient<_>| async move {
+        let queue = client
+            .queue(proto::QueueRequest {
+                namespace: "default".into(),
+                name: name.into(),
+                max_entries: 5,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        queue.waiters
+    };
+    wait_until_async(
+        "the session's acquire waits",
+        Duration::from_secs(10),
+        || {
+            let client = client.clone();
+            async move { queued(client).await == 1 }
+        },
+    )
+    .await;
     let started = std::time::Instant::now();
     session.send(release_command(902, name)).await;
     let got = answers(&mut session, 2).await;
@@ -326,14 +347,5 @@ async fn commands_on_one_lock_take_effect_in_the_order_sent() {
     );
     assert_eq!(got[&901], "error Cancelled", "{got:?}");
     assert_eq!(got[&902], "NotHeld", "{got:?}");
-    let queue = client
-        .queue(proto::QueueRequest {
-            namespace: "default".into(),
-            name: name.into(),
-            max_entries: 5,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(queue.waiters, 0, "{queue:?}");
+    assert_eq!(queued(client.clone()).await, 0, "still queued");
 }
