@@ -35,12 +35,12 @@ if not read[1] and (flags == '' or flags == 'f') and not KEYS[6] then
   local token = next_token(KEYS[5], now_us)
   local expires_s = int(now + num(ttl))
   local acquired = token == now_us and '' or string.sub(now_us, 1, -4)
-  local record = '1|' .. expires_s .. '|' .. token .. '|' .. acquired .. '|' .. ttl .. '|'
-    .. (kind ~= 'default' and kind or '') .. (metadata ~= '' and '\n' .. metadata or '')
+  local record = encode_grant('1', expires_s, token, acquired, ttl, kind, '', metadata)
+  local header = encode_header(limit_s, '1', expires_s, '1', '0', '')
   if limit_s == '1' then
-    redis.call('HSET', lock_key, '_', '1|1|' .. expires_s .. '|1|0|', grant_field, record)
+    redis.call('HSET', lock_key, '_', header, grant_field, record)
   else
-    redis.call('HSET', lock_key, '_', limit_s .. '|1|' .. expires_s .. '|1|0|', grant_field, record, '1', holder)
+    redis.call('HSET', lock_key, '_', header, grant_field, record, '1', holder)
   end
   redis.call('PEXPIRE', lock_key, keys_ttl(ttl))
   return {OK, now, 1, expires_s, 0, holder, record}
@@ -65,7 +65,7 @@ if L.mine_text then
   local grant = epoch and mine(L)
   if grant and stale(grant, epoch) then
     settle_purged(L, changed)
-    return {MOVED, now, L.n, 0, 0, unpack(L.events)}
+    return {MOVED, now, L.holders, 0, 0, unpack(L.events)}
   end
   if grant and claim_epoch(grant, epoch) then
     put_grant(L, grant)
@@ -76,13 +76,13 @@ if L.mine_text then
   else
     settle_purged(L, changed)
   end
-  return {HELD, now, L.n, 0, 0, holder, grant and grant.text or L.mine_text, unpack(L.events)}
+  return {HELD, now, L.holders, 0, 0, holder, grant and grant.text or L.mine_text, unpack(L.events)}
 end
 
 -- 5. The limit belongs to the lock while anyone holds or waits.
-if (L.n > 0 or queue_head(L)) and L.limit ~= limit then
+if (L.holders > 0 or queue_head(L)) and L.limit ~= limit then
   settle_purged(L, changed)
-  return {LIMIT_MISMATCH, now, L.n, 0, L.limit, unpack(L.events)}
+  return {LIMIT_MISMATCH, now, L.holders, 0, L.limit, unpack(L.events)}
 end
 
 -- 6. A lock the shard does not have yet counts against the namespace's
@@ -93,7 +93,7 @@ end
 
 -- 7. Its place: how many live requests go before it. Fair requests queue
 --    behind everyone of their priority or higher; barging ones do not.
-local free = limit - L.n
+local free = limit - L.holders
 local queued_order = queue_head(L) and redis.call('ZSCORE', L.queue, holder)
 local ahead = 0
 if fair and queued_order then
@@ -110,7 +110,7 @@ if free > 0 and ahead == 0 then
     drop_waiters(L, {holder})
   end
   local slot = 1
-  if limit > 1 and L.n > 0 then
+  if limit > 1 and L.holders > 0 then
     -- The slot map ('<slot>' -> holder) says which are taken; slots freed
     -- by this very call (purged above) are free too, though their fields
     -- go only in settle.
@@ -119,11 +119,11 @@ if free > 0 and ahead == 0 then
       freed[field] = true
     end
     local slots = {}
-    for s = 1, L.n + 1 do
+    for s = 1, L.holders + 1 do
       slots[s] = int(s)
     end
     local taken = on_fields(L.key, 'HMGET', slots)
-    for s = 1, L.n + 1 do
+    for s = 1, L.holders + 1 do
       if not taken[s] or freed[slots[s]] then
         slot = s
         break
@@ -135,7 +135,7 @@ if free > 0 and ahead == 0 then
     acquired_s = now_s, ttl = ttl, kind = kind, holder = holder, metadata = metadata,
     epoch = epoch or '',
   }
-  L.n, L.limit, L.top = L.n + 1, limit, math.max(L.top, slot)
+  L.holders, L.limit, L.top_slot = L.holders + 1, limit, math.max(L.top_slot, slot)
   put_grant(L, grant)
   if limit > 1 then
     change(L, int(slot), holder)
@@ -146,13 +146,13 @@ if free > 0 and ahead == 0 then
   if free > 1 or changed then
     wake_eligible(L)
   end
-  return {OK, now, L.n, L.e, 0, holder, grant.text, unpack(L.events)}
+  return {OK, now, L.holders, L.earliest, 0, holder, grant.text, unpack(L.events)}
 end
 
 -- 9. Not granted, trying once: nothing is queued.
 if not waiting then
   settle_purged(L, changed)
-  return {BUSY, now, L.n, L.n > 0 and L.e or 0, 0, unpack(L.events)}
+  return {BUSY, now, L.holders, L.holders > 0 and L.earliest or 0, 0, unpack(L.events)}
 end
 
 -- 10. Not granted, waiting: join the queue once (arrival order from the
@@ -160,13 +160,12 @@ end
 if not queued_order then
   if queue_head(L) and redis.call('ZCARD', L.queue) >= tonumber(max_waiters) then
     settle_purged(L, changed)
-    return {QUEUE_FULL, now, L.n, 0, 0, unpack(L.events)}
+    return {QUEUE_FULL, now, L.holders, 0, 0, unpack(L.events)}
   end
   L.queue_fresh = not queue_head(L)
-  L.seq, L.limit, L.dirty = L.seq + 1, limit, true
-  redis.call('ZADD', L.queue, int((PRIORITY_MAX - priority) * ARRIVALS + L.seq), holder)
-  redis.call('HSET', L.waiters, holder, (priority_s or '0') .. '|' .. now_s .. '|' .. wait_ms .. '|'
-    .. (fair and '1' or '0') .. '|' .. (kind ~= 'default' and kind or ''))
+  L.arrivals, L.limit, L.dirty = L.arrivals + 1, limit, true
+  redis.call('ZADD', L.queue, int((PRIORITY_MAX - priority) * ARRIVALS + L.arrivals), holder)
+  redis.call('HSET', L.waiters, holder, encode_waiter(priority_s or '0', now_s, wait_ms, fair, kind))
   L.queue_known = false
   if L.watched then
     emit(L, 'queued', holder, {kind = kind, metadata = metadata}, now, HOLDER)
@@ -181,4 +180,4 @@ settle(L)
 if changed then
   wake_eligible(L)
 end
-return {QUEUED, now, L.n, L.n > 0 and L.e or 0, redis.call('ZRANK', L.queue, holder) + 1, unpack(L.events)}
+return {QUEUED, now, L.holders, L.holders > 0 and L.earliest or 0, redis.call('ZRANK', L.queue, holder) + 1, unpack(L.events)}

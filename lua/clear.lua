@@ -20,7 +20,7 @@ for k = 2, #ARGV do
       note(L, 'cleared', grant.kind)
       emit(L, 'cleared', grant.holder, grant, now, ADMIN, now)
     end
-    grants = grants + L.n
+    grants = grants + L.holders
     if queue_head(L) then
       local ids = redis.call('ZRANGE', L.queue, '0', '-1')
       local records = on_fields(L.waiters, 'HMGET', ids)

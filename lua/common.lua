@@ -15,7 +15,7 @@
 -- namespace `ns` lives in shard `s`; every key of the shard starts with
 -- '<prefix>:{<ns>:<s>}', so one function call touches one cluster slot.
 --   ...:l:<name>  HASH, the lock; exists while someone holds or waits:
---                   '_'          header 'limit|holders|earliest|top|arrivals|key_expiry'
+--                   '_'          header 'limit|holders|earliest|top_slot|arrivals|key_expiry'
 --                                (key_expiry empty: earliest + twice KEY_GRACE_MS)
 --                   'h:<holder>' grant 'slot|expires|token|acquired|ttl|kind[|epoch][\nmetadata]'
 --                                (acquired empty: the token's milliseconds;
@@ -190,6 +190,24 @@ local function split_key(key)
   return string.sub(key, 1, close), string.sub(key, close + 2)
 end
 
+-- The lock header '_': 'limit|holders|earliest|top_slot|arrivals|key_expiry',
+-- all decimal text; key_expiry is '' when it is the usual one (earliest
+-- plus KEY_TTL_MS). Its decoder, one question answered cheaper, and its
+-- encoder.
+local function decode_header(header)
+  return string.match(header, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d*)$')
+end
+
+-- The header's `earliest` when it says one holder and no arrivals (the
+-- release fast path's question, answered with one capture); else nil.
+local function sole_holder_until(header)
+  return string.match(header, '^%d+|1|(%d+)|%d+|0|')
+end
+
+local function encode_header(limit, holders, earliest, top_slot, arrivals, key_expiry)
+  return limit .. '|' .. holders .. '|' .. earliest .. '|' .. top_slot .. '|' .. arrivals .. '|' .. key_expiry
+end
+
 -- A grant as stored, in the field 'h:<holder>':
 -- 'slot|expires|token|acquired|ttl|kind[|epoch][\nmetadata]', the kind left
 -- empty when it is 'default'. `epoch` is there only for a session's grant:
@@ -201,6 +219,7 @@ end
 -- rounding); `slot` and `expires` are also numbers. `acquired` is left
 -- empty when it is the token's own milliseconds (a token made from the
 -- clock at the grant: nearly always), 13 bytes fewer per grant.
+-- The grant record's one decoder (`encode_grant` writes it).
 local function parse_grant(holder, text)
   local slot, expires, token, acquired, ttl, kind, epoch, metadata =
     string.match(text, '^(%d+)|(%d+)|(%d+)|(%d*)|(%d+)|([^\n|]*)|?(%d*)\n?(.*)$')
@@ -214,25 +233,37 @@ local function parse_grant(holder, text)
   }
 end
 
--- The stored text of a grant (its `expires` may have moved).
+-- The grant record's one encoder: the parts as text (`kind` by name,
+-- `epoch` and `metadata` '' when absent; `acquired` '' when it is the
+-- token's own milliseconds).
+local function encode_grant(slot, expires, token, acquired, ttl, kind, epoch, metadata)
+  local text = slot .. '|' .. expires .. '|' .. token .. '|' .. acquired .. '|' .. ttl .. '|'
+    .. (kind ~= 'default' and kind or '')
+  if epoch ~= '' then
+    text = text .. '|' .. epoch
+  end
+  if metadata ~= '' then
+    text = text .. '\n' .. metadata
+  end
+  return text
+end
+
+-- The stored text of a decoded grant (its `expires` may have moved).
 local function format_grant(g)
   if not g.expires_s then
     g.expires_s = int(g.expires)
   end
-  local kind = g.kind ~= 'default' and g.kind or ''
   local acquired = g.acquired_s
   if acquired == string.sub(g.token, 1, -4) then
     acquired = ''
   end
-  local text = int(g.slot) .. '|' .. g.expires_s .. '|' .. g.token .. '|' .. acquired .. '|' .. g.ttl .. '|' .. kind
-  if g.epoch ~= '' then
-    text = text .. '|' .. g.epoch
-  end
-  if g.metadata ~= '' then
-    text = text .. '\n' .. g.metadata
-  end
-  g.text = text
-  return text
+  g.text = encode_grant(int(g.slot), g.expires_s, g.token, acquired, g.ttl, g.kind, g.epoch, g.metadata)
+  return g.text
+end
+
+-- A grant record's fencing token, read without decoding the rest.
+local function grant_token(text)
+  return string.match(text, '^%d+|%d+|(%d+)|')
 end
 
 -- Session epochs. A session's grants are held by the session id; its
@@ -258,8 +289,14 @@ local function claim_epoch(g, epoch)
   return true
 end
 
--- The parts of a waiter record 'priority|enqueued|wait_ms|fair|kind' the
--- steps need: its kind (empty: 'default') and when it was queued.
+-- A waiter record 'priority|enqueued|wait_ms|fair|kind' (kind empty:
+-- 'default'): its encoder, then the decoders of the parts the steps need,
+-- its kind and when it was queued.
+local function encode_waiter(priority, enqueued, wait_ms, fair, kind)
+  return priority .. '|' .. enqueued .. '|' .. wait_ms .. '|' .. (fair and '1' or '0') .. '|'
+    .. (kind ~= 'default' and kind or '')
+end
+
 local function waiter_kind(record)
   local kind = string.match(record or '', '|([^|]*)$')
   return (kind and kind ~= '') and kind or 'default'
@@ -276,7 +313,8 @@ local function new_lock(key, queue, deadlines, waiters, fence, live)
     key = key, queue = queue, deadlines = deadlines, waiters = waiters, fence = fence,
     live = live, shard = false, name = false,
     holder = false, watched = false, exists = false,
-    limit = 1, n = 0, e = 0, top = 0, seq = 0, x = 0, e_s = false, x_s = false,
+    limit = 1, holders = 0, earliest = 0, top_slot = 0, arrivals = 0, key_expiry = 0,
+    earliest_s = false, key_expiry_s = false,
     mine_text = false, mine_grant = false,
     changes = NONE, removed = NONE, events = NONE, keep_until = 0, dirty = false,
     head = false, queue_known = false, queue_fresh = false,
@@ -330,9 +368,9 @@ local function events(L, flags)
 end
 
 -- Reads a lock (one HMGET: its header and the holder's grant) into L:
---   limit, n (holders), e (no lease ends before), top (highest slot that
---   may be taken), seq (arrivals; > 0 exactly while someone may wait),
---   x (when the keys expire; 0 for a fresh lock), exists,
+--   limit, holders (how many), earliest (no lease ends before), top_slot
+--   (highest slot that may be taken), arrivals (> 0 exactly while someone
+--   may wait), key_expiry (when the keys expire; 0 for a fresh lock), exists,
 --   mine_text: the stored grant of `holder` (false when it holds none;
 --   `mine` decodes it, only for the calls that need its parts),
 -- and the bookkeeping settle works from:
@@ -353,14 +391,14 @@ local function load(L, holder, watched, read)
     events(L, watched)
   end
   if header then
-    local limit, n, e, top, seq, x = string.match(header, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d*)$')
+    local limit, holders, earliest, top_slot, arrivals, x = decode_header(header)
     L.exists = true
-    L.limit, L.n, L.top, L.seq = num(limit), num(n), num(top), num(seq)
-    L.e, L.e_s = tonumber(e), e
+    L.limit, L.holders, L.top_slot, L.arrivals = num(limit), num(holders), num(top_slot), num(arrivals)
+    L.earliest, L.earliest_s = tonumber(earliest), earliest
     if x == '' then
-      L.x = L.e + KEY_TTL_MS
+      L.key_expiry = L.earliest + KEY_TTL_MS
     else
-      L.x, L.x_s = tonumber(x), x
+      L.key_expiry, L.key_expiry_s = tonumber(x), x
     end
   end
   L.mine_text = record or false
@@ -501,7 +539,7 @@ end
 -- One HGETALL: the lock's hash holds its header, its grants and (for a
 -- semaphore) its slots, never its waiters.
 local function all_grants(L)
-  if L.n == 0 then
+  if L.holders == 0 then
     return {}
   end
   local grants = {}
@@ -519,22 +557,22 @@ end
 -- nothing is left). `slot` matters for a semaphore only.
 local function drop_grant(L, holder, slot)
   append(L, 'removed', 'h:' .. holder, L.limit > 1 and int(slot) or nil)
-  L.n, L.dirty = L.n - 1, true
-  if L.n == 0 then
-    L.e, L.e_s = 0, '0'
+  L.holders, L.dirty = L.holders - 1, true
+  if L.holders == 0 then
+    L.earliest, L.earliest_s = 0, '0'
   end
   if holder == L.holder then
     L.mine_text, L.mine_grant = false, false
   end
 end
 
--- Store a grant with its lease (L.n already counts it): 'e' stays a bound
+-- Store a grant with its lease (L.holders already counts it): `earliest` stays a bound
 -- no lease ends before (exact for a sole holder), and the keys outlive the
 -- lease.
 local function put_grant(L, grant)
   change(L, 'h:' .. grant.holder, format_grant(grant))
-  if L.n == 1 or grant.expires < L.e then
-    L.e, L.e_s = grant.expires, grant.expires_s
+  if L.holders == 1 or grant.expires < L.earliest then
+    L.earliest, L.earliest_s = grant.expires, grant.expires_s
   end
   L.dirty = true
   keep_keys_until(L, grant.expires)
@@ -545,7 +583,7 @@ end
 -- expiry 'e' lies ahead; otherwise every grant is looked at once and 'e'
 -- becomes exact again (and 'top' the highest slot still taken).
 local function purge_expired(L, now)
-  if L.n == 0 or L.e > now then
+  if L.holders == 0 or L.earliest > now then
     return 0
   end
   local dropped, earliest, top = 0, nil, 0
@@ -560,7 +598,7 @@ local function purge_expired(L, now)
       top = math.max(top, grant.slot)
     end
   end
-  L.e, L.e_s, L.top, L.dirty = earliest or 0, false, top, true
+  L.earliest, L.earliest_s, L.top_slot, L.dirty = earliest or 0, false, top, true
   return dropped
 end
 
@@ -568,7 +606,7 @@ end
 -- at all unless 'seq' says someone may; then remembered until the queue
 -- changes).
 local function queue_head(L)
-  if L.seq == 0 then
+  if L.arrivals == 0 then
     return nil
   end
   if not L.queue_known then
@@ -623,7 +661,7 @@ end
 -- waiter. The head, once granted, wakes the next one while permits remain.
 local function wake_eligible(L)
   local head = queue_head(L)
-  if head and L.limit - L.n > 0 then
+  if head and L.limit - L.holders > 0 then
     local prefix = string.match(L.queue, '^(.-):{')
     redis.call('PUBLISH', prefix .. ':wake', L.queue .. '\n' .. head)
   end
@@ -663,9 +701,9 @@ end
 -- A lock whose live locks are counted (L.live) keeps its entry in '...:n'.
 local function settle(L)
   local head = queue_head(L)
-  if L.n == 0 and not head then
+  if L.holders == 0 and not head then
     if L.exists then
-      if L.seq > 0 then
+      if L.arrivals > 0 then
         redis.call('DEL', L.key, L.queue, L.deadlines, L.waiters)
       else
         redis.call('DEL', L.key)
@@ -679,30 +717,30 @@ local function settle(L)
     return
   end
   -- An empty queue drops its arrival counter: 'seq' says someone may wait.
-  if not head and L.seq > 0 then
-    L.seq, L.dirty = 0, true
+  if not head and L.arrivals > 0 then
+    L.arrivals, L.dirty = 0, true
   end
   if #L.removed > 0 then
     on_fields(L.key, 'HDEL', L.removed)
     L.removed = NONE
   end
-  local expire = L.keep_until > L.x
+  local expire = L.keep_until > L.key_expiry
   if expire then
-    L.x, L.dirty = L.keep_until + KEY_GRACE_MS, true
-    L.x_s = int(L.x)
+    L.key_expiry, L.dirty = L.keep_until + KEY_GRACE_MS, true
+    L.key_expiry_s = int(L.key_expiry)
   end
   if L.dirty then
-    if not L.e_s then
-      L.e_s = int(L.e)
+    if not L.earliest_s then
+      L.earliest_s = int(L.earliest)
     end
     -- The keys' expiry is left out when it is the usual one (a lease's
     -- end plus twice the grace): 13 bytes fewer per lock.
     local x_s = ''
-    if L.x ~= L.e + KEY_TTL_MS then
-      L.x_s = L.x_s or int(L.x)
-      x_s = L.x_s
+    if L.key_expiry ~= L.earliest + KEY_TTL_MS then
+      L.key_expiry_s = L.key_expiry_s or int(L.key_expiry)
+      x_s = L.key_expiry_s
     end
-    change(L, '_', int(L.limit) .. '|' .. int(L.n) .. '|' .. L.e_s .. '|' .. int(L.top) .. '|' .. int(L.seq) .. '|' .. x_s)
+    change(L, '_', encode_header(int(L.limit), int(L.holders), L.earliest_s, int(L.top_slot), int(L.arrivals), x_s))
     L.dirty = false
   end
   if #L.changes > 0 then
@@ -710,7 +748,7 @@ local function settle(L)
     L.changes = NONE
   end
   if expire then
-    local at = L.x_s
+    local at = L.key_expiry_s
     redis.call('PEXPIREAT', L.key, at)
     if L.live then
       local shard, name = names(L)
@@ -721,12 +759,12 @@ local function settle(L)
   end
   -- The queue's keys expire with the lock's (a new queue gets the TTL now).
   if head and (expire or L.queue_fresh) then
-    if not L.x_s then
-      L.x_s = int(L.x)
+    if not L.key_expiry_s then
+      L.key_expiry_s = int(L.key_expiry)
     end
-    redis.call('PEXPIREAT', L.queue, L.x_s)
-    redis.call('PEXPIREAT', L.deadlines, L.x_s)
-    redis.call('PEXPIREAT', L.waiters, L.x_s)
+    redis.call('PEXPIREAT', L.queue, L.key_expiry_s)
+    redis.call('PEXPIREAT', L.deadlines, L.key_expiry_s)
+    redis.call('PEXPIREAT', L.waiters, L.key_expiry_s)
     L.queue_fresh = false
   end
   L.exists = true

@@ -18,7 +18,7 @@ end
 -- 2. The limit only means something while someone holds the lock.
 local limit = #holders > 0 and L.limit or 0
 local waiters = 0
-if L.seq > 0 then
+if L.arrivals > 0 then
   waiters = redis.call('ZCOUNT', L.deadlines, '(' .. int(now), '+inf')
 end
 return {now, limit, waiters, holders}

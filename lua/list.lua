@@ -20,7 +20,7 @@ for _, name in ipairs(ARGV) do
     end
   end
   local waiters = 0
-  if L.seq > 0 then
+  if L.arrivals > 0 then
     waiters = redis.call('ZCOUNT', L.deadlines, '(' .. int(now), '+inf')
   end
   if holders > 0 or waiters > 0 then

@@ -14,4 +14,4 @@ settle_purged(L, purge(L, now))
 
 -- 2. When the next lease may end (exact after a purge that looked at
 --    every grant; otherwise a bound no lease ends before).
-return {now, L.n > 0 and L.e or 0, unpack(L.events)}
+return {now, L.holders > 0 and L.earliest or 0, unpack(L.events)}

@@ -21,9 +21,9 @@ local lock_key = KEYS[1]
 local read = redis.call('HMGET', lock_key, '_', 'h:' .. holder)
 local header, record = read[1], read[2]
 if record and watched == '0' and not KEYS[6] and not epoch then
-  local n, e, seq = string.match(header, '^%d+|(%d+)|(%d+)|%d+|(%d+)|')
-  if n == '1' and seq == '0' and above(e, string.sub(now_us, 1, -4))
-    and (token == '' or string.match(record, '^%d+|%d+|(%d+)|') == token) then
+  local earliest = sole_holder_until(header)
+  if earliest and above(earliest, string.sub(now_us, 1, -4))
+    and (token == '' or grant_token(record) == token) then
     redis.call('DEL', lock_key)
     return {OK, now, holder, record}
   end
