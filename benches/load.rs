@@ -267,10 +267,7 @@ impl Client {
 }
 
 fn lock_id(name: &str) -> LockId {
-    LockId {
-        namespace: "default".into(),
-        name: name.into(),
-    }
+    LockId::parse("default", name).expect("a valid lock name")
 }
 
 #[derive(Clone, Copy, Debug)]

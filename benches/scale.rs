@@ -425,10 +425,8 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
                     }
                     let outcome = engine
                         .acquire(&engine::AcquireRequest {
-                            lock: LockId {
-                                namespace: "default".into(),
-                                name: format!("fill-{i:08}"),
-                            },
+                            lock: LockId::parse("default", format!("fill-{i:08}"))
+                                .expect("a valid lock name"),
                             holder: "filler".into(),
                             limit: 1,
                             ttl_ms: LONG_TTL_MS,

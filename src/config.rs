@@ -326,7 +326,7 @@ fn parse_changelog_namespace(value: &str) -> Result<String, String> {
         ));
     }
     if !name.is_empty() {
-        crate::api::validate::namespace(name).map_err(|e| e.message().to_owned())?;
+        crate::api::validate::namespace(name).map_err(|e| e.to_string())?;
     }
     Ok(value.to_owned())
 }

@@ -105,7 +105,7 @@ pub fn page_token(data: &[u8]) {
             let again = validate::encode_page_token(&cursor);
             assert_eq!(validate::page_token(&again).unwrap(), Some(cursor));
         }
-        Err(status) => assert_names(&status, "page_token"),
+        Err(invalid) => assert_names(&invalid.into(), "page_token"),
     }
 }
 
@@ -127,9 +127,9 @@ pub fn grant_record(data: &[u8]) {
     let slot = bytes.u64() as u32;
     let acquired_at_ms = bytes.u64() >> 1;
     let ttl_ms = bytes.u64();
-    let kind = validate::kind(&bytes.text(validate::MAX_KIND_BYTES))
+    let kind = validate::kind(bytes.text(validate::MAX_KIND_BYTES))
         .unwrap_or_else(|_| validate::DEFAULT_KIND.to_owned());
-    let holder = validate::holder(&bytes.text(64)).unwrap_or_else(|_| "h".to_owned());
+    let holder = validate::holder(bytes.text(64)).unwrap_or_else(|_| "h".to_owned());
     let metadata: BTreeMap<String, String> = entries(&mut bytes).into_iter().collect();
     let json = engine::records::metadata_arg(&metadata);
     let mut record = format!("{slot}|{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}");
@@ -197,7 +197,7 @@ pub fn metadata(data: &[u8]) {
             .expect("a written record decodes");
             assert_eq!(grant.metadata, valid);
         }
-        Err(status) => assert_names(&status, "metadata"),
+        Err(invalid) => assert_names(&invalid.into(), "metadata"),
     }
 }
 

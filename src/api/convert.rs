@@ -10,6 +10,13 @@ use tonic::{Code, Status};
 use crate::engine::{self, AcquireOutcome, EngineError, ErrorKind, LockId};
 use crate::proto::{self, AcquireStatus, NotAcquiredReason};
 
+/// A broken request rule: INVALID_ARGUMENT, naming the field.
+impl From<engine::Invalid> for Status {
+    fn from(invalid: engine::Invalid) -> Self {
+        Status::invalid_argument(invalid.to_string())
+    }
+}
+
 /// The gRPC code of an engine error kind.
 pub fn code(kind: ErrorKind) -> Code {
     match kind {

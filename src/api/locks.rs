@@ -27,21 +27,6 @@ pub(super) fn effective_wait(wait_ms: u64, deadline: Option<Duration>) -> Durati
     }
 }
 
-pub(super) fn lock_id(namespace: &str, name: &str) -> Result<LockId, Status> {
-    Ok(LockId {
-        namespace: validate::namespace(namespace)?,
-        name: validate::name(name)?,
-    })
-}
-
-/// [`lock_id`] of request fields the handler gives up (no copies).
-pub(super) fn lock_id_owned(namespace: String, name: String) -> Result<LockId, Status> {
-    Ok(LockId {
-        namespace: validate::namespace_owned(namespace)?,
-        name: validate::name_owned(name)?,
-    })
-}
-
 /// Whether the lock operations' handlers (Acquire, Release, Extend) open
 /// their span: when spans are exported, or when debug logging is on (the
 /// handlers' debug lines then carry the lock from it). At the default
@@ -74,15 +59,15 @@ impl LockApi {
             _ => None,
         };
         let mut req = request.into_inner();
-        let holder = validate::optional_holder_owned(std::mem::take(&mut req.holder))?
+        let holder = validate::optional_holder(std::mem::take(&mut req.holder))?
             .unwrap_or_else(new_holder_id);
         let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits)?;
         let acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
         access.act(&acquire.lock.namespace)?;
         let span = tracing::Span::current();
         if !span.is_disabled() {
-            span.record("namespace", &acquire.lock.namespace);
-            span.record("lock_name", &acquire.lock.name);
+            span.record("namespace", acquire.lock.namespace.as_str());
+            span.record("lock_name", acquire.lock.name.as_str());
             span.record("holder", &acquire.holder);
         }
 
@@ -150,9 +135,9 @@ impl LockApi {
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = lock_id_owned(req.namespace, req.name)?;
+        let lock = LockId::parse(req.namespace, req.name)?;
         access.act(&lock.namespace)?;
-        let holder = validate::holder_owned(req.holder)?;
+        let holder = validate::holder(req.holder)?;
         let token = validate::fencing_token(req.fencing_token)?;
         let outcome = self
             .engine
@@ -176,9 +161,9 @@ impl LockApi {
         let access = Access::of(&request)?;
         let deadline = grpc_deadline(&request);
         let req = request.into_inner();
-        let lock = lock_id_owned(req.namespace, req.name)?;
+        let lock = LockId::parse(req.namespace, req.name)?;
         access.act(&lock.namespace)?;
-        let holder = validate::holder_owned(req.holder)?;
+        let holder = validate::holder(req.holder)?;
         let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits)?;
         let token = validate::fencing_token(req.fencing_token)?;
         let outcome = self

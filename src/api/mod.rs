@@ -142,7 +142,7 @@ impl LockApi {
     ) -> Result<engine::AcquireRequest, Status> {
         let wait_ms = validate::wait_ms(req.wait_ms, &self.limits)?;
         Ok(engine::AcquireRequest {
-            lock: lock_id_owned(
+            lock: LockId::parse(
                 std::mem::take(&mut req.namespace),
                 std::mem::take(&mut req.name),
             )?,
@@ -158,7 +158,7 @@ impl LockApi {
             priority: validate::priority(req.priority)?,
             fair: req.fair.unwrap_or(true),
             limit: validate::limit(req.limit, &self.limits)?,
-            kind: validate::kind_owned(std::mem::take(&mut req.kind))?,
+            kind: validate::kind(std::mem::take(&mut req.kind))?,
             metadata: validate::metadata(&req.metadata)?,
             ttl_ms,
             holder,
@@ -263,13 +263,13 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::InspectResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = lock_id(&req.namespace, &req.name)?;
+        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str())?;
         access.read(&lock.namespace)?;
         let state = self.engine.inspect(&lock).await.map_err(Status::from)?;
         let now_ms = state.now_ms;
         Ok(Response::new(proto::InspectResponse {
-            namespace: lock.namespace,
-            name: lock.name,
+            namespace: lock.namespace.into(),
+            name: lock.name.into(),
             limit: state.limit,
             waiters: state.waiters,
             now_ms,
@@ -291,13 +291,13 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::QueueResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = lock_id(&req.namespace, &req.name)?;
+        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str())?;
         access.read(&lock.namespace)?;
         let most = validate::max_entries(req.max_entries)?;
         let state = self.engine.queue(&lock, most).await.map_err(Status::from)?;
         Ok(Response::new(proto::QueueResponse {
-            namespace: lock.namespace,
-            name: lock.name,
+            namespace: lock.namespace.into(),
+            name: lock.name.into(),
             waiters: state.waiters,
             now_ms: state.now_ms,
             requests: state

@@ -4,7 +4,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tonic::Status;
+pub use crate::engine::names::{
+    DEFAULT_NAMESPACE, Invalid, MAX_NAME_BYTES, MAX_NAMESPACE_BYTES, text,
+};
+use crate::engine::{LockName, Namespace};
 
 mod page_tokens;
 
@@ -33,7 +36,7 @@ pub const DEFAULT_QUEUE_ENTRIES: u32 = 100;
 pub const MAX_QUEUE_ENTRIES: u32 = 1000;
 
 /// 0 (try once) ..= max_wait_ms.
-pub fn wait_ms(value: u64, limits: &Limits) -> Result<u64, Status> {
+pub fn wait_ms(value: u64, limits: &Limits) -> Result<u64, Invalid> {
     if value > limits.max_wait_ms {
         return Err(invalid(
             "wait_ms",
@@ -44,7 +47,7 @@ pub fn wait_ms(value: u64, limits: &Limits) -> Result<u64, Status> {
 }
 
 /// Absent → the default; otherwise 100..=max_ttl_ms.
-pub fn queue_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<u64, Status> {
+pub fn queue_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<u64, Invalid> {
     match value {
         None => Ok(limits.default_queue_ttl_ms),
         Some(ms) if !(MIN_QUEUE_TTL_MS..=limits.max_ttl_ms).contains(&ms) => Err(invalid(
@@ -59,7 +62,7 @@ pub fn queue_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<u64, Status> 
 }
 
 /// -1000..=1000.
-pub fn priority(value: i32) -> Result<i32, Status> {
+pub fn priority(value: i32) -> Result<i32, Invalid> {
     if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&value) {
         return Err(invalid(
             "priority",
@@ -73,13 +76,13 @@ pub const DEFAULT_PAGE_SIZE: u32 = 100;
 pub const MAX_PAGE_SIZE: u32 = 1000;
 
 /// A name prefix for listing: like a name, but may be empty.
-pub fn prefix(value: &str) -> Result<String, Status> {
+pub fn prefix(value: &str) -> Result<String, Invalid> {
     text("prefix", value, MAX_NAME_BYTES)?;
     Ok(value.to_owned())
 }
 
 /// 0 → 100; otherwise at most 1000.
-pub fn page_size(value: u32) -> Result<u32, Status> {
+pub fn page_size(value: u32) -> Result<u32, Invalid> {
     match value {
         0 => Ok(DEFAULT_PAGE_SIZE),
         n if n > MAX_PAGE_SIZE => Err(invalid(
@@ -91,7 +94,7 @@ pub fn page_size(value: u32) -> Result<u32, Status> {
 }
 
 /// Absent: no cutoff; otherwise at least 1.
-pub fn older_than_ms(value: Option<u64>) -> Result<Option<u64>, Status> {
+pub fn older_than_ms(value: Option<u64>) -> Result<Option<u64>, Invalid> {
     if value == Some(0) {
         return Err(invalid("older_than_ms", "must be at least 1"));
     }
@@ -103,7 +106,7 @@ const DEFAULT_METRICS_RANGE_MS: i64 = 3600 * 1000;
 
 /// A metrics range: 0 means the last hour up to `now_ms`; from ≤ to; at
 /// most 24 hours (the counters' retention).
-pub fn metrics_range(from_ms: i64, to_ms: i64, now_ms: i64) -> Result<(i64, i64), Status> {
+pub fn metrics_range(from_ms: i64, to_ms: i64, now_ms: i64) -> Result<(i64, i64), Invalid> {
     let to = if to_ms == 0 { now_ms } else { to_ms };
     if to < 0 {
         return Err(invalid("to_ms", "must not be negative"));
@@ -131,7 +134,7 @@ pub fn metrics_range(from_ms: i64, to_ms: i64, now_ms: i64) -> Result<(i64, i64)
 }
 
 /// 0 → 100; otherwise at most 1000.
-pub fn max_entries(value: u32) -> Result<u32, Status> {
+pub fn max_entries(value: u32) -> Result<u32, Invalid> {
     match value {
         0 => Ok(DEFAULT_QUEUE_ENTRIES),
         n if n > MAX_QUEUE_ENTRIES => Err(invalid(
@@ -142,10 +145,7 @@ pub fn max_entries(value: u32) -> Result<u32, Status> {
     }
 }
 
-pub const DEFAULT_NAMESPACE: &str = "default";
 pub const DEFAULT_KIND: &str = "default";
-pub const MAX_NAMESPACE_BYTES: usize = 64;
-pub const MAX_NAME_BYTES: usize = 512;
 pub const MAX_HOLDER_BYTES: usize = 256;
 pub const MAX_KIND_BYTES: usize = 32;
 pub const MAX_METADATA_ENTRIES: usize = 32;
@@ -153,86 +153,23 @@ pub const MAX_METADATA_KEY_BYTES: usize = 64;
 pub const MAX_METADATA_VALUE_BYTES: usize = 1024;
 pub const MAX_METADATA_TOTAL_BYTES: usize = 8192;
 
-fn invalid(field: &str, rule: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(format!("{field}: {rule}"))
+fn invalid(field: &'static str, rule: impl std::fmt::Display) -> Invalid {
+    Invalid::new(field, rule)
 }
 
-/// Empty → `default`; otherwise 1..=64 bytes of `[A-Za-z0-9_.-]` (it is
-/// part of the Redis hash tag, so braces and colons are out).
-pub fn namespace(value: &str) -> Result<String, Status> {
-    if value.is_empty() {
-        return Ok(DEFAULT_NAMESPACE.to_owned());
-    }
-    check_namespace(value)?;
-    Ok(value.to_owned())
-}
-
-/// [`namespace`] for a request field the caller gives up (no copy).
-pub fn namespace_owned(value: String) -> Result<String, Status> {
-    if value.is_empty() {
-        return Ok(DEFAULT_NAMESPACE.to_owned());
-    }
-    check_namespace(&value)?;
-    Ok(value)
-}
-
-fn check_namespace(value: &str) -> Result<(), Status> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
-    if value.len() > MAX_NAMESPACE_BYTES || !value.chars().all(allowed) {
-        return Err(invalid(
-            "namespace",
-            format!("must be at most {MAX_NAMESPACE_BYTES} characters of [A-Za-z0-9_.-]"),
-        ));
-    }
-    Ok(())
-}
-
-/// Free text of at most `max` bytes without control characters.
-fn text(field: &str, value: &str, max: usize) -> Result<(), Status> {
-    if value.len() > max {
-        return Err(invalid(field, format!("must be at most {max} bytes")));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(invalid(field, "must not contain control characters"));
-    }
-    Ok(())
+/// Empty → `default`; otherwise 1..=64 bytes of `[A-Za-z0-9_.-]`.
+pub fn namespace(value: impl Into<String>) -> Result<Namespace, Invalid> {
+    Namespace::parse(value)
 }
 
 /// 1..=512 bytes, no control characters.
-pub fn name(value: &str) -> Result<String, Status> {
-    check_name(value)?;
-    Ok(value.to_owned())
-}
-
-/// [`name`] for a request field the caller gives up (no copy).
-pub fn name_owned(value: String) -> Result<String, Status> {
-    check_name(&value)?;
-    Ok(value)
-}
-
-fn check_name(value: &str) -> Result<(), Status> {
-    if value.is_empty() {
-        return Err(invalid("name", "must not be empty"));
-    }
-    text("name", value, MAX_NAME_BYTES)
+pub fn name(value: impl Into<String>) -> Result<LockName, Invalid> {
+    LockName::parse(value)
 }
 
 /// An acquiring holder: empty means "make one up" (None).
-pub fn optional_holder(value: &str) -> Result<Option<String>, Status> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    text("holder", value, MAX_HOLDER_BYTES)?;
-    Ok(Some(value.to_owned()))
-}
-
-/// A releasing or extending holder: required.
-pub fn holder(value: &str) -> Result<String, Status> {
-    optional_holder(value)?.ok_or_else(|| invalid("holder", "must not be empty"))
-}
-
-/// [`optional_holder`] for a request field the caller gives up (no copy).
-pub fn optional_holder_owned(value: String) -> Result<Option<String>, Status> {
+pub fn optional_holder(value: impl Into<String>) -> Result<Option<String>, Invalid> {
+    let value = value.into();
     if value.is_empty() {
         return Ok(None);
     }
@@ -240,13 +177,13 @@ pub fn optional_holder_owned(value: String) -> Result<Option<String>, Status> {
     Ok(Some(value))
 }
 
-/// [`holder`] for a request field the caller gives up (no copy).
-pub fn holder_owned(value: String) -> Result<String, Status> {
-    optional_holder_owned(value)?.ok_or_else(|| invalid("holder", "must not be empty"))
+/// A releasing or extending holder: required.
+pub fn holder(value: impl Into<String>) -> Result<String, Invalid> {
+    optional_holder(value)?.ok_or_else(|| invalid("holder", "must not be empty"))
 }
 
 /// Absent → 1; otherwise 1..=max_limit.
-pub fn limit(value: Option<u32>, limits: &Limits) -> Result<u32, Status> {
+pub fn limit(value: Option<u32>, limits: &Limits) -> Result<u32, Invalid> {
     match value {
         None => Ok(1),
         Some(0) => Err(invalid("limit", "must be at least 1")),
@@ -259,12 +196,12 @@ pub fn limit(value: Option<u32>, limits: &Limits) -> Result<u32, Status> {
 }
 
 /// Absent → `default`; otherwise 1..=max_ttl_ms.
-pub fn ttl_ms(value: Option<u64>, limits: &Limits) -> Result<u64, Status> {
+pub fn ttl_ms(value: Option<u64>, limits: &Limits) -> Result<u64, Invalid> {
     optional_ttl_ms(value, limits).map(|ttl| ttl.unwrap_or(limits.default_ttl_ms))
 }
 
 /// Absent stays absent (Extend then reuses the grant's own ttl).
-pub fn optional_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<Option<u64>, Status> {
+pub fn optional_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<Option<u64>, Invalid> {
     match value {
         Some(0) => Err(invalid("ttl_ms", "must be at least 1")),
         Some(ms) if ms > limits.max_ttl_ms => Err(invalid(
@@ -276,7 +213,7 @@ pub fn optional_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<Option<u64
 }
 
 /// A session id to resume: as SessionOpened gave it (`session-<uuid>`).
-pub fn session_id(value: &str) -> Result<String, Status> {
+pub fn session_id(value: &str) -> Result<String, Invalid> {
     let valid = value.starts_with("session-")
         && value.len() <= 64
         && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
@@ -291,7 +228,7 @@ pub fn session_id(value: &str) -> Result<String, Status> {
 }
 
 /// A resume secret: 64 hex digits, as SessionOpened gave it.
-pub fn resume_secret(value: &str) -> Result<String, Status> {
+pub fn resume_secret(value: &str) -> Result<String, Invalid> {
     if value.len() == 64 && value.chars().all(|c| c.is_ascii_hexdigit()) {
         Ok(value.to_owned())
     } else {
@@ -303,7 +240,7 @@ pub fn resume_secret(value: &str) -> Result<String, Status> {
 }
 
 /// Absent means any token; 0 is never granted, so it is refused.
-pub fn fencing_token(value: Option<u64>) -> Result<Option<u64>, Status> {
+pub fn fencing_token(value: Option<u64>) -> Result<Option<u64>, Invalid> {
     if value == Some(0) {
         return Err(invalid(
             "fencing_token",
@@ -315,16 +252,8 @@ pub fn fencing_token(value: Option<u64>) -> Result<Option<u64>, Status> {
 
 /// Empty → `default`; otherwise 1..=32 bytes of `[a-z0-9_.-]` (it becomes a
 /// metrics label, so its alphabet and length are small).
-pub fn kind(value: &str) -> Result<String, Status> {
-    if value.is_empty() {
-        return Ok(DEFAULT_KIND.to_owned());
-    }
-    check_kind(value)?;
-    Ok(value.to_owned())
-}
-
-/// [`kind`] for a request field the caller gives up (no copy).
-pub fn kind_owned(value: String) -> Result<String, Status> {
+pub fn kind(value: impl Into<String>) -> Result<String, Invalid> {
+    let value = value.into();
     if value.is_empty() {
         return Ok(DEFAULT_KIND.to_owned());
     }
@@ -332,7 +261,7 @@ pub fn kind_owned(value: String) -> Result<String, Status> {
     Ok(value)
 }
 
-fn check_kind(value: &str) -> Result<(), Status> {
+fn check_kind(value: &str) -> Result<(), Invalid> {
     let allowed =
         |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-');
     if value.len() > MAX_KIND_BYTES || !value.chars().all(allowed) {
@@ -346,7 +275,7 @@ fn check_kind(value: &str) -> Result<(), Status> {
 
 /// At most 32 entries; keys 1..=64 bytes without control characters;
 /// values up to 1024 bytes; 8192 bytes in all.
-pub fn metadata(value: &HashMap<String, String>) -> Result<BTreeMap<String, String>, Status> {
+pub fn metadata(value: &HashMap<String, String>) -> Result<BTreeMap<String, String>, Invalid> {
     if value.len() > MAX_METADATA_ENTRIES {
         return Err(invalid(
             "metadata",
@@ -381,7 +310,6 @@ mod tests {
     use super::*;
     use base64::Engine as _;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    use tonic::Code;
 
     use crate::engine::ListCursor;
 
@@ -395,10 +323,9 @@ mod tests {
         }
     }
 
-    fn rejects<T: std::fmt::Debug>(result: Result<T, Status>, field: &str) {
-        let status = result.expect_err("should be rejected");
-        assert_eq!(status.code(), Code::InvalidArgument);
-        assert!(status.message().starts_with(field), "{}", status.message());
+    fn rejects<T: std::fmt::Debug>(result: Result<T, Invalid>, field: &str) {
+        let invalid = result.expect_err("should be rejected");
+        assert_eq!(invalid.field, field, "{invalid}");
     }
 
     #[test]
@@ -413,9 +340,9 @@ mod tests {
     #[test]
     fn each_rule_names_its_field() {
         rejects(namespace("a{b}"), "namespace");
-        rejects(namespace(&"n".repeat(65)), "namespace");
+        rejects(namespace("n".repeat(65)), "namespace");
         rejects(name(""), "name");
-        rejects(name(&"x".repeat(513)), "name");
+        rejects(name("x".repeat(513)), "name");
         rejects(name("a\nb"), "name");
         rejects(holder(""), "holder");
         rejects(holder("a\u{7}"), "holder");
@@ -424,7 +351,7 @@ mod tests {
         rejects(ttl_ms(Some(0), &limits()), "ttl_ms");
         rejects(ttl_ms(Some(60_001), &limits()), "ttl_ms");
         rejects(kind("Jobs"), "kind");
-        rejects(kind(&"k".repeat(33)), "kind");
+        rejects(kind("k".repeat(33)), "kind");
         rejects(fencing_token(Some(0)), "fencing_token");
         rejects(wait_ms(10_001, &limits()), "wait_ms");
         rejects(queue_ttl_ms(Some(99), &limits()), "queue_ttl_ms");
@@ -478,18 +405,13 @@ mod tests {
 mod properties {
     use super::*;
     use proptest::prelude::*;
-    use tonic::Code;
 
     use crate::engine::ListCursor;
 
     use crate::test_support::proptest_config as config;
 
-    fn names_field(status: &Status, field: &str) -> bool {
-        status.code() == Code::InvalidArgument
-            && status
-                .message()
-                .strip_prefix(field)
-                .is_some_and(|rest| rest.starts_with(':'))
+    fn names_field(invalid: &Invalid, field: &str) -> bool {
+        invalid.field == field && invalid.to_string().starts_with(&format!("{field}: "))
     }
 
     proptest! {

@@ -19,7 +19,7 @@ use super::params::{ClearForm, Form, NamespaceQuery, Query, ReleaseForm};
 use super::visible::filters;
 use crate::api::validate;
 use crate::auth::Access;
-use crate::engine::{ClearCounts, LockId, ReleaseOutcome};
+use crate::engine::{ClearCounts, LockId, Namespace, ReleaseOutcome};
 
 #[derive(Template)]
 #[template(path = "release.html")]
@@ -69,7 +69,7 @@ struct Cleared<'a> {
 
 /// The namespace of an admin page or action, once allowed: the flag on,
 /// the name valid, and the caller an admin there (anyone, with auth off).
-fn admin_namespace(d: &Dashboard, access: &Access, namespace: &str) -> Result<String, ApiError> {
+fn admin_namespace(d: &Dashboard, access: &Access, namespace: &str) -> Result<Namespace, ApiError> {
     if !d.options.admin {
         return Err(ApiError::admin_off());
     }
@@ -104,7 +104,7 @@ fn admin_guard(
     headers: &HeaderMap,
     namespace: &str,
     confirm: &str,
-) -> Result<String, ApiError> {
+) -> Result<Namespace, ApiError> {
     let namespace = admin_namespace(d, access, namespace)?;
     if !same_origin(headers) {
         return Err(ApiError::cross_site());
@@ -260,7 +260,7 @@ pub(super) async fn admin_clear(
 
 async fn do_clear(view: &View<'_>, headers: &HeaderMap, form: &ClearForm) -> ApiResult {
     let namespace = admin_guard(view.d, view.access, headers, &form.namespace, &form.confirm)?;
-    if form.typed != namespace {
+    if form.typed != namespace.as_str() {
         return Err(ApiError::bad_request(
             "typed: must be the namespace's name, to confirm",
         ));

@@ -97,7 +97,7 @@ pub(super) async fn api_locks(
     let mut locks: Vec<_> = page.locks.iter().collect();
     locks.sort_by(|a, b| a.name.cmp(&b.name));
     json_reply(LocksView {
-        namespace,
+        namespace: namespace.into(),
         prefix,
         locks,
         next_page_token: validate::next_page_token(page.next.as_ref()),
@@ -250,10 +250,7 @@ struct ReaperView<'a> {
 /// that the caller sees.
 pub(super) async fn api_reaper(State(d): State<Dashboard>, Caller(access): Caller) -> ApiResult {
     access.read(REAPER_NAMESPACE)?;
-    let lock = LockId {
-        namespace: REAPER_NAMESPACE.into(),
-        name: REAPER_LOCK.into(),
-    };
+    let lock = LockId::reaper();
     let state = d.engine.inspect(&lock).await?;
     let holder = state
         .holders

@@ -135,12 +135,12 @@ pub(super) async fn api_changelog(
     let page = d
         .changelogs
         .flights
-        .get((namespace.clone(), read.clone()), || async {
+        .get((namespace.to_string(), read.clone()), || async {
             Ok(Arc::new(engine.changelog(&namespace, &read).await?))
         })
         .await?;
     json_reply(ChangelogView {
-        namespace,
+        namespace: namespace.into(),
         enabled: page.enabled,
         size: page.size,
         retention_ms: page.retention_ms,

@@ -113,6 +113,13 @@ impl From<tonic::Status> for ApiError {
     }
 }
 
+/// A broken request rule: 400, naming the field.
+impl From<crate::engine::Invalid> for ApiError {
+    fn from(invalid: crate::engine::Invalid) -> Self {
+        ApiError::bad_request(invalid.to_string())
+    }
+}
+
 /// Redis trouble is logged and counted as the gRPC handlers do; a reply
 /// the engine cannot read is not described to the caller.
 impl From<EngineError> for ApiError {

@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer};
 use super::errors::ApiError;
 use crate::api::validate;
 use crate::auth::Access;
+use crate::engine::Namespace;
 
 /// axum's `Query`, refusing with the dashboard's JSON 400.
 pub(super) struct Query<T>(pub T);
@@ -102,7 +103,7 @@ fn flag<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
 /// The `namespace` parameter (empty: `default`), valid and one the caller
 /// may read (as Inspect and List would allow it); every namespace an
 /// endpoint reads comes through here.
-pub(super) fn readable(namespace: &str, access: &Access) -> Result<String, ApiError> {
+pub(super) fn readable(namespace: &str, access: &Access) -> Result<Namespace, ApiError> {
     let namespace = validate::namespace(namespace)?;
     access.read(&namespace)?;
     Ok(namespace)

@@ -14,8 +14,7 @@ use tokio::time::Instant;
 
 use super::sessions::Renewal;
 use super::{
-    AcquireRequest, ExtendOutcome, LockEngine, LockId, METRICS_RETENTION_MS, REAPER_LOCK,
-    REAPER_NAMESPACE, keys, ops, waiters,
+    AcquireRequest, ExtendOutcome, LockEngine, LockId, METRICS_RETENTION_MS, keys, ops, waiters,
 };
 use crate::store::StoreError;
 
@@ -88,9 +87,9 @@ impl LockEngine {
             for renewal in due {
                 let shard = self
                     .layout
-                    .shard_of(&renewal.key.namespace, &renewal.key.name);
+                    .shard_of(&renewal.key.lock.namespace, &renewal.key.lock.name);
                 by_shard
-                    .entry((renewal.key.namespace.clone(), shard))
+                    .entry((renewal.key.lock.namespace.to_string(), shard))
                     .or_default()
                     .push(renewal);
             }
@@ -121,7 +120,7 @@ impl LockEngine {
         let items: Vec<ops::renew::Item> = batch
             .iter()
             .map(|r| ops::renew::Item {
-                name: &r.key.name,
+                name: &r.key.lock.name,
                 holder: &r.key.session,
                 token: r.token,
                 ttl_ms: r.ttl.as_millis() as u64,
@@ -202,10 +201,7 @@ impl LockEngine {
     /// `tumbler_reaper_lock_unavailable_total` each round until it can:
     /// reaping may have stopped everywhere.
     pub async fn run_reaper(self: Arc<Self>, interval: Duration, replica: String) {
-        let lock = LockId {
-            namespace: REAPER_NAMESPACE.into(),
-            name: REAPER_LOCK.into(),
-        };
+        let lock = LockId::reaper();
         let lease_ms = (interval.as_millis() as u64).saturating_mul(3).max(1);
         let shutdown = self.waiters.shutdown_token().clone();
         let mut ticker = tokio::time::interval(interval);

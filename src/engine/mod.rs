@@ -27,6 +27,7 @@ pub mod clock;
 pub mod keys;
 mod lifecycle;
 mod locks;
+pub mod names;
 pub mod ops;
 pub mod records;
 pub mod resume;
@@ -54,6 +55,7 @@ use sessions::{LostGrant, Sessions};
 use waiters::Waiters;
 
 pub use lifecycle::{EngineSettings, Running};
+pub use names::{Invalid, LockName, Namespace};
 pub use records::{parse_grant, parse_waiter};
 pub use types::*;
 

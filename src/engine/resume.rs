@@ -164,7 +164,7 @@ impl LockEngine {
         let mut lost = Vec::new();
         let mut by_shard: BTreeMap<(String, u32), Vec<(LockId, u64)>> = BTreeMap::new();
         for (namespace, name, token) in grants {
-            let lock = LockId { namespace, name };
+            let lock = LockId::stored(namespace, name);
             if !may_act(&lock.namespace) {
                 lost.push(LostGrant {
                     lock,
@@ -175,7 +175,7 @@ impl LockEngine {
             }
             let shard = self.layout.shard_of(&lock.namespace, &lock.name);
             by_shard
-                .entry((lock.namespace.clone(), shard))
+                .entry((lock.namespace.to_string(), shard))
                 .or_default()
                 .push((lock, token));
         }

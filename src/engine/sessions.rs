@@ -46,8 +46,7 @@ pub struct GrantKey {
     /// resumed on this same replica must not lose grants to its old
     /// stream's end).
     pub epoch: u64,
-    pub namespace: String,
-    pub name: String,
+    pub lock: LockId,
 }
 
 struct SessionGrant {
@@ -80,8 +79,7 @@ fn key(session: &str, epoch: u64, lock: &LockId) -> GrantKey {
     GrantKey {
         session: session.to_owned(),
         epoch,
-        namespace: lock.namespace.clone(),
-        name: lock.name.clone(),
+        lock: lock.clone(),
     }
 }
 
@@ -132,15 +130,7 @@ impl Sessions {
             .collect();
         ended
             .into_iter()
-            .filter_map(|k| {
-                grants.remove(&k).map(|g| {
-                    let lock = LockId {
-                        namespace: k.namespace,
-                        name: k.name,
-                    };
-                    (lock, g.token)
-                })
-            })
+            .filter_map(|k| grants.remove(&k).map(|g| (k.lock, g.token)))
             .collect()
     }
 
@@ -151,13 +141,7 @@ impl Sessions {
             .unwrap()
             .iter()
             .filter(|(k, _)| k.session == session && k.epoch == epoch)
-            .map(|(k, g)| {
-                let lock = LockId {
-                    namespace: k.namespace.clone(),
-                    name: k.name.clone(),
-                };
-                (lock, g.token)
-            })
+            .map(|(k, g)| (k.lock.clone(), g.token))
             .collect()
     }
 
@@ -266,10 +250,7 @@ impl Sessions {
             // A full channel means the client stopped reading; its session
             // is being ended anyway.
             let _ = grant.lost.try_send(LostGrant {
-                lock: LockId {
-                    namespace: key.namespace.clone(),
-                    name: key.name.clone(),
-                },
+                lock: key.lock.clone(),
                 fencing_token: grant.token,
                 reason,
             });

@@ -11,11 +11,39 @@ use crate::store::StoreError;
 
 use super::waiters::RegisterError;
 
-/// A lock, named within a namespace. Both are already validated.
+/// A lock, named within a namespace. Both are validated by their types.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LockId {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: super::Namespace,
+    pub name: super::LockName,
+}
+
+impl LockId {
+    /// Checks both parts as a request gives them (an empty namespace is
+    /// the default one).
+    pub fn parse(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+    ) -> Result<Self, super::Invalid> {
+        Ok(LockId {
+            namespace: super::Namespace::parse(namespace)?,
+            name: super::LockName::parse(name)?,
+        })
+    }
+
+    /// A lock named in Redis or in this replica's own records: both parts
+    /// passed their checks when they were written.
+    pub(crate) fn stored(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        LockId {
+            namespace: super::Namespace::stored(namespace),
+            name: super::LockName::stored(name),
+        }
+    }
+
+    /// The lock that makes one replica at a time the reaper.
+    pub fn reaper() -> Self {
+        LockId::stored(super::REAPER_NAMESPACE, super::REAPER_LOCK)
+    }
 }
 
 /// One permit of a lock, as stored in its grant record. Its JSON (the

@@ -113,8 +113,8 @@ impl LockEvent {
     /// The event of a live grant in a Watch's initial state.
     fn held(lock: &LockId, grant: super::Grant, now_ms: i64) -> LockEvent {
         LockEvent {
-            namespace: lock.namespace.clone(),
-            name: lock.name.clone(),
+            namespace: lock.namespace.to_string(),
+            name: lock.name.to_string(),
             event: HELD.into(),
             holder: grant.holder,
             fencing_token: grant.fencing_token,
@@ -133,8 +133,8 @@ impl LockEvent {
 /// Which events a watcher wants: one namespace, and one name or a prefix.
 #[derive(Clone, Debug)]
 pub struct Filter {
-    pub namespace: String,
-    pub name: Option<String>,
+    pub namespace: super::Namespace,
+    pub name: Option<super::LockName>,
     pub prefix: String,
 }
 
@@ -413,7 +413,7 @@ impl LockEngine {
                 }
                 let engine = self.clone();
                 tokio::spawn(async move {
-                    let lock = LockId { namespace, name };
+                    let lock = LockId::stored(namespace, name);
                     match engine.purge_watched(&lock).await {
                         Ok(Some(next)) => engine.watchers.schedule(
                             &lock.namespace,
@@ -456,7 +456,7 @@ impl LockEngine {
     /// With a prefix, at most [`STATE_MAX_LOCKS`] locks are shown.
     pub async fn watch_state(&self, filter: &Filter) -> Result<Vec<LockEvent>, EngineError> {
         let names = match &filter.name {
-            Some(name) => vec![name.clone()],
+            Some(name) => vec![name.to_string()],
             None => {
                 let mut names = Vec::new();
                 let mut from = None;
@@ -485,10 +485,7 @@ impl LockEngine {
         let mut events = Vec::new();
         let mut now_ms = self.clock.now_ms();
         for name in names {
-            let lock = LockId {
-                namespace: filter.namespace.clone(),
-                name,
-            };
+            let lock = LockId::stored(filter.namespace.clone(), name);
             let state = self.inspect(&lock).await?;
             now_ms = state.now_ms;
             for grant in state.holders {
@@ -504,8 +501,8 @@ impl LockEngine {
                 let queue = self.queue(&lock, STATE_MAX_WAITERS).await?;
                 for request in queue.requests {
                     events.push(LockEvent {
-                        namespace: lock.namespace.clone(),
-                        name: lock.name.clone(),
+                        namespace: lock.namespace.to_string(),
+                        name: lock.name.to_string(),
                         event: WAITING.into(),
                         holder: request.holder,
                         at_ms: queue.now_ms,
@@ -516,7 +513,7 @@ impl LockEngine {
             }
         }
         events.push(LockEvent {
-            namespace: filter.namespace.clone(),
+            namespace: filter.namespace.to_string(),
             event: SYNCED.into(),
             at_ms: now_ms,
             ..LockEvent::default()

@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::Driver;
-use crate::api::lock_id;
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
 use crate::engine::{LockEngine, LockId};
@@ -113,7 +112,7 @@ impl Driver {
                     return Some(refused(id, too_many_running()));
                 }
                 let lock = match access.charge().and_then(|()| {
-                    let lock = lock_id(&command.namespace, &command.name)?;
+                    let lock = LockId::parse(command.namespace.as_str(), command.name.as_str())?;
                     access.access().act(&lock.namespace)?;
                     Ok(lock)
                 }) {

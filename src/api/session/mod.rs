@@ -161,8 +161,8 @@ pub async fn open(
                 .kept
                 .into_iter()
                 .map(|(lock, fencing_token)| proto::SessionGrant {
-                    namespace: lock.namespace,
-                    name: lock.name,
+                    namespace: lock.namespace.into(),
+                    name: lock.name.into(),
                     fencing_token,
                 })
                 .collect();
@@ -506,8 +506,8 @@ fn lost_event(lost: LostGrant) -> Event {
 
 fn grant_lost(lost: LostGrant) -> proto::GrantLost {
     proto::GrantLost {
-        namespace: lost.lock.namespace,
-        name: lost.lock.name,
+        namespace: lost.lock.namespace.into(),
+        name: lost.lock.name.into(),
         fencing_token: lost.fencing_token,
         reason: lost.reason.into(),
     }
