@@ -125,15 +125,19 @@ async fn a_forced_failover_moves_the_writes_and_acked_grants_survive_it() {
         || setup.sentinel.try_query::<String>(&failover).is_ok(),
     );
     let started = Instant::now();
+    // A node changing roles may reset a connection: that reads as "not
+    // yet", and the loop asks again.
     let is_master = |node: &common::topology::RedisNode| {
-        let role: Vec<redis::Value> = node.query(&redis::cmd("ROLE"));
-        matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master")
+        let role = node.try_query::<Vec<redis::Value>>(&redis::cmd("ROLE"));
+        matches!(role.as_deref(), Ok([redis::Value::BulkString(r), ..]) if r == b"master")
     };
     let on_new = |name: &str| {
-        !setup
+        let mut keys = redis::cmd("KEYS");
+        keys.arg(format!("tumbler:{{default:*}}:l:{name}"));
+        setup
             .replica
-            .scan(&format!("tumbler:{{default:*}}:l:{name}"))
-            .is_empty()
+            .try_query::<Vec<String>>(&keys)
+            .is_ok_and(|found| !found.is_empty())
     };
     let mut unavailable = [0, 0];
     let mut granted = [Vec::new(), Vec::new()];
