@@ -119,6 +119,18 @@ impl From<proto::MetricsRow> for engine::MetricsRow {
     }
 }
 
+impl From<&engine::ReleaseOutcome> for proto::ReleaseResponse {
+    fn from(outcome: &engine::ReleaseOutcome) -> Self {
+        let status = match outcome {
+            engine::ReleaseOutcome::Released { .. } => proto::ReleaseStatus::Released,
+            engine::ReleaseOutcome::NotHeld => proto::ReleaseStatus::NotHeld,
+        };
+        proto::ReleaseResponse {
+            status: status.into(),
+        }
+    }
+}
+
 impl From<AcquireOutcome> for proto::AcquireResponse {
     fn from(outcome: AcquireOutcome) -> Self {
         match outcome {

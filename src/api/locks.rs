@@ -144,14 +144,9 @@ impl LockApi {
             .release(&lock, &holder, token)
             .await
             .map_err(|e| self.failed("Release", &lock, &holder, validate::DEFAULT_KIND, e))?;
-        let status = match &outcome {
-            ReleaseOutcome::Released { .. } => ReleaseStatus::Released,
-            ReleaseOutcome::NotHeld => ReleaseStatus::NotHeld,
-        };
+        let reply = proto::ReleaseResponse::from(&outcome);
         report::released(self.engine.layout(), &lock, &holder, token, outcome);
-        Ok(Response::new(proto::ReleaseResponse {
-            status: status.into(),
-        }))
+        Ok(Response::new(reply))
     }
 
     pub(super) async fn extend_rpc(

@@ -21,10 +21,8 @@ use tracing::Instrument;
 
 use crate::auth::{Access, LiveAccess, Throttle};
 use crate::config::TransportLimits;
-use crate::engine::{
-    self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId, ReleaseOutcome,
-};
-use crate::proto::{self, ExtendStatus, ReleaseStatus, lock_service_server::LockService};
+use crate::engine::{self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId};
+use crate::proto::{self, ExtendStatus, lock_service_server::LockService};
 use validate::Limits;
 
 /// The service: the shared engine, the request bounds and the open

@@ -315,11 +315,14 @@ impl LockEngine {
         self: &Arc<Self>,
         session: &str,
         epoch: u64,
-        mut req: AcquireRequest,
+        req: &AcquireRequest,
         lost: &tokio::sync::mpsc::Sender<LostGrant>,
     ) -> Result<AcquireOutcome, EngineError> {
-        req.session_epoch = Some(epoch);
-        let req = &req;
+        debug_assert_eq!(
+            req.session_epoch,
+            Some(epoch),
+            "the request names its stream's epoch"
+        );
         let outcome = self.acquire(req).await?;
         if let AcquireOutcome::Acquired { grant, .. } | AcquireOutcome::AlreadyHeld { grant, .. } =
             &outcome

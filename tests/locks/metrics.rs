@@ -548,3 +548,59 @@ async fn the_documented_metric_list_is_exactly_what_is_served() {
         "in docs/operating.md but not served: {stale:?}"
     );
 }
+
+/// A session's commands are counted as the Acquire and Release RPCs are:
+/// per kind, outcome, wait and hold (its own process: the series are the
+/// process's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_commands_are_counted_like_the_rpcs() {
+    use common::session::Session;
+    use proto::session_request::Command;
+    use proto::session_response::Event;
+    let redis = start_redis();
+    let http = std::net::SocketAddr::from(([127, 0, 0, 1], tumbler::dev::free_port().unwrap()));
+    let listen = format!("--http-listen={http}");
+    let server = TumblerProcess::start(&redis.url(), &[&listen]).await;
+    let mut client = server.client().await;
+    let mut session = Session::open(&mut client, 10_000).await;
+    let granted = session.acquire(1, kinded("sess-1", "", "batch")).await;
+    assert_eq!(granted.status(), AcquireStatus::Acquired);
+    let busy = client
+        .acquire(kinded("sess-2", "other", "batch"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(busy.status(), AcquireStatus::Acquired);
+    let refused = session.acquire(2, kinded("sess-2", "", "batch")).await;
+    assert_eq!(refused.reason(), NotAcquiredReason::Busy);
+    session
+        .send(Command::Release(proto::SessionRelease {
+            request_id: 3,
+            namespace: "default".into(),
+            name: "sess-1".into(),
+        }))
+        .await;
+    match session.next().await {
+        Some(Event::Released(r)) => {
+            assert_eq!(r.response.unwrap().status(), proto::ReleaseStatus::Released)
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let page = common::http::scrape(http).await;
+    let outcome = |outcome: &str| {
+        common::http::sample(
+            &page,
+            "tumbler_acquire_outcomes_total",
+            &[("kind", "batch"), ("outcome", outcome)],
+        )
+    };
+    // Two grants (one through the session, one by the RPC), one busy.
+    assert_eq!(outcome("acquired"), Some(2.0), "{page}");
+    assert_eq!(outcome("busy"), Some(1.0), "{page}");
+    assert_eq!(
+        common::http::sample(&page, "tumbler_hold_seconds_count", &[("kind", "batch")]),
+        Some(1.0),
+        "{page}"
+    );
+}

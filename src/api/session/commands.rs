@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::Driver;
+use crate::api::report;
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
 use crate::engine::{LockEngine, LockId};
@@ -75,6 +76,7 @@ impl Driver {
                 let namespace_stop = running.stop_for(&request.lock.namespace);
                 let stop = namespace_stop.child_token();
                 request.stop = Some(stop.clone());
+                request.session_epoch = Some(self.epoch);
                 let engine: Arc<LockEngine> = self.api.engine.clone();
                 let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
                 let lock = request.lock.clone();
@@ -82,14 +84,19 @@ impl Driver {
                 running.tasks.spawn(async move {
                     let _waiting = waiting;
                     let _done = turn.wait().await;
+                    report::acquire_waiting(engine.layout(), &request);
+                    let started = std::time::Instant::now();
                     let outcome = engine
-                        .session_acquire(&session, epoch, request, &lost)
+                        .session_acquire(&session, epoch, &request, &lost)
                         .await;
                     let done = match outcome {
-                        Ok(outcome) => Done::reply(Event::Acquired(proto::SessionAcquired {
-                            request_id: id,
-                            response: Some(outcome.into()),
-                        })),
+                        Ok(outcome) => {
+                            report::acquired(engine.layout(), &request, &outcome, started.elapsed());
+                            Done::reply(Event::Acquired(proto::SessionAcquired {
+                                request_id: id,
+                                response: Some(outcome.into()),
+                            }))
+                        }
                         Err(crate::engine::EngineError::Stopped)
                             if !namespace_stop.is_cancelled() =>
                         {
@@ -126,19 +133,11 @@ impl Driver {
                     let _done = turn.wait().await;
                     let done = match engine.session_release(&session, epoch, &lock).await {
                         Ok(outcome) => {
-                            let status = match outcome {
-                                crate::engine::ReleaseOutcome::Released { .. } => {
-                                    proto::ReleaseStatus::Released
-                                }
-                                crate::engine::ReleaseOutcome::NotHeld => {
-                                    proto::ReleaseStatus::NotHeld
-                                }
-                            };
+                            let reply = proto::ReleaseResponse::from(&outcome);
+                            report::released(engine.layout(), &lock, &session, None, outcome);
                             Done::reply(Event::Released(proto::SessionReleased {
                                 request_id: id,
-                                response: Some(proto::ReleaseResponse {
-                                    status: status.into(),
-                                }),
+                                response: Some(reply),
                             }))
                         }
                         Err(err) => Done::refused(id, err),
