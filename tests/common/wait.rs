@@ -30,3 +30,20 @@ where
         tokio::time::sleep(POLL).await;
     }
 }
+
+/// Polls `probe` until it gives a value, for at most `within`, sleeping on
+/// the runtime; returns the value.
+pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}

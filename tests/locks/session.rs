@@ -10,6 +10,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::session::{Session, holder_of};
+use common::wait::{wait_for, wait_until_async};
 use common::*;
 use proto::lock_service_client::LockServiceClient;
 use proto::session_request::Command;
@@ -53,15 +54,16 @@ async fn session_grants_outlive_many_ttls_while_the_stream_is_open() {
     // Closing the stream releases at once.
     drop(session.commands);
     while session.events.message().await.ok().flatten().is_some() {}
-    let mut released = false;
-    for _ in 0..50 {
-        if holder_of(&mut client, "long-job").await.is_none() {
-            released = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(released, "closing the session did not release its grant");
+    let released = || {
+        let mut client = client.clone();
+        async move { holder_of(&mut client, "long-job").await.is_none() }
+    };
+    wait_until_async(
+        "closing the session releases its grant",
+        Duration::from_secs(5),
+        released,
+    )
+    .await;
 }
 
 /// A silent client (a hung process, a network blip) is not a dead one:
@@ -88,15 +90,16 @@ async fn a_silent_clients_grants_outlive_its_stream_by_one_ttl_then_expire() {
         (session.id.as_str(), token)
     );
     // Nobody renews it any more: it expires within one TTL.
-    let mut freed = false;
-    for _ in 0..40 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if holder_of(&mut client, "silent").await.is_none() {
-            freed = true;
-            break;
-        }
-    }
-    assert!(freed, "the grant of a silent session outlived its ttl");
+    let freed = || {
+        let mut client = client.clone();
+        async move { holder_of(&mut client, "silent").await.is_none() }
+    };
+    wait_until_async(
+        "the silent session's grant expires",
+        Duration::from_secs(5),
+        freed,
+    )
+    .await;
     drop(session.commands);
 }
 
@@ -284,15 +287,16 @@ async fn with_a_lock_delay_a_dead_session_keeps_its_lock_for_the_delay() {
     closing.acquire(1, acquire("polite", "")).await;
     drop(closing.commands);
     while let Ok(Some(_)) = closing.events.message().await {}
-    let mut released = false;
-    for _ in 0..50 {
-        if holder_of(&mut client, "polite").await.is_none() {
-            released = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(released, "a closed session's lock was not released");
+    let released = || {
+        let mut client = client.clone();
+        async move { holder_of(&mut client, "polite").await.is_none() }
+    };
+    wait_until_async(
+        "a closed session's lock is released",
+        Duration::from_secs(5),
+        released,
+    )
+    .await;
 
     // Died (the client process is killed): the lock stays held for the
     // delay, then frees.
@@ -320,18 +324,20 @@ async fn with_a_lock_delay_a_dead_session_keeps_its_lock_for_the_delay() {
     let grant = holder_of(&mut client, "delayed").await.expect("held");
     dying.start_kill().unwrap();
     dying.wait().await.unwrap();
-    let mut delayed = None;
-    for _ in 0..50 {
-        let held = holder_of(&mut client, "delayed")
-            .await
-            .expect("still held during the delay");
-        if held.expires_at_ms < grant.expires_at_ms {
-            delayed = Some(held);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let delayed = delayed.expect("the lease was not cut to the lock-delay");
+    let delayed = wait_for(
+        "the lease cut to the lock-delay",
+        Duration::from_secs(5),
+        || {
+            let mut client = client.clone();
+            async move {
+                let held = holder_of(&mut client, "delayed")
+                    .await
+                    .expect("still held during the delay");
+                (held.expires_at_ms < grant.expires_at_ms).then_some(held)
+            }
+        },
+    )
+    .await;
     assert_eq!(delayed.fencing_token, grant.fencing_token);
     assert_eq!(delayed.ttl_ms, 800);
     let next = client
@@ -703,15 +709,18 @@ async fn a_broken_stream_keeps_its_grants_only_for_a_prompt_resume() {
     session.acquire(1, acquire("abandoned", "")).await;
     let cut = std::time::Instant::now();
     proxy.cut();
-    let mut freed = None;
-    for _ in 0..80 {
-        if holder_of(&mut direct, "abandoned").await.is_none() {
-            freed = Some(cut.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let freed = freed.expect("a dead client's grant was not released");
+    let freed = wait_for(
+        "a dead client's grant released",
+        Duration::from_secs(5),
+        || {
+            let mut direct = direct.clone();
+            async move {
+                let gone = holder_of(&mut direct, "abandoned").await.is_none();
+                gone.then(|| cut.elapsed())
+            }
+        },
+    )
+    .await;
     assert!(
         freed < Duration::from_millis(1_500),
         "freed after {freed:?}"
