@@ -199,6 +199,20 @@ impl LockEngine {
     pub async fn check_redis(&self) -> Result<(), LayoutError> {
         let checked = self.check_redis_once().await;
         *self.not_ready.lock().unwrap() = checked.as_ref().err().map(layout_error_detail);
+        // An ACL refusal anywhere in the check (the layout record's
+        // commands, the lock path) is answered to every RPC until a check
+        // passes; other failures (an outage) leave the calls to find out.
+        match &checked {
+            Ok(()) => {
+                self.lock_path_denied.store(false, Ordering::Release);
+                *self.denied_reason.lock().unwrap() = None;
+            }
+            Err(LayoutError::Store(StoreError::Denied(reason))) => {
+                *self.denied_reason.lock().unwrap() = Some(reason.clone());
+                self.lock_path_denied.store(true, Ordering::Release);
+            }
+            Err(_) => {}
+        }
         checked
     }
 
@@ -226,8 +240,7 @@ impl LockEngine {
     /// checks `FCALL`'s keys as writes, so the pair proves that the user
     /// may load and call the library and read and write tumbler's keys,
     /// and the function writes nothing. An ACL refusal
-    /// ([`StoreError::Denied`]) is kept, and answered to every RPC, until
-    /// a check passes.
+    /// ([`StoreError::Denied`]) is kept by [`Self::check_redis`].
     async fn check_lock_path(&self) -> Result<(), LayoutError> {
         let keys = self.layout.lock_keys(REAPER_NAMESPACE, PROBE_LOCK);
         let declared = keys.declared(self.counts_live());
@@ -240,19 +253,7 @@ impl LockEngine {
             Ok(_) => self.store.run_script::<Value>(script, &declared, &[]).await,
             Err(err) => Err(err),
         };
-        match proved {
-            Ok(_) => {
-                self.lock_path_denied.store(false, Ordering::Release);
-                *self.denied_reason.lock().unwrap() = None;
-                Ok(())
-            }
-            Err(StoreError::Denied(reason)) => {
-                *self.denied_reason.lock().unwrap() = Some(reason.clone());
-                self.lock_path_denied.store(true, Ordering::Release);
-                Err(StoreError::Denied(reason).into())
-            }
-            Err(err) => Err(err.into()),
-        }
+        proved.map(drop).map_err(LayoutError::from)
     }
 
     pub fn is_layout_verified(&self) -> bool {

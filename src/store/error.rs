@@ -105,6 +105,26 @@ pub(crate) fn denial(err: &RedisError, prefix: Option<&str>) -> Option<String> {
     ))
 }
 
+/// What an operator reads when Redis refuses the credentials (a missing
+/// or wrong password), `None` for any other error.
+pub(crate) fn auth_refusal(err: &RedisError) -> Option<&'static str> {
+    let text = err.to_string();
+    if text.contains("WRONGPASS")
+        || text.contains("invalid username-password")
+        || err.kind() == redis::ErrorKind::AuthenticationFailed
+    {
+        Some(
+            "redis refused the username or password (WRONGPASS): check --redis-username and --redis-password[-file]",
+        )
+    } else if text.contains("NOAUTH") || text.contains("Authentication required") {
+        Some(
+            "redis requires a password (NOAUTH): set --redis-password-file (and --redis-username for an ACL user)",
+        )
+    } else {
+        None
+    }
+}
+
 /// Why a new connection to Redis failed, phrased for the operator: the
 /// cause (refused, name not resolved, certificate not trusted, password
 /// missing or wrong, an ACL refusal) and what to check, then Redis' or
@@ -119,13 +139,8 @@ pub(crate) fn connect_reason(err: &RedisError, target: &str, prefix: Option<&str
     let io_kind = std::error::Error::source(err)
         .and_then(|e| e.downcast_ref::<std::io::Error>())
         .map(std::io::Error::kind);
-    let cause = if text.contains("WRONGPASS")
-        || lower.contains("invalid username-password")
-        || err.kind() == redis::ErrorKind::AuthenticationFailed
-    {
-        "redis refused the username or password (WRONGPASS): check --redis-username and --redis-password[-file]".to_owned()
-    } else if text.contains("NOAUTH") || lower.contains("authentication required") {
-        "redis requires a password (NOAUTH): set --redis-password-file (and --redis-username for an ACL user)".to_owned()
+    let cause = if let Some(refused) = auth_refusal(err) {
+        refused.to_owned()
     } else if lower.contains("certificate")
         || lower.contains("unknownissuer")
         || (lower.contains("tls") && lower.contains("handshake"))
@@ -165,6 +180,11 @@ impl StoreError {
         use redis::{ErrorKind, ServerErrorKind};
         if let Some(denied) = denial(&err, prefix) {
             return StoreError::Denied(denied);
+        }
+        if let Some(refused) = auth_refusal(&err) {
+            // On a connection that was open before the password changed
+            // (or was made without one): an outage until it is fixed.
+            return StoreError::Unavailable(format!("{refused} ({err})"));
         }
         let transient = err.is_io_error()
             || err.is_timeout()
@@ -285,6 +305,29 @@ mod tests {
             "The user executing the script can't run this command or subcommand script: x, on @user_function:2.",
         ));
         assert!(inner.contains("inside tumbler's functions"), "{inner}");
+    }
+
+    #[test]
+    fn refused_credentials_are_unavailable_and_say_which_flag() {
+        for (code, detail, says) in [
+            (
+                "NOAUTH",
+                "Authentication required.",
+                "--redis-password-file",
+            ),
+            (
+                "WRONGPASS",
+                "invalid username-password pair or user is disabled.",
+                "--redis-username",
+            ),
+        ] {
+            match StoreError::from_redis(server(code, detail)) {
+                StoreError::Unavailable(reason) => {
+                    assert!(reason.contains(code) && reason.contains(says), "{reason}")
+                }
+                other => panic!("{code}: {other:?}"),
+            }
+        }
     }
 
     #[test]

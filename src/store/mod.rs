@@ -293,7 +293,9 @@ impl Store {
     /// Runs a future on a connection with the command timeout; marks the
     /// connection broken when Redis could not be reached through it, or
     /// when it leads to a server that is no longer the master (READONLY:
-    /// the next connection asks the sentinels again).
+    /// the next connection asks the sentinels again), or when Redis refuses
+    /// its credentials (NOAUTH, WRONGPASS: the next one presents the
+    /// credentials in force, and says why when it fails).
     async fn with_connection<T, F, Fut>(&self, run: F) -> Result<T, StoreError>
     where
         F: FnOnce(Conn) -> Fut,
@@ -336,6 +338,7 @@ impl Store {
                     || err.is_connection_dropped()
                     || err.is_unrecoverable_error()
                     || err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+                    || error::auth_refusal(&err).is_some()
                 {
                     broken.store(true, Ordering::Relaxed);
                 }
