@@ -371,8 +371,7 @@ pub struct ServerConfig {
     /// Which namespaces keep a changelog.
     pub changelog: crate::engine::changelog::ChangelogSettings,
     pub transport: TransportLimits,
-    /// TLS for the gRPC port (and the HTTP port if it says so); None:
-    /// plaintext.
+    /// TLS for the gRPC port (and the HTTP port if it says so); None: plaintext.
     pub tls: Option<crate::tls::TlsSettings>,
 }
 
@@ -417,6 +416,7 @@ impl ServerConfig {
                 min_replicas_acked: args.min_replicas_acked,
                 min_replicas_timeout: Duration::from_millis(args.min_replicas_timeout_ms),
                 credentials: Default::default(),
+                key_prefix: args.key_prefix.clone(),
             },
             key_prefix: args.key_prefix.clone(),
             shards: args.shards,

@@ -9,7 +9,9 @@ use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::api::LockApi;
 use crate::auth::AuthInterceptor;
@@ -18,7 +20,7 @@ use crate::engine::keys::Layout;
 use crate::engine::{EngineSettings, LayoutError, LockEngine};
 use crate::limits::{ConnLimits, Gate, GatedListener, TrackLayer};
 use crate::proto::{self, lock_service_server::LockServiceServer};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 /// Health service names that follow Redis: the server as a whole ("") and
 /// the lock service. Readiness probes use these.
@@ -28,6 +30,64 @@ const REDIS_BOUND_SERVICES: [&str; 2] = ["", "tumbler.v1.LockService"];
 /// Redis does: for liveness probes, so a Redis outage drains traffic
 /// (readiness) without restarting every replica.
 pub const LIVENESS_SERVICE: &str = "liveness";
+
+/// The response header of a NOT_SERVING health answer that says why (the
+/// health protocol's reply has no field for it): `tumbler health` prints it.
+pub const HEALTH_REASON_HEADER: &str = "tumbler-reason";
+
+/// Why the replica is NOT_SERVING (None while it serves), as the health
+/// loop last found it and logged it.
+type HealthReason = Arc<std::sync::RwLock<Option<String>>>;
+
+/// grpc.health.v1 as tonic-health serves it, its NOT_SERVING answers for
+/// the Redis-bound services carrying the reason in [`HEALTH_REASON_HEADER`].
+struct ReasonedHealth {
+    inner: HealthService,
+    reason: HealthReason,
+}
+
+#[tonic::async_trait]
+impl Health for ReasonedHealth {
+    async fn check(
+        &self,
+        request: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<HealthCheckResponse>, tonic::Status> {
+        let bound = REDIS_BOUND_SERVICES.contains(&request.get_ref().service.as_str());
+        let mut response = self.inner.check(request).await?;
+        let serving = response.get_ref().status()
+            == tonic_health::pb::health_check_response::ServingStatus::Serving;
+        let reason = self.reason.read().unwrap().clone();
+        if bound
+            && !serving
+            && let Some(reason) = reason
+        {
+            // Header values are visible ASCII.
+            let printable: String = reason
+                .chars()
+                .map(|c| {
+                    if c == ' ' || c.is_ascii_graphic() {
+                        c
+                    } else {
+                        '?'
+                    }
+                })
+                .collect();
+            if let Ok(value) = printable.parse() {
+                response.metadata_mut().insert(HEALTH_REASON_HEADER, value);
+            }
+        }
+        Ok(response)
+    }
+
+    type WatchStream = tonic_health::server::WatchStream;
+
+    async fn watch(
+        &self,
+        request: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        self.inner.watch(request).await
+    }
+}
 
 /// Serves until `shutdown` resolves, then stops accepting, lets in-flight
 /// RPCs finish and returns. Returns an error when the data in Redis was
@@ -133,7 +193,12 @@ pub async fn serve_on(
         None => None,
     };
 
-    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let reporter = HealthReporter::new();
+    let health_reason = HealthReason::default();
+    let health_service = HealthServer::new(ReasonedHealth {
+        inner: HealthService::from_health_reporter(reporter.clone()),
+        reason: health_reason.clone(),
+    });
     set_status(&reporter, ServingStatus::NotServing).await;
     reporter
         .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
@@ -164,6 +229,7 @@ pub async fn serve_on(
     let watcher = tokio::spawn(watch_redis(
         engine.clone(),
         reporter.clone(),
+        health_reason,
         config.health_interval,
     ));
 
@@ -281,6 +347,7 @@ async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
 async fn watch_redis(
     engine: Arc<LockEngine>,
     reporter: HealthReporter,
+    reason: HealthReason,
     interval: Duration,
 ) -> Result<(), LayoutError> {
     let mut serving = false;
@@ -290,6 +357,7 @@ async fn watch_redis(
     let mut told: Option<String> = None;
     loop {
         let reachable = engine.check_redis().await;
+        let mut why = None;
         let now_serving = match reachable {
             Ok(()) => true,
             Err(LayoutError::Mismatch { found, expected }) if !served => {
@@ -300,17 +368,28 @@ async fn watch_redis(
                 if serving {
                     tracing::error!(%found, %expected, "redis now holds another key layout (it lost its data and a replica of another layout claimed it): NOT_SERVING");
                 }
+                why = Some(LayoutError::Mismatch { found, expected }.to_string());
+                false
+            }
+            Err(LayoutError::Store(StoreError::Denied(reason))) => {
+                if serving || told.as_ref() != Some(&reason) {
+                    tracing::error!(error = %reason, "redis refuses the configured user what locks need: NOT_SERVING");
+                    told = Some(reason.clone());
+                }
+                why = Some(reason);
                 false
             }
             Err(LayoutError::Store(err)) => {
                 let reason = err.to_string();
                 if serving || told.as_ref() != Some(&reason) {
                     tracing::warn!(error = %reason, "redis unreachable: NOT_SERVING");
-                    told = Some(reason);
+                    told = Some(reason.clone());
                 }
+                why = Some(reason);
                 false
             }
         };
+        *reason.write().unwrap() = why;
         if now_serving {
             told = None;
         }

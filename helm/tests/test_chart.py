@@ -171,8 +171,15 @@ DAY_ONE: dict[str, Any] = {
 # A trial: authentication and the NetworkPolicy off in one switch.
 INSECURE: dict[str, Any] = {"insecure": True}
 
+# The worked production example (helm/examples/production.yaml, explained
+# in docs/operating.md): TLS to a managed Redis as a restricted user, auth
+# from a Secret, two replicas, the PDB and the ServiceMonitor.
+PRODUCTION_EXAMPLE_FILE = REPO / "helm" / "examples" / "production.yaml"
+PRODUCTION_EXAMPLE: dict[str, Any] = yaml.safe_load(PRODUCTION_EXAMPLE_FILE.read_text())
+
 SCENARIOS = {
     "defaults": {},
+    "production-example": PRODUCTION_EXAMPLE,
     "insecure": INSECURE,
     "all-features": ALL_FEATURES,
     "three-replicas": THREE_REPLICAS,
@@ -185,6 +192,8 @@ SCENARIOS = {
 # token, so its test Pod is left out. The defaults' three Secrets: the Redis
 # URL, the tokens file and the generated admin token.
 EXPECTED_KINDS = {
+    "production-example": ["ConfigMap", "Deployment", "NetworkPolicy", "Pod", "PodDisruptionBudget", "Service",
+                           "ServiceAccount", "ServiceMonitor"],
     "defaults": ["ConfigMap", "Deployment", "NetworkPolicy", "Pod", "PodDisruptionBudget", "Secret", "Secret", "Secret",
                  "Service", "ServiceAccount"],
     "insecure": ["ConfigMap", "Deployment", "Pod", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"],
@@ -734,6 +743,39 @@ def test_checksum_annotations_follow_config_and_secret():
     changed_url = pod_annotations({"redis": {"url": REDIS_URL_WITH_PASSWORD}})
     assert changed_url["checksum/secret"] != annotations["checksum/secret"]
     assert changed_url["checksum/config"] == annotations["checksum/config"]
+
+
+def test_production_example_renders_what_docs_operating_promises():
+    # helm/examples/production.yaml, as docs/operating.md explains it (it is
+    # also linted, rendered, schema-checked and yamllinted as a scenario).
+    objects = objects_of(PRODUCTION_EXAMPLE)
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    env = {e["name"]: e for e in tumbler_container(deployment)["env"]}
+    # TLS to the managed Redis, its CA from a Secret, mounted.
+    assert env["TUMBLER_REDIS_URL"]["value"] == "rediss://locks-redis.abc123.cache.example.com:6380/0"
+    assert env["TUMBLER_REDIS_TLS_CA_FILE"]["value"] == "/etc/tumbler/redis-tls/ca.crt"
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    assert volumes["redis-tls"]["secret"]["secretName"] == "tumbler-redis-ca"
+    # The restricted user, its password from a Secret, never in the ConfigMap.
+    assert env["TUMBLER_REDIS_USERNAME"]["value"] == "tumbler"
+    assert env["TUMBLER_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "tumbler-redis", "key": "password"}
+    assert not {"TUMBLER_REDIS_URL", "TUMBLER_REDIS_PASSWORD"} & set(config_data(objects))
+    # Auth on, tokens from the operator's Secret; no Secret rendered at all.
+    assert config_data(objects).get("TUMBLER_NO_AUTH") in (None, "false")
+    assert "tumbler-tokens" in json.dumps(pod_spec(deployment)["volumes"])
+    none_of(objects, "Secret")
+    # Two replicas kept through drains, and scraped.
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels(deployment))
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    # Egress to the managed Redis' port and network only (and DNS).
+    policy = one(objects, "NetworkPolicy")
+    redis_rule = policy["spec"]["egress"][0]
+    assert redis_rule["ports"] == [{"port": 6380, "protocol": "TCP"}]
+    assert redis_rule["to"] == [{"ipBlock": {"cidr": "10.20.0.0/24"}}]
 
 
 def test_existing_secret_is_referenced_and_no_secret_rendered():

@@ -1,6 +1,8 @@
 //! `tumbler health`: asks a server's grpc.health.v1 service whether it
 //! serves (exit 0) or not (exit 69: NOT_SERVING, e.g. Redis unreachable,
-//! or no answer at all), as a probe or a `helm test` step would.
+//! or no answer at all), as a probe or a `helm test` step would. A
+//! NOT_SERVING answer says why (the server's `tumbler-reason` header: the
+//! same reason its log and its RPCs' UNAVAILABLE give).
 
 use clap::Args;
 use tonic_health::pb::HealthCheckRequest;
@@ -29,16 +31,25 @@ pub async fn run(args: HealthArgs, globals: &Globals) -> Result<u8, Failure> {
             service: args.service.clone(),
         })
         .await?;
+    let reason = reply
+        .metadata()
+        .get(crate::server::HEALTH_REASON_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
     let status = reply.into_inner().status();
     let name = status.as_str_name();
-    globals.output().reply(
-        &serde_json::json!({
-            "endpoint": conn.endpoint(),
-            "service": args.service,
-            "status": name,
-        }),
-        || format!("{name}\n"),
-    )?;
+    let mut answer = serde_json::json!({
+        "endpoint": conn.endpoint(),
+        "service": args.service,
+        "status": name,
+    });
+    if let Some(reason) = &reason {
+        answer["reason"] = reason.clone().into();
+    }
+    globals.output().reply(&answer, || match &reason {
+        Some(reason) => format!("{name}: {reason}\n"),
+        None => format!("{name}\n"),
+    })?;
     Ok(if status == ServingStatus::Serving {
         exit::SUCCESS
     } else {

@@ -103,6 +103,15 @@ pub struct LockEngine {
     /// The layout record a new connection found instead of this
     /// deployment's (set by the connection check, taken by the health check).
     layout_mismatch: Arc<std::sync::Mutex<Option<String>>>,
+    /// Why the last health check failed (None after one passed): what an
+    /// RPC is told while the layout is not verified, when no connection
+    /// failure says more (`ready`).
+    not_ready: std::sync::Mutex<Option<String>>,
+    /// Set while the health check's proof of the lock path found Redis'
+    /// ACL refusing the configured user (`check_lock_path`); the reason,
+    /// naming what to grant, is what every RPC is told meanwhile.
+    lock_path_denied: AtomicBool,
+    denied_reason: std::sync::Mutex<Option<String>>,
     /// Namespaces this replica recorded as in use, and when.
     noted_namespaces: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     /// Which namespaces keep a changelog (`changelog.rs`).
@@ -135,6 +144,9 @@ impl LockEngine {
             scripts: Scripts::compile(),
             layout_verified,
             layout_mismatch,
+            not_ready: Default::default(),
+            lock_path_denied: AtomicBool::new(false),
+            denied_reason: Default::default(),
             noted_namespaces: Default::default(),
             changelog: Default::default(),
         }
@@ -183,37 +195,94 @@ impl LockEngine {
     }
 
     /// The health check: Redis answers (every cluster primary, the master
-    /// Sentinel names) and holds this deployment's layout record.
+    /// Sentinel names), holds this deployment's layout record, and lets
+    /// the configured user run the lock path (see
+    /// [`Self::check_lock_path`]). A failure's reason is kept for `ready`.
     pub async fn check_redis(&self) -> Result<(), LayoutError> {
-        match self.store.ping().await {
-            Ok(()) => self.verify_layout().await,
-            Err(err) => {
-                // A connection refused for another layout's record fails
-                // the ping: say why.
-                let found = self.layout_mismatch.lock().unwrap().take();
-                Err(match found {
-                    Some(found) => LayoutError::Mismatch {
-                        found,
-                        expected: layout_record(&self.layout),
-                    },
-                    None => err.into(),
-                })
+        let checked = self.check_redis_once().await;
+        *self.not_ready.lock().unwrap() = checked.as_ref().err().map(layout_error_detail);
+        // An ACL refusal anywhere in the check (the layout record's
+        // commands, the lock path) is answered to every RPC until a check
+        // passes; other failures (an outage) leave the calls to find out.
+        match &checked {
+            Ok(()) => {
+                self.lock_path_denied.store(false, Ordering::Release);
+                *self.denied_reason.lock().unwrap() = None;
             }
+            Err(LayoutError::Store(StoreError::Denied(reason))) => {
+                *self.denied_reason.lock().unwrap() = Some(reason.clone());
+                self.lock_path_denied.store(true, Ordering::Release);
+            }
+            Err(_) => {}
         }
+        checked
+    }
+
+    async fn check_redis_once(&self) -> Result<(), LayoutError> {
+        if let Err(err) = self.store.ping().await {
+            // A connection refused for another layout's record fails
+            // the ping: say why.
+            let found = self.layout_mismatch.lock().unwrap().take();
+            return Err(match found {
+                Some(found) => LayoutError::Mismatch {
+                    found,
+                    expected: layout_record(&self.layout),
+                },
+                None => err.into(),
+            });
+        }
+        self.verify_layout().await?;
+        self.check_lock_path().await
+    }
+
+    /// Proves the lock path with the configured user: a read-only
+    /// function of tumbler's library (inspect, of a lock of
+    /// `tumbler-system` nobody holds) called with `FCALL_RO` and then with
+    /// `FCALL`, through the store as every lock call goes. Redis' ACL
+    /// checks `FCALL`'s keys as writes, so the pair proves that the user
+    /// may load and call the library and read and write tumbler's keys,
+    /// and the function writes nothing. An ACL refusal
+    /// ([`StoreError::Denied`]) is kept by [`Self::check_redis`].
+    async fn check_lock_path(&self) -> Result<(), LayoutError> {
+        let keys = self.layout.lock_keys(REAPER_NAMESPACE, PROBE_LOCK);
+        let declared = keys.declared(self.counts_live());
+        let script = &self.scripts.inspect;
+        let proved = match self
+            .store
+            .run_read_only::<Value>(script, &declared, &[])
+            .await
+        {
+            Ok(_) => self.store.run_script::<Value>(script, &declared, &[]).await,
+            Err(err) => Err(err),
+        };
+        proved.map(drop).map_err(LayoutError::from)
     }
 
     pub fn is_layout_verified(&self) -> bool {
         self.layout_verified.load(Ordering::Acquire)
     }
 
+    /// Whether this replica may call Redis for a request now, and if not,
+    /// the real cause: the ACL refusal the health check found, or until
+    /// the layout is verified, why the last connection (or health check)
+    /// failed — a refused port, an unknown host, an untrusted certificate,
+    /// a missing or wrong password — as the log says it.
     fn ready(&self) -> Result<(), StoreError> {
-        if self.is_layout_verified() {
-            Ok(())
-        } else {
-            Err(StoreError::Unavailable(
-                "the redis key layout is not verified yet".into(),
-            ))
+        if self.lock_path_denied.load(Ordering::Acquire)
+            && let Some(reason) = self.denied_reason.lock().unwrap().clone()
+        {
+            return Err(StoreError::Denied(reason));
         }
+        if self.is_layout_verified() {
+            return Ok(());
+        }
+        if let Some(failed) = self.store.last_connect_error() {
+            return Err(failed);
+        }
+        let reason = self.not_ready.lock().unwrap().clone().unwrap_or_else(|| {
+            "not connected to redis yet (the first connection is under way)".into()
+        });
+        Err(StoreError::Unavailable(reason))
     }
 
     /// Calls a function of a shard (its fence key names the slot).
@@ -420,6 +489,22 @@ fn late() -> StoreError {
     StoreError::Unavailable(
         "redis ran the request after its caller's deadline; nothing was granted".into(),
     )
+}
+
+/// The lock of `tumbler-system` the health check inspects (never held).
+const PROBE_LOCK: &str = "readiness";
+
+/// A failed health check's reason without the error's own prefix.
+fn layout_error_detail(err: &LayoutError) -> String {
+    match err {
+        LayoutError::Store(
+            StoreError::Unavailable(detail)
+            | StoreError::Denied(detail)
+            | StoreError::Protocol(detail)
+            | StoreError::Config(detail),
+        ) => detail.clone(),
+        mismatch => mismatch.to_string(),
+    }
 }
 
 /// The layout record of a deployment: `v<version>/<shards> shards`.

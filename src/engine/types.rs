@@ -344,9 +344,10 @@ pub enum ErrorKind {
 impl EngineError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            EngineError::Store(StoreError::Unavailable(_)) | EngineError::ShuttingDown => {
-                ErrorKind::Unavailable
-            }
+            // A refusal of Redis' ACL is the operator's to fix, like an
+            // outage: nothing ran, retry once the user has its grants.
+            EngineError::Store(StoreError::Unavailable(_) | StoreError::Denied(_))
+            | EngineError::ShuttingDown => ErrorKind::Unavailable,
             EngineError::Store(StoreError::Protocol(_) | StoreError::Config(_)) => {
                 ErrorKind::Internal
             }
@@ -365,6 +366,7 @@ impl EngineError {
         match self {
             EngineError::Store(
                 StoreError::Unavailable(detail)
+                | StoreError::Denied(detail)
                 | StoreError::Protocol(detail)
                 | StoreError::Config(detail),
             ) => Some(detail),

@@ -59,7 +59,21 @@ pub(super) struct Backend {
     /// Why the last new connection failed (None after one succeeds): bb8
     /// only says that a checkout timed out, and an operator needs the
     /// reason (refused, wrong password, certificate not trusted).
-    pub(super) last_connect_error: std::sync::Mutex<Option<String>>,
+    pub(super) last_connect_error: std::sync::Mutex<Option<ConnectFailure>>,
+    /// The deployment's key prefix: an ACL refusal names the pattern to
+    /// grant (`~<prefix>:*`).
+    pub(super) key_prefix: String,
+    /// Where connections go, as a reason names it (no credentials).
+    pub(super) describe: String,
+}
+
+/// Why the last new connection failed, phrased for the operator
+/// (`error::connect_reason`).
+#[derive(Clone, Debug)]
+pub(super) struct ConnectFailure {
+    pub(super) reason: String,
+    /// Redis' ACL refused the user (not an outage: a grant is missing).
+    pub(super) denied: bool,
 }
 
 /// The servers to connect to. Clients are made per connection (see
@@ -111,8 +125,10 @@ impl Backend {
         target: &RedisTarget,
         credentials: Credentials,
         timeout: Duration,
+        key_prefix: &str,
     ) -> Result<Self, RedisError> {
         let info = |url: &str| url.into_connection_info();
+        let target_name = target.describe();
         let target = match target {
             RedisTarget::Single { url } => Target::Single(info(url)?),
             RedisTarget::Cluster { seeds } => Target::Cluster {
@@ -134,10 +150,16 @@ impl Backend {
                 current: std::sync::RwLock::new(None),
             },
         };
+        let describe = match &target {
+            Target::Single(info) => format!("redis at {}", info.addr()),
+            _ => target_name,
+        };
         Ok(Backend {
             target,
             credentials,
             last_connect_error: std::sync::Mutex::new(None),
+            key_prefix: key_prefix.to_owned(),
+            describe,
         })
     }
 
@@ -299,7 +321,13 @@ impl bb8::ManageConnection for Manager {
             .backend
             .last_connect_error
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = made.as_ref().err().map(|e| e.to_string());
+            .unwrap_or_else(|e| e.into_inner()) = made.as_ref().err().map(|e| {
+            let prefix = Some(self.backend.key_prefix.as_str());
+            ConnectFailure {
+                reason: super::error::connect_reason(e, &self.backend.describe, prefix),
+                denied: super::error::denial(e, prefix).is_some(),
+            }
+        });
         made
     }
 

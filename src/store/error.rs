@@ -14,6 +14,12 @@ pub enum StoreError {
     /// count on.
     #[error("redis unavailable: {0}")]
     Unavailable(String),
+    /// Redis refused the configured user a command, a key or a channel
+    /// tumbler needs (ACL `NOPERM`): nothing ran. The text names what is
+    /// missing and what to grant; the caller answers UNAVAILABLE, since
+    /// the fix is the operator's, not the client's.
+    #[error("{0}")]
+    Denied(String),
     /// Redis answered, but not as the scripts promise (a bug, not an outage).
     #[error("redis reply not understood: {0}")]
     Protocol(String),
@@ -42,9 +48,144 @@ fn transient_code(code: &str) -> bool {
     )
 }
 
+/// What an operator reads about a refusal of Redis' ACL, `None` when
+/// `err` is none: the command, key or channel refused, and what to grant
+/// (`prefix` is the deployment's key prefix, for the pattern to grant).
+/// Redis says `NOPERM … to run the 'fcall' command` or `… to access one
+/// of the keys used as arguments` for the call itself, and `ERR The user
+/// executing the script can't run this command` for a command inside a
+/// function.
+pub(crate) fn denial(err: &RedisError, prefix: Option<&str>) -> Option<String> {
+    let text = err.to_string();
+    let pattern = |sigil: &str| match prefix {
+        Some(prefix) => format!("{sigil}{prefix}:*"),
+        None => format!("{sigil}<key prefix>:*"),
+    };
+    if text.contains("can't run this command or subcommand") {
+        return Some(
+            "the redis user may not run a command inside tumbler's functions: grant the commands docs/operating.md lists under \"Redis requirements\" (Redis' ACL LOG names the one refused)".into(),
+        );
+    }
+    let noperm = err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        || err.code() == Some("NOPERM")
+        || text.contains("NOPERM")
+        || text.contains("NoPerm");
+    if !noperm {
+        return None;
+    }
+    if let Some(command) = text
+        .split("to run the '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+    {
+        let command = command.to_ascii_lowercase();
+        let name = command.replace('|', " ").to_ascii_uppercase();
+        let grant = match command.split('|').next().unwrap_or_default() {
+            "fcall" | "fcall_ro" | "function" => {
+                "+@scripting (or +fcall +fcall_ro +function|load +function|list)".to_owned()
+            }
+            _ => format!("+{command}"),
+        };
+        return Some(format!("the redis user may not run {name}: grant {grant}"));
+    }
+    if text.contains("channel") {
+        return Some(format!(
+            "the redis user may not use tumbler's Pub/Sub channels: grant {}",
+            pattern("&")
+        ));
+    }
+    if text.contains("key") {
+        return Some(format!(
+            "the redis user may not access tumbler's keys: grant {}",
+            pattern("~")
+        ));
+    }
+    Some(format!(
+        "the redis user is refused by redis' ACL ({text}): see docs/operating.md \"Redis requirements\""
+    ))
+}
+
+/// What an operator reads when Redis refuses the credentials (a missing
+/// or wrong password), `None` for any other error.
+pub(crate) fn auth_refusal(err: &RedisError) -> Option<&'static str> {
+    let text = err.to_string();
+    if text.contains("WRONGPASS")
+        || text.contains("invalid username-password")
+        || err.kind() == redis::ErrorKind::AuthenticationFailed
+    {
+        Some(
+            "redis refused the username or password (WRONGPASS): check --redis-username and --redis-password[-file]",
+        )
+    } else if text.contains("NOAUTH") || text.contains("Authentication required") {
+        Some(
+            "redis requires a password (NOAUTH): set --redis-password-file (and --redis-username for an ACL user)",
+        )
+    } else {
+        None
+    }
+}
+
+/// Why a new connection to Redis failed, phrased for the operator: the
+/// cause (refused, name not resolved, certificate not trusted, password
+/// missing or wrong, an ACL refusal) and what to check, then Redis' or
+/// the OS's own words. The same text is logged, reported by health and
+/// sent with every UNAVAILABLE until a connection succeeds.
+pub(crate) fn connect_reason(err: &RedisError, target: &str, prefix: Option<&str>) -> String {
+    if let Some(denied) = denial(err, prefix) {
+        return denied;
+    }
+    let text = err.to_string();
+    let lower = text.to_ascii_lowercase();
+    let io_kind = std::error::Error::source(err)
+        .and_then(|e| e.downcast_ref::<std::io::Error>())
+        .map(std::io::Error::kind);
+    let cause = if let Some(refused) = auth_refusal(err) {
+        refused.to_owned()
+    } else if lower.contains("certificate")
+        || lower.contains("unknownissuer")
+        || (lower.contains("tls") && lower.contains("handshake"))
+    {
+        format!(
+            "the TLS connection to {target} failed: redis' certificate is not trusted or does not match; check --redis-tls-ca-file (the CA that signed redis' certificate) and the host name in --redis-url"
+        )
+    } else if io_kind == Some(std::io::ErrorKind::ConnectionRefused)
+        || lower.contains("connection refused")
+    {
+        format!("{target} refused the connection: is redis running and listening there?")
+    } else if lower.contains("lookup address")
+        || lower.contains("name or service not known")
+        || lower.contains("name resolution")
+        || lower.contains("nodename nor servname")
+        || lower.contains("no address")
+    {
+        format!("cannot resolve the host of {target} (DNS): check the host name in --redis-url")
+    } else if err.is_timeout() || lower.contains("timed out") {
+        format!(
+            "{target} did not answer in time: check the address, firewalls, and --redis-timeout-ms"
+        )
+    } else {
+        format!("cannot connect to {target}")
+    };
+    format!("{cause} ({text})")
+}
+
 impl StoreError {
     pub(crate) fn from_redis(err: RedisError) -> Self {
+        Self::classify(err, None)
+    }
+
+    /// [`Self::from_redis`] knowing the deployment's key prefix (for the
+    /// key pattern an ACL refusal asks to grant).
+    pub(crate) fn classify(err: RedisError, prefix: Option<&str>) -> Self {
         use redis::{ErrorKind, ServerErrorKind};
+        if let Some(denied) = denial(&err, prefix) {
+            return StoreError::Denied(denied);
+        }
+        if let Some(refused) = auth_refusal(&err) {
+            // On a connection that was open before the password changed
+            // (or was made without one): an outage until it is fixed.
+            return StoreError::Unavailable(format!("{refused} ({err})"));
+        }
         let transient = err.is_io_error()
             || err.is_timeout()
             || err.is_connection_dropped()
@@ -96,6 +237,7 @@ mod tests {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Protocol(_) => "protocol",
             StoreError::Config(_) => "config",
+            StoreError::Denied(_) => "denied",
         }
     }
 
@@ -137,6 +279,55 @@ mod tests {
             ))),
             "unavailable"
         );
+    }
+
+    #[test]
+    fn acl_refusals_are_denied_and_name_what_to_grant() {
+        let reason = |err| match StoreError::classify(err, Some("tumbler")) {
+            StoreError::Denied(reason) => reason,
+            other => panic!("not denied: {other:?}"),
+        };
+        let fcall = reason(server(
+            "NOPERM",
+            "this user has no permissions to run the 'fcall' command",
+        ));
+        assert!(
+            fcall.contains("may not run FCALL") && fcall.contains("+@scripting"),
+            "{fcall}"
+        );
+        let keys = reason(server(
+            "NOPERM",
+            "this user has no permissions to access one of the keys used as arguments",
+        ));
+        assert!(keys.contains("grant ~tumbler:*"), "{keys}");
+        let inner = reason(server(
+            "ERR",
+            "The user executing the script can't run this command or subcommand script: x, on @user_function:2.",
+        ));
+        assert!(inner.contains("inside tumbler's functions"), "{inner}");
+    }
+
+    #[test]
+    fn refused_credentials_are_unavailable_and_say_which_flag() {
+        for (code, detail, says) in [
+            (
+                "NOAUTH",
+                "Authentication required.",
+                "--redis-password-file",
+            ),
+            (
+                "WRONGPASS",
+                "invalid username-password pair or user is disabled.",
+                "--redis-username",
+            ),
+        ] {
+            match StoreError::from_redis(server(code, detail)) {
+                StoreError::Unavailable(reason) => {
+                    assert!(reason.contains(code) && reason.contains(says), "{reason}")
+                }
+                other => panic!("{code}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -86,7 +86,19 @@ async fn fcall(
     keys: &[&str],
     args: &[&str],
 ) -> Result<Value, RedisError> {
-    let mut call = redis::cmd("FCALL");
+    fcall_as("FCALL", conn, script, keys, args).await
+}
+
+/// [`fcall`] sent as `command`: `FCALL`, or `FCALL_RO` for a function
+/// flagged `no-writes` (which Redis' ACL checks as a read of its keys).
+async fn fcall_as(
+    command: &str,
+    conn: &mut Conn,
+    script: &Function,
+    keys: &[&str],
+    args: &[&str],
+) -> Result<Value, RedisError> {
+    let mut call = redis::cmd(command);
     call.arg(&script.function)
         .arg(keys.len())
         .arg(keys)
@@ -136,6 +148,9 @@ pub struct StoreConfig {
     pub min_replicas_timeout: Duration,
     /// ACL user, password and TLS files (the `--redis-*` flags).
     pub credentials: RedisCredentials,
+    /// The prefix of every key and channel (`--key-prefix`): a refusal of
+    /// Redis' ACL names the pattern to grant (`~<prefix>:*`).
+    pub key_prefix: String,
 }
 
 /// How many grants may wait for their replicas at once (each on a
@@ -167,8 +182,13 @@ impl Store {
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
         let (target, credentials) = Self::prepare(config)?;
         let backend = Arc::new(
-            Backend::new(&target, credentials, config.command_timeout)
-                .map_err(|e| StoreError::Config(format!("--redis-url: {e}")))?,
+            Backend::new(
+                &target,
+                credentials,
+                config.command_timeout,
+                &config.key_prefix,
+            )
+            .map_err(|e| StoreError::Config(format!("--redis-url: {e}")))?,
         );
         tracing::debug!(redis = %target.describe(), "redis target");
         let connection_config = AsyncConnectionConfig::new()
@@ -244,16 +264,38 @@ impl Store {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
             match reason {
-                Some(reason) => StoreError::Unavailable(format!("no redis connection: {reason}")),
+                Some(failed) if failed.denied => StoreError::Denied(failed.reason),
+                Some(failed) => {
+                    StoreError::Unavailable(format!("no redis connection: {}", failed.reason))
+                }
                 None => StoreError::Unavailable(format!("no redis connection: {e}")),
             }
+        })
+    }
+
+    /// Why the last new connection failed (None once one succeeds, or
+    /// before any was tried), as [`Self::checkout`] reports it: what a
+    /// caller is told while no connection can be made.
+    pub fn last_connect_error(&self) -> Option<StoreError> {
+        let failed = self
+            .backend
+            .last_connect_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        Some(if failed.denied {
+            StoreError::Denied(failed.reason)
+        } else {
+            StoreError::Unavailable(format!("no redis connection: {}", failed.reason))
         })
     }
 
     /// Runs a future on a connection with the command timeout; marks the
     /// connection broken when Redis could not be reached through it, or
     /// when it leads to a server that is no longer the master (READONLY:
-    /// the next connection asks the sentinels again).
+    /// the next connection asks the sentinels again), or when Redis refuses
+    /// its credentials (NOAUTH, WRONGPASS: the next one presents the
+    /// credentials in force, and says why when it fails).
     async fn with_connection<T, F, Fut>(&self, run: F) -> Result<T, StoreError>
     where
         F: FnOnce(Conn) -> Fut,
@@ -296,10 +338,11 @@ impl Store {
                     || err.is_connection_dropped()
                     || err.is_unrecoverable_error()
                     || err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+                    || error::auth_refusal(&err).is_some()
                 {
                     broken.store(true, Ordering::Relaxed);
                 }
-                Err(StoreError::from_redis(err))
+                Err(self.fail(err))
             }
             Err(_) => Err(StoreError::Unavailable(format!(
                 "redis did not answer within {:?}",
@@ -319,6 +362,23 @@ impl Store {
     ) -> Result<T, StoreError> {
         let reply: Value = self
             .with_connection(|mut conn| async move { fcall(&mut conn, script, keys, args).await })
+            .await?;
+        convert(reply)
+    }
+
+    /// [`Self::run_script`] sent as `FCALL_RO`: only for a function flagged
+    /// `no-writes`. (The readiness check uses it to prove that the user
+    /// may read tumbler's keys through its functions.)
+    pub async fn run_read_only<T: redis::FromRedisValue>(
+        &self,
+        script: &Function,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, StoreError> {
+        let reply: Value = self
+            .with_connection(|mut conn| async move {
+                fcall_as("FCALL_RO", &mut conn, script, keys, args).await
+            })
             .await?;
         convert(reply)
     }
@@ -393,6 +453,12 @@ impl Store {
             .with_connection(|mut conn| async move { pipe.query_async(&mut conn).await })
             .await?;
         convert(reply)
+    }
+
+    /// A redis-rs error as a [`StoreError`], an ACL refusal naming this
+    /// deployment's key pattern.
+    fn fail(&self, err: RedisError) -> StoreError {
+        StoreError::classify(err, Some(&self.backend.key_prefix))
     }
 
     /// Upper bound of one command, connecting included.

@@ -37,11 +37,9 @@ impl Store {
         let backend = &*self.backend;
         match &backend.target {
             Target::Single(info) => {
-                let client = backend
-                    .client(info, false)
-                    .map_err(StoreError::from_redis)?;
+                let client = backend.client(info, false).map_err(|e| self.fail(e))?;
                 match tokio::time::timeout(timeout, on(client)).await {
-                    Ok(found) => found.map_err(StoreError::from_redis),
+                    Ok(found) => found.map_err(|e| self.fail(e)),
                     Err(_) => Err(within("a subscription")),
                 }
             }
@@ -58,7 +56,7 @@ impl Store {
                     on(client).await
                 };
                 match tokio::time::timeout(timeout, subscribe).await {
-                    Ok(found) => found.map_err(StoreError::from_redis),
+                    Ok(found) => found.map_err(|e| self.fail(e)),
                     Err(_) => Err(within("a subscription")),
                 }
             }
@@ -72,7 +70,7 @@ impl Store {
                     let client = match backend.client(&seeds[index], false) {
                         Ok(client) => client,
                         Err(err) => {
-                            last_error = StoreError::from_redis(err);
+                            last_error = self.fail(err);
                             continue;
                         }
                     };
@@ -82,7 +80,7 @@ impl Store {
                             tracing::debug!(seed = index, "subscribed on a cluster node");
                             return Ok(subscribed);
                         }
-                        Ok(Err(err)) => last_error = StoreError::from_redis(err),
+                        Ok(Err(err)) => last_error = self.fail(err),
                         Err(_) => last_error = within("a subscription"),
                     }
                 }

@@ -1,13 +1,16 @@
 //! The Redis user that docs/operating.md's "Redis requirements" section
 //! creates: made from that exact `ACL SETUSER` line (read out of the
 //! document, so the two cannot drift), it runs every lock operation, with no
-//! refusal in Redis' ACL LOG; and without `+@scripting` the lock RPCs fail.
+//! refusal in Redis' ACL LOG. A user missing a grant (`+@scripting`, key
+//! access, a password) makes the server NOT_SERVING, and `tumbler
+//! health`, the log and every RPC's UNAVAILABLE name what to grant.
 
 use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
+use common::wait::wait_until_async;
 use common::*;
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -137,43 +140,205 @@ async fn the_documented_acl_user_runs_every_lock_operation() {
     assert_eq!(libraries.len(), 1, "the check docs/operating.md gives");
 }
 
-/// Without `+@scripting`, what happens today (documented in "Redis
-/// requirements"): the lock RPCs fail, and Redis' ACL LOG names `fcall`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_scripting_the_lock_rpcs_fail() {
-    let redis = start_redis();
-    create_user(&redis, &format!("{} -@scripting", documented_acl_line())).await;
-    let server = TumblerProcess::spawn(&redis.url(), &USER_FLAGS);
-    // Health as it answers today: SERVING (it checks reachability, not the
-    // lock path); a readiness check that proves the lock path may answer
-    // NOT_SERVING instead. Either way, no lock is granted.
-    let health = loop {
-        match health_status(&server.endpoint, "").await {
-            Ok(status) => break status,
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+/// A `tumbler serve` process of this test with the test user and a short
+/// health interval, its log kept (killed by its pid when dropped).
+struct Logged {
+    child: std::process::Child,
+    endpoint: String,
+    log: tempfile::NamedTempFile,
+}
+
+impl Logged {
+    fn spawn(redis: &tumbler::dev::RedisServer) -> Logged {
+        let port = tumbler::dev::free_port().unwrap();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new(TUMBLER)
+            .args(["serve", "--no-auth", "--http-listen", "off"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--redis-url", &redis.url(), "--health-interval-ms", "100"])
+            .args(USER_FLAGS)
+            .env_remove("TUMBLER_LOG_FORMAT")
+            .stdout(Stdio::null())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap();
+        Logged {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            log,
         }
-    };
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A user made from the documented line with `change` appended: the
+/// server is NOT_SERVING and says `reason` (what to grant) in `tumbler
+/// health`'s output, in its log and in every lock RPC's UNAVAILABLE;
+/// nothing is granted. Then the documented line applied again at runtime
+/// (`ACL SETUSER`) turns it SERVING within a few health ticks.
+async fn refused_until_granted(change: &str, reason: &str) {
+    let redis = start_redis();
+    let line = documented_acl_line();
+    create_user(&redis, &format!("{line} {change}")).await;
+    let server = Logged::spawn(&redis);
+    let endpoint = server.endpoint.clone();
+    let ten_s = std::time::Duration::from_secs(10);
+    wait_until_async("tumbler health names the missing grant", ten_s, || {
+        let endpoint = endpoint.clone();
+        async move {
+            let (code, out) = run(&endpoint, &["health"]);
+            code == 69 && out.starts_with("NOT_SERVING: ") && out.contains(reason)
+        }
+    })
+    .await;
+    let (_, json) = run(&endpoint, &["health", "-o", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["status"], "NOT_SERVING");
+    assert!(json["reason"].as_str().unwrap().contains(reason), "{json}");
     assert!(
-        matches!(health, ServingStatus::Serving | ServingStatus::NotServing),
-        "{health:?}"
+        server
+            .log()
+            .lines()
+            .any(|l| l.contains("NOT_SERVING") && l.contains(reason)),
+        "the log says why: {}",
+        server.log()
     );
-    let mut client = server.client().await;
+
+    let mut client =
+        tumbler::proto::lock_service_client::LockServiceClient::connect(endpoint.clone())
+            .await
+            .unwrap();
     let err = client
         .acquire(acquire("acl-lock", "w1"))
         .await
-        .expect_err("no grant without FCALL");
-    assert!(
-        matches!(err.code(), tonic::Code::Internal | tonic::Code::Unavailable),
-        "{err:?}"
-    );
-    let (code, out) = run(&server.endpoint, &["acquire", "acl-lock"]);
-    assert!(code == 70 || code == 69, "exit {code}: {out}");
+        .expect_err("no grant without the permission");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains(reason), "{err:?}");
+    let (code, out) = run(&endpoint, &["acquire", "acl-lock"]);
+    assert_eq!(code, 69, "{out}");
+    assert!(out.contains(reason), "{out}");
+
+    // The grant arrives while the server runs.
+    create_user(&redis, &line).await;
+    wait_for_health(&endpoint, ServingStatus::Serving).await;
+    let (code, out) = run(&endpoint, &["health"]);
+    assert_eq!((code, out.trim()), (0, "SERVING"));
+    let (code, out) = run(&endpoint, &["acquire", "acl-lock", "--holder", "w1"]);
+    assert_eq!(code, 0, "{out}");
+}
+
+/// Without `+@scripting` Redis answers FCALL with NOPERM: the readiness
+/// check, which calls a read-only function of tumbler's library as the
+/// lock path does, finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_scripting_health_and_rpcs_name_the_grant() {
+    refused_until_granted(
+        "-@scripting",
+        "the redis user may not run FCALL_RO: grant +@scripting",
+    )
+    .await;
+}
+
+/// A user whose keys are another application's: refused at the first
+/// command on tumbler's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_key_access_health_and_rpcs_name_the_grant() {
+    refused_until_granted(
+        "resetkeys ~other:*",
+        "the redis user may not access tumbler's keys: grant ~tumbler:*",
+    )
+    .await;
+}
+
+/// Read-only access to tumbler's keys (`%R~`) is not enough: locks write
+/// (and Redis' ACL counts FCALL's keys as written, whatever the function).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_key_access_is_not_serving() {
+    let redis = start_redis();
+    let line = documented_acl_line();
+    create_user(&redis, &format!("{line} resetkeys %R~tumbler:*")).await;
+    let server = Logged::spawn(&redis);
+    let endpoint = server.endpoint.clone();
+    wait_until_async(
+        "tumbler health names the key grant",
+        std::time::Duration::from_secs(10),
+        || {
+            let endpoint = endpoint.clone();
+            async move {
+                let (code, out) = run(&endpoint, &["health"]);
+                code == 69 && out.contains("grant ~tumbler:*")
+            }
+        },
+    )
+    .await;
+}
+
+/// Connections Redis refuses for a password: every RPC says so (NOAUTH
+/// without one, WRONGPASS with a wrong one), as the log and health do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_wrong_password_is_the_reason_rpcs_give() {
+    let redis = start_redis();
+    create_user(&redis, &documented_acl_line()).await;
     let mut admin = redis_conn(&redis.url()).await;
-    let log: Vec<Vec<redis::Value>> = redis::cmd("ACL")
-        .arg("LOG")
-        .arg(1)
+    let _: String = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("off")
         .query_async(&mut admin)
         .await
         .unwrap();
-    assert!(format!("{log:?}").contains("fcall"), "ACL LOG: {log:?}");
+    for (flags, reason) in [
+        (&[][..], "NOAUTH"),
+        (
+            &["--redis-username", "tumbler", "--redis-password", "wrong"][..],
+            "WRONGPASS",
+        ),
+    ] {
+        let server = TumblerProcess::spawn(&redis.url(), flags);
+        wait_until_async(
+            "an RPC names the refusal",
+            std::time::Duration::from_secs(10),
+            || {
+                let endpoint = server.endpoint.clone();
+                async move {
+                    let Ok(mut client) =
+                        tumbler::proto::lock_service_client::LockServiceClient::connect(endpoint)
+                            .await
+                    else {
+                        return false;
+                    };
+                    match client.acquire(acquire("pw-lock", "w1")).await {
+                        Err(err) => {
+                            assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+                            err.message().contains(reason) && err.message().contains("password")
+                        }
+                        Ok(reply) => panic!("granted without a password: {reply:?}"),
+                    }
+                }
+            },
+        )
+        .await;
+        wait_until_async(
+            "tumbler health names the refusal",
+            std::time::Duration::from_secs(10),
+            || {
+                let endpoint = server.endpoint.clone();
+                async move {
+                    let (code, out) = run(&endpoint, &["health"]);
+                    code == 69 && out.contains(reason)
+                }
+            },
+        )
+        .await;
+    }
 }

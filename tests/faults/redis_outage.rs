@@ -6,6 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::wait::wait_until_async;
 use common::*;
 use proto::AcquireStatus;
 use tonic::Code;
@@ -143,4 +144,57 @@ async fn a_redis_that_never_answers_is_unavailable_within_the_timeout() {
         .expect("shuts down while Redis stays silent")
         .unwrap();
     accepting.abort();
+}
+
+/// Until a server has connected, its RPCs answer UNAVAILABLE with the
+/// reason the connection failed (as its log and `tumbler health` say it),
+/// not a generic "not ready": here a port nothing listens on, and a host
+/// name that does not resolve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_connecting_rpcs_answer_with_the_connection_error() {
+    let closed = format!("redis://127.0.0.1:{}", tumbler::dev::free_port().unwrap());
+    for (url, says) in [
+        (closed.as_str(), "refused the connection"),
+        (
+            "redis://nonexistent.invalid:6380",
+            "cannot resolve the host",
+        ),
+    ] {
+        let server = TestServer::new()
+            .redis(url)
+            .args(service_args())
+            .spawn()
+            .await;
+        let client = server.client().await;
+        wait_until_async(
+            "an RPC names the connection error",
+            Duration::from_secs(10),
+            || {
+                let mut client = client.clone();
+                async move {
+                    let err = client.acquire(acquire("early", "h")).await.unwrap_err();
+                    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+                    assert!(!err.message().contains("not verified"), "{err:?}");
+                    err.message().contains(says)
+                }
+            },
+        )
+        .await;
+        // `tumbler health` says the same.
+        let endpoint = server.endpoint();
+        wait_until_async("tumbler health names it", Duration::from_secs(10), || {
+            let endpoint = endpoint.clone();
+            async move {
+                let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+                    .args(["health", "--addr", &endpoint])
+                    .env_remove("TUMBLER_ADDR")
+                    .output()
+                    .await
+                    .unwrap();
+                let out = String::from_utf8_lossy(&out.stdout).into_owned();
+                out.starts_with("NOT_SERVING: ") && out.contains(says)
+            }
+        })
+        .await;
+    }
 }

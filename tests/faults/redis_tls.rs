@@ -333,6 +333,17 @@ async fn a_wrong_ca_is_not_serving_until_the_ca_file_is_fixed() {
         line.contains("UnknownIssuer") || line.contains("unknown issuer"),
         "the log says why: {line}"
     );
+    // So does every RPC, rather than a generic "not ready".
+    let mut client =
+        tumbler::proto::lock_service_client::LockServiceClient::connect(process.endpoint.clone())
+            .await
+            .unwrap();
+    let err = client.acquire(acquire("early", "h1")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        err.message().contains("UnknownIssuer") && err.message().contains("--redis-tls-ca-file"),
+        "{err:?}"
+    );
 
     // The right CA arrives (a Secret update): new connections use it.
     files.write("ca.pem", &ca.pem);

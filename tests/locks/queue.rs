@@ -444,7 +444,17 @@ async fn an_expiring_lease_hands_over_without_a_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_waiting_costs_redis_only_heartbeats() {
     let redis = start_redis();
-    let server = TestServer::new().redis(&redis.url()).start().await;
+    // Health ticks rarely: each one proves the lock path with two function
+    // calls, a cost of the replica rather than of its waiters.
+    let args = tumbler::config::ServiceArgs {
+        health_interval_ms: 60_000,
+        ..service_args()
+    };
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .args(args)
+        .start()
+        .await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
     client.acquire(acquire("idle", "holder")).await.unwrap();
