@@ -363,10 +363,28 @@ impl Driver {
             }
         };
         tracing::info!(session = %self.session, grants = grants.len(), released, reason = %why, "session stream ended");
+        // Grants found lost while the stream was ending (a renewal that
+        // failed meanwhile) are told too, before the ones it ends with.
+        let mut told_lost = Vec::new();
+        while let Ok(lost) = lost_rx.try_recv() {
+            if lost.reason != LOST_MOVED {
+                told_lost.push(lost);
+            }
+        }
+        let with = |reason| {
+            told_lost
+                .into_iter()
+                .chain(grants.into_iter().map(|(lock, fencing_token)| LostGrant {
+                    lock,
+                    fencing_token,
+                    reason,
+                }))
+                .collect()
+        };
         match ending {
-            Ending::Refused(status) => self.last_words(grants, LOST_SESSION_ENDED, status).await,
-            Ending::Vanished(status) => self.last_words(grants, LOST_SESSION_GONE, status).await,
-            Ending::Suspended(status) => self.last_words(Vec::new(), "", status).await,
+            Ending::Refused(status) => self.last_words(with(LOST_SESSION_ENDED), status).await,
+            Ending::Vanished(status) => self.last_words(with(LOST_SESSION_GONE), status).await,
+            Ending::Suspended(status) => self.last_words(Vec::new(), status).await,
             Ending::Closed | Ending::Gone(_) => {}
         }
     }
@@ -440,12 +458,7 @@ impl Driver {
 
     /// Tells a client whose session the server ended which grants it lost
     /// (and why), then why the session ended.
-    async fn last_words(&self, grants: Vec<(LockId, u64)>, reason: &'static str, status: Status) {
-        let lost = grants.into_iter().map(|(lock, fencing_token)| LostGrant {
-            lock,
-            fencing_token,
-            reason,
-        });
+    async fn last_words(&self, lost: Vec<LostGrant>, status: Status) {
         let told = async {
             for lost in lost {
                 let event = Ok(SessionResponse {
