@@ -8,6 +8,7 @@ use crate::common;
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
+use common::wait::{wait_for, wait_until_async};
 use common::*;
 use proto::AcquireStatus;
 use proto::lock_service_client::LockServiceClient;
@@ -401,15 +402,15 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
     // The first reaper is a process, so it can be killed.
     let mut first = TumblerProcess::start(&redis.url(), &["--reap-interval-ms", "100"]).await;
     let mut conn = redis_conn(&redis.url()).await;
-    let mut first_reaper = None;
-    for _ in 0..100 {
-        first_reaper = reaper_holder(&mut conn).await;
-        if first_reaper.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let first_reaper = first_reaper.expect("the first replica never took the reaper lease");
+    let first_reaper = wait_for(
+        "the first replica's reaper lease",
+        Duration::from_secs(5),
+        || {
+            let mut conn = conn.clone();
+            async move { reaper_holder(&mut conn).await }
+        },
+    )
+    .await;
 
     // A second replica joins: the lease stays where it is.
     let mut args = service_args();
@@ -441,29 +442,29 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_dies() {
     // The reaper dies; the second replica takes over after the lease
     // (three intervals) and reaps the crashed holder without a Reap RPC.
     first.kill();
-    let mut took_over = None;
-    for _ in 0..100 {
-        let holder = reaper_holder(&mut conn).await;
-        if holder.as_ref().is_some_and(|h| *h != first_reaper) {
-            took_over = holder;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let took_over = took_over.expect("no replica took the reaper lease over");
+    let took_over = wait_for(
+        "a replica taking the reaper lease over",
+        Duration::from_secs(10),
+        || {
+            let (mut conn, first_reaper) = (conn.clone(), first_reaper.clone());
+            async move {
+                reaper_holder(&mut conn)
+                    .await
+                    .filter(|holder| *holder != first_reaper)
+            }
+        },
+    )
+    .await;
     assert!(took_over.starts_with("replica-"), "{took_over}");
-    let mut purged = false;
-    for _ in 0..100 {
-        if grants_in(&mut conn, &lock_key[0]).await == ["alive"] {
-            purged = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        purged,
-        "the background reaper never purged the expired holder"
-    );
+    wait_until_async(
+        "the background reaper purges the expired holder",
+        Duration::from_secs(10),
+        || {
+            let (mut conn, key) = (conn.clone(), lock_key[0].clone());
+            async move { grants_in(&mut conn, &key).await == ["alive"] }
+        },
+    )
+    .await;
 
     // A replica that shuts down hands the lease over at once: the lock's
     // keys are gone.
@@ -604,13 +605,11 @@ async fn a_reaper_kept_from_its_lock_longer_than_a_lease_logs_and_counts_it() {
     // lease (3 s) far past what the other replica's reaper expects (its
     // own lease: 3 × 100 ms).
     let _holder = TumblerProcess::start(&redis.url(), &["--reap-interval-ms", "1000"]).await;
-    for _ in 0..200 {
-        if reaper_holder(&mut conn).await.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(reaper_holder(&mut conn).await.is_some(), "no reaper lease");
+    wait_for("a reaper lease", Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { reaper_holder(&mut conn).await }
+    })
+    .await;
     let http_port = tumbler::dev::free_port().unwrap();
     let http = format!("127.0.0.1:{http_port}");
     let _kept_out = TumblerProcess::start(
@@ -619,14 +618,14 @@ async fn a_reaper_kept_from_its_lock_longer_than_a_lease_logs_and_counts_it() {
     )
     .await;
     let addr = http.parse().unwrap();
-    let mut seen = None;
-    for _ in 0..100 {
-        let page = common::http::scrape(addr).await;
-        seen = common::http::sample(&page, "tumbler_reaper_lock_unavailable_total", &[]);
-        if seen.is_some_and(|n| n >= 1.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(seen.is_some_and(|n| n >= 1.0), "never counted: {seen:?}");
+    wait_until_async(
+        "the kept-out reaper counted",
+        Duration::from_secs(10),
+        || async move {
+            let page = common::http::scrape(addr).await;
+            common::http::sample(&page, "tumbler_reaper_lock_unavailable_total", &[])
+                .is_some_and(|n| n >= 1.0)
+        },
+    )
+    .await;
 }
