@@ -600,7 +600,7 @@ async fn an_interrupted_clear_says_how_far_it_got_and_a_rerun_finishes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reaper_kept_from_its_lock_longer_than_a_lease_logs_and_counts_it() {
     let redis = start_redis();
-    let mut conn = redis_conn(&redis.url()).await;
+    let conn = redis_conn(&redis.url()).await;
     // A replica with a much longer reap interval holds the lock with a
     // lease (3 s) far past what the other replica's reaper expects (its
     // own lease: 3 × 100 ms).
