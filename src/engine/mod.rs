@@ -6,7 +6,8 @@
 //! live here and in `lua/`.
 //!
 //! This file is the engine's face: [`LockEngine`], its calls into Redis,
-//! the layout check and the session operations. Where the rest lives:
+//! the health check and the session operations. Where the rest lives:
+//! - `readiness.rs`: whether a request may call Redis now, and if not why;
 //! - `locks.rs`: operations on one lock (acquire, release, extend,
 //!   inspect, queue, dequeue);
 //! - `walks.rs`: walks over a namespace's shards (namespaces, list, reap,
@@ -29,6 +30,7 @@ mod lifecycle;
 mod locks;
 pub mod names;
 pub mod ops;
+mod readiness;
 pub mod records;
 pub mod resume;
 pub mod scripts;
@@ -42,14 +44,13 @@ pub mod watchers;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::Value;
 use tokio::time::Instant;
 
 use crate::store::{ScanCursor, Store, StoreError};
-use keys::{LAYOUT_VERSION, Layout, LockKeys};
+use keys::{Layout, LockKeys};
 use scripts::{LockScript, Scripts};
 use sessions::{LostGrant, Sessions};
 use waiters::Waiters;
@@ -96,22 +97,8 @@ pub struct LockEngine {
     max_locks_per_shard: u64,
     /// How long a dead session's grants stay held (None: released at once).
     session_lock_delay_ms: Option<u64>,
-    /// Set while the data in Redis is known to use this deployment's
-    /// layout; unset, every operation answers UNAVAILABLE. Shared with the
-    /// check every new Redis connection passes.
-    layout_verified: Arc<AtomicBool>,
-    /// The layout record a new connection found instead of this
-    /// deployment's (set by the connection check, taken by the health check).
-    layout_mismatch: Arc<std::sync::Mutex<Option<String>>>,
-    /// Why the last health check failed (None after one passed): what an
-    /// RPC is told while the layout is not verified, when no connection
-    /// failure says more (`ready`).
-    not_ready: std::sync::Mutex<Option<String>>,
-    /// Set while the health check's proof of the lock path found Redis'
-    /// ACL refusing the configured user (`check_lock_path`); the reason,
-    /// naming what to grant, is what every RPC is told meanwhile.
-    lock_path_denied: AtomicBool,
-    denied_reason: std::sync::Mutex<Option<String>>,
+    /// Whether Redis may be called for a request now, and if not why.
+    readiness: readiness::Readiness,
     /// Namespaces this replica recorded as in use, and when.
     noted_namespaces: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     /// Which namespaces keep a changelog (`changelog.rs`).
@@ -120,13 +107,7 @@ pub struct LockEngine {
 
 impl LockEngine {
     pub fn new(store: Store, layout: Layout, limits: WaitLimits) -> Self {
-        let layout_verified = Arc::new(AtomicBool::new(false));
-        let layout_mismatch = Arc::default();
-        store.on_connect(layout_check(
-            &layout,
-            layout_verified.clone(),
-            Arc::clone(&layout_mismatch),
-        ));
+        let readiness = readiness::Readiness::new(&store, &layout);
         LockEngine {
             waiters: Waiters::new(
                 limits.max_waiters_per_replica,
@@ -142,11 +123,7 @@ impl LockEngine {
             store,
             layout,
             scripts: Scripts::compile(),
-            layout_verified,
-            layout_mismatch,
-            not_ready: Default::default(),
-            lock_path_denied: AtomicBool::new(false),
-            denied_reason: Default::default(),
+            readiness,
             noted_namespaces: Default::default(),
             changelog: Default::default(),
         }
@@ -181,16 +158,15 @@ impl LockEngine {
     /// a replica of another layout that claimed it first stops this one.
     pub async fn verify_layout(&self) -> Result<(), LayoutError> {
         let meta = self.layout.meta_key();
-        let expected = layout_record(&self.layout);
-        let mut pipe = claim_layout(&meta, &expected);
+        let expected = readiness::layout_record(&self.layout);
+        let mut pipe = readiness::claim_layout(&meta, &expected);
         pipe.cmd("TIME");
         let (found, (secs, micros)): (String, (i64, i64)) = self.store.pipeline(pipe).await?;
         self.clock.observe(secs * 1000 + micros / 1000);
+        self.readiness.set_verified(found == expected);
         if found != expected {
-            self.layout_verified.store(false, Ordering::Release);
             return Err(LayoutError::Mismatch { found, expected });
         }
-        self.layout_verified.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -200,21 +176,7 @@ impl LockEngine {
     /// [`Self::check_lock_path`]). A failure's reason is kept for `ready`.
     pub async fn check_redis(&self) -> Result<(), LayoutError> {
         let checked = self.check_redis_once().await;
-        *self.not_ready.lock().unwrap() = checked.as_ref().err().map(layout_error_detail);
-        // An ACL refusal anywhere in the check (the layout record's
-        // commands, the lock path) is answered to every RPC until a check
-        // passes; other failures (an outage) leave the calls to find out.
-        match &checked {
-            Ok(()) => {
-                self.lock_path_denied.store(false, Ordering::Release);
-                *self.denied_reason.lock().unwrap() = None;
-            }
-            Err(LayoutError::Store(StoreError::Denied(reason))) => {
-                *self.denied_reason.lock().unwrap() = Some(reason.clone());
-                self.lock_path_denied.store(true, Ordering::Release);
-            }
-            Err(_) => {}
-        }
+        self.readiness.checked(&checked);
         checked
     }
 
@@ -222,11 +184,10 @@ impl LockEngine {
         if let Err(err) = self.store.ping().await {
             // A connection refused for another layout's record fails
             // the ping: say why.
-            let found = self.layout_mismatch.lock().unwrap().take();
-            return Err(match found {
+            return Err(match self.readiness.take_mismatch() {
                 Some(found) => LayoutError::Mismatch {
                     found,
-                    expected: layout_record(&self.layout),
+                    expected: readiness::layout_record(&self.layout),
                 },
                 None => err.into(),
             });
@@ -259,30 +220,13 @@ impl LockEngine {
     }
 
     pub fn is_layout_verified(&self) -> bool {
-        self.layout_verified.load(Ordering::Acquire)
+        self.readiness.is_verified()
     }
 
     /// Whether this replica may call Redis for a request now, and if not,
-    /// the real cause: the ACL refusal the health check found, or until
-    /// the layout is verified, why the last connection (or health check)
-    /// failed — a refused port, an unknown host, an untrusted certificate,
-    /// a missing or wrong password — as the log says it.
+    /// the real cause (see [`readiness::Readiness::ready`]).
     fn ready(&self) -> Result<(), StoreError> {
-        if self.lock_path_denied.load(Ordering::Acquire)
-            && let Some(reason) = self.denied_reason.lock().unwrap().clone()
-        {
-            return Err(StoreError::Denied(reason));
-        }
-        if self.is_layout_verified() {
-            return Ok(());
-        }
-        if let Some(failed) = self.store.last_connect_error() {
-            return Err(failed);
-        }
-        let reason = self.not_ready.lock().unwrap().clone().unwrap_or_else(|| {
-            "not connected to redis yet (the first connection is under way)".into()
-        });
-        Err(StoreError::Unavailable(reason))
+        self.readiness.ready(&self.store)
     }
 
     /// Calls a function of a shard (its fence key names the slot).
@@ -493,69 +437,3 @@ fn late() -> StoreError {
 
 /// The lock of `tumbler-system` the health check inspects (never held).
 const PROBE_LOCK: &str = "readiness";
-
-/// A failed health check's reason without the error's own prefix.
-fn layout_error_detail(err: &LayoutError) -> String {
-    match err {
-        LayoutError::Store(
-            StoreError::Unavailable(detail)
-            | StoreError::Denied(detail)
-            | StoreError::Protocol(detail)
-            | StoreError::Config(detail),
-        ) => detail.clone(),
-        mismatch => mismatch.to_string(),
-    }
-}
-
-/// The layout record of a deployment: `v<version>/<shards> shards`.
-fn layout_record(layout: &Layout) -> String {
-    format!("v{LAYOUT_VERSION}/{} shards", layout.shards())
-}
-
-/// The commands that assert the layout record, written once for the
-/// start/health check and the check of every new connection: create it
-/// when absent, then read back the one in force.
-fn claim_layout(meta: &str, expected: &str) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    pipe.cmd("HSETNX")
-        .arg(meta)
-        .arg("layout")
-        .arg(expected)
-        .ignore();
-    pipe.cmd("HGET").arg(meta).arg("layout");
-    pipe
-}
-
-/// The check every new connection passes before it is used: the layout
-/// record is there (created if absent: a Redis that restarted empty is
-/// claimed again at once) and is this deployment's. A mismatch fails the
-/// connection and marks the engine unverified, so the replica answers
-/// UNAVAILABLE and its health check reports NOT_SERVING.
-fn layout_check(
-    layout: &Layout,
-    verified: Arc<AtomicBool>,
-    mismatch: Arc<std::sync::Mutex<Option<String>>>,
-) -> crate::store::ConnectCheck {
-    let meta = layout.meta_key();
-    let expected = layout_record(layout);
-    Arc::new(move |mut conn| {
-        let (meta, expected) = (meta.clone(), expected.clone());
-        let (verified, mismatch) = (verified.clone(), mismatch.clone());
-        Box::pin(async move {
-            let (found,): (String,) = claim_layout(&meta, &expected)
-                .query_async(&mut conn)
-                .await?;
-            if found == expected {
-                return Ok(());
-            }
-            verified.store(false, Ordering::Release);
-            tracing::error!(%found, %expected, "redis holds another tumbler key layout: NOT_SERVING");
-            *mismatch.lock().unwrap() = Some(found.clone());
-            Err(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "redis holds another tumbler key layout",
-                format!("found {found}, expected {expected}"),
-            )))
-        })
-    })
-}
