@@ -24,14 +24,26 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
+# Each phase's wall time, and the whole, at the end (docs/contributing.md
+# keeps the figures).
+phase_start=$SECONDS
+timings=()
+timed() { timings+=("$1: $((SECONDS - phase_start)) s"); phase_start=$SECONDS; }
+
 echo "==> $(redis-server --version | cut -d' ' -f1-3), $(cargo --version)"
 cargo test --locked --all-targets "$@"
 
+timed "rust tests"
+
 echo "==> Helm chart checks"
 helm/tests/run.sh
+timed "helm"
 
 echo "==> Dashboard in a browser"
 dashboard-tests/run.sh
+timed "dashboard"
 
 echo "==> Clients in other languages"
 clients/test.sh
+timed "clients"
+echo "==> wall time: ${timings[*]}; all: $SECONDS s"
