@@ -25,7 +25,7 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 echo "==> $(redis-server --version | cut -d' ' -f1-3), $(cargo --version)"
-cargo test --locked --all-targets "$@"
+cargo test --locked --all-targets --workspace "$@"
 
 echo "==> Helm chart checks"
 helm/tests/run.sh
