@@ -442,3 +442,43 @@ async fn cancelling_or_dropping_an_acquire_leaves_the_queue() {
         "no ghost waiter was granted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_server_is_killed_retries_with_the_same_holder() {
+    let redis = start_redis();
+    let port = tumbler::dev::free_port().unwrap();
+    let mut server = TumblerProcess::spawn_at(&redis.url(), port, &[]);
+    common::wait_for_health(&server.endpoint, ServingStatus::Serving).await;
+    let client = client_of(&server.endpoint).await;
+    let blocker = client
+        .lock("killed")
+        .holder("blocker")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(
+        client
+            .lock("killed")
+            .holder("waiter")
+            .wait(Duration::from_secs(15))
+            .acquire(),
+    );
+    wait_until_async("the waiter queues", Duration::from_secs(5), || async {
+        queued(&client, "killed").await == ["waiter"]
+    })
+    .await;
+
+    server.kill(); // the waiting call is cut with its connection
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = TumblerProcess::spawn_at(&redis.url(), port, &[]);
+    common::wait_for_health(&again.endpoint, ServingStatus::Serving).await;
+    assert!(blocker.release().await.unwrap());
+    let granted = waiter.await.unwrap().expect("the retried wait is granted");
+    assert_eq!(granted.holder(), "waiter");
+    assert_eq!(
+        holders(&client, "killed").await.len(),
+        1,
+        "one permit for the retried request"
+    );
+}

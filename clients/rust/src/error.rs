@@ -139,6 +139,7 @@ impl From<tonic::Status> for Error {
                 Error::PermissionDenied { message }
             }
             tonic::Code::Unavailable => Error::Unavailable { message },
+            tonic::Code::Unknown if cut_by_transport(&status) => Error::Unavailable { message },
             tonic::Code::Cancelled => Error::Cancelled,
             _ => Error::Status(status),
         }
@@ -149,9 +150,18 @@ impl From<tonic::Status> for Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// UNAVAILABLE: the server was not reached or its Redis was down; nothing
-/// was applied, so the same request may be sent again.
+/// was applied, so the same request may be sent again. Also a call cut by
+/// its connection (the server died with the call in flight: tonic reports
+/// UNKNOWN with the local transport error as its source, which a status
+/// sent by a server never has): it may have been applied, and sending it
+/// again is safe because every request this crate retries is idempotent
+/// (the same holder, the same fencing token).
 pub(crate) fn retryable(status: &tonic::Status) -> bool {
-    status.code() == tonic::Code::Unavailable
+    status.code() == tonic::Code::Unavailable || cut_by_transport(status)
+}
+
+fn cut_by_transport(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unknown && std::error::Error::source(status).is_some()
 }
 
 /// The retry schedule for UNAVAILABLE: full jitter, `initial` doubling up to
