@@ -67,7 +67,7 @@ pub enum Error {
         /// The last failure's message.
         message: String,
     },
-    /// The call was cancelled by its [`CancellationToken`](tokio_util::sync::CancellationToken),
+    /// The call was cancelled by its [`CancellationToken`](crate::CancellationToken),
     /// or a session's waiting acquire was stopped.
     #[error("cancelled")]
     Cancelled,

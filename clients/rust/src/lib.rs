@@ -13,7 +13,7 @@
 //!   so a retried acquire is the same request (the server answers
 //!   ALREADY_HELD with the same grant), never a second permit.
 //! - Cancellation: dropping an acquire's future, or cancelling its
-//!   [`CancellationToken`](tokio_util::sync::CancellationToken), takes the
+//!   [`CancellationToken`], takes the
 //!   request out of the server's queue at once.
 //! - [`Session`]: grants renewed by the server while the client's stream
 //!   lives, released at once when it closes, resumed on another replica
