@@ -527,8 +527,10 @@ async fn keep_alive(client: Client, shared: Arc<Shared>) {
         let lease_end = shared.state.lock().unwrap().lease_end;
         let grant = shared.grant();
         let mut request = tonic::Request::new(extend_request(&client, &shared, &grant, Some(ttl)));
-        let timeout = interval
-            .min(lease_end.saturating_duration_since(Instant::now()))
+        // An answer is useful as long as it comes before the lease ends: a
+        // slow server (a busy machine) still renews it; a dead one fails fast.
+        let timeout = lease_end
+            .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(50));
         request.set_timeout(timeout);
         let sent = Instant::now();
