@@ -10,6 +10,7 @@
 #   Node    npm pack (proto + generated .d.ts bundled) -> npm install into a temp app; tsc checks a TS consumer
 #   Go      go generate + vendor/ from Debian's grpc-go -> go vet, go build (offline)
 #   Ruby    gem build (stubs generated) -> gem install --local into a temp GEM_HOME
+#   Rust    cargo build of tumbler-client's conformance steps (the workspace's crate, --locked)
 #   Sidekiq gem build tumbler-sidekiq -> gem install --local into the same GEM_HOME, then
 #           the Ruby tests that need real servers (clients/ruby-sidekiq/test/run.sh:
 #           Tumbler::QueuedLocks, and tumbler-sidekiq with real redis-server,
@@ -105,7 +106,13 @@ GEM_HOME="$work/gems" TUMBLER_BIN="$root/target/debug/tumbler" TUMBLER_TEST_LOGS
     exit 1
   }
 
+step "rust: cargo build tumbler-client and its conformance steps (--locked)"
+# --workspace: the features the suite built with, so nothing is rebuilt.
+cargo build --locked -q --workspace --example conformance_steps
+echo "    built $root/target/debug/examples/conformance_steps"
+
 echo "==> python $("$work/venv/bin/python" -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
 export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_GO_MODULE=$src/clients/go \
+  TUMBLER_RUST_STEPS=$root/target/debug/examples/conformance_steps \
   TUMBLER_NODE_APP=$work/node-app NODE_PATH=$work/node-app/node_modules GEM_HOME=$work/gems
 "$work/venv/bin/python" "$src/clients/conformance/driver.py" --server "$root/target/debug/tumbler" "$@"

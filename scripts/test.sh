@@ -31,7 +31,7 @@ timings=()
 timed() { timings+=("$1: $((SECONDS - phase_start)) s"); phase_start=$SECONDS; }
 
 echo "==> $(redis-server --version | cut -d' ' -f1-3), $(cargo --version)"
-cargo test --locked --all-targets "$@"
+cargo test --locked --all-targets --workspace "$@"
 
 timed "rust tests"
 

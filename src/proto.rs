@@ -1,8 +1,5 @@
-//! Generated gRPC code for `tumbler.v1` (see `proto/` and `build.rs`).
-#![allow(clippy::all, missing_docs)]
+//! The generated gRPC code of `tumbler.v1` and the descriptor set served by
+//! reflection: the `tumbler-proto` crate (`crates/tumbler-proto`),
+//! re-exported so the server names it `crate::proto`.
 
-tonic::include_proto!("tumbler.v1");
-
-/// The encoded descriptors of `proto/`, served by gRPC reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/tumbler_descriptor.bin"));
+pub use tumbler_proto::*;

@@ -21,7 +21,7 @@ import time
 import tumbler_client as tc
 from tumbler_client import pb
 
-from procs import CLIENTS, LANGS, NAMESPACE, ROOT, Step, free_port, start_dev, start_redis, start_serve, stop
+from procs import CLIENTS, EXAMPLE_LANGS, LANGS, NAMESPACE, ROOT, Step, free_port, start_dev, start_redis, start_serve, stop
 
 results = []  # (lang, ok, text)
 
@@ -99,8 +99,13 @@ def scenario(addr):
     if last and last.get("token"):
         tokens.append(("ruby", int(last["token"])))
         step("ruby", "release", mutex, "ruby-holder", addr=addr)
+    # ... and one from Rust after it.
+    last = step("rust", "hold", mutex, "rust-holder", "1", addr=addr)
+    if last and last.get("token"):
+        tokens.append(("rust", int(last["token"])))
+        step("rust", "release", mutex, "rust-holder", addr=addr)
     seq = " < ".join(f"{lang} {t}" for lang, t in tokens)
-    ok = len(tokens) == 4 and all(a[1] < b[1] for a, b in zip(tokens, tokens[1:]))
+    ok = len(tokens) == 5 and all(a[1] < b[1] for a, b in zip(tokens, tokens[1:]))
     for lang in LANGS:
         check(lang, ok, f"fencing tokens strictly increase across languages: {seq}")
 
@@ -148,7 +153,7 @@ def unique_across_languages(addr):
 def examples(addr):
     """The seed patterns of the clients' READMEs, run as they are documented."""
     unique_across_languages(addr)
-    for lang in LANGS:
+    for lang in EXAMPLE_LANGS:
         r = run_step(lang, ["all"], addr, table="examples").result(timeout=120)
         for c in (r or {}).get("checks", []):
             check(lang, c["ok"], "example: " + c["what"], c.get("detail"))
@@ -224,7 +229,8 @@ def lost_signalled(addr):
                 ("python", "lost-async", "asyncio: body task cancelled, LockLost"),
                 ("node", "lost", "body's AbortSignal aborted, withLock rejects with LockLostError"),
                 ("go", "lost", "body's ctx cancelled, WithLock returns ErrLockLost"),
-                ("ruby", "lost", "LockLost raised inside the block")]
+                ("ruby", "lost", "LockLost raised inside the block"),
+                ("rust", "lost", "lost() resolved: run() dropped the body, returns Error::LockLost")]
     steps = [(lang, how, run_step(lang, [st, f"lost-{lang}-{st}", ttl], addr)) for lang, st, how in variants]
     released_at = []
     with tc.Client(addr, namespace=NAMESPACE) as c:
@@ -247,7 +253,8 @@ def lost_signalled(addr):
 def cancel_leaves_no_waiter(addr):
     """Cancel a waiting acquire: the call ends at once, the server drops the request, nobody is granted later."""
     names = {"python": ("cancel-async", "CancelledError"), "node": ("cancel", "AbortError"),
-             "go": ("cancel", "context.Canceled"), "ruby": ("cancel", "Timeout::Error")}
+             "go": ("cancel", "context.Canceled"), "ruby": ("cancel", "Timeout::Error"),
+             "rust": ("cancel", "Error::Cancelled")}
     with tc.Client(addr, namespace=NAMESPACE) as c:
         for lang in LANGS:
             c.acquire(f"cancel-{lang}", "blocker", ttl_ms=30000)
@@ -406,7 +413,8 @@ def renewal_fails(binary):
     addr = f"127.0.0.1:{port}"
     server = start_serve(binary, port, redis_port)
     try:
-        variants = [("python", "lost"), ("python", "lost-async"), ("node", "lost"), ("go", "lost"), ("ruby", "lost")]
+        variants = [("python", "lost"), ("python", "lost-async"), ("node", "lost"), ("go", "lost"), ("ruby", "lost"),
+                    ("rust", "lost")]
         steps = [(lang, run_step(lang, [st, f"renew-{lang}-{st}", ttl], addr)) for lang, st in variants]
         held = [s.event() for _, s in steps]
         stop(server, sig=9)
@@ -434,7 +442,7 @@ def permission_denied(binary):
     proc, addr = start_dev(binary, "--auth-tokens-file", tokens)
     try:
         typed = {"python": "PermissionDenied", "node": "PermissionDeniedError", "go": "ErrPermissionDenied",
-                 "ruby": "Tumbler::PermissionDenied"}
+                 "ruby": "Tumbler::PermissionDenied", "rust": "Error::PermissionDenied"}
         for lang in LANGS:
             r = step(lang, "auth", token, addr=addr)
             if r:
@@ -480,7 +488,7 @@ def run_readme_block(lang, code, n, work):
 def readme_examples(addr):
     """Each README's examples, run as a new user would with the installed package (its address replaced)."""
     work = tempfile.mkdtemp(prefix="tumbler-readme-")
-    for lang in LANGS:
+    for lang in EXAMPLE_LANGS:
         blocks = readme_code(lang)
         check(lang, blocks, f"README has {len(blocks)} example(s)")
         for n, code in enumerate(blocks, 1):

@@ -15,7 +15,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENTS = os.path.dirname(HERE)
 ROOT = os.path.dirname(CLIENTS)
 NAMESPACE = "conformance"
-LANGS = ["python", "node", "go", "ruby"]
+LANGS = ["python", "node", "go", "ruby", "rust"]
+# Languages with an examples program and a README example the driver runs
+# (Rust's README example is compiled as clients/rust/examples/readme.rs, and
+# tests/repo/crates.rs keeps the two the same).
+EXAMPLE_LANGS = ["python", "node", "go", "ruby"]
 
 
 def commands(table):
@@ -23,15 +27,18 @@ def commands(table):
 
     The packages are the installed ones: the Python of the venv the driver
     runs in, NODE_PATH, GEM_HOME, and the Go programs built into
-    $TUMBLER_GO_BIN (clients/test.sh sets these up).
+    $TUMBLER_GO_BIN, and Rust's steps built by cargo into
+    $TUMBLER_RUST_STEPS (clients/test.sh sets these up).
     """
+    rust = os.environ.get("TUMBLER_RUST_STEPS", os.path.join(ROOT, "target", "debug", "examples", "conformance_steps"))
     go_bin = os.environ.get("TUMBLER_GO_BIN", os.path.join(CLIENTS, "go", "bin"))
     py = os.environ.get("TUMBLER_PYTHON", "python3")
     if table == "steps":
         return {"python": [py, os.path.join(CLIENTS, "python", "conformance_steps.py")],
                 "node": ["node", os.path.join(CLIENTS, "node", "conformance_steps.js")],
                 "go": [os.path.join(go_bin, "conformance-steps")],
-                "ruby": ["ruby", os.path.join(CLIENTS, "ruby", "conformance_steps.rb")]}
+                "ruby": ["ruby", os.path.join(CLIENTS, "ruby", "conformance_steps.rb")],
+                "rust": [rust]}
     return {"python": [py, os.path.join(CLIENTS, "python", "examples.py")],
             "node": ["node", os.path.join(CLIENTS, "node", "examples.js")],
             "go": [os.path.join(go_bin, "examples")],

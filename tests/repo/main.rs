@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 pub mod common;
 
+mod crates;
 mod docs;
 mod layers;
 mod metric_names;

@@ -1,0 +1,334 @@
+//! Rust's steps of the cross-language conformance scenario
+//! (`clients/conformance`), run with this crate.
+//!
+//! usage: conformance_steps ADDR NAMESPACE STEP ARGS...
+//! Prints JSON lines: events (`{"event": ...}`) while it runs, its result last.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use tumbler_client::{CancellationToken, Client, Error, Lock};
+
+type Out = Result<Value, Error>;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn emit(value: &Value) {
+    println!("{value}");
+}
+
+fn num(s: &str) -> u64 {
+    s.parse().unwrap_or(0)
+}
+
+fn ms(s: &str) -> Duration {
+    Duration::from_millis(num(s))
+}
+
+fn grant_json(lock: &Lock) -> Value {
+    let g = lock.grant();
+    json!({"holder": g.holder, "token": g.fencing_token.to_string(), "slot": g.slot, "acquired_at_ms": g.acquired_at_ms})
+}
+
+fn with(mut value: Value, extra: Value) -> Value {
+    if let (Value::Object(map), Value::Object(more)) = (&mut value, extra) {
+        map.extend(more);
+    }
+    value
+}
+
+async fn hold(c: &Client, a: &[String]) -> Out {
+    // try once, keep the grant (60 s lease) past this process
+    let request = c
+        .lock(&a[0])
+        .holder(&a[1])
+        .limit(num(&a[2]) as u32)
+        .ttl(Duration::from_secs(60))
+        .watchdog(false);
+    match request.acquire().await {
+        Ok(lock) => {
+            let out = with(grant_json(&lock), json!({"status": "ACQUIRED"}));
+            lock.forget();
+            Ok(out)
+        }
+        Err(Error::NotAcquired {
+            reason, holders, ..
+        }) => {
+            let status = if reason == tumbler_client::NotAcquiredReason::Busy {
+                "BUSY"
+            } else {
+                "TIMEOUT"
+            };
+            Ok(json!({"status": status, "holders": holders}))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn release(c: &Client, a: &[String]) -> Out {
+    Ok(json!({"released": c.release(&a[0], &a[1], None).await?}))
+}
+
+async fn wait(c: &Client, a: &[String]) -> Out {
+    // wait, hold a while, release
+    let request = c
+        .lock(&a[0])
+        .holder(&a[1])
+        .wait(ms(&a[2]))
+        .ttl(Duration::from_secs(60));
+    let hold_for = ms(&a[3]);
+    request
+        .run(async |lock| {
+            let out = grant_json(lock);
+            tokio::time::sleep(hold_for).await;
+            with(out, json!({"released_at_ms": now_ms()}))
+        })
+        .await
+}
+
+async fn scoped(c: &Client, a: &[String]) -> Out {
+    // the guard's scope, extend inside, nothing held after
+    let out = c
+        .lock(&a[0])
+        .ttl(Duration::from_secs(2))
+        .run(async |lock| {
+            let out = grant_json(lock);
+            let before = lock.grant().expires_at_ms;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let after = lock
+                .extend(Some(Duration::from_secs(30)))
+                .await?
+                .expires_at_ms;
+            Ok::<_, Error>(with(out, json!({"extended": after > before})))
+        })
+        .await??;
+    let holders = c.inspect(&a[0]).await?.holders.len();
+    Ok(with(out, json!({"holders_after": holders})))
+}
+
+async fn queue_names(c: &Client, name: &str) -> Result<Vec<String>, Error> {
+    Ok(c.queue(name)
+        .await?
+        .requests
+        .into_iter()
+        .map(|r| r.holder)
+        .collect())
+}
+
+async fn inspect(c: &Client, a: &[String]) -> Out {
+    let info = c.inspect(&a[0]).await?;
+    let holders: Vec<Value> = info
+        .holders
+        .iter()
+        .filter_map(|h| h.grant.as_ref())
+        .map(|g| json!({"holder": g.holder, "token": g.fencing_token.to_string(), "slot": g.slot}))
+        .collect();
+    Ok(
+        json!({"limit": info.limit, "waiters": info.waiters, "holders": holders, "queue": queue_names(c, &a[0]).await?}),
+    )
+}
+
+async fn invalid(c: &Client) -> Out {
+    // bad input: priority out of range
+    match c.lock("conformance-invalid").priority(5000).acquire().await {
+        Err(Error::InvalidArgument { message }) => Ok(
+            json!({"field": "priority", "code": "InvalidArgument", "message": message, "typed": "Error::InvalidArgument"}),
+        ),
+        other => Ok(json!({"field": "priority", "code": format!("{other:?}")})),
+    }
+}
+
+async fn keep(c: &Client, a: &[String]) -> Out {
+    // a lease shorter than the work: the watchdog keeps it
+    let (name, work) = (a[0].clone(), ms(&a[2]));
+    let out = c
+        .lock(&name)
+        .holder("rust-keeper")
+        .ttl(ms(&a[1]))
+        .run(async |lock| {
+            emit(&with(grant_json(lock), json!({"event": "held"})));
+            let start = now_ms();
+            tokio::time::sleep(work).await;
+            let inside = c.inspect(&name).await?;
+            let token_inside = inside
+                .holders
+                .first()
+                .and_then(|h| h.grant.as_ref())
+                .map(|g| g.fencing_token);
+            Ok::<_, Error>(json!({"body_start_ms": start, "body_end_ms": now_ms(),
+                "token": lock.fencing_token().to_string(), "lost": lock.is_lost(),
+                "token_inside": token_inside.unwrap_or(0).to_string()}))
+        })
+        .await??;
+    // Its own grant only: the driver's prober may take the freed lock at once.
+    let info = c.inspect(&name).await?;
+    let mine = info
+        .holders
+        .iter()
+        .filter(|h| h.grant.as_ref().is_some_and(|g| g.holder == "rust-keeper"))
+        .count();
+    Ok(with(out, json!({"holders_after": mine})))
+}
+
+async fn crash(c: &Client, a: &[String]) -> Out {
+    // hold with the watchdog, then get killed by the driver
+    c.lock(&a[0])
+        .holder("rust-crasher")
+        .ttl(ms(&a[1]))
+        .run(async |lock| {
+            emit(&with(grant_json(lock), json!({"event": "held"})));
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        })
+        .await?;
+    Ok(json!({"survived": true}))
+}
+
+async fn lost(c: &Client, a: &[String]) -> Out {
+    // the driver takes the grant away: lost() resolves, run() returns LockLost
+    let result = c
+        .lock(&a[0])
+        .holder("rust-loser")
+        .ttl(ms(&a[1]))
+        .run(async |lock| {
+            emit(&with(grant_json(lock), json!({"event": "held"})));
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        })
+        .await;
+    Ok(match result {
+        Err(Error::LockLost { reason, .. }) => {
+            json!({"signalled": true, "signal_at_ms": now_ms(), "reason": reason, "raised": "Error::LockLost"})
+        }
+        other => json!({"signalled": false, "got": format!("{other:?}")}),
+    })
+}
+
+async fn cancel(c: &Client, a: &[String]) -> Out {
+    // cancel a waiting acquire: no ghost waiter
+    let holder = "rust-canceller";
+    let token = CancellationToken::new();
+    let request = c
+        .lock(&a[0])
+        .holder(holder)
+        .wait(Duration::from_secs(20))
+        .ttl(Duration::from_secs(10));
+    let waiting = tokio::spawn(request.cancel_on(token.clone()).acquire());
+    tokio::time::sleep(ms(&a[1])).await;
+    let before = queue_names(c, &a[0]).await?;
+    let t0 = std::time::Instant::now();
+    token.cancel();
+    let error = match waiting.await.expect("the acquire task") {
+        Err(Error::Cancelled) => "Error::Cancelled".to_owned(),
+        other => format!("{other:?}"),
+    };
+    let cancel_ms = t0.elapsed().as_millis() as u64;
+    let after = loop {
+        let names = queue_names(c, &a[0]).await?;
+        if !names.iter().any(|n| n == holder) || t0.elapsed() > Duration::from_secs(2) {
+            break names;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    Ok(
+        json!({"error": error, "cancel_ms": cancel_ms, "queued_before": before.iter().any(|n| n == holder),
+        "queue_after": after, "gone_ms": t0.elapsed().as_millis() as u64}),
+    )
+}
+
+async fn restart(c: &Client, a: &[String]) -> Out {
+    // wait through a server restart (retries on UNAVAILABLE, same holder)
+    let started = std::time::Instant::now();
+    let lock = c
+        .lock(&a[0])
+        .holder(&a[1])
+        .wait(ms(&a[2]))
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await?;
+    let out = with(
+        grant_json(&lock),
+        json!({"status": "ACQUIRED", "elapsed_ms": started.elapsed().as_millis() as u64}),
+    );
+    lock.release().await?;
+    Ok(out)
+}
+
+async fn auth(addr: &str, namespace: &str, token: &str) -> Out {
+    // the token is sent; none, or another namespace, is PermissionDenied
+    async fn attempt(addr: &str, namespace: &str, token: &str) -> String {
+        let client = match Client::builder(addr)
+            .namespace(namespace)
+            .token(token)
+            .connect()
+            .await
+        {
+            Ok(client) => client,
+            Err(e) => return format!("{e:?}"),
+        };
+        match client
+            .lock("auth-rust")
+            .ttl(Duration::from_secs(5))
+            .acquire()
+            .await
+        {
+            Ok(lock) => {
+                let _ = lock.release().await;
+                "ACQUIRED".into()
+            }
+            Err(Error::PermissionDenied { .. }) => "Error::PermissionDenied".into(),
+            Err(e) => format!("{e:?}"),
+        }
+    }
+    Ok(
+        json!({"with_token": attempt(addr, namespace, token).await, "no_token": attempt(addr, namespace, "").await,
+        "other_namespace": attempt(addr, "elsewhere", token).await}),
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.len() < 3 {
+        eprintln!("usage: conformance_steps ADDR NAMESPACE STEP ARGS...");
+        std::process::exit(2);
+    }
+    let (addr, namespace, step, args) = (&argv[0], &argv[1], argv[2].as_str(), &argv[3..]);
+    let result = if step == "auth" {
+        auth(addr, namespace, &args[0]).await
+    } else {
+        match Client::builder(addr.as_str())
+            .namespace(namespace.as_str())
+            .connect_lazy()
+        {
+            Err(e) => Err(e),
+            Ok(c) => match step {
+                "hold" => hold(&c, args).await,
+                "release" => release(&c, args).await,
+                "wait" => wait(&c, args).await,
+                "scoped" => scoped(&c, args).await,
+                "inspect" => inspect(&c, args).await,
+                "invalid" => invalid(&c).await,
+                "keep" => keep(&c, args).await,
+                "crash" => crash(&c, args).await,
+                "lost" => lost(&c, args).await,
+                "cancel" => cancel(&c, args).await,
+                "restart" => restart(&c, args).await,
+                other => {
+                    eprintln!("unknown step {other}");
+                    std::process::exit(2);
+                }
+            },
+        }
+    };
+    match result {
+        Ok(value) => emit(&value),
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    }
+}

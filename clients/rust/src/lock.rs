@@ -1,0 +1,560 @@
+//! A grant as a guard: [`LockRequest`] (acquire), [`Lock`] (the grant, its
+//! watchdog, release on drop).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tumbler_proto as proto;
+
+use crate::client::{Client, DEADLINE_SLACK};
+use crate::error::{Error, NotAcquiredReason, Result};
+
+/// A holder id made by the client ("rust-" and a random UUID), so that a
+/// retried acquire is the same request to the server: a retry of a granted
+/// acquire is answered ALREADY_HELD with the same grant, never a second
+/// permit.
+pub fn new_holder() -> String {
+    format!("rust-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// An acquire to configure, then send with [`acquire`](LockRequest::acquire).
+/// Made by [`Client::lock`]. Unset options are the server's defaults
+/// (limit 1, its default lease, fair queueing), but the wait: try once.
+#[derive(Debug, Clone)]
+#[must_use = "an acquire does nothing until `.acquire().await`"]
+pub struct LockRequest {
+    client: Client,
+    name: String,
+    holder: Option<String>,
+    wait: Duration,
+    ttl: Option<Duration>,
+    limit: Option<u32>,
+    kind: String,
+    metadata: HashMap<String, String>,
+    priority: i32,
+    queue_ttl: Option<Duration>,
+    fair: Option<bool>,
+    watchdog: bool,
+    cancel: Option<CancellationToken>,
+}
+
+impl LockRequest {
+    pub(crate) fn new(client: Client, name: String) -> Self {
+        LockRequest {
+            client,
+            name,
+            holder: None,
+            wait: Duration::ZERO,
+            ttl: None,
+            limit: None,
+            kind: String::new(),
+            metadata: HashMap::new(),
+            priority: 0,
+            queue_ttl: None,
+            fair: None,
+            watchdog: true,
+            cancel: None,
+        }
+    }
+
+    /// The holder id (default: [`new_holder`]). Pass your own to make an
+    /// acquire retried by your code (after a crash, say) the same request.
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = Some(holder.into());
+        self
+    }
+
+    /// Wait in the server's queue up to this long (default: try once).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The lease. With the watchdog on (the default) it only bounds how long
+    /// a crashed holder keeps the lock: the watchdog renews it every third.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Permits of the lock (a semaphore); default 1 (a mutex).
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// A short label (`[a-z0-9_.-]`) grouping locks in metrics.
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = kind.into();
+        self
+    }
+
+    /// Metadata stored with the grant (shown by inspect and watches).
+    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Queue priority, -1000..1000 (higher first).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// How long a waiting request outlives its server (waiter liveness).
+    pub fn queue_ttl(mut self, queue_ttl: Duration) -> Self {
+        self.queue_ttl = Some(queue_ttl);
+        self
+    }
+
+    /// `false`: take any free permit at once, whoever waits (barging).
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = Some(fair);
+        self
+    }
+
+    /// Whether the [`Lock`] renews its lease in the background (default
+    /// true).
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Stop waiting when `token` is cancelled: the acquire returns
+    /// [`Error::Cancelled`] and the server drops the request from the queue
+    /// at once. Dropping the acquire's future does the same.
+    pub fn cancel_on(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// Acquires, runs `body` with the lock, and releases it however the
+    /// body ends. If the grant is lost meanwhile, the body is dropped at
+    /// once (at its next `.await`) and the result is [`Error::LockLost`]:
+    /// the twin of the other clients' `with_lock`/`WithLock`.
+    ///
+    /// ```no_run
+    /// # async fn run(client: tumbler_client::Client) -> tumbler_client::Result<()> {
+    /// use std::time::Duration;
+    /// let total = client
+    ///     .lock("reports")
+    ///     .wait(Duration::from_secs(10))
+    ///     .ttl(Duration::from_secs(3))
+    ///     .run(async |lock| {
+    ///         // Long work: the watchdog renews the 3 s lease meanwhile.
+    ///         lock.fencing_token()
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<T>(self, body: impl AsyncFnOnce(&Lock) -> T) -> Result<T> {
+        let lock = self.acquire().await?;
+        let lost = lock.lost();
+        let out = tokio::select! {
+            out = body(&lock) => out,
+            lost = lost => return Err(lost),
+        };
+        if lock.is_lost() {
+            return Err(lock.lost().await);
+        }
+        lock.release().await?;
+        Ok(out)
+    }
+
+    fn request(&self, holder: &str, wait: Duration) -> proto::AcquireRequest {
+        proto::AcquireRequest {
+            namespace: self.client.namespace().to_owned(),
+            name: self.name.clone(),
+            holder: holder.to_owned(),
+            limit: self.limit,
+            ttl_ms: self.ttl.map(|t| t.as_millis() as u64),
+            kind: self.kind.clone(),
+            metadata: self.metadata.clone(),
+            wait_ms: wait.as_millis() as u64,
+            queue_ttl_ms: self.queue_ttl.map(|t| t.as_millis() as u64),
+            priority: self.priority,
+            fair: self.fair,
+        }
+    }
+
+    /// Takes a permit, waiting in the server up to the wait. Retried on
+    /// UNAVAILABLE (a server restart, a replica switch) with the same holder
+    /// until the wait plus 5 s has passed, so a retry never takes a second
+    /// permit. Errors: [`Error::NotAcquired`] (busy or timed out),
+    /// [`Error::Cancelled`], [`Error::Unavailable`], …
+    pub async fn acquire(self) -> Result<Lock> {
+        match self.cancel.clone() {
+            Some(token) => tokio::select! {
+                result = self.acquire_inner() => result,
+                _ = token.cancelled() => Err(Error::Cancelled),
+            },
+            None => self.acquire_inner().await,
+        }
+    }
+
+    async fn acquire_inner(self) -> Result<Lock> {
+        let holder = self.holder.clone().unwrap_or_else(new_holder);
+        let started = Instant::now();
+        let deadline = started + self.wait + DEADLINE_SLACK;
+        let sent = Arc::new(Mutex::new(started));
+        let reply = self
+            .client
+            .retry(
+                deadline,
+                |mut stub, request| async move { stub.acquire(request).await },
+                |left| {
+                    *sent.lock().unwrap() = Instant::now();
+                    let wait = self
+                        .wait
+                        .saturating_sub(started.elapsed())
+                        .min(left.saturating_sub(Duration::from_millis(50)));
+                    self.request(&holder, wait)
+                },
+            )
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
+                return Err(Error::NotAcquired {
+                    name: self.name,
+                    reason: NotAcquiredReason::Timeout,
+                    holders: 0,
+                    queue_position: 0,
+                });
+            }
+            Err(status) => return Err(status.into()),
+        };
+        if reply.status == proto::AcquireStatus::NotAcquired as i32 {
+            let reason = if reply.reason == proto::NotAcquiredReason::Busy as i32 {
+                NotAcquiredReason::Busy
+            } else {
+                NotAcquiredReason::Timeout
+            };
+            return Err(Error::NotAcquired {
+                name: self.name,
+                reason,
+                holders: reply.holders,
+                queue_position: reply.queue_position,
+            });
+        }
+        let grant = reply.grant.unwrap_or_default();
+        // The lease started no earlier than the last try was sent.
+        let sent = *sent.lock().unwrap();
+        Ok(Lock::new(
+            self.client,
+            self.name,
+            grant,
+            sent,
+            self.watchdog,
+        ))
+    }
+}
+
+/// What a [`Lock`]'s parts share with its watchdog.
+#[derive(Debug)]
+struct Shared {
+    name: String,
+    holder: String,
+    state: Mutex<State>,
+    /// `Some(reason)` once the grant is known to be gone.
+    lost: watch::Sender<Option<String>>,
+}
+
+#[derive(Debug)]
+struct State {
+    grant: proto::Grant,
+    /// This process's estimate of the lease's end: when the renewal that
+    /// set it was sent, plus the lease.
+    lease_end: Instant,
+}
+
+impl Shared {
+    fn grant(&self) -> proto::Grant {
+        self.state.lock().unwrap().grant.clone()
+    }
+
+    fn renewed(&self, grant: proto::Grant, sent: Instant) {
+        let mut state = self.state.lock().unwrap();
+        state.lease_end = sent + Duration::from_millis(grant.ttl_ms);
+        state.grant = grant;
+    }
+
+    fn mark_lost(&self, reason: String) {
+        self.lost.send_if_modified(|lost| {
+            if lost.is_some() {
+                return false;
+            }
+            *lost = Some(reason);
+            true
+        });
+    }
+
+    fn lost_error(&self, reason: String) -> Error {
+        Error::LockLost {
+            name: self.name.clone(),
+            holder: self.holder.clone(),
+            fencing_token: self.grant().fencing_token,
+            reason,
+        }
+    }
+}
+
+/// A grant: the fencing token, the slot, the lease, and (by default) a
+/// watchdog that extends the lease every third of it. Released when
+/// dropped (the release is spawned on the current tokio runtime), or
+/// explicitly with [`release`](Lock::release), which says whether it was
+/// still held.
+///
+/// ```no_run
+/// # async fn run(client: tumbler_client::Client) -> tumbler_client::Result<()> {
+/// use std::time::Duration;
+/// let lock = client.lock("invoices/42").ttl(Duration::from_secs(3)).acquire().await?;
+/// tokio::select! {
+///     _ = do_work(lock.fencing_token()) => {}
+///     lost = lock.lost() => eprintln!("stop: {lost}"),
+/// }
+/// lock.release().await?;
+/// # Ok(()) }
+/// # async fn do_work(_token: u64) {}
+/// ```
+pub struct Lock {
+    client: Client,
+    shared: Arc<Shared>,
+    watchdog: Option<JoinHandle<()>>,
+    released: bool,
+}
+
+impl Lock {
+    fn new(
+        client: Client,
+        name: String,
+        grant: proto::Grant,
+        sent: Instant,
+        watchdog: bool,
+    ) -> Lock {
+        let (lost, _) = watch::channel(None);
+        let shared = Arc::new(Shared {
+            name,
+            holder: grant.holder.clone(),
+            state: Mutex::new(State {
+                lease_end: sent + Duration::from_millis(grant.ttl_ms),
+                grant,
+            }),
+            lost,
+        });
+        let watchdog = watchdog.then(|| tokio::spawn(keep_alive(client.clone(), shared.clone())));
+        Lock {
+            client,
+            shared,
+            watchdog,
+            released: false,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The holder id of the grant.
+    pub fn holder(&self) -> &str {
+        &self.shared.holder
+    }
+
+    /// The fencing token: pass it to the resource you protect, which
+    /// refuses writes with a token lower than the highest it has seen.
+    pub fn fencing_token(&self) -> u64 {
+        self.shared.grant().fencing_token
+    }
+
+    /// The slot, 1..limit.
+    pub fn slot(&self) -> u32 {
+        self.shared.grant().slot
+    }
+
+    /// The grant as last renewed (expiry in Redis-clock Unix ms).
+    pub fn grant(&self) -> proto::Grant {
+        self.shared.grant()
+    }
+
+    /// True once the grant is known to be gone.
+    pub fn is_lost(&self) -> bool {
+        self.shared.lost.borrow().is_some()
+    }
+
+    /// Resolves with [`Error::LockLost`] the moment the grant is known to be
+    /// gone: a renewal answered NOT_HELD (expired, reaped, cleared,
+    /// force-released) or renewals failed until the lease ran out. Never
+    /// resolves while the lock is held, nor after a release. Needs the
+    /// watchdog (or your own [`extend`](Lock::extend) calls) to find out.
+    pub fn lost(&self) -> impl Future<Output = Error> + Send + 'static {
+        let shared = self.shared.clone();
+        let mut seen = self.shared.lost.subscribe();
+        async move {
+            let reason = loop {
+                let lost = seen.borrow_and_update().clone();
+                if let Some(reason) = lost {
+                    break reason;
+                }
+                if seen.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            shared.lost_error(reason)
+        }
+    }
+
+    /// Sets the lease to `ttl` from now (`None`: the grant's own lease),
+    /// pinned to the fencing token. [`Error::LockLost`] when it is gone.
+    pub async fn extend(&self, ttl: Option<Duration>) -> Result<proto::Grant> {
+        let grant = self.shared.grant();
+        let request = extend_request(&self.client, &self.shared, &grant, ttl);
+        let sent = Instant::now();
+        let reply = self
+            .client
+            .call(
+                |mut stub, req| async move { stub.extend(req).await },
+                request,
+            )
+            .await?;
+        renewed(&self.shared, reply, sent)
+    }
+
+    /// Stops the watchdog and gives the permit back (pinned to the fencing
+    /// token): true when it was released, false when it was no longer held.
+    pub async fn release(mut self) -> Result<bool> {
+        self.released = true;
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
+        let token = self.fencing_token();
+        self.client
+            .release(&self.shared.name, &self.shared.holder, Some(token))
+            .await
+    }
+
+    /// Keeps the grant past this guard: no release on drop, no watchdog.
+    /// Returns the grant (release it later with [`Client::release`]).
+    pub fn forget(mut self) -> proto::Grant {
+        self.released = true;
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
+        self.shared.grant()
+    }
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let grant = self.shared.grant();
+        f.debug_struct("Lock")
+            .field("name", &self.shared.name)
+            .field("holder", &self.shared.holder)
+            .field("fencing_token", &grant.fencing_token)
+            .field("slot", &grant.slot)
+            .field("expires_at_ms", &grant.expires_at_ms)
+            .field("lost", &*self.shared.lost.borrow())
+            .finish()
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
+        if self.released {
+            return;
+        }
+        // Released in the background: Drop cannot wait. Without a runtime
+        // (dropped after it shut down) the lease ends on its own.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let (name, holder) = (self.shared.name.clone(), self.shared.holder.clone());
+            let token = self.shared.grant().fencing_token;
+            runtime.spawn(async move {
+                let _ = client.release(&name, &holder, Some(token)).await;
+            });
+        }
+    }
+}
+
+fn extend_request(
+    client: &Client,
+    shared: &Shared,
+    grant: &proto::Grant,
+    ttl: Option<Duration>,
+) -> proto::ExtendRequest {
+    proto::ExtendRequest {
+        namespace: client.namespace().to_owned(),
+        name: shared.name.clone(),
+        holder: shared.holder.clone(),
+        ttl_ms: ttl.map(|t| t.as_millis() as u64),
+        fencing_token: Some(grant.fencing_token),
+    }
+}
+
+fn renewed(shared: &Shared, reply: proto::ExtendResponse, sent: Instant) -> Result<proto::Grant> {
+    match reply.grant {
+        Some(grant) if reply.status == proto::ExtendStatus::Extended as i32 => {
+            shared.renewed(grant.clone(), sent);
+            Ok(grant)
+        }
+        _ => {
+            shared.mark_lost("not held".into());
+            Err(shared.lost_error("not held".into()))
+        }
+    }
+}
+
+/// The watchdog: extends the lease every third of it, pinned to the fencing
+/// token. A failed renewal (server restarting, replica switch, Redis down)
+/// is retried with back-off until the lease would have run out; NOT_HELD,
+/// or running out, marks the lock lost at once.
+async fn keep_alive(client: Client, shared: Arc<Shared>) {
+    let ttl = Duration::from_millis(shared.grant().ttl_ms.max(3));
+    let interval = ttl / 3;
+    let mut next = Instant::now() + interval;
+    let mut attempt = 0;
+    loop {
+        tokio::time::sleep_until(next).await;
+        let lease_end = shared.state.lock().unwrap().lease_end;
+        let grant = shared.grant();
+        let mut request = tonic::Request::new(extend_request(&client, &shared, &grant, Some(ttl)));
+        // An answer is useful as long as it comes before the lease ends: a
+        // slow server (a busy machine) still renews it; a dead one fails fast.
+        let timeout = lease_end
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(50));
+        request.set_timeout(timeout);
+        let sent = Instant::now();
+        let reply = tokio::time::timeout(timeout, client.stub().extend(request)).await;
+        match reply {
+            Ok(Ok(reply)) => {
+                if renewed(&shared, reply.into_inner(), sent).is_err() {
+                    return;
+                }
+                next = sent + interval;
+                attempt = 0;
+            }
+            failed => {
+                let why = match failed {
+                    Ok(Err(status)) => format!("{}: {}", status.code(), status.message()),
+                    _ => "no answer in time".to_owned(),
+                };
+                if Instant::now() >= lease_end {
+                    shared.mark_lost(format!("renewals failed until the lease ran out ({why})"));
+                    return;
+                }
+                next = (Instant::now() + client.backoff().delay(attempt)).min(lease_end);
+                attempt += 1;
+            }
+        }
+    }
+}

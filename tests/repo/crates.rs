@@ -1,0 +1,69 @@
+//! The workspace's dependency rules, which the compiler enforces once a
+//! dependency is absent: the Rust client builds without the server's Redis
+//! and web stack.
+
+use std::path::Path;
+use std::process::Command;
+
+/// The packages `package` depends on (normal dependencies, transitively),
+/// as `cargo tree` resolves them: names only.
+fn normal_dependencies(package: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            package,
+            "-e",
+            "normal",
+        ])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_rust_client_depends_on_neither_redis_nor_axum() {
+    let names = normal_dependencies("tumbler-client");
+    assert!(names.iter().any(|n| n == "tumbler-proto"), "{names:?}");
+    let server_side: Vec<&String> = (names.iter())
+        .filter(|n| n.starts_with("redis") || n.starts_with("axum") || *n == "tumbler")
+        .collect();
+    assert!(
+        server_side.is_empty(),
+        "tumbler-client pulls in server-side crates: {server_side:?}"
+    );
+}
+
+#[test]
+fn the_rust_clients_readme_example_is_the_compiled_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("clients/rust/README.md")).unwrap();
+    let section = readme
+        .split("\n## Example")
+        .nth(1)
+        .expect("an Example section");
+    let block = section
+        .split("```rust\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a rust block");
+    let example = std::fs::read_to_string(root.join("clients/rust/examples/readme.rs")).unwrap();
+    assert!(
+        example.ends_with(block),
+        "clients/rust/examples/readme.rs must end with the README's example, as it is"
+    );
+}
