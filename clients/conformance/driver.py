@@ -311,7 +311,13 @@ def restart_mid_hold(binary):
     """A server restart (SIGTERM, started again on its port, same Redis) in the middle of a scoped hold whose lease
     is shorter than the body: the watchdog's Extend rides out the gap; never lost, same token, a second client
     refused whenever the server answered."""
-    ttl, work = 3000, 6000
+    # The lease must outlast the whole outage from a renewal's point of
+    # view: at the stop up to a third of it may have passed since the last
+    # Extend, and after the restart a client may wait out its reconnect
+    # back-off (up to 1 s) before it extends. With a 3 s lease that left
+    # well under a second for stopping and starting the server, and on a
+    # loaded machine python's and ruby's watchdogs found the lock expired.
+    ttl, work = 6000, 12000
     redis, redis_port = start_redis()
     port = free_port()
     addr = f"127.0.0.1:{port}"
@@ -336,7 +342,7 @@ def restart_mid_hold(binary):
                 time.sleep(0.1)
         stopped = time.monotonic()
         stop(servers[0])
-        time.sleep(1.2)  # down for over a third of the lease: at least one Extend fails and is retried
+        time.sleep(1.6)  # down (stop, sleep, start) for over a third of the lease: at least one Extend fails and is retried
         servers.append(start_serve(binary, port, redis_port, *DRAIN))
         gap = int((time.monotonic() - stopped) * 1000)
         with tc.Client(addr, namespace=NAMESPACE) as c:
