@@ -25,6 +25,8 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tower::ServiceExt;
 
+pub mod common;
+
 use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::dev::RedisServer;
 use tumbler::proto::lock_service_client::LockServiceClient;
@@ -225,7 +227,7 @@ async fn main() {
         listener,
         std::future::pending(),
     ));
-    common_wait(&endpoint).await;
+    common::wait_until_serving(&endpoint).await;
 
     println!("| clients | transport | pairs/s | vs gRPC |");
     println!("| ---: | --- | ---: | ---: |");
@@ -243,26 +245,5 @@ async fn main() {
                 rate / grpc
             );
         }
-    }
-}
-
-/// Until the server answers (its layout verified).
-async fn common_wait(endpoint: &str) {
-    loop {
-        if let Ok(channel) = Channel::from_shared(endpoint.to_owned())
-            .unwrap()
-            .connect()
-            .await
-            && LockServiceClient::new(channel)
-                .acquire(proto::AcquireRequest {
-                    name: "probe".into(),
-                    ..Default::default()
-                })
-                .await
-                .is_ok()
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
