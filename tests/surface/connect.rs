@@ -3,7 +3,7 @@
 //! bounded by `Connect-Timeout-Ms`, refusals of bad input as Connect
 //! errors (nothing applied), tokens and namespaces as over gRPC, one lock
 //! taken over one transport and released over the other, and Watch
-//! followed with `curl -N`.
+//! followed with `curl -N`; Redis gone is `unavailable`, never a grant.
 
 use crate::common;
 
@@ -462,5 +462,16 @@ async fn watch_streams_lock_events_to_curl_n() {
     let end = envelopes(&refused.body);
     assert_eq!((end.len(), end[0].0), (1, 2));
     assert_eq!(end[0].1["error"]["code"], "invalid_argument", "{:?}", end);
+    server.shutdown().await.unwrap();
+}
+
+/// Redis gone: `503 unavailable`, never a grant.
+#[tokio::test]
+async fn redis_trouble_is_unavailable() {
+    let redis = common::start_redis();
+    let server = TestServer::new().redis(&redis.url()).start().await;
+    drop(redis);
+    let answer = call(&server, "Acquire", json!({"name": "r", "holder": "a"}), &[]).await;
+    answer.error(503, "unavailable");
     server.shutdown().await.unwrap();
 }
