@@ -11,6 +11,8 @@
 #   Go      go generate + vendor/ from Debian's grpc-go -> go vet, go build (offline)
 #   Ruby    gem build (stubs generated) -> gem install --local into a temp GEM_HOME
 #   Rust    cargo build of tumbler-client's conformance steps (the workspace's crate, --locked)
+#   Connect npm ci of @connectrpc/connect-node, buf + protoc-gen-es generate from proto/,
+#           then clients/connect-node/check.mjs against `tumbler dev` (Connect, gRPC-Web)
 #   Sidekiq gem build tumbler-sidekiq -> gem install --local into the same GEM_HOME, then
 #           the Ruby tests that need real servers (clients/ruby-sidekiq/test/run.sh:
 #           Tumbler::QueuedLocks, and tumbler-sidekiq with real redis-server,
@@ -110,6 +112,10 @@ step "rust: cargo build tumbler-client and its conformance steps (--locked)"
 # --workspace: the features the suite built with, so nothing is rebuilt.
 cargo build --locked -q --workspace --example conformance_steps
 echo "    built $root/target/debug/examples/conformance_steps"
+
+step "connect-node: @connectrpc/connect-node against tumbler dev (Connect JSON and binary, Watch streaming, gRPC-Web)"
+(cd "$src/clients/connect-node" && npm ci --no-audit --no-fund --loglevel=error &&
+  npm run --silent generate && TUMBLER_BIN="$root/target/debug/tumbler" node check.mjs)
 
 echo "==> python $("$work/venv/bin/python" -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
 export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_GO_MODULE=$src/clients/go \

@@ -12,6 +12,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod connect;
 pub mod dashboard;
 pub mod dev;
 pub mod engine;

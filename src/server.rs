@@ -278,9 +278,22 @@ pub async fn serve_on(
         tracing::info!("shutting down: no new connections, finishing in-flight RPCs");
         draining.notify_one();
     };
+    // One port, three protocols, told apart by content type: Connect
+    // (`application/json`, `application/proto`, `application/connect+…`,
+    // over HTTP/1.1 or HTTP/2) is turned into gRPC by `ConnectLayer`,
+    // gRPC-Web (`application/grpc-web…`) by tonic-web, and both then pass
+    // the RPC layer, auth and the handlers as gRPC does.
     let router = grpc_builder(&conn_limits)
+        .accept_http1(true)
         .max_concurrent_streams(config.transport.max_concurrent_streams)
         .layer(TrackLayer::new(listener.gate().clone()))
+        .layer(crate::connect::ConnectLayer {
+            max_request_bytes: config.transport.max_request_bytes,
+        })
+        .layer(tonic_web::GrpcWebLayer::new())
+        .layer(tower::util::MapResponseLayer::new(
+            |response: http::Response<_>| response.map(tonic::body::Body::new),
+        ))
         .layer(crate::observe::RpcLayer)
         .add_service(health_service)
         .add_service(reflection_v1)

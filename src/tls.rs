@@ -156,8 +156,9 @@ struct Configs {
     http: Arc<ServerConfig>,
 }
 
-/// Which port a connection came in on: gRPC needs ALPN `h2` (and client
-/// certificates with mTLS); the HTTP port speaks HTTP/1.1 to anyone.
+/// Which port a connection came in on: the gRPC port offers ALPN `h2`
+/// then `http/1.1` (Connect and gRPC-Web over HTTP/1.1), with client
+/// certificates under mTLS; the HTTP port speaks HTTP/1.1 to anyone.
 #[derive(Clone, Copy, Debug)]
 enum Port {
     Grpc,
@@ -457,7 +458,10 @@ impl Material {
         let mut grpc = grpc
             .with_single_cert(chain.clone(), key.clone_key())
             .map_err(key_error)?;
-        grpc.alpn_protocols = vec![b"h2".to_vec()];
+        // h2 first (gRPC); http/1.1 for Connect and gRPC-Web clients that
+        // speak only HTTP/1.1 (curl --http1.1, browsers' fetch through some
+        // proxies, most HTTP libraries).
+        grpc.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let mut http = builder(&provider)?
             .with_no_client_auth()
             .with_single_cert(chain, key)

@@ -1,7 +1,9 @@
 //! Compiles `proto/tumbler/v1/*.proto` (the repository's `proto/`, two
 //! folders up) into Rust with a pure-Rust proto compiler (protox), so a
 //! fresh machine needs no system `protoc`, and writes the encoded
-//! descriptor set that server reflection serves.
+//! descriptor set that server reflection serves, and the proto3 JSON
+//! mapping of every message (pbjson: serde impls from the same descriptors,
+//! used by the Connect protocol's JSON bodies).
 
 use std::path::PathBuf;
 
@@ -20,10 +22,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Imported google/protobuf files stay in the set: prost-build needs them.
     let descriptors = protox::compile(&protos, [&root])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("tumbler_descriptor.bin"),
-        prost::Message::encode_to_vec(&descriptors),
-    )?;
+    let encoded = prost::Message::encode_to_vec(&descriptors);
+    std::fs::write(out_dir.join("tumbler_descriptor.bin"), &encoded)?;
+    // Writes `tumbler.v1.serde.rs` into OUT_DIR, included by lib.rs.
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .build(&[".tumbler.v1"])?;
 
     tonic_prost_build::configure()
         .build_client(true)

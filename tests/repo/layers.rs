@@ -42,6 +42,17 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "handlers reach Redis only through the engine",
     ),
     (
+        "connect",
+        &[
+            "crate::store",
+            "crate::engine",
+            "crate::api",
+            "crate::auth",
+            "redis::",
+        ],
+        "Connect reaches the lock service only as a gRPC call, through the same stack",
+    ),
+    (
         "observe",
         &["crate::engine"],
         "observation does not reach back into the engine",

@@ -7,6 +7,7 @@
 pub mod common;
 
 mod auth;
+mod connect;
 mod dashboard;
 mod edge;
 mod revocation;

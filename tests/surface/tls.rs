@@ -844,3 +844,49 @@ async fn bad_tls_flags_stop_serve_with_an_error_naming_the_flag() {
         );
     }
 }
+
+/// Connect over TLS on the gRPC port: ALPN offers `http/1.1` after `h2`,
+/// so an HTTP/1.1-only client (curl --http1.1) is served, and curl's
+/// default (h2) still is.
+#[tokio::test]
+async fn connect_over_tls_is_served_on_http1_and_h2() {
+    let redis = start_redis();
+    let ca = Ca::new("tumbler test CA");
+    let files = Files::new(&ca.server(), None);
+    let server = TlsServer::start(&redis.url(), files.settings(None)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    let url = format!(
+        "https://localhost:{}/tumbler.v1.LockService/Inspect",
+        server.addr().port()
+    );
+    for version in ["--http1.1", "--http2"] {
+        let output = tokio::process::Command::new("curl")
+            .args(["-sS", "-w", "\n%{http_version}", version, "--cacert"])
+            .arg(&ca_file)
+            .args([
+                "--resolve",
+                &format!("localhost:{}:127.0.0.1", server.addr().port()),
+            ])
+            .args([
+                "-H",
+                "content-type: application/json",
+                "-d",
+                r#"{"name":"t"}"#,
+            ])
+            .arg(&url)
+            .output()
+            .await
+            .unwrap();
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{version}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(out.contains(r#""name":"t""#), "{version}: {out}");
+        let expected = if version == "--http1.1" { "1.1" } else { "2" };
+        assert!(out.ends_with(expected), "{version}: {out}");
+    }
+}

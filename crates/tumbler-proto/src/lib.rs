@@ -1,7 +1,8 @@
 //! Generated gRPC code for tumbler's API, package `tumbler.v1` (see
 //! `proto/tumbler/v1/lock.proto` in the repository): the messages, the
 //! `LockService` client and server, and the encoded descriptor set that
-//! the server's reflection serves.
+//! the server's reflection serves. Every message also implements serde's
+//! `Serialize` and `Deserialize` with the proto3 JSON mapping (pbjson).
 //!
 //! Most Rust programs want the `tumbler-client` crate, which adds lock
 //! guards, a lease watchdog, sessions and typed errors on top of these.
@@ -26,6 +27,9 @@
 )]
 
 tonic::include_proto!("tumbler.v1");
+// The proto3 JSON mapping (lowerCamel names, enums by name, 64-bit
+// integers as strings) of every message above, as serde impls.
+include!(concat!(env!("OUT_DIR"), "/tumbler.v1.serde.rs"));
 
 /// The encoded descriptors of `proto/`, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -1,0 +1,148 @@
+//! Connect errors: a gRPC code (the one table of engine error kinds,
+//! `api::convert`, decides it for everything the service answers) sent as
+//! `{"code":"resource_exhausted","message":"…"}` with the HTTP status of
+//! the Connect protocol, which is google.rpc.Code's table that the
+//! dashboard already uses (`dashboard::http_status`).
+
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+use tonic::Code;
+
+/// A Connect error: its code and a message naming the cause.
+#[derive(Clone, Debug)]
+pub struct ConnectError {
+    pub code: Code,
+    pub message: String,
+}
+
+/// The body of a Connect error (also the `error` of a stream's end).
+#[derive(Serialize)]
+pub struct ErrorJson<'a> {
+    code: &'static str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    message: &'a str,
+}
+
+impl ConnectError {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        ConnectError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid_argument(message: impl Into<String>) -> Self {
+        ConnectError::new(Code::InvalidArgument, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ConnectError::new(Code::Internal, message)
+    }
+
+    /// Connect's name of the code: gRPC's in lower case, but `canceled`.
+    pub fn code_name(&self) -> &'static str {
+        connect_code(self.code)
+    }
+
+    pub fn json(&self) -> ErrorJson<'_> {
+        ErrorJson {
+            code: self.code_name(),
+            message: &self.message,
+        }
+    }
+
+    /// The unary answer: the status Connect gives the code, the JSON body.
+    pub fn into_response(self) -> http::Response<tonic::body::Body> {
+        let (status, _) = crate::dashboard::http_status(self.code);
+        let body = serde_json::to_vec(&self.json()).unwrap_or_default();
+        let mut response = http::Response::new(tonic::body::Body::new(http_body_util::Full::new(
+            Bytes::from(body),
+        )));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+
+    /// 415 for a content type Connect does not know here (no JSON body:
+    /// the client may not read JSON at all).
+    pub fn unsupported_media_type() -> http::Response<tonic::body::Body> {
+        let mut response = http::Response::new(tonic::body::Body::empty());
+        *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        response.headers_mut().insert(
+            "accept-post",
+            HeaderValue::from_static(
+                "application/json, application/proto, application/grpc, application/grpc-web",
+            ),
+        );
+        response
+    }
+}
+
+impl From<tonic::Status> for ConnectError {
+    fn from(status: tonic::Status) -> Self {
+        ConnectError::new(status.code(), status.message())
+    }
+}
+
+/// Connect's code names.
+fn connect_code(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "ok",
+        Code::Cancelled => "canceled",
+        Code::Unknown => "unknown",
+        Code::InvalidArgument => "invalid_argument",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::NotFound => "not_found",
+        Code::AlreadyExists => "already_exists",
+        Code::PermissionDenied => "permission_denied",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out_of_range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data_loss",
+        Code::Unauthenticated => "unauthenticated",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names are gRPC's, lower case (Connect spells `canceled`), and
+    /// the statuses are Connect's (google.rpc.Code's) for every code.
+    #[test]
+    fn names_and_statuses_are_connects() {
+        for i in 1..=16 {
+            let code = Code::from_i32(i);
+            let (_, grpc_name) = crate::dashboard::http_status(code);
+            let name = connect_code(code);
+            assert!(
+                name == grpc_name.to_ascii_lowercase()
+                    || (name, grpc_name) == ("canceled", "CANCELLED")
+            );
+        }
+        let status = |code| crate::dashboard::http_status(code).0.as_u16();
+        assert_eq!(
+            [
+                Code::Cancelled,
+                Code::InvalidArgument,
+                Code::DeadlineExceeded,
+                Code::ResourceExhausted,
+                Code::FailedPrecondition,
+                Code::Unimplemented,
+                Code::Unavailable,
+                Code::Unauthenticated,
+                Code::PermissionDenied
+            ]
+            .map(status),
+            [499, 400, 504, 429, 400, 501, 503, 401, 403]
+        );
+    }
+}
