@@ -1,0 +1,313 @@
+package Tumbler::Client;
+use strict;
+use warnings;
+use Carp ();
+use HTTP::Tiny;
+use JSON::PP ();
+use Sys::Hostname ();
+use Time::HiRes ();
+use Tumbler::Error;
+use Tumbler::Lock;
+
+our $VERSION = '0.1.0';
+
+my $JSON = JSON::PP->new->utf8->canonical;
+
+sub _now { Time::HiRes::clock_gettime(Time::HiRes::CLOCK_MONOTONIC()) }
+
+# Request options: the Perl name, the proto3 JSON name, and how it is sent.
+# 64-bit integers go as JSON strings (proto3 JSON), 32-bit ones as numbers.
+my %FIELDS = (
+    holder        => [ holder       => 'str' ],
+    ttl_ms        => [ ttlMs        => 'u64' ],
+    wait_ms       => [ waitMs       => 'u64' ],
+    queue_ttl_ms  => [ queueTtlMs   => 'u64' ],
+    limit         => [ limit        => 'u32' ],
+    kind          => [ kind         => 'str' ],
+    metadata      => [ metadata     => 'map' ],
+    priority      => [ priority     => 'i32' ],
+    fair          => [ fair         => 'bool' ],
+    fencing_token => [ fencingToken => 'u64' ],
+    max_entries   => [ maxEntries   => 'u32' ],
+    prefix        => [ prefix       => 'str' ],
+    page_size     => [ pageSize     => 'u32' ],
+    page_token    => [ pageToken    => 'str' ],
+    only_waiting  => [ onlyWaiting  => 'bool' ],
+    older_than_ms => [ olderThanMs  => 'u64' ],
+    from_ms       => [ fromMs       => 'u64' ],
+    to_ms         => [ toMs         => 'u64' ],
+    namespace     => [ namespace    => 'str' ],
+);
+
+my %ALLOWED = (
+    Acquire => [qw(namespace holder ttl_ms wait_ms queue_ttl_ms limit kind metadata priority fair)],
+    Release => [qw(namespace holder fencing_token)],
+    Extend  => [qw(namespace holder ttl_ms fencing_token)],
+    Inspect => [qw(namespace)],
+    Queue   => [qw(namespace max_entries)],
+    List    => [qw(namespace prefix page_size page_token only_waiting)],
+    Reap    => [qw(namespace older_than_ms)],
+    Clear   => [qw(namespace)],
+    Metrics => [qw(namespace from_ms to_ms kind)],
+);
+
+sub new {
+    my ($class, %args) = @_;
+    my $self = bless {
+        endpoint    => 'http://127.0.0.1:50051',
+        token       => undef,
+        namespace   => undef,
+        timeout     => 10,      # seconds: each call's deadline, retries included
+        backoff     => 0.05,    # first retry pause, doubled up to max_backoff
+        max_backoff => 1,
+        %args,
+    }, $class;
+    $self->{endpoint} =~ s{/+$}{};
+    $self->{endpoint} = "http://$self->{endpoint}" unless $self->{endpoint} =~ m{^https?://};
+    $self->{http} = HTTP::Tiny->new(
+        agent      => "tumbler-perl/$VERSION ",
+        keep_alive => 1,
+        timeout    => $self->{timeout},
+    );
+    return $self;
+}
+
+sub endpoint  { $_[0]{endpoint} }
+sub namespace { $_[0]{namespace} }
+
+# A holder id made here, so that a retried Acquire is the same request.
+my $seq = 0;
+sub new_holder {
+    my $host = Sys::Hostname::hostname() // 'perl';
+    $host =~ s/[^A-Za-z0-9_.-]/_/g;
+    return sprintf '%s-%d-%08x%08x-%d', $host, $$, int(rand(2**32)), int(rand(2**32)), ++$seq;
+}
+
+sub _body {
+    my ($self, $method, $fixed, $opts) = @_;
+    my %body = %$fixed;
+    my %allowed = map { $_ => 1 } @{ $ALLOWED{$method} };
+    my $ns = exists $opts->{namespace} ? $opts->{namespace} : $self->{namespace};
+    $body{namespace} = $ns if defined $ns;
+    for my $key (sort keys %$opts) {
+        next if $key eq 'namespace' || $key eq 'timeout';
+        Tumbler::Error::InvalidArgument->throw(
+            code => 'invalid_argument', kind => 'invalid_argument', method => $method,
+            message => "$key: unknown option for " . lc($method),
+        ) unless $allowed{$key};
+        my $v = $opts->{$key};
+        next unless defined $v;
+        my ($json, $type) = @{ $FIELDS{$key} };
+        if    ($type eq 'u64') { $body{$json} = "$v" }
+        elsif ($type eq 'u32' || $type eq 'i32') { $body{$json} = $v =~ /^-?\d+$/ ? 0 + $v : "$v" }
+        elsif ($type eq 'bool') { $body{$json} = $v ? JSON::PP::true : JSON::PP::false }
+        elsif ($type eq 'map') { $body{$json} = { map { $_ => "$v->{$_}" } keys %$v } }
+        else { $body{$json} = "$v" }
+    }
+    return \%body;
+}
+
+# One Connect unary call, retried while the server is unavailable (nothing
+# listening, a broken connection, 503 unavailable) until the deadline.
+sub call {
+    my ($self, $method, $body, %args) = @_;
+    my $timeout  = $args{timeout} // $self->{timeout};
+    my $deadline = _now() + $timeout;
+    my $url      = "$self->{endpoint}/tumbler.v1.LockService/$method";
+    my $content  = $JSON->encode($body // {});
+    my %headers  = ('content-type' => 'application/json', accept => 'application/json');
+    $headers{authorization} = "Bearer $self->{token}" if defined $self->{token};
+    my $pause = $self->{backoff};
+    my ($attempts, $last) = (0, '');
+    while (1) {
+        my $left = $deadline - _now();
+        last if $left <= 0 && $attempts > 0;
+        $left = 0.001 if $left <= 0;
+        $attempts++;
+        $self->{http}->timeout($left);
+        my $res = $self->{http}->request(POST => $url, {
+            headers => { %headers, 'connect-timeout-ms' => int($left * 1000) || 1 },
+            content => $content,
+        });
+        my $status = $res->{status};
+        if ($status == 200) {
+            my $out = eval { $JSON->decode(length $res->{content} ? $res->{content} : '{}') };
+            return $out if ref $out eq 'HASH';
+            die Tumbler::Error->new(kind => 'internal', code => 'internal', method => $method,
+                http_status => 200, message => "answer is not JSON: " . substr($res->{content}, 0, 200));
+        }
+        my ($code, $message);
+        if ($status == 599) {   # HTTP::Tiny: no answer (refused, reset, timed out)
+            ($code, $message) = ('unavailable', $res->{content});
+            $message =~ s/\s+$//;
+        } else {
+            my $err = eval { $JSON->decode($res->{content}) };
+            if (ref $err eq 'HASH' && defined $err->{code}) {
+                ($code, $message) = ($err->{code}, $err->{message} // '');
+            } else {
+                $message = "HTTP $status $res->{reason}";
+            }
+        }
+        my $e = Tumbler::Error->from_connect(
+            code => $code, message => $message, http_status => $status, method => $method,
+            attempts => $attempts,
+        );
+        die $e unless $e->kind eq 'unavailable';
+        $last = $message;
+        $left = $deadline - _now();
+        last if $left <= 0;
+        my $sleep = $pause * (0.5 + rand(0.5));
+        $sleep = $left if $sleep > $left;
+        Time::HiRes::sleep($sleep);
+        $pause *= 2;
+        $pause = $self->{max_backoff} if $pause > $self->{max_backoff};
+    }
+    die Tumbler::Error::Unavailable->new(
+        kind => 'unavailable', code => 'unavailable', method => $method, attempts => $attempts,
+        message => sprintf('no answer within %.3gs after %d attempts: %s', $timeout, $attempts, $last),
+    );
+}
+
+# proto3 JSON names to Perl ones (fencingToken -> fencing_token); map
+# values such as metadata keep their keys.
+sub _snake {
+    my ($v, $keep) = @_;
+    if (ref $v eq 'HASH') {
+        return { map { $_ => $v->{$_} } keys %$v } if $keep;
+        my %out;
+        for my $k (keys %$v) {
+            (my $s = $k) =~ s/([A-Z])/_\l$1/g;
+            $out{$s} = _snake($v->{$k}, $k eq 'metadata');
+        }
+        return \%out;
+    }
+    return [ map { _snake($_) } @$v ] if ref $v eq 'ARRAY';
+    return $v;
+}
+
+sub _name {
+    my $name = shift;
+    Carp::croak('a lock name is required') unless defined $name;
+    return $name;
+}
+
+# acquire(name, %opts): the grant (holder, fencing_token, slot, expires_at_ms,
+# ttl_ms, kind, metadata, status). Dies Tumbler::Error::NotAcquired (kind
+# busy, or timeout after wait_ms) when not acquired.
+sub acquire {
+    my ($self, $name, %opts) = @_;
+    $opts{holder} //= new_holder();
+    my $timeout = $opts{timeout} // $self->{timeout};
+    my $wait = ($opts{wait_ms} // 0) / 1000;
+    my $res = _snake($self->call('Acquire', $self->_body('Acquire', { name => _name($name) }, \%opts),
+        timeout => $timeout + $wait));
+    my $status = $res->{status} // '';
+    if ($status eq 'ACQUIRE_STATUS_ACQUIRED' || $status eq 'ACQUIRE_STATUS_ALREADY_HELD') {
+        my $grant = $res->{grant};
+        $grant->{status} = $status eq 'ACQUIRE_STATUS_ACQUIRED' ? 'acquired' : 'already_held';
+        $grant->{name} = $name;
+        $grant->{namespace} = $opts{namespace} // $self->{namespace};
+        return $grant;
+    }
+    my $reason = $res->{reason} // '';
+    my $kind = $reason eq 'NOT_ACQUIRED_REASON_TIMEOUT' ? 'timeout' : 'busy';
+    die Tumbler::Error::NotAcquired->new(
+        kind => $kind, code => 'not_acquired', method => 'Acquire', reason => $reason,
+        holders => $res->{holders},
+        message => "$name: " . ($kind eq 'busy' ? 'held by others' : 'not acquired within wait_ms'),
+    );
+}
+
+# release(name, holder => ..., fencing_token => ...): true if released,
+# false if the holder did not hold it (any more).
+sub release {
+    my ($self, $name, %opts) = @_;
+    Carp::croak('release needs holder') unless defined $opts{holder};
+    my $res = $self->call('Release', $self->_body('Release', { name => _name($name) }, \%opts),
+        (defined $opts{timeout} ? (timeout => $opts{timeout}) : ()));
+    return ($res->{status} // '') eq 'RELEASE_STATUS_RELEASED' ? 1 : 0;
+}
+
+# extend(name, holder => ..., ttl_ms => ..., fencing_token => ...): the
+# renewed grant; dies Tumbler::Error::NotHeld when it is not held.
+sub extend {
+    my ($self, $name, %opts) = @_;
+    Carp::croak('extend needs holder') unless defined $opts{holder};
+    my $res = _snake($self->call('Extend', $self->_body('Extend', { name => _name($name) }, \%opts),
+        (defined $opts{timeout} ? (timeout => $opts{timeout}) : ())));
+    return $res->{grant} if ($res->{status} // '') eq 'EXTEND_STATUS_EXTENDED';
+    die Tumbler::Error::NotHeld->new(
+        kind => 'not_held', code => 'not_held', method => 'Extend',
+        message => "$name: not held by $opts{holder}",
+    );
+}
+
+sub _plain {
+    my ($self, $method, $fixed, %opts) = @_;
+    return _snake($self->call($method, $self->_body($method, $fixed, \%opts),
+        (defined $opts{timeout} ? (timeout => $opts{timeout}) : ())));
+}
+
+sub inspect { my ($self, $name, %o) = @_; $self->_plain(Inspect => { name => _name($name) }, %o) }
+sub queue   { my ($self, $name, %o) = @_; $self->_plain(Queue   => { name => _name($name) }, %o) }
+sub list    { my ($self, %o) = @_; $self->_plain(List    => {}, %o) }
+sub reap    { my ($self, %o) = @_; $self->_plain(Reap    => {}, %o) }
+sub clear   { my ($self, %o) = @_; $self->_plain(Clear   => {}, %o) }
+sub metrics { my ($self, %o) = @_; $self->_plain(Metrics => {}, %o) }
+
+# lock(name, %acquire_opts): a Tumbler::Lock guard, released when it goes
+# out of scope.
+sub lock {
+    my ($self, $name, %opts) = @_;
+    my $grant = $self->acquire($name, %opts);
+    return Tumbler::Lock->_new($self, $name, $grant, $opts{namespace} // $self->{namespace});
+}
+
+1;
+
+__END__
+
+=head1 NAME
+
+Tumbler::Client - the tumbler lock service over the Connect protocol (JSON over HTTP)
+
+=head1 SYNOPSIS
+
+    use Tumbler::Client;
+    my $client = Tumbler::Client->new(
+        endpoint  => 'http://127.0.0.1:50051',   # the gRPC port, which speaks Connect
+        token     => $ENV{TUMBLER_TOKEN},        # sent as Authorization: Bearer
+        namespace => 'billing',                  # default: the server's
+        timeout   => 10,                         # seconds per call, retries included
+    );
+    {
+        my $lock = $client->lock('reports', ttl_ms => 30_000, wait_ms => 5_000);
+        do_work($lock->fencing_token);
+    }   # released here
+
+=head1 METHODS
+
+C<acquire($name, %opts)> (holder, ttl_ms, wait_ms, queue_ttl_ms, limit,
+kind, metadata, priority, fair, namespace, timeout) returns the grant as a
+hash (holder, fencing_token, slot, expires_at_ms, ttl_ms, kind, metadata,
+status C<acquired> or C<already_held>) or dies
+C<Tumbler::Error::NotAcquired> (kind C<busy>, or C<timeout> after
+wait_ms). Without a holder the client makes one, and retries of an
+unavailable server send that same holder, so a retry never takes a second
+permit.
+
+C<release($name, holder =E<gt> ..., fencing_token =E<gt> ...)> returns true
+if released, false if not held. C<extend($name, holder =E<gt> ..., ttl_ms
+=E<gt> ..., fencing_token =E<gt> ...)> returns the renewed grant or dies
+C<Tumbler::Error::NotHeld>. C<inspect($name)>, C<queue($name)>,
+C<list(%opts)>, C<reap(%opts)>, C<clear(%opts)> and C<metrics(%opts)> return
+the answer as a hash with snake_case keys. C<lock($name, %opts)> returns a
+L<Tumbler::Lock> guard.
+
+Each method is one C<POST /tumbler.v1.LockService/E<lt>MethodE<gt>>. A call
+that finds no server (connection refused or broken) or gets C<503
+unavailable> is retried with jittered back-off until its deadline
+(C<timeout>, plus wait_ms for a waiting acquire), then dies
+C<Tumbler::Error::Unavailable>. Errors: L<Tumbler::Error>.
+
+=cut

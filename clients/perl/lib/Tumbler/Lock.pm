@@ -1,0 +1,145 @@
+package Tumbler::Lock;
+use strict;
+use warnings;
+use Scalar::Util ();
+use Time::HiRes ();
+use Tumbler::Error;
+
+our $VERSION = '0.1.0';
+
+sub _now { Time::HiRes::clock_gettime(Time::HiRes::CLOCK_MONOTONIC()) }
+
+sub _new {
+    my ($class, $client, $name, $grant, $namespace) = @_;
+    my $now = _now();
+    return bless {
+        client    => $client,
+        name      => $name,
+        namespace => $namespace,
+        grant     => $grant,
+        ttl       => ($grant->{ttl_ms} // 0) / 1000,
+        renewed   => $now,                                     # local clock of the last grant
+        expires   => $now + ($grant->{ttl_ms} // 0) / 1000,
+        pid       => $$,
+        released  => 0,
+        lost      => 0,
+    }, $class;
+}
+
+sub name          { $_[0]{name} }
+sub namespace     { $_[0]{namespace} }
+sub holder        { $_[0]{grant}{holder} }
+sub fencing_token { $_[0]{grant}{fencing_token} }
+sub slot          { $_[0]{grant}{slot} }
+sub grant         { $_[0]{grant} }
+sub released      { $_[0]{released} }
+
+sub _ns { defined $_[0]{namespace} ? (namespace => $_[0]{namespace}) : () }
+
+# True once an Extend answered NOT_HELD or the lease ran out before a renewal.
+sub lost {
+    my $self = shift;
+    return 0 if $self->{released};
+    $self->{lost} = 1 if !$self->{lost} && _now() >= $self->{expires};
+    return $self->{lost};
+}
+
+sub check {
+    my $self = shift;
+    return $self unless $self->lost;
+    die Tumbler::Error::LockLost->new(
+        kind => 'lost', code => 'lost', method => 'check',
+        message => "$self->{name}: lock lost (fencing token $self->{grant}{fencing_token})",
+    );
+}
+
+# extend(ttl_ms => ...): renews the lease, pinned to the fencing token.
+# Dies Tumbler::Error::NotHeld (and the lock is lost from then on) when the
+# server no longer has it.
+sub extend {
+    my ($self, %opts) = @_;
+    $self->check;
+    my $ttl_ms = $opts{ttl_ms} // $self->{grant}{ttl_ms};
+    my $start = _now();
+    # Retries of an unavailable server stop when the lease would end.
+    my $left = $self->{expires} - $start;
+    my $timeout = $opts{timeout} // $self->{client}{timeout};
+    $timeout = $left if $left < $timeout;
+    my $grant = eval {
+        $self->{client}->extend($self->{name}, $self->_ns, holder => $self->holder,
+            fencing_token => $self->fencing_token, ttl_ms => $ttl_ms, timeout => $timeout);
+    };
+    if (my $e = $@) {
+        $self->{lost} = 1
+            if Scalar::Util::blessed($e) && $e->isa('Tumbler::Error')
+            && ($e->kind eq 'not_held' || ($e->kind eq 'unavailable' && _now() >= $self->{expires}));
+        die $e;
+    }
+    $self->{grant}   = { %{ $self->{grant} }, %$grant };
+    $self->{ttl}     = ($grant->{ttl_ms} // $ttl_ms) / 1000;
+    $self->{renewed} = $start;
+    $self->{expires} = $start + $self->{ttl};
+    return $self;
+}
+
+# heartbeat: extends the lease when a third of it has passed since the last
+# renewal. Perl has no watchdog thread here: call it from the work loop, more
+# often than a third of the TTL. Returns false when the lock is lost (it
+# never dies for that; see check), true otherwise.
+sub heartbeat {
+    my ($self, %opts) = @_;
+    return 0 if $self->{released} || $self->lost;
+    return 1 if !$opts{force} && _now() - $self->{renewed} < $self->{ttl} / 3;
+    eval { $self->extend; 1 } and return 1;
+    my $e = $@;
+    return 0 if $self->lost;
+    # Unavailable with lease left: the next heartbeat tries again.
+    return 1 if Scalar::Util::blessed($e) && $e->isa('Tumbler::Error') && $e->kind eq 'unavailable';
+    die $e;
+}
+
+# release: true if this call released it, false if it was no longer held
+# (lost, or released before).
+sub release {
+    my ($self, %opts) = @_;
+    return 0 if $self->{released};
+    $self->{released} = 1;
+    return $self->{client}->release($self->{name}, $self->_ns, holder => $self->holder,
+        fencing_token => $self->fencing_token, %opts);
+}
+
+sub DESTROY {
+    my $self = shift;
+    return if $self->{released} || $self->{pid} != $$ || !$self->{client};
+    local ($@, $!, $?);
+    eval { $self->release(timeout => 2); 1 };   # never dies here; a lost lock frees at its lease end
+}
+
+1;
+
+__END__
+
+=head1 NAME
+
+Tumbler::Lock - a tumbler lock held for a scope
+
+=head1 SYNOPSIS
+
+    {
+        my $lock = $client->lock('reports', ttl_ms => 30_000, wait_ms => 5_000);
+        for my $row (@rows) {
+            $lock->heartbeat or die "lost the lock";
+            write_row($row, fence => $lock->fencing_token);
+        }
+    }   # released here
+
+=head1 DESCRIPTION
+
+Returned by C<< Tumbler::Client->lock >>. Released when the object goes out
+of scope (C<DESTROY>, which never dies, and does nothing in a forked child).
+C<heartbeat> extends the lease when a third of it has passed since the last
+renewal: there is no background thread, so the caller calls it from its
+loop. C<lost> is true once an extend answered NOT_HELD or the lease passed
+without a renewal; C<check> dies with a C<Tumbler::Error::LockLost> then.
+
+=cut
