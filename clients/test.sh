@@ -13,6 +13,8 @@
 #   Rust    cargo build of tumbler-client's conformance steps (the workspace's crate, --locked)
 #   Connect npm ci of @connectrpc/connect-node, buf + protoc-gen-es generate from proto/,
 #           then clients/connect-node/check.mjs against `tumbler dev` (Connect, gRPC-Web)
+#   Perl    perl Makefile.PL && make && make test (Tumbler::Client over Connect JSON,
+#           core modules only) against `tumbler dev`
 #   Sidekiq gem build tumbler-sidekiq -> gem install --local into the same GEM_HOME, then
 #           the Ruby tests that need real servers (clients/ruby-sidekiq/test/run.sh:
 #           Tumbler::QueuedLocks, and tumbler-sidekiq with real redis-server,
@@ -116,6 +118,10 @@ echo "    built $root/target/debug/examples/conformance_steps"
 step "connect-node: @connectrpc/connect-node against tumbler dev (Connect JSON and binary, Watch streaming, gRPC-Web)"
 (cd "$src/clients/connect-node" && npm ci --no-audit --no-fund --loglevel=error &&
   npm run --silent generate && TUMBLER_BIN="$root/target/debug/tumbler" node check.mjs)
+
+step "perl: perl Makefile.PL && make && make test (Tumbler::Client and Tumbler::Lock against tumbler dev)"
+(cd "$src/clients/perl" && perl Makefile.PL >/dev/null && make -s >/dev/null &&
+  TUMBLER_BIN="$root/target/debug/tumbler" make -s test)
 
 echo "==> python $("$work/venv/bin/python" -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
 export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_GO_MODULE=$src/clients/go \

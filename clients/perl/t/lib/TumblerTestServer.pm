@@ -20,7 +20,8 @@ sub free_port {
 sub start {
     my $class = shift;
     my $bin = $ENV{TUMBLER_BIN} // File::Spec->rel2abs('../../target/debug/tumbler');
-    return undef unless -x $bin;
+    return undef unless -x $bin || defined $ENV{TUMBLER_BIN};
+    die "TUMBLER_BIN=$bin is not an executable\n" unless -x $bin;
     my $port = free_port();
     my $log = File::Spec->catfile(File::Spec->tmpdir, "tumbler-perl-test-$$.log");
     my $pid = fork // die "fork: $!";
