@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tower::ServiceExt;
 
@@ -220,13 +219,7 @@ async fn main() {
         ..ServiceArgs::default()
     };
     let config = ServerConfig::new(redis.url(), &args).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(tumbler::server::serve(
-        config,
-        listener,
-        std::future::pending(),
-    ));
+    let endpoint = common::serve_in_process(config).await;
     common::wait_until_serving(&endpoint).await;
 
     println!("| clients | transport | pairs/s | vs gRPC |");

@@ -5,10 +5,11 @@
 //!
 //! `cargo bench --bench handover` (HANDOVERS=N to change the count).
 
+pub mod common;
+
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 use tumbler::config::{ServerConfig, ServiceArgs};
@@ -78,13 +79,7 @@ async fn main() {
     let warm_up = if benching { WARM_UP } else { SMOKE_WARM_UP };
     let redis = RedisServer::start("redis-server").expect("redis-server");
     let config = ServerConfig::new(redis.url(), &service_args()).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(tumbler::server::serve(
-        config,
-        listener,
-        std::future::pending(),
-    ));
+    let endpoint = common::serve_in_process(config).await;
     let connect = || async {
         loop {
             if let Ok(client) = LockServiceClient::connect(endpoint.clone()).await {

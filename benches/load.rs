@@ -37,7 +37,6 @@ pub mod common;
 
 use common::etcd;
 use hdrhistogram::Histogram;
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 use tumbler::config::{ServerConfig, ServiceArgs};
@@ -607,13 +606,7 @@ async fn main() {
         &service_args("tumbler", ServiceArgs::default().redis_connections),
     )
     .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(tumbler::server::serve(
-        config,
-        listener,
-        std::future::pending(),
-    ));
+    let endpoint = common::serve_in_process(config).await;
     // Until the server answers (its layout verified).
     let probe = grpc_path(&endpoint, 1).await;
     loop {

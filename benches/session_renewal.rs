@@ -10,7 +10,6 @@ pub mod common;
 
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::dev::RedisServer;
@@ -115,13 +114,7 @@ async fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     let redis = RedisServer::start("redis-server").expect("redis-server");
     let config = ServerConfig::new(redis.url(), &service_args()).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(tumbler::server::serve(
-        config,
-        listener,
-        std::future::pending(),
-    ));
+    let endpoint = common::serve_in_process(config).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let ttl_ms = 3_000;

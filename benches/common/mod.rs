@@ -1,5 +1,6 @@
 //! Shared by the benchmarks: a `tumbler serve` process of its own (so its
-//! RSS is the replica's alone), waiting until it serves, reading its RSS;
+//! RSS is the replica's alone) or a server in the bench's own process,
+//! waiting until it serves, reading its RSS;
 //! and Redis' own command counters (`INFO commandstats`).
 
 pub mod etcd;
@@ -154,4 +155,18 @@ pub async fn command_stats(conn: &mut redis::aio::MultiplexedConnection) -> Vec<
             }
         })
         .collect()
+}
+
+/// Starts `tumbler::server::serve` inside the bench's process on a free
+/// loopback port and returns its endpoint (not waited for: see
+/// [`wait_until_serving`]).
+pub async fn serve_in_process(config: tumbler::config::ServerConfig) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(tumbler::server::serve(
+        config,
+        listener,
+        std::future::pending(),
+    ));
+    endpoint
 }

@@ -360,10 +360,7 @@ impl Store {
         keys: &[&str],
         args: &[&str],
     ) -> Result<T, StoreError> {
-        let reply: Value = self
-            .with_connection(|mut conn| async move { fcall(&mut conn, script, keys, args).await })
-            .await?;
-        convert(reply)
+        self.run_as("FCALL", script, keys, args).await
     }
 
     /// [`Self::run_script`] sent as `FCALL_RO`: only for a function flagged
@@ -375,9 +372,21 @@ impl Store {
         keys: &[&str],
         args: &[&str],
     ) -> Result<T, StoreError> {
+        self.run_as("FCALL_RO", script, keys, args).await
+    }
+
+    /// A function call sent as `command` (`FCALL` or `FCALL_RO`), its
+    /// reply converted.
+    async fn run_as<T: redis::FromRedisValue>(
+        &self,
+        command: &'static str,
+        script: &Function,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, StoreError> {
         let reply: Value = self
             .with_connection(|mut conn| async move {
-                fcall_as("FCALL_RO", &mut conn, script, keys, args).await
+                fcall_as(command, &mut conn, script, keys, args).await
             })
             .await?;
         convert(reply)
