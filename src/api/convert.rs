@@ -207,3 +207,57 @@ both_ways!(engine::watchers::LockEvent, proto::LockEvent;
     same: [namespace, name, event, holder, fencing_token, at_ms, slot, kind, ttl_ms,
         expires_at_ms, acquired_at_ms, hold_ms, actor];
     collected: [metadata]);
+
+/// The answers of the read RPCs, built once from the engine's values for
+/// every transport that shows them (gRPC, Connect and the dashboard's
+/// `/api/v1`, which serializes these same messages).
+pub fn inspect_response(lock: &LockId, state: engine::LockState) -> proto::InspectResponse {
+    let now_ms = state.now_ms;
+    proto::InspectResponse {
+        namespace: lock.namespace.to_string(),
+        name: lock.name.to_string(),
+        limit: state.limit,
+        waiters: state.waiters,
+        now_ms,
+        holders: state
+            .holders
+            .into_iter()
+            .map(|grant| proto::HolderInfo {
+                remaining_ms: grant.expires_at_ms - now_ms,
+                grant: Some(grant.into()),
+            })
+            .collect(),
+    }
+}
+
+pub fn queue_response(lock: &LockId, state: engine::QueueState) -> proto::QueueResponse {
+    proto::QueueResponse {
+        namespace: lock.namespace.to_string(),
+        name: lock.name.to_string(),
+        waiters: state.waiters,
+        now_ms: state.now_ms,
+        requests: state.requests.into_iter().map(Into::into).collect(),
+    }
+}
+
+pub fn list_response(page: engine::ListPage) -> proto::ListResponse {
+    proto::ListResponse {
+        locks: page.locks.into_iter().map(Into::into).collect(),
+        next_page_token: crate::api::validate::next_page_token(page.next.as_ref()),
+        now_ms: page.now_ms,
+    }
+}
+
+pub fn metrics_response(
+    report: engine::MetricsReport,
+    from_ms: i64,
+    to_ms: i64,
+) -> proto::MetricsResponse {
+    proto::MetricsResponse {
+        minutes: report.minutes.into_iter().map(Into::into).collect(),
+        totals: report.totals.into_iter().map(Into::into).collect(),
+        overall: Some(report.overall.into()),
+        from_ms,
+        to_ms,
+    }
+}

@@ -264,22 +264,7 @@ impl LockService for LockApi {
         let lock = LockId::parse(req.namespace.as_str(), req.name.as_str())?;
         access.read(&lock.namespace)?;
         let state = self.engine.inspect(&lock).await.map_err(Status::from)?;
-        let now_ms = state.now_ms;
-        Ok(Response::new(proto::InspectResponse {
-            namespace: lock.namespace.into(),
-            name: lock.name.into(),
-            limit: state.limit,
-            waiters: state.waiters,
-            now_ms,
-            holders: state
-                .holders
-                .into_iter()
-                .map(|grant| proto::HolderInfo {
-                    remaining_ms: grant.expires_at_ms - now_ms,
-                    grant: Some(grant.into()),
-                })
-                .collect(),
-        }))
+        Ok(Response::new(convert::inspect_response(&lock, state)))
     }
 
     #[tracing::instrument(name = "Queue", skip_all, fields(namespace, lock_name))]
@@ -293,17 +278,7 @@ impl LockService for LockApi {
         access.read(&lock.namespace)?;
         let most = validate::max_entries(req.max_entries)?;
         let state = self.engine.queue(&lock, most).await.map_err(Status::from)?;
-        Ok(Response::new(proto::QueueResponse {
-            namespace: lock.namespace.into(),
-            name: lock.name.into(),
-            waiters: state.waiters,
-            now_ms: state.now_ms,
-            requests: state
-                .requests
-                .into_iter()
-                .map(proto::QueuedRequest::from)
-                .collect(),
-        }))
+        Ok(Response::new(convert::queue_response(&lock, state)))
     }
 
     #[tracing::instrument(name = "List", skip_all, fields(namespace))]
@@ -323,15 +298,7 @@ impl LockService for LockApi {
             .list(&namespace, &prefix, page_size, from, req.only_waiting)
             .await
             .map_err(Status::from)?;
-        Ok(Response::new(proto::ListResponse {
-            locks: page
-                .locks
-                .into_iter()
-                .map(proto::LockSummary::from)
-                .collect(),
-            next_page_token: validate::next_page_token(page.next.as_ref()),
-            now_ms: page.now_ms,
-        }))
+        Ok(Response::new(convert::list_response(page)))
     }
 
     #[tracing::instrument(name = "ListNamespaces", skip_all)]
@@ -441,21 +408,9 @@ impl LockService for LockApi {
             .metrics(&namespace, from_ms, to_ms, kind.as_deref())
             .await
             .map_err(Status::from)?;
-        Ok(Response::new(proto::MetricsResponse {
-            minutes: report
-                .minutes
-                .into_iter()
-                .map(proto::MetricsRow::from)
-                .collect(),
-            totals: report
-                .totals
-                .into_iter()
-                .map(proto::MetricsRow::from)
-                .collect(),
-            overall: Some(report.overall.into()),
-            from_ms,
-            to_ms,
-        }))
+        Ok(Response::new(convert::metrics_response(
+            report, from_ms, to_ms,
+        )))
     }
 
     type SessionStream = session::SessionStream;

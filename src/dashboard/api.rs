@@ -1,10 +1,15 @@
 //! The JSON endpoints under `/api/v1/`: each one or a few calls of the
 //! same [`LockEngine`](crate::engine::LockEngine) methods the gRPC
-//! handlers call, inputs checked by [`crate::api::validate`], answers from
-//! `Serialize` view types (the engine's own types where their shape is
-//! the answer's). Fencing tokens are strings: they pass 2^53 one day, and
-//! JavaScript numbers would round them (the gRPC JSON mapping does the
-//! same).
+//! handlers call, inputs checked by [`crate::api::validate`].
+//!
+//! One JSON dialect across the project: answers are the proto3 JSON
+//! mapping, as Connect and `tumbler … -o json` speak it. Where an answer is
+//! an RPC's, it is that RPC's message (built by `api::convert`,
+//! serialized by the proto crate's generated serde); the dashboard's own
+//! fields follow the same rules ([`Int64`]): lowerCamel names, 64-bit
+//! integers as strings (fencing tokens pass 2^53 one day, and JavaScript
+//! numbers would round them), fields at their default value left out of
+//! proto messages.
 
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
@@ -15,28 +20,27 @@ use super::login::Caller;
 use super::overview::CHART_MINUTES;
 use super::params::{LockQuery, LocksQuery, MetricsQuery, NamespaceQuery, Query, readable};
 use super::{Dashboard, MAX_MINUTES, MINUTE_MS};
+use crate::api::convert;
 use crate::api::validate;
 use crate::auth::Access;
-use crate::engine::{
-    Grant, LockId, LockSummary, MetricsReport, QueuedRequest, REAPER_LOCK, REAPER_NAMESPACE,
-};
+use crate::engine::{LockId, REAPER_LOCK, REAPER_NAMESPACE};
+use crate::proto;
 use crate::wallclock::unix_ms;
 
-/// One permit, as the lock and reaper endpoints show it: the engine's
-/// `Grant` (its own `Serialize`) and the time it has left.
-#[derive(Serialize)]
-pub(super) struct GrantView<'a> {
-    #[serde(flatten)]
-    grant: &'a Grant,
-    remaining_ms: i64,
+/// A 64-bit integer of a dashboard view, as the proto3 JSON mapping
+/// writes `int64` and `uint64`: a decimal string.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Int64(pub(super) i64);
+
+impl Serialize for Int64 {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&self.0)
+    }
 }
 
-impl<'a> GrantView<'a> {
-    fn of(grant: &'a Grant, now_ms: i64) -> Self {
-        GrantView {
-            grant,
-            remaining_ms: grant.expires_at_ms - now_ms,
-        }
+impl From<u64> for Int64 {
+    fn from(n: u64) -> Self {
+        Int64(i64::try_from(n).unwrap_or(i64::MAX))
     }
 }
 
@@ -52,6 +56,7 @@ pub(super) async fn visible_namespaces(
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct NamespacesView {
     namespaces: Vec<String>,
     sees_default: bool,
@@ -69,13 +74,13 @@ pub(super) async fn api_namespaces(
     })
 }
 
+/// A page of List, with what it was asked for.
 #[derive(Serialize)]
-struct LocksView<'a> {
+struct LocksView {
     namespace: String,
     prefix: String,
-    locks: Vec<&'a LockSummary>,
-    next_page_token: String,
-    now_ms: i64,
+    #[serde(flatten)]
+    page: proto::ListResponse,
 }
 
 /// `GET /api/v1/locks?namespace=&prefix=&page_size=&page_token=&only_waiting=`:
@@ -93,34 +98,24 @@ pub(super) async fn api_locks(
         .engine
         .list(&namespace, &prefix, page_size, from, query.only_waiting)
         .await?;
+    let mut page = convert::list_response(page);
     // The page in name order (List pages go shard by shard).
-    let mut locks: Vec<_> = page.locks.iter().collect();
-    locks.sort_by(|a, b| a.name.cmp(&b.name));
+    page.locks.sort_by(|a, b| a.name.cmp(&b.name));
     json_reply(LocksView {
         namespace: namespace.into(),
         prefix,
-        locks,
-        next_page_token: validate::next_page_token(page.next.as_ref()),
-        now_ms: page.now_ms,
+        page,
     })
 }
 
+/// Inspect and Queue of one lock, and whether the caller may use the
+/// admin actions on it.
 #[derive(Serialize)]
-struct LockView<'a> {
-    namespace: &'a str,
-    name: &'a str,
-    limit: u32,
-    waiters: u32,
-    holders: Vec<GrantView<'a>>,
-    queue: QueueView<'a>,
-    now_ms: i64,
+struct LockView {
+    #[serde(flatten)]
+    state: proto::InspectResponse,
+    queue: proto::QueueResponse,
     admin: bool,
-}
-
-#[derive(Serialize)]
-struct QueueView<'a> {
-    waiters: u32,
-    requests: &'a [QueuedRequest],
 }
 
 /// `GET /api/v1/locks/{name}?namespace=&max_entries=`: Inspect and Queue.
@@ -138,21 +133,9 @@ pub(super) async fn api_lock(
     let state = d.engine.inspect(&lock).await?;
     let queue = d.engine.queue(&lock, most).await?;
     json_reply(LockView {
-        namespace: &lock.namespace,
-        name: &lock.name,
-        limit: state.limit,
-        waiters: state.waiters,
-        holders: state
-            .holders
-            .iter()
-            .map(|grant| GrantView::of(grant, state.now_ms))
-            .collect(),
-        queue: QueueView {
-            waiters: queue.waiters,
-            requests: &queue.requests,
-        },
-        now_ms: state.now_ms,
         admin: d.shows_admin(&access, &lock.namespace),
+        queue: convert::queue_response(&lock, queue),
+        state: convert::inspect_response(&lock, state),
     })
 }
 
@@ -180,14 +163,12 @@ fn metrics_range(query: &MetricsQuery) -> Result<(i64, i64), ApiError> {
     )?)
 }
 
+/// The Metrics RPC's report, with the namespace it is of.
 #[derive(Serialize)]
 struct MetricsView<'a> {
     namespace: &'a str,
-    from_ms: i64,
-    to_ms: i64,
-    /// minutes, totals, overall: the engine's report as it is.
     #[serde(flatten)]
-    report: &'a MetricsReport,
+    report: proto::MetricsResponse,
 }
 
 /// `GET /api/v1/metrics?namespace=&minutes=&kind=` (or `from_ms`/`to_ms`):
@@ -209,9 +190,7 @@ pub(super) async fn api_metrics(
         .await?;
     json_reply(MetricsView {
         namespace: &namespace,
-        from_ms,
-        to_ms,
-        report: &report,
+        report: convert::metrics_response(report, from_ms, to_ms),
     })
 }
 
@@ -235,13 +214,15 @@ pub(super) async fn api_overview(
 }
 
 #[derive(Serialize)]
-struct ReaperView<'a> {
+#[serde(rename_all = "camelCase")]
+struct ReaperView {
     namespace: &'static str,
     name: &'static str,
     held: bool,
-    holder: Option<GrantView<'a>>,
+    /// The reaping replica's grant (Inspect's first holder).
+    holder: Option<proto::HolderInfo>,
     namespaces: Vec<String>,
-    now_ms: i64,
+    now_ms: Int64,
 }
 
 /// `GET /api/v1/reaper`: which replica reaps now (Inspect of
@@ -251,17 +232,14 @@ struct ReaperView<'a> {
 pub(super) async fn api_reaper(State(d): State<Dashboard>, Caller(access): Caller) -> ApiResult {
     access.read(REAPER_NAMESPACE)?;
     let lock = LockId::reaper();
-    let state = d.engine.inspect(&lock).await?;
-    let holder = state
-        .holders
-        .first()
-        .map(|grant| GrantView::of(grant, state.now_ms));
+    let state = convert::inspect_response(&lock, d.engine.inspect(&lock).await?);
+    let holder = state.holders.into_iter().next();
     json_reply(ReaperView {
         namespace: REAPER_NAMESPACE,
         name: REAPER_LOCK,
         held: holder.is_some(),
         holder,
         namespaces: visible_namespaces(&d, &access).await?,
-        now_ms: state.now_ms,
+        now_ms: Int64(state.now_ms),
     })
 }

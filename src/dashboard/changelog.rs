@@ -19,6 +19,7 @@ use axum::http::request::Parts;
 use serde::Serialize;
 
 use super::Dashboard;
+use super::api::Int64;
 use super::errors::{ApiError, ApiResult, json_reply};
 use super::flight::Flights;
 use super::login::Caller;
@@ -27,6 +28,7 @@ use crate::api::validate;
 use crate::auth::CallerRate;
 use crate::engine::changelog::{ChangelogEvent, ChangelogPage, ChangelogQuery as EngineQuery};
 use crate::limits::ConnState;
+use crate::proto;
 
 /// Events one read returns unless it asks for fewer.
 const DEFAULT_LIMIT: usize = 100;
@@ -78,21 +80,46 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
     }
 }
 
+/// A page of a changelog, in the proto3 JSON mapping as every `/api/v1`
+/// answer (see `api.rs`).
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct ChangelogView<'a> {
     namespace: String,
     enabled: bool,
     size: u32,
-    retention_ms: u64,
+    retention_ms: Int64,
     prefix: String,
     holder: String,
     event: &'a str,
-    /// The engine's events as they are (their own `Serialize`).
-    events: &'a [ChangelogEvent],
+    events: Vec<EventView>,
     /// Entries this page read from Redis, matching or not.
-    scanned: usize,
+    scanned: u32,
     /// Where the next page starts (`page_token=`); empty at the end.
     next_page_token: String,
+}
+
+/// One entry: the lock event as Watch sends it (`proto::LockEvent`), and
+/// whether its metadata was cut.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EventView {
+    #[serde(flatten)]
+    event: proto::LockEvent,
+    metadata_truncated: bool,
+    /// The whole metadata's size (its JSON, bytes), when it was cut.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata_bytes: Option<Int64>,
+}
+
+impl From<&ChangelogEvent> for EventView {
+    fn from(entry: &ChangelogEvent) -> Self {
+        EventView {
+            event: entry.event.clone().into(),
+            metadata_truncated: entry.metadata_truncated,
+            metadata_bytes: entry.metadata_bytes.map(Int64::from),
+        }
+    }
 }
 
 /// `GET /api/v1/changelog?namespace=&prefix=&holder=&event=&limit=&page_token=`:
@@ -143,12 +170,12 @@ pub(super) async fn api_changelog(
         namespace: namespace.into(),
         enabled: page.enabled,
         size: page.size,
-        retention_ms: page.retention_ms,
+        retention_ms: page.retention_ms.into(),
         prefix,
         holder,
         event,
-        events: &page.events,
-        scanned: page.scanned,
+        events: page.events.iter().map(EventView::from).collect(),
+        scanned: u32::try_from(page.scanned).unwrap_or(u32::MAX),
         next_page_token: validate::next_changelog_page_token(page.next.as_ref()),
     })
 }

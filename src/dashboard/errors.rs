@@ -1,7 +1,8 @@
-//! How the dashboard fails: [`ApiError`] (a status, a gRPC-style code
-//! name and a message, sent as `{"error": "...", "code": "..."}`), and the
-//! one table from gRPC codes to HTTP statuses ([`http_status`]) that every
-//! refusal goes through. Engine errors take the gRPC API's code first
+//! How the dashboard fails: [`ApiError`] (a status, a code and a message,
+//! sent as Connect's error JSON, `{"code": "invalid_argument", "message":
+//! "..."}`, the one error dialect of the project), and the one table from
+//! gRPC codes to HTTP statuses and Connect's code names ([`http_status`])
+//! that every refusal over HTTP, dashboard or Connect, goes through. Engine errors take the gRPC API's code first
 //! ([`engine_code`]: `api::convert`'s table of engine error kinds), so a full
 //! queue is 429 here as it is RESOURCE_EXHAUSTED there, Redis trouble 503,
 //! a reply the engine cannot read 500: never 400 for an internal error.
@@ -21,28 +22,29 @@ pub(super) struct ApiError {
     pub(super) message: String,
 }
 
-/// The one table: a gRPC code, its HTTP status and its name (the `code`
-/// of the JSON error), after google.rpc.Code's HTTP mapping.
+/// The one table: a gRPC code, its HTTP status (google.rpc.Code's HTTP
+/// mapping, which is also Connect's) and its name in Connect's error JSON
+/// (gRPC's in lower case, but `canceled`).
 pub fn http_status(code: tonic::Code) -> (StatusCode, &'static str) {
     use tonic::Code;
     match code {
-        Code::Ok => (StatusCode::OK, "OK"),
-        Code::Cancelled => (client_closed(), "CANCELLED"),
-        Code::Unknown => (StatusCode::INTERNAL_SERVER_ERROR, "UNKNOWN"),
-        Code::InvalidArgument => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
-        Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "DEADLINE_EXCEEDED"),
-        Code::NotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
-        Code::AlreadyExists => (StatusCode::CONFLICT, "ALREADY_EXISTS"),
-        Code::PermissionDenied => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
-        Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED"),
-        Code::FailedPrecondition => (StatusCode::BAD_REQUEST, "FAILED_PRECONDITION"),
-        Code::Aborted => (StatusCode::CONFLICT, "ABORTED"),
-        Code::OutOfRange => (StatusCode::BAD_REQUEST, "OUT_OF_RANGE"),
-        Code::Unimplemented => (StatusCode::NOT_IMPLEMENTED, "UNIMPLEMENTED"),
-        Code::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
-        Code::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
-        Code::DataLoss => (StatusCode::INTERNAL_SERVER_ERROR, "DATA_LOSS"),
-        Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
+        Code::Ok => (StatusCode::OK, "ok"),
+        Code::Cancelled => (client_closed(), "canceled"),
+        Code::Unknown => (StatusCode::INTERNAL_SERVER_ERROR, "unknown"),
+        Code::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_argument"),
+        Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "deadline_exceeded"),
+        Code::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+        Code::AlreadyExists => (StatusCode::CONFLICT, "already_exists"),
+        Code::PermissionDenied => (StatusCode::FORBIDDEN, "permission_denied"),
+        Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "resource_exhausted"),
+        Code::FailedPrecondition => (StatusCode::BAD_REQUEST, "failed_precondition"),
+        Code::Aborted => (StatusCode::CONFLICT, "aborted"),
+        Code::OutOfRange => (StatusCode::BAD_REQUEST, "out_of_range"),
+        Code::Unimplemented => (StatusCode::NOT_IMPLEMENTED, "unimplemented"),
+        Code::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        Code::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        Code::DataLoss => (StatusCode::INTERNAL_SERVER_ERROR, "data_loss"),
+        Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated"),
     }
 }
 
@@ -129,18 +131,18 @@ impl From<EngineError> for ApiError {
     }
 }
 
-/// The body of every JSON error.
+/// The body of every JSON error: Connect's.
 #[derive(Serialize)]
 struct ErrorBody<'a> {
-    error: &'a str,
     code: &'a str,
+    message: &'a str,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
-            error: &self.message,
             code: self.code,
+            message: &self.message,
         };
         (self.status, no_store(), Json(body)).into_response()
     }
@@ -174,10 +176,10 @@ mod tests {
         let err = ApiError::from(tonic::Status::internal("boom"));
         assert_eq!(
             (err.status, err.code),
-            (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL")
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal")
         );
         let full = ApiError::from(EngineError::QueueFull(3));
         assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(full.code, "RESOURCE_EXHAUSTED");
+        assert_eq!(full.code, "resource_exhausted");
     }
 }

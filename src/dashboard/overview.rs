@@ -16,10 +16,12 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::MINUTE_MS;
+use super::api::Int64;
 use super::errors::ApiError;
 use super::flight::Flights;
 use crate::api::validate;
-use crate::engine::{Counters, LockEngine, LockSummary};
+use crate::engine::{Counters, LockEngine};
+use crate::proto;
 use crate::wallclock::unix_ms;
 
 /// Locks the overview counts at most (10 List calls of 1000); past that it
@@ -100,21 +102,24 @@ fn to_json(overview: &Overview) -> String {
     serde_json::to_string(overview).unwrap_or_default()
 }
 
-/// What `GET /api/v1/overview` answers for one namespace.
+/// What `GET /api/v1/overview` answers for one namespace (in the proto3
+/// JSON mapping, as every `/api/v1` answer: see `api.rs`).
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Overview {
     namespace: String,
-    now_ms: i64,
-    locks: u64,
-    locks_held: u64,
-    holders: u64,
-    waiters: u64,
-    waiting_locks: u64,
+    now_ms: Int64,
+    locks: Int64,
+    locks_held: Int64,
+    holders: Int64,
+    waiters: Int64,
+    waiting_locks: Int64,
     truncated: bool,
     /// The locks with the most waiters.
-    busiest: Vec<LockSummary>,
+    busiest: Vec<proto::LockSummary>,
     rates: Rates,
-    last_hour: Counters,
+    /// Every kind together over the last hour (Metrics' `overall`).
+    last_hour: proto::MetricsRow,
     denial_ratio: f64,
     series: Vec<Minute>,
     /// Whether the caller may use the admin actions here (see [`Rendered`]).
@@ -123,8 +128,9 @@ struct Overview {
 
 /// Per minute, over the last [`RATE_MINUTES`].
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Rates {
-    minutes: i64,
+    minutes: u32,
     acquired_per_minute: f64,
     denied_per_minute: f64,
     errors_per_minute: f64,
@@ -132,11 +138,12 @@ struct Rates {
 
 /// One minute of the chart (denied counts timed-out waits too).
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Minute {
-    minute_ms: i64,
-    acquired: u64,
-    denied: u64,
-    errors: u64,
+    minute_ms: Int64,
+    acquired: Int64,
+    denied: Int64,
+    errors: Int64,
 }
 
 /// One walk: what `GET /api/v1/overview` shows for `namespace`, but for
@@ -197,21 +204,21 @@ async fn walk(engine: &LockEngine, namespace: &str) -> Result<Overview, ApiError
     let denied = report.overall.counters.denied + report.overall.counters.timed_out;
     Ok(Overview {
         namespace: namespace.to_owned(),
-        now_ms,
-        locks,
-        locks_held: held,
-        holders,
-        waiters,
-        waiting_locks,
+        now_ms: Int64(now_ms),
+        locks: locks.into(),
+        locks_held: held.into(),
+        holders: holders.into(),
+        waiters: waiters.into(),
+        waiting_locks: waiting_locks.into(),
         truncated,
-        busiest,
+        busiest: busiest.into_iter().map(Into::into).collect(),
         rates: Rates {
-            minutes: RATE_MINUTES,
+            minutes: RATE_MINUTES as u32,
             acquired_per_minute: rate(|c| c.acquired),
             denied_per_minute: rate(|c| c.denied + c.timed_out),
             errors_per_minute: rate(|c| c.errors),
         },
-        last_hour: report.overall.counters.clone(),
+        last_hour: report.overall.into(),
         denial_ratio: if tried == 0 {
             0.0
         } else {
@@ -221,10 +228,10 @@ async fn walk(engine: &LockEngine, namespace: &str) -> Result<Overview, ApiError
             .iter()
             .enumerate()
             .map(|(i, c)| Minute {
-                minute_ms: first + i as i64 * MINUTE_MS,
-                acquired: c.acquired,
-                denied: c.denied + c.timed_out,
-                errors: c.errors,
+                minute_ms: Int64(first + i as i64 * MINUTE_MS),
+                acquired: c.acquired.into(),
+                denied: (c.denied + c.timed_out).into(),
+                errors: c.errors.into(),
             })
             .collect(),
         admin: false,

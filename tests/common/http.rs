@@ -29,6 +29,30 @@ impl Reply {
     }
 }
 
+/// An integer of a proto3-JSON answer (the dashboard's `/api/v1`,
+/// Connect): a number, or a string for 64-bit ones, or left out at 0.
+pub fn int(value: &Value) -> i64 {
+    match value {
+        Value::Null => 0,
+        Value::Number(n) => n
+            .as_i64()
+            .unwrap_or_else(|| panic!("not an integer: {value}")),
+        Value::String(s) => s
+            .parse()
+            .unwrap_or_else(|e| panic!("not an integer ({e}): {value}")),
+        _ => panic!("not an integer: {value}"),
+    }
+}
+
+/// A repeated field of a proto3-JSON answer: left out when empty.
+pub fn items(value: &Value) -> &[Value] {
+    match value {
+        Value::Null => &[],
+        Value::Array(items) => items,
+        _ => panic!("not a list: {value}"),
+    }
+}
+
 /// One HTTP/1.1 request on a fresh connection; the status and the body.
 pub async fn http(
     addr: SocketAddr,

@@ -161,9 +161,9 @@ async fn events_are_kept_only_for_namespaces_with_a_changelog() {
         ]
     );
     let released = &page["events"][0];
-    assert_eq!(released["fencing_token"], token.to_string());
+    assert_eq!(released["fencingToken"], token.to_string());
     assert_eq!(released["actor"], "holder");
-    assert_eq!(released["ttl_ms"], 30_000);
+    assert_eq!(released["ttlMs"], "30000");
     let (_, team) = server.changelog("namespace=team-a").await;
     assert_eq!(
         seen(&team),
@@ -278,13 +278,13 @@ async fn filters_pick_events_by_name_prefix_holder_and_event() {
     let (status, bad) = server.changelog("event=exploded").await;
     assert_eq!(status, 400, "{bad}");
     assert!(
-        bad["error"].as_str().unwrap().starts_with("event:"),
+        bad["message"].as_str().unwrap().starts_with("event:"),
         "{bad}"
     );
     let (status, bad) = server.changelog("limit=0").await;
     assert_eq!(status, 400, "{bad}");
     assert!(
-        bad["error"].as_str().unwrap().starts_with("limit:"),
+        bad["message"].as_str().unwrap().starts_with("limit:"),
         "{bad}"
     );
     let (status, bad) = server.changelog("namespace=no%20such").await;
@@ -424,11 +424,11 @@ async fn metadata_is_cut_in_the_changelog_and_the_cut_is_marked() {
     assert_eq!(events.len(), 2, "{page}");
     let (small, big) = (&events[0], &events[1]);
     assert_eq!(small["metadata"]["job"], "42");
-    assert_eq!(small["metadata_truncated"], false);
-    assert!(small.get("metadata_bytes").is_none(), "{small}");
+    assert_eq!(small["metadataTruncated"], false);
+    assert!(small.get("metadataBytes").is_none(), "{small}");
     assert_eq!(big["name"], "big");
-    assert_eq!(big["metadata_truncated"], true, "{big}");
-    assert_eq!(big["metadata_bytes"], json.len());
+    assert_eq!(big["metadataTruncated"], true, "{big}");
+    assert_eq!(big["metadataBytes"], json.len().to_string());
     // The entries that fit whole in the cut, each as it was.
     let kept = big["metadata"].as_object().unwrap();
     assert!(!kept.is_empty() && kept.len() < 32, "{big}");

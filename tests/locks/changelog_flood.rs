@@ -142,7 +142,7 @@ fn reader_side(
                         let page: Value =
                             serde_json::from_str(&reply.text().await.unwrap()).unwrap();
                         pages.fetch_add(1, Ordering::Relaxed);
-                        token = page["next_page_token"].as_str().unwrap().to_owned();
+                        token = page["nextPageToken"].as_str().unwrap().to_owned();
                         tokio::time::sleep(Duration::from_millis(PACE_MS)).await;
                     }
                 }));

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use common::http::http;
+use common::http::{http, int};
 use common::*;
 use serde_json::Value;
 use tumbler::engine::changelog::{SCAN_PER_READ, WINDOW_MAX, window};
@@ -26,7 +26,7 @@ type Ident = (i64, String, String, String);
 
 fn ident(event: &Value) -> Ident {
     (
-        event["at_ms"].as_i64().unwrap(),
+        int(&event["atMs"]),
         event["name"].as_str().unwrap().to_owned(),
         event["event"].as_str().unwrap().to_owned(),
         event["holder"].as_str().unwrap().to_owned(),
@@ -64,7 +64,7 @@ async fn walk(server: &Server, query: &str) -> Walk {
         assert_eq!(status, 200, "{page}");
         walk.events
             .extend(page["events"].as_array().unwrap().iter().cloned());
-        token = page["next_page_token"].as_str().unwrap().to_owned();
+        token = page["nextPageToken"].as_str().unwrap().to_owned();
         walk.pages.push(page);
         if token.is_empty() {
             return walk;
@@ -140,14 +140,14 @@ async fn pages_walk_every_event_once_newest_first() {
     for i in 0..20 {
         pair(&mut client, "default", &format!("late-{i}"), "h0").await;
     }
-    let mut token = first["next_page_token"].as_str().unwrap().to_owned();
+    let mut token = first["nextPageToken"].as_str().unwrap().to_owned();
     while !token.is_empty() {
         let (status, page) = server
             .changelog(&format!("limit=50&page_token={token}"))
             .await;
         assert_eq!(status, 200, "{page}");
         shown.extend(page["events"].as_array().unwrap().iter().cloned());
-        token = page["next_page_token"].as_str().unwrap().to_owned();
+        token = page["nextPageToken"].as_str().unwrap().to_owned();
     }
     assert_eq!(sorted(newest_first_once(&shown)), sorted(all.clone()));
 
@@ -171,7 +171,7 @@ async fn pages_walk_every_event_once_newest_first() {
             .changelog(&format!("page_token={}", urlencode(&bad)))
             .await;
         assert_eq!(status, 400, "{bad}: {refused}");
-        let message = refused["error"].as_str().unwrap();
+        let message = refused["message"].as_str().unwrap();
         assert!(message.starts_with("page_token:"), "{refused}");
     }
     // A made-up token of the right form only moves the walk: after the
@@ -181,7 +181,7 @@ async fn pages_walk_every_event_once_newest_first() {
         .await;
     assert_eq!(status, 200, "{nothing}");
     assert!(nothing["events"].as_array().unwrap().is_empty());
-    assert_eq!(nothing["next_page_token"], "");
+    assert_eq!(nothing["nextPageToken"], "");
 }
 
 fn urlencode(text: &str) -> String {
@@ -243,7 +243,7 @@ async fn a_read_scans_a_bounded_number_of_entries_and_stops_with_a_cursor() {
     assert!(first["events"].as_array().unwrap().is_empty(), "{first}");
     let scanned = first["scanned"].as_u64().unwrap() as usize;
     assert!(scanned > 0 && scanned <= bound, "{first}");
-    assert_ne!(first["next_page_token"], "");
+    assert_ne!(first["nextPageToken"], "");
     let calls = command_calls(&mut conn).await;
     assert_eq!(calls.get("lrange"), Some(&(shards as u64)), "{calls:?}");
     assert_eq!(calls.get("fcall"), Some(&(shards as u64)), "{calls:?}");
@@ -327,9 +327,9 @@ async fn changelog_reads_have_a_rate_per_caller() {
     assert_eq!(server.changelog("limit=5").await.0, 200);
     let (status, refused) = server.changelog("limit=6").await;
     assert_eq!(status, 429, "{refused}");
-    assert_eq!(refused["code"], "RESOURCE_EXHAUSTED");
+    assert_eq!(refused["code"], "resource_exhausted");
     assert!(
-        refused["error"]
+        refused["message"]
             .as_str()
             .unwrap()
             .starts_with("changelog reads: at most 2 per second"),
@@ -388,7 +388,7 @@ async fn redis_trouble_is_503() {
     drop(redis);
     let (status, page) = server.changelog("limit=3").await;
     assert_eq!(status, 503, "{page}");
-    assert_eq!(page["code"], "UNAVAILABLE");
+    assert_eq!(page["code"], "unavailable");
 }
 
 #[tokio::test]

@@ -1,7 +1,10 @@
 // tumbler dashboard: vanilla JavaScript, no build step, no dependencies.
 // Each page is a shell from the server (body[data-page]); this script
 // fetches the JSON endpoints under /api/v1/ and renders them, every
-// REFRESH_MS while the tab is visible. Text from the server (lock names,
+// REFRESH_MS while the tab is visible. Their JSON is the proto3 mapping
+// (as Connect's): lowerCamel names, 64-bit integers as strings, and
+// fields at their default (0, "", false, []) left out of proto messages,
+// so numbers go through `int` and lists through `list`. Text from the server (lock names,
 // holders, metadata) only ever reaches the page through textContent, with
 // control, bidi and invisible characters shown as marked `\u{202E}`
 // escapes (`visible`, the same characters as src/dashboard/visible.rs).
@@ -81,6 +84,16 @@ function lockHref(name) {
   return withNamespace("/dashboard/lock", { name });
 }
 
+/** A JSON integer of any width (64-bit ones are strings), or 0 when left out. */
+function int(value) {
+  return Number(value ?? 0);
+}
+
+/** A repeated field, or [] when left out. */
+function list(value) {
+  return value || [];
+}
+
 function fmtNumber(n) {
   return Number(n).toLocaleString("en-US");
 }
@@ -102,15 +115,15 @@ function fmtDuration(ms) {
 
 /** A timestamp relative to the server's clock, with the exact time as a tooltip. */
 function when(atMs, nowMs) {
-  if (!atMs) return h("span", { class: "empty" }, "—");
-  const diff = atMs - nowMs;
+  if (!int(atMs)) return h("span", { class: "empty" }, "—");
+  const diff = int(atMs) - int(nowMs);
   const text = diff >= 0 ? `in ${fmtDuration(diff)}` : `${fmtDuration(diff)} ago`;
-  const iso = new Date(atMs).toISOString();
+  const iso = new Date(int(atMs)).toISOString();
   return h("time", { datetime: iso, title: iso }, text);
 }
 
 function clock(ms) {
-  return new Date(ms).toISOString().slice(11, 16);
+  return new Date(int(ms)).toISOString().slice(11, 16);
 }
 
 function table(caption, headers, rows, opts) {
@@ -143,7 +156,7 @@ async function getJson(path) {
   }
   const body = await response.json().catch(() => ({}));
   if (!response.ok) {
-    const error = new Error(body.error || `${response.status} ${response.statusText}`);
+    const error = new Error(body.message || `${response.status} ${response.statusText}`);
     error.status = response.status;
     throw error;
   }
@@ -193,11 +206,11 @@ function setupChrome() {
   }
   if (page === "lock") form.action = "/dashboard/locks";
   getJson("/api/v1/namespaces").then((data) => {
-    const list = document.getElementById("namespace-list");
-    const names = data.sees_default
-      ? ["default", ...data.namespaces.filter((n) => n !== "default")]
-      : data.namespaces;
-    list.replaceChildren(...names.map((n) => h("option", { value: n })));
+    const picker = document.getElementById("namespace-list");
+    const names = data.seesDefault
+      ? ["default", ...list(data.namespaces).filter((n) => n !== "default")]
+      : list(data.namespaces);
+    picker.replaceChildren(...names.map((n) => h("option", { value: n })));
   }).catch(() => {});
   document.getElementById("admin-state").textContent =
     ADMIN_NOTES[document.body.dataset.admin] || ADMIN_NOTES.off;
@@ -211,7 +224,10 @@ function heading(text, perNamespace = true) {
 
 // ------------------------------------------------------------ overview
 
-function chart(series) {
+function chart(minutes) {
+  const series = minutes.map((p) => ({
+    minuteMs: int(p.minuteMs), acquired: int(p.acquired), denied: int(p.denied), errors: int(p.errors),
+  }));
   const W = 760, H = 190, L = 44, R = 12, T = 12, B = 28;
   const max = Math.max(1, ...series.map((p) => Math.max(p.acquired, p.denied, p.errors)));
   const top = niceCeil(max);
@@ -226,7 +242,7 @@ function chart(series) {
     h("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, fmtNumber(v))));
   const ticks = [0, 15, 30, 45, series.length - 1].map((i) => h("text", {
     x: x(i), y: H - 8, "text-anchor": i === 0 ? "start" : i === series.length - 1 ? "end" : "middle",
-  }, series[i] ? clock(series[i].minute_ms) : ""));
+  }, series[i] ? clock(series[i].minuteMs) : ""));
   const sum = (key) => series.reduce((a, p) => a + p[key], 0);
   const peak = series.reduce((best, p) => (p.acquired > best.acquired ? p : best), series[0]);
   return h("svg", {
@@ -236,7 +252,7 @@ function chart(series) {
   h("title", { id: "chart-title" }, "Acquired, denied and errors per minute, last hour"),
   h("desc", { id: "chart-desc" },
     `Over the last hour: ${sum("acquired")} acquired, ${sum("denied")} denied or timed out, ` +
-    `${sum("errors")} errors. Busiest minute ${clock(peak.minute_ms)} UTC with ${peak.acquired} acquired.`),
+    `${sum("errors")} errors. Busiest minute ${clock(peak.minuteMs)} UTC with ${peak.acquired} acquired.`),
   grid,
   h("line", { class: "axis", x1: L, x2: W - R, y1: y(0), y2: y(0) }),
   ticks,
@@ -257,26 +273,25 @@ function card(label, value, note) {
 function renderOverview(d) {
   const r = d.rates;
   const cards = h("dl", { class: "cards", "aria-label": "Current state" },
-    card("Locks held", fmtNumber(d.locks_held), d.truncated ? "(first 10,000 locks)" : null),
+    card("Locks held", fmtNumber(d.locksHeld), d.truncated ? "(first 10,000 locks)" : null),
     card("Holders", fmtNumber(d.holders)),
-    card("Waiters", fmtNumber(d.waiters), `on ${fmtNumber(d.waiting_locks)} ${d.waiting_locks === 1 ? "lock" : "locks"}`),
-    card("Acquire rate", fmtRate(r.acquired_per_minute), "/ min"),
-    card("Denial rate", fmtRate(r.denied_per_minute), "/ min"),
-    card("Error rate", fmtRate(r.errors_per_minute), "/ min"));
+    card("Waiters", fmtNumber(d.waiters), `on ${fmtNumber(d.waitingLocks)} ${int(d.waitingLocks) === 1 ? "lock" : "locks"}`),
+    card("Acquire rate", fmtRate(r.acquiredPerMinute), "/ min"),
+    card("Denial rate", fmtRate(r.deniedPerMinute), "/ min"),
+    card("Error rate", fmtRate(r.errorsPerMinute), "/ min"));
+  const hour = d.lastHour || {};
   const figure = h("figure", { class: "panel" },
     h("figcaption", {}, `Per minute, last hour (UTC). Rates above: average of the last ${r.minutes} minutes; ` +
-      `${(d.denial_ratio * 100).toFixed(1)}% of the hour's attempts were denied or timed out.`),
+      `${(d.denialRatio * 100).toFixed(1)}% of the hour's attempts were denied or timed out.`),
     chart(d.series),
     h("ul", { class: "legend" },
-      h("li", { class: "acquired" }, h("span", {}, `acquired (${fmtNumber(d.last_hour.acquired)})`)),
-      h("li", { class: "denied" }, h("span", {}, `denied + timed out (${fmtNumber(d.last_hour.denied + d.last_hour.timed_out)})`)),
-      h("li", { class: "errors" }, h("span", {}, `errors (${fmtNumber(d.last_hour.errors)})`))));
+      h("li", { class: "acquired" }, h("span", {}, `acquired (${fmtNumber(int(hour.acquired))})`)),
+      h("li", { class: "denied" }, h("span", {}, `denied + timed out (${fmtNumber(int(hour.denied) + int(hour.timedOut))})`)),
+      h("li", { class: "errors" }, h("span", {}, `errors (${fmtNumber(int(hour.errors))})`))));
   const busiest = table("Locks with the most waiters", [
     "Lock", { label: "Holders", num: true }, { label: "Limit", num: true },
     { label: "Waiters", num: true }, "Next expiry"],
-  d.busiest.map((l) => h("tr", {},
-    h("th", { scope: "row" }, h("a", { href: lockHref(l.name) }, l.name)),
-    num(l.holders), num(l.limit), num(l.waiters), h("td", {}, when(l.next_expiry_at_ms, d.now_ms)))),
+  list(d.busiest).map((l) => lockRow(l, d.nowMs)),
   { id: "busiest", empty: "Nobody is waiting." });
   const parts = [
     h("section", { "aria-labelledby": "state-h" }, h("h2", { id: "state-h", class: "visually-hidden" }, "Current state"), cards),
@@ -310,19 +325,25 @@ function renderLocksToolbar() {
   document.getElementById("content").before(form);
 }
 
-function renderLocks(d) {
-  const rows = d.locks.map((l) => h("tr", {},
+/** One LockSummary as a table row. */
+function lockRow(l, nowMs) {
+  return h("tr", {},
     h("th", { scope: "row" }, h("a", { href: lockHref(l.name) }, l.name)),
-    num(l.holders), num(l.limit), num(l.waiters),
-    h("td", {}, when(l.next_expiry_at_ms, d.now_ms))));
+    num(int(l.holders)), num(int(l.limit)), num(int(l.waiters)),
+    h("td", {}, when(l.nextExpiryAtMs, nowMs)));
+}
+
+function renderLocks(d) {
+  const locks = list(d.locks);
+  const rows = locks.map((l) => lockRow(l, d.nowMs));
   const pageNo = Number(params.get("page") || "1");
   const pager = h("nav", { class: "pager", "aria-label": "Pages" },
     params.get("page_token") ? h("a", { class: "button secondary", href: pageHref(null, 1) }, "First page") : null,
     h("span", {}, `Page ${pageNo}`),
-    d.next_page_token ? h("a", { class: "button", href: pageHref(d.next_page_token, pageNo + 1), rel: "next" },
+    d.nextPageToken ? h("a", { class: "button", href: pageHref(d.nextPageToken, pageNo + 1), rel: "next" },
       "Next page") : null);
   const what = d.prefix ? `Locks whose name starts with “${d.prefix}”` : "Locks";
-  return [table(`${what}: ${d.locks.length} on this page, in name order`, [
+  return [table(`${what}: ${locks.length} on this page, in name order`, [
     "Lock", { label: "Holders", num: true }, { label: "Limit", num: true },
     { label: "Waiters", num: true }, "Next expiry"], rows,
   { id: "locks", empty: "No locks match." }), pager];
@@ -375,30 +396,31 @@ function renderChangelog(d) {
       h("code", {}, "--changelog-namespaces"), " to record its lock events.");
   }
   const now = Date.now();
-  const rows = d.events.map((e) => h("tr", {},
-    h("td", {}, when(e.at_ms, now)),
+  const events = list(d.events);
+  const rows = events.map((e) => h("tr", {},
+    h("td", {}, when(e.atMs, now)),
     h("td", {}, e.event),
     h("th", { scope: "row" }, h("a", { href: lockHref(e.name) }, e.name)),
     h("td", {}, e.holder),
-    h("td", { class: "num" }, e.fencing_token === "0" ? "—" : e.fencing_token),
+    h("td", { class: "num" }, int(e.fencingToken) ? e.fencingToken : "—"),
     h("td", {}, e.kind),
     h("td", {}, e.actor),
-    h("td", { class: "num" }, e.hold_ms ? fmtDuration(e.hold_ms) : "—"),
-    h("td", {}, metadata(e.metadata), e.metadata_truncated ? h("span", { class: "badge warn",
-      title: `The changelog keeps the first bytes of metadata only: ${fmtNumber(e.metadata_bytes)} bytes in all` },
+    h("td", { class: "num" }, int(e.holdMs) ? fmtDuration(int(e.holdMs)) : "—"),
+    h("td", {}, metadata(e.metadata), e.metadataTruncated ? h("span", { class: "badge warn",
+      title: `The changelog keeps the first bytes of metadata only: ${fmtNumber(e.metadataBytes)} bytes in all` },
     "cut") : null)));
-  const kept = `each shard keeps its last ${fmtNumber(d.size)} events, each ${fmtDuration(d.retention_ms)} at most`;
+  const kept = `each shard keeps its last ${fmtNumber(d.size)} events, each ${fmtDuration(int(d.retentionMs))} at most`;
   const pageNo = Number(params.get("page") || "1");
   const path = "/dashboard/changelog";
   const pager = h("nav", { class: "pager", "aria-label": "Pages" },
     params.get("page_token") ? h("a", { class: "button secondary", href: pageHref(null, 1, path) }, "Newest") : null,
     h("span", {}, `Page ${pageNo} (${fmtNumber(d.scanned)} events looked at)`),
-    d.next_page_token ? h("a", { class: "button", href: pageHref(d.next_page_token, pageNo + 1, path), rel: "next" },
+    d.nextPageToken ? h("a", { class: "button", href: pageHref(d.nextPageToken, pageNo + 1, path), rel: "next" },
       "Older events") : null);
-  return [table(`${d.events.length} events on this page, newest first (${kept})`, [
+  return [table(`${events.length} events on this page, newest first (${kept})`, [
     "When", "Event", "Lock", "Holder", { label: "Token", num: true }, "Kind", "Actor",
     { label: "Held", num: true }, "Metadata"], rows,
-  { id: "changelog", empty: d.next_page_token ? "None on this page: older events may match." : "No events match." }),
+  { id: "changelog", empty: d.nextPageToken ? "None on this page: older events may match." : "No events match." }),
   pager];
 }
 
@@ -412,20 +434,21 @@ function changelogQuery() {
 // ------------------------------------------------------------ one lock
 
 function renderLock(d) {
+  const held = list(d.holders);
   const facts = h("dl", { class: "cards", "aria-label": "Lock state" },
-    card("Holders", `${d.holders.length} / ${d.limit || "—"}`),
-    card("Waiters", fmtNumber(d.waiters)),
-    card("Next expiry", d.holders.length
-      ? fmtDuration(Math.min(...d.holders.map((g) => g.remaining_ms))) : "—"));
+    card("Holders", `${held.length} / ${int(d.limit) || "—"}`),
+    card("Waiters", fmtNumber(int(d.waiters))),
+    card("Next expiry", held.length
+      ? fmtDuration(Math.min(...held.map((info) => int(info.remainingMs)))) : "—"));
   const holderHead = ["Slot", "Holder", "Fencing token", "Remaining TTL", "Lease", "Acquired", "Kind", "Metadata"];
   if (d.admin) holderHead.push("Action");
-  const holders = table(`Holders of ${d.name}`, holderHead, d.holders.map((g) => h("tr", {},
-    h("td", { class: "num" }, g.slot),
+  const holders = table(`Holders of ${d.name}`, holderHead, held.map((info) => [info.grant || {}, info]).map(([g, info]) => h("tr", {},
+    h("td", { class: "num" }, int(g.slot)),
     h("th", { scope: "row" }, h("code", {}, g.holder)),
-    h("td", {}, h("code", {}, g.fencing_token)),
-    h("td", {}, fmtDuration(g.remaining_ms)),
-    h("td", {}, fmtDuration(g.ttl_ms)),
-    h("td", {}, when(g.acquired_at_ms, d.now_ms)),
+    h("td", {}, h("code", {}, g.fencingToken)),
+    h("td", {}, fmtDuration(int(info.remainingMs))),
+    h("td", {}, fmtDuration(int(g.ttlMs))),
+    h("td", {}, when(g.acquiredAtMs, d.nowMs)),
     h("td", {}, g.kind),
     h("td", {}, metadata(g.metadata)),
     d.admin ? h("td", {}, h("a", {
@@ -434,17 +457,17 @@ function renderLock(d) {
       "aria-label": `Force release ${g.holder}`,
     }, "Force release…")) : null)),
   { id: "holders", empty: "Nobody holds this lock." });
-  const queue = table(`Queue of ${d.name}, in grant order (${d.queue.waiters} waiting)`, [
+  const queue = table(`Queue of ${d.name}, in grant order (${int(d.queue.waiters)} waiting)`, [
     { label: "Position", num: true }, "Holder", { label: "Priority", num: true }, "Mode",
     "Enqueued", "Alive until", "Waits until", "Kind"],
-  d.queue.requests.map((r) => h("tr", {},
-    h("td", { class: "num" }, r.position),
+  list(d.queue.requests).map((r) => h("tr", {},
+    h("td", { class: "num" }, int(r.position)),
     h("th", { scope: "row" }, h("code", {}, r.holder)),
-    num(r.priority),
+    num(int(r.priority)),
     h("td", {}, r.fair ? h("span", { class: "badge ok" }, "fair") : h("span", { class: "badge warn" }, "barging")),
-    h("td", {}, when(r.enqueued_at_ms, d.now_ms)),
-    h("td", {}, when(r.expires_at_ms, d.now_ms)),
-    h("td", {}, when(r.wait_deadline_ms, d.now_ms)),
+    h("td", {}, when(r.enqueuedAtMs, d.nowMs)),
+    h("td", {}, when(r.expiresAtMs, d.nowMs)),
+    h("td", {}, when(r.waitDeadlineMs, d.nowMs)),
     h("td", {}, r.kind))),
   { id: "queue", empty: "Nobody waits." });
   return [
@@ -462,7 +485,7 @@ function metadata(map) {
 
 // ------------------------------------------------------------ metrics
 
-const EVENTS = ["acquired", "denied", "timed_out", "released", "extended", "expired", "reaped", "cleared", "errors"];
+const EVENTS = ["acquired", "denied", "timedOut", "released", "extended", "expired", "reaped", "cleared", "errors"];
 const EVENT_LABELS = ["Acquired", "Denied", "Timed out", "Released", "Extended", "Expired", "Reaped", "Cleared", "Errors"];
 
 function renderMetricsToolbar() {
@@ -482,23 +505,23 @@ function renderMetricsToolbar() {
 }
 
 function counterCells(row) {
-  return EVENTS.map((e) => num(row[e]));
+  return EVENTS.map((e) => num(int(row[e])));
 }
 
 function renderMetrics(d) {
-  const range = `${new Date(d.from_ms).toISOString().slice(0, 16).replace("T", " ")} → ` +
-    `${new Date(d.to_ms).toISOString().slice(11, 16)} UTC`;
+  const range = `${new Date(int(d.fromMs)).toISOString().slice(0, 16).replace("T", " ")} → ` +
+    `${new Date(int(d.toMs)).toISOString().slice(11, 16)} UTC`;
   const heads = ["Kind", ...EVENT_LABELS.map((label) => ({ label, num: true }))];
   const totals = table(`Counts per kind, ${range}, summed over every replica`, heads,
-    d.totals.map((row) => h("tr", {}, h("th", { scope: "row" }, row.kind), counterCells(row))),
+    list(d.totals).map((row) => h("tr", {}, h("th", { scope: "row" }, row.kind), counterCells(row))),
     {
       id: "metrics-totals", empty: "Nothing counted in this range.",
-      foot: d.totals.length ? h("tr", {}, h("th", { scope: "row" }, "All kinds"), counterCells(d.overall)) : null,
+      foot: list(d.totals).length ? h("tr", {}, h("th", { scope: "row" }, "All kinds"), counterCells(d.overall || {})) : null,
     });
   const parts = [totals];
   if (params.get("per_minute") === "1") {
-    const rows = [...d.minutes].reverse().map((row) => h("tr", {},
-      h("th", { scope: "row" }, clock(row.minute_ms)), h("td", {}, row.kind), counterCells(row)));
+    const rows = [...list(d.minutes)].reverse().map((row) => h("tr", {},
+      h("th", { scope: "row" }, clock(row.minuteMs)), h("td", {}, row.kind), counterCells(row)));
     parts.push(h("h2", {}, "Per minute"), table("Counts per minute (UTC) and kind, newest first",
       ["Minute", "Kind", ...EVENT_LABELS.map((label) => ({ label, num: true }))], rows,
       { id: "metrics-minutes", empty: "Nothing counted in this range." }));
@@ -517,13 +540,13 @@ function metricsQuery() {
 // ------------------------------------------------------------ reaper
 
 function renderReaper(d) {
-  const holder = d.holder;
+  const holder = d.holder && (d.holder.grant || {});
   const facts = holder
     ? h("dl", { class: "facts", id: "reaper-facts" },
       h("dt", {}, "Reaping replica"), h("dd", {}, h("code", {}, holder.holder)),
-      h("dt", {}, "Lease ends"), h("dd", {}, when(holder.expires_at_ms, d.now_ms), ` (lease ${fmtDuration(holder.ttl_ms)}, renewed each round)`),
-      h("dt", {}, "Reaper since"), h("dd", {}, when(holder.acquired_at_ms, d.now_ms)),
-      h("dt", {}, "Fencing token"), h("dd", {}, h("code", {}, holder.fencing_token)))
+      h("dt", {}, "Lease ends"), h("dd", {}, when(holder.expiresAtMs, d.nowMs), ` (lease ${fmtDuration(int(holder.ttlMs))}, renewed each round)`),
+      h("dt", {}, "Reaper since"), h("dd", {}, when(holder.acquiredAtMs, d.nowMs)),
+      h("dt", {}, "Fencing token"), h("dd", {}, h("code", {}, holder.fencingToken)))
     : h("p", { class: "notice", id: "reaper-facts" },
       "No replica holds the reaper lock now: the background reaper is off (--reap-interval-ms 0) " +
       "or between leases. Redis still expires every key of an untouched lock.");
@@ -532,8 +555,8 @@ function renderReaper(d) {
       h("a", { href: `/dashboard/lock?namespace=${d.namespace}&name=${d.name}` }, h("code", {}, `${d.namespace}/${d.name}`)), "."),
     facts,
     h("h2", {}, "Namespaces in use"),
-    d.namespaces.length
-      ? h("ul", {}, d.namespaces.map((n) => h("li", {}, h("a", { href: `/dashboard?namespace=${encodeURIComponent(n)}` }, n))))
+    list(d.namespaces).length
+      ? h("ul", {}, list(d.namespaces).map((n) => h("li", {}, h("a", { href: `/dashboard?namespace=${encodeURIComponent(n)}` }, n))))
       : h("p", { class: "empty" }, "None recorded yet."),
   ];
 }

@@ -178,7 +178,7 @@ async fn with_auth_on_nothing_is_shown_without_a_valid_token() {
     }
 
     // Endpoints: 401 with one fixed message, whatever was wrong.
-    let expected = serde_json::json!({ "error": UNAUTHENTICATED, "code": "UNAUTHENTICATED" });
+    let expected = serde_json::json!({ "code": "unauthenticated", "message": UNAUTHENTICATED });
     for endpoint in ENDPOINTS {
         let mut refusals = vec![server.get_with(endpoint, &[]).await];
         for header in [
@@ -260,12 +260,12 @@ async fn a_client_token_sees_only_its_namespaces() {
     let reply = server.get_with("/api/v1/namespaces", &as_team_a).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.json()["namespaces"], serde_json::json!(["team-a"]));
-    assert_eq!(reply.json()["sees_default"], false);
+    assert_eq!(reply.json()["seesDefault"], false);
     let ops = server
         .get_with("/api/v1/namespaces", &[("Authorization", &bearer(OPS))])
         .await
         .json();
-    assert_eq!(ops["sees_default"], true);
+    assert_eq!(ops["seesDefault"], true);
     for namespace in ["default", "team-a", "team-b"] {
         assert!(
             ops["namespaces"]
@@ -287,7 +287,7 @@ async fn a_client_token_sees_only_its_namespaces() {
     );
     assert_eq!(list.status, 200);
     assert_eq!(list.json()["locks"][0]["name"], "a-lock");
-    assert_eq!(lock.json()["holders"][0]["holder"], "a-worker");
+    assert_eq!(lock.json()["holders"][0]["grant"]["holder"], "a-worker");
     assert_eq!(lock.json()["admin"], false);
     for endpoint in [
         "/api/v1/overview?namespace=team-a",
@@ -299,7 +299,7 @@ async fn a_client_token_sees_only_its_namespaces() {
 
     // Any other namespace (default included): 403, saying nothing more.
     let denied =
-        serde_json::json!({ "error": "this token may not do that", "code": "PERMISSION_DENIED" });
+        serde_json::json!({ "code": "permission_denied", "message": "this token may not do that" });
     for endpoint in [
         "/api/v1/locks?namespace=team-b",
         "/api/v1/locks",
@@ -380,7 +380,7 @@ async fn a_client_token_sees_only_its_namespaces() {
         assert_eq!(reaper.status, 200, "{reaper:?}");
         if reaper.json()["held"] == true {
             assert!(
-                reaper.json()["holder"]["holder"]
+                reaper.json()["holder"]["grant"]["holder"]
                     .as_str()
                     .unwrap()
                     .starts_with("replica-")
@@ -513,8 +513,8 @@ async fn admin_actions_need_the_flag_and_an_admin_token_for_the_namespace() {
     // The overview is shared between callers; its admin flag is each one's.
     let overview = setup.server.get_with("/api/v1/overview", &as_ops).await;
     assert_eq!(overview.json()["admin"], true);
-    assert_eq!(overview.json()["locks"], 1);
-    let token = lock["holders"][0]["fencing_token"]
+    assert_eq!(overview.json()["locks"], "1");
+    let token = lock["holders"][0]["grant"]["fencingToken"]
         .as_str()
         .unwrap()
         .to_owned();

@@ -84,7 +84,7 @@ async fn login_sets_a_locked_down_cookie_that_then_opens_the_dashboard() {
         .get_with("/api/v1/locks/reports", &[("Cookie", &cookie)])
         .await;
     assert_eq!(lock.status, 200, "{lock:?}");
-    assert_eq!(lock.json()["holders"][0]["holder"], "worker-1");
+    assert_eq!(lock.json()["holders"][0]["grant"]["holder"], "worker-1");
     // So does a bearer header, for scripts.
     let scripted = setup
         .server
@@ -94,7 +94,7 @@ async fn login_sets_a_locked_down_cookie_that_then_opens_the_dashboard() {
         )
         .await;
     assert_eq!(scripted.status, 200);
-    assert_eq!(scripted.json()["holders"][0]["holder"], "worker-1");
+    assert_eq!(scripted.json()["holders"][0]["grant"]["holder"], "worker-1");
 
     // Logging out drops the cookie.
     let out = setup

@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::http::{Reply, fetch, http};
+use common::http::{Reply, fetch, http, int, items};
 use common::*;
 use serde_json::Value;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -158,35 +158,6 @@ async fn scene(server: &DashServer) -> (u64, tokio::task::JoinHandle<proto::Acqu
     // The waiter is queued once Inspect counts it.
     until_waiters(&mut client, "reports", 1).await;
     (grant.fencing_token, waiter)
-}
-
-fn counters(row: &Value) -> Vec<u64> {
-    [
-        "acquired",
-        "denied",
-        "timed_out",
-        "released",
-        "extended",
-        "expired",
-        "reaped",
-        "errors",
-    ]
-    .iter()
-    .map(|k| row[k].as_u64().unwrap())
-    .collect()
-}
-
-fn rpc_counters(row: &proto::MetricsRow) -> Vec<u64> {
-    vec![
-        row.acquired,
-        row.denied,
-        row.timed_out,
-        row.released,
-        row.extended,
-        row.expired,
-        row.reaped,
-        row.errors,
-    ]
 }
 
 /// Percent-encoding as HTML forms do.

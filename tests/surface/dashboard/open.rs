@@ -15,16 +15,14 @@ async fn json_endpoints_show_what_the_grpc_api_shows() {
     // List, with a prefix, and paging.
     let (status, page) = server.get_json("/api/v1/locks").await;
     assert_eq!(status, 200, "{page}");
-    let mut names: Vec<(String, u64, u64, u64)> = page["locks"]
-        .as_array()
-        .unwrap()
+    let mut names: Vec<(String, i64, i64, i64)> = items(&page["locks"])
         .iter()
         .map(|l| {
             (
                 l["name"].as_str().unwrap().to_owned(),
-                l["holders"].as_u64().unwrap(),
-                l["limit"].as_u64().unwrap(),
-                l["waiters"].as_u64().unwrap(),
+                int(&l["holders"]),
+                int(&l["limit"]),
+                int(&l["waiters"]),
             )
         })
         .collect();
@@ -36,13 +34,24 @@ async fn json_endpoints_show_what_the_grpc_api_shows() {
             ("reports".to_owned(), 1, 1, 1)
         ]
     );
-    assert_eq!(page["next_page_token"], "");
+    // The List RPC's messages in the JSON Connect writes: one dialect.
+    let mut rpc = client
+        .list(proto::ListRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .locks;
+    rpc.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(page["locks"], serde_json::to_value(&rpc).unwrap());
+    // proto3 JSON: an empty page token and a zero count are left out.
+    assert!(page.get("nextPageToken").is_none(), "{page}");
+    assert!(page["locks"][0].get("waiters").is_none(), "{page}");
     let (_, page) = server.get_json("/api/v1/locks?prefix=jobs%2F").await;
     assert_eq!(page["locks"].as_array().unwrap().len(), 1);
     assert_eq!(page["locks"][0]["name"], "jobs/nightly");
     let (_, first) = server.get_json("/api/v1/locks?page_size=1").await;
     assert_eq!(first["locks"].as_array().unwrap().len(), 1);
-    let next = first["next_page_token"].as_str().unwrap();
+    let next = first["nextPageToken"].as_str().unwrap();
     assert!(!next.is_empty());
     let (_, second) = server
         .get_json(&format!("/api/v1/locks?page_size=1&page_token={next}"))
@@ -57,12 +66,15 @@ async fn json_endpoints_show_what_the_grpc_api_shows() {
     assert_eq!(lock["waiters"], 1);
     assert_eq!(lock["admin"], false);
     let holder = &lock["holders"][0];
-    assert_eq!(holder["holder"], "worker-1");
-    assert_eq!(holder["fencing_token"], token.to_string());
-    assert_eq!(holder["slot"], 1);
-    assert_eq!(holder["kind"], "export");
-    assert_eq!(holder["metadata"]["team"], "billing");
-    let remaining = holder["remaining_ms"].as_i64().unwrap();
+    let grant = &holder["grant"];
+    assert_eq!(grant["holder"], "worker-1");
+    // 64-bit integers are strings, as the proto3 JSON mapping has them.
+    assert_eq!(grant["fencingToken"], token.to_string());
+    assert_eq!(grant["ttlMs"], "30000");
+    assert_eq!(grant["slot"], 1);
+    assert_eq!(grant["kind"], "export");
+    assert_eq!(grant["metadata"]["team"], "billing");
+    let remaining: i64 = holder["remainingMs"].as_str().unwrap().parse().unwrap();
     assert!((1..=30_000).contains(&remaining), "{remaining}");
     let queued = &lock["queue"]["requests"];
     assert_eq!(queued.as_array().unwrap().len(), 1);
@@ -82,44 +94,41 @@ async fn json_endpoints_show_what_the_grpc_api_shows() {
         .await
         .unwrap()
         .into_inner();
-    let shown: Vec<(String, Vec<u64>)> = metrics["totals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| (row["kind"].as_str().unwrap().to_owned(), counters(row)))
-        .collect();
-    let expected: Vec<(String, Vec<u64>)> = rpc
-        .totals
-        .iter()
-        .map(|row| (row.kind.clone(), rpc_counters(row)))
-        .collect();
-    assert_eq!(shown, expected);
+    // The same messages in the same JSON as Connect's: one dialect.
     assert_eq!(
-        counters(&metrics["overall"]),
-        rpc_counters(rpc.overall.as_ref().unwrap())
+        metrics["totals"],
+        serde_json::to_value(&rpc.totals).unwrap()
+    );
+    assert_eq!(
+        metrics["overall"],
+        serde_json::to_value(&rpc.overall).unwrap()
     );
     // export: 1 acquired, 1 denied; batch: 2 acquired.
-    assert_eq!(shown[0].0, "batch");
-    assert_eq!(shown[0].1[0], 2);
-    assert_eq!(shown[1].1[..2], [1, 1]);
+    let totals = items(&metrics["totals"]);
+    assert_eq!(totals[0]["kind"], "batch");
+    assert_eq!(totals[0]["acquired"], "2");
+    assert_eq!(
+        (int(&totals[1]["acquired"]), int(&totals[1]["denied"])),
+        (1, 1)
+    );
     let (_, only) = server.get_json("/api/v1/metrics?kind=batch").await;
     assert_eq!(only["totals"].as_array().unwrap().len(), 1);
 
     // Overview.
     let (status, overview) = server.get_json("/api/v1/overview").await;
     assert_eq!(status, 200, "{overview}");
-    assert_eq!(overview["locks"], 2);
-    assert_eq!(overview["locks_held"], 2);
-    assert_eq!(overview["holders"], 3);
-    assert_eq!(overview["waiters"], 1);
+    assert_eq!(overview["locks"], "2");
+    assert_eq!(overview["locksHeld"], "2");
+    assert_eq!(overview["holders"], "3");
+    assert_eq!(overview["waiters"], "1");
     assert_eq!(overview["busiest"][0]["name"], "reports");
-    assert_eq!(overview["last_hour"]["acquired"], 3);
+    assert_eq!(overview["lastHour"]["acquired"], "3");
     assert_eq!(overview["series"].as_array().unwrap().len(), 60);
-    let charted: u64 = overview["series"]
+    let charted: i64 = overview["series"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| p["acquired"].as_u64().unwrap())
+        .map(|p| int(&p["acquired"]))
         .sum();
     assert_eq!(charted, 3);
 
@@ -151,7 +160,7 @@ async fn json_endpoints_show_what_the_grpc_api_shows() {
         let (status, body) = server.get_json(path).await;
         assert_eq!(status, 403, "{path}: {body}");
         assert_eq!(
-            body["error"], "namespace: tumbler-system is reserved for tumbler's own locks",
+            body["message"], "namespace: tumbler-system is reserved for tumbler's own locks",
             "{path}"
         );
         assert!(!body.to_string().contains("replica-"), "{path}: {body}");
@@ -214,14 +223,14 @@ async fn bad_input_is_a_400_with_the_grpc_message() {
         .get_json("/api/v1/locks/x?namespace=no%20spaces")
         .await;
     assert_eq!(status, 400);
-    assert_eq!(body["error"], grpc.message());
-    assert_eq!(body["code"], "INVALID_ARGUMENT");
+    assert_eq!(body["message"], grpc.message());
+    assert_eq!(body["code"], "invalid_argument");
 
     let long = "n".repeat(513);
     let grpc = client.inspect(inspect(&long)).await.unwrap_err();
     let (status, body) = server.get_json(&format!("/api/v1/locks/{long}")).await;
     assert_eq!(status, 400);
-    assert_eq!(body["error"], grpc.message());
+    assert_eq!(body["message"], grpc.message());
 
     let grpc = client
         .list(proto::ListRequest {
@@ -232,7 +241,7 @@ async fn bad_input_is_a_400_with_the_grpc_message() {
         .unwrap_err();
     let (status, body) = server.get_json("/api/v1/locks?page_token=garbage!").await;
     assert_eq!(status, 400);
-    assert_eq!(body["error"], grpc.message());
+    assert_eq!(body["message"], grpc.message());
 
     let cases = [
         (
@@ -258,7 +267,7 @@ async fn bad_input_is_a_400_with_the_grpc_message() {
         let (status, body) = server.get_json(path).await;
         assert_eq!(status, 400, "{path}: {body}");
         assert!(
-            body["error"].as_str().unwrap().starts_with(message),
+            body["message"].as_str().unwrap().starts_with(message),
             "{path}: {body}"
         );
     }
@@ -546,16 +555,17 @@ fn engine_errors_get_the_status_of_their_grpc_code() {
         assert_eq!(engine_code(&err), code, "{err}");
         assert_eq!(engine_error_status(&err).as_u16(), status, "{err}");
     }
-    // The refusals that come as gRPC statuses (validation, auth, rate).
+    // The refusals that come as gRPC statuses (validation, auth, rate),
+    // with Connect's code names (the dashboard's errors are Connect's).
     for (code, status, name) in [
-        (Code::InvalidArgument, 400, "INVALID_ARGUMENT"),
-        (Code::Unauthenticated, 401, "UNAUTHENTICATED"),
-        (Code::PermissionDenied, 403, "PERMISSION_DENIED"),
-        (Code::NotFound, 404, "NOT_FOUND"),
-        (Code::ResourceExhausted, 429, "RESOURCE_EXHAUSTED"),
-        (Code::Internal, 500, "INTERNAL"),
-        (Code::Unknown, 500, "UNKNOWN"),
-        (Code::Unavailable, 503, "UNAVAILABLE"),
+        (Code::InvalidArgument, 400, "invalid_argument"),
+        (Code::Unauthenticated, 401, "unauthenticated"),
+        (Code::PermissionDenied, 403, "permission_denied"),
+        (Code::NotFound, 404, "not_found"),
+        (Code::ResourceExhausted, 429, "resource_exhausted"),
+        (Code::Internal, 500, "internal"),
+        (Code::Unknown, 500, "unknown"),
+        (Code::Unavailable, 503, "unavailable"),
     ] {
         assert_eq!(http_status(code), (status.try_into().unwrap(), name));
     }

@@ -91,5 +91,5 @@ async fn the_admin_pages_show_bidi_and_invisible_characters_escaped() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(json["name"], NAME);
-    assert_eq!(json["holders"][0]["holder"], HOLDER);
+    assert_eq!(json["holders"][0]["grant"]["holder"], HOLDER);
 }
