@@ -14,19 +14,19 @@ use prost::Message;
 use serde_json::{Value, json};
 
 /// One `curl` call: the HTTP status and the body.
-struct Answer {
+pub(super) struct Answer {
     status: u16,
     body: Vec<u8>,
 }
 
 impl Answer {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     /// Asserts a Connect error with `code` and returns its message.
-    fn error(&self, status: u16, code: &str) -> String {
+    pub(super) fn error(&self, status: u16, code: &str) -> String {
         let body = self.json();
         assert_eq!(
             (self.status, body["code"].as_str()),
@@ -78,7 +78,7 @@ async fn curl(server: &TestServer, method: &str, args: &[&str], body: &[u8]) -> 
 }
 
 /// A JSON call over HTTP/1.1 (`extra`: more curl arguments).
-async fn call(server: &TestServer, method: &str, body: Value, extra: &[&str]) -> Answer {
+pub(super) async fn call(server: &TestServer, method: &str, body: Value, extra: &[&str]) -> Answer {
     let mut args = vec!["-H", "content-type: application/json"];
     args.extend_from_slice(extra);
     curl(server, method, &args, body.to_string().as_bytes()).await

@@ -225,3 +225,46 @@ async fn a_namespace_taken_from_a_token_ends_its_waits_and_session_grants_there(
         other => panic!("{other:?}"),
     }
 }
+
+/// The same over Connect: a waiting Acquire sent with `curl` ends
+/// `unauthenticated` (401) when its token leaves the file, and the permit
+/// freed later goes to nobody on its behalf.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_tokens_waiting_connect_acquire_ends_unauthenticated() {
+    let s = setup_with(&tokens_file()).await;
+    let mut admin = bearer(&s.server, ADMIN).await;
+    take(&mut admin, "team-a", "busy", "admin").await;
+    let bearer_header = format!("authorization: Bearer {TEAM_A}");
+    let wait = async {
+        let started = std::time::Instant::now();
+        let body = serde_json::json!({
+            "namespace": "team-a", "name": "busy", "holder": "waiter",
+            "waitMs": 20000, "ttlMs": "30000",
+        });
+        let answer =
+            super::connect::call(&s.server, "Acquire", body, &["-H", &bearer_header]).await;
+        (answer, started.elapsed())
+    };
+    let revoke = async {
+        until_waiting(&mut admin, "team-a", "busy", 1).await;
+        let without_team_a =
+            tokens_file().replace(&entry("team-a", TEAM_A, "client", r#"["team-a"]"#, ""), "");
+        replace_tokens_file(&s.path, &without_team_a);
+    };
+    let ((answer, waited), ()) = tokio::join!(wait, revoke);
+    answer.error(401, "unauthenticated");
+    assert!(waited < Duration::from_secs(10), "ended after {waited:?}");
+    assert_eq!(queue_len(&mut admin, "team-a", "busy").await, 0);
+
+    admin
+        .release(proto::ReleaseRequest {
+            namespace: "team-a".into(),
+            name: "busy".into(),
+            holder: "admin".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(holders(&mut admin, "team-a", "busy").await, 0);
+}

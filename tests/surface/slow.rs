@@ -2,7 +2,8 @@
 //! requests whose headers arrive and whose message does not (an HTTP body
 //! that trickles, a gRPC call that sends HEADERS and no DATA) are cut
 //! after `--body-read-timeout-ms` (408 and a closed connection; gRPC
-//! DEADLINE_EXCEEDED and the stream reset), and, with the connection caps
+//! DEADLINE_EXCEEDED and the stream reset; a Connect call on the gRPC port
+//! the same code, Connect's 504), and, with the connection caps
 //! filled by such tricklers from several addresses, `/healthz`, gRPC
 //! health and authenticated Acquires are still answered at once.
 
@@ -39,6 +40,11 @@ fn args(max_connections: u32, per_ip: u32, body_ms: u64) -> ServiceArgs {
     }
 }
 
+/// The gRPC port's address (`http://127.0.0.1:…`).
+fn grpc_addr(endpoint: &str) -> SocketAddr {
+    endpoint.trim_start_matches("http://").parse().unwrap()
+}
+
 async fn server(args: ServiceArgs) -> TestServer {
     TestServer::new()
         .auth(&tokens())
@@ -46,6 +52,13 @@ async fn server(args: ServiceArgs) -> TestServer {
         .http()
         .start()
         .await
+}
+
+/// What an HTTP trickler posts.
+#[derive(Clone, Copy)]
+enum Post {
+    Login,
+    Connect,
 }
 
 /// How a trickler's request ended, and when (since it was sent).
@@ -97,18 +110,32 @@ async fn grpc_trickler(
     })
 }
 
-/// A dashboard login POST from `from` whose body (100 bytes announced)
-/// comes a byte every 200 ms. Resolves when the server answers or closes.
+/// A POST from `from` whose body (100 bytes announced) comes a byte every
+/// 200 ms: a dashboard login (`Login`) or a Connect Acquire on the gRPC
+/// port (`Connect`). Resolves when the server answers or closes.
 async fn http_trickler(
     to: SocketAddr,
     from: [u8; 4],
+    post: Post,
 ) -> tokio::task::JoinHandle<(Ended, Duration)> {
     let socket = TcpSocket::new_v4().unwrap();
     socket.bind(SocketAddr::from((from, 0))).unwrap();
     let mut stream = socket.connect(to).await.unwrap();
     tokio::spawn(async move {
+        let (path, content_type, start) = match post {
+            Post::Login => (
+                "/dashboard/login",
+                "application/x-www-form-urlencoded",
+                "token=",
+            ),
+            Post::Connect => (
+                "/tumbler.v1.LockService/Acquire",
+                "application/json",
+                "{\"name\": \"",
+            ),
+        };
         let head = format!(
-            "POST /dashboard/login HTTP/1.1\r\nHost: {to}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ntoken="
+            "POST {path} HTTP/1.1\r\nHost: {to}\r\nContent-Type: {content_type}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n{start}"
         );
         let sent = Instant::now();
         if stream.write_all(head.as_bytes()).await.is_err() {
@@ -178,7 +205,14 @@ async fn messages_that_do_not_come_are_cut_after_the_body_read_timeout() {
             "Health",
             grpc_trickler(endpoint.clone(), from, "/grpc.health.v1.Health/Check").await,
         ),
-        ("login", http_trickler(server.http(), from).await),
+        (
+            "login",
+            http_trickler(server.http(), from, Post::Login).await,
+        ),
+        (
+            "connect",
+            http_trickler(grpc_addr(&endpoint), from, Post::Connect).await,
+        ),
     ];
     // A client that is slow but in time: its message after half the timeout.
     let mut grpc = tonic::client::Grpc::new(
@@ -209,6 +243,9 @@ async fn messages_that_do_not_come_are_cut_after_the_body_read_timeout() {
         match (what, &ended) {
             ("login", Ended::Http(408)) => {}
             ("login", other) => panic!("login: {other:?}"),
+            // Connect's status for DEADLINE_EXCEEDED, as gRPC's tricklers get.
+            ("connect", Ended::Http(504)) => {}
+            ("connect", other) => panic!("connect: {other:?}"),
             (_, Ended::Grpc(Code::DeadlineExceeded)) => {}
             (what, other) => panic!("{what}: {other:?}"),
         }
@@ -247,7 +284,7 @@ async fn at_the_caps_tricklers_give_way_to_health_and_authenticated_calls() {
     }
     for host in [4u8, 5] {
         for _ in 0..20 {
-            tricklers.push(http_trickler(server.http(), [127, 0, 0, host]).await);
+            tricklers.push(http_trickler(server.http(), [127, 0, 0, host], Post::Login).await);
         }
     }
     let filled = Instant::now();
