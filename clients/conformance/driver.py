@@ -272,7 +272,7 @@ def lost_signalled(addr):
                 ("go", "lost", "body's ctx cancelled, WithLock returns ErrLockLost"),
                 ("ruby", "lost", "LockLost raised inside the block"),
                 ("rust", "lost", "lost() resolved: run() dropped the body, returns Error::LockLost"),
-                ("perl", "lost", "heartbeat false in the work loop, check dies Tumbler::Error::LockLost")]
+                ("perl", "lost", "heartbeat false in the work loop, then check dies with LockLost")]
     steps = [(lang, how, run_step(lang, [st, f"lost-{lang}-{st}", ttl], addr)) for lang, st, how in variants
              if lang in LANGS]
     released_at = []
