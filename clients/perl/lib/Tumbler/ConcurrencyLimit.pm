@@ -33,11 +33,13 @@ sub is_locked { $_[0]{lock} ? 1 : 0 }
 sub lock_id { $_[0]{lock} ? $_[0]{lock}->id : undef }
 
 # release_lock: 1 when a slot was held (and is now given back), undef when
-# there was none.
+# there was none. Like IPC::ConcurrencyLimit it drops the lock object, whose
+# destructor releases and never dies: a release the server did not get ends
+# with the lease.
 sub release_lock {
     my $self = shift;
-    my $lock = delete $self->{lock} or return undef;
-    $lock->release;
+    return undef unless $self->{lock};
+    $self->{lock} = undef;
     return 1;
 }
 
