@@ -338,4 +338,10 @@ unavailable> is retried with jittered back-off until its deadline
 (C<timeout>, plus wait_ms for a waiting acquire), then dies
 C<Tumbler::Error::Unavailable>. Errors: L<Tumbler::Error>.
 
+A C<die> from a signal handler (a code ref in C<%SIG> for ALRM, INT, TERM,
+HUP, QUIT, USR1 or USR2) while a call is on the wire stops the call: the
+exception leaves it as it was thrown (it is not taken for an unavailable
+server and retried), and the connection is closed, so the server drops a
+waiting acquire from its queue. C<alarm> is the way to cancel a wait.
+
 =cut

@@ -156,6 +156,7 @@ of scope (C<DESTROY>, which never dies, and does nothing in a forked child).
 C<heartbeat> extends the lease when a third of it has passed since the last
 renewal: there is no background thread, so the caller calls it from its
 loop. C<lost> is true once an extend answered NOT_HELD or the lease passed
-without a renewal; C<check> dies with a C<Tumbler::Error::LockLost> then.
+without a renewal; C<check> dies with a C<Tumbler::Error::LockLost> then,
+and C<lost_reason> says which of the two it was.
 
 =cut
