@@ -54,6 +54,14 @@ def wait_for_queue(addr, name, expected, timeout=10):
     return False
 
 
+def selected(*langs, part):
+    """True when every language of a cross-language part is being run; else prints why the part is skipped."""
+    missing = [lang for lang in langs if lang not in LANGS]
+    if missing:
+        print(f"SKIP  {part}: {', '.join(missing)} not selected (--langs)", flush=True)
+    return not missing
+
+
 def is_invalid_argument(code):
     return str(code).replace("_", "").lower() == "invalidargument"
 
@@ -70,63 +78,95 @@ def scenario(addr):
 
     # 2. Mutex hand-over across languages, FIFO.
     mutex = "orders/42"
-    held = step("python", "hold", mutex, "py-holder", "1", addr=addr)
-    check("python", held and held["status"] == "ACQUIRED", f"takes the mutex {mutex}", held)
-    tokens = [("python", int(held["token"]))] if held and held.get("token") else []
-    node_wait = run_step("node", ["wait", mutex, "node-waiter", "20000", "300"], addr)
-    check("node", wait_for_queue(addr, mutex, ["node-waiter"]), "waits in the server's queue (position 1)")
-    go_wait = run_step("go", ["wait", mutex, "go-waiter", "20000", "300"], addr)
-    check("go", wait_for_queue(addr, mutex, ["node-waiter", "go-waiter"]), "waits in the queue behind Node (position 2)")
-    seen = step("ruby", "inspect", mutex, addr=addr)
-    if seen:
-        check("ruby", [h["holder"] for h in seen["holders"]] == ["py-holder"] and seen["waiters"] == 2,
-              "inspect sees the Python holder and 2 waiters", seen)
-        check("ruby", seen["queue"] == ["node-waiter", "go-waiter"], "queue lists Node then Go", seen["queue"])
-        check("ruby", held and seen["holders"] and seen["holders"][0]["token"] == held["token"],
-              "inspect reports the holder's fencing token", seen)
-    rel = step("python", "release", mutex, "py-holder", addr=addr)
-    check("python", rel and rel["released"], "releases the mutex", rel)
-    got_node, got_go = node_wait.result(), go_wait.result()
-    if got_node and got_go:
-        check("node", got_node["holder"] == "node-waiter", f"gets the mutex first after Python (token {got_node['token']})", got_node)
-        check("go", int(got_go["token"]) > int(got_node["token"]) and got_go["acquired_at_ms"] >= got_node["acquired_at_ms"] + 300,
-              f"gets the mutex second, after Node released (token {got_go['token']})", got_go)
-        tokens += [("node", int(got_node["token"])), ("go", int(got_go["token"]))]
-    after = step("ruby", "inspect", mutex, addr=addr)
-    check("ruby", after and after["holders"] == [] and after["waiters"] == 0, "inspect after hand-over: free, nobody waits", after)
-    # A later grant from Ruby continues the sequence.
-    last = step("ruby", "hold", mutex, "ruby-holder", "1", addr=addr)
-    if last and last.get("token"):
-        tokens.append(("ruby", int(last["token"])))
-        step("ruby", "release", mutex, "ruby-holder", addr=addr)
-    # ... and one from Rust after it.
-    last = step("rust", "hold", mutex, "rust-holder", "1", addr=addr)
-    if last and last.get("token"):
-        tokens.append(("rust", int(last["token"])))
-        step("rust", "release", mutex, "rust-holder", addr=addr)
+    tokens, pieces = [], 0
+    if selected("python", "node", "go", "ruby", part="mutex hand-over Python -> Node -> Go, Ruby inspects"):
+        pieces += 3
+        held = step("python", "hold", mutex, "py-holder", "1", addr=addr)
+        check("python", held and held["status"] == "ACQUIRED", f"takes the mutex {mutex}", held)
+        tokens += [("python", int(held["token"]))] if held and held.get("token") else []
+        node_wait = run_step("node", ["wait", mutex, "node-waiter", "20000", "300"], addr)
+        check("node", wait_for_queue(addr, mutex, ["node-waiter"]), "waits in the server's queue (position 1)")
+        go_wait = run_step("go", ["wait", mutex, "go-waiter", "20000", "300"], addr)
+        check("go", wait_for_queue(addr, mutex, ["node-waiter", "go-waiter"]), "waits in the queue behind Node (position 2)")
+        seen = step("ruby", "inspect", mutex, addr=addr)
+        if seen:
+            check("ruby", [h["holder"] for h in seen["holders"]] == ["py-holder"] and seen["waiters"] == 2,
+                  "inspect sees the Python holder and 2 waiters", seen)
+            check("ruby", seen["queue"] == ["node-waiter", "go-waiter"], "queue lists Node then Go", seen["queue"])
+            check("ruby", held and seen["holders"] and seen["holders"][0]["token"] == held["token"],
+                  "inspect reports the holder's fencing token", seen)
+        rel = step("python", "release", mutex, "py-holder", addr=addr)
+        check("python", rel and rel["released"], "releases the mutex", rel)
+        got_node, got_go = node_wait.result(), go_wait.result()
+        if got_node and got_go:
+            check("node", got_node["holder"] == "node-waiter", f"gets the mutex first after Python (token {got_node['token']})", got_node)
+            check("go", int(got_go["token"]) > int(got_node["token"]) and got_go["acquired_at_ms"] >= got_node["acquired_at_ms"] + 300,
+                  f"gets the mutex second, after Node released (token {got_go['token']})", got_go)
+            tokens += [("node", int(got_node["token"])), ("go", int(got_go["token"]))]
+        after = step("ruby", "inspect", mutex, addr=addr)
+        check("ruby", after and after["holders"] == [] and after["waiters"] == 0, "inspect after hand-over: free, nobody waits", after)
+    # A later grant from Ruby continues the sequence, and one from Rust after it.
+    for lang in ("ruby", "rust"):
+        if selected(lang, part=f"a {lang} grant continues the token sequence"):
+            pieces += 1
+            last = step(lang, "hold", mutex, f"{lang}-holder", "1", addr=addr)
+            if last and last.get("token"):
+                tokens.append((lang, int(last["token"])))
+                step(lang, "release", mutex, f"{lang}-holder", addr=addr)
+    # Perl waits in the server's queue while Python holds the mutex, and is handed it.
+    if selected("python", "perl", part="Python -> Perl hand-over"):
+        pieces += 1
+        py = step("python", "hold", mutex, "py-holder-2", "1", addr=addr)
+        perl_wait = run_step("perl", ["wait", mutex, "perl-waiter", "20000", "100"], addr)
+        check("perl", py and py["status"] == "ACQUIRED" and wait_for_queue(addr, mutex, ["perl-waiter"]),
+              "waits in the server's queue while Python holds the mutex", py)
+        step("python", "release", mutex, "py-holder-2", addr=addr)
+        got_perl = perl_wait.result()
+        if got_perl and py and py.get("token"):
+            check("perl", got_perl["holder"] == "perl-waiter" and int(got_perl["token"]) > int(py["token"]),
+                  f"is handed the mutex when Python releases (token {got_perl['token']})", got_perl)
+            tokens.append(("perl", int(got_perl["token"])))
     seq = " < ".join(f"{lang} {t}" for lang, t in tokens)
-    ok = len(tokens) == 5 and all(a[1] < b[1] for a, b in zip(tokens, tokens[1:]))
+    ok = len(tokens) == pieces and all(a[1] < b[1] for a, b in zip(tokens, tokens[1:]))
     for lang in LANGS:
         check(lang, ok, f"fencing tokens strictly increase across languages: {seq}")
 
     # 3. A semaphore with limit 2 shared across languages.
     sem = "exports"
-    a = step("ruby", "hold", sem, "ruby-worker", "2", addr=addr)
-    check("ruby", a and a["status"] == "ACQUIRED" and a["slot"] == 1, "semaphore limit 2: holds slot 1", a)
-    b = step("go", "hold", sem, "go-worker", "2", addr=addr)
-    check("go", b and b["status"] == "ACQUIRED" and b["slot"] == 2, "semaphore limit 2: holds slot 2", b)
-    c = step("python", "hold", sem, "py-worker", "2", addr=addr)
-    check("python", c and c["status"] == "BUSY" and c["holders"] == 2, "semaphore limit 2: third holder refused BUSY", c)
-    seen = step("node", "inspect", sem, addr=addr)
-    check("node", seen and seen["limit"] == 2 and
-          sorted((h["holder"], h["slot"]) for h in seen["holders"]) == [("go-worker", 2), ("ruby-worker", 1)],
-          "inspect sees Ruby in slot 1 and Go in slot 2 of limit 2", seen)
-    rel = step("ruby", "release", sem, "ruby-worker", addr=addr)
-    check("ruby", rel and rel["released"], "releases slot 1", rel)
-    d = step("node", "hold", sem, "node-worker", "2", addr=addr)
-    check("node", d and d["status"] == "ACQUIRED" and d["slot"] == 1, "takes the freed slot 1", d)
-    for lang, holder in (("go", "go-worker"), ("node", "node-worker")):
-        step(lang, "release", sem, holder, addr=addr)
+    if selected("ruby", "go", "python", "node", part="semaphore shared by Ruby, Go, Python and Node"):
+        a = step("ruby", "hold", sem, "ruby-worker", "2", addr=addr)
+        check("ruby", a and a["status"] == "ACQUIRED" and a["slot"] == 1, "semaphore limit 2: holds slot 1", a)
+        b = step("go", "hold", sem, "go-worker", "2", addr=addr)
+        check("go", b and b["status"] == "ACQUIRED" and b["slot"] == 2, "semaphore limit 2: holds slot 2", b)
+        c = step("python", "hold", sem, "py-worker", "2", addr=addr)
+        check("python", c and c["status"] == "BUSY" and c["holders"] == 2, "semaphore limit 2: third holder refused BUSY", c)
+        seen = step("node", "inspect", sem, addr=addr)
+        check("node", seen and seen["limit"] == 2 and
+              sorted((h["holder"], h["slot"]) for h in seen["holders"]) == [("go-worker", 2), ("ruby-worker", 1)],
+              "inspect sees Ruby in slot 1 and Go in slot 2 of limit 2", seen)
+        rel = step("ruby", "release", sem, "ruby-worker", addr=addr)
+        check("ruby", rel and rel["released"], "releases slot 1", rel)
+        d = step("node", "hold", sem, "node-worker", "2", addr=addr)
+        check("node", d and d["status"] == "ACQUIRED" and d["slot"] == 1, "takes the freed slot 1", d)
+        for lang, holder in (("go", "go-worker"), ("node", "node-worker")):
+            step(lang, "release", sem, holder, addr=addr)
+    # Perl's slots are IPC::ConcurrencyLimit's lock ids: the same semaphore with Python.
+    if selected("python", "perl", part="semaphore shared by Python and Perl"):
+        a = step("python", "hold", sem, "py-worker", "2", addr=addr)
+        b = step("perl", "hold", sem, "perl-worker", "2", addr=addr)
+        check("perl", a and a["slot"] == 1 and b and b["status"] == "ACQUIRED" and b["slot"] == 2,
+              "semaphore limit 2: holds slot 2 beside Python's slot 1", {"python": a, "perl": b})
+        seen = step("perl", "inspect", sem, addr=addr)
+        check("perl", seen and seen["limit"] == 2 and
+              sorted((h["holder"], h["slot"]) for h in seen["holders"]) == [("perl-worker", 2), ("py-worker", 1)],
+              "inspect sees Python in slot 1 and Perl in slot 2 of limit 2", seen)
+        e = step("perl", "hold", sem, "perl-worker-2", "2", addr=addr)
+        check("perl", e and e["status"] == "BUSY" and e["holders"] == 2, "semaphore limit 2: a third holder refused BUSY", e)
+        step("python", "release", sem, "py-worker", addr=addr)
+        e = step("perl", "hold", sem, "perl-worker-2", "2", addr=addr)
+        check("perl", e and e["status"] == "ACQUIRED" and e["slot"] == 1, "takes the freed slot 1", e)
+        for holder in ("perl-worker", "perl-worker-2"):
+            step("perl", "release", sem, holder, addr=addr)
 
     # 4. Bad input: INVALID_ARGUMENT naming the field.
     for lang in LANGS:
@@ -152,7 +192,8 @@ def unique_across_languages(addr):
 
 def examples(addr):
     """The seed patterns of the clients' READMEs, run as they are documented."""
-    unique_across_languages(addr)
+    if selected("ruby", "python", part="unique jobs across Ruby and Python"):
+        unique_across_languages(addr)
     for lang in EXAMPLE_LANGS:
         r = run_step(lang, ["all"], addr, table="examples").result(timeout=120)
         for c in (r or {}).get("checks", []):
@@ -230,8 +271,10 @@ def lost_signalled(addr):
                 ("node", "lost", "body's AbortSignal aborted, withLock rejects with LockLostError"),
                 ("go", "lost", "body's ctx cancelled, WithLock returns ErrLockLost"),
                 ("ruby", "lost", "LockLost raised inside the block"),
-                ("rust", "lost", "lost() resolved: run() dropped the body, returns Error::LockLost")]
-    steps = [(lang, how, run_step(lang, [st, f"lost-{lang}-{st}", ttl], addr)) for lang, st, how in variants]
+                ("rust", "lost", "lost() resolved: run() dropped the body, returns Error::LockLost"),
+                ("perl", "lost", "heartbeat false in the work loop, then check dies with LockLost")]
+    steps = [(lang, how, run_step(lang, [st, f"lost-{lang}-{st}", ttl], addr)) for lang, st, how in variants
+             if lang in LANGS]
     released_at = []
     with tc.Client(addr, namespace=NAMESPACE) as c:
         for lang, how, s in steps:
@@ -254,7 +297,7 @@ def cancel_leaves_no_waiter(addr):
     """Cancel a waiting acquire: the call ends at once, the server drops the request, nobody is granted later."""
     names = {"python": ("cancel-async", "CancelledError"), "node": ("cancel", "AbortError"),
              "go": ("cancel", "context.Canceled"), "ruby": ("cancel", "Timeout::Error"),
-             "rust": ("cancel", "Error::Cancelled")}
+             "rust": ("cancel", "Error::Cancelled"), "perl": ("cancel", "SIGALRM")}
     with tc.Client(addr, namespace=NAMESPACE) as c:
         for lang in LANGS:
             c.acquire(f"cancel-{lang}", "blocker", ttl_ms=30000)
@@ -420,8 +463,9 @@ def renewal_fails(binary):
     server = start_serve(binary, port, redis_port)
     try:
         variants = [("python", "lost"), ("python", "lost-async"), ("node", "lost"), ("go", "lost"), ("ruby", "lost"),
-                    ("rust", "lost")]
-        steps = [(lang, run_step(lang, [st, f"renew-{lang}-{st}", ttl], addr)) for lang, st in variants]
+                    ("rust", "lost"), ("perl", "lost")]
+        steps = [(lang, run_step(lang, [st, f"renew-{lang}-{st}", ttl], addr)) for lang, st in variants
+                 if lang in LANGS]
         held = [s.event() for _, s in steps]
         stop(server, sig=9)
         killed_at = now_ms()
@@ -448,7 +492,8 @@ def permission_denied(binary):
     proc, addr = start_dev(binary, "--auth-tokens-file", tokens)
     try:
         typed = {"python": "PermissionDenied", "node": "PermissionDeniedError", "go": "ErrPermissionDenied",
-                 "ruby": "Tumbler::PermissionDenied", "rust": "Error::PermissionDenied"}
+                 "ruby": "Tumbler::PermissionDenied", "rust": "Error::PermissionDenied",
+                 "perl": "Tumbler::Error::Denied"}
         for lang in LANGS:
             r = step(lang, "auth", token, addr=addr)
             if r:
@@ -461,7 +506,7 @@ def permission_denied(binary):
 
 def readme_code(lang):
     """The code blocks of the '## Example' section of clients/<lang>/README.md."""
-    fences = {"python": "python", "node": "js", "go": "go", "ruby": "ruby"}
+    fences = {"python": "python", "node": "js", "go": "go", "ruby": "ruby", "perl": "perl"}
     with open(os.path.join(CLIENTS, lang, "README.md")) as f:
         section = f.read().split("\n## Example", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```" + fences[lang] + r"\n(.*?)```", section, re.S)
@@ -483,10 +528,12 @@ def run_readme_block(lang, code, n, work):
         argv, cwd = [out], work
     else:
         cwd = os.environ.get("TUMBLER_NODE_APP", work) if lang == "node" else work
-        path = os.path.join(cwd, f"readme-example-{n}" + {"python": ".py", "node": ".mjs", "ruby": ".rb"}[lang])
+        path = os.path.join(cwd, f"readme-example-{n}" + {"python": ".py", "node": ".mjs", "ruby": ".rb", "perl": ".pl"}[lang])
         with open(path, "w") as f:
             f.write(code)
-        argv = [{"python": os.environ.get("TUMBLER_PYTHON", sys.executable), "node": "node", "ruby": "ruby"}[lang], path]
+        argv = {"python": [os.environ.get("TUMBLER_PYTHON", sys.executable)], "node": ["node"], "ruby": ["ruby"],
+                "perl": ["perl", "-I", os.environ.get("TUMBLER_PERL5LIB", os.path.join(CLIENTS, "perl", "lib"))]}[lang]
+        argv = argv + [path]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -510,7 +557,16 @@ def main():
     ap.add_argument("--only", help="comma-separated parts to run (scenario, examples, keep, crash, lost, cancel, "
                                    "readme, restart, restart-hold, restart-place, auth, renewal); "
                                    "default all")
+    ap.add_argument("--langs", help="comma-separated languages to run (" + ",".join(LANGS) + "); default all. "
+                                    "Cross-language parts that need a language left out are skipped (SKIP lines)")
     opts = ap.parse_args()
+    if opts.langs:
+        wanted = opts.langs.split(",")
+        unknown = [lang for lang in wanted if lang not in LANGS]
+        if unknown:
+            raise SystemExit(f"unknown --langs {','.join(unknown)}: choose from {','.join(LANGS)}")
+        LANGS[:] = [lang for lang in LANGS if lang in wanted]
+        EXAMPLE_LANGS[:] = [lang for lang in EXAMPLE_LANGS if lang in wanted]
     if not os.path.exists(opts.server):
         raise SystemExit(f"{opts.server} is missing: cargo build --bin tumbler")
     proc, addr = start_dev(opts.server)

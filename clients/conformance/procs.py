@@ -15,11 +15,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENTS = os.path.dirname(HERE)
 ROOT = os.path.dirname(CLIENTS)
 NAMESPACE = "conformance"
-LANGS = ["python", "node", "go", "ruby", "rust"]
+LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 # Languages with an examples program and a README example the driver runs
 # (Rust's README example is compiled as clients/rust/examples/readme.rs, and
 # tests/repo/crates.rs keeps the two the same).
-EXAMPLE_LANGS = ["python", "node", "go", "ruby"]
+EXAMPLE_LANGS = ["python", "node", "go", "ruby", "perl"]
 
 
 def commands(table):
@@ -27,22 +27,26 @@ def commands(table):
 
     The packages are the installed ones: the Python of the venv the driver
     runs in, NODE_PATH, GEM_HOME, and the Go programs built into
-    $TUMBLER_GO_BIN, and Rust's steps built by cargo into
-    $TUMBLER_RUST_STEPS (clients/test.sh sets these up).
+    $TUMBLER_GO_BIN, Rust's steps built by cargo into
+    $TUMBLER_RUST_STEPS, and the Perl distribution installed (make install)
+    into $TUMBLER_PERL5LIB (clients/test.sh sets these up).
     """
     rust = os.environ.get("TUMBLER_RUST_STEPS", os.path.join(ROOT, "target", "debug", "examples", "conformance_steps"))
     go_bin = os.environ.get("TUMBLER_GO_BIN", os.path.join(CLIENTS, "go", "bin"))
     py = os.environ.get("TUMBLER_PYTHON", "python3")
+    perl = ["perl", "-I", os.environ.get("TUMBLER_PERL5LIB", os.path.join(CLIENTS, "perl", "lib"))]
     if table == "steps":
         return {"python": [py, os.path.join(CLIENTS, "python", "conformance_steps.py")],
                 "node": ["node", os.path.join(CLIENTS, "node", "conformance_steps.js")],
                 "go": [os.path.join(go_bin, "conformance-steps")],
                 "ruby": ["ruby", os.path.join(CLIENTS, "ruby", "conformance_steps.rb")],
-                "rust": [rust]}
+                "rust": [rust],
+                "perl": perl + [os.path.join(CLIENTS, "perl", "conformance_steps.pl")]}
     return {"python": [py, os.path.join(CLIENTS, "python", "examples.py")],
             "node": ["node", os.path.join(CLIENTS, "node", "examples.js")],
             "go": [os.path.join(go_bin, "examples")],
-            "ruby": ["ruby", os.path.join(CLIENTS, "ruby", "examples.rb")]}
+            "ruby": ["ruby", os.path.join(CLIENTS, "ruby", "examples.rb")],
+            "perl": perl + [os.path.join(CLIENTS, "perl", "examples.pl")]}
 
 
 class Step:

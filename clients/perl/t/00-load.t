@@ -1,8 +1,10 @@
 use strict;
 use warnings;
-use Test::More tests => 3;
+use Test::More tests => 5;
 
 use_ok('Tumbler::Error');
 use_ok('Tumbler::Lock');
 use_ok('Tumbler::Client');
+use_ok('Tumbler::ConcurrencyLimit');
+use_ok('IPC::ConcurrencyLimit::Lock::Tumbler');
 diag("Tumbler::Client $Tumbler::Client::VERSION, perl $], HTTP::Tiny $HTTP::Tiny::VERSION, JSON::PP $JSON::PP::VERSION");

@@ -165,6 +165,29 @@ subtest 'list, queue, reap, metrics' => sub {
     ok $m->{overall}{acquired} >= 1, 'metrics: acquired counted';
 };
 
+subtest 'a die from a signal handler stops a waiting acquire' => sub {
+    my $g = $client->acquire('interrupted', ttl_ms => 10_000);
+    my $t0 = Time::HiRes::time();
+    my $e = error_of {
+        local $SIG{ALRM} = sub { die "gave up\n" };
+        Time::HiRes::alarm(0.3);
+        $other->acquire('interrupted', holder => 'impatient', wait_ms => 10_000);
+    };
+    Time::HiRes::alarm(0);
+    my $took = Time::HiRes::time() - $t0;
+    is $e, "gave up\n", 'the handler\'s exception, unchanged (not retried as unavailable)';
+    cmp_ok $took, '<', 1, sprintf('at once (%.2f s)', $took);
+    my $queued = 1;
+    for (1 .. 50) {
+        $queued = grep { $_->{holder} eq 'impatient' } @{ $client->queue('interrupted')->{requests} // [] };
+        last unless $queued;
+        Time::HiRes::sleep(0.02);
+    }
+    ok !$queued, 'the server dropped the waiting request';
+    ok $other->lock('free-after', ttl_ms => 1000), 'the client works after that';
+    $client->release('interrupted', holder => $g->{holder});
+};
+
 subtest 'unavailable after the deadline' => sub {
     my $port = TumblerTestServer::free_port();
     my $down = Tumbler::Client->new(endpoint => "http://127.0.0.1:$port", timeout => 0.6);

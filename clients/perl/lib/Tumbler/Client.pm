@@ -125,9 +125,11 @@ sub call {
         $left = 0.001 if $left <= 0;
         $attempts++;
         $self->{http}->timeout($left);
-        my $res = $self->{http}->request(POST => $url, {
-            headers => { %headers, 'connect-timeout-ms' => int($left * 1000) || 1 },
-            content => $content,
+        my $res = _interruptible(sub {
+            $self->{http}->request(POST => $url, {
+                headers => { %headers, 'connect-timeout-ms' => int($left * 1000) || 1 },
+                content => $content,
+            });
         });
         my $status = $res->{status};
         if ($status == 200) {
@@ -166,6 +168,32 @@ sub call {
         kind => 'unavailable', code => 'unavailable', method => $method, attempts => $attempts,
         message => sprintf('no answer within %.3gs after %d attempts: %s', $timeout, $attempts, $last),
     );
+}
+
+# HTTP::Tiny turns every exception inside a request into a 599 answer, which
+# call() would retry. A die from a signal handler (alarm, SIGTERM, ...) is
+# the caller stopping the call: the handlers are wrapped for the request so
+# that such an exception leaves call() as it was thrown. The request's
+# socket is closed as the exception unwinds, so the server drops a waiting
+# Acquire at once.
+my @INTERRUPTS = qw(ALRM INT TERM HUP QUIT USR1 USR2);
+
+sub _interruptible {
+    my $request = shift;
+    my @mine = grep { ref $SIG{$_} eq 'CODE' } @INTERRUPTS;
+    return $request->() unless @mine;
+    my $thrown;
+    local @SIG{@mine} = map {
+        my $handler = $SIG{$_};
+        sub {
+            return if eval { $handler->(@_); 1 };
+            $thrown = [$@];
+            die { status => 599, reason => 'Interrupted', content => '', headers => {} };
+        };
+    } @mine;
+    my $res = $request->();
+    die $thrown->[0] if $thrown;
+    return $res;
 }
 
 # proto3 JSON names to Perl ones (fencingToken -> fencing_token); map
@@ -309,5 +337,11 @@ that finds no server (connection refused or broken) or gets C<503
 unavailable> is retried with jittered back-off until its deadline
 (C<timeout>, plus wait_ms for a waiting acquire), then dies
 C<Tumbler::Error::Unavailable>. Errors: L<Tumbler::Error>.
+
+A C<die> from a signal handler (a code ref in C<%SIG> for ALRM, INT, TERM,
+HUP, QUIT, USR1 or USR2) while a call is on the wire stops the call: the
+exception leaves it as it was thrown (it is not taken for an unavailable
+server and retried), and the connection is closed, so the server drops a
+waiting acquire from its queue. C<alarm> is the way to cancel a wait.
 
 =cut

@@ -65,6 +65,7 @@ our @ISA = ('Tumbler::Error');
 
 package Tumbler::Error::LockLost;         # kind lost: $lock->check on a lost lock
 our @ISA = ('Tumbler::Error');
+sub reason { $_[0]{reason} }
 
 package Tumbler::Error::Unavailable;      # kind unavailable, after the retries
 our @ISA = ('Tumbler::Error');

@@ -23,6 +23,7 @@ sub _new {
         pid       => $$,
         released  => 0,
         lost      => 0,
+        lost_reason => undef,
     }, $class;
 }
 
@@ -34,13 +35,23 @@ sub slot          { $_[0]{grant}{slot} }
 sub grant         { $_[0]{grant} }
 sub released      { $_[0]{released} }
 
+# Why the lock is lost (undef while it is not): the lease ran out before a
+# renewal, or the server answered that the grant is not held any more.
+sub lost_reason   { $_[0]->lost ? $_[0]{lost_reason} : undef }
+
+sub _lose {
+    my ($self, $reason) = @_;
+    return if $self->{lost};
+    @$self{qw(lost lost_reason)} = (1, $reason);
+}
+
 sub _ns { defined $_[0]{namespace} ? (namespace => $_[0]{namespace}) : () }
 
 # True once an Extend answered NOT_HELD or the lease ran out before a renewal.
 sub lost {
     my $self = shift;
     return 0 if $self->{released};
-    $self->{lost} = 1 if !$self->{lost} && _now() >= $self->{expires};
+    $self->_lose('lease ran out before a renewal') if !$self->{lost} && _now() >= $self->{expires};
     return $self->{lost};
 }
 
@@ -49,7 +60,8 @@ sub check {
     return $self unless $self->lost;
     die Tumbler::Error::LockLost->new(
         kind => 'lost', code => 'lost', method => 'check',
-        message => "$self->{name}: lock lost (fencing token $self->{grant}{fencing_token})",
+        message => "$self->{name}: lock lost (fencing token $self->{grant}{fencing_token}): $self->{lost_reason}",
+        reason  => $self->{lost_reason},
     );
 }
 
@@ -70,9 +82,13 @@ sub extend {
             fencing_token => $self->fencing_token, ttl_ms => $ttl_ms, timeout => $timeout);
     };
     if (my $e = $@) {
-        $self->{lost} = 1
-            if Scalar::Util::blessed($e) && $e->isa('Tumbler::Error')
-            && ($e->kind eq 'not_held' || ($e->kind eq 'unavailable' && _now() >= $self->{expires}));
+        if (Scalar::Util::blessed($e) && $e->isa('Tumbler::Error')) {
+            if ($e->kind eq 'not_held') {
+                $self->_lose('not held any more (released by another, cleared or reaped)');
+            } elsif ($e->kind eq 'unavailable' && _now() >= $self->{expires}) {
+                $self->_lose('lease ran out before a renewal: ' . $e->message);
+            }
+        }
         die $e;
     }
     $self->{grant}   = { %{ $self->{grant} }, %$grant };
@@ -140,6 +156,7 @@ of scope (C<DESTROY>, which never dies, and does nothing in a forked child).
 C<heartbeat> extends the lease when a third of it has passed since the last
 renewal: there is no background thread, so the caller calls it from its
 loop. C<lost> is true once an extend answered NOT_HELD or the lease passed
-without a renewal; C<check> dies with a C<Tumbler::Error::LockLost> then.
+without a renewal; C<check> dies with a C<Tumbler::Error::LockLost> then,
+and C<lost_reason> says which of the two it was.
 
 =cut
