@@ -13,7 +13,7 @@
 #   Rust    cargo build of tumbler-client's conformance steps (the workspace's crate, --locked)
 #   Connect npm ci of @connectrpc/connect-node, buf + protoc-gen-es generate from proto/,
 #           then clients/connect-node/check.mjs against `tumbler dev` (Connect, gRPC-Web)
-#   Perl    perl Makefile.PL && make && make test (Tumbler::Client over Connect JSON,
+#   Perl    perl Makefile.PL && make && prove -b t (Tumbler::Client over Connect JSON,
 #           core modules only; IPC::ConcurrencyLimit::Lock::Tumbler) against `tumbler dev`,
 #           then make install into a temp INSTALL_BASE for the conformance steps
 #   Sidekiq gem build tumbler-sidekiq -> gem install --local into the same GEM_HOME, then
@@ -120,9 +120,9 @@ step "connect-node: @connectrpc/connect-node against tumbler dev (Connect JSON a
 (cd "$src/clients/connect-node" && npm ci --no-audit --no-fund --loglevel=error &&
   npm run --silent generate && TUMBLER_BIN="$root/target/debug/tumbler" node check.mjs)
 
-step "perl: perl Makefile.PL && make && make test && make install (Tumbler::Client, Tumbler::Lock, the IPC::ConcurrencyLimit lock class against tumbler dev)"
+step "perl: perl Makefile.PL && make && prove -b t && make install (Tumbler::Client, Tumbler::Lock, the IPC::ConcurrencyLimit lock class against tumbler dev)"
 (cd "$src/clients/perl" && perl Makefile.PL INSTALL_BASE="$work/perl5" >/dev/null && make -s >/dev/null &&
-  TUMBLER_BIN="$root/target/debug/tumbler" make -s test && make -s install >/dev/null)
+  TUMBLER_BIN="$root/target/debug/tumbler" prove -b t && make -s install >/dev/null)
 echo "    installed $(PERL5LIB="$work/perl5/lib/perl5" perl -MTumbler::Client -e 'print $INC{"Tumbler/Client.pm"}')"
 
 echo "==> python $("$work/venv/bin/python" -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
