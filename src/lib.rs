@@ -21,10 +21,13 @@ pub mod limits;
 pub mod observe;
 pub mod proto;
 pub mod server;
-pub mod store;
 pub mod telemetry;
 pub mod tls;
 pub mod wallclock;
+
+/// The store layer is its own crate (`crates/tumbler-store`): it cannot
+/// name the engine or anything above it.
+pub use tumbler_store as store;
 
 /// Settings the in-crate property tests share.
 #[cfg(test)]

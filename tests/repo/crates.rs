@@ -1,6 +1,6 @@
 //! The workspace's dependency rules, which the compiler enforces once a
 //! dependency is absent: the Rust client builds without the server's Redis
-//! and web stack.
+//! and web stack; the store knows no engine, proto or transport.
 
 use std::path::Path;
 use std::process::Command;
@@ -45,6 +45,26 @@ fn the_rust_client_depends_on_neither_redis_nor_axum() {
     assert!(
         server_side.is_empty(),
         "tumbler-client pulls in server-side crates: {server_side:?}"
+    );
+}
+
+#[test]
+fn the_store_depends_on_no_engine_proto_or_transport() {
+    let names = normal_dependencies("tumbler-store");
+    assert!(names.iter().any(|n| n == "redis"), "{names:?}");
+    let above: Vec<&String> = (names.iter())
+        .filter(|n| {
+            n.starts_with("tonic")
+                || n.starts_with("axum")
+                || n.starts_with("tumbler-proto")
+                || *n == "tumbler"
+                || *n == "tumbler-engine"
+                || *n == "hyper"
+        })
+        .collect();
+    assert!(
+        above.is_empty(),
+        "tumbler-store pulls in what is above it: {above:?}"
     );
 }
 
