@@ -203,7 +203,7 @@ impl Failure {
         match self {
             Failure::Status(status) => format!(
                 "{}: {}",
-                crate::observe::code_name(status.code()),
+                tumbler_proto::metadata::code_name(status.code()),
                 with_causes(status.message(), std::error::Error::source(status))
             ),
             Failure::Usage(message) => message.clone(),
