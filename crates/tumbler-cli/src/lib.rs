@@ -1,11 +1,17 @@
 //! Client subcommands for people and shell scripts: `tumbler acquire`,
 //! `release`, `extend`, `inspect`, `queue`, `list`, `reap`, `clear`,
 //! `metrics`, `hold`, `watch`, `token` and `health`, one file each, against a running
-//! server.
+//! server. The `tumbler` binary (the root package) parses them as
+//! [`ClientCommand`] with [`Globals`] and hands them to [`run`].
+//!
+//! Built on `tumbler-client` (stub, bearer interceptor, TLS types, back-off)
+//! and `tumbler-proto` (messages, their proto3 JSON mapping, the metadata
+//! keys and token digest the server uses): never on the server, whose
+//! Redis and web stack it does not compile.
 //!
 //! They share one connection helper (`connect`: endpoints, TLS, token,
 //! fail-over) and one output helper (`output`: `-o table|json|yaml`, the
-//! reply → JSON mapping, tables). Replies go to stdout, status lines and
+//! reply as the proto3 JSON mapping Connect uses, tables). Replies go to stdout, status lines and
 //! errors to stderr. A reader that closes stdout early (`| head`) ends
 //! the output quietly; any other failed write is an error (exit 74).
 //!
