@@ -188,7 +188,7 @@ pub struct GrantRef {
 }
 
 /// Why a subcommand stopped short: mapped to one exit code and one line
-/// on stderr in [`Failure::report`].
+/// on stderr (what [`run`] and [`report`] print).
 #[derive(Debug)]
 pub enum Failure {
     /// The server's answer, or no answer (UNAVAILABLE).
