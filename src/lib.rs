@@ -10,7 +10,6 @@
 
 pub mod api;
 pub mod auth;
-pub mod cli;
 pub mod config;
 pub mod connect;
 pub mod dashboard;

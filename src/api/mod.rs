@@ -185,9 +185,7 @@ impl LockApi {
 }
 
 /// Trailers of an interrupted Clear: what it cleared before it stopped.
-pub const CLEARED_LOCKS: &str = "tumbler-locks-cleared";
-pub const CLEARED_GRANTS: &str = "tumbler-grants-released";
-pub const CLEARED_REQUESTS: &str = "tumbler-requests-dropped";
+pub use crate::proto::metadata::{CLEARED_GRANTS, CLEARED_LOCKS, CLEARED_REQUESTS};
 
 /// The status of a Clear that stopped partway: its error, saying how far
 /// it got (in the message, and as numbers in trailers) and that running

@@ -1,12 +1,11 @@
 //! `tumbler inspect`: a lock's holders.
 
 use clap::Args;
-use serde_json::{Value, json};
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, grant_json, metadata_text, new_table, when};
+use super::output::{display_name, metadata_text, new_table, when};
 use super::{Failure, Globals, LockName, exit};
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
@@ -23,24 +22,8 @@ pub async fn run(args: InspectArgs, globals: &Globals) -> Result<u8, Failure> {
         name: args.lock.name,
     };
     let reply = call!(conn, inspect, request).await?;
-    globals
-        .output()
-        .reply(&inspect_json(&reply), || inspect_table(&reply))?;
+    globals.output().reply(&reply, || inspect_table(&reply))?;
     Ok(exit::SUCCESS)
-}
-
-fn inspect_json(reply: &proto::InspectResponse) -> Value {
-    json!({
-        "namespace": reply.namespace,
-        "name": reply.name,
-        "limit": reply.limit,
-        "waiters": reply.waiters,
-        "now_ms": reply.now_ms,
-        "holders": reply.holders.iter().map(|holder| json!({
-            "grant": holder.grant.as_ref().map(grant_json),
-            "remaining_ms": holder.remaining_ms,
-        })).collect::<Vec<_>>(),
-    })
 }
 
 fn inspect_table(reply: &proto::InspectResponse) -> String {

@@ -1,13 +1,11 @@
 //! `tumbler list`: a namespace's locks.
 
 use clap::Args;
-use serde_json::json;
 
 use super::connect::{Conn, Target};
-use super::output::{new_table, now_ms, to_json, when};
+use super::output::{new_table, now_ms, when};
 use super::{Failure, Globals, exit};
-use crate::engine::LockSummary;
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
@@ -33,7 +31,7 @@ pub async fn run(args: ListArgs, globals: &Globals) -> Result<u8, Failure> {
     let single_page = args.page_token.is_some();
     let mut token = args.page_token.unwrap_or_default();
     let mut locks = Vec::new();
-    let next = loop {
+    let (next, now) = loop {
         let request = proto::ListRequest {
             namespace: namespace.clone(),
             prefix: args.prefix.clone(),
@@ -44,17 +42,19 @@ pub async fn run(args: ListArgs, globals: &Globals) -> Result<u8, Failure> {
         let page = call!(conn, list, request).await?;
         locks.extend(page.locks);
         if single_page || page.next_page_token.is_empty() {
-            break page.next_page_token;
+            break (page.next_page_token, page.now_ms);
         }
         token = page.next_page_token;
     };
-    let value = json!({
-        "locks": locks.iter().map(|l| to_json(&LockSummary::from(l.clone()))).collect::<Vec<_>>(),
-        "next_page_token": next,
-    });
+    // Every page fetched, as one ListResponse (the last page's clock).
+    let reply = proto::ListResponse {
+        locks,
+        next_page_token: next,
+        now_ms: now,
+    };
     globals
         .output()
-        .reply(&value, || list_table(&locks, &next))?;
+        .reply(&reply, || list_table(&reply.locks, &reply.next_page_token))?;
     Ok(exit::SUCCESS)
 }
 

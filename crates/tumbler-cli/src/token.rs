@@ -49,12 +49,12 @@ pub fn run(args: TokenArgs, globals: &Globals) -> Result<u8, Failure> {
     let internal = |e: String| Failure::Status(tonic::Status::internal(e));
     let token = match args.existing {
         Some(token) => token,
-        None => crate::auth::new_token().map_err(|e| internal(e.to_string()))?,
+        None => new_token().map_err(|e| internal(format!("no randomness: {e}")))?,
     };
     let entry = toml::to_string(&TokensFile {
         token: [Entry {
             name: &args.name,
-            sha256: crate::auth::token_digest(&token),
+            sha256: tumbler_proto::tokens::digest(&token),
             role: &args.role,
             namespaces: &globals.namespace,
         }],
@@ -64,4 +64,11 @@ pub fn run(args: TokenArgs, globals: &Globals) -> Result<u8, Failure> {
         "# token (give this to the client; it is not stored anywhere):\n#   {token}\n{entry}"
     ))?;
     Ok(exit::SUCCESS)
+}
+
+/// A new random bearer token: `tmb_` and 32 bytes from the OS, in hex.
+fn new_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(format!("tmb_{}", hex::encode(bytes)))
 }

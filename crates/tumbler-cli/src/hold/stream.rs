@@ -8,8 +8,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::retry::{Backoff, OPEN_WITHIN, retryable};
-use crate::cli::connect::Conn;
-use crate::proto;
+use crate::connect::Conn;
+use tumbler_proto as proto;
 
 /// A Session stream: the commands sent on it and the events it brings.
 pub(super) struct Stream {

@@ -12,7 +12,7 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::sync::oneshot;
 
-use crate::cli::signals::killed_by;
+use crate::signals::killed_by;
 
 /// The command, leader of its own process group.
 pub(super) struct Group {

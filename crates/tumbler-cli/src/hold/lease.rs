@@ -12,10 +12,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::retry::{Backoff, RETRY_BUDGET, retryable};
 use super::{Acquired, Held, Loss, release_request};
-use crate::cli::Failure;
-use crate::cli::connect::Conn;
-use crate::cli::output::{display_name, status_line};
-use crate::proto;
+use crate::Failure;
+use crate::connect::Conn;
+use crate::output::{display_name, status_line};
+use tumbler_proto as proto;
 
 /// Acquires with our own holder id (so a retry on another endpoint is the
 /// same request), then renews the lease in a task.

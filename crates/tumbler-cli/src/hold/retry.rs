@@ -22,20 +22,26 @@ pub(super) fn retryable(status: &tonic::Status) -> bool {
     )
 }
 
-/// Exponential backoff (50 ms doubling to 1 s) with full jitter in its
-/// upper half, so that the clients of a restarted replica do not all come
-/// back in the same instant.
-pub(super) struct Backoff(Duration);
+/// One try after another on `tumbler-client`'s schedule: 50 ms doubling to
+/// 1 s, full jitter, so that the clients of a restarted replica do not all
+/// come back in the same instant.
+pub(super) struct Backoff {
+    schedule: tumbler_client::Backoff,
+    attempt: u32,
+}
 
 impl Backoff {
     pub(super) fn new() -> Backoff {
-        Backoff(Duration::from_millis(50))
+        Backoff {
+            schedule: tumbler_client::Backoff::default(),
+            attempt: 0,
+        }
     }
 
+    /// The pause before the next try.
     pub(super) fn next(&mut self) -> Duration {
-        let base = self.0;
-        self.0 = (self.0 * 2).min(Duration::from_secs(1));
-        let jitter = getrandom::u32().unwrap_or(0) % 1000;
-        base / 2 + base / 2 * jitter / 1000
+        let pause = self.schedule.delay(self.attempt);
+        self.attempt = self.attempt.saturating_add(1);
+        pause
     }
 }

@@ -1,12 +1,11 @@
 //! `tumbler metrics`: per-kind counters over a time range.
 
 use clap::Args;
-use serde_json::{Value, json};
 
 use super::connect::{Conn, Target};
-use super::output::{new_table, now_ms, rfc3339, to_json};
+use super::output::{new_table, now_ms, rfc3339};
 use super::{Failure, Globals, exit};
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct MetricsArgs {
@@ -33,18 +32,9 @@ pub async fn run(args: MetricsArgs, globals: &Globals) -> Result<u8, Failure> {
         kind: args.kind,
     };
     let reply = call!(conn, metrics, request).await?;
-    // The shape of the dashboard's /api/v1/metrics: every minute, the
-    // totals per kind and every kind together.
-    let value = json!({
-        "from_ms": reply.from_ms,
-        "to_ms": reply.to_ms,
-        "minutes": reply.minutes.iter().map(row_json).collect::<Vec<_>>(),
-        "totals": reply.totals.iter().map(row_json).collect::<Vec<_>>(),
-        "overall": reply.overall.as_ref().map(row_json),
-    });
     globals
         .output()
-        .reply(&value, || metrics_table(&reply, args.per_minute))?;
+        .reply(&reply, || metrics_table(&reply, args.per_minute))?;
     Ok(exit::SUCCESS)
 }
 
@@ -61,11 +51,6 @@ fn counter_columns(row: &proto::MetricsRow) -> [(&'static str, u64); 9] {
         ("cleared", row.cleared),
         ("errors", row.errors),
     ]
-}
-
-/// A row as JSON: the engine's `MetricsRow` and its derived `Serialize`.
-fn row_json(row: &proto::MetricsRow) -> Value {
-    to_json(&crate::engine::MetricsRow::from(row.clone()))
 }
 
 /// The per-kind table of the seed's web "Locks" tab: totals per kind (and

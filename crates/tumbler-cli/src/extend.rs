@@ -1,12 +1,11 @@
 //! `tumbler extend`: renew a grant's lease.
 
 use clap::Args;
-use serde_json::json;
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, enum_name, grant_json, grant_table, now_ms};
+use super::output::{display_name, enum_name, grant_table, now_ms};
 use super::{Failure, Globals, GrantRef, LockName, exit};
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct ExtendArgs {
@@ -33,11 +32,7 @@ pub async fn run(args: ExtendArgs, globals: &Globals) -> Result<u8, Failure> {
     let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, extend, request).await?;
     let status = enum_name(reply.status().as_str_name(), "EXTEND_STATUS_");
-    let value = json!({
-        "status": status,
-        "grant": reply.grant.as_ref().map(grant_json),
-    });
-    globals.output().reply(&value, || {
+    globals.output().reply(&reply, || {
         let mut text = format!("{status} {lock} (holder {})\n", request.holder);
         if let Some(grant) = &reply.grant {
             text += &format!("{}\n", grant_table(grant, now_ms()));

@@ -59,7 +59,7 @@ use super::connect::{Conn, Target};
 use super::output::{display_name, not_acquired_line, status_line};
 use super::signals::{Signals, killed_by};
 use super::{Failure, Globals, LockName, exit};
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct HoldArgs {

@@ -5,7 +5,7 @@ use clap::Args;
 use super::connect::{Conn, Target};
 use super::output::print_counts;
 use super::{Failure, Globals, exit};
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct ReapArgs {
@@ -31,6 +31,6 @@ pub async fn run(args: ReapArgs, globals: &Globals) -> Result<u8, Failure> {
         ("old_waiters", reply.old_waiters),
         ("locks_visited", reply.locks_visited),
     ];
-    print_counts(globals.output(), &counts)?;
+    print_counts(globals.output(), &reply, &counts)?;
     Ok(exit::SUCCESS)
 }

@@ -3,9 +3,9 @@
 use clap::Args;
 
 use super::connect::{Conn, Target};
-use super::output::{acquire_json, acquire_status, display_name, grant_table, not_acquired_line};
+use super::output::{acquire_status, display_name, grant_table, not_acquired_line};
 use super::{Failure, Globals, LockName, exit};
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct AcquireArgs {
@@ -94,17 +94,15 @@ pub async fn run(args: AcquireArgs, globals: &Globals) -> Result<u8, Failure> {
     };
     let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, acquire, request).await?;
-    globals
-        .output()
-        .reply(&acquire_json(&reply), || match &reply.grant {
-            Some(grant) => format!(
-                "{} {lock} (holders now: {})\n{}\n",
-                acquire_status(&reply),
-                reply.holders,
-                grant_table(grant, super::output::now_ms())
-            ),
-            None => format!("{}\n", not_acquired_line(&lock, &reply)),
-        })?;
+    globals.output().reply(&reply, || match &reply.grant {
+        Some(grant) => format!(
+            "{} {lock} (holders now: {})\n{}\n",
+            acquire_status(&reply),
+            reply.holders,
+            grant_table(grant, super::output::now_ms())
+        ),
+        None => format!("{}\n", not_acquired_line(&lock, &reply)),
+    })?;
     Ok(match reply.status() {
         proto::AcquireStatus::Acquired | proto::AcquireStatus::AlreadyHeld => exit::SUCCESS,
         _ => exit::NOT_ACQUIRED,

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use clap::Args;
 use tonic::Status;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
+use tumbler_client::{Bearer, Certificate, ClientTlsConfig, Identity, Stub};
+use tumbler_proto::lock_service_client::LockServiceClient;
 
 use super::Failure;
-use crate::proto::lock_service_client::LockServiceClient;
 
 /// The port a `host` without one means (`tumbler serve`'s default).
 const DEFAULT_PORT: u16 = 50051;
@@ -54,23 +54,9 @@ pub struct Target {
     pub auth_token: Option<String>,
 }
 
-/// A lock service client that sends the caller's bearer token, if any.
-pub type Client = LockServiceClient<InterceptedService<Channel, BearerToken>>;
-
-/// Adds `authorization: Bearer <token>` to every request.
-#[derive(Clone)]
-pub struct BearerToken(Option<tonic::metadata::AsciiMetadataValue>);
-
-impl tonic::service::Interceptor for BearerToken {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
-}
+/// A lock service client that sends the caller's bearer token, if any
+/// (`tumbler-client`'s stub and interceptor).
+pub type Client = Stub;
 
 /// The endpoints of `--addr`, the one in use, and its client.
 pub struct Conn {
@@ -79,20 +65,14 @@ pub struct Conn {
     endpoints: Vec<Endpoint>,
     current: usize,
     client: Option<Client>,
-    token: BearerToken,
+    token: Bearer,
 }
 
 impl Conn {
     /// Checks the flags; connects on the first call.
     pub fn new(target: &Target) -> Result<Conn, Failure> {
-        let token = match &target.auth_token {
-            Some(token) => Some(
-                format!("Bearer {}", token.trim())
-                    .parse()
-                    .map_err(|_| Failure::usage("--auth-token: not a printable ASCII token"))?,
-            ),
-            None => None,
-        };
+        let token = Bearer::new(target.auth_token.as_deref().unwrap_or_default().trim())
+            .map_err(|_| Failure::usage("--auth-token: not a printable ASCII token"))?;
         let uris = parse_addrs(&target.addr)?;
         let tls_flags = target.tls_ca_file.is_some()
             || target.tls_cert_file.is_some()
@@ -117,7 +97,7 @@ impl Conn {
             endpoints,
             current: 0,
             client: None,
-            token: BearerToken(token),
+            token,
         })
     }
 

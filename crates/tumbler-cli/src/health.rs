@@ -33,7 +33,7 @@ pub async fn run(args: HealthArgs, globals: &Globals) -> Result<u8, Failure> {
         .await?;
     let reason = reply
         .metadata()
-        .get(crate::server::HEALTH_REASON_HEADER)
+        .get(tumbler_proto::metadata::HEALTH_REASON)
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     let status = reply.into_inner().status();

@@ -1,12 +1,11 @@
 //! `tumbler release`: give a grant back.
 
 use clap::Args;
-use serde_json::json;
 
 use super::connect::{Conn, Target};
 use super::output::{display_name, enum_name};
 use super::{Failure, Globals, GrantRef, LockName, exit};
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct ReleaseArgs {
@@ -29,7 +28,7 @@ pub async fn run(args: ReleaseArgs, globals: &Globals) -> Result<u8, Failure> {
     let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, release, request).await?;
     let status = enum_name(reply.status().as_str_name(), "RELEASE_STATUS_");
-    globals.output().reply(&json!({ "status": status }), || {
+    globals.output().reply(&reply, || {
         format!("{status} {lock} (holder {})\n", request.holder)
     })?;
     Ok(match reply.status() {

@@ -1,12 +1,11 @@
 //! `tumbler queue`: a lock's waiting requests in grant order.
 
 use clap::Args;
-use serde_json::{Value, json};
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, new_table, to_json, when};
+use super::output::{display_name, new_table, when};
 use super::{Failure, Globals, LockName, exit};
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct QueueArgs {
@@ -27,22 +26,8 @@ pub async fn run(args: QueueArgs, globals: &Globals) -> Result<u8, Failure> {
         max_entries: args.max_entries,
     };
     let reply = call!(conn, queue, request).await?;
-    globals
-        .output()
-        .reply(&queue_json(&reply), || queue_table(&reply))?;
+    globals.output().reply(&reply, || queue_table(&reply))?;
     Ok(exit::SUCCESS)
-}
-
-fn queue_json(reply: &proto::QueueResponse) -> Value {
-    json!({
-        "namespace": reply.namespace,
-        "name": reply.name,
-        "waiters": reply.waiters,
-        "now_ms": reply.now_ms,
-        "requests": reply.requests.iter()
-            .map(|r| to_json(&crate::engine::QueuedRequest::from(r.clone())))
-            .collect::<Vec<_>>(),
-    })
 }
 
 fn queue_table(reply: &proto::QueueResponse) -> String {

@@ -1,11 +1,17 @@
 //! Client subcommands for people and shell scripts: `tumbler acquire`,
 //! `release`, `extend`, `inspect`, `queue`, `list`, `reap`, `clear`,
 //! `metrics`, `hold`, `watch`, `token` and `health`, one file each, against a running
-//! server.
+//! server. The `tumbler` binary (the root package) parses them as
+//! [`ClientCommand`] with [`Globals`] and hands them to [`run`].
+//!
+//! Built on `tumbler-client` (stub, bearer interceptor, TLS types, back-off)
+//! and `tumbler-proto` (messages, their proto3 JSON mapping, the metadata
+//! keys and token digest the server uses): never on the server, whose
+//! Redis and web stack it does not compile.
 //!
 //! They share one connection helper (`connect`: endpoints, TLS, token,
 //! fail-over) and one output helper (`output`: `-o table|json|yaml`, the
-//! reply → JSON mapping, tables). Replies go to stdout, status lines and
+//! reply as the proto3 JSON mapping Connect uses, tables). Replies go to stdout, status lines and
 //! errors to stderr. A reader that closes stdout early (`| head`) ends
 //! the output quietly; any other failed write is an error (exit 74).
 //!
@@ -182,7 +188,7 @@ pub struct GrantRef {
 }
 
 /// Why a subcommand stopped short: mapped to one exit code and one line
-/// on stderr in [`Failure::report`].
+/// on stderr (what [`run`] and [`report`] print).
 #[derive(Debug)]
 pub enum Failure {
     /// The server's answer, or no answer (UNAVAILABLE).
@@ -203,7 +209,7 @@ impl Failure {
         match self {
             Failure::Status(status) => format!(
                 "{}: {}",
-                crate::observe::code_name(status.code()),
+                tumbler_proto::metadata::code_name(status.code()),
                 with_causes(status.message(), std::error::Error::source(status))
             ),
             Failure::Usage(message) => message.clone(),

@@ -3,10 +3,11 @@
 //! or a full disk is an `io::Error` the caller turns into an exit code),
 //! the one reply → JSON mapping, and the tables and times for people.
 //!
-//! JSON field names are the proto's, enum values lose their type prefix,
-//! fencing tokens are strings (as in the dashboard's `/api/v1` and the
-//! gRPC JSON mapping: they pass 2^53 one day, and JavaScript would round
-//! them), other integers are numbers.
+//! JSON (and YAML) is the proto3 JSON mapping of the reply's message, the
+//! same as Connect's JSON on the gRPC port (`tumbler-proto`'s pbjson
+//! impls): lowerCamel field names, enums by their full name
+//! (`ACQUIRE_STATUS_ACQUIRED`), 64-bit integers as strings, fields at
+//! their default value (0, "", false, empty) left out.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -15,10 +16,11 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use clap::ValueEnum;
 use comfy_table::{Table, presets};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::Failure;
-use crate::proto;
+use tumbler_proto as proto;
 
 /// How replies are printed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -39,14 +41,18 @@ pub struct Output {
 }
 
 impl Output {
-    /// Prints a reply: `value` as JSON or YAML, or the text `table` makes.
-    /// A reader that closed the pipe is no failure: the command's outcome
-    /// (its exit code) still stands.
-    pub fn reply(&self, value: &Value, table: impl FnOnce() -> String) -> Result<(), Failure> {
+    /// Prints a reply: `message` as JSON or YAML, or the text `table`
+    /// makes. A reader that closed the pipe is no failure: the command's
+    /// outcome (its exit code) still stands.
+    pub fn reply(
+        &self,
+        message: &impl Serialize,
+        table: impl FnOnce() -> String,
+    ) -> Result<(), Failure> {
         let written = match self.format {
             Format::Table => write_stdout(&table()),
-            Format::Json => write_stdout(&format!("{value:#}\n")),
-            Format::Yaml => write_stdout(&yaml(value)),
+            Format::Json => write_stdout(&format!("{:#}\n", to_json(message))),
+            Format::Yaml => write_stdout(&yaml(&to_json(message))),
         };
         match written {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -56,11 +62,15 @@ impl Output {
 
     /// Prints one item of a stream (`watch`): a JSON line, a YAML
     /// document, or the text `line` makes.
-    pub fn item(&self, value: &Value, line: impl FnOnce() -> String) -> std::io::Result<()> {
+    pub fn item(
+        &self,
+        message: &impl Serialize,
+        line: impl FnOnce() -> String,
+    ) -> std::io::Result<()> {
         match self.format {
             Format::Table => write_stdout(&line()),
-            Format::Json => write_stdout(&format!("{value}\n")),
-            Format::Yaml => write_stdout(&format!("---\n{}", yaml(value))),
+            Format::Json => write_stdout(&format!("{}\n", to_json(message))),
+            Format::Yaml => write_stdout(&format!("---\n{}", yaml(&to_json(message)))),
         }
     }
 }
@@ -87,21 +97,16 @@ pub fn status_line(text: &str) {
 
 // ---- JSON: the one place where replies are mapped to serde_json. ----
 
-/// `ACQUIRE_STATUS_ACQUIRED` → `ACQUIRED`.
+/// A reply as JSON: a proto message through its proto3 JSON mapping
+/// (pbjson's serde impls, as Connect answers), or a value of the CLI's own.
+pub fn to_json(message: &impl Serialize) -> Value {
+    // Messages and maps with string keys always serialize.
+    serde_json::to_value(message).unwrap_or(Value::Null)
+}
+
+/// `ACQUIRE_STATUS_ACQUIRED` → `ACQUIRED`, for tables and status lines.
 pub fn enum_name(full: &str, prefix: &str) -> String {
     full.strip_prefix(prefix).unwrap_or(full).to_owned()
-}
-
-/// A grant as JSON: the engine's `Grant` and its derived `Serialize` (the
-/// dashboard shows the same fields).
-pub fn grant_json(grant: &proto::Grant) -> Value {
-    to_json(&crate::engine::Grant::from(grant.clone()))
-}
-
-/// A value of a type that derives `Serialize` as JSON.
-pub fn to_json(value: &impl serde::Serialize) -> Value {
-    // Derived Serialize of plain structs with string keys cannot fail.
-    serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
 pub fn acquire_status(reply: &proto::AcquireResponse) -> String {
@@ -110,24 +115,6 @@ pub fn acquire_status(reply: &proto::AcquireResponse) -> String {
 
 pub fn acquire_reason(reply: &proto::AcquireResponse) -> String {
     enum_name(reply.reason().as_str_name(), "NOT_ACQUIRED_REASON_")
-}
-
-pub fn acquire_json(reply: &proto::AcquireResponse) -> Value {
-    let mut value = json!({
-        "status": acquire_status(reply),
-        "holders": reply.holders,
-    });
-    if let Some(grant) = &reply.grant {
-        value["grant"] = grant_json(grant);
-    }
-    if reply.status() == proto::AcquireStatus::NotAcquired {
-        value["reason"] = acquire_reason(reply).into();
-        value["next_expiry_at_ms"] = reply.next_expiry_at_ms.into();
-        if reply.queue_position > 0 {
-            value["queue_position"] = reply.queue_position.into();
-        }
-    }
-    value
 }
 
 // ---- Tables and times for people. ----
@@ -141,7 +128,13 @@ pub fn display_name(namespace: &str, name: &str) -> String {
     }
 }
 
-pub use crate::wallclock::unix_ms as now_ms;
+/// This machine's clock in Unix milliseconds (0 before 1970): for a
+/// metrics range and "how long ago"; lock times are the server's.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
 
 /// A Redis-clock timestamp as RFC 3339 (UTC, milliseconds).
 pub fn rfc3339(at_ms: i64) -> String {
@@ -225,13 +218,14 @@ pub fn not_acquired_line(lock: &str, reply: &proto::AcquireResponse) -> String {
     line
 }
 
-/// A table of named counts (reap, clear), or its JSON object.
-pub fn print_counts(out: Output, counts: &[(&str, u64)]) -> Result<(), Failure> {
-    let value: serde_json::Map<String, Value> = counts
-        .iter()
-        .map(|(name, count)| ((*name).to_owned(), (*count).into()))
-        .collect();
-    out.reply(&Value::Object(value), || {
+/// A table of named counts (reap, clear), or `message` (the reply they
+/// come from) as JSON.
+pub fn print_counts(
+    out: Output,
+    message: &impl Serialize,
+    counts: &[(&str, u64)],
+) -> Result<(), Failure> {
+    out.reply(message, || {
         let mut table = new_table();
         table.set_header(["", "count"]);
         for (name, count) in counts {
@@ -259,15 +253,28 @@ mod tests {
     }
 
     #[test]
-    fn tokens_are_strings_in_json_and_yaml() {
-        let grant = proto::Grant {
-            fencing_token: 9_007_199_254_740_993,
+    fn replies_are_proto3_json_with_tokens_as_strings_in_json_and_yaml() {
+        let reply = proto::AcquireResponse {
+            status: proto::AcquireStatus::Acquired as i32,
+            grant: Some(proto::Grant {
+                fencing_token: 9_007_199_254_740_993,
+                acquired_at_ms: 1_700_000_000_123,
+                slot: 1,
+                ..Default::default()
+            }),
+            holders: 1,
             ..Default::default()
         };
-        let value = grant_json(&grant);
-        assert_eq!(value["fencing_token"], "9007199254740993");
+        let value = to_json(&reply);
+        assert_eq!(value["status"], "ACQUIRE_STATUS_ACQUIRED");
+        assert_eq!(value["grant"]["fencingToken"], "9007199254740993");
+        assert_eq!(value["grant"]["acquiredAtMs"], "1700000000123");
+        assert_eq!(value["grant"]["slot"], 1);
+        // Defaults are left out, as Connect leaves them out.
+        assert!(value.get("reason").is_none(), "{value}");
+        assert!(value.get("queuePosition").is_none(), "{value}");
         assert!(
-            yaml(&value).contains("fencing_token: '9007199254740993'"),
+            yaml(&value).contains("fencingToken: '9007199254740993'"),
             "{}",
             yaml(&value)
         );

@@ -13,10 +13,10 @@ use tokio_util::sync::CancellationToken;
 use super::retry::{Backoff, OPEN_WITHIN, RETRY_BUDGET, retryable};
 use super::stream::{Resume, Stream, session_command};
 use super::{Acquired, Held, Loss};
-use crate::cli::Failure;
-use crate::cli::connect::Conn;
-use crate::cli::output::{display_name, status_line};
-use crate::proto;
+use crate::Failure;
+use crate::connect::Conn;
+use crate::output::{display_name, status_line};
+use tumbler_proto as proto;
 
 /// Acquires through a Session. When the stream ends with UNAVAILABLE or
 /// breaks while waiting (a replica draining or restarting), the session

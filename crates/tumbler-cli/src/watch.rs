@@ -3,13 +3,12 @@
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::Value;
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, rfc3339, status_line, to_json};
+use super::output::{display_name, rfc3339, status_line};
 use super::signals::{Signals, killed_by};
 use super::{Failure, Globals};
-use crate::proto;
+use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
 pub struct WatchArgs {
@@ -59,7 +58,7 @@ pub async fn run(args: WatchArgs, globals: &Globals) -> Result<u8, Failure> {
             };
             match event {
                 Ok(Some(event)) => {
-                    let written = out.item(&event_json(&event), || event_line(&event));
+                    let written = out.item(&event, || event_line(&event));
                     match written {
                         Ok(()) => {}
                         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
@@ -80,11 +79,6 @@ pub async fn run(args: WatchArgs, globals: &Globals) -> Result<u8, Failure> {
             signal = signals.recv() => return Ok(killed_by(signal)),
         }
     }
-}
-
-/// An event as JSON: the engine's `LockEvent` and its derived `Serialize`.
-fn event_json(event: &proto::LockEvent) -> Value {
-    to_json(&crate::engine::watchers::LockEvent::from(event.clone()))
 }
 
 /// `2026-11-22T00:40:17.537Z acquired reports holder=worker-1 token=17953…`.
