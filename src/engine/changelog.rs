@@ -23,6 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt, stream};
 use serde::Serialize;
@@ -33,11 +34,11 @@ mod walk;
 pub use walk::ChangelogCursor;
 use walk::{ShardPage, merge};
 
-use super::LockEngine;
+use super::calls::Calls;
 use super::ops::Emit;
 use super::ops::changelog::{self as op, Start};
 use super::types::EngineError;
-use super::watchers::LockEvent;
+use super::watchers::{LockEvent, Watchers};
 
 /// Metadata bytes a changelog entry keeps (its JSON's first bytes; the
 /// entries that fit whole are shown, and the event says it was cut).
@@ -215,16 +216,33 @@ pub struct ChangelogPage {
     pub next: Option<ChangelogCursor>,
 }
 
-impl LockEngine {
-    /// Keeps a changelog for the namespaces `settings` names.
-    pub fn with_changelog(mut self, settings: ChangelogSettings) -> Self {
-        self.changelog = settings;
-        self
+/// The changelog part: which namespaces keep a changelog, where a
+/// namespace's lock events go ([`Changelog::emits`]: published while some
+/// replica watches it, recorded when it keeps a changelog), and reading
+/// a page of one.
+pub(super) struct Changelog {
+    settings: ChangelogSettings,
+    /// Which namespaces some replica watches (publish or not).
+    watchers: Arc<Watchers>,
+    calls: Arc<Calls>,
+}
+
+impl Changelog {
+    pub(super) fn new(
+        settings: ChangelogSettings,
+        watchers: Arc<Watchers>,
+        calls: Arc<Calls>,
+    ) -> Self {
+        Changelog {
+            settings,
+            watchers,
+            calls,
+        }
     }
 
     /// The changelog settings in force.
-    pub fn changelog_settings(&self) -> &ChangelogSettings {
-        &self.changelog
+    pub(super) fn settings(&self) -> &ChangelogSettings {
+        &self.settings
     }
 
     /// Where the events of a namespace's locks go: published while some
@@ -233,21 +251,21 @@ impl LockEngine {
         Emit {
             publish: self.watchers.is_watched(namespace),
             record: self
-                .changelog
+                .settings
                 .covers(namespace)
-                .then_some((self.changelog.size, self.changelog.retention_ms)),
+                .then_some((self.settings.size, self.settings.retention_ms)),
         }
     }
 
     /// One page of a namespace's changelog: events that match `query`,
     /// newest first, after `query.from`.
-    pub async fn changelog(
+    pub(super) async fn page(
         &self,
         namespace: &str,
         query: &ChangelogQuery,
     ) -> Result<ChangelogPage, EngineError> {
-        self.ready()?;
-        let settings = &self.changelog;
+        self.calls.ready()?;
+        let settings = &self.settings;
         let mut page = ChangelogPage {
             enabled: settings.covers(namespace),
             size: settings.size,
@@ -257,7 +275,7 @@ impl LockEngine {
         if !page.enabled {
             return Ok(page);
         }
-        let shards = self.layout.shards();
+        let shards = self.calls.layout().shards();
         let window = window(shards, query.limit, query.filters());
         let reads = (0..shards).map(|shard| {
             let start = query.from.map_or(Start::Newest, |c| c.start_of(shard));
@@ -293,12 +311,12 @@ impl LockEngine {
         window: usize,
         query: &ChangelogQuery,
     ) -> Result<ShardPage, EngineError> {
-        let key = self.layout.changelog_key(namespace, shard);
+        let key = self.calls.layout().changelog_key(namespace, shard);
         let args = op::args(start);
         let mut seeks = 0;
         loop {
             seeks += 1;
-            let seek = op::parse(self.call(&self.scripts.changelog, &key, &args).await?)?;
+            let seek = op::parse(self.calls.call(|s| &s.changelog, &key, &args).await?)?;
             let Some((first, last)) = seek.range(window) else {
                 return Ok(ShardPage {
                     now: seek.now,
@@ -307,7 +325,7 @@ impl LockEngine {
             };
             let mut lrange = redis::cmd("LRANGE");
             lrange.arg(&key).arg(first).arg(last);
-            let read: Vec<Vec<u8>> = self.store.command(lrange).await?;
+            let read: Vec<Vec<u8>> = self.calls.store().command(lrange).await?;
             let found = read.first().is_some_and(|entry| {
                 entry.starts_with(seek.head.as_bytes())
                     && matches!(entry.get(seek.head.len()), None | Some(b'\n'))

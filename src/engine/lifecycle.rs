@@ -1,8 +1,10 @@
 //! The engine's lifecycle: [`LockEngine::start`] builds the engine and
-//! spawns the loops that serve it; [`Running::shutdown`] stops them in a
-//! set order. The server only wires ports to the running engine.
+//! [`Running::start`] spawns the loops that serve it; [`Running::shutdown`]
+//! stops them in a set order. The server only wires ports to the running
+//! engine.
 //!
-//! The loops (each in `background.rs`, `waiters.rs` or `watchers.rs`):
+//! The loops (each in the part whose state it serves: `waiters.rs`,
+//! `waiting.rs`, `resume.rs`, `watching.rs`, `counting.rs`, `reaper.rs`):
 //! the replica's one pub/sub subscriber (wake-ups, and lock events while
 //! someone here watches), the waiter refresher, the session renewer, the
 //! watch registry, the expiry timers of watched leases, the per-minute
@@ -17,6 +19,7 @@ use super::changelog::ChangelogSettings;
 use super::keys::Layout;
 use super::waiters::run_subscriber;
 use super::{LockEngine, WaitLimits};
+
 use crate::store::Store;
 
 /// How long shutdown waits for the last counts to be written, and for the
@@ -42,22 +45,23 @@ pub struct Running {
     reaper: Option<JoinHandle<()>>,
 }
 
-impl LockEngine {
-    /// Builds the engine and spawns its loops (on the current runtime).
-    pub fn start(store: Store, settings: EngineSettings) -> Running {
-        let wake_channel = settings.layout.wake_channel();
-        let events_channel = settings.layout.events_channel();
-        let engine = Arc::new(
-            LockEngine::new(store.clone(), settings.layout, settings.wait_limits)
-                .with_changelog(settings.changelog),
-        );
+impl Running {
+    /// Spawns the engine's loops (on the current runtime): the reaper too
+    /// when `reap_interval` is set.
+    pub(super) fn start(
+        engine: Arc<LockEngine>,
+        store: Store,
+        reap_interval: Option<Duration>,
+        replica: String,
+    ) -> Running {
+        let layout = engine.layout();
         let loops = vec![
             tokio::spawn(run_subscriber(
                 engine.waiters().clone(),
                 engine.watchers().clone(),
                 store,
-                wake_channel,
-                events_channel,
+                layout.wake_channel(),
+                layout.events_channel(),
             )),
             tokio::spawn(engine.clone().run_refresher()),
             tokio::spawn(engine.clone().run_metrics_flusher()),
@@ -65,17 +69,15 @@ impl LockEngine {
             tokio::spawn(engine.clone().run_watch_registry()),
             tokio::spawn(engine.clone().run_expiry_timers()),
         ];
-        let reaper = (settings.reap_interval)
-            .map(|every| tokio::spawn(engine.clone().run_reaper(every, settings.replica)));
+        let reaper =
+            reap_interval.map(|every| tokio::spawn(engine.clone().run_reaper(every, replica)));
         Running {
             engine,
             loops,
             reaper,
         }
     }
-}
 
-impl Running {
     pub fn engine(&self) -> &Arc<LockEngine> {
         &self.engine
     }

@@ -1,13 +1,24 @@
-//! The engine's operations on one lock: acquire (once, or waiting in the
-//! queue through `waiting.rs`), release, extend, inspect, queue, and a
-//! waiter leaving the queue. Each is one call of its Redis function (its
-//! typed twin in `ops/`) plus what the replica counts of it.
+//! [`Locks`]: the engine's operations on one lock: acquire once (waiting
+//! in the queue is `waiting.rs`'s, built on these), release, extend,
+//! inspect, queue, a waiter leaving the queue, this replica's waiters
+//! kept alive (`refresh`) and a watched lock purged at a lease's end.
+//! Each is one call of its Redis function (its typed twin in `ops/`),
+//! plus what the replica counts of it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::*;
+use super::calls::{Calls, late};
+use super::changelog::Changelog;
+use super::counting::Counting;
+use super::keys::LockKeys;
+use super::{
+    AcquireOutcome, AcquireRequest, EngineError, ExtendOutcome, LockId, LockState, QueueState,
+    ReleaseOutcome, ops, records, waiters,
+};
+use crate::store::StoreError;
 
 /// A grant as a holder names it: the lock, the holder, and optionally the
 /// fencing token it must have.
@@ -18,7 +29,40 @@ pub(super) struct GrantRef<'a> {
     pub fencing_token: Option<u64>,
 }
 
-impl LockEngine {
+/// Calls on one lock, and the limits they pass to Redis.
+pub(super) struct Locks {
+    calls: Arc<Calls>,
+    counting: Arc<Counting>,
+    /// Where a namespace's events go (the flags every call passes).
+    changelog: Arc<Changelog>,
+    /// Waiting requests one lock's queue may hold.
+    max_waiters_per_lock: u32,
+    /// Locks a namespace may have per shard (0: no limit).
+    max_locks_per_shard: u64,
+}
+
+impl Locks {
+    pub(super) fn new(
+        calls: Arc<Calls>,
+        counting: Arc<Counting>,
+        changelog: Arc<Changelog>,
+        max_waiters_per_lock: u32,
+        max_locks_per_shard: u64,
+    ) -> Self {
+        Locks {
+            calls,
+            counting,
+            changelog,
+            max_waiters_per_lock,
+            max_locks_per_shard,
+        }
+    }
+
+    /// The keys of a lock.
+    pub(super) fn keys(&self, lock: &LockId) -> LockKeys {
+        self.calls.layout().lock_keys(&lock.namespace, &lock.name)
+    }
+
     /// One acquire function call.
     pub(super) async fn attempt(
         &self,
@@ -30,8 +74,8 @@ impl LockEngine {
         let call = ops::acquire::Call {
             req,
             metadata,
-            answer_by: self.answer_by(req.answer_by),
-            watched: self.emits(&req.lock.namespace),
+            answer_by: self.calls.answer_by(req.answer_by),
+            watched: self.changelog.emits(&req.lock.namespace),
             max_locks: self.max_locks_per_shard,
             wait: wait_left.map(|left| ops::acquire::Wait {
                 left_ms: left.as_millis() as u64,
@@ -39,16 +83,13 @@ impl LockEngine {
             }),
         };
         let reply = self
-            .call_granting(
-                &self.scripts.acquire,
-                &keys.declared(self.counts_live()),
-                &call.args(),
-                ops::acquire::is_grant,
-            )
+            .calls
+            .call_granting(|s| &s.acquire, keys, &call.args(), ops::acquire::is_grant)
             .await?;
         let answer = ops::acquire::parse(reply)?;
-        self.clock.observe(answer.now);
-        self.count_noted(&req.lock.namespace, answer.now, &answer.noted);
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&req.lock.namespace, answer.now, &answer.noted);
         Ok(answer)
     }
 
@@ -69,7 +110,8 @@ impl LockEngine {
                 if already {
                     Some(AcquireOutcome::AlreadyHeld { grant, holders })
                 } else {
-                    self.count(&req.lock.namespace, &req.kind, "acquired");
+                    self.counting
+                        .now(&req.lock.namespace, &req.kind, "acquired");
                     Some(AcquireOutcome::Acquired { grant, holders })
                 }
             }
@@ -87,26 +129,21 @@ impl LockEngine {
         })
     }
 
-    /// Takes a permit, trying once or waiting in this server (in the
-    /// lock's queue) until granted or `req.wait` has passed.
-    pub async fn acquire(
-        self: &Arc<Self>,
+    /// Takes a permit if one is free now (a try-once Acquire: `req.wait`
+    /// is zero); the caller checked readiness and noted the namespace.
+    pub(super) async fn acquire_once(
+        &self,
         req: &AcquireRequest,
     ) -> Result<AcquireOutcome, EngineError> {
-        self.ready()?;
-        let keys = self.layout.lock_keys(&req.lock.namespace, &req.lock.name);
+        let keys = self.keys(&req.lock);
         let metadata = records::metadata_arg(&req.metadata);
-        self.note_namespace(&req.lock.namespace).await?;
-        if !req.wait.is_zero() {
-            return self.acquire_waiting(req, &keys, &metadata).await;
-        }
         let answer = self.attempt(req, &keys, &metadata, None).await?;
         if let ops::acquire::Outcome::Busy {
             holders,
             next_expiry,
         } = answer.outcome
         {
-            self.count(&req.lock.namespace, &req.kind, "denied");
+            self.counting.now(&req.lock.namespace, &req.kind, "denied");
             return Ok(AcquireOutcome::Busy {
                 holders,
                 next_expiry_at_ms: next_expiry,
@@ -117,42 +154,35 @@ impl LockEngine {
         })
     }
 
-    pub async fn release(
-        &self,
-        lock: &LockId,
-        holder: &str,
-        fencing_token: Option<u64>,
-    ) -> Result<ReleaseOutcome, EngineError> {
-        self.release_as(lock, holder, fencing_token, None).await
-    }
-
-    /// [`Self::release`] for a session's stream of `epoch` (Some): refused
+    /// Releases a grant; for a session's stream of `epoch` (Some), refused
     /// with [`EngineError::SessionMoved`] when a newer stream holds it.
-    pub(super) async fn release_as(
+    pub(super) async fn release(
         &self,
         lock: &LockId,
         holder: &str,
         fencing_token: Option<u64>,
         epoch: Option<u64>,
     ) -> Result<ReleaseOutcome, EngineError> {
-        self.ready()?;
-        let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
+        self.calls.ready()?;
+        let keys = self.keys(lock);
         let call = ops::release::Call {
             holder,
             token: fencing_token,
-            watched: self.emits(&lock.namespace),
+            watched: self.changelog.emits(&lock.namespace),
             epoch,
         };
         let reply = self
-            .call_lock(&self.scripts.release, &keys, &call.args())
+            .calls
+            .call_lock(|s| &s.release, &keys, &call.args())
             .await?;
         let answer = ops::release::parse(reply)?;
-        self.clock.observe(answer.now);
-        self.count_noted(&lock.namespace, answer.now, &answer.noted);
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&lock.namespace, answer.now, &answer.noted);
         Ok(match answer.outcome {
             ops::release::Outcome::Released(grant) => {
-                self.tally
-                    .add(&lock.namespace, answer.now, &grant.kind, "released", 1);
+                self.counting
+                    .at(&lock.namespace, answer.now, &grant.kind, "released");
                 ReleaseOutcome::Released {
                     held_ms: answer.now - grant.acquired_at_ms,
                     kind: grant.kind,
@@ -163,39 +193,11 @@ impl LockEngine {
         })
     }
 
-    /// Resets the remaining lease to `ttl_ms` (or the grant's own ttl).
-    pub async fn extend(
-        &self,
-        lock: &LockId,
-        holder: &str,
-        ttl_ms: Option<u64>,
-        fencing_token: Option<u64>,
-    ) -> Result<ExtendOutcome, EngineError> {
-        self.extend_by(lock, holder, ttl_ms, fencing_token, None)
-            .await
-    }
-
-    /// [`Self::extend`] for a caller that stops listening at `answer_by`.
-    pub async fn extend_by(
-        &self,
-        lock: &LockId,
-        holder: &str,
-        ttl_ms: Option<u64>,
-        fencing_token: Option<u64>,
-        answer_by: Option<Instant>,
-    ) -> Result<ExtendOutcome, EngineError> {
-        let grant = GrantRef {
-            lock,
-            holder,
-            fencing_token,
-        };
-        self.extend_as(grant, ttl_ms, answer_by, None).await
-    }
-
-    /// [`Self::extend_by`] for a session's stream of `epoch` (Some):
-    /// refused with [`EngineError::SessionMoved`] when a newer stream holds
-    /// it.
-    pub(super) async fn extend_as(
+    /// Resets the remaining lease to `ttl_ms` (or the grant's own ttl),
+    /// for a caller that stops listening at `answer_by`; for a session's
+    /// stream of `epoch` (Some), refused with [`EngineError::SessionMoved`]
+    /// when a newer stream holds it.
+    pub(super) async fn extend(
         &self,
         GrantRef {
             lock,
@@ -206,31 +208,28 @@ impl LockEngine {
         answer_by: Option<Instant>,
         epoch: Option<u64>,
     ) -> Result<ExtendOutcome, EngineError> {
-        self.ready()?;
-        let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
+        self.calls.ready()?;
+        let keys = self.keys(lock);
         let call = ops::extend::Call {
             holder,
             token: fencing_token,
             ttl_ms,
-            answer_by: self.answer_by(answer_by),
-            watched: self.emits(&lock.namespace),
+            answer_by: self.calls.answer_by(answer_by),
+            watched: self.changelog.emits(&lock.namespace),
             epoch,
         };
         let reply = self
-            .call_granting(
-                &self.scripts.extend,
-                &keys.declared(self.counts_live()),
-                &call.args(),
-                ops::extend::is_grant,
-            )
+            .calls
+            .call_granting(|s| &s.extend, &keys, &call.args(), ops::extend::is_grant)
             .await?;
         let answer = ops::extend::parse(reply)?;
-        self.clock.observe(answer.now);
-        self.count_noted(&lock.namespace, answer.now, &answer.noted);
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&lock.namespace, answer.now, &answer.noted);
         match answer.outcome {
             ops::extend::Outcome::Extended(grant) => {
-                self.tally
-                    .add(&lock.namespace, answer.now, &grant.kind, "extended", 1);
+                self.counting
+                    .at(&lock.namespace, answer.now, &grant.kind, "extended");
                 Ok(ExtendOutcome::Extended(grant))
             }
             ops::extend::Outcome::NotHeld => Ok(ExtendOutcome::NotHeld),
@@ -239,19 +238,20 @@ impl LockEngine {
         }
     }
 
-    pub async fn inspect(&self, lock: &LockId) -> Result<LockState, EngineError> {
-        self.ready()?;
-        let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
-        let reply = self.call_lock(&self.scripts.inspect, &keys, &[]).await?;
+    pub(super) async fn inspect(&self, lock: &LockId) -> Result<LockState, EngineError> {
+        self.calls.ready()?;
+        let keys = self.keys(lock);
+        let reply = self.calls.call_lock(|s| &s.inspect, &keys, &[]).await?;
         Ok(ops::inspect::parse(reply)?)
     }
 
     /// The live waiting requests of a lock in grant order (at most `most`).
-    pub async fn queue(&self, lock: &LockId, most: u32) -> Result<QueueState, EngineError> {
-        self.ready()?;
-        let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
+    pub(super) async fn queue(&self, lock: &LockId, most: u32) -> Result<QueueState, EngineError> {
+        self.calls.ready()?;
+        let keys = self.keys(lock);
         let reply = self
-            .call_lock(&self.scripts.queue, &keys, &ops::queue::args(most))
+            .calls
+            .call_lock(|s| &s.queue, &keys, &ops::queue::args(most))
             .await?;
         Ok(ops::queue::parse(reply)?)
     }
@@ -267,17 +267,54 @@ impl LockEngine {
     ) -> Result<u32, StoreError> {
         let call = ops::dequeue::Call {
             id: holder,
-            watched: self.emits(&lock.namespace),
+            watched: self.changelog.emits(&lock.namespace),
         };
         let reply = self
-            .call_lock(&self.scripts.dequeue, keys, &call.args())
+            .calls
+            .call_lock(|s| &s.dequeue, keys, &call.args())
             .await?;
         let answer = ops::dequeue::parse(reply)?;
-        self.count_noted(&lock.namespace, answer.now, &answer.noted);
+        self.counting
+            .noted(&lock.namespace, answer.now, &answer.noted);
         if timed_out && answer.position > 0 {
-            self.tally
-                .add(&lock.namespace, answer.now, &answer.kind, "timed_out", 1);
+            self.counting
+                .at(&lock.namespace, answer.now, &answer.kind, "timed_out");
         }
         Ok(answer.position)
+    }
+
+    /// Renews this replica's requests on one lock; returns the ids whose
+    /// place was lost meanwhile.
+    pub(super) async fn refresh(
+        &self,
+        batch: &waiters::RefreshBatch,
+    ) -> Result<Vec<String>, StoreError> {
+        let call = ops::refresh::Call {
+            watched: self.changelog.emits(&batch.namespace),
+            requests: &batch.requests,
+        };
+        let reply = self
+            .calls
+            .call_lock(|s| &s.refresh, &batch.keys, &call.args())
+            .await?;
+        let answer = ops::refresh::parse(reply)?;
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&batch.namespace, answer.now, &answer.noted);
+        Ok(answer.lost)
+    }
+
+    /// One lease-end purge of a watched lock (`lua/purge.lua`); returns
+    /// when its next lease may end (None: nobody holds it).
+    pub(super) async fn purge(&self, lock: &LockId) -> Result<Option<i64>, StoreError> {
+        self.calls.ready()?;
+        let keys = self.keys(lock);
+        let args = ops::purge::args(self.changelog.emits(&lock.namespace));
+        let reply = self.calls.call_lock(|s| &s.purge, &keys, &args).await?;
+        let answer = ops::purge::parse(reply)?;
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&lock.namespace, answer.now, &answer.noted);
+        Ok(answer.outcome)
     }
 }

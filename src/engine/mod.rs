@@ -5,33 +5,56 @@
 //! semantics (who gets a permit, queue order, fencing, expiry, cleanup)
 //! live here and in `lua/`.
 //!
-//! This file is the engine's face: [`LockEngine`], its calls into Redis,
-//! the health check and the session operations. Where the rest lives:
-//! - `readiness.rs`: whether a request may call Redis now, and if not why;
-//! - `locks.rs`: operations on one lock (acquire, release, extend,
-//!   inspect, queue, dequeue);
-//! - `walks.rs`: walks over a namespace's shards (namespaces, list, reap,
-//!   clear, metrics);
-//! - `types.rs`: requests, outcomes, errors;
-//! - `ops/`: one typed twin per Redis function (arguments, reply, parse);
-//! - `records.rs`: the grant and waiter records inside a lock's hash;
-//! - `waiting.rs`: an Acquire that waits in the lock's queue;
-//! - `background.rs`: the refresher, session renewer, reaper, counter
-//!   flusher and watch registry loops;
-//! - `keys.rs`, `scripts.rs`, `clock.rs`, `tally.rs`, `sessions.rs`,
-//!   `waiters.rs`, `watchers.rs`: layout, function library, Redis' clock,
-//!   per-minute counters, session grants, waiting RPCs, watch streams.
+//! The engine is a set of parts, each a type that owns its state behind
+//! private fields and shows a small surface to the others; [`LockEngine`]
+//! (this file) composes them and hands each call to the part that owns
+//! what it touches. The parts, and what they own:
+//! - `calls.rs` `Calls`: the store, the key layout, the
+//!   function library, Redis' clock and readiness; the only way to call a
+//!   Redis function, and the health check;
+//! - `counting.rs` `Counting`: the per-minute counters not yet written
+//!   (`tally.rs`) and their flusher;
+//! - `changelog.rs` `Changelog`: which namespaces keep a changelog, where
+//!   a namespace's events go (publish, record), and reading a page;
+//! - `locks.rs` `Locks`: the calls on one lock (acquire once, release,
+//!   extend, inspect, queue, dequeue, refresh, purge) and the limits they
+//!   pass;
+//! - `waiting.rs` `Waiting`: this replica's waiting RPCs (`waiters.rs`'s
+//!   `Waiters`), an Acquire that waits, and the refresher;
+//! - `walks.rs` `Walks`: the namespaces this replica noted as in use, and
+//!   the walks over a namespace's shards (list, reap, clear, metrics);
+//! - `resume.rs` `SessionKeeper`: session records and the ends of their
+//!   grants (with the lock-delay); `renewer.rs` `Renewer`: the session
+//!   grants this replica renews (`sessions.rs`'s `Sessions`) and the
+//!   renewer loop;
+//! - `watching.rs` `Watching`: this replica's Watch streams
+//!   (`watchers.rs`'s `Watchers`), lease-end purges, a Watch's initial
+//!   state, the watch registry;
+//! - `reaper.rs` `Reaper`: the background reaper and its metrics;
+//! - `lifecycle.rs`: [`Running`], the loops spawned and stopped in order.
+//!
+//! Beside them: `types.rs` (requests, outcomes, errors), `names.rs`
+//! (validated names), `ops/` (one typed twin per Redis function:
+//! arguments, reply, parse), `records.rs` (the grant and waiter records),
+//! `keys.rs`, `scripts.rs`, `clock.rs`, `readiness.rs`.
+//!
+//! The engine depends on nothing of the crate but `crate::store` and
+//! `crate::wallclock`: no transport, no exporter (the reaper records its
+//! metrics with the `metrics` crate, which the server's exporter reads).
 
-mod background;
+mod calls;
 pub mod changelog;
 pub mod clock;
+mod counting;
 pub mod keys;
 mod lifecycle;
 mod locks;
 pub mod names;
 pub mod ops;
 mod readiness;
+mod reaper;
 pub mod records;
+mod renewer;
 pub mod resume;
 pub mod scripts;
 pub mod sessions;
@@ -41,38 +64,36 @@ pub mod waiters;
 mod waiting;
 mod walks;
 pub mod watchers;
+mod watching;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Value;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::store::{ScanCursor, Store, StoreError};
-use keys::{Layout, LockKeys};
-use scripts::{LockScript, Scripts};
+use crate::store::{Store, StoreError};
+use calls::Calls;
+use changelog::{Changelog, ChangelogPage, ChangelogQuery, ChangelogSettings};
+use counting::Counting;
+use keys::Layout;
+use locks::{GrantRef, Locks};
+use ops::session_record::Touch;
+use reaper::Reaper;
+use renewer::Renewer;
+use resume::{ResumeError, Resumed, SessionEnd, SessionKeeper, SessionTicket};
 use sessions::{LostGrant, Sessions};
 use waiters::Waiters;
+use waiting::Waiting;
+use walks::Walks;
+use watchers::{Filter, LockEvent, Watchers};
+use watching::Watching;
 
 pub use lifecycle::{EngineSettings, Running};
 pub use names::{Invalid, LockName, Namespace};
 pub use records::{parse_grant, parse_waiter};
 pub use types::*;
 
-/// Locks one shard function call visits at most: bounds how long Redis is
-/// busy with one call.
-const SHARD_BATCH: usize = 100;
-/// SCAN steps one List RPC makes at most (then it returns a page token).
-const LIST_CALLS: usize = 64;
-/// Keys one SCAN step looks at.
-const SCAN_COUNT: u32 = 1000;
-/// How often a replica re-records a namespace it serves as in use.
-const NAMESPACE_NOTE_EVERY: Duration = Duration::from_secs(60);
-/// How long an unused namespace stays in the registry.
-const NAMESPACE_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
-
-const MINUTE_MS: i64 = 60_000;
 /// How long per-minute counters are kept.
 pub const METRICS_RETENTION_MS: i64 = 24 * 3600 * 1000;
 
@@ -80,238 +101,337 @@ pub const METRICS_RETENTION_MS: i64 = 24 * 3600 * 1000;
 pub const REAPER_NAMESPACE: &str = "tumbler-system";
 pub const REAPER_LOCK: &str = "reaper";
 
-/// The lock engine. Shared by all handlers; cheap to use concurrently.
+/// The lock engine: the parts, composed. Shared by all handlers; cheap to
+/// use concurrently. Each method hands its work to the part that owns the
+/// state it touches (see the module's notes).
 pub struct LockEngine {
-    store: Store,
-    layout: Layout,
-    scripts: Scripts,
-    waiters: Arc<Waiters>,
-    watchers: Arc<watchers::Watchers>,
-    sessions: Sessions,
-    /// Redis' clock as this replica estimates it (answer-by times).
-    clock: clock::RedisClock,
-    /// Per-minute counters not yet written to Redis.
-    tally: tally::Tally,
-    max_waiters_per_lock: u32,
-    /// Locks a namespace may have per shard (0: no limit).
-    max_locks_per_shard: u64,
-    /// How long a dead session's grants stay held (None: released at once).
-    session_lock_delay_ms: Option<u64>,
-    /// Whether Redis may be called for a request now, and if not why.
-    readiness: readiness::Readiness,
-    /// Namespaces this replica recorded as in use, and when.
-    noted_namespaces: std::sync::Mutex<HashMap<String, std::time::Instant>>,
-    /// Which namespaces keep a changelog (`changelog.rs`).
-    changelog: changelog::ChangelogSettings,
+    calls: Arc<Calls>,
+    counting: Arc<Counting>,
+    changelog: Arc<Changelog>,
+    locks: Arc<Locks>,
+    waiting: Waiting,
+    walks: Arc<Walks>,
+    renewer: Arc<Renewer>,
+    sessions: SessionKeeper,
+    watching: Watching,
+    reaper: Reaper,
 }
 
 impl LockEngine {
     pub fn new(store: Store, layout: Layout, limits: WaitLimits) -> Self {
-        let readiness = readiness::Readiness::new(&store, &layout);
+        Self::with_settings(store, layout, limits, ChangelogSettings::default())
+    }
+
+    fn with_settings(
+        store: Store,
+        layout: Layout,
+        limits: WaitLimits,
+        changelog: ChangelogSettings,
+    ) -> Self {
+        let calls = Arc::new(Calls::new(store, layout, limits.max_locks_per_shard > 0));
+        let counting = Arc::new(Counting::new(calls.clone()));
+        let watchers = Watchers::new();
+        let changelog = Arc::new(Changelog::new(changelog, watchers.clone(), calls.clone()));
+        let locks = Arc::new(Locks::new(
+            calls.clone(),
+            counting.clone(),
+            changelog.clone(),
+            limits.max_waiters_per_lock,
+            limits.max_locks_per_shard,
+        ));
+        let waiters = Waiters::new(
+            limits.max_waiters_per_replica,
+            limits.max_waiters_per_namespace,
+        );
+        let walks = Arc::new(Walks::new(
+            calls.clone(),
+            counting.clone(),
+            changelog.clone(),
+        ));
+        let renewer = Arc::new(Renewer::new(
+            calls.clone(),
+            counting.clone(),
+            changelog.clone(),
+        ));
         LockEngine {
-            waiters: Waiters::new(
-                limits.max_waiters_per_replica,
-                limits.max_waiters_per_namespace,
+            waiting: Waiting::new(waiters, locks.clone()),
+            sessions: SessionKeeper::new(
+                renewer.clone(),
+                limits.session_lock_delay_ms,
+                calls.clone(),
+                locks.clone(),
             ),
-            max_locks_per_shard: limits.max_locks_per_shard,
-            sessions: Sessions::default(),
-            watchers: watchers::Watchers::new(),
-            max_waiters_per_lock: limits.max_waiters_per_lock,
-            session_lock_delay_ms: limits.session_lock_delay_ms,
-            clock: clock::RedisClock::default(),
-            tally: tally::Tally::default(),
-            store,
-            layout,
-            scripts: Scripts::compile(),
-            readiness,
-            noted_namespaces: Default::default(),
-            changelog: Default::default(),
+            renewer,
+            watching: Watching::new(watchers, calls.clone(), locks.clone(), walks.clone()),
+            reaper: Reaper::new(calls.clone(), locks.clone(), walks.clone()),
+            calls,
+            counting,
+            changelog,
+            locks,
+            walks,
         }
     }
 
+    /// Builds the engine and spawns its loops (on the current runtime).
+    pub fn start(store: Store, settings: EngineSettings) -> Running {
+        let EngineSettings {
+            layout,
+            wait_limits,
+            changelog,
+            reap_interval,
+            replica,
+        } = settings;
+        let engine = Self::with_settings(store.clone(), layout, wait_limits, changelog);
+        Running::start(Arc::new(engine), store, reap_interval, replica)
+    }
+
+    // The state the server reads (gauges, shutdown signal, layout).
+
     pub fn store(&self) -> &Store {
-        &self.store
+        self.calls.store()
     }
 
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        self.calls.layout()
     }
 
     pub fn waiters(&self) -> &Arc<Waiters> {
-        &self.waiters
+        self.waiting.waiters()
     }
 
     pub fn sessions(&self) -> &Sessions {
-        &self.sessions
+        self.renewer.sessions()
     }
 
-    pub fn watchers(&self) -> &Arc<watchers::Watchers> {
-        &self.watchers
+    pub fn watchers(&self) -> &Arc<Watchers> {
+        self.watching.watchers()
     }
+
+    // Health (`calls.rs`).
 
     /// Records this deployment's layout in Redis, or checks the one already
-    /// there (create if absent, then compare): the shard count is fixed per
-    /// deployment, since moving it would move every lock to another shard.
-    /// Also learns Redis' clock. Run at start, at every health tick, and
-    /// (through [`layout_check`]) on every new connection, so a Redis that
-    /// restarted empty is claimed again before anything else uses it, and
-    /// a replica of another layout that claimed it first stops this one.
+    /// there (see `calls.rs`); also learns Redis' clock.
     pub async fn verify_layout(&self) -> Result<(), LayoutError> {
-        let meta = self.layout.meta_key();
-        let expected = readiness::layout_record(&self.layout);
-        let mut pipe = readiness::claim_layout(&meta, &expected);
-        pipe.cmd("TIME");
-        let (found, (secs, micros)): (String, (i64, i64)) = self.store.pipeline(pipe).await?;
-        self.clock.observe(secs * 1000 + micros / 1000);
-        self.readiness.set_verified(found == expected);
-        if found != expected {
-            return Err(LayoutError::Mismatch { found, expected });
-        }
-        Ok(())
+        self.calls.verify_layout().await
     }
 
-    /// The health check: Redis answers (every cluster primary, the master
-    /// Sentinel names), holds this deployment's layout record, and lets
-    /// the configured user run the lock path (see
-    /// [`Self::check_lock_path`]). A failure's reason is kept for `ready`.
+    /// The health check: Redis answers, holds this deployment's layout
+    /// record, and lets the configured user run the lock path. A failure's
+    /// reason is kept for the readiness of every request.
     pub async fn check_redis(&self) -> Result<(), LayoutError> {
-        let checked = self.check_redis_once().await;
-        self.readiness.checked(&checked);
-        checked
-    }
-
-    async fn check_redis_once(&self) -> Result<(), LayoutError> {
-        if let Err(err) = self.store.ping().await {
-            // A connection refused for another layout's record fails
-            // the ping: say why.
-            return Err(match self.readiness.take_mismatch() {
-                Some(found) => LayoutError::Mismatch {
-                    found,
-                    expected: readiness::layout_record(&self.layout),
-                },
-                None => err.into(),
-            });
-        }
-        self.verify_layout().await?;
-        self.check_lock_path().await
-    }
-
-    /// Proves the lock path with the configured user: a read-only
-    /// function of tumbler's library (inspect, of a lock of
-    /// `tumbler-system` nobody holds) called with `FCALL_RO` and then with
-    /// `FCALL`, through the store as every lock call goes. Redis' ACL
-    /// checks `FCALL`'s keys as writes, so the pair proves that the user
-    /// may load and call the library and read and write tumbler's keys,
-    /// and the function writes nothing. An ACL refusal
-    /// ([`StoreError::Denied`]) is kept by [`Self::check_redis`].
-    async fn check_lock_path(&self) -> Result<(), LayoutError> {
-        let keys = self.layout.lock_keys(REAPER_NAMESPACE, PROBE_LOCK);
-        let declared = keys.declared(self.counts_live());
-        let script = &self.scripts.inspect;
-        let proved = match self
-            .store
-            .run_read_only::<Value>(script, &declared, &[])
-            .await
-        {
-            Ok(_) => self.store.run_script::<Value>(script, &declared, &[]).await,
-            Err(err) => Err(err),
-        };
-        proved.map(drop).map_err(LayoutError::from)
+        self.calls.check_redis().await
     }
 
     pub fn is_layout_verified(&self) -> bool {
-        self.readiness.is_verified()
+        self.calls.is_layout_verified()
     }
 
-    /// Whether this replica may call Redis for a request now, and if not,
-    /// the real cause (see [`readiness::Readiness::ready`]).
-    fn ready(&self) -> Result<(), StoreError> {
-        self.readiness.ready(&self.store)
-    }
+    // One lock (`locks.rs`, `waiting.rs`).
 
-    /// Calls a function of a shard (its fence key names the slot).
-    async fn call(
-        &self,
-        script: &LockScript,
-        key: &str,
-        args: &[String],
-    ) -> Result<Value, StoreError> {
-        self.call_with(script, &[key], args).await
-    }
-
-    /// Calls a function with the keys it declares.
-    async fn call_with(
-        &self,
-        script: &LockScript,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Value, StoreError> {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.store.run_script(script, keys, &args).await
-    }
-
-    /// Calls a function on one lock (declaring its keys).
-    async fn call_lock(
-        &self,
-        script: &LockScript,
-        keys: &LockKeys,
-        args: &[String],
-    ) -> Result<Value, StoreError> {
-        self.call_with(script, &keys.declared(self.counts_live()), args)
-            .await
-    }
-
-    /// True when the shards count their live locks (a per-namespace lock
-    /// limit is set): every function that may delete a lock then keeps
-    /// the count.
-    fn counts_live(&self) -> bool {
-        self.max_locks_per_shard > 0
-    }
-
-    /// [`Self::call_lock`] for a function that may grant (acquire,
-    /// extend): with `--min-replicas-acked`, a grant is answered only once
-    /// enough replicas acknowledged it.
-    async fn call_granting(
-        &self,
-        script: &LockScript,
-        keys: &[&str],
-        args: &[String],
-        is_grant: fn(&Value) -> bool,
-    ) -> Result<Value, StoreError> {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.store
-            .run_granting_script(script, keys, &args, is_grant)
-            .await
-    }
-
-    /// The answer-by argument of a call sent now: the caller's own limit,
-    /// or the Redis command timeout (after which this replica answers
-    /// UNAVAILABLE), whichever comes first.
-    fn answer_by(&self, caller: Option<Instant>) -> i64 {
-        let timeout = self.store.command_timeout();
-        let budget = caller.map_or(timeout, |at| {
-            at.saturating_duration_since(Instant::now()).min(timeout)
-        });
-        self.clock.answer_by(budget)
-    }
-
-    /// Counts what a function noted (expired leases, reaped waiters).
-    fn count_noted(&self, namespace: &str, now: i64, noted: &[ops::Noted]) {
-        for n in noted {
-            self.tally.add(namespace, now, &n.kind, &n.event, 1);
+    /// Takes a permit, trying once or waiting in this server (in the
+    /// lock's queue) until granted or `req.wait` has passed.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+    ) -> Result<AcquireOutcome, EngineError> {
+        self.calls.ready()?;
+        self.walks.note_namespace(&req.lock.namespace).await?;
+        if req.wait.is_zero() {
+            self.locks.acquire_once(req).await
+        } else {
+            self.waiting.acquire(req).await
         }
     }
 
-    /// Counts one event of a kind now.
-    fn count(&self, namespace: &str, kind: &str, event: &str) {
-        self.tally
-            .add(namespace, self.clock.now_ms(), kind, event, 1);
+    pub async fn release(
+        &self,
+        lock: &LockId,
+        holder: &str,
+        fencing_token: Option<u64>,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        self.locks.release(lock, holder, fencing_token, None).await
+    }
+
+    /// Resets the remaining lease to `ttl_ms` (or the grant's own ttl).
+    pub async fn extend(
+        &self,
+        lock: &LockId,
+        holder: &str,
+        ttl_ms: Option<u64>,
+        fencing_token: Option<u64>,
+    ) -> Result<ExtendOutcome, EngineError> {
+        self.extend_by(lock, holder, ttl_ms, fencing_token, None)
+            .await
+    }
+
+    /// [`Self::extend`] for a caller that stops listening at `answer_by`.
+    pub async fn extend_by(
+        &self,
+        lock: &LockId,
+        holder: &str,
+        ttl_ms: Option<u64>,
+        fencing_token: Option<u64>,
+        answer_by: Option<Instant>,
+    ) -> Result<ExtendOutcome, EngineError> {
+        let grant = GrantRef {
+            lock,
+            holder,
+            fencing_token,
+        };
+        self.locks.extend(grant, ttl_ms, answer_by, None).await
+    }
+
+    pub async fn inspect(&self, lock: &LockId) -> Result<LockState, EngineError> {
+        self.locks.inspect(lock).await
+    }
+
+    /// The live waiting requests of a lock in grant order (at most `most`).
+    pub async fn queue(&self, lock: &LockId, most: u32) -> Result<QueueState, EngineError> {
+        self.locks.queue(lock, most).await
     }
 
     /// Counts a request that failed on Redis trouble (written to the
     /// shared counters with the others).
     pub fn record_error(&self, namespace: &str, kind: &str) {
-        self.count(namespace, kind, "errors");
+        self.counting.now(namespace, kind, "errors");
+    }
+
+    // Walks over a namespace's shards (`walks.rs`).
+
+    /// The namespaces in use (recorded by the replicas that served them).
+    pub async fn namespaces(&self) -> Result<Vec<String>, EngineError> {
+        self.walks.namespaces().await
+    }
+
+    /// One page of a namespace's locks (in SCAN order), filtered by name
+    /// prefix and by having waiters.
+    pub async fn list(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        page_size: u32,
+        from: Option<ListCursor>,
+        only_waiting: bool,
+    ) -> Result<ListPage, EngineError> {
+        self.walks
+            .list(namespace, prefix, page_size, from, only_waiting)
+            .await
+    }
+
+    /// Cleans up every lock of a namespace now; with `older_than_ms` also
+    /// drops old grants and requests.
+    pub async fn reap(
+        &self,
+        namespace: &str,
+        older_than_ms: Option<u64>,
+    ) -> Result<ReapCounts, EngineError> {
+        self.walks.reap(namespace, older_than_ms).await
+    }
+
+    /// Releases every lock and drops every queue of a namespace.
+    pub async fn clear(&self, namespace: &str) -> Result<ClearCounts, EngineError> {
+        self.walks.clear(namespace).await
+    }
+
+    /// [`Self::clear`], adding what it cleared to `done` batch by batch,
+    /// so a clear that Redis interrupts still says how far it got (and
+    /// running it again finishes the job).
+    pub async fn clear_counting(
+        &self,
+        namespace: &str,
+        done: &mut ClearCounts,
+    ) -> Result<(), EngineError> {
+        self.walks.clear_counting(namespace, done).await
+    }
+
+    /// Per-minute counters of a namespace between two instants (inclusive
+    /// minutes), as every replica added them (this replica's own first).
+    pub async fn metrics(
+        &self,
+        namespace: &str,
+        from_ms: i64,
+        to_ms: i64,
+        kind: Option<&str>,
+    ) -> Result<MetricsReport, EngineError> {
+        self.walks.metrics(namespace, from_ms, to_ms, kind).await
+    }
+
+    // The changelog (`changelog.rs`).
+
+    /// The changelog settings in force.
+    pub fn changelog_settings(&self) -> &ChangelogSettings {
+        self.changelog.settings()
+    }
+
+    /// One page of a namespace's changelog: events that match `query`,
+    /// newest first, after `query.from`.
+    pub async fn changelog(
+        &self,
+        namespace: &str,
+        query: &ChangelogQuery,
+    ) -> Result<ChangelogPage, EngineError> {
+        self.changelog.page(namespace, query).await
+    }
+
+    // Watches (`watching.rs`).
+
+    /// A watcher on this replica starts watching `namespace`: every
+    /// replica's function calls publish its events from now on.
+    pub async fn announce_watch(&self, namespace: &str) -> Result<(), StoreError> {
+        self.watching.announce(namespace).await
+    }
+
+    /// The current state of the locks a watcher wants, as events.
+    pub async fn watch_state(&self, filter: &Filter) -> Result<Vec<LockEvent>, EngineError> {
+        self.watching.watch_state(filter).await
+    }
+
+    // Sessions (`resume.rs`).
+
+    /// Records a new session (owner: the token's name, '' without auth).
+    pub async fn open_session(
+        &self,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<SessionTicket, EngineError> {
+        self.sessions.open_session(owner, ttl_ms).await
+    }
+
+    /// Takes a session back for a new stream (see `resume.rs`).
+    pub async fn resume_session(
+        &self,
+        owner: &str,
+        session: &str,
+        secret: &str,
+        may_act: impl Fn(&str) -> bool,
+        lost_tx: &mpsc::Sender<LostGrant>,
+    ) -> Result<Resumed, ResumeError> {
+        self.sessions
+            .resume_session(owner, session, secret, may_act, lost_tx)
+            .await
+    }
+
+    /// Keeps the record of a session this stream serves alive, or learns
+    /// that another stream resumed it, or that it is gone.
+    pub async fn touch_session(
+        &self,
+        session: &str,
+        epoch: u64,
+        ttl_ms: u64,
+    ) -> Result<Touch, EngineError> {
+        self.sessions.touch_session(session, epoch, ttl_ms).await
+    }
+
+    /// The stream that serves a session stops: its grants are released or
+    /// left to live on for the TTL (see `resume.rs`).
+    pub async fn end_session(
+        &self,
+        session: &str,
+        epoch: u64,
+        ttl_ms: u64,
+        end: SessionEnd,
+    ) -> (Vec<(LockId, u64)>, bool) {
+        self.sessions.end_session(session, epoch, ttl_ms, end).await
     }
 
     /// Acquires for a session: the holder is the session id, the lease the
@@ -329,7 +449,7 @@ impl LockEngine {
         session: &str,
         epoch: u64,
         req: &AcquireRequest,
-        lost: &tokio::sync::mpsc::Sender<LostGrant>,
+        lost: &mpsc::Sender<LostGrant>,
     ) -> Result<AcquireOutcome, EngineError> {
         debug_assert_eq!(
             req.session_epoch,
@@ -337,37 +457,9 @@ impl LockEngine {
             "the request names its stream's epoch"
         );
         let outcome = self.acquire(req).await?;
-        if let AcquireOutcome::Acquired { grant, .. } | AcquireOutcome::AlreadyHeld { grant, .. } =
-            &outcome
-        {
-            let token = grant.fencing_token;
-            // The lease started no later than now: renewing from now on is
-            // safe (early, never late).
-            let granted_at = Instant::now();
-            let noted = self
-                .note_session_grant(session, epoch, &req.lock, Some(token))
-                .await;
-            if !matches!(noted, Ok(true)) {
-                // Refused (MOVED) when a newer stream took the grant over
-                // meanwhile: then it is that stream's to keep.
-                let _ = self
-                    .release_as(&req.lock, session, Some(token), Some(epoch))
-                    .await;
-                return Err(match noted {
-                    Err(err) => err,
-                    _ => EngineError::SessionMoved,
-                });
-            }
-            self.sessions.add(
-                session,
-                epoch,
-                &req.lock,
-                token,
-                Duration::from_millis(req.ttl_ms),
-                granted_at,
-                lost.clone(),
-            );
-        }
+        self.sessions
+            .keep_grant(session, epoch, req, &outcome, lost)
+            .await?;
         Ok(outcome)
     }
 
@@ -379,61 +471,55 @@ impl LockEngine {
         epoch: u64,
         lock: &LockId,
     ) -> Result<ReleaseOutcome, EngineError> {
-        let token = self.sessions.remove(session, epoch, lock);
-        let outcome = self.release_as(lock, session, token, Some(epoch)).await?;
-        if let Err(err) = self.note_session_grant(session, epoch, lock, None).await {
-            // A resume would find the grant gone and report it lost.
-            tracing::warn!(%session, error = %err, "a released grant stays named in the session record");
-        }
-        Ok(outcome)
+        self.sessions.release(session, epoch, lock).await
     }
 
-    /// Releases the grants of a session that is over, at once (and so
-    /// wakes their waiters). With a lock-delay, a session that died
-    /// (rather than being closed) leaves its grants held for that delay
-    /// instead, so a partitioned old holder cannot overlap with the next
-    /// one. Grants that cannot be released now (Redis trouble) expire at
-    /// their short lease.
-    async fn release_session_grants(
-        &self,
-        session: &str,
-        epoch: u64,
-        grants: &[(LockId, u64)],
-        died: bool,
-    ) {
-        let delay = self.session_lock_delay_ms.filter(|_| died);
-        let endings = grants.iter().map(|(lock, token)| async move {
-            let grant = locks::GrantRef {
-                lock,
-                holder: session,
-                fencing_token: Some(*token),
-            };
-            match delay {
-                Some(delay_ms) => self
-                    .extend_as(grant, Some(delay_ms), None, Some(epoch))
-                    .await
-                    .map(|_| ()),
-                None => self
-                    .release_as(lock, session, Some(*token), Some(epoch))
-                    .await
-                    .map(|_| ()),
-            }
-        });
-        for outcome in futures::future::join_all(endings).await {
-            if let Err(err) = outcome {
-                tracing::warn!(%session, error = %err, "a session grant could not be released; it expires at its lease");
-            }
-        }
+    // The loops, each until the replica shuts down (`lifecycle.rs`
+    // spawns them).
+
+    /// Keeps this replica's waiting requests alive (`waiting.rs`).
+    pub async fn run_refresher(self: Arc<Self>) {
+        self.waiting.run_refresher().await;
+    }
+
+    /// Keeps this replica's session grants alive (`renewer.rs`).
+    pub async fn run_session_renewer(self: Arc<Self>) {
+        let shutdown = self.shutdown_token();
+        self.renewer.clone().run(shutdown).await;
+    }
+
+    /// Reaps every `interval` while this replica holds the reaper lock
+    /// (`reaper.rs`); hands the lock over at shutdown.
+    pub async fn run_reaper(self: Arc<Self>, interval: Duration, replica: String) {
+        let shutdown = self.shutdown_token();
+        self.reaper.run(interval, replica, shutdown).await;
+    }
+
+    /// Adds this replica's counts to the per-minute counters every second
+    /// (`counting.rs`), until aborted.
+    pub async fn run_metrics_flusher(self: Arc<Self>) {
+        self.counting.run_flusher().await;
+    }
+
+    /// Writes the counts made so far.
+    pub async fn flush_counts(&self) {
+        self.counting.flush().await;
+    }
+
+    /// Keeps the watch registry (`watching.rs`).
+    pub async fn run_watch_registry(self: Arc<Self>) {
+        let shutdown = self.shutdown_token();
+        self.watching.run_registry(shutdown).await;
+    }
+
+    /// Purges watched locks at their lease ends (`watching.rs`).
+    pub async fn run_expiry_timers(self: Arc<Self>) {
+        let shutdown = self.shutdown_token();
+        self.watching.run_expiry_timers(shutdown).await;
+    }
+
+    /// Cancelled when the replica starts to drain.
+    fn shutdown_token(&self) -> tokio_util::sync::CancellationToken {
+        self.waiting.waiters().shutdown_token().clone()
     }
 }
-
-/// The error of a call that ran in Redis past its answer-by time: the
-/// caller was (or is about to be) answered without it, nothing changed.
-fn late() -> StoreError {
-    StoreError::Unavailable(
-        "redis ran the request after its caller's deadline; nothing was granted".into(),
-    )
-}
-
-/// The lock of `tumbler-system` the health check inspects (never held).
-const PROBE_LOCK: &str = "readiness";

@@ -23,17 +23,26 @@
 //! | broke, not resumed within [`RESUME_GRACE`] (a dead client) | released | deleted |
 //! | the replica drained, crashed, or the client fell silent | live on for the TTL | kept, resumable |
 //! | the server refused the client (bad message, revoked token) | released | deleted |
+//!
+//! `SessionKeeper` is the sessions part of the engine: it writes the
+//! records, has a session's grants renewed by this replica (`renewer.rs`,
+//! which owns them) and releases them when a session ends, or keeps them
+//! for the lock-delay when it died.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::calls::Calls;
+use super::locks::{GrantRef, Locks};
 use super::ops::session_record::{self as record, Claim, Touch};
-use super::sessions::{LOST_NOT_HELD, LostGrant};
-use super::{EngineError, LockEngine, LockId, ops};
+use super::renewer::Renewer;
+use super::sessions::{LOST_NOT_HELD, LostGrant, Sessions};
+use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, ReleaseOutcome, ops};
 
 /// How long the grants of a session whose stream broke wait for a resume
 /// before they are released as a dead client's. Short, so a client whose
@@ -99,7 +108,36 @@ fn digest(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
-impl LockEngine {
+/// Sessions: their records in Redis, their grants' ends.
+pub(super) struct SessionKeeper {
+    /// The session grants this replica renews.
+    renewer: Arc<Renewer>,
+    /// How long a dead session's grants stay held (None: released at once).
+    lock_delay_ms: Option<u64>,
+    calls: Arc<Calls>,
+    locks: Arc<Locks>,
+}
+
+impl SessionKeeper {
+    pub(super) fn new(
+        renewer: Arc<Renewer>,
+        lock_delay_ms: Option<u64>,
+        calls: Arc<Calls>,
+        locks: Arc<Locks>,
+    ) -> Self {
+        SessionKeeper {
+            renewer,
+            lock_delay_ms,
+            calls,
+            locks,
+        }
+    }
+
+    /// The session grants this replica renews.
+    fn sessions(&self) -> &Sessions {
+        self.renewer.sessions()
+    }
+
     /// How long a session's record outlives its last touch: its grants'
     /// lease, twice over.
     fn record_keep_ms(ttl_ms: u64) -> u64 {
@@ -107,12 +145,12 @@ impl LockEngine {
     }
 
     /// Records a new session (owner: the token's name, '' without auth).
-    pub async fn open_session(
+    pub(super) async fn open_session(
         &self,
         owner: &str,
         ttl_ms: u64,
     ) -> Result<SessionTicket, EngineError> {
-        self.ready()?;
+        self.calls.ready()?;
         let id = format!("session-{}", uuid::Uuid::now_v7());
         let secret = format!(
             "{}{}",
@@ -125,8 +163,9 @@ impl LockEngine {
             ttl_ms,
             keep_ms: Self::record_keep_ms(ttl_ms),
         };
-        let key = self.layout.session_key(&id);
-        self.call(&self.scripts.session_open, &key, &call.args())
+        let key = self.calls.layout().session_key(&id);
+        self.calls
+            .call(|s| &s.session_open, &key, &call.args())
             .await?;
         Ok(SessionTicket {
             id,
@@ -139,7 +178,7 @@ impl LockEngine {
     /// match. Its grants are renewed at once; those still held are kept
     /// (and renewed by this replica from now on), the others reported
     /// lost. `may_act` says whether the owner may still act in a namespace.
-    pub async fn resume_session(
+    pub(super) async fn resume_session(
         &self,
         owner: &str,
         session: &str,
@@ -147,10 +186,10 @@ impl LockEngine {
         may_act: impl Fn(&str) -> bool,
         lost_tx: &mpsc::Sender<LostGrant>,
     ) -> Result<Resumed, ResumeError> {
-        self.ready()?;
-        let key = self.layout.session_key(session);
+        self.calls.ready()?;
+        let key = self.calls.layout().session_key(session);
         let args = record::claim_args(owner, &digest(secret));
-        let reply = self.call(&self.scripts.session_claim, &key, &args).await?;
+        let reply = self.calls.call(|s| &s.session_claim, &key, &args).await?;
         let (epoch, ttl_ms, grants) = match record::parse_claim(reply)? {
             Claim::Gone => return Err(ResumeError::Gone),
             Claim::Refused => return Err(ResumeError::Refused),
@@ -173,7 +212,7 @@ impl LockEngine {
                 });
                 continue;
             }
-            let shard = self.layout.shard_of(&lock.namespace, &lock.name);
+            let shard = self.calls.layout().shard_of(&lock.namespace, &lock.name);
             by_shard
                 .entry((lock.namespace.to_string(), shard))
                 .or_default()
@@ -192,17 +231,17 @@ impl LockEngine {
                     epoch,
                 })
                 .collect();
-            let (gone, moved) = match self.renew_items(&namespace, shard, &items).await {
+            let (gone, moved) = match self.renewer.renew_now(&namespace, shard, &items).await {
                 Ok(found) => found,
                 Err(err) => {
-                    self.sessions.end(session, epoch);
+                    self.sessions().end(session, epoch);
                     return Err(err.into());
                 }
             };
             if !moved.is_empty() {
                 // A later claim stamped these grants first: that stream
                 // serves the session, this one never does.
-                self.sessions.end(session, epoch);
+                self.sessions().end(session, epoch);
                 return Err(ResumeError::Moved);
             }
             for (i, (lock, token)) in grants.into_iter().enumerate() {
@@ -213,8 +252,15 @@ impl LockEngine {
                         reason: LOST_NOT_HELD,
                     });
                 } else {
-                    self.sessions
-                        .add(session, epoch, &lock, token, ttl, sent_at, lost_tx.clone());
+                    self.sessions().add(
+                        session,
+                        epoch,
+                        &lock,
+                        token,
+                        ttl,
+                        sent_at,
+                        lost_tx.clone(),
+                    );
                     kept.push((lock, token));
                 }
             }
@@ -229,15 +275,15 @@ impl LockEngine {
         match self.touch_session(session, epoch, ttl_ms).await {
             Ok(Touch::Ours) => {}
             Ok(Touch::Moved) => {
-                self.sessions.end(session, epoch);
+                self.sessions().end(session, epoch);
                 return Err(ResumeError::Moved);
             }
             Ok(Touch::Gone) => {
-                self.sessions.end(session, epoch);
+                self.sessions().end(session, epoch);
                 return Err(ResumeError::Gone);
             }
             Err(err) => {
-                self.sessions.end(session, epoch);
+                self.sessions().end(session, epoch);
                 return Err(err.into());
             }
         }
@@ -252,15 +298,15 @@ impl LockEngine {
     /// Keeps the record of a session this stream serves alive (and notes
     /// that it lives now: a resume within the TTL from now finds it); or
     /// learns that another stream resumed it, or that it is gone.
-    pub async fn touch_session(
+    pub(super) async fn touch_session(
         &self,
         session: &str,
         epoch: u64,
         ttl_ms: u64,
     ) -> Result<Touch, EngineError> {
-        let key = self.layout.session_key(session);
+        let key = self.calls.layout().session_key(session);
         let args = record::touch_args(epoch, Self::record_keep_ms(ttl_ms));
-        let reply = self.call(&self.scripts.session_touch, &key, &args).await?;
+        let reply = self.calls.call(|s| &s.session_touch, &key, &args).await?;
         Ok(record::parse_touch(reply)?)
     }
 
@@ -273,9 +319,9 @@ impl LockEngine {
         lock: &LockId,
         token: Option<u64>,
     ) -> Result<bool, EngineError> {
-        let key = self.layout.session_key(session);
+        let key = self.calls.layout().session_key(session);
         let args = record::note_args(epoch, &lock.namespace, &lock.name, token);
-        let reply = self.call(&self.scripts.session_note, &key, &args).await?;
+        let reply = self.calls.call(|s| &s.session_note, &key, &args).await?;
         Ok(record::still_ours(reply)?)
     }
 
@@ -285,14 +331,14 @@ impl LockEngine {
     /// elsewhere meanwhile keeps them) or left to live on for the TTL
     /// (`Keep`). Returns the grants the stream had and whether they were
     /// released.
-    pub async fn end_session(
+    pub(super) async fn end_session(
         &self,
         session: &str,
         epoch: u64,
         ttl_ms: u64,
         end: SessionEnd,
     ) -> (Vec<(LockId, u64)>, bool) {
-        let grants = self.sessions.end(session, epoch);
+        let grants = self.sessions().end(session, epoch);
         if end == SessionEnd::Keep {
             // The TTL within which it may be resumed runs from now.
             if let Err(err) = self.touch_session(session, epoch, ttl_ms).await {
@@ -300,9 +346,10 @@ impl LockEngine {
             }
             return (grants, false);
         }
-        let key = self.layout.session_key(session);
+        let key = self.calls.layout().session_key(session);
         let ended = self
-            .call(&self.scripts.session_end, &key, &record::end_args(epoch))
+            .calls
+            .call(|s| &s.session_end, &key, &record::end_args(epoch))
             .await
             .map_err(EngineError::from)
             .and_then(|reply| Ok(record::still_ours(reply)?));
@@ -318,5 +365,114 @@ impl LockEngine {
         self.release_session_grants(session, epoch, &grants, end == SessionEnd::Died)
             .await;
         (grants, true)
+    }
+
+    /// After a session's acquire: a grant is named in the session's
+    /// record (so any replica can resume it) and renewed by this replica
+    /// from now on (lost grants are reported on `lost`). A grant that
+    /// cannot be named in the record is released again and the call
+    /// fails: the client is never told of a grant its session could not
+    /// take along. Refused (MOVED) when a newer stream took the grant over
+    /// meanwhile: then it is that stream's to keep.
+    pub(super) async fn keep_grant(
+        &self,
+        session: &str,
+        epoch: u64,
+        req: &AcquireRequest,
+        outcome: &AcquireOutcome,
+        lost: &mpsc::Sender<LostGrant>,
+    ) -> Result<(), EngineError> {
+        let (AcquireOutcome::Acquired { grant, .. } | AcquireOutcome::AlreadyHeld { grant, .. }) =
+            outcome
+        else {
+            return Ok(());
+        };
+        let token = grant.fencing_token;
+        // The lease started no later than now: renewing from now on is
+        // safe (early, never late).
+        let granted_at = Instant::now();
+        let noted = self
+            .note_session_grant(session, epoch, &req.lock, Some(token))
+            .await;
+        if !matches!(noted, Ok(true)) {
+            let _ = self
+                .locks
+                .release(&req.lock, session, Some(token), Some(epoch))
+                .await;
+            return Err(match noted {
+                Err(err) => err,
+                _ => EngineError::SessionMoved,
+            });
+        }
+        self.sessions().add(
+            session,
+            epoch,
+            &req.lock,
+            token,
+            Duration::from_millis(req.ttl_ms),
+            granted_at,
+            lost.clone(),
+        );
+        Ok(())
+    }
+
+    /// Releases one grant of a session, stops renewing it and takes it off
+    /// the session's record.
+    pub(super) async fn release(
+        &self,
+        session: &str,
+        epoch: u64,
+        lock: &LockId,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        let token = self.sessions().remove(session, epoch, lock);
+        let outcome = self
+            .locks
+            .release(lock, session, token, Some(epoch))
+            .await?;
+        if let Err(err) = self.note_session_grant(session, epoch, lock, None).await {
+            // A resume would find the grant gone and report it lost.
+            tracing::warn!(%session, error = %err, "a released grant stays named in the session record");
+        }
+        Ok(outcome)
+    }
+
+    /// Releases the grants of a session that is over, at once (and so
+    /// wakes their waiters). With a lock-delay, a session that died
+    /// (rather than being closed) leaves its grants held for that delay
+    /// instead, so a partitioned old holder cannot overlap with the next
+    /// one. Grants that cannot be released now (Redis trouble) expire at
+    /// their short lease.
+    async fn release_session_grants(
+        &self,
+        session: &str,
+        epoch: u64,
+        grants: &[(LockId, u64)],
+        died: bool,
+    ) {
+        let delay = self.lock_delay_ms.filter(|_| died);
+        let endings = grants.iter().map(|(lock, token)| async move {
+            let grant = GrantRef {
+                lock,
+                holder: session,
+                fencing_token: Some(*token),
+            };
+            match delay {
+                Some(delay_ms) => self
+                    .locks
+                    .extend(grant, Some(delay_ms), None, Some(epoch))
+                    .await
+                    .map(|_| ()),
+                None => self
+                    .locks
+                    .release(lock, session, Some(*token), Some(epoch))
+                    .await
+                    .map(|_| ()),
+            }
+        });
+        for outcome in futures::future::join_all(endings).await {
+            if let Err(err) = outcome {
+                tracing::warn!(%session, error = %err, "a session grant could not be released; it expires at its lease");
+            }
+        }
     }
 }

@@ -6,6 +6,10 @@
 //! goes away while it waits; when the replica drains, the request keeps
 //! its place for its queue TTL, for the same holder to take back through
 //! another replica.
+//!
+//! [`Waiting`] owns this replica's waiting RPCs ([`Waiters`]: the
+//! registry the subscriber wakes) and the refresher that keeps their
+//! requests alive in Redis; the calls themselves are [`Locks`]'.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,17 +17,37 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::keys::LockKeys;
+use super::locks::Locks;
 use super::ops::acquire::Outcome;
-use super::{AcquireOutcome, AcquireRequest, EngineError, LockEngine, LockId};
+use super::waiters::Waiters;
+use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, records};
 use crate::store::StoreError;
 
-impl LockEngine {
-    pub(super) async fn acquire_waiting(
-        self: &Arc<Self>,
+/// Acquires that wait in this server.
+pub(super) struct Waiting {
+    waiters: Arc<Waiters>,
+    locks: Arc<Locks>,
+}
+
+impl Waiting {
+    pub(super) fn new(waiters: Arc<Waiters>, locks: Arc<Locks>) -> Self {
+        Waiting { waiters, locks }
+    }
+
+    /// This replica's waiting RPCs (and its shutdown signal).
+    pub(super) fn waiters(&self) -> &Arc<Waiters> {
+        &self.waiters
+    }
+
+    /// Takes a permit, waiting in the lock's queue until granted or
+    /// `req.wait` (not zero) has passed; the caller checked readiness and
+    /// noted the namespace.
+    pub(super) async fn acquire(
+        &self,
         req: &AcquireRequest,
-        keys: &LockKeys,
-        metadata: &str,
     ) -> Result<AcquireOutcome, EngineError> {
+        let keys = &self.locks.keys(&req.lock);
+        let metadata = &records::metadata_arg(&req.metadata);
         let deadline = Instant::now() + req.wait;
         // Registered before the first call: no wake-up is missed.
         let registration = self.waiters.register(
@@ -37,7 +61,8 @@ impl LockEngine {
         // Leaves the queue if this future is dropped (client cancelled,
         // deadline passed) or fails while queued.
         let mut queued = QueuedGuard {
-            engine: self.clone(),
+            locks: self.locks.clone(),
+            waiters: self.waiters.clone(),
             lock: req.lock.clone(),
             keys: keys.clone(),
             holder: req.holder.clone(),
@@ -45,7 +70,10 @@ impl LockEngine {
         };
         loop {
             let wait_left = deadline.saturating_duration_since(Instant::now());
-            let answer = self.attempt(req, keys, metadata, Some(wait_left)).await?;
+            let answer = self
+                .locks
+                .attempt(req, keys, metadata, Some(wait_left))
+                .await?;
             let (holders, next_expiry, position) = match answer.outcome {
                 Outcome::Queued {
                     holders,
@@ -54,7 +82,7 @@ impl LockEngine {
                 } => (holders, next_expiry, position),
                 outcome => {
                     queued.armed = false;
-                    return self.settled(req, outcome)?.ok_or_else(|| {
+                    return self.locks.settled(req, outcome)?.ok_or_else(|| {
                         StoreError::Protocol("acquire answered busy to a waiting call".into())
                             .into()
                     });
@@ -72,7 +100,7 @@ impl LockEngine {
                 () = sleep_until_some(expiry) => {}
                 () = tokio::time::sleep_until(deadline) => {
                     queued.armed = false;
-                    let had = self.dequeue(&req.lock, keys, &req.holder, true).await?;
+                    let had = self.locks.dequeue(&req.lock, keys, &req.holder, true).await?;
                     return Ok(AcquireOutcome::TimedOut {
                         holders,
                         next_expiry_at_ms: next_expiry,
@@ -83,7 +111,7 @@ impl LockEngine {
                     // The caller may no longer wait (its token was
                     // revoked): leave the queue, grant nothing more.
                     queued.armed = false;
-                    self.dequeue(&req.lock, keys, &req.holder, false).await?;
+                    self.locks.dequeue(&req.lock, keys, &req.holder, false).await?;
                     return Err(EngineError::Stopped);
                 }
                 () = self.waiters.shutdown_token().cancelled() => {
@@ -94,6 +122,37 @@ impl LockEngine {
                     return Err(EngineError::ShuttingDown);
                 }
             }
+        }
+    }
+
+    /// Keeps this replica's waiting requests alive until `shutdown`: per
+    /// lock, one function call every queue_ttl/3.
+    pub(super) async fn run_refresher(&self) {
+        let shutdown = self.waiters.shutdown_token().clone();
+        loop {
+            let (due, next) = self.waiters.take_due(Instant::now());
+            let mut calls = tokio::task::JoinSet::new();
+            for batch in due {
+                let (locks, waiters) = (self.locks.clone(), self.waiters.clone());
+                calls.spawn(async move {
+                    match locks.refresh(&batch).await {
+                        Ok(lost) if !lost.is_empty() => {
+                            // Their place is gone: let them queue again.
+                            let lost: Vec<&str> = lost.iter().map(String::as_str).collect();
+                            waiters.wake(&batch.keys.queue, &lost);
+                        }
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(error = %err, lock = %batch.name, "refreshing waiters failed"),
+                    }
+                });
+            }
+            let next = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(next) => {}
+                () = self.waiters.refresh_changed() => {}
+            }
+            while calls.join_next().await.is_some() {}
         }
     }
 }
@@ -115,7 +174,8 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// Takes a waiting request out of the queue when its RPC goes away while
 /// queued (dropped future: client cancelled, deadline passed, error).
 struct QueuedGuard {
-    engine: Arc<LockEngine>,
+    locks: Arc<Locks>,
+    waiters: Arc<Waiters>,
     lock: LockId,
     keys: LockKeys,
     holder: String,
@@ -125,13 +185,13 @@ struct QueuedGuard {
 impl Drop for QueuedGuard {
     fn drop(&mut self) {
         // On a draining replica the request keeps its place (see above).
-        if !self.armed || self.engine.waiters.shutdown_token().is_cancelled() {
+        if !self.armed || self.waiters.shutdown_token().is_cancelled() {
             return;
         }
-        let engine = self.engine.clone();
+        let locks = self.locks.clone();
         let (lock, keys, holder) = (self.lock.clone(), self.keys.clone(), self.holder.clone());
         tokio::spawn(async move {
-            if let Err(err) = engine.dequeue(&lock, &keys, &holder, false).await {
+            if let Err(err) = locks.dequeue(&lock, &keys, &holder, false).await {
                 // Its liveness deadline will drop it instead.
                 tracing::warn!(error = %err, lock = %lock.name, "leaving the queue failed");
             }

@@ -17,18 +17,19 @@
 //! finds nothing left). Only watched locks cost anything: no Redis index
 //! of lease ends exists for that.
 //!
+//! The calls these need (the lease-end purges, the initial state, the
+//! registry of watched namespaces in Redis) are `watching.rs`'s.
+//!
 //! Why a std `Mutex`: held only to walk or change the list, never across
 //! an `.await`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc, watch};
 
-use super::{EngineError, LockEngine, LockId, ops};
-use crate::store::StoreError;
+use super::LockId;
 
 /// Events of the initial state (not changes): a live grant, a live
 /// waiting request, and the end of the state.
@@ -38,12 +39,6 @@ pub const SYNCED: &str = "synced";
 
 /// Locks (with a prefix) whose state a Watch's initial state shows at most.
 pub const STATE_MAX_LOCKS: usize = 1000;
-/// Waiting requests per lock the initial state shows at most.
-const STATE_MAX_WAITERS: u32 = 1000;
-
-/// The least time between two purges of one lock (a purge that found its
-/// lease not yet ended schedules the next one no sooner).
-const PURGE_GAP_MS: i64 = 5;
 
 /// One lock event, as scripts publish it. Its JSON (the dashboard's
 /// changelog, `tumbler watch -o json`) carries the fencing token as a
@@ -111,7 +106,7 @@ impl LockEvent {
     }
 
     /// The event of a live grant in a Watch's initial state.
-    fn held(lock: &LockId, grant: super::Grant, now_ms: i64) -> LockEvent {
+    pub(super) fn held(lock: &LockId, grant: super::Grant, now_ms: i64) -> LockEvent {
         LockEvent {
             namespace: lock.namespace.to_string(),
             name: lock.name.to_string(),
@@ -347,8 +342,18 @@ impl Watchers {
     }
 
     /// The earliest lease end scheduled (Redis ms).
-    fn next_lease_end(&self) -> Option<i64> {
+    pub(super) fn next_lease_end(&self) -> Option<i64> {
         self.leases.lock().unwrap().due.first().map(|(at, _)| *at)
+    }
+
+    /// Returns when a lease end was scheduled or dropped.
+    pub(super) async fn lease_ends_changed(&self) {
+        self.leases_changed.notified().await;
+    }
+
+    /// Takes the lease ends due by `now_ms` (Redis ms): the locks to purge.
+    pub(super) fn take_due_lease_ends(&self, now_ms: i64) -> HashSet<(String, String)> {
+        self.leases.lock().unwrap().take_due(now_ms)
     }
 
     /// Follows whether anyone watches (for the subscriber).
@@ -386,139 +391,6 @@ impl Watchers {
         if matched {
             self.track(&event);
         }
-    }
-}
-
-impl LockEngine {
-    /// Purges watched locks at their lease ends until shutdown, so that
-    /// `expired` is published when a lease ends rather than when some
-    /// later call touches the lock (see the module's notes).
-    pub async fn run_expiry_timers(self: Arc<Self>) {
-        let shutdown = self.waiters.shutdown_token().clone();
-        loop {
-            let wait = match self.watchers.next_lease_end() {
-                Some(at) => Duration::from_millis((at - self.clock.now_ms()).max(0) as u64),
-                None => Duration::from_secs(3600),
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = self.watchers.leases_changed.notified() => continue,
-                () = tokio::time::sleep(wait) => {}
-            }
-            let now = self.clock.now_ms();
-            let due = self.watchers.leases.lock().unwrap().take_due(now);
-            for (namespace, name) in due {
-                if !self.watchers.watched_here(&namespace, &name) {
-                    continue;
-                }
-                let engine = self.clone();
-                tokio::spawn(async move {
-                    let lock = LockId::stored(namespace, name);
-                    match engine.purge_watched(&lock).await {
-                        Ok(Some(next)) => engine.watchers.schedule(
-                            &lock.namespace,
-                            &lock.name,
-                            "",
-                            next.max(engine.clock.now_ms() + PURGE_GAP_MS),
-                        ),
-                        Ok(None) => {}
-                        Err(err) => {
-                            tracing::debug!(error = %err, lock = %lock.name, "lease-end purge failed; retried");
-                            engine.watchers.schedule(
-                                &lock.namespace,
-                                &lock.name,
-                                "",
-                                engine.clock.now_ms() + 100,
-                            );
-                        }
-                    }
-                });
-            }
-        }
-    }
-
-    /// One lease-end purge of a watched lock (`lua/purge.lua`); returns
-    /// when its next lease may end (None: nobody holds it).
-    async fn purge_watched(&self, lock: &LockId) -> Result<Option<i64>, StoreError> {
-        self.ready()?;
-        let keys = self.layout.lock_keys(&lock.namespace, &lock.name);
-        let args = ops::purge::args(self.emits(&lock.namespace));
-        let reply = self.call_lock(&self.scripts.purge, &keys, &args).await?;
-        let answer = ops::purge::parse(reply)?;
-        self.clock.observe(answer.now);
-        self.count_noted(&lock.namespace, answer.now, &answer.noted);
-        Ok(answer.outcome)
-    }
-
-    /// The current state of the locks a watcher wants, as events: one
-    /// `held` per live grant, one `waiting` per live waiting request, then
-    /// one `synced`. Their lease ends are scheduled like relayed grants'.
-    /// With a prefix, at most [`STATE_MAX_LOCKS`] locks are shown.
-    pub async fn watch_state(&self, filter: &Filter) -> Result<Vec<LockEvent>, EngineError> {
-        let names = match &filter.name {
-            Some(name) => vec![name.to_string()],
-            None => {
-                let mut names = Vec::new();
-                let mut from = None;
-                loop {
-                    let left = STATE_MAX_LOCKS - names.len();
-                    let page = self
-                        .list(
-                            &filter.namespace,
-                            &filter.prefix,
-                            left.min(500) as u32,
-                            from,
-                            false,
-                        )
-                        .await?;
-                    names.extend(page.locks.into_iter().map(|l| l.name));
-                    match page.next {
-                        Some(next) if names.len() < STATE_MAX_LOCKS => from = Some(next),
-                        _ => break,
-                    }
-                }
-                names.sort();
-                names.dedup();
-                names
-            }
-        };
-        let mut events = Vec::new();
-        let mut now_ms = self.clock.now_ms();
-        for name in names {
-            let lock = LockId::stored(filter.namespace.clone(), name);
-            let state = self.inspect(&lock).await?;
-            now_ms = state.now_ms;
-            for grant in state.holders {
-                self.watchers.schedule(
-                    &lock.namespace,
-                    &lock.name,
-                    &grant.holder,
-                    grant.expires_at_ms,
-                );
-                events.push(LockEvent::held(&lock, grant, state.now_ms));
-            }
-            if state.waiters > 0 {
-                let queue = self.queue(&lock, STATE_MAX_WAITERS).await?;
-                for request in queue.requests {
-                    events.push(LockEvent {
-                        namespace: lock.namespace.to_string(),
-                        name: lock.name.to_string(),
-                        event: WAITING.into(),
-                        holder: request.holder,
-                        at_ms: queue.now_ms,
-                        kind: request.kind,
-                        ..LockEvent::default()
-                    });
-                }
-            }
-        }
-        events.push(LockEvent {
-            namespace: filter.namespace.to_string(),
-            event: SYNCED.into(),
-            at_ms: now_ms,
-            ..LockEvent::default()
-        });
-        Ok(events)
     }
 }
 

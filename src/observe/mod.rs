@@ -398,30 +398,6 @@ pub fn record_lock(namespace: &str, lock_name: &str, holder: &str) {
     span.record("holder", holder);
 }
 
-/// One round of the background reaper on this replica.
-pub fn reaper_run() {
-    counter!("tumbler_reaper_runs_total").increment(1);
-}
-
-/// A reaper round kept from the reaper lock for longer than expected.
-pub fn reaper_lock_unavailable() {
-    counter!("tumbler_reaper_lock_unavailable_total").increment(1);
-}
-
-/// What one namespace's reap by the background reaper removed: expired
-/// holders, dead waiters, stale index entries.
-pub fn reaped(expired_holders: u64, dead_waiters: u64, stale_index_entries: u64) {
-    for (what, n) in [
-        ("expired_holders", expired_holders),
-        ("dead_waiters", dead_waiters),
-        ("stale_index_entries", stale_index_entries),
-    ] {
-        if n > 0 {
-            counter!("tumbler_reaped_total", "what" => what).increment(n);
-        }
-    }
-}
-
 /// The name Prometheus and OpenTelemetry use for a gRPC status code.
 pub use crate::proto::metadata::code_name;
 

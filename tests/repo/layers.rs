@@ -104,6 +104,47 @@ fn each_layer_names_only_the_layers_below_it() {
     );
 }
 
+/// The layers that are to move into a crate of their own (no tonic, no
+/// axum) name nothing of this crate above them: (files under `src/`, the
+/// `crate::` modules they may name; `test_support` only in tests).
+const SELF_CONTAINED: &[(&str, &[&str])] = &[
+    ("engine", &["engine", "store", "wallclock", "test_support"]),
+    ("store", &["store", "wallclock", "test_support"]),
+];
+
+#[test]
+fn the_engine_and_the_store_stand_alone() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut broken = Vec::new();
+    for (layer, allowed) in SELF_CONTAINED {
+        let mut files = Vec::new();
+        sources(&src.join(layer), &mut files);
+        for file in files {
+            for (n, line) in code_lines(&file) {
+                for (at, _) in line.match_indices("crate::") {
+                    let module: String = line[at + "crate::".len()..]
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    let a_path = !(line[..at].chars().next_back())
+                        .is_some_and(|c| c.is_alphanumeric() || c == '_');
+                    if a_path && !allowed.contains(&module.as_str()) {
+                        broken.push(format!(
+                            "{}:{n}: names crate::{module}",
+                            file.strip_prefix(&src).unwrap().display()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "the engine and the store must not depend on the rest of the crate (it is to become a crate of its own):\n{}",
+        broken.join("\n")
+    );
+}
+
 #[test]
 fn the_checker_sees_a_forbidden_name() {
     // The rule reader itself: a line naming the store in code is caught,
