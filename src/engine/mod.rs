@@ -394,7 +394,7 @@ impl LockEngine {
         owner: &str,
         ttl_ms: u64,
     ) -> Result<SessionTicket, EngineError> {
-        self.sessions.open_session(owner, ttl_ms).await
+        self.sessions.open(owner, ttl_ms).await
     }
 
     /// Takes a session back for a new stream (see `resume.rs`).
@@ -407,7 +407,7 @@ impl LockEngine {
         lost_tx: &mpsc::Sender<LostGrant>,
     ) -> Result<Resumed, ResumeError> {
         self.sessions
-            .resume_session(owner, session, secret, may_act, lost_tx)
+            .resume(owner, session, secret, may_act, lost_tx)
             .await
     }
 
@@ -419,7 +419,7 @@ impl LockEngine {
         epoch: u64,
         ttl_ms: u64,
     ) -> Result<Touch, EngineError> {
-        self.sessions.touch_session(session, epoch, ttl_ms).await
+        self.sessions.touch(session, epoch, ttl_ms).await
     }
 
     /// The stream that serves a session stops: its grants are released or
@@ -431,7 +431,7 @@ impl LockEngine {
         ttl_ms: u64,
         end: SessionEnd,
     ) -> (Vec<(LockId, u64)>, bool) {
-        self.sessions.end_session(session, epoch, ttl_ms, end).await
+        self.sessions.end(session, epoch, ttl_ms, end).await
     }
 
     /// Acquires for a session: the holder is the session id, the lease the

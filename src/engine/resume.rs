@@ -145,7 +145,7 @@ impl SessionKeeper {
     }
 
     /// Records a new session (owner: the token's name, '' without auth).
-    pub(super) async fn open_session(
+    pub(super) async fn open(
         &self,
         owner: &str,
         ttl_ms: u64,
@@ -178,7 +178,7 @@ impl SessionKeeper {
     /// match. Its grants are renewed at once; those still held are kept
     /// (and renewed by this replica from now on), the others reported
     /// lost. `may_act` says whether the owner may still act in a namespace.
-    pub(super) async fn resume_session(
+    pub(super) async fn resume(
         &self,
         owner: &str,
         session: &str,
@@ -266,13 +266,11 @@ impl SessionKeeper {
             }
         }
         for grant in &lost {
-            let _ = self
-                .note_session_grant(session, epoch, &grant.lock, None)
-                .await;
+            let _ = self.note_grant(session, epoch, &grant.lock, None).await;
         }
         // Still this stream's? A claim that came later has moved the epoch
         // on: refuse before the client is told `opened`.
-        match self.touch_session(session, epoch, ttl_ms).await {
+        match self.touch(session, epoch, ttl_ms).await {
             Ok(Touch::Ours) => {}
             Ok(Touch::Moved) => {
                 self.sessions().end(session, epoch);
@@ -298,7 +296,7 @@ impl SessionKeeper {
     /// Keeps the record of a session this stream serves alive (and notes
     /// that it lives now: a resume within the TTL from now finds it); or
     /// learns that another stream resumed it, or that it is gone.
-    pub(super) async fn touch_session(
+    pub(super) async fn touch(
         &self,
         session: &str,
         epoch: u64,
@@ -312,7 +310,7 @@ impl SessionKeeper {
 
     /// Adds a grant to (or, with no token, takes it off) the record;
     /// false when another stream resumed the session.
-    pub(super) async fn note_session_grant(
+    async fn note_grant(
         &self,
         session: &str,
         epoch: u64,
@@ -331,7 +329,7 @@ impl SessionKeeper {
     /// elsewhere meanwhile keeps them) or left to live on for the TTL
     /// (`Keep`). Returns the grants the stream had and whether they were
     /// released.
-    pub(super) async fn end_session(
+    pub(super) async fn end(
         &self,
         session: &str,
         epoch: u64,
@@ -341,7 +339,7 @@ impl SessionKeeper {
         let grants = self.sessions().end(session, epoch);
         if end == SessionEnd::Keep {
             // The TTL within which it may be resumed runs from now.
-            if let Err(err) = self.touch_session(session, epoch, ttl_ms).await {
+            if let Err(err) = self.touch(session, epoch, ttl_ms).await {
                 tracing::warn!(%session, error = %err, "session record not touched at the stream's end");
             }
             return (grants, false);
@@ -362,7 +360,7 @@ impl SessionKeeper {
             // Releasing is still right: a resume needs this Redis too.
             Err(err) => tracing::warn!(%session, error = %err, "session record not ended"),
         }
-        self.release_session_grants(session, epoch, &grants, end == SessionEnd::Died)
+        self.release_grants(session, epoch, &grants, end == SessionEnd::Died)
             .await;
         (grants, true)
     }
@@ -392,7 +390,7 @@ impl SessionKeeper {
         // safe (early, never late).
         let granted_at = Instant::now();
         let noted = self
-            .note_session_grant(session, epoch, &req.lock, Some(token))
+            .note_grant(session, epoch, &req.lock, Some(token))
             .await;
         if !matches!(noted, Ok(true)) {
             let _ = self
@@ -429,7 +427,7 @@ impl SessionKeeper {
             .locks
             .release(lock, session, token, Some(epoch))
             .await?;
-        if let Err(err) = self.note_session_grant(session, epoch, lock, None).await {
+        if let Err(err) = self.note_grant(session, epoch, lock, None).await {
             // A resume would find the grant gone and report it lost.
             tracing::warn!(%session, error = %err, "a released grant stays named in the session record");
         }
@@ -442,7 +440,7 @@ impl SessionKeeper {
     /// instead, so a partitioned old holder cannot overlap with the next
     /// one. Grants that cannot be released now (Redis trouble) expire at
     /// their short lease.
-    async fn release_session_grants(
+    async fn release_grants(
         &self,
         session: &str,
         epoch: u64,

@@ -1,11 +1,11 @@
 //! The typed twins of tumbler's Redis functions, one file per function
 //! (`lua/<operation>.lua`): what it is called with (a typed input turned
 //! into its arguments in one place), what it answers (an enum or a
-//! struct), and the parse of that answer. The engine's methods are built
-//! from these (one lock: `engine/locks.rs`, `waiting.rs`, `watchers.rs`;
-//! shard walks: `walks.rs`; the loops: `background.rs`; sessions:
-//! `resume.rs`; the changelog: `changelog.rs`); nothing else knows the
-//! functions' argument order or reply shape. (The five functions on a
+//! struct), and the parse of that answer. The engine's parts call them
+//! through `calls.rs` (one lock: `engine/locks.rs`; shard walks:
+//! `walks.rs`; sessions: `resume.rs` and `renewer.rs`; the changelog:
+//! `changelog.rs`; per-minute counts: `counting.rs`); nothing else knows
+//! the functions' argument order or reply shape. (The five functions on a
 //! session's record, a few lines each, share `session_record.rs`.)
 
 pub mod acquire;
