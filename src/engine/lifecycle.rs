@@ -19,7 +19,6 @@ use super::changelog::ChangelogSettings;
 use super::keys::Layout;
 use super::waiters::run_subscriber;
 use super::{LockEngine, WaitLimits};
-
 use crate::store::Store;
 
 /// How long shutdown waits for the last counts to be written, and for the

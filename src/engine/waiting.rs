@@ -125,8 +125,9 @@ impl Waiting {
         }
     }
 
-    /// Keeps this replica's waiting requests alive until `shutdown`: per
-    /// lock, one function call every queue_ttl/3.
+    /// Keeps this replica's waiting requests alive until the replica shuts
+    /// down (the waiters' shutdown signal): per lock, one function call
+    /// every queue_ttl/3.
     pub(super) async fn run_refresher(&self) {
         let shutdown = self.waiters.shutdown_token().clone();
         loop {
