@@ -1,7 +1,7 @@
 //! The workspace's dependency rules, which the compiler enforces once a
 //! dependency is absent: the Rust client and the CLI build without the
 //! server's Redis and web stack, and the CLI without the server itself;
-//! the store knows no engine, proto or transport.
+//! the engine knows no proto or transport, the store no engine either.
 
 use std::path::Path;
 use std::process::Command;
@@ -47,6 +47,26 @@ fn assert_client_side(package: &str) {
     assert!(
         server_side.is_empty(),
         "{package} pulls in server-side crates: {server_side:?}"
+    );
+}
+
+#[test]
+fn the_engine_depends_on_no_proto_or_transport() {
+    let names = normal_dependencies("tumbler-engine");
+    assert!(names.iter().any(|n| n == "tumbler-store"), "{names:?}");
+    let above: Vec<&String> = (names.iter())
+        .filter(|n| {
+            n.starts_with("tonic")
+                || n.starts_with("axum")
+                || n.starts_with("tumbler-proto")
+                || *n == "tumbler"
+                || *n == "hyper"
+                || *n == "prost"
+        })
+        .collect();
+    assert!(
+        above.is_empty(),
+        "tumbler-engine pulls in what is above it: {above:?}"
     );
 }
 

@@ -3,9 +3,9 @@
 use redis::Value;
 
 use super::{Reply, status};
-use crate::engine::AcquireRequest;
-use crate::engine::Grant;
-use crate::engine::records::parse_grant;
+use crate::AcquireRequest;
+use crate::Grant;
+use crate::records::parse_grant;
 use crate::store::StoreError;
 
 /// One call of the acquire function.

@@ -2,7 +2,7 @@
 //! cursor), and how the shards' parts of a page merge into the page.
 
 use super::{ChangelogEvent, ChangelogQuery};
-use crate::engine::ops::changelog::Start;
+use crate::ops::changelog::Start;
 
 /// Where a walk of a changelog goes on: after the event of `shard` that
 /// is the `index`-th (0: the newest) of that shard's events of millisecond
@@ -164,7 +164,7 @@ pub(super) mod tests {
     use super::*;
 
     /// An event message as `emit` makes it, without metadata.
-    pub(in crate::engine::changelog) fn message(at_ms: i64, name: &str) -> String {
+    pub(in crate::changelog) fn message(at_ms: i64, name: &str) -> String {
         format!("ns\n{name}\nacquired\nh\n7\n{at_ms}\n1\ndefault\n1000\n0\n0\n0\nholder\n")
     }
 

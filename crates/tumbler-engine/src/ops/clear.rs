@@ -3,7 +3,7 @@
 use redis::Value;
 
 use super::{Noted, Reply};
-use crate::engine::ClearCounts;
+use crate::ClearCounts;
 use crate::store::StoreError;
 
 pub fn args(watched: super::Emit, names: &[String]) -> Vec<String> {

@@ -247,7 +247,7 @@ mod tests {
     /// shard keys from the fence key they get): this pins both spellings.
     #[test]
     fn lua_builds_the_keys_rust_builds() {
-        let common = include_str!("../../lua/common.lua");
+        let common = include_str!("../../../lua/common.lua");
         let layout = Layout::new("tumbler", 4);
         let keys = layout.lock_keys("ns", "x");
         let shard = layout.shard_prefix("ns", layout.shard_of("ns", "x"));

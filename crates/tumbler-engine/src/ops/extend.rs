@@ -3,8 +3,8 @@
 use redis::Value;
 
 use super::{Reply, status};
-use crate::engine::Grant;
-use crate::engine::records::parse_grant;
+use crate::Grant;
+use crate::records::parse_grant;
 use crate::store::StoreError;
 
 /// One call of the extend function.

@@ -3,7 +3,7 @@
 use redis::Value;
 
 use super::{Noted, Reply, flag};
-use crate::engine::ReapCounts;
+use crate::ReapCounts;
 use crate::store::StoreError;
 
 pub struct Call<'a> {

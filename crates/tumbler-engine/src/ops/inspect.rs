@@ -3,8 +3,8 @@
 use redis::Value;
 
 use super::Reply;
-use crate::engine::LockState;
-use crate::engine::records::parse_grant;
+use crate::LockState;
+use crate::records::parse_grant;
 use crate::store::StoreError;
 
 pub fn parse(value: Value) -> Result<LockState, StoreError> {

@@ -50,8 +50,7 @@ pub fn text(field: &'static str, value: &str, max: usize) -> Result<(), Invalid>
 macro_rules! validated_text {
     ($(#[$doc:meta])* $type:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-        #[serde(transparent)]
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $type(String);
 
         impl $type {

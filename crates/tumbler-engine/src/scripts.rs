@@ -29,7 +29,7 @@ pub use crate::store::Function as LockScript;
 // operation), written by build.rs from the files in `lua/`.
 include!(concat!(env!("OUT_DIR"), "/operations.rs"));
 
-const COMMON: &str = include_str!("../../lua/common.lua");
+const COMMON: &str = include_str!("../../../lua/common.lua");
 
 impl Scripts {
     /// The library's code and its functions' names, made once at start.

@@ -3,8 +3,8 @@
 use redis::Value;
 
 use super::Reply;
-use crate::engine::QueueState;
-use crate::engine::records::parse_waiter;
+use crate::QueueState;
+use crate::records::parse_waiter;
 use crate::store::StoreError;
 
 pub fn args(most: u32) -> Vec<String> {

@@ -46,13 +46,11 @@ impl LockId {
     }
 }
 
-/// One permit of a lock, as stored in its grant record. Its JSON (the
-/// dashboard's, the CLI's `-o json`) carries the fencing token as a
-/// string: it may pass 2^53, past what a JavaScript number holds exactly.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+/// One permit of a lock, as stored in its grant record. (The engine writes
+/// no JSON: transports show its proto message, `tumbler.v1.Grant`.)
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     pub holder: String,
-    #[serde(serialize_with = "as_string")]
     pub fencing_token: u64,
     pub slot: u32,
     pub acquired_at_ms: i64,
@@ -141,7 +139,7 @@ pub struct LockState {
 }
 
 /// One live waiting request, as the Queue RPC shows it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueuedRequest {
     pub holder: String,
     pub position: u32,
@@ -164,7 +162,7 @@ pub struct QueueState {
 }
 
 /// One lock in a listing.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockSummary {
     pub name: String,
     pub holders: u32,
@@ -231,7 +229,7 @@ pub struct ClearCounts {
 }
 
 /// The events counted per minute and kind.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     pub acquired: u64,
     pub denied: u64,
@@ -276,18 +274,16 @@ impl Counters {
     }
 }
 
-/// One kind's counters over one minute (or, in totals, over the range);
-/// in JSON the counters sit beside `minute_ms` and `kind`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+/// One kind's counters over one minute (or, in totals, over the range).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetricsRow {
     pub minute_ms: i64,
     pub kind: String,
-    #[serde(flatten)]
     pub counters: Counters,
 }
 
 /// What the Metrics RPC reports.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetricsReport {
     pub minutes: Vec<MetricsRow>,
     pub totals: Vec<MetricsRow>,
@@ -409,9 +405,4 @@ pub enum LayoutError {
         "redis holds tumbler data written with {found}; this server is configured for {expected} (the shard count of a deployment cannot change; data of an older layout must be cleared or migrated, see the README's \"Key layout\")"
     )]
     Mismatch { found: String, expected: String },
-}
-
-/// A number serialized as its decimal string (see [`Grant`]).
-pub(crate) fn as_string<S: serde::Serializer>(n: &u64, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.collect_str(n)
 }

@@ -42,6 +42,24 @@
 //! `crate::wallclock`: no transport, no exporter (the reaper records its
 //! metrics with the `metrics` crate, which the server's exporter reads).
 
+pub mod wallclock;
+
+/// The store layer, the one crate below the engine.
+pub use tumbler_store as store;
+
+/// Settings the in-crate property tests share.
+#[cfg(test)]
+mod test_support {
+    /// 2,000 cases, no regression files written.
+    pub fn proptest_config() -> proptest::prelude::ProptestConfig {
+        proptest::prelude::ProptestConfig {
+            cases: 2000,
+            failure_persistence: None,
+            ..Default::default()
+        }
+    }
+}
+
 mod calls;
 pub mod changelog;
 pub mod clock;

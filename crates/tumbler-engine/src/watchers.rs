@@ -40,10 +40,9 @@ pub const SYNCED: &str = "synced";
 /// Locks (with a prefix) whose state a Watch's initial state shows at most.
 pub const STATE_MAX_LOCKS: usize = 1000;
 
-/// One lock event, as scripts publish it. Its JSON (the dashboard's
-/// changelog, `tumbler watch -o json`) carries the fencing token as a
-/// string, as a [`super::Grant`]'s does.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+/// One lock event, as scripts publish it (transports show its proto
+/// message, `tumbler.v1.LockEvent`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockEvent {
     pub namespace: String,
     pub name: String,
@@ -54,7 +53,6 @@ pub struct LockEvent {
     /// The grant's holder, or the waiting request's id.
     pub holder: String,
     /// The grant's fencing token (0 for events of waiting requests).
-    #[serde(serialize_with = "super::types::as_string")]
     pub fencing_token: u64,
     /// Redis clock, Unix ms.
     pub at_ms: i64,

@@ -3,7 +3,7 @@
 use redis::Value;
 
 use super::Reply;
-use crate::engine::LockSummary;
+use crate::LockSummary;
 use crate::store::StoreError;
 
 /// Redis' clock and the locks with anything live, in the order asked.
