@@ -166,7 +166,7 @@ impl Client {
                 let outcome = engine
                     .acquire(&engine::AcquireRequest {
                         lock: lock_id(name),
-                        holder: holder.into(),
+                        holder: engine::Holder::stored(holder),
                         limit,
                         ttl_ms: TTL_MS,
                         kind: "default".into(),

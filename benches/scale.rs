@@ -427,7 +427,7 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
                         .acquire(&engine::AcquireRequest {
                             lock: LockId::parse("default", format!("fill-{i:08}"))
                                 .expect("a valid lock name"),
-                            holder: "filler".into(),
+                            holder: engine::Holder::stored("filler"),
                             limit: 1,
                             ttl_ms: LONG_TTL_MS,
                             kind: "default".into(),

@@ -129,7 +129,9 @@ pub fn grant_record(data: &[u8]) {
     let ttl_ms = bytes.u64();
     let kind = validate::kind(bytes.text(validate::MAX_KIND_BYTES))
         .unwrap_or_else(|_| validate::DEFAULT_KIND.to_owned());
-    let holder = validate::holder(bytes.text(64)).unwrap_or_else(|_| "h".to_owned());
+    let holder = validate::holder(bytes.text(64))
+        .map(engine::Holder::into_string)
+        .unwrap_or_else(|_| "h".to_owned());
     let metadata: BTreeMap<String, String> = entries(&mut bytes).into_iter().collect();
     let json = engine::records::metadata_arg(&metadata);
     let mut record = format!("{slot}|{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}");

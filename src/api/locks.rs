@@ -37,8 +37,8 @@ pub(super) fn handler_spans() -> bool {
 }
 
 /// A time-ordered holder id for callers that bring none.
-pub(super) fn new_holder_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+pub(super) fn new_holder_id() -> engine::Holder {
+    engine::Holder::stored(uuid::Uuid::now_v7().to_string())
 }
 
 /// The lock operations' bodies, run inside their handler's span when it
@@ -69,7 +69,7 @@ impl LockApi {
         if !span.is_disabled() {
             span.record("namespace", acquire.lock.namespace.as_str());
             span.record("lock_name", acquire.lock.name.as_str());
-            span.record("holder", &acquire.holder);
+            span.record("holder", acquire.holder.as_str());
         }
 
         let _waiting = self.waiter_slot(&access, &acquire)?;

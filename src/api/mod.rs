@@ -134,7 +134,7 @@ impl LockApi {
     fn acquire_request(
         &self,
         mut req: proto::AcquireRequest,
-        holder: String,
+        holder: engine::Holder,
         ttl_ms: u64,
         deadline: Option<crate::observe::CallerDeadline>,
     ) -> Result<engine::AcquireRequest, Status> {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 pub use crate::engine::names::{
     DEFAULT_NAMESPACE, Invalid, MAX_NAME_BYTES, MAX_NAMESPACE_BYTES, text,
 };
-use crate::engine::{LockName, Namespace};
+use crate::engine::{Holder, LockName, Namespace};
 
 mod page_tokens;
 
@@ -146,7 +146,7 @@ pub fn max_entries(value: u32) -> Result<u32, Invalid> {
 }
 
 pub const DEFAULT_KIND: &str = "default";
-pub const MAX_HOLDER_BYTES: usize = 256;
+pub use crate::engine::names::MAX_HOLDER_BYTES;
 pub const MAX_KIND_BYTES: usize = 32;
 pub const MAX_METADATA_ENTRIES: usize = 32;
 pub const MAX_METADATA_KEY_BYTES: usize = 64;
@@ -168,18 +168,17 @@ pub fn name(value: impl Into<String>) -> Result<LockName, Invalid> {
 }
 
 /// An acquiring holder: empty means "make one up" (None).
-pub fn optional_holder(value: impl Into<String>) -> Result<Option<String>, Invalid> {
+pub fn optional_holder(value: impl Into<String>) -> Result<Option<Holder>, Invalid> {
     let value = value.into();
     if value.is_empty() {
         return Ok(None);
     }
-    text("holder", &value, MAX_HOLDER_BYTES)?;
-    Ok(Some(value))
+    Holder::parse(value).map(Some)
 }
 
 /// A releasing or extending holder: required.
-pub fn holder(value: impl Into<String>) -> Result<String, Invalid> {
-    optional_holder(value)?.ok_or_else(|| invalid("holder", "must not be empty"))
+pub fn holder(value: impl Into<String>) -> Result<Holder, Invalid> {
+    Holder::parse(value)
 }
 
 /// Absent → 1; otherwise 1..=max_limit.

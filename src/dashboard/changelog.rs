@@ -135,7 +135,7 @@ pub(super) async fn api_changelog(
     let prefix = validate::prefix(&query.prefix)?;
     let holder = match query.holder.as_str() {
         "" => String::new(),
-        holder => validate::holder(holder)?,
+        holder => validate::holder(holder)?.into_string(),
     };
     let event = query.event.as_str();
     if !event.is_empty() && !EVENTS.contains(&event) {

@@ -13,7 +13,7 @@
 //!
 //! Reading is a walk in pages, newest first, each bounded in Redis work,
 //! in the replica's memory and in time, whatever the lists hold: a page
-//! reads every shard once, [`CALLS_AT_ONCE`] shards at a time: a search
+//! reads every shard once, `CALLS_AT_ONCE` shards at a time: a search
 //! for where the last page ended (`lua/changelog.lua`, a few `LINDEX`
 //! probes), then one `LRANGE` of at most [`window`] entries. It filters
 //! what it read (an entry that fails is only a time to the merge), merges

@@ -108,7 +108,7 @@ use watchers::{Filter, LockEvent, Watchers};
 use watching::Watching;
 
 pub use lifecycle::{EngineSettings, Running};
-pub use names::{Invalid, LockName, Namespace};
+pub use names::{Holder, Invalid, LockName, Namespace};
 pub use records::{parse_grant, parse_waiter};
 pub use types::*;
 

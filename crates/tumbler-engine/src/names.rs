@@ -185,6 +185,33 @@ impl LockName {
     }
 }
 
+validated_text!(
+    /// Who holds (or asks for) a grant: 1..=256 bytes, no control
+    /// characters.
+    Holder
+);
+
+/// The longest holder.
+pub const MAX_HOLDER_BYTES: usize = 256;
+
+impl Holder {
+    /// Checks a holder as a request gives it (required).
+    pub fn parse(value: impl Into<String>) -> Result<Self, Invalid> {
+        let value = value.into();
+        if value.is_empty() {
+            return Err(Invalid::new("holder", "must not be empty"));
+        }
+        text("holder", &value, MAX_HOLDER_BYTES)?;
+        Ok(Holder(value))
+    }
+
+    /// A holder this replica made up, or read back from Redis or its own
+    /// records: it passed [`Holder::parse`] (or was made to) when written.
+    pub fn stored(value: impl Into<String>) -> Self {
+        Holder(value.into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

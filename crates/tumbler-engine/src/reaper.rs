@@ -16,6 +16,7 @@ use metrics::counter;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::Holder;
 use super::calls::Calls;
 use super::locks::{GrantRef, Locks};
 use super::walks::Walks;
@@ -95,7 +96,7 @@ impl Reaper {
     ) -> Result<Lease, EngineError> {
         let request = AcquireRequest {
             lock: lock.clone(),
-            holder: replica.to_owned(),
+            holder: Holder::stored(replica),
             limit: 1,
             ttl_ms: lease_ms,
             kind: "reaper".into(),

@@ -64,7 +64,7 @@ pub struct Grant {
 #[derive(Clone, Debug)]
 pub struct AcquireRequest {
     pub lock: LockId,
-    pub holder: String,
+    pub holder: super::Holder,
     pub limit: u32,
     pub ttl_ms: u64,
     pub kind: String,

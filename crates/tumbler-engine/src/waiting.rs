@@ -65,7 +65,7 @@ impl Waiting {
             waiters: self.waiters.clone(),
             lock: req.lock.clone(),
             keys: keys.clone(),
-            holder: req.holder.clone(),
+            holder: req.holder.to_string(),
             armed: false,
         };
         loop {

@@ -16,7 +16,7 @@ use crate::api::convert::{self, ToProto, invalid};
 use crate::api::report;
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
-use crate::engine::{LockEngine, LockId};
+use crate::engine::{Holder, LockEngine, LockId};
 use crate::proto;
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
@@ -63,9 +63,12 @@ impl Driver {
                     let req = command
                         .acquire
                         .ok_or_else(|| Status::invalid_argument("acquire: missing"))?;
-                    let request =
-                        self.api
-                            .acquire_request(req, self.session.clone(), self.ttl_ms, None)?;
+                    let request = self.api.acquire_request(
+                        req,
+                        Holder::stored(&self.session),
+                        self.ttl_ms,
+                        None,
+                    )?;
                     access.access().act(&request.lock.namespace)?;
                     let waiting = self.api.waiter_slot(access.access(), &request)?;
                     Ok((request, waiting))

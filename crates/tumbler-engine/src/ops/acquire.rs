@@ -46,7 +46,7 @@ impl Call<'_> {
             flags.push_str(&epoch.to_string());
         }
         let mut args = vec![
-            req.holder.clone(),
+            req.holder.to_string(),
             req.ttl_ms.to_string(),
             self.answer_by.to_string(),
         ];

@@ -145,7 +145,7 @@ pub struct Emit {
 
 impl Emit {
     /// Appends the event flags (`lua/common.lua`'s `events`): 'e' to
-    /// publish, 'c<size>:<retention_ms>' to record.
+    /// publish, `'c<size>:<retention_ms>'` to record.
     pub fn push_flags(&self, flags: &mut String) {
         if self.publish {
             flags.push('e');
