@@ -1,0 +1,104 @@
+//! Runs one model configuration and prints what the checker found:
+//! `cargo run -p tumbler-model --release --example explore -- <name> [depth]`
+//! (the names are those of `tests/check.rs`'s configurations).
+
+use stateright::{Checker, Model};
+use std::time::Instant;
+use tumbler_model::{Config, Faults};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let name = args.get(1).map_or("mutex", String::as_str);
+    let depth: usize = args.get(2).map_or(0, |d| d.parse().unwrap());
+    let mut cfg = Config::small(1);
+    match name {
+        "mutex" => {}
+        "semaphore" => cfg = Config::small(2),
+        "faults" => {
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                duplicate_wake: 1,
+                ..Faults::default()
+            };
+        }
+        "pause" => cfg.faults.pause = 1,
+        "failover" => cfg.faults.failover = 1,
+        "restart" => cfg.faults.restart_empty = 1,
+        "sessions" => {
+            cfg.sessions = vec![true, false];
+            cfg.faults.crash = 1;
+        }
+        "same-tick" => {
+            cfg.faults.failover = 1;
+            cfg.faults.failover_same_tick = true;
+        }
+        "slow" => cfg.faults.slow_network = true,
+        "rounds" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.extend = true;
+            cfg.reap = true;
+        }
+        "priorities" => {
+            cfg.rounds = 2;
+            cfg.priorities = vec![0, 1];
+        }
+        "live" => {
+            cfg.wait = 20;
+            cfg.max_time = 8;
+            cfg.rounds = 2;
+        }
+        "live-lost" => {
+            cfg.wait = 20;
+            cfg.max_time = 8;
+            cfg.rounds = 2;
+            cfg.faults.lose_wake = 1;
+            cfg.served_within = std::env::var("WITHIN").map_or(3, |w| w.parse().unwrap());
+        }
+        "big" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.extend = true;
+            cfg.reap = true;
+            cfg.sessions = vec![false, true];
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                duplicate_wake: 1,
+                pause: 1,
+                failover: 1,
+                ..Faults::default()
+            };
+        }
+        other => panic!("unknown configuration {other}"),
+    }
+    let start = Instant::now();
+    let mut builder = cfg.clone().checker();
+    if depth > 0 {
+        builder = builder.target_max_depth(depth);
+    }
+    let checker = builder.spawn_bfs().join();
+    println!(
+        "{name}: {} states, {} unique, depth {}, {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        start.elapsed()
+    );
+    for p in cfg.properties() {
+        let found = checker.discovery(p.name);
+        println!(
+            "  {:?} {:50} {}",
+            p.expectation,
+            p.name,
+            if found.is_some() { "FOUND" } else { "-" }
+        );
+        let want = std::env::var("SHOW").unwrap_or_default();
+        if let Some(path) = found.filter(|_| !want.is_empty() && p.name.contains(want.as_str())) {
+            for (state, action) in path.into_vec() {
+                println!("      {action:?}  @{} {:?}", state.now, state.redis.lock);
+            }
+        }
+    }
+}
