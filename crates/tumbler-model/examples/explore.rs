@@ -56,6 +56,44 @@ fn main() {
             cfg.faults.lose_wake = 1;
             cfg.served_within = std::env::var("WITHIN").map_or(3, |w| w.parse().unwrap());
         }
+        "long-faults" => {
+            cfg.rounds = 2;
+            cfg.max_time = 7;
+            cfg.extend = true;
+            cfg.reap = true;
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                duplicate_wake: 1,
+                ..Faults::default()
+            };
+        }
+        "long-semaphore" => {
+            cfg = Config::small(2);
+            cfg.clients = 3;
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.reap = true;
+        }
+        "long-sessions" => {
+            cfg.sessions = vec![true, false];
+            cfg.rounds = 2;
+            cfg.max_time = 7;
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                ..Faults::default()
+            };
+        }
+        "long-loss" => {
+            cfg.rounds = 2;
+            cfg.max_time = 7;
+            cfg.faults = Faults {
+                failover: 1,
+                pause: 1,
+                ..Faults::default()
+            };
+        }
         "big" => {
             cfg.rounds = 2;
             cfg.max_time = 6;

@@ -79,6 +79,10 @@ pub struct Config {
     /// The liveness bound checked (`properties::SERVED_IN_TIME`), ticks
     /// from a request to its grant; 0: not checked.
     pub served_within: u8,
+    /// A change the model proposes, not the engine's behaviour today: a
+    /// session's end (session_end, then the releases) waits until the
+    /// session's renewal in flight has run.
+    pub end_awaits_renewals: bool,
     /// The reaper runs (lua/reap.lua) whenever it has something to do.
     pub reap: bool,
     pub faults: Faults,
@@ -102,6 +106,7 @@ impl Config {
             extend: false,
             reap: false,
             served_within: 0,
+            end_awaits_renewals: false,
             faults: Faults::default(),
         }
     }

@@ -163,6 +163,8 @@ pub enum Action {
     Dequeue(Id),
     SessionEnd(Id),
     SessionClaim(Id),
+    /// Redis runs the renewal a resume makes before it is answered.
+    ResumeRenew(Id),
     /// Redis runs a session heartbeat's call.
     SessionTouch(Id),
     Renew(Id),
@@ -299,12 +301,15 @@ impl Model for Config {
                     }
                 }
                 Phase::Writing { .. } => {
-                    if !cl.paused {
+                    // (With `end_awaits_renewals`, a session's end waits
+                    // for its renewal in flight.)
+                    let renewing = self.session(c) && self.end_awaits_renewals && cl.beat.is_some();
+                    if !cl.paused && cl.call.is_none() && !renewing {
                         out.push(Action::Write(c));
                         if free_budget(PAUSE) {
                             out.push(Action::Pause(c));
                         }
-                    } else {
+                    } else if cl.paused {
                         out.push(Action::Unpause(c));
                     }
                 }
@@ -321,6 +326,7 @@ impl Model for Config {
                 Some(Call::Dequeue) => out.push(Action::Dequeue(c)),
                 Some(Call::SessionEnd { .. }) => out.push(Action::SessionEnd(c)),
                 Some(Call::SessionClaim) => out.push(Action::SessionClaim(c)),
+                Some(Call::Renew { .. }) => out.push(Action::ResumeRenew(c)),
                 _ => {}
             }
             match cl.beat {
@@ -470,6 +476,10 @@ impl Model for Config {
             | Action::SessionClaim(c) => {
                 let call = s.client(c).call.take()?;
                 run_call(self, &mut s, c, call, true);
+            }
+            Action::ResumeRenew(c) => {
+                let call = s.client(c).call.take()?;
+                run_beat(self, &mut s, c, call, true);
             }
             Action::SessionTouch(c) | Action::Renew(c) => {
                 let call = s.client(c).beat.take()?;

@@ -113,7 +113,13 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             }
             if live {
                 let cl = &mut s.clients[ci];
-                cl.beat = None;
+                // The renewer stops renewing its grants, but a renewal
+                // already sent still reaches Redis (src/engine/sessions.rs
+                // `end` does not wait for one in flight).
+                if let Some(beat) = cl.beat.take() {
+                    s.orphans.push((c, beat));
+                }
+                let cl = &mut s.clients[ci];
                 cl.epoch = 0;
                 // Ended: its grants are released; resumed elsewhere: kept.
                 if ended {
@@ -146,6 +152,15 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                             .collect();
                         s.ghost.duplicate_grant |=
                             theirs.iter().any(|&t| t != token) || theirs.len() > 1;
+                        // Its grants are renewed at once, stamped with the
+                        // new epoch, before the resume is answered
+                        // (src/engine/resume.rs).
+                        let cl = &mut s.clients[ci];
+                        cl.call = Some(Call::Renew {
+                            token,
+                            sent: now,
+                            epoch,
+                        });
                     }
                 }
                 None => s.clients[ci].phase = Phase::Done,
