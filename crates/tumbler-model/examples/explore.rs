@@ -29,6 +29,7 @@ fn main() {
             cfg.sessions = vec![true, false];
             cfg.faults.crash = 1;
         }
+        "sessions-no-crash" => cfg.sessions = vec![true, false],
         "same-tick" => {
             cfg.faults.failover = 1;
             cfg.faults.failover_same_tick = true;
@@ -133,7 +134,9 @@ fn main() {
             if found.is_some() { "FOUND" } else { "-" }
         );
         let want = std::env::var("SHOW").unwrap_or_default();
-        if let Some(path) = found.filter(|_| !want.is_empty() && p.name.contains(want.as_str())) {
+        if let Some(path) =
+            found.filter(|_| want.split(',').any(|w| !w.is_empty() && p.name.contains(w)))
+        {
             for (state, action) in path.into_vec() {
                 println!("      {action:?}  @{} {:?}", state.now, state.redis.lock);
             }

@@ -199,6 +199,12 @@ const FAILOVER: usize = 4;
 const RESTART: usize = 5;
 
 impl Config {
+    /// Requests a client makes: a session client one (its session id is
+    /// its holder; a session is not used again once ended).
+    pub(crate) fn rounds_of(&self, c: Id) -> u8 {
+        if self.session(c) { 1 } else { self.rounds }
+    }
+
     fn budget(&self, fault: usize) -> u8 {
         let f = &self.faults;
         [
@@ -246,7 +252,9 @@ impl State {
     /// The client's current request is over: another one, or done.
     pub(crate) fn round_over(&mut self, c: Id, cfg: &Config) {
         let client = self.client(c);
-        client.phase = if client.req < cfg.rounds && !cfg.session(c) {
+        // A wake-up still on its way finds no waiter.
+        client.wake = false;
+        client.phase = if client.req < cfg.rounds_of(c) {
             Phase::Idle
         } else {
             Phase::Done
@@ -268,7 +276,7 @@ impl Model for Config {
             let c = i as Id;
             let alive = s.alive[usize::from(cl.replica)];
             match cl.phase {
-                Phase::Idle if cl.call.is_none() && alive && cl.req < self.rounds => {
+                Phase::Idle if cl.call.is_none() && alive && cl.req < self.rounds_of(c) => {
                     out.push(Action::Request(c))
                 }
                 Phase::Waiting {
@@ -540,11 +548,17 @@ impl Model for Config {
                     if matches!(cl.phase, Phase::Waiting { .. }) {
                         // The waiting RPC fails (UNAVAILABLE); the client may ask again.
                         cl.phase = Phase::Idle;
-                        if cl.req >= self.rounds {
+                        if cl.req >= self.rounds_of(i as Id) {
                             cl.req -= 1;
                         }
                     }
                     for call in calls {
+                        // A release answered UNAVAILABLE is sent again
+                        // through the next replica (the clients retry it
+                        // until they get an answer); the first may still land.
+                        if let (Call::Release { .. }, false) = (call, self.session(i as Id)) {
+                            s.clients[i].call = Some(call);
+                        }
                         s.orphans.push((i as Id, call));
                     }
                 }

@@ -31,11 +31,14 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                 (s.redis.lock.as_ref()).is_some_and(|l| l.queue.iter().any(|w| w.id == c));
             let Effects { reply, wake } =
                 s.redis.acquire(now, cfg.acquire_args(c, answer_by, epoch));
-            if live && s.ghost.arrival[ci].0 != req {
-                if !was_queued {
-                    s.ghost.arrivals += 1;
-                    s.ghost.arrival[ci].1 = s.ghost.arrivals;
-                }
+            // Its place in line begins when a request of this holder
+            // reaches Redis while the holder is not queued (an orphaned
+            // call's too: the queue keeps a place per holder).
+            if !was_queued {
+                s.ghost.arrivals += 1;
+                s.ghost.arrival[ci].1 = s.ghost.arrivals;
+            }
+            if live {
                 s.ghost.arrival[ci].0 = req;
             }
             if let Reply::Acquired { token, .. } = reply {
