@@ -34,7 +34,36 @@ fn main() {
             cfg.faults.failover = 1;
             cfg.faults.failover_same_tick = true;
         }
-        "slow" => cfg.faults.slow_network = true,
+        "slow" => {
+            cfg.faults.slow_network = true;
+            cfg.max_time = std::env::var("MAXT").map_or(5, |w| w.parse().unwrap());
+        }
+        "slow2" => {
+            cfg.faults.slow_network = true;
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+        }
+        "crash2" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.reap = true;
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                duplicate_wake: 1,
+                ..Faults::default()
+            };
+        }
+        "pause2" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.faults.pause = 1;
+        }
+        "failover2" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.faults.failover = 1;
+        }
         "rounds" => {
             cfg.rounds = 2;
             cfg.max_time = 6;

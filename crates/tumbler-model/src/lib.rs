@@ -143,6 +143,7 @@ impl Config {
                     wake: false,
                     paused: false,
                     epoch: u8::from(session),
+                    retries: 0,
                 }
             })
             .collect();

@@ -82,6 +82,8 @@ pub struct Client {
     pub paused: bool,
     /// Its session stream's epoch; 0: no live stream.
     pub epoch: u8,
+    /// Requests that failed with their replica (each may be made again).
+    pub retries: u8,
 }
 
 /// Facts about the run that no single state shows; the properties read them.
@@ -254,7 +256,7 @@ impl State {
         let client = self.client(c);
         // A wake-up still on its way finds no waiter.
         client.wake = false;
-        client.phase = if client.req < cfg.rounds_of(c) {
+        client.phase = if client.req < cfg.rounds_of(c) + client.retries {
             Phase::Idle
         } else {
             Phase::Done
@@ -276,7 +278,9 @@ impl Model for Config {
             let c = i as Id;
             let alive = s.alive[usize::from(cl.replica)];
             match cl.phase {
-                Phase::Idle if cl.call.is_none() && alive && cl.req < self.rounds_of(c) => {
+                Phase::Idle
+                    if cl.call.is_none() && alive && cl.req < self.rounds_of(c) + cl.retries =>
+                {
                     out.push(Action::Request(c))
                 }
                 Phase::Waiting {
@@ -548,9 +552,7 @@ impl Model for Config {
                     if matches!(cl.phase, Phase::Waiting { .. }) {
                         // The waiting RPC fails (UNAVAILABLE); the client may ask again.
                         cl.phase = Phase::Idle;
-                        if cl.req >= self.rounds_of(i as Id) {
-                            cl.req -= 1;
-                        }
+                        cl.retries += 1;
                     }
                     for call in calls {
                         // A release answered UNAVAILABLE is sent again

@@ -29,12 +29,17 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             s.ghost.dead_waiter_skipped |= s.dead_waiters();
             let was_queued =
                 (s.redis.lock.as_ref()).is_some_and(|l| l.queue.iter().any(|w| w.id == c));
+            let live_entry = (s.redis.lock.as_ref())
+                .is_some_and(|l| l.queue.iter().any(|w| w.id == c && w.deadline > now));
             let Effects { reply, wake } =
                 s.redis.acquire(now, cfg.acquire_args(c, answer_by, epoch));
-            // Its place in line begins when a request of this holder
-            // reaches Redis while the holder is not queued (an orphaned
-            // call's too: the queue keeps a place per holder).
-            if !was_queued {
+            // Its place in line: a waiter that stayed live keeps the one
+            // its request got first (if Redis dropped it meanwhile, FIFO
+            // is broken); any other request (a new one, an orphaned one)
+            // takes the holder's live entry's place if it has one (the
+            // queue keeps a place per holder), else a new place.
+            let same_request = live && s.ghost.arrival[ci].0 == req;
+            if !same_request && !live_entry {
                 s.ghost.arrivals += 1;
                 s.ghost.arrival[ci].1 = s.ghost.arrivals;
             }
@@ -251,8 +256,9 @@ fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8) {
     }
     // FIFO: no live waiter that reached Redis earlier, of this priority
     // or higher, is still waiting while this request is granted.
-    let mine = g.arrival[usize::from(c)];
-    let mine = if mine.0 == req { mine.1 } else { 0 };
+    // (The holder's place, whichever of its requests, live or orphaned,
+    // is granted: the grant is the holder's.)
+    let mine = g.arrival[usize::from(c)].1;
     for (i, other) in s.clients.iter().enumerate() {
         let (their_req, arrived) = g.arrival[i];
         let arrived = if their_req == other.req { arrived } else { 0 };
@@ -261,7 +267,7 @@ fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8) {
         if i != usize::from(c)
             && live
             && arrived > 0
-            && (mine == 0 || arrived < mine)
+            && arrived < mine
             && cfg.priority(i as Id) >= cfg.priority(c)
         {
             g.fifo_broken = true;

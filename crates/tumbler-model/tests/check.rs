@@ -112,6 +112,8 @@ fn a_replica_crash_and_lost_or_duplicated_wakeups_keep_every_invariant() {
         Config {
             faults,
             reap: true,
+            rounds: 2,
+            max_time: 6,
             ..Config::small(1)
         },
     );
@@ -121,7 +123,11 @@ fn a_replica_crash_and_lost_or_duplicated_wakeups_keep_every_invariant() {
 
 #[test]
 fn a_pause_past_the_lease_breaks_exclusion_but_the_fence_holds() {
-    let mut cfg = Config::small(1);
+    let mut cfg = Config {
+        rounds: 2,
+        max_time: 6,
+        ..Config::small(1)
+    };
     cfg.faults.pause = 1;
     let checker = check("pause", cfg);
     // The Jepsen case: a client checks its lease, pauses past it, and acts
@@ -135,7 +141,10 @@ fn a_pause_past_the_lease_breaks_exclusion_but_the_fence_holds() {
 
 #[test]
 fn a_failover_without_wait_breaks_exclusion_but_tokens_still_rise() {
-    let mut cfg = Config::small(1);
+    let mut cfg = Config {
+        max_time: 6,
+        ..Config::small(1)
+    };
     cfg.faults.failover = 1;
     let checker = check("failover", cfg);
     found(&checker, &[MUTUAL_EXCLUSION, TOKEN_AFTER_LOSS, REFUSED]);
@@ -144,7 +153,10 @@ fn a_failover_without_wait_breaks_exclusion_but_tokens_still_rise() {
 
 #[test]
 fn a_restart_without_persistence_breaks_exclusion_but_tokens_still_rise() {
-    let mut cfg = Config::small(1);
+    let mut cfg = Config {
+        max_time: 6,
+        ..Config::small(1)
+    };
     cfg.faults.restart_empty = 1;
     let checker = check("restart empty", cfg);
     found(&checker, &[MUTUAL_EXCLUSION, TOKEN_AFTER_LOSS, REFUSED]);
