@@ -38,7 +38,7 @@ fn main() {
             cfg.faults.slow_network = true;
             cfg.max_time = std::env::var("MAXT").map_or(5, |w| w.parse().unwrap());
         }
-        "slow2" => {
+        "slow-network" => {
             cfg.faults.slow_network = true;
             cfg.rounds = 2;
             cfg.max_time = 6;
