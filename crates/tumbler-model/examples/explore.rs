@@ -88,7 +88,7 @@ fn main() {
         }
         "long-faults" => {
             cfg.rounds = 2;
-            cfg.max_time = 7;
+            cfg.max_time = 6;
             cfg.extend = true;
             cfg.reap = true;
             cfg.faults = Faults {
@@ -145,6 +145,10 @@ fn main() {
     let mut builder = cfg.clone().checker();
     if depth > 0 {
         builder = builder.target_max_depth(depth);
+    }
+    // TIMEOUT=<seconds>: stop there and report what was explored.
+    if let Ok(secs) = std::env::var("TIMEOUT") {
+        builder = builder.timeout(std::time::Duration::from_secs(secs.parse().unwrap()));
     }
     let checker = builder.spawn_bfs().join();
     println!(

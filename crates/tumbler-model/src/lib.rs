@@ -20,6 +20,7 @@ pub mod model;
 pub mod properties;
 pub mod redis;
 mod steps;
+pub mod trace;
 
 pub use model::{Action, Call, Client, Ghost, Phase, State};
 pub use redis::Id;
@@ -172,7 +173,7 @@ impl Config {
         }
     }
 
-    pub(crate) fn acquire_args(&self, c: Id, answer_by: u8, epoch: u8) -> AcquireArgs {
+    pub fn acquire_args(&self, c: Id, answer_by: u8, epoch: u8) -> AcquireArgs {
         AcquireArgs {
             holder: c,
             ttl: self.ttl,

@@ -9,6 +9,8 @@
 use stateright::{Checker, Model};
 use std::time::Instant;
 use tumbler_model::properties::*;
+use tumbler_model::redis::Reply;
+use tumbler_model::trace::Step;
 use tumbler_model::{Config, Faults};
 
 /// Steps from the initial state. Every run below ends well within it (the
@@ -255,4 +257,35 @@ fn a_waiter_that_keeps_refreshing_is_served_within_a_lease_and_a_tick() {
     // still waiting (so the property is not vacuous).
     let checker = check("liveness, a tick less", liveness(2));
     found(&checker, &[SERVED_IN_TIME]);
+}
+
+#[test]
+fn a_counterexample_reads_as_the_redis_calls_it_makes() {
+    // The input of the replay against real functions (SAFETY.md, "Next"):
+    // the pause counterexample is an acquire granted, a second one
+    // queued, the lease passing, the waiter granted with a higher token.
+    let mut cfg = Config::small(1);
+    cfg.faults.pause = 1;
+    let checker = cfg.clone().checker().spawn_bfs().join();
+    let path = checker.assert_any_discovery(MUTUAL_EXCLUSION).into_vec();
+    let steps = tumbler_model::trace::trace(&cfg, &path);
+    let tokens: Vec<u32> = (steps.iter())
+        .filter_map(|step| match step {
+            Step::Function {
+                reply: Some(Reply::Acquired { token, .. }),
+                ..
+            } => Some(*token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tokens.len(), 2, "{steps:#?}");
+    assert!(tokens[0] < tokens[1]);
+    assert!(steps.iter().any(|s| matches!(
+        s,
+        Step::Function {
+            reply: Some(Reply::Queued { .. }),
+            ..
+        }
+    )));
+    assert!(steps.contains(&Step::Tick));
 }
