@@ -128,3 +128,37 @@ pub fn trace(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<Step> {
     }
     steps
 }
+
+/// A path of `cfg` chosen at random (a small LCG from `seed`, so a path
+/// is named by its seed), up to `steps` steps or a state without
+/// successors.
+pub fn random_walk(cfg: &Config, seed: u64, steps: usize) -> Vec<(State, Option<Action>)> {
+    use stateright::Model;
+    let mut rng = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut state = cfg.init_states().remove(0);
+    let mut path = Vec::new();
+    for _ in 0..steps {
+        let mut next = cfg.next_steps(&state);
+        if next.is_empty() {
+            break;
+        }
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let (action, after) = next.swap_remove((rng >> 33) as usize % next.len());
+        path.push((state, Some(action)));
+        state = after;
+    }
+    path.push((state, None));
+    path
+}
+
+/// The path the checker finds for property `name` of `cfg` (a
+/// counterexample of an `always`, an example of a `sometimes`).
+pub fn discovery(cfg: &Config, name: &'static str) -> Option<Vec<(State, Option<Action>)>> {
+    use stateright::{Checker, Model};
+    let checker = cfg.clone().checker().spawn_bfs().join();
+    checker.discovery(name).map(|path| path.into_vec())
+}
