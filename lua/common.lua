@@ -1,6 +1,6 @@
 -- common.lua: the shared part of tumbler's Redis function library (key
 -- layout v3). It runs once, when the library loads; each operation's file
--- then becomes the body of one function (src/engine/scripts.rs) that gets
+-- then becomes the body of one function (crates/tumbler-engine/src/scripts.rs) that gets
 -- `KEYS` and `ARGV` as locals, names its arguments in one place (`local
 -- holder, token = unpack(ARGV, 1, 2)`), and calls the steps below with a
 -- lock table of its own: nothing here is repointed from one call to the
@@ -47,7 +47,7 @@
 -- computes with it (tonumber runs the C library's strtod: one of the
 -- dearest steps of a call).
 
--- Reply statuses, shared by every function (src/engine/ops/ has the twins).
+-- Reply statuses, shared by every function (crates/tumbler-engine/src/ops/ has the twins).
 local OK = 1            -- acquired, released, extended
 local HELD = 2          -- acquire: the holder already holds this grant
 local BUSY = 0          -- acquire: every permit taken (or someone goes first)

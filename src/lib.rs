@@ -3,28 +3,31 @@
 //!
 //! Layers, top to bottom: [`api`] (gRPC handlers: validate, call the
 //! engine, map the outcome) → [`engine`] (lock semantics: one Redis
-//! function per operation in one library built from `lua/`, key layout)
-//! → [`store`] (pooled Redis connections).
+//! function per operation in one library built from `lua/`, key layout;
+//! the crate `tumbler-engine`) → [`store`] (pooled Redis connections; the
+//! crate `tumbler-store`). Each of the two lower layers is a crate, so
+//! neither can name what is above it.
 //! [`server`] wires them with health and reflection; [`dev`] runs a private
 //! redis-server for `tumbler dev` and the tests.
 
 pub mod api;
 pub mod auth;
-pub mod cli;
 pub mod config;
 pub mod connect;
 pub mod dashboard;
 pub mod dev;
-pub mod engine;
 pub mod http;
 pub mod limits;
 pub mod observe;
 pub mod proto;
 pub mod server;
-pub mod store;
 pub mod telemetry;
 pub mod tls;
-pub mod wallclock;
+/// The engine layer (`crates/tumbler-engine`): no gRPC, no web.
+pub use tumbler_engine as engine;
+pub use tumbler_engine::wallclock;
+/// The store layer (`crates/tumbler-store`): connections, no locks.
+pub use tumbler_store as store;
 
 /// Settings the in-crate property tests share.
 #[cfg(test)]

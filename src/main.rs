@@ -1,6 +1,7 @@
 //! The `tumbler` command: `serve` runs the service against a Redis you
 //! name; `dev` runs it against a private redis-server it starts itself;
-//! `acquire`, `release`, `hold`, `watch`, … are clients (`src/cli/`);
+//! `acquire`, `release`, `hold`, `watch`, … are clients (the `tumbler-cli`
+//! crate, `crates/tumbler-cli/`);
 //! `completion` prints a shell completion script.
 
 use std::io::Write;
@@ -10,10 +11,10 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 use tokio::net::TcpListener;
 
-use tumbler::cli::{self, ClientCommand};
 use tumbler::config::{DevArgs, HttpListen, LogArgs, ServeArgs, ServerConfig};
 use tumbler::dev::RedisServer;
 use tumbler::{server, telemetry};
+use tumbler_cli::{self as cli, ClientCommand};
 
 #[derive(Parser)]
 #[command(name = "tumbler", version, about = "A gRPC lock service on Redis")]

@@ -33,7 +33,7 @@ pub const LIVENESS_SERVICE: &str = "liveness";
 
 /// The response header of a NOT_SERVING health answer that says why (the
 /// health protocol's reply has no field for it): `tumbler health` prints it.
-pub const HEALTH_REASON_HEADER: &str = "tumbler-reason";
+pub use crate::proto::metadata::HEALTH_REASON as HEALTH_REASON_HEADER;
 
 /// Why the replica is NOT_SERVING (None while it serves), as the health
 /// loop last found it and logged it.

@@ -1,6 +1,5 @@
-//! Compiles `proto/tumbler/v1/*.proto` (the repository's `proto/`, two
-//! folders up) into Rust with a pure-Rust proto compiler (protox), so a
-//! fresh machine needs no system `protoc`, and writes the encoded
+//! Compiles `proto/tumbler/v1/*.proto` into Rust with a pure-Rust proto
+//! compiler (protox), so a fresh machine needs no system `protoc`, and writes the encoded
 //! descriptor set that server reflection serves, and the proto3 JSON
 //! mapping of every message (pbjson: serde impls from the same descriptors,
 //! used by the Connect protocol's JSON bodies).
@@ -8,8 +7,10 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The crate's own copy of the repository's `proto/`, so the published
+    // package builds on its own; `tests/repo/crates.rs` keeps the two equal.
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
-    let root = manifest.join("../../proto");
+    let root = manifest.join("proto");
     println!("cargo:rerun-if-changed={}", root.display());
     let protos: Vec<PathBuf> = std::fs::read_dir(root.join("tumbler/v1"))?
         .map(|entry| entry.map(|e| e.path()))

@@ -105,7 +105,7 @@ pub fn page_token(data: &[u8]) {
             let again = validate::encode_page_token(&cursor);
             assert_eq!(validate::page_token(&again).unwrap(), Some(cursor));
         }
-        Err(invalid) => assert_names(&invalid.into(), "page_token"),
+        Err(invalid) => assert_names(&tumbler::api::convert::invalid(invalid), "page_token"),
     }
 }
 
@@ -197,7 +197,7 @@ pub fn metadata(data: &[u8]) {
             .expect("a written record decodes");
             assert_eq!(grant.metadata, valid);
         }
-        Err(invalid) => assert_names(&invalid.into(), "metadata"),
+        Err(invalid) => assert_names(&tumbler::api::convert::invalid(invalid), "metadata"),
     }
 }
 

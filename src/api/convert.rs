@@ -1,6 +1,8 @@
 //! Engine values across the gRPC boundary: outcomes, grants, metrics rows
-//! and lock events into their proto messages (one `From` each), and
-//! errors. Errors: the gRPC code of each
+//! and lock events into their proto messages (one [`ToProto`] each), and
+//! errors ([`invalid`], [`status`]). The engine and the proto messages are
+//! other crates', so the orphan rule allows no `From` between them here:
+//! this crate's own trait and functions map them, once each. Errors: the gRPC code of each
 //! engine error kind is the one table ([`code`]; the dashboard turns these
 //! codes into HTTP statuses), and [`describe`] is where Redis trouble is
 //! logged and counted, once, whichever transport answers.
@@ -10,11 +12,15 @@ use tonic::{Code, Status};
 use crate::engine::{self, AcquireOutcome, EngineError, ErrorKind, LockId};
 use crate::proto::{self, AcquireStatus, NotAcquiredReason};
 
+/// An engine value as its proto message.
+pub trait ToProto {
+    type Proto;
+    fn to_proto(self) -> Self::Proto;
+}
+
 /// A broken request rule: INVALID_ARGUMENT, naming the field.
-impl From<engine::Invalid> for Status {
-    fn from(invalid: engine::Invalid) -> Self {
-        Status::invalid_argument(invalid.to_string())
-    }
+pub fn invalid(invalid: engine::Invalid) -> Status {
+    Status::invalid_argument(invalid.to_string())
 }
 
 /// The gRPC code of an engine error kind.
@@ -73,14 +79,15 @@ pub fn status_of(err: EngineError, at: Option<LockAt<'_>>) -> Status {
     Status::new(code, message)
 }
 
-impl From<EngineError> for Status {
-    fn from(err: EngineError) -> Status {
-        status_of(err, None)
-    }
+/// The gRPC status of an engine error outside a lock operation.
+pub fn status(err: EngineError) -> Status {
+    status_of(err, None)
 }
 
-impl From<engine::MetricsRow> for proto::MetricsRow {
-    fn from(row: engine::MetricsRow) -> Self {
+impl ToProto for engine::MetricsRow {
+    type Proto = proto::MetricsRow;
+    fn to_proto(self) -> proto::MetricsRow {
+        let row = self;
         let c = row.counters;
         proto::MetricsRow {
             minute_ms: row.minute_ms,
@@ -98,29 +105,10 @@ impl From<engine::MetricsRow> for proto::MetricsRow {
     }
 }
 
-/// The way back, for the CLI (see `engine::Grant`'s).
-impl From<proto::MetricsRow> for engine::MetricsRow {
-    fn from(row: proto::MetricsRow) -> Self {
-        engine::MetricsRow {
-            minute_ms: row.minute_ms,
-            kind: row.kind,
-            counters: engine::Counters {
-                acquired: row.acquired,
-                denied: row.denied,
-                timed_out: row.timed_out,
-                released: row.released,
-                extended: row.extended,
-                expired: row.expired,
-                reaped: row.reaped,
-                cleared: row.cleared,
-                errors: row.errors,
-            },
-        }
-    }
-}
-
-impl From<&engine::ReleaseOutcome> for proto::ReleaseResponse {
-    fn from(outcome: &engine::ReleaseOutcome) -> Self {
+impl ToProto for &engine::ReleaseOutcome {
+    type Proto = proto::ReleaseResponse;
+    fn to_proto(self) -> proto::ReleaseResponse {
+        let outcome = self;
         let status = match outcome {
             engine::ReleaseOutcome::Released { .. } => proto::ReleaseStatus::Released,
             engine::ReleaseOutcome::NotHeld => proto::ReleaseStatus::NotHeld,
@@ -131,18 +119,20 @@ impl From<&engine::ReleaseOutcome> for proto::ReleaseResponse {
     }
 }
 
-impl From<AcquireOutcome> for proto::AcquireResponse {
-    fn from(outcome: AcquireOutcome) -> Self {
+impl ToProto for AcquireOutcome {
+    type Proto = proto::AcquireResponse;
+    fn to_proto(self) -> proto::AcquireResponse {
+        let outcome = self;
         match outcome {
             AcquireOutcome::Acquired { grant, holders } => proto::AcquireResponse {
                 status: AcquireStatus::Acquired.into(),
-                grant: Some(grant.into()),
+                grant: Some(grant.to_proto()),
                 holders,
                 ..Default::default()
             },
             AcquireOutcome::AlreadyHeld { grant, holders } => proto::AcquireResponse {
                 status: AcquireStatus::AlreadyHeld.into(),
-                grant: Some(grant.into()),
+                grant: Some(grant.to_proto()),
                 holders,
                 ..Default::default()
             },
@@ -172,38 +162,33 @@ impl From<AcquireOutcome> for proto::AcquireResponse {
     }
 }
 
-/// `From` both ways between an engine type and its proto message, from one
-/// list of their fields (the same names on both sides; `collected` ones
-/// change collection type, a `BTreeMap` against prost's `HashMap`). A
-/// field added to one side only fails to compile here. The way back serves
-/// the CLI, which shows what the server sent through the engine type's own
-/// `Serialize`, as the dashboard does.
-macro_rules! both_ways {
+/// [`ToProto`] of an engine type whose proto message has the same fields
+/// (`collected` ones change collection type, a `BTreeMap` against prost's
+/// `HashMap`). A field added to one side only fails to compile here.
+macro_rules! same_fields {
     ($engine:ty, $proto:ty; same: [$($f:ident),*]; collected: [$($c:ident),*]) => {
-        impl From<$engine> for $proto {
-            fn from(x: $engine) -> Self {
-                Self { $($f: x.$f,)* $($c: x.$c.into_iter().collect(),)* }
-            }
-        }
-        impl From<$proto> for $engine {
-            fn from(x: $proto) -> Self {
-                Self { $($f: x.$f,)* $($c: x.$c.into_iter().collect(),)* }
+        impl ToProto for $engine {
+            type Proto = $proto;
+            fn to_proto(self) -> $proto {
+                type P = $proto;
+                let x = self;
+                P { $($f: x.$f,)* $($c: x.$c.into_iter().collect(),)* }
             }
         }
     };
 }
 
-both_ways!(engine::Grant, proto::Grant;
+same_fields!(engine::Grant, proto::Grant;
     same: [holder, fencing_token, slot, acquired_at_ms, expires_at_ms, ttl_ms, kind];
     collected: [metadata]);
-both_ways!(engine::LockSummary, proto::LockSummary;
+same_fields!(engine::LockSummary, proto::LockSummary;
     same: [name, holders, limit, waiters, next_expiry_at_ms];
     collected: []);
-both_ways!(engine::QueuedRequest, proto::QueuedRequest;
+same_fields!(engine::QueuedRequest, proto::QueuedRequest;
     same: [holder, position, priority, enqueued_at_ms, expires_at_ms, wait_deadline_ms, fair,
         kind];
     collected: []);
-both_ways!(engine::watchers::LockEvent, proto::LockEvent;
+same_fields!(engine::watchers::LockEvent, proto::LockEvent;
     same: [namespace, name, event, holder, fencing_token, at_ms, slot, kind, ttl_ms,
         expires_at_ms, acquired_at_ms, hold_ms, actor];
     collected: [metadata]);
@@ -224,7 +209,7 @@ pub fn inspect_response(lock: &LockId, state: engine::LockState) -> proto::Inspe
             .into_iter()
             .map(|grant| proto::HolderInfo {
                 remaining_ms: grant.expires_at_ms - now_ms,
-                grant: Some(grant.into()),
+                grant: Some(grant.to_proto()),
             })
             .collect(),
     }
@@ -236,13 +221,13 @@ pub fn queue_response(lock: &LockId, state: engine::QueueState) -> proto::QueueR
         name: lock.name.to_string(),
         waiters: state.waiters,
         now_ms: state.now_ms,
-        requests: state.requests.into_iter().map(Into::into).collect(),
+        requests: state.requests.into_iter().map(ToProto::to_proto).collect(),
     }
 }
 
 pub fn list_response(page: engine::ListPage) -> proto::ListResponse {
     proto::ListResponse {
-        locks: page.locks.into_iter().map(Into::into).collect(),
+        locks: page.locks.into_iter().map(ToProto::to_proto).collect(),
         next_page_token: crate::api::validate::next_page_token(page.next.as_ref()),
         now_ms: page.now_ms,
     }
@@ -254,9 +239,9 @@ pub fn metrics_response(
     to_ms: i64,
 ) -> proto::MetricsResponse {
     proto::MetricsResponse {
-        minutes: report.minutes.into_iter().map(Into::into).collect(),
-        totals: report.totals.into_iter().map(Into::into).collect(),
-        overall: Some(report.overall.into()),
+        minutes: report.minutes.into_iter().map(ToProto::to_proto).collect(),
+        totals: report.totals.into_iter().map(ToProto::to_proto).collect(),
+        overall: Some(report.overall.to_proto()),
         from_ms,
         to_ms,
     }

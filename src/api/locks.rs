@@ -59,9 +59,10 @@ impl LockApi {
             _ => None,
         };
         let mut req = request.into_inner();
-        let holder = validate::optional_holder(std::mem::take(&mut req.holder))?
+        let holder = validate::optional_holder(std::mem::take(&mut req.holder))
+            .map_err(invalid)?
             .unwrap_or_else(new_holder_id);
-        let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits)?;
+        let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
         let acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
         access.act(&acquire.lock.namespace)?;
         let span = tracing::Span::current();
@@ -80,7 +81,7 @@ impl LockApi {
         }
         .map_err(|e| self.failed("Acquire", &acquire.lock, &acquire.holder, &acquire.kind, e))?;
         report::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
-        let reply = proto::AcquireResponse::from(outcome);
+        let reply = outcome.to_proto();
         tracing::debug!(status = ?reply.status(), "acquire answered");
         Ok(Response::new(reply))
     }
@@ -135,16 +136,16 @@ impl LockApi {
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = LockId::parse(req.namespace, req.name)?;
+        let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
         access.act(&lock.namespace)?;
-        let holder = validate::holder(req.holder)?;
-        let token = validate::fencing_token(req.fencing_token)?;
+        let holder = validate::holder(req.holder).map_err(invalid)?;
+        let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
         let outcome = self
             .engine
             .release(&lock, &holder, token)
             .await
             .map_err(|e| self.failed("Release", &lock, &holder, validate::DEFAULT_KIND, e))?;
-        let reply = proto::ReleaseResponse::from(&outcome);
+        let reply = (&outcome).to_proto();
         report::released(self.engine.layout(), &lock, &holder, token, outcome);
         Ok(Response::new(reply))
     }
@@ -156,11 +157,11 @@ impl LockApi {
         let access = Access::of(&request)?;
         let deadline = grpc_deadline(&request);
         let req = request.into_inner();
-        let lock = LockId::parse(req.namespace, req.name)?;
+        let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
         access.act(&lock.namespace)?;
-        let holder = validate::holder(req.holder)?;
-        let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits)?;
-        let token = validate::fencing_token(req.fencing_token)?;
+        let holder = validate::holder(req.holder).map_err(invalid)?;
+        let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
+        let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
         let outcome = self
             .engine
             .extend_by(
@@ -176,7 +177,7 @@ impl LockApi {
         let reply = match outcome {
             ExtendOutcome::Extended(grant) => proto::ExtendResponse {
                 status: ExtendStatus::Extended.into(),
-                grant: Some(grant.into()),
+                grant: Some(grant.to_proto()),
             },
             ExtendOutcome::NotHeld => proto::ExtendResponse {
                 status: ExtendStatus::NotHeld.into(),

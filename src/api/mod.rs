@@ -10,7 +10,7 @@ pub mod report;
 mod session;
 pub mod validate;
 
-use convert::{LockAt, status_of};
+use convert::{LockAt, ToProto, invalid, status_of};
 use locks::*;
 
 use std::sync::Arc;
@@ -138,12 +138,13 @@ impl LockApi {
         ttl_ms: u64,
         deadline: Option<crate::observe::CallerDeadline>,
     ) -> Result<engine::AcquireRequest, Status> {
-        let wait_ms = validate::wait_ms(req.wait_ms, &self.limits)?;
+        let wait_ms = validate::wait_ms(req.wait_ms, &self.limits).map_err(invalid)?;
         Ok(engine::AcquireRequest {
             lock: LockId::parse(
                 std::mem::take(&mut req.namespace),
                 std::mem::take(&mut req.name),
-            )?,
+            )
+            .map_err(invalid)?,
             wait: if wait_ms == 0 {
                 Duration::ZERO
             } else {
@@ -152,12 +153,13 @@ impl LockApi {
                 effective_wait(wait_ms, deadline.map(|d| d.left())).max(Duration::from_millis(1))
             },
             answer_by: deadline.map(|d| d.answered_at.into()),
-            queue_ttl_ms: validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits)?,
-            priority: validate::priority(req.priority)?,
+            queue_ttl_ms: validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits)
+                .map_err(invalid)?,
+            priority: validate::priority(req.priority).map_err(invalid)?,
             fair: req.fair.unwrap_or(true),
-            limit: validate::limit(req.limit, &self.limits)?,
-            kind: validate::kind(std::mem::take(&mut req.kind))?,
-            metadata: validate::metadata(&req.metadata)?,
+            limit: validate::limit(req.limit, &self.limits).map_err(invalid)?,
+            kind: validate::kind(std::mem::take(&mut req.kind)).map_err(invalid)?,
+            metadata: validate::metadata(&req.metadata).map_err(invalid)?,
             ttl_ms,
             holder,
             session_epoch: None,
@@ -185,9 +187,7 @@ impl LockApi {
 }
 
 /// Trailers of an interrupted Clear: what it cleared before it stopped.
-pub const CLEARED_LOCKS: &str = "tumbler-locks-cleared";
-pub const CLEARED_GRANTS: &str = "tumbler-grants-released";
-pub const CLEARED_REQUESTS: &str = "tumbler-requests-dropped";
+pub use crate::proto::metadata::{CLEARED_GRANTS, CLEARED_LOCKS, CLEARED_REQUESTS};
 
 /// The status of a Clear that stopped partway: its error, saying how far
 /// it got (in the message, and as numbers in trailers) and that running
@@ -261,9 +261,9 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::InspectResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str())?;
+        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str()).map_err(invalid)?;
         access.read(&lock.namespace)?;
-        let state = self.engine.inspect(&lock).await.map_err(Status::from)?;
+        let state = self.engine.inspect(&lock).await.map_err(convert::status)?;
         Ok(Response::new(convert::inspect_response(&lock, state)))
     }
 
@@ -274,10 +274,14 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::QueueResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str())?;
+        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str()).map_err(invalid)?;
         access.read(&lock.namespace)?;
-        let most = validate::max_entries(req.max_entries)?;
-        let state = self.engine.queue(&lock, most).await.map_err(Status::from)?;
+        let most = validate::max_entries(req.max_entries).map_err(invalid)?;
+        let state = self
+            .engine
+            .queue(&lock, most)
+            .await
+            .map_err(convert::status)?;
         Ok(Response::new(convert::queue_response(&lock, state)))
     }
 
@@ -288,16 +292,16 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::ListResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace)?;
+        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
         access.read(&namespace)?;
-        let prefix = validate::prefix(&req.prefix)?;
-        let page_size = validate::page_size(req.page_size)?;
-        let from = validate::page_token(&req.page_token)?;
+        let prefix = validate::prefix(&req.prefix).map_err(invalid)?;
+        let page_size = validate::page_size(req.page_size).map_err(invalid)?;
+        let from = validate::page_token(&req.page_token).map_err(invalid)?;
         let page = self
             .engine
             .list(&namespace, &prefix, page_size, from, req.only_waiting)
             .await
-            .map_err(Status::from)?;
+            .map_err(convert::status)?;
         Ok(Response::new(convert::list_response(page)))
     }
 
@@ -307,7 +311,7 @@ impl LockService for LockApi {
         request: Request<proto::ListNamespacesRequest>,
     ) -> Result<Response<proto::ListNamespacesResponse>, Status> {
         let access = Access::of(&request)?;
-        let mut namespaces = self.engine.namespaces().await.map_err(Status::from)?;
+        let mut namespaces = self.engine.namespaces().await.map_err(convert::status)?;
         namespaces.retain(|namespace| access.lists(namespace));
         namespaces.sort();
         Ok(Response::new(proto::ListNamespacesResponse { namespaces }))
@@ -320,8 +324,8 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::ReapResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace)?;
-        let older_than = validate::older_than_ms(req.older_than_ms)?;
+        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
+        let older_than = validate::older_than_ms(req.older_than_ms).map_err(invalid)?;
         // Cleaning up what is already dead is anyone's business; taking
         // live grants and requests away (a cutoff) is an admin's.
         if older_than.is_some() {
@@ -333,7 +337,7 @@ impl LockService for LockApi {
             .engine
             .reap(&namespace, older_than)
             .await
-            .map_err(Status::from)?;
+            .map_err(convert::status)?;
         tracing::info!(
             %namespace,
             by = access.who(),
@@ -362,7 +366,7 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::ClearResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace)?;
+        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
         access.admin(&namespace)?;
         let mut counts = engine::ClearCounts::default();
         let result = self.engine.clear_counting(&namespace, &mut counts).await;
@@ -379,7 +383,7 @@ impl LockService for LockApi {
             "{}",
             if error.is_some() { "namespace clear interrupted" } else { "namespace cleared" }
         );
-        result.map_err(|err| clear_interrupted(Status::from(err), &counts))?;
+        result.map_err(|err| clear_interrupted(convert::status(err), &counts))?;
         Ok(Response::new(proto::ClearResponse {
             locks_cleared: counts.locks,
             grants_released: counts.grants,
@@ -394,20 +398,21 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::MetricsResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace)?;
+        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
         access.act(&namespace)?;
         let (from_ms, to_ms) =
-            validate::metrics_range(req.from_ms, req.to_ms, crate::wallclock::unix_ms())?;
+            validate::metrics_range(req.from_ms, req.to_ms, crate::wallclock::unix_ms())
+                .map_err(invalid)?;
         let kind = if req.kind.is_empty() {
             None
         } else {
-            Some(validate::kind(&req.kind)?)
+            Some(validate::kind(&req.kind).map_err(invalid)?)
         };
         let report = self
             .engine
             .metrics(&namespace, from_ms, to_ms, kind.as_deref())
             .await
-            .map_err(Status::from)?;
+            .map_err(convert::status)?;
         Ok(Response::new(convert::metrics_response(
             report, from_ms, to_ms,
         )))
@@ -438,16 +443,16 @@ impl LockService for LockApi {
         use std::sync::atomic::Ordering;
         let mut access = LiveAccess::of(&request)?;
         let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace)?;
+        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
         access.access().act(&namespace)?;
         let filter = engine::watchers::Filter {
             namespace,
             name: if req.name.is_empty() {
                 None
             } else {
-                Some(validate::name(&req.name)?)
+                Some(validate::name(&req.name).map_err(invalid)?)
             },
-            prefix: validate::prefix(&req.prefix)?,
+            prefix: validate::prefix(&req.prefix).map_err(invalid)?,
         };
         let share = self
             .watch_quota
@@ -461,14 +466,14 @@ impl LockService for LockApi {
         self.engine
             .announce_watch(&namespace)
             .await
-            .map_err(|e| Status::from(EngineError::from(e)))?;
+            .map_err(|e| convert::status(EngineError::from(e)))?;
         // The state is read once the watcher is registered and announced:
         // whatever changes meanwhile arrives as events after it.
         let state = if req.initial_state {
             self.engine
                 .watch_state(&state_filter)
                 .await
-                .map_err(Status::from)?
+                .map_err(convert::status)?
         } else {
             Vec::new()
         };
@@ -481,7 +486,7 @@ impl LockService for LockApi {
             async move {
                 let _held = (guard, share, slot);
                 for event in state {
-                    if out.send(Ok(event.into())).await.is_err() {
+                    if out.send(Ok(event.to_proto())).await.is_err() {
                         return;
                     }
                 }
@@ -489,7 +494,7 @@ impl LockService for LockApi {
                     tokio::select! {
                         event = events.recv() => match event {
                             Some(event) => {
-                                if out.send(Ok(event.into())).await.is_err() {
+                                if out.send(Ok(event.to_proto())).await.is_err() {
                                     return;
                                 }
                             }

@@ -217,17 +217,9 @@ impl Token {
     }
 }
 
-/// The digest stored for a bearer token: hex SHA-256.
-pub fn token_digest(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
-}
-
-/// A new random bearer token: 32 bytes from the OS, hex.
-pub fn new_token() -> anyhow::Result<String> {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-    Ok(format!("tmb_{}", hex::encode(bytes)))
-}
+/// The digest stored for a bearer token: hex SHA-256 (`tumbler-proto`'s,
+/// which `tumbler token` writes too).
+pub use crate::proto::tokens::digest as token_digest;
 
 /// Parses a tokens file's text; a token that keeps its name and rate
 /// keeps its rate budget from `before`.

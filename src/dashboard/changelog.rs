@@ -24,6 +24,7 @@ use super::errors::{ApiError, ApiResult, json_reply};
 use super::flight::Flights;
 use super::login::Caller;
 use super::params::{ChangelogQuery, Query, readable};
+use crate::api::convert::ToProto;
 use crate::api::validate;
 use crate::auth::CallerRate;
 use crate::engine::changelog::{ChangelogEvent, ChangelogPage, ChangelogQuery as EngineQuery};
@@ -115,7 +116,7 @@ struct EventView {
 impl From<&ChangelogEvent> for EventView {
     fn from(entry: &ChangelogEvent) -> Self {
         EventView {
-            event: entry.event.clone().into(),
+            event: entry.event.clone().to_proto(),
             metadata_truncated: entry.metadata_truncated,
             metadata_bytes: entry.metadata_bytes.map(Int64::from),
         }

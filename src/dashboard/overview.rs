@@ -19,6 +19,7 @@ use super::MINUTE_MS;
 use super::api::Int64;
 use super::errors::ApiError;
 use super::flight::Flights;
+use crate::api::convert::ToProto;
 use crate::api::validate;
 use crate::engine::{Counters, LockEngine};
 use crate::proto;
@@ -211,14 +212,14 @@ async fn walk(engine: &LockEngine, namespace: &str) -> Result<Overview, ApiError
         waiters: waiters.into(),
         waiting_locks: waiting_locks.into(),
         truncated,
-        busiest: busiest.into_iter().map(Into::into).collect(),
+        busiest: busiest.into_iter().map(ToProto::to_proto).collect(),
         rates: Rates {
             minutes: RATE_MINUTES as u32,
             acquired_per_minute: rate(|c| c.acquired),
             denied_per_minute: rate(|c| c.denied + c.timed_out),
             errors_per_minute: rate(|c| c.errors),
         },
-        last_hour: report.overall.into(),
+        last_hour: report.overall.to_proto(),
         denial_ratio: if tried == 0 {
             0.0
         } else {

@@ -398,52 +398,8 @@ pub fn record_lock(namespace: &str, lock_name: &str, holder: &str) {
     span.record("holder", holder);
 }
 
-/// One round of the background reaper on this replica.
-pub fn reaper_run() {
-    counter!("tumbler_reaper_runs_total").increment(1);
-}
-
-/// A reaper round kept from the reaper lock for longer than expected.
-pub fn reaper_lock_unavailable() {
-    counter!("tumbler_reaper_lock_unavailable_total").increment(1);
-}
-
-/// What one namespace's reap by the background reaper removed: expired
-/// holders, dead waiters, stale index entries.
-pub fn reaped(expired_holders: u64, dead_waiters: u64, stale_index_entries: u64) {
-    for (what, n) in [
-        ("expired_holders", expired_holders),
-        ("dead_waiters", dead_waiters),
-        ("stale_index_entries", stale_index_entries),
-    ] {
-        if n > 0 {
-            counter!("tumbler_reaped_total", "what" => what).increment(n);
-        }
-    }
-}
-
 /// The name Prometheus and OpenTelemetry use for a gRPC status code.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+pub use crate::proto::metadata::code_name;
 
 #[cfg(test)]
 mod tests {

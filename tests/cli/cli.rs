@@ -48,6 +48,14 @@ fn json(run: &Run) -> Value {
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", run.stdout))
 }
 
+/// A 64-bit integer of the proto3 JSON mapping: a string of digits.
+fn int64(value: &Value) -> i64 {
+    value
+        .as_str()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(|| panic!("not a 64-bit integer string: {value}"))
+}
+
 #[tokio::test]
 async fn acquire_prints_a_table_and_json_and_inspect_shows_the_holder() {
     let server = TestServer::new().start().await;
@@ -104,15 +112,17 @@ async fn acquire_prints_a_table_and_json_and_inspect_shows_the_holder() {
     )
     .await;
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    // The reply in the proto3 JSON mapping, as Connect answers it:
+    // lowerCamel names, enums by full name, 64-bit integers as strings.
     let reply = json(&run);
-    assert_eq!(reply["status"], "ACQUIRED");
+    assert_eq!(reply["status"], "ACQUIRE_STATUS_ACQUIRED");
     assert_eq!(reply["holders"], 1);
     let grant = &reply["grant"];
     assert_eq!(grant["holder"], "worker-2");
     assert_eq!(grant["slot"], 1);
-    // Tokens are strings, as in the dashboard's /api/v1.
-    let token = grant["fencing_token"].as_str().unwrap().to_owned();
+    let token = grant["fencingToken"].as_str().unwrap().to_owned();
     assert!(token.parse::<u64>().unwrap() > 0);
+    assert!(int64(&grant["expiresAtMs"]) > int64(&grant["acquiredAtMs"]));
     assert_eq!(grant["metadata"]["a"], "1");
     assert_eq!(grant["metadata"]["b"], "x=y");
 
@@ -125,8 +135,8 @@ async fn acquire_prints_a_table_and_json_and_inspect_shows_the_holder() {
     )
     .await;
     assert_eq!(run.code, 0);
-    assert_eq!(json(&run)["status"], "ALREADY_HELD");
-    assert_eq!(json(&run)["grant"]["fencing_token"], token);
+    assert_eq!(json(&run)["status"], "ACQUIRE_STATUS_ALREADY_HELD");
+    assert_eq!(json(&run)["grant"]["fencingToken"], token);
 
     let run = tumbler(&server, &["inspect", "cli-table"]).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -143,8 +153,8 @@ async fn acquire_prints_a_table_and_json_and_inspect_shows_the_holder() {
     assert_eq!(reply["namespace"], "team-a");
     assert_eq!(reply["limit"], 3);
     assert_eq!(reply["holders"][0]["grant"]["holder"], "worker-2");
-    assert_eq!(reply["holders"][0]["grant"]["fencing_token"], token);
-    assert!(reply["holders"][0]["remaining_ms"].as_i64().unwrap() > 0);
+    assert_eq!(reply["holders"][0]["grant"]["fencingToken"], token);
+    assert!(int64(&reply["holders"][0]["remainingMs"]) > 0);
 }
 
 #[tokio::test]
@@ -201,7 +211,7 @@ async fn queue_shows_a_waiter_until_release_hands_the_lock_over() {
         .unwrap();
     assert_eq!(waited.status.code(), Some(0));
     let reply: Value = serde_json::from_slice(&waited.stdout).unwrap();
-    assert_eq!(reply["status"], "ACQUIRED");
+    assert_eq!(reply["status"], "ACQUIRE_STATUS_ACQUIRED");
     assert_eq!(reply["grant"]["holder"], "second");
 }
 
@@ -230,8 +240,8 @@ async fn exit_codes_for_refusals_and_errors() {
     )
     .await;
     assert_eq!(run.code, 75);
-    assert_eq!(json(&run)["status"], "NOT_ACQUIRED");
-    assert_eq!(json(&run)["reason"], "BUSY");
+    assert_eq!(json(&run)["status"], "ACQUIRE_STATUS_NOT_ACQUIRED");
+    assert_eq!(json(&run)["reason"], "NOT_ACQUIRED_REASON_BUSY");
 
     // Waiting runs out: 75, TIMEOUT.
     let run = tumbler(
@@ -248,7 +258,7 @@ async fn exit_codes_for_refusals_and_errors() {
     )
     .await;
     assert_eq!(run.code, 75);
-    assert_eq!(json(&run)["reason"], "TIMEOUT");
+    assert_eq!(json(&run)["reason"], "NOT_ACQUIRED_REASON_TIMEOUT");
 
     // Extend: 0 for the holder, 79 for anyone else.
     let run = tumbler(
@@ -265,7 +275,7 @@ async fn exit_codes_for_refusals_and_errors() {
     assert!(run.stdout.contains("1m"), "{}", run.stdout);
     let run = tumbler(&server, &["extend", "cli-codes", "--holder", "b", "--json"]).await;
     assert_eq!(run.code, 79);
-    assert_eq!(json(&run)["status"], "NOT_HELD");
+    assert_eq!(json(&run)["status"], "EXTEND_STATUS_NOT_HELD");
 
     // Release with a wrong token, by someone else, twice: 79.
     let run = tumbler(
@@ -290,7 +300,7 @@ async fn exit_codes_for_refusals_and_errors() {
     .await;
     assert_eq!(
         (run.code, json(&run)["status"].clone()),
-        (0, "RELEASED".into())
+        (0, "RELEASE_STATUS_RELEASED".into())
     );
     assert_eq!(
         tumbler(&server, &["release", "cli-codes", "--holder", "a"])
@@ -392,7 +402,9 @@ async fn list_reap_metrics_and_clear_print_tables_and_json() {
         .collect();
     names.sort();
     assert_eq!(names, ["nightly-export", "nightly-import", "other"]);
-    assert_eq!(listed["next_page_token"], "");
+    // Every page was fetched: no next page token (an empty string, a
+    // default, is left out).
+    assert!(listed.get("nextPageToken").is_none(), "{listed}");
 
     // metrics: the per-kind table of the seed's Locks tab.
     let run = tumbler(&server, &["metrics"]).await;
@@ -407,19 +419,19 @@ async fn list_reap_metrics_and_clear_print_tables_and_json() {
     let rows = report["totals"].as_array().unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["kind"], "export");
-    assert_eq!(rows[0]["acquired"], 2);
-    assert_eq!(rows[0]["denied"], 1);
+    assert_eq!(rows[0]["acquired"], "2");
+    assert_eq!(rows[0]["denied"], "1");
     // The totals the table shows: per kind, and every kind together.
     let report = json(&tumbler(&server, &["metrics", "-o", "json"]).await);
     let totals = report["totals"].as_array().unwrap();
     assert_eq!(totals.len(), 2, "{report}");
-    assert_eq!(report["overall"]["acquired"], 3, "{report}");
-    assert_eq!(report["overall"]["denied"], 1, "{report}");
-    let minutes: u64 = report["minutes"]
+    assert_eq!(report["overall"]["acquired"], "3", "{report}");
+    assert_eq!(report["overall"]["denied"], "1", "{report}");
+    let minutes: i64 = report["minutes"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| m["acquired"].as_u64().unwrap())
+        .map(|m| int64(&m["acquired"]))
         .sum();
     assert_eq!(minutes, 3, "{report}");
 
@@ -428,16 +440,20 @@ async fn list_reap_metrics_and_clear_print_tables_and_json() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("expired holders"), "{}", run.stdout);
     let reaped = json(&tumbler(&server, &["reap", "--json"]).await);
-    assert_eq!(reaped["dead_waiters"], 0);
+    assert!(int64(&reaped["locksVisited"]) >= 3, "{reaped}");
+    assert!(
+        reaped.get("deadWaiters").is_none(),
+        "0 is left out: {reaped}"
+    );
 
     // clear: refused without --yes, then done.
     let run = tumbler(&server, &["clear"]).await;
     assert_eq!(run.code, 64);
     assert!(run.stderr.contains("--yes"), "{}", run.stderr);
     let cleared = json(&tumbler(&server, &["clear", "--yes", "--json"]).await);
-    assert_eq!(cleared["locks_cleared"], 3);
+    assert_eq!(cleared["locksCleared"], "3");
     let listed = json(&tumbler(&server, &["list", "--json"]).await);
-    assert!(listed["locks"].as_array().unwrap().is_empty());
+    assert!(listed.get("locks").is_none(), "no locks: {listed}");
 }
 
 #[tokio::test]
@@ -461,8 +477,8 @@ async fn global_output_namespace_and_addresses_with_fail_over() {
         .unwrap();
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     let reply: Value = serde_yaml_ng::from_slice(&output.stdout).unwrap();
-    assert_eq!(reply["status"], "ACQUIRED");
-    assert!(reply["grant"]["fencing_token"].is_string(), "{reply}");
+    assert_eq!(reply["status"], "ACQUIRE_STATUS_ACQUIRED");
+    assert!(reply["grant"]["fencingToken"].is_string(), "{reply}");
 
     // An endpoint that refuses connections, one that answers UNAVAILABLE,
     // then the good one: the call lands on the good one.
@@ -624,13 +640,7 @@ async fn watch_prints_events_until_interrupted() {
             let event: Value = serde_json::from_str(&line).unwrap();
             assert_eq!(event["name"], "watched", "{line}");
             assert_eq!(event["holder"], "w", "{line}");
-            assert!(
-                event["fencing_token"]
-                    .as_str()
-                    .unwrap()
-                    .parse::<u64>()
-                    .is_ok()
-            );
+            assert!(int64(&event["fencingToken"]) > 0, "{line}");
         } else {
             assert!(line.contains(" watched holder=w token="), "{line}");
         }
@@ -696,7 +706,7 @@ async fn watch_can_start_with_the_current_holders() {
     assert_eq!(lines[0]["holder"], "w");
     assert_eq!(lines[0]["kind"], "nightly");
     assert_eq!(lines[0]["slot"], 1);
-    assert!(lines[0]["expires_at_ms"].as_i64().unwrap() > lines[0]["at_ms"].as_i64().unwrap());
+    assert!(int64(&lines[0]["expiresAtMs"]) > int64(&lines[0]["atMs"]));
     assert_eq!(lines[1]["event"], "synced", "{lines:?}");
     let pid = nix::unistd::Pid::from_raw(watching.id().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();

@@ -573,9 +573,16 @@ async fn an_interrupted_clear_says_how_far_it_got_and_a_rerun_finishes() {
     assert!(stderr.contains("run Clear again to finish"), "{stderr}");
     let partial: serde_json::Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
-    let cleared = partial["locks_cleared"].as_u64().unwrap();
+    // A ClearResponse in the proto3 JSON mapping: uint64 as strings.
+    let count = |field: &str| -> u64 {
+        partial[field]
+            .as_str()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or_else(|| panic!("{field}: {partial}"))
+    };
+    let cleared = count("locksCleared");
     assert!(cleared > 0 && cleared < LOCKS as u64, "{partial}");
-    assert_eq!(partial["grants_released"].as_u64(), Some(cleared));
+    assert_eq!(count("grantsReleased"), cleared);
     assert!(
         stderr.contains(&format!("cleared {cleared} locks")),
         "{stderr}"

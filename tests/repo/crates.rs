@@ -1,6 +1,7 @@
 //! The workspace's dependency rules, which the compiler enforces once a
-//! dependency is absent: the Rust client builds without the server's Redis
-//! and web stack.
+//! dependency is absent: the Rust client and the CLI build without the
+//! server's Redis and web stack, and the CLI without the server itself;
+//! the engine knows no proto or transport, the store no engine either.
 
 use std::path::Path;
 use std::process::Command;
@@ -35,17 +36,73 @@ fn normal_dependencies(package: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn the_rust_client_depends_on_neither_redis_nor_axum() {
-    let names = normal_dependencies("tumbler-client");
+/// `package` builds on `tumbler-proto` and without `redis*`, `axum*` or
+/// the server package `tumbler`.
+fn assert_client_side(package: &str) {
+    let names = normal_dependencies(package);
     assert!(names.iter().any(|n| n == "tumbler-proto"), "{names:?}");
     let server_side: Vec<&String> = (names.iter())
         .filter(|n| n.starts_with("redis") || n.starts_with("axum") || *n == "tumbler")
         .collect();
     assert!(
         server_side.is_empty(),
-        "tumbler-client pulls in server-side crates: {server_side:?}"
+        "{package} pulls in server-side crates: {server_side:?}"
     );
+}
+
+#[test]
+fn the_engine_depends_on_no_proto_or_transport() {
+    let names = normal_dependencies("tumbler-engine");
+    assert!(names.iter().any(|n| n == "tumbler-store"), "{names:?}");
+    let above: Vec<&String> = (names.iter())
+        .filter(|n| {
+            n.starts_with("tonic")
+                || n.starts_with("axum")
+                || n.starts_with("tumbler-proto")
+                || *n == "tumbler"
+                || *n == "hyper"
+                || *n == "prost"
+        })
+        .collect();
+    assert!(
+        above.is_empty(),
+        "tumbler-engine pulls in what is above it: {above:?}"
+    );
+}
+
+#[test]
+fn the_store_depends_on_no_engine_proto_or_transport() {
+    let names = normal_dependencies("tumbler-store");
+    assert!(names.iter().any(|n| n == "redis"), "{names:?}");
+    let above: Vec<&String> = (names.iter())
+        .filter(|n| {
+            n.starts_with("tonic")
+                || n.starts_with("axum")
+                || n.starts_with("tumbler-proto")
+                || *n == "tumbler"
+                || *n == "tumbler-engine"
+                || *n == "hyper"
+        })
+        .collect();
+    assert!(
+        above.is_empty(),
+        "tumbler-store pulls in what is above it: {above:?}"
+    );
+}
+
+#[test]
+fn the_rust_client_depends_on_neither_redis_nor_axum() {
+    assert_client_side("tumbler-client");
+}
+
+/// The client subcommands compile no Redis, web or server code: what they
+/// share with the server (protocol constants, the token digest) lives in
+/// `tumbler-proto`, and they reach it through `tumbler-client`.
+#[test]
+fn the_cli_depends_on_neither_redis_nor_axum_nor_the_server() {
+    assert_client_side("tumbler-cli");
+    let names = normal_dependencies("tumbler-cli");
+    assert!(names.iter().any(|n| n == "tumbler-client"), "{names:?}");
 }
 
 #[test]

@@ -11,4 +11,5 @@ mod crates;
 mod docs;
 mod layers;
 mod metric_names;
+mod packages;
 mod sizes;

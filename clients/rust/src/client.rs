@@ -23,6 +23,22 @@ pub type Stub = LockServiceClient<InterceptedService<Channel, Bearer>>;
 #[derive(Clone, Debug, Default)]
 pub struct Bearer(Option<MetadataValue<Ascii>>);
 
+impl Bearer {
+    /// Sends `token` as `authorization: Bearer <token>` (an empty token:
+    /// nothing), for a [`Stub`] over a channel of your own, e.g.
+    /// `LockServiceClient::with_interceptor(channel, Bearer::new(token)?)`.
+    /// [`ClientBuilder::token`] does this for a [`Client`].
+    pub fn new(token: &str) -> Result<Bearer> {
+        if token.is_empty() {
+            return Ok(Bearer(None));
+        }
+        format!("Bearer {token}")
+            .parse()
+            .map(|value| Bearer(Some(value)))
+            .map_err(|_| Error::InvalidToken)
+    }
+}
+
 impl Interceptor for Bearer {
     fn call(
         &mut self,
@@ -131,14 +147,7 @@ impl ClientBuilder {
     }
 
     fn finish(self, channel: Channel) -> Result<Client> {
-        let bearer = match &self.token {
-            Some(token) => Bearer(Some(
-                format!("Bearer {token}")
-                    .parse()
-                    .map_err(|_| Error::InvalidToken)?,
-            )),
-            None => Bearer(None),
-        };
+        let bearer = Bearer::new(self.token.as_deref().unwrap_or_default())?;
         Ok(Client {
             stub: LockServiceClient::with_interceptor(channel, bearer),
             namespace: self.namespace,

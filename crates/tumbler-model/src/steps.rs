@@ -122,7 +122,7 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             if live {
                 let cl = &mut s.clients[ci];
                 // The renewer stops renewing its grants, but a renewal
-                // already sent still reaches Redis (src/engine/sessions.rs
+                // already sent still reaches Redis (crates/tumbler-engine/src/sessions.rs
                 // `end` does not wait for one in flight).
                 if let Some(beat) = cl.beat.take() {
                     s.orphans.push((c, beat));
@@ -162,7 +162,7 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                             theirs.iter().any(|&t| t != token) || theirs.len() > 1;
                         // Its grants are renewed at once, stamped with the
                         // new epoch, before the resume is answered
-                        // (src/engine/resume.rs).
+                        // (crates/tumbler-engine/src/resume.rs).
                         let cl = &mut s.clients[ci];
                         cl.call = Some(Call::Renew {
                             token,

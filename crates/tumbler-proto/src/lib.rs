@@ -31,6 +31,10 @@ tonic::include_proto!("tumbler.v1");
 // integers as strings) of every message above, as serde impls.
 include!(concat!(env!("OUT_DIR"), "/tumbler.v1.serde.rs"));
 
+pub mod metadata;
+#[cfg(feature = "tokens")]
+pub mod tokens;
+
 /// The encoded descriptors of `proto/`, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/tumbler_descriptor.bin"));

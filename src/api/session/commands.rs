@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::Driver;
+use crate::api::convert::{self, ToProto, invalid};
 use crate::api::report;
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
@@ -94,7 +95,7 @@ impl Driver {
                             report::acquired(engine.layout(), &request, &outcome, started.elapsed());
                             Done::reply(Event::Acquired(proto::SessionAcquired {
                                 request_id: id,
-                                response: Some(outcome.into()),
+                                response: Some(outcome.to_proto()),
                             }))
                         }
                         Err(crate::engine::EngineError::Stopped)
@@ -119,7 +120,8 @@ impl Driver {
                     return Some(refused(id, too_many_running()));
                 }
                 let lock = match access.charge().and_then(|()| {
-                    let lock = LockId::parse(command.namespace.as_str(), command.name.as_str())?;
+                    let lock = LockId::parse(command.namespace.as_str(), command.name.as_str())
+                        .map_err(invalid)?;
                     access.access().act(&lock.namespace)?;
                     Ok(lock)
                 }) {
@@ -133,7 +135,7 @@ impl Driver {
                     let _done = turn.wait().await;
                     let done = match engine.session_release(&session, epoch, &lock).await {
                         Ok(outcome) => {
-                            let reply = proto::ReleaseResponse::from(&outcome);
+                            let reply = (&outcome).to_proto();
                             report::released(engine.layout(), &lock, &session, None, outcome);
                             Done::reply(Event::Released(proto::SessionReleased {
                                 request_id: id,
@@ -286,7 +288,7 @@ impl Done {
             crate::engine::EngineError::Stopped => {
                 Status::permission_denied("the token may no longer act in this namespace")
             }
-            err => Status::from(err),
+            err => convert::status(err),
         };
         Done {
             event: refused(request_id, status),

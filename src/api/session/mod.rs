@@ -35,6 +35,7 @@ mod commands;
 
 use commands::{Running, refused};
 
+use super::convert::{self, invalid};
 use super::quota::QuotaSlot;
 use super::{LockApi, StreamSlot, validate};
 use crate::auth::LiveAccess;
@@ -113,12 +114,12 @@ pub async fn open(
     let owner = access.access().who().to_owned();
     let opened = match open.resume {
         None => {
-            let ttl_ms = validate::ttl_ms(open.ttl_ms, &api.limits)?;
+            let ttl_ms = validate::ttl_ms(open.ttl_ms, &api.limits).map_err(invalid)?;
             let ticket = api
                 .engine
                 .open_session(&owner, ttl_ms)
                 .await
-                .map_err(Status::from)?;
+                .map_err(convert::status)?;
             Opened {
                 session: ticket.id,
                 epoch: ticket.epoch,
@@ -133,8 +134,8 @@ pub async fn open(
             // An address that failed to resume too often lately is turned
             // away before anything is looked up.
             api.auth_throttle.check(access.peer())?;
-            let session = validate::session_id(&resume.session_id)?;
-            let secret = validate::resume_secret(&resume.secret)?;
+            let session = validate::session_id(&resume.session_id).map_err(invalid)?;
+            let secret = validate::resume_secret(&resume.secret).map_err(invalid)?;
             let may_act = |namespace: &str| access.access().act(namespace).is_ok();
             let resumed = api
                 .engine
@@ -154,7 +155,7 @@ pub async fn open(
                         )
                     }
                     ResumeError::Moved => Status::aborted(format!("resume: {err}")),
-                    ResumeError::Engine(err) => Status::from(err),
+                    ResumeError::Engine(err) => convert::status(err),
                 })?;
             tracing::info!(%session, kept = resumed.kept.len(), lost = resumed.lost.len(), "session resumed");
             let grants = resumed

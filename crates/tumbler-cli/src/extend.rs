@@ -1,0 +1,46 @@
+//! `tumbler extend`: renew a grant's lease.
+
+use clap::Args;
+
+use super::connect::{Conn, Target};
+use super::output::{display_name, enum_name, grant_table, now_ms};
+use super::{Failure, Globals, GrantRef, LockName, exit};
+use tumbler_proto as proto;
+
+#[derive(Args, Debug)]
+pub struct ExtendArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub lock: LockName,
+    #[command(flatten)]
+    pub grant: GrantRef,
+    /// The new remaining lease (default: the grant's own ttl).
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+}
+
+pub async fn run(args: ExtendArgs, globals: &Globals) -> Result<u8, Failure> {
+    let mut conn = Conn::new(&args.target)?;
+    let request = proto::ExtendRequest {
+        namespace: globals.namespace()?,
+        name: args.lock.name,
+        holder: args.grant.holder,
+        ttl_ms: args.ttl_ms,
+        fencing_token: args.grant.token,
+    };
+    let lock = display_name(&request.namespace, &request.name);
+    let reply = call!(conn, extend, request).await?;
+    let status = enum_name(reply.status().as_str_name(), "EXTEND_STATUS_");
+    globals.output().reply(&reply, || {
+        let mut text = format!("{status} {lock} (holder {})\n", request.holder);
+        if let Some(grant) = &reply.grant {
+            text += &format!("{}\n", grant_table(grant, now_ms()));
+        }
+        text
+    })?;
+    Ok(match reply.status() {
+        proto::ExtendStatus::Extended => exit::SUCCESS,
+        _ => exit::NOT_HELD,
+    })
+}

@@ -1,0 +1,38 @@
+//! `tumbler release`: give a grant back.
+
+use clap::Args;
+
+use super::connect::{Conn, Target};
+use super::output::{display_name, enum_name};
+use super::{Failure, Globals, GrantRef, LockName, exit};
+use tumbler_proto as proto;
+
+#[derive(Args, Debug)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub lock: LockName,
+    #[command(flatten)]
+    pub grant: GrantRef,
+}
+
+pub async fn run(args: ReleaseArgs, globals: &Globals) -> Result<u8, Failure> {
+    let mut conn = Conn::new(&args.target)?;
+    let request = proto::ReleaseRequest {
+        namespace: globals.namespace()?,
+        name: args.lock.name,
+        holder: args.grant.holder,
+        fencing_token: args.grant.token,
+    };
+    let lock = display_name(&request.namespace, &request.name);
+    let reply = call!(conn, release, request).await?;
+    let status = enum_name(reply.status().as_str_name(), "RELEASE_STATUS_");
+    globals.output().reply(&reply, || {
+        format!("{status} {lock} (holder {})\n", request.holder)
+    })?;
+    Ok(match reply.status() {
+        proto::ReleaseStatus::Released => exit::SUCCESS,
+        _ => exit::NOT_HELD,
+    })
+}

@@ -1,0 +1,320 @@
+//! [`Locks`]: the engine's operations on one lock: acquire once (waiting
+//! in the queue is `waiting.rs`'s, built on these), release, extend,
+//! inspect, queue, a waiter leaving the queue, this replica's waiters
+//! kept alive (`refresh`) and a watched lock purged at a lease's end.
+//! Each is one call of its Redis function (its typed twin in `ops/`),
+//! plus what the replica counts of it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::calls::{Calls, late};
+use super::changelog::Changelog;
+use super::counting::Counting;
+use super::keys::LockKeys;
+use super::{
+    AcquireOutcome, AcquireRequest, EngineError, ExtendOutcome, LockId, LockState, QueueState,
+    ReleaseOutcome, ops, records, waiters,
+};
+use crate::store::StoreError;
+
+/// A grant as a holder names it: the lock, the holder, and optionally the
+/// fencing token it must have.
+#[derive(Clone, Copy)]
+pub(super) struct GrantRef<'a> {
+    pub lock: &'a LockId,
+    pub holder: &'a str,
+    pub fencing_token: Option<u64>,
+}
+
+/// Calls on one lock, and the limits they pass to Redis.
+pub(super) struct Locks {
+    calls: Arc<Calls>,
+    counting: Arc<Counting>,
+    /// Where a namespace's events go (the flags every call passes).
+    changelog: Arc<Changelog>,
+    /// Waiting requests one lock's queue may hold.
+    max_waiters_per_lock: u32,
+    /// Locks a namespace may have per shard (0: no limit).
+    max_locks_per_shard: u64,
+}
+
+impl Locks {
+    pub(super) fn new(
+        calls: Arc<Calls>,
+        counting: Arc<Counting>,
+        changelog: Arc<Changelog>,
+        max_waiters_per_lock: u32,
+        max_locks_per_shard: u64,
+    ) -> Self {
+        Locks {
+            calls,
+            counting,
+            changelog,
+            max_waiters_per_lock,
+            max_locks_per_shard,
+        }
+    }
+
+    /// The keys of a lock.
+    pub(super) fn keys(&self, lock: &LockId) -> LockKeys {
+        self.calls.layout().lock_keys(&lock.namespace, &lock.name)
+    }
+
+    /// One acquire function call.
+    pub(super) async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        keys: &LockKeys,
+        metadata: &str,
+        wait_left: Option<Duration>,
+    ) -> Result<ops::acquire::Answer, StoreError> {
+        let call = ops::acquire::Call {
+            req,
+            metadata,
+            answer_by: self.calls.answer_by(req.answer_by),
+            watched: self.changelog.emits(&req.lock.namespace),
+            max_locks: self.max_locks_per_shard,
+            wait: wait_left.map(|left| ops::acquire::Wait {
+                left_ms: left.as_millis() as u64,
+                max_waiters: self.max_waiters_per_lock,
+            }),
+        };
+        let reply = self
+            .calls
+            .call_granting(|s| &s.acquire, keys, &call.args(), ops::acquire::is_grant)
+            .await?;
+        let answer = ops::acquire::parse(reply)?;
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&req.lock.namespace, answer.now, &answer.noted);
+        Ok(answer)
+    }
+
+    /// An attempt's outcome as this engine answers it: a grant, a refusal
+    /// that is an error, or None (not granted: busy or queued).
+    pub(super) fn settled(
+        &self,
+        req: &AcquireRequest,
+        outcome: ops::acquire::Outcome,
+    ) -> Result<Option<AcquireOutcome>, EngineError> {
+        use ops::acquire::Outcome;
+        Ok(match outcome {
+            Outcome::Granted {
+                grant,
+                holders,
+                already,
+            } => {
+                if already {
+                    Some(AcquireOutcome::AlreadyHeld { grant, holders })
+                } else {
+                    self.counting
+                        .now(&req.lock.namespace, &req.kind, "acquired");
+                    Some(AcquireOutcome::Acquired { grant, holders })
+                }
+            }
+            Outcome::Busy { .. } | Outcome::Queued { .. } => None,
+            Outcome::QueueFull => return Err(EngineError::QueueFull(self.max_waiters_per_lock)),
+            Outcome::NamespaceFull => return Err(EngineError::NamespaceFull),
+            Outcome::LimitMismatch { lock_limit } => {
+                return Err(EngineError::LimitMismatch {
+                    lock_limit,
+                    requested: req.limit,
+                });
+            }
+            Outcome::Late => return Err(late().into()),
+            Outcome::Moved => return Err(EngineError::SessionMoved),
+        })
+    }
+
+    /// Takes a permit if one is free now (a try-once Acquire: `req.wait`
+    /// is zero); the caller checked readiness and noted the namespace.
+    pub(super) async fn acquire_once(
+        &self,
+        req: &AcquireRequest,
+    ) -> Result<AcquireOutcome, EngineError> {
+        let keys = self.keys(&req.lock);
+        let metadata = records::metadata_arg(&req.metadata);
+        let answer = self.attempt(req, &keys, &metadata, None).await?;
+        if let ops::acquire::Outcome::Busy {
+            holders,
+            next_expiry,
+        } = answer.outcome
+        {
+            self.counting.now(&req.lock.namespace, &req.kind, "denied");
+            return Ok(AcquireOutcome::Busy {
+                holders,
+                next_expiry_at_ms: next_expiry,
+            });
+        }
+        self.settled(req, answer.outcome)?.ok_or_else(|| {
+            StoreError::Protocol("acquire answered queued to a try-once call".into()).into()
+        })
+    }
+
+    /// Releases a grant; for a session's stream of `epoch` (Some), refused
+    /// with [`EngineError::SessionMoved`] when a newer stream holds it.
+    pub(super) async fn release(
+        &self,
+        lock: &LockId,
+        holder: &str,
+        fencing_token: Option<u64>,
+        epoch: Option<u64>,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        self.calls.ready()?;
+        let keys = self.keys(lock);
+        let call = ops::release::Call {
+            holder,
+            token: fencing_token,
+            watched: self.changelog.emits(&lock.namespace),
+            epoch,
+        };
+        let reply = self
+            .calls
+            .call_lock(|s| &s.release, &keys, &call.args())
+            .await?;
+        let answer = ops::release::parse(reply)?;
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&lock.namespace, answer.now, &answer.noted);
+        Ok(match answer.outcome {
+            ops::release::Outcome::Released(grant) => {
+                self.counting
+                    .at(&lock.namespace, answer.now, &grant.kind, "released");
+                ReleaseOutcome::Released {
+                    held_ms: answer.now - grant.acquired_at_ms,
+                    kind: grant.kind,
+                }
+            }
+            ops::release::Outcome::NotHeld => ReleaseOutcome::NotHeld,
+            ops::release::Outcome::Moved => return Err(EngineError::SessionMoved),
+        })
+    }
+
+    /// Resets the remaining lease to `ttl_ms` (or the grant's own ttl),
+    /// for a caller that stops listening at `answer_by`; for a session's
+    /// stream of `epoch` (Some), refused with [`EngineError::SessionMoved`]
+    /// when a newer stream holds it.
+    pub(super) async fn extend(
+        &self,
+        GrantRef {
+            lock,
+            holder,
+            fencing_token,
+        }: GrantRef<'_>,
+        ttl_ms: Option<u64>,
+        answer_by: Option<Instant>,
+        epoch: Option<u64>,
+    ) -> Result<ExtendOutcome, EngineError> {
+        self.calls.ready()?;
+        let keys = self.keys(lock);
+        let call = ops::extend::Call {
+            holder,
+            token: fencing_token,
+            ttl_ms,
+            answer_by: self.calls.answer_by(answer_by),
+            watched: self.changelog.emits(&lock.namespace),
+            epoch,
+        };
+        let reply = self
+            .calls
+            .call_granting(|s| &s.extend, &keys, &call.args(), ops::extend::is_grant)
+            .await?;
+        let answer = ops::extend::parse(reply)?;
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&lock.namespace, answer.now, &answer.noted);
+        match answer.outcome {
+            ops::extend::Outcome::Extended(grant) => {
+                self.counting
+                    .at(&lock.namespace, answer.now, &grant.kind, "extended");
+                Ok(ExtendOutcome::Extended(grant))
+            }
+            ops::extend::Outcome::NotHeld => Ok(ExtendOutcome::NotHeld),
+            ops::extend::Outcome::Late => Err(late().into()),
+            ops::extend::Outcome::Moved => Err(EngineError::SessionMoved),
+        }
+    }
+
+    pub(super) async fn inspect(&self, lock: &LockId) -> Result<LockState, EngineError> {
+        self.calls.ready()?;
+        let keys = self.keys(lock);
+        let reply = self.calls.call_lock(|s| &s.inspect, &keys, &[]).await?;
+        Ok(ops::inspect::parse(reply)?)
+    }
+
+    /// The live waiting requests of a lock in grant order (at most `most`).
+    pub(super) async fn queue(&self, lock: &LockId, most: u32) -> Result<QueueState, EngineError> {
+        self.calls.ready()?;
+        let keys = self.keys(lock);
+        let reply = self
+            .calls
+            .call_lock(|s| &s.queue, &keys, &ops::queue::args(most))
+            .await?;
+        Ok(ops::queue::parse(reply)?)
+    }
+
+    /// Takes a waiting request out of the queue; returns the position it
+    /// had (0 when it was not queued). A timed-out one is counted.
+    pub(super) async fn dequeue(
+        &self,
+        lock: &LockId,
+        keys: &LockKeys,
+        holder: &str,
+        timed_out: bool,
+    ) -> Result<u32, StoreError> {
+        let call = ops::dequeue::Call {
+            id: holder,
+            watched: self.changelog.emits(&lock.namespace),
+        };
+        let reply = self
+            .calls
+            .call_lock(|s| &s.dequeue, keys, &call.args())
+            .await?;
+        let answer = ops::dequeue::parse(reply)?;
+        self.counting
+            .noted(&lock.namespace, answer.now, &answer.noted);
+        if timed_out && answer.position > 0 {
+            self.counting
+                .at(&lock.namespace, answer.now, &answer.kind, "timed_out");
+        }
+        Ok(answer.position)
+    }
+
+    /// Renews this replica's requests on one lock; returns the ids whose
+    /// place was lost meanwhile.
+    pub(super) async fn refresh(
+        &self,
+        batch: &waiters::RefreshBatch,
+    ) -> Result<Vec<String>, StoreError> {
+        let call = ops::refresh::Call {
+            watched: self.changelog.emits(&batch.namespace),
+            requests: &batch.requests,
+        };
+        let reply = self
+            .calls
+            .call_lock(|s| &s.refresh, &batch.keys, &call.args())
+            .await?;
+        let answer = ops::refresh::parse(reply)?;
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&batch.namespace, answer.now, &answer.noted);
+        Ok(answer.lost)
+    }
+
+    /// One lease-end purge of a watched lock (`lua/purge.lua`); returns
+    /// when its next lease may end (None: nobody holds it).
+    pub(super) async fn purge(&self, lock: &LockId) -> Result<Option<i64>, StoreError> {
+        self.calls.ready()?;
+        let keys = self.keys(lock);
+        let args = ops::purge::args(self.changelog.emits(&lock.namespace));
+        let reply = self.calls.call_lock(|s| &s.purge, &keys, &args).await?;
+        let answer = ops::purge::parse(reply)?;
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&lock.namespace, answer.now, &answer.noted);
+        Ok(answer.outcome)
+    }
+}

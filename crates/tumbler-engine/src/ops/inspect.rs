@@ -1,0 +1,27 @@
+//! `lua/inspect.lua`: a lock's live holders, limit and waiter count.
+
+use redis::Value;
+
+use super::Reply;
+use crate::LockState;
+use crate::records::parse_grant;
+use crate::store::StoreError;
+
+pub fn parse(value: Value) -> Result<LockState, StoreError> {
+    let mut reply = Reply::new("inspect", value)?;
+    let now_ms = reply.take()?;
+    let limit = reply.take()?;
+    let waiters = reply.take()?;
+    let live: Vec<(String, String)> = reply.take()?;
+    let mut holders = live
+        .iter()
+        .map(|(holder, record)| parse_grant(holder, record))
+        .collect::<Result<Vec<_>, _>>()?;
+    holders.sort_by_key(|grant| grant.slot);
+    Ok(LockState {
+        now_ms,
+        limit,
+        waiters,
+        holders,
+    })
+}

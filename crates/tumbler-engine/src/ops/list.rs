@@ -1,0 +1,27 @@
+//! `lua/list.lua`: the live state of some locks of one shard.
+
+use redis::Value;
+
+use super::Reply;
+use crate::LockSummary;
+use crate::store::StoreError;
+
+/// Redis' clock and the locks with anything live, in the order asked.
+pub fn parse(value: Value) -> Result<(i64, Vec<LockSummary>), StoreError> {
+    let mut reply = Reply::new("list", value)?;
+    let now = reply.take()?;
+    let found: Vec<(String, u32, u32, u32, i64)> = reply.take()?;
+    let locks = found
+        .into_iter()
+        .map(
+            |(name, holders, limit, waiters, next_expiry_at_ms)| LockSummary {
+                name,
+                holders,
+                limit,
+                waiters,
+                next_expiry_at_ms,
+            },
+        )
+        .collect();
+    Ok((now, locks))
+}

@@ -1,0 +1,72 @@
+//! `lua/release.lua`: give a grant back.
+
+use redis::Value;
+
+use super::{Reply, status};
+use crate::Grant;
+use crate::records::parse_grant;
+use crate::store::StoreError;
+
+/// One call of the release function.
+pub struct Call<'a> {
+    pub holder: &'a str,
+    /// Only the grant with this token ('' = any).
+    pub token: Option<u64>,
+    pub watched: super::Emit,
+    /// The epoch of the session's stream that releases (None: not a
+    /// session's call).
+    pub epoch: Option<u64>,
+}
+
+impl Call<'_> {
+    /// The function's arguments, in `lua/release.lua`'s order; the tail
+    /// is sent only as far as it differs from the defaults (any token, no
+    /// events, no session), so a plain release sends one.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = vec![self.holder.to_owned()];
+        let watched = self.watched.arg();
+        if self.token.is_some() || watched != "0" || self.epoch.is_some() {
+            args.push(super::optional(self.token));
+        }
+        if watched != "0" || self.epoch.is_some() {
+            args.push(watched);
+        }
+        if let Some(epoch) = self.epoch {
+            args.push(epoch.to_string());
+        }
+        args
+    }
+}
+
+/// What the function answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Released(Grant),
+    NotHeld,
+    /// A newer stream of the caller's session holds the grant: nothing
+    /// changed.
+    Moved,
+}
+
+/// The reply: Redis' clock, the outcome and what the call noted for the
+/// counters.
+pub type Answer = super::Answer<Outcome>;
+
+pub fn parse(value: Value) -> Result<Answer, StoreError> {
+    let mut reply = Reply::new("release", value)?;
+    let code: i64 = reply.take()?;
+    let now = reply.take()?;
+    let holder: String = reply.take()?;
+    let record: String = reply.take()?;
+    let released = match code {
+        status::OK => Outcome::Released(parse_grant(&holder, &record)?),
+        status::NOT_HELD => Outcome::NotHeld,
+        status::MOVED => Outcome::Moved,
+        other => return Err(StoreError::Protocol(format!("release status {other}"))),
+    };
+    Ok(Answer {
+        now,
+        outcome: released,
+        noted: reply.noted()?,
+    })
+}

@@ -1,0 +1,476 @@
+//! A session's record in Redis: what lets any replica resume a session
+//! whose stream ended without the client closing it (a draining or
+//! crashed replica, a broken connection), with all its grants.
+//!
+//! The grants themselves live in their locks, held by the session id with
+//! the session TTL as lease; the record (`keys.rs`: `session_key`) names
+//! them, with the session's owner (token name), the digest of its resume
+//! secret, its TTL and an **epoch**. The stream that serves the session
+//! writes the record under its epoch; a resume moves the epoch on and
+//! stamps the session's grants with it (`renew.lua`). Every function the
+//! old stream may still call on a grant (acquire, release, extend, renew)
+//! carries its epoch and is refused there, atomically, once a newer
+//! stream stamped the grant: the old stream can neither renew nor release
+//! what is no longer its own, and ends (ABORTED) as soon as it tries or
+//! its next touch (a third of the TTL) finds the record moved on. Of two
+//! concurrent resumes the later claim wins: the earlier one is refused
+//! before it is told `opened` when it can tell (its renewals refused, or
+//! the record moved on by then), and its commands are refused otherwise.
+//!
+//! | how the stream ended | grants | record |
+//! | --- | --- | --- |
+//! | the client closed it | released at once | deleted |
+//! | broke, not resumed within [`RESUME_GRACE`] (a dead client) | released | deleted |
+//! | the replica drained, crashed, or the client fell silent | live on for the TTL | kept, resumable |
+//! | the server refused the client (bad message, revoked token) | released | deleted |
+//!
+//! `SessionKeeper` is the sessions part of the engine: it writes the
+//! records, has a session's grants renewed by this replica (`renewer.rs`,
+//! which owns them) and releases them when a session ends, or keeps them
+//! for the lock-delay when it died.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::calls::Calls;
+use super::locks::{GrantRef, Locks};
+use super::ops::session_record::{self as record, Claim, Touch};
+use super::renewer::Renewer;
+use super::sessions::{LOST_NOT_HELD, LostGrant, Sessions};
+use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, ReleaseOutcome, ops};
+
+/// How long the grants of a session whose stream broke wait for a resume
+/// before they are released as a dead client's. Short, so a client whose
+/// process died frees its locks within a second, and long enough for a
+/// client whose connection a proxy dropped to reconnect and resume.
+pub const RESUME_GRACE: Duration = Duration::from_millis(500);
+
+/// The reason given for a grant a resumed session may no longer renew
+/// (its token lost the namespace).
+pub const LOST_NOT_PERMITTED: &str = "not permitted";
+
+/// A new session: its id (the holder of its grants), its resume secret
+/// (told to the client once), and the epoch of the stream that serves it.
+#[derive(Debug)]
+pub struct SessionTicket {
+    pub id: String,
+    pub secret: String,
+    pub epoch: u64,
+}
+
+/// A session taken back by a new stream.
+#[derive(Debug)]
+pub struct Resumed {
+    pub epoch: u64,
+    pub ttl_ms: u64,
+    /// Grants kept (lock, fencing token), renewed by this replica now.
+    pub kept: Vec<(LockId, u64)>,
+    /// Grants that were gone, or may no longer be renewed.
+    pub lost: Vec<LostGrant>,
+}
+
+/// Why a resume was refused (nothing changed).
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("no such session: it was closed, or its TTL passed")]
+    Gone,
+    #[error("wrong resume secret, or a session of another token")]
+    Refused,
+    #[error("another stream resumed the session at the same time")]
+    Moved,
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl From<crate::store::StoreError> for ResumeError {
+    fn from(err: crate::store::StoreError) -> Self {
+        ResumeError::Engine(err.into())
+    }
+}
+
+/// How a session's stream ended, for its grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// Release the grants (closed by the client, or refused by the server).
+    Release,
+    /// A dead client: release (or leave for the lock-delay).
+    Died,
+    /// Keep the grants for the session TTL, resumable elsewhere.
+    Keep,
+}
+
+fn digest(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// Sessions: their records in Redis, their grants' ends.
+pub(super) struct SessionKeeper {
+    /// The session grants this replica renews.
+    renewer: Arc<Renewer>,
+    /// How long a dead session's grants stay held (None: released at once).
+    lock_delay_ms: Option<u64>,
+    calls: Arc<Calls>,
+    locks: Arc<Locks>,
+}
+
+impl SessionKeeper {
+    pub(super) fn new(
+        renewer: Arc<Renewer>,
+        lock_delay_ms: Option<u64>,
+        calls: Arc<Calls>,
+        locks: Arc<Locks>,
+    ) -> Self {
+        SessionKeeper {
+            renewer,
+            lock_delay_ms,
+            calls,
+            locks,
+        }
+    }
+
+    /// The session grants this replica renews.
+    fn sessions(&self) -> &Sessions {
+        self.renewer.sessions()
+    }
+
+    /// How long a session's record outlives its last touch: its grants'
+    /// lease, twice over.
+    fn record_keep_ms(ttl_ms: u64) -> u64 {
+        ttl_ms.saturating_mul(2)
+    }
+
+    /// Records a new session (owner: the token's name, '' without auth).
+    pub(super) async fn open(
+        &self,
+        owner: &str,
+        ttl_ms: u64,
+    ) -> Result<SessionTicket, EngineError> {
+        self.calls.ready()?;
+        let id = format!("session-{}", uuid::Uuid::now_v7());
+        let secret = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let call = record::Open {
+            owner,
+            digest: &digest(&secret),
+            ttl_ms,
+            keep_ms: Self::record_keep_ms(ttl_ms),
+        };
+        let key = self.calls.layout().session_key(&id);
+        self.calls
+            .call(|s| &s.session_open, &key, &call.args())
+            .await?;
+        Ok(SessionTicket {
+            id,
+            secret,
+            epoch: 1,
+        })
+    }
+
+    /// Takes a session back for a new stream: the owner and secret must
+    /// match. Its grants are renewed at once; those still held are kept
+    /// (and renewed by this replica from now on), the others reported
+    /// lost. `may_act` says whether the owner may still act in a namespace.
+    pub(super) async fn resume(
+        &self,
+        owner: &str,
+        session: &str,
+        secret: &str,
+        may_act: impl Fn(&str) -> bool,
+        lost_tx: &mpsc::Sender<LostGrant>,
+    ) -> Result<Resumed, ResumeError> {
+        self.calls.ready()?;
+        let key = self.calls.layout().session_key(session);
+        let args = record::claim_args(owner, &digest(secret));
+        let reply = self.calls.call(|s| &s.session_claim, &key, &args).await?;
+        let (epoch, ttl_ms, grants) = match record::parse_claim(reply)? {
+            Claim::Gone => return Err(ResumeError::Gone),
+            Claim::Refused => return Err(ResumeError::Refused),
+            Claim::Claimed {
+                epoch,
+                ttl_ms,
+                grants,
+            } => (epoch, ttl_ms, grants),
+        };
+        let ttl = Duration::from_millis(ttl_ms);
+        let mut lost = Vec::new();
+        let mut by_shard: BTreeMap<(String, u32), Vec<(LockId, u64)>> = BTreeMap::new();
+        for (namespace, name, token) in grants {
+            let lock = LockId::stored(namespace, name);
+            if !may_act(&lock.namespace) {
+                lost.push(LostGrant {
+                    lock,
+                    fencing_token: token,
+                    reason: LOST_NOT_PERMITTED,
+                });
+                continue;
+            }
+            let shard = self.calls.layout().shard_of(&lock.namespace, &lock.name);
+            by_shard
+                .entry((lock.namespace.to_string(), shard))
+                .or_default()
+                .push((lock, token));
+        }
+        let mut kept = Vec::new();
+        for ((namespace, shard), grants) in by_shard {
+            let sent_at = Instant::now();
+            let items: Vec<ops::renew::Item> = grants
+                .iter()
+                .map(|(lock, token)| ops::renew::Item {
+                    name: &lock.name,
+                    holder: session,
+                    token: *token,
+                    ttl_ms,
+                    epoch,
+                })
+                .collect();
+            let (gone, moved) = match self.renewer.renew_now(&namespace, shard, &items).await {
+                Ok(found) => found,
+                Err(err) => {
+                    self.sessions().end(session, epoch);
+                    return Err(err.into());
+                }
+            };
+            if !moved.is_empty() {
+                // A later claim stamped these grants first: that stream
+                // serves the session, this one never does.
+                self.sessions().end(session, epoch);
+                return Err(ResumeError::Moved);
+            }
+            for (i, (lock, token)) in grants.into_iter().enumerate() {
+                if gone.contains(&i) {
+                    lost.push(LostGrant {
+                        lock,
+                        fencing_token: token,
+                        reason: LOST_NOT_HELD,
+                    });
+                } else {
+                    self.sessions().add(
+                        session,
+                        epoch,
+                        &lock,
+                        token,
+                        ttl,
+                        sent_at,
+                        lost_tx.clone(),
+                    );
+                    kept.push((lock, token));
+                }
+            }
+        }
+        for grant in &lost {
+            let _ = self.note_grant(session, epoch, &grant.lock, None).await;
+        }
+        // Still this stream's? A claim that came later has moved the epoch
+        // on: refuse before the client is told `opened`.
+        match self.touch(session, epoch, ttl_ms).await {
+            Ok(Touch::Ours) => {}
+            Ok(Touch::Moved) => {
+                self.sessions().end(session, epoch);
+                return Err(ResumeError::Moved);
+            }
+            Ok(Touch::Gone) => {
+                self.sessions().end(session, epoch);
+                return Err(ResumeError::Gone);
+            }
+            Err(err) => {
+                self.sessions().end(session, epoch);
+                return Err(err.into());
+            }
+        }
+        Ok(Resumed {
+            epoch,
+            ttl_ms,
+            kept,
+            lost,
+        })
+    }
+
+    /// Keeps the record of a session this stream serves alive (and notes
+    /// that it lives now: a resume within the TTL from now finds it); or
+    /// learns that another stream resumed it, or that it is gone.
+    pub(super) async fn touch(
+        &self,
+        session: &str,
+        epoch: u64,
+        ttl_ms: u64,
+    ) -> Result<Touch, EngineError> {
+        let key = self.calls.layout().session_key(session);
+        let args = record::touch_args(epoch, Self::record_keep_ms(ttl_ms));
+        let reply = self.calls.call(|s| &s.session_touch, &key, &args).await?;
+        Ok(record::parse_touch(reply)?)
+    }
+
+    /// Adds a grant to (or, with no token, takes it off) the record;
+    /// false when another stream resumed the session.
+    async fn note_grant(
+        &self,
+        session: &str,
+        epoch: u64,
+        lock: &LockId,
+        token: Option<u64>,
+    ) -> Result<bool, EngineError> {
+        let key = self.calls.layout().session_key(session);
+        let args = record::note_args(epoch, &lock.namespace, &lock.name, token);
+        let reply = self.calls.call(|s| &s.session_note, &key, &args).await?;
+        Ok(record::still_ours(reply)?)
+    }
+
+    /// The stream that serves a session stops: its grants are released
+    /// (`Release`, `Died`: the record goes first, so nobody resumes a
+    /// session whose grants are being released; a session resumed
+    /// elsewhere meanwhile keeps them) or left to live on for the TTL
+    /// (`Keep`). Returns the grants the stream had and whether they were
+    /// released.
+    pub(super) async fn end(
+        &self,
+        session: &str,
+        epoch: u64,
+        ttl_ms: u64,
+        end: SessionEnd,
+    ) -> (Vec<(LockId, u64)>, bool) {
+        let grants = self.sessions().end(session, epoch);
+        if end == SessionEnd::Keep {
+            // The TTL within which it may be resumed runs from now.
+            if let Err(err) = self.touch(session, epoch, ttl_ms).await {
+                tracing::warn!(%session, error = %err, "session record not touched at the stream's end");
+            }
+            return (grants, false);
+        }
+        let key = self.calls.layout().session_key(session);
+        let ended = self
+            .calls
+            .call(|s| &s.session_end, &key, &record::end_args(epoch))
+            .await
+            .map_err(EngineError::from)
+            .and_then(|reply| Ok(record::still_ours(reply)?));
+        match ended {
+            Ok(false) => {
+                tracing::info!(%session, "session resumed elsewhere; its grants stay");
+                return (grants, false);
+            }
+            Ok(true) => {}
+            // Releasing is still right: a resume needs this Redis too.
+            Err(err) => tracing::warn!(%session, error = %err, "session record not ended"),
+        }
+        self.release_grants(session, epoch, &grants, end == SessionEnd::Died)
+            .await;
+        (grants, true)
+    }
+
+    /// After a session's acquire: a grant is named in the session's
+    /// record (so any replica can resume it) and renewed by this replica
+    /// from now on (lost grants are reported on `lost`). A grant that
+    /// cannot be named in the record is released again and the call
+    /// fails: the client is never told of a grant its session could not
+    /// take along. Refused (MOVED) when a newer stream took the grant over
+    /// meanwhile: then it is that stream's to keep.
+    pub(super) async fn keep_grant(
+        &self,
+        session: &str,
+        epoch: u64,
+        req: &AcquireRequest,
+        outcome: &AcquireOutcome,
+        lost: &mpsc::Sender<LostGrant>,
+    ) -> Result<(), EngineError> {
+        let (AcquireOutcome::Acquired { grant, .. } | AcquireOutcome::AlreadyHeld { grant, .. }) =
+            outcome
+        else {
+            return Ok(());
+        };
+        let token = grant.fencing_token;
+        // The lease started no later than now: renewing from now on is
+        // safe (early, never late).
+        let granted_at = Instant::now();
+        let noted = self
+            .note_grant(session, epoch, &req.lock, Some(token))
+            .await;
+        if !matches!(noted, Ok(true)) {
+            let _ = self
+                .locks
+                .release(&req.lock, session, Some(token), Some(epoch))
+                .await;
+            return Err(match noted {
+                Err(err) => err,
+                _ => EngineError::SessionMoved,
+            });
+        }
+        self.sessions().add(
+            session,
+            epoch,
+            &req.lock,
+            token,
+            Duration::from_millis(req.ttl_ms),
+            granted_at,
+            lost.clone(),
+        );
+        Ok(())
+    }
+
+    /// Releases one grant of a session, stops renewing it and takes it off
+    /// the session's record.
+    pub(super) async fn release(
+        &self,
+        session: &str,
+        epoch: u64,
+        lock: &LockId,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        let token = self.sessions().remove(session, epoch, lock);
+        let outcome = self
+            .locks
+            .release(lock, session, token, Some(epoch))
+            .await?;
+        if let Err(err) = self.note_grant(session, epoch, lock, None).await {
+            // A resume would find the grant gone and report it lost.
+            tracing::warn!(%session, error = %err, "a released grant stays named in the session record");
+        }
+        Ok(outcome)
+    }
+
+    /// Releases the grants of a session that is over, at once (and so
+    /// wakes their waiters). With a lock-delay, a session that died
+    /// (rather than being closed) leaves its grants held for that delay
+    /// instead, so a partitioned old holder cannot overlap with the next
+    /// one. Grants that cannot be released now (Redis trouble) expire at
+    /// their short lease.
+    async fn release_grants(
+        &self,
+        session: &str,
+        epoch: u64,
+        grants: &[(LockId, u64)],
+        died: bool,
+    ) {
+        let delay = self.lock_delay_ms.filter(|_| died);
+        let endings = grants.iter().map(|(lock, token)| async move {
+            let grant = GrantRef {
+                lock,
+                holder: session,
+                fencing_token: Some(*token),
+            };
+            match delay {
+                Some(delay_ms) => self
+                    .locks
+                    .extend(grant, Some(delay_ms), None, Some(epoch))
+                    .await
+                    .map(|_| ()),
+                None => self
+                    .locks
+                    .release(lock, session, Some(*token), Some(epoch))
+                    .await
+                    .map(|_| ()),
+            }
+        });
+        for outcome in futures::future::join_all(endings).await {
+            if let Err(err) = outcome {
+                tracing::warn!(%session, error = %err, "a session grant could not be released; it expires at its lease");
+            }
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! The engine's vocabulary: typed requests, outcomes and errors. They
+//! know nothing of gRPC, HTTP or Redis replies; the handlers map them to
+//! their transport, the typed twins in `ops/` map them to Redis.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::store::StoreError;
+
+use super::waiters::RegisterError;
+
+/// A lock, named within a namespace. Both are validated by their types.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LockId {
+    pub namespace: super::Namespace,
+    pub name: super::LockName,
+}
+
+impl LockId {
+    /// Checks both parts as a request gives them (an empty namespace is
+    /// the default one).
+    pub fn parse(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+    ) -> Result<Self, super::Invalid> {
+        Ok(LockId {
+            namespace: super::Namespace::parse(namespace)?,
+            name: super::LockName::parse(name)?,
+        })
+    }
+
+    /// A lock named in Redis or in this replica's own records: both parts
+    /// passed their checks when they were written.
+    pub(crate) fn stored(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        LockId {
+            namespace: super::Namespace::stored(namespace),
+            name: super::LockName::stored(name),
+        }
+    }
+
+    /// The lock that makes one replica at a time the reaper.
+    pub fn reaper() -> Self {
+        LockId::stored(super::REAPER_NAMESPACE, super::REAPER_LOCK)
+    }
+}
+
+/// One permit of a lock, as stored in its grant record. (The engine writes
+/// no JSON: transports show its proto message, `tumbler.v1.Grant`.)
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub holder: String,
+    pub fencing_token: u64,
+    pub slot: u32,
+    pub acquired_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub ttl_ms: u64,
+    pub kind: String,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// A validated acquire request.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    pub lock: LockId,
+    pub holder: String,
+    pub limit: u32,
+    pub ttl_ms: u64,
+    pub kind: String,
+    pub metadata: BTreeMap<String, String>,
+    /// How long to wait for a permit; zero tries once.
+    pub wait: Duration,
+    /// How long a waiting request lives in Redis without a refresh.
+    pub queue_ttl_ms: u64,
+    /// Higher goes first; FIFO within a priority.
+    pub priority: i32,
+    /// Fair requests take their turn in the queue; barging ones take any
+    /// free permit.
+    pub fair: bool,
+    /// When the caller stops listening (its deadline, less the time its
+    /// answer needs): nothing may be granted after it. None: only the
+    /// Redis command timeout bounds it.
+    pub answer_by: Option<Instant>,
+    /// Set for a session's stream: its epoch. The grant is refused
+    /// ([`EngineError::SessionMoved`], nothing changed) when a newer stream
+    /// of the session holds it, and taken over from an older one.
+    pub session_epoch: Option<u64>,
+    /// Cancelled when the caller may no longer wait (its token was
+    /// revoked): a waiting acquire leaves the queue at its next wake-up
+    /// point and answers [`EngineError::Stopped`]. Never cuts a function
+    /// call short, so the caller learns of any grant that call made.
+    pub stop: Option<tokio_util::sync::CancellationToken>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// A new grant; `holders` counts live holders including it.
+    Acquired { grant: Grant, holders: u32 },
+    /// The holder already held a live grant: that grant, unchanged.
+    AlreadyHeld { grant: Grant, holders: u32 },
+    /// Tried once: every permit is taken (or the queue goes first).
+    Busy {
+        holders: u32,
+        next_expiry_at_ms: i64,
+    },
+    /// Waited until the wait ended; `position` was its place in the queue.
+    TimedOut {
+        holders: u32,
+        next_expiry_at_ms: i64,
+        position: u32,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The grant is gone; it was held this long (Redis clock).
+    Released {
+        kind: String,
+        held_ms: i64,
+    },
+    NotHeld,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtendOutcome {
+    Extended(Grant),
+    NotHeld,
+}
+
+/// What Inspect sees of a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockState {
+    pub now_ms: i64,
+    pub limit: u32,
+    pub waiters: u32,
+    /// Live holders, by slot.
+    pub holders: Vec<Grant>,
+}
+
+/// One live waiting request, as the Queue RPC shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedRequest {
+    pub holder: String,
+    pub position: u32,
+    pub priority: i32,
+    pub enqueued_at_ms: i64,
+    /// When the request is dropped unless its replica refreshes it.
+    pub expires_at_ms: i64,
+    /// When its RPC stops waiting.
+    pub wait_deadline_ms: i64,
+    pub fair: bool,
+    pub kind: String,
+}
+
+/// What the Queue RPC sees of a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueState {
+    pub now_ms: i64,
+    pub waiters: u32,
+    pub requests: Vec<QueuedRequest>,
+}
+
+/// One lock in a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockSummary {
+    pub name: String,
+    pub holders: u32,
+    pub limit: u32,
+    pub waiters: u32,
+    pub next_expiry_at_ms: i64,
+}
+
+/// Where a listing goes on: a deployment-wide SCAN position, and the last
+/// key listed from the batch found there (a page that ended inside a batch
+/// reads it again and goes on after that key, in byte order; keys that
+/// come and go meanwhile cannot shift it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListCursor {
+    pub node: u32,
+    pub position: u64,
+    /// Empty: from the batch's start.
+    pub after: String,
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListPage {
+    pub locks: Vec<LockSummary>,
+    /// None when the listing is complete.
+    pub next: Option<ListCursor>,
+    pub now_ms: i64,
+}
+
+/// What a reap removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReapCounts {
+    pub expired_holders: u64,
+    pub dead_waiters: u64,
+    /// Locks whose key was gone by the time the reaper looked at them.
+    pub stale_index_entries: u64,
+    pub old_grants: u64,
+    pub old_waiters: u64,
+    pub locks_visited: u64,
+}
+
+impl ReapCounts {
+    pub(super) fn add(&mut self, other: &ReapCounts) {
+        self.expired_holders += other.expired_holders;
+        self.dead_waiters += other.dead_waiters;
+        self.stale_index_entries += other.stale_index_entries;
+        self.old_grants += other.old_grants;
+        self.old_waiters += other.old_waiters;
+        self.locks_visited += other.locks_visited;
+    }
+
+    /// Anything removed at all.
+    pub fn removed_any(&self) -> bool {
+        self.expired_holders + self.dead_waiters + self.old_grants + self.old_waiters > 0
+    }
+}
+
+/// What a clear removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClearCounts {
+    pub locks: u64,
+    pub grants: u64,
+    pub requests: u64,
+}
+
+/// The events counted per minute and kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub acquired: u64,
+    pub denied: u64,
+    pub timed_out: u64,
+    pub released: u64,
+    pub extended: u64,
+    pub expired: u64,
+    pub reaped: u64,
+    /// Grants and waiting requests removed by a Clear.
+    pub cleared: u64,
+    pub errors: u64,
+}
+
+impl Counters {
+    pub(super) fn add_event(&mut self, event: &str, n: u64) {
+        let slot = match event {
+            "acquired" => &mut self.acquired,
+            "denied" => &mut self.denied,
+            "timed_out" => &mut self.timed_out,
+            "released" => &mut self.released,
+            "extended" => &mut self.extended,
+            "expired" => &mut self.expired,
+            "reaped" => &mut self.reaped,
+            "cleared" => &mut self.cleared,
+            "errors" => &mut self.errors,
+            _ => return,
+        };
+        *slot += n;
+    }
+
+    /// Adds another row's counts to these.
+    pub fn add(&mut self, other: &Counters) {
+        self.acquired += other.acquired;
+        self.denied += other.denied;
+        self.timed_out += other.timed_out;
+        self.released += other.released;
+        self.extended += other.extended;
+        self.expired += other.expired;
+        self.reaped += other.reaped;
+        self.cleared += other.cleared;
+        self.errors += other.errors;
+    }
+}
+
+/// One kind's counters over one minute (or, in totals, over the range).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsRow {
+    pub minute_ms: i64,
+    pub kind: String,
+    pub counters: Counters,
+}
+
+/// What the Metrics RPC reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsReport {
+    pub minutes: Vec<MetricsRow>,
+    pub totals: Vec<MetricsRow>,
+    /// Every kind together over the range (kind `*`).
+    pub overall: MetricsRow,
+}
+
+/// Why an engine call failed. Not getting a lock is not a failure.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the queue of this lock is full ({0} waiting requests)")]
+    QueueFull(u32),
+    #[error("this replica already holds {0} waiting requests")]
+    TooManyWaiters(usize),
+    #[error("this namespace already has {0} waiting requests on this replica")]
+    TooManyInNamespace(usize),
+    #[error("this namespace has reached its lock limit")]
+    NamespaceFull,
+    #[error(
+        "the lock is in use with limit {lock_limit}; this request asks for limit {requested} (a lock's limit is fixed while anyone holds or waits)"
+    )]
+    LimitMismatch { lock_limit: u32, requested: u32 },
+    #[error("this replica is shutting down; retry on another")]
+    ShuttingDown,
+    #[error("this session was resumed on another stream")]
+    SessionMoved,
+    #[error("the caller stopped waiting")]
+    Stopped,
+}
+
+/// What kind of failure an engine error is: the one table the transports
+/// map from (`api::convert` to gRPC codes; the dashboard from those to HTTP
+/// statuses, ARCHITECTURE.md "Errors").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Redis is unreachable, too slow or refusing writes, or this replica
+    /// is shutting down: nothing was granted; retry later or elsewhere.
+    Unavailable,
+    /// Redis answered something the engine cannot read.
+    Internal,
+    /// A bound was reached: the lock's queue, this replica's or this
+    /// namespace's waiting requests, the namespace's locks.
+    Exhausted,
+    /// The request conflicts with the lock as it is (another limit).
+    Conflict,
+    /// The session was taken over by another stream.
+    Moved,
+    /// The caller's own stop signal ended the wait (the transport says why).
+    Stopped,
+}
+
+impl EngineError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            // A refusal of Redis' ACL is the operator's to fix, like an
+            // outage: nothing ran, retry once the user has its grants.
+            EngineError::Store(StoreError::Unavailable(_) | StoreError::Denied(_))
+            | EngineError::ShuttingDown => ErrorKind::Unavailable,
+            EngineError::Store(StoreError::Protocol(_) | StoreError::Config(_)) => {
+                ErrorKind::Internal
+            }
+            EngineError::QueueFull(_)
+            | EngineError::TooManyWaiters(_)
+            | EngineError::TooManyInNamespace(_)
+            | EngineError::NamespaceFull => ErrorKind::Exhausted,
+            EngineError::LimitMismatch { .. } => ErrorKind::Conflict,
+            EngineError::SessionMoved => ErrorKind::Moved,
+            EngineError::Stopped => ErrorKind::Stopped,
+        }
+    }
+
+    /// What Redis said, for logs, when the error is Redis trouble.
+    pub fn store_detail(&self) -> Option<&str> {
+        match self {
+            EngineError::Store(
+                StoreError::Unavailable(detail)
+                | StoreError::Denied(detail)
+                | StoreError::Protocol(detail)
+                | StoreError::Config(detail),
+            ) => Some(detail),
+            _ => None,
+        }
+    }
+}
+
+impl From<RegisterError> for EngineError {
+    fn from(err: RegisterError) -> Self {
+        match err {
+            RegisterError::TooManyWaiters(max) => EngineError::TooManyWaiters(max),
+            RegisterError::TooManyInNamespace(max) => EngineError::TooManyInNamespace(max),
+            RegisterError::ShuttingDown => EngineError::ShuttingDown,
+        }
+    }
+}
+
+/// Bounds on waiting.
+#[derive(Clone, Debug)]
+pub struct WaitLimits {
+    /// Waiting requests one lock's queue may hold (all replicas together).
+    pub max_waiters_per_lock: u32,
+    /// Waiting RPCs one replica may hold open.
+    pub max_waiters_per_replica: usize,
+    /// Waiting RPCs one namespace may hold open on one replica.
+    pub max_waiters_per_namespace: usize,
+    /// Locks one namespace may have in one shard (0: no limit).
+    pub max_locks_per_shard: u64,
+    /// How long a dead session's grants stay held; None releases them.
+    pub session_lock_delay_ms: Option<u64>,
+}
+
+/// Why the layout recorded in Redis cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "redis holds tumbler data written with {found}; this server is configured for {expected} (the shard count of a deployment cannot change; data of an older layout must be cleared or migrated, see the README's \"Key layout\")"
+    )]
+    Mismatch { found: String, expected: String },
+}

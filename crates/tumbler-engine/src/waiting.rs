@@ -1,0 +1,201 @@
+//! An Acquire that waits in the lock's queue, in this server: registered
+//! with this replica's waiters before its first function call (so no
+//! wake-up slips between), it sleeps until a wake-up names it, the first
+//! lease runs out (at the head of the queue), its wait ends or the replica
+//! shuts down. No polling. A guard takes it out of the queue if its RPC
+//! goes away while it waits; when the replica drains, the request keeps
+//! its place for its queue TTL, for the same holder to take back through
+//! another replica.
+//!
+//! [`Waiting`] owns this replica's waiting RPCs ([`Waiters`]: the
+//! registry the subscriber wakes) and the refresher that keeps their
+//! requests alive in Redis; the calls themselves are [`Locks`]'.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::keys::LockKeys;
+use super::locks::Locks;
+use super::ops::acquire::Outcome;
+use super::waiters::Waiters;
+use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, records};
+use crate::store::StoreError;
+
+/// Acquires that wait in this server.
+pub(super) struct Waiting {
+    waiters: Arc<Waiters>,
+    locks: Arc<Locks>,
+}
+
+impl Waiting {
+    pub(super) fn new(waiters: Arc<Waiters>, locks: Arc<Locks>) -> Self {
+        Waiting { waiters, locks }
+    }
+
+    /// This replica's waiting RPCs (and its shutdown signal).
+    pub(super) fn waiters(&self) -> &Arc<Waiters> {
+        &self.waiters
+    }
+
+    /// Takes a permit, waiting in the lock's queue until granted or
+    /// `req.wait` (not zero) has passed; the caller checked readiness and
+    /// noted the namespace.
+    pub(super) async fn acquire(
+        &self,
+        req: &AcquireRequest,
+    ) -> Result<AcquireOutcome, EngineError> {
+        let keys = &self.locks.keys(&req.lock);
+        let metadata = &records::metadata_arg(&req.metadata);
+        let deadline = Instant::now() + req.wait;
+        // Registered before the first call: no wake-up is missed.
+        let registration = self.waiters.register(
+            &req.lock.namespace,
+            keys,
+            &req.lock.name,
+            &req.holder,
+            req.queue_ttl_ms,
+            req.fair,
+        )?;
+        // Leaves the queue if this future is dropped (client cancelled,
+        // deadline passed) or fails while queued.
+        let mut queued = QueuedGuard {
+            locks: self.locks.clone(),
+            waiters: self.waiters.clone(),
+            lock: req.lock.clone(),
+            keys: keys.clone(),
+            holder: req.holder.clone(),
+            armed: false,
+        };
+        loop {
+            let wait_left = deadline.saturating_duration_since(Instant::now());
+            let answer = self
+                .locks
+                .attempt(req, keys, metadata, Some(wait_left))
+                .await?;
+            let (holders, next_expiry, position) = match answer.outcome {
+                Outcome::Queued {
+                    holders,
+                    next_expiry,
+                    position,
+                } => (holders, next_expiry, position),
+                outcome => {
+                    queued.armed = false;
+                    return self.locks.settled(req, outcome)?.ok_or_else(|| {
+                        StoreError::Protocol("acquire answered busy to a waiting call".into())
+                            .into()
+                    });
+                }
+            };
+            queued.armed = true;
+            // At the head, also wake when the first lease runs out, so an
+            // expiry hands over without a release. (Only the head can be
+            // granted; it wakes the next one while permits remain.)
+            let expiry = (next_expiry > 0 && position == 1).then(|| {
+                Instant::now() + Duration::from_millis((next_expiry - answer.now).max(0) as u64 + 1)
+            });
+            tokio::select! {
+                () = registration.notified() => {}
+                () = sleep_until_some(expiry) => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    queued.armed = false;
+                    let had = self.locks.dequeue(&req.lock, keys, &req.holder, true).await?;
+                    return Ok(AcquireOutcome::TimedOut {
+                        holders,
+                        next_expiry_at_ms: next_expiry,
+                        position: if had > 0 { had } else { position },
+                    });
+                }
+                () = stopped(req.stop.as_ref()) => {
+                    // The caller may no longer wait (its token was
+                    // revoked): leave the queue, grant nothing more.
+                    queued.armed = false;
+                    self.locks.dequeue(&req.lock, keys, &req.holder, false).await?;
+                    return Err(EngineError::Stopped);
+                }
+                () = self.waiters.shutdown_token().cancelled() => {
+                    // The replica drains: the request keeps its place for
+                    // its queue TTL, so the same holder retried on another
+                    // replica takes it back (or it is dropped as dead).
+                    queued.armed = false;
+                    return Err(EngineError::ShuttingDown);
+                }
+            }
+        }
+    }
+
+    /// Keeps this replica's waiting requests alive until the replica shuts
+    /// down (the waiters' shutdown signal): per lock, one function call
+    /// every queue_ttl/3.
+    pub(super) async fn run_refresher(&self) {
+        let shutdown = self.waiters.shutdown_token().clone();
+        loop {
+            let (due, next) = self.waiters.take_due(Instant::now());
+            let mut calls = tokio::task::JoinSet::new();
+            for batch in due {
+                let (locks, waiters) = (self.locks.clone(), self.waiters.clone());
+                calls.spawn(async move {
+                    match locks.refresh(&batch).await {
+                        Ok(lost) if !lost.is_empty() => {
+                            // Their place is gone: let them queue again.
+                            let lost: Vec<&str> = lost.iter().map(String::as_str).collect();
+                            waiters.wake(&batch.keys.queue, &lost);
+                        }
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(error = %err, lock = %batch.name, "refreshing waiters failed"),
+                    }
+                });
+            }
+            let next = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(next) => {}
+                () = self.waiters.refresh_changed() => {}
+            }
+            while calls.join_next().await.is_some() {}
+        }
+    }
+}
+
+async fn stopped(stop: Option<&tokio_util::sync::CancellationToken>) {
+    match stop {
+        Some(stop) => stop.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes a waiting request out of the queue when its RPC goes away while
+/// queued (dropped future: client cancelled, deadline passed, error).
+struct QueuedGuard {
+    locks: Arc<Locks>,
+    waiters: Arc<Waiters>,
+    lock: LockId,
+    keys: LockKeys,
+    holder: String,
+    armed: bool,
+}
+
+impl Drop for QueuedGuard {
+    fn drop(&mut self) {
+        // On a draining replica the request keeps its place (see above).
+        if !self.armed || self.waiters.shutdown_token().is_cancelled() {
+            return;
+        }
+        let locks = self.locks.clone();
+        let (lock, keys, holder) = (self.lock.clone(), self.keys.clone(), self.holder.clone());
+        tokio::spawn(async move {
+            if let Err(err) = locks.dequeue(&lock, &keys, &holder, false).await {
+                // Its liveness deadline will drop it instead.
+                tracing::warn!(error = %err, lock = %lock.name, "leaving the queue failed");
+            }
+        });
+    }
+}
