@@ -86,6 +86,13 @@ fn main() {
             cfg.faults.lose_wake = 1;
             cfg.served_within = std::env::var("WITHIN").map_or(3, |w| w.parse().unwrap());
         }
+        "late-dequeue" => {
+            cfg.rounds = 2;
+            cfg.wait = 1;
+            cfg.ttl = 3;
+            cfg.max_time = std::env::var("MAXT").map_or(5, |w| w.parse().unwrap());
+            cfg.faults.crash = 1;
+        }
         "long-faults" => {
             cfg.rounds = 2;
             cfg.max_time = 6;

@@ -289,3 +289,31 @@ fn a_counterexample_reads_as_the_redis_calls_it_makes() {
     )));
     assert!(steps.contains(&Step::Tick));
 }
+
+#[test]
+fn a_late_dequeue_of_an_earlier_request_takes_the_holders_new_place() {
+    // A finding (SAFETY.md, finding 6): the queue is keyed by holder, so a
+    // dequeue sent when the holder's earlier request timed out, still in
+    // flight (its replica crashed), removes the place the holder's next
+    // request kept; a later arrival is granted first. Only FIFO suffers.
+    let mut cfg = Config {
+        rounds: 2,
+        wait: 1,
+        ttl: 3,
+        max_time: 4,
+        ..Config::small(1)
+    };
+    cfg.faults.crash = 1;
+    let checker = check("late dequeue", cfg);
+    found(&checker, &[FIFO]);
+    holds(
+        &checker,
+        &[
+            MUTUAL_EXCLUSION,
+            TOKENS_RISE,
+            FENCED_RESOURCE,
+            NO_GRANT_AFTER_NO,
+            NO_EMPTY_LOCK,
+        ],
+    );
+}
