@@ -93,6 +93,12 @@ fn main() {
             cfg.max_time = std::env::var("MAXT").map_or(5, |w| w.parse().unwrap());
             cfg.faults.crash = 1;
         }
+        "no-retry" => {
+            cfg.rounds = 2;
+            cfg.retry_release = false;
+            cfg.max_time = std::env::var("MAXT").map_or(4, |w| w.parse().unwrap());
+            cfg.faults.crash = 1;
+        }
         "long-faults" => {
             cfg.rounds = 2;
             cfg.max_time = 6;

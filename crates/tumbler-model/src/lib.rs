@@ -84,6 +84,11 @@ pub struct Config {
     /// session's end (session_end, then the releases) waits until the
     /// session's renewal in flight has run.
     pub end_awaits_renewals: bool,
+    /// A client whose release was answered UNAVAILABLE (its replica
+    /// crashed) sends it again before anything else, as the Rust client
+    /// does; without it, the client goes on (and may ask again under the
+    /// same holder id while the first release is still in flight).
+    pub retry_release: bool,
     /// The reaper runs (lua/reap.lua) whenever it has something to do.
     pub reap: bool,
     pub faults: Faults,
@@ -108,6 +113,7 @@ impl Config {
             reap: false,
             served_within: 0,
             end_awaits_renewals: false,
+            retry_release: true,
             faults: Faults::default(),
         }
     }

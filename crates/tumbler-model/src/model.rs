@@ -558,7 +558,9 @@ impl Model for Config {
                         // A release answered UNAVAILABLE is sent again
                         // through the next replica (the clients retry it
                         // until they get an answer); the first may still land.
-                        if let (Call::Release { .. }, false) = (call, self.session(i as Id)) {
+                        if let (Call::Release { .. }, false, true) =
+                            (call, self.session(i as Id), self.retry_release)
+                        {
                             s.clients[i].call = Some(call);
                         }
                         s.orphans.push((i as Id, call));

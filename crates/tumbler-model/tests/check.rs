@@ -317,3 +317,28 @@ fn a_late_dequeue_of_an_earlier_request_takes_the_holders_new_place() {
         ],
     );
 }
+
+#[test]
+fn a_client_that_gives_up_on_a_release_and_asks_again_can_lose_the_grant_it_is_told_it_holds() {
+    // Finding 5 (SAFETY.md): the release's answer is lost with its
+    // replica; a client that goes on and acquires again under the same
+    // holder id is answered HELD, then the late release removes that grant
+    // and another client is granted. The fence still holds. Clients that
+    // retry the release until they get an answer (the default here, and
+    // the Rust client's) keep mutual exclusion.
+    let no_retry = |retry_release| {
+        let mut cfg = Config {
+            rounds: 2,
+            max_time: 3,
+            retry_release,
+            ..Config::small(1)
+        };
+        cfg.faults.crash = 1;
+        cfg
+    };
+    let checker = check("a release given up", no_retry(false));
+    found(&checker, &[MUTUAL_EXCLUSION]);
+    holds(&checker, &[TOKENS_RISE, FENCED_RESOURCE, NO_GRANT_AFTER_NO]);
+    let checker = check("a release retried", no_retry(true));
+    holds(&checker, &SAFETY);
+}
