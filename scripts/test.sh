@@ -31,6 +31,8 @@ timings=()
 timed() { timings+=("$1: $((SECONDS - phase_start)) s"); phase_start=$SECONDS; }
 
 echo "==> $(redis-server --version | cut -d' ' -f1-3), $(cargo --version)"
+# The workspace includes crates/tumbler-model: the protocol model checked
+# in bounded configurations (tests/check.rs, about a minute).
 cargo test --locked --all-targets --workspace "$@"
 
 timed "rust tests"

@@ -1,4 +1,4 @@
-//! Lock semantics through the real server: mutual exclusion, queues, limits, namespaces, validation, sessions, watches, events, the changelog, the Metrics RPC, random requests.
+//! Lock semantics through the real server: mutual exclusion, queues, limits, namespaces, validation, sessions, watches, events, the changelog, the Metrics RPC, random requests; and the protocol model's paths replayed against the real functions.
 //!
 //! One test binary per area (each file a module named as its tests were
 //! before): the suite links a handful of binaries, not one per file.
@@ -13,6 +13,7 @@ mod events;
 mod key_isolation;
 mod limits;
 mod metrics;
+mod model_replay;
 mod mutual_exclusion;
 mod properties;
 mod queue;

@@ -1,0 +1,191 @@
+//! Runs one model configuration and prints what the checker found:
+//! `cargo run -p tumbler-model --release --example explore -- <name> [depth]`
+//! (the names are those of `tests/check.rs`'s configurations).
+
+use stateright::{Checker, Model};
+use std::time::Instant;
+use tumbler_model::{Config, Faults};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let name = args.get(1).map_or("mutex", String::as_str);
+    let depth: usize = args.get(2).map_or(0, |d| d.parse().unwrap());
+    let mut cfg = Config::small(1);
+    match name {
+        "mutex" => {}
+        "semaphore" => cfg = Config::small(2),
+        "faults" => {
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                duplicate_wake: 1,
+                ..Faults::default()
+            };
+        }
+        "pause" => cfg.faults.pause = 1,
+        "failover" => cfg.faults.failover = 1,
+        "restart" => cfg.faults.restart_empty = 1,
+        "sessions" => {
+            cfg.sessions = vec![true, false];
+            cfg.faults.crash = 1;
+        }
+        "sessions-no-crash" => cfg.sessions = vec![true, false],
+        "same-tick" => {
+            cfg.faults.failover = 1;
+            cfg.faults.failover_same_tick = true;
+        }
+        "slow" => {
+            cfg.faults.slow_network = true;
+            cfg.max_time = std::env::var("MAXT").map_or(5, |w| w.parse().unwrap());
+        }
+        "slow-network" => {
+            cfg.faults.slow_network = true;
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+        }
+        "crash2" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.reap = true;
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                duplicate_wake: 1,
+                ..Faults::default()
+            };
+        }
+        "pause2" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.faults.pause = 1;
+        }
+        "failover2" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.faults.failover = 1;
+        }
+        "rounds" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.extend = true;
+            cfg.reap = true;
+        }
+        "priorities" => {
+            cfg.rounds = 2;
+            cfg.priorities = vec![0, 1];
+        }
+        "live" => {
+            cfg.wait = 20;
+            cfg.max_time = 8;
+            cfg.rounds = 2;
+        }
+        "live-lost" => {
+            cfg.wait = 20;
+            cfg.max_time = 8;
+            cfg.rounds = 2;
+            cfg.faults.lose_wake = 1;
+            cfg.served_within = std::env::var("WITHIN").map_or(3, |w| w.parse().unwrap());
+        }
+        "late-dequeue" => {
+            cfg.rounds = 2;
+            cfg.wait = 1;
+            cfg.ttl = 3;
+            cfg.max_time = std::env::var("MAXT").map_or(5, |w| w.parse().unwrap());
+            cfg.faults.crash = 1;
+        }
+        "no-retry" => {
+            cfg.rounds = 2;
+            cfg.retry_release = false;
+            cfg.max_time = std::env::var("MAXT").map_or(4, |w| w.parse().unwrap());
+            cfg.faults.crash = 1;
+        }
+        "long-faults" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.extend = true;
+            cfg.reap = true;
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                duplicate_wake: 1,
+                ..Faults::default()
+            };
+        }
+        "long-semaphore" => {
+            cfg = Config::small(2);
+            cfg.clients = 3;
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.reap = true;
+        }
+        "long-sessions" => {
+            cfg.sessions = vec![true, false];
+            cfg.rounds = 2;
+            cfg.max_time = 7;
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                ..Faults::default()
+            };
+        }
+        "long-loss" => {
+            cfg.rounds = 2;
+            cfg.max_time = 7;
+            cfg.faults = Faults {
+                failover: 1,
+                pause: 1,
+                ..Faults::default()
+            };
+        }
+        "big" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.extend = true;
+            cfg.reap = true;
+            cfg.sessions = vec![false, true];
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                duplicate_wake: 1,
+                pause: 1,
+                failover: 1,
+                ..Faults::default()
+            };
+        }
+        other => panic!("unknown configuration {other}"),
+    }
+    let start = Instant::now();
+    let mut builder = cfg.clone().checker();
+    if depth > 0 {
+        builder = builder.target_max_depth(depth);
+    }
+    // TIMEOUT=<seconds>: stop there and report what was explored.
+    if let Ok(secs) = std::env::var("TIMEOUT") {
+        builder = builder.timeout(std::time::Duration::from_secs(secs.parse().unwrap()));
+    }
+    let checker = builder.spawn_bfs().join();
+    println!(
+        "{name}: {} states, {} unique, depth {}, {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        start.elapsed()
+    );
+    for p in cfg.properties() {
+        let found = checker.discovery(p.name);
+        println!(
+            "  {:?} {:50} {}",
+            p.expectation,
+            p.name,
+            if found.is_some() { "FOUND" } else { "-" }
+        );
+        let want = std::env::var("SHOW").unwrap_or_default();
+        if let Some(path) =
+            found.filter(|_| want.split(',').any(|w| !w.is_empty() && p.name.contains(w)))
+        {
+            for (state, action) in path.into_vec() {
+                println!("      {action:?}  @{} {:?}", state.now, state.redis.lock);
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! A model of tumbler's lock protocol, checked with stateright (issue 39).
+//!
+//! Redis is one atomic state machine whose steps are the Lua functions of
+//! `lua/` ([`redis`]); clients, the replica tasks serving them, the
+//! replicas' waiter refreshers and session heartbeats, pub/sub wake-ups, a
+//! fenced resource and the faults are around it ([`model`]); the
+//! invariants of DESIGN.md are stateright properties ([`properties`]).
+//! SAFETY.md at the repository's root maps each invariant to its argument,
+//! its property here and the tests that pin it.
+//!
+//! Not modelled yet (extension points): election, read/write locks,
+//! weighted permits and multi-locks do not exist in the functions yet;
+//! each will be a new `Data` method beside `acquire` (mirroring its Lua
+//! file), new `Call`/`Action` variants for its steps, and its invariant
+//! (12–15) as a new property in `properties::all`. Slots, `clear`, the
+//! namespace lock limit and metadata are left out: they decide no
+//! property here.
+
+pub mod model;
+pub mod properties;
+pub mod redis;
+mod steps;
+pub mod trace;
+
+pub use model::{Action, Call, Client, Ghost, Phase, State};
+pub use redis::Id;
+
+use redis::{AcquireArgs, Data};
+
+/// The faults a run may suffer, each with its budget (how many times).
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// A replica crashes: its waiters and session streams stop refreshing;
+    /// calls it sent may still reach Redis (their answers go nowhere).
+    pub crash: u8,
+    /// A client pauses between checking its lease and acting on it, for as
+    /// long as the run lets time pass (the Jepsen case).
+    pub pause: u8,
+    /// A pub/sub wake-up is lost.
+    pub lose_wake: u8,
+    /// A pub/sub wake-up arrives twice.
+    pub duplicate_wake: u8,
+    /// Redis fails over to a replica that missed recent writes (no WAIT).
+    pub failover: u8,
+    /// Redis restarts empty (no persistence).
+    pub restart_empty: u8,
+    /// Calls may take longer than a tick (otherwise every call sent in a
+    /// tick runs within it, in any order).
+    pub slow_network: bool,
+    /// A failover may happen within one clock tick (a clock that stands
+    /// still across it: what `next_token` assumes away).
+    pub failover_same_tick: bool,
+}
+
+/// One model: the system's size, the lock's settings and the faults.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub clients: u8,
+    pub replicas: u8,
+    /// The lock's limit (1: a mutex).
+    pub limit: u8,
+    /// Lease TTL, ticks.
+    pub ttl: u8,
+    /// Request TTL of a waiter (its liveness deadline from each refresh).
+    pub queue_ttl: u8,
+    /// How long an acquire waits (answer-by = request + wait); 0: try once.
+    pub wait: u8,
+    /// Requests per client (session clients make one).
+    pub rounds: u8,
+    /// The clock's bound, ticks (it starts at 1).
+    pub max_time: u8,
+    /// Fair (FIFO) requests, or barging ones.
+    pub fair: bool,
+    /// Per client (missing: 0); higher goes first.
+    pub priorities: Vec<u8>,
+    /// Per client: it holds its grant through a session (missing: no).
+    pub sessions: Vec<bool>,
+    /// Holders may extend their lease.
+    pub extend: bool,
+    /// The liveness bound checked (`properties::SERVED_IN_TIME`), ticks
+    /// from a request to its grant; 0: not checked.
+    pub served_within: u8,
+    /// A change the model proposes, not the engine's behaviour today: a
+    /// session's end (session_end, then the releases) waits until the
+    /// session's renewal in flight has run.
+    pub end_awaits_renewals: bool,
+    /// A client whose release was answered UNAVAILABLE (its replica
+    /// crashed) sends it again before anything else, as the Rust client
+    /// does; without it, the client goes on (and may ask again under the
+    /// same holder id while the first release is still in flight).
+    pub retry_release: bool,
+    /// The reaper runs (lua/reap.lua) whenever it has something to do.
+    pub reap: bool,
+    pub faults: Faults,
+}
+
+impl Config {
+    /// Two clients on two replicas, one fair lock of `limit`, no faults.
+    pub fn small(limit: u8) -> Config {
+        Config {
+            clients: 2,
+            replicas: 2,
+            limit,
+            ttl: 2,
+            queue_ttl: 2,
+            wait: 3,
+            rounds: 1,
+            max_time: 5,
+            fair: true,
+            priorities: Vec::new(),
+            sessions: Vec::new(),
+            extend: false,
+            reap: false,
+            served_within: 0,
+            end_awaits_renewals: false,
+            retry_release: true,
+            faults: Faults::default(),
+        }
+    }
+}
+
+impl Config {
+    pub(crate) fn session(&self, c: Id) -> bool {
+        self.sessions.get(usize::from(c)).copied().unwrap_or(false)
+    }
+
+    pub(crate) fn priority(&self, c: Id) -> u8 {
+        self.priorities.get(usize::from(c)).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn initial(&self) -> State {
+        let n = usize::from(self.clients);
+        let mut redis = Data {
+            sessions: vec![None; n],
+            ..Data::default()
+        };
+        let clients = (0..self.clients)
+            .map(|c| {
+                let session = self.session(c);
+                if session {
+                    // lua/session_open.lua, before the model starts.
+                    redis.session_open(1, c);
+                }
+                Client {
+                    phase: Phase::Idle,
+                    replica: c % self.replicas,
+                    req: 0,
+                    call: None,
+                    beat: None,
+                    wake: false,
+                    paused: false,
+                    epoch: u8::from(session),
+                    retries: 0,
+                }
+            })
+            .collect();
+        let synced = if self.faults.failover > 0 {
+            redis.clone()
+        } else {
+            Data::default()
+        };
+        State {
+            // The clock starts at 1: a token is never 0.
+            now: 1,
+            redis,
+            synced,
+            alive: vec![true; usize::from(self.replicas)],
+            refresh: vec![false; usize::from(self.replicas)],
+            clients,
+            orphans: Vec::new(),
+            resource: Resource::default(),
+            used: [0; 6],
+            ghost: Ghost {
+                arrival: vec![(0, 0); n],
+                told_no: vec![0; n],
+                session_over: vec![false; n],
+                ..Ghost::default()
+            },
+        }
+    }
+
+    pub fn acquire_args(&self, c: Id, answer_by: u8, epoch: u8) -> AcquireArgs {
+        AcquireArgs {
+            holder: c,
+            ttl: self.ttl,
+            answer_by,
+            limit: self.limit,
+            fair: self.fair,
+            priority: self.priority(c),
+            queue_ttl: (self.wait > 0).then_some(self.queue_ttl),
+            epoch: (epoch > 0).then_some(epoch),
+        }
+    }
+}
+
+/// A resource that remembers the highest fencing token it accepted and
+/// refuses writes with a lower one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Resource {
+    /// The highest token accepted, and who wrote with it.
+    pub last: Option<(u32, Id)>,
+    /// A write was refused (its token was below the highest seen).
+    pub refused: bool,
+    /// Two different holders wrote with the same token (so the resource
+    /// could not tell them apart): what fencing must never allow.
+    pub confused: bool,
+}
+
+impl Resource {
+    /// A write by `holder` with `token`.
+    pub fn write(&mut self, token: u32, holder: Id) {
+        match self.last {
+            Some((highest, _)) if token < highest => self.refused = true,
+            Some((highest, who)) if token == highest && who != holder => self.confused = true,
+            _ => self.last = Some((token, holder)),
+        }
+    }
+}

@@ -1,0 +1,616 @@
+//! The system around Redis: clients, the replica task serving each one,
+//! the replicas' refreshers and session heartbeats, pub/sub, a fenced
+//! resource, and the faults; with the ghost state the properties read.
+//!
+//! An explicit-state [`Model`] rather than stateright's actor framework:
+//! every replica-to-Redis call is a value in the state (at most one per
+//! client task, one refresh per replica, one heartbeat per session
+//! stream, plus the calls orphaned by a crash or a timeout), and Redis
+//! runs any of them next, so calls of different tasks are reordered
+//! without a network of message multisets, which would multiply the
+//! states by their arrival orders and add nothing the functions can see
+//! (one task's calls are sequential: the engine awaits each).
+
+use crate::redis::{Data, Id};
+use crate::steps::{run_beat, run_call};
+use crate::{Config, Resource};
+use stateright::Model;
+
+/// What a client (and the replica task serving its RPC) is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Between requests (or about to make its first).
+    Idle,
+    /// In the lock's queue, its RPC open; woken by pub/sub or its timer.
+    Waiting { answer_by: u8, retry_at: u8 },
+    /// Holds a grant it believes valid while its own clock is before `until`.
+    Holding { token: u32, until: u8 },
+    /// Checked its lease (still valid) and is about to write with `token`.
+    Writing { token: u32, until: u8 },
+    /// Its requests are over.
+    Done,
+}
+
+/// A call a replica task sent to Redis and Redis has not run yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    Acquire {
+        req: u8,
+        sent: u8,
+        answer_by: u8,
+        epoch: u8,
+    },
+    Release {
+        token: u32,
+        epoch: u8,
+    },
+    Extend {
+        token: u32,
+        sent: u8,
+    },
+    Dequeue,
+    SessionEnd {
+        epoch: u8,
+        token: u32,
+    },
+    SessionClaim,
+    SessionTouch {
+        epoch: u8,
+    },
+    Renew {
+        token: u32,
+        sent: u8,
+        epoch: u8,
+    },
+}
+
+/// One client.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Client {
+    pub phase: Phase,
+    /// The replica serving it (its session's stream, its waiting RPC).
+    pub replica: u8,
+    /// Requests made so far (the current one's number).
+    pub req: u8,
+    /// Its RPC's outstanding call.
+    pub call: Option<Call>,
+    /// Its session heartbeat's outstanding call (touch, then renew).
+    pub beat: Option<Call>,
+    /// A pub/sub wake-up on its way to its waiter.
+    pub wake: bool,
+    /// Paused (GC, VM freeze) between its lease check and its write.
+    pub paused: bool,
+    /// Its session stream's epoch; 0: no live stream.
+    pub epoch: u8,
+    /// Requests that failed with their replica (each may be made again).
+    pub retries: u8,
+}
+
+/// Facts about the run that no single state shows; the properties read them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Ghost {
+    /// The highest fencing token granted so far.
+    pub max_token: u32,
+    pub token_went_back: bool,
+    /// Per client: its request that reached Redis last, and when its place
+    /// in line began (the order in which requests first reached Redis; a
+    /// new request of a holder still in the queue keeps that holder's
+    /// place, as the queue does).
+    pub arrival: Vec<(u8, u8)>,
+    pub arrivals: u8,
+    /// Per client: the request that was answered "not acquired" (0: none).
+    pub told_no: Vec<u8>,
+    pub granted_after_no: bool,
+    pub fifo_broken: bool,
+    /// Per client: its session ended (session_end, or a claim found it over).
+    pub session_over: Vec<bool>,
+    pub renewed_after_end: bool,
+    pub duplicate_grant: bool,
+    /// Events the `sometimes` properties look for.
+    pub waiter_granted: bool,
+    pub dead_waiter_skipped: bool,
+    pub resumed: bool,
+    pub data_lost: bool,
+    pub token_after_loss: bool,
+    pub wake_lost: bool,
+}
+
+/// The whole system's state.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The Redis clock (ticks); clients and replicas read the same time.
+    pub now: u8,
+    pub redis: Data,
+    /// What the Redis replica has received (asynchronous replication);
+    /// a failover without WAIT promotes it.
+    pub synced: Data,
+    pub alive: Vec<bool>,
+    /// Per replica: its waiter refresh is in flight.
+    pub refresh: Vec<bool>,
+    pub clients: Vec<Client>,
+    /// Calls whose task is gone (replica crash, answered timeout): Redis
+    /// may still run them.
+    pub orphans: Vec<(Id, Call)>,
+    pub resource: Resource,
+    /// Faults used so far, in the order of `Faults`' budgets.
+    pub used: [u8; 6],
+    pub ghost: Ghost,
+}
+
+/// The model's steps. Those run by Redis are named after the Lua function
+/// they run; the others are a client's, a replica's or a fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A client makes a request: acquire through its replica.
+    Request(Id),
+    /// A waiter is woken (pub/sub or its timer at the earliest expiry) and
+    /// tries again.
+    Retry(Id),
+    /// A waiter's answer-by time passed: told "not acquired", dequeued.
+    Timeout(Id),
+    /// A holder checks its lease by its own clock before acting.
+    Check(Id),
+    /// It writes to the fenced resource, then lets go.
+    Write(Id),
+    /// Its lease passed by its own clock: it knows it lost the grant.
+    GiveUp(Id),
+    /// A holder asks for a new lease.
+    AskExtend(Id),
+    /// A session client whose stream died resumes on another replica.
+    Resume(Id),
+    /// Redis runs a client task's call (named after its function).
+    Acquire(Id),
+    Release(Id),
+    Extend(Id),
+    Dequeue(Id),
+    SessionEnd(Id),
+    SessionClaim(Id),
+    /// Redis runs the renewal a resume makes before it is answered.
+    ResumeRenew(Id),
+    /// Redis runs a session heartbeat's call.
+    SessionTouch(Id),
+    Renew(Id),
+    /// Redis runs a call whose task is gone.
+    Orphan(usize),
+    /// Redis runs a replica's waiter refresh (lua/refresh.lua).
+    Refresh(u8),
+    /// Redis runs the reaper's call (lua/reap.lua).
+    Reap,
+    /// Pub/sub: the wake-up to a client's waiter is lost, or arrives twice.
+    LoseWake(Id),
+    DuplicateWake(Id),
+    /// Faults.
+    Crash(u8),
+    Pause(Id),
+    Unpause(Id),
+    /// Asynchronous replication catches up.
+    Replicate,
+    /// Failover to the replica without WAIT: recent writes lost.
+    Failover,
+    /// Redis restarts without persistence: everything lost.
+    RestartEmpty,
+    /// The clock moves one tick.
+    Tick,
+}
+
+const CRASH: usize = 0;
+const PAUSE: usize = 1;
+const LOSE_WAKE: usize = 2;
+const DUP_WAKE: usize = 3;
+const FAILOVER: usize = 4;
+const RESTART: usize = 5;
+
+impl Config {
+    /// Requests a client makes: a session client one (its session id is
+    /// its holder; a session is not used again once ended).
+    pub(crate) fn rounds_of(&self, c: Id) -> u8 {
+        if self.session(c) { 1 } else { self.rounds }
+    }
+
+    fn budget(&self, fault: usize) -> u8 {
+        let f = &self.faults;
+        [
+            f.crash,
+            f.pause,
+            f.lose_wake,
+            f.duplicate_wake,
+            f.failover,
+            f.restart_empty,
+        ][fault]
+    }
+}
+
+impl State {
+    pub(crate) fn client(&mut self, c: Id) -> &mut Client {
+        &mut self.clients[usize::from(c)]
+    }
+
+    /// Whether a replica task has a call in flight that a tick must wait
+    /// for (the network delivers within a tick unless it is slow).
+    fn busy(&self) -> bool {
+        self.refresh.iter().any(|&r| r)
+            || (self.clients.iter()).any(|c| c.call.is_some() || c.beat.is_some() || c.wake)
+    }
+
+    /// A PUBLISH of `wake_eligible`: every replica gets it; the one whose
+    /// waiter it names hands it over (to nobody, if the waiter is gone).
+    pub(crate) fn publish(&mut self, wake: Option<Id>) {
+        if let Some(c) = wake {
+            let alive = self.alive[usize::from(self.clients[usize::from(c)].replica)];
+            let client = self.client(c);
+            if alive && matches!(client.phase, Phase::Waiting { .. }) {
+                client.wake = true;
+            }
+        }
+    }
+
+    /// Whether the queue holds a waiter past its deadline (the next call
+    /// on the lock skips it).
+    pub(crate) fn dead_waiters(&self) -> bool {
+        let lock = self.redis.lock.as_ref();
+        lock.is_some_and(|l| l.queue.iter().any(|w| w.deadline <= self.now))
+    }
+
+    /// The client's current request is over: another one, or done.
+    pub(crate) fn round_over(&mut self, c: Id, cfg: &Config) {
+        let client = self.client(c);
+        // A wake-up still on its way finds no waiter.
+        client.wake = false;
+        client.phase = if client.req < cfg.rounds_of(c) + client.retries {
+            Phase::Idle
+        } else {
+            Phase::Done
+        };
+    }
+}
+
+impl Model for Config {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![self.initial()]
+    }
+
+    fn actions(&self, s: &State, out: &mut Vec<Action>) {
+        let free_budget = |f: usize| s.used[f] < self.budget(f);
+        for (i, cl) in s.clients.iter().enumerate() {
+            let c = i as Id;
+            let alive = s.alive[usize::from(cl.replica)];
+            match cl.phase {
+                Phase::Idle
+                    if cl.call.is_none() && alive && cl.req < self.rounds_of(c) + cl.retries =>
+                {
+                    out.push(Action::Request(c))
+                }
+                Phase::Waiting {
+                    answer_by,
+                    retry_at,
+                } => {
+                    let timer = retry_at > 0 && s.now >= retry_at;
+                    if cl.call.is_none() && alive && (cl.wake || timer) {
+                        out.push(Action::Retry(c));
+                    }
+                    if s.now > answer_by && alive {
+                        out.push(Action::Timeout(c));
+                    }
+                    if cl.wake && free_budget(LOSE_WAKE) {
+                        out.push(Action::LoseWake(c));
+                    }
+                    if cl.wake && cl.call.is_none() && free_budget(DUP_WAKE) {
+                        out.push(Action::DuplicateWake(c));
+                    }
+                }
+                Phase::Holding { until, .. } => {
+                    if s.now < until && cl.call.is_none() {
+                        out.push(Action::Check(c));
+                        if self.extend && alive {
+                            out.push(Action::AskExtend(c));
+                        }
+                    }
+                    if s.now >= until && cl.call.is_none() {
+                        out.push(Action::GiveUp(c));
+                    }
+                }
+                Phase::Writing { .. } => {
+                    // (With `end_awaits_renewals`, a session's end waits
+                    // for its renewal in flight.)
+                    let renewing = self.session(c) && self.end_awaits_renewals && cl.beat.is_some();
+                    if !cl.paused && cl.call.is_none() && !renewing {
+                        out.push(Action::Write(c));
+                        if free_budget(PAUSE) {
+                            out.push(Action::Pause(c));
+                        }
+                    } else if cl.paused {
+                        out.push(Action::Unpause(c));
+                    }
+                }
+                _ => {}
+            }
+            let stream_gone = self.session(c) && cl.epoch == 0 && cl.phase != Phase::Done;
+            if stream_gone && cl.call.is_none() && s.alive.iter().any(|&a| a) {
+                out.push(Action::Resume(c));
+            }
+            match cl.call {
+                Some(Call::Acquire { .. }) => out.push(Action::Acquire(c)),
+                Some(Call::Release { .. }) => out.push(Action::Release(c)),
+                Some(Call::Extend { .. }) => out.push(Action::Extend(c)),
+                Some(Call::Dequeue) => out.push(Action::Dequeue(c)),
+                Some(Call::SessionEnd { .. }) => out.push(Action::SessionEnd(c)),
+                Some(Call::SessionClaim) => out.push(Action::SessionClaim(c)),
+                Some(Call::Renew { .. }) => out.push(Action::ResumeRenew(c)),
+                _ => {}
+            }
+            match cl.beat {
+                Some(Call::SessionTouch { .. }) => out.push(Action::SessionTouch(c)),
+                Some(Call::Renew { .. }) => out.push(Action::Renew(c)),
+                _ => {}
+            }
+        }
+        for i in 0..s.orphans.len() {
+            out.push(Action::Orphan(i));
+        }
+        for (r, &due) in s.refresh.iter().enumerate() {
+            if due {
+                out.push(Action::Refresh(r as u8));
+            }
+        }
+        if self.reap {
+            let mut lock = s.redis.lock.clone();
+            if lock.as_mut().is_some_and(|l| l.purge(s.now)) {
+                out.push(Action::Reap);
+            }
+        }
+        if free_budget(CRASH) && s.alive.iter().filter(|&&a| a).count() > 1 {
+            for (r, &a) in s.alive.iter().enumerate() {
+                if a {
+                    out.push(Action::Crash(r as u8));
+                }
+            }
+        }
+        let room = s.now < self.max_time;
+        if self.budget(FAILOVER) > 0 && s.synced != s.redis {
+            out.push(Action::Replicate);
+        }
+        if free_budget(FAILOVER) && (room || self.faults.failover_same_tick) && s.synced != s.redis
+        {
+            out.push(Action::Failover);
+        }
+        if free_budget(RESTART) && room {
+            out.push(Action::RestartEmpty);
+        }
+        let writing = s
+            .clients
+            .iter()
+            .any(|c| matches!(c.phase, Phase::Writing { .. }) && !c.paused);
+        // A waiter's answer-by timer fires before the clock moves on.
+        let overdue = (s.clients.iter())
+            .any(|c| matches!(c.phase, Phase::Waiting { answer_by, .. } if s.now > answer_by));
+        if room && !writing && !overdue && (self.faults.slow_network || !s.busy()) {
+            out.push(Action::Tick);
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        let now = s.now;
+        match action {
+            Action::Request(c) => {
+                let cl = s.client(c);
+                cl.req += 1;
+                let answer_by = if self.wait > 0 { now + self.wait } else { 0 };
+                let call = Call::Acquire {
+                    req: cl.req,
+                    sent: now,
+                    answer_by,
+                    epoch: cl.epoch,
+                };
+                cl.call = Some(call);
+                if self.wait > 0 {
+                    cl.phase = Phase::Waiting {
+                        answer_by,
+                        retry_at: 0,
+                    };
+                }
+            }
+            Action::Retry(c) | Action::DuplicateWake(c) => {
+                if action == Action::DuplicateWake(c) {
+                    s.used[DUP_WAKE] += 1;
+                }
+                let cl = s.client(c);
+                let Phase::Waiting { answer_by, .. } = cl.phase else {
+                    return None;
+                };
+                cl.wake = action != Action::Retry(c);
+                cl.phase = Phase::Waiting {
+                    answer_by,
+                    retry_at: 0,
+                };
+                cl.call = Some(Call::Acquire {
+                    req: cl.req,
+                    sent: now,
+                    answer_by,
+                    epoch: cl.epoch,
+                });
+            }
+            Action::Timeout(c) => {
+                let cl = s.client(c);
+                let req = cl.req;
+                if let Some(call) = cl.call.take() {
+                    s.orphans.push((c, call));
+                }
+                let cl = s.client(c);
+                cl.wake = false;
+                cl.call = Some(Call::Dequeue);
+                s.ghost.told_no[usize::from(c)] = req;
+                s.round_over(c, self);
+            }
+            Action::Check(c) => {
+                let cl = s.client(c);
+                let Phase::Holding { token, until } = cl.phase else {
+                    return None;
+                };
+                cl.phase = Phase::Writing { token, until };
+            }
+            Action::Write(c) => {
+                let cl = s.client(c);
+                let Phase::Writing { token, .. } = cl.phase else {
+                    return None;
+                };
+                let epoch = cl.epoch;
+                cl.phase = Phase::Idle;
+                cl.call = Some(if self.session(c) {
+                    Call::SessionEnd { epoch, token }
+                } else {
+                    Call::Release { token, epoch: 0 }
+                });
+                s.resource.write(token, c);
+            }
+            Action::GiveUp(c) => s.round_over(c, self),
+            Action::AskExtend(c) => {
+                let cl = s.client(c);
+                let Phase::Holding { token, .. } = cl.phase else {
+                    return None;
+                };
+                cl.call = Some(Call::Extend { token, sent: now });
+            }
+            Action::Resume(c) => {
+                let r = s.alive.iter().position(|&a| a)?;
+                let cl = s.client(c);
+                cl.replica = r as u8;
+                cl.call = Some(Call::SessionClaim);
+            }
+            Action::Acquire(c)
+            | Action::Release(c)
+            | Action::Extend(c)
+            | Action::Dequeue(c)
+            | Action::SessionEnd(c)
+            | Action::SessionClaim(c) => {
+                let call = s.client(c).call.take()?;
+                run_call(self, &mut s, c, call, true);
+            }
+            Action::ResumeRenew(c) => {
+                let call = s.client(c).call.take()?;
+                run_beat(self, &mut s, c, call, true);
+            }
+            Action::SessionTouch(c) | Action::Renew(c) => {
+                let call = s.client(c).beat.take()?;
+                run_beat(self, &mut s, c, call, true);
+            }
+            Action::Orphan(i) => {
+                let (c, call) = s.orphans.remove(i);
+                match call {
+                    Call::SessionTouch { .. } | Call::Renew { .. } => {
+                        run_beat(self, &mut s, c, call, false)
+                    }
+                    _ => run_call(self, &mut s, c, call, false),
+                }
+            }
+            Action::Refresh(r) => {
+                s.refresh[usize::from(r)] = false;
+                let ids: Vec<Id> = (s.clients.iter().enumerate())
+                    .filter(|(_, cl)| cl.replica == r && matches!(cl.phase, Phase::Waiting { .. }))
+                    .map(|(i, _)| i as Id)
+                    .collect();
+                s.ghost.dead_waiter_skipped |= s.dead_waiters();
+                let (lost, wake) = s.redis.refresh(now, &ids, self.queue_ttl);
+                for id in lost {
+                    // The engine wakes a waiter whose place was lost: it joins again.
+                    s.client(id).wake = true;
+                }
+                s.publish(wake);
+            }
+            Action::Reap => {
+                let wake = s.redis.reap(now);
+                s.publish(wake);
+            }
+            Action::LoseWake(c) => {
+                s.used[LOSE_WAKE] += 1;
+                s.client(c).wake = false;
+                s.ghost.wake_lost = true;
+            }
+            Action::Crash(r) => {
+                s.used[CRASH] += 1;
+                s.alive[usize::from(r)] = false;
+                s.refresh[usize::from(r)] = false;
+                let next = s.alive.iter().position(|&a| a)? as u8;
+                for i in 0..s.clients.len() {
+                    let cl = &mut s.clients[i];
+                    if cl.replica != r {
+                        continue;
+                    }
+                    // Its calls may still reach Redis; their answers go nowhere.
+                    let calls: Vec<Call> =
+                        cl.call.take().into_iter().chain(cl.beat.take()).collect();
+                    cl.wake = false;
+                    if cl.epoch > 0 {
+                        // The session's stream is gone; the client may resume it.
+                        cl.epoch = 0;
+                    } else {
+                        cl.replica = next;
+                    }
+                    if matches!(cl.phase, Phase::Waiting { .. }) {
+                        // The waiting RPC fails (UNAVAILABLE); the client may ask again.
+                        cl.phase = Phase::Idle;
+                        cl.retries += 1;
+                    }
+                    for call in calls {
+                        // A release answered UNAVAILABLE is sent again
+                        // through the next replica (the clients retry it
+                        // until they get an answer); the first may still land.
+                        if let (Call::Release { .. }, false, true) =
+                            (call, self.session(i as Id), self.retry_release)
+                        {
+                            s.clients[i].call = Some(call);
+                        }
+                        s.orphans.push((i as Id, call));
+                    }
+                }
+            }
+            Action::Pause(c) => {
+                s.used[PAUSE] += 1;
+                s.client(c).paused = true;
+            }
+            Action::Unpause(c) => s.client(c).paused = false,
+            Action::Replicate => s.synced = s.redis.clone(),
+            Action::Failover => {
+                s.used[FAILOVER] += 1;
+                s.redis = s.synced.clone();
+                s.ghost.data_lost = true;
+                if !self.faults.failover_same_tick {
+                    // A failover takes longer than a tick (Sentinel's down-after).
+                    s.now += 1;
+                }
+            }
+            Action::RestartEmpty => {
+                s.used[RESTART] += 1;
+                s.redis = Data {
+                    sessions: vec![None; s.clients.len()],
+                    ..Data::default()
+                };
+                s.synced = s.redis.clone();
+                s.ghost.data_lost = true;
+                s.now += 1;
+            }
+            Action::Tick => {
+                s.now += 1;
+                for r in 0..s.alive.len() {
+                    let waiting = (s.clients.iter()).any(|cl| {
+                        usize::from(cl.replica) == r && matches!(cl.phase, Phase::Waiting { .. })
+                    });
+                    s.refresh[r] = s.alive[r] && waiting;
+                }
+                for cl in s.clients.iter_mut() {
+                    if cl.epoch > 0 && cl.phase != Phase::Done && cl.beat.is_none() {
+                        cl.beat = Some(Call::SessionTouch { epoch: cl.epoch });
+                    }
+                }
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<stateright::Property<Self>> {
+        crate::properties::all()
+    }
+}

@@ -1,0 +1,112 @@
+//! The invariants of DESIGN.md as stateright properties. Each is named
+//! for the tests (`checker.discovery(NAME)`); SAFETY.md says which
+//! invariant each one stands for.
+
+use crate::Config;
+use crate::model::{Phase, State};
+use stateright::Property;
+
+/// Invariant 2: at most `limit` clients act on grants they believe valid
+/// (by their own clock, counted from when they asked).
+pub const MUTUAL_EXCLUSION: &str = "at most limit clients believe they hold";
+/// Invariant 3: every grant's token is above every earlier grant's.
+pub const TOKENS_RISE: &str = "fencing tokens strictly rise";
+/// Invariant 3, what fencing guarantees: a resource that keeps the highest
+/// token never takes a write from two holders with the same token.
+pub const FENCED_RESOURCE: &str = "the fenced resource never confuses two holders";
+/// Invariant 7: no request is granted while a live waiter that reached
+/// Redis before it (same priority or higher) still waits.
+pub const FIFO: &str = "fifo among live waiters";
+/// Invariant 9: no grant for a request already answered no.
+pub const NO_GRANT_AFTER_NO: &str = "no grant after the caller was told no";
+/// Invariant 10: no renewal lands after the session ended.
+pub const NO_RENEWAL_AFTER_END: &str = "no renewal after a session ended";
+/// Invariants 4 and 10: a resume (or retry) never makes a second grant.
+pub const NO_DUPLICATE_GRANT: &str = "resume never duplicates a grant";
+/// Invariant 6: a lock nobody holds or waits for has no key.
+pub const NO_EMPTY_LOCK: &str = "no key for a lock nobody holds or waits for";
+/// Liveness (invariant 7), as bounded response: a waiter whose replica
+/// keeps refreshing it is granted within `Config::served_within` ticks of
+/// its request (holders release, or their leases pass). An `always`
+/// property, not stateright's `eventually`: that one is judged only at
+/// terminal states, and here every path ends at the clock's bound, where a
+/// request made at the last tick still waits.
+pub const SERVED_IN_TIME: &str = "a refreshed waiter is served in bounded time";
+
+/// `sometimes` properties: the interesting states are reachable.
+pub const HELD: &str = "a lock is held";
+pub const FULL: &str = "every permit is taken";
+pub const QUEUED: &str = "someone waits in the queue";
+pub const WAITER_GRANTED: &str = "a waiter is granted after waiting";
+pub const WRITTEN: &str = "the resource took a write";
+pub const REFUSED: &str = "the resource refused a stale write";
+pub const DEAD_WAITER: &str = "a dead waiter is skipped";
+pub const RESUMED: &str = "a session is resumed";
+pub const SESSION_ENDED: &str = "a session ends";
+pub const TOKEN_AFTER_LOSS: &str = "a token is minted after Redis lost data";
+pub const WAKE_LOST: &str = "a wake-up is lost";
+
+fn believers(s: &State) -> usize {
+    (s.clients.iter())
+        .filter(|c| match c.phase {
+            Phase::Holding { until, .. } => s.now < until,
+            Phase::Writing { .. } => true,
+            _ => false,
+        })
+        .count()
+}
+
+/// Every property; a test asserts which hold and which the checker must
+/// find a counterexample (or example) for.
+pub fn all() -> Vec<Property<Config>> {
+    vec![
+        Property::always(MUTUAL_EXCLUSION, |m: &Config, s: &State| {
+            believers(s) <= usize::from(m.limit)
+        }),
+        Property::always(TOKENS_RISE, |_, s: &State| !s.ghost.token_went_back),
+        Property::always(FENCED_RESOURCE, |_, s: &State| !s.resource.confused),
+        Property::always(FIFO, |_, s: &State| !s.ghost.fifo_broken),
+        Property::always(NO_GRANT_AFTER_NO, |_, s: &State| !s.ghost.granted_after_no),
+        Property::always(NO_RENEWAL_AFTER_END, |_, s: &State| {
+            !s.ghost.renewed_after_end
+        }),
+        Property::always(NO_DUPLICATE_GRANT, |_, s: &State| {
+            let lock = s.redis.lock.as_ref();
+            let unique =
+                lock.is_none_or(|l| l.holders.windows(2).all(|w| w[0].holder != w[1].holder));
+            unique && !s.ghost.duplicate_grant
+        }),
+        Property::always(NO_EMPTY_LOCK, |_, s: &State| {
+            (s.redis.lock.as_ref()).is_none_or(|l| !l.holders.is_empty() || !l.queue.is_empty())
+        }),
+        Property::always(SERVED_IN_TIME, |m: &Config, s: &State| {
+            m.served_within == 0
+                || s.clients.iter().all(|c| match c.phase {
+                    Phase::Waiting { answer_by, .. } => {
+                        let since = answer_by - m.wait;
+                        !s.alive[usize::from(c.replica)] || s.now - since <= m.served_within
+                    }
+                    _ => true,
+                })
+        }),
+        Property::sometimes(HELD, |_, s: &State| {
+            s.redis.lock.as_ref().is_some_and(|l| !l.holders.is_empty())
+        }),
+        Property::sometimes(FULL, |m: &Config, s: &State| {
+            (s.redis.lock.as_ref()).is_some_and(|l| l.holders.len() == usize::from(m.limit))
+        }),
+        Property::sometimes(QUEUED, |_, s: &State| {
+            s.redis.lock.as_ref().is_some_and(|l| !l.queue.is_empty())
+        }),
+        Property::sometimes(WAITER_GRANTED, |_, s: &State| s.ghost.waiter_granted),
+        Property::sometimes(WRITTEN, |_, s: &State| s.resource.last.is_some()),
+        Property::sometimes(REFUSED, |_, s: &State| s.resource.refused),
+        Property::sometimes(DEAD_WAITER, |_, s: &State| s.ghost.dead_waiter_skipped),
+        Property::sometimes(RESUMED, |_, s: &State| s.ghost.resumed),
+        Property::sometimes(SESSION_ENDED, |_, s: &State| {
+            s.ghost.session_over.iter().any(|&o| o)
+        }),
+        Property::sometimes(TOKEN_AFTER_LOSS, |_, s: &State| s.ghost.token_after_loss),
+        Property::sometimes(WAKE_LOST, |_, s: &State| s.ghost.wake_lost),
+    ]
+}

@@ -1,0 +1,494 @@
+//! Redis as the model sees it: one atomic state machine holding one lock,
+//! the shard's fencing counter and the sessions' records, and the Lua
+//! functions of `lua/` as pure functions on that state. Each function here
+//! is named after the Lua file it mirrors, and its steps are numbered as
+//! that file's comments number them (steps that only matter for encoding,
+//! events, metrics or key TTLs are left out: they decide nothing).
+//!
+//! What is abstracted: one lock of one shard (so `clear`, `list` and the
+//! namespace lock limit are not modelled); slots (1..limit) are not kept,
+//! only how many grants there are; metadata, kinds and events are gone.
+//! Time is a tick of the Redis clock (one millisecond); a fencing token is
+//! `tick * 1000 + k`, the Redis clock in microseconds (`next_token`).
+
+/// A client's holder id (and, for a waiting request, its request id: the
+/// functions queue a request under its holder).
+pub type Id = u8;
+
+/// Microseconds per tick: `next_token` reads the clock in microseconds.
+pub const US_PER_TICK: u32 = 1000;
+
+/// A grant in the lock's hash (`'h:<holder>'`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Grant {
+    pub holder: Id,
+    pub token: u32,
+    /// Lease expiry, Redis ticks.
+    pub expires: u8,
+    /// The session stream's epoch that acquired or renewed it; 0 when the
+    /// grant is not a session's (common.lua `stale`, `claim_epoch`).
+    pub epoch: u8,
+}
+
+/// A waiting request (the queue, deadlines and waiters keys together).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Waiter {
+    /// Queue order: `(PRIORITY_MAX - priority, arrival)`, smaller first.
+    pub order: (u8, u8),
+    pub id: Id,
+    /// Liveness deadline (`...:d:<name>`): dead at or past it.
+    pub deadline: u8,
+}
+
+/// The highest priority the model uses (the Lua's is 1000).
+pub const PRIORITY_MAX: u8 = 2;
+
+/// One lock: its header, grants and queue. `None` in [`Data`] when nobody
+/// holds or waits: then no key exists (invariant 6, `settle`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Lock {
+    pub limit: u8,
+    /// Sorted by holder.
+    pub holders: Vec<Grant>,
+    /// Sorted by order: the head is first.
+    pub queue: Vec<Waiter>,
+    /// The header's arrival counter (reset when the queue empties).
+    pub arrivals: u8,
+}
+
+/// A session's record (`session_*.lua`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SessionRecord {
+    pub epoch: u8,
+    /// When its serving stream last said it lives (ticks).
+    pub seen: u8,
+}
+
+/// Everything Redis stores that the model keeps.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Data {
+    pub lock: Option<Lock>,
+    /// The shard's fencing counter (`...:fence`).
+    pub fence: Option<u32>,
+    /// One record per client (only session clients have one).
+    pub sessions: Vec<Option<SessionRecord>>,
+}
+
+/// Replies, as the functions' status constants name them (common.lua).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reply {
+    /// acquire OK: a new grant.
+    Acquired {
+        token: u32,
+        expires: u8,
+    },
+    /// acquire HELD: the holder's live grant, again (invariant 4).
+    Held {
+        token: u32,
+        expires: u8,
+    },
+    Busy,
+    /// acquire QUEUED; `retry_at`: the earliest lease expiry the waiter's
+    /// timer wakes it at (0: none).
+    Queued {
+        retry_at: u8,
+    },
+    LimitMismatch,
+    Late,
+    NotHeld,
+    Moved,
+    /// release/extend/renew OK (extend, renew: the new expiry).
+    Ok {
+        expires: u8,
+    },
+}
+
+impl Lock {
+    fn new(limit: u8) -> Lock {
+        Lock {
+            limit,
+            holders: Vec::new(),
+            queue: Vec::new(),
+            arrivals: 0,
+        }
+    }
+
+    fn mine(&self, holder: Id) -> Option<usize> {
+        self.holders.iter().position(|g| g.holder == holder)
+    }
+
+    fn queued(&self, id: Id) -> Option<usize> {
+        self.queue.iter().position(|w| w.id == id)
+    }
+
+    /// The earliest lease expiry (the header's `earliest`), 0 with no holder.
+    fn earliest(&self) -> u8 {
+        self.holders.iter().map(|g| g.expires).min().unwrap_or(0)
+    }
+
+    /// common.lua `purge_expired` and `purge_dead_waiters`: expired leases
+    /// and dead waiters stop counting. True when anything changed.
+    pub fn purge(&mut self, now: u8) -> bool {
+        let before = (self.holders.len(), self.queue.len());
+        self.holders.retain(|g| g.expires > now);
+        self.queue.retain(|w| w.deadline > now);
+        before != (self.holders.len(), self.queue.len())
+    }
+
+    /// common.lua `wake_eligible`: the head of the queue, when a permit is
+    /// free (the PUBLISH to every replica).
+    pub fn wake_eligible(&self) -> Option<Id> {
+        let head = self.queue.first()?;
+        (usize::from(self.limit) > self.holders.len()).then_some(head.id)
+    }
+}
+
+/// common.lua `settle`: a lock nobody holds or waits for leaves no key; an
+/// empty queue drops its arrival counter.
+fn settle(lock: Lock) -> Option<Lock> {
+    if lock.holders.is_empty() && lock.queue.is_empty() {
+        return None;
+    }
+    let mut lock = lock;
+    if lock.queue.is_empty() {
+        lock.arrivals = 0;
+    }
+    Some(lock)
+}
+
+/// common.lua `next_token`: one more than the shard's last token, never
+/// below the Redis clock in microseconds.
+pub fn next_token(fence: &mut Option<u32>, now: u8) -> u32 {
+    let now_us = u32::from(now) * US_PER_TICK;
+    let token = match *fence {
+        Some(last) if last >= now_us => last + 1,
+        _ => now_us,
+    };
+    *fence = Some(token);
+    token
+}
+
+/// The arguments of one acquire call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AcquireArgs {
+    pub holder: Id,
+    pub ttl: u8,
+    /// Redis tick past which nothing may be granted (0: none).
+    pub answer_by: u8,
+    pub limit: u8,
+    pub fair: bool,
+    pub priority: u8,
+    /// `Some(queue_ttl)` when the caller waits.
+    pub queue_ttl: Option<u8>,
+    /// A session stream's epoch (flag `s<epoch>`).
+    pub epoch: Option<u8>,
+}
+
+/// What a call did besides its reply: whom to wake (a PUBLISH).
+pub struct Effects {
+    pub reply: Reply,
+    pub wake: Option<Id>,
+}
+
+fn done(reply: Reply, lock: &Lock, changed: bool) -> Effects {
+    Effects {
+        reply,
+        wake: if changed { lock.wake_eligible() } else { None },
+    }
+}
+
+impl Data {
+    /// lua/acquire.lua.
+    pub fn acquire(&mut self, now: u8, a: AcquireArgs) -> Effects {
+        // 1. Past the caller's answer-by time nothing happens.
+        if a.answer_by != 0 && now > a.answer_by {
+            return Effects {
+                reply: Reply::Late,
+                wake: None,
+            };
+        }
+        // 2. (the fast path decides as the steps below would)
+        let mut lock = self.lock.take().unwrap_or_else(|| Lock::new(a.limit));
+        // 3. Expired leases and dead waiters stop counting.
+        let changed = lock.purge(now);
+        let out = self.acquire_steps(now, a, &mut lock, changed);
+        self.lock = settle(lock);
+        out
+    }
+
+    fn acquire_steps(
+        &mut self,
+        now: u8,
+        a: AcquireArgs,
+        lock: &mut Lock,
+        changed: bool,
+    ) -> Effects {
+        // 4. A live grant of this holder comes back (idempotent retry); a
+        //    superseded session stream gets MOVED; a newer one claims it.
+        if let Some(i) = lock.mine(a.holder) {
+            let grant = &mut lock.holders[i];
+            if let Some(epoch) = a.epoch {
+                if grant.epoch > epoch {
+                    return done(Reply::Moved, lock, changed);
+                }
+                grant.epoch = epoch;
+            }
+            let reply = Reply::Held {
+                token: grant.token,
+                expires: grant.expires,
+            };
+            return done(reply, lock, changed);
+        }
+        // 5. The limit belongs to the lock while anyone holds or waits.
+        if (!lock.holders.is_empty() || !lock.queue.is_empty()) && lock.limit != a.limit {
+            return done(Reply::LimitMismatch, lock, changed);
+        }
+        // 7. Its place: fair requests go behind every live request of their
+        //    priority or higher; barging ones do not.
+        let free = usize::from(a.limit).saturating_sub(lock.holders.len());
+        let queued = lock.queued(a.holder);
+        let ahead = match (a.fair, queued) {
+            (true, Some(i)) => i,
+            (true, None) => {
+                let mine = PRIORITY_MAX - a.priority;
+                lock.queue.iter().filter(|w| w.order.0 <= mine).count()
+            }
+            (false, _) => 0,
+        };
+        // 8. A free permit and nobody ahead: grant with a fresh token.
+        if free > 0 && ahead == 0 {
+            if let Some(i) = queued {
+                lock.queue.remove(i);
+            }
+            let token = next_token(&mut self.fence, now);
+            let expires = now + a.ttl;
+            let grant = Grant {
+                holder: a.holder,
+                token,
+                expires,
+                epoch: a.epoch.unwrap_or(0),
+            };
+            lock.holders.push(grant);
+            lock.holders.sort();
+            lock.limit = a.limit;
+            // A permit left over goes to the next waiter in line.
+            let wake = if free > 1 || changed {
+                lock.wake_eligible()
+            } else {
+                None
+            };
+            return Effects {
+                reply: Reply::Acquired { token, expires },
+                wake,
+            };
+        }
+        // 9. Not granted, trying once: nothing is queued.
+        let Some(queue_ttl) = a.queue_ttl else {
+            return done(Reply::Busy, lock, changed);
+        };
+        // 10. Waiting: join the queue once, keep the request alive.
+        let deadline = now + queue_ttl;
+        match queued {
+            Some(i) => lock.queue[i].deadline = deadline,
+            None => {
+                lock.arrivals += 1;
+                lock.limit = a.limit;
+                let order = (PRIORITY_MAX - a.priority, lock.arrivals);
+                lock.queue.push(Waiter {
+                    order,
+                    id: a.holder,
+                    deadline,
+                });
+                lock.queue.sort();
+            }
+        }
+        // 11. A wake-up when expiries freed permits.
+        done(
+            Reply::Queued {
+                retry_at: lock.earliest(),
+            },
+            lock,
+            changed,
+        )
+    }
+
+    /// lua/release.lua (`token`: 0 = any).
+    pub fn release(&mut self, now: u8, holder: Id, token: u32, epoch: Option<u8>) -> Effects {
+        let Some(mut lock) = self.lock.take() else {
+            return Effects {
+                reply: Reply::NotHeld,
+                wake: None,
+            };
+        };
+        // 2. Expired leases and dead waiters go first.
+        let changed = lock.purge(now);
+        // 3. Only a live grant of this holder (with this token, if given).
+        let out = match lock.mine(holder) {
+            Some(i) if token == 0 || lock.holders[i].token == token => {
+                if epoch.is_some_and(|e| lock.holders[i].epoch > e) {
+                    done(Reply::Moved, &lock, changed)
+                } else {
+                    // 4. Drop the grant. 5. Wake whoever may take the permit.
+                    let expires = lock.holders.remove(i).expires;
+                    Effects {
+                        reply: Reply::Ok { expires },
+                        wake: lock.wake_eligible(),
+                    }
+                }
+            }
+            _ => done(Reply::NotHeld, &lock, changed),
+        };
+        self.lock = settle(lock);
+        out
+    }
+
+    /// lua/extend.lua: a new lease from now, only for the holder.
+    pub fn extend(&mut self, now: u8, holder: Id, token: u32, ttl: u8, answer_by: u8) -> Effects {
+        // 1. Past the caller's answer-by time nothing happens.
+        if answer_by != 0 && now > answer_by {
+            return Effects {
+                reply: Reply::Late,
+                wake: None,
+            };
+        }
+        let Some(mut lock) = self.lock.take() else {
+            return Effects {
+                reply: Reply::NotHeld,
+                wake: None,
+            };
+        };
+        // 2. An expired lease cannot be extended.
+        let changed = lock.purge(now);
+        // 3. Only a live grant of this holder (with this token, if given).
+        let out = match lock.mine(holder) {
+            Some(i) if token == 0 || lock.holders[i].token == token => {
+                // 5. The new lease runs from now.
+                lock.holders[i].expires = now + ttl;
+                done(Reply::Ok { expires: now + ttl }, &lock, changed)
+            }
+            _ => done(Reply::NotHeld, &lock, changed),
+        };
+        self.lock = settle(lock);
+        out
+    }
+
+    /// lua/refresh.lua: one replica's waiting requests get new deadlines;
+    /// returns those no longer queued (their place was lost), and always
+    /// wakes whoever may be granted (a lost notification is made good).
+    pub fn refresh(&mut self, now: u8, ids: &[Id], queue_ttl: u8) -> (Vec<Id>, Option<Id>) {
+        let Some(mut lock) = self.lock.take() else {
+            return (ids.to_vec(), None);
+        };
+        // 1. Expired leases and dead waiters (other replicas' too) leave.
+        lock.purge(now);
+        // 2. Each live request gets a new deadline (ZADD XX: never re-added).
+        let mut lost = Vec::new();
+        for &id in ids {
+            match lock.queued(id) {
+                Some(i) => lock.queue[i].deadline = now + queue_ttl,
+                None => lost.push(id),
+            }
+        }
+        // 3. A wake-up for whoever may be granted.
+        let wake = lock.wake_eligible();
+        self.lock = settle(lock);
+        (lost, wake)
+    }
+
+    /// lua/dequeue.lua: a waiting request leaves (timed out, cancelled).
+    pub fn dequeue(&mut self, now: u8, id: Id) -> Option<Id> {
+        let mut lock = self.lock.take()?;
+        lock.purge(now);
+        if let Some(i) = lock.queued(id) {
+            lock.queue.remove(i);
+        }
+        let wake = lock.wake_eligible();
+        self.lock = settle(lock);
+        wake
+    }
+
+    /// lua/reap.lua (no cutoff): expired leases and dead waiters go.
+    pub fn reap(&mut self, now: u8) -> Option<Id> {
+        let mut lock = self.lock.take()?;
+        lock.purge(now);
+        let wake = lock.wake_eligible();
+        self.lock = settle(lock);
+        wake
+    }
+
+    /// lua/renew.lua, one group: the same grant (holder and token) gets a
+    /// new lease; a stale stream's renewal is refused (MOVED).
+    pub fn renew(&mut self, now: u8, holder: Id, token: u32, ttl: u8, epoch: u8) -> Effects {
+        let Some(mut lock) = self.lock.take() else {
+            return Effects {
+                reply: Reply::NotHeld,
+                wake: None,
+            };
+        };
+        // 1. A lease that already passed is not brought back.
+        let changed = lock.purge(now);
+        // 2. Only the same grant is renewed.
+        let out = match lock.mine(holder) {
+            Some(i) if lock.holders[i].token == token => {
+                let grant = &mut lock.holders[i];
+                if grant.epoch > epoch {
+                    done(Reply::Moved, &lock, changed)
+                } else {
+                    grant.epoch = epoch;
+                    grant.expires = now + ttl;
+                    done(Reply::Ok { expires: now + ttl }, &lock, changed)
+                }
+            }
+            _ => done(Reply::NotHeld, &lock, changed),
+        };
+        self.lock = settle(lock);
+        out
+    }
+
+    /// lua/session_open.lua: epoch 1.
+    pub fn session_open(&mut self, now: u8, client: Id) {
+        self.sessions[usize::from(client)] = Some(SessionRecord {
+            epoch: 1,
+            seen: now,
+        });
+    }
+
+    /// lua/session_touch.lua: 1 kept, 0 resumed elsewhere, -1 gone.
+    pub fn session_touch(&mut self, now: u8, client: Id, epoch: u8) -> i8 {
+        match &mut self.sessions[usize::from(client)] {
+            None => -1,
+            Some(r) if r.epoch != epoch => 0,
+            Some(r) => {
+                r.seen = now;
+                1
+            }
+        }
+    }
+
+    /// lua/session_claim.lua: the new epoch, or `None` when the session is
+    /// over (gone, or silent past its TTL: then its record goes).
+    pub fn session_claim(&mut self, now: u8, client: Id, ttl: u8) -> Option<u8> {
+        let slot = &mut self.sessions[usize::from(client)];
+        let record = slot.as_mut()?;
+        // 2. Silent past its TTL: over.
+        if now > record.seen + ttl {
+            *slot = None;
+            return None;
+        }
+        // 3. The new stream serves it from now on.
+        record.epoch += 1;
+        record.seen = now;
+        Some(record.epoch)
+    }
+
+    /// lua/session_end.lua: true when ended (release its grants), false
+    /// when another stream resumed it.
+    pub fn session_end(&mut self, client: Id, epoch: u8) -> bool {
+        let slot = &mut self.sessions[usize::from(client)];
+        if slot.as_ref().map(|r| r.epoch) != Some(epoch) {
+            return false;
+        }
+        *slot = None;
+        true
+    }
+}

@@ -1,0 +1,276 @@
+//! What Redis running a replica's call does to the system: the function
+//! runs (`redis.rs`), its PUBLISH reaches the replicas, and its answer
+//! reaches the task that sent it (if that task is still there), which
+//! moves its client on; with the ghost checks made at the moment of a
+//! grant or a renewal (fencing, FIFO, answer-by, session end).
+
+use crate::Config;
+use crate::model::{Call, Phase, State};
+use crate::redis::{Effects, Id, Reply};
+
+/// The client's belief after a reply that gave a lease ending at
+/// `expires` (Redis time) to a call sent at `sent`: the lease counted from
+/// when it asked, by its own clock (it cannot know when Redis ran it).
+fn belief(sent: u8, now: u8, expires: u8) -> u8 {
+    sent + expires.saturating_sub(now)
+}
+
+/// Redis runs a client task's call; `live`: its task is there for the answer.
+pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: bool) {
+    let now = s.now;
+    let ci = usize::from(c);
+    match call {
+        Call::Acquire {
+            req,
+            sent,
+            answer_by,
+            epoch,
+        } => {
+            s.ghost.dead_waiter_skipped |= s.dead_waiters();
+            let was_queued =
+                (s.redis.lock.as_ref()).is_some_and(|l| l.queue.iter().any(|w| w.id == c));
+            let live_entry = (s.redis.lock.as_ref())
+                .is_some_and(|l| l.queue.iter().any(|w| w.id == c && w.deadline > now));
+            let Effects { reply, wake } =
+                s.redis.acquire(now, cfg.acquire_args(c, answer_by, epoch));
+            // Its place in line: a waiter that stayed live keeps the one
+            // its request got first (if Redis dropped it meanwhile, FIFO
+            // is broken); any other request (a new one, an orphaned one)
+            // takes the holder's live entry's place if it has one (the
+            // queue keeps a place per holder), else a new place.
+            let same_request = live && s.ghost.arrival[ci].0 == req;
+            if !same_request && !live_entry {
+                s.ghost.arrivals += 1;
+                s.ghost.arrival[ci].1 = s.ghost.arrivals;
+            }
+            if live {
+                s.ghost.arrival[ci].0 = req;
+            }
+            if let Reply::Acquired { token, .. } = reply {
+                granted(cfg, s, c, token, req);
+            }
+            s.publish(wake);
+            if !live {
+                return;
+            }
+            let cl = &mut s.clients[ci];
+            match reply {
+                Reply::Acquired { token, expires } | Reply::Held { token, expires } => {
+                    s.ghost.waiter_granted |= was_queued && matches!(reply, Reply::Acquired { .. });
+                    cl.phase = Phase::Holding {
+                        token,
+                        until: belief(sent, now, expires),
+                    };
+                    cl.wake = false;
+                }
+                Reply::Queued { retry_at } => {
+                    if let Phase::Waiting { answer_by, .. } = cl.phase {
+                        cl.phase = Phase::Waiting {
+                            answer_by,
+                            retry_at,
+                        };
+                    }
+                }
+                Reply::Moved => cl.phase = Phase::Done,
+                _ => {
+                    if matches!(cl.phase, Phase::Waiting { .. }) || cfg.wait == 0 {
+                        // Told "not acquired"; a waiting RPC's guard dequeues it.
+                        if cfg.wait > 0 {
+                            cl.call = Some(Call::Dequeue);
+                        }
+                        s.ghost.told_no[ci] = req;
+                        s.round_over(c, cfg);
+                    }
+                }
+            }
+        }
+        Call::Release { token, epoch } => {
+            let Effects { wake, .. } = s.redis.release(now, c, token, (epoch > 0).then_some(epoch));
+            s.publish(wake);
+            if live && !cfg.session(c) {
+                s.round_over(c, cfg);
+            } else if live {
+                s.clients[ci].phase = Phase::Done;
+            }
+        }
+        Call::Extend { token, sent } => {
+            let Effects { reply, wake } = s.redis.extend(now, c, token, cfg.ttl, 0);
+            s.publish(wake);
+            if !live {
+                return;
+            }
+            match (reply, s.clients[ci].phase) {
+                (Reply::Ok { expires }, Phase::Holding { token, .. }) => {
+                    s.clients[ci].phase = Phase::Holding {
+                        token,
+                        until: belief(sent, now, expires),
+                    };
+                }
+                (Reply::NotHeld, Phase::Holding { .. }) => s.round_over(c, cfg),
+                _ => {}
+            }
+        }
+        Call::Dequeue => {
+            let wake = s.redis.dequeue(now, c);
+            s.publish(wake);
+        }
+        Call::SessionEnd { epoch, token } => {
+            let ended = s.redis.session_end(c, epoch);
+            if ended {
+                s.ghost.session_over[ci] = true;
+            }
+            if live {
+                let cl = &mut s.clients[ci];
+                // The renewer stops renewing its grants, but a renewal
+                // already sent still reaches Redis (crates/tumbler-engine/src/sessions.rs
+                // `end` does not wait for one in flight).
+                if let Some(beat) = cl.beat.take() {
+                    s.orphans.push((c, beat));
+                }
+                let cl = &mut s.clients[ci];
+                cl.epoch = 0;
+                // Ended: its grants are released; resumed elsewhere: kept.
+                if ended {
+                    cl.call = Some(Call::Release { token, epoch });
+                } else {
+                    cl.phase = Phase::Done;
+                }
+            }
+        }
+        Call::SessionClaim => {
+            let claimed = s.redis.session_claim(now, c, cfg.ttl);
+            if claimed.is_none() {
+                s.ghost.session_over[ci] = true;
+            }
+            if !live {
+                return;
+            }
+            match claimed {
+                Some(epoch) => {
+                    s.ghost.resumed = true;
+                    let cl = &mut s.clients[ci];
+                    cl.epoch = epoch;
+                    // The same grant, with the same token: never a second one.
+                    if let Phase::Holding { token, .. } | Phase::Writing { token, .. } = cl.phase {
+                        let lock = s.redis.lock.as_ref();
+                        let theirs: Vec<u32> = (lock.iter())
+                            .flat_map(|l| {
+                                l.holders.iter().filter(|g| g.holder == c).map(|g| g.token)
+                            })
+                            .collect();
+                        s.ghost.duplicate_grant |=
+                            theirs.iter().any(|&t| t != token) || theirs.len() > 1;
+                        // Its grants are renewed at once, stamped with the
+                        // new epoch, before the resume is answered
+                        // (crates/tumbler-engine/src/resume.rs).
+                        let cl = &mut s.clients[ci];
+                        cl.call = Some(Call::Renew {
+                            token,
+                            sent: now,
+                            epoch,
+                        });
+                    }
+                }
+                None => s.clients[ci].phase = Phase::Done,
+            }
+        }
+        Call::SessionTouch { .. } | Call::Renew { .. } => {
+            unreachable!("heartbeat calls run in run_beat")
+        }
+    }
+}
+
+/// Redis runs a session heartbeat's call.
+pub(crate) fn run_beat(cfg: &Config, s: &mut State, c: Id, call: Call, live: bool) {
+    let now = s.now;
+    let ci = usize::from(c);
+    match call {
+        Call::SessionTouch { epoch } => {
+            let kept = s.redis.session_touch(now, c, epoch);
+            if !live {
+                return;
+            }
+            let cl = &mut s.clients[ci];
+            match (kept, cl.phase) {
+                (1, Phase::Holding { token, .. } | Phase::Writing { token, .. }) => {
+                    cl.beat = Some(Call::Renew {
+                        token,
+                        sent: now,
+                        epoch,
+                    });
+                }
+                (1, _) => {}
+                // Resumed elsewhere (0) or the record is gone (-1): the
+                // stream stops; with the record gone its client is told so.
+                (0, _) => cl.epoch = 0,
+                _ => {
+                    cl.epoch = 0;
+                    if !matches!(cl.phase, Phase::Writing { .. }) {
+                        cl.phase = Phase::Done;
+                    }
+                }
+            }
+        }
+        Call::Renew { token, sent, epoch } => {
+            let Effects { reply, wake } = s.redis.renew(now, c, token, cfg.ttl, epoch);
+            s.publish(wake);
+            if matches!(reply, Reply::Ok { .. }) && s.ghost.session_over[ci] {
+                s.ghost.renewed_after_end = true;
+            }
+            if !live {
+                return;
+            }
+            let cl = &mut s.clients[ci];
+            match (reply, cl.phase) {
+                (Reply::Ok { expires }, Phase::Holding { token, .. }) => {
+                    cl.phase = Phase::Holding {
+                        token,
+                        until: belief(sent, now, expires),
+                    };
+                }
+                (Reply::Ok { expires }, Phase::Writing { token, .. }) => {
+                    cl.phase = Phase::Writing {
+                        token,
+                        until: belief(sent, now, expires),
+                    };
+                }
+                (Reply::NotHeld, Phase::Holding { .. }) => cl.phase = Phase::Done,
+                (Reply::Moved, _) => cl.epoch = 0,
+                _ => {}
+            }
+        }
+        _ => unreachable!("client calls run in run_call"),
+    }
+}
+
+/// A new grant: the ghost checks of fencing, FIFO and answer-by.
+fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8) {
+    let g = &mut s.ghost;
+    if token <= g.max_token {
+        g.token_went_back = true;
+    }
+    g.max_token = g.max_token.max(token);
+    g.token_after_loss |= g.data_lost;
+    if g.told_no[usize::from(c)] == req {
+        g.granted_after_no = true;
+    }
+    // FIFO: no live waiter that reached Redis earlier, of this priority
+    // or higher, is still waiting while this request is granted.
+    // (The holder's place, whichever of its requests, live or orphaned,
+    // is granted: the grant is the holder's.)
+    let mine = g.arrival[usize::from(c)].1;
+    for (i, other) in s.clients.iter().enumerate() {
+        let (their_req, arrived) = g.arrival[i];
+        let arrived = if their_req == other.req { arrived } else { 0 };
+        let live =
+            s.alive[usize::from(other.replica)] && matches!(other.phase, Phase::Waiting { .. });
+        if i != usize::from(c)
+            && live
+            && arrived > 0
+            && arrived < mine
+            && cfg.priority(i as Id) >= cfg.priority(c)
+        {
+            g.fifo_broken = true;
+        }
+    }
+}

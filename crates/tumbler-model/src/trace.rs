@@ -1,0 +1,164 @@
+//! A model path as the Redis calls it makes: the function each step runs,
+//! its caller and arguments, and the reply the model expects. This is the
+//! input of the replay against the real functions on a real Redis (issue
+//! 39, item 4: SAFETY.md, "Next"): every call of a trace is one `FCALL`,
+//! and its reply must match the model's.
+
+use crate::Config;
+use crate::model::{Action, Call, Phase, State};
+use crate::redis::{Id, Reply};
+
+/// One step of a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A Lua function runs: its file's name, for whom, the call as the
+    /// model made it, and the reply the model expects.
+    Function {
+        function: &'static str,
+        client: Id,
+        call: Option<Call>,
+        reply: Option<Reply>,
+    },
+    /// A replica's `refresh.lua` for its waiters; the ids no longer queued.
+    Refresh {
+        replica: u8,
+        waiters: Vec<Id>,
+        lost: Vec<Id>,
+    },
+    /// `reap.lua`.
+    Reap,
+    /// The clock moves a tick.
+    Tick,
+    /// Redis loses data: back to what its replica had, or everything.
+    Failover,
+    RestartEmpty,
+}
+
+/// The Lua file a call runs.
+pub fn function(call: &Call) -> &'static str {
+    match call {
+        Call::Acquire { .. } => "acquire",
+        Call::Release { .. } => "release",
+        Call::Extend { .. } => "extend",
+        Call::Dequeue => "dequeue",
+        Call::SessionEnd { .. } => "session_end",
+        Call::SessionClaim => "session_claim",
+        Call::SessionTouch { .. } => "session_touch",
+        Call::Renew { .. } => "renew",
+    }
+}
+
+/// The reply Redis gives `call` of client `c` in state `s`.
+fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
+    let mut data = s.redis.clone();
+    let now = s.now;
+    let some = |e: u8| (e > 0).then_some(e);
+    Some(match call {
+        Call::Acquire {
+            answer_by, epoch, ..
+        } => {
+            data.acquire(now, cfg.acquire_args(c, answer_by, epoch))
+                .reply
+        }
+        Call::Release { token, epoch } => data.release(now, c, token, some(epoch)).reply,
+        Call::Extend { token, .. } => data.extend(now, c, token, cfg.ttl, 0).reply,
+        Call::Renew { token, epoch, .. } => data.renew(now, c, token, cfg.ttl, epoch).reply,
+        _ => return None,
+    })
+}
+
+/// The Redis side of a path (as `Path::into_vec` gives it: each state
+/// with the action taken from it).
+pub fn trace(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for (s, action) in path {
+        let Some(action) = action else { continue };
+        let client = |c: Id| &s.clients[usize::from(c)];
+        let call = match *action {
+            Action::Acquire(c)
+            | Action::Release(c)
+            | Action::Extend(c)
+            | Action::Dequeue(c)
+            | Action::SessionEnd(c)
+            | Action::SessionClaim(c)
+            | Action::ResumeRenew(c) => client(c).call.map(|call| (c, call)),
+            Action::SessionTouch(c) | Action::Renew(c) => client(c).beat.map(|call| (c, call)),
+            Action::Orphan(i) => s.orphans.get(i).copied(),
+            Action::Refresh(r) => {
+                let waiters: Vec<Id> = (0..s.clients.len() as Id)
+                    .filter(|&c| {
+                        client(c).replica == r && matches!(client(c).phase, Phase::Waiting { .. })
+                    })
+                    .collect();
+                let lost = s.redis.clone().refresh(s.now, &waiters, cfg.queue_ttl).0;
+                steps.push(Step::Refresh {
+                    replica: r,
+                    waiters,
+                    lost,
+                });
+                None
+            }
+            Action::Reap => {
+                steps.push(Step::Reap);
+                None
+            }
+            Action::Tick => {
+                steps.push(Step::Tick);
+                None
+            }
+            Action::Failover => {
+                steps.push(Step::Failover);
+                None
+            }
+            Action::RestartEmpty => {
+                steps.push(Step::RestartEmpty);
+                None
+            }
+            _ => None,
+        };
+        if let Some((c, call)) = call {
+            let reply = reply(cfg, s, c, call);
+            steps.push(Step::Function {
+                function: function(&call),
+                client: c,
+                call: Some(call),
+                reply,
+            });
+        }
+    }
+    steps
+}
+
+/// A path of `cfg` chosen at random (a small LCG from `seed`, so a path
+/// is named by its seed), up to `steps` steps or a state without
+/// successors.
+pub fn random_walk(cfg: &Config, seed: u64, steps: usize) -> Vec<(State, Option<Action>)> {
+    use stateright::Model;
+    let mut rng = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut state = cfg.init_states().remove(0);
+    let mut path = Vec::new();
+    for _ in 0..steps {
+        let mut next = cfg.next_steps(&state);
+        if next.is_empty() {
+            break;
+        }
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let (action, after) = next.swap_remove((rng >> 33) as usize % next.len());
+        path.push((state, Some(action)));
+        state = after;
+    }
+    path.push((state, None));
+    path
+}
+
+/// The path the checker finds for property `name` of `cfg` (a
+/// counterexample of an `always`, an example of a `sometimes`).
+pub fn discovery(cfg: &Config, name: &'static str) -> Option<Vec<(State, Option<Action>)>> {
+    use stateright::{Checker, Model};
+    let checker = cfg.clone().checker().spawn_bfs().join();
+    checker.discovery(name).map(|path| path.into_vec())
+}

@@ -1,0 +1,344 @@
+//! The model checked in CI: each test is one configuration (2 clients on 2
+//! replicas unless it says otherwise, one lock), explored breadth-first
+//! completely within the clock's bound (`max_time` ticks) and `DEPTH`
+//! steps; it names the properties that must hold and those for which the
+//! checker must find a counterexample (a fault the protocol does not
+//! promise to survive) or an example (the state is reachable, so no check
+//! passes vacuously). SAFETY.md has the figures of longer runs.
+
+use stateright::{Checker, Model};
+use std::time::Instant;
+use tumbler_model::properties::*;
+use tumbler_model::redis::Reply;
+use tumbler_model::trace::Step;
+use tumbler_model::{Config, Faults};
+
+/// Steps from the initial state. Every run below ends well within it (the
+/// clock's bound ends every path first: the deepest path any of them has
+/// is under 60 steps), so each explores its whole bounded state space.
+const DEPTH: usize = 80;
+
+/// The safety properties every fault-free configuration keeps.
+const SAFETY: [&str; 8] = [
+    MUTUAL_EXCLUSION,
+    TOKENS_RISE,
+    FENCED_RESOURCE,
+    FIFO,
+    NO_GRANT_AFTER_NO,
+    NO_RENEWAL_AFTER_END,
+    NO_DUPLICATE_GRANT,
+    NO_EMPTY_LOCK,
+];
+
+fn check(name: &str, cfg: Config) -> impl Checker<Config> {
+    let start = Instant::now();
+    let checker = cfg.checker().target_max_depth(DEPTH).spawn_bfs().join();
+    eprintln!(
+        "{name}: {} states, {} unique, max depth {}, {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        start.elapsed()
+    );
+    assert!(
+        checker.max_depth() < DEPTH,
+        "{name}: the depth bound cut paths short"
+    );
+    checker
+}
+
+fn holds(checker: &impl Checker<Config>, names: &[&'static str]) {
+    for name in names {
+        checker.assert_no_discovery(name);
+    }
+}
+
+fn found(checker: &impl Checker<Config>, names: &[&'static str]) {
+    for name in names {
+        checker.assert_any_discovery(name);
+    }
+}
+
+/// Mutex, two requests per client, extends and the reaper, no faults.
+fn mutex() -> Config {
+    Config {
+        rounds: 2,
+        max_time: 6,
+        extend: true,
+        reap: true,
+        ..Config::small(1)
+    }
+}
+
+#[test]
+fn a_mutex_without_faults_keeps_every_invariant() {
+    let checker = check("mutex", mutex());
+    holds(&checker, &SAFETY);
+    found(&checker, &[HELD, QUEUED, WAITER_GRANTED, WRITTEN, FULL]);
+}
+
+#[test]
+fn a_semaphore_of_two_keeps_every_invariant() {
+    let cfg = Config {
+        clients: 3,
+        max_time: 5,
+        ..Config::small(2)
+    };
+    let checker = check("semaphore", cfg);
+    holds(&checker, &SAFETY);
+    found(&checker, &[FULL, QUEUED, WAITER_GRANTED]);
+}
+
+#[test]
+fn priorities_keep_fifo_within_a_priority() {
+    let cfg = Config {
+        rounds: 2,
+        priorities: vec![0, 1],
+        ..Config::small(1)
+    };
+    let checker = check("priorities", cfg);
+    holds(&checker, &SAFETY);
+    found(&checker, &[QUEUED, WAITER_GRANTED]);
+}
+
+#[test]
+fn a_replica_crash_and_lost_or_duplicated_wakeups_keep_every_invariant() {
+    let faults = Faults {
+        crash: 1,
+        lose_wake: 1,
+        duplicate_wake: 1,
+        ..Faults::default()
+    };
+    let checker = check(
+        "crash and wake-ups",
+        Config {
+            faults,
+            reap: true,
+            rounds: 2,
+            max_time: 6,
+            ..Config::small(1)
+        },
+    );
+    holds(&checker, &SAFETY);
+    found(&checker, &[DEAD_WAITER, WAKE_LOST, WAITER_GRANTED]);
+}
+
+#[test]
+fn a_pause_past_the_lease_breaks_exclusion_but_the_fence_holds() {
+    let mut cfg = Config {
+        rounds: 2,
+        max_time: 6,
+        ..Config::small(1)
+    };
+    cfg.faults.pause = 1;
+    let checker = check("pause", cfg);
+    // The Jepsen case: a client checks its lease, pauses past it, and acts
+    // while the next holder acts.
+    found(&checker, &[MUTUAL_EXCLUSION, REFUSED]);
+    holds(
+        &checker,
+        &[TOKENS_RISE, FENCED_RESOURCE, FIFO, NO_GRANT_AFTER_NO],
+    );
+}
+
+#[test]
+fn a_failover_without_wait_breaks_exclusion_but_tokens_still_rise() {
+    let mut cfg = Config {
+        max_time: 6,
+        ..Config::small(1)
+    };
+    cfg.faults.failover = 1;
+    let checker = check("failover", cfg);
+    found(&checker, &[MUTUAL_EXCLUSION, TOKEN_AFTER_LOSS, REFUSED]);
+    holds(&checker, &[TOKENS_RISE, FENCED_RESOURCE, NO_GRANT_AFTER_NO]);
+}
+
+#[test]
+fn a_restart_without_persistence_breaks_exclusion_but_tokens_still_rise() {
+    let mut cfg = Config {
+        max_time: 6,
+        ..Config::small(1)
+    };
+    cfg.faults.restart_empty = 1;
+    let checker = check("restart empty", cfg);
+    found(&checker, &[MUTUAL_EXCLUSION, TOKEN_AFTER_LOSS, REFUSED]);
+    holds(&checker, &[TOKENS_RISE, FENCED_RESOURCE, NO_GRANT_AFTER_NO]);
+}
+
+#[test]
+fn tokens_repeat_only_when_the_clock_stands_still_across_a_failover() {
+    // What `next_token` assumes: the Redis clock moves on (by at least a
+    // millisecond) between the last write the replica got and the first
+    // grant after the failover. Without that, a token is handed out twice.
+    let mut cfg = Config::small(1);
+    cfg.faults.failover = 1;
+    cfg.faults.failover_same_tick = true;
+    let checker = check("failover within a tick", cfg);
+    found(&checker, &[TOKENS_RISE, FENCED_RESOURCE]);
+}
+
+/// A session client (0) and a plain one (1).
+fn sessions(crash: u8, end_awaits_renewals: bool) -> Config {
+    let mut cfg = Config {
+        sessions: vec![true, false],
+        end_awaits_renewals,
+        ..Config::small(1)
+    };
+    cfg.faults.crash = crash;
+    cfg
+}
+
+/// Every safety property but the one about renewals after the end.
+const SAFETY_BUT_RENEWAL: [&str; 7] = [
+    MUTUAL_EXCLUSION,
+    TOKENS_RISE,
+    FENCED_RESOURCE,
+    FIFO,
+    NO_GRANT_AFTER_NO,
+    NO_DUPLICATE_GRANT,
+    NO_EMPTY_LOCK,
+];
+
+#[test]
+fn a_renewal_in_flight_can_land_after_its_session_ended() {
+    // A finding (SAFETY.md, invariant 10): the engine stops renewing a
+    // session's grants when the session ends but does not wait for the
+    // renewal already sent; Redis may run it after session_end. The
+    // release that follows the end removes the grant (if the replica
+    // lives to send it; otherwise the grant lives one TTL past the end).
+    let checker = check("sessions", sessions(0, false));
+    found(
+        &checker,
+        &[NO_RENEWAL_AFTER_END, SESSION_ENDED, WRITTEN, WAITER_GRANTED],
+    );
+    holds(&checker, &SAFETY_BUT_RENEWAL);
+}
+
+#[test]
+fn an_end_that_awaits_the_renewal_in_flight_is_never_followed_by_one() {
+    // The fix the model proposes, checked with a replica crash too.
+    let checker = check("sessions, end after renewals", sessions(0, true));
+    holds(&checker, &SAFETY);
+    found(&checker, &[SESSION_ENDED]);
+    let checker = check("sessions, end after renewals, a crash", sessions(1, true));
+    holds(&checker, &SAFETY);
+    found(&checker, &[RESUMED, SESSION_ENDED]);
+}
+
+#[test]
+fn a_resumed_session_keeps_its_grant_and_its_token() {
+    let checker = check("sessions and a crash", sessions(1, false));
+    holds(&checker, &SAFETY_BUT_RENEWAL);
+    found(&checker, &[RESUMED, SESSION_ENDED, NO_RENEWAL_AFTER_END]);
+}
+
+/// Waits longer than the run (no timeouts), two requests per client, a
+/// lost wake-up; the liveness bound `within` checked.
+fn liveness(within: u8) -> Config {
+    let mut cfg = Config {
+        wait: 20,
+        max_time: 8,
+        rounds: 2,
+        served_within: within,
+        ..Config::small(1)
+    };
+    cfg.faults.lose_wake = 1;
+    cfg
+}
+
+#[test]
+fn a_waiter_that_keeps_refreshing_is_served_within_a_lease_and_a_tick() {
+    // With a lease of 2 ticks: the holder ahead releases or its lease
+    // passes (2), and a lost wake-up is made good by the next refresh (1).
+    let checker = check("liveness", liveness(3));
+    holds(&checker, &[SERVED_IN_TIME, MUTUAL_EXCLUSION, FIFO]);
+    found(&checker, &[WAITER_GRANTED, WAKE_LOST]);
+    // The bound is tight: one tick less and the checker finds a waiter
+    // still waiting (so the property is not vacuous).
+    let checker = check("liveness, a tick less", liveness(2));
+    found(&checker, &[SERVED_IN_TIME]);
+}
+
+#[test]
+fn a_counterexample_reads_as_the_redis_calls_it_makes() {
+    // The input of the replay against real functions (SAFETY.md, "Next"):
+    // the pause counterexample is an acquire granted, a second one
+    // queued, the lease passing, the waiter granted with a higher token.
+    let mut cfg = Config::small(1);
+    cfg.faults.pause = 1;
+    let checker = cfg.clone().checker().spawn_bfs().join();
+    let path = checker.assert_any_discovery(MUTUAL_EXCLUSION).into_vec();
+    let steps = tumbler_model::trace::trace(&cfg, &path);
+    let tokens: Vec<u32> = (steps.iter())
+        .filter_map(|step| match step {
+            Step::Function {
+                reply: Some(Reply::Acquired { token, .. }),
+                ..
+            } => Some(*token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tokens.len(), 2, "{steps:#?}");
+    assert!(tokens[0] < tokens[1]);
+    assert!(steps.iter().any(|s| matches!(
+        s,
+        Step::Function {
+            reply: Some(Reply::Queued { .. }),
+            ..
+        }
+    )));
+    assert!(steps.contains(&Step::Tick));
+}
+
+#[test]
+fn a_late_dequeue_of_an_earlier_request_takes_the_holders_new_place() {
+    // A finding (SAFETY.md, finding 6): the queue is keyed by holder, so a
+    // dequeue sent when the holder's earlier request timed out, still in
+    // flight (its replica crashed), removes the place the holder's next
+    // request kept; a later arrival is granted first. Only FIFO suffers.
+    let mut cfg = Config {
+        rounds: 2,
+        wait: 1,
+        ttl: 3,
+        max_time: 4,
+        ..Config::small(1)
+    };
+    cfg.faults.crash = 1;
+    let checker = check("late dequeue", cfg);
+    found(&checker, &[FIFO]);
+    holds(
+        &checker,
+        &[
+            MUTUAL_EXCLUSION,
+            TOKENS_RISE,
+            FENCED_RESOURCE,
+            NO_GRANT_AFTER_NO,
+            NO_EMPTY_LOCK,
+        ],
+    );
+}
+
+#[test]
+fn a_client_that_gives_up_on_a_release_and_asks_again_can_lose_the_grant_it_is_told_it_holds() {
+    // Finding 5 (SAFETY.md): the release's answer is lost with its
+    // replica; a client that goes on and acquires again under the same
+    // holder id is answered HELD, then the late release removes that grant
+    // and another client is granted. The fence still holds. Clients that
+    // retry the release until they get an answer (the default here, and
+    // the Rust client's) keep mutual exclusion.
+    let no_retry = |retry_release| {
+        let mut cfg = Config {
+            rounds: 2,
+            max_time: 3,
+            retry_release,
+            ..Config::small(1)
+        };
+        cfg.faults.crash = 1;
+        cfg
+    };
+    let checker = check("a release given up", no_retry(false));
+    found(&checker, &[MUTUAL_EXCLUSION]);
+    holds(&checker, &[TOKENS_RISE, FENCED_RESOURCE, NO_GRANT_AFTER_NO]);
+    let checker = check("a release retried", no_retry(true));
+    holds(&checker, &SAFETY);
+}
