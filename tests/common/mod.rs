@@ -594,3 +594,27 @@ pub async fn list_pages(
         }
     }
 }
+
+/// Redis' calls per command (`INFO commandstats`) since it started or
+/// since the last `CONFIG RESETSTAT`.
+pub async fn command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> std::collections::HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}

@@ -339,6 +339,24 @@ async fn churn_of_ten_thousand_locks_leaves_nothing_behind() {
         "left behind: {:?}",
         &left[..left.len().min(10)]
     );
+    // Invariant 8: every walk above (reap, the reaper, list, clear) found
+    // keys with SCAN; no command of this run was KEYS.
+    let page = client
+        .list(proto::ListRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(page.locks.is_empty(), "{page:?}");
+    client
+        .clear(proto::ClearRequest {
+            namespace: "default".into(),
+        })
+        .await
+        .unwrap();
+    let calls = command_calls(&mut conn).await;
+    assert!(calls.get("scan").is_some_and(|&n| n > 0), "{calls:?}");
+    assert!(calls.get("fcall").is_some_and(|&n| n > 10_000), "{calls:?}");
+    assert_eq!(calls.get("keys"), None, "KEYS was sent: {calls:?}");
 }
 
 #[tokio::test]

@@ -118,28 +118,7 @@ fn ev(event: &str, name: &str, holder: &str) -> (String, String, String) {
     (event.into(), name.into(), holder.into())
 }
 
-/// Redis' calls per command since the last CONFIG RESETSTAT.
-pub(super) async fn command_calls(
-    conn: &mut redis::aio::MultiplexedConnection,
-) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
+pub(super) use common::command_calls;
 
 #[tokio::test]
 async fn events_are_kept_only_for_namespaces_with_a_changelog() {

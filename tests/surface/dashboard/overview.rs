@@ -10,19 +10,9 @@ async fn command_calls(
     conn: &mut redis::aio::MultiplexedConnection,
     commands: &[&str],
 ) -> Vec<u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    commands
-        .iter()
-        .map(|command| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-                .and_then(|rest| rest.split(',').next())
-                .map_or(0, |calls| calls.parse().unwrap())
-        })
+    let calls = common::command_calls(conn).await;
+    (commands.iter())
+        .map(|command| calls.get(*command).copied().unwrap_or(0))
         .collect()
 }
 
