@@ -380,10 +380,21 @@ async fn exit_holding_throughout(
             if let Some(status) = hold.try_wait().unwrap() {
                 return status.code().expect("hold exited");
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let status = hold.try_wait().unwrap();
-            assert!(status.is_some(), "{name} was free while the command ran");
-            return status.unwrap().code().expect("hold exited");
+            // hold releases, then exits: it has a second for that (the
+            // commands run for seconds, so a lock freed while one still
+            // runs is caught all the same).
+            let freed = Instant::now();
+            let status = loop {
+                if let Some(status) = hold.try_wait().unwrap() {
+                    break status;
+                }
+                assert!(
+                    freed.elapsed() < Duration::from_secs(1),
+                    "{name} was free while the command ran"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            return status.code().expect("hold exited");
         }
         assert_eq!(seen, std::slice::from_ref(expected), "{name} changed hands");
         assert!(Instant::now() < deadline, "hold did not exit");
