@@ -276,9 +276,11 @@ async fn no_grant_lands_after_its_caller_was_told_no() {
         !stalled.load(Ordering::SeqCst),
         "answered while Redis still slept"
     );
-    while !stalled.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::wait::wait_until_async("Redis woke up", Duration::from_secs(30), || {
+        let stalled = stalled.clone();
+        async move { stalled.load(Ordering::SeqCst) }
+    })
+    .await;
     // Redis ran every queued call by now; none of them granted.
     tokio::time::sleep(Duration::from_millis(300)).await;
     for i in 0..10 {

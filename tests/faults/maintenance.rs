@@ -117,20 +117,25 @@ async fn list_can_show_only_the_queues() {
             })
             .await
     });
-    let queues = loop {
-        let (queues, _) = list_all(
-            &mut client,
-            proto::ListRequest {
-                only_waiting: true,
-                ..Default::default()
-            },
-        )
-        .await;
-        if !queues.is_empty() {
-            break queues;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let queues = wait_for(
+        "a lock with waiters listed",
+        Duration::from_secs(10),
+        || {
+            let mut client = client.clone();
+            async move {
+                let (queues, _) = list_all(
+                    &mut client,
+                    proto::ListRequest {
+                        only_waiting: true,
+                        ..Default::default()
+                    },
+                )
+                .await;
+                (!queues.is_empty()).then_some(queues)
+            }
+        },
+    )
+    .await;
     assert_eq!(queues.len(), 1);
     assert_eq!(queues[0].name, "busy");
     assert_eq!(queues[0].waiters, 1);

@@ -9,6 +9,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::wait::wait_until_async;
 use common::*;
 use proto::{AcquireStatus, ExtendStatus, NotAcquiredReason, ReleaseStatus};
 use redis::AsyncCommands;
@@ -646,16 +647,18 @@ async fn a_semaphore_hands_over_at_a_later_expiry_after_its_earliest_holder_rele
             })
             .await
     });
-    while client
-        .inspect(inspect("stale"))
-        .await
-        .unwrap()
-        .into_inner()
-        .waiters
-        != 1
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until_async(
+        "one waiter queued on stale",
+        Duration::from_secs(10),
+        || {
+            let mut client = client.clone();
+            async move {
+                let seen = client.inspect(inspect("stale")).await.unwrap();
+                seen.into_inner().waiters == 1
+            }
+        },
+    )
+    .await;
     let refused = client
         .acquire(semaphore("barger", 30_000))
         .await
@@ -963,9 +966,15 @@ async fn a_held_lock_stays_a_compact_hash_with_long_holders_and_long_queues() {
                 .await
         });
     }
-    while inspect_waiters(&mut client, "compact").await < 200 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_async(
+        "200 waiters queued on compact",
+        Duration::from_secs(30),
+        || {
+            let mut client = client.clone();
+            async move { inspect_waiters(&mut client, "compact").await >= 200 }
+        },
+    )
+    .await;
     assert_eq!(encoding(lock_key.clone()).await, "listpack");
     let fields: Vec<String> = conn.hkeys(&lock_key).await.unwrap();
     assert_eq!(fields.len(), 2, "{fields:?}");

@@ -782,7 +782,12 @@ async fn waiters_of_a_draining_replica_keep_their_place_in_line() {
     let mut granted = Vec::new();
     far.release(release("line", "first")).await.unwrap();
     let mut retries: Vec<_> = retries.into_iter().collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !retries.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "granted only {granted:?} within 30 s"
+        );
         let holder = holder_of(&mut far, "line").await;
         if let Some(grant) = holder
             && granted.last() != Some(&grant.holder)
