@@ -50,43 +50,38 @@ fn assert_client_side(package: &str) {
     );
 }
 
-#[test]
-fn the_engine_depends_on_no_proto_or_transport() {
-    let names = normal_dependencies("tumbler-engine");
-    assert!(names.iter().any(|n| n == "tumbler-store"), "{names:?}");
-    let above: Vec<&String> = (names.iter())
-        .filter(|n| {
-            n.starts_with("tonic")
-                || n.starts_with("axum")
-                || n.starts_with("tumbler-proto")
-                || *n == "tumbler"
-                || *n == "hyper"
-                || *n == "prost"
-        })
+/// A layer's normal dependencies include `needs` and none of the crates
+/// above it: none whose name starts with one of `prefixes`, none named
+/// one of `names`.
+fn assert_below(package: &str, needs: &str, prefixes: &[&str], names: &[&str]) {
+    let found = normal_dependencies(package);
+    assert!(found.iter().any(|n| n == needs), "{found:?}");
+    let above: Vec<&String> = (found.iter())
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)) || names.contains(&n.as_str()))
         .collect();
     assert!(
         above.is_empty(),
-        "tumbler-engine pulls in what is above it: {above:?}"
+        "{package} pulls in what is above it: {above:?}"
+    );
+}
+
+#[test]
+fn the_engine_depends_on_no_proto_or_transport() {
+    assert_below(
+        "tumbler-engine",
+        "tumbler-store",
+        &["tonic", "axum", "tumbler-proto"],
+        &["tumbler", "hyper", "prost"],
     );
 }
 
 #[test]
 fn the_store_depends_on_no_engine_proto_or_transport() {
-    let names = normal_dependencies("tumbler-store");
-    assert!(names.iter().any(|n| n == "redis"), "{names:?}");
-    let above: Vec<&String> = (names.iter())
-        .filter(|n| {
-            n.starts_with("tonic")
-                || n.starts_with("axum")
-                || n.starts_with("tumbler-proto")
-                || *n == "tumbler"
-                || *n == "tumbler-engine"
-                || *n == "hyper"
-        })
-        .collect();
-    assert!(
-        above.is_empty(),
-        "tumbler-store pulls in what is above it: {above:?}"
+    assert_below(
+        "tumbler-store",
+        "redis",
+        &["tonic", "axum", "tumbler-proto"],
+        &["tumbler", "tumbler-engine", "hyper"],
     );
 }
 

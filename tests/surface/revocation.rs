@@ -74,16 +74,24 @@ async fn a_revoked_tokens_waiting_acquire_ends_unauthenticated_and_is_never_gran
     });
     until_waiting(&mut admin, "team-a", "busy", 1).await;
 
-    let without_team_a =
-        tokens_file().replace(&entry("team-a", TEAM_A, "client", r#"["team-a"]"#, ""), "");
-    replace_tokens_file(&s.path, &without_team_a);
+    replace_tokens_file(&s.path, &without_team_a());
     let (result, waited) = wait.await.unwrap();
     let status = result.expect_err("the wait ends with an error");
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     assert!(waited < Duration::from_secs(10), "ended after {waited:?}");
     assert_eq!(queue_len(&mut admin, "team-a", "busy").await, 0);
 
-    // The permit the admin frees now goes to nobody.
+    the_freed_permit_goes_to_nobody(&mut admin).await;
+}
+
+/// The tokens file without team-a's token.
+fn without_team_a() -> String {
+    tokens_file().replace(&entry("team-a", TEAM_A, "client", r#"["team-a"]"#, ""), "")
+}
+
+/// The admin releases team-a/busy; the permit it frees goes to nobody on
+/// the revoked waiter's behalf.
+async fn the_freed_permit_goes_to_nobody(admin: &mut Client) {
     admin
         .release(proto::ReleaseRequest {
             namespace: "team-a".into(),
@@ -94,7 +102,7 @@ async fn a_revoked_tokens_waiting_acquire_ends_unauthenticated_and_is_never_gran
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(holders(&mut admin, "team-a", "busy").await, 0);
+    assert_eq!(holders(admin, "team-a", "busy").await, 0);
 }
 
 /// Waits (up to 10 s) until `n` requests wait for the lock.
@@ -247,24 +255,12 @@ async fn a_revoked_tokens_waiting_connect_acquire_ends_unauthenticated() {
     };
     let revoke = async {
         until_waiting(&mut admin, "team-a", "busy", 1).await;
-        let without_team_a =
-            tokens_file().replace(&entry("team-a", TEAM_A, "client", r#"["team-a"]"#, ""), "");
-        replace_tokens_file(&s.path, &without_team_a);
+        replace_tokens_file(&s.path, &without_team_a());
     };
     let ((answer, waited), ()) = tokio::join!(wait, revoke);
     answer.error(401, "unauthenticated");
     assert!(waited < Duration::from_secs(10), "ended after {waited:?}");
     assert_eq!(queue_len(&mut admin, "team-a", "busy").await, 0);
 
-    admin
-        .release(proto::ReleaseRequest {
-            namespace: "team-a".into(),
-            name: "busy".into(),
-            holder: "admin".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(holders(&mut admin, "team-a", "busy").await, 0);
+    the_freed_permit_goes_to_nobody(&mut admin).await;
 }
