@@ -36,7 +36,7 @@ impl Renewer {
         changelog: Arc<Changelog>,
     ) -> Self {
         Renewer {
-            sessions: Sessions::default(),
+            sessions: Sessions::new(calls.store().command_timeout()),
             calls,
             counting,
             changelog,
@@ -116,8 +116,8 @@ impl Renewer {
                     }
                 }
             }
-            Ok(ops::renew::Outcome::Late) => self.renewals_failed(batch, "ran late"),
-            Err(err) => self.renewals_failed(batch, &err.to_string()),
+            Ok(ops::renew::Outcome::Late) => self.renewals_failed(batch, "ran late", true),
+            Err(err) => self.renewals_failed(batch, &err.to_string(), false),
         }
     }
 
@@ -159,11 +159,11 @@ impl Renewer {
         Ok(answer.outcome)
     }
 
-    fn renewals_failed(&self, batch: &[Renewal], why: &str) {
+    fn renewals_failed(&self, batch: &[Renewal], why: &str, answered: bool) {
         tracing::warn!(error = %why, grants = batch.len(), "renewing session grants failed");
         let now = Instant::now();
         for renewal in batch {
-            self.sessions.failed(&renewal.key, now);
+            self.sessions.failed(&renewal.key, now, answered);
         }
     }
 }

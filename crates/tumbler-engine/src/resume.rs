@@ -344,6 +344,8 @@ impl SessionKeeper {
             }
             return (grants, false);
         }
+        // A renewal sent just before the end must not land after it.
+        self.sessions().settled(session, epoch).await;
         let key = self.calls.layout().session_key(session);
         let ended = self
             .calls

@@ -56,7 +56,9 @@ struct SessionGrant {
     /// until this plus `ttl`.
     renewed_at: Instant,
     next_due: Instant,
-    in_flight: bool,
+    /// A renewal of it is on its way to Redis, which may run it until
+    /// this instant (its answer-by time, with a margin); none when `None`.
+    in_flight: Option<Instant>,
     lost: mpsc::Sender<LostGrant>,
 }
 
@@ -69,10 +71,18 @@ pub struct Renewal {
 }
 
 /// This replica's session grants.
-#[derive(Default)]
 pub struct Sessions {
     grants: Mutex<HashMap<GrantKey, SessionGrant>>,
     changed: Notify,
+    /// How long after it was taken a renewal may still run in Redis: the
+    /// command timeout, past which its answer-by time refuses it, and a
+    /// margin for the moments between taking it and sending it.
+    flight: Duration,
+    /// Grants of ended streams whose renewal was in flight at the end,
+    /// with the instant it can no longer run: the end waits for them
+    /// (`settled`), so no renewal lands after `session_end`.
+    ending: Mutex<HashMap<GrantKey, Instant>>,
+    landed: Notify,
 }
 
 fn key(session: &str, epoch: u64, lock: &LockId) -> GrantKey {
@@ -84,6 +94,17 @@ fn key(session: &str, epoch: u64, lock: &LockId) -> GrantKey {
 }
 
 impl Sessions {
+    /// No session grants yet; renewals are sent with `command_timeout`.
+    pub fn new(command_timeout: Duration) -> Self {
+        Sessions {
+            grants: Mutex::default(),
+            changed: Notify::new(),
+            flight: command_timeout + Duration::from_secs(1),
+            ending: Mutex::default(),
+            landed: Notify::new(),
+        }
+    }
+
     /// Starts renewing a grant just made for `session`.
     #[allow(clippy::too_many_arguments)]
     pub fn add(
@@ -103,7 +124,7 @@ impl Sessions {
                 ttl,
                 renewed_at: granted_at,
                 next_due: granted_at + ttl / 3,
-                in_flight: false,
+                in_flight: None,
                 lost,
             },
         );
@@ -120,7 +141,8 @@ impl Sessions {
     }
 
     /// Stops renewing every grant of a session's stream that ended;
-    /// returns them (lock, token) so they can be released.
+    /// returns them (lock, token) so they can be released. A renewal of
+    /// one still in flight is remembered until it lands: see `settled`.
     pub fn end(&self, session: &str, epoch: u64) -> Vec<(LockId, u64)> {
         let mut grants = self.grants.lock().unwrap();
         let ended: Vec<GrantKey> = grants
@@ -128,10 +150,50 @@ impl Sessions {
             .filter(|k| k.session == session && k.epoch == epoch)
             .cloned()
             .collect();
+        let mut ending = self.ending.lock().unwrap();
         ended
             .into_iter()
-            .filter_map(|k| grants.remove(&k).map(|g| (k.lock, g.token)))
+            .filter_map(|k| {
+                let grant = grants.remove(&k)?;
+                if let Some(until) = grant.in_flight {
+                    ending.insert(k.clone(), until);
+                }
+                Some((k.lock, grant.token))
+            })
             .collect()
+    }
+
+    /// Resolves when no renewal of an ended stream's grants can still run
+    /// in Redis: each has landed (answered or failed), or its answer-by
+    /// time has passed. Ending a session's record before that could let a
+    /// renewal sent just before the end extend a grant after it.
+    pub async fn settled(&self, session: &str, epoch: u64) {
+        loop {
+            let landed = self.landed.notified();
+            let until = {
+                let now = Instant::now();
+                let mut ending = self.ending.lock().unwrap();
+                ending.retain(|_, until| *until > now);
+                ending
+                    .iter()
+                    .filter(|(k, _)| k.session == session && k.epoch == epoch)
+                    .map(|(_, until)| *until)
+                    .max()
+            };
+            let Some(until) = until else { return };
+            tokio::select! {
+                () = landed => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// A renewal of `key` came back (whatever its answer): an end waiting
+    /// for it may go on.
+    fn land(&self, key: &GrantKey) {
+        if self.ending.lock().unwrap().remove(key).is_some() {
+            self.landed.notify_waiters();
+        }
     }
 
     /// The grants a session's stream holds here (lock, token).
@@ -163,7 +225,7 @@ impl Sessions {
         let mut grants = self.grants.lock().unwrap();
         let earliest = grants
             .values()
-            .filter(|g| !g.in_flight)
+            .filter(|g| g.in_flight.is_none())
             .map(|g| g.next_due)
             .min();
         if earliest.is_none_or(|due| due > now) {
@@ -172,11 +234,11 @@ impl Sessions {
         let mut due = Vec::new();
         let mut next = None::<Instant>;
         for (key, grant) in grants.iter_mut() {
-            if grant.in_flight {
+            if grant.in_flight.is_some() {
                 continue;
             }
             if grant.next_due <= now + grant.ttl / 6 {
-                grant.in_flight = true;
+                grant.in_flight = Some(now + self.flight);
                 due.push(Renewal {
                     key: key.clone(),
                     token: grant.token,
@@ -194,30 +256,35 @@ impl Sessions {
         if let Some(grant) = self.grants.lock().unwrap().get_mut(key) {
             grant.renewed_at = sent_at;
             grant.next_due = sent_at + grant.ttl / 3;
-            grant.in_flight = false;
+            grant.in_flight = None;
         }
+        self.land(key);
     }
 
     /// The grant is gone in Redis: stop renewing, tell its session.
     pub fn lost(&self, key: &GrantKey) {
         self.drop_lost(key, LOST_NOT_HELD);
+        self.land(key);
     }
 
     /// A newer stream of the session holds the grant: stop renewing it
     /// here, tell this stream (which then ends).
     pub fn moved(&self, key: &GrantKey) {
         self.drop_lost(key, LOST_MOVED);
+        self.land(key);
     }
 
-    /// A renewal could not reach Redis. Retry soon, unless the lease has
-    /// run out meanwhile: then the grant is lost.
-    pub fn failed(&self, key: &GrantKey, now: Instant) {
+    /// A renewal could not reach Redis, or Redis refused it as late. Retry
+    /// soon, unless the lease has run out meanwhile: then the grant is
+    /// lost. Only a refusal (`answered`) says it cannot run any more; a
+    /// call that failed on the way may still run until its answer-by time.
+    pub fn failed(&self, key: &GrantKey, now: Instant, answered: bool) {
         let expired = {
             let mut grants = self.grants.lock().unwrap();
             match grants.get_mut(key) {
                 Some(grant) if now >= grant.renewed_at + grant.ttl => true,
                 Some(grant) => {
-                    grant.in_flight = false;
+                    grant.in_flight = None;
                     grant.next_due = now + (grant.ttl / 10).min(Duration::from_secs(1));
                     false
                 }
@@ -226,6 +293,9 @@ impl Sessions {
         };
         if expired {
             self.drop_lost(key, LOST_UNAVAILABLE);
+        }
+        if answered {
+            self.land(key);
         }
     }
 
@@ -261,5 +331,78 @@ impl Sessions {
     /// sooner).
     pub async fn changed(&self) {
         self.changed.notified().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    /// A session's grant whose renewal is in flight, and its stream ended.
+    fn ended_in_flight(sessions: &Sessions) -> (GrantKey, mpsc::Receiver<LostGrant>) {
+        let lock = LockId::parse("", "l").unwrap();
+        let (lost, lost_rx) = mpsc::channel(1);
+        let start = Instant::now();
+        sessions.add("s", 1, &lock, 7, TTL, start, lost);
+        let (due, _) = sessions.take_due(start + TTL / 3);
+        assert_eq!(due.len(), 1, "the grant is due a third of its TTL on");
+        assert_eq!(sessions.end("s", 1), vec![(lock, 7)]);
+        (due[0].key.clone(), lost_rx)
+    }
+
+    /// Whether `settled` resolves within a moment of (paused) time.
+    async fn settles_now(sessions: &Sessions) -> bool {
+        tokio::time::timeout(Duration::from_millis(1), sessions.settled("s", 1))
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_end_waits_for_the_renewal_in_flight_to_come_back() {
+        let sessions = Sessions::new(Duration::from_secs(5));
+        let (key, _lost) = ended_in_flight(&sessions);
+        assert!(
+            !settles_now(&sessions).await,
+            "the renewal is still on its way"
+        );
+        sessions.renewed(&key, Instant::now());
+        assert!(settles_now(&sessions).await);
+        assert!(
+            sessions.is_empty(),
+            "a renewal after the end renews nothing here"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_end_waits_for_a_failed_renewal_until_it_cannot_run_any_more() {
+        let sessions = Sessions::new(Duration::from_secs(5));
+        let (key, _lost) = ended_in_flight(&sessions);
+        // Failed on the way: Redis may still run it until its answer-by
+        // time (the command timeout from when it was taken, and a margin).
+        sessions.failed(&key, Instant::now(), false);
+        assert!(!settles_now(&sessions).await);
+        let waited = Instant::now();
+        sessions.settled("s", 1).await;
+        assert!(
+            waited.elapsed() >= Duration::from_secs(5),
+            "{:?}",
+            waited.elapsed()
+        );
+        // Refused as late by Redis: it can never run, so no wait.
+        let (key, _lost) = ended_in_flight(&sessions);
+        sessions.failed(&key, Instant::now(), true);
+        assert!(settles_now(&sessions).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_end_with_nothing_in_flight_does_not_wait() {
+        let sessions = Sessions::new(Duration::from_secs(5));
+        let (lost, _rx) = mpsc::channel(1);
+        let lock = LockId::parse("", "l").unwrap();
+        sessions.add("s", 1, &lock, 7, TTL, Instant::now(), lost);
+        assert_eq!(sessions.end("s", 1).len(), 1);
+        assert!(settles_now(&sessions).await);
     }
 }

@@ -80,9 +80,11 @@ pub struct Config {
     /// The liveness bound checked (`properties::SERVED_IN_TIME`), ticks
     /// from a request to its grant; 0: not checked.
     pub served_within: u8,
-    /// A change the model proposes, not the engine's behaviour today: a
-    /// session's end (session_end, then the releases) waits until the
-    /// session's renewal in flight has run.
+    /// A session's end (session_end, then the releases) waits until the
+    /// session's renewal in flight has run: the engine's behaviour
+    /// (`Sessions::settled`). Off, the model is the engine before it,
+    /// which the checker shows renewing a grant after its session ended
+    /// (SAFETY.md, finding 1).
     pub end_awaits_renewals: bool,
     /// A client whose release was answered UNAVAILABLE (its replica
     /// crashed) sends it again before anything else, as the Rust client
@@ -112,7 +114,7 @@ impl Config {
             extend: false,
             reap: false,
             served_within: 0,
-            end_awaits_renewals: false,
+            end_awaits_renewals: true,
             retry_release: true,
             faults: Faults::default(),
         }

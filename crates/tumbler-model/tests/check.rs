@@ -200,12 +200,13 @@ const SAFETY_BUT_RENEWAL: [&str; 7] = [
 ];
 
 #[test]
-fn a_renewal_in_flight_can_land_after_its_session_ended() {
-    // A finding (SAFETY.md, invariant 10): the engine stops renewing a
-    // session's grants when the session ends but does not wait for the
-    // renewal already sent; Redis may run it after session_end. The
-    // release that follows the end removes the grant (if the replica
-    // lives to send it; otherwise the grant lives one TTL past the end).
+fn without_the_wait_a_renewal_in_flight_can_land_after_its_session_ended() {
+    // Finding 1 (SAFETY.md, invariant 10), the engine before the fix: it
+    // stopped renewing a session's grants when the session ended but did
+    // not wait for the renewal already sent; Redis could run it after
+    // session_end. The release that follows the end removes the grant (if
+    // the replica lives to send it; otherwise the grant lives one TTL past
+    // the end).
     let checker = check("sessions", sessions(0, false));
     found(
         &checker,
@@ -216,20 +217,15 @@ fn a_renewal_in_flight_can_land_after_its_session_ended() {
 
 #[test]
 fn an_end_that_awaits_the_renewal_in_flight_is_never_followed_by_one() {
-    // The fix the model proposes, checked with a replica crash too.
+    // The fix (the engine's `Sessions::settled`), checked with a replica
+    // crash too.
     let checker = check("sessions, end after renewals", sessions(0, true));
     holds(&checker, &SAFETY);
     found(&checker, &[SESSION_ENDED]);
+    // A resumed session keeps its grant and its token.
     let checker = check("sessions, end after renewals, a crash", sessions(1, true));
     holds(&checker, &SAFETY);
     found(&checker, &[RESUMED, SESSION_ENDED]);
-}
-
-#[test]
-fn a_resumed_session_keeps_its_grant_and_its_token() {
-    let checker = check("sessions and a crash", sessions(1, false));
-    holds(&checker, &SAFETY_BUT_RENEWAL);
-    found(&checker, &[RESUMED, SESSION_ENDED, NO_RENEWAL_AFTER_END]);
 }
 
 /// Waits longer than the run (no timeouts), two requests per client, a
