@@ -168,6 +168,7 @@ pub async fn serve_on(
             changelog: config.changelog.clone(),
             reap_interval: config.reap_interval,
             replica,
+            library_grace: config.library_grace,
         },
     );
     let engine = running.engine().clone();

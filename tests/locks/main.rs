@@ -11,6 +11,7 @@ mod changelog_flood;
 mod changelog_reads;
 mod events;
 mod key_isolation;
+mod libraries;
 mod limits;
 mod metrics;
 mod model_replay;

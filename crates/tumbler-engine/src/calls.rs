@@ -60,6 +60,11 @@ impl Calls {
         &self.layout
     }
 
+    /// The name of this build's function library in Redis.
+    pub(super) fn library_name(&self) -> &str {
+        &self.scripts.library_name
+    }
+
     /// True when the shards count their live locks (see the field).
     pub(super) fn counts_live(&self) -> bool {
         self.counts_live

@@ -192,6 +192,14 @@ impl Layout {
         format!("{}:s:{{{session}}}", self.prefix)
     }
 
+    /// HASH: tumbler function library → when (Redis ms) a replica last
+    /// named it as its own (`libraries.rs`: a library nobody named for the
+    /// grace period is deleted). Expires three grace periods after the
+    /// last heartbeat.
+    pub fn libraries_key(&self) -> String {
+        format!("{}:libraries", self.prefix)
+    }
+
     /// The deployment's own record (layout version and shard count).
     pub fn meta_key(&self) -> String {
         format!("{}:meta", self.prefix)

@@ -65,6 +65,7 @@ pub mod changelog;
 pub mod clock;
 mod counting;
 pub mod keys;
+mod libraries;
 mod lifecycle;
 mod locks;
 pub mod names;
@@ -95,6 +96,7 @@ use calls::Calls;
 use changelog::{Changelog, ChangelogPage, ChangelogQuery, ChangelogSettings};
 use counting::Counting;
 use keys::Layout;
+use libraries::Libraries;
 use locks::{GrantRef, Locks};
 use ops::session_record::Touch;
 use reaper::Reaper;
@@ -198,9 +200,20 @@ impl LockEngine {
             changelog,
             reap_interval,
             replica,
+            library_grace,
         } = settings;
-        let engine = Self::with_settings(store.clone(), layout, wait_limits, changelog);
-        Running::start(Arc::new(engine), store, reap_interval, replica)
+        let engine = Arc::new(Self::with_settings(
+            store.clone(),
+            layout,
+            wait_limits,
+            changelog,
+        ));
+        let libraries = library_grace.map(|grace| {
+            let calls = engine.calls.clone();
+            let own = calls.library_name().to_owned();
+            Libraries::new(calls, own, grace)
+        });
+        Running::start(engine, store, reap_interval, replica, libraries)
     }
 
     // The state the server reads (gauges, shutdown signal, layout).

@@ -8,7 +8,8 @@
 //! the replica's one pub/sub subscriber (wake-ups, and lock events while
 //! someone here watches), the waiter refresher, the session renewer, the
 //! watch registry, the expiry timers of watched leases, the per-minute
-//! counter flusher and, when the replica reaps, the reaper.
+//! counter flusher, the keeper of the function libraries (`libraries.rs`)
+//! and, when the replica reaps, the reaper.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::changelog::ChangelogSettings;
 use super::keys::Layout;
+use super::libraries::Libraries;
 use super::waiters::run_subscriber;
 use super::{LockEngine, WaitLimits};
 use crate::store::Store;
@@ -34,6 +36,9 @@ pub struct EngineSettings {
     pub reap_interval: Option<Duration>,
     /// This replica's name (the reaper's lock holder).
     pub replica: String,
+    /// Delete tumbler function libraries no replica has named for this
+    /// long (`libraries.rs`), or never.
+    pub library_grace: Option<Duration>,
 }
 
 /// An engine with its loops running. Dropped without `shutdown`, it stops
@@ -52,9 +57,10 @@ impl Running {
         store: Store,
         reap_interval: Option<Duration>,
         replica: String,
+        libraries: Option<Libraries>,
     ) -> Running {
         let layout = engine.layout();
-        let loops = vec![
+        let mut loops = vec![
             tokio::spawn(run_subscriber(
                 engine.waiters().clone(),
                 engine.watchers().clone(),
@@ -68,6 +74,7 @@ impl Running {
             tokio::spawn(engine.clone().run_watch_registry()),
             tokio::spawn(engine.clone().run_expiry_timers()),
         ];
+        loops.extend(libraries.map(|libraries| tokio::spawn(libraries.run())));
         let reaper =
             reap_interval.map(|every| tokio::spawn(engine.clone().run_reaper(every, replica)));
         Running {

@@ -1,6 +1,7 @@
 //! What the store asks of the deployment as a whole rather than of one
 //! key: the pub/sub subscription (on its own connection), a `SCAN` walk
-//! over every primary, and the health check that every primary answers.
+//! over every primary, a command sent to each primary, and the health
+//! check that every primary answers.
 
 use std::sync::atomic::Ordering;
 
@@ -106,6 +107,40 @@ impl Store {
             }
         }
         Ok(primaries.into_iter().collect())
+    }
+
+    /// Sends `cmd` (a command about no key, such as `FUNCTION LIST`) to
+    /// every primary: the one server, or each cluster primary that owns
+    /// slots, by address, in a stable order. Each primary's answer, an
+    /// error reply included (one primary's refusal is its own); reaching
+    /// the primaries at all is the outer result.
+    pub async fn on_every_primary(
+        &self,
+        cmd: redis::Cmd,
+    ) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
+        let replies: Vec<Result<Value, RedisError>> = self
+            .with_connection(|conn| async move {
+                match conn {
+                    Conn::Single(mut conn) => Ok(vec![cmd.query_async(&mut conn).await]),
+                    Conn::Cluster(mut conn) => {
+                        let mut replies = Vec::new();
+                        for (host, port) in Self::primaries(&mut conn).await? {
+                            let routing =
+                                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                    host,
+                                    port,
+                                });
+                            replies.push(conn.route_command(cmd.clone(), routing).await);
+                        }
+                        Ok(replies)
+                    }
+                }
+            })
+            .await?;
+        Ok(replies
+            .into_iter()
+            .map(|reply| reply.map_err(|err| self.fail(err)))
+            .collect())
     }
 
     /// Every primary that owns slots answers PING, asked by address (the
