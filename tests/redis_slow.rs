@@ -69,9 +69,23 @@ fn stall(redis_url: &str, slowdown: Slowdown, seconds: u64) -> Arc<AtomicBool> {
         flag.store(true, Ordering::SeqCst);
     });
     ready_rx.recv().unwrap();
-    // Let the stall begin before anything else is sent.
-    std::thread::sleep(Duration::from_millis(200));
+    // The pause is in force once it was answered; the sleep only once Redis
+    // stops answering others.
+    if let Slowdown::DebugSleep = slowdown {
+        common::wait::wait_until("Redis stalls", Duration::from_secs(5), || {
+            !answers_within(&client, Duration::from_millis(50))
+        });
+    }
     over
+}
+
+/// Whether Redis answers a PING on a new connection within `within`.
+fn answers_within(client: &redis::Client, within: Duration) -> bool {
+    let Ok(mut conn) = client.get_connection_with_timeout(within) else {
+        return false;
+    };
+    conn.set_read_timeout(Some(within)).is_ok()
+        && redis::cmd("PING").query::<String>(&mut conn).is_ok()
 }
 
 /// The replica's own count of waiting requests.

@@ -80,14 +80,25 @@ async fn the_documented_acl_user_runs_every_lock_operation() {
 
     // Watch first, so the acquire below is an event it sees.
     let mut watch = Command::new(TUMBLER)
-        .args(["watch", "acl-lock", "--addr", addr, "--output", "json"])
+        .args([
+            "watch",
+            "acl-lock",
+            "--initial-state",
+            "--addr",
+            addr,
+            "--output",
+            "json",
+        ])
         .env_remove("TUMBLER_ADDR")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut events = BufReader::new(watch.stdout.take().unwrap());
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // `synced` ends the initial state: the watcher is registered by then.
+    let mut synced = String::new();
+    events.read_line(&mut synced).unwrap();
+    assert!(synced.contains("synced"), "watch began with {synced:?}");
 
     let (code, out) = run(
         addr,

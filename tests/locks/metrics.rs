@@ -85,24 +85,19 @@ async fn two_replicas_counts_sum_per_kind_and_minute() {
 
     // Each replica adds its counts to Redis every second (the one asked
     // first writes its own): wait for the other replica's.
-    let mut report = a
-        .metrics(proto::MetricsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    for _ in 0..40 {
-        let acquired = |r: &proto::MetricsResponse| r.overall.as_ref().map_or(0, |o| o.acquired);
-        // Seven email grants and one report.
-        if acquired(&report) >= 8 {
-            break;
+    // Seven email grants and one report.
+    let report = common::wait::wait_for("both replicas' counts", Duration::from_secs(10), || {
+        let mut a = a.clone();
+        async move {
+            let report = a
+                .metrics(proto::MetricsRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            (report.overall.as_ref().map_or(0, |o| o.acquired) >= 8).then_some(report)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        report = a
-            .metrics(proto::MetricsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-    }
+    })
+    .await;
     let total = |kind: &str| {
         report
             .totals
@@ -206,20 +201,7 @@ async fn clear_and_reap_are_counted_per_kind() {
             })
             .await
     });
-    for _ in 0..200 {
-        let state = client
-            .inspect(proto::InspectRequest {
-                namespace: "counted".into(),
-                ..inspect("c-2")
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if state.waiters == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_waiters_in(&mut client, "counted", "c-2", 1).await;
     let cleared = client
         .clear(proto::ClearRequest {
             namespace: "counted".into(),

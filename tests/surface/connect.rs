@@ -392,10 +392,15 @@ async fn tokens_and_namespaces_apply_as_over_grpc() {
 }
 
 /// Reads Connect envelopes until the end-of-stream one.
+/// The whole envelopes at the start of `data` (a partial one at its end,
+/// still arriving, is left out).
 fn envelopes(mut data: &[u8]) -> Vec<(u8, Value)> {
     let mut out = Vec::new();
     while data.len() >= 5 {
         let len = u32::from_be_bytes(data[1..5].try_into().unwrap()) as usize;
+        if data.len() < 5 + len {
+            break;
+        }
         out.push((data[0], serde_json::from_slice(&data[5..5 + len]).unwrap()));
         data = &data[5 + len..];
     }
@@ -432,19 +437,35 @@ async fn watch_streams_lock_events_to_curl_n() {
         drop(stdin);
         child
     };
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // `synced` comes once the watcher is registered: what follows is seen.
+    use tokio::io::AsyncReadExt;
+    let mut watch = watch;
+    let mut stdout = watch.stdout.take().unwrap();
+    let mut received = Vec::new();
+    let events = |received: &[u8]| -> Vec<String> {
+        envelopes(received)
+            .into_iter()
+            .map(|(_, e)| e["event"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    while !events(&received).contains(&"synced".to_owned()) {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(3), stdout.read(&mut chunk))
+            .await
+            .expect("synced within curl's --max-time")
+            .unwrap();
+        assert!(n > 0, "the stream ended before synced: {received:?}");
+        received.extend_from_slice(&chunk[..n]);
+    }
     call(&server, "Acquire", json!({"name": "s", "holder": "a"}), &[]).await;
     call(&server, "Release", json!({"name": "s", "holder": "a"}), &[]).await;
-    let output = watch.wait_with_output().await.unwrap();
-    let events: Vec<_> = envelopes(&output.stdout)
-        .into_iter()
-        .map(|(_, e)| e["event"].as_str().unwrap_or_default().to_owned())
-        .collect();
+    stdout.read_to_end(&mut received).await.unwrap();
+    watch.wait().await.unwrap();
     assert_eq!(
-        events,
+        events(&received),
         ["synced", "acquired", "released"],
         "{:?}",
-        String::from_utf8_lossy(&output.stdout)
+        String::from_utf8_lossy(&received)
     );
 
     // A refused Watch ends at once, its error in the end-of-stream message.
