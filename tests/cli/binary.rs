@@ -146,7 +146,23 @@ async fn serve_finishes_in_flight_rpcs_on_sigterm() {
         .await
         .unwrap();
     let in_flight = tokio::spawn(async move { client.acquire(acquire("graceful", "h")).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // In flight: its call waits in Redis behind the pause.
+    common::wait::wait_until_async(
+        "the acquire held by the pause",
+        Duration::from_secs(5),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("clients")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                !info.contains("blocked_clients:0")
+            }
+        },
+    )
+    .await;
     serve.terminate();
 
     let reply = in_flight
