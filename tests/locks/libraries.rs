@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tonic::transport::Channel;
 use tumbler::config::ServiceArgs;
+use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{AcquireStatus, ReleaseStatus};
 
 use crate::common::topology::{RedisNode, start_cluster};
@@ -73,10 +75,28 @@ fn everywhere(nodes: &[RedisNode], library: &str) -> bool {
         .all(|n| libraries(n).iter().any(|l| l == library))
 }
 
-fn nowhere(nodes: &[RedisNode], library: &str) -> bool {
-    nodes
-        .iter()
-        .all(|n| !libraries(n).iter().any(|l| l == library))
+/// Waits until no node has `library`.
+async fn until_gone(nodes: &Arc<Vec<RedisNode>>, library: &'static str, what: &str) {
+    wait_for(what, Duration::from_secs(15), || {
+        let nodes = nodes.clone();
+        async move {
+            let gone = nodes
+                .iter()
+                .all(|n| !libraries(n).iter().any(|l| l == library));
+            gone.then_some(())
+        }
+    })
+    .await
+}
+
+/// Acquires `kept` as `h`: the server's functions answer.
+async fn acquired(client: &mut LockServiceClient<Channel>) {
+    let granted = client
+        .acquire(acquire("kept", "h"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(granted.status(), AcquireStatus::Acquired);
 }
 
 async fn old_libraries_go_and_used_ones_stay(nodes: Vec<RedisNode>, url: String) {
@@ -107,12 +127,7 @@ async fn old_libraries_go_and_used_ones_stay(nodes: Vec<RedisNode>, url: String)
     };
     let server = TestServer::new().redis(&url).args(args).start().await;
     let mut client = server.client().await;
-    let granted = client
-        .acquire(acquire("kept", "h"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(granted.status(), AcquireStatus::Acquired);
+    acquired(&mut client).await;
     let own: Vec<String> = nodes
         .iter()
         .flat_map(libraries)
@@ -121,13 +136,7 @@ async fn old_libraries_go_and_used_ones_stay(nodes: Vec<RedisNode>, url: String)
     assert!(!own.is_empty(), "the server's own library is loaded");
     let own = own[0].clone();
 
-    let within = Duration::from_secs(15);
-    let n = nodes.clone();
-    wait_for("the old library deleted on every node", within, || {
-        let n = n.clone();
-        async move { nowhere(&n, OLD).then_some(()) }
-    })
-    .await;
+    until_gone(&nodes, OLD, "the old library deleted on every node").await;
     let recorded: Vec<String> = on_record_node(&nodes, redis::cmd("HKEYS").arg(RECORD));
     assert!(
         !recorded.contains(&OLD.to_owned()),
@@ -139,14 +148,10 @@ async fn old_libraries_go_and_used_ones_stay(nodes: Vec<RedisNode>, url: String)
         "the server names its own: {recorded:?}"
     );
 
-    let n = nodes.clone();
-    wait_for(
+    until_gone(
+        &nodes,
+        UNRECORDED,
         "the unrecorded library deleted a grace period later",
-        within,
-        || {
-            let n = n.clone();
-            async move { nowhere(&n, UNRECORDED).then_some(()) }
-        },
     )
     .await;
     assert!(everywhere(&nodes, NAMED), "a library still named stays");
@@ -165,19 +170,9 @@ async fn old_libraries_go_and_used_ones_stay(nodes: Vec<RedisNode>, url: String)
     // The other replica stops: its library goes one grace period later.
     running.store(false, Ordering::Relaxed);
     heartbeat.await.unwrap();
-    let n = nodes.clone();
-    wait_for("a library no longer named deleted", within, || {
-        let n = n.clone();
-        async move { nowhere(&n, NAMED).then_some(()) }
-    })
-    .await;
+    until_gone(&nodes, NAMED, "a library no longer named deleted").await;
     assert!(everywhere(&nodes, FOREIGN));
-    let granted = client
-        .acquire(acquire("kept", "h"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(granted.status(), AcquireStatus::Acquired);
+    acquired(&mut client).await;
 }
 
 #[tokio::test]
