@@ -159,8 +159,10 @@ async fn an_expired_holder_stops_counting_and_every_key_carries_a_ttl() {
         }
         let ttl: i64 = conn.pttl(&key).await.unwrap();
         assert!(ttl > 0, "{key} has no TTL ({ttl})");
-        let lock_or_index =
-            !key.ends_with(":fence") && !key.ends_with(":namespaces") && !key.contains(":m:");
+        let lock_or_index = !key.ends_with(":fence")
+            && !key.ends_with(":namespaces")
+            && !key.ends_with(":libraries")
+            && !key.contains(":m:");
         if lock_or_index {
             assert!(ttl <= 300 + 120_000, "{key} outlives its lease: {ttl} ms");
             assert!(
@@ -498,13 +500,15 @@ async fn no_key_of_the_lock_remains_after_the_last_release() {
     }
     let left = scan_keys(&mut conn, "tumbler:*").await;
     // What remains belongs to the deployment (layout record, namespace
-    // registry) or the shard (fencing counter, per-minute metrics), never
-    // to the lock; each has its own TTL but the layout record.
+    // registry, function libraries in use) or the shard (fencing counter,
+    // per-minute metrics), never to the lock; each has its own TTL but the
+    // layout record.
     let lock_keys: Vec<&String> = left
         .iter()
         .filter(|k| {
             *k != "tumbler:meta"
                 && *k != "tumbler:namespaces"
+                && *k != "tumbler:libraries"
                 && !k.ends_with(":fence")
                 && !k.contains(":m:")
         })
