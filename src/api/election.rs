@@ -57,6 +57,40 @@ fn leadership(lock: &LockId, l: Leadership) -> proto::Leadership {
 }
 
 impl LockApi {
+    /// Validates a campaign for a candidate and lease already decided (by
+    /// the request itself, or by its session) as the acquire it is.
+    pub(super) fn campaign_request(
+        &self,
+        req: proto::CampaignRequest,
+        candidate: engine::Holder,
+        ttl_ms: u64,
+        deadline: Option<crate::observe::CallerDeadline>,
+    ) -> Result<engine::AcquireRequest, Status> {
+        let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
+        let value = value(req.value)?;
+        let wait_ms = match req.wait_ms {
+            None => self.limits.max_wait_ms,
+            Some(ms) => validate::wait_ms(ms, &self.limits).map_err(invalid)?,
+        };
+        let queue_ttl_ms =
+            validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits).map_err(invalid)?;
+        let kind = validate::kind(req.kind).map_err(invalid)?;
+        Ok(election::campaign(election::Campaign {
+            lock,
+            candidate,
+            value,
+            ttl_ms,
+            wait: if wait_ms == 0 {
+                Duration::ZERO
+            } else {
+                effective_wait(wait_ms, deadline.map(|d| d.left())).max(Duration::from_millis(1))
+            },
+            answer_by: deadline.map(|d| d.answered_at.into()),
+            queue_ttl_ms,
+            kind,
+        }))
+    }
+
     pub(super) async fn campaign_rpc(
         &self,
         request: Request<proto::CampaignRequest>,
@@ -69,36 +103,14 @@ impl LockApi {
             None => None,
         };
         let req = request.into_inner();
-        let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
         let holder = if req.candidate.is_empty() {
             new_holder_id()
         } else {
-            candidate(req.candidate)?
+            candidate(req.candidate.clone())?
         };
-        let value = value(req.value)?;
         let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
-        let wait_ms = match req.wait_ms {
-            None => self.limits.max_wait_ms,
-            Some(ms) => validate::wait_ms(ms, &self.limits).map_err(invalid)?,
-        };
-        let queue_ttl_ms =
-            validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits).map_err(invalid)?;
-        let kind = validate::kind(req.kind).map_err(invalid)?;
-        access.act(&lock.namespace)?;
-        let acquire = election::campaign(election::Campaign {
-            lock,
-            candidate: holder,
-            value,
-            ttl_ms,
-            wait: if wait_ms == 0 {
-                Duration::ZERO
-            } else {
-                effective_wait(wait_ms, deadline.map(|d| d.left())).max(Duration::from_millis(1))
-            },
-            answer_by: deadline.map(|d| d.answered_at.into()),
-            queue_ttl_ms,
-            kind,
-        });
+        let acquire = self.campaign_request(req, holder, ttl_ms, deadline)?;
+        access.act(&acquire.lock.namespace)?;
         let _waiting = self.waiter_slot(&access, &acquire)?;
         report::acquire_waiting(self.engine.layout(), &acquire);
         let started = std::time::Instant::now();

@@ -477,3 +477,94 @@ async fn bad_election_input_is_invalid_argument_naming_the_field() {
         "value",
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_campaign_keeps_its_leadership_through_a_replica_sigkill_by_resume() {
+    use common::session::Session;
+    use proto::session_request::Command;
+    use proto::session_response::Event;
+    let redis = start_redis();
+    let staying = TestServer::new().redis(&redis.url()).start().await;
+    let mut far = staying.client().await;
+    let mut doomed = TumblerProcess::start(&redis.url(), &[]).await;
+    let mut near = doomed.client().await;
+    let mut session = Session::open(&mut near, 1_500).await;
+    session
+        .send(Command::Campaign(proto::SessionCampaign {
+            request_id: 7,
+            campaign: Some(campaign(
+                "e-session",
+                "ignored: the session's",
+                "on-session",
+            )),
+        }))
+        .await;
+    let grant = match session.next().await {
+        Some(Event::Acquired(acquired)) => {
+            assert_eq!(acquired.request_id, 7);
+            acquired.response.unwrap().grant.unwrap()
+        }
+        other => panic!("expected the campaign's reply, got {other:?}"),
+    };
+    assert_eq!(grant.holder, session.id, "the candidate is the session");
+    assert_eq!(
+        grant.metadata.get("").map(String::as_str),
+        Some("on-session")
+    );
+    let term = grant.fencing_token;
+    let shown = leader(&mut far, "e-session").await.unwrap();
+    assert_eq!(
+        (shown.candidate.as_str(), shown.term, shown.value.as_str()),
+        (session.id.as_str(), term, "on-session")
+    );
+    // Another candidate waits on the other replica.
+    let mut rival = staying.client().await;
+    let rival =
+        tokio::spawn(async move { rival.campaign(campaign("e-session", "rival", "r")).await });
+    until_waiters(&mut far, "e-session", 1).await;
+
+    // The session's replica dies; the client resumes on the other one
+    // within the TTL and keeps the leadership, same term, same value.
+    doomed.kill();
+    let (mut resumed, opened) = Session::resume(&mut far, &session.id, &session.secret)
+        .await
+        .unwrap();
+    assert!(opened.resumed);
+    assert_eq!(opened.grants.len(), 1, "{opened:?}");
+    assert_eq!(
+        (
+            opened.grants[0].name.as_str(),
+            opened.grants[0].fencing_token
+        ),
+        ("e-session", term)
+    );
+    // Several TTLs later it still leads: the new replica renews it.
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        resumed.keep_alive().await;
+    }
+    let shown = leader(&mut far, "e-session").await.unwrap();
+    assert_eq!((shown.term, shown.value.as_str()), (term, "on-session"));
+    assert!(!rival.is_finished(), "nobody else was elected meanwhile");
+    // The leader proclaims through the unary RPC (candidate: the session
+    // id), then resigns by releasing: the rival is elected at once.
+    assert_eq!(
+        proclaim(&mut far, "e-session", &session.id, term, "moved").await,
+        ProclaimStatus::Proclaimed
+    );
+    resumed
+        .send(Command::Release(proto::SessionRelease {
+            request_id: 8,
+            name: "e-session".into(),
+            ..Default::default()
+        }))
+        .await;
+    assert!(matches!(resumed.next().await, Some(Event::Released(_))));
+    let elected = tokio::time::timeout(Duration::from_secs(5), rival)
+        .await
+        .expect("the rival is elected at once")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    assert!(elected.elected && elected.leader.unwrap().term > term);
+}
