@@ -123,6 +123,31 @@ impl LockService for Yardstick {
     async fn watch(&self, _: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         Err(Status::unimplemented("yardstick"))
     }
+    async fn campaign(
+        &self,
+        _: Request<CampaignRequest>,
+    ) -> Result<Response<CampaignResponse>, Status> {
+        Err(Status::unimplemented("yardstick"))
+    }
+    async fn proclaim(
+        &self,
+        _: Request<ProclaimRequest>,
+    ) -> Result<Response<ProclaimResponse>, Status> {
+        Err(Status::unimplemented("yardstick"))
+    }
+    async fn leader(&self, _: Request<LeaderRequest>) -> Result<Response<LeaderResponse>, Status> {
+        Err(Status::unimplemented("yardstick"))
+    }
+    type ObserveStream = Stream<LeaderChange>;
+    async fn observe(
+        &self,
+        _: Request<LeaderRequest>,
+    ) -> Result<Response<Self::ObserveStream>, Status> {
+        Err(Status::unimplemented("yardstick"))
+    }
+    async fn resign(&self, _: Request<ResignRequest>) -> Result<Response<ResignResponse>, Status> {
+        Err(Status::unimplemented("yardstick"))
+    }
 }
 
 fn padded(script: &str, pad: u64) -> String {

@@ -92,7 +92,7 @@ impl LockApi {
     /// request leaves the queue; a function call in flight still answers),
     /// and a grant that landed meanwhile is released again, so the caller
     /// told no never holds anything.
-    async fn acquire_while_permitted(
+    pub(super) async fn acquire_while_permitted(
         &self,
         mut acquire: engine::AcquireRequest,
         mut live: LiveAccess,

@@ -4,6 +4,7 @@
 //! semantics live here.
 
 pub mod convert;
+mod election;
 mod locks;
 mod quota;
 pub mod report;
@@ -525,6 +526,50 @@ impl LockService for LockApi {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(outbox),
         )))
+    }
+
+    // Leader election (`election.rs`).
+
+    #[tracing::instrument(name = "Campaign", skip_all)]
+    async fn campaign(
+        &self,
+        request: Request<proto::CampaignRequest>,
+    ) -> Result<Response<proto::CampaignResponse>, Status> {
+        self.campaign_rpc(request).await
+    }
+
+    #[tracing::instrument(name = "Proclaim", skip_all)]
+    async fn proclaim(
+        &self,
+        request: Request<proto::ProclaimRequest>,
+    ) -> Result<Response<proto::ProclaimResponse>, Status> {
+        self.proclaim_rpc(request).await
+    }
+
+    #[tracing::instrument(name = "Leader", skip_all)]
+    async fn leader(
+        &self,
+        request: Request<proto::LeaderRequest>,
+    ) -> Result<Response<proto::LeaderResponse>, Status> {
+        self.leader_rpc(request).await
+    }
+
+    type ObserveStream = election::ObserveStream;
+
+    #[tracing::instrument(name = "Observe", skip_all)]
+    async fn observe(
+        &self,
+        request: Request<proto::LeaderRequest>,
+    ) -> Result<Response<Self::ObserveStream>, Status> {
+        self.observe_rpc(request).await
+    }
+
+    #[tracing::instrument(name = "Resign", skip_all)]
+    async fn resign(
+        &self,
+        request: Request<proto::ResignRequest>,
+    ) -> Result<Response<proto::ResignResponse>, Status> {
+        self.resign_rpc(request).await
     }
 }
 

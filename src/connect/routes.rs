@@ -69,6 +69,11 @@ procedures! {
     "Clear" => Unary(ClearRequest, ClearResponse),
     "Metrics" => Unary(MetricsRequest, MetricsResponse),
     "Watch" => ServerStreaming(WatchRequest, LockEvent),
+    "Campaign" => Unary(CampaignRequest, CampaignResponse),
+    "Proclaim" => Unary(ProclaimRequest, ProclaimResponse),
+    "Leader" => Unary(LeaderRequest, LeaderResponse),
+    "Observe" => ServerStreaming(LeaderRequest, LeaderChange),
+    "Resign" => Unary(ResignRequest, ResignResponse),
 }
 
 /// The procedure a request path names, if Connect serves it.

@@ -8,6 +8,7 @@ pub mod common;
 
 mod binary;
 mod cli;
+mod cli_elect;
 mod cli_health;
 mod cli_hold;
 mod redis_acl;

@@ -482,3 +482,107 @@ async fn a_waiter_whose_server_is_killed_retries_with_the_same_holder() {
         "one permit for the retried request"
     );
 }
+
+/// The next leader change, within 5 s.
+async fn next_change(
+    changes: &mut (
+             impl tokio_stream::Stream<Item = tumbler_client::Result<proto::LeaderChange>> + Unpin
+         ),
+) -> proto::LeaderChange {
+    use tokio_stream::StreamExt;
+    tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("a change within 5 s")
+        .expect("the stream goes on")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_elects_in_order_proclaims_is_observed_and_resigns_on_drop() {
+    let server = TestServer::new().start().await;
+    let client = client_of(&server.endpoint()).await;
+    let election = client.election("rust-election").ttl(Duration::from_secs(3));
+    let mut changes = Box::pin(election.observe().await.unwrap());
+    let first = next_change(&mut changes).await;
+    assert_eq!((first.event.as_str(), first.leader), ("current", None));
+
+    let mut a = election
+        .clone()
+        .candidate("a")
+        .campaign("a:1")
+        .await
+        .unwrap();
+    assert_eq!((a.candidate(), a.value()), ("a", "a:1"));
+    let shown = election.leader().await.unwrap().unwrap();
+    assert_eq!((shown.candidate.as_str(), shown.term), ("a", a.term()));
+    // b waits in line meanwhile.
+    let b_election = election.clone().candidate("b");
+    let b = tokio::spawn(async move { b_election.campaign("b:1").await });
+    wait_until_async("b waits", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move { client.inspect("rust-election").await.unwrap().waiters == 1 }
+    })
+    .await;
+    a.proclaim("a:2").await.unwrap();
+    assert_eq!(a.value(), "a:2");
+    assert_eq!(election.leader().await.unwrap().unwrap().value, "a:2");
+    // Dropping the guard resigns: b is elected at once, with a higher term.
+    let term_a = a.term();
+    drop(a);
+    let b = tokio::time::timeout(Duration::from_secs(5), b)
+        .await
+        .expect("b elected at once")
+        .unwrap()
+        .unwrap();
+    assert!(b.term() > term_a);
+    // The observer saw it all, in order (events are published once the
+    // server knows the namespace is watched: it is, from the start here).
+    let mut events = Vec::new();
+    while events.last().map(|(e, _): &(String, u64)| e.as_str()) != Some("elected")
+        || events.len() < 2
+    {
+        let change = next_change(&mut changes).await;
+        let term = change.leader.as_ref().map_or(change.ended_term, |l| l.term);
+        events.push((change.event, term));
+    }
+    assert!(
+        events.contains(&("proclaimed".into(), term_a)),
+        "{events:?}"
+    );
+    assert!(events.contains(&("resigned".into(), term_a)), "{events:?}");
+    assert_eq!(events.last().unwrap(), &("elected".to_owned(), b.term()));
+    assert!(b.resign().await.unwrap());
+    assert_eq!(election.leader().await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_server_dies_is_told_lost_and_the_next_is_elected_with_a_higher_term() {
+    let redis = start_redis();
+    let staying = TestServer::new().redis(&redis.url()).start().await;
+    let mut doomed = TumblerProcess::start(&redis.url(), &[]).await;
+    let leader = client_of(&doomed.endpoint)
+        .await
+        .election("rust-lapse")
+        .ttl(Duration::from_millis(1_000))
+        .campaign("doomed")
+        .await
+        .unwrap();
+    let lost = leader.lost();
+    let next = client_of(&staying.endpoint()).await.election("rust-lapse");
+    let waiting = tokio::spawn(async move { next.campaign("alive").await });
+    doomed.kill();
+    // Renewals fail until the lease ends: lost, then the next candidate
+    // is elected (never both within the lease).
+    let lost = tokio::time::timeout(Duration::from_secs(5), lost)
+        .await
+        .expect("told lost within the lease and a little");
+    assert!(matches!(lost, Error::LockLost { .. }), "{lost:?}");
+    assert!(leader.is_lost());
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the next candidate is elected")
+        .unwrap()
+        .unwrap();
+    assert!(next.term() > leader.term());
+    assert_eq!(next.value(), "alive");
+}

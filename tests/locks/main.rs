@@ -9,6 +9,7 @@ pub mod common;
 mod changelog;
 mod changelog_flood;
 mod changelog_reads;
+mod election;
 mod events;
 mod key_isolation;
 mod libraries;

@@ -18,6 +18,9 @@
 //! - [`Session`]: grants renewed by the server while the client's stream
 //!   lives, released at once when it closes, resumed on another replica
 //!   with the same tokens when the stream breaks.
+//! - [`Election`]: leader election (campaign, leader, observe); the
+//!   [`Leadership`] guard carries the term (a fencing token), renews its
+//!   lease like a [`Lock`], says when it is lost, and resigns on drop.
 //! - [`Error`]: one typed enum.
 //!
 //! ```no_run
@@ -40,11 +43,13 @@
 #![warn(missing_docs)]
 
 mod client;
+mod election;
 mod error;
 mod lock;
 mod session;
 
 pub use client::{Bearer, Client, ClientBuilder, Stub};
+pub use election::{Election, Leadership};
 pub use error::{Backoff, Error, NotAcquiredReason, Result};
 pub use lock::{Lock, LockRequest, new_holder};
 pub use session::{Session, SessionBuilder, SessionEvent, SessionGrant, SessionId};

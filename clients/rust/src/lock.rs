@@ -331,7 +331,7 @@ pub struct Lock {
 }
 
 impl Lock {
-    fn new(
+    pub(crate) fn new(
         client: Client,
         name: String,
         grant: proto::Grant,

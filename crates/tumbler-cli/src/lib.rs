@@ -1,6 +1,6 @@
 //! Client subcommands for people and shell scripts: `tumbler acquire`,
 //! `release`, `extend`, `inspect`, `queue`, `list`, `reap`, `clear`,
-//! `metrics`, `hold`, `watch`, `token` and `health`, one file each, against a running
+//! `metrics`, `hold`, `elect`, `watch`, `token` and `health`, one file each, against a running
 //! server. The `tumbler` binary (the root package) parses them as
 //! [`ClientCommand`] with [`Globals`] and hands them to [`run`].
 //!
@@ -37,6 +37,7 @@ macro_rules! call {
 mod acquire;
 mod clear;
 pub mod connect;
+mod elect;
 mod extend;
 mod health;
 mod hold;
@@ -111,6 +112,11 @@ pub enum ClientCommand {
     /// `tumbler hold NAME -- CMD ARGS…`; without a command, hold the lock
     /// until a signal (TERM, INT, HUP).
     Hold(hold::HoldArgs),
+    /// Leader election, like `etcdctl elect`: `tumbler elect NAME VALUE`
+    /// campaigns, prints when elected and leads until a signal;
+    /// `-- CMD ARGS…` runs a command while leading (as `hold` does);
+    /// `--listen NAME` prints the leader and every change.
+    Elect(elect::ElectArgs),
     /// Print lock events as they happen (one lock, or every lock whose
     /// name starts with --prefix) until interrupted.
     Watch(watch::WatchArgs),
@@ -278,6 +284,7 @@ pub async fn run(globals: Globals, command: ClientCommand) -> ExitCode {
         ClientCommand::Clear(args) => clear::run(args, globals).await,
         ClientCommand::Metrics(args) => metrics::run(args, globals).await,
         ClientCommand::Hold(args) => hold::run(args, globals).await,
+        ClientCommand::Elect(args) => elect::run(args, globals).await,
         ClientCommand::Watch(args) => watch::run(args, globals).await,
         ClientCommand::Token(args) => token::run(args, globals),
         ClientCommand::Health(args) => health::run(args, globals).await,

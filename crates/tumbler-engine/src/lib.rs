@@ -30,6 +30,8 @@
 //! - `watching.rs` `Watching`: this replica's Watch streams
 //!   (`watchers.rs`'s `Watchers`), lease-end purges, a Watch's initial
 //!   state, the watch registry;
+//! - `election.rs` `Election`: leader election on a fair lock of limit 1
+//!   (Proclaim's calls; the rest is the lock's own, seen as an election);
 //! - `reaper.rs` `Reaper`: the background reaper and its metrics;
 //! - `lifecycle.rs`: [`Running`], the loops spawned and stopped in order.
 //!
@@ -64,6 +66,7 @@ mod calls;
 pub mod changelog;
 pub mod clock;
 mod counting;
+pub mod election;
 pub mod keys;
 mod libraries;
 mod lifecycle;
@@ -95,6 +98,7 @@ use crate::store::{Store, StoreError};
 use calls::Calls;
 use changelog::{Changelog, ChangelogPage, ChangelogQuery, ChangelogSettings};
 use counting::Counting;
+use election::Election;
 use keys::Layout;
 use libraries::Libraries;
 use locks::{GrantRef, Locks};
@@ -135,6 +139,7 @@ pub struct LockEngine {
     sessions: SessionKeeper,
     watching: Watching,
     reaper: Reaper,
+    election: Election,
 }
 
 impl LockEngine {
@@ -184,6 +189,7 @@ impl LockEngine {
             renewer,
             watching: Watching::new(watchers, calls.clone(), locks.clone(), walks.clone()),
             reaper: Reaper::new(calls.clone(), locks.clone(), walks.clone()),
+            election: Election::new(calls.clone(), counting.clone(), changelog.clone()),
             calls,
             counting,
             changelog,
@@ -503,6 +509,45 @@ impl LockEngine {
         lock: &LockId,
     ) -> Result<ReleaseOutcome, EngineError> {
         self.sessions.release(session, epoch, lock).await
+    }
+
+    // Leader election (`election.rs`): an election is a fair lock of
+    // limit 1. Campaign is [`Self::acquire`] of the request
+    // [`election::campaign`] builds, its outcome read by
+    // [`election::campaign_outcome`].
+
+    /// Replaces the leader's value, when `candidate` leads with `term`.
+    pub async fn proclaim(
+        &self,
+        lock: &LockId,
+        candidate: &str,
+        term: u64,
+        value: &str,
+    ) -> Result<ProclaimOutcome, EngineError> {
+        self.election.proclaim(lock, candidate, term, value).await
+    }
+
+    /// Who leads the election now (None: nobody), and Redis' clock.
+    pub async fn leader(&self, lock: &LockId) -> Result<(Option<Leadership>, i64), EngineError> {
+        let state = self.locks.inspect(lock).await?;
+        let now_ms = state.now_ms;
+        Ok((election::leader_of(state), now_ms))
+    }
+
+    /// The leader steps down (a release pinned to its term, which wakes
+    /// the next candidate); false when `candidate` does not lead with
+    /// `term`.
+    pub async fn resign(
+        &self,
+        lock: &LockId,
+        candidate: &str,
+        term: u64,
+    ) -> Result<bool, EngineError> {
+        let outcome = self
+            .locks
+            .release(lock, candidate, Some(term), None)
+            .await?;
+        Ok(matches!(outcome, ReleaseOutcome::Released { .. }))
     }
 
     // The loops, each until the replica shuts down (`lifecycle.rs`

@@ -406,3 +406,48 @@ pub enum LayoutError {
     )]
     Mismatch { found: String, expected: String },
 }
+
+/// One term of one election's leader (`election.rs`): the grant of the
+/// election's lock, seen as a leadership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    pub candidate: String,
+    /// The grant's fencing token.
+    pub term: u64,
+    /// The grant's metadata entry `""` (empty when none was given).
+    pub value: String,
+    pub elected_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub ttl_ms: u64,
+}
+
+/// What a Campaign came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CampaignOutcome {
+    /// The candidate leads (newly, or a retry of its own campaign: the
+    /// same term).
+    Elected(Leadership),
+    /// The wait ended first; `position` was its last place in line.
+    NotElected { position: u32 },
+}
+
+/// What a Proclaim came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProclaimOutcome {
+    Proclaimed(Leadership),
+    /// The candidate does not lead with that term: nothing changed.
+    NotLeader,
+}
+
+/// One change of an election, as Observe tells it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderChange {
+    /// None when nobody leads after the change.
+    pub leader: Option<Leadership>,
+    /// current, elected, proclaimed, resigned, expired or removed.
+    pub event: &'static str,
+    /// Redis clock.
+    pub at_ms: i64,
+    /// The term that ended (resigned, expired, removed); 0 otherwise.
+    pub ended_term: u64,
+}

@@ -55,67 +55,26 @@ impl Driver {
                 Status::invalid_argument("command: the session is already open"),
             )),
             Some(Command::Acquire(command)) => {
-                let id = command.request_id;
-                if running.tasks.len() >= MAX_RUNNING_COMMANDS {
-                    return Some(refused(id, too_many_running()));
-                }
-                let started = access.charge().and_then(|()| {
+                let build = || {
                     let req = command
                         .acquire
                         .ok_or_else(|| Status::invalid_argument("acquire: missing"))?;
-                    let request = self.api.acquire_request(
-                        req,
-                        Holder::stored(&self.session),
-                        self.ttl_ms,
-                        None,
-                    )?;
-                    access.access().act(&request.lock.namespace)?;
-                    let waiting = self.api.waiter_slot(access.access(), &request)?;
-                    Ok((request, waiting))
-                });
-                let (mut request, waiting) = match started {
-                    Ok(started) => started,
-                    Err(status) => return Some(refused(id, status)),
+                    self.api
+                        .acquire_request(req, Holder::stored(&self.session), self.ttl_ms, None)
                 };
-                let namespace_stop = running.stop_for(&request.lock.namespace);
-                let stop = namespace_stop.child_token();
-                request.stop = Some(stop.clone());
-                request.session_epoch = Some(self.epoch);
-                let engine: Arc<LockEngine> = self.api.engine.clone();
-                let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
-                let lock = request.lock.clone();
-                let turn = running.turn(&lock, Some(stop));
-                running.tasks.spawn(async move {
-                    let _waiting = waiting;
-                    let _done = turn.wait().await;
-                    report::acquire_waiting(engine.layout(), &request);
-                    let started = std::time::Instant::now();
-                    let outcome = engine
-                        .session_acquire(&session, epoch, &request, &lost)
-                        .await;
-                    let done = match outcome {
-                        Ok(outcome) => {
-                            report::acquired(engine.layout(), &request, &outcome, started.elapsed());
-                            Done::reply(Event::Acquired(proto::SessionAcquired {
-                                request_id: id,
-                                response: Some(outcome.to_proto()),
-                            }))
-                        }
-                        Err(crate::engine::EngineError::Stopped)
-                            if !namespace_stop.is_cancelled() =>
-                        {
-                            Done::reply(refused(
-                                id,
-                                Status::cancelled(
-                                    "acquire: a later release of this lock on the stream stopped the wait",
-                                ),
-                            ))
-                        }
-                        Err(err) => Done::refused(id, err),
-                    };
-                    (lock, done)
-                });
-                None
+                self.start_acquire(command.request_id, build, access, lost, running)
+            }
+            // A campaign is an acquire (limit 1, fair, the value in the
+            // grant), answered as one.
+            Some(Command::Campaign(command)) => {
+                let build = || {
+                    let req = command
+                        .campaign
+                        .ok_or_else(|| Status::invalid_argument("campaign: missing"))?;
+                    self.api
+                        .campaign_request(req, Holder::stored(&self.session), self.ttl_ms, None)
+                };
+                self.start_acquire(command.request_id, build, access, lost, running)
             }
             Some(Command::Release(command)) => {
                 let id = command.request_id;
@@ -152,6 +111,68 @@ impl Driver {
                 None
             }
         }
+    }
+
+    /// Starts an acquire (or a campaign: `build` makes either) of the
+    /// session; returns an immediate reply (refusals) if any.
+    fn start_acquire(
+        &self,
+        id: u64,
+        build: impl FnOnce() -> Result<crate::engine::AcquireRequest, Status>,
+        access: &LiveAccess,
+        lost: &mpsc::Sender<LostGrant>,
+        running: &mut Running,
+    ) -> Option<Event> {
+        if running.tasks.len() >= MAX_RUNNING_COMMANDS {
+            return Some(refused(id, too_many_running()));
+        }
+        let started = access.charge().and_then(|()| {
+            let request = build()?;
+            access.access().act(&request.lock.namespace)?;
+            let waiting = self.api.waiter_slot(access.access(), &request)?;
+            Ok((request, waiting))
+        });
+        let (mut request, waiting) = match started {
+            Ok(started) => started,
+            Err(status) => return Some(refused(id, status)),
+        };
+        let namespace_stop = running.stop_for(&request.lock.namespace);
+        let stop = namespace_stop.child_token();
+        request.stop = Some(stop.clone());
+        request.session_epoch = Some(self.epoch);
+        let engine: Arc<LockEngine> = self.api.engine.clone();
+        let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
+        let lock = request.lock.clone();
+        let turn = running.turn(&lock, Some(stop));
+        running.tasks.spawn(async move {
+            let _waiting = waiting;
+            let _done = turn.wait().await;
+            report::acquire_waiting(engine.layout(), &request);
+            let started = std::time::Instant::now();
+            let outcome = engine
+                .session_acquire(&session, epoch, &request, &lost)
+                .await;
+            let done = match outcome {
+                Ok(outcome) => {
+                    report::acquired(engine.layout(), &request, &outcome, started.elapsed());
+                    Done::reply(Event::Acquired(proto::SessionAcquired {
+                        request_id: id,
+                        response: Some(outcome.to_proto()),
+                    }))
+                }
+                Err(crate::engine::EngineError::Stopped) if !namespace_stop.is_cancelled() => {
+                    Done::reply(refused(
+                        id,
+                        Status::cancelled(
+                            "acquire: a later release of this lock on the stream stopped the wait",
+                        ),
+                    ))
+                }
+                Err(err) => Done::refused(id, err),
+            };
+            (lock, done)
+        });
+        None
     }
 }
 

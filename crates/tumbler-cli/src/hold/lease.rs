@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::retry::{Backoff, RETRY_BUDGET, retryable};
-use super::{Acquired, Held, Loss, release_request};
+use super::{Acquired, Held, Loss};
 use crate::Failure;
 use crate::connect::Conn;
 use crate::output::{display_name, status_line};
@@ -28,19 +28,44 @@ pub(super) async fn acquire_lease(
     let Some(grant) = reply.grant.clone() else {
         return Ok(Acquired::Refused(reply));
     };
+    Ok(Acquired::Held(keep_lease(
+        conn,
+        (&request.namespace, &request.name),
+        grant,
+        sent,
+        grace,
+    )))
+}
+
+/// Renews a granted lease in a task (every third of it, failing over
+/// across endpoints) until `Held::release`, which gives it back pinned to
+/// its token; `sent` is when the request that made it left. Also keeps a
+/// leadership (`elect`): the grant of an election's lock.
+pub(crate) fn keep_lease(
+    conn: Conn,
+    (namespace, name): (&str, &str),
+    grant: proto::Grant,
+    sent: Instant,
+    grace: Duration,
+) -> Held {
     let ttl = Duration::from_millis(grant.ttl_ms.max(1));
     let (lost_tx, lost) = mpsc::channel(1);
     let stop = CancellationToken::new();
     let keeper = LeaseKeeper {
         conn,
         extend: proto::ExtendRequest {
-            namespace: request.namespace.clone(),
-            name: request.name.clone(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
             holder: grant.holder.clone(),
             ttl_ms: Some(grant.ttl_ms),
             fencing_token: Some(grant.fencing_token),
         },
-        release: release_request(&request, Some(grant.fencing_token)),
+        release: proto::ReleaseRequest {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            holder: grant.holder.clone(),
+            fencing_token: Some(grant.fencing_token),
+        },
         ttl,
         grace,
         // The lease began after the request left: ending no sooner than
@@ -49,12 +74,12 @@ pub(super) async fn acquire_lease(
         lost: lost_tx,
     };
     let task = tokio::spawn(keeper.run(stop.clone()));
-    Ok(Acquired::Held(Held {
+    Held {
         grant,
         lost,
         stop,
         task,
-    }))
+    }
 }
 
 /// Sends the acquire, and sends it again with the same holder while the

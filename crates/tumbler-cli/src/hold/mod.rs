@@ -38,7 +38,7 @@
 //! and the terminal).
 
 mod group;
-mod lease;
+pub(crate) mod lease;
 mod retry;
 mod session;
 mod stream;
@@ -104,7 +104,7 @@ struct Loss {
 
 /// A held grant and the task that keeps it: it reports a loss on `lost`,
 /// and once `stop` is cancelled it gives the grant back and ends.
-struct Held {
+pub(crate) struct Held {
     grant: proto::Grant,
     lost: mpsc::Receiver<Loss>,
     stop: CancellationToken,
@@ -163,7 +163,7 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
             return Ok(killed_by(signal));
         }
     };
-    let mut held = match acquired {
+    let held = match acquired {
         Acquired::Held(held) => held,
         Acquired::Refused(reply) => {
             status_line(&not_acquired_line(&lock, &reply));
@@ -175,8 +175,28 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
         "HOLDING {lock} token={} slot={} holder={}",
         grant.fencing_token, grant.slot, grant.holder
     ));
+    let environment = vec![
+        ("TUMBLER_FENCING_TOKEN", grant.fencing_token.to_string()),
+        ("TUMBLER_SLOT", grant.slot.to_string()),
+        ("TUMBLER_HOLDER", grant.holder.clone()),
+    ];
+    Ok(keep(held, signals, &lock, &args.command, &environment, grace).await)
+}
 
-    let Some((program, rest)) = args.command.split_first() else {
+/// Keeps `held` while `command` runs (in its own process group, with
+/// `environment` added; signals passed on, stopped in time when the grant
+/// is lost), or without a command until a signal or the loss; gives the
+/// grant back once no process of the group is left. Returns the exit
+/// code. Shared by `hold` and `elect`.
+pub(crate) async fn keep(
+    mut held: Held,
+    mut signals: Signals,
+    lock: &str,
+    command: &[String],
+    environment: &[(&str, String)],
+    grace: Duration,
+) -> u8 {
+    let Some((program, rest)) = command.split_first() else {
         // No command: hold until a signal, or until the lock is lost.
         let code = tokio::select! {
             _ = signals.recv() => exit::SUCCESS,
@@ -186,15 +206,10 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
             }
         };
         held.release().await;
-        return Ok(code);
+        return code;
     };
 
-    let environment = [
-        ("TUMBLER_FENCING_TOKEN", grant.fencing_token.to_string()),
-        ("TUMBLER_SLOT", grant.slot.to_string()),
-        ("TUMBLER_HOLDER", grant.holder.clone()),
-    ];
-    let mut group = match Group::spawn(program, rest, &environment) {
+    let mut group = match Group::spawn(program, rest, environment) {
         Ok(group) => group,
         Err(e) => {
             let (code, why) = if e.kind() == std::io::ErrorKind::NotFound {
@@ -202,9 +217,9 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
             } else {
                 (exit::CANNOT_EXECUTE, format!("cannot execute: {e}"))
             };
-            status_line(&format!("tumbler hold: {program}: {why}"));
+            status_line(&format!("tumbler: {program}: {why}"));
             held.release().await;
-            return Ok(code);
+            return code;
         }
     };
     let terminal = Terminal::hand_to(group.pgid);
@@ -256,7 +271,7 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
     }
     // Only now is no process of the group left: the lock may go.
     held.release().await;
-    Ok(if lost { exit::NOT_HELD } else { code })
+    if lost { exit::NOT_HELD } else { code }
 }
 
 fn release_request(

@@ -16,6 +16,7 @@ pub mod dequeue;
 pub mod extend;
 pub mod inspect;
 pub mod list;
+pub mod proclaim;
 pub mod purge;
 pub mod queue;
 pub mod reap;
