@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Python seed pattern of clients/python/README.md, run by the conformance driver:
-unique jobs (a uniqueness window keyed on a digest of job class + arguments).
+"""Python seed patterns of clients/python/README.md, run by the conformance driver:
+unique jobs (a uniqueness window keyed on a digest of job class + arguments),
+and one leader among replicas (leader election).
 
 usage: examples.py ADDR NAMESPACE all
        examples.py ADDR NAMESPACE enqueue CLASS ARGS_JSON JOB_ID WINDOW_MS
@@ -45,6 +46,37 @@ def run_unique(client, job_class, args, job_id, perform, unique_until="success")
     return result
 
 
+def run_as_leader(client, election, me, work):
+    """Run work(leadership) while this replica leads `election`; None when another one
+    led for the whole wait. The value others see (client.leader) is this replica's address."""
+    leadership = client.campaign(election, value=me, wait_ms=5000, ttl_ms=3000)
+    if leadership is None:
+        return None
+    try:
+        return work(leadership)       # leadership.lost is set if the term ends under it
+    finally:
+        leadership.resign()           # the next replica in line is elected at once
+
+
+def election_checks(client, check):
+    def work(leadership):
+        now = client.leader("py.scheduler")
+        check("leader election: leader() shows this replica's value and term",
+              now is not None and (now.value, now.term) == ("10.0.0.7:8080", leadership.term), str(now))
+        check("leader election: another replica is not elected while this one leads",
+              client.campaign("py.scheduler", value="10.0.0.8:8080") is None)
+        with client.observe("py.scheduler") as changes:
+            first = next(iter(changes))
+        check("leader election: observe starts with the current leader",
+              first.event == "current" and first.leader.term == leadership.term, str(first))
+        leadership.proclaim("10.0.0.7:9090")
+        return leadership.term
+
+    term = run_as_leader(client, "py.scheduler", "10.0.0.7:8080", work)
+    check("leader election: elected, with a term (fencing token)", term and term > 0, term)
+    check("leader election: nobody leads after resign", client.leader("py.scheduler") is None)
+
+
 def all_checks(client):
     checks = []
 
@@ -80,6 +112,7 @@ def all_checks(client):
     inside = run_unique(client, "py.Sync", [7], "job-8",
                         lambda *a: enqueue_unique(client, "py.Sync", [7], "job-9", 60000), unique_until="start")
     check("unique jobs (until start): the same job can be enqueued again while it runs", inside)
+    election_checks(client, check)
     return {"checks": checks}
 
 
