@@ -24,8 +24,8 @@ EXAMPLE_LANGS = ["python", "node", "go", "ruby", "perl"]
 # rotates the roles through (the Rust client's steps join with one more
 # entry here); OBSERVE_LANGS: those whose helpers observe (Perl has no
 # Connect server streaming yet).
-ELECTION_LANGS = ["python", "node", "go", "ruby"]
-OBSERVE_LANGS = ["python", "node", "go", "ruby"]
+ELECTION_LANGS = ["python", "node", "go", "ruby", "perl"]
+OBSERVE_LANGS = ["python", "node", "go", "ruby", "perl"]
 
 
 def commands(table):
