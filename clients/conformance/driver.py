@@ -582,9 +582,23 @@ def renewal_fails(binary):
                     ("rust", "lost"), ("perl", "lost")]
         steps = [(lang, run_step(lang, [st, f"renew-{lang}-{st}", ttl], addr)) for lang, st in variants
                  if lang in LANGS]
+        # A leadership's watchdog is the lock's: the same when the server dies under a leader.
+        leaders = [(lang, campaigner(lang, f"renew-{lang}-election", f"{lang}-renewer", "v", ttl, 0, addr))
+                   for lang in ELECTION_LANGS if lang in LANGS]
         held = [s.event() for _, s in steps]
+        elected = [s.event() for _, s in leaders]
         stop(server, sig=9)
         killed_at = now_ms()
+        for lang, s in leaders:
+            s.send(f"lost {ttl * 3}")
+        for (lang, s), ev in zip(leaders, elected):
+            r = s.event() if ev else None
+            s.kill()
+            if r:
+                delay = r["at_ms"] - killed_at
+                check(lang, r["lost"] and "lease ran out" in (r.get("reason") or "") and ttl // 3 <= delay <= ttl + 300,
+                      f"server gone: a leader's renewals failed, lost() {delay} ms after the kill, by the end of "
+                      f"the {ttl} ms lease (campaign)", r)
         for (lang, s), ev in zip(steps, held):
             r = s.result()
             if ev and r:
