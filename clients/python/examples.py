@@ -8,6 +8,7 @@ usage: examples.py ADDR NAMESPACE all
        examples.py ADDR NAMESPACE perform CLASS ARGS_JSON JOB_ID
 Prints one JSON line.
 """
+import asyncio
 import hashlib
 import json
 import sys
@@ -77,6 +78,30 @@ def election_checks(client, check):
     check("leader election: nobody leads after resign", client.leader("py.scheduler") is None)
 
 
+async def async_election_checks(addr, namespace, check):
+    async with tc.AsyncClient(addr, namespace=namespace) as client:
+        leadership = await client.campaign("py.async-scheduler", value="a", ttl_ms=600)
+        async with leadership:                # resigns on exit
+            await asyncio.sleep(1.0)          # longer than the lease: the watchdog task extends it
+            now = await client.leader("py.async-scheduler")
+            check("leader election (asyncio): still the leader after 1 s of a 600 ms lease",
+                  now is not None and now.term == leadership.term and not leadership.lost.is_set(), str(now))
+            async with client.observe("py.async-scheduler") as changes:
+                async for first in changes:
+                    break
+            check("leader election (asyncio): observe starts with the current leader",
+                  first.event == "current" and first.leader.term == leadership.term, str(first))
+            await leadership.proclaim("b")
+        check("leader election (asyncio): nobody leads after the block", await client.leader("py.async-scheduler")
+              is None)
+        try:
+            await leadership.proclaim("c")
+            refused = False
+        except tc.NotLeader:
+            refused = leadership.lost.is_set()
+        check("leader election (asyncio): proclaim after resign raises NotLeader", refused)
+
+
 def all_checks(client):
     checks = []
 
@@ -119,7 +144,13 @@ def all_checks(client):
 def main(addr, namespace, cmd, *rest):
     client = tc.Client(addr, namespace=namespace)
     if cmd == "all":
-        return all_checks(client)
+        out = all_checks(client)
+
+        def check(what, ok, detail=None):
+            out["checks"].append({"what": what, "ok": bool(ok), "detail": detail})
+
+        asyncio.run(async_election_checks(addr, namespace, check))
+        return out
     if cmd == "enqueue":
         job_class, args, job_id, window = rest[0], json.loads(rest[1]), rest[2], int(rest[3])
         return {"enqueued": enqueue_unique(client, job_class, args, job_id, window),

@@ -9,7 +9,7 @@ typed errors, and leader election (``client.campaign``, ``leader``,
 """
 from ._common import DEFAULT_HELPER_TTL_MS, Retry
 from .aio import AsyncClient, AsyncLock
-from .election import Leadership, Observer
+from .election import AsyncLeadership, AsyncObserver, Leadership, Observer
 from .errors import (InvalidArgument, LockBusy, LockLost, LockTimeout, NotAcquired, NotLeader, PermissionDenied,
                      TumblerError, Unavailable)
 from .sync import Client, Lock
@@ -17,5 +17,6 @@ from .v1 import lock_pb2 as pb
 from .v1 import lock_pb2_grpc as pb_grpc
 
 __all__ = ["Client", "Lock", "AsyncClient", "AsyncLock", "Retry", "TumblerError", "NotAcquired", "LockBusy",
-           "LockTimeout", "LockLost", "NotLeader", "Leadership", "Observer", "InvalidArgument", "PermissionDenied",
+           "LockTimeout", "LockLost", "NotLeader", "Leadership", "Observer", "AsyncLeadership",
+           "AsyncObserver", "InvalidArgument", "PermissionDenied",
            "Unavailable", "pb", "pb_grpc", "DEFAULT_HELPER_TTL_MS"]
