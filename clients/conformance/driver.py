@@ -684,8 +684,8 @@ def readme_examples(addr):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default=os.path.join(ROOT, "target", "debug", "tumbler"))
-    ap.add_argument("--only", help="comma-separated parts to run (scenario, election, examples, keep, crash, lost, cancel, "
-                                   "readme, restart, restart-hold, restart-place, auth, renewal); "
+    ap.add_argument("--only", help="comma-separated parts to run (scenario, election, examples, keep, crash, lost, "
+                                   "cancel, readme, restart, restart-hold, restart-place, auth, renewal); "
                                    "default all")
     ap.add_argument("--langs", help="comma-separated languages to run (" + ",".join(LANGS) + "); default all. "
                                     "Cross-language parts that need a language left out are skipped (SKIP lines)")
@@ -704,7 +704,8 @@ def main():
     proc, addr = start_dev(opts.server)
     print(f"==> tumbler dev on {addr} (pid {proc.pid})", flush=True)
     server = opts.server
-    parts = [("scenario", scenario), ("election", election), ("examples", examples), ("keep", held_means_held), ("crash", crash_frees),
+    parts = [("scenario", scenario), ("election", election), ("examples", examples),
+             ("keep", held_means_held), ("crash", crash_frees),
              ("lost", lost_signalled), ("cancel", cancel_leaves_no_waiter), ("readme", readme_examples),
              ("restart", lambda _addr: restart_retries(server)),
              ("restart-hold", lambda _addr: restart_mid_hold(server)),

@@ -9,7 +9,9 @@ import type { LockServiceClient } from './types/tumbler/v1/LockService';
 import type { Leadership__Output as LeadershipMessage } from './types/tumbler/v1/Leadership';
 import type { LeaderChange__Output as LeaderChange } from './types/tumbler/v1/LeaderChange';
 
-export type { Grant, AcquireResponse, InspectResponse, QueueResponse, LockServiceClient, LeadershipMessage, LeaderChange };
+export type {
+  Grant, AcquireResponse, InspectResponse, QueueResponse, LockServiceClient, LeadershipMessage, LeaderChange,
+};
 export { grpc };
 export declare const DEFAULT_HELPER_TTL_MS: number;
 

@@ -220,7 +220,8 @@ $steps{campaign} = sub {
             $cmd //= '';
             if ($cmd eq 'proclaim') {
                 if (eval { $held->proclaim($arg // ''); 1 }) {
-                    emit({ event => 'proclaim', status => 'PROCLAIMED', value => $held->value, lost => bool($held->lost) });
+                    emit({ event => 'proclaim', status => 'PROCLAIMED', value => $held->value,
+                        lost => bool($held->lost) });
                 } else {
                     my $e = $@;
                     die $e unless is_a($e, 'Tumbler::Error::NotLeader');

@@ -84,7 +84,8 @@ func lostNow(l *tumbler.Leadership) bool {
 	}
 }
 
-func campaign(c *tumbler.Client, a []string) (obj, error) { // NAME CANDIDATE VALUE TTL_MS WAIT_MS, then commands on stdin
+// campaign: NAME CANDIDATE VALUE TTL_MS WAIT_MS, then commands on stdin.
+func campaign(c *tumbler.Client, a []string) (obj, error) {
 	l, err := c.Campaign(context.Background(), a[0], tumbler.CampaignOptions{Candidate: a[1], Value: a[2],
 		TTLMs: atoi(a[3]), WaitMs: atoi(a[4])})
 	if err != nil {
