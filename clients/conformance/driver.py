@@ -21,7 +21,8 @@ import time
 import tumbler_client as tc
 from tumbler_client import pb
 
-from procs import CLIENTS, EXAMPLE_LANGS, LANGS, NAMESPACE, ROOT, Step, free_port, start_dev, start_redis, start_serve, stop
+from procs import (CLIENTS, ELECTION_LANGS, EXAMPLE_LANGS, LANGS, NAMESPACE, OBSERVE_LANGS, ROOT, Step, free_port,
+                   start_dev, start_redis, start_serve, stop)
 
 results = []  # (lang, ok, text)
 
@@ -174,6 +175,121 @@ def scenario(addr):
         if r:
             check(lang, is_invalid_argument(r["code"]) and r.get("message", "").startswith(r["field"]) and r.get("typed"),
                   f"bad {r['field']} -> {r.get('typed')} (INVALID_ARGUMENT) \"{r.get('message')}\"", r)
+
+
+def campaigner(lang, name, candidate, value, ttl_ms, wait_ms, addr):
+    """A campaign step that stays up, taking commands (proclaim, resign, lost, exit) on its stdin."""
+    return Step(lang, ["campaign", name, candidate, value, ttl_ms, wait_ms], addr, report=check, commands_in=True)
+
+
+def leader_is(lang, addr, name, candidate, term, value):
+    r = step(lang, "leader", name, addr=addr)
+    seen = r and r["leader"]
+    return seen and (seen["candidate"], seen["term"], seen["value"]) == (candidate, term, value), r
+
+
+def election_round(addr, a, b, o, r, n):
+    """One round: `a` is elected, `b` waits, `r` reads the leader, `o` observes (None: nobody observes)."""
+    name, ttl = f"election-{n}", 1500
+    ca, cb = f"{a}-leader-{n}", f"{b}-next-{n}"
+    lead = campaigner(a, name, ca, f"{a}-v1", ttl, 5000, addr)
+    got = lead.event()
+    if not check(a, got and got.get("elected") and int(got["term"]) > 0 and got["candidate"] == ca
+                 and got["value"] == f"{a}-v1", f"election: campaign elected (term {got and got.get('term')}, "
+                                                 f"value {a}-v1)", got):
+        lead.kill()
+        return
+    term = got["term"]
+    wait = campaigner(b, name, cb, f"{b}-v1", ttl, 20000, addr)
+    check(b, wait_for_queue(addr, name, [cb]), f"election: a second candidate waits in the queue behind {a}")
+    watch = o and Step(o, ["observe", name, cb, 20000], addr, report=check)
+    first = watch and watch.event()
+    if watch:
+        check(o, first and first["kind"] == "current" and first["leader"]
+              and (first["leader"]["candidate"], first["leader"]["term"]) == (ca, term),
+              f"election: observe starts with the current leader ({a}, term {term})", first)
+    time.sleep(2 * ttl / 1000)
+    ok, seen = leader_is(r, addr, name, ca, term, f"{a}-v1")
+    check(r, ok, f"election: leader() sees {a}'s candidate, term {term}, value {a}-v1 after {2 * ttl} ms "
+                 f"(twice its {ttl} ms lease: the watchdog extended it)", seen)
+    said = lead.ask(f"proclaim {a}-v2")
+    check(a, said and said["status"] == "PROCLAIMED" and said["value"] == f"{a}-v2" and not said["lost"],
+          f"election: proclaim {a}-v2", said)
+    if watch:
+        change = watch.event()
+        check(o, change and change["kind"] == "proclaimed" and change["leader"]
+              and (change["leader"]["term"], change["leader"]["value"]) == (term, f"{a}-v2"),
+              f"election: observe tells \"proclaimed\" {a}-v2 (term {term})", change)
+    ok, seen = leader_is(r, addr, name, ca, term, f"{a}-v2")
+    check(r, ok, f"election: leader() sees the proclaimed value {a}-v2", seen)
+    resigned = lead.ask("resign")
+    check(a, resigned and resigned["first"] is True and resigned["second"] is False,
+          "election: resign ends the term (a second resign is a no-op)", resigned)
+    won = wait.event()
+    check(b, won and won.get("elected") and won["candidate"] == cb and int(won["term"]) > int(term),
+          f"election: elected when {a} resigned, term {won and won.get('term')} > {term}", won)
+    stale = lead.ask(f"proclaim {a}-v3")
+    check(a, stale and stale["status"] == "NOT_LEADER" and stale["lost"],
+          f"election: proclaim with the old term {term} -> NOT_LEADER ({stale and stale.get('typed')}), lost", stale)
+    lead.send("exit")
+    lead.result()
+    if watch:
+        seen = watch.result()
+        kinds = [c["kind"] for c in (seen or {}).get("changes", [])]
+        last = (seen or {}).get("changes", [{}])[-1].get("leader") or {}
+        check(o, seen and seen["cancelled"] and kinds[-1:] == ["elected"] and won
+              and (last.get("candidate"), last.get("term")) == (cb, won["term"])
+              and set(kinds) <= {"current", "proclaimed", "resigned", "elected"},
+              f"election: observe tells {b}'s election, then is cancelled ({' -> '.join(kinds)})", seen)
+    # Taken away from outside (its term resigned by another client): the watchdog's Extend says NOT_HELD.
+    if won and won.get("elected"):
+        taken = now_ms()
+        with tc.Client(addr, namespace=NAMESPACE) as c:
+            c.stub.Resign(pb.ResignRequest(namespace=NAMESPACE, name=name, candidate=cb, term=int(won["term"])),
+                          timeout=5)
+        lost = wait.ask(f"lost {2 * ttl}")
+        check(b, lost and lost["lost"] and lost["at_ms"] - taken <= ttl,
+              f"election: lost() {lost and lost['at_ms'] - taken} ms after its term was resigned by another client "
+              f"({lost and lost.get('reason')})",
+              lost)
+    wait.send("exit")
+    wait.result()
+
+
+def killed_leader(addr, k, w, n):
+    """A leader whose process is SIGKILLed: the waiting candidate is elected within about one lease."""
+    name, ttl = f"election-kill-{n}", 1000
+    lead = campaigner(k, name, f"{k}-doomed-{n}", "doomed", ttl, 5000, addr)
+    got = lead.event()
+    wait = campaigner(w, name, f"{w}-next-{n}", "next", ttl, 20000, addr)
+    queued = wait_for_queue(addr, name, [f"{w}-next-{n}"])
+    time.sleep(ttl / 1000)  # the leader has extended its lease at least once
+    lead.kill()
+    killed = now_ms()
+    won = wait.event()
+    after = won and won.get("at_ms", 0) - killed
+    check(w, got and queued and won and won.get("elected") and int(won["term"]) > int(got["term"])
+          and after <= ttl + 500,
+          f"election: {k}'s leader SIGKILLed, elected {after} ms later (lease {ttl} ms), term "
+          f"{won and won.get('term')} > {got and got.get('term')}", {"killed": got, "next": won})
+    wait.send("exit")
+    wait.result()
+
+
+def election(addr):
+    """Leader election across the helpers: each language in turn leads, waits, observes and reads the leader."""
+    langs = [lang for lang in ELECTION_LANGS if lang in LANGS]
+    if not langs:
+        print("SKIP  election: no election language selected (--langs)", flush=True)
+        return
+    observers = [lang for lang in langs if lang in OBSERVE_LANGS]
+    for n, a in enumerate(langs):
+        b = langs[(n + 1) % len(langs)]
+        r = langs[(n + 3) % len(langs)]
+        o = observers[(n + 2) % len(observers)] if observers else None
+        election_round(addr, a, b, o, r, n)
+    for n, k in enumerate(langs):
+        killed_leader(addr, k, langs[(n + 1) % len(langs)], n)
 
 
 def unique_across_languages(addr):
@@ -466,9 +582,23 @@ def renewal_fails(binary):
                     ("rust", "lost"), ("perl", "lost")]
         steps = [(lang, run_step(lang, [st, f"renew-{lang}-{st}", ttl], addr)) for lang, st in variants
                  if lang in LANGS]
+        # A leadership's watchdog is the lock's: the same when the server dies under a leader.
+        leaders = [(lang, campaigner(lang, f"renew-{lang}-election", f"{lang}-renewer", "v", ttl, 0, addr))
+                   for lang in ELECTION_LANGS if lang in LANGS]
         held = [s.event() for _, s in steps]
+        elected = [s.event() for _, s in leaders]
         stop(server, sig=9)
         killed_at = now_ms()
+        for lang, s in leaders:
+            s.send(f"lost {ttl * 3}")
+        for (lang, s), ev in zip(leaders, elected):
+            r = s.event() if ev else None
+            s.kill()
+            if r:
+                delay = r["at_ms"] - killed_at
+                check(lang, r["lost"] and "lease ran out" in (r.get("reason") or "") and ttl // 3 <= delay <= ttl + 300,
+                      f"server gone: a leader's renewals failed, lost() {delay} ms after the kill, by the end of "
+                      f"the {ttl} ms lease (campaign)", r)
         for (lang, s), ev in zip(steps, held):
             r = s.result()
             if ev and r:
@@ -554,8 +684,8 @@ def readme_examples(addr):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default=os.path.join(ROOT, "target", "debug", "tumbler"))
-    ap.add_argument("--only", help="comma-separated parts to run (scenario, examples, keep, crash, lost, cancel, "
-                                   "readme, restart, restart-hold, restart-place, auth, renewal); "
+    ap.add_argument("--only", help="comma-separated parts to run (scenario, election, examples, keep, crash, lost, "
+                                   "cancel, readme, restart, restart-hold, restart-place, auth, renewal); "
                                    "default all")
     ap.add_argument("--langs", help="comma-separated languages to run (" + ",".join(LANGS) + "); default all. "
                                     "Cross-language parts that need a language left out are skipped (SKIP lines)")
@@ -567,12 +697,15 @@ def main():
             raise SystemExit(f"unknown --langs {','.join(unknown)}: choose from {','.join(LANGS)}")
         LANGS[:] = [lang for lang in LANGS if lang in wanted]
         EXAMPLE_LANGS[:] = [lang for lang in EXAMPLE_LANGS if lang in wanted]
+        ELECTION_LANGS[:] = [lang for lang in ELECTION_LANGS if lang in wanted]
+        OBSERVE_LANGS[:] = [lang for lang in OBSERVE_LANGS if lang in wanted]
     if not os.path.exists(opts.server):
         raise SystemExit(f"{opts.server} is missing: cargo build --bin tumbler")
     proc, addr = start_dev(opts.server)
     print(f"==> tumbler dev on {addr} (pid {proc.pid})", flush=True)
     server = opts.server
-    parts = [("scenario", scenario), ("examples", examples), ("keep", held_means_held), ("crash", crash_frees),
+    parts = [("scenario", scenario), ("election", election), ("examples", examples),
+             ("keep", held_means_held), ("crash", crash_frees),
              ("lost", lost_signalled), ("cancel", cancel_leaves_no_waiter), ("readme", readme_examples),
              ("restart", lambda _addr: restart_retries(server)),
              ("restart-hold", lambda _addr: restart_mid_hold(server)),

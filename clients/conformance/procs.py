@@ -20,6 +20,12 @@ LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 # (Rust's README example is compiled as clients/rust/examples/readme.rs, and
 # tests/repo/crates.rs keeps the two the same).
 EXAMPLE_LANGS = ["python", "node", "go", "ruby", "perl"]
+# Languages whose helpers run the leader-election part, in the order it
+# rotates the roles through (the Rust client's steps join with one more
+# entry here); OBSERVE_LANGS: those whose helpers observe (Perl has no
+# Connect server streaming yet).
+ELECTION_LANGS = ["python", "node", "go", "ruby", "perl"]
+OBSERVE_LANGS = ["python", "node", "go", "ruby", "perl"]
 
 
 def commands(table):
@@ -53,10 +59,12 @@ class Step:
     """One language step as its own process. Its JSON lines are read as they
     come: event() returns the next one, result() the last one after it exits."""
 
-    def __init__(self, lang, args, addr, table="steps", report=None):
+    def __init__(self, lang, args, addr, table="steps", report=None, commands_in=False):
+        """commands_in: the step reads commands from its stdin (send()), one a line."""
         self.lang, self.args, self.report = lang, [str(a) for a in args], report
         self.proc = subprocess.Popen(commands(table)[lang] + [addr, NAMESPACE] + self.args, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                                     stderr=subprocess.PIPE, stdin=subprocess.PIPE if commands_in else None,
+                                     text=True, cwd=ROOT)
         self.lines, self.err = queue.Queue(), []
         threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put, True), daemon=True).start()
         threading.Thread(target=self._pump, args=(self.proc.stderr, self.err.append, False), daemon=True).start()
@@ -88,6 +96,27 @@ class Step:
         self._fail("no event", "".join(self.err)[-800:])
         return None
 
+    def send(self, line):
+        """One command to a step started with commands_in; False when it has exited already."""
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def ask(self, line, timeout=30):
+        """send() a command, then the JSON line that answers it."""
+        return self.event(timeout) if self.send(line) else None
+
+    def close(self):
+        """Ends a commands_in step's input (it finishes as on "exit")."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
     def poll_event(self):
         """The next JSON line if one is already there, else None (never waits)."""
         while True:
@@ -104,8 +133,10 @@ class Step:
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+        self.close()
 
     def result(self, timeout=60):
+        self.close()
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -4,7 +4,8 @@
 // run with the installed tumbler-client package (NODE_PATH points at it).
 // usage: conformance_steps.js ADDR NAMESPACE STEP ARGS...
 // Prints JSON lines: events ({"event": ...}) while it runs, its result last.
-const { Client, NotAcquiredError, LockLostError, InvalidArgumentError } = require('tumbler-client');
+const readline = require('readline');
+const { Client, NotAcquiredError, LockLostError, NotLeaderError, InvalidArgumentError } = require('tumbler-client');
 
 const sleep = (ms, signal) => new Promise((resolve, reject) => {
   const t = setTimeout(resolve, ms);
@@ -13,6 +14,12 @@ const sleep = (ms, signal) => new Promise((resolve, reject) => {
 const emit = (obj) => console.log(JSON.stringify(obj));
 const grantJson = (lock) => ({ holder: lock.holder, token: lock.fencingToken, slot: lock.slot,
   acquired_at_ms: Number(lock.grant.acquiredAtMs) });
+
+const leadershipJson = (l) => (l ? { candidate: l.candidate, term: l.term, value: l.value,
+  elected_at_ms: Number(l.electedAtMs), expires_at_ms: Number(l.expiresAtMs) } : null);
+
+// Resolves true when the signal aborts within ms, false otherwise.
+const abortedWithin = (signal, ms) => sleep(ms, signal).then(() => false, () => true);
 
 const steps = {
   async hold(client, name, holder, limit) {
@@ -118,6 +125,52 @@ const steps = {
       if (!out.queue_after.includes(holder) || out.gone_ms > 2000) return out;
       await sleep(10);
     }
+  },
+  async campaign(client, name, candidate, value, ttlMs, waitMs) { // campaign, then act on commands from stdin
+    const held = await client.campaign(name, { candidate, value, ttlMs: Number(ttlMs), waitMs: Number(waitMs) });
+    if (!held) return { elected: false };
+    emit({ event: 'elected', elected: true, at_ms: Date.now(), ...leadershipJson(held.leader) });
+    for await (const line of readline.createInterface({ input: process.stdin })) {
+      const [cmd, ...rest] = line.trim().split(' ');
+      const arg = rest.join(' ');
+      if (cmd === 'proclaim') {
+        try {
+          await held.proclaim(arg);
+          emit({ event: 'proclaim', status: 'PROCLAIMED', value: held.value, lost: held.lost });
+        } catch (e) {
+          if (!(e instanceof NotLeaderError)) throw e;
+          emit({ event: 'proclaim', status: 'NOT_LEADER', typed: e.name, lost: held.lost });
+        }
+      } else if (cmd === 'resign') {
+        const first = await held.resign();
+        const second = await held.resign();
+        emit({ event: 'resign', first, second, lost: held.lost });
+      } else if (cmd === 'lost') {
+        const lost = await abortedWithin(held.signal, Number(arg));
+        emit({ event: 'lost', lost, reason: held.lostReason, at_ms: Date.now() });
+      } else if (cmd === 'exit') {
+        break;
+      }
+    }
+    await held.resign();
+    return { done: true, term: held.term };
+  },
+  async leader(client, name) {
+    return { leader: leadershipJson(await client.leader(name)) };
+  },
+  async observe(client, name, stopCandidate, timeoutMs) { // the leader changes until stopCandidate is elected
+    const out = { cancelled: false, changes: [] };
+    const observer = client.observe(name, { signal: AbortSignal.timeout(Number(timeoutMs)) });
+    for await (const change of observer) {
+      const seen = { kind: change.event, leader: leadershipJson(change.leader), ended_term: change.endedTerm };
+      out.changes.push(seen);
+      emit({ event: 'change', ...seen });
+      if (change.event === 'elected' && change.leader.candidate === stopCandidate) {
+        observer.cancel();
+        out.cancelled = true;
+      }
+    }
+    return out;
   },
   async restart(client, name, holder, waitMs) { // wait through a server restart (retries on UNAVAILABLE)
     const started = performance.now();

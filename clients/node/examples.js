@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 'use strict';
-// The Node seed pattern of clients/node/README.md, run by the conformance
-// driver: a job that locks around an ID with a limit above 1.
+// The Node seed patterns of clients/node/README.md, run by the conformance
+// driver: a job that locks around an ID with a limit above 1, and one
+// leader among replicas (leader election).
 // usage: examples.js ADDR NAMESPACE all   — prints {"checks": [...]} as one JSON line.
 const { Client } = require('tumbler-client');
 
@@ -14,6 +15,38 @@ function withAccount(client, accountId, jobId, fn) {
   return client.withLock(`account-sync/${accountId}`, {
     holder: jobId, limit: 2, waitMs: 30000, ttlMs: 60000, kind: 'account_sync',
   }, fn);
+}
+
+// Run fn(leadership, signal) while this replica leads `election`; null when
+// another one led for the whole wait. The value others see is this replica's address.
+async function runAsLeader(client, election, me, fn) {
+  const leadership = await client.campaign(election, { value: me, waitMs: 5000, ttlMs: 3000 });
+  if (!leadership) return null;
+  try {
+    return await fn(leadership, leadership.signal); // the signal aborts if the term ends under it
+  } finally {
+    await leadership.resign(); // the next replica in line is elected at once
+  }
+}
+
+async function electionChecks(client, check) {
+  const term = await runAsLeader(client, 'node.scheduler', '10.0.0.7:8080', async (leadership) => {
+    const now = await client.leader('node.scheduler');
+    check('leader election: leader() shows this replica\'s value and term',
+      now && now.value === '10.0.0.7:8080' && now.term === leadership.term, now);
+    check('leader election: another replica is not elected while this one leads',
+      (await client.campaign('node.scheduler', { value: '10.0.0.8:8080' })) === null);
+    const observer = client.observe('node.scheduler');
+    for await (const change of observer) {
+      check('leader election: observe starts with the current leader',
+        change.event === 'current' && change.leader.term === leadership.term, change);
+      observer.cancel();
+    }
+    await leadership.proclaim('10.0.0.7:9090');
+    return leadership.term;
+  });
+  check('leader election: elected, with a term (fencing token)', term && BigInt(term) > 0n, term);
+  check('leader election: nobody leads after resign', (await client.leader('node.scheduler')) === null);
 }
 
 async function allChecks(client) {
@@ -49,6 +82,7 @@ async function allChecks(client) {
   const o42 = order.sort((a, b) => (a[0] < b[0] ? -1 : 1)).map(([, h]) => h).filter((h) => h.startsWith('sync-42-'));
   check('lock around an ID: waiters of account 42 were served in arrival order',
     JSON.stringify(o42) === JSON.stringify([1, 2, 3, 4, 5].map((i) => `sync-42-${i}`)), o42);
+  await electionChecks(client, check);
   return { checks };
 }
 

@@ -6,8 +6,12 @@ import type { AcquireResponse__Output as AcquireResponse } from './types/tumbler
 import type { InspectResponse__Output as InspectResponse } from './types/tumbler/v1/InspectResponse';
 import type { QueueResponse__Output as QueueResponse } from './types/tumbler/v1/QueueResponse';
 import type { LockServiceClient } from './types/tumbler/v1/LockService';
+import type { Leadership__Output as LeadershipMessage } from './types/tumbler/v1/Leadership';
+import type { LeaderChange__Output as LeaderChange } from './types/tumbler/v1/LeaderChange';
 
-export type { Grant, AcquireResponse, InspectResponse, QueueResponse, LockServiceClient };
+export type {
+  Grant, AcquireResponse, InspectResponse, QueueResponse, LockServiceClient, LeadershipMessage, LeaderChange,
+};
 export { grpc };
 export declare const DEFAULT_HELPER_TTL_MS: number;
 
@@ -68,6 +72,46 @@ export declare class Lock {
   check(): void;
 }
 
+export interface CampaignOptions {
+  /** What others see (leader(), observe()) while this candidate leads. */
+  value?: string;
+  /** Default: an id made by the client, so retries are the same candidacy. */
+  candidate?: string;
+  /** Wait this long in the election's queue; 0 tries once. */
+  waitMs?: number;
+  /** Bounds the whole call, retries included (default waitMs + 5 000). */
+  timeoutMs?: number;
+  /** Cancels a waiting campaign. */
+  signal?: AbortSignal;
+  /** The leadership's lease, extended every third by the watchdog (default 15 000). */
+  ttlMs?: number;
+  queueTtlMs?: number;
+  kind?: string;
+  /** Called at once when the term ends under the leader. */
+  onLost?: (err: NotLeaderError) => void;
+}
+
+/** One term of this process as the leader; `lost`, `signal` and `check()` as for a Lock. */
+export declare class Leadership extends Lock {
+  leader: LeadershipMessage;
+  readonly candidate: string;
+  /** The term: the leader's fencing token, a decimal string (uint64). */
+  readonly term: string;
+  readonly value: string;
+  resigned: boolean;
+  /** Rejects with NotLeaderError (and the leadership is lost) when the term is over. */
+  proclaim(value: string): Promise<Leadership>;
+  /** True when this call ended the term; false when it was over already. */
+  resign(): Promise<boolean>;
+}
+
+/** The leader changes of one election; the first is the current leader (event "current"). */
+export declare class Observer implements AsyncIterable<LeaderChange> {
+  cancelled: boolean;
+  cancel(): void;
+  [Symbol.asyncIterator](): AsyncIterator<LeaderChange>;
+}
+
 export declare class Client {
   constructor(target?: string, options?: ClientOptions);
   readonly stub: LockServiceClient;
@@ -75,6 +119,9 @@ export declare class Client {
   acquire(name: string, options?: AcquireOptions): Promise<Lock>;
   withLock<T>(name: string, options: WithLockOptions, fn: (lock: Lock, signal: AbortSignal) => Promise<T> | T): Promise<T>;
   withLock<T>(name: string, fn: (lock: Lock, signal: AbortSignal) => Promise<T> | T): Promise<T>;
+  campaign(name: string, options?: CampaignOptions): Promise<Leadership | null>;
+  leader(name: string): Promise<LeadershipMessage | null>;
+  observe(name: string, options?: { signal?: AbortSignal }): Observer;
   inspect(name: string): Promise<InspectResponse>;
   queue(name: string, maxEntries?: number): Promise<QueueResponse>;
   close(): void;
@@ -98,6 +145,10 @@ export declare class LockLostError extends TumblerError {
   holder: string;
   fencingToken: string;
   reason: string;
+}
+export declare class NotLeaderError extends LockLostError {
+  candidate: string;
+  term: string;
 }
 export declare class InvalidArgumentError extends TumblerError {}
 export declare class PermissionDeniedError extends TumblerError {}

@@ -5,6 +5,7 @@
 # Prints JSON lines: events ({"event": ...}) while it runs, its result last.
 use strict;
 use warnings;
+use IO::Select ();
 use JSON::PP ();
 use POSIX ();
 use Scalar::Util qw(blessed);
@@ -190,6 +191,78 @@ $steps{restart} = sub {   # wait through a server restart (retries on unavailabl
     my %out = (status => 'ACQUIRED', grant_json($lock), elapsed_ms => int((mono() - $started) * 1000));
     $lock->release;
     return \%out;
+};
+
+sub leadership_json {
+    my $l = shift;
+    return undef unless $l;
+    return { candidate => $l->{candidate}, term => "$l->{term}", value => $l->{value},
+        elected_at_ms => 0 + $l->{elected_at_ms}, expires_at_ms => 0 + $l->{expires_at_ms} };
+}
+
+# Campaign, then act on commands from stdin; between them, heartbeat keeps
+# the lease (Perl has no watchdog thread: the loop calls it).
+$steps{campaign} = sub {
+    my ($c, $name, $candidate, $value, $ttl_ms, $wait_ms) = @_;
+    my $held = $c->campaign($name, candidate => $candidate, value => $value, ttl_ms => $ttl_ms, wait_ms => $wait_ms);
+    return { elected => JSON::PP::false } unless $held;
+    emit({ event => 'elected', elected => JSON::PP::true, at_ms => now_ms(), %{ leadership_json($held->leader) } });
+    my $in = IO::Select->new(\*STDIN);
+    my $line = '';
+    while (1) {
+        $held->heartbeat;
+        next unless $in->can_read(0.02);
+        my $n = sysread STDIN, my $chunk, 4096;
+        last unless $n;
+        $line .= $chunk;
+        while ($line =~ s/^([^\n]*)\n//) {
+            my ($cmd, $arg) = split / /, $1, 2;
+            $cmd //= '';
+            if ($cmd eq 'proclaim') {
+                if (eval { $held->proclaim($arg // ''); 1 }) {
+                    emit({ event => 'proclaim', status => 'PROCLAIMED', value => $held->value,
+                        lost => bool($held->lost) });
+                } else {
+                    my $e = $@;
+                    die $e unless is_a($e, 'Tumbler::Error::NotLeader');
+                    emit({ event => 'proclaim', status => 'NOT_LEADER', typed => ref $e, lost => bool($held->lost) });
+                }
+            } elsif ($cmd eq 'resign') {
+                my $first = $held->resign;
+                emit({ event => 'resign', first => bool($first), second => bool($held->resign),
+                    lost => bool($held->lost) });
+            } elsif ($cmd eq 'lost') {
+                my $until = mono() + $arg / 1000;
+                while (mono() < $until && $held->heartbeat) { Time::HiRes::sleep(0.01) }
+                emit({ event => 'lost', lost => bool($held->lost), reason => $held->lost_reason, at_ms => now_ms() });
+            } elsif ($cmd eq 'exit') {
+                $held->resign;
+                return { done => JSON::PP::true, term => "" . $held->term };
+            }
+        }
+    }
+    $held->resign;
+    return { done => JSON::PP::true, term => "" . $held->term };
+};
+
+$steps{leader} = sub {
+    my ($c, $name) = @_;
+    return { leader => leadership_json($c->leader($name)) };
+};
+
+$steps{observe} = sub {   # the leader changes until stop_candidate is elected
+    my ($c, $name, $stop_candidate, $timeout_ms) = @_;
+    my (@changes, $cancelled);
+    $c->observe($name, sub {
+        my $change = shift;
+        my %seen = (kind => $change->{event}, leader => leadership_json($change->{leader}),
+            ended_term => "$change->{ended_term}");
+        push @changes, \%seen;
+        emit({ event => 'change', %seen });
+        $cancelled = $change->{event} eq 'elected' && $change->{leader}{candidate} eq $stop_candidate;
+        return !$cancelled;
+    }, timeout => $timeout_ms / 1000);
+    return { cancelled => bool($cancelled), changes => \@changes };
 };
 
 # The token is sent; none, or another namespace, is Tumbler::Error::Denied.

@@ -3,7 +3,8 @@
 # IPC::ConcurrencyLimit's interface (Tumbler::ConcurrencyLimit, and the lock
 # class IPC::ConcurrencyLimit::Lock::Tumbler as IPC::ConcurrencyLimit calls
 # it): max_procs slots numbered 1.., heartbeat, release on destruction, and
-# a killed process's slot freed when its lease ends.
+# a killed process's slot freed when its lease ends; and one leader among
+# replicas (leader election).
 #
 # usage: examples.pl ADDR NAMESPACE all
 use strict;
@@ -85,6 +86,39 @@ sub check { my ($what, $ok, $detail) = @_; push @checks, { what => $what, ok => 
     check("a kill -9'd process's slot: held past its $ttl ms lease while alive, free $freed ms after the kill",
         ($id // '') eq '1' && $busy && ($got // 0) == 1 && $freed <= $ttl + 500,
         { child_id => $id, busy_while_alive => $busy ? 1 : 0, freed_ms => $freed });
+}
+
+# Runs $work->($leadership) while this replica leads $election; undef when
+# another one led for the whole wait. The value others see is this
+# replica's address. The work calls $leadership->heartbeat from its loop
+# (more often than a third of ttl_ms): false once the term ended under it.
+sub run_as_leader {
+    my ($client, $election, $me, $work) = @_;
+    my $leadership = $client->campaign($election, value => $me, wait_ms => 5_000, ttl_ms => 3_000)
+        or return undef;
+    my @result = $work->($leadership);
+    $leadership->resign;   # the next replica in line is elected at once (leaving the scope does too)
+    return $result[0];
+}
+
+{
+    my $term = run_as_leader($admin, 'pl.scheduler', '10.0.0.7:8080', sub {
+        my $leadership = shift;
+        my $now = $admin->leader('pl.scheduler');
+        check("leader election: leader() shows this replica's value and term",
+            $now && $now->{value} eq '10.0.0.7:8080' && $now->{term} == $leadership->term);
+        my $other = Tumbler::Client->new(@opts)->campaign('pl.scheduler', value => '10.0.0.8:8080');
+        check('leader election: another replica is not elected while this one leads', !defined $other);
+        my $first;
+        $admin->observe('pl.scheduler', sub { $first = shift; 0 });   # false: stop after the first
+        check('leader election: observe starts with the current leader',
+            $first && $first->{event} eq 'current' && $first->{leader}{term} == $leadership->term);
+        check('leader election: heartbeat keeps the leadership', $leadership->heartbeat(force => 1));
+        $leadership->proclaim('10.0.0.7:9090');
+        return $leadership->term;
+    });
+    check('leader election: elected, with a term (fencing token)', $term && $term > 0);
+    check('leader election: nobody leads after resign', !defined $admin->leader('pl.scheduler'));
 }
 
 print JSON::PP->new->canonical->encode({ checks => \@checks }), "\n";

@@ -166,8 +166,69 @@ def auth(addr, namespace, token):  # the token is sent; none, or another namespa
             "other_namespace": attempt("elsewhere", token)}
 
 
+def leadership_json(leader):
+    if leader is None:
+        return None
+    return {"candidate": leader.candidate, "term": str(leader.term), "value": leader.value,
+            "elected_at_ms": leader.elected_at_ms, "expires_at_ms": leader.expires_at_ms}
+
+
+def campaign(client, name, candidate, value, ttl_ms, wait_ms):  # campaign, then act on commands from stdin
+    held = client.campaign(name, value, candidate=candidate, ttl_ms=int(ttl_ms), wait_ms=int(wait_ms))
+    if held is None:
+        return {"elected": False}
+    emit({"event": "elected", "elected": True, "at_ms": now_ms(), **leadership_json(held.leader)})
+    for line in sys.stdin:
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "proclaim":
+            try:
+                held.proclaim(arg)
+                emit({"event": "proclaim", "status": "PROCLAIMED", "value": held.value, "lost": held.lost.is_set()})
+            except tc.NotLeader as e:
+                emit({"event": "proclaim", "status": "NOT_LEADER", "typed": type(e).__name__,
+                      "lost": held.lost.is_set()})
+        elif cmd == "resign":
+            first, second = held.resign(), held.resign()
+            emit({"event": "resign", "first": first, "second": second, "lost": held.lost.is_set()})
+        elif cmd == "lost":
+            lost = held.lost.wait(int(arg) / 1000)
+            emit({"event": "lost", "lost": lost, "reason": held.lost_reason, "at_ms": now_ms()})
+        elif cmd == "exit":
+            break
+    held.resign()
+    return {"done": True, "term": str(held.term)}
+
+
+def leader(client, name):
+    return {"leader": leadership_json(client.leader(name))}
+
+
+def observe(client, name, stop_candidate, timeout_ms):  # the leader changes until stop_candidate is elected
+    changes, out = [], {"cancelled": False}
+    with client.observe(name, timeout=int(timeout_ms) / 1000) as observer:
+        try:
+            for _ in _until_elected(observer, stop_candidate, changes, out):
+                pass
+        except tc.TumblerError as e:
+            out["error"] = str(e)
+    return {**out, "changes": changes}
+
+
+def _until_elected(observer, stop_candidate, changes, out):
+    for change in observer:
+        seen = {"kind": change.event, "leader": leadership_json(change.leader if change.HasField("leader") else None),
+                "ended_term": str(change.ended_term)}
+        changes.append(seen)
+        emit({"event": "change", **seen})
+        if change.event == "elected" and change.leader.candidate == stop_candidate:
+            observer.cancel()
+            out["cancelled"] = True
+        yield seen
+
+
 SYNC = {"hold": hold, "release": release, "wait": wait, "scoped": scoped, "inspect": inspect, "invalid": invalid,
-        "keep": keep, "crash": crash, "lost": lost, "restart": restart}
+        "keep": keep, "crash": crash, "lost": lost, "restart": restart, "campaign": campaign, "leader": leader,
+        "observe": observe}
 ASYNC = {"lost-async": lost_async, "cancel-async": cancel_async}
 
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Python seed pattern of clients/python/README.md, run by the conformance driver:
-unique jobs (a uniqueness window keyed on a digest of job class + arguments).
+"""Python seed patterns of clients/python/README.md, run by the conformance driver:
+unique jobs (a uniqueness window keyed on a digest of job class + arguments),
+and one leader among replicas (leader election).
 
 usage: examples.py ADDR NAMESPACE all
        examples.py ADDR NAMESPACE enqueue CLASS ARGS_JSON JOB_ID WINDOW_MS
        examples.py ADDR NAMESPACE perform CLASS ARGS_JSON JOB_ID
 Prints one JSON line.
 """
+import asyncio
 import hashlib
 import json
 import sys
@@ -45,6 +47,61 @@ def run_unique(client, job_class, args, job_id, perform, unique_until="success")
     return result
 
 
+def run_as_leader(client, election, me, work):
+    """Run work(leadership) while this replica leads `election`; None when another one
+    led for the whole wait. The value others see (client.leader) is this replica's address."""
+    leadership = client.campaign(election, value=me, wait_ms=5000, ttl_ms=3000)
+    if leadership is None:
+        return None
+    try:
+        return work(leadership)       # leadership.lost is set if the term ends under it
+    finally:
+        leadership.resign()           # the next replica in line is elected at once
+
+
+def election_checks(client, check):
+    def work(leadership):
+        now = client.leader("py.scheduler")
+        check("leader election: leader() shows this replica's value and term",
+              now is not None and (now.value, now.term) == ("10.0.0.7:8080", leadership.term), str(now))
+        check("leader election: another replica is not elected while this one leads",
+              client.campaign("py.scheduler", value="10.0.0.8:8080") is None)
+        with client.observe("py.scheduler") as changes:
+            first = next(iter(changes))
+        check("leader election: observe starts with the current leader",
+              first.event == "current" and first.leader.term == leadership.term, str(first))
+        leadership.proclaim("10.0.0.7:9090")
+        return leadership.term
+
+    term = run_as_leader(client, "py.scheduler", "10.0.0.7:8080", work)
+    check("leader election: elected, with a term (fencing token)", term and term > 0, term)
+    check("leader election: nobody leads after resign", client.leader("py.scheduler") is None)
+
+
+async def async_election_checks(addr, namespace, check):
+    async with tc.AsyncClient(addr, namespace=namespace) as client:
+        leadership = await client.campaign("py.async-scheduler", value="a", ttl_ms=600)
+        async with leadership:                # resigns on exit
+            await asyncio.sleep(1.0)          # longer than the lease: the watchdog task extends it
+            now = await client.leader("py.async-scheduler")
+            check("leader election (asyncio): still the leader after 1 s of a 600 ms lease",
+                  now is not None and now.term == leadership.term and not leadership.lost.is_set(), str(now))
+            async with client.observe("py.async-scheduler") as changes:
+                async for first in changes:
+                    break
+            check("leader election (asyncio): observe starts with the current leader",
+                  first.event == "current" and first.leader.term == leadership.term, str(first))
+            await leadership.proclaim("b")
+        check("leader election (asyncio): nobody leads after the block", await client.leader("py.async-scheduler")
+              is None)
+        try:
+            await leadership.proclaim("c")
+            refused = False
+        except tc.NotLeader:
+            refused = leadership.lost.is_set()
+        check("leader election (asyncio): proclaim after resign raises NotLeader", refused)
+
+
 def all_checks(client):
     checks = []
 
@@ -80,13 +137,20 @@ def all_checks(client):
     inside = run_unique(client, "py.Sync", [7], "job-8",
                         lambda *a: enqueue_unique(client, "py.Sync", [7], "job-9", 60000), unique_until="start")
     check("unique jobs (until start): the same job can be enqueued again while it runs", inside)
+    election_checks(client, check)
     return {"checks": checks}
 
 
 def main(addr, namespace, cmd, *rest):
     client = tc.Client(addr, namespace=namespace)
     if cmd == "all":
-        return all_checks(client)
+        out = all_checks(client)
+
+        def check(what, ok, detail=None):
+            out["checks"].append({"what": what, "ok": bool(ok), "detail": detail})
+
+        asyncio.run(async_election_checks(addr, namespace, check))
+        return out
     if cmd == "enqueue":
         job_class, args, job_id, window = rest[0], json.loads(rest[1]), rest[2], int(rest[3])
         return {"enqueued": enqueue_unique(client, job_class, args, job_id, window),

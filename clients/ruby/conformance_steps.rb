@@ -23,6 +23,13 @@ end
 
 def queue_names(client, name) = client.queue(name).requests.map(&:holder)
 
+def leadership_json(leader)
+  return nil if leader.nil?
+
+  { candidate: leader.candidate, term: leader.term.to_s, value: leader.value, elected_at_ms: leader.elected_at_ms,
+    expires_at_ms: leader.expires_at_ms }
+end
+
 module Steps
   module_function
 
@@ -126,6 +133,52 @@ module Steps
 
       sleep 0.01
     end
+  end
+
+  def campaign(c, name, candidate, value, ttl_ms, wait_ms) # campaign, then act on commands from stdin
+    held = c.campaign(name, value: value, candidate: candidate, ttl_ms: Integer(ttl_ms), wait_ms: Integer(wait_ms))
+    return { elected: false } unless held
+
+    emit({ event: 'elected', elected: true, at_ms: now_ms, **leadership_json(held.leader) })
+    $stdin.each_line do |line|
+      cmd, arg = line.strip.split(' ', 2)
+      case cmd
+      when 'proclaim'
+        begin
+          held.proclaim(arg.to_s)
+          emit({ event: 'proclaim', status: 'PROCLAIMED', value: held.value, lost: held.lost? })
+        rescue Tumbler::NotLeader => e
+          emit({ event: 'proclaim', status: 'NOT_LEADER', typed: e.class.name, lost: held.lost? })
+        end
+      when 'resign'
+        first = held.resign
+        emit({ event: 'resign', first: first, second: held.resign, lost: held.lost? })
+      when 'lost'
+        until_at = mono + (Integer(arg) / 1000.0)
+        sleep 0.01 until held.lost? || mono >= until_at
+        emit({ event: 'lost', lost: held.lost?, reason: held.lost_reason, at_ms: now_ms })
+      when 'exit'
+        break
+      end
+    end
+    held.resign
+    { done: true, term: held.term.to_s }
+  end
+
+  def leader(c, name)
+    { leader: leadership_json(c.leader(name)) }
+  end
+
+  def observe(c, name, stop_candidate, timeout_ms) # the leader changes until stop_candidate is elected
+    observer = c.observe(name, timeout: Integer(timeout_ms) / 1000.0)
+    changes = []
+    observer.each do |change|
+      seen = { kind: change.event, leader: leadership_json(change.leader), ended_term: change.ended_term.to_s }
+      changes << seen
+      emit({ event: 'change', **seen })
+      observer.cancel if change.event == 'elected' && change.leader&.candidate == stop_candidate
+    end
+    { cancelled: observer.cancelled?, changes: changes }
   end
 
   def restart(c, name, holder, wait_ms) # wait through a server restart (retries on UNAVAILABLE)

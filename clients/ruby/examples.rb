@@ -1,9 +1,10 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# Ruby seed pattern of clients/ruby/README.md, run by the conformance driver:
+# Ruby seed patterns of clients/ruby/README.md, run by the conformance driver:
 # unique jobs (a uniqueness window keyed on a digest of job class + arguments,
-# like Sidekiq Enterprise's unique_for / unique_until).
+# like Sidekiq Enterprise's unique_for / unique_until), and one leader among
+# replicas (leader election).
 #
 # usage: examples.rb ADDR NAMESPACE all
 #        examples.rb ADDR NAMESPACE enqueue CLASS ARGS_JSON JOB_ID WINDOW_MS
@@ -43,6 +44,31 @@ module UniqueJobs
   end
 end
 
+# Runs the block while this replica leads `election`; nil when another one led
+# for the whole wait. The value others see is this replica's address.
+# Tumbler::NotLeader is raised in the block if the term ends under it.
+def run_as_leader(client, election, me, &work)
+  client.campaign(election, value: me, wait_ms: 5000, ttl_ms: 3000, &work) # resigns when the block ends
+end
+
+def election_checks(client, check)
+  term = run_as_leader(client, 'rb.scheduler', '10.0.0.7:8080') do |leadership|
+    now = client.leader('rb.scheduler')
+    check.call("leader election: leader() shows this replica's value and term",
+               now && now.value == '10.0.0.7:8080' && now.term == leadership.term)
+    check.call('leader election: another replica is not elected while this one leads',
+               client.campaign('rb.scheduler', value: '10.0.0.8:8080').nil?)
+    observer = client.observe('rb.scheduler')
+    first = observer.first # Enumerable#first ends the stream after one change
+    check.call('leader election: observe starts with the current leader',
+               first.event == 'current' && first.leader.term == leadership.term)
+    leadership.proclaim('10.0.0.7:9090')
+    leadership.term
+  end
+  check.call('leader election: elected, with a term (fencing token)', term&.positive?)
+  check.call('leader election: nobody leads after resign', client.leader('rb.scheduler').nil?)
+end
+
 def all_checks(client)
   checks = []
   check = ->(what, ok) { checks << { what: what, ok: ok ? true : false } }
@@ -64,6 +90,7 @@ def all_checks(client)
     UniqueJobs.enqueue(client, 'RbIndexer', [9], 'jid-6', unique_for: 60_000)
   end
   check.call('unique jobs (until start): the same job can be enqueued again while it runs', again)
+  election_checks(client, check)
   { checks: checks }
 end
 

@@ -11,6 +11,7 @@ const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const errors = require('./errors');
 const { Lock } = require('./lock');
+const { Leadership, Observer } = require('./election');
 
 // The proto ships inside the package (proto/, copied by `npm pack`); in a
 // checkout of the repository it is ../../proto.
@@ -172,6 +173,49 @@ class Client {
     if (lock.lost) throw lock.lostError();
     await lock.release();
     return result;
+  }
+
+  // Leader election: wait up to waitMs in the election's queue (0: try
+  // once). Resolves to a Leadership whose watchdog extends the lease every
+  // ttlMs/3 (default 15 s), or null when not elected within the wait.
+  // `candidate` defaults to an id made here before the first try, so a
+  // retried Campaign is the same candidacy (same term if it already leads).
+  async campaign(name, { value = '', candidate, waitMs = 0, timeoutMs, signal, ttlMs = DEFAULT_HELPER_TTL_MS,
+    queueTtlMs, kind = '', onLost } = {}) {
+    const who = candidate || newHolder();
+    const started = Date.now();
+    const deadline = started + (timeoutMs ?? waitMs + DEADLINE_SLACK_MS);
+    let sent = performance.now();
+    const request = () => {
+      sent = performance.now();
+      const wait = Math.max(0, Math.min(waitMs - (Date.now() - started), deadline - Date.now() - 50));
+      const req = { namespace: this.namespace, name, candidate: who, value, ttlMs, waitMs: Math.floor(wait), kind };
+      if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
+      return req;
+    };
+    let resp;
+    try {
+      resp = await this.call('Campaign', request, { deadline, signal });
+    } catch (err) {
+      if (err.code === grpc.status.DEADLINE_EXCEEDED) return null;
+      throw err;
+    }
+    if (!resp.elected) return null;
+    const leadership = new Leadership(this, name, resp.leader,
+      Math.max(sent, performance.now() - 50) + Number(resp.leader.ttlMs));
+    return leadership.keepAlive({ onLost });
+  }
+
+  // The election's current Leadership message, or null when nobody leads.
+  async leader(name) {
+    const resp = await this.call('Leader', () => ({ namespace: this.namespace, name }));
+    return resp.leader || null;
+  }
+
+  // The election's leader changes: an async iterable of LeaderChange (first:
+  // the current leader); observer.cancel() or `signal` ends it.
+  observe(name, { signal } = {}) {
+    return new Observer(this.stub.Observe({ namespace: this.namespace, name }, this.metadata), signal);
   }
 
   inspect(name) { return this.call('Inspect', () => ({ namespace: this.namespace, name })); }

@@ -44,6 +44,16 @@ class LockLostError extends TumblerError {
   }
 }
 
+// A leadership whose term is over (Proclaim answered NOT_LEADER, or the
+// watchdog's Extend NOT_HELD): a LockLostError with the candidate and term.
+class NotLeaderError extends LockLostError {
+  constructor(leadership, reason) {
+    super(leadership, reason);
+    this.candidate = leadership.candidate;
+    this.term = leadership.term;
+  }
+}
+
 class InvalidArgumentError extends TumblerError {}
 class PermissionDeniedError extends TumblerError {}
 class UnavailableError extends TumblerError {}
@@ -66,6 +76,6 @@ function fromGrpcError(err) {
 const isRetryable = (err) => err && err.code === status.UNAVAILABLE;
 
 module.exports = {
-  TumblerError, NotAcquiredError, LockBusyError, LockTimeoutError, LockLostError,
+  TumblerError, NotAcquiredError, LockBusyError, LockTimeoutError, LockLostError, NotLeaderError,
   InvalidArgumentError, PermissionDeniedError, UnavailableError, fromGrpcError, isRetryable,
 };

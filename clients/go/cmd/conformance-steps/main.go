@@ -4,12 +4,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	tumbler "tumbler/client"
@@ -49,17 +51,123 @@ func with(out obj, kv ...interface{}) obj {
 }
 
 var steps = map[string]func(c *tumbler.Client, a []string) (obj, error){
-	"hold":    hold,
-	"release": release,
-	"wait":    wait,
-	"scoped":  scoped,
-	"inspect": inspect,
-	"invalid": invalid,
-	"keep":    keep,
-	"crash":   crash,
-	"lost":    lost,
-	"cancel":  cancel,
-	"restart": restart,
+	"hold":     hold,
+	"release":  release,
+	"wait":     wait,
+	"scoped":   scoped,
+	"inspect":  inspect,
+	"invalid":  invalid,
+	"keep":     keep,
+	"crash":    crash,
+	"lost":     lost,
+	"cancel":   cancel,
+	"restart":  restart,
+	"campaign": campaign,
+	"leader":   leader,
+	"observe":  observe,
+}
+
+func leadershipJSON(l *pb.Leadership) interface{} {
+	if l == nil {
+		return nil
+	}
+	return obj{"candidate": l.Candidate, "term": strconv.FormatUint(l.Term, 10), "value": l.Value,
+		"elected_at_ms": l.ElectedAtMs, "expires_at_ms": l.ExpiresAtMs}
+}
+
+func lostNow(l *tumbler.Leadership) bool {
+	select {
+	case <-l.Lost():
+		return true
+	default:
+		return false
+	}
+}
+
+// campaign: NAME CANDIDATE VALUE TTL_MS WAIT_MS, then commands on stdin.
+func campaign(c *tumbler.Client, a []string) (obj, error) {
+	l, err := c.Campaign(context.Background(), a[0], tumbler.CampaignOptions{Candidate: a[1], Value: a[2],
+		TTLMs: atoi(a[3]), WaitMs: atoi(a[4])})
+	if err != nil {
+		return nil, err
+	}
+	if l == nil {
+		return obj{"elected": false}, nil
+	}
+	emit(with(leadershipJSON(l.Leader()).(obj), "event", "elected", "elected", true, "at_ms", nowMs()))
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		cmd, arg, _ := strings.Cut(strings.TrimSpace(in.Text()), " ")
+		switch cmd {
+		case "proclaim":
+			err := l.Proclaim(context.Background(), arg)
+			var nl *tumbler.NotLeaderError
+			if errors.As(err, &nl) {
+				emit(obj{"event": "proclaim", "status": "NOT_LEADER", "typed": "NotLeaderError", "lost": lostNow(l)})
+			} else if err != nil {
+				return nil, err
+			} else {
+				emit(obj{"event": "proclaim", "status": "PROCLAIMED", "value": l.Value(), "lost": lostNow(l)})
+			}
+		case "resign":
+			first, err := l.Resign(context.Background())
+			if err != nil {
+				return nil, err
+			}
+			second, err := l.Resign(context.Background())
+			if err != nil {
+				return nil, err
+			}
+			emit(obj{"event": "resign", "first": first, "second": second, "lost": lostNow(l)})
+		case "lost":
+			lost := false
+			select {
+			case <-l.Lost():
+				lost = true
+			case <-time.After(time.Duration(atoi(arg)) * time.Millisecond):
+			}
+			reason := ""
+			var nl *tumbler.NotLeaderError
+			if errors.As(l.Err(), &nl) {
+				reason = nl.Reason
+			}
+			emit(obj{"event": "lost", "lost": lost, "reason": reason, "at_ms": nowMs()})
+		case "exit":
+			_, _ = l.Resign(context.Background())
+			return obj{"done": true, "term": strconv.FormatUint(l.Term(), 10)}, nil
+		}
+	}
+	_, _ = l.Resign(context.Background())
+	return obj{"done": true, "term": strconv.FormatUint(l.Term(), 10)}, nil
+}
+
+func leader(c *tumbler.Client, a []string) (obj, error) { // NAME
+	l, err := c.Leader(context.Background(), a[0])
+	if err != nil {
+		return nil, err
+	}
+	return obj{"leader": leadershipJSON(l)}, nil
+}
+
+func observe(c *tumbler.Client, a []string) (obj, error) { // NAME STOP_CANDIDATE TIMEOUT_MS
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(atoi(a[2]))*time.Millisecond)
+	defer cancel()
+	changes, cancelled := []obj{}, false
+	err := c.Observe(ctx, a[0], func(change *pb.LeaderChange) bool {
+		seen := obj{"kind": change.Event, "leader": leadershipJSON(change.Leader),
+			"ended_term": strconv.FormatUint(change.EndedTerm, 10)}
+		changes = append(changes, seen)
+		emit(with(obj{"event": "change"}, "kind", seen["kind"], "leader", seen["leader"], "ended_term", seen["ended_term"]))
+		if change.Event == "elected" && change.Leader.GetCandidate() == a[1] {
+			cancelled = true
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	return obj{"cancelled": cancelled, "changes": changes}, nil
 }
 
 func hold(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER LIMIT

@@ -1,5 +1,6 @@
-// The Go seed pattern of clients/go/README.md, run by the conformance driver:
-// concurrency-limited workers that use their slot number.
+// The Go seed patterns of clients/go/README.md, run by the conformance driver:
+// concurrency-limited workers that use their slot number, and one leader
+// among replicas (leader election).
 // usage: examples ADDR NAMESPACE all   — prints {"checks": [...]} as one JSON line.
 package main
 
@@ -24,6 +25,56 @@ func renderJob(ctx context.Context, c *tumbler.Client, jobID string, work func(s
 	}, func(ctx context.Context, l *tumbler.Lock) error {
 		return work(l.Slot())
 	})
+}
+
+// runAsLeader runs work while this replica leads the election; (false, nil)
+// when another one led for the whole wait. The value others see is this
+// replica's address. work's ctx is cancelled if the term ends under it.
+func runAsLeader(ctx context.Context, c *tumbler.Client, election, me string,
+	work func(ctx context.Context, l *tumbler.Leadership) error) (bool, error) {
+	l, err := c.Campaign(ctx, election, tumbler.CampaignOptions{Value: me, WaitMs: 5000, TTLMs: 3000})
+	if err != nil || l == nil {
+		return false, err
+	}
+	defer l.Resign(context.Background()) // the next replica in line is elected at once
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-l.Lost():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return true, work(ctx, l)
+}
+
+func electionChecks(c *tumbler.Client) []check {
+	var checks []check
+	add := func(what string, ok bool, detail interface{}) { checks = append(checks, check{what, ok, detail}) }
+	var term uint64
+	elected, err := runAsLeader(context.Background(), c, "go.scheduler", "10.0.0.7:8080",
+		func(ctx context.Context, l *tumbler.Leadership) error {
+			term = l.Term()
+			now, err := c.Leader(ctx, "go.scheduler")
+			add("leader election: leader() shows this replica's value and term",
+				err == nil && now != nil && now.Value == "10.0.0.7:8080" && now.Term == l.Term(), fmt.Sprint(now, err))
+			other, err := c.Campaign(ctx, "go.scheduler", tumbler.CampaignOptions{Value: "10.0.0.8:8080"})
+			add("leader election: another replica is not elected while this one leads", err == nil && other == nil, err)
+			var first string
+			var firstTerm uint64
+			err = c.Observe(ctx, "go.scheduler", func(change *tumbler.LeaderChange) bool {
+				first, firstTerm = change.Event, change.Leader.GetTerm()
+				return false
+			})
+			add("leader election: observe starts with the current leader",
+				err == nil && first == "current" && firstTerm == l.Term(), first)
+			return l.Proclaim(ctx, "10.0.0.7:9090")
+		})
+	add("leader election: elected, with a term (fencing token)", elected && err == nil && term > 0, fmt.Sprint(term, err))
+	now, err := c.Leader(context.Background(), "go.scheduler")
+	add("leader election: nobody leads after resign", err == nil && now == nil, fmt.Sprint(now, err))
+	return checks
 }
 
 type check struct {
@@ -86,6 +137,6 @@ func main() {
 	}
 	defer c.Close()
 	c.Namespace = os.Args[2]
-	b, _ := json.Marshal(map[string]interface{}{"checks": slotWorkers(c)})
+	b, _ := json.Marshal(map[string]interface{}{"checks": append(slotWorkers(c), electionChecks(c)...)})
 	fmt.Println(string(b))
 }

@@ -8,6 +8,7 @@ use Sys::Hostname ();
 use Time::HiRes ();
 use Tumbler::Error;
 use Tumbler::Lock;
+use Tumbler::Leadership;
 
 our $VERSION = '0.1.0';
 
@@ -37,6 +38,9 @@ my %FIELDS = (
     from_ms       => [ fromMs       => 'u64' ],
     to_ms         => [ toMs         => 'u64' ],
     namespace     => [ namespace    => 'str' ],
+    candidate     => [ candidate    => 'str' ],
+    value         => [ value        => 'str' ],
+    term          => [ term         => 'u64' ],
 );
 
 my %ALLOWED = (
@@ -49,6 +53,11 @@ my %ALLOWED = (
     Reap    => [qw(namespace older_than_ms)],
     Clear   => [qw(namespace)],
     Metrics => [qw(namespace from_ms to_ms kind)],
+    Campaign => [qw(namespace candidate value ttl_ms wait_ms queue_ttl_ms kind)],
+    Proclaim => [qw(namespace candidate term value)],
+    Resign   => [qw(namespace candidate term)],
+    Leader   => [qw(namespace)],
+    Observe  => [qw(namespace)],
 );
 
 sub new {
@@ -283,6 +292,123 @@ sub reap    { my ($self, %o) = @_; $self->_plain(Reap    => {}, %o) }
 sub clear   { my ($self, %o) = @_; $self->_plain(Clear   => {}, %o) }
 sub metrics { my ($self, %o) = @_; $self->_plain(Metrics => {}, %o) }
 
+# campaign(name, %opts) (value, candidate, ttl_ms, wait_ms, queue_ttl_ms,
+# kind, namespace, timeout): waits up to wait_ms (default 0: try once) in
+# the election's queue.
+# A Tumbler::Leadership when elected (heartbeat keeps it; resigned when it
+# goes out of scope), undef when not elected within the wait. Without a
+# candidate the client makes one, so a retried campaign is the same
+# candidacy (same term if it already leads).
+sub campaign {
+    my ($self, $name, %opts) = @_;
+    $opts{candidate} //= new_holder();
+    $opts{ttl_ms} //= 15_000;
+    $opts{wait_ms} //= 0;   # absent, the server would wait its longest
+    my $timeout = $opts{timeout} // $self->{timeout};
+    my $wait = ($opts{wait_ms} // 0) / 1000;
+    my $res = _snake($self->call('Campaign', $self->_body('Campaign', { name => _name($name) }, \%opts),
+        timeout => $timeout + $wait));
+    return undef unless $res->{elected};
+    return Tumbler::Leadership->_new($self, $name, _leadership($res->{leader}), $opts{namespace} // $self->{namespace});
+}
+
+# A Leadership message with its numbers as numbers (term and times come as
+# proto3 JSON strings) and its empty fields present.
+sub _leadership {
+    my $l = shift;
+    return undef unless $l;
+    $l->{$_} //= '' for qw(candidate value namespace name);
+    $l->{$_} = 0 + ($l->{$_} // 0) for qw(term elected_at_ms expires_at_ms ttl_ms);
+    return $l;
+}
+
+# leader(name): the current leadership (candidate, term, value,
+# elected_at_ms, expires_at_ms, ttl_ms), undef when nobody leads.
+sub leader {
+    my ($self, $name, %opts) = @_;
+    return _leadership($self->_plain(Leader => { name => _name($name) }, %opts)->{leader});
+}
+
+# proclaim(name, candidate => ..., term => ..., value => ...): the
+# leadership with its new value; dies Tumbler::Error::NotLeader when the
+# candidate does not lead with this term.
+sub proclaim {
+    my ($self, $name, %opts) = @_;
+    my $res = $self->_plain(Proclaim => { name => _name($name) }, %opts);
+    return _leadership($res->{leader}) if ($res->{status} // '') eq 'PROCLAIM_STATUS_PROCLAIMED';
+    die Tumbler::Error::NotLeader->new(
+        kind => 'lost', code => 'not_leader', method => 'Proclaim', reason => 'not the leader',
+        message => "$name: " . ($opts{candidate} // '') . " does not lead with term " . ($opts{term} // ''),
+    );
+}
+
+# resign(name, candidate => ..., term => ...): true if this ended the term,
+# false when the candidate did not lead with it.
+sub resign {
+    my ($self, $name, %opts) = @_;
+    my $res = $self->_plain(Resign => { name => _name($name) }, %opts);
+    return ($res->{status} // '') eq 'RESIGN_STATUS_RESIGNED' ? 1 : 0;
+}
+
+# observe(name, sub { my ($change) = @_; ...; 1 }, %opts): calls the sub
+# with each leader change (event, leader or undef, at_ms, ended_term) as
+# it happens; the first is the current leader (event "current"). Returns
+# when the sub returns false (the stream is closed) and dies with a
+# Tumbler::Error when the stream fails. A Connect server stream (one
+# HTTP request whose answer is read as it comes); timeout (seconds, default
+# a day) bounds how long it waits for the next change.
+sub observe {
+    my ($self, $name, $on_change, %opts) = @_;
+    Carp::croak('observe needs a code ref') unless ref $on_change eq 'CODE';
+    my $timeout = $opts{timeout} // 86_400;
+    my $body = $JSON->encode($self->_body('Observe', { name => _name($name) }, \%opts));
+    my %headers = ('content-type' => 'application/connect+json', 'connect-protocol-version' => '1');
+    $headers{authorization} = "Bearer $self->{token}" if defined $self->{token};
+    # Its own connection: closed when the stream stops, so the server ends it.
+    my $http = HTTP::Tiny->new(agent => "tumbler-perl/$VERSION ", keep_alive => 0, timeout => $timeout);
+    my ($buf, $stopped, $end) = ('', 0, undef);
+    my $res = _interruptible(sub {
+        $http->request(POST => "$self->{endpoint}/tumbler.v1.LockService/Observe", {
+            headers => \%headers,
+            content => pack('CN', 0, length $body) . $body,
+            data_callback => sub {
+                $buf .= $_[0];
+                while (length $buf >= 5) {
+                    my ($flags, $len) = unpack 'CN', $buf;
+                    last if length $buf < 5 + $len;
+                    my $message = substr $buf, 5, $len;
+                    substr($buf, 0, 5 + $len) = '';
+                    if ($flags & 0x02) {
+                        $end = eval { $JSON->decode($message) } // {};
+                        next;
+                    }
+                    my $change = _snake($JSON->decode($message));
+                    $change->{event} //= '';
+                    $change->{leader} = _leadership($change->{leader});
+                    $change->{$_} = 0 + ($change->{$_} // 0) for qw(at_ms ended_term);
+                    next if $on_change->($change);
+                    $stopped = 1;
+                    die "tumbler: observe stopped\n";
+                }
+            },
+        });
+    });
+    return if $stopped;
+    my $status = $res->{status};
+    my ($code, $message);
+    if ($status == 200) {
+        return unless $end && $end->{error};
+        ($code, $message) = ($end->{error}{code}, $end->{error}{message} // '');
+    } elsif ($status == 599) {
+        ($code, $message) = ('unavailable', $res->{content});
+        $message =~ s/\s+$//;
+    } else {
+        my $err = eval { $JSON->decode($res->{content}) };
+        ($code, $message) = ref $err eq 'HASH' ? ($err->{code}, $err->{message} // '') : (undef, "HTTP $status");
+    }
+    die Tumbler::Error->from_connect(code => $code, message => $message, http_status => $status, method => 'Observe');
+}
+
 # lock(name, %acquire_opts): a Tumbler::Lock guard, released when it goes
 # out of scope.
 sub lock {
@@ -314,6 +440,14 @@ Tumbler::Client - the tumbler lock service over the Connect protocol (JSON over 
     }   # released here
 
 =head1 METHODS
+
+Leader election: C<campaign($name, %opts)> (value, candidate, ttl_ms,
+wait_ms, queue_ttl_ms, kind) returns a L<Tumbler::Leadership> or undef when
+not elected within wait_ms; C<leader($name)> the current leadership hash or
+undef; C<proclaim($name, candidate =E<gt> ..., term =E<gt> ..., value =E<gt>
+...)> and C<resign($name, candidate =E<gt> ..., term =E<gt> ...)> act for a
+candidate and term; C<observe($name, $code)> calls C<$code> with each leader
+change until it returns false.
 
 C<acquire($name, %opts)> (holder, ttl_ms, wait_ms, queue_ttl_ms, limit,
 kind, metadata, priority, fair, namespace, timeout) returns the grant as a

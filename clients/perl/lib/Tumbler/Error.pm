@@ -67,6 +67,9 @@ package Tumbler::Error::LockLost;         # kind lost: $lock->check on a lost lo
 our @ISA = ('Tumbler::Error');
 sub reason { $_[0]{reason} }
 
+package Tumbler::Error::NotLeader;        # kind lost, code not_leader: the leadership's term is over
+our @ISA = ('Tumbler::Error::LockLost');
+
 package Tumbler::Error::Unavailable;      # kind unavailable, after the retries
 our @ISA = ('Tumbler::Error');
 sub attempts { $_[0]{attempts} }

@@ -190,6 +190,21 @@ class AsyncClient:
         return _Scope(self, name, holder, ttl_ms or c.DEFAULT_HELPER_TTL_MS, on_lost, cancel_on_loss,
                       acquire_options)
 
+    async def campaign(self, name, value="", **options):
+        """Leader election, as ``Client.campaign``: an AsyncLeadership whose watchdog is a task, or None."""
+        from . import election
+        return await election.campaign_async(self, name, value, **options)
+
+    async def leader(self, name):
+        """The election's current pb.Leadership, or None when nobody leads."""
+        from . import election
+        return await election.leader_async(self, name)
+
+    def observe(self, name, timeout=None):
+        """An async iterator of the election's pb.LeaderChange (first: the current leader); ``.cancel()`` ends it."""
+        from . import election
+        return election.observe_async(self, name, timeout)
+
     async def inspect(self, name):
         return await self._call(self.stub.Inspect, lambda: pb.InspectRequest(namespace=self.namespace, name=name))
 

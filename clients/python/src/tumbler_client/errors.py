@@ -2,7 +2,7 @@
 
 Not getting a lock raises NotAcquired (LockBusy after a try-once request,
 LockTimeout after a wait); a grant that ends while it is relied on raises
-LockLost. gRPC failures become InvalidArgument, PermissionDenied,
+LockLost (NotLeader for a leadership). gRPC failures become InvalidArgument, PermissionDenied,
 Unavailable (after the retries ran out) or TumblerError.
 """
 import grpc
@@ -45,6 +45,14 @@ class LockLost(TumblerError):
     def __init__(self, name, holder, fencing_token, reason):
         super().__init__(f"{name}: lock lost by {holder} (token {fencing_token}): {reason}")
         self.name, self.holder, self.fencing_token, self.reason = name, holder, fencing_token, reason
+
+
+class NotLeader(LockLost):
+    """The leadership is over: Proclaim or Extend answered that this candidate no longer leads with its term."""
+
+    def __init__(self, name, candidate, term, reason):
+        super().__init__(name, candidate, term, reason)
+        self.candidate, self.term = candidate, term
 
 
 class InvalidArgument(TumblerError, ValueError):

@@ -219,6 +219,25 @@ class Client:
                 raise held.lost_error()
             held.release()
 
+    def campaign(self, name, value="", **options):
+        """Leader election: a Leadership kept alive by a watchdog, or None when not elected within ``wait_ms``.
+
+        Options: ``candidate``, ``ttl_ms`` (default 15000), ``wait_ms`` (default 0: try once), ``timeout``,
+        ``on_lost``, ``queue_ttl_ms``, ``kind``. See tumbler_client.election.
+        """
+        from . import election
+        return election.campaign(self, name, value, **options)
+
+    def leader(self, name):
+        """The election's current pb.Leadership, or None when nobody leads."""
+        from . import election
+        return election.leader(self, name)
+
+    def observe(self, name, timeout=None):
+        """An iterator of the election's pb.LeaderChange (first: the current leader); ``.cancel()`` ends it."""
+        from . import election
+        return election.observe(self, name, timeout)
+
     def inspect(self, name):
         return self._call(self.stub.Inspect, lambda: pb.InspectRequest(namespace=self.namespace, name=name))
 

@@ -6,10 +6,12 @@
 # the same holder id, so a retried acquire can never take a second permit.
 # Client#lock holds a grant for a block, kept alive by a watchdog; when the
 # grant is lost, LockLost is raised in the block's thread at once.
+# Client#campaign, #leader and #observe are leader election.
 require 'securerandom'
 require 'tumbler/v1/lock_services_pb'
 require 'tumbler/errors'
 require 'tumbler/lock'
+require 'tumbler/election'
 
 module Tumbler
   # Extra seconds on the RPC deadline beyond wait_ms, so the server's own
@@ -108,6 +110,55 @@ module Tumbler
 
       held.release
       result
+    end
+
+    # Leader election: wait up to wait_ms in the election's queue (0: try
+    # once). Elected: a Leadership whose watchdog extends the lease every
+    # ttl_ms/3 (default 15 s); nil when not elected within the wait. With a
+    # block: yields the Leadership (NotLeader is raised in the block's thread
+    # at once if the term ends under it) and resigns when the block ends.
+    # candidate defaults to an id made here before the first try, so a
+    # retried campaign is the same candidacy (same term if it already leads).
+    def campaign(name, value: '', candidate: nil, wait_ms: 0, timeout: nil, ttl_ms: DEFAULT_HELPER_TTL_MS,
+                 queue_ttl_ms: nil, kind: '', &block)
+      candidate = "rb-#{SecureRandom.hex(16)}" if candidate.nil? || candidate.empty?
+      started = Client.now
+      deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
+      sent = started
+      base = { namespace: namespace, name: name, candidate: candidate, value: value, ttl_ms: ttl_ms, kind: kind,
+               queue_ttl_ms: queue_ttl_ms }.compact
+      resp = begin
+        call(:campaign, deadline: deadline) do
+          sent = Client.now
+          wait = [(wait_ms / 1000.0) - (sent - started), deadline - sent - 0.05].min
+          V1::CampaignRequest.new(**base, wait_ms: [(wait * 1000).to_i, 0].max)
+        end
+      rescue Error => e
+        return nil if e.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED
+
+        raise
+      end
+      return nil unless resp.elected
+
+      held = Leadership.new(self, name, resp.leader, [sent, Client.now - 0.05].max + (resp.leader.ttl_ms / 1000.0))
+      return held.keep_alive unless block
+
+      begin
+        hold(held, &block)
+      ensure
+        held.resign
+      end
+    end
+
+    # The election's current V1::Leadership, or nil when nobody leads.
+    def leader(name)
+      call(:leader) { V1::LeaderRequest.new(namespace: namespace, name: name) }.leader
+    end
+
+    # The election's leader changes (an Observer: Enumerable of
+    # V1::LeaderChange, the first the current leader); #cancel ends it.
+    def observe(name, timeout: nil)
+      Observer.new(self, name, deadline: timeout && (Time.now + timeout))
     end
 
     def inspect_lock(name)

@@ -54,6 +54,13 @@ module Tumbler
     end
   end
 
+  # A leadership whose term is over (Proclaim answered NOT_LEADER, or the
+  # watchdog's Extend NOT_HELD): a LockLost with the candidate and term.
+  class NotLeader < LockLost
+    alias candidate holder
+    alias term fencing_token
+  end
+
   class InvalidArgument < Error; end
   class PermissionDenied < Error; end
   class Unavailable < Error; end
