@@ -1,11 +1,13 @@
 //! A mutual-exclusion checker under chaos. Clients spread over three
-//! `tumbler serve` processes acquire a few contended locks, record each
-//! grant in their own log, hold briefly and release, while a chaos loop
+//! `tumbler serve` processes acquire a few contended locks, and campaign
+//! in as many elections, record each grant (each term) in their own log,
+//! hold briefly and release (resign), while a chaos loop
 //! SIGKILLs and restarts replicas, SIGKILLs and restarts Redis, and
 //! freezes Redis (SIGSTOP/SIGCONT). Afterwards a checker proves, from the
 //! clients' own observations on one monotonic clock, that no two grants
-//! of a lock overlapped while both leases were valid, and that fencing
-//! tokens per lock strictly rose in grant order.
+//! of a lock overlapped while both leases were valid (never two leaders
+//! with valid terms), and that fencing tokens per lock (terms per
+//! election) strictly rose in grant order.
 //!
 //! Three Redis set-ups:
 //! - durable (`--appendonly yes --appendfsync always`): a restart keeps
@@ -55,9 +57,10 @@ const REPLICAS: usize = 3;
 const DURABLE: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
 const TTL_MS: u64 = 1_500;
 
-/// One grant as its client saw it.
+/// One grant (or one term of a leader) as its client saw it.
 #[derive(Clone, Debug)]
 struct Grant {
+    /// The lock, or `locks() + k` for election k.
     lock: usize,
     token: u64,
     /// The grant arrived.
@@ -235,68 +238,56 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
             while !stop.is_cancelled() {
                 op += 1;
                 let lock = (client + op) % locks;
+                // Every third operation is a term in election `lock`.
+                let election = op.is_multiple_of(3);
                 let mut rpc = LockServiceClient::new(channels[(client + op) % REPLICAS].clone());
                 attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let sent = Instant::now();
-                let reply = rpc
-                    .acquire(proto::AcquireRequest {
-                        name: format!("chaos-{lock}"),
-                        holder: holder.clone(),
-                        ttl_ms: Some(TTL_MS),
-                        wait_ms: 1_000,
-                        ..Default::default()
-                    })
-                    .await;
+                let token = if election {
+                    campaign(&mut rpc, lock, &holder).await
+                } else {
+                    acquire(&mut rpc, lock, &holder).await
+                };
                 let granted_at = Instant::now();
-                let reply = match reply {
-                    Ok(reply) => reply.into_inner(),
+                let token = match token {
+                    Ok(Some(token)) => token,
+                    Ok(None) => continue,
                     Err(status) => {
+                        let what = if election { "campaign" } else { "acquire" };
                         *errors
                             .lock()
                             .unwrap()
-                            .entry(format!("acquire {:?}", status.code()))
+                            .entry(format!("{what} {:?}", status.code()))
                             .or_default() += 1;
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
                 };
-                let granted = matches!(
-                    reply.status(),
-                    proto::AcquireStatus::Acquired | proto::AcquireStatus::AlreadyHeld
-                );
-                let Some(grant) = reply.grant.filter(|_| granted) else {
-                    continue;
-                };
                 let lease_end = sent + Duration::from_millis(TTL_MS);
-                // Hold briefly, then release.
+                // Hold briefly, then release (resign).
                 tokio::time::sleep(Duration::from_millis(((client * 7 + op) % 15) as u64)).await;
                 let releasing = Instant::now();
-                let released = rpc
-                    .release(proto::ReleaseRequest {
-                        name: format!("chaos-{lock}"),
-                        holder: holder.clone(),
-                        fencing_token: Some(grant.fencing_token),
-                        ..Default::default()
-                    })
-                    .await;
+                let released = if election {
+                    resign(&mut rpc, lock, &holder, token).await
+                } else {
+                    release(&mut rpc, lock, &holder, token).await
+                };
                 let end = releasing.min(lease_end);
-                match released {
-                    Ok(_) => {}
-                    Err(status) => {
-                        *errors
-                            .lock()
-                            .unwrap()
-                            .entry(format!("release {:?}", status.code()))
-                            .or_default() += 1;
-                        // The grant may still stand until its lease ends:
-                        // let it run out before acquiring again.
-                        tokio::time::sleep_until(lease_end.into()).await;
-                    }
+                if let Err(status) = released {
+                    let what = if election { "resign" } else { "release" };
+                    *errors
+                        .lock()
+                        .unwrap()
+                        .entry(format!("{what} {:?}", status.code()))
+                        .or_default() += 1;
+                    // The grant may still stand until its lease ends:
+                    // let it run out before acquiring again.
+                    tokio::time::sleep_until(lease_end.into()).await;
                 }
                 if granted_at < lease_end {
                     grants.lock().unwrap().push(Grant {
-                        lock,
-                        token: grant.fencing_token,
+                        lock: if election { locks + lock } else { lock },
+                        token,
                         start: granted_at,
                         end,
                         client,
@@ -355,6 +346,84 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
     (grants, faults, errors, attempts)
 }
 
+/// Acquires lock `lock`: its fencing token when granted.
+async fn acquire(
+    rpc: &mut LockServiceClient<Channel>,
+    lock: usize,
+    holder: &str,
+) -> Result<Option<u64>, tonic::Status> {
+    let reply = rpc
+        .acquire(proto::AcquireRequest {
+            name: format!("chaos-{lock}"),
+            holder: holder.to_owned(),
+            ttl_ms: Some(TTL_MS),
+            wait_ms: 1_000,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let granted = matches!(
+        reply.status(),
+        proto::AcquireStatus::Acquired | proto::AcquireStatus::AlreadyHeld
+    );
+    Ok(reply.grant.filter(|_| granted).map(|g| g.fencing_token))
+}
+
+async fn release(
+    rpc: &mut LockServiceClient<Channel>,
+    lock: usize,
+    holder: &str,
+    token: u64,
+) -> Result<(), tonic::Status> {
+    rpc.release(proto::ReleaseRequest {
+        name: format!("chaos-{lock}"),
+        holder: holder.to_owned(),
+        fencing_token: Some(token),
+        ..Default::default()
+    })
+    .await
+    .map(|_| ())
+}
+
+/// Campaigns in election `lock`: the term when elected.
+async fn campaign(
+    rpc: &mut LockServiceClient<Channel>,
+    lock: usize,
+    candidate: &str,
+) -> Result<Option<u64>, tonic::Status> {
+    let reply = rpc
+        .campaign(proto::CampaignRequest {
+            name: format!("chaos-election-{lock}"),
+            candidate: candidate.to_owned(),
+            value: candidate.to_owned(),
+            ttl_ms: Some(TTL_MS),
+            wait_ms: Some(1_000),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    Ok(reply
+        .leader
+        .filter(|_| reply.elected)
+        .map(|leader| leader.term))
+}
+
+async fn resign(
+    rpc: &mut LockServiceClient<Channel>,
+    lock: usize,
+    candidate: &str,
+    term: u64,
+) -> Result<(), tonic::Status> {
+    rpc.resign(proto::ResignRequest {
+        name: format!("chaos-election-{lock}"),
+        candidate: candidate.to_owned(),
+        term,
+        ..Default::default()
+    })
+    .await
+    .map(|_| ())
+}
+
 /// Pairs of grants of one lock that break a rule.
 type Pairs = Vec<(Grant, Grant)>;
 
@@ -400,7 +469,7 @@ fn report(
 ) -> (usize, usize) {
     let (overlaps, drops) = check(grants);
     println!(
-        "chaos ({mode}): {attempts} acquire attempts, {} grants checked on {} locks by {} clients over {REPLICAS} replicas; \
+        "chaos ({mode}): {attempts} acquire and campaign attempts, {} grants and terms checked on {} locks and as many elections by {} clients over {REPLICAS} replicas; \
          faults: {} replica SIGKILLs, {} Redis SIGKILLs, {} Redis freezes; errors seen by clients: {errors:?}; \
          overlapping grants: {}; tokens not rising: {}",
         grants.len(),
@@ -428,8 +497,16 @@ async fn assert_mutual_exclusion(mode: &str, store: Store) {
         "too few grants to say anything: {}",
         grants.len()
     );
+    let terms = grants.iter().filter(|g| g.lock >= locks()).count();
+    assert!(
+        terms > 10,
+        "too few leaders' terms to say anything: {terms}"
+    );
     assert!(faults.redis_kills > 0 && faults.replica_kills > 0 && faults.redis_freezes > 0);
-    assert_eq!(overlaps, 0, "two grants of one lock overlapped");
+    assert_eq!(
+        overlaps, 0,
+        "two grants of one lock (two leaders) overlapped"
+    );
     assert_eq!(drops, 0, "a fencing token did not rise");
 }
 
