@@ -568,3 +568,77 @@ async fn a_session_campaign_keeps_its_leadership_through_a_replica_sigkill_by_re
         .into_inner();
     assert!(elected.elected && elected.leader.unwrap().term > term);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_tells_a_leadership_cleared_by_an_admin_as_removed() {
+    let server = TestServer::new().start().await;
+    let mut client = server.client().await;
+    let namespace = "e-clear";
+    let a = elect(
+        &mut client,
+        proto::CampaignRequest {
+            namespace: namespace.into(),
+            ..campaign("e-removed", "a", "v")
+        },
+    )
+    .await;
+    let mut changes = client
+        .observe(proto::LeaderRequest {
+            namespace: namespace.into(),
+            name: "e-removed".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = next_change(&mut changes).await;
+    assert_eq!(
+        (first.event.as_str(), first.leader.unwrap().term),
+        ("current", a.term)
+    );
+    // The observer's own replica publishes once it knows of the watch:
+    // clear until the removal shows (a later clear finds nothing).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let removed = loop {
+        client
+            .clear(proto::ClearRequest {
+                namespace: namespace.into(),
+            })
+            .await
+            .unwrap();
+        if let Ok(change) =
+            tokio::time::timeout(Duration::from_millis(200), changes.message()).await
+        {
+            break change.unwrap().unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the clear was never observed"
+        );
+    };
+    assert_eq!(
+        (removed.event.as_str(), removed.ended_term, removed.leader),
+        ("removed", a.term, None)
+    );
+    let mut client = server.client().await;
+    let gone = client
+        .leader(proto::LeaderRequest {
+            namespace: namespace.into(),
+            name: "e-removed".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(gone.leader, None);
+    let refused = client
+        .proclaim(proto::ProclaimRequest {
+            namespace: namespace.into(),
+            name: "e-removed".into(),
+            candidate: "a".into(),
+            term: a.term,
+            value: "x".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(refused.status(), ProclaimStatus::NotLeader);
+}

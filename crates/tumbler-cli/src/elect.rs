@@ -128,7 +128,8 @@ pub async fn run(args: ElectArgs, globals: &Globals) -> Result<u8, Failure> {
         ("TUMBLER_FENCING_TOKEN", leader.term.to_string()),
         ("TUMBLER_CANDIDATE", leader.candidate.clone()),
     ];
-    Ok(hold::keep(held, signals, &lock, &args.command, &environment, grace).await)
+    let command = ("tumbler elect", args.command.as_slice());
+    Ok(hold::keep(held, signals, &lock, command, &environment, grace).await)
 }
 
 /// Campaigns until elected (or until `wait_ms`, when given): sent again

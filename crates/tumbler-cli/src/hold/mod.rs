@@ -180,19 +180,21 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
         ("TUMBLER_SLOT", grant.slot.to_string()),
         ("TUMBLER_HOLDER", grant.holder.clone()),
     ];
-    Ok(keep(held, signals, &lock, &args.command, &environment, grace).await)
+    let command = ("tumbler hold", args.command.as_slice());
+    Ok(keep(held, signals, &lock, command, &environment, grace).await)
 }
 
 /// Keeps `held` while `command` runs (in its own process group, with
 /// `environment` added; signals passed on, stopped in time when the grant
 /// is lost), or without a command until a signal or the loss; gives the
 /// grant back once no process of the group is left. Returns the exit
-/// code. Shared by `hold` and `elect`.
+/// code. Shared by `hold` and `elect`; `who` names the subcommand in its
+/// status lines.
 pub(crate) async fn keep(
     mut held: Held,
     mut signals: Signals,
     lock: &str,
-    command: &[String],
+    (who, command): (&str, &[String]),
     environment: &[(&str, String)],
     grace: Duration,
 ) -> u8 {
@@ -217,7 +219,7 @@ pub(crate) async fn keep(
             } else {
                 (exit::CANNOT_EXECUTE, format!("cannot execute: {e}"))
             };
-            status_line(&format!("tumbler: {program}: {why}"));
+            status_line(&format!("{who}: {program}: {why}"));
             held.release().await;
             return code;
         }
