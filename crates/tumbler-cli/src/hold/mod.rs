@@ -40,7 +40,7 @@
 mod group;
 pub(crate) mod lease;
 mod retry;
-mod session;
+pub(crate) mod session;
 mod stream;
 
 use std::time::Duration;
@@ -112,6 +112,11 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// The grant as it was made.
+    pub(crate) fn grant(&self) -> &proto::Grant {
+        &self.grant
+    }
+
     /// Gives the grant back (or closes the session) and waits for that.
     async fn release(self) {
         self.stop.cancel();
@@ -120,7 +125,7 @@ impl Held {
 }
 
 /// Either the grant, or the refusal to print.
-enum Acquired {
+pub(crate) enum Acquired {
     Held(Held),
     Refused(proto::AcquireResponse),
 }
@@ -140,7 +145,7 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
     let conn = Conn::new(&args.target)?;
     let acquiring = async {
         if args.session {
-            acquire_in_session(conn, request.clone()).await
+            acquire_in_session(conn, request.clone(), None).await
         } else {
             acquire_lease(conn, request.clone(), grace).await
         }
