@@ -810,6 +810,7 @@ const SUBCOMMANDS: &[(&str, &[&str])] = &[
         "elect",
         &[
             "--listen",
+            "--session",
             "--candidate",
             "--ttl-ms",
             "--wait-ms",

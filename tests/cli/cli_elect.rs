@@ -218,3 +218,37 @@ async fn elect_listen_prints_the_leader_then_every_change() {
     .unwrap();
     assert_eq!(exit_code(&mut listening).await, 130);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_session_keeps_its_leadership_and_term_when_its_server_is_sigkilled() {
+    let redis = start_redis();
+    let staying = TestServer::new().redis(&redis.url()).start().await;
+    let mut doomed = TumblerProcess::start(&redis.url(), &[]).await;
+    let mut client = staying.client().await;
+    let addrs = format!("{},{}", doomed.endpoint, staying.endpoint());
+    let (mut leading, mut out) = elect(
+        &addrs,
+        &["e-session", "on-session", "--session", "--ttl-ms", "1500"],
+    );
+    let line = next_line(&mut out).await;
+    assert!(
+        line.starts_with("ELECTED e-session ") && line.ends_with("value=on-session"),
+        "{line}"
+    );
+    let term = term_of(&line);
+    // The server the session streams through dies; elect resumes the
+    // session on the next --addr within its TTL and leads on, same term,
+    // well past the TTL.
+    doomed.kill();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let shown = leader(&mut client, "e-session")
+        .await
+        .expect("still leading");
+    assert_eq!((shown.term, shown.value.as_str()), (term, "on-session"));
+    assert!(shown.candidate.starts_with("session-"), "{shown:?}");
+    assert!(leading.try_wait().unwrap().is_none(), "elect runs on");
+    // Ctrl-C ends the session: nobody leads, at once.
+    kill(Pid::from_raw(leading.id().unwrap() as i32), Signal::SIGINT).unwrap();
+    assert_eq!(exit_code(&mut leading).await, 0);
+    assert_eq!(leader(&mut client, "e-session").await, None);
+}

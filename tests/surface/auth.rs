@@ -259,6 +259,66 @@ async fn every_rpc(client: &mut Client, namespace: &str) -> Vec<(&'static str, C
             .map(drop),
     );
     record("SessionAcquire", session_acquire(client, acquire).await);
+    // The election RPCs, on an election of their own.
+    let election = "leader".to_string();
+    record(
+        "Campaign",
+        client
+            .campaign(proto::CampaignRequest {
+                namespace: ns.clone(),
+                name: election.clone(),
+                candidate: "c".into(),
+                wait_ms: Some(0),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+    );
+    record(
+        "Leader",
+        client
+            .leader(proto::LeaderRequest {
+                namespace: ns.clone(),
+                name: election.clone(),
+            })
+            .await
+            .map(drop),
+    );
+    record(
+        "Proclaim",
+        client
+            .proclaim(proto::ProclaimRequest {
+                namespace: ns.clone(),
+                name: election.clone(),
+                candidate: "c".into(),
+                term: 1,
+                value: "v".into(),
+            })
+            .await
+            .map(drop),
+    );
+    record(
+        "Observe",
+        client
+            .observe(proto::LeaderRequest {
+                namespace: ns.clone(),
+                name: election.clone(),
+            })
+            .await
+            .map(drop),
+    );
+    record(
+        "Resign",
+        client
+            .resign(proto::ResignRequest {
+                namespace: ns.clone(),
+                name: election.clone(),
+                candidate: "c".into(),
+                term: 1,
+            })
+            .await
+            .map(drop),
+    );
     record(
         "Clear",
         client
@@ -322,7 +382,7 @@ async fn missing_unknown_malformed_and_expired_tokens_are_unauthenticated_on_eve
     ] {
         let mut c = client(&s.server, header.clone()).await;
         let answers = every_rpc(&mut c, "team-a").await;
-        assert_eq!(answers.len(), 12);
+        assert_eq!(answers.len(), 17);
         for (rpc, code, message) in answers {
             assert_eq!(
                 code,
@@ -839,7 +899,7 @@ async fn tumbler_system_is_reserved_even_for_everywhere_tokens_and_without_auth(
     let mut reader = bearer(&s.server, SYSTEM_READER).await;
     for (rpc, code, message) in every_rpc(&mut reader, "tumbler-system").await {
         let expected = match rpc {
-            "Inspect" | "Queue" | "List" => Code::Ok,
+            "Inspect" | "Queue" | "List" | "Leader" => Code::Ok,
             _ => Code::PermissionDenied,
         };
         assert_eq!(code, expected, "{rpc}: {message}");

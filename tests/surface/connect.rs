@@ -486,6 +486,78 @@ async fn watch_streams_lock_events_to_curl_n() {
     server.shutdown().await.unwrap();
 }
 
+#[tokio::test]
+async fn an_election_over_connect_json() {
+    let server = TestServer::new().start().await;
+    let elected = call(
+        &server,
+        "Campaign",
+        json!({"name": "e", "candidate": "a", "value": "host-a", "ttlMs": "30000"}),
+        &[],
+    )
+    .await;
+    assert_eq!(elected.status, 200);
+    let elected = elected.json();
+    assert_eq!(elected["elected"], true, "{elected}");
+    let term = elected["leader"]["term"]
+        .as_str()
+        .expect("64-bit as a string")
+        .to_owned();
+    let leader = call(&server, "Leader", json!({"name": "e"}), &[])
+        .await
+        .json();
+    assert_eq!(
+        (
+            leader["leader"]["candidate"].as_str(),
+            leader["leader"]["value"].as_str()
+        ),
+        (Some("a"), Some("host-a"))
+    );
+    let proclaimed = call(
+        &server,
+        "Proclaim",
+        json!({"name": "e", "candidate": "a", "term": term, "value": "host-a2"}),
+        &["--http2-prior-knowledge"],
+    )
+    .await
+    .json();
+    assert_eq!(
+        proclaimed["status"], "PROCLAIM_STATUS_PROCLAIMED",
+        "{proclaimed}"
+    );
+    // A missing term is refused naming it, as over gRPC.
+    let refused = call(
+        &server,
+        "Resign",
+        json!({"name": "e", "candidate": "a"}),
+        &[],
+    )
+    .await;
+    assert_eq!(refused.status, 400);
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("term:"),
+        "{}",
+        refused.json()
+    );
+    let resigned = call(
+        &server,
+        "Resign",
+        json!({"name": "e", "candidate": "a", "term": term}),
+        &[],
+    )
+    .await
+    .json();
+    assert_eq!(resigned["status"], "RESIGN_STATUS_RESIGNED", "{resigned}");
+    let nobody = call(&server, "Leader", json!({"name": "e"}), &[])
+        .await
+        .json();
+    assert!(nobody.get("leader").is_none(), "{nobody}");
+    server.shutdown().await.unwrap();
+}
+
 /// Redis gone: `503 unavailable`, never a grant.
 #[tokio::test]
 async fn redis_trouble_is_unavailable() {

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 
 use super::acquire::new_holder;
 use super::connect::{Conn, Target};
-use super::hold::{self, lease::keep_lease};
+use super::hold::session::acquire_in_session;
+use super::hold::{self, Acquired, lease::keep_lease};
 use super::output::{display_name, rfc3339, status_line};
 use super::signals::{Signals, killed_by};
 use super::{Failure, Globals, exit};
@@ -50,6 +51,13 @@ pub struct ElectArgs {
     /// SIGKILL (a signal passed on, or the leadership lost).
     #[arg(long, default_value_t = 10_000)]
     pub grace_ms: u64,
+    /// Lead through a Session stream instead of a lease of its own: the
+    /// leadership ends at once if `elect` is killed, and survives its
+    /// server's restart or crash: the session is resumed on the next
+    /// --addr endpoint within its TTL (--ttl-ms), same term. The candidate
+    /// is then the session id.
+    #[arg(long, conflicts_with = "candidate")]
+    pub session: bool,
     /// The exit code when --wait-ms passes without being elected.
     #[arg(short = 'E', long, default_value_t = exit::NOT_ACQUIRED, value_name = "CODE")]
     pub conflict_exit_code: u8,
@@ -79,8 +87,58 @@ pub async fn run(args: ElectArgs, globals: &Globals) -> Result<u8, Failure> {
         ttl_ms: args.ttl_ms,
         ..Default::default()
     };
+    let grace = Duration::from_millis(args.grace_ms);
+    let elected = if args.session {
+        campaign_in_session(&args, &request, &mut signals).await?
+    } else {
+        campaign_with_lease(&args, &request, &mut signals, grace).await?
+    };
+    let (leader, held) = match elected {
+        Campaigned::Leading(leading) => *leading,
+        Campaigned::Signalled(code) => return Ok(code),
+        Campaigned::WaitEnded => {
+            status_line(&format!("NOT ELECTED {lock}: the wait ended"));
+            return Ok(args.conflict_exit_code);
+        }
+    };
+    let line = format!(
+        "ELECTED {lock} term={} candidate={} value={}",
+        leader.term, leader.candidate, leader.value
+    );
+    if args.command.is_empty() {
+        // What the caller waits for: stdout is ours when no command runs.
+        globals.output().reply(&leader, || format!("{line}\n"))?;
+    } else {
+        status_line(&line);
+    }
+    let environment = [
+        ("TUMBLER_TERM", leader.term.to_string()),
+        ("TUMBLER_FENCING_TOKEN", leader.term.to_string()),
+        ("TUMBLER_CANDIDATE", leader.candidate.clone()),
+    ];
+    let command = ("tumbler elect", args.command.as_slice());
+    Ok(hold::keep(held, signals, &lock, command, &environment, grace).await)
+}
+
+/// How a campaign ended.
+enum Campaigned {
+    /// Leading, and the leadership kept (by its lease or its session).
+    Leading(Box<(proto::Leadership, hold::Held)>),
+    /// A signal came first: the exit code.
+    Signalled(u8),
+    /// `--wait-ms` passed.
+    WaitEnded,
+}
+
+/// Campaigns with a lease of its own, which a task then renews.
+async fn campaign_with_lease(
+    args: &ElectArgs,
+    request: &proto::CampaignRequest,
+    signals: &mut Signals,
+    grace: Duration,
+) -> Result<Campaigned, Failure> {
     let mut conn = Conn::new(&args.target)?;
-    let campaigning = campaign(&mut conn, &request, args.wait_ms);
+    let campaigning = campaign(&mut conn, request, args.wait_ms);
     let elected = tokio::select! {
         elected = campaigning => elected?,
         signal = signals.recv() => {
@@ -95,23 +153,12 @@ pub async fn run(args: ElectArgs, globals: &Globals) -> Result<u8, Failure> {
                 };
                 let _ = tokio::time::timeout(Duration::from_secs(5), call!(conn, release, release)).await;
             }
-            return Ok(killed_by(signal));
+            return Ok(Campaigned::Signalled(killed_by(signal)));
         }
     };
     let Some((leader, sent)) = elected else {
-        status_line(&format!("NOT ELECTED {lock}: the wait ended"));
-        return Ok(args.conflict_exit_code);
+        return Ok(Campaigned::WaitEnded);
     };
-    let line = format!(
-        "ELECTED {lock} term={} candidate={} value={}",
-        leader.term, leader.candidate, leader.value
-    );
-    if args.command.is_empty() {
-        // What the caller waits for: stdout is ours when no command runs.
-        globals.output().reply(&leader, || format!("{line}\n"))?;
-    } else {
-        status_line(&line);
-    }
     let grant = proto::Grant {
         holder: leader.candidate.clone(),
         fencing_token: leader.term,
@@ -121,14 +168,60 @@ pub async fn run(args: ElectArgs, globals: &Globals) -> Result<u8, Failure> {
         ttl_ms: leader.ttl_ms,
         ..Default::default()
     };
-    let grace = Duration::from_millis(args.grace_ms);
-    let held = keep_lease(conn, (&namespace, &args.name), grant, sent, grace);
-    let environment = [
-        ("TUMBLER_TERM", leader.term.to_string()),
-        ("TUMBLER_FENCING_TOKEN", leader.term.to_string()),
-        ("TUMBLER_CANDIDATE", leader.candidate.clone()),
-    ];
-    Ok(hold::keep(held, signals, &lock, &args.command, &environment, grace).await)
+    let held = keep_lease(
+        conn,
+        (&request.namespace, &request.name),
+        grant,
+        sent,
+        grace,
+    );
+    Ok(Campaigned::Leading(Box::new((leader, held))))
+}
+
+/// `--session`: campaigns through a Session stream (`hold --session`'s,
+/// resumed on the next endpoint when cut off); the candidate is the
+/// session id. Without `--wait-ms`, campaigns again whenever the server's
+/// longest wait ends.
+async fn campaign_in_session(
+    args: &ElectArgs,
+    request: &proto::CampaignRequest,
+    signals: &mut Signals,
+) -> Result<Campaigned, Failure> {
+    let acquire = proto::AcquireRequest {
+        namespace: request.namespace.clone(),
+        name: request.name.clone(),
+        ttl_ms: request.ttl_ms,
+        wait_ms: args.wait_ms.unwrap_or(0),
+        ..Default::default()
+    };
+    loop {
+        let conn = Conn::new(&args.target)?;
+        let campaigning = acquire_in_session(conn, acquire.clone(), Some(&request.value));
+        // A signal drops the stream: the server ends the session and
+        // gives back whatever it held.
+        let acquired = tokio::select! {
+            acquired = campaigning => acquired?,
+            signal = signals.recv() => return Ok(Campaigned::Signalled(killed_by(signal))),
+        };
+        match acquired {
+            Acquired::Held(held) => {
+                let grant = held.grant().clone();
+                let leader = proto::Leadership {
+                    namespace: request.namespace.clone(),
+                    name: request.name.clone(),
+                    candidate: grant.holder.clone(),
+                    term: grant.fencing_token,
+                    value: grant.metadata.get("").cloned().unwrap_or_default(),
+                    elected_at_ms: grant.acquired_at_ms,
+                    expires_at_ms: grant.expires_at_ms,
+                    ttl_ms: grant.ttl_ms,
+                };
+                return Ok(Campaigned::Leading(Box::new((leader, held))));
+            }
+            Acquired::Refused(_) if args.wait_ms.is_some() => return Ok(Campaigned::WaitEnded),
+            Acquired::Refused(_) => {}
+        }
+    }
 }
 
 /// Campaigns until elected (or until `wait_ms`, when given): sent again

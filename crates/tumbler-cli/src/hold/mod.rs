@@ -40,7 +40,7 @@
 mod group;
 pub(crate) mod lease;
 mod retry;
-mod session;
+pub(crate) mod session;
 mod stream;
 
 use std::time::Duration;
@@ -112,6 +112,11 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// The grant as it was made.
+    pub(crate) fn grant(&self) -> &proto::Grant {
+        &self.grant
+    }
+
     /// Gives the grant back (or closes the session) and waits for that.
     async fn release(self) {
         self.stop.cancel();
@@ -120,7 +125,7 @@ impl Held {
 }
 
 /// Either the grant, or the refusal to print.
-enum Acquired {
+pub(crate) enum Acquired {
     Held(Held),
     Refused(proto::AcquireResponse),
 }
@@ -140,7 +145,7 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
     let conn = Conn::new(&args.target)?;
     let acquiring = async {
         if args.session {
-            acquire_in_session(conn, request.clone()).await
+            acquire_in_session(conn, request.clone(), None).await
         } else {
             acquire_lease(conn, request.clone(), grace).await
         }
@@ -180,19 +185,21 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
         ("TUMBLER_SLOT", grant.slot.to_string()),
         ("TUMBLER_HOLDER", grant.holder.clone()),
     ];
-    Ok(keep(held, signals, &lock, &args.command, &environment, grace).await)
+    let command = ("tumbler hold", args.command.as_slice());
+    Ok(keep(held, signals, &lock, command, &environment, grace).await)
 }
 
 /// Keeps `held` while `command` runs (in its own process group, with
 /// `environment` added; signals passed on, stopped in time when the grant
 /// is lost), or without a command until a signal or the loss; gives the
 /// grant back once no process of the group is left. Returns the exit
-/// code. Shared by `hold` and `elect`.
+/// code. Shared by `hold` and `elect`; `who` names the subcommand in its
+/// status lines.
 pub(crate) async fn keep(
     mut held: Held,
     mut signals: Signals,
     lock: &str,
-    command: &[String],
+    (who, command): (&str, &[String]),
     environment: &[(&str, String)],
     grace: Duration,
 ) -> u8 {
@@ -217,7 +224,7 @@ pub(crate) async fn keep(
             } else {
                 (exit::CANNOT_EXECUTE, format!("cannot execute: {e}"))
             };
-            status_line(&format!("tumbler: {program}: {why}"));
+            status_line(&format!("{who}: {program}: {why}"));
             held.release().await;
             return code;
         }

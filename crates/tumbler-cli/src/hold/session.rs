@@ -22,9 +22,14 @@ use tumbler_proto as proto;
 /// breaks while waiting (a replica draining or restarting), the session
 /// is resumed on the next endpoint and the same acquire sent again: its
 /// holder is the session id, so it takes its place in the queue back.
-pub(super) async fn acquire_in_session(
+///
+/// With `campaign` (`elect --session`: the leader's value), the command is
+/// a campaign in the election `request` names (its `wait_ms` 0: the
+/// server's longest wait), answered the same way.
+pub(crate) async fn acquire_in_session(
     mut conn: Conn,
     request: proto::AcquireRequest,
+    campaign: Option<&str>,
 ) -> Result<Acquired, Failure> {
     use proto::session_response::Event;
     let acquire = proto::AcquireRequest {
@@ -56,20 +61,30 @@ pub(super) async fn acquire_in_session(
         resume = Some(Resume::of(&opened));
         let keep_alive_every = Duration::from_millis((opened.ttl_ms / 3).max(10));
         request_id += 1;
-        let _ = stream
-            .commands
-            .send(session_command(proto::session_request::Command::Acquire(
-                proto::SessionAcquire {
-                    request_id,
-                    acquire: Some(proto::AcquireRequest {
-                        wait_ms: wait_until
-                            .saturating_duration_since(Instant::now())
-                            .as_millis() as u64,
-                        ..acquire.clone()
-                    }),
-                },
-            )))
-            .await;
+        let wait_ms = wait_until
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+        let command = match campaign {
+            Some(value) => proto::session_request::Command::Campaign(proto::SessionCampaign {
+                request_id,
+                campaign: Some(proto::CampaignRequest {
+                    namespace: acquire.namespace.clone(),
+                    name: acquire.name.clone(),
+                    value: value.to_owned(),
+                    wait_ms: (request.wait_ms > 0).then_some(wait_ms),
+                    kind: acquire.kind.clone(),
+                    ..Default::default()
+                }),
+            }),
+            None => proto::session_request::Command::Acquire(proto::SessionAcquire {
+                request_id,
+                acquire: Some(proto::AcquireRequest {
+                    wait_ms,
+                    ..acquire.clone()
+                }),
+            }),
+        };
+        let _ = stream.commands.send(session_command(command)).await;
         let mut ticker = tokio::time::interval(keep_alive_every);
         let ended = loop {
             tokio::select! {
