@@ -21,11 +21,13 @@ LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 # tests/repo/crates.rs keeps the two the same).
 EXAMPLE_LANGS = ["python", "node", "go", "ruby", "perl"]
 # Languages whose helpers run the leader-election part, in the order it
-# rotates the roles through (the Rust client's steps join with one more
-# entry here); OBSERVE_LANGS: those whose helpers observe (Perl has no
-# Connect server streaming yet).
-ELECTION_LANGS = ["python", "node", "go", "ruby", "perl"]
-OBSERVE_LANGS = ["python", "node", "go", "ruby", "perl"]
+# rotates the roles through; OBSERVE_LANGS: those whose helpers observe.
+# RESIGN_TAKES_LEADERSHIP: helpers whose resign takes the leadership by
+# value (Rust's `Leadership::resign(self)`), so a second resign or a
+# proclaim after it is a compile error there, not a call to check.
+ELECTION_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
+OBSERVE_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
+RESIGN_TAKES_LEADERSHIP = ["rust"]
 
 
 def commands(table):

@@ -7,7 +7,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
-use tumbler_client::{CancellationToken, Client, Error, Lock};
+use tokio_stream::StreamExt;
+use tumbler_client::{CancellationToken, Client, Error, Leadership, Lock, proto};
 
 type Out = Result<Value, Error>;
 
@@ -289,6 +290,129 @@ async fn auth(addr: &str, namespace: &str, token: &str) -> Out {
     )
 }
 
+fn leadership_json(leader: &proto::Leadership) -> Value {
+    json!({"candidate": leader.candidate, "term": leader.term.to_string(), "value": leader.value,
+           "elected_at_ms": leader.elected_at_ms, "expires_at_ms": leader.expires_at_ms})
+}
+
+/// The lines the driver writes to this step's stdin, read on a thread of
+/// their own.
+fn commands() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+async fn campaign(c: &Client, a: &[String]) -> Out {
+    // campaign, then act on the driver's commands: proclaim V, resign,
+    // lost MS, exit. `resign` takes the leadership by value (a second
+    // resign, or a proclaim after it, does not compile), so the driver
+    // asks Rust for neither.
+    let election = c
+        .election(&a[0])
+        .candidate(&a[1])
+        .ttl(ms(&a[3]))
+        .wait(ms(&a[4]));
+    let mut held: Leadership = match election.campaign(&a[2]).await {
+        Ok(held) => held,
+        Err(Error::NotAcquired { .. }) => return Ok(json!({"elected": false})),
+        Err(e) => return Err(e),
+    };
+    emit(
+        &json!({"event": "elected", "elected": true, "at_ms": now_ms(),
+                 "candidate": held.candidate(), "term": held.term().to_string(), "value": held.value()}),
+    );
+    let term = held.term();
+    let mut commands = commands();
+    while let Some(line) = commands.recv().await {
+        let (command, arg) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
+        match command {
+            "proclaim" => {
+                let said = held.proclaim(arg).await;
+                emit(&match said {
+                    Ok(()) => json!({"event": "proclaim", "status": "PROCLAIMED",
+                                     "value": held.value(), "lost": held.is_lost()}),
+                    Err(Error::LockLost { .. }) => {
+                        json!({"event": "proclaim", "status": "NOT_LEADER",
+                                                         "typed": "Error::LockLost", "lost": held.is_lost()})
+                    }
+                    Err(e) => return Err(e),
+                });
+            }
+            "resign" => {
+                let first = held.resign().await?;
+                emit(&json!({"event": "resign", "first": first}));
+                return Ok(json!({"done": true, "term": term.to_string()}));
+            }
+            "lost" => {
+                let lost = tokio::time::timeout(ms(arg), held.lost()).await;
+                emit(&match lost {
+                    Ok(Error::LockLost { reason, .. }) => {
+                        json!({"event": "lost", "lost": true, "reason": reason, "at_ms": now_ms()})
+                    }
+                    Ok(other) => {
+                        json!({"event": "lost", "lost": true, "reason": other.to_string(), "at_ms": now_ms()})
+                    }
+                    Err(_) => json!({"event": "lost", "lost": false, "at_ms": now_ms()}),
+                });
+            }
+            "exit" => break,
+            other => eprintln!("unknown command {other}"),
+        }
+    }
+    held.resign().await?;
+    Ok(json!({"done": true, "term": term.to_string()}))
+}
+
+async fn leader(c: &Client, a: &[String]) -> Out {
+    let leader = c.election(&a[0]).leader().await?;
+    Ok(json!({"leader": leader.as_ref().map(leadership_json)}))
+}
+
+async fn observe(c: &Client, a: &[String]) -> Out {
+    // the leader changes until a[1] is elected, then the stream is dropped
+    let (name, stop_candidate) = (&a[0], &a[1]);
+    let mut changes = Vec::new();
+    let mut cancelled = false;
+    let watched = async {
+        let mut stream = c.election(name).observe().await?;
+        while let Some(change) = stream.next().await {
+            let change = change?;
+            let seen = json!({"kind": change.event, "leader": change.leader.as_ref().map(leadership_json),
+                              "ended_term": change.ended_term.to_string()});
+            emit(&with(json!({"event": "change"}), seen.clone()));
+            changes.push(seen);
+            if change.event == "elected"
+                && change
+                    .leader
+                    .as_ref()
+                    .is_some_and(|l| &l.candidate == stop_candidate)
+            {
+                cancelled = true;
+                break;
+            }
+        }
+        Ok::<(), Error>(())
+    };
+    let error = match tokio::time::timeout(ms(&a[2]), watched).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some("timed out".to_owned()),
+    };
+    let mut out = json!({"cancelled": cancelled, "changes": changes});
+    if let Some(error) = error {
+        out = with(out, json!({"error": error}));
+    }
+    Ok(out)
+}
+
 #[tokio::main]
 async fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -317,6 +441,9 @@ async fn main() {
                 "lost" => lost(&c, args).await,
                 "cancel" => cancel(&c, args).await,
                 "restart" => restart(&c, args).await,
+                "campaign" => campaign(&c, args).await,
+                "leader" => leader(&c, args).await,
+                "observe" => observe(&c, args).await,
                 other => {
                     eprintln!("unknown step {other}");
                     std::process::exit(2);

@@ -260,7 +260,8 @@ impl Leadership {
     }
 
     /// Replaces the leader's value, checked against the term:
-    /// [`Error::LockLost`] when this term leads no more.
+    /// [`Error::LockLost`] when this term leads no more (and from then on
+    /// [`is_lost`](Leadership::is_lost) is true and `lost()` resolves).
     pub async fn proclaim(&mut self, value: impl Into<String>) -> Result<()> {
         let value = value.into();
         let request = proto::ProclaimRequest {
@@ -278,12 +279,8 @@ impl Leadership {
             )
             .await?;
         if reply.status != proto::ProclaimStatus::Proclaimed as i32 {
-            return Err(Error::LockLost {
-                name: self.lock.name().to_owned(),
-                holder: self.lock.holder().to_owned(),
-                fencing_token: self.term(),
-                reason: "not the leader with this term".into(),
-            });
+            // The term leads no more: the leadership is lost for good.
+            return Err(self.lock.mark_lost("not the leader with this term"));
         }
         self.value = value;
         Ok(())

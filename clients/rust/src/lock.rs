@@ -383,6 +383,13 @@ impl Lock {
         self.shared.grant()
     }
 
+    /// Marks the grant gone (something other than the watchdog learned
+    /// it, e.g. a Proclaim answered NOT_LEADER): `lost()` resolves.
+    pub(crate) fn mark_lost(&self, reason: &str) -> Error {
+        self.shared.mark_lost(reason.to_owned());
+        self.shared.lost_error(reason.to_owned())
+    }
+
     /// True once the grant is known to be gone.
     pub fn is_lost(&self) -> bool {
         self.shared.lost.borrow().is_some()
