@@ -190,6 +190,19 @@ try {
   assert.deepEqual(exportRow.slice(1, 3), ["1", "1"], "export: 1 acquired, 1 denied");
   await page.screenshot({ path: path.join(shots, "metrics.png"), fullPage: true });
 
+  // An election: its leader, term and value, as the Leader RPC says.
+  step("an election's page shows its leader, term and value");
+  await page.goto(`${base}/dashboard/lock?name=primary&namespace=ops`);
+  await page.waitForSelector("#holders tbody tr th code");
+  const leaderRpc = grpc("Leader", { namespace: "ops", name: "primary" }).leader;
+  const cards = await page.$$eval("dl.cards .card", (els) => els.map((el) => el.textContent));
+  assert.ok(cards.some((c) => c.includes("Leader") && c.includes("node-a") && c.includes(`term ${leaderRpc.term}`)),
+    `a Leader card with node-a and term ${leaderRpc.term}: ${JSON.stringify(cards)}`);
+  assert.ok(cards.some((c) => c.includes("Leader's value") && c.includes("db-1:5432")), JSON.stringify(cards));
+  const [, , , , , , , leaderMeta] = (await tableRows(page, "#holders tbody tr"))[0];
+  assert.match(leaderMeta, /election value = db-1:5432/);
+  await page.screenshot({ path: path.join(shots, "election.png"), fullPage: true });
+
   // Namespace switch (query parameter) from the header form.
   step("namespace selector switches to another namespace");
   await page.getByLabel("Namespace", { exact: true }).fill("billing");

@@ -83,7 +83,7 @@ done
 
 # The scene: a mutex held, a second holder denied and a third waiting in
 # its queue; a semaphore-style job lock with two of three permits taken;
-# a lock in another namespace.
+# a lock in another namespace; an election with a leader.
 t() { "$TUMBLER_BIN" "$@" --addr "$addr" >/dev/null; }
 t acquire reports --holder worker-1 --ttl-ms 600000 --kind export --meta team=billing --meta job=42
 t acquire reports --holder worker-2 --ttl-ms 600000 --kind export || true
@@ -95,6 +95,14 @@ t acquire jobs/nightly --holder runner-b --limit 3 --ttl-ms 600000 --kind batch
 t acquire jobs/hourly --holder runner-c --ttl-ms 600000 --kind batch
 t release jobs/hourly --holder runner-c
 t acquire invoices -n billing --holder svc-1 --ttl-ms 600000
+# An election with its leader, in a namespace of its own (tumbler elect
+# leads until it is stopped).
+"$TUMBLER_BIN" elect primary db-1:5432 -n ops --addr "$addr" --candidate node-a >"$work/elect.log" 2>&1 &
+pids+=("$!")
+for _ in $(seq 100); do
+  if grep -q ELECTED "$work/elect.log"; then break; fi
+  sleep 0.1
+done
 # Names that would show reversed or hide characters: a right-to-left
 # override (U+202E) in a name and in metadata, a left-to-right isolate
 # (U+2066) in a holder, in a namespace of their own.

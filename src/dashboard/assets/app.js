@@ -435,11 +435,17 @@ function changelogQuery() {
 
 function renderLock(d) {
   const held = list(d.holders);
+  // An election is a lock of limit 1 whose grant carries the leader's
+  // value as the metadata entry "" (only Campaign and Proclaim write it).
+  const lead = held.length === 1 && int(d.limit) === 1 ? held[0].grant || {} : {};
+  const elected = Object.prototype.hasOwnProperty.call(lead.metadata || {}, "");
   const facts = h("dl", { class: "cards", "aria-label": "Lock state" },
     card("Holders", `${held.length} / ${int(d.limit) || "—"}`),
     card("Waiters", fmtNumber(int(d.waiters))),
     card("Next expiry", held.length
-      ? fmtDuration(Math.min(...held.map((info) => int(info.remainingMs)))) : "—"));
+      ? fmtDuration(Math.min(...held.map((info) => int(info.remainingMs)))) : "—"),
+    elected ? card("Leader", h("code", {}, lead.holder), `term ${lead.fencingToken}`) : null,
+    elected ? card("Leader's value", lead.metadata[""]) : null);
   const holderHead = ["Slot", "Holder", "Fencing token", "Remaining TTL", "Lease", "Acquired", "Kind", "Metadata"];
   if (d.admin) holderHead.push("Action");
   const holders = table(`Holders of ${d.name}`, holderHead, held.map((info) => [info.grant || {}, info]).map(([g, info]) => h("tr", {},
@@ -480,7 +486,8 @@ function renderLock(d) {
 function metadata(map) {
   const entries = Object.entries(map || {});
   if (!entries.length) return h("span", { class: "empty" }, "—");
-  return h("ul", { class: "meta" }, entries.map(([k, v]) => h("li", {}, h("code", {}, k), " = ", v)));
+  return h("ul", { class: "meta" }, entries.map(([k, v]) => h("li", {},
+    k === "" ? h("span", { class: "badge ok" }, "election value") : h("code", {}, k), " = ", v)));
 }
 
 // ------------------------------------------------------------ metrics
