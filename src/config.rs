@@ -53,6 +53,10 @@ pub struct ServiceArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub group_commit_per_shard: bool,
+    /// Group commit: calls one shard (one namespace on one server) may
+    /// have in flight at once; an operation that finds fewer goes at once.
+    #[arg(long, env = "TUMBLER_GROUP_COMMIT_IN_FLIGHT", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub group_commit_in_flight: u32,
     /// Upper bound for one Redis command, connecting included; past it the
     /// RPC answers UNAVAILABLE.
     #[arg(long, env = "TUMBLER_REDIS_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -473,6 +477,7 @@ impl ServerConfig {
                     max_ops: args.group_commit_max_ops as usize,
                     max_bytes: args.group_commit_max_bytes as usize,
                     across_shards: !args.group_commit_per_shard,
+                    in_flight: args.group_commit_in_flight as usize,
                 },
             },
             reap_interval: (args.reap_interval_ms > 0)

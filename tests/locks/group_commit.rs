@@ -19,11 +19,17 @@ use crate::common::{
 /// no background calls of its own during the test (health every minute,
 /// no reaper), group commit on or off.
 async fn one_shard_server(group_commit: bool) -> TestServer {
+    one_shard_server_in_flight(group_commit, 1).await
+}
+
+/// [`one_shard_server`] with `in_flight` calls allowed per slot.
+async fn one_shard_server_in_flight(group_commit: bool, in_flight: u32) -> TestServer {
     TestServer::new()
         .args(tumbler::config::ServiceArgs {
             shards: 1,
             health_interval_ms: 60_000,
             no_group_commit: !group_commit,
+            group_commit_in_flight: in_flight,
             ..service_args()
         })
         .start()
@@ -99,6 +105,32 @@ async fn concurrent_acquires_on_one_shard_share_calls_and_each_keeps_its_grant()
             "grouped-{i}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_calls_in_flight_operations_still_share_calls() {
+    let server = one_shard_server_in_flight(true, 2).await;
+    let mut conn = redis_conn(server.redis_url()).await;
+    let mut client = server.client().await;
+    client.acquire(acquire("warm-up", "h")).await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let tokens = acquire_all_at_once(&server, "two").await;
+    let calls = command_calls(&mut conn).await;
+    let fcalls = calls.get("fcall").copied().unwrap_or(0);
+    assert!((2..64).contains(&fcalls), "{calls:?}");
+    let distinct: HashSet<u64> = tokens.iter().copied().collect();
+    assert_eq!(distinct.len(), 64);
+    // Nothing is left queued or in flight: the next call goes alone.
+    let reply = client
+        .acquire(acquire("after", "h"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

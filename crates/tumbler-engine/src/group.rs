@@ -50,6 +50,9 @@ pub struct GroupCommit {
     /// On one server or through Sentinel: a namespace's shards share a
     /// queue (and a call). Never on a Redis Cluster.
     pub across_shards: bool,
+    /// Calls a slot may have in flight at once: an operation that finds
+    /// fewer goes at once; one that finds this many queues.
+    pub in_flight: usize,
 }
 
 impl Default for GroupCommit {
@@ -59,6 +62,7 @@ impl Default for GroupCommit {
             max_ops: 64,
             max_bytes: 256 * 1024,
             across_shards: true,
+            in_flight: 1,
         }
     }
 }
@@ -95,10 +99,10 @@ struct Queued {
     reply: oneshot::Sender<Result<Value, StoreError>>,
 }
 
-/// A slot's state: whether a call is in flight, and who waits for it.
+/// A slot's state: its calls in flight, and who waits for one.
 #[derive(Default)]
 struct Slot {
-    in_flight: bool,
+    in_flight: usize,
     pending: VecDeque<Queued>,
 }
 
@@ -182,7 +186,7 @@ impl Groups {
         let waiting = {
             let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
             let state = slots.entry(slot.to_owned()).or_default();
-            if state.in_flight {
+            if state.in_flight >= self.settings.in_flight.max(1) {
                 let (tx, rx) = oneshot::channel();
                 let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
                 let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
@@ -196,7 +200,7 @@ impl Groups {
                 });
                 Some(rx)
             } else {
-                state.in_flight = true;
+                state.in_flight += 1;
                 None
             }
         };
@@ -227,13 +231,16 @@ impl Groups {
         reply
     }
 
-    /// Takes the next batch of `slot` (up to the caps), or marks the slot
-    /// idle when nothing waits.
+    /// Takes the next batch of `slot` (up to the caps) for a call that
+    /// just ended, or, when nothing waits, counts that call out of flight.
     fn next_batch(&self, slot: &str) -> Option<Vec<Queued>> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let state = slots.get_mut(slot)?;
         if state.pending.is_empty() {
-            slots.remove(slot);
+            state.in_flight = state.in_flight.saturating_sub(1);
+            if state.in_flight == 0 {
+                slots.remove(slot);
+            }
             return None;
         }
         let mut batch = Vec::new();
