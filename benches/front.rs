@@ -34,7 +34,15 @@
 //! adds a second tumbler row (that binary, e.g. one built from another
 //! commit, run with the same flags), and `FRONT_COMPARE_ARGS="--flag v …"`
 //! adds flags to that row (with the same binary when FRONT_COMPARE is
-//! unset): what a change or a setting costs, measured beside the rest.
+//! unset): what a change or a setting costs, measured beside the rest
+//! (group commit against none: `FRONT_COMPARE_ARGS=--no-group-commit`).
+//! `FRONT_ARGS="--flag v …"` adds flags to the main tumbler row.
+//! After the table, each tumbler row's Redis calls per batch size
+//! (group commit, read from its `/metrics`) over the whole run.
+//!
+//! One file on purpose: every target runs through one driver and lands in
+//! one table and one list of ratios, so their rows compare (the
+//! yardstick's own server is `front/yardstick.rs`).
 
 pub mod common;
 
@@ -332,6 +340,32 @@ async fn measure(
     unreachable!()
 }
 
+/// `tumbler_group_commit_calls_total` by size, from a tumbler's
+/// `/metrics` (a plain HTTP/1.1 GET), in bucket order.
+async fn batch_sizes(http: &str) -> Option<Vec<(String, f64)>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(http).await.ok()?;
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.ok()?;
+    let mut sizes: Vec<(String, f64)> = page
+        .lines()
+        .filter_map(|line| line.strip_prefix("tumbler_group_commit_calls_total{size=\""))
+        .filter_map(|rest| {
+            let (size, count) = rest.split_once("\"} ")?;
+            Some((size.to_owned(), count.trim().parse().ok()?))
+        })
+        .collect();
+    let order = |size: &str| {
+        tumbler::engine::group::SIZE_BUCKETS
+            .iter()
+            .position(|b| *b == size)
+    };
+    sizes.sort_by_key(|(size, _)| order(size));
+    Some(sizes)
+}
+
 fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -389,9 +423,10 @@ async fn main() {
             "0",
         ];
         args.extend(extra.split_whitespace());
-        ServeProcess::start_with_args(binary, &args).await
+        (ServeProcess::start_with_args(binary, &args).await, http)
     };
-    let tumbler = start_tumbler(env!("CARGO_BIN_EXE_tumbler"), "").await;
+    let main_args = std::env::var("FRONT_ARGS").unwrap_or_default();
+    let (tumbler, tumbler_http) = start_tumbler(env!("CARGO_BIN_EXE_tumbler"), &main_args).await;
 
     // The yardstick, plain and padded: this binary in its serving mode.
     let start_yardstick = async |pad: u64| {
@@ -455,7 +490,7 @@ async fn main() {
     let compare_args = std::env::var("FRONT_COMPARE_ARGS").unwrap_or_default();
     let _compare = if compare_bin.is_some() || !compare_args.is_empty() {
         let bin = compare_bin.unwrap_or_else(|| env!("CARGO_BIN_EXE_tumbler").to_owned());
-        let process = start_tumbler(&bin, &compare_args).await;
+        let (process, http) = start_tumbler(&bin, &compare_args).await;
         let label = format!("compare: {bin} {compare_args}");
         targets.push(Target {
             label: Box::leak(label.into_boxed_str()),
@@ -463,7 +498,7 @@ async fn main() {
             pid: process.pid(),
             kind: Kind::Compare,
         });
-        Some(process)
+        Some((process, http))
     } else {
         None
     };
@@ -535,8 +570,12 @@ async fn main() {
         tumbler_m.server_us() / yard.server_us()
     );
     println!(
-        "| tumbler pairs/s ÷ the yardstick's | {:.2} | ≥ 0.8 |",
+        "| tumbler pairs/s ÷ the yardstick's | {:.2} | ≥ 0.9 |",
         tumbler_m.rate() / yard.rate()
+    );
+    println!(
+        "| tumbler Redis CPU per pair ÷ the yardstick's (the plain Lua lock: SET NX PX, compare-and-delete) | {:.2} | ≤ 1.0 |",
+        tumbler_m.redis_us() / yard.redis_us()
     );
     // On a machine the run keeps busy, pairs/s follows the CPU a pair
     // costs all three processes together; this is the ratio that predicts.
@@ -570,11 +609,23 @@ async fn main() {
             "| compare row's pairs/s ÷ tumbler's | {:.2} | |",
             compare_m.rate() / tumbler_m.rate()
         );
+        println!(
+            "| compare row's Redis CPU per pair ÷ tumbler's | {:.2} | |",
+            compare_m.redis_us() / tumbler_m.redis_us()
+        );
+        for q in [0.5, 0.99] {
+            println!(
+                "| tumbler acquire p{} ÷ the compare row's | {:.2} | |",
+                q * 100.0,
+                tumbler_m.latency.value_at_quantile(q) as f64
+                    / compare_m.latency.value_at_quantile(q).max(1) as f64
+            );
+        }
     }
     if let Some(etcd_i) = find(Kind::Etcd) {
         let etcd_m = &results[etcd_i].1;
         println!(
-            "| tumbler pairs/s ÷ etcd's | {:.2} | ≥ 1.5 |",
+            "| tumbler pairs/s ÷ etcd's | {:.2} | ≥ 2.5 |",
             tumbler_m.rate() / etcd_m.rate()
         );
         println!(
@@ -583,6 +634,26 @@ async fn main() {
         );
     } else {
         println!("(no `etcd` binary: the etcd rows were skipped)");
+    }
+    println!();
+    let mut rows = vec![("tumbler", tumbler_http)];
+    rows.extend(
+        _compare
+            .as_ref()
+            .map(|(_, http)| ("compare row", http.clone())),
+    );
+    for (row, http) in rows {
+        match batch_sizes(&http).await {
+            Some(sizes) if !sizes.is_empty() => {
+                let calls: f64 = sizes.iter().map(|(_, n)| n).sum();
+                let shown: Vec<String> = sizes
+                    .iter()
+                    .map(|(size, n)| format!("{size}: {n:.0} ({:.0} %)", n * 100.0 / calls))
+                    .collect();
+                println!("{row}'s Redis calls per batch size: {}", shown.join(", "));
+            }
+            _ => println!("{row}: no group-commit counts (group commit off)"),
+        }
     }
     for process in [&mut yardstick, &mut padded] {
         let _ = process.kill();

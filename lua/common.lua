@@ -154,10 +154,26 @@ local PAD = {'00000', '0000', '000', '00', '0', ''}
 -- cache, not state: it holds what that text means).
 local SECOND, SECOND_MS = false, 0
 
+-- Group commit (lua/batch.lua runs many operations in one call): while a
+-- batch runs, BATCH_TIME holds the one TIME reply all its operations read
+-- (`clock`), BATCH_LATE the milliseconds below which an answer-by time is
+-- checked against the clock anew (`late`), and FENCES the last token
+-- handed out per fence key, with FENCES_DUE the ones still to be written
+-- (`next_token`; written once, the highest, by `batch_end`). Library
+-- globals outlive a call, so `batch_end` clears them and every call that
+-- is not a batch finds them false.
+local BATCH_TIME, BATCH_LATE, FENCES, FENCES_DUE = false, false, false, false
+
+-- How far ahead of the batch's TIME an answer-by time must lie to be
+-- judged on that TIME: a batch runs for well under this, so nearer ones
+-- are judged on a fresh TIME (no grant past its caller's answer-by).
+local BATCH_LATE_MS = 50
+
 -- The Redis clock: milliseconds since the epoch (a number), and the same
 -- instant as text in microseconds (TIME's own digits, no formatting).
+-- In a batch, the batch's one TIME.
 local function clock()
-  local t = redis.call('TIME')
+  local t = BATCH_TIME or redis.call('TIME')
   local seconds, micros = t[1], PAD[#t[2]] .. t[2]
   if seconds ~= SECOND then
     SECOND, SECOND_MS = seconds, tonumber(seconds) * 1000
@@ -180,7 +196,16 @@ local function late(answer_by, now_us)
   if not answer_by or answer_by == '0' then
     return false
   end
-  return above(string.sub(now_us, 1, -4), answer_by)
+  if above(string.sub(now_us, 1, -4), answer_by) then
+    return true
+  end
+  -- In a batch `now_us` is the batch's TIME, which later operations of it
+  -- run after: an answer-by within BATCH_LATE_MS of it meets the clock now.
+  if BATCH_TIME and not above(answer_by, BATCH_LATE) then
+    local t = redis.call('TIME')
+    return above(t[1] .. string.sub(PAD[#t[2]] .. t[2], 1, 3), answer_by)
+  end
+  return false
 end
 
 -- The shard of a key ('<prefix>:{<ns>:<s>}') and what follows it. Neither
@@ -673,14 +698,47 @@ end
 -- above every token it handed out, as long as the clock moves forward.
 -- Usually one call: the clock is ahead of the last token (both are
 -- 16-digit text then, which compares as the numbers do).
+-- In a batch, the shard's counter is read and set once (the first grant's
+-- SET … GET); the batch's later grants count on from the last token it
+-- handed out, and `batch_end` writes the highest once.
 local function next_token(fence, now_us)
-  local last = redis.call('SET', fence, now_us, 'GET', 'PX', FENCE_IDLE_TTL_MS)
-  if not last or (#last == #now_us and last < now_us) or #last < #now_us then
-    return now_us
+  local given = FENCES and FENCES[fence]
+  if given then
+    local token = int(tonumber(given) + 1)
+    FENCES[fence], FENCES_DUE[fence] = token, true
+    return token
   end
-  local token = int(tonumber(last) + 1)
-  redis.call('SET', fence, token, 'PX', FENCE_IDLE_TTL_MS)
+  local last = redis.call('SET', fence, now_us, 'GET', 'PX', FENCE_IDLE_TTL_MS)
+  local token = now_us
+  if last and not ((#last == #now_us and last < now_us) or #last < #now_us) then
+    token = int(tonumber(last) + 1)
+    if FENCES then
+      FENCES_DUE[fence] = true
+    else
+      redis.call('SET', fence, token, 'PX', FENCE_IDLE_TTL_MS)
+    end
+  end
+  if FENCES then
+    FENCES[fence] = token
+  end
   return token
+end
+
+-- A batch's start: its one TIME (and the answer-by bound it judges on).
+local function batch_begin()
+  BATCH_TIME = redis.call('TIME')
+  BATCH_LATE = BATCH_TIME[1] .. string.sub(PAD[#BATCH_TIME[2]] .. BATCH_TIME[2], 1, 3)
+  BATCH_LATE = int(tonumber(BATCH_LATE) + BATCH_LATE_MS)
+  FENCES, FENCES_DUE = {}, {}
+end
+
+-- A batch's end: each shard counter a later grant moved is written once,
+-- with the highest token, and the batch's state is cleared.
+local function batch_end()
+  for fence in pairs(FENCES_DUE) do
+    redis.call('SET', fence, FENCES[fence], 'PX', FENCE_IDLE_TTL_MS)
+  end
+  BATCH_TIME, BATCH_LATE, FENCES, FENCES_DUE = false, false, false, false
 end
 
 -- With a per-namespace lock limit (max_locks > 0), the shard's live locks

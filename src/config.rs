@@ -1,5 +1,9 @@
 //! Command-line flags (each also a `TUMBLER_*` environment variable) and
 //! the one [`ServerConfig`] the server is built from.
+//!
+//! One file on purpose: every flag is a field of the structs clap reads,
+//! with its help text, and the one conversion into [`ServerConfig`] sits
+//! beside them, so a flag and where it lands are read together.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,6 +12,7 @@ use clap::{Args, ValueEnum};
 
 use crate::api::validate::Limits;
 use crate::engine::WaitLimits;
+use crate::engine::group::GroupCommit;
 use crate::store::StoreConfig;
 use crate::tls::TlsArgs;
 
@@ -24,6 +29,37 @@ pub struct ServiceArgs {
     /// large replies.
     #[arg(long, env = "TUMBLER_REDIS_CONNECTIONS", default_value_t = 1)]
     pub redis_connections: u32,
+    /// Group commit off: every lock operation is its own Redis call. On
+    /// (the default), the operations for one shard that are ready while a
+    /// call for it is in flight go out together in the next call
+    /// (docs/operating.md "Group commit").
+    #[arg(
+        long,
+        env = "TUMBLER_NO_GROUP_COMMIT",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub no_group_commit: bool,
+    /// Group commit: most operations in one Redis call.
+    #[arg(long, env = "TUMBLER_GROUP_COMMIT_MAX_OPS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub group_commit_max_ops: u32,
+    /// Group commit: most bytes of keys and arguments in one Redis call.
+    #[arg(long, env = "TUMBLER_GROUP_COMMIT_MAX_BYTES", default_value_t = 262_144, value_parser = clap::value_parser!(u32).range(1024..))]
+    pub group_commit_max_bytes: u32,
+    /// Group commit on one Redis server or through Sentinel: batch each
+    /// shard on its own, as on a Redis Cluster (by default a namespace's
+    /// shards share a call there, since slots do not constrain keys).
+    #[arg(
+        long,
+        env = "TUMBLER_GROUP_COMMIT_PER_SHARD",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub group_commit_per_shard: bool,
+    /// Group commit: calls one shard (one namespace on one server) may
+    /// have in flight at once; an operation that finds fewer goes at once.
+    #[arg(long, env = "TUMBLER_GROUP_COMMIT_IN_FLIGHT", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub group_commit_in_flight: u32,
     /// Upper bound for one Redis command, connecting included; past it the
     /// RPC answers UNAVAILABLE.
     #[arg(long, env = "TUMBLER_REDIS_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -445,6 +481,13 @@ impl ServerConfig {
                     .div_ceil(u64::from(args.shards)),
                 session_lock_delay_ms: (args.session_lock_delay_ms > 0)
                     .then_some(args.session_lock_delay_ms),
+                group_commit: GroupCommit {
+                    enabled: !args.no_group_commit,
+                    max_ops: args.group_commit_max_ops as usize,
+                    max_bytes: args.group_commit_max_bytes as usize,
+                    across_shards: !args.group_commit_per_shard,
+                    in_flight: args.group_commit_in_flight as usize,
+                },
             },
             reap_interval: (args.reap_interval_ms > 0)
                 .then(|| Duration::from_millis(args.reap_interval_ms)),

@@ -244,6 +244,10 @@ fn describe() {
         "tumbler_reaped_total",
         "What the background reaper removed: expired_holders, dead_waiters, stale_index_entries."
     );
+    describe_counter!(
+        "tumbler_group_commit_calls_total",
+        "Redis calls of the lock hot path, by how many operations each carried (group commit): 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64, 65+."
+    );
     describe_gauge!(
         "tumbler_build_info",
         "Always 1; the labels say which tumbler this is (version, and the commit it was built from)."

@@ -8,6 +8,7 @@ pub mod common;
 
 mod chaos;
 mod cluster;
+mod group_commit;
 mod maintenance;
 mod redis_outage;
 mod redis_tls;

@@ -360,7 +360,9 @@ async fn churn_of_ten_thousand_locks_leaves_nothing_behind() {
         .unwrap();
     let calls = command_calls(&mut conn).await;
     assert!(calls.get("scan").is_some_and(|&n| n > 0), "{calls:?}");
-    assert!(calls.get("fcall").is_some_and(|&n| n > 10_000), "{calls:?}");
+    // The churn ran through the functions: one HSET per grant (group
+    // commit may have carried many grants in one FCALL).
+    assert!(calls.get("hset").is_some_and(|&n| n > 10_000), "{calls:?}");
     assert_eq!(calls.get("keys"), None, "KEYS was sent: {calls:?}");
 }
 

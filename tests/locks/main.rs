@@ -12,6 +12,7 @@ mod changelog_reads;
 mod election;
 mod election_faults;
 mod events;
+mod group_commit;
 mod key_isolation;
 mod libraries;
 mod limits;

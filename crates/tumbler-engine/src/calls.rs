@@ -5,11 +5,16 @@
 //! not be used (see `readiness.rs`), declares its keys, and a call that
 //! may grant waits for replica acknowledgements. The health check (layout
 //! record, then the lock path) lives here too, since it feeds readiness.
+//! The hot path's operations go through group commit (`group.rs`): those
+//! of one slot that are ready together share one call.
+
+use std::sync::Arc;
 
 use redis::Value;
 use tokio::time::Instant;
 
 use super::clock::RedisClock;
+use super::group::{self, GroupCommit, Groups};
 use super::keys::{Layout, LockKeys};
 use super::readiness::{self, Readiness};
 use super::scripts::{LockScript, Scripts};
@@ -35,19 +40,42 @@ pub(super) struct Calls {
     /// The shards count their live locks (a per-namespace lock limit is
     /// set): every function that may delete a lock then keeps the count.
     counts_live: bool,
+    /// Group commit (None: off, every operation is its own call).
+    groups: Option<Arc<Groups>>,
 }
 
 impl Calls {
-    pub(super) fn new(store: Store, layout: Layout, counts_live: bool) -> Self {
+    pub(super) fn new(
+        store: Store,
+        layout: Layout,
+        counts_live: bool,
+        group_commit: &GroupCommit,
+    ) -> Self {
         let readiness = Readiness::new(&store, &layout);
+        let scripts = Scripts::compile();
+        let groups = group_commit.enabled.then(|| {
+            Groups::new(
+                group_commit.clone(),
+                store.clone(),
+                scripts.batch.clone(),
+                format!("{}_", scripts.library_name),
+            )
+        });
         Calls {
             store,
             layout,
-            scripts: Scripts::compile(),
+            scripts,
             clock: RedisClock::default(),
             readiness,
             counts_live,
+            groups,
         }
+    }
+
+    /// Calls sent per batch size bucket ([`group::SIZE_BUCKETS`]); empty
+    /// with group commit off.
+    pub(super) fn batch_sizes(&self) -> Vec<u64> {
+        self.groups.as_ref().map(|g| g.sizes()).unwrap_or_default()
     }
 
     /// The store, for plain commands (SCAN, pipelines, pub/sub); functions
@@ -111,7 +139,8 @@ impl Calls {
         self.call_with(pick(&self.scripts), &declared, args).await
     }
 
-    /// Calls a function with the keys it declares.
+    /// Calls a function with the keys it declares: an operation of the
+    /// hot path through group commit (when on), any other on its own.
     async fn call_with(
         &self,
         script: &LockScript,
@@ -119,12 +148,19 @@ impl Calls {
         args: &[String],
     ) -> Result<Value, StoreError> {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.store.run_script(script, keys, &args).await
+        let operation = self.scripts.operation(script);
+        match &self.groups {
+            Some(groups) if group::groups(operation) && !keys.is_empty() => {
+                groups.run(script, operation, keys, &args).await
+            }
+            _ => self.store.run_script(script, keys, &args).await,
+        }
     }
 
     /// [`Self::call_lock`] for a function that may grant (acquire,
     /// extend): with `--min-replicas-acked`, a grant is answered only once
-    /// enough replicas acknowledged it.
+    /// enough replicas acknowledged it (such calls go alone: no group
+    /// commit, each holds its connection for its `WAIT`).
     pub(super) async fn call_granting(
         &self,
         pick: Pick,
@@ -132,6 +168,9 @@ impl Calls {
         args: &[String],
         is_grant: fn(&Value) -> bool,
     ) -> Result<Value, StoreError> {
+        if !self.store.waits_for_replicas() {
+            return self.call_lock(pick, keys, args).await;
+        }
         let declared = keys.declared(self.counts_live);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.store

@@ -67,6 +67,7 @@ pub mod changelog;
 pub mod clock;
 mod counting;
 pub mod election;
+pub mod group;
 pub mod keys;
 mod libraries;
 mod lifecycle;
@@ -153,7 +154,12 @@ impl LockEngine {
         limits: WaitLimits,
         changelog: ChangelogSettings,
     ) -> Self {
-        let calls = Arc::new(Calls::new(store, layout, limits.max_locks_per_shard > 0));
+        let calls = Arc::new(Calls::new(
+            store,
+            layout,
+            limits.max_locks_per_shard > 0,
+            &limits.group_commit,
+        ));
         let counting = Arc::new(Counting::new(calls.clone()));
         let watchers = Watchers::new();
         let changelog = Arc::new(Changelog::new(changelog, watchers.clone(), calls.clone()));
@@ -261,6 +267,12 @@ impl LockEngine {
 
     pub fn is_layout_verified(&self) -> bool {
         self.calls.is_layout_verified()
+    }
+
+    /// Redis calls of the hot path so far, per batch size bucket
+    /// ([`group::SIZE_BUCKETS`]; empty with group commit off).
+    pub fn batch_sizes(&self) -> Vec<u64> {
+        self.calls.batch_sizes()
     }
 
     // One lock (`locks.rs`, `waiting.rs`).

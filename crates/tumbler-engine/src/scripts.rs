@@ -43,13 +43,17 @@ impl Scripts {
         }
         let library_name = format!("tumbler_{}", hex::encode(&hasher.finalize()[..8]));
         // Each operation's file is the body of its function, with this
-        // call's keys and arguments as its locals `KEYS` and `ARGV`.
-        let mut code = format!("#!lua name={library_name}\n{COMMON}\n");
+        // call's keys and arguments as its locals `KEYS` and `ARGV`; the
+        // functions are also kept in the table `OPS` by name, so that
+        // `lua/batch.lua` runs them as their own calls would (group
+        // commit, `group.rs`).
+        let mut code = format!("#!lua name={library_name}\n{COMMON}\nlocal OPS = {{}}\n");
         for (name, body, read_only) in OPERATIONS {
             let flags = if *read_only { "'no-writes'" } else { "" };
             code.push_str(&format!(
-                "redis.register_function{{function_name = '{library_name}_{name}', flags = {{{flags}}}, \
-                 callback = function(KEYS, ARGV)\n{body}\nend}}\n"
+                "OPS['{name}'] = function(KEYS, ARGV)\n{body}\nend\n\
+                 redis.register_function{{function_name = '{library_name}_{name}', flags = {{{flags}}}, \
+                 callback = OPS['{name}']}}\n"
             ));
         }
         let library: Arc<str> = code.into();
@@ -61,6 +65,15 @@ impl Scripts {
 }
 
 impl Scripts {
+    /// The operation a function of this library runs (`acquire` for
+    /// `tumbler_<hash>_acquire`).
+    pub fn operation<'a>(&self, script: &'a LockScript) -> &'a str {
+        script
+            .function
+            .get(self.library_name.len() + 1..)
+            .unwrap_or_default()
+    }
+
     /// How many functions the library has (one per operation).
     pub fn operations() -> usize {
         OPERATIONS.len()

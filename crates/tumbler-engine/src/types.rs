@@ -394,6 +394,9 @@ pub struct WaitLimits {
     pub max_locks_per_shard: u64,
     /// How long a dead session's grants stay held; None releases them.
     pub session_lock_delay_ms: Option<u64>,
+    /// Group commit: the hot path's operations of one slot share a call
+    /// when more than one is ready (`group.rs`).
+    pub group_commit: crate::group::GroupCommit,
 }
 
 /// Why the layout recorded in Redis cannot be used.

@@ -470,6 +470,12 @@ impl Store {
         StoreError::classify(err, Some(&self.backend.key_prefix))
     }
 
+    /// True when a grant waits for replica acknowledgements
+    /// (`--min-replicas-acked`): see [`Self::run_granting_script`].
+    pub fn waits_for_replicas(&self) -> bool {
+        self.waits.is_some() && self.min_replicas_acked > 0
+    }
+
     /// Upper bound of one command, connecting included.
     pub fn command_timeout(&self) -> Duration {
         self.command_timeout
