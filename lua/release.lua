@@ -1,5 +1,6 @@
 -- release: give a grant back; only its holder can, optionally pinned to its
--- fencing token. The freed permit goes to the next waiter in line.
+-- fencing token. The freed permit goes to the next waiter in line, in
+-- this same call (common.lua `hand_over`).
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, then as far as any is not its default: token ('' = any),
 --       event flags ('0' = none; common.lua `events`), epoch (a session's
@@ -47,13 +48,13 @@ if stale(grant, epoch) then
   return {MOVED, now, '', '', unpack(L.events)}
 end
 
--- 4. Drop the grant; the last one out deletes the lock's key.
+-- 4. Drop the grant; the permit goes straight to the next waiter in line
+--    (common.lua `hand_over`); the last one out deletes the lock's key.
 drop_grant(L, holder, grant and grant.slot)
-settle(L)
 if grant then
   emit(L, 'released', holder, grant, now, HOLDER, now)
 end
-
--- 5. Wake whoever may take the permit now.
-wake_eligible(L)
+L.now, L.now_us = now, now_us
+hand_over(L)
+settle(L)
 return {OK, now, holder, record, unpack(L.events)}

@@ -434,8 +434,8 @@ impl ServerConfig {
                 max_locks_per_shard: args
                     .max_locks_per_namespace
                     .div_ceil(u64::from(args.shards)),
-                session_lock_delay_ms: (args.session_lock_delay_ms > 0)
-                    .then_some(args.session_lock_delay_ms),
+                session_lock_delay_ms: Some(args.session_lock_delay_ms).filter(|&ms| ms > 0),
+                hand_over: true,
             },
             reap_interval: (args.reap_interval_ms > 0)
                 .then(|| Duration::from_millis(args.reap_interval_ms)),

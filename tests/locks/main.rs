@@ -10,6 +10,7 @@ mod changelog;
 mod changelog_flood;
 mod changelog_reads;
 mod events;
+mod handover;
 mod key_isolation;
 mod limits;
 mod metrics;

@@ -394,6 +394,10 @@ pub struct WaitLimits {
     pub max_locks_per_shard: u64,
     /// How long a dead session's grants stay held; None releases them.
     pub session_lock_delay_ms: Option<u64>,
+    /// A permit freed while someone waits goes to the head of the queue in
+    /// the call that freed it (decision 0068); off, the head is woken to
+    /// call again (the path before it, kept for A/B measurements).
+    pub hand_over: bool,
 }
 
 /// Why the layout recorded in Redis cannot be used.
