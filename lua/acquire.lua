@@ -70,6 +70,9 @@ end
 --    retry); a session's stream only when no newer stream took it over,
 --    and a newer stream takes it over.
 if L.mine_text then
+  -- A grant handed over to another request of this holder is this
+  -- answer's now: that request's replica may no longer give it back.
+  redis.call('HDEL', L.key, 'r:' .. holder)
   local grant = epoch and mine(L)
   if grant and stale(grant, epoch) then
     settle_purged(L, changed)

@@ -590,7 +590,10 @@ end
 -- Remove one grant (its fields go in settle, with the whole key when
 -- nothing is left). `slot` matters for a semaphore only.
 local function drop_grant(L, holder, slot)
-  append(L, 'removed', 'h:' .. holder, L.limit > 1 and int(slot) or nil)
+  append(L, 'removed', 'h:' .. holder, 'r:' .. holder)
+  if L.limit > 1 then
+    append(L, 'removed', int(slot))
+  end
   L.holders, L.dirty = L.holders - 1, true
   if L.holders == 0 then
     L.earliest, L.earliest_s = 0, '0'
@@ -848,7 +851,8 @@ end
 -- woken as before and the hand-over stops there. The grant is published
 -- to the waiters' replicas as '+<queue key>\n<id>\n<request>\n<holders>\n<grant>':
 -- the replica whose request it names answers it; a replica whose request
--- is gone releases it at once. Dead waiters left the queue before (purge).
+-- is gone gives it back at once, unless another request of the holder
+-- was answered with it meanwhile (HELD clears the lock's 'r:<holder>'). Dead waiters left the queue before (purge).
 -- Runs before settle (its writes go with the call's own).
 local function hand_over(L)
   while L.limit - L.holders > 0 do
@@ -877,6 +881,9 @@ local function hand_over(L)
       if L.limit > 1 then
         change(L, int(slot), head)
       end
+      -- Which request it was handed to, until an answer claims it: only
+      -- that request's replica may give it back (release.lua `handed`).
+      change(L, 'r:' .. head, w.request)
       emit(L, 'acquired', head, grant, L.now, HOLDER)
       redis.call('PUBLISH', wake_channel(L),
         '+' .. L.queue .. '\n' .. head .. '\n' .. w.request .. '\n' .. int(L.holders) .. '\n' .. grant.text)

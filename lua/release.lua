@@ -4,13 +4,19 @@
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, then as far as any is not its default: token ('' = any),
 --       event flags ('0' = none; common.lua `events`), epoch (a session's
---       stream; absent = not a session's: common.lua `stale`)
+--       stream; absent or '' = not a session's: common.lua `stale`),
+--       handed (a replica giving back a grant handed to its request that
+--       is gone: that request's id; released only while the grant is
+--       still that request's, common.lua `hand_over`)
 -- Returns {OK, now, holder, the released grant, events...},
 --         {NOT_HELD, now, '', '', events...} (nothing changed for this holder)
 --         or {MOVED, now, '', '', events...} (a newer stream of the session
 --         holds it; nothing changed)
-local holder, token, watched, epoch = unpack(ARGV, 1, 4)
+local holder, token, watched, epoch, handed = unpack(ARGV, 1, 5)
 token, watched = token or '', watched or '0'
+if epoch == '' then
+  epoch = nil
+end
 local now, now_us = clock()
 
 -- 1. The common case, decided on one read: the holder's grant is the
@@ -21,7 +27,7 @@ local now, now_us = clock()
 local lock_key = KEYS[1]
 local read = redis.call('HMGET', lock_key, '_', 'h:' .. holder)
 local header, record = read[1], read[2]
-if record and watched == '0' and not KEYS[6] and not epoch then
+if record and watched == '0' and not KEYS[6] and not epoch and not handed then
   local earliest = sole_holder_until(header)
   if earliest and above(earliest, string.sub(now_us, 1, -4))
     and (token == '' or grant_token(record) == token) then
@@ -39,7 +45,8 @@ local changed = purge(L, now)
 --    to free, or watchers to tell.
 local record = L.mine_text
 local grant = record and (token ~= '' or L.limit > 1 or L.watched or epoch) and mine(L)
-if not record or (token ~= '' and grant.token ~= token) then
+if not record or (token ~= '' and grant.token ~= token)
+  or (handed and redis.call('HGET', L.key, 'r:' .. holder) ~= handed) then
   settle_purged(L, changed)
   return {NOT_HELD, now, '', '', unpack(L.events)}
 end

@@ -182,6 +182,20 @@ impl Locks {
         fencing_token: Option<u64>,
         epoch: Option<u64>,
     ) -> Result<ReleaseOutcome, EngineError> {
+        self.release_as(lock, holder, fencing_token, epoch, None)
+            .await
+    }
+
+    /// [`Self::release`], for `handed`: a request of this replica that was
+    /// handed the grant and is gone (decision 0068).
+    async fn release_as(
+        &self,
+        lock: &LockId,
+        holder: &str,
+        fencing_token: Option<u64>,
+        epoch: Option<u64>,
+        handed: Option<&str>,
+    ) -> Result<ReleaseOutcome, EngineError> {
         self.calls.ready()?;
         let keys = self.keys(lock);
         let call = ops::release::Call {
@@ -189,6 +203,7 @@ impl Locks {
             token: fencing_token,
             watched: self.changelog.emits(&lock.namespace),
             epoch,
+            handed,
         };
         let reply = self
             .calls
@@ -326,15 +341,20 @@ impl Locks {
         Ok(answer.lost)
     }
 
-    /// Gives back a grant handed to a request whose RPC is gone (the
-    /// lock named by its queue key), pinned to the grant's token.
-    pub(super) async fn give_back(&self, queue_key: &str, holder: &str, token: u64) {
+    /// Gives back a grant handed to `request`, whose RPC is gone (the lock
+    /// named by its queue key), pinned to the grant's token, and only
+    /// while no other answer claimed it (an acquire of the same holder
+    /// answered HELD).
+    pub(super) async fn give_back(&self, queue_key: &str, holder: &str, token: u64, request: &str) {
         let Some((_, namespace, name)) = self.calls.layout().parse_lock_key(queue_key) else {
             tracing::warn!(queue_key, "a handed grant of an unknown lock");
             return;
         };
         let lock = LockId::stored(namespace, name);
-        if let Err(err) = self.release(&lock, holder, Some(token), None).await {
+        let released = self
+            .release_as(&lock, holder, Some(token), None, Some(request))
+            .await;
+        if let Err(err) = released {
             // Its lease ends it instead.
             tracing::warn!(error = %err, lock = %lock.name, "giving back a handed grant failed");
         }

@@ -7,15 +7,17 @@
 //!   `+<queue key>\n<id>\n<request>\n<holders>\n<grant record>`: the
 //!   replica whose waiting request it names hands it to that RPC, and a
 //!   replica whose request is gone (cancelled, timed out) gives it back
-//!   at once. A waiter that names no request is woken instead,
-//!   `<queue key>\n<id>\n<id>…`, to call again (with every barging waiter
-//!   of that lock). After a (re)subscription it wakes everyone, since
+//!   at once (unless an acquire of the same holder was answered with it
+//!   meanwhile: `lua/release.lua`'s `handed`). A waiter that names no
+//!   answer-by time is woken instead, `<queue key>\n<id>\n<id>…`, to call
+//!   again (with every barging waiter of that lock). After a (re)subscription it wakes everyone, since
 //!   messages may have been missed meanwhile; a waiter woken so finds its
 //!   grant by calling again (HELD).
 //! - The **refresher** keeps this replica's requests alive in Redis: per
 //!   lock, one script call every queue_ttl/3 renews all local requests'
-//!   liveness deadlines at once, purges what died elsewhere and re-sends
-//!   wake-ups (covering a lost notification). Idle waiting costs Redis only
+//!   liveness deadlines at once, purges what died elsewhere, hands over
+//!   what is free and names the requests no longer queued (a grant whose
+//!   message was lost: they call again and are answered it). Idle waiting costs Redis only
 //!   these heartbeats: nobody polls.
 //!
 //! Why a std `Mutex`: it is held only for map updates, never across an
@@ -48,9 +50,9 @@ pub struct Handed {
 /// Where a handed grant waits for its RPC to take it.
 type HandedSlot = Arc<Mutex<Option<Handed>>>;
 
-/// A handed grant whose request is gone: the lock's queue key, the holder
-/// and the grant's fencing token, to be released at once.
-pub type Orphan = (String, String, u64);
+/// A handed grant whose request is gone: the lock's queue key, the holder,
+/// the grant's fencing token and the request, to be given back at once.
+pub type Orphan = (String, String, u64, String);
 
 /// What the replica does with an [`Orphan`] (set by `Waiting`: a release).
 type OrphanHandler = Arc<dyn Fn(Orphan) + Send + Sync>;
@@ -184,7 +186,7 @@ impl Waiters {
         *self.orphans.lock().unwrap() = Some(handler);
     }
 
-    fn orphaned(&self, queue_key: &str, holder: &str, handed: &Handed) {
+    fn orphaned(&self, queue_key: &str, holder: &str, request: &str, handed: &Handed) {
         let Some(token) = crate::records::parse_grant(holder, &handed.record)
             .ok()
             .map(|g| g.fencing_token)
@@ -194,7 +196,12 @@ impl Waiters {
         };
         let handler = self.orphans.lock().unwrap().clone();
         match handler {
-            Some(handler) => handler((queue_key.to_owned(), holder.to_owned(), token)),
+            Some(handler) => handler((
+                queue_key.to_owned(),
+                holder.to_owned(),
+                token,
+                request.to_owned(),
+            )),
             None => tracing::warn!(holder, "a handed grant with nobody to give it back"),
         }
     }
@@ -309,7 +316,8 @@ impl Waiters {
             }
         }
         if let Some(handed) = gone {
-            self.orphaned(queue_key, holder, &handed);
+            let request = format!("{}.{id:x}", self.replica);
+            self.orphaned(queue_key, holder, &request, &handed);
         }
     }
 
@@ -334,7 +342,7 @@ impl Waiters {
                 return;
             }
         }
-        self.orphaned(queue_key, holder, &handed);
+        self.orphaned(queue_key, holder, request, &handed);
     }
 
     /// Wakes the named requests of a lock, and its barging waiters (who

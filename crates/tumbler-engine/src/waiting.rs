@@ -37,11 +37,13 @@ impl Waiting {
         // A grant handed to a request of this replica whose RPC is gone
         // goes back at once (pinned to its token).
         let giving_back = locks.clone();
-        waiters.on_orphan(Arc::new(move |(queue_key, holder, token)| {
+        waiters.on_orphan(Arc::new(move |(queue_key, holder, token, request)| {
             let locks = giving_back.clone();
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    runtime.spawn(async move { locks.give_back(&queue_key, &holder, token).await });
+                    runtime.spawn(async move {
+                        locks.give_back(&queue_key, &holder, token, &request).await
+                    });
                 }
                 Err(_) => tracing::warn!(holder, "a handed grant left to its lease"),
             }
@@ -107,6 +109,9 @@ impl Waiting {
                     position,
                 } => (holders, next_expiry, position),
                 outcome => {
+                    // A grant handed to it meanwhile is the one this call
+                    // found (HELD): it is answered, never given back.
+                    registration.take_handed();
                     // Queued before and holding now: its grant was handed
                     // to it (a hand-over whose message it missed).
                     let outcome = match outcome {
