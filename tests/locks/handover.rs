@@ -112,6 +112,40 @@ async fn a_contended_grant_costs_two_function_calls() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_pair_still_costs_eight_commands() {
+    let redis = start_redis();
+    let args = tumbler::config::ServiceArgs {
+        health_interval_ms: 60_000,
+        ..service_args()
+    };
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .args(args)
+        .start()
+        .await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    // The namespace's registry entry is written once, at its first call.
+    client.acquire(acquire("warm", "h")).await.unwrap();
+    client.release(release("warm", "h")).await.unwrap();
+    let before = command_calls(&mut conn).await;
+    for i in 0..100 {
+        let name = format!("alone-{i}");
+        let reply = client.acquire(acquire(&name, "h")).await.unwrap();
+        assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+        client.release(release(&name, "h")).await.unwrap();
+    }
+    let after = command_calls(&mut conn).await;
+    let inside: u64 = (after.iter())
+        .filter(|(name, _)| {
+            !name.starts_with("fcall") && !["info", "config"].contains(&name.as_str())
+        })
+        .map(|(name, calls)| calls - before.get(name).copied().unwrap_or(0))
+        .sum();
+    assert_eq!(inside, 800, "{after:?}");
+}
+
 #[tokio::test]
 async fn a_waiter_cancelled_just_before_the_release_is_not_left_holding() {
     let server = TestServer::new().start().await;
