@@ -98,6 +98,12 @@ async fn a_contended_grant_costs_two_function_calls() {
         })
         .map(|(name, calls)| calls - before.get(name).copied().unwrap_or(0))
         .sum();
+    let mut each: Vec<(u64, &String)> = (after.iter())
+        .map(|(name, calls)| (calls - before.get(name).copied().unwrap_or(0), name))
+        .filter(|(n, _)| *n > 0)
+        .collect();
+    each.sort();
+    println!("per command: {each:?}");
     println!(
         "{grants} grants: {functions} function calls ({:.2} per grant), {commands} commands in them ({:.1} per grant)",
         functions as f64 / grants as f64,
