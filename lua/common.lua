@@ -839,7 +839,8 @@ end
 
 -- The wake-up channel of the lock's deployment.
 local function wake_channel(L)
-  return string.match(L.queue, '^(.-):{') .. ':wake'
+  local prefix = string.match(L.queue, '^(.-):{')
+  return prefix .. ':wake'
 end
 
 -- Hand-over (decision 0068): permits that are free go straight to the
