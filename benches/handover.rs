@@ -1,7 +1,9 @@
 //! Hand-over latency: from a Release returning to the next waiter's
 //! Acquire returning, through the real gRPC server and a real Redis that
-//! this benchmark starts itself. Baseline in the same run: the round trip
-//! of a try-once Acquire on an uncontended lock (what any grant costs).
+//! this benchmark starts itself. Baselines in the same run: the round trip
+//! of a try-once Acquire on an uncontended lock (what any grant costs),
+//! and the same hand-over on a server with the hand-over off (decision
+//! 0068: the released permit wakes the waiter, which calls again).
 //!
 //! `cargo bench --bench handover` (HANDOVERS=N to change the count).
 
@@ -78,22 +80,15 @@ async fn main() {
         .unwrap_or(if benching { 2000 } else { 20 });
     let warm_up = if benching { WARM_UP } else { SMOKE_WARM_UP };
     let redis = RedisServer::start("redis-server").expect("redis-server");
-    let config = ServerConfig::new(redis.url(), &service_args()).unwrap();
+    let mut config = ServerConfig::new(redis.url(), &service_args()).unwrap();
+    config.wait_limits.hand_over = true;
     let endpoint = common::serve_in_process(config).await;
-    let connect = || async {
-        loop {
-            if let Ok(client) = LockServiceClient::connect(endpoint.clone()).await {
-                let probe = request("probe", "probe", 0);
-                let mut client = client;
-                if client.acquire(probe).await.is_ok() {
-                    return client;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    let mut clients = [connect().await, connect().await];
-    let mut observer = connect().await;
+    let mut config = ServerConfig::new(redis.url(), &service_args()).unwrap();
+    config.key_prefix = "woken".into();
+    config.wait_limits.hand_over = false;
+    let woken = common::serve_in_process(config).await;
+    let mut clients = [connect(&endpoint).await, connect(&endpoint).await];
+    let mut observer = connect(&endpoint).await;
 
     // Baseline: try-once Acquire round trips on an uncontended lock.
     let mut baseline = Histogram::<u64>::new(3).unwrap();
@@ -112,7 +107,66 @@ async fn main() {
         }
     }
 
-    // Hand-over: the holder releases while the other client waits queued.
+    let handover = hand_overs(&mut clients, &mut observer, warm_up, handovers).await;
+    let mut clients = [connect(&woken).await, connect(&woken).await];
+    let mut observer = connect(&woken).await;
+    let woken = hand_overs(&mut clients, &mut observer, warm_up, handovers).await;
+
+    println!(
+        "tumbler hand-over benchmark: {handovers} hand-overs after {warm_up} warm-up, loopback, Redis on the same host"
+    );
+    println!("| measure | p50 µs | p99 µs | max µs |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (label, h) in [
+        ("try-once Acquire round trip (baseline)", &baseline),
+        (
+            "hand-over: Release returns → waiter's Acquire returns",
+            &handover,
+        ),
+        (
+            "the same with the hand-over off (the waiter calls again)",
+            &woken,
+        ),
+    ] {
+        println!(
+            "| {label} | {:.0} | {:.0} | {} |",
+            micros(h, 0.5),
+            micros(h, 0.99),
+            h.max()
+        );
+    }
+    println!(
+        "ratio hand-over / baseline: p50 {:.2}, p99 {:.2}",
+        micros(&handover, 0.5) / micros(&baseline, 0.5),
+        micros(&handover, 0.99) / micros(&baseline, 0.99)
+    );
+    println!(
+        "ratio hand-over / hand-over off: p50 {:.2}, p99 {:.2}",
+        micros(&handover, 0.5) / micros(&woken, 0.5),
+        micros(&handover, 0.99) / micros(&woken, 0.99)
+    );
+}
+
+async fn connect(endpoint: &str) -> LockServiceClient<Channel> {
+    loop {
+        if let Ok(mut client) = LockServiceClient::connect(endpoint.to_owned()).await
+            && client.acquire(request("probe", "probe", 0)).await.is_ok()
+        {
+            return client;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The holder releases while the other client waits queued, `handovers`
+/// times after `warm_up`: from the Release returning to the waiter's
+/// Acquire returning.
+async fn hand_overs(
+    clients: &mut [LockServiceClient<Channel>; 2],
+    observer: &mut LockServiceClient<Channel>,
+    warm_up: usize,
+    handovers: usize,
+) -> Histogram<u64> {
     let name = "handover";
     let holders = ["h0", "h1"];
     clients[0]
@@ -127,7 +181,7 @@ async fn main() {
             let reply = waiter.acquire(request(name, holders[next], 10_000)).await;
             (Instant::now(), reply)
         });
-        wait_queued(&mut observer, name).await;
+        wait_queued(observer, name).await;
         clients[current]
             .release(release(name, holders[current]))
             .await
@@ -143,29 +197,8 @@ async fn main() {
             handover.record(took.as_micros() as u64).unwrap();
         }
     }
-
-    println!(
-        "tumbler hand-over benchmark: {handovers} hand-overs after {warm_up} warm-up, loopback, Redis on the same host"
-    );
-    println!("| measure | p50 µs | p99 µs | max µs |");
-    println!("| --- | ---: | ---: | ---: |");
-    for (label, h) in [
-        ("try-once Acquire round trip (baseline)", &baseline),
-        (
-            "hand-over: Release returns → waiter's Acquire returns",
-            &handover,
-        ),
-    ] {
-        println!(
-            "| {label} | {:.0} | {:.0} | {} |",
-            micros(h, 0.5),
-            micros(h, 0.99),
-            h.max()
-        );
-    }
-    println!(
-        "ratio hand-over / baseline: p50 {:.2}, p99 {:.2}",
-        micros(&handover, 0.5) / micros(&baseline, 0.5),
-        micros(&handover, 0.99) / micros(&baseline, 0.99)
-    );
+    let last = holders[(warm_up + handovers) % 2];
+    clients[0].release(release(name, last)).await.unwrap();
+    clients[1].release(release(name, last)).await.unwrap();
+    handover
 }

@@ -12,7 +12,14 @@
 //!   (mutex scenarios only: v3lock has no semaphores).
 //!
 //! A third row shows tumbler's engine called in-process (same functions,
-//! same pool, no gRPC): what the gRPC layer costs, not a baseline.
+//! same pool, no gRPC): what the gRPC layer costs, not a baseline. In the
+//! contended scenarios a fourth row is tumbler with the hand-over off
+//! (`WaitLimits::hand_over`, decision 0068: a freed permit wakes the head,
+//! which calls again; the default, `--hand-over` turns it on), measured in
+//! the same run beside the rows with it on; and
+//! every Redis path's row gives Redis' own count of function calls and of
+//! the commands inside them per operation (`INFO commandstats`, reset
+//! before each row).
 //!
 //! Scenarios: uncontended acquire+release pairs (1 and 64 clients, distinct
 //! names); 16 and 64 clients queueing on one lock (limit 1) and 64 on a
@@ -333,9 +340,15 @@ impl Scenario {
 
 struct Measured {
     ops: u64,
+    /// Operations of the whole run, warm-up included (what Redis' counts
+    /// cover).
+    all_ops: u64,
     elapsed: Duration,
     /// µs: a pair's round trips, a contended Acquire's wait, or a whole job.
     latency: Histogram<u64>,
+    /// Redis' function (or script) calls and the commands inside them
+    /// (plain commands too), over the whole run with its warm-up.
+    redis: Option<(u64, u64)>,
 }
 
 impl Measured {
@@ -373,13 +386,14 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
                 };
                 tasks.push(tokio::spawn(async move {
                     let mut latency = histogram();
-                    let mut ops = 0u64;
+                    let (mut ops, mut all) = (0u64, 0u64);
                     let mut last = measure_from;
                     loop {
                         let t0 = Instant::now();
                         if t0 >= end {
                             break;
                         }
+                        all += 1;
                         client.acquire(&name, &holder, limit, wait).await;
                         let granted = Instant::now();
                         if hold {
@@ -393,18 +407,21 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
                             latency.record(took.as_micros().max(1) as u64).unwrap();
                         }
                     }
-                    (ops, latency, last)
+                    (ops, latency, last, all)
                 }));
             }
             let mut measured = Measured {
                 ops: 0,
+                all_ops: 0,
                 elapsed: Duration::ZERO,
                 latency: histogram(),
+                redis: None,
             };
             let mut last = measure_from;
             for task in tasks {
-                let (ops, latency, finished) = task.await.unwrap();
+                let (ops, latency, finished, all) = task.await.unwrap();
                 measured.ops += ops;
+                measured.all_ops += all;
                 measured.latency.add(latency).unwrap();
                 last = last.max(finished);
             }
@@ -418,8 +435,10 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
         } => {
             let mut measured = Measured {
                 ops: 0,
+                all_ops: 0,
                 elapsed: Duration::ZERO,
                 latency: histogram(),
+                redis: None,
             };
             // Round 0 is the warm-up.
             for round in 0..=timing.job_rounds {
@@ -453,6 +472,7 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
                 for task in tasks {
                     round_latency.add(task.await.unwrap()).unwrap();
                 }
+                measured.all_ops += jobs as u64;
                 if round > 0 {
                     measured.elapsed += started.elapsed();
                     measured.ops += jobs as u64;
@@ -467,8 +487,9 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
 /// An engine of its own (own key prefix, own wake-up channel), with the
 /// replica's subscriber and refresher running, as `serve` runs them.
 async fn direct_engine(redis_url: &str, prefix: &str, connections: u32) -> Path {
-    let config = ServerConfig::new(redis_url.to_owned(), &service_args(prefix, connections))
+    let mut config = ServerConfig::new(redis_url.to_owned(), &service_args(prefix, connections))
         .expect("config");
+    config.wait_limits.hand_over = true;
     let store = Store::new(&config.store).expect("store");
     let layout = Layout::new(&config.key_prefix, config.shards);
     let (wake, events) = (layout.wake_channel(), layout.events_channel());
@@ -601,12 +622,24 @@ async fn main() {
         .collect();
 
     let redis = RedisServer::start("redis-server").expect("redis-server");
-    let config = ServerConfig::new(
+    let mut config = ServerConfig::new(
         redis.url(),
         &service_args("tumbler", ServiceArgs::default().redis_connections),
     )
     .unwrap();
+    config.wait_limits.hand_over = true;
     let endpoint = common::serve_in_process(config).await;
+    // The same server with the hand-over off (its own key prefix): the
+    // contended scenarios' A/B row.
+    let mut config = ServerConfig::new(
+        redis.url(),
+        &service_args("woken", ServiceArgs::default().redis_connections),
+    )
+    .unwrap();
+    config.wait_limits.hand_over = false;
+    let woken_endpoint = common::serve_in_process(config).await;
+    common::wait_until_serving(&woken_endpoint).await;
+    let mut stats = common::redis_conn(&redis.url()).await;
     // Until the server answers (its layout verified).
     let probe = grpc_path(&endpoint, 1).await;
     loop {
@@ -653,8 +686,10 @@ async fn main() {
         timing.warm_up, timing.measure, timing.job_rounds
     );
     println!();
-    println!("| scenario | path | ops/s | latency | p50 µs | p99 µs | tumbler ÷ this |");
-    println!("| --- | --- | ---: | --- | ---: | ---: | ---: |");
+    println!(
+        "| scenario | path | ops/s | latency | p50 µs | p99 µs | tumbler ÷ this | Redis calls / op | commands in them / op |"
+    );
+    println!("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |");
     let mut ratios = Vec::new();
     for (index, &scenario) in scenarios.iter().enumerate() {
         let clients = match scenario {
@@ -677,9 +712,16 @@ async fn main() {
         if let (Some(etcd), true) = (&etcd, limit_one) {
             paths.push((ETCD, Path::Etcd(channels(&etcd.endpoint, clients).await)));
         }
+        if matches!(scenario, Scenario::Contended { .. }) {
+            paths.insert(1, (WOKEN, grpc_path(&woken_endpoint, clients).await));
+        }
         let mut results = Vec::new();
         for (p, (label, path)) in paths.iter().enumerate() {
-            let measured = run(path, scenario, &format!("s{index}p{p}"), &timing).await;
+            common::reset_command_stats(&mut stats).await;
+            let mut measured = run(path, scenario, &format!("s{index}p{p}"), &timing).await;
+            if !matches!(path, Path::Etcd(_)) {
+                measured.redis = Some(redis_work(&common::command_stats(&mut stats).await));
+            }
             assert!(
                 measured.ops > 0 && !measured.latency.is_empty() && measured.rate() > 0.0,
                 "{}: {label}: no numbers",
@@ -695,8 +737,14 @@ async fn main() {
         };
         ratios.push((scenario.label(), rate_of(PLAIN), rate_of(ETCD)));
         for (label, measured) in &results {
+            let per_op = |n: u64| format!("{:.2}", n as f64 / measured.all_ops.max(1) as f64);
+            let (calls, commands) = measured
+                .redis
+                .map_or(("—".to_owned(), "—".to_owned()), |(calls, commands)| {
+                    (per_op(calls), per_op(commands))
+                });
             println!(
-                "| {} | {label} | {:.0} {} | {} | {} | {} | {:.2} |",
+                "| {} | {label} | {:.0} {} | {} | {} | {} | {:.2} | {calls} | {commands} |",
                 scenario.label(),
                 measured.rate(),
                 scenario.unit(),
@@ -723,6 +771,27 @@ async fn main() {
     }
 }
 
+/// Redis' function and script calls, and every other command (those
+/// inside them, and a plain lock's own), from `INFO commandstats`; the
+/// benchmark's own INFO and CONFIG left out. The servers' background
+/// (health checks, waiter refreshes) is in it too: a few calls a second.
+fn redis_work(stats: &[common::CommandStat]) -> (u64, u64) {
+    let calls = ["fcall", "fcall_ro", "eval", "evalsha"];
+    let ours = ["info", "config"];
+    let count = |keep: &dyn Fn(&str) -> bool| -> u64 {
+        (stats.iter())
+            .filter(|s| keep(&s.name))
+            .map(|s| s.calls)
+            .sum()
+    };
+    (
+        count(&|name| calls.contains(&name)),
+        count(&|name| !calls.contains(&name) && !ours.contains(&name)),
+    )
+}
+
 const TUMBLER: &str = "tumbler: gRPC, default pool (one connection)";
+const WOKEN: &str =
+    "tumbler with the hand-over off (the head is woken and calls again: the path before)";
 const PLAIN: &str = "plain Redis lock: SET NX PX + compare-and-delete, 4 connections";
 const ETCD: &str = "etcd 3.4 v3lock: gRPC Lock/Unlock with a lease";

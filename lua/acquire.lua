@@ -9,7 +9,9 @@
 --       's<epoch>' = a session's stream of that epoch: common.lua `stale`),
 --       priority (0), max_locks (of the namespace in this shard; 0 = no limit),
 --       and, only when waiting (all of the above then sent): wait_ms (left),
---       queue_ttl_ms, max_waiters (per lock)
+--       queue_ttl_ms, max_waiters (per lock), then optionally request (its
+--       RPC's id: finding 6) and hand_answer_by (Redis ms after which its
+--       caller is told no; '' = not a hand-over waiter, decision 0068)
 -- Returns {status, now, holders, next_expiry, position or the lock's limit,
 --          holder, grant, events...}
 --   OK / HELD: the holder and its grant record; BUSY, QUEUED (position),
@@ -47,21 +49,30 @@ if not read[1] and (flags == '' or flags == 'f') and not KEYS[6] then
 end
 
 -- The rest of the arguments, for the steps below.
-local priority_s, max_locks_s, wait_ms, queue_ttl, max_waiters = unpack(ARGV, 8, 12)
+local priority_s, max_locks_s, wait_ms, queue_ttl, max_waiters, request, hand_answer_by = unpack(ARGV, 8, 14)
 local limit, max_locks = num(limit_s), num(max_locks_s or '0')
 local fair = string.find(flags, 'f', 1, true) ~= nil
 local waiting, priority = wait_ms ~= nil, num(priority_s or '0')
 local epoch = string.match(flags, 's(%d+)')
 local now_s = string.sub(now_us, 1, -4)
 local L = load(lock_at(KEYS), holder, flags, read)
+L.now, L.now_us = now, now_us
 
--- 3. Expired leases and dead waiters stop counting before anything is decided.
-local changed = purge(L, now)
+-- 3. Expired leases stop counting before anything is decided, and dead
+--    waiters when a permit is free (they could be ahead of it); a request
+--    that can only queue leaves them to the call that frees a permit.
+local changed = purge_expired(L, now) > 0
+if L.holders < limit then
+  changed = purge_dead_waiters(L, now) > 0 or changed
+end
 
 -- 4. A holder with a live grant gets that same grant back (idempotent
 --    retry); a session's stream only when no newer stream took it over,
 --    and a newer stream takes it over.
 if L.mine_text then
+  -- A grant handed over to another request of this holder is this
+  -- answer's now: that request's replica may no longer give it back.
+  redis.call('HDEL', L.key, 'r:' .. holder)
   local grant = epoch and mine(L)
   if grant and stale(grant, epoch) then
     settle_purged(L, changed)
@@ -93,43 +104,30 @@ end
 
 -- 7. Its place: how many live requests go before it. Fair requests queue
 --    behind everyone of their priority or higher; barging ones do not.
+--    With no permit free nobody is counted, and whether it is queued
+--    already is learnt when it queues (step 10), unless the queue may be
+--    full.
 local free = limit - L.holders
-local queued_order = queue_head(L) and redis.call('ZSCORE', L.queue, holder)
-local ahead = 0
-if fair and queued_order then
-  ahead = redis.call('ZCOUNT', L.queue, '-inf', '(' .. queued_order)
-elseif fair and queue_head(L) then
-  ahead = redis.call('ZCOUNT', L.queue, '-inf', '(' .. int((PRIORITY_MAX - priority + 1) * ARRIVALS))
+local known = free > 0 or (waiting and L.arrivals >= tonumber(max_waiters))
+local queued_order = known and queue_head(L) and redis.call('ZSCORE', L.queue, holder)
+local ahead = 1
+if free > 0 then
+  ahead = 0
+  if fair and queued_order then
+    ahead = redis.call('ZCOUNT', L.queue, '-inf', '(' .. queued_order)
+  elseif fair and queue_head(L) then
+    ahead = redis.call('ZCOUNT', L.queue, '-inf', '(' .. int((PRIORITY_MAX - priority + 1) * ARRIVALS))
+  end
 end
 
 -- 8. A free permit and nobody ahead: grant, with a fresh token and the
---    smallest free slot (with n slots taken, one of 1..n+1 is free). Only
---    the head of the queue is granted, so grants follow queue order.
+--    smallest free slot. Only the head of the queue is granted, so grants
+--    follow queue order.
 if free > 0 and ahead == 0 then
   if queued_order then
     drop_waiters(L, {holder})
   end
-  local slot = 1
-  if limit > 1 and L.holders > 0 then
-    -- The slot map ('<slot>' -> holder) says which are taken; slots freed
-    -- by this very call (purged above) are free too, though their fields
-    -- go only in settle.
-    local freed = {}
-    for _, field in ipairs(L.removed) do
-      freed[field] = true
-    end
-    local slots = {}
-    for s = 1, L.holders + 1 do
-      slots[s] = int(s)
-    end
-    local taken = on_fields(L.key, 'HMGET', slots)
-    for s = 1, L.holders + 1 do
-      if not taken[s] or freed[slots[s]] then
-        slot = s
-        break
-      end
-    end
-  end
+  local slot = free_slot(L)
   local grant = {
     slot = slot, expires = now + tonumber(ttl), token = next_token(L.fence, now_us),
     acquired_s = now_s, ttl = ttl, kind = kind, holder = holder, metadata = metadata,
@@ -156,19 +154,49 @@ if not waiting then
 end
 
 -- 10. Not granted, waiting: join the queue once (arrival order from the
---    lock's counter), then keep the request alive for queue_ttl_ms.
+--    lock's counter), then keep the request alive for queue_ttl_ms. The
+--    record names the request (a hand-over waiter); a later request of
+--    the holder that finds its place takes it over with its own name, so
+--    the earlier request's late dequeue leaves it alone (finding 6).
+local function record(enqueued)
+  return encode_waiter(priority_s or '0', enqueued, wait_ms, fair, kind, request, hand_answer_by, ttl, epoch,
+    metadata)
+end
+-- (arrivals is 0 exactly while nobody waits: settle resets it.)
+local fresh, position = L.arrivals == 0, nil
+if known and not queued_order and queue_head(L)
+  and redis.call('ZCARD', L.queue) >= tonumber(max_waiters) then
+  settle_purged(L, changed)
+  return {QUEUE_FULL, now, L.holders, 0, 0, unpack(L.events)}
+end
+-- A new arrival (ZADD NX adds it only if it is not queued yet).
+local added = false
 if not queued_order then
-  if queue_head(L) and redis.call('ZCARD', L.queue) >= tonumber(max_waiters) then
-    settle_purged(L, changed)
-    return {QUEUE_FULL, now, L.holders, 0, 0, unpack(L.events)}
-  end
-  L.queue_fresh = not queue_head(L)
+  local order = int((PRIORITY_MAX - priority) * ARRIVALS + L.arrivals + 1)
+  added = redis.call('ZADD', L.queue, 'NX', order, holder) == 1
+end
+if added then
+  L.queue_fresh = fresh
   L.arrivals, L.limit, L.dirty = L.arrivals + 1, limit, true
-  redis.call('ZADD', L.queue, int((PRIORITY_MAX - priority) * ARRIVALS + L.arrivals), holder)
-  redis.call('HSET', L.waiters, holder, encode_waiter(priority_s or '0', now_s, wait_ms, fair, kind))
-  L.queue_known = false
+  redis.call('HSET', L.waiters, holder, record(now_s))
+  L.queue_known, L.queued = false, true
   if L.watched then
     emit(L, 'queued', holder, {kind = kind, metadata = metadata}, now, HOLDER)
+  end
+  -- First in an empty queue, or behind others of its priority: no need
+  -- to ask where it is (only the head's place matters to its replica).
+  if fresh then
+    position = 1
+  elseif priority == 0 then
+    position = 0
+  end
+else
+  L.queued = true
+end
+if not added and request and request ~= '' then
+  local old = redis.call('HGET', L.waiters, holder)
+  if waiter_request(old) ~= request then
+    redis.call('HSET', L.waiters, holder, record(int(waiter_enqueued(old))))
   end
 end
 local deadline = now + tonumber(queue_ttl)
@@ -180,4 +208,5 @@ settle(L)
 if changed then
   wake_eligible(L)
 end
-return {QUEUED, now, L.holders, L.holders > 0 and L.earliest or 0, redis.call('ZRANK', L.queue, holder) + 1, unpack(L.events)}
+position = position or redis.call('ZRANK', L.queue, holder) + 1
+return {QUEUED, now, L.holders, L.holders > 0 and L.earliest or 0, position, unpack(L.events)}

@@ -314,21 +314,54 @@ local function claim_epoch(g, epoch)
   return true
 end
 
--- A waiter record 'priority|enqueued|wait_ms|fair|kind' (kind empty:
--- 'default'): its encoder, then the decoders of the parts the steps need,
--- its kind and when it was queued.
-local function encode_waiter(priority, enqueued, wait_ms, fair, kind)
-  return priority .. '|' .. enqueued .. '|' .. wait_ms .. '|' .. (fair and '1' or '0') .. '|'
+-- A waiter record 'priority|enqueued|wait_ms|fair|kind[|request|answer_by|ttl|epoch][\nmetadata]'
+-- (kind empty: 'default'). The bracketed part is there when the replica
+-- that waits names its request (a hand-over waiter, decision 0068):
+-- `request` is that RPC's own id (a later request of the same holder that
+-- takes the place over writes its own), `answer_by` the Redis ms after
+-- which its caller is told no, `ttl`, `epoch` (a session's stream, else
+-- empty) and the metadata are what its grant is made of when a freed
+-- permit is handed to it. Its encoder, then the decoders of the parts the
+-- steps need.
+local function encode_waiter(priority, enqueued, wait_ms, fair, kind, request, answer_by, ttl, epoch, metadata)
+  local text = priority .. '|' .. enqueued .. '|' .. wait_ms .. '|' .. (fair and '1' or '0') .. '|'
     .. (kind ~= 'default' and kind or '')
+  if request and request ~= '' then
+    text = text .. '|' .. request .. '|' .. (answer_by or '') .. '|' .. ttl .. '|' .. (epoch or '')
+    if metadata ~= '' then
+      text = text .. '\n' .. metadata
+    end
+  end
+  return text
 end
 
 local function waiter_kind(record)
-  local kind = string.match(record or '', '|([^|]*)$')
+  local kind = string.match(record or '', '^[^|]*|[^|]*|[^|]*|[^|]*|([^|\n]*)')
   return (kind and kind ~= '') and kind or 'default'
 end
 
 local function waiter_enqueued(record)
   return tonumber(string.match(record or '', '^%-?%d+|(%d+)|') or '0')
+end
+
+-- The request a waiter record names ('' for a record without one).
+local function waiter_request(record)
+  return string.match(record or '', '^[^|]*|[^|]*|[^|]*|[^|]*|[^|\n]*|([^|\n]+)') or ''
+end
+
+-- A hand-over waiter's record decoded (nil for a record that names no
+-- request or no answer-by time: its replica is woken to call again).
+local function parse_waiter(record)
+  local priority, enqueued, wait_ms, fair, kind, request, answer_by, ttl, epoch, metadata = string.match(
+    record or '', '^(%-?%d+)|(%d+)|(%d+)|([01])|([^|\n]*)|([^|\n]+)|(%d*)|(%d+)|(%d*)\n?(.*)$')
+  if not request or answer_by == '' then
+    return nil
+  end
+  return {
+    priority = priority, enqueued = enqueued, wait_ms = wait_ms, fair = fair == '1',
+    kind = kind ~= '' and kind or 'default', request = request, answer_by = answer_by,
+    ttl = ttl, epoch = epoch, metadata = metadata,
+  }
 end
 
 -- A lock table: every field a step may set is named here, so the table is
@@ -342,7 +375,8 @@ local function new_lock(key, queue, deadlines, waiters, fence, live)
     earliest_s = false, key_expiry_s = false,
     mine_text = false, mine_grant = false,
     changes = NONE, removed = NONE, events = NONE, keep_until = 0, dirty = false,
-    head = false, queue_known = false, queue_fresh = false,
+    head = false, second = false, queue_known = false, queue_fresh = false, queued = false,
+    now = false, now_us = false,
   }
 end
 
@@ -581,7 +615,10 @@ end
 -- Remove one grant (its fields go in settle, with the whole key when
 -- nothing is left). `slot` matters for a semaphore only.
 local function drop_grant(L, holder, slot)
-  append(L, 'removed', 'h:' .. holder, L.limit > 1 and int(slot) or nil)
+  append(L, 'removed', 'h:' .. holder, 'r:' .. holder)
+  if L.limit > 1 then
+    append(L, 'removed', int(slot))
+  end
   L.holders, L.dirty = L.holders - 1, true
   if L.holders == 0 then
     L.earliest, L.earliest_s = 0, '0'
@@ -629,19 +666,22 @@ end
 
 -- The id of the first waiting request, or nil when nobody waits (no call
 -- at all unless 'seq' says someone may; then remembered until the queue
--- changes).
+-- changes). The one after it is read in the same call, so a hand-over
+-- that takes the head knows the next one without reading again.
 local function queue_head(L)
   if L.arrivals == 0 then
     return nil
   end
   if not L.queue_known then
-    L.head = redis.call('ZRANGE', L.queue, '0', '0')[1] or false
+    local ids = redis.call('ZRANGE', L.queue, '0', '1')
+    L.head, L.second = ids[1] or false, ids[2] or false
     L.queue_known = true
   end
   return L.head or nil
 end
 
--- Remove waiting requests from the queue, with their records.
+-- Remove waiting requests from the queue, with their records. The head
+-- alone leaving keeps the queue known (the next one was read with it).
 local function drop_waiters(L, ids)
   for first = 1, #ids, BATCH do
     local last = math.min(first + BATCH - 1, #ids)
@@ -649,7 +689,16 @@ local function drop_waiters(L, ids)
     redis.call('ZREM', L.deadlines, unpack(ids, first, last))
     redis.call('HDEL', L.waiters, unpack(ids, first, last))
   end
-  L.queue_known = false
+  if #ids == 1 and L.queue_known and L.head == ids[1] and L.second ~= nil then
+    -- The next one is the head now (the one after it is not known yet).
+    if L.second then
+      L.head, L.second = L.second, nil
+    else
+      L.head = false
+    end
+  else
+    L.queue_known = false
+  end
 end
 
 -- Waiting requests whose replica stopped refreshing them (crashed, cut
@@ -679,17 +728,6 @@ end
 -- Returns true when anything changed.
 local function purge(L, now)
   return purge_expired(L, now) + purge_dead_waiters(L, now) > 0
-end
-
--- Tell the head of the queue that it may now be granted, in one message
--- '<queue key>\n<id>' that every replica receives and hands to its own
--- waiter. The head, once granted, wakes the next one while permits remain.
-local function wake_eligible(L)
-  local head = queue_head(L)
-  if head and L.limit - L.holders > 0 then
-    local prefix = string.match(L.queue, '^(.-):{')
-    redis.call('PUBLISH', prefix .. ':wake', L.queue .. '\n' .. head)
-  end
 end
 
 -- The next fencing token of the shard: one more than the last one, and
@@ -758,7 +796,7 @@ end
 -- the grace, so most extends and renewals leave them alone).
 -- A lock whose live locks are counted (L.live) keeps its entry in '...:n'.
 local function settle(L)
-  local head = queue_head(L)
+  local head = L.queued or queue_head(L)
   if L.holders == 0 and not head then
     if L.exists then
       if L.arrivals > 0 then
@@ -826,6 +864,99 @@ local function settle(L)
     L.queue_fresh = false
   end
   L.exists = true
+end
+
+-- The smallest free slot of a semaphore (with n slots taken, one of
+-- 1..n+1 is free): the slot map ('<slot>' -> holder) says which are
+-- taken; slots freed by this very call are free too, and slots given by
+-- it (not written yet) are taken, though both go in only at settle.
+local function free_slot(L)
+  if L.limit == 1 or L.holders == 0 then
+    return 1
+  end
+  local freed = {}
+  for _, field in ipairs(L.removed) do
+    freed[field] = true
+  end
+  for i = 1, #L.changes, 2 do
+    freed[L.changes[i]] = false
+  end
+  local slots = {}
+  for s = 1, L.holders + 1 do
+    slots[s] = int(s)
+  end
+  local taken = on_fields(L.key, 'HMGET', slots)
+  for s = 1, L.holders + 1 do
+    local f = freed[slots[s]]
+    if (not taken[s] and f ~= false) or f == true then
+      return s
+    end
+  end
+  return L.holders + 1
+end
+
+-- The wake-up channel of the lock's deployment.
+local function wake_channel(L)
+  local prefix = string.match(L.queue, '^(.-):{')
+  return prefix .. ':wake'
+end
+
+-- Hand-over (decision 0068): permits that are free go straight to the
+-- head of the queue, in queue order (priority, then arrival), inside the
+-- call that freed them, so the waiter need not call again. The head's
+-- record says what its grant is made of; a head whose caller is past its
+-- answer-by time is told no (or about to be) and leaves instead; a head
+-- whose replica calls again itself (its record names no request) is
+-- woken as before and the hand-over stops there. The grant is published
+-- to the waiters' replicas as '+<queue key>\n<id>\n<request>\n<holders>\n<grant>':
+-- the replica whose request it names answers it; a replica whose request
+-- is gone gives it back at once, unless another request of the holder
+-- was answered with it meanwhile (HELD clears the lock's 'r:<holder>'). Dead waiters left the queue before (purge).
+-- Runs before settle (its writes go with the call's own).
+local function hand_over(L)
+  while L.limit - L.holders > 0 do
+    local head = queue_head(L)
+    if not head then
+      return
+    end
+    local w = parse_waiter(redis.call('HGET', L.waiters, head))
+    if not w then
+      redis.call('PUBLISH', wake_channel(L), L.queue .. '\n' .. head)
+      return
+    end
+    if not L.now_us then
+      L.now, L.now_us = clock()
+    end
+    drop_waiters(L, {head})
+    if not late(w.answer_by, L.now_us) then
+      local slot = free_slot(L)
+      local grant = {
+        slot = slot, expires = L.now + num(w.ttl), token = next_token(L.fence, L.now_us),
+        acquired_s = string.sub(L.now_us, 1, -4), ttl = w.ttl, kind = w.kind, holder = head,
+        metadata = w.metadata, epoch = w.epoch,
+      }
+      L.holders, L.top_slot = L.holders + 1, math.max(L.top_slot, slot)
+      put_grant(L, grant)
+      if L.limit > 1 then
+        change(L, int(slot), head)
+      end
+      -- Which request it was handed to, until an answer claims it: only
+      -- that request's replica may give it back (release.lua `handed`).
+      change(L, 'r:' .. head, w.request)
+      emit(L, 'acquired', head, grant, L.now, HOLDER)
+      redis.call('PUBLISH', wake_channel(L),
+        '+' .. L.queue .. '\n' .. head .. '\n' .. w.request .. '\n' .. int(L.holders) .. '\n' .. grant.text)
+    end
+  end
+end
+
+-- After settle, when a call freed permits: hand them over (and settle
+-- what that changed).
+local function wake_eligible(L)
+  if L.limit - L.holders > 0 and queue_head(L) then
+    hand_over(L)
+    settle(L)
+  end
 end
 
 -- settle when a call that changes nothing else purged something, and

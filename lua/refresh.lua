@@ -4,8 +4,9 @@
 -- ARGV: event flags ('0' = none; common.lua `events`), then pairs of (request id, queue_ttl_ms)
 -- Returns {now, ids no longer queued (their place was lost)..., '', events...}
 local watched = ARGV[1]
-local now = clock_ms()
+local now, now_us = clock()
 local L = load(lock_at(KEYS), nil, watched)
+L.now, L.now_us = now, now_us
 
 -- 1. Expired leases and dead waiters (other replicas' too) leave.
 purge(L, now)
@@ -39,10 +40,10 @@ for first = 2, #ARGV, 2 * BATCH do
   end
 end
 
--- 3. Key TTLs; and a wake-up for whoever may be granted, in case a
---    notification was lost.
+-- 3. Whoever may be granted is (a lost notification is made good), and
+--    key TTLs.
+hand_over(L)
 settle(L)
-wake_eligible(L)
 table.insert(reply, '')
 for _, item in ipairs(L.events) do
   table.insert(reply, item)

@@ -1,15 +1,22 @@
 -- release: give a grant back; only its holder can, optionally pinned to its
--- fencing token. The freed permit goes to the next waiter in line.
+-- fencing token. The freed permit goes to the next waiter in line, in
+-- this same call (common.lua `hand_over`).
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, then as far as any is not its default: token ('' = any),
 --       event flags ('0' = none; common.lua `events`), epoch (a session's
---       stream; absent = not a session's: common.lua `stale`)
+--       stream; absent or '' = not a session's: common.lua `stale`),
+--       handed (a replica giving back a grant handed to its request that
+--       is gone: that request's id; released only while the grant is
+--       still that request's, common.lua `hand_over`)
 -- Returns {OK, now, holder, the released grant, events...},
 --         {NOT_HELD, now, '', '', events...} (nothing changed for this holder)
 --         or {MOVED, now, '', '', events...} (a newer stream of the session
 --         holds it; nothing changed)
-local holder, token, watched, epoch = unpack(ARGV, 1, 4)
+local holder, token, watched, epoch, handed = unpack(ARGV, 1, 5)
 token, watched = token or '', watched or '0'
+if epoch == '' then
+  epoch = nil
+end
 local now, now_us = clock()
 
 -- 1. The common case, decided on one read: the holder's grant is the
@@ -20,7 +27,7 @@ local now, now_us = clock()
 local lock_key = KEYS[1]
 local read = redis.call('HMGET', lock_key, '_', 'h:' .. holder)
 local header, record = read[1], read[2]
-if record and watched == '0' and not KEYS[6] and not epoch then
+if record and watched == '0' and not KEYS[6] and not epoch and not handed then
   local earliest = sole_holder_until(header)
   if earliest and above(earliest, string.sub(now_us, 1, -4))
     and (token == '' or grant_token(record) == token) then
@@ -38,7 +45,8 @@ local changed = purge(L, now)
 --    to free, or watchers to tell.
 local record = L.mine_text
 local grant = record and (token ~= '' or L.limit > 1 or L.watched or epoch) and mine(L)
-if not record or (token ~= '' and grant.token ~= token) then
+if not record or (token ~= '' and grant.token ~= token)
+  or (handed and redis.call('HGET', L.key, 'r:' .. holder) ~= handed) then
   settle_purged(L, changed)
   return {NOT_HELD, now, '', '', unpack(L.events)}
 end
@@ -47,13 +55,13 @@ if stale(grant, epoch) then
   return {MOVED, now, '', '', unpack(L.events)}
 end
 
--- 4. Drop the grant; the last one out deletes the lock's key.
+-- 4. Drop the grant; the permit goes straight to the next waiter in line
+--    (common.lua `hand_over`); the last one out deletes the lock's key.
 drop_grant(L, holder, grant and grant.slot)
-settle(L)
 if grant then
   emit(L, 'released', holder, grant, now, HOLDER, now)
 end
-
--- 5. Wake whoever may take the permit now.
-wake_eligible(L)
+L.now, L.now_us = now, now_us
+hand_over(L)
+settle(L)
 return {OK, now, holder, record, unpack(L.events)}

@@ -60,6 +60,19 @@ pub struct ServiceArgs {
     /// have in flight at once; an operation that finds fewer goes at once.
     #[arg(long, env = "TUMBLER_GROUP_COMMIT_IN_FLIGHT", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub group_commit_in_flight: u32,
+    /// Hand-over: a permit freed while someone waits is granted to the head
+    /// of the queue in the call that freed it, and its grant rides the
+    /// wake-up (two Redis calls per contended grant instead of three). The
+    /// price: a waiter whose replica died less than its request TTL before
+    /// the release may be handed the lock and keep it for its lease
+    /// (docs/operating.md "Hand-over").
+    #[arg(
+        long,
+        env = "TUMBLER_HAND_OVER",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub hand_over: bool,
     /// Upper bound for one Redis command, connecting included; past it the
     /// RPC answers UNAVAILABLE.
     #[arg(long, env = "TUMBLER_REDIS_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -488,6 +501,7 @@ impl ServerConfig {
                     across_shards: !args.group_commit_per_shard,
                     in_flight: args.group_commit_in_flight as usize,
                 },
+                hand_over: args.hand_over,
             },
             reap_interval: (args.reap_interval_ms > 0)
                 .then(|| Duration::from_millis(args.reap_interval_ms)),

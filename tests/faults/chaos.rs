@@ -3,7 +3,8 @@
 //! in as many elections, record each grant (each term) in their own log,
 //! hold briefly and release (resign), while a chaos loop
 //! SIGKILLs and restarts replicas, SIGKILLs and restarts Redis, and
-//! freezes Redis (SIGSTOP/SIGCONT). Afterwards a checker proves, from the
+//! freezes Redis (SIGSTOP/SIGCONT); one replica of the three hands freed
+//! permits over (`--hand-over`). Afterwards a checker proves, from the
 //! clients' own observations on one monotonic clock, that no two grants
 //! of a lock overlapped while both leases were valid (never two leaders
 //! with valid terms), and that fencing tokens per lock (terms per
@@ -76,14 +77,18 @@ struct Grant {
 struct Replica {
     port: u16,
     redis_url: String,
+    /// Runs with `--hand-over` (one of the three does: both paths of a
+    /// contended grant share the locks).
+    hand_over: bool,
     child: Option<std::process::Child>,
 }
 
 impl Replica {
-    fn start(redis_url: &str) -> Replica {
+    fn start(redis_url: &str, hand_over: bool) -> Replica {
         let mut replica = Replica {
             port: tumbler::dev::free_port().unwrap(),
             redis_url: redis_url.to_owned(),
+            hand_over,
             child: None,
         };
         replica.spawn();
@@ -103,6 +108,7 @@ impl Replica {
             .args(["--redis-timeout-ms", "500", "--health-interval-ms", "100"])
             .args(["--default-queue-ttl-ms", "500", "--shutdown-drain-ms", "0"])
             .args(["--reap-interval-ms", "1000"])
+            .args(self.hand_over.then_some("--hand-over"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -193,7 +199,7 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
     let nodes = store.nodes();
     let store = Arc::new(Mutex::new(store));
     let replicas: Vec<Arc<Mutex<Replica>>> = (0..REPLICAS)
-        .map(|_| Arc::new(Mutex::new(Replica::start(&redis_url))))
+        .map(|i| Arc::new(Mutex::new(Replica::start(&redis_url, i == 0))))
         .collect();
     let endpoints: Vec<String> = replicas
         .iter()

@@ -13,6 +13,7 @@ mod election;
 mod election_faults;
 mod events;
 mod group_commit;
+mod handover;
 mod key_isolation;
 mod libraries;
 mod limits;

@@ -48,6 +48,11 @@ fn holder(c: Id) -> String {
     format!("client-{c}")
 }
 
+/// The id of request `req` of client `c` (as a replica names its RPC's).
+fn request(c: Id, req: u8) -> String {
+    format!("c{c}.{req}")
+}
+
 /// Replays one path; panics naming the step where Redis and the model part.
 struct Replay {
     conn: redis::aio::MultiplexedConnection,
@@ -117,8 +122,8 @@ impl Replay {
         let keys = lock_keys();
         let cfg = self.cfg.clone();
         match call {
-            Call::Acquire { answer_by, .. } => {
-                let a = cfg.acquire_args(c, answer_by, 0);
+            Call::Acquire { req, answer_by, .. } => {
+                let a = cfg.acquire_args(c, req, answer_by, 0);
                 let mut args = vec![
                     holder(c),
                     self.ticks_ms(a.ttl),
@@ -135,6 +140,10 @@ impl Replay {
                         (u64::from(cfg.wait) * TICK_MS).to_string(),
                         self.ticks_ms(queue_ttl),
                         "1000".into(),
+                        // The request, named (finding 6); no answer-by to
+                        // hand it a permit by: the model wakes its waiters.
+                        request(c, req),
+                        String::new(),
                     ]);
                 }
                 let f = self.scripts.acquire.clone();
@@ -156,9 +165,10 @@ impl Replay {
                 let f = self.scripts.extend.clone();
                 self.fcall(&f, &keys, &args).await
             }
-            Call::Dequeue => {
+            Call::Dequeue { req } => {
                 let f = self.scripts.dequeue.clone();
-                self.fcall(&f, &keys, &[holder(c), "0".into()]).await
+                let args = [holder(c), "0".into(), request(c, req)];
+                self.fcall(&f, &keys, &args).await
             }
             other => panic!("not replayed yet: {other:?}"),
         }
@@ -200,10 +210,10 @@ impl Replay {
                 }
                 Step::Function {
                     client,
-                    call: Some(Call::Dequeue),
+                    call: Some(call @ Call::Dequeue { .. }),
                     ..
                 } => {
-                    self.call(*client, Call::Dequeue).await;
+                    self.call(*client, *call).await;
                 }
                 Step::Refresh { waiters, lost, .. } => {
                     let mut args = vec!["0".to_string()];

@@ -15,14 +15,14 @@ use tokio::task::JoinHandle;
 use tonic::Code;
 use tonic::transport::Channel;
 
-fn wait_for(name: &str, holder: &str, wait_ms: u64) -> proto::AcquireRequest {
+pub(super) fn wait_for(name: &str, holder: &str, wait_ms: u64) -> proto::AcquireRequest {
     proto::AcquireRequest {
         wait_ms,
         ..acquire(name, holder)
     }
 }
 
-async fn queue_of(client: &mut LockServiceClient<Channel>, name: &str) -> Vec<String> {
+pub(super) async fn queue_of(client: &mut LockServiceClient<Channel>, name: &str) -> Vec<String> {
     let reply = client
         .queue(proto::QueueRequest {
             name: name.into(),
@@ -36,7 +36,7 @@ async fn queue_of(client: &mut LockServiceClient<Channel>, name: &str) -> Vec<St
 }
 
 /// Polls the Queue RPC until the lock has `n` live waiting requests.
-async fn until_queued(
+pub(super) async fn until_queued(
     client: &mut LockServiceClient<Channel>,
     name: &str,
     n: usize,
@@ -52,7 +52,7 @@ async fn until_queued(
 }
 
 /// Starts a waiting Acquire in the background.
-fn spawn_wait(
+pub(super) fn spawn_wait(
     mut client: LockServiceClient<Channel>,
     request: proto::AcquireRequest,
 ) -> JoinHandle<Result<proto::AcquireResponse, tonic::Status>> {

@@ -185,7 +185,7 @@ impl LockEngine {
             changelog.clone(),
         ));
         LockEngine {
-            waiting: Waiting::new(waiters, locks.clone()),
+            waiting: Waiting::new(waiters, locks.clone(), limits.hand_over),
             sessions: SessionKeeper::new(
                 renewer.clone(),
                 limits.session_lock_delay_ms,

@@ -29,6 +29,18 @@ pub(super) struct GrantRef<'a> {
     pub fencing_token: Option<u64>,
 }
 
+/// The waiting part of an acquire call.
+#[derive(Clone, Copy)]
+pub(super) struct Waiting<'a> {
+    /// How long the caller still waits.
+    pub left: Duration,
+    /// The waiting RPC's request id.
+    pub request: &'a str,
+    /// When its caller is told no (its wait's end or its deadline): no
+    /// permit is handed to it after that (None: not a hand-over waiter).
+    pub answer_by: Option<Instant>,
+}
+
 /// Calls on one lock, and the limits they pass to Redis.
 pub(super) struct Locks {
     calls: Arc<Calls>,
@@ -63,13 +75,15 @@ impl Locks {
         self.calls.layout().lock_keys(&lock.namespace, &lock.name)
     }
 
-    /// One acquire function call.
+    /// One acquire function call; `wait`: the waiting call's time left,
+    /// and for a hand-over waiter its request id and when its caller is
+    /// told no (decision 0068).
     pub(super) async fn attempt(
         &self,
         req: &AcquireRequest,
         keys: &LockKeys,
         metadata: &str,
-        wait_left: Option<Duration>,
+        wait: Option<Waiting<'_>>,
     ) -> Result<ops::acquire::Answer, StoreError> {
         let call = ops::acquire::Call {
             req,
@@ -77,9 +91,14 @@ impl Locks {
             answer_by: self.calls.answer_by(req.answer_by),
             watched: self.changelog.emits(&req.lock.namespace),
             max_locks: self.max_locks_per_shard,
-            wait: wait_left.map(|left| ops::acquire::Wait {
-                left_ms: left.as_millis() as u64,
+            wait: wait.map(|w| ops::acquire::Wait {
+                left_ms: w.left.as_millis() as u64,
                 max_waiters: self.max_waiters_per_lock,
+                request: w.request.to_owned(),
+                hand_answer_by: w.answer_by.map(|at| {
+                    self.calls.now_ms()
+                        + at.saturating_duration_since(Instant::now()).as_millis() as i64
+                }),
             }),
         };
         let reply = self
@@ -163,6 +182,20 @@ impl Locks {
         fencing_token: Option<u64>,
         epoch: Option<u64>,
     ) -> Result<ReleaseOutcome, EngineError> {
+        self.release_as(lock, holder, fencing_token, epoch, None)
+            .await
+    }
+
+    /// [`Self::release`], for `handed`: a request of this replica that was
+    /// handed the grant and is gone (decision 0068).
+    async fn release_as(
+        &self,
+        lock: &LockId,
+        holder: &str,
+        fencing_token: Option<u64>,
+        epoch: Option<u64>,
+        handed: Option<&str>,
+    ) -> Result<ReleaseOutcome, EngineError> {
         self.calls.ready()?;
         let keys = self.keys(lock);
         let call = ops::release::Call {
@@ -170,6 +203,7 @@ impl Locks {
             token: fencing_token,
             watched: self.changelog.emits(&lock.namespace),
             epoch,
+            handed,
         };
         let reply = self
             .calls
@@ -256,18 +290,21 @@ impl Locks {
         Ok(ops::queue::parse(reply)?)
     }
 
-    /// Takes a waiting request out of the queue; returns the position it
-    /// had (0 when it was not queued). A timed-out one is counted.
+    /// Takes a waiting request out of the queue (only if its place is
+    /// still `request`'s, when named); returns the position it had (0 when
+    /// it was not queued). A timed-out one is counted.
     pub(super) async fn dequeue(
         &self,
         lock: &LockId,
         keys: &LockKeys,
         holder: &str,
+        request: Option<&str>,
         timed_out: bool,
     ) -> Result<u32, StoreError> {
         let call = ops::dequeue::Call {
             id: holder,
             watched: self.changelog.emits(&lock.namespace),
+            request,
         };
         let reply = self
             .calls
@@ -302,6 +339,25 @@ impl Locks {
         self.counting
             .noted(&batch.namespace, answer.now, &answer.noted);
         Ok(answer.lost)
+    }
+
+    /// Gives back a grant handed to `request`, whose RPC is gone (the lock
+    /// named by its queue key), pinned to the grant's token, and only
+    /// while no other answer claimed it (an acquire of the same holder
+    /// answered HELD).
+    pub(super) async fn give_back(&self, queue_key: &str, holder: &str, token: u64, request: &str) {
+        let Some((_, namespace, name)) = self.calls.layout().parse_lock_key(queue_key) else {
+            tracing::warn!(queue_key, "a handed grant of an unknown lock");
+            return;
+        };
+        let lock = LockId::stored(namespace, name);
+        let released = self
+            .release_as(&lock, holder, Some(token), None, Some(request))
+            .await;
+        if let Err(err) = released {
+            // Its lease ends it instead.
+            tracing::warn!(error = %err, lock = %lock.name, "giving back a handed grant failed");
+        }
     }
 
     /// One lease-end purge of a watched lock (`lua/purge.lua`); returns

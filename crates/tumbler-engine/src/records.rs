@@ -4,7 +4,9 @@
 //! `acquired` the token's own milliseconds: tokens are made from Redis'
 //! clock in µs; `epoch` only on a session's grant, the epoch of the stream
 //! that serves it, which only the functions read) and a waiter
-//! (`priority|enqueued|wait_ms|fair|kind`, in the queue's records hash).
+//! (`priority|enqueued|wait_ms|fair|kind`, in the queue's records hash,
+//! followed for a hand-over waiter by `|request|answer_by|ttl|epoch` and
+//! the metadata after a newline, which only the functions read).
 //! `lua/common.lua` writes them; this is their one reader. Public so that
 //! the fuzz targets (`fuzz/`) and property tests reach them.
 
@@ -84,7 +86,11 @@ pub fn parse_waiter(
     position: u32,
 ) -> Result<QueuedRequest, StoreError> {
     let bad = || StoreError::Protocol(format!("waiter record of {holder:?} not understood"));
-    let mut fields = record.splitn(5, '|');
+    // A hand-over waiter's parts after the kind are the functions' only.
+    let numbers = record
+        .split_once('\n')
+        .map_or(record, |(numbers, _)| numbers);
+    let mut fields = numbers.split('|');
     let mut next = || fields.next().ok_or_else(bad);
     let priority = next()?.parse().map_err(|_| bad())?;
     let enqueued_at_ms: i64 = next()?.parse().map_err(|_| bad())?;
@@ -143,6 +149,13 @@ mod tests {
         assert_eq!(waiter.position, 2);
         let jobs = parse_waiter("w", "0|1|2|0|jobs", 3, 1).unwrap();
         assert_eq!((jobs.fair, jobs.kind.as_str()), (false, "jobs"));
+        // A hand-over waiter's record names its request, answer-by, ttl,
+        // epoch and metadata after the kind.
+        let handed =
+            parse_waiter("w", "0|1|2|1|jobs|ab12.7|99|30000|\n{\"a\":\"b\"}", 3, 1).unwrap();
+        assert_eq!((handed.fair, handed.kind.as_str()), (true, "jobs"));
+        let plain = parse_waiter("w", "0|1|2|1||ab12.7|99|30000|4", 3, 1).unwrap();
+        assert_eq!(plain.kind, "default");
         assert!(parse_waiter("w", "0|x|2|0|", 3, 1).is_err());
     }
 

@@ -397,6 +397,12 @@ pub struct WaitLimits {
     /// Group commit: the hot path's operations of one slot share a call
     /// when more than one is ready (`group.rs`).
     pub group_commit: crate::group::GroupCommit,
+    /// A permit freed while someone waits goes to the head of the queue in
+    /// the call that freed it (decision 0068); off, the head is woken to
+    /// call again. On, a waiter whose replica died within its request TTL
+    /// before the release may be handed the lock and keep it for that
+    /// grant's lease (SAFETY.md, invariant 7), so it is off by default.
+    pub hand_over: bool,
 }
 
 /// Why the layout recorded in Redis cannot be used.

@@ -2,14 +2,22 @@
 //! one is woken, and the two background tasks that serve them.
 //!
 //! - The **subscriber** keeps ONE Redis pub/sub subscription per replica.
-//!   Scripts publish `<queue key>\n<id>\n<id>…` naming the requests that may
-//!   now be granted; the subscriber wakes exactly those local waiters (and
-//!   every barging waiter of that lock). After a (re)subscription it wakes
-//!   everyone, since notifications may have been missed meanwhile.
+//!   A function that frees a permit hands it to the head of the queue
+//!   itself (decision 0068) and publishes the grant,
+//!   `+<queue key>\n<id>\n<request>\n<holders>\n<grant record>`: the
+//!   replica whose waiting request it names hands it to that RPC, and a
+//!   replica whose request is gone (cancelled, timed out) gives it back
+//!   at once (unless an acquire of the same holder was answered with it
+//!   meanwhile: `lua/release.lua`'s `handed`). A waiter that names no
+//!   answer-by time is woken instead, `<queue key>\n<id>\n<id>…`, to call
+//!   again (with every barging waiter of that lock). After a (re)subscription it wakes everyone, since
+//!   messages may have been missed meanwhile; a waiter woken so finds its
+//!   grant by calling again (HELD).
 //! - The **refresher** keeps this replica's requests alive in Redis: per
 //!   lock, one script call every queue_ttl/3 renews all local requests'
-//!   liveness deadlines at once, purges what died elsewhere and re-sends
-//!   wake-ups (covering a lost notification). Idle waiting costs Redis only
+//!   liveness deadlines at once, purges what died elsewhere, hands over
+//!   what is free and names the requests no longer queued (a grant whose
+//!   message was lost: they call again and are answered it). Idle waiting costs Redis only
 //!   these heartbeats: nobody polls.
 //!
 //! Why a std `Mutex`: it is held only for map updates, never across an
@@ -31,10 +39,29 @@ use super::keys::LockKeys;
 /// announces that it now watches the namespace that follows.
 pub const WATCH_ANNOUNCEMENT: &str = "!watch\n";
 
+/// A grant handed to a waiting request inside the call that freed its
+/// permit (the record as the lock stores it, and the lock's holders then).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handed {
+    pub record: String,
+    pub holders: u32,
+}
+
+/// Where a handed grant waits for its RPC to take it.
+type HandedSlot = Arc<Mutex<Option<Handed>>>;
+
+/// A handed grant whose request is gone: the lock's queue key, the holder,
+/// the grant's fencing token and the request, to be given back at once.
+pub type Orphan = (String, String, u64, String);
+
+/// What the replica does with an [`Orphan`] (set by `Waiting`: a release).
+type OrphanHandler = Arc<dyn Fn(Orphan) + Send + Sync>;
+
 /// One waiting RPC.
 struct Entry {
     registration: u64,
     notify: Arc<Notify>,
+    handed: HandedSlot,
     queue_ttl_ms: u64,
     fair: bool,
 }
@@ -91,6 +118,11 @@ pub struct Waiters {
     /// Tells the refresher that a lock needs refreshing sooner.
     refresh_changed: Notify,
     shutdown: CancellationToken,
+    /// This replica's part of every request id it makes (random per
+    /// process): a handed grant naming a request of it that is gone is
+    /// this replica's to give back.
+    replica: String,
+    orphans: Mutex<Option<OrphanHandler>>,
 }
 
 /// A registered waiter; unregisters itself when dropped.
@@ -101,6 +133,8 @@ pub struct Registration {
     holder: String,
     id: u64,
     notify: Arc<Notify>,
+    handed: HandedSlot,
+    request: String,
 }
 
 impl Registration {
@@ -108,6 +142,18 @@ impl Registration {
     /// call is not lost: Notify keeps a permit).
     pub async fn notified(&self) {
         self.notify.notified().await
+    }
+
+    /// This waiting RPC's request id (`<replica>.<n>`), unique per process
+    /// and across replicas.
+    pub fn request(&self) -> &str {
+        &self.request
+    }
+
+    /// The grant handed to this request, if one came (taken: it is the
+    /// RPC's now, not the registry's to give back).
+    pub fn take_handed(&self) -> Option<Handed> {
+        self.handed.lock().unwrap().take()
     }
 }
 
@@ -130,7 +176,34 @@ impl Waiters {
             next_registration: AtomicU64::new(1),
             refresh_changed: Notify::new(),
             shutdown: CancellationToken::new(),
+            replica: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+            orphans: Mutex::new(None),
         })
+    }
+
+    /// Sets what is done with a handed grant whose request is gone.
+    pub fn on_orphan(&self, handler: OrphanHandler) {
+        *self.orphans.lock().unwrap() = Some(handler);
+    }
+
+    fn orphaned(&self, queue_key: &str, holder: &str, request: &str, handed: &Handed) {
+        let Some(token) = crate::records::parse_grant(holder, &handed.record)
+            .ok()
+            .map(|g| g.fencing_token)
+        else {
+            tracing::warn!(holder, "a handed grant that cannot be read");
+            return;
+        };
+        let handler = self.orphans.lock().unwrap().clone();
+        match handler {
+            Some(handler) => handler((
+                queue_key.to_owned(),
+                holder.to_owned(),
+                token,
+                request.to_owned(),
+            )),
+            None => tracing::warn!(holder, "a handed grant with nobody to give it back"),
+        }
     }
 
     /// Waiting RPCs on this replica right now.
@@ -172,6 +245,7 @@ impl Waiters {
         }
         let id = self.next_registration.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
+        let handed = HandedSlot::default();
         let first_refresh = Instant::now() + Duration::from_millis((queue_ttl_ms / 3).max(10));
         {
             let mut locks = self.locks.lock().unwrap();
@@ -191,6 +265,7 @@ impl Waiters {
                 .push(Entry {
                     registration: id,
                     notify: notify.clone(),
+                    handed: handed.clone(),
                     queue_ttl_ms,
                     fair,
                 });
@@ -203,6 +278,8 @@ impl Waiters {
             holder: holder.to_owned(),
             id,
             notify,
+            handed,
+            request: format!("{}.{id:x}", self.replica),
         })
     }
 
@@ -217,23 +294,55 @@ impl Waiters {
     }
 
     fn unregister(&self, queue_key: &str, holder: &str, id: u64) {
-        let mut locks = self.locks.lock().unwrap();
-        let Some(lock) = locks.get_mut(queue_key) else {
-            return;
+        let mut gone = None;
+        {
+            let mut locks = self.locks.lock().unwrap();
+            let Some(lock) = locks.get_mut(queue_key) else {
+                return;
+            };
+            if let Some(entries) = lock.by_holder.get_mut(holder) {
+                if let Some(i) = entries.iter().position(|e| e.registration == id) {
+                    let entry = entries.remove(i);
+                    self.count.fetch_sub(1, Ordering::AcqRel);
+                    // A grant handed to it that its RPC never took.
+                    gone = entry.handed.lock().unwrap().take();
+                }
+                if entries.is_empty() {
+                    lock.by_holder.remove(holder);
+                }
+            }
+            if lock.by_holder.is_empty() {
+                locks.remove(queue_key);
+            }
+        }
+        if let Some(handed) = gone {
+            let request = format!("{}.{id:x}", self.replica);
+            self.orphaned(queue_key, holder, &request, &handed);
+        }
+    }
+
+    /// A grant handed to request `request` of `holder`: to its RPC if it
+    /// still waits here, given back if it was this replica's and is gone,
+    /// ignored if it is another replica's.
+    fn hand(&self, queue_key: &str, holder: &str, request: &str, handed: Handed) {
+        let Some(id) = (request.split_once('.'))
+            .filter(|(replica, _)| *replica == self.replica)
+            .and_then(|(_, id)| u64::from_str_radix(id, 16).ok())
+        else {
+            return; // another replica's request
         };
-        if let Some(entries) = lock.by_holder.get_mut(holder) {
-            let before = entries.len();
-            entries.retain(|e| e.registration != id);
-            if entries.len() < before {
-                self.count.fetch_sub(1, Ordering::AcqRel);
-            }
-            if entries.is_empty() {
-                lock.by_holder.remove(holder);
+        {
+            let locks = self.locks.lock().unwrap();
+            let entry = (locks.get(queue_key))
+                .and_then(|lock| lock.by_holder.get(holder))
+                .and_then(|entries| entries.iter().find(|e| e.registration == id));
+            if let Some(entry) = entry {
+                *entry.handed.lock().unwrap() = Some(handed);
+                entry.notify.notify_one();
+                return;
             }
         }
-        if lock.by_holder.is_empty() {
-            locks.remove(queue_key);
-        }
+        self.orphaned(queue_key, holder, request, &handed);
     }
 
     /// Wakes the named requests of a lock, and its barging waiters (who
@@ -261,8 +370,30 @@ impl Waiters {
         }
     }
 
-    /// Handles one pub/sub message: `<queue key>\n<id>\n<id>…`.
+    /// Handles one pub/sub message: a handed grant
+    /// (`+<queue key>\n<id>\n<request>\n<holders>\n<grant record>`, the
+    /// record last: its metadata follows a newline) or a wake-up
+    /// (`<queue key>\n<id>\n<id>…`).
     pub fn handle_message(&self, payload: &str) {
+        if let Some(handed) = payload.strip_prefix('+') {
+            let mut parts = handed.splitn(5, '\n');
+            let (Some(queue_key), Some(holder), Some(request), Some(holders), Some(record)) = (
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+            ) else {
+                tracing::warn!("unreadable hand-over message");
+                return;
+            };
+            let handed = Handed {
+                record: record.to_owned(),
+                holders: holders.parse().unwrap_or(1),
+            };
+            self.hand(queue_key, holder, request, handed);
+            return;
+        }
         let mut parts = payload.split('\n');
         if let Some(queue_key) = parts.next() {
             let ids: Vec<&str> = parts.collect();

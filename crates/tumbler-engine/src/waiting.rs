@@ -1,8 +1,9 @@
 //! An Acquire that waits in the lock's queue, in this server: registered
 //! with this replica's waiters before its first function call (so no
-//! wake-up slips between), it sleeps until a wake-up names it, the first
-//! lease runs out (at the head of the queue), its wait ends or the replica
-//! shuts down. No polling. A guard takes it out of the queue if its RPC
+//! wake-up slips between), it sleeps until a grant is handed to it (the
+//! call that freed the permit made it, decision 0068: no call of its own),
+//! a wake-up names it, the first lease runs out (at the head of the
+//! queue), its wait ends or the replica shuts down. No polling. A guard takes it out of the queue if its RPC
 //! goes away while it waits; when the replica drains, the request keeps
 //! its place for its queue TTL, for the same holder to take back through
 //! another replica.
@@ -17,9 +18,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::keys::LockKeys;
-use super::locks::Locks;
+use super::locks::{self, Locks};
 use super::ops::acquire::Outcome;
-use super::waiters::Waiters;
+use super::waiters::{Handed, Waiters};
 use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, records};
 use crate::store::StoreError;
 
@@ -27,11 +28,31 @@ use crate::store::StoreError;
 pub(super) struct Waiting {
     waiters: Arc<Waiters>,
     locks: Arc<Locks>,
+    /// Waiters name their request, so freed permits are handed to them.
+    hand_over: bool,
 }
 
 impl Waiting {
-    pub(super) fn new(waiters: Arc<Waiters>, locks: Arc<Locks>) -> Self {
-        Waiting { waiters, locks }
+    pub(super) fn new(waiters: Arc<Waiters>, locks: Arc<Locks>, hand_over: bool) -> Self {
+        // A grant handed to a request of this replica whose RPC is gone
+        // goes back at once (pinned to its token).
+        let giving_back = locks.clone();
+        waiters.on_orphan(Arc::new(move |(queue_key, holder, token, request)| {
+            let locks = giving_back.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        locks.give_back(&queue_key, &holder, token, &request).await
+                    });
+                }
+                Err(_) => tracing::warn!(holder, "a handed grant left to its lease"),
+            }
+        }));
+        Waiting {
+            waiters,
+            locks,
+            hand_over,
+        }
     }
 
     /// This replica's waiting RPCs (and its shutdown signal).
@@ -58,6 +79,10 @@ impl Waiting {
             req.queue_ttl_ms,
             req.fair,
         )?;
+        let request = registration.request().to_owned();
+        // Its caller is told no at the end of its wait or at its deadline:
+        // no permit may be handed to it after that.
+        let answer_by = req.answer_by.map_or(deadline, |at| at.min(deadline));
         // Leaves the queue if this future is dropped (client cancelled,
         // deadline passed) or fails while queued.
         let mut queued = QueuedGuard {
@@ -66,14 +91,17 @@ impl Waiting {
             lock: req.lock.clone(),
             keys: keys.clone(),
             holder: req.holder.to_string(),
+            request: request.clone(),
             armed: false,
         };
         loop {
             let wait_left = deadline.saturating_duration_since(Instant::now());
-            let answer = self
-                .locks
-                .attempt(req, keys, metadata, Some(wait_left))
-                .await?;
+            let wait = locks::Waiting {
+                left: wait_left,
+                request: &request,
+                answer_by: self.hand_over.then_some(answer_by),
+            };
+            let answer = self.locks.attempt(req, keys, metadata, Some(wait)).await?;
             let (holders, next_expiry, position) = match answer.outcome {
                 Outcome::Queued {
                     holders,
@@ -81,6 +109,21 @@ impl Waiting {
                     position,
                 } => (holders, next_expiry, position),
                 outcome => {
+                    // A grant handed to it meanwhile is the one this call
+                    // found (HELD): it is answered, never given back.
+                    registration.take_handed();
+                    // Queued before and holding now: its grant was handed
+                    // to it (a hand-over whose message it missed).
+                    let outcome = match outcome {
+                        Outcome::Granted { grant, holders, .. } if queued.armed => {
+                            Outcome::Granted {
+                                grant,
+                                holders,
+                                already: false,
+                            }
+                        }
+                        outcome => outcome,
+                    };
                     queued.armed = false;
                     return self.locks.settled(req, outcome)?.ok_or_else(|| {
                         StoreError::Protocol("acquire answered busy to a waiting call".into())
@@ -96,11 +139,21 @@ impl Waiting {
                 Instant::now() + Duration::from_millis((next_expiry - answer.now).max(0) as u64 + 1)
             });
             tokio::select! {
-                () = registration.notified() => {}
+                () = registration.notified() => {
+                    if let Some(handed) = registration.take_handed() {
+                        queued.armed = false;
+                        return self.handed(req, handed);
+                    }
+                }
                 () = sleep_until_some(expiry) => {}
                 () = tokio::time::sleep_until(deadline) => {
                     queued.armed = false;
-                    let had = self.locks.dequeue(&req.lock, keys, &req.holder, true).await?;
+                    let had = self.locks.dequeue(&req.lock, keys, &req.holder, Some(&request), true).await?;
+                    // A grant handed over before its answer-by time and
+                    // delivered meanwhile is still its caller's.
+                    if let Some(handed) = registration.take_handed() {
+                        return self.handed(req, handed);
+                    }
                     return Ok(AcquireOutcome::TimedOut {
                         holders,
                         next_expiry_at_ms: next_expiry,
@@ -109,9 +162,11 @@ impl Waiting {
                 }
                 () = stopped(req.stop.as_ref()) => {
                     // The caller may no longer wait (its token was
-                    // revoked): leave the queue, grant nothing more.
+                    // revoked): leave the queue, grant nothing more (a
+                    // grant handed meanwhile goes back with the
+                    // registration).
                     queued.armed = false;
-                    self.locks.dequeue(&req.lock, keys, &req.holder, false).await?;
+                    self.locks.dequeue(&req.lock, keys, &req.holder, Some(&request), false).await?;
                     return Err(EngineError::Stopped);
                 }
                 () = self.waiters.shutdown_token().cancelled() => {
@@ -119,10 +174,27 @@ impl Waiting {
                     // its queue TTL, so the same holder retried on another
                     // replica takes it back (or it is dropped as dead).
                     queued.armed = false;
+                    if let Some(handed) = registration.take_handed() {
+                        return self.handed(req, handed);
+                    }
                     return Err(EngineError::ShuttingDown);
                 }
             }
         }
+    }
+
+    /// A grant handed to this waiting RPC, as its answer.
+    fn handed(&self, req: &AcquireRequest, handed: Handed) -> Result<AcquireOutcome, EngineError> {
+        let grant = records::parse_grant(req.holder.as_ref(), &handed.record)?;
+        let outcome = Outcome::Granted {
+            grant,
+            holders: handed.holders,
+            already: false,
+        };
+        Ok(self
+            .locks
+            .settled(req, outcome)?
+            .expect("a grant is an outcome"))
     }
 
     /// Keeps this replica's waiting requests alive until the replica shuts
@@ -180,6 +252,9 @@ struct QueuedGuard {
     lock: LockId,
     keys: LockKeys,
     holder: String,
+    /// Its request id: a place another request of the holder took over
+    /// is left alone (finding 6).
+    request: String,
     armed: bool,
 }
 
@@ -191,8 +266,12 @@ impl Drop for QueuedGuard {
         }
         let locks = self.locks.clone();
         let (lock, keys, holder) = (self.lock.clone(), self.keys.clone(), self.holder.clone());
+        let request = self.request.clone();
         tokio::spawn(async move {
-            if let Err(err) = locks.dequeue(&lock, &keys, &holder, false).await {
+            if let Err(err) = locks
+                .dequeue(&lock, &keys, &holder, Some(&request), false)
+                .await
+            {
                 // Its liveness deadline will drop it instead.
                 tracing::warn!(error = %err, lock = %lock.name, "leaving the queue failed");
             }

@@ -181,9 +181,10 @@ impl Config {
         }
     }
 
-    pub fn acquire_args(&self, c: Id, answer_by: u8, epoch: u8) -> AcquireArgs {
+    pub fn acquire_args(&self, c: Id, req: u8, answer_by: u8, epoch: u8) -> AcquireArgs {
         AcquireArgs {
             holder: c,
+            req,
             ttl: self.ttl,
             answer_by,
             limit: self.limit,

@@ -48,7 +48,11 @@ pub enum Call {
         token: u32,
         sent: u8,
     },
-    Dequeue,
+    /// The request that leaves (finding 6: a place another request of the
+    /// holder took over is left alone).
+    Dequeue {
+        req: u8,
+    },
     SessionEnd {
         epoch: u8,
         token: u32,
@@ -335,7 +339,7 @@ impl Model for Config {
                 Some(Call::Acquire { .. }) => out.push(Action::Acquire(c)),
                 Some(Call::Release { .. }) => out.push(Action::Release(c)),
                 Some(Call::Extend { .. }) => out.push(Action::Extend(c)),
-                Some(Call::Dequeue) => out.push(Action::Dequeue(c)),
+                Some(Call::Dequeue { .. }) => out.push(Action::Dequeue(c)),
                 Some(Call::SessionEnd { .. }) => out.push(Action::SessionEnd(c)),
                 Some(Call::SessionClaim) => out.push(Action::SessionClaim(c)),
                 Some(Call::Renew { .. }) => out.push(Action::ResumeRenew(c)),
@@ -441,7 +445,7 @@ impl Model for Config {
                 }
                 let cl = s.client(c);
                 cl.wake = false;
-                cl.call = Some(Call::Dequeue);
+                cl.call = Some(Call::Dequeue { req });
                 s.ghost.told_no[usize::from(c)] = req;
                 s.round_over(c, self);
             }

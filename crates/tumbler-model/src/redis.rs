@@ -36,6 +36,9 @@ pub struct Waiter {
     /// Queue order: `(PRIORITY_MAX - priority, arrival)`, smaller first.
     pub order: (u8, u8),
     pub id: Id,
+    /// The request that holds the place (the record's request id): a
+    /// later request of the holder that finds the place takes it over.
+    pub req: u8,
     /// Liveness deadline (`...:d:<name>`): dead at or past it.
     pub deadline: u8,
 }
@@ -172,6 +175,8 @@ pub fn next_token(fence: &mut Option<u32>, now: u8) -> u32 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AcquireArgs {
     pub holder: Id,
+    /// The request's number (its RPC's id, named in the waiter record).
+    pub req: u8,
     pub ttl: u8,
     /// Redis tick past which nothing may be granted (0: none).
     pub answer_by: u8,
@@ -289,7 +294,10 @@ impl Data {
         // 10. Waiting: join the queue once, keep the request alive.
         let deadline = now + queue_ttl;
         match queued {
-            Some(i) => lock.queue[i].deadline = deadline,
+            Some(i) => {
+                lock.queue[i].deadline = deadline;
+                lock.queue[i].req = a.req;
+            }
             None => {
                 lock.arrivals += 1;
                 lock.limit = a.limit;
@@ -297,6 +305,7 @@ impl Data {
                 lock.queue.push(Waiter {
                     order,
                     id: a.holder,
+                    req: a.req,
                     deadline,
                 });
                 lock.queue.sort();
@@ -395,11 +404,12 @@ impl Data {
         (lost, wake)
     }
 
-    /// lua/dequeue.lua: a waiting request leaves (timed out, cancelled).
-    pub fn dequeue(&mut self, now: u8, id: Id) -> Option<Id> {
+    /// lua/dequeue.lua: a waiting request leaves (timed out, cancelled),
+    /// only if the place is still its own (finding 6).
+    pub fn dequeue(&mut self, now: u8, id: Id, req: u8) -> Option<Id> {
         let mut lock = self.lock.take()?;
         lock.purge(now);
-        if let Some(i) = lock.queued(id) {
+        if let Some(i) = lock.queued(id).filter(|&i| lock.queue[i].req == req) {
             lock.queue.remove(i);
         }
         let wake = lock.wake_eligible();

@@ -31,8 +31,9 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                 (s.redis.lock.as_ref()).is_some_and(|l| l.queue.iter().any(|w| w.id == c));
             let live_entry = (s.redis.lock.as_ref())
                 .is_some_and(|l| l.queue.iter().any(|w| w.id == c && w.deadline > now));
-            let Effects { reply, wake } =
-                s.redis.acquire(now, cfg.acquire_args(c, answer_by, epoch));
+            let Effects { reply, wake } = s
+                .redis
+                .acquire(now, cfg.acquire_args(c, req, answer_by, epoch));
             // Its place in line: a waiter that stayed live keeps the one
             // its request got first (if Redis dropped it meanwhile, FIFO
             // is broken); any other request (a new one, an orphaned one)
@@ -76,7 +77,7 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                     if matches!(cl.phase, Phase::Waiting { .. }) || cfg.wait == 0 {
                         // Told "not acquired"; a waiting RPC's guard dequeues it.
                         if cfg.wait > 0 {
-                            cl.call = Some(Call::Dequeue);
+                            cl.call = Some(Call::Dequeue { req });
                         }
                         s.ghost.told_no[ci] = req;
                         s.round_over(c, cfg);
@@ -110,8 +111,8 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                 _ => {}
             }
         }
-        Call::Dequeue => {
-            let wake = s.redis.dequeue(now, c);
+        Call::Dequeue { req } => {
+            let wake = s.redis.dequeue(now, c, req);
             s.publish(wake);
         }
         Call::SessionEnd { epoch, token } => {

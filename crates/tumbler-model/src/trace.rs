@@ -40,7 +40,7 @@ pub fn function(call: &Call) -> &'static str {
         Call::Acquire { .. } => "acquire",
         Call::Release { .. } => "release",
         Call::Extend { .. } => "extend",
-        Call::Dequeue => "dequeue",
+        Call::Dequeue { .. } => "dequeue",
         Call::SessionEnd { .. } => "session_end",
         Call::SessionClaim => "session_claim",
         Call::SessionTouch { .. } => "session_touch",
@@ -55,9 +55,12 @@ fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
     let some = |e: u8| (e > 0).then_some(e);
     Some(match call {
         Call::Acquire {
-            answer_by, epoch, ..
+            req,
+            answer_by,
+            epoch,
+            ..
         } => {
-            data.acquire(now, cfg.acquire_args(c, answer_by, epoch))
+            data.acquire(now, cfg.acquire_args(c, req, answer_by, epoch))
                 .reply
         }
         Call::Release { token, epoch } => data.release(now, c, token, some(epoch)).reply,

@@ -28,6 +28,13 @@ pub struct Call<'a> {
 pub struct Wait {
     pub left_ms: u64,
     pub max_waiters: u32,
+    /// The waiting RPC's own id ('' = none: the place is the holder's,
+    /// whichever request asks; finding 6).
+    pub request: String,
+    /// The Redis ms after which its caller is told no: a freed permit is
+    /// handed to it until then (decision 0068). None: it is woken to call
+    /// again.
+    pub hand_answer_by: Option<i64>,
 }
 
 impl Call<'_> {
@@ -73,6 +80,12 @@ impl Call<'_> {
                 req.queue_ttl_ms.to_string(),
                 wait.max_waiters.to_string(),
             ]);
+            if !wait.request.is_empty() {
+                args.extend([
+                    wait.request.clone(),
+                    super::optional_i64(wait.hand_answer_by),
+                ]);
+            }
         }
         args
     }

@@ -135,6 +135,11 @@ pub fn optional(n: Option<u64>) -> String {
     n.map(|n| n.to_string()).unwrap_or_default()
 }
 
+/// An optional signed number as an argument: '' when absent.
+pub fn optional_i64(n: Option<i64>) -> String {
+    n.map(|n| n.to_string()).unwrap_or_default()
+}
+
 /// What a lock's events do: published (some replica watches the
 /// namespace) and/or recorded in the namespace's changelog.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

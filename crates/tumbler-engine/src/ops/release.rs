@@ -16,6 +16,9 @@ pub struct Call<'a> {
     /// The epoch of the session's stream that releases (None: not a
     /// session's call).
     pub epoch: Option<u64>,
+    /// A grant handed to this request, which is gone: released only while
+    /// no other answer claimed it (decision 0068).
+    pub handed: Option<&'a str>,
 }
 
 impl Call<'_> {
@@ -25,14 +28,18 @@ impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         let mut args = vec![self.holder.to_owned()];
         let watched = self.watched.arg();
-        if self.token.is_some() || watched != "0" || self.epoch.is_some() {
+        let (epoch, handed) = (self.epoch.is_some(), self.handed.is_some());
+        if self.token.is_some() || watched != "0" || epoch || handed {
             args.push(super::optional(self.token));
         }
-        if watched != "0" || self.epoch.is_some() {
+        if watched != "0" || epoch || handed {
             args.push(watched);
         }
-        if let Some(epoch) = self.epoch {
-            args.push(epoch.to_string());
+        if epoch || handed {
+            args.push(super::optional(self.epoch));
+        }
+        if let Some(request) = self.handed {
+            args.push(request.to_owned());
         }
         args
     }
