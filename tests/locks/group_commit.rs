@@ -22,6 +22,26 @@ async fn one_shard_server(group_commit: bool) -> TestServer {
     one_shard_server_in_flight(group_commit, 1).await
 }
 
+/// A connection to the server's Redis and a client, once the namespace's
+/// first call (its registry entry) is made and Redis' command counts are
+/// reset: what follows counts only the test's own calls.
+async fn counted_from_here(
+    server: &TestServer,
+) -> (
+    redis::aio::MultiplexedConnection,
+    tumbler::proto::lock_service_client::LockServiceClient<tonic::transport::Channel>,
+) {
+    let mut conn = redis_conn(server.redis_url()).await;
+    let mut client = server.client().await;
+    client.acquire(acquire("warm-up", "h")).await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    (conn, client)
+}
+
 /// [`one_shard_server`] with `in_flight` calls allowed per slot.
 async fn one_shard_server_in_flight(group_commit: bool, in_flight: u32) -> TestServer {
     TestServer::new()
@@ -60,14 +80,7 @@ async fn acquire_all_at_once(server: &TestServer, prefix: &str) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_acquires_on_one_shard_share_calls_and_each_keeps_its_grant() {
     let server = one_shard_server(true).await;
-    let mut conn = redis_conn(server.redis_url()).await;
-    let mut client = server.client().await;
-    client.acquire(acquire("warm-up", "h")).await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (mut conn, mut client) = counted_from_here(&server).await;
 
     let tokens = acquire_all_at_once(&server, "grouped").await;
 
@@ -110,14 +123,7 @@ async fn concurrent_acquires_on_one_shard_share_calls_and_each_keeps_its_grant()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_calls_in_flight_operations_still_share_calls() {
     let server = one_shard_server_in_flight(true, 2).await;
-    let mut conn = redis_conn(server.redis_url()).await;
-    let mut client = server.client().await;
-    client.acquire(acquire("warm-up", "h")).await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (mut conn, mut client) = counted_from_here(&server).await;
     let tokens = acquire_all_at_once(&server, "two").await;
     let calls = command_calls(&mut conn).await;
     let fcalls = calls.get("fcall").copied().unwrap_or(0);
@@ -136,14 +142,7 @@ async fn with_two_calls_in_flight_operations_still_share_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_group_commit_off_every_operation_is_its_own_call() {
     let server = one_shard_server(false).await;
-    let mut conn = redis_conn(server.redis_url()).await;
-    let mut client = server.client().await;
-    client.acquire(acquire("warm-up", "h")).await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (mut conn, _) = counted_from_here(&server).await;
 
     let tokens = acquire_all_at_once(&server, "alone").await;
 
