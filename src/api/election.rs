@@ -111,15 +111,9 @@ impl LockApi {
         let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
         let acquire = self.campaign_request(req, holder, ttl_ms, deadline)?;
         access.act(&acquire.lock.namespace)?;
-        let _waiting = self.waiter_slot(&access, &acquire)?;
-        report::acquire_waiting(self.engine.layout(), &acquire);
-        let started = std::time::Instant::now();
-        let outcome = match live {
-            None => self.engine.acquire(&acquire).await,
-            Some(live) => self.acquire_while_permitted(acquire.clone(), live).await?,
-        }
-        .map_err(|e| self.failed("Campaign", &acquire.lock, &acquire.holder, &acquire.kind, e))?;
-        report::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
+        let outcome = self
+            .acquire_reported("Campaign", &access, &acquire, live)
+            .await?;
         Ok(Response::new(match election::campaign_outcome(outcome) {
             CampaignOutcome::Elected(l) => proto::CampaignResponse {
                 elected: true,

@@ -72,18 +72,34 @@ impl LockApi {
             span.record("holder", acquire.holder.as_str());
         }
 
-        let _waiting = self.waiter_slot(&access, &acquire)?;
-        report::acquire_waiting(self.engine.layout(), &acquire);
-        let started = std::time::Instant::now();
-        let outcome = match live {
-            None => self.engine.acquire(&acquire).await,
-            Some(live) => self.acquire_while_permitted(acquire.clone(), live).await?,
-        }
-        .map_err(|e| self.failed("Acquire", &acquire.lock, &acquire.holder, &acquire.kind, e))?;
-        report::acquired(self.engine.layout(), &acquire, &outcome, started.elapsed());
+        let outcome = self
+            .acquire_reported("Acquire", &access, &acquire, live)
+            .await?;
         let reply = outcome.to_proto();
         tracing::debug!(status = ?reply.status(), "acquire answered");
         Ok(Response::new(reply))
+    }
+
+    /// One acquire as a handler runs it (Acquire, Campaign): the caller's
+    /// waiter slot held while it waits, the wait ended by a revoked token
+    /// (`live`), the engine's error mapped and the outcome reported.
+    pub(super) async fn acquire_reported(
+        &self,
+        rpc: &'static str,
+        access: &Access,
+        acquire: &engine::AcquireRequest,
+        live: Option<LiveAccess>,
+    ) -> Result<AcquireOutcome, Status> {
+        let _waiting = self.waiter_slot(access, acquire)?;
+        report::acquire_waiting(self.engine.layout(), acquire);
+        let started = std::time::Instant::now();
+        let outcome = match live {
+            None => self.engine.acquire(acquire).await,
+            Some(live) => self.acquire_while_permitted(acquire.clone(), live).await?,
+        }
+        .map_err(|e| self.failed(rpc, &acquire.lock, &acquire.holder, &acquire.kind, e))?;
+        report::acquired(self.engine.layout(), acquire, &outcome, started.elapsed());
+        Ok(outcome)
     }
 
     /// A waiting acquire that ends when its caller's access does: the
