@@ -115,8 +115,10 @@ impl Libraries {
             }
         }
         let mut pipe = redis::pipe();
+        let mut writes = 0;
         for library in &sweep.recorded {
             pipe.cmd("HSETNX").arg(&key).arg(library).arg(now).ignore();
+            writes += 1;
         }
         // Records of libraries gone from every primary, past the grace
         // period, go too (a deployment that upgraded often keeps a short
@@ -125,9 +127,11 @@ impl Libraries {
             let gone = !loaded.contains(library) || sweep.deleted.contains(library);
             if *library != self.own && gone && now - at >= grace_ms {
                 pipe.cmd("HDEL").arg(&key).arg(library).ignore();
+                writes += 1;
             }
         }
-        if !sweep.recorded.is_empty() || !seen.is_empty() {
+        // An empty pipeline is not a command Redis understands.
+        if writes > 0 {
             let () = self.calls.store().pipeline(pipe).await?;
         }
         Ok(sweep)
