@@ -456,6 +456,54 @@ async fn a_resumed_session_keeps_its_read_grant_and_token() {
     drop(resumed);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_acquire_follows_the_same_mode_rules_on_the_stream() {
+    use proto::session_request::Command;
+    use proto::session_response::Event;
+    let server = TestServer::new().start().await;
+    let mut client = server.client().await;
+    granted(&mut client, acquire("plain", "p1")).await;
+    let mut session = Session::open(&mut client, 5_000).await;
+    let cases = [
+        (
+            proto::AcquireRequest {
+                mode: 9,
+                ..acquire("doc", "")
+            },
+            Code::InvalidArgument,
+            "mode",
+        ),
+        (
+            proto::AcquireRequest {
+                prefer_readers: true,
+                ..write("doc", "")
+            },
+            Code::InvalidArgument,
+            "prefer_readers",
+        ),
+        (read("plain", ""), Code::FailedPrecondition, "plain lock"),
+    ];
+    for (id, (request, code, words)) in (1..).zip(cases) {
+        session
+            .send(Command::Acquire(proto::SessionAcquire {
+                request_id: id,
+                acquire: Some(request),
+            }))
+            .await;
+        match session.next().await {
+            Some(Event::Error(error)) => {
+                assert_eq!((error.request_id, error.code), (id, code as i32));
+                assert!(error.message.contains(words), "{}", error.message);
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    // The session goes on: a write grant on the stream.
+    let reply = session.acquire(10, write("doc", "")).await;
+    assert_eq!(reply.grant.unwrap().mode(), LockMode::Write);
+    drop(session.commands);
+}
+
 /// `service_args` with the hand-over on (decision 0068).
 fn hand_over() -> tumbler::config::ServiceArgs {
     tumbler::config::ServiceArgs {
