@@ -161,6 +161,18 @@ async fn readers_share_up_to_the_limit_and_a_writer_is_alone() {
         modes(&mut client, "doc").await,
         (LockMode::Write, vec![("w1".to_owned(), LockMode::Write)])
     );
+    // Extended, it stays a write grant.
+    let extended = client
+        .extend(proto::ExtendRequest {
+            name: "doc".into(),
+            holder: "w1".into(),
+            ttl_ms: Some(20_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(extended.grant.unwrap().mode(), LockMode::Write);
     // Its retry is the same grant.
     let again = ask(&mut client, write("doc", "w1")).await;
     assert_eq!(again.status(), AcquireStatus::AlreadyHeld);
