@@ -968,6 +968,12 @@ local function hand_over(L)
     local record = redis.call('HGET', L.waiters, head)
     local mode = L.mode and waiter_mode(record)
     if not room(L, mode) then
+      -- A writer that waits for readers to leave: a barging reader
+      -- (prefer_readers) behind it may still take the free read permit,
+      -- so the waiters' replicas wake their barging ones (no id named).
+      if L.mode == 'r' then
+        redis.call('PUBLISH', wake_channel(L), L.queue)
+      end
       return
     end
     local w = parse_waiter(record)

@@ -240,6 +240,45 @@ async fn a_reader_behind_a_waiting_writer_waits_behind_it_unless_it_prefers_read
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_reader_that_prefers_readers_takes_a_freed_read_permit_past_a_writer() {
+    let server = TestServer::new().start().await;
+    let mut client = server.client().await;
+    for reader in ["r1", "r2", "r3"] {
+        granted(&mut client, read("doc", reader)).await;
+    }
+    let writer = spawn_wait(server.client().await, waiting(write("doc", "w"), 15_000));
+    until_queued(&mut client, "doc", 1).await;
+    let barging = spawn_wait(
+        server.client().await,
+        waiting(
+            proto::AcquireRequest {
+                prefer_readers: true,
+                ..read("doc", "r4")
+            },
+            15_000,
+        ),
+    );
+    until_queued(&mut client, "doc", 2).await;
+    // A read permit frees: the barging reader takes it at once (leases
+    // are 30 s: no expiry wakes it), the writer still waits.
+    let_go(&mut client, "doc", "r1").await;
+    let r4 = tokio::time::timeout(Duration::from_secs(5), barging)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(r4.status(), AcquireStatus::Acquired, "{r4:?}");
+    assert_eq!(
+        queued_modes(&mut client, "doc").await,
+        vec![("w".to_owned(), LockMode::Write)]
+    );
+    for reader in ["r2", "r3", "r4"] {
+        let_go(&mut client, "doc", reader).await;
+    }
+    assert_eq!(grant_of(writer).await.mode(), LockMode::Write);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_behind_a_writer_come_in_together_in_queue_order() {
     let server = TestServer::new().start().await;
     let mut client = server.client().await;
