@@ -237,9 +237,12 @@ if added then
 else
   L.queued = true
 end
-if not added and request and request ~= '' then
+-- A read/write request that keeps its place says what it asks now (a
+-- waiting reader that asks WRITE waits as a writer).
+local handing = request and request ~= ''
+if not added and (handing or rw) then
   local old = redis.call('HGET', L.waiters, holder)
-  if waiter_request(old) ~= request then
+  if (handing and waiter_request(old) ~= request) or (rw and waiter_fair(old) ~= fair_field) then
     redis.call('HSET', L.waiters, holder, record(int(waiter_enqueued(old))))
   end
 end

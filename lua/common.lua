@@ -363,9 +363,13 @@ end
 -- or false (a plain request).
 local WAITER_MODE = {['0'] = false, ['1'] = false, r = 'r', R = 'r', w = 'w'}
 
+-- A waiter record's fair field, as stored.
+local function waiter_fair(record)
+  return string.match(record or '', '^[^|]*|[^|]*|[^|]*|([^|]*)')
+end
+
 local function waiter_mode(record)
-  local fair = string.match(record or '', '^[^|]*|[^|]*|[^|]*|([^|]*)')
-  return WAITER_MODE[fair] or false
+  return WAITER_MODE[waiter_fair(record)] or false
 end
 
 -- A hand-over waiter's record decoded (nil for a record that names no
