@@ -681,3 +681,79 @@ async fn bad_modes_are_invalid_arguments_on_grpc_and_connect() {
     let limit = inspected(&mut client, "doc").await.limit;
     assert!(limit > 1, "{limit}");
 }
+
+/// Clients loop on one lock with readers, writers, barging readers and
+/// downgrades, and check as they hold it that a writer is alone and
+/// readers stay within the limit (the counters move only between a grant's
+/// reply and its release's request, while the server says it is held).
+async fn never_a_writer_beside_anyone(args: tumbler::config::ServiceArgs) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
+    let server = TestServer::new().args(args).start().await;
+    let readers = Arc::new(AtomicI64::new(0));
+    let writers = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..6u64 {
+        let mut client = server.client().await;
+        let (readers, writers) = (readers.clone(), writers.clone());
+        tasks.push(tokio::spawn(async move {
+            let holder = format!("c{i}");
+            let mut last_token = 0;
+            for round in 0..12u64 {
+                let kind = (i + round) % 4;
+                let request = match kind {
+                    0 | 1 => write("mix", &holder),
+                    2 => read("mix", &holder),
+                    _ => proto::AcquireRequest {
+                        prefer_readers: true,
+                        ..read("mix", &holder)
+                    },
+                };
+                let grant = grant_of(spawn_wait(client.clone(), waiting(request, 20_000))).await;
+                assert!(grant.fencing_token > last_token);
+                last_token = grant.fencing_token;
+                let mut writing = grant.mode() == LockMode::Write;
+                if writing {
+                    assert_eq!(writers.fetch_add(1, SeqCst), 0, "two writers");
+                    assert_eq!(readers.load(SeqCst), 0, "a writer beside readers");
+                } else {
+                    let before = readers.fetch_add(1, SeqCst);
+                    assert!(before < 3, "more readers than the limit");
+                    assert_eq!(writers.load(SeqCst), 0, "a reader beside a writer");
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                if writing && kind == 1 {
+                    // Downgrade: counted as a reader from its reply on.
+                    readers.fetch_add(1, SeqCst);
+                    writers.fetch_sub(1, SeqCst);
+                    let grant = granted(&mut client, read("mix", &holder)).await;
+                    assert_eq!(grant.fencing_token, last_token);
+                    writing = false;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                if writing {
+                    writers.fetch_sub(1, SeqCst);
+                } else {
+                    readers.fetch_sub(1, SeqCst);
+                }
+                let_go(&mut client, "mix", &holder).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut client = server.client().await;
+    let state = inspected(&mut client, "mix").await;
+    assert_eq!((state.holders.len(), state.waiters), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_a_writer_beside_anyone_under_contention() {
+    never_a_writer_beside_anyone(service_args()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_a_writer_beside_anyone_under_contention_with_the_hand_over() {
+    never_a_writer_beside_anyone(hand_over()).await;
+}
