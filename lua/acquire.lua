@@ -21,7 +21,7 @@
 --   MOVED (a newer stream of the session holds the grant; nothing changed),
 --   MODE_MISMATCH (1: the lock is a read/write lock, 0: a plain one),
 --   UPGRADE (a reader asked WRITE; nothing changed). A writer that asks
---   READ is downgraded: OK with its grant.
+--   READ is downgraded: OK with its grant, and 1 where a position goes.
 local holder, ttl, answer_by, limit_s, kind, metadata, flags = unpack(ARGV, 1, 7)
 limit_s, kind, metadata, flags = limit_s or '1', kind or 'default', metadata or '', flags or ''
 local now, now_us = clock()
@@ -124,7 +124,7 @@ if L.mine_text then
   else
     settle_purged(L, changed)
   end
-  return {downgrade and OK or HELD, now, L.holders, downgrade and L.earliest or 0, 0, holder,
+  return {downgrade and OK or HELD, now, L.holders, downgrade and L.earliest or 0, downgrade and 1 or 0, holder,
     grant and grant.text or L.mine_text, unpack(L.events)}
 end
 
