@@ -185,7 +185,20 @@ async fn readers_share_up_to_the_limit_and_a_writer_is_alone() {
     tokens.push(granted(&mut client, write("doc", "w2")).await.fencing_token);
     // Tokens rise strictly across read and write grants.
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    // The lock's header carries the letter (`w3` while the writer holds).
+    let mut conn = redis_conn(server.redis_url()).await;
+    let keys = scan_keys(&mut conn, "*:l:doc").await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let header: String = redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("_")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(header.starts_with("w3|1|"), "{header}");
     let_go(&mut client, "doc", "w2").await;
+    // Nothing lingers once the last holder is gone.
+    assert!(scan_keys(&mut conn, "*:doc").await.is_empty());
     let state = inspected(&mut client, "doc").await;
     assert_eq!(
         (state.mode(), state.holders.len(), state.waiters),
