@@ -1,0 +1,120 @@
+//! Who may take a freed permit, and what a call that freed one does with
+//! it: common.lua `wake_eligible` (publish the head's id; its replica
+//! calls again) or, for a waiter whose record names an answer-by time,
+//! `hand_over` (grant the head inside the same call and publish the grant
+//! to its replica: decision 68). With read/write locks (decision 74) "a
+//! permit is free" depends on the head's mode: a writer needs no grant
+//! held, a reader no writer and fewer than `limit` grants; the hand-over
+//! stops at a head that does not fit (golang's rule: a reader behind a
+//! waiting writer waits).
+
+use crate::redis::{Grant, Id, Lock, next_token};
+
+/// A read/write request's mode (decision 74). A plain request has none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    Read,
+    Write,
+}
+
+/// What a waiter's record says a handed grant is made of (decision 68):
+/// present only when its replica runs the hand-over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hand {
+    /// Redis tick after which its caller is told no: past it the head
+    /// leaves the queue instead of being granted.
+    pub answer_by: u8,
+    /// The replica whose request it is (the request id names it).
+    pub via: u8,
+    pub ttl: u8,
+    /// Its session stream's epoch (0: none).
+    pub epoch: u8,
+}
+
+/// A grant made by the hand-over, as its message names it
+/// (`+<queue key>\n<id>\n<request>\n<holders>\n<grant>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Handed {
+    pub holder: Id,
+    pub req: u8,
+    pub via: u8,
+    pub token: u32,
+    pub expires: u8,
+}
+
+/// What a call publishes: a wake-up for the head (its replica calls
+/// again) and the grants it handed over.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Wake {
+    pub wake: Option<Id>,
+    pub handed: Vec<Handed>,
+}
+
+impl Wake {
+    pub fn none() -> Wake {
+        Wake::default()
+    }
+}
+
+impl Lock {
+    /// Permits a request of `mode` could take now (0 or 1 for a writer).
+    pub fn free(&self, mode: Option<Mode>) -> usize {
+        let room = usize::from(self.limit).saturating_sub(self.holders.len());
+        match mode {
+            None => room,
+            Some(Mode::Write) => usize::from(self.holders.is_empty()),
+            Some(Mode::Read) if self.mode == Some(Mode::Write) => 0,
+            Some(Mode::Read) => room,
+        }
+    }
+
+    /// A read/write lock whose last grant went is held by nobody: its
+    /// header says `r` again (held by readers, or only waited for).
+    pub(crate) fn vacate(&mut self) {
+        if self.mode == Some(Mode::Write) && self.holders.is_empty() {
+            self.mode = Some(Mode::Read);
+        }
+    }
+}
+
+/// common.lua `wake_eligible` and `hand_over`: while the head of the queue
+/// fits, a head whose record names no answer-by is woken (and the call
+/// stops there); otherwise it leaves the queue and, unless its caller is
+/// past its answer-by time, is granted with a fresh token.
+pub fn wake(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
+    let mut out = Wake::none();
+    while let Some(head) = lock.queue.first() {
+        if lock.free(head.mode) == 0 {
+            break;
+        }
+        let Some(hand) = head.hand else {
+            out.wake = Some(head.id);
+            break;
+        };
+        let w = lock.queue.remove(0);
+        if now > hand.answer_by {
+            continue;
+        }
+        let token = next_token(fence, now);
+        let expires = now + hand.ttl;
+        lock.holders.push(Grant {
+            holder: w.id,
+            token,
+            expires,
+            epoch: hand.epoch,
+            handed: Some(w.req),
+        });
+        lock.holders.sort();
+        if w.mode.is_some() {
+            lock.mode = w.mode;
+        }
+        out.handed.push(Handed {
+            holder: w.id,
+            req: w.req,
+            via: hand.via,
+            token,
+            expires,
+        });
+    }
+    out
+}
