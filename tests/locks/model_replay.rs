@@ -26,16 +26,15 @@ const NAME: &str = "m";
 fn status(reply: &Reply) -> i64 {
     match reply {
         Reply::Busy => 0,
-        Reply::Acquired { .. } | Reply::Ok { .. } => 1,
+        Reply::Acquired { .. } | Reply::Ok { .. } | Reply::Downgraded { .. } => 1,
         Reply::Held { .. } => 2,
         Reply::Queued { .. } => 3,
         Reply::LimitMismatch => 6,
         Reply::Late => 7,
         Reply::NotHeld => 8,
         Reply::Moved => 9,
-        // Read/write paths are not replayed yet (their functions are
-        // another branch's): no configuration below has read/write clients.
-        Reply::ModeMismatch | Reply::UpgradeRefused => panic!("not replayed yet: {reply:?}"),
+        Reply::ModeMismatch => 10,
+        Reply::UpgradeRefused => 11,
     }
 }
 

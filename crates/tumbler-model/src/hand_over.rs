@@ -118,3 +118,140 @@ pub fn wake(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    //! The read/write rules of acquire.lua step by step (decision 74),
+    //! on the model's Redis: what the checker's clients do not try.
+
+    use super::*;
+    use crate::redis::{AcquireArgs, Data, Reply};
+
+    fn ask(holder: Id, mode: Option<Mode>) -> AcquireArgs {
+        AcquireArgs {
+            holder,
+            req: 1,
+            ttl: 5,
+            answer_by: 0,
+            limit: 2,
+            fair: true,
+            priority: 0,
+            queue_ttl: Some(5),
+            epoch: None,
+            mode,
+            hand: None,
+        }
+    }
+
+    fn data() -> Data {
+        Data {
+            sessions: vec![None; 4],
+            ..Data::default()
+        }
+    }
+
+    const R: Option<Mode> = Some(Mode::Read);
+    const W: Option<Mode> = Some(Mode::Write);
+
+    #[test]
+    fn readers_share_a_writer_waits_and_a_reader_behind_it_waits_too() {
+        let mut d = data();
+        assert!(matches!(
+            d.acquire(1, ask(0, R)).reply,
+            Reply::Acquired { .. }
+        ));
+        assert!(matches!(
+            d.acquire(1, ask(1, W)).reply,
+            Reply::Queued { .. }
+        ));
+        // Room for a reader (limit 2), but a writer waits ahead of it.
+        assert!(matches!(
+            d.acquire(1, ask(2, R)).reply,
+            Reply::Queued { .. }
+        ));
+        // The reader goes: the writer alone may come in, and is woken.
+        let out = d.release(2, 0, 0, None, None);
+        assert_eq!(out.wake.wake, Some(1));
+        assert!(matches!(
+            d.acquire(2, ask(1, W)).reply,
+            Reply::Acquired { .. }
+        ));
+        assert_eq!(d.lock.as_ref().unwrap().mode, W);
+        assert!(matches!(
+            d.acquire(2, ask(2, R)).reply,
+            Reply::Queued { .. }
+        ));
+    }
+
+    #[test]
+    fn a_downgrade_keeps_the_token_and_lets_the_readers_behind_in() {
+        let mut d = data();
+        let Reply::Acquired { token, .. } = d.acquire(1, ask(0, W)).reply else {
+            panic!("not granted")
+        };
+        assert!(matches!(
+            d.acquire(1, ask(1, R)).reply,
+            Reply::Queued { .. }
+        ));
+        let out = d.acquire(
+            2,
+            AcquireArgs {
+                queue_ttl: None,
+                ..ask(0, R)
+            },
+        );
+        assert!(matches!(out.reply, Reply::Downgraded { token: t, .. } if t == token));
+        assert_eq!(out.wake.wake, Some(1));
+        assert!(matches!(
+            d.acquire(2, ask(1, R)).reply,
+            Reply::Acquired { .. }
+        ));
+        assert_eq!(d.lock.as_ref().unwrap().holders.len(), 2);
+    }
+
+    #[test]
+    fn an_upgrade_and_a_mixed_mode_rule_are_refused() {
+        let mut d = data();
+        d.acquire(1, ask(0, R));
+        let before = d.clone();
+        assert_eq!(d.acquire(1, ask(0, W)).reply, Reply::UpgradeRefused);
+        assert_eq!(d.acquire(1, ask(1, None)).reply, Reply::ModeMismatch);
+        assert_eq!(d, before, "nothing changed");
+        // A plain lock refuses read/write requests while anyone holds it.
+        let mut d = data();
+        d.acquire(1, ask(0, None));
+        assert_eq!(d.acquire(1, ask(1, R)).reply, Reply::ModeMismatch);
+    }
+
+    #[test]
+    fn the_hand_over_grants_a_run_of_readers_and_stops_at_a_writer() {
+        let mut d = data();
+        let hand = |holder| AcquireArgs {
+            hand: Some(Hand {
+                answer_by: 9,
+                via: 0,
+                ttl: 5,
+                epoch: 0,
+            }),
+            ..ask(holder, if holder == 3 { W } else { R })
+        };
+        assert!(matches!(
+            d.acquire(1, ask(0, W)).reply,
+            Reply::Acquired { .. }
+        ));
+        for c in 1..4 {
+            assert!(matches!(d.acquire(1, hand(c)).reply, Reply::Queued { .. }));
+        }
+        let out = d.release(2, 0, 0, None, None);
+        let handed: Vec<Id> = out.wake.handed.iter().map(|h| h.holder).collect();
+        assert_eq!(handed, [1, 2]);
+        let lock = d.lock.as_ref().unwrap();
+        assert_eq!((lock.mode, lock.queue.len()), (R, 1));
+        // The readers' leases pass; the writer at the head is past its
+        // answer-by time: it leaves instead of being granted.
+        let out = d.release(10, 1, 0, None, None);
+        assert_eq!(out.reply, Reply::NotHeld);
+        assert!(out.wake.handed.is_empty());
+        assert_eq!(d.lock, None);
+    }
+}

@@ -108,6 +108,12 @@ pub enum Reply {
         expires: u8,
     },
     Busy,
+    /// acquire OK for a writer that asked READ: the same grant, now a
+    /// reader's (decision 74).
+    Downgraded {
+        token: u32,
+        expires: u8,
+    },
     /// acquire QUEUED; `retry_at`: the earliest lease expiry the waiter's
     /// timer wakes it at (0: none).
     Queued {
@@ -261,10 +267,22 @@ impl Data {
         changed: bool,
     ) -> Effects {
         let fence = &mut self.fence;
+        // 3b. Whether it is a read/write lock belongs to the lock while
+        //     anyone holds or waits (its holder's requests too).
+        let in_use = !lock.holders.is_empty() || !lock.queue.is_empty();
+        if in_use && lock.mode.is_some() != a.mode.is_some() {
+            return done(Reply::ModeMismatch, lock, fence, now, changed);
+        }
         // 4. A live grant of this holder comes back (idempotent retry); a
         //    superseded session stream gets MOVED; a newer one claims it.
-        //    An answer claims a handed grant (`r:<holder>` goes).
+        //    An answer claims a handed grant (`r:<holder>` goes). A reader
+        //    asking WRITE is refused; the writer asking READ is downgraded
+        //    (decision 74): OK with the same grant and token, and the
+        //    readers behind it come in.
         if let Some(i) = lock.mine(a.holder) {
+            if a.mode == Some(Mode::Write) && lock.mode == Some(Mode::Read) {
+                return done(Reply::UpgradeRefused, lock, fence, now, changed);
+            }
             let grant = &mut lock.holders[i];
             grant.handed = None;
             if let Some(epoch) = a.epoch {
@@ -273,35 +291,16 @@ impl Data {
                 }
                 grant.epoch = epoch;
             }
-            let reply = Reply::Held {
-                token: grant.token,
-                expires: grant.expires,
-            };
-            return match (a.mode, lock.mode) {
-                // Read/write (decision 74): a reader asking WRITE is
-                // refused; the writer asking READ downgrades (same grant
-                // and token) and the readers behind it may join.
-                (Some(Mode::Write), Some(Mode::Read)) => {
-                    done(Reply::UpgradeRefused, lock, fence, now, changed)
-                }
-                (Some(Mode::Read), Some(Mode::Write)) => {
-                    lock.mode = Some(Mode::Read);
-                    done(reply, lock, fence, now, true)
-                }
-                (mode, header) if mode.is_some() != header.is_some() => {
-                    done(Reply::ModeMismatch, lock, fence, now, changed)
-                }
-                _ => done(reply, lock, fence, now, changed),
-            };
+            let (token, expires) = (grant.token, grant.expires);
+            if a.mode == Some(Mode::Read) && lock.mode == Some(Mode::Write) {
+                lock.mode = Some(Mode::Read);
+                return done(Reply::Downgraded { token, expires }, lock, fence, now, true);
+            }
+            return done(Reply::Held { token, expires }, lock, fence, now, changed);
         }
-        // 5. The limit, and whether it is a read/write lock, belong to the
-        //    lock while anyone holds or waits.
-        let in_use = !lock.holders.is_empty() || !lock.queue.is_empty();
+        // 5. The limit belongs to the lock while anyone holds or waits.
         if in_use && lock.limit != a.limit {
             return done(Reply::LimitMismatch, lock, fence, now, changed);
-        }
-        if in_use && lock.mode.is_some() != a.mode.is_some() {
-            return done(Reply::ModeMismatch, lock, fence, now, changed);
         }
         if !in_use {
             // Its last grant and waiter just went: the request's rules.

@@ -126,12 +126,11 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             }
         }
         Call::Downgrade { req, sent, epoch } => {
-            let before = s.redis.lock.as_ref().and_then(|l| l.mode);
             let Effects { reply, wake } = s.redis.acquire(now, cfg.downgrade_args(c, 0, epoch));
             if let Reply::Acquired { token, .. } = reply {
                 granted(cfg, s, c, token, req);
             }
-            if let (Reply::Held { token, .. }, Some(Mode::Write)) = (reply, before) {
+            if let Reply::Downgraded { token, .. } = reply {
                 s.ghost.downgraded = Some(token);
             }
             publish(cfg, s, wake);
@@ -140,7 +139,9 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             }
             match reply {
                 // The same grant (or, its lease gone, a new one), now read.
-                Reply::Acquired { token, expires } | Reply::Held { token, expires } => {
+                Reply::Acquired { token, expires }
+                | Reply::Held { token, expires }
+                | Reply::Downgraded { token, expires } => {
                     s.clients[ci].phase = Phase::Holding {
                         token,
                         until: belief(sent, now, expires),
