@@ -22,6 +22,7 @@ mod model_replay;
 mod mutual_exclusion;
 mod properties;
 mod queue;
+mod read_write;
 mod semantics;
 mod session;
 mod session_edges;

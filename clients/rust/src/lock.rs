@@ -180,6 +180,8 @@ impl LockRequest {
             queue_ttl_ms: self.queue_ttl.map(|t| t.as_millis() as u64),
             priority: self.priority,
             fair: self.fair,
+            mode: 0,
+            prefer_readers: false,
         }
     }
 
