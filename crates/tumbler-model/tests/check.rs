@@ -448,3 +448,40 @@ fn with_the_hand_over_a_waiter_whose_replica_died_is_handed_the_lock() {
         ],
     );
 }
+
+#[test]
+fn a_read_write_path_reads_as_calls_with_their_modes() {
+    // The replay's input for read/write (tests/locks/model_replay.rs): the
+    // checker's example of a downgrade a reader joins is the writer's
+    // acquire WRITE, a reader's acquire READ queued, the writer's acquire
+    // READ answered OK with its own token, and the reader granted.
+    use Mode::{Read, Write};
+    let cfg = read_write([Write, Read, Read], false);
+    let path = tumbler_model::trace::discovery(&cfg, DOWNGRADE_SHARED).unwrap();
+    let steps = tumbler_model::trace::trace(&cfg, &path);
+    let acquires: Vec<(u8, Option<Mode>, Reply)> = (steps.iter())
+        .filter_map(|step| match step {
+            Step::Function {
+                function: "acquire",
+                client,
+                mode,
+                reply: Some(reply),
+                ..
+            } => Some((*client, *mode, *reply)),
+            _ => None,
+        })
+        .collect();
+    let written = acquires.iter().find_map(|a| match a {
+        (0, Some(Write), Reply::Acquired { token, .. }) => Some(*token),
+        _ => None,
+    });
+    let downgraded = acquires.iter().find_map(|a| match a {
+        (0, Some(Read), Reply::Downgraded { token, .. }) => Some(*token),
+        _ => None,
+    });
+    assert!(written.is_some() && written == downgraded, "{acquires:#?}");
+    assert!(
+        (acquires.iter()).any(|a| matches!(a, (1 | 2, Some(Read), Reply::Acquired { .. }))),
+        "{acquires:#?}"
+    );
+}
