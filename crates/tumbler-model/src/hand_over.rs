@@ -81,7 +81,7 @@ impl Lock {
 /// fits, a head whose record names no answer-by is woken (and the call
 /// stops there); otherwise it leaves the queue and, unless its caller is
 /// past its answer-by time, is granted with a fresh token.
-pub fn wake(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
+pub fn hand_over(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
     let mut out = Wake::none();
     while let Some(head) = lock.queue.first() {
         if lock.free(head.mode) == 0 {

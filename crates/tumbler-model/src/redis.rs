@@ -14,7 +14,7 @@
 //! [`crate::hand_over`]: who fits, and what a call that frees a permit
 //! does with it.
 
-use crate::hand_over::{Hand, Mode, Wake, wake};
+use crate::hand_over::{Hand, Mode, Wake, hand_over};
 
 /// A client's holder id (and, for a waiting request, its request id: the
 /// functions queue a request under its holder).
@@ -229,7 +229,7 @@ fn done(reply: Reply, lock: &mut Lock, fence: &mut Option<u32>, now: u8, changed
     Effects {
         reply,
         wake: if changed {
-            wake(lock, fence, now)
+            hand_over(lock, fence, now)
         } else {
             Wake::none()
         },
@@ -339,7 +339,7 @@ impl Data {
             lock.mode = a.mode;
             // A permit left over goes to the next waiter in line.
             let wake = if free > 1 || changed {
-                wake(lock, fence, now)
+                hand_over(lock, fence, now)
             } else {
                 Wake::none()
             };
@@ -415,7 +415,7 @@ impl Data {
                     lock.vacate();
                     Effects {
                         reply: Reply::Ok { expires },
-                        wake: wake(&mut lock, fence, now),
+                        wake: hand_over(&mut lock, fence, now),
                     }
                 }
             }
@@ -469,7 +469,7 @@ impl Data {
             }
         }
         // 3. A wake-up (or hand-over) for whoever may be granted.
-        let wake = wake(&mut lock, &mut self.fence, now);
+        let wake = hand_over(&mut lock, &mut self.fence, now);
         self.lock = settle(lock);
         (lost, wake)
     }
@@ -484,7 +484,7 @@ impl Data {
         if let Some(i) = lock.queued(id).filter(|&i| lock.queue[i].req == req) {
             lock.queue.remove(i);
         }
-        let wake = wake(&mut lock, &mut self.fence, now);
+        let wake = hand_over(&mut lock, &mut self.fence, now);
         self.lock = settle(lock);
         wake
     }
@@ -495,7 +495,7 @@ impl Data {
             return Wake::none();
         };
         lock.purge(now);
-        let wake = wake(&mut lock, &mut self.fence, now);
+        let wake = hand_over(&mut lock, &mut self.fence, now);
         self.lock = settle(lock);
         wake
     }
