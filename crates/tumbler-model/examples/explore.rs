@@ -202,6 +202,7 @@ fn main() {
             cfg.max_time = std::env::var("MAXT").map_or(7, |w| w.parse().unwrap());
             cfg.faults.crash = 1;
             cfg.hand_over = name.ends_with("hand");
+            cfg.ttl = std::env::var("TTL").map_or(2, |w| w.parse().unwrap());
             cfg.served_within = std::env::var("WITHIN").map_or(4, |w| w.parse().unwrap());
         }
         other => panic!("unknown configuration {other}"),
