@@ -2,15 +2,14 @@
 //! up to the lock's limit or one writer, never both; fair order (a reader
 //! behind a waiting writer waits behind it) unless `prefer_readers`;
 //! downgrade kept, upgrade refused; the mode rule fixed while the lock is
-//! held; expiry, a crashed replica's waiting writer, session resume and
-//! the hand-over; bad input on gRPC and Connect. Each test has its own
-//! Redis and server.
+//! held; expiry; bad input on gRPC and Connect. Each test has its own
+//! Redis and server. Sessions, a crashed replica, the hand-over and
+//! contention: `read_write_load.rs`.
 
 use crate::{common, queue};
 
 use std::time::Duration;
 
-use common::session::Session;
 use common::*;
 use proto::lock_service_client::LockServiceClient;
 use proto::{AcquireStatus, LockMode, ReleaseStatus};
@@ -19,7 +18,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 /// An acquire of `mode` on a read/write lock of at most 3 readers.
-fn rw(name: &str, holder: &str, mode: LockMode) -> proto::AcquireRequest {
+pub(super) fn rw(name: &str, holder: &str, mode: LockMode) -> proto::AcquireRequest {
     proto::AcquireRequest {
         mode: mode as i32,
         limit: Some(3),
@@ -27,16 +26,16 @@ fn rw(name: &str, holder: &str, mode: LockMode) -> proto::AcquireRequest {
     }
 }
 
-fn read(name: &str, holder: &str) -> proto::AcquireRequest {
+pub(super) fn read(name: &str, holder: &str) -> proto::AcquireRequest {
     rw(name, holder, LockMode::Read)
 }
 
-fn write(name: &str, holder: &str) -> proto::AcquireRequest {
+pub(super) fn write(name: &str, holder: &str) -> proto::AcquireRequest {
     rw(name, holder, LockMode::Write)
 }
 
 /// The same request, waiting up to `wait_ms` in the server.
-fn waiting(request: proto::AcquireRequest, wait_ms: u64) -> proto::AcquireRequest {
+pub(super) fn waiting(request: proto::AcquireRequest, wait_ms: u64) -> proto::AcquireRequest {
     proto::AcquireRequest {
         wait_ms,
         queue_ttl_ms: Some(60_000),
@@ -44,7 +43,7 @@ fn waiting(request: proto::AcquireRequest, wait_ms: u64) -> proto::AcquireReques
     }
 }
 
-async fn ask(
+pub(super) async fn ask(
     client: &mut LockServiceClient<Channel>,
     request: proto::AcquireRequest,
 ) -> proto::AcquireResponse {
@@ -52,7 +51,7 @@ async fn ask(
 }
 
 /// Acquires and expects a new grant: its mode and token.
-async fn granted(
+pub(super) async fn granted(
     client: &mut LockServiceClient<Channel>,
     request: proto::AcquireRequest,
 ) -> proto::Grant {
@@ -61,22 +60,25 @@ async fn granted(
     reply.grant.expect("a grant")
 }
 
-async fn busy(client: &mut LockServiceClient<Channel>, request: proto::AcquireRequest) {
+pub(super) async fn busy(client: &mut LockServiceClient<Channel>, request: proto::AcquireRequest) {
     let reply = ask(client, request).await;
     assert_eq!(reply.status(), AcquireStatus::NotAcquired, "{reply:?}");
 }
 
-async fn let_go(client: &mut LockServiceClient<Channel>, name: &str, holder: &str) {
+pub(super) async fn let_go(client: &mut LockServiceClient<Channel>, name: &str, holder: &str) {
     let reply = client.release(release(name, holder)).await.unwrap();
     assert_eq!(reply.into_inner().status(), ReleaseStatus::Released);
 }
 
-async fn inspected(client: &mut LockServiceClient<Channel>, name: &str) -> proto::InspectResponse {
+pub(super) async fn inspected(
+    client: &mut LockServiceClient<Channel>,
+    name: &str,
+) -> proto::InspectResponse {
     client.inspect(inspect(name)).await.unwrap().into_inner()
 }
 
 /// The lock's mode and its holders with their grants' modes, by holder.
-async fn modes(
+pub(super) async fn modes(
     client: &mut LockServiceClient<Channel>,
     name: &str,
 ) -> (LockMode, Vec<(String, LockMode)>) {
@@ -92,7 +94,7 @@ async fn modes(
 }
 
 /// The waiting requests' holders and modes, in queue order.
-async fn queued_modes(
+pub(super) async fn queued_modes(
     client: &mut LockServiceClient<Channel>,
     name: &str,
 ) -> Vec<(String, LockMode)> {
@@ -111,7 +113,7 @@ async fn queued_modes(
 }
 
 /// Awaits a background acquire and expects a grant.
-async fn grant_of(
+pub(super) async fn grant_of(
     task: tokio::task::JoinHandle<Result<proto::AcquireResponse, tonic::Status>>,
 ) -> proto::Grant {
     let reply = tokio::time::timeout(Duration::from_secs(15), task)
@@ -161,6 +163,18 @@ async fn readers_share_up_to_the_limit_and_a_writer_is_alone() {
         modes(&mut client, "doc").await,
         (LockMode::Write, vec![("w1".to_owned(), LockMode::Write)])
     );
+    // Extended, it stays a write grant.
+    let extended = client
+        .extend(proto::ExtendRequest {
+            name: "doc".into(),
+            holder: "w1".into(),
+            ttl_ms: Some(20_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(extended.grant.unwrap().mode(), LockMode::Write);
     // Its retry is the same grant.
     let again = ask(&mut client, write("doc", "w1")).await;
     assert_eq!(again.status(), AcquireStatus::AlreadyHeld);
@@ -171,7 +185,20 @@ async fn readers_share_up_to_the_limit_and_a_writer_is_alone() {
     tokens.push(granted(&mut client, write("doc", "w2")).await.fencing_token);
     // Tokens rise strictly across read and write grants.
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    // The lock's header carries the letter (`w3` while the writer holds).
+    let mut conn = redis_conn(server.redis_url()).await;
+    let keys = scan_keys(&mut conn, "*:l:doc").await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let header: String = redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("_")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(header.starts_with("w3|1|"), "{header}");
     let_go(&mut client, "doc", "w2").await;
+    // Nothing lingers once the last holder is gone.
+    assert!(scan_keys(&mut conn, "*:doc").await.is_empty());
     let state = inspected(&mut client, "doc").await;
     assert_eq!(
         (state.mode(), state.holders.len(), state.waiters),
@@ -225,6 +252,45 @@ async fn a_reader_behind_a_waiting_writer_waits_behind_it_unless_it_prefers_read
     let r3 = grant_of(reader).await;
     assert_eq!(r3.mode(), LockMode::Read);
     assert!(r3.fencing_token > w.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_reader_that_prefers_readers_takes_a_freed_read_permit_past_a_writer() {
+    let server = TestServer::new().start().await;
+    let mut client = server.client().await;
+    for reader in ["r1", "r2", "r3"] {
+        granted(&mut client, read("doc", reader)).await;
+    }
+    let writer = spawn_wait(server.client().await, waiting(write("doc", "w"), 15_000));
+    until_queued(&mut client, "doc", 1).await;
+    let barging = spawn_wait(
+        server.client().await,
+        waiting(
+            proto::AcquireRequest {
+                prefer_readers: true,
+                ..read("doc", "r4")
+            },
+            15_000,
+        ),
+    );
+    until_queued(&mut client, "doc", 2).await;
+    // A read permit frees: the barging reader takes it at once (leases
+    // are 30 s: no expiry wakes it), the writer still waits.
+    let_go(&mut client, "doc", "r1").await;
+    let r4 = tokio::time::timeout(Duration::from_secs(5), barging)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(r4.status(), AcquireStatus::Acquired, "{r4:?}");
+    assert_eq!(
+        queued_modes(&mut client, "doc").await,
+        vec![("w".to_owned(), LockMode::Write)]
+    );
+    for reader in ["r2", "r3", "r4"] {
+        let_go(&mut client, "doc", reader).await;
+    }
+    assert_eq!(grant_of(writer).await.mode(), LockMode::Write);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,6 +354,22 @@ async fn a_writer_that_asks_read_is_downgraded_and_lets_readers_in() {
     let again = ask(&mut client, read("doc", "w")).await;
     assert_eq!(again.status(), AcquireStatus::AlreadyHeld);
     assert_eq!(again.grant.unwrap().fencing_token, writer.fencing_token);
+    // Two grants, two releases: the downgrade is not counted as a grant.
+    let_go(&mut client, "doc", "w").await;
+    let_go(&mut client, "doc", "r1").await;
+    let counted = common::wait::wait_for("the counts", Duration::from_secs(10), || {
+        let mut client = client.clone();
+        async move {
+            let report = client
+                .metrics(proto::MetricsRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            report.overall.filter(|o| o.released >= 2)
+        }
+    })
+    .await;
+    assert_eq!((counted.acquired, counted.released), (2, 2), "{counted:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -381,122 +463,6 @@ async fn an_expired_writer_lets_the_waiting_readers_in() {
     until_queued(&mut client, "doc", 2).await;
     let (r1, r2) = (grant_of(first).await, grant_of(second).await);
     assert!(r1.fencing_token > writer.fencing_token && r2.fencing_token > r1.fencing_token);
-    let (mode, holders) = modes(&mut client, "doc").await;
-    assert_eq!((mode, holders.len()), (LockMode::Read, 2));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_replicas_waiting_writer_is_skipped_after_its_request_ttl() {
-    let redis = start_redis();
-    let server = TestServer::new().redis(&redis.url()).start().await;
-    let mut client = server.client().await;
-    granted(&mut client, read("doc", "r1")).await;
-    let mut replica = TumblerProcess::start(&redis.url(), &[]).await;
-    let crashed = spawn_wait(
-        replica.client().await,
-        proto::AcquireRequest {
-            queue_ttl_ms: Some(1_000),
-            ..waiting(write("doc", "w"), 60_000)
-        },
-    );
-    until_queued(&mut client, "doc", 1).await;
-    // The live waiter's replica looks again at its own request TTL's pace.
-    let reader = spawn_wait(
-        server.client().await,
-        proto::AcquireRequest {
-            queue_ttl_ms: Some(1_000),
-            ..waiting(read("doc", "r2"), 20_000)
-        },
-    );
-    until_queued(&mut client, "doc", 2).await;
-    replica.kill();
-    let _ = crashed.await;
-    let started = tokio::time::Instant::now();
-    let_go(&mut client, "doc", "r1").await;
-    // The writer's request lapses within its TTL; the reader behind it
-    // is granted then, not at its own wait's end.
-    let r2 = grant_of(reader).await;
-    assert_eq!(r2.mode(), LockMode::Read);
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
-    assert!(queued_modes(&mut client, "doc").await.is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resumed_session_keeps_its_read_grant_and_token() {
-    let server = TestServer::new().start().await;
-    let mut client = server.client().await;
-    granted(&mut client, read("doc", "other")).await;
-    let mut session = Session::open(&mut client, 800).await;
-    let reply = session.acquire(1, read("doc", "")).await;
-    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
-    let grant = reply.grant.unwrap();
-    assert_eq!(grant.mode(), LockMode::Read);
-    let (lost, status) = session.until_ended().await;
-    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
-    assert!(lost.is_empty(), "{lost:?}");
-    let (resumed, opened) = Session::resume(&mut client, &session.id, &session.secret)
-        .await
-        .expect("resumed within the ttl");
-    assert_eq!(opened.grants.len(), 1, "{opened:?}");
-    assert_eq!(opened.grants[0].fencing_token, grant.fencing_token);
-    resumed.keep_alive().await;
-    let (mode, holders) = modes(&mut client, "doc").await;
-    assert_eq!(mode, LockMode::Read);
-    assert_eq!(holders.len(), 2, "{holders:?}");
-    let state = inspected(&mut client, "doc").await;
-    assert!(
-        (state.holders.iter())
-            .any(|h| h.grant.as_ref().unwrap().fencing_token == grant.fencing_token)
-    );
-    drop(session.commands);
-    drop(resumed);
-}
-
-/// `service_args` with the hand-over on (decision 0068).
-fn hand_over() -> tumbler::config::ServiceArgs {
-    tumbler::config::ServiceArgs {
-        hand_over: true,
-        ..service_args()
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_hand_over_gives_a_writer_head_then_a_run_of_readers() {
-    let server = TestServer::new().args(hand_over()).start().await;
-    let mut client = server.client().await;
-    granted(&mut client, write("doc", "w1")).await;
-    let w2 = spawn_wait(server.client().await, waiting(write("doc", "w2"), 15_000));
-    until_queued(&mut client, "doc", 1).await;
-    let mut readers = Vec::new();
-    for (i, reader) in ["r1", "r2"].into_iter().enumerate() {
-        readers.push(spawn_wait(
-            server.client().await,
-            waiting(read("doc", reader), 15_000),
-        ));
-        until_queued(&mut client, "doc", i + 2).await;
-    }
-    // The writer at the head is handed the lock; the readers stay behind.
-    let_go(&mut client, "doc", "w1").await;
-    let handed = grant_of(w2).await;
-    assert_eq!(handed.mode(), LockMode::Write);
-    assert_eq!(
-        modes(&mut client, "doc").await,
-        (LockMode::Write, vec![("w2".to_owned(), LockMode::Write)])
-    );
-    assert_eq!(queued_modes(&mut client, "doc").await.len(), 2);
-    // Its release hands a read permit to each reader in turn.
-    let_go(&mut client, "doc", "w2").await;
-    let mut tokens = vec![handed.fencing_token];
-    for reader in readers {
-        let grant = grant_of(reader).await;
-        assert_eq!(grant.mode(), LockMode::Read);
-        tokens.push(grant.fencing_token);
-    }
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
     let (mode, holders) = modes(&mut client, "doc").await;
     assert_eq!((mode, holders.len()), (LockMode::Read, 2));
 }
