@@ -361,6 +361,9 @@ impl Data {
                 w.deadline = deadline;
                 w.req = a.req;
                 w.hand = a.hand;
+                // A read/write request that keeps its place says what it
+                // asks now.
+                w.mode = a.mode;
             }
             None => {
                 lock.arrivals += 1;
