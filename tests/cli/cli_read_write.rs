@@ -217,6 +217,51 @@ async fn a_held_write_downgrades_with_acquire_read_and_keeps_its_token() {
     assert!(table.starts_with("doc: 2 holder(s), "), "{table}");
 }
 
+/// A writer whose `tumbler hold` is SIGKILLed (no release, no signal
+/// handling) keeps the lock only until its lease ends: the readers that
+/// waited behind it are granted then, with higher tokens.
+#[tokio::test]
+async fn a_sigkilled_writer_lets_the_waiting_readers_in_at_its_lease_end() {
+    let server = TestServer::new().start().await;
+    let endpoint = server.endpoint();
+    let (hold, line) = holding(
+        &endpoint,
+        &["doc", "--write", "--holder", "w", "--ttl-ms", "1500"],
+    )
+    .await;
+    assert!(line.contains("mode=write"), "{line}");
+    let written = token_of(&line);
+    kill(Pid::from_raw(hold.id().unwrap() as i32), Signal::SIGKILL).unwrap();
+    let readers: Vec<_> = ["r1", "r2"]
+        .into_iter()
+        .map(|holder| {
+            let endpoint = endpoint.clone();
+            tokio::spawn(async move {
+                run(
+                    &endpoint,
+                    &[
+                        "acquire", "doc", "--read", "--holder", holder, "--wait-ms", "15000",
+                        "--json",
+                    ],
+                )
+                .await
+            })
+        })
+        .collect();
+    for reader in readers {
+        let (code, stdout, stderr) = reader.await.unwrap();
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        let grant = &json(&stdout)["grant"];
+        assert_eq!(grant["mode"], "LOCK_MODE_READ", "{grant}");
+        let token: u64 = grant["fencingToken"].as_str().unwrap().parse().unwrap();
+        assert!(token > written, "{token} after the writer's {written}");
+    }
+    let (_, table, _) = run(&endpoint, &["inspect", "doc"]).await;
+    assert!(table.starts_with("doc: 2 holder(s), "), "{table}");
+    assert!(table.contains("read mode"), "{table}");
+    drop(hold);
+}
+
 #[test]
 fn read_and_write_cannot_be_asked_together() {
     let output = std::process::Command::new(TUMBLER)
