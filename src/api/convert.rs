@@ -167,27 +167,40 @@ impl ToProto for AcquireOutcome {
 /// `HashMap`). A field added to one side only fails to compile here.
 macro_rules! same_fields {
     ($engine:ty, $proto:ty; same: [$($f:ident),*]; collected: [$($c:ident),*]) => {
+        same_fields!($engine, $proto; same: [$($f),*]; collected: [$($c),*]; modes: []);
+    };
+    ($engine:ty, $proto:ty; same: [$($f:ident),*]; collected: [$($c:ident),*];
+        modes: [$($m:ident),*]) => {
         impl ToProto for $engine {
             type Proto = $proto;
             fn to_proto(self) -> $proto {
                 type P = $proto;
                 let x = self;
-                P { $($f: x.$f,)* $($c: x.$c.into_iter().collect(),)* }
+                P { $($f: x.$f,)* $($c: x.$c.into_iter().collect(),)* $($m: mode(x.$m).into(),)* }
             }
         }
     };
 }
 
+/// A lock mode as its proto enum (plain: unspecified).
+pub fn mode(mode: engine::LockMode) -> proto::LockMode {
+    match mode {
+        engine::LockMode::Plain => proto::LockMode::Unspecified,
+        engine::LockMode::Read => proto::LockMode::Read,
+        engine::LockMode::Write => proto::LockMode::Write,
+    }
+}
+
 same_fields!(engine::Grant, proto::Grant;
     same: [holder, fencing_token, slot, acquired_at_ms, expires_at_ms, ttl_ms, kind];
-    collected: [metadata]);
+    collected: [metadata]; modes: [mode]);
 same_fields!(engine::LockSummary, proto::LockSummary;
     same: [name, holders, limit, waiters, next_expiry_at_ms];
     collected: []);
 same_fields!(engine::QueuedRequest, proto::QueuedRequest;
     same: [holder, position, priority, enqueued_at_ms, expires_at_ms, wait_deadline_ms, fair,
         kind];
-    collected: []);
+    collected: []; modes: [mode]);
 same_fields!(engine::watchers::LockEvent, proto::LockEvent;
     same: [namespace, name, event, holder, fencing_token, at_ms, slot, kind, ttl_ms,
         expires_at_ms, acquired_at_ms, hold_ms, actor];
@@ -204,6 +217,7 @@ pub fn inspect_response(lock: &LockId, state: engine::LockState) -> proto::Inspe
         limit: state.limit,
         waiters: state.waiters,
         now_ms,
+        mode: mode(state.mode).into(),
         holders: state
             .holders
             .into_iter()

@@ -140,6 +140,8 @@ impl LockApi {
         deadline: Option<crate::observe::CallerDeadline>,
     ) -> Result<engine::AcquireRequest, Status> {
         let wait_ms = validate::wait_ms(req.wait_ms, &self.limits).map_err(invalid)?;
+        let (mode, prefer_readers) =
+            validate::mode(req.mode, req.prefer_readers).map_err(invalid)?;
         Ok(engine::AcquireRequest {
             lock: LockId::parse(
                 std::mem::take(&mut req.namespace),
@@ -157,8 +159,16 @@ impl LockApi {
             queue_ttl_ms: validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits)
                 .map_err(invalid)?,
             priority: validate::priority(req.priority).map_err(invalid)?,
-            fair: req.fair.unwrap_or(true),
-            limit: validate::limit(req.limit, &self.limits).map_err(invalid)?,
+            // Read/write requests are fair; prefer_readers makes a reader
+            // barge (the engine sends the mode, not `fair`, for them).
+            fair: if mode.is_rw() {
+                !prefer_readers
+            } else {
+                req.fair.unwrap_or(true)
+            },
+            mode,
+            prefer_readers,
+            limit: validate::limit_for(req.limit, mode, &self.limits).map_err(invalid)?,
             kind: validate::kind(std::mem::take(&mut req.kind)).map_err(invalid)?,
             metadata: validate::metadata(&req.metadata).map_err(invalid)?,
             ttl_ms,

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 pub use crate::engine::names::{
     DEFAULT_NAMESPACE, Invalid, MAX_NAME_BYTES, MAX_NAMESPACE_BYTES, text,
 };
-use crate::engine::{Holder, LockName, Namespace};
+use crate::engine::{Holder, LockMode, LockName, Namespace};
 
 mod page_tokens;
 
@@ -191,6 +191,41 @@ pub fn limit(value: Option<u32>, limits: &Limits) -> Result<u32, Invalid> {
             format!("must be at most {}", limits.max_limit),
         )),
         Some(n) => Ok(n),
+    }
+}
+
+/// The `mode` enum (`tumbler.v1.LockMode`: 0 plain, 1 READ, 2 WRITE) and
+/// `prefer_readers`, which only a READ request may set (decision 0074).
+pub fn mode(value: i32, prefer_readers: bool) -> Result<(LockMode, bool), Invalid> {
+    let mode = match value {
+        0 => LockMode::Plain,
+        1 => LockMode::Read,
+        2 => LockMode::Write,
+        other => {
+            return Err(invalid(
+                "mode",
+                format!(
+                    "unknown value {other} (LOCK_MODE_UNSPECIFIED, LOCK_MODE_READ or LOCK_MODE_WRITE)"
+                ),
+            ));
+        }
+    };
+    if prefer_readers && mode != LockMode::Read {
+        return Err(invalid(
+            "prefer_readers",
+            "only applies to mode LOCK_MODE_READ",
+        ));
+    }
+    Ok((mode, prefer_readers))
+}
+
+/// The limit of an acquire of `mode`: a read/write lock's limit is the
+/// most readers at once, and absent it is the deployment's maximum (a
+/// plain lock's absent limit is 1).
+pub fn limit_for(value: Option<u32>, mode: LockMode, limits: &Limits) -> Result<u32, Invalid> {
+    match (value, mode) {
+        (None, LockMode::Read | LockMode::Write) => Ok(limits.max_limit),
+        _ => limit(value, limits),
     }
 }
 

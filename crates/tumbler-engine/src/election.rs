@@ -68,6 +68,8 @@ pub fn campaign(c: Campaign) -> super::AcquireRequest {
         queue_ttl_ms: c.queue_ttl_ms,
         priority: 0,
         fair: true,
+        mode: super::LockMode::Plain,
+        prefer_readers: false,
         answer_by: c.answer_by,
         session_epoch: None,
         stop: None,

@@ -122,10 +122,13 @@ impl Locks {
         use ops::acquire::Outcome;
         Ok(match outcome {
             Outcome::Granted {
-                grant,
+                mut grant,
                 holders,
                 already,
             } => {
+                // A grant's mode is what its request asked (a writer that
+                // asks READ was downgraded: its grant reads now).
+                grant.mode = req.mode;
                 if already {
                     Some(AcquireOutcome::AlreadyHeld { grant, holders })
                 } else {
@@ -143,6 +146,11 @@ impl Locks {
                     requested: req.limit,
                 });
             }
+            Outcome::ModeMismatch { rw_lock: true } => return Err(EngineError::RwLockNeedsMode),
+            Outcome::ModeMismatch { rw_lock: false } => {
+                return Err(EngineError::PlainLockHasNoMode);
+            }
+            Outcome::Upgrade => return Err(EngineError::UpgradeRefused),
             Outcome::Late => return Err(late().into()),
             Outcome::Moved => return Err(EngineError::SessionMoved),
         })

@@ -20,7 +20,7 @@ use super::Holder;
 use super::calls::Calls;
 use super::locks::{GrantRef, Locks};
 use super::walks::Walks;
-use super::{AcquireRequest, EngineError, ExtendOutcome, LockId, ReapCounts, ops};
+use super::{AcquireRequest, EngineError, ExtendOutcome, LockId, LockMode, ReapCounts, ops};
 
 /// The reaper of this replica (it reaps while it holds the reaper lock).
 pub(super) struct Reaper {
@@ -105,6 +105,8 @@ impl Reaper {
             queue_ttl_ms: lease_ms,
             priority: 0,
             fair: true,
+            mode: LockMode::Plain,
+            prefer_readers: false,
             answer_by: None,
             session_epoch: None,
             stop: None,

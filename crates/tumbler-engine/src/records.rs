@@ -5,6 +5,8 @@
 //! clock in µs; `epoch` only on a session's grant, the epoch of the stream
 //! that serves it, which only the functions read) and a waiter
 //! (`priority|enqueued|wait_ms|fair|kind`, in the queue's records hash,
+//! `fair` one character: `0`/`1` a plain request, `r`/`w` a fair read or
+//! write request, `R` a reader with prefer_readers (barging),
 //! followed for a hand-over waiter by `|request|answer_by|ttl|epoch` and
 //! the metadata after a newline, which only the functions read).
 //! `lua/common.lua` writes them; this is their one reader. Public so that
@@ -14,7 +16,7 @@ use std::collections::BTreeMap;
 
 use crate::store::StoreError;
 
-use super::{Grant, QueuedRequest};
+use super::{Grant, LockMode, QueuedRequest};
 
 /// The kind a record stored with an empty kind has.
 const DEFAULT_KIND: &str = "default";
@@ -64,7 +66,31 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
         ttl_ms,
         kind,
         metadata,
+        mode: LockMode::Plain,
     })
+}
+
+/// The waiter record's `fair` field: whether the request takes its turn,
+/// and what it asks for (decision 0074).
+fn fair_and_mode(field: &str) -> Option<(bool, LockMode)> {
+    Some(match field {
+        "0" => (false, LockMode::Plain),
+        "1" => (true, LockMode::Plain),
+        "r" => (true, LockMode::Read),
+        "R" => (false, LockMode::Read),
+        "w" => (true, LockMode::Write),
+        _ => return None,
+    })
+}
+
+/// The lock's rule from its header's limit field: a leading `r` or `w`
+/// marks a read/write lock (read-held or only waited for; write-held).
+pub fn header_mode(limit_field: &str) -> LockMode {
+    match limit_field.as_bytes().first() {
+        Some(b'r') => LockMode::Read,
+        Some(b'w') => LockMode::Write,
+        _ => LockMode::Plain,
+    }
 }
 
 /// The metadata argument of an acquire: JSON, or nothing when empty (the
@@ -95,15 +121,17 @@ pub fn parse_waiter(
     let priority = next()?.parse().map_err(|_| bad())?;
     let enqueued_at_ms: i64 = next()?.parse().map_err(|_| bad())?;
     let wait_ms: i64 = next()?.parse().map_err(|_| bad())?;
+    let (fair, mode) = fair_and_mode(next()?).ok_or_else(bad)?;
     Ok(QueuedRequest {
         holder: holder.to_owned(),
         position,
         priority,
         enqueued_at_ms,
         wait_deadline_ms: enqueued_at_ms.saturating_add(wait_ms),
-        fair: next()? == "1",
+        fair,
         kind: kind_of(next()?),
         expires_at_ms,
+        mode,
     })
 }
 
@@ -157,6 +185,15 @@ mod tests {
         let plain = parse_waiter("w", "0|1|2|1||ab12.7|99|30000|4", 3, 1).unwrap();
         assert_eq!(plain.kind, "default");
         assert!(parse_waiter("w", "0|x|2|0|", 3, 1).is_err());
+        // Read/write requests: the fair field says the mode too.
+        let reader = parse_waiter("w", "0|1|2|r|", 3, 1).unwrap();
+        assert_eq!((reader.fair, reader.mode), (true, LockMode::Read));
+        let barging = parse_waiter("w", "0|1|2|R|jobs|ab.1|99|30000|", 3, 1).unwrap();
+        assert_eq!((barging.fair, barging.mode), (false, LockMode::Read));
+        let writer = parse_waiter("w", "0|1|2|w|", 3, 1).unwrap();
+        assert_eq!((writer.fair, writer.mode), (true, LockMode::Write));
+        assert_eq!(jobs.mode, LockMode::Plain);
+        assert!(parse_waiter("w", "0|1|2|x|", 3, 1).is_err());
     }
 
     #[test]

@@ -46,6 +46,28 @@ impl LockId {
     }
 }
 
+/// What kind of lock a request asks for, a grant holds or a waiter waits
+/// for (decision 0074): a plain lock (mutex or semaphore), or one side of
+/// a read/write lock. The lock's own rule is the letter in its header.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LockMode {
+    /// A mutex, or a semaphore of `limit`.
+    #[default]
+    Plain,
+    /// Shared: with other readers (up to the lock's limit), never with a
+    /// writer.
+    Read,
+    /// Exclusive: alone.
+    Write,
+}
+
+impl LockMode {
+    /// A read or write request (not a plain one).
+    pub fn is_rw(self) -> bool {
+        self != LockMode::Plain
+    }
+}
+
 /// One permit of a lock, as stored in its grant record. (The engine writes
 /// no JSON: transports show its proto message, `tumbler.v1.Grant`.)
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +80,9 @@ pub struct Grant {
     pub ttl_ms: u64,
     pub kind: String,
     pub metadata: BTreeMap<String, String>,
+    /// Read or write for a grant of a read/write lock (read off the
+    /// lock's header, or the request that got it); plain otherwise.
+    pub mode: LockMode,
 }
 
 /// A validated acquire request.
@@ -76,8 +101,14 @@ pub struct AcquireRequest {
     /// Higher goes first; FIFO within a priority.
     pub priority: i32,
     /// Fair requests take their turn in the queue; barging ones take any
-    /// free permit.
+    /// free permit. Read/write requests are always fair, unless
+    /// `prefer_readers`.
     pub fair: bool,
+    /// Plain, or a read/write lock's read or write side (decision 0074).
+    pub mode: LockMode,
+    /// With [`LockMode::Read`] only: a reader that takes a free read
+    /// permit at once even when writers wait (barging).
+    pub prefer_readers: bool,
     /// When the caller stops listening (its deadline, less the time its
     /// answer needs): nothing may be granted after it. None: only the
     /// Redis command timeout bounds it.
@@ -136,6 +167,9 @@ pub struct LockState {
     pub waiters: u32,
     /// Live holders, by slot.
     pub holders: Vec<Grant>,
+    /// The lock's rule: plain, Read (readers hold it, or it is only
+    /// waited for) or Write (its writer holds it).
+    pub mode: LockMode,
 }
 
 /// One live waiting request, as the Queue RPC shows it.
@@ -151,6 +185,8 @@ pub struct QueuedRequest {
     pub wait_deadline_ms: i64,
     pub fair: bool,
     pub kind: String,
+    /// What it asks for: plain, read or write.
+    pub mode: LockMode,
 }
 
 /// What the Queue RPC sees of a lock.
@@ -308,6 +344,14 @@ pub enum EngineError {
         "the lock is in use with limit {lock_limit}; this request asks for limit {requested} (a lock's limit is fixed while anyone holds or waits)"
     )]
     LimitMismatch { lock_limit: u32, requested: u32 },
+    #[error("the lock is a read/write lock: acquire it with mode READ or WRITE")]
+    RwLockNeedsMode,
+    #[error("the lock is a plain lock: acquire it without a mode")]
+    PlainLockHasNoMode,
+    #[error(
+        "the holder holds a read permit: an upgrade to WRITE is refused (two upgraders would wait for each other forever); release it, then acquire WRITE"
+    )]
+    UpgradeRefused,
     #[error("this replica is shutting down; retry on another")]
     ShuttingDown,
     #[error("this session was resumed on another stream")]
@@ -351,7 +395,10 @@ impl EngineError {
             | EngineError::TooManyWaiters(_)
             | EngineError::TooManyInNamespace(_)
             | EngineError::NamespaceFull => ErrorKind::Exhausted,
-            EngineError::LimitMismatch { .. } => ErrorKind::Conflict,
+            EngineError::LimitMismatch { .. }
+            | EngineError::RwLockNeedsMode
+            | EngineError::PlainLockHasNoMode
+            | EngineError::UpgradeRefused => ErrorKind::Conflict,
             EngineError::SessionMoved => ErrorKind::Moved,
             EngineError::Stopped => ErrorKind::Stopped,
         }

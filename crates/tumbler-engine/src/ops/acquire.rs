@@ -1,10 +1,13 @@
 //! `lua/acquire.lua`: take a permit of a lock, or hold a place in its queue.
+//! A read/write request (decision 0074) is an acquire with its mode in the
+//! flags.
 
 use redis::Value;
 
 use super::{Reply, status};
 use crate::AcquireRequest;
 use crate::Grant;
+use crate::LockMode;
 use crate::records::parse_grant;
 use crate::store::StoreError;
 
@@ -44,8 +47,16 @@ impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         let req = self.req;
         let mut flags = String::new();
-        if req.fair {
-            flags.push('f');
+        // A plain request's flags are what they always were; a read/write
+        // one says its mode (decision 0074): 'r', 'w', or 'R' for a reader
+        // that barges (prefer_readers). Read/write requests are fair
+        // otherwise, so they send no 'f'.
+        match req.mode {
+            LockMode::Plain if req.fair => flags.push('f'),
+            LockMode::Plain => {}
+            LockMode::Read if req.prefer_readers => flags.push('R'),
+            LockMode::Read => flags.push('r'),
+            LockMode::Write => flags.push('w'),
         }
         self.watched.push_flags(&mut flags);
         if let Some(epoch) = req.session_epoch {
@@ -117,6 +128,13 @@ pub enum Outcome {
     LimitMismatch {
         lock_limit: u32,
     },
+    /// The lock is of the other kind (read/write against plain) while
+    /// anyone holds or waits: `rw_lock` says what the lock is.
+    ModeMismatch {
+        rw_lock: bool,
+    },
+    /// The holder holds a read permit and asked WRITE: nothing changed.
+    Upgrade,
     /// Ran past the answer-by time: nothing happened.
     Late,
     /// A newer stream of the caller's session holds the grant: nothing
@@ -163,6 +181,10 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
         status::LIMIT_MISMATCH => Outcome::LimitMismatch {
             lock_limit: extra as u32,
         },
+        status::MODE_MISMATCH => Outcome::ModeMismatch {
+            rw_lock: extra == 1,
+        },
+        status::UPGRADE => Outcome::Upgrade,
         status::LATE => Outcome::Late,
         status::MOVED => Outcome::Moved,
         other => return Err(StoreError::Protocol(format!("acquire status {other}"))),

@@ -41,6 +41,8 @@ pub mod status {
     pub const LATE: i64 = 7;
     pub const NOT_HELD: i64 = 8;
     pub const MOVED: i64 = 9;
+    pub const MODE_MISMATCH: i64 = 10;
+    pub const UPGRADE: i64 = 11;
 }
 
 /// Something a function reports for the per-minute counters: an expired
