@@ -4,7 +4,9 @@
 -- ARGV: holder, ttl_ms, answer_by (Redis ms; '0' = none), then as far as
 --       any is not its default (each argument costs Redis ~1,000
 --       instructions): limit (1), kind ('default'), metadata (JSON; '' = none),
---       flags ('' ; 'f' = fair: takes its turn in the queue; 'e' = publish
+--       flags ('' ; 'f' = fair: takes its turn in the queue; first, for a
+--       read/write lock (decision 0074), 'r' = read, 'w' = write (both
+--       fair), 'R' = read with prefer_readers (barging); 'e' = publish
 --       events; 'c<size>:<retention_ms>' = record them in the changelog;
 --       's<epoch>' = a session's stream of that epoch: common.lua `stale`),
 --       priority (0), max_locks (of the namespace in this shard; 0 = no limit),
@@ -16,7 +18,10 @@
 --          holder, grant, events...}
 --   OK / HELD: the holder and its grant record; BUSY, QUEUED (position),
 --   QUEUE_FULL, NAMESPACE_FULL, LIMIT_MISMATCH (the lock's limit), LATE,
---   MOVED (a newer stream of the session holds the grant; nothing changed).
+--   MOVED (a newer stream of the session holds the grant; nothing changed),
+--   MODE_MISMATCH (1: the lock is a read/write lock, 0: a plain one),
+--   UPGRADE (a reader asked WRITE; nothing changed). A writer that asks
+--   READ is downgraded: OK with its grant.
 local holder, ttl, answer_by, limit_s, kind, metadata, flags = unpack(ARGV, 1, 7)
 limit_s, kind, metadata, flags = limit_s or '1', kind or 'default', metadata or '', flags or ''
 local now, now_us = clock()
@@ -51,7 +56,17 @@ end
 -- The rest of the arguments, for the steps below.
 local priority_s, max_locks_s, wait_ms, queue_ttl, max_waiters, request, hand_answer_by = unpack(ARGV, 8, 14)
 local limit, max_locks = num(limit_s), num(max_locks_s or '0')
-local fair = string.find(flags, 'f', 1, true) ~= nil
+-- A read/write request's mode ('r', 'w'; false: plain) and its waiter
+-- record's fair field ('r', 'w', 'R'; plain: '1' or '0').
+local rw = string.match(flags, '^[rwR]')
+local want = rw and (rw == 'w' and 'w' or 'r') or false
+local fair
+if rw then
+  fair = rw ~= 'R'
+else
+  fair = string.find(flags, 'f', 1, true) ~= nil
+end
+local fair_field = rw or (fair and '1' or '0')
 local waiting, priority = wait_ms ~= nil, num(priority_s or '0')
 local epoch = string.match(flags, 's(%d+)')
 local now_s = string.sub(now_us, 1, -4)
@@ -62,13 +77,28 @@ L.now, L.now_us = now, now_us
 --    waiters when a permit is free (they could be ahead of it); a request
 --    that can only queue leaves them to the call that frees a permit.
 local changed = purge_expired(L, now) > 0
-if L.holders < limit then
+if room(L, want, limit) then
   changed = purge_dead_waiters(L, now) > 0 or changed
+end
+
+-- 3b. The lock's mode rule belongs to it while anyone holds or waits: a
+--    plain request on a read/write lock, or the reverse, is refused (its
+--    holder's too). The reply says what the lock is.
+if (L.holders > 0 or queue_head(L)) and (L.mode ~= false) ~= (want ~= false) then
+  settle_purged(L, changed)
+  return {MODE_MISMATCH, now, L.holders, 0, L.mode and 1 or 0, unpack(L.events)}
 end
 
 -- 4. A holder with a live grant gets that same grant back (idempotent
 --    retry); a session's stream only when no newer stream took it over,
---    and a newer stream takes it over.
+--    and a newer stream takes it over. A reader that asks WRITE is
+--    refused (two such upgraders would wait for each other forever); a
+--    writer that asks READ is downgraded: the lock turns read-held, its
+--    grant and token stay, and the readers behind it come in.
+if L.mine_text and want == 'w' and L.mode == 'r' then
+  settle_purged(L, changed)
+  return {UPGRADE, now, L.holders, 0, 0, unpack(L.events)}
+end
 if L.mine_text then
   -- A grant handed over to another request of this holder is this
   -- answer's now: that request's replica may no longer give it back.
@@ -78,16 +108,24 @@ if L.mine_text then
     settle_purged(L, changed)
     return {MOVED, now, L.holders, 0, 0, unpack(L.events)}
   end
+  local downgrade = want == 'r' and L.mode == 'w'
+  if downgrade then
+    L.mode, L.dirty = 'r', true
+  end
   if grant and claim_epoch(grant, epoch) then
     put_grant(L, grant)
     settle(L)
-    if changed then
+    if changed or downgrade then
       wake_eligible(L)
     end
+  elseif downgrade then
+    settle(L)
+    wake_eligible(L)
   else
     settle_purged(L, changed)
   end
-  return {HELD, now, L.holders, 0, 0, holder, grant and grant.text or L.mine_text, unpack(L.events)}
+  return {downgrade and OK or HELD, now, L.holders, downgrade and L.earliest or 0, 0, holder,
+    grant and grant.text or L.mine_text, unpack(L.events)}
 end
 
 -- 5. The limit belongs to the lock while anyone holds or waits.
@@ -107,11 +145,11 @@ end
 --    With no permit free nobody is counted, and whether it is queued
 --    already is learnt when it queues (step 10), unless the queue may be
 --    full.
-local free = limit - L.holders
-local known = free > 0 or (waiting and L.arrivals >= tonumber(max_waiters))
+local fits = room(L, want, limit)
+local known = fits or (waiting and L.arrivals >= tonumber(max_waiters))
 local queued_order = known and queue_head(L) and redis.call('ZSCORE', L.queue, holder)
 local ahead = 1
-if free > 0 then
+if fits then
   ahead = 0
   if fair and queued_order then
     ahead = redis.call('ZCOUNT', L.queue, '-inf', '(' .. queued_order)
@@ -123,7 +161,7 @@ end
 -- 8. A free permit and nobody ahead: grant, with a fresh token and the
 --    smallest free slot. Only the head of the queue is granted, so grants
 --    follow queue order.
-if free > 0 and ahead == 0 then
+if fits and ahead == 0 then
   if queued_order then
     drop_waiters(L, {holder})
   end
@@ -134,6 +172,7 @@ if free > 0 and ahead == 0 then
     epoch = epoch or '',
   }
   L.holders, L.limit, L.top_slot = L.holders + 1, limit, math.max(L.top_slot, slot)
+  L.mode = want
   put_grant(L, grant)
   if limit > 1 then
     change(L, int(slot), holder)
@@ -141,7 +180,7 @@ if free > 0 and ahead == 0 then
   settle(L)
   emit(L, 'acquired', holder, grant, now, HOLDER)
   -- A permit left over goes to the next waiter in line.
-  if free > 1 or changed then
+  if any_room(L) or changed then
     wake_eligible(L)
   end
   return {OK, now, L.holders, L.earliest, 0, holder, grant.text, unpack(L.events)}
@@ -159,7 +198,7 @@ end
 --    the holder that finds its place takes it over with its own name, so
 --    the earlier request's late dequeue leaves it alone (finding 6).
 local function record(enqueued)
-  return encode_waiter(priority_s or '0', enqueued, wait_ms, fair, kind, request, hand_answer_by, ttl, epoch,
+  return encode_waiter(priority_s or '0', enqueued, wait_ms, fair_field, kind, request, hand_answer_by, ttl, epoch,
     metadata)
 end
 -- (arrivals is 0 exactly while nobody waits: settle resets it.)
@@ -178,6 +217,11 @@ end
 if added then
   L.queue_fresh = fresh
   L.arrivals, L.limit, L.dirty = L.arrivals + 1, limit, true
+  -- The first request of a lock nobody holds sets its rule: a read/write
+  -- lock only waited for reads 'r' (the mode rule kept any other out).
+  if L.holders == 0 then
+    L.mode = want and 'r'
+  end
   redis.call('HSET', L.waiters, holder, record(now_s))
   L.queue_known, L.queued = false, true
   if L.watched then

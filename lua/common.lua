@@ -16,7 +16,8 @@
 -- '<prefix>:{<ns>:<s>}', so one function call touches one cluster slot.
 --   ...:l:<name>  HASH, the lock; exists while someone holds or waits:
 --                   '_'          header 'limit|holders|earliest|top_slot|arrivals|key_expiry'
---                                (key_expiry empty: earliest + twice KEY_GRACE_MS)
+--                                (key_expiry empty: earliest + twice KEY_GRACE_MS;
+--                                limit 'r<n>'/'w<n>' for a read/write lock, decision 0074)
 --                   'h:<holder>' grant 'slot|expires|token|acquired|ttl|kind[|epoch][\nmetadata]'
 --                                (acquired empty: the token's milliseconds;
 --                                epoch: only a session's grant, its stream's)
@@ -24,6 +25,7 @@
 --   ...:q:<name>  ZSET waiting request -> order (priority, arrival); only while someone waits
 --   ...:d:<name>  ZSET waiting request -> liveness deadline (ms); with the queue
 --   ...:w:<name>  HASH waiting request -> 'priority|enqueued|wait_ms|fair|kind'; with the queue
+--                 (fair: '0'/'1' plain, 'r'/'w' fair read/write, 'R' a barging reader)
 --   ...:fence     STRING the shard's last fencing token
 --   ...:n         ZSET lock name -> key expiry; only with a per-namespace lock limit
 --   ...:m:<minute> HASH 'kind|event' -> count (written by the replicas, shard 0 only)
@@ -58,6 +60,8 @@ local LIMIT_MISMATCH = 6 -- acquire: the lock is in use with another limit
 local LATE = 7          -- a granting call ran past its caller's answer-by time
 local NOT_HELD = 8      -- release, extend: no live grant of this holder (and token)
 local MOVED = 9         -- a session stream's call: a newer stream of its session owns the grant
+local MODE_MISMATCH = 10 -- acquire: a read/write request on a plain lock, or the reverse
+local UPGRADE = 11      -- acquire: a reader asked WRITE (refused: nothing changed)
 
 -- How long a lock's keys outlive its last lease or waiter deadline, so that
 -- the reaper (or the next call) sees, counts and cleans up an expiry
@@ -217,10 +221,13 @@ end
 
 -- The lock header '_': 'limit|holders|earliest|top_slot|arrivals|key_expiry',
 -- all decimal text; key_expiry is '' when it is the usual one (earliest
--- plus KEY_TTL_MS). Its decoder, one question answered cheaper, and its
--- encoder.
+-- plus KEY_TTL_MS). A read/write lock's limit carries a letter (decision
+-- 0074): 'r<limit>' while readers hold it or it is only waited for,
+-- 'w<limit>' while its writer holds it; a plain lock's has none. Its
+-- decoder (the letter first: '' for a plain lock), one question answered
+-- cheaper, and its encoder (the letter goes with the limit).
 local function decode_header(header)
-  return string.match(header, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d*)$')
+  return string.match(header, '^([rw]?)(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d*)$')
 end
 
 -- The header's `earliest` when it says one holder and no arrivals (the
@@ -323,8 +330,11 @@ end
 -- empty) and the metadata are what its grant is made of when a freed
 -- permit is handed to it. Its encoder, then the decoders of the parts the
 -- steps need.
+-- `fair` is the field's one character: '0'/'1' a plain request (barging,
+-- fair), 'r'/'w' a read/write request (fair), 'R' a reader with
+-- prefer_readers (barging; decision 0074).
 local function encode_waiter(priority, enqueued, wait_ms, fair, kind, request, answer_by, ttl, epoch, metadata)
-  local text = priority .. '|' .. enqueued .. '|' .. wait_ms .. '|' .. (fair and '1' or '0') .. '|'
+  local text = priority .. '|' .. enqueued .. '|' .. wait_ms .. '|' .. fair .. '|'
     .. (kind ~= 'default' and kind or '')
   if request and request ~= '' then
     text = text .. '|' .. request .. '|' .. (answer_by or '') .. '|' .. ttl .. '|' .. (epoch or '')
@@ -349,16 +359,26 @@ local function waiter_request(record)
   return string.match(record or '', '^[^|]*|[^|]*|[^|]*|[^|]*|[^|\n]*|([^|\n]+)') or ''
 end
 
+-- What a waiter asks for, from its fair field: 'r' (read), 'w' (write),
+-- or false (a plain request).
+local WAITER_MODE = {['0'] = false, ['1'] = false, r = 'r', R = 'r', w = 'w'}
+
+local function waiter_mode(record)
+  local fair = string.match(record or '', '^[^|]*|[^|]*|[^|]*|([^|]*)')
+  return WAITER_MODE[fair] or false
+end
+
 -- A hand-over waiter's record decoded (nil for a record that names no
 -- request or no answer-by time: its replica is woken to call again).
 local function parse_waiter(record)
   local priority, enqueued, wait_ms, fair, kind, request, answer_by, ttl, epoch, metadata = string.match(
-    record or '', '^(%-?%d+)|(%d+)|(%d+)|([01])|([^|\n]*)|([^|\n]+)|(%d*)|(%d+)|(%d*)\n?(.*)$')
+    record or '', '^(%-?%d+)|(%d+)|(%d+)|([01rwR])|([^|\n]*)|([^|\n]+)|(%d*)|(%d+)|(%d*)\n?(.*)$')
   if not request or answer_by == '' then
     return nil
   end
   return {
-    priority = priority, enqueued = enqueued, wait_ms = wait_ms, fair = fair == '1',
+    priority = priority, enqueued = enqueued, wait_ms = wait_ms,
+    fair = fair == '1' or fair == 'r' or fair == 'w', mode = WAITER_MODE[fair],
     kind = kind ~= '' and kind or 'default', request = request, answer_by = answer_by,
     ttl = ttl, epoch = epoch, metadata = metadata,
   }
@@ -371,7 +391,7 @@ local function new_lock(key, queue, deadlines, waiters, fence, live)
     key = key, queue = queue, deadlines = deadlines, waiters = waiters, fence = fence,
     live = live, shard = false, name = false,
     holder = false, watched = false, exists = false,
-    limit = 1, holders = 0, earliest = 0, top_slot = 0, arrivals = 0, key_expiry = 0,
+    limit = 1, holders = 0, earliest = 0, top_slot = 0, arrivals = 0, key_expiry = 0, mode = false,
     earliest_s = false, key_expiry_s = false,
     mine_text = false, mine_grant = false,
     changes = NONE, removed = NONE, events = NONE, keep_until = 0, dirty = false,
@@ -427,7 +447,8 @@ local function events(L, flags)
 end
 
 -- Reads a lock (one HMGET: its header and the holder's grant) into L:
---   limit, holders (how many), earliest (no lease ends before), top_slot
+--   limit, mode (false: a plain lock; 'r' / 'w': a read/write lock, read-held
+--   or only waited for / write-held), holders (how many), earliest (no lease ends before), top_slot
 --   (highest slot that may be taken), arrivals (> 0 exactly while someone
 --   may wait), key_expiry (when the keys expire; 0 for a fresh lock), exists,
 --   mine_text: the stored grant of `holder` (false when it holds none;
@@ -450,8 +471,8 @@ local function load(L, holder, watched, read)
     events(L, watched)
   end
   if header then
-    local limit, holders, earliest, top_slot, arrivals, x = decode_header(header)
-    L.exists = true
+    local mode, limit, holders, earliest, top_slot, arrivals, x = decode_header(header)
+    L.exists, L.mode = true, mode ~= '' and mode
     L.limit, L.holders, L.top_slot, L.arrivals = num(limit), num(holders), num(top_slot), num(arrivals)
     L.earliest, L.earliest_s = tonumber(earliest), earliest
     if x == '' then
@@ -622,6 +643,10 @@ local function drop_grant(L, holder, slot)
   L.holders, L.dirty = L.holders - 1, true
   if L.holders == 0 then
     L.earliest, L.earliest_s = 0, '0'
+    -- A read/write lock nobody holds stays one while anyone waits.
+    if L.mode == 'w' then
+      L.mode = 'r'
+    end
   end
   if holder == L.holder then
     L.mine_text, L.mine_grant = false, false
@@ -836,7 +861,8 @@ local function settle(L)
       L.key_expiry_s = L.key_expiry_s or int(L.key_expiry)
       x_s = L.key_expiry_s
     end
-    change(L, '_', encode_header(int(L.limit), int(L.holders), L.earliest_s, int(L.top_slot), int(L.arrivals), x_s))
+    local limit_s = L.mode and L.mode .. int(L.limit) or int(L.limit)
+    change(L, '_', encode_header(limit_s, int(L.holders), L.earliest_s, int(L.top_slot), int(L.arrivals), x_s))
     L.dirty = false
   end
   if #L.changes > 0 then
@@ -901,6 +927,23 @@ local function wake_channel(L)
   return prefix .. ':wake'
 end
 
+-- Room for a request of `mode` (false: plain; 'r', 'w') under a limit
+-- (the lock's, unless the request brings its own): a writer needs no
+-- grant held; a reader needs no writer and fewer than `limit` grants; a
+-- plain request fewer than `limit` grants (decision 0074).
+local function room(L, mode, limit)
+  if mode == 'w' then
+    return L.holders == 0
+  end
+  return L.holders < (limit or L.limit) and (not mode or L.mode ~= 'w')
+end
+
+-- Room for anyone at all (a reader or a plain request: a writer needs
+-- more), the question before looking at the queue's head.
+local function any_room(L)
+  return L.holders < L.limit and L.mode ~= 'w'
+end
+
 -- Hand-over (decision 0068): permits that are free go straight to the
 -- head of the queue, in queue order (priority, then arrival), inside the
 -- call that freed them, so the waiter need not call again. The head's
@@ -912,14 +955,22 @@ end
 -- the replica whose request it names answers it; a replica whose request
 -- is gone gives it back at once, unless another request of the holder
 -- was answered with it meanwhile (HELD clears the lock's 'r:<holder>'). Dead waiters left the queue before (purge).
+-- A head that does not fit (a writer while readers hold) stops it, woken
+-- or not: those behind it wait behind it (golang's rule). A run of
+-- readers at the head is granted one after the other while they fit.
 -- Runs before settle (its writes go with the call's own).
 local function hand_over(L)
-  while L.limit - L.holders > 0 do
+  while any_room(L) do
     local head = queue_head(L)
     if not head then
       return
     end
-    local w = parse_waiter(redis.call('HGET', L.waiters, head))
+    local record = redis.call('HGET', L.waiters, head)
+    local mode = L.mode and waiter_mode(record)
+    if not room(L, mode) then
+      return
+    end
+    local w = parse_waiter(record)
     if not w then
       redis.call('PUBLISH', wake_channel(L), L.queue .. '\n' .. head)
       return
@@ -936,6 +987,9 @@ local function hand_over(L)
         metadata = w.metadata, epoch = w.epoch,
       }
       L.holders, L.top_slot = L.holders + 1, math.max(L.top_slot, slot)
+      if mode then
+        L.mode = mode
+      end
       put_grant(L, grant)
       if L.limit > 1 then
         change(L, int(slot), head)
@@ -953,7 +1007,7 @@ end
 -- After settle, when a call freed permits: hand them over (and settle
 -- what that changed).
 local function wake_eligible(L)
-  if L.limit - L.holders > 0 and queue_head(L) then
+  if any_room(L) and queue_head(L) then
     hand_over(L)
     settle(L)
   end

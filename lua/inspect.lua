@@ -1,9 +1,12 @@
 -- flags: no-writes (reads only: Redis runs it even while it refuses writes)
--- inspect: a lock's live holders, its limit and its live waiter count.
+-- inspect: a lock's live holders, its limit, its live waiter count and its
+-- mode (decision 0074).
 -- Reads only: expired holders and dead waiters are left out here and
 -- purged by the next write.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
--- Returns {now, limit, waiters, {{holder, grant}, ...}} (live holders)
+-- Returns {now, limit, waiters, {{holder, grant}, ...} (live holders), mode}
+--   (mode: '' a plain lock, 'r' read-held or only waited for, 'w' write-held;
+--   a write-held lock whose writer's lease has passed reads 'r')
 local now = clock_ms()
 local L = load(lock_at(KEYS))
 
@@ -21,4 +24,12 @@ local waiters = 0
 if L.arrivals > 0 then
   waiters = redis.call('ZCOUNT', L.deadlines, '(' .. int(now), '+inf')
 end
-return {now, limit, waiters, holders}
+-- 3. The lock's rule: a writer whose lease passed no longer holds it.
+local mode = L.mode or ''
+if mode == 'w' and #holders == 0 then
+  mode = 'r'
+end
+if #holders == 0 and waiters == 0 then
+  mode = ''
+end
+return {now, limit, waiters, holders, mode}

@@ -533,6 +533,8 @@ fn acquire_case() -> impl Strategy<Value = Case> {
                         queue_ttl_ms: queue_ttl.0,
                         priority: priority.0,
                         fair,
+                        mode: 0,
+                        prefer_readers: false,
                     }),
                 }
             },
