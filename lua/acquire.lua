@@ -21,7 +21,7 @@
 --   MOVED (a newer stream of the session holds the grant; nothing changed),
 --   MODE_MISMATCH (1: the lock is a read/write lock, 0: a plain one),
 --   UPGRADE (a reader asked WRITE; nothing changed). A writer that asks
---   READ is downgraded: OK with its grant.
+--   READ is downgraded: OK with its grant, and 1 where a position goes.
 local holder, ttl, answer_by, limit_s, kind, metadata, flags = unpack(ARGV, 1, 7)
 limit_s, kind, metadata, flags = limit_s or '1', kind or 'default', metadata or '', flags or ''
 local now, now_us = clock()
@@ -124,7 +124,7 @@ if L.mine_text then
   else
     settle_purged(L, changed)
   end
-  return {downgrade and OK or HELD, now, L.holders, downgrade and L.earliest or 0, 0, holder,
+  return {downgrade and OK or HELD, now, L.holders, downgrade and L.earliest or 0, downgrade and 1 or 0, holder,
     grant and grant.text or L.mine_text, unpack(L.events)}
 end
 
@@ -237,9 +237,12 @@ if added then
 else
   L.queued = true
 end
-if not added and request and request ~= '' then
+-- A read/write request that keeps its place says what it asks now (a
+-- waiting reader that asks WRITE waits as a writer).
+local handing = request and request ~= ''
+if not added and (handing or rw) then
   local old = redis.call('HGET', L.waiters, holder)
-  if waiter_request(old) ~= request then
+  if (handing and waiter_request(old) ~= request) or (rw and waiter_fair(old) ~= fair_field) then
     redis.call('HSET', L.waiters, holder, record(int(waiter_enqueued(old))))
   end
 end

@@ -363,9 +363,13 @@ end
 -- or false (a plain request).
 local WAITER_MODE = {['0'] = false, ['1'] = false, r = 'r', R = 'r', w = 'w'}
 
+-- A waiter record's fair field, as stored.
+local function waiter_fair(record)
+  return string.match(record or '', '^[^|]*|[^|]*|[^|]*|([^|]*)')
+end
+
 local function waiter_mode(record)
-  local fair = string.match(record or '', '^[^|]*|[^|]*|[^|]*|([^|]*)')
-  return WAITER_MODE[fair] or false
+  return WAITER_MODE[waiter_fair(record)] or false
 end
 
 -- A hand-over waiter's record decoded (nil for a record that names no
@@ -968,6 +972,12 @@ local function hand_over(L)
     local record = redis.call('HGET', L.waiters, head)
     local mode = L.mode and waiter_mode(record)
     if not room(L, mode) then
+      -- A writer that waits for readers to leave: a barging reader
+      -- (prefer_readers) behind it may still take the free read permit,
+      -- so the waiters' replicas wake their barging ones (no id named).
+      if L.mode == 'r' then
+        redis.call('PUBLISH', wake_channel(L), L.queue)
+      end
       return
     end
     local w = parse_waiter(record)

@@ -3,7 +3,9 @@
 -- ARGV: holder, token ('' = any), ttl_ms ('' = the grant's own ttl),
 --       answer_by (Redis ms; '0' = none), event flags ('0' = none; common.lua
 --       `events`), epoch (a session's stream; absent = not a session's)
--- Returns {OK, now, holder, grant, events...}, {NOT_HELD, now, '', '', events...},
+-- Returns {OK, now, holder, grant, mode, events...} (mode: the lock's
+--         header letter, '' for a plain lock: decision 0074),
+--         {NOT_HELD, now, '', '', events...},
 --         {MOVED, now, '', '', events...} (a newer stream of the session holds
 --         it; nothing changed) or {LATE, now, '', ''}
 local holder, token, ttl, answer_by, watched, epoch = unpack(ARGV, 1, 6)
@@ -49,4 +51,4 @@ emit(L, 'extended', holder, grant, now, HOLDER)
 if changed then
   wake_eligible(L)
 end
-return {OK, now, holder, grant.text, unpack(L.events)}
+return {OK, now, holder, grant.text, L.mode or '', unpack(L.events)}

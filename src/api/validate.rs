@@ -372,6 +372,23 @@ mod tests {
     }
 
     #[test]
+    fn modes_and_their_limits() {
+        assert_eq!(mode(0, false).unwrap(), (LockMode::Plain, false));
+        assert_eq!(mode(1, true).unwrap(), (LockMode::Read, true));
+        assert_eq!(mode(2, false).unwrap(), (LockMode::Write, false));
+        rejects(mode(3, false), "mode");
+        rejects(mode(-1, false), "mode");
+        rejects(mode(2, true), "prefer_readers");
+        rejects(mode(0, true), "prefer_readers");
+        // An absent limit: 1 for a plain lock, the maximum for a read/write one.
+        assert_eq!(limit_for(None, LockMode::Plain, &limits()).unwrap(), 1);
+        assert_eq!(limit_for(None, LockMode::Read, &limits()).unwrap(), 100);
+        assert_eq!(limit_for(None, LockMode::Write, &limits()).unwrap(), 100);
+        assert_eq!(limit_for(Some(4), LockMode::Write, &limits()).unwrap(), 4);
+        rejects(limit_for(Some(0), LockMode::Read, &limits()), "limit");
+    }
+
+    #[test]
     fn each_rule_names_its_field() {
         rejects(namespace("a{b}"), "namespace");
         rejects(namespace("n".repeat(65)), "namespace");

@@ -1,4 +1,4 @@
-//! Lock semantics through the real server: mutual exclusion, queues, limits, namespaces, validation, sessions, watches, events, the changelog, the Metrics RPC, random requests; and the protocol model's paths replayed against the real functions.
+//! Lock semantics through the real server: mutual exclusion, queues, limits, namespaces, validation, read/write locks, sessions, watches, events, the changelog, the Metrics RPC, random requests; and the protocol model's paths replayed against the real functions.
 //!
 //! One test binary per area (each file a module named as its tests were
 //! before): the suite links a handful of binaries, not one per file.
@@ -22,6 +22,8 @@ mod model_replay;
 mod mutual_exclusion;
 mod properties;
 mod queue;
+mod read_write;
+mod read_write_load;
 mod semantics;
 mod session;
 mod session_edges;

@@ -125,6 +125,7 @@ impl Locks {
                 mut grant,
                 holders,
                 already,
+                downgraded,
             } => {
                 // A grant's mode is what its request asked (a writer that
                 // asks READ was downgraded: its grant reads now).
@@ -132,8 +133,12 @@ impl Locks {
                 if already {
                     Some(AcquireOutcome::AlreadyHeld { grant, holders })
                 } else {
-                    self.counting
-                        .now(&req.lock.namespace, &req.kind, "acquired");
+                    // A downgrade is no new grant: its release is counted
+                    // once, against the write it began as.
+                    if !downgraded {
+                        self.counting
+                            .now(&req.lock.namespace, &req.kind, "acquired");
+                    }
                     Some(AcquireOutcome::Acquired { grant, holders })
                 }
             }

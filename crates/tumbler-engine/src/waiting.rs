@@ -115,13 +115,17 @@ impl Waiting {
                     // Queued before and holding now: its grant was handed
                     // to it (a hand-over whose message it missed).
                     let outcome = match outcome {
-                        Outcome::Granted { grant, holders, .. } if queued.armed => {
-                            Outcome::Granted {
-                                grant,
-                                holders,
-                                already: false,
-                            }
-                        }
+                        Outcome::Granted {
+                            grant,
+                            holders,
+                            downgraded,
+                            ..
+                        } if queued.armed => Outcome::Granted {
+                            grant,
+                            holders,
+                            already: false,
+                            downgraded,
+                        },
                         outcome => outcome,
                     };
                     queued.armed = false;
@@ -190,6 +194,7 @@ impl Waiting {
             grant,
             holders: handed.holders,
             already: false,
+            downgraded: false,
         };
         Ok(self
             .locks

@@ -105,11 +105,13 @@ impl Call<'_> {
 /// What the function answered.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// A grant: new, or (`already`) the one the holder had.
+    /// A grant: new, or (`already`) the one the holder had, or
+    /// (`downgraded`) the writer's own grant, now a reader's.
     Granted {
         grant: Grant,
         holders: u32,
         already: bool,
+        downgraded: bool,
     },
     /// Tried once; every permit is taken (or someone goes first).
     Busy {
@@ -165,6 +167,7 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
                 grant: parse_grant(&holder, &record)?,
                 holders,
                 already: code == status::HELD,
+                downgraded: code == status::OK && extra == 1,
             }
         }
         status::BUSY => Outcome::Busy {

@@ -4,7 +4,7 @@ use redis::Value;
 
 use super::{Reply, status};
 use crate::Grant;
-use crate::records::parse_grant;
+use crate::records::{header_mode, parse_grant};
 use crate::store::StoreError;
 
 /// One call of the extend function.
@@ -63,7 +63,13 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let holder: String = reply.take()?;
     let record: String = reply.take()?;
     let outcome = match code {
-        status::OK => Outcome::Extended(parse_grant(&holder, &record)?),
+        status::OK => {
+            // The lock's header letter: a read/write grant's mode.
+            let mode: String = reply.take()?;
+            let mut grant = parse_grant(&holder, &record)?;
+            grant.mode = header_mode(&mode);
+            Outcome::Extended(grant)
+        }
         status::NOT_HELD => Outcome::NotHeld,
         status::LATE => Outcome::Late,
         status::MOVED => Outcome::Moved,
