@@ -182,6 +182,8 @@ impl Client {
                         queue_ttl_ms: *queue_ttl_ms,
                         priority: 0,
                         fair: true,
+                        mode: engine::LockMode::Plain,
+                        prefer_readers: false,
                         answer_by: None,
                         session_epoch: None,
                         stop: None,

@@ -436,6 +436,8 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
                             queue_ttl_ms: 5_000,
                             priority: 0,
                             fair: true,
+                            mode: engine::LockMode::Plain,
+                            prefer_readers: false,
                             answer_by: None,
                             session_epoch: None,
                             stop: None,
