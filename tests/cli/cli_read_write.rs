@@ -240,7 +240,13 @@ async fn a_sigkilled_writer_lets_the_waiting_readers_in_at_its_lease_end() {
                 run(
                     &endpoint,
                     &[
-                        "acquire", "doc", "--read", "--holder", holder, "--wait-ms", "15000",
+                        "acquire",
+                        "doc",
+                        "--read",
+                        "--holder",
+                        holder,
+                        "--wait-ms",
+                        "15000",
                         "--json",
                     ],
                 )

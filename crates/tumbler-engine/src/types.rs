@@ -205,6 +205,9 @@ pub struct LockSummary {
     pub limit: u32,
     pub waiters: u32,
     pub next_expiry_at_ms: i64,
+    /// A read/write lock's mode: Write while its writer holds it, Read
+    /// while readers hold it or it is only waited for; Plain otherwise.
+    pub mode: LockMode,
 }
 
 /// Where a listing goes on: a deployment-wide SCAN position, and the last
