@@ -101,6 +101,7 @@ impl ToProto for engine::MetricsRow {
             reaped: c.reaped,
             errors: c.errors,
             cleared: c.cleared,
+            downgraded: c.downgraded,
         }
     }
 }

@@ -280,6 +280,9 @@ pub struct Counters {
     /// Grants and waiting requests removed by a Clear.
     pub cleared: u64,
     pub errors: u64,
+    /// Read/write writers that asked READ (their grant is a reader's now;
+    /// not counted as acquired).
+    pub downgraded: u64,
 }
 
 impl Counters {
@@ -294,6 +297,7 @@ impl Counters {
             "reaped" => &mut self.reaped,
             "cleared" => &mut self.cleared,
             "errors" => &mut self.errors,
+            "downgraded" => &mut self.downgraded,
             _ => return,
         };
         *slot += n;
@@ -310,6 +314,7 @@ impl Counters {
         self.reaped += other.reaped;
         self.cleared += other.cleared;
         self.errors += other.errors;
+        self.downgraded += other.downgraded;
     }
 }
 

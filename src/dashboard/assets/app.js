@@ -520,8 +520,10 @@ function metadata(map) {
 
 // ------------------------------------------------------------ metrics
 
-const EVENTS = ["acquired", "denied", "timedOut", "released", "extended", "expired", "reaped", "cleared", "errors"];
-const EVENT_LABELS = ["Acquired", "Denied", "Timed out", "Released", "Extended", "Expired", "Reaped", "Cleared", "Errors"];
+const EVENTS = ["acquired", "denied", "timedOut", "released", "extended", "expired", "reaped", "cleared", "downgraded",
+  "errors"];
+const EVENT_LABELS = ["Acquired", "Denied", "Timed out", "Released", "Extended", "Expired", "Reaped", "Cleared",
+  "Downgraded", "Errors"];
 
 function renderMetricsToolbar() {
   const minutes = params.get("minutes") || "60";
