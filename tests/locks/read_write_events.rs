@@ -203,6 +203,32 @@ async fn the_changelog_keeps_the_modes_and_reads_entries_stored_before_them() {
     let mut conn = redis_conn(&redis.url()).await;
     let keys = scan_keys(&mut conn, "tumbler:{default:*}:c").await;
     assert_eq!(keys.len(), 1, "{keys:?}");
+    // As stored: a plain lock's entry is the format before modes (its
+    // actor line "holder", 14 lines); a read/write lock's says the mode
+    // on that same line.
+    let stored: Vec<String> = redis::cmd("LRANGE")
+        .arg(&keys[0])
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let actors: Vec<(&str, &str, usize)> = stored
+        .iter()
+        .map(|entry| {
+            let lines: Vec<&str> = entry.split('\n').collect();
+            (lines[2], lines[12], lines.len())
+        })
+        .collect();
+    assert_eq!(
+        actors,
+        vec![
+            ("acquired", "holder", 14),
+            ("released", "holder:r", 14),
+            ("downgraded", "holder:r", 14),
+            ("acquired", "holder:w", 14),
+        ]
+    );
     let at = newest + 1;
     let old = format!(
         "default\nold-lock\nreleased\nold-holder\n7\n{at}\n1\nreport\n30000\n{}\n{}\n250\nholder\n{{\"job\":\"42\"}}",

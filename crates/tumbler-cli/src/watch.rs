@@ -111,3 +111,36 @@ fn event_line(event: &proto::LockEvent) -> String {
     }
     line + "\n"
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(name: &str, mode: proto::LockMode) -> proto::LockEvent {
+        proto::LockEvent {
+            namespace: "default".into(),
+            name: "doc".into(),
+            event: name.into(),
+            holder: "w".into(),
+            fencing_token: 7,
+            at_ms: 1_000,
+            slot: 1,
+            actor: "holder".into(),
+            mode: mode as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_read_write_locks_events_say_their_mode_and_a_plain_ones_none() {
+        let line = event_line(&event("downgraded", proto::LockMode::Read));
+        assert!(
+            line.contains(" downgraded doc holder=w token=7 slot=1 mode=read by=holder"),
+            "{line}"
+        );
+        let line = event_line(&event("acquired", proto::LockMode::Write));
+        assert!(line.contains(" mode=write "), "{line}");
+        let line = event_line(&event("acquired", proto::LockMode::Unspecified));
+        assert!(!line.contains("mode="), "{line}");
+    }
+}
