@@ -149,6 +149,61 @@ async fn watchers_see_the_mode_of_each_grant_and_request_and_the_downgrade() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writers_lease_end_and_a_readers_timeout_say_their_modes() {
+    let server = TestServer::new().start().await;
+    let mut client = server.client().await;
+    let mut watcher = server.client().await;
+    let mut events = watch(
+        &mut watcher,
+        proto::WatchRequest {
+            prefix: "rwx-".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    until_live(&mut client, &mut events, "", "rwx-probe").await;
+    granted(
+        &mut client,
+        proto::AcquireRequest {
+            ttl_ms: Some(1_000),
+            ..write("rwx-doc", "w")
+        },
+    )
+    .await;
+    assert_eq!(
+        next_of(&mut events).await,
+        ev("acquired", "w", LockMode::Write)
+    );
+    // A reader waits less than the lease: it leaves as a reader.
+    let reply = crate::read_write::ask(&mut client, waiting(read("rwx-doc", "r"), 200)).await;
+    assert_eq!(
+        reply.status(),
+        proto::AcquireStatus::NotAcquired,
+        "{reply:?}"
+    );
+    assert_eq!(
+        next_of(&mut events).await,
+        ev("queued", "r", LockMode::Read)
+    );
+    assert_eq!(
+        next_of(&mut events).await,
+        ev("dequeued", "r", LockMode::Read)
+    );
+    // The writer's lease ends: expired, as the writer it was (its lock's
+    // letter turns 'r' as the grant goes, in the same call).
+    let expired = next(&mut events).await;
+    assert_eq!(
+        (
+            expired.event.as_str(),
+            expired.holder.as_str(),
+            expired.mode(),
+            expired.actor.as_str()
+        ),
+        ("expired", "w", LockMode::Write, "reaper")
+    );
+}
+
 /// (event, holder, mode) of each changelog entry, newest first.
 fn logged(page: &Value) -> Vec<(String, String, String)> {
     page["events"]
