@@ -40,7 +40,8 @@ function metricsRpc(namespace) {
 
 /** gRPC JSON omits zeros and spells uint64 as strings. */
 function counters(row) {
-  const keys = ["acquired", "denied", "timedOut", "released", "extended", "expired", "reaped", "cleared", "errors"];
+  const keys = ["acquired", "denied", "timedOut", "released", "extended", "expired", "reaped", "cleared", "downgraded",
+    "errors"];
   return keys.map((k) => Number((row && row[k]) || 0));
 }
 

@@ -111,6 +111,11 @@ if L.mine_text then
   local downgrade = want == 'r' and L.mode == 'w'
   if downgrade then
     L.mode, L.dirty = 'r', true
+    -- Told as its own event (not 'acquired': no new grant), before the
+    -- readers it lets in.
+    if L.watched then
+      emit(L, 'downgraded', holder, mine(L), now, HOLDER)
+    end
   end
   if grant and claim_epoch(grant, epoch) then
     put_grant(L, grant)
@@ -225,7 +230,7 @@ if added then
   redis.call('HSET', L.waiters, holder, record(now_s))
   L.queue_known, L.queued = false, true
   if L.watched then
-    emit(L, 'queued', holder, {kind = kind, metadata = metadata}, now, HOLDER)
+    emit(L, 'queued', holder, {kind = kind, metadata = metadata, mode = want}, now, HOLDER)
   end
   -- First in an empty queue, or behind others of its priority: no need
   -- to ask where it is (only the head's place matters to its replica).

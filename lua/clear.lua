@@ -28,7 +28,7 @@ for k = 2, #ARGV do
         local kind = waiter_kind(records[i])
         note(L, 'cleared', kind)
         if L.watched then
-          emit(L, 'cleared', id, {kind = kind}, now, ADMIN)
+          emit(L, 'cleared', id, {kind = kind, mode = waiter_mode(records[i])}, now, ADMIN)
         end
       end
       requests = requests + #ids

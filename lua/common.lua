@@ -396,6 +396,7 @@ local function new_lock(key, queue, deadlines, waiters, fence, live)
     live = live, shard = false, name = false,
     holder = false, watched = false, exists = false,
     limit = 1, holders = 0, earliest = 0, top_slot = 0, arrivals = 0, key_expiry = 0, mode = false,
+    held_mode = false,
     earliest_s = false, key_expiry_s = false,
     mine_text = false, mine_grant = false,
     changes = NONE, removed = NONE, events = NONE, keep_until = 0, dirty = false,
@@ -477,6 +478,7 @@ local function load(L, holder, watched, read)
   if header then
     local mode, limit, holders, earliest, top_slot, arrivals, x = decode_header(header)
     L.exists, L.mode = true, mode ~= '' and mode
+    L.held_mode = L.mode
     L.limit, L.holders, L.top_slot, L.arrivals = num(limit), num(holders), num(top_slot), num(arrivals)
     L.earliest, L.earliest_s = tonumber(earliest), earliest
     if x == '' then
@@ -535,7 +537,7 @@ local HOLDER, REAPER, ADMIN = 'holder', 'reaper', 'admin'
 -- (and, for a namespace with a changelog, to the shard's capped list
 -- '...:c', newest first, the same message):
 --   'namespace\nname\nevent\nholder\ntoken\ntime_ms\nslot\nkind\nttl_ms\n
---    expires_at\nacquired_at\nhold_ms\nactor\nmetadata'
+--    expires_at\nacquired_at\nhold_ms\nactor[:mode]\nmetadata'
 -- (the metadata last: it is JSON, so it holds no raw newline), and only
 -- while some replica has a watcher for the namespace (the caller says so):
 -- an unwatched lock publishes nothing and builds nothing. `g` is the
@@ -548,6 +550,16 @@ local HOLDER, REAPER, ADMIN = 'holder', 'reaper', 'admin'
 -- watchers get the whole message. A shard's list holds at most `size`
 -- entries and about `size` * LOG_BYTES_PER_EVENT bytes as Redis counts
 -- them (MEMORY USAGE, every LOG_BYTES_CHECK-th push).
+-- An event of a read/write lock (decision 0074) carries a mode as a suffix
+-- of its actor: ':r' (READ) or ':w' (WRITE). It is the mode of the grant
+-- the event is about (the header's letter; for a grant that ended in this
+-- call, the letter it was held under, L.held_mode, as drop_grant may turn
+-- 'w' into 'r'), or for a waiter's event the mode it asks (the caller
+-- sets g.mode; false: none). A plain lock's message is byte for byte what
+-- it was, and a message without a suffix (a plain lock's, or one an older
+-- replica stored in a changelog) still parses, as it did: no line is
+-- added (the metadata stays last, and a cut metadata's size line after
+-- it), and an older reader shows 'holder:r' as the actor and reads on.
 local LOG_METADATA_BYTES = 256
 local LOG_BYTES_PER_EVENT = 256
 local LOG_BYTES_CHECK = 8
@@ -563,10 +575,15 @@ local function emit(L, event, holder, g, now, actor, ended)
     hold = int(math.max(0, ended - tonumber(g.acquired_s)))
   end
   local expires = g.expires_s or (g.expires and int(g.expires)) or '0'
+  local mode = g.mode
+  if mode == nil then
+    -- A grant (a waiter's or a lost grant's table has no expiry).
+    mode = g.expires and (ended and L.held_mode or L.mode)
+  end
   local message = table.concat({
     namespace, name, event, holder, g.token or '0', int(now),
     g.slot and int(g.slot) or '0', g.kind or 'default', g.ttl or '0', expires,
-    g.acquired_s or '0', hold, actor, g.metadata or '',
+    g.acquired_s or '0', hold, mode and actor .. ':' .. mode or actor, g.metadata or '',
   }, '\n')
   if L.publish then
     redis.call('PUBLISH', prefix .. ':events', message)
@@ -746,7 +763,7 @@ local function purge_dead_waiters(L, now)
     local kind = waiter_kind(records[i])
     note(L, 'reaped', kind)
     if L.watched then
-      emit(L, 'skipped', id, {kind = kind}, now, REAPER)
+      emit(L, 'skipped', id, {kind = kind, mode = waiter_mode(records[i])}, now, REAPER)
     end
   end
   drop_waiters(L, dead)

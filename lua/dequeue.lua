@@ -27,7 +27,7 @@ if rank then
   else
     kind = waiter_kind(record)
     if L.watched then
-      emit(L, 'dequeued', id, {kind = kind}, now, HOLDER)
+      emit(L, 'dequeued', id, {kind = kind, mode = waiter_mode(record)}, now, HOLDER)
     end
     drop_waiters(L, {id})
   end

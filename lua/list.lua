@@ -4,7 +4,9 @@
 -- here and removed by the next write, the reaper, or its key's TTL.
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: lock names
--- Returns {now, {{name, holders, limit, waiters, next lease expiry}, ...}}
+-- Returns {now, {{name, holders, limit, waiters, next lease expiry, mode}, ...}}
+--   mode: the header's letter ('' for a plain lock; 'w' while a writer
+--   holds, 'r' while readers hold or the lock is only waited for)
 local now = clock_ms()
 local shard = split_key(KEYS[1])
 
@@ -24,7 +26,9 @@ for _, name in ipairs(ARGV) do
     waiters = redis.call('ZCOUNT', L.deadlines, '(' .. int(now), '+inf')
   end
   if holders > 0 or waiters > 0 then
-    table.insert(locks, {name, holders, holders > 0 and L.limit or 0, waiters, first or 0})
+    -- (A writer whose lease passed leaves a read/write lock only waited for.)
+    local mode = L.mode and (holders > 0 and L.mode or 'r') or ''
+    table.insert(locks, {name, holders, holders > 0 and L.limit or 0, waiters, first or 0, mode})
   end
 end
 return {now, locks}

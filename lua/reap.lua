@@ -43,7 +43,7 @@ for k = 4, #ARGV do
             local kind = waiter_kind(records[i])
             note(L, 'reaped', kind)
             if L.watched then
-              emit(L, 'reaped', id, {kind = kind}, now, REAPER)
+              emit(L, 'reaped', id, {kind = kind, mode = waiter_mode(records[i])}, now, REAPER)
             end
           end
         end

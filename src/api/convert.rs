@@ -101,6 +101,7 @@ impl ToProto for engine::MetricsRow {
             reaped: c.reaped,
             errors: c.errors,
             cleared: c.cleared,
+            downgraded: c.downgraded,
         }
     }
 }
@@ -196,7 +197,7 @@ same_fields!(engine::Grant, proto::Grant;
     collected: [metadata]; modes: [mode]);
 same_fields!(engine::LockSummary, proto::LockSummary;
     same: [name, holders, limit, waiters, next_expiry_at_ms];
-    collected: []);
+    collected: []; modes: [mode]);
 same_fields!(engine::QueuedRequest, proto::QueuedRequest;
     same: [holder, position, priority, enqueued_at_ms, expires_at_ms, wait_deadline_ms, fair,
         kind];
@@ -204,7 +205,7 @@ same_fields!(engine::QueuedRequest, proto::QueuedRequest;
 same_fields!(engine::watchers::LockEvent, proto::LockEvent;
     same: [namespace, name, event, holder, fencing_token, at_ms, slot, kind, ttl_ms,
         expires_at_ms, acquired_at_ms, hold_ms, actor];
-    collected: [metadata]);
+    collected: [metadata]; modes: [mode]);
 
 /// The answers of the read RPCs, built once from the engine's values for
 /// every transport that shows them (gRPC, Connect and the dashboard's

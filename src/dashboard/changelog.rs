@@ -43,8 +43,17 @@ const PASSES: usize = 2;
 
 /// The lock events a changelog may hold (the `event` filter's choices).
 pub const EVENTS: &[&str] = &[
-    "acquired", "released", "extended", "expired", "lost", "reaped", "cleared", "queued",
-    "dequeued", "skipped",
+    "acquired",
+    "released",
+    "extended",
+    "expired",
+    "lost",
+    "reaped",
+    "cleared",
+    "queued",
+    "dequeued",
+    "skipped",
+    "downgraded",
 ];
 
 /// The changelog reads of one dashboard: shared answers and the callers'

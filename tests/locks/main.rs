@@ -23,6 +23,7 @@ mod mutual_exclusion;
 mod properties;
 mod queue;
 mod read_write;
+mod read_write_events;
 mod read_write_load;
 mod semantics;
 mod session;

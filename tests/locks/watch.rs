@@ -9,7 +9,7 @@ use common::*;
 use proto::lock_service_client::LockServiceClient;
 use tonic::transport::Channel;
 
-async fn watch(
+pub(super) async fn watch(
     client: &mut LockServiceClient<Channel>,
     request: proto::WatchRequest,
 ) -> tonic::Streaming<proto::LockEvent> {
@@ -17,7 +17,7 @@ async fn watch(
 }
 
 /// Waits until the watch is live: probe events on `probe` until one shows.
-async fn until_live(
+pub(super) async fn until_live(
     client: &mut LockServiceClient<Channel>,
     events: &mut tonic::Streaming<proto::LockEvent>,
     namespace: &str,

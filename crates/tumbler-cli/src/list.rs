@@ -3,7 +3,7 @@
 use clap::Args;
 
 use super::connect::{Conn, Target};
-use super::output::{new_table, now_ms, when};
+use super::output::{lock_mode, new_table, now_ms, when};
 use super::{Failure, Globals, exit};
 use tumbler_proto as proto;
 
@@ -61,20 +61,31 @@ pub async fn run(args: ListArgs, globals: &Globals) -> Result<u8, Failure> {
 fn list_table(locks: &[proto::LockSummary], next: &str) -> String {
     let now = now_ms();
     let mut table = new_table();
-    table.set_header(["name", "holders", "limit", "waiters", "next expiry"]);
+    // A mode column only when the page has a read/write lock (empty for
+    // its plain ones).
+    let modes = locks.iter().any(|lock| lock_mode(lock.mode()).is_some());
+    let mut header = vec!["name", "holders", "limit", "waiters", "next expiry"];
+    if modes {
+        header.insert(1, "mode");
+    }
+    table.set_header(header);
     for lock in locks {
         let expiry = if lock.next_expiry_at_ms > 0 {
             when(lock.next_expiry_at_ms, now)
         } else {
             "-".to_owned()
         };
-        table.add_row([
+        let mut row = vec![
             lock.name.clone(),
             lock.holders.to_string(),
             lock.limit.to_string(),
             lock.waiters.to_string(),
             expiry,
-        ]);
+        ];
+        if modes {
+            row.insert(1, lock_mode(lock.mode()).unwrap_or("").to_owned());
+        }
+        table.add_row(row);
     }
     let mut text = format!("{} lock(s)\n", locks.len());
     if !locks.is_empty() {
@@ -84,4 +95,38 @@ fn list_table(locks: &[proto::LockSummary], next: &str) -> String {
         text += &format!("next page: --page-token {next}\n");
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(name: &str, mode: proto::LockMode) -> proto::LockSummary {
+        proto::LockSummary {
+            name: name.into(),
+            holders: 1,
+            limit: 1,
+            mode: mode as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_mode_column_only_beside_a_read_write_lock() {
+        let plain = list_table(&[summary("p", proto::LockMode::Unspecified)], "");
+        assert!(!plain.contains("mode"), "{plain}");
+        let mixed = list_table(
+            &[
+                summary("p", proto::LockMode::Unspecified),
+                summary("rw", proto::LockMode::Write),
+            ],
+            "",
+        );
+        assert!(mixed.contains("mode"), "{mixed}");
+        let row = mixed
+            .lines()
+            .find(|l| l.contains(" rw "))
+            .unwrap_or_default();
+        assert!(row.contains("write"), "{mixed}");
+    }
 }

@@ -39,7 +39,7 @@ pub async fn run(args: MetricsArgs, globals: &Globals) -> Result<u8, Failure> {
 }
 
 /// The counters of a metrics row, in table order.
-fn counter_columns(row: &proto::MetricsRow) -> [(&'static str, u64); 9] {
+fn counter_columns(row: &proto::MetricsRow) -> [(&'static str, u64); 10] {
     [
         ("acquired", row.acquired),
         ("denied", row.denied),
@@ -49,6 +49,7 @@ fn counter_columns(row: &proto::MetricsRow) -> [(&'static str, u64); 9] {
         ("expired", row.expired),
         ("reaped", row.reaped),
         ("cleared", row.cleared),
+        ("downgraded", row.downgraded),
         ("errors", row.errors),
     ]
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, rfc3339, status_line};
+use super::output::{display_name, lock_mode, rfc3339, status_line};
 use super::signals::{Signals, killed_by};
 use super::{Failure, Globals};
 use tumbler_proto as proto;
@@ -81,7 +81,9 @@ pub async fn run(args: WatchArgs, globals: &Globals) -> Result<u8, Failure> {
     }
 }
 
-/// `2026-11-22T00:40:17.537Z acquired reports holder=worker-1 token=17953…`.
+/// `2026-11-22T00:40:17.537Z acquired reports holder=worker-1 token=17953…`
+/// (a read/write lock's events also `mode=read` or `mode=write`; its
+/// writer's downgrade is `downgraded … mode=read`).
 fn event_line(event: &proto::LockEvent) -> String {
     let mut line = format!(
         "{} {} {}",
@@ -98,6 +100,9 @@ fn event_line(event: &proto::LockEvent) -> String {
     if event.slot > 0 {
         line += &format!(" slot={}", event.slot);
     }
+    if let Some(mode) = lock_mode(event.mode()) {
+        line += &format!(" mode={mode}");
+    }
     if event.hold_ms > 0 {
         line += &format!(" held={}ms", event.hold_ms);
     }
@@ -105,4 +110,37 @@ fn event_line(event: &proto::LockEvent) -> String {
         line += &format!(" by={}", event.actor);
     }
     line + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(name: &str, mode: proto::LockMode) -> proto::LockEvent {
+        proto::LockEvent {
+            namespace: "default".into(),
+            name: "doc".into(),
+            event: name.into(),
+            holder: "w".into(),
+            fencing_token: 7,
+            at_ms: 1_000,
+            slot: 1,
+            actor: "holder".into(),
+            mode: mode as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_read_write_locks_events_say_their_mode_and_a_plain_ones_none() {
+        let line = event_line(&event("downgraded", proto::LockMode::Read));
+        assert!(
+            line.contains(" downgraded doc holder=w token=7 slot=1 mode=read by=holder"),
+            "{line}"
+        );
+        let line = event_line(&event("acquired", proto::LockMode::Write));
+        assert!(line.contains(" mode=write "), "{line}");
+        let line = event_line(&event("acquired", proto::LockMode::Unspecified));
+        assert!(!line.contains("mode="), "{line}");
+    }
 }

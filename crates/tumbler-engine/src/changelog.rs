@@ -404,6 +404,13 @@ mod tests {
         assert_eq!(parsed.metadata_bytes, Some(900));
         assert_eq!(parsed.event.metadata.keys().collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(parsed.event.name, "x");
+        // A read/write lock's entry (its mode on the actor) is cut alike.
+        let rw = cut.replacen("\nholder\n", "\nholder:w\n", 1);
+        assert_ne!(rw, cut);
+        let parsed = ChangelogEvent::parse(&rw).unwrap();
+        assert_eq!(parsed.metadata_bytes, Some(900));
+        assert_eq!(parsed.event.actor, "holder");
+        assert_eq!(parsed.event.mode, crate::LockMode::Write);
         assert!(ChangelogEvent::parse(&format!("{}{{\n", message(5, "x"))).is_none());
         assert!(ChangelogEvent::parse("garbage").is_none());
     }

@@ -133,12 +133,10 @@ impl Locks {
                 if already {
                     Some(AcquireOutcome::AlreadyHeld { grant, holders })
                 } else {
-                    // A downgrade is no new grant: its release is counted
-                    // once, against the write it began as.
-                    if !downgraded {
-                        self.counting
-                            .now(&req.lock.namespace, &req.kind, "acquired");
-                    }
+                    // A downgrade is no new grant: counted as itself, and
+                    // its release once, against the write it began as.
+                    let event = if downgraded { "downgraded" } else { "acquired" };
+                    self.counting.now(&req.lock.namespace, &req.kind, event);
                     Some(AcquireOutcome::Acquired { grant, holders })
                 }
             }

@@ -205,6 +205,9 @@ pub struct LockSummary {
     pub limit: u32,
     pub waiters: u32,
     pub next_expiry_at_ms: i64,
+    /// A read/write lock's mode: Write while its writer holds it, Read
+    /// while readers hold it or it is only waited for; Plain otherwise.
+    pub mode: LockMode,
 }
 
 /// Where a listing goes on: a deployment-wide SCAN position, and the last
@@ -277,6 +280,9 @@ pub struct Counters {
     /// Grants and waiting requests removed by a Clear.
     pub cleared: u64,
     pub errors: u64,
+    /// Read/write writers that asked READ (their grant is a reader's now;
+    /// not counted as acquired).
+    pub downgraded: u64,
 }
 
 impl Counters {
@@ -291,6 +297,7 @@ impl Counters {
             "reaped" => &mut self.reaped,
             "cleared" => &mut self.cleared,
             "errors" => &mut self.errors,
+            "downgraded" => &mut self.downgraded,
             _ => return,
         };
         *slot += n;
@@ -307,6 +314,7 @@ impl Counters {
         self.reaped += other.reaped;
         self.cleared += other.cleared;
         self.errors += other.errors;
+        self.downgraded += other.downgraded;
     }
 }
 

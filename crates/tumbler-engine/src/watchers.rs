@@ -47,8 +47,8 @@ pub struct LockEvent {
     pub namespace: String,
     pub name: String,
     /// acquired, released, extended, expired, lost, reaped, cleared,
-    /// queued, dequeued, skipped (and held, waiting, synced for the
-    /// initial state).
+    /// queued, dequeued, skipped, downgraded (and held, waiting, synced for
+    /// the initial state).
     pub event: String,
     /// The grant's holder, or the waiting request's id.
     pub holder: String,
@@ -68,13 +68,19 @@ pub struct LockEvent {
     pub hold_ms: u64,
     /// holder, reaper or admin ('' for initial state).
     pub actor: String,
+    /// Of a read/write lock: the mode of the grant the event is about, or
+    /// the one a waiting request asks; Plain otherwise.
+    pub mode: super::LockMode,
 }
 
 impl LockEvent {
     /// Parses `namespace\nname\nevent\nholder\ntoken\ntime_ms` and, from
     /// `lua/common.lua`'s `emit`, `\nslot\nkind\nttl_ms\nexpires_at\n
     /// acquired_at\nhold_ms\nactor\nmetadata` (absent from an older
-    /// replica's events: left at their defaults).
+    /// replica's events: left at their defaults). A read/write lock's
+    /// event carries its mode as a suffix of the actor, `holder:r` or
+    /// `holder:w` (no new line, so a plain lock's message is what it was
+    /// and one stored before modes existed parses as it did).
     pub fn parse(payload: &str) -> Option<LockEvent> {
         let mut fields = payload.splitn(14, '\n');
         let mut event = LockEvent {
@@ -95,7 +101,12 @@ impl LockEvent {
         event.expires_at_ms = fields.next()?.parse().ok()?;
         event.acquired_at_ms = fields.next()?.parse().ok()?;
         event.hold_ms = fields.next()?.parse().ok()?;
-        event.actor = fields.next()?.to_owned();
+        let actor = fields.next()?;
+        (event.actor, event.mode) = match actor.split_once(':') {
+            Some((actor, "r")) => (actor.to_owned(), super::LockMode::Read),
+            Some((actor, "w")) => (actor.to_owned(), super::LockMode::Write),
+            _ => (actor.to_owned(), super::LockMode::Plain),
+        };
         let metadata = fields.next()?;
         if !metadata.is_empty() {
             event.metadata = serde_json::from_str(metadata).ok()?;
@@ -118,6 +129,7 @@ impl LockEvent {
             ttl_ms: grant.ttl_ms,
             expires_at_ms: grant.expires_at_ms,
             acquired_at_ms: grant.acquired_at_ms,
+            mode: grant.mode,
             ..LockEvent::default()
         }
     }
@@ -416,6 +428,18 @@ mod tests {
         assert_eq!((full.acquired_at_ms, full.hold_ms), (1000, 500));
         assert_eq!(full.actor, "holder");
         assert_eq!(full.metadata.get("a").map(String::as_str), Some("x\ny"));
+        assert_eq!(full.mode, crate::LockMode::Plain);
+        // A read/write lock's: the mode a suffix of the actor.
+        for (actor, mode) in [
+            ("holder:r", crate::LockMode::Read),
+            ("reaper:w", crate::LockMode::Write),
+        ] {
+            let rw = LockEvent::parse(&format!(
+                "ns\nlock\nexpired\nh\n17\n1500\n1\ndefault\n30000\n31000\n1000\n500\n{actor}\n"
+            ))
+            .unwrap();
+            assert_eq!((rw.actor.as_str(), rw.mode), (&actor[..6], mode));
+        }
         // Broken ones are refused, not half read.
         assert!(LockEvent::parse("ns\nlock\nreleased\nh\nnot-a-number\n1").is_none());
         assert!(LockEvent::parse("ns\nlock\nreleased\nh\n1\n1\n2\nk").is_none());

@@ -165,6 +165,7 @@ impl Watching {
                         holder: request.holder,
                         at_ms: queue.now_ms,
                         kind: request.kind,
+                        mode: request.mode,
                         ..LockEvent::default()
                     });
                 }

@@ -369,7 +369,7 @@ function locksQuery() {
 // ------------------------------------------------------------ changelog
 
 const CHANGELOG_EVENTS = ["acquired", "released", "extended", "expired", "lost", "reaped", "cleared",
-  "queued", "dequeued", "skipped"];
+  "queued", "dequeued", "skipped", "downgraded"];
 
 function renderChangelogToolbar() {
   const chosen = params.get("event") || "";
@@ -399,7 +399,7 @@ function renderChangelog(d) {
   const events = list(d.events);
   const rows = events.map((e) => h("tr", {},
     h("td", {}, when(e.atMs, now)),
-    h("td", {}, e.event),
+    h("td", {}, e.event, modeOf(e.mode) ? [" ", modeBadge(e.mode)] : null),
     h("th", { scope: "row" }, h("a", { href: lockHref(e.name) }, e.name)),
     h("td", {}, e.holder),
     h("td", { class: "num" }, int(e.fencingToken) ? e.fencingToken : "—"),
@@ -520,8 +520,10 @@ function metadata(map) {
 
 // ------------------------------------------------------------ metrics
 
-const EVENTS = ["acquired", "denied", "timedOut", "released", "extended", "expired", "reaped", "cleared", "errors"];
-const EVENT_LABELS = ["Acquired", "Denied", "Timed out", "Released", "Extended", "Expired", "Reaped", "Cleared", "Errors"];
+const EVENTS = ["acquired", "denied", "timedOut", "released", "extended", "expired", "reaped", "cleared", "downgraded",
+  "errors"];
+const EVENT_LABELS = ["Acquired", "Denied", "Timed out", "Released", "Extended", "Expired", "Reaped", "Cleared",
+  "Downgraded", "Errors"];
 
 function renderMetricsToolbar() {
   const minutes = params.get("minutes") || "60";

@@ -4,22 +4,24 @@ use redis::Value;
 
 use super::Reply;
 use crate::LockSummary;
+use crate::records::header_mode;
 use crate::store::StoreError;
 
 /// Redis' clock and the locks with anything live, in the order asked.
 pub fn parse(value: Value) -> Result<(i64, Vec<LockSummary>), StoreError> {
     let mut reply = Reply::new("list", value)?;
     let now = reply.take()?;
-    let found: Vec<(String, u32, u32, u32, i64)> = reply.take()?;
+    let found: Vec<(String, u32, u32, u32, i64, String)> = reply.take()?;
     let locks = found
         .into_iter()
         .map(
-            |(name, holders, limit, waiters, next_expiry_at_ms)| LockSummary {
+            |(name, holders, limit, waiters, next_expiry_at_ms, mode)| LockSummary {
                 name,
                 holders,
                 limit,
                 waiters,
                 next_expiry_at_ms,
+                mode: header_mode(&mode),
             },
         )
         .collect();
