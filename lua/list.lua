@@ -5,6 +5,7 @@
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: lock names
 -- Returns {now, {{name, holders, limit, waiters, next lease expiry}, ...}}
+--   (holders: the permits the live grants hold, decision 0075)
 local now = clock_ms()
 local shard = split_key(KEYS[1])
 
@@ -15,7 +16,7 @@ for _, name in ipairs(ARGV) do
   for _, grant in ipairs(all_grants(L)) do
     local expires = grant.expires
     if expires > now then
-      holders = holders + 1
+      holders = holders + grant.permits
       first = math.min(first or expires, expires)
     end
   end

@@ -182,6 +182,7 @@ impl LockRequest {
             fair: self.fair,
             mode: 0,
             prefer_readers: false,
+            permits: None,
         }
     }
 

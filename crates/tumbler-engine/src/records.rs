@@ -1,12 +1,14 @@
 //! The two records tumbler keeps for a lock, decoded: a grant
 //! (`slot|expires|token|acquired|ttl|kind[|epoch][\nmetadata]`, in the lock
-//! hash's field `h:<holder>`; an empty kind is `default`, an empty
+//! hash's field `h:<holder>`; `slot` is `s1,s2,…` ascending for a grant of
+//! several permits, decision 0075; an empty kind is `default`, an empty
 //! `acquired` the token's own milliseconds: tokens are made from Redis'
 //! clock in µs; `epoch` only on a session's grant, the epoch of the stream
 //! that serves it, which only the functions read) and a waiter
 //! (`priority|enqueued|wait_ms|fair|kind`, in the queue's records hash,
 //! `fair` one character: `0`/`1` a plain request, `r`/`w` a fair read or
-//! write request, `R` a reader with prefer_readers (barging),
+//! write request, `R` a reader with prefer_readers (barging), then the
+//! weight's digits when it asks more than one permit (`13`: fair, three),
 //! followed for a hand-over waiter by `|request|answer_by|ttl|epoch` and
 //! the metadata after a newline, which only the functions read).
 //! `lua/common.lua` writes them; this is their one reader. Public so that
@@ -39,7 +41,7 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
     };
     let mut fields = numbers.splitn(6, '|');
     let mut next = || fields.next().ok_or_else(bad);
-    let slot = next()?.parse().map_err(|_| bad())?;
+    let slots = parse_slots(next()?).ok_or_else(bad)?;
     let expires_at_ms = next()?.parse().map_err(|_| bad())?;
     let fencing_token: u64 = next()?.parse().map_err(|_| bad())?;
     let acquired_at_ms = match next()? {
@@ -60,7 +62,9 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
     Ok(Grant {
         holder: holder.to_owned(),
         fencing_token,
-        slot,
+        slot: slots[0],
+        permits: u32::try_from(slots.len()).map_err(|_| bad())?,
+        slots,
         acquired_at_ms,
         expires_at_ms,
         ttl_ms,
@@ -70,17 +74,47 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
     })
 }
 
+/// A grant's slot field: one slot, or `s1,s2,…` strictly ascending (one
+/// per permit, decision 0075).
+fn parse_slots(field: &str) -> Option<Vec<u32>> {
+    let mut slots = Vec::new();
+    for part in field.split(',') {
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let slot: u32 = part.parse().ok()?;
+        if slots.last().is_some_and(|&last| last >= slot) {
+            return None;
+        }
+        slots.push(slot);
+    }
+    Some(slots)
+}
+
 /// The waiter record's `fair` field: whether the request takes its turn,
-/// and what it asks for (decision 0074).
-fn fair_and_mode(field: &str) -> Option<(bool, LockMode)> {
-    Some(match field {
+/// what it asks for (decision 0074) and how many permits (its digits after
+/// the character, only when more than one: decision 0075).
+fn fair_and_mode(field: &str) -> Option<(bool, LockMode, u32)> {
+    let (first, weight) = field.split_at_checked(1)?;
+    let (fair, mode) = match first {
         "0" => (false, LockMode::Plain),
         "1" => (true, LockMode::Plain),
         "r" => (true, LockMode::Read),
         "R" => (false, LockMode::Read),
         "w" => (true, LockMode::Write),
         _ => return None,
-    })
+    };
+    let permits = match weight {
+        "" => 1,
+        digits if mode == LockMode::Plain && digits.bytes().all(|b| b.is_ascii_digit()) => {
+            match digits.parse().ok()? {
+                0 | 1 => return None,
+                k => k,
+            }
+        }
+        _ => return None,
+    };
+    Some((fair, mode, permits))
 }
 
 /// The lock's rule from its header's limit field: a leading `r` or `w`
@@ -121,7 +155,7 @@ pub fn parse_waiter(
     let priority = next()?.parse().map_err(|_| bad())?;
     let enqueued_at_ms: i64 = next()?.parse().map_err(|_| bad())?;
     let wait_ms: i64 = next()?.parse().map_err(|_| bad())?;
-    let (fair, mode) = fair_and_mode(next()?).ok_or_else(bad)?;
+    let (fair, mode, permits) = fair_and_mode(next()?).ok_or_else(bad)?;
     Ok(QueuedRequest {
         holder: holder.to_owned(),
         position,
@@ -132,6 +166,7 @@ pub fn parse_waiter(
         kind: kind_of(next()?),
         expires_at_ms,
         mode,
+        permits,
     })
 }
 

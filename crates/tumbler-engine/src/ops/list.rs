@@ -10,6 +10,8 @@ use crate::store::StoreError;
 pub fn parse(value: Value) -> Result<(i64, Vec<LockSummary>), StoreError> {
     let mut reply = Reply::new("list", value)?;
     let now = reply.take()?;
+    // `holders` counts permits in use (decision 0075: one per grant unless
+    // a grant holds several).
     let found: Vec<(String, u32, u32, u32, i64)> = reply.take()?;
     let locks = found
         .into_iter()
@@ -20,6 +22,7 @@ pub fn parse(value: Value) -> Result<(i64, Vec<LockSummary>), StoreError> {
                 limit,
                 waiters,
                 next_expiry_at_ms,
+                permits_in_use: holders,
             },
         )
         .collect();
