@@ -535,6 +535,7 @@ fn acquire_case() -> impl Strategy<Value = Case> {
                         fair,
                         mode: 0,
                         prefer_readers: false,
+                        permits: None,
                     }),
                 }
             },

@@ -232,6 +232,44 @@ mod tests {
     }
 
     #[test]
+    fn a_weighted_grant_holds_one_slot_per_permit_and_a_weighted_waiter_says_its_weight() {
+        // Decision 0075: 's1,s2,…' ascending; the first is `slot`.
+        let grant = parse_grant("h", "2,4,5|9|8|7|6|jobs").unwrap();
+        assert_eq!((grant.slot, grant.permits), (2, 3));
+        assert_eq!(grant.slots, vec![2, 4, 5]);
+        let one = parse_grant("h", "3|9|8|7|6|").unwrap();
+        assert_eq!((one.slot, one.permits, one.slots), (3, 1, vec![3]));
+        for bad in [
+            "2,|9|8|7|6|",
+            ",2|9|8|7|6|",
+            "4,2|9|8|7|6|",
+            "2,2|9|8|7|6|",
+            "2,,3|9|8|7|6|",
+        ] {
+            assert!(parse_grant("h", bad).is_err(), "{bad}");
+        }
+        // The fair field: its character, then the weight's digits.
+        let waiter = parse_waiter("w", "0|1|2|13|jobs|ab.1|99|30000|", 3, 1).unwrap();
+        assert_eq!(
+            (waiter.fair, waiter.mode, waiter.permits),
+            (true, LockMode::Plain, 3)
+        );
+        let barging = parse_waiter("w", "0|1|2|012|", 3, 1).unwrap();
+        assert_eq!((barging.fair, barging.permits), (false, 12));
+        assert_eq!(parse_waiter("w", "0|1|2|1|", 3, 1).unwrap().permits, 1);
+        // A weight is written only past one, and only for a plain request.
+        for bad in [
+            "0|1|2|11|",
+            "0|1|2|10|",
+            "0|1|2|r3|",
+            "0|1|2|w2|",
+            "0|1|2|1x|",
+        ] {
+            assert!(parse_waiter("w", bad, 3, 1).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn malformed_grant_record_is_a_protocol_error() {
         assert!(parse_grant("h", "1|12|x|3|4|k").is_err());
         assert!(parse_grant("h", "1|12|1|3").is_err());
@@ -284,6 +322,30 @@ mod properties {
             prop_assert_eq!(grant.kind, kind);
             prop_assert_eq!(grant.holder, holder);
             prop_assert_eq!(grant.metadata, metadata);
+        }
+
+        #[test]
+        fn weighted_grant_and_waiter_records_round_trip(
+            first in 1u32..1000,
+            gaps in proptest::collection::vec(1u32..50, 0..12),
+            fair in any::<bool>(),
+            permits in 2u32..10_000,
+            token in any::<u64>(),
+        ) {
+            // Slots as lua/common.lua's free_slots writes them: ascending.
+            let mut slots = vec![first];
+            for gap in gaps {
+                slots.push(slots.last().unwrap() + gap);
+            }
+            let text = slots.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let grant = parse_grant("h", &format!("{text}|9|{token}||6|")).unwrap();
+            prop_assert_eq!(grant.slot, first);
+            prop_assert_eq!(grant.permits as usize, slots.len());
+            prop_assert_eq!(grant.slots, slots);
+            // A waiter's fair field as acquire.lua writes it for k > 1.
+            let field = format!("{}{permits}", if fair { '1' } else { '0' });
+            let waiter = parse_waiter("w", &format!("0|1|2|{field}|"), 3, 1).unwrap();
+            prop_assert_eq!((waiter.fair, waiter.permits), (fair, permits));
         }
     }
 }
