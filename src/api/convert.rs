@@ -199,7 +199,7 @@ same_fields!(engine::LockSummary, proto::LockSummary;
     collected: []);
 same_fields!(engine::QueuedRequest, proto::QueuedRequest;
     same: [holder, position, priority, enqueued_at_ms, expires_at_ms, wait_deadline_ms, fair,
-        kind];
+        kind, permits];
     collected: []; modes: [mode]);
 same_fields!(engine::watchers::LockEvent, proto::LockEvent;
     same: [namespace, name, event, holder, fencing_token, at_ms, slot, kind, ttl_ms,

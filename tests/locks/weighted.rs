@@ -199,6 +199,23 @@ async fn a_big_head_is_not_passed_by_small_fair_requests_but_barging_ones_pass()
         until_queued(&mut client, "pool", 2).await,
         ["big".to_owned(), "small".to_owned()]
     );
+    // The Queue RPC says what each waits for.
+    let queued = client
+        .queue(proto::QueueRequest {
+            name: "pool".into(),
+            max_entries: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let weights: Vec<(String, u32, bool)> = (queued.requests.iter())
+        .map(|r| (r.holder.clone(), r.permits, r.fair))
+        .collect();
+    assert_eq!(
+        weights,
+        [("big".to_owned(), 3, true), ("small".to_owned(), 1, true)]
+    );
     // A fair try-once does not pass the head either; a barging one would,
     // had it room.
     let_go(&mut client, "pool", "passer").await;
