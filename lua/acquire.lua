@@ -249,7 +249,9 @@ end
 local handing = request and request ~= ''
 if not added and (handing or rw or weight) then
   local old = redis.call('HGET', L.waiters, holder)
-  if (handing and waiter_request(old) ~= request) or waiter_fair(old) ~= fair_field then
+  local old_fair = waiter_fair(old)
+  if (handing and waiter_request(old) ~= request)
+    or ((rw or weight or #(old_fair or '') > 1) and old_fair ~= fair_field) then
     redis.call('HSET', L.waiters, holder, record(int(waiter_enqueued(old))))
   end
 end
