@@ -84,7 +84,12 @@ async function run(client: Client): Promise<string> {
     return lock.fencingToken;
   }).catch((e: unknown) => (e instanceof NotAcquiredError && e.busy ? 'busy' : 'error'));
 }
-export { run };
+async function readWrite(client: Client): Promise<'read' | 'write' | null> {
+  const lock: Lock = await client.acquire('catalog', { mode: 'write', waitMs: 1000, preferReaders: false });
+  await lock.downgrade();
+  return lock.mode;
+}
+export { run, readWrite };
 EOF
 (cd "$work/node-app" && node "$src/clients/node/node_modules/typescript/bin/tsc" --noEmit --strict \
   --module commonjs --moduleResolution node --target es2022 --lib es2022,dom check.ts)

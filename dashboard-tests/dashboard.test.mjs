@@ -203,6 +203,22 @@ try {
   assert.match(leaderMeta, /election value = db-1:5432/);
   await page.screenshot({ path: path.join(shots, "election.png"), fullPage: true });
 
+  // A read/write lock: its mode, who holds it, each holder's and waiter's
+  // mode, as Inspect and Queue say.
+  step("a read/write lock's page shows readers holding it and a writer waiting");
+  await page.goto(`${base}/dashboard/lock?name=catalog&namespace=inventory`);
+  await page.waitForSelector("#queue tbody tr th code");
+  const rwInspect = grpc("Inspect", { namespace: "inventory", name: "catalog" });
+  assert.equal(rwInspect.mode, "LOCK_MODE_READ");
+  const rwCards = await page.$$eval("dl.cards .card", (els) => els.map((el) => el.textContent));
+  assert.ok(rwCards.some((c) => c.includes("Mode") && c.includes("read/write") && c.includes("2 readers hold it")),
+    JSON.stringify(rwCards));
+  const rwHolders = await tableRows(page, "#holders tbody tr");
+  assert.deepEqual(rwHolders.map((r) => r.slice(1, 3)), [["reader-1", "read"], ["reader-2", "read"]]);
+  const rwQueue = await tableRows(page, "#queue tbody tr");
+  assert.deepEqual(rwQueue.map((r) => r.slice(0, 5)), [["1", "writer-1", "0", "fair", "write"]]);
+  await page.screenshot({ path: path.join(shots, "read-write.png"), fullPage: true });
+
   // Namespace switch (query parameter) from the header form.
   step("namespace selector switches to another namespace");
   await page.getByLabel("Namespace", { exact: true }).fill("billing");

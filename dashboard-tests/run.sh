@@ -83,7 +83,8 @@ done
 
 # The scene: a mutex held, a second holder denied and a third waiting in
 # its queue; a semaphore-style job lock with two of three permits taken;
-# a lock in another namespace; an election with a leader.
+# a lock in another namespace; an election with a leader; a read/write
+# lock held by two readers with a writer waiting.
 t() { "$TUMBLER_BIN" "$@" --addr "$addr" >/dev/null; }
 t acquire reports --holder worker-1 --ttl-ms 600000 --kind export --meta team=billing --meta job=42
 t acquire reports --holder worker-2 --ttl-ms 600000 --kind export || true
@@ -103,6 +104,19 @@ for _ in $(seq 100); do
   if grep -q ELECTED "$work/elect.log"; then break; fi
   sleep 0.1
 done
+# A read/write lock (3 readers at once) in a namespace of its own: two
+# readers hold it, a writer waits behind them (through grpcurl: the
+# Acquire RPC's mode field).
+rw_acquire() {
+  grpcurl -plaintext -H "authorization: Bearer $admin_token" -d "$1" \
+    "127.0.0.1:$grpc_port" tumbler.v1.LockService/Acquire
+}
+for reader in reader-1 reader-2; do
+  rw_acquire '{"namespace":"inventory","name":"catalog","holder":"'"$reader"'","mode":"LOCK_MODE_READ","limit":3,"ttlMs":"600000","kind":"cache"}' >/dev/null
+done
+rw_acquire '{"namespace":"inventory","name":"catalog","holder":"writer-1","mode":"LOCK_MODE_WRITE","limit":3,"ttlMs":"600000","waitMs":"600000","kind":"cache"}' \
+  >"$work/writer.log" 2>&1 &
+pids+=("$!")
 # Names that would show reversed or hide characters: a right-to-left
 # override (U+202E) in a name and in metadata, a left-to-right isolate
 # (U+2066) in a holder, in a namespace of their own.

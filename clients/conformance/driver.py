@@ -21,8 +21,8 @@ import time
 import tumbler_client as tc
 from tumbler_client import pb
 
-from procs import (CLIENTS, ELECTION_LANGS, EXAMPLE_LANGS, LANGS, NAMESPACE, OBSERVE_LANGS, RESIGN_TAKES_LEADERSHIP,
-                   ROOT, Step, free_port,
+from procs import (CLIENTS, ELECTION_LANGS, EXAMPLE_LANGS, LANGS, NAMESPACE, OBSERVE_LANGS, READ_WRITE_LANGS,
+                   RESIGN_TAKES_LEADERSHIP, ROOT, Step, free_port,
                    start_dev, start_redis, start_serve, stop)
 
 results = []  # (lang, ok, text)
@@ -302,6 +302,63 @@ def election(addr):
         election_round(addr, a, b, o, r, n)
     for n, k in enumerate(langs):
         killed_leader(addr, k, langs[(n + 1) % len(langs)], n)
+
+
+def is_failed_precondition(code):
+    """FAILED_PRECONDITION as each helper names it (FAILED_PRECONDITION, FailedPrecondition, failed_precondition, 9)."""
+    return str(code).replace("_", "").lower() in ("failedprecondition", "9")
+
+
+def mode_is(got, mode):
+    """A step's grant mode (read, READ, LOCK_MODE_READ, Read) is `mode`."""
+    return bool(got) and str(got.get("mode") or "").lower().endswith(mode)
+
+
+def read_write_round(addr, r1, r2, w, n):
+    """Readers from r1 and r2 hold at once; w's writer waits for both, then gets a higher token; an upgrade and a
+    plain acquire of the held read/write lock are FAILED_PRECONDITION."""
+    name = f"rw-{n}"
+    a = step(r1, "rw_hold", name, f"{r1}-reader", "read", addr=addr)
+    check(r1, a and a["status"] == "ACQUIRED" and mode_is(a, "read"), f"read/write: a {r1} reader holds {name}", a)
+    b = step(r2, "rw_hold", name, f"{r2}-reader", "read", addr=addr)
+    check(r2, b and b["status"] == "ACQUIRED" and mode_is(b, "read"),
+          f"read/write: a {r2} reader holds {name} beside the {r1} reader", b)
+    with tc.Client(addr, namespace=NAMESPACE) as c:
+        info = c.inspect(name)
+    holders = sorted(h.grant.holder for h in info.holders)
+    check(r2, holders == sorted([f"{r1}-reader", f"{r2}-reader"]) and info.mode == pb.LOCK_MODE_READ
+          and all(h.grant.mode == pb.LOCK_MODE_READ for h in info.holders),
+          f"read/write: two readers ({r1}, {r2}) hold at once, the lock in read mode", (holders, info.mode))
+    writer = run_step(w, ["rw_wait", name, f"{w}-writer", "write", "20000", "100"], addr)
+    check(w, wait_for_queue(addr, name, [f"{w}-writer"]), f"read/write: a {w} writer waits while the readers hold")
+    up = step(r1, "rw_hold", name, f"{r1}-reader", "write", addr=addr)
+    check(r1, up and up["status"] == "ERROR" and is_failed_precondition(up["code"]),
+          f"read/write: the {r1} reader's upgrade to write -> FAILED_PRECONDITION ({up and up.get('typed')})", up)
+    plain = step(r2, "rw_hold", name, f"{r2}-plain", "plain", addr=addr)
+    check(r2, plain and plain["status"] == "ERROR" and is_failed_precondition(plain["code"]),
+          f"read/write: a plain acquire of the held read/write lock -> FAILED_PRECONDITION "
+          f"({plain and plain.get('typed')})", plain)
+    step(r1, "release", name, f"{r1}-reader", addr=addr)
+    check(w, wait_for_queue(addr, name, [f"{w}-writer"], timeout=0.3),
+          f"read/write: the {w} writer still waits while the {r2} reader holds")
+    released_at = now_ms()
+    step(r2, "release", name, f"{r2}-reader", addr=addr)
+    got = writer.result()
+    tokens = [int(x["token"]) for x in (a, b) if x and x.get("token")]
+    check(w, got and mode_is(got, "write") and len(tokens) == 2 and int(got["token"]) > max(tokens)
+          and got["acquired_at_ms"] >= released_at,
+          f"read/write: the {w} writer is granted once both readers released, token {got and got.get('token')} > "
+          f"{max(tokens) if tokens else '?'}", got)
+
+
+def read_write(addr):
+    """Read/write locks across the helpers: each language in turn is a reader beside another, and the writer."""
+    langs = [lang for lang in READ_WRITE_LANGS if lang in LANGS]
+    if len(langs) < 3:
+        print("SKIP  read_write: fewer than 3 read/write languages selected (--langs)", flush=True)
+        return
+    for n in range(len(langs)):
+        read_write_round(addr, langs[n], langs[(n + 1) % len(langs)], langs[(n + 2) % len(langs)], n)
 
 
 def unique_across_languages(addr):
@@ -696,7 +753,8 @@ def readme_examples(addr):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default=os.path.join(ROOT, "target", "debug", "tumbler"))
-    ap.add_argument("--only", help="comma-separated parts to run (scenario, election, examples, keep, crash, lost, "
+    ap.add_argument("--only", help="comma-separated parts to run (scenario, election, read_write, examples, keep, "
+                                   "crash, lost, "
                                    "cancel, readme, restart, restart-hold, restart-place, auth, renewal); "
                                    "default all")
     ap.add_argument("--langs", help="comma-separated languages to run (" + ",".join(LANGS) + "); default all. "
@@ -711,12 +769,13 @@ def main():
         EXAMPLE_LANGS[:] = [lang for lang in EXAMPLE_LANGS if lang in wanted]
         ELECTION_LANGS[:] = [lang for lang in ELECTION_LANGS if lang in wanted]
         OBSERVE_LANGS[:] = [lang for lang in OBSERVE_LANGS if lang in wanted]
+        READ_WRITE_LANGS[:] = [lang for lang in READ_WRITE_LANGS if lang in wanted]
     if not os.path.exists(opts.server):
         raise SystemExit(f"{opts.server} is missing: cargo build --bin tumbler")
     proc, addr = start_dev(opts.server)
     print(f"==> tumbler dev on {addr} (pid {proc.pid})", flush=True)
     server = opts.server
-    parts = [("scenario", scenario), ("election", election), ("examples", examples),
+    parts = [("scenario", scenario), ("election", election), ("read_write", read_write), ("examples", examples),
              ("keep", held_means_held), ("crash", crash_frees),
              ("lost", lost_signalled), ("cancel", cancel_leaves_no_waiter), ("readme", readme_examples),
              ("restart", lambda _addr: restart_retries(server)),

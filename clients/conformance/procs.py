@@ -28,6 +28,9 @@ EXAMPLE_LANGS = ["python", "node", "go", "ruby", "perl"]
 ELECTION_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 OBSERVE_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 RESIGN_TAKES_LEADERSHIP = ["rust"]
+# Languages whose helpers run the read/write part (rw_hold, rw_wait), in
+# the order it rotates the roles through (two readers, then a writer).
+READ_WRITE_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 
 
 def commands(table):

@@ -130,7 +130,20 @@ type AcquireOptions struct {
 	Priority   int32
 	QueueTTLMs uint64
 	Barging    bool
+	// Mode makes it a read/write lock: ModeRead shares with other readers
+	// (up to Limit; 0: the server's maximum), ModeWrite is alone. Zero: a
+	// plain lock.
+	Mode pb.LockMode
+	// PreferReaders (with ModeRead): take a free read permit even when
+	// writers wait.
+	PreferReaders bool
 }
+
+// The modes of a read/write lock's grant (AcquireOptions.Mode, Lock.Mode).
+const (
+	ModeRead  = pb.LockMode_LOCK_MODE_READ
+	ModeWrite = pb.LockMode_LOCK_MODE_WRITE
+)
 
 func newHolder() string {
 	b := make([]byte, 16)
@@ -140,7 +153,7 @@ func newHolder() string {
 
 func (c *Client) acquireRequest(name string, o AcquireOptions, waitMs uint64) *pb.AcquireRequest {
 	req := &pb.AcquireRequest{Namespace: c.Namespace, Name: name, Holder: o.Holder, Kind: o.Kind,
-		Metadata: o.Metadata, WaitMs: waitMs, Priority: o.Priority}
+		Metadata: o.Metadata, WaitMs: waitMs, Priority: o.Priority, Mode: o.Mode, PreferReaders: o.PreferReaders}
 	if o.Limit != 0 {
 		req.Limit = proto.Uint32(o.Limit)
 	}
@@ -201,7 +214,9 @@ func (c *Client) Acquire(ctx context.Context, name string, o AcquireOptions) (*L
 	if since := time.Now().Add(-50 * time.Millisecond); since.After(sent) {
 		sent = since
 	}
-	return newLock(c, name, resp.Grant, sent), nil
+	l := newLock(c, name, resp.Grant, sent)
+	l.limit = o.Limit
+	return l, nil
 }
 
 // Inspect returns a lock's holders, limit and waiter count.

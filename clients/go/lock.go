@@ -17,8 +17,9 @@ import (
 
 // Lock is one grant.
 type Lock struct {
-	Name string
-	c    *Client
+	Name  string
+	c     *Client
+	limit uint32 // the limit asked: a downgrade asks the same
 
 	mu       sync.Mutex
 	grant    *pb.Grant
@@ -44,6 +45,43 @@ func (l *Lock) Grant() *pb.Grant {
 func (l *Lock) Holder() string       { return l.Grant().Holder }
 func (l *Lock) FencingToken() uint64 { return l.Grant().FencingToken }
 func (l *Lock) Slot() uint32         { return l.Grant().Slot }
+
+// Mode is ModeRead or ModeWrite for a grant of a read/write lock,
+// LOCK_MODE_UNSPECIFIED for a plain lock's.
+func (l *Lock) Mode() pb.LockMode { return l.Grant().Mode }
+
+// Downgrade turns a write grant into a read grant at once: the same fencing
+// token, slot and lease; readers may then join. A plain lock is an *Error
+// (FAILED_PRECONDITION); a grant that is gone is a *LockLostError.
+func (l *Lock) Downgrade(ctx context.Context) error {
+	ctx, cancel := l.c.bounded(ctx)
+	defer cancel()
+	g := l.Grant()
+	req := &pb.AcquireRequest{Namespace: l.c.Namespace, Name: l.Name, Holder: g.Holder, Kind: g.Kind,
+		TtlMs: proto.Uint64(g.TtlMs), Mode: ModeRead}
+	if l.limit != 0 {
+		req.Limit = proto.Uint32(l.limit)
+	}
+	sent := time.Now()
+	var resp *pb.AcquireResponse
+	err := l.c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = l.c.Stub.Acquire(ctx, req)
+		return err
+	})
+	if err != nil {
+		return fromRPC(err)
+	}
+	if resp.Status == pb.AcquireStatus_ACQUIRE_STATUS_NOT_ACQUIRED || resp.Grant.GetFencingToken() != g.FencingToken {
+		if resp.Status != pb.AcquireStatus_ACQUIRE_STATUS_NOT_ACQUIRED { // a new grant, not ours: give it back
+			_, _ = l.c.Stub.Release(ctx, &pb.ReleaseRequest{Namespace: l.c.Namespace, Name: l.Name,
+				Holder: g.Holder, FencingToken: proto.Uint64(resp.Grant.GetFencingToken())})
+		}
+		l.markLost("not held")
+		return l.Err()
+	}
+	l.renewed(resp.Grant, sent)
+	return nil
+}
 
 // Lost is closed the moment the grant is known to be gone; Err then says why.
 func (l *Lock) Lost() <-chan struct{} { return l.lost }

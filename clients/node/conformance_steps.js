@@ -5,7 +5,7 @@
 // usage: conformance_steps.js ADDR NAMESPACE STEP ARGS...
 // Prints JSON lines: events ({"event": ...}) while it runs, its result last.
 const readline = require('readline');
-const { Client, NotAcquiredError, LockLostError, NotLeaderError, InvalidArgumentError } = require('tumbler-client');
+const { Client, NotAcquiredError, LockLostError, NotLeaderError, InvalidArgumentError, TumblerError } = require('tumbler-client');
 
 const sleep = (ms, signal) => new Promise((resolve, reject) => {
   const t = setTimeout(resolve, ms);
@@ -30,6 +30,24 @@ const steps = {
       if (e instanceof NotAcquiredError) return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response.holders };
       throw e;
     }
+  },
+  async rw_hold(client, name, holder, mode) { // try once as read, write or plain; keep the grant (60 s lease)
+    try {
+      const lock = await client.acquire(name, { holder, ttlMs: 60000, mode: mode === 'plain' ? undefined : mode });
+      return { status: 'ACQUIRED', ...grantJson(lock), mode: lock.mode };
+    } catch (e) {
+      if (e instanceof NotAcquiredError) return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response.holders };
+      if (e instanceof TumblerError) return { status: 'ERROR', code: e.code, typed: e.name, message: e.details };
+      throw e;
+    }
+  },
+  async rw_wait(client, name, holder, mode, waitMs, holdMs) { // wait in a mode, hold a while, release
+    return client.withLock(name, { holder, waitMs: Number(waitMs), ttlMs: 60000, mode }, async (lock) => {
+      const out = { ...grantJson(lock), mode: lock.mode };
+      await sleep(Number(holdMs));
+      out.released_at_ms = Date.now();
+      return out;
+    });
   },
   async release(client, name, holder) {
     const resp = await client.call('Release', () => ({ namespace: client.namespace, name, holder }));

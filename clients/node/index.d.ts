@@ -46,6 +46,10 @@ export interface AcquireOptions {
   priority?: number;
   queueTtlMs?: number;
   fair?: boolean;
+  /** A read/write lock: 'read' shares with other readers (up to `limit`), 'write' is alone. */
+  mode?: 'read' | 'write';
+  /** With mode 'read': take a free read permit even when writers wait. */
+  preferReaders?: boolean;
 }
 
 export interface WithLockOptions extends AcquireOptions {
@@ -61,11 +65,15 @@ export declare class Lock {
   readonly fencingToken: string;
   readonly slot: number;
   readonly ttlMs: number;
+  /** 'read' or 'write' for a grant of a read/write lock, null for a plain lock's. */
+  readonly mode: 'read' | 'write' | null;
   lost: boolean;
   lostReason: string | null;
   /** Aborted, with a LockLostError as reason, the moment the grant is known lost. */
   readonly signal: AbortSignal;
   extend(ttlMs?: number): Promise<Lock>;
+  /** A write grant becomes a read grant: same fencing token, slot and lease. */
+  downgrade(): Promise<Lock>;
   release(): Promise<boolean>;
   keepAlive(options?: { onLost?: (err: LockLostError) => void }): Lock;
   stopKeepAlive(): void;

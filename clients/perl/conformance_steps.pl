@@ -54,6 +54,29 @@ $steps{hold} = sub {
     return { status => $e->kind eq 'busy' ? 'BUSY' : 'TIMEOUT', holders => 0 + ($e->holders // 0) };
 };
 
+# Try once as read, write or plain; keep the grant (60 s lease).
+$steps{rw_hold} = sub {
+    my ($c, $name, $holder, $mode) = @_;
+    my $g = eval { $c->acquire($name, holder => $holder, ttl_ms => 60_000, ($mode eq 'plain' ? () : (mode => $mode))) };
+    return { status => 'ACQUIRED', grant_json($g), mode => $g->{mode} } if $g;
+    my $e = $@;
+    die $e unless is_a($e, 'Tumbler::Error');
+    return { status => $e->kind eq 'busy' ? 'BUSY' : 'TIMEOUT', holders => 0 + ($e->holders // 0) }
+        if is_a($e, 'Tumbler::Error::NotAcquired');
+    return { status => 'ERROR', code => $e->code, typed => ref $e, message => $e->message };
+};
+
+# Wait in a mode, hold a while, release.
+$steps{rw_wait} = sub {
+    my ($c, $name, $holder, $mode, $wait_ms, $hold_ms) = @_;
+    my $lock = $c->lock($name, holder => $holder, wait_ms => $wait_ms, ttl_ms => 60_000, mode => $mode);
+    my %out = (grant_json($lock), mode => $lock->mode);
+    Time::HiRes::sleep($hold_ms / 1000);
+    $out{released_at_ms} = now_ms();
+    undef $lock;   # the guard releases here
+    return \%out;
+};
+
 $steps{release} = sub {
     my ($c, $name, $holder) = @_;
     return { released => bool($c->release($name, holder => $holder)) };

@@ -47,6 +47,24 @@ def wait(client, name, holder, wait_ms, hold_ms):  # wait, hold a while, release
     return out
 
 
+def rw_hold(client, name, holder, mode):  # try once as "read", "write" or "plain"; keep the grant (60 s lease)
+    try:
+        lock = client.acquire(name, holder, ttl_ms=60000, mode=None if mode == "plain" else mode)
+        return {"status": "ACQUIRED", **grant_json(lock), "mode": lock.mode}
+    except tc.NotAcquired as e:
+        return {"status": "BUSY" if e.busy else "TIMEOUT", "holders": e.response.holders}
+    except tc.TumblerError as e:
+        return {"status": "ERROR", "code": e.code.name, "typed": type(e).__name__, "message": e.details}
+
+
+def rw_wait(client, name, holder, mode, wait_ms, hold_ms):  # wait in a mode, hold a while, release
+    with client.lock(name, holder, wait_ms=int(wait_ms), ttl_ms=60000, mode=mode) as lock:
+        out = {**grant_json(lock), "mode": lock.mode}
+        time.sleep(int(hold_ms) / 1000)
+        out["released_at_ms"] = now_ms()
+    return out
+
+
 def scoped(client, name):  # context manager, extend inside, nothing held after
     with client.lock(name, ttl_ms=2000) as lock:
         out = grant_json(lock)
@@ -226,7 +244,7 @@ def _until_elected(observer, stop_candidate, changes, out):
         yield seen
 
 
-SYNC = {"hold": hold, "release": release, "wait": wait, "scoped": scoped, "inspect": inspect, "invalid": invalid,
+SYNC = {"hold": hold, "release": release, "wait": wait, "rw_hold": rw_hold, "rw_wait": rw_wait, "scoped": scoped, "inspect": inspect, "invalid": invalid,
         "keep": keep, "crash": crash, "lost": lost, "restart": restart, "campaign": campaign, "leader": leader,
         "observe": observe}
 ASYNC = {"lost-async": lost_async, "cancel-async": cancel_async}

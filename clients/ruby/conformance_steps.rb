@@ -39,6 +39,25 @@ module Steps
     { status: e.busy? ? 'BUSY' : 'TIMEOUT', holders: e.response.holders }
   end
 
+  # Try once as read, write or plain; keep the grant (60 s lease).
+  def rw_hold(c, name, holder, mode)
+    lock = c.acquire(name, holder: holder, ttl_ms: 60_000, mode: mode == 'plain' ? nil : mode)
+    { status: 'ACQUIRED', **grant_json(lock), mode: lock.mode }
+  rescue Tumbler::NotAcquired => e
+    { status: e.busy? ? 'BUSY' : 'TIMEOUT', holders: e.response.holders }
+  rescue Tumbler::Error => e
+    { status: 'ERROR', code: e.code, typed: e.class.name, message: e.details }
+  end
+
+  # Wait in a mode, hold a while, release.
+  def rw_wait(c, name, holder, mode, wait_ms, hold_ms)
+    c.lock(name, holder: holder, wait_ms: Integer(wait_ms), ttl_ms: 60_000, mode: mode) do |lock|
+      out = { **grant_json(lock), mode: lock.mode }
+      sleep Integer(hold_ms) / 1000.0
+      out.merge(released_at_ms: now_ms)
+    end
+  end
+
   def release(c, name, holder)
     resp = c.stub.release(Tumbler::V1::ReleaseRequest.new(namespace: c.namespace, name: name, holder: holder))
     { released: resp.status == :RELEASE_STATUS_RELEASED }

@@ -11,4 +11,5 @@ mod cli;
 mod cli_elect;
 mod cli_health;
 mod cli_hold;
+mod cli_read_write;
 mod redis_acl;

@@ -67,6 +67,15 @@ function followBoth(a, b) {
   return { signal: controller.signal, detach: () => { a.removeEventListener('abort', onA); b.removeEventListener('abort', onB); } };
 }
 
+// 'read' / 'write' (or the enum's own name) -> the LockMode enum name; undefined: a plain lock.
+const MODES = { read: 'LOCK_MODE_READ', write: 'LOCK_MODE_WRITE' };
+function modeOf(mode) {
+  if (mode === undefined || mode === null) return 'LOCK_MODE_UNSPECIFIED';
+  const name = MODES[mode] || (Object.values(MODES).includes(mode) ? mode : undefined);
+  if (!name) throw new errors.InvalidArgumentError(`mode: ${JSON.stringify(mode)} is not 'read' or 'write'`, { details: `mode: ${JSON.stringify(mode)} is not 'read' or 'write'` });
+  return name;
+}
+
 const newHolder = () => `node-${crypto.randomUUID()}`;
 
 class Client {
@@ -117,7 +126,8 @@ class Client {
   // rejects with LockBusyError, LockTimeoutError, InvalidArgumentError,
   // PermissionDeniedError, UnavailableError, or the signal's reason.
   async acquire(name, { holder, waitMs = 0, timeoutMs, signal, limit, ttlMs, kind = '', metadata = {},
-    priority = 0, queueTtlMs, fair } = {}) {
+    priority = 0, queueTtlMs, fair, mode, preferReaders = false } = {}) {
+    const lockMode = modeOf(mode);
     const who = holder || newHolder();
     const started = Date.now();
     const deadline = started + (timeoutMs ?? waitMs + DEADLINE_SLACK_MS);
@@ -130,6 +140,8 @@ class Client {
       if (ttlMs !== undefined) req.ttlMs = ttlMs;
       if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
       if (fair !== undefined) req.fair = fair;
+      if (lockMode !== 'LOCK_MODE_UNSPECIFIED') req.mode = lockMode;
+      if (preferReaders) req.preferReaders = true;
       return req;
     };
     let resp;
@@ -143,7 +155,9 @@ class Client {
       if (resp.reason === 'NOT_ACQUIRED_REASON_BUSY') throw new errors.LockBusyError(name, resp);
       throw new errors.LockTimeoutError(name, resp);
     }
-    return new Lock(this, name, resp.grant, Math.max(sent, performance.now() - 50) + Number(resp.grant.ttlMs));
+    const lock = new Lock(this, name, resp.grant, Math.max(sent, performance.now() - 50) + Number(resp.grant.ttlMs));
+    lock.limit = limit; // a downgrade asks the same limit
+    return lock;
   }
 
   // Run fn(lock, signal) while holding the lock. A watchdog extends the lease

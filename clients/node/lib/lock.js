@@ -21,6 +21,8 @@ class Lock {
   get fencingToken() { return this.grant.fencingToken; } // a decimal string (uint64)
   get slot() { return this.grant.slot; }
   get ttlMs() { return Number(this.grant.ttlMs); }
+  // 'read' or 'write' for a grant of a read/write lock, null for a plain lock's.
+  get mode() { return { LOCK_MODE_READ: 'read', LOCK_MODE_WRITE: 'write' }[this.grant.mode] || null; }
   // Aborted (with a LockLostError as reason) the moment the grant is known lost.
   get signal() { return this.controller.signal; }
 
@@ -36,6 +38,27 @@ class Lock {
     const sent = performance.now();
     const resp = await this.client.call('Extend', () => this.extendRequest(ttlMs));
     if (resp.status !== 'EXTEND_STATUS_EXTENDED') {
+      this.markLost('not held');
+      throw this.lostError();
+    }
+    this.renewed(resp.grant, sent);
+    return this;
+  }
+
+  // Turn a write grant into a read grant at once: same fencing token, slot and
+  // lease; readers may then join. Rejects with TumblerError (FAILED_PRECONDITION)
+  // on a plain lock, LockLostError when the grant is gone.
+  async downgrade() {
+    const req = { namespace: this.client.namespace, name: this.name, holder: this.holder, waitMs: 0,
+      ttlMs: this.ttlMs, kind: this.grant.kind || '', mode: 'LOCK_MODE_READ' };
+    if (this.limit !== undefined) req.limit = this.limit;
+    const sent = performance.now();
+    const resp = await this.client.call('Acquire', () => req);
+    if (resp.status === 'ACQUIRE_STATUS_NOT_ACQUIRED' || resp.grant.fencingToken !== this.fencingToken) {
+      if (resp.status !== 'ACQUIRE_STATUS_NOT_ACQUIRED') { // a new grant, not ours: give it back
+        await this.client.call('Release', () => ({ namespace: this.client.namespace, name: this.name,
+          holder: this.holder, fencingToken: resp.grant.fencingToken }));
+      }
       this.markLost('not held');
       throw this.lostError();
     }

@@ -8,7 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use tokio_stream::StreamExt;
-use tumbler_client::{CancellationToken, Client, Error, Leadership, Lock, proto};
+use tumbler_client::{
+    CancellationToken, Client, Error, Leadership, Lock, LockRequest, Mode, proto,
+};
 
 type Out = Result<Value, Error>;
 
@@ -69,6 +71,76 @@ async fn hold(c: &Client, a: &[String]) -> Out {
         }
         Err(e) => Err(e),
     }
+}
+
+/// "read" / "write" asks that mode; anything else ("plain") a plain lock.
+fn in_mode(request: LockRequest, mode: &str) -> LockRequest {
+    match mode {
+        "read" => request.read(),
+        "write" => request.write(),
+        _ => request,
+    }
+}
+
+fn mode_json(lock: &Lock) -> Value {
+    match lock.mode() {
+        Some(Mode::Read) => json!("read"),
+        Some(Mode::Write) => json!("write"),
+        None => Value::Null,
+    }
+}
+
+async fn rw_hold(c: &Client, a: &[String]) -> Out {
+    // NAME HOLDER read|write|plain: try once, keep the grant (60 s lease)
+    let request = c
+        .lock(&a[0])
+        .holder(&a[1])
+        .ttl(Duration::from_secs(60))
+        .watchdog(false);
+    match in_mode(request, &a[2]).acquire().await {
+        Ok(lock) => {
+            let out = with(
+                grant_json(&lock),
+                json!({"status": "ACQUIRED", "mode": mode_json(&lock)}),
+            );
+            lock.forget();
+            Ok(out)
+        }
+        Err(Error::NotAcquired {
+            reason, holders, ..
+        }) => {
+            let status = if reason == tumbler_client::NotAcquiredReason::Busy {
+                "BUSY"
+            } else {
+                "TIMEOUT"
+            };
+            Ok(json!({"status": status, "holders": holders}))
+        }
+        Err(Error::Status(status)) => Ok(json!({
+            "status": "ERROR",
+            "code": format!("{:?}", status.code()),
+            "typed": "Error::Status",
+            "message": status.message(),
+        })),
+        Err(e) => Err(e),
+    }
+}
+
+async fn rw_wait(c: &Client, a: &[String]) -> Out {
+    // NAME HOLDER MODE WAIT_MS HOLD_MS: wait in a mode, hold a while, release
+    let request = c
+        .lock(&a[0])
+        .holder(&a[1])
+        .wait(ms(&a[3]))
+        .ttl(Duration::from_secs(60));
+    let hold_for = ms(&a[4]);
+    in_mode(request, &a[2])
+        .run(async |lock| {
+            let out = with(grant_json(lock), json!({"mode": mode_json(lock)}));
+            tokio::time::sleep(hold_for).await;
+            with(out, json!({"released_at_ms": now_ms()}))
+        })
+        .await
 }
 
 async fn release(c: &Client, a: &[String]) -> Out {
@@ -431,6 +503,8 @@ async fn main() {
             Err(e) => Err(e),
             Ok(c) => match step {
                 "hold" => hold(&c, args).await,
+                "rw_hold" => rw_hold(&c, args).await,
+                "rw_wait" => rw_wait(&c, args).await,
                 "release" => release(&c, args).await,
                 "wait" => wait(&c, args).await,
                 "scoped" => scoped(&c, args).await,

@@ -15,6 +15,8 @@
 //! - Cancellation: dropping an acquire's future, or cancelling its
 //!   [`CancellationToken`], takes the
 //!   request out of the server's queue at once.
+//! - Read/write locks: [`LockRequest::read`] / [`LockRequest::write`]
+//!   ([`Mode`]), [`Lock::mode`], [`Lock::downgrade`].
 //! - [`Session`]: grants renewed by the server while the client's stream
 //!   lives, released at once when it closes, resumed on another replica
 //!   with the same tokens when the stream breaks.
@@ -51,7 +53,7 @@ mod session;
 pub use client::{Bearer, Client, ClientBuilder, Stub};
 pub use election::{Election, Leadership};
 pub use error::{Backoff, Error, NotAcquiredReason, Result};
-pub use lock::{Lock, LockRequest, new_holder};
+pub use lock::{Lock, LockRequest, Mode, new_holder};
 pub use session::{Session, SessionBuilder, SessionEvent, SessionGrant, SessionId};
 pub use tokio_util::sync::CancellationToken;
 pub use tonic::transport::{Certificate, ClientTlsConfig, Identity};

@@ -23,6 +23,36 @@ pub fn new_holder() -> String {
     format!("rust-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// The mode of a read/write lock's grant: any number of readers (up to the
+/// lock's limit) or one writer, never both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Shared: with other readers, never with a writer.
+    Read,
+    /// Exclusive: alone, never with a reader or another writer.
+    Write,
+}
+
+impl Mode {
+    /// The API's enum value.
+    pub fn to_proto(self) -> proto::LockMode {
+        match self {
+            Mode::Read => proto::LockMode::Read,
+            Mode::Write => proto::LockMode::Write,
+        }
+    }
+
+    /// The mode of a read/write lock's grant, `None` for a plain lock's
+    /// (unspecified).
+    pub fn from_proto(mode: proto::LockMode) -> Option<Mode> {
+        match mode {
+            proto::LockMode::Read => Some(Mode::Read),
+            proto::LockMode::Write => Some(Mode::Write),
+            proto::LockMode::Unspecified => None,
+        }
+    }
+}
+
 /// An acquire to configure, then send with [`acquire`](LockRequest::acquire).
 /// Made by [`Client::lock`]. Unset options are the server's defaults
 /// (limit 1, its default lease, fair queueing), but the wait: try once.
@@ -40,6 +70,8 @@ pub struct LockRequest {
     priority: i32,
     queue_ttl: Option<Duration>,
     fair: Option<bool>,
+    mode: Option<Mode>,
+    prefer_readers: bool,
     watchdog: bool,
     cancel: Option<CancellationToken>,
 }
@@ -58,6 +90,8 @@ impl LockRequest {
             priority: 0,
             queue_ttl: None,
             fair: None,
+            mode: None,
+            prefer_readers: false,
             watchdog: true,
             cancel: None,
         }
@@ -116,6 +150,38 @@ impl LockRequest {
     /// `false`: take any free permit at once, whoever waits (barging).
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = Some(fair);
+        self
+    }
+
+    /// A read permit of a read/write lock: shared with other readers (up
+    /// to [`limit`](LockRequest::limit), default the server's maximum),
+    /// never with a writer. The same as `.mode(Mode::Read)`.
+    pub fn read(self) -> Self {
+        self.mode(Mode::Read)
+    }
+
+    /// The write permit of a read/write lock: alone, with no reader and no
+    /// other writer. A reader that asks it is refused
+    /// (FAILED_PRECONDITION, [`Error::Status`]): release, then acquire
+    /// write. The same as `.mode(Mode::Write)`.
+    pub fn write(self) -> Self {
+        self.mode(Mode::Write)
+    }
+
+    /// Read or write: makes the lock a read/write lock. While anyone holds
+    /// or waits, a plain acquire of a read/write lock (or the reverse) is
+    /// FAILED_PRECONDITION.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// With [`read`](LockRequest::read): take a free read permit at once
+    /// even when writers wait (readers first; a stream of readers can
+    /// then starve a writer). Default false: a reader behind a waiting
+    /// writer waits behind it.
+    pub fn prefer_readers(mut self, on: bool) -> Self {
+        self.prefer_readers = on;
         self
     }
 
@@ -180,8 +246,10 @@ impl LockRequest {
             queue_ttl_ms: self.queue_ttl.map(|t| t.as_millis() as u64),
             priority: self.priority,
             fair: self.fair,
-            mode: 0,
-            prefer_readers: false,
+            mode: self
+                .mode
+                .map_or(proto::LockMode::Unspecified, Mode::to_proto) as i32,
+            prefer_readers: self.prefer_readers,
             permits: None,
         }
     }
@@ -249,13 +317,9 @@ impl LockRequest {
         let grant = reply.grant.unwrap_or_default();
         // The lease started no earlier than the last try was sent.
         let sent = *sent.lock().unwrap();
-        Ok(Lock::new(
-            self.client,
-            self.name,
-            grant,
-            sent,
-            self.watchdog,
-        ))
+        let mut lock = Lock::new(self.client, self.name, grant, sent, self.watchdog);
+        lock.limit = self.limit;
+        Ok(lock)
     }
 }
 
@@ -329,6 +393,9 @@ impl Shared {
 pub struct Lock {
     client: Client,
     shared: Arc<Shared>,
+    /// The limit it was acquired with: a downgrade asks the same (another
+    /// limit would be refused while the lock is held).
+    limit: Option<u32>,
     watchdog: Option<JoinHandle<()>>,
     released: bool,
 }
@@ -355,6 +422,7 @@ impl Lock {
         Lock {
             client,
             shared,
+            limit: None,
             watchdog,
             released: false,
         }
@@ -379,6 +447,66 @@ impl Lock {
     /// The slot, 1..limit.
     pub fn slot(&self) -> u32 {
         self.shared.grant().slot
+    }
+
+    /// Read or write for a grant of a read/write lock (as last renewed or
+    /// downgraded); `None` for a plain lock's.
+    pub fn mode(&self) -> Option<Mode> {
+        Mode::from_proto(self.shared.grant().mode())
+    }
+
+    /// Turns a write grant into a read grant at once, keeping its fencing
+    /// token, slot and lease (and the watchdog): readers waiting behind it
+    /// may then join. On a read grant it changes nothing. The lock being
+    /// plain is FAILED_PRECONDITION ([`Error::Status`]); the grant being
+    /// gone is [`Error::LockLost`] (and `lost()` resolves).
+    ///
+    /// ```no_run
+    /// # async fn run(client: tumbler_client::Client) -> tumbler_client::Result<()> {
+    /// let lock = client.lock("catalog").write().acquire().await?;
+    /// // ... write ...
+    /// lock.downgrade().await?;
+    /// // ... read on, with other readers, under the same fencing token ...
+    /// lock.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn downgrade(&self) -> Result<()> {
+        let grant = self.shared.grant();
+        let request = proto::AcquireRequest {
+            namespace: self.client.namespace().to_owned(),
+            name: self.shared.name.clone(),
+            holder: self.shared.holder.clone(),
+            limit: self.limit,
+            ttl_ms: Some(grant.ttl_ms),
+            kind: grant.kind.clone(),
+            mode: proto::LockMode::Read as i32,
+            ..Default::default()
+        };
+        let sent = Instant::now();
+        let reply = self
+            .client
+            .call(
+                |mut stub, req| async move { stub.acquire(req).await },
+                request,
+            )
+            .await?;
+        match reply.grant {
+            Some(read) if read.fencing_token == grant.fencing_token => {
+                self.shared.renewed(read, sent);
+                Ok(())
+            }
+            other => {
+                // The write grant was gone: the READ was not a downgrade but
+                // a new grant (or none). Give a new one back at once.
+                if let Some(new) = other {
+                    let _ = self
+                        .client
+                        .release(&self.shared.name, &new.holder, Some(new.fencing_token))
+                        .await;
+                }
+                Err(self.mark_lost("not held"))
+            }
+        }
     }
 
     /// The grant as last renewed (expiry in Redis-clock Unix ms).
@@ -468,6 +596,7 @@ impl std::fmt::Debug for Lock {
             .field("holder", &self.shared.holder)
             .field("fencing_token", &grant.fencing_token)
             .field("slot", &grant.slot)
+            .field("mode", &Mode::from_proto(grant.mode()))
             .field("expires_at_ms", &grant.expires_at_ms)
             .field("lost", &*self.shared.lost.borrow())
             .finish()

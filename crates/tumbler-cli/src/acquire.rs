@@ -49,6 +49,21 @@ pub struct GrantArgs {
     /// Metadata stored with the grant, as key=value; repeatable.
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
     pub metadata: Vec<(String, String)>,
+    /// Take a read permit of a read/write lock: shared with other readers,
+    /// never with a writer (--limit: the most readers at once; default the
+    /// server's maximum). The holder of the write permit asking --read is
+    /// downgraded, keeping its grant and token.
+    #[arg(long, conflicts_with = "write")]
+    pub read: bool,
+    /// Take the write permit of a read/write lock: alone, with no reader
+    /// and no other writer. A reader asking --write is refused
+    /// (FAILED_PRECONDITION): release, then ask --write.
+    #[arg(long)]
+    pub write: bool,
+    /// With --read: take a free read permit at once even when writers wait
+    /// (a stream of readers can then starve a writer).
+    #[arg(long, requires = "read", conflicts_with = "write")]
+    pub prefer_readers: bool,
 }
 
 impl GrantArgs {
@@ -67,7 +82,20 @@ impl GrantArgs {
             kind: self.kind.clone(),
             metadata: self.metadata.iter().cloned().collect(),
             wait_ms: self.wait_ms,
+            mode: self.mode() as i32,
+            prefer_readers: self.prefer_readers,
             ..Default::default()
+        }
+    }
+
+    /// The lock mode asked: READ, WRITE, or unspecified (a plain lock).
+    pub fn mode(&self) -> proto::LockMode {
+        if self.read {
+            proto::LockMode::Read
+        } else if self.write {
+            proto::LockMode::Write
+        } else {
+            proto::LockMode::Unspecified
         }
     }
 }
@@ -117,5 +145,39 @@ mod tests {
     fn meta_pairs() {
         assert_eq!(parse_meta("a=b=c").unwrap(), ("a".into(), "b=c".into()));
         assert!(parse_meta("nope").is_err());
+    }
+
+    #[derive(clap::Parser, Debug)]
+    struct Flags {
+        #[command(flatten)]
+        grant: GrantArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<GrantArgs, clap::Error> {
+        use clap::Parser;
+        Flags::try_parse_from(std::iter::once("acquire").chain(flags.iter().copied()))
+            .map(|flags| flags.grant)
+    }
+
+    #[test]
+    fn read_write_flags_set_the_mode() {
+        let plain = parse(&[]).unwrap().request(String::new(), "a".into());
+        assert_eq!(plain.mode(), proto::LockMode::Unspecified);
+        assert!(!plain.prefer_readers);
+        let read = parse(&["--read", "--prefer-readers"]).unwrap();
+        let read = read.request(String::new(), "a".into());
+        assert_eq!(read.mode(), proto::LockMode::Read);
+        assert!(read.prefer_readers);
+        let write = parse(&["--write"])
+            .unwrap()
+            .request(String::new(), "a".into());
+        assert_eq!(write.mode(), proto::LockMode::Write);
+    }
+
+    #[test]
+    fn read_write_flags_that_cannot_go_together_are_refused() {
+        assert!(parse(&["--read", "--write"]).is_err());
+        assert!(parse(&["--prefer-readers"]).is_err());
+        assert!(parse(&["--write", "--prefer-readers"]).is_err());
     }
 }

@@ -3,7 +3,7 @@
 use clap::Args;
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, metadata_text, new_table, when};
+use super::output::{display_name, lock_mode, metadata_text, new_table, when};
 use super::{Failure, Globals, LockName, exit};
 use tumbler_proto as proto;
 
@@ -26,24 +26,34 @@ pub async fn run(args: InspectArgs, globals: &Globals) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
+/// The lock's summary line, then its holders; a read/write lock's line
+/// says its mode (`read`: readers hold it or wait for it, `write`: its
+/// writer holds it) and its table each holder's.
 fn inspect_table(reply: &proto::InspectResponse) -> String {
     let lock = display_name(&reply.namespace, &reply.name);
+    let mode = lock_mode(reply.mode());
     let text = format!(
-        "{lock}: {} holder(s), limit {}, {} waiting\n",
+        "{lock}: {} holder(s), limit {}, {} waiting{}\n",
         reply.holders.len(),
         reply.limit,
-        reply.waiters
+        reply.waiters,
+        mode.map(|mode| format!(", {mode} mode"))
+            .unwrap_or_default()
     );
     if reply.holders.is_empty() {
         return text;
     }
     let mut table = new_table();
-    table.set_header([
+    let mut header = vec![
         "slot", "holder", "token", "acquired", "expires", "kind", "metadata",
-    ]);
+    ];
+    if mode.is_some() {
+        header.insert(2, "mode");
+    }
+    table.set_header(header);
     for holder in &reply.holders {
         let Some(grant) = &holder.grant else { continue };
-        table.add_row([
+        let mut row = vec![
             grant.slot.to_string(),
             grant.holder.clone(),
             grant.fencing_token.to_string(),
@@ -51,7 +61,65 @@ fn inspect_table(reply: &proto::InspectResponse) -> String {
             when(grant.expires_at_ms, reply.now_ms),
             grant.kind.clone(),
             metadata_text(&grant.metadata),
-        ]);
+        ];
+        if mode.is_some() {
+            row.insert(2, lock_mode(grant.mode()).unwrap_or("").to_owned());
+        }
+        table.add_row(row);
     }
     text + &format!("{table}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(holder: &str, mode: proto::LockMode) -> proto::HolderInfo {
+        proto::HolderInfo {
+            grant: Some(proto::Grant {
+                holder: holder.into(),
+                slot: 1,
+                mode: mode as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_read_write_lock_shows_its_mode_and_each_holders() {
+        let reply = proto::InspectResponse {
+            name: "r".into(),
+            limit: 8,
+            mode: proto::LockMode::Read as i32,
+            holders: vec![
+                holder("a", proto::LockMode::Read),
+                holder("b", proto::LockMode::Read),
+            ],
+            ..Default::default()
+        };
+        let text = inspect_table(&reply);
+        assert!(
+            text.starts_with("r: 2 holder(s), limit 8, 0 waiting, read mode\n"),
+            "{text}"
+        );
+        assert!(text.contains("mode"), "{text}");
+        assert_eq!(text.matches("read").count(), 3, "{text}");
+    }
+
+    #[test]
+    fn a_plain_lock_shows_no_mode() {
+        let reply = proto::InspectResponse {
+            name: "m".into(),
+            limit: 1,
+            holders: vec![holder("a", proto::LockMode::Unspecified)],
+            ..Default::default()
+        };
+        let text = inspect_table(&reply);
+        assert!(
+            text.starts_with("m: 1 holder(s), limit 1, 0 waiting\n"),
+            "{text}"
+        );
+        assert!(!text.contains("mode"), "{text}");
+    }
 }

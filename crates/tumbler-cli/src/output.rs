@@ -113,6 +113,16 @@ pub fn acquire_status(reply: &proto::AcquireResponse) -> String {
     enum_name(reply.status().as_str_name(), "ACQUIRE_STATUS_")
 }
 
+/// `read` or `write` for a read/write lock's mode; `None` for a plain
+/// lock's (unspecified).
+pub fn lock_mode(mode: proto::LockMode) -> Option<&'static str> {
+    match mode {
+        proto::LockMode::Read => Some("read"),
+        proto::LockMode::Write => Some("write"),
+        proto::LockMode::Unspecified => None,
+    }
+}
+
 pub fn acquire_reason(reply: &proto::AcquireResponse) -> String {
     enum_name(reply.reason().as_str_name(), "NOT_ACQUIRED_REASON_")
 }
@@ -183,6 +193,9 @@ pub fn grant_table(grant: &proto::Grant, now_ms: i64) -> Table {
     table.add_row(["holder".to_owned(), grant.holder.clone()]);
     table.add_row(["fencing token".to_owned(), grant.fencing_token.to_string()]);
     table.add_row(["slot".to_owned(), grant.slot.to_string()]);
+    if let Some(mode) = lock_mode(grant.mode()) {
+        table.add_row(["mode".to_owned(), mode.to_owned()]);
+    }
     table.add_row(["acquired".to_owned(), when(grant.acquired_at_ms, now_ms)]);
     table.add_row(["expires".to_owned(), when(grant.expires_at_ms, now_ms)]);
     table.add_row([

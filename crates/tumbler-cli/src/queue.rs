@@ -3,7 +3,7 @@
 use clap::Args;
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, new_table, when};
+use super::output::{display_name, lock_mode, new_table, when};
 use super::{Failure, Globals, LockName, exit};
 use tumbler_proto as proto;
 
@@ -30,6 +30,16 @@ pub async fn run(args: QueueArgs, globals: &Globals) -> Result<u8, Failure> {
     Ok(exit::SUCCESS)
 }
 
+/// `fair` or `barging`, then the lock mode asked for a read/write lock:
+/// `fair write`, `barging read` (a reader with prefer_readers).
+fn order_and_mode(request: &proto::QueuedRequest) -> String {
+    let order = if request.fair { "fair" } else { "barging" };
+    match lock_mode(request.mode()) {
+        Some(mode) => format!("{order} {mode}"),
+        None => order.to_owned(),
+    }
+}
+
 fn queue_table(reply: &proto::QueueResponse) -> String {
     let lock = display_name(&reply.namespace, &reply.name);
     let text = format!("{lock}: {} waiting\n", reply.waiters);
@@ -50,10 +60,40 @@ fn queue_table(reply: &proto::QueueResponse) -> String {
             request.position.to_string(),
             request.holder.clone(),
             request.priority.to_string(),
-            if request.fair { "fair" } else { "barging" }.to_owned(),
+            order_and_mode(request),
             when(request.enqueued_at_ms, reply.now_ms),
             when(request.wait_deadline_ms, reply.now_ms),
         ]);
     }
     text + &format!("{table}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiters_order_then_its_lock_mode() {
+        let waiter = |fair, mode: proto::LockMode| proto::QueuedRequest {
+            fair,
+            mode: mode as i32,
+            ..Default::default()
+        };
+        assert_eq!(
+            order_and_mode(&waiter(true, proto::LockMode::Unspecified)),
+            "fair"
+        );
+        assert_eq!(
+            order_and_mode(&waiter(false, proto::LockMode::Unspecified)),
+            "barging"
+        );
+        assert_eq!(
+            order_and_mode(&waiter(true, proto::LockMode::Write)),
+            "fair write"
+        );
+        assert_eq!(
+            order_and_mode(&waiter(false, proto::LockMode::Read)),
+            "barging read"
+        );
+    }
 }

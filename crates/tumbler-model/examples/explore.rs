@@ -4,7 +4,7 @@
 
 use stateright::{Checker, Model};
 use std::time::Instant;
-use tumbler_model::{Config, Faults};
+use tumbler_model::{Config, Faults, Mode};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -151,6 +151,59 @@ fn main() {
                 failover: 1,
                 ..Faults::default()
             };
+        }
+        "rw" | "rw-hand" | "long-rw" | "long-rw-hand" => {
+            // A writer and two readers, limit 2, the writer may downgrade.
+            cfg = Config::small(2);
+            cfg.clients = 3;
+            cfg.modes = vec![Some(Mode::Write), Some(Mode::Read), Some(Mode::Read)];
+            cfg.downgrade = true;
+            cfg.hand_over = name.ends_with("hand");
+            if name.starts_with("long") {
+                cfg.rounds = 2;
+                cfg.max_time = 6;
+                cfg.reap = true;
+            }
+        }
+        "rw-writers" => {
+            // Two writers and a reader, limit 2.
+            cfg = Config::small(2);
+            cfg.clients = 3;
+            cfg.modes = vec![Some(Mode::Write), Some(Mode::Read), Some(Mode::Write)];
+            cfg.downgrade = true;
+        }
+        "hand" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.extend = true;
+            cfg.reap = true;
+            cfg.hand_over = true;
+        }
+        "hand-crash" | "long-hand-crash" => {
+            cfg.rounds = 2;
+            cfg.max_time = 6;
+            cfg.reap = true;
+            cfg.hand_over = true;
+            cfg.faults = Faults {
+                crash: 1,
+                lose_wake: 1,
+                duplicate_wake: 1,
+                ..Faults::default()
+            };
+            cfg.max_time = std::env::var("MAXT").map_or(6, |w| w.parse().unwrap());
+            if name.starts_with("long") {
+                cfg.extend = true;
+            }
+        }
+        "dead-waiter" | "dead-waiter-hand" => {
+            // A holder, a waiter whose replica dies, a live waiter behind.
+            cfg.clients = 3;
+            cfg.wait = 20;
+            cfg.max_time = std::env::var("MAXT").map_or(7, |w| w.parse().unwrap());
+            cfg.faults.crash = 1;
+            cfg.hand_over = name.ends_with("hand");
+            cfg.ttl = std::env::var("TTL").map_or(2, |w| w.parse().unwrap());
+            cfg.served_within = std::env::var("WITHIN").map_or(4, |w| w.parse().unwrap());
         }
         other => panic!("unknown configuration {other}"),
     }

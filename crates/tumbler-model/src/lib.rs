@@ -8,23 +8,30 @@
 //! SAFETY.md at the repository's root maps each invariant to its argument,
 //! its property here and the tests that pin it.
 //!
-//! Not modelled yet (extension points): election, read/write locks,
-//! weighted permits and multi-locks do not exist in the functions yet;
-//! each will be a new `Data` method beside `acquire` (mirroring its Lua
+//! Read/write locks (invariant 13, decision 74) and the release's
+//! hand-over (decision 68) are modelled ([`hand_over`]), each behind a
+//! configuration option that is off by default.
+//!
+//! Not modelled yet (extension points): election, weighted permits and
+//! multi-locks; each will be a new `Data` method beside `acquire` (mirroring its Lua
 //! file), new `Call`/`Action` variants for its steps, and its invariant
-//! (12–15) as a new property in `properties::all`. Slots, `clear`, the
+//! (12, 14, 15) as a new property in `properties::all`. Slots, `clear`, the
 //! namespace lock limit and metadata are left out: they decide no
 //! property here.
 
+pub mod hand_over;
 pub mod model;
 pub mod properties;
 pub mod redis;
+mod state;
 mod steps;
 pub mod trace;
 
+pub use hand_over::Mode;
 pub use model::{Action, Call, Client, Ghost, Phase, State};
 pub use redis::Id;
 
+use hand_over::Hand;
 use redis::{AcquireArgs, Data};
 
 /// The faults a run may suffer, each with its budget (how many times).
@@ -93,6 +100,15 @@ pub struct Config {
     pub retry_release: bool,
     /// The reaper runs (lua/reap.lua) whenever it has something to do.
     pub reap: bool,
+    /// Per client: READ or WRITE (missing or `None`: a plain request).
+    /// Off (empty) by default, so the plain configurations are unchanged.
+    pub modes: Vec<Option<Mode>>,
+    /// A writer holding its grant may ask READ for it (a downgrade).
+    pub downgrade: bool,
+    /// The release hands the permit over (decision 68, `--hand-over`):
+    /// waiting requests' records name their answer-by time, and the call
+    /// that frees a permit grants the head and publishes the grant.
+    pub hand_over: bool,
     pub faults: Faults,
 }
 
@@ -113,6 +129,9 @@ impl Config {
             sessions: Vec::new(),
             extend: false,
             reap: false,
+            modes: Vec::new(),
+            downgrade: false,
+            hand_over: false,
             served_within: 0,
             end_awaits_renewals: true,
             retry_release: true,
@@ -124,6 +143,11 @@ impl Config {
 impl Config {
     pub(crate) fn session(&self, c: Id) -> bool {
         self.sessions.get(usize::from(c)).copied().unwrap_or(false)
+    }
+
+    /// Client `c`'s mode (`None`: plain).
+    pub fn mode(&self, c: Id) -> Option<Mode> {
+        self.modes.get(usize::from(c)).copied().flatten()
     }
 
     pub(crate) fn priority(&self, c: Id) -> u8 {
@@ -153,6 +177,8 @@ impl Config {
                     paused: false,
                     epoch: u8::from(session),
                     retries: 0,
+                    writer: false,
+                    handed: None,
                 }
             })
             .collect();
@@ -192,6 +218,35 @@ impl Config {
             priority: self.priority(c),
             queue_ttl: (self.wait > 0).then_some(self.queue_ttl),
             epoch: (epoch > 0).then_some(epoch),
+            mode: self.mode(c),
+            hand: None,
+        }
+    }
+
+    /// The arguments of request `req` of client `c` sent by replica `via`:
+    /// with the hand-over, a waiting request's record names its
+    /// answer-by time (and the replica, in its request id).
+    pub fn request_args(&self, c: Id, via: u8, req: u8, answer_by: u8, epoch: u8) -> AcquireArgs {
+        let mut a = self.acquire_args(c, req, answer_by, epoch);
+        if self.hand_over && self.wait > 0 {
+            a.hand = Some(Hand {
+                answer_by,
+                via,
+                ttl: self.ttl,
+                epoch,
+            });
+        }
+        a
+    }
+
+    /// A writer's downgrade: an acquire READ for the grant it holds,
+    /// trying once.
+    pub fn downgrade_args(&self, c: Id, req: u8, epoch: u8) -> AcquireArgs {
+        AcquireArgs {
+            mode: Some(Mode::Read),
+            queue_ttl: None,
+            answer_by: 0,
+            ..self.acquire_args(c, req, 0, epoch)
         }
     }
 }

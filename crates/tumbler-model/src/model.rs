@@ -11,135 +11,12 @@
 //! states by their arrival orders and add nothing the functions can see
 //! (one task's calls are sequential: the engine awaits each).
 
+use crate::Config;
+use crate::hand_over::Mode;
 use crate::redis::{Data, Id};
-use crate::steps::{run_beat, run_call};
-use crate::{Config, Resource};
+pub use crate::state::{Call, Client, Ghost, Phase, State};
+use crate::steps::{publish, run_beat, run_call};
 use stateright::Model;
-
-/// What a client (and the replica task serving its RPC) is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// Between requests (or about to make its first).
-    Idle,
-    /// In the lock's queue, its RPC open; woken by pub/sub or its timer.
-    Waiting { answer_by: u8, retry_at: u8 },
-    /// Holds a grant it believes valid while its own clock is before `until`.
-    Holding { token: u32, until: u8 },
-    /// Checked its lease (still valid) and is about to write with `token`.
-    Writing { token: u32, until: u8 },
-    /// Its requests are over.
-    Done,
-}
-
-/// A call a replica task sent to Redis and Redis has not run yet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Call {
-    Acquire {
-        req: u8,
-        sent: u8,
-        answer_by: u8,
-        epoch: u8,
-    },
-    Release {
-        token: u32,
-        epoch: u8,
-    },
-    Extend {
-        token: u32,
-        sent: u8,
-    },
-    /// The request that leaves (finding 6: a place another request of the
-    /// holder took over is left alone).
-    Dequeue {
-        req: u8,
-    },
-    SessionEnd {
-        epoch: u8,
-        token: u32,
-    },
-    SessionClaim,
-    SessionTouch {
-        epoch: u8,
-    },
-    Renew {
-        token: u32,
-        sent: u8,
-        epoch: u8,
-    },
-}
-
-/// One client.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Client {
-    pub phase: Phase,
-    /// The replica serving it (its session's stream, its waiting RPC).
-    pub replica: u8,
-    /// Requests made so far (the current one's number).
-    pub req: u8,
-    /// Its RPC's outstanding call.
-    pub call: Option<Call>,
-    /// Its session heartbeat's outstanding call (touch, then renew).
-    pub beat: Option<Call>,
-    /// A pub/sub wake-up on its way to its waiter.
-    pub wake: bool,
-    /// Paused (GC, VM freeze) between its lease check and its write.
-    pub paused: bool,
-    /// Its session stream's epoch; 0: no live stream.
-    pub epoch: u8,
-    /// Requests that failed with their replica (each may be made again).
-    pub retries: u8,
-}
-
-/// Facts about the run that no single state shows; the properties read them.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Ghost {
-    /// The highest fencing token granted so far.
-    pub max_token: u32,
-    pub token_went_back: bool,
-    /// Per client: its request that reached Redis last, and when its place
-    /// in line began (the order in which requests first reached Redis; a
-    /// new request of a holder still in the queue keeps that holder's
-    /// place, as the queue does).
-    pub arrival: Vec<(u8, u8)>,
-    pub arrivals: u8,
-    /// Per client: the request that was answered "not acquired" (0: none).
-    pub told_no: Vec<u8>,
-    pub granted_after_no: bool,
-    pub fifo_broken: bool,
-    /// Per client: its session ended (session_end, or a claim found it over).
-    pub session_over: Vec<bool>,
-    pub renewed_after_end: bool,
-    pub duplicate_grant: bool,
-    /// Events the `sometimes` properties look for.
-    pub waiter_granted: bool,
-    pub dead_waiter_skipped: bool,
-    pub resumed: bool,
-    pub data_lost: bool,
-    pub token_after_loss: bool,
-    pub wake_lost: bool,
-}
-
-/// The whole system's state.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct State {
-    /// The Redis clock (ticks); clients and replicas read the same time.
-    pub now: u8,
-    pub redis: Data,
-    /// What the Redis replica has received (asynchronous replication);
-    /// a failover without WAIT promotes it.
-    pub synced: Data,
-    pub alive: Vec<bool>,
-    /// Per replica: its waiter refresh is in flight.
-    pub refresh: Vec<bool>,
-    pub clients: Vec<Client>,
-    /// Calls whose task is gone (replica crash, answered timeout): Redis
-    /// may still run them.
-    pub orphans: Vec<(Id, Call)>,
-    pub resource: Resource,
-    /// Faults used so far, in the order of `Faults`' budgets.
-    pub used: [u8; 6],
-    pub ghost: Ghost,
-}
 
 /// The model's steps. Those run by Redis are named after the Lua function
 /// they run; the others are a client's, a replica's or a fault.
@@ -160,6 +37,10 @@ pub enum Action {
     GiveUp(Id),
     /// A holder asks for a new lease.
     AskExtend(Id),
+    /// A writer holding its grant asks READ for it (a downgrade).
+    Downgrade(Id),
+    /// A waiter's replica answers it with the grant handed to its request.
+    TakeHanded(Id),
     /// A session client whose stream died resumes on another replica.
     Resume(Id),
     /// Redis runs a client task's call (named after its function).
@@ -211,6 +92,13 @@ impl Config {
         if self.session(c) { 1 } else { self.rounds }
     }
 
+    /// The replica named in an acquire: only the hand-over reads it (a
+    /// handed grant goes to that replica), so without it every call names
+    /// replica 0 and states that differ only there are one.
+    fn via(&self, replica: u8) -> u8 {
+        if self.hand_over { replica } else { 0 }
+    }
+
     fn budget(&self, fault: usize) -> u8 {
         let f = &self.faults;
         [
@@ -221,50 +109,6 @@ impl Config {
             f.failover,
             f.restart_empty,
         ][fault]
-    }
-}
-
-impl State {
-    pub(crate) fn client(&mut self, c: Id) -> &mut Client {
-        &mut self.clients[usize::from(c)]
-    }
-
-    /// Whether a replica task has a call in flight that a tick must wait
-    /// for (the network delivers within a tick unless it is slow).
-    fn busy(&self) -> bool {
-        self.refresh.iter().any(|&r| r)
-            || (self.clients.iter()).any(|c| c.call.is_some() || c.beat.is_some() || c.wake)
-    }
-
-    /// A PUBLISH of `wake_eligible`: every replica gets it; the one whose
-    /// waiter it names hands it over (to nobody, if the waiter is gone).
-    pub(crate) fn publish(&mut self, wake: Option<Id>) {
-        if let Some(c) = wake {
-            let alive = self.alive[usize::from(self.clients[usize::from(c)].replica)];
-            let client = self.client(c);
-            if alive && matches!(client.phase, Phase::Waiting { .. }) {
-                client.wake = true;
-            }
-        }
-    }
-
-    /// Whether the queue holds a waiter past its deadline (the next call
-    /// on the lock skips it).
-    pub(crate) fn dead_waiters(&self) -> bool {
-        let lock = self.redis.lock.as_ref();
-        lock.is_some_and(|l| l.queue.iter().any(|w| w.deadline <= self.now))
-    }
-
-    /// The client's current request is over: another one, or done.
-    pub(crate) fn round_over(&mut self, c: Id, cfg: &Config) {
-        let client = self.client(c);
-        // A wake-up still on its way finds no waiter.
-        client.wake = false;
-        client.phase = if client.req < cfg.rounds_of(c) + client.retries {
-            Phase::Idle
-        } else {
-            Phase::Done
-        };
     }
 }
 
@@ -295,10 +139,13 @@ impl Model for Config {
                     if cl.call.is_none() && alive && (cl.wake || timer) {
                         out.push(Action::Retry(c));
                     }
+                    if cl.call.is_none() && alive && cl.handed.is_some() {
+                        out.push(Action::TakeHanded(c));
+                    }
                     if s.now > answer_by && alive {
                         out.push(Action::Timeout(c));
                     }
-                    if cl.wake && free_budget(LOSE_WAKE) {
+                    if (cl.wake || cl.handed.is_some()) && free_budget(LOSE_WAKE) {
                         out.push(Action::LoseWake(c));
                     }
                     if cl.wake && cl.call.is_none() && free_budget(DUP_WAKE) {
@@ -310,6 +157,9 @@ impl Model for Config {
                         out.push(Action::Check(c));
                         if self.extend && alive {
                             out.push(Action::AskExtend(c));
+                        }
+                        if self.downgrade && cl.writer && alive {
+                            out.push(Action::Downgrade(c));
                         }
                     }
                     if s.now >= until && cl.call.is_none() {
@@ -336,7 +186,7 @@ impl Model for Config {
                 out.push(Action::Resume(c));
             }
             match cl.call {
-                Some(Call::Acquire { .. }) => out.push(Action::Acquire(c)),
+                Some(Call::Acquire { .. } | Call::Downgrade { .. }) => out.push(Action::Acquire(c)),
                 Some(Call::Release { .. }) => out.push(Action::Release(c)),
                 Some(Call::Extend { .. }) => out.push(Action::Extend(c)),
                 Some(Call::Dequeue { .. }) => out.push(Action::Dequeue(c)),
@@ -408,6 +258,7 @@ impl Model for Config {
                     sent: now,
                     answer_by,
                     epoch: cl.epoch,
+                    via: self.via(cl.replica),
                 };
                 cl.call = Some(call);
                 if self.wait > 0 {
@@ -435,6 +286,7 @@ impl Model for Config {
                     sent: now,
                     answer_by,
                     epoch: cl.epoch,
+                    via: self.via(cl.replica),
                 });
             }
             Action::Timeout(c) => {
@@ -443,11 +295,41 @@ impl Model for Config {
                 if let Some(call) = cl.call.take() {
                     s.orphans.push((c, call));
                 }
+                let writer = self.mode(c) == Some(Mode::Write);
                 let cl = s.client(c);
                 cl.wake = false;
                 cl.call = Some(Call::Dequeue { req });
-                s.ghost.told_no[usize::from(c)] = req;
-                s.round_over(c, self);
+                if let Some((token, until)) = cl.handed.take() {
+                    // A grant handed over before its answer-by time and
+                    // delivered meanwhile is still its caller's.
+                    cl.phase = Phase::Holding { token, until };
+                    cl.writer = writer;
+                } else {
+                    s.ghost.told_no[usize::from(c)] = req;
+                    s.round_over(c, self);
+                }
+            }
+            Action::TakeHanded(c) => {
+                let writer = self.mode(c) == Some(Mode::Write);
+                let cl = s.client(c);
+                let (token, expires) = cl.handed.take()?;
+                // Its lease as the grant says (the same clock).
+                cl.phase = Phase::Holding {
+                    token,
+                    until: expires,
+                };
+                cl.writer = writer;
+                cl.wake = false;
+            }
+            Action::Downgrade(c) => {
+                let cl = s.client(c);
+                // It stops writing as it asks.
+                cl.writer = false;
+                cl.call = Some(Call::Downgrade {
+                    req: cl.req,
+                    sent: now,
+                    epoch: cl.epoch,
+                });
             }
             Action::Check(c) => {
                 let cl = s.client(c);
@@ -462,13 +344,17 @@ impl Model for Config {
                     return None;
                 };
                 let epoch = cl.epoch;
+                // A reader reads: only writers (and plain holders) write.
+                let reads = self.mode(c).is_some() && !cl.writer;
                 cl.phase = Phase::Idle;
                 cl.call = Some(if self.session(c) {
                     Call::SessionEnd { epoch, token }
                 } else {
                     Call::Release { token, epoch: 0 }
                 });
-                s.resource.write(token, c);
+                if !reads {
+                    s.resource.write(token, c);
+                }
             }
             Action::GiveUp(c) => s.round_over(c, self),
             Action::AskExtend(c) => {
@@ -522,15 +408,19 @@ impl Model for Config {
                     // The engine wakes a waiter whose place was lost: it joins again.
                     s.client(id).wake = true;
                 }
-                s.publish(wake);
+                publish(self, &mut s, wake);
             }
             Action::Reap => {
                 let wake = s.redis.reap(now);
-                s.publish(wake);
+                publish(self, &mut s, wake);
             }
             Action::LoseWake(c) => {
                 s.used[LOSE_WAKE] += 1;
-                s.client(c).wake = false;
+                let cl = s.client(c);
+                // A hand-over's message is lost as a wake-up is: the grant
+                // waits for the waiter's next call (HELD) or its lease.
+                cl.wake = false;
+                cl.handed = None;
                 s.ghost.wake_lost = true;
             }
             Action::Crash(r) => {
@@ -547,6 +437,8 @@ impl Model for Config {
                     let calls: Vec<Call> =
                         cl.call.take().into_iter().chain(cl.beat.take()).collect();
                     cl.wake = false;
+                    // A grant handed to it is left to its lease.
+                    cl.handed = None;
                     if cl.epoch > 0 {
                         // The session's stream is gone; the client may resume it.
                         cl.epoch = 0;

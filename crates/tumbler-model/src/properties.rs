@@ -3,7 +3,8 @@
 //! invariant each one stands for.
 
 use crate::Config;
-use crate::model::{Phase, State};
+use crate::hand_over::Mode;
+use crate::model::{Client, Phase, State};
 use stateright::Property;
 
 /// Invariant 2: at most `limit` clients act on grants they believe valid
@@ -33,6 +34,19 @@ pub const NO_EMPTY_LOCK: &str = "no key for a lock nobody holds or waits for";
 /// request made at the last tick still waits.
 pub const SERVED_IN_TIME: &str = "a refreshed waiter is served in bounded time";
 
+/// Invariant 13: never a writer beside another grant. Among the clients
+/// acting on grants they believe valid, a writer is alone; and among
+/// Redis' grants whose lease has not passed, a lock whose header says
+/// `w` has one.
+pub const RW_EXCLUSION: &str = "a writer never shares the lock";
+
+/// Invariant 7 with the hand-over (decision 68's amendment): a waiter
+/// whose replica died within its request TTL is not known dead yet; a
+/// release hands it the lock, which then stays with nobody for a lease
+/// (the queue waits a lease, not the request TTL). Expected to fail with
+/// the hand-over and a crash.
+pub const NO_HAND_TO_DEAD: &str = "the lock is never handed to a dead replica's waiter";
+
 /// `sometimes` properties: the interesting states are reachable.
 pub const HELD: &str = "a lock is held";
 pub const FULL: &str = "every permit is taken";
@@ -45,15 +59,34 @@ pub const RESUMED: &str = "a session is resumed";
 pub const SESSION_ENDED: &str = "a session ends";
 pub const TOKEN_AFTER_LOSS: &str = "a token is minted after Redis lost data";
 pub const WAKE_LOST: &str = "a wake-up is lost";
+/// Read/write: two readers act at once (so `RW_EXCLUSION` is not a mutex's).
+pub const READERS_SHARE: &str = "readers share the lock";
+/// Read/write: a writer downgraded, and a reader was granted beside it.
+pub const DOWNGRADE_SHARED: &str = "a downgraded writer shares with a reader";
+/// Read/write fairness: readers hold, a writer waits, a reader waits behind it.
+pub const READER_BEHIND_WRITER: &str = "a reader waits behind a waiting writer";
+/// Decision 68: a call that freed a permit granted it to the head.
+pub const HANDED: &str = "a grant is handed over";
+
+/// The clients acting on grants they believe valid (by their own clock).
+fn believing(s: &State) -> impl Iterator<Item = &Client> {
+    (s.clients.iter()).filter(|c| match c.phase {
+        Phase::Holding { until, .. } => s.now < until,
+        Phase::Writing { .. } => true,
+        _ => false,
+    })
+}
 
 fn believers(s: &State) -> usize {
-    (s.clients.iter())
-        .filter(|c| match c.phase {
-            Phase::Holding { until, .. } => s.now < until,
-            Phase::Writing { .. } => true,
-            _ => false,
-        })
-        .count()
+    believing(s).count()
+}
+
+fn rw_exclusive(s: &State) -> bool {
+    let alone = believing(s).all(|c| !c.writer) || believers(s) <= 1;
+    let live = |l: &crate::redis::Lock| l.holders.iter().filter(|g| g.expires > s.now).count();
+    let header =
+        (s.redis.lock.as_ref()).is_none_or(|l| l.mode != Some(Mode::Write) || live(l) <= 1);
+    alone && header
 }
 
 /// Every property; a test asserts which hold and which the checker must
@@ -89,6 +122,8 @@ pub fn all() -> Vec<Property<Config>> {
                     _ => true,
                 })
         }),
+        Property::always(RW_EXCLUSION, |_, s: &State| rw_exclusive(s)),
+        Property::always(NO_HAND_TO_DEAD, |_, s: &State| !s.ghost.handed_to_dead),
         Property::sometimes(HELD, |_, s: &State| {
             s.redis.lock.as_ref().is_some_and(|l| !l.holders.is_empty())
         }),
@@ -108,5 +143,27 @@ pub fn all() -> Vec<Property<Config>> {
         }),
         Property::sometimes(TOKEN_AFTER_LOSS, |_, s: &State| s.ghost.token_after_loss),
         Property::sometimes(WAKE_LOST, |_, s: &State| s.ghost.wake_lost),
+        Property::sometimes(READERS_SHARE, |_, s: &State| {
+            let read = (s.redis.lock.as_ref()).is_some_and(|l| l.mode == Some(Mode::Read));
+            read && believing(s).filter(|c| !c.writer).count() >= 2
+        }),
+        Property::sometimes(DOWNGRADE_SHARED, |_, s: &State| {
+            let lock = s.redis.lock.as_ref();
+            lock.is_some_and(|l| {
+                let downgraded = (l.holders.iter()).any(|g| Some(g.token) == s.ghost.downgraded);
+                l.mode == Some(Mode::Read) && downgraded && l.holders.len() >= 2
+            })
+        }),
+        Property::sometimes(READER_BEHIND_WRITER, |_, s: &State| {
+            s.redis.lock.as_ref().is_some_and(|l| {
+                let writer_at = l.queue.iter().position(|w| w.mode == Some(Mode::Write));
+                let reader_after =
+                    |i: usize| (l.queue.iter().skip(i + 1)).any(|w| w.mode == Some(Mode::Read));
+                l.mode == Some(Mode::Read)
+                    && !l.holders.is_empty()
+                    && writer_at.is_some_and(reader_after)
+            })
+        }),
+        Property::sometimes(HANDED, |_, s: &State| s.ghost.handed),
     ]
 }

@@ -10,6 +10,11 @@
 //! only how many grants there are; metadata, kinds and events are gone.
 //! Time is a tick of the Redis clock (one millisecond); a fencing token is
 //! `tick * 1000 + k`, the Redis clock in microseconds (`next_token`).
+//! Read/write locks (decision 74) and the hand-over (decision 68) are in
+//! [`crate::hand_over`]: who fits, and what a call that frees a permit
+//! does with it.
+
+use crate::hand_over::{Hand, Mode, Wake, hand_over};
 
 /// A client's holder id (and, for a waiting request, its request id: the
 /// functions queue a request under its holder).
@@ -28,6 +33,10 @@ pub struct Grant {
     /// The session stream's epoch that acquired or renewed it; 0 when the
     /// grant is not a session's (common.lua `stale`, `claim_epoch`).
     pub epoch: u8,
+    /// The request it was handed to (the lock's `r:<holder>`), until an
+    /// answer claims it (HELD clears it): only that request's replica may
+    /// give it back (release.lua `handed`).
+    pub handed: Option<u8>,
 }
 
 /// A waiting request (the queue, deadlines and waiters keys together).
@@ -41,6 +50,10 @@ pub struct Waiter {
     pub req: u8,
     /// Liveness deadline (`...:d:<name>`): dead at or past it.
     pub deadline: u8,
+    /// Read/write: the mode it waits for (the record's `fair` field `r`/`w`).
+    pub mode: Option<Mode>,
+    /// What a handed grant is made of; `None`: its replica calls again.
+    pub hand: Option<Hand>,
 }
 
 /// The highest priority the model uses (the Lua's is 1000).
@@ -51,6 +64,10 @@ pub const PRIORITY_MAX: u8 = 2;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Lock {
     pub limit: u8,
+    /// The header's mode letter: `None` for a plain lock; a read/write
+    /// lock's `r` (held by readers, or only waited for) or `w` (held by
+    /// its writer). A grant's mode is read off it.
+    pub mode: Option<Mode>,
     /// Sorted by holder.
     pub holders: Vec<Grant>,
     /// Sorted by order: the head is first.
@@ -91,12 +108,23 @@ pub enum Reply {
         expires: u8,
     },
     Busy,
+    /// acquire OK for a writer that asked READ: the same grant, now a
+    /// reader's (decision 74).
+    Downgraded {
+        token: u32,
+        expires: u8,
+    },
     /// acquire QUEUED; `retry_at`: the earliest lease expiry the waiter's
     /// timer wakes it at (0: none).
     Queued {
         retry_at: u8,
     },
     LimitMismatch,
+    /// A plain request on a read/write lock, or the reverse, while anyone
+    /// holds or waits (decision 74: FAILED_PRECONDITION).
+    ModeMismatch,
+    /// A reader asked WRITE for its grant (decision 74: refused).
+    UpgradeRefused,
     Late,
     NotHeld,
     Moved,
@@ -107,9 +135,11 @@ pub enum Reply {
 }
 
 impl Lock {
-    fn new(limit: u8) -> Lock {
+    fn new(limit: u8, mode: Option<Mode>) -> Lock {
         Lock {
             limit,
+            // A read/write lock nobody holds yet says `r`.
+            mode: mode.map(|_| Mode::Read),
             holders: Vec::new(),
             queue: Vec::new(),
             arrivals: 0,
@@ -135,14 +165,8 @@ impl Lock {
         let before = (self.holders.len(), self.queue.len());
         self.holders.retain(|g| g.expires > now);
         self.queue.retain(|w| w.deadline > now);
+        self.vacate();
         before != (self.holders.len(), self.queue.len())
-    }
-
-    /// common.lua `wake_eligible`: the head of the queue, when a permit is
-    /// free (the PUBLISH to every replica).
-    pub fn wake_eligible(&self) -> Option<Id> {
-        let head = self.queue.first()?;
-        (usize::from(self.limit) > self.holders.len()).then_some(head.id)
     }
 }
 
@@ -187,18 +211,35 @@ pub struct AcquireArgs {
     pub queue_ttl: Option<u8>,
     /// A session stream's epoch (flag `s<epoch>`).
     pub epoch: Option<u8>,
+    /// Read/write: READ or WRITE (flag `r`/`w`); `None`: a plain request.
+    pub mode: Option<Mode>,
+    /// With the hand-over: what its record says (answer-by, replica).
+    pub hand: Option<Hand>,
 }
 
-/// What a call did besides its reply: whom to wake (a PUBLISH).
+/// What a call did besides its reply: whom to wake, what it handed over
+/// (its PUBLISHes).
 pub struct Effects {
     pub reply: Reply,
-    pub wake: Option<Id>,
+    pub wake: Wake,
 }
 
-fn done(reply: Reply, lock: &Lock, changed: bool) -> Effects {
+/// The reply, and a wake-up (or hand-over) when the call purged something.
+fn done(reply: Reply, lock: &mut Lock, fence: &mut Option<u32>, now: u8, changed: bool) -> Effects {
     Effects {
         reply,
-        wake: if changed { lock.wake_eligible() } else { None },
+        wake: if changed {
+            hand_over(lock, fence, now)
+        } else {
+            Wake::none()
+        },
+    }
+}
+
+fn answer(reply: Reply) -> Effects {
+    Effects {
+        reply,
+        wake: Wake::none(),
     }
 }
 
@@ -207,13 +248,10 @@ impl Data {
     pub fn acquire(&mut self, now: u8, a: AcquireArgs) -> Effects {
         // 1. Past the caller's answer-by time nothing happens.
         if a.answer_by != 0 && now > a.answer_by {
-            return Effects {
-                reply: Reply::Late,
-                wake: None,
-            };
+            return answer(Reply::Late);
         }
         // 2. (the fast path decides as the steps below would)
-        let mut lock = self.lock.take().unwrap_or_else(|| Lock::new(a.limit));
+        let mut lock = (self.lock.take()).unwrap_or_else(|| Lock::new(a.limit, a.mode));
         // 3. Expired leases and dead waiters stop counting.
         let changed = lock.purge(now);
         let out = self.acquire_steps(now, a, &mut lock, changed);
@@ -228,31 +266,52 @@ impl Data {
         lock: &mut Lock,
         changed: bool,
     ) -> Effects {
+        let fence = &mut self.fence;
+        // 3b. Whether it is a read/write lock belongs to the lock while
+        //     anyone holds or waits (its holder's requests too).
+        let in_use = !lock.holders.is_empty() || !lock.queue.is_empty();
+        if in_use && lock.mode.is_some() != a.mode.is_some() {
+            return done(Reply::ModeMismatch, lock, fence, now, changed);
+        }
         // 4. A live grant of this holder comes back (idempotent retry); a
         //    superseded session stream gets MOVED; a newer one claims it.
+        //    An answer claims a handed grant (`r:<holder>` goes). A reader
+        //    asking WRITE is refused; the writer asking READ is downgraded
+        //    (decision 74): OK with the same grant and token, and the
+        //    readers behind it come in.
         if let Some(i) = lock.mine(a.holder) {
+            if a.mode == Some(Mode::Write) && lock.mode == Some(Mode::Read) {
+                return done(Reply::UpgradeRefused, lock, fence, now, changed);
+            }
             let grant = &mut lock.holders[i];
+            grant.handed = None;
             if let Some(epoch) = a.epoch {
                 if grant.epoch > epoch {
-                    return done(Reply::Moved, lock, changed);
+                    return done(Reply::Moved, lock, fence, now, changed);
                 }
                 grant.epoch = epoch;
             }
-            let reply = Reply::Held {
-                token: grant.token,
-                expires: grant.expires,
-            };
-            return done(reply, lock, changed);
+            let (token, expires) = (grant.token, grant.expires);
+            if a.mode == Some(Mode::Read) && lock.mode == Some(Mode::Write) {
+                lock.mode = Some(Mode::Read);
+                return done(Reply::Downgraded { token, expires }, lock, fence, now, true);
+            }
+            return done(Reply::Held { token, expires }, lock, fence, now, changed);
         }
         // 5. The limit belongs to the lock while anyone holds or waits.
-        if (!lock.holders.is_empty() || !lock.queue.is_empty()) && lock.limit != a.limit {
-            return done(Reply::LimitMismatch, lock, changed);
+        if in_use && lock.limit != a.limit {
+            return done(Reply::LimitMismatch, lock, fence, now, changed);
+        }
+        if !in_use {
+            // Its last grant and waiter just went: the request's rules.
+            *lock = Lock::new(a.limit, a.mode);
         }
         // 7. Its place: fair requests go behind every live request of their
-        //    priority or higher; barging ones do not.
-        let free = usize::from(a.limit).saturating_sub(lock.holders.len());
+        //    priority or higher; barging ones do not (read/write requests
+        //    are fair: a reader behind a waiting writer waits).
+        let free = lock.free(a.mode);
         let queued = lock.queued(a.holder);
-        let ahead = match (a.fair, queued) {
+        let ahead = match (a.fair || a.mode.is_some(), queued) {
             (true, Some(i)) => i,
             (true, None) => {
                 let mine = PRIORITY_MAX - a.priority;
@@ -265,22 +324,24 @@ impl Data {
             if let Some(i) = queued {
                 lock.queue.remove(i);
             }
-            let token = next_token(&mut self.fence, now);
+            let token = next_token(fence, now);
             let expires = now + a.ttl;
             let grant = Grant {
                 holder: a.holder,
                 token,
                 expires,
                 epoch: a.epoch.unwrap_or(0),
+                handed: None,
             };
             lock.holders.push(grant);
             lock.holders.sort();
             lock.limit = a.limit;
+            lock.mode = a.mode;
             // A permit left over goes to the next waiter in line.
             let wake = if free > 1 || changed {
-                lock.wake_eligible()
+                hand_over(lock, fence, now)
             } else {
-                None
+                Wake::none()
             };
             return Effects {
                 reply: Reply::Acquired { token, expires },
@@ -289,14 +350,20 @@ impl Data {
         }
         // 9. Not granted, trying once: nothing is queued.
         let Some(queue_ttl) = a.queue_ttl else {
-            return done(Reply::Busy, lock, changed);
+            return done(Reply::Busy, lock, fence, now, changed);
         };
-        // 10. Waiting: join the queue once, keep the request alive.
+        // 10. Waiting: join the queue once, keep the request alive (a
+        //     later request of the holder writes its own record).
         let deadline = now + queue_ttl;
         match queued {
             Some(i) => {
-                lock.queue[i].deadline = deadline;
-                lock.queue[i].req = a.req;
+                let w = &mut lock.queue[i];
+                w.deadline = deadline;
+                w.req = a.req;
+                w.hand = a.hand;
+                // A read/write request that keeps its place says what it
+                // asks now.
+                w.mode = a.mode;
             }
             None => {
                 lock.arrivals += 1;
@@ -307,45 +374,55 @@ impl Data {
                     id: a.holder,
                     req: a.req,
                     deadline,
+                    mode: a.mode,
+                    hand: a.hand,
                 });
                 lock.queue.sort();
             }
         }
         // 11. A wake-up when expiries freed permits.
-        done(
-            Reply::Queued {
-                retry_at: lock.earliest(),
-            },
-            lock,
-            changed,
-        )
+        let retry_at = lock.earliest();
+        done(Reply::Queued { retry_at }, lock, fence, now, changed)
     }
 
-    /// lua/release.lua (`token`: 0 = any).
-    pub fn release(&mut self, now: u8, holder: Id, token: u32, epoch: Option<u8>) -> Effects {
+    /// lua/release.lua (`token`: 0 = any; `handed`: a replica giving back
+    /// a grant handed to its request `handed`, which is gone).
+    pub fn release(
+        &mut self,
+        now: u8,
+        holder: Id,
+        token: u32,
+        epoch: Option<u8>,
+        handed: Option<u8>,
+    ) -> Effects {
         let Some(mut lock) = self.lock.take() else {
-            return Effects {
-                reply: Reply::NotHeld,
-                wake: None,
-            };
+            return answer(Reply::NotHeld);
         };
+        let fence = &mut self.fence;
         // 2. Expired leases and dead waiters go first.
         let changed = lock.purge(now);
-        // 3. Only a live grant of this holder (with this token, if given).
-        let out = match lock.mine(holder) {
-            Some(i) if token == 0 || lock.holders[i].token == token => {
+        // 3. Only a live grant of this holder (with this token, if given;
+        //    a give-back only while the grant is still that request's).
+        let mine = (lock.mine(holder)).filter(|&i| {
+            let g = &lock.holders[i];
+            (token == 0 || g.token == token) && (handed.is_none() || g.handed == handed)
+        });
+        let out = match mine {
+            Some(i) => {
                 if epoch.is_some_and(|e| lock.holders[i].epoch > e) {
-                    done(Reply::Moved, &lock, changed)
+                    done(Reply::Moved, &mut lock, fence, now, changed)
                 } else {
-                    // 4. Drop the grant. 5. Wake whoever may take the permit.
+                    // 4. Drop the grant; the permit goes to the next
+                    //    waiter in line (woken, or handed over).
                     let expires = lock.holders.remove(i).expires;
+                    lock.vacate();
                     Effects {
                         reply: Reply::Ok { expires },
-                        wake: lock.wake_eligible(),
+                        wake: hand_over(&mut lock, fence, now),
                     }
                 }
             }
-            _ => done(Reply::NotHeld, &lock, changed),
+            None => done(Reply::NotHeld, &mut lock, fence, now, changed),
         };
         self.lock = settle(lock);
         out
@@ -355,17 +432,12 @@ impl Data {
     pub fn extend(&mut self, now: u8, holder: Id, token: u32, ttl: u8, answer_by: u8) -> Effects {
         // 1. Past the caller's answer-by time nothing happens.
         if answer_by != 0 && now > answer_by {
-            return Effects {
-                reply: Reply::Late,
-                wake: None,
-            };
+            return answer(Reply::Late);
         }
         let Some(mut lock) = self.lock.take() else {
-            return Effects {
-                reply: Reply::NotHeld,
-                wake: None,
-            };
+            return answer(Reply::NotHeld);
         };
+        let fence = &mut self.fence;
         // 2. An expired lease cannot be extended.
         let changed = lock.purge(now);
         // 3. Only a live grant of this holder (with this token, if given).
@@ -373,9 +445,10 @@ impl Data {
             Some(i) if token == 0 || lock.holders[i].token == token => {
                 // 5. The new lease runs from now.
                 lock.holders[i].expires = now + ttl;
-                done(Reply::Ok { expires: now + ttl }, &lock, changed)
+                let reply = Reply::Ok { expires: now + ttl };
+                done(reply, &mut lock, fence, now, changed)
             }
-            _ => done(Reply::NotHeld, &lock, changed),
+            _ => done(Reply::NotHeld, &mut lock, fence, now, changed),
         };
         self.lock = settle(lock);
         out
@@ -384,9 +457,9 @@ impl Data {
     /// lua/refresh.lua: one replica's waiting requests get new deadlines;
     /// returns those no longer queued (their place was lost), and always
     /// wakes whoever may be granted (a lost notification is made good).
-    pub fn refresh(&mut self, now: u8, ids: &[Id], queue_ttl: u8) -> (Vec<Id>, Option<Id>) {
+    pub fn refresh(&mut self, now: u8, ids: &[Id], queue_ttl: u8) -> (Vec<Id>, Wake) {
         let Some(mut lock) = self.lock.take() else {
-            return (ids.to_vec(), None);
+            return (ids.to_vec(), Wake::none());
         };
         // 1. Expired leases and dead waiters (other replicas' too) leave.
         lock.purge(now);
@@ -398,30 +471,34 @@ impl Data {
                 None => lost.push(id),
             }
         }
-        // 3. A wake-up for whoever may be granted.
-        let wake = lock.wake_eligible();
+        // 3. A wake-up (or hand-over) for whoever may be granted.
+        let wake = hand_over(&mut lock, &mut self.fence, now);
         self.lock = settle(lock);
         (lost, wake)
     }
 
     /// lua/dequeue.lua: a waiting request leaves (timed out, cancelled),
     /// only if the place is still its own (finding 6).
-    pub fn dequeue(&mut self, now: u8, id: Id, req: u8) -> Option<Id> {
-        let mut lock = self.lock.take()?;
+    pub fn dequeue(&mut self, now: u8, id: Id, req: u8) -> Wake {
+        let Some(mut lock) = self.lock.take() else {
+            return Wake::none();
+        };
         lock.purge(now);
         if let Some(i) = lock.queued(id).filter(|&i| lock.queue[i].req == req) {
             lock.queue.remove(i);
         }
-        let wake = lock.wake_eligible();
+        let wake = hand_over(&mut lock, &mut self.fence, now);
         self.lock = settle(lock);
         wake
     }
 
     /// lua/reap.lua (no cutoff): expired leases and dead waiters go.
-    pub fn reap(&mut self, now: u8) -> Option<Id> {
-        let mut lock = self.lock.take()?;
+    pub fn reap(&mut self, now: u8) -> Wake {
+        let Some(mut lock) = self.lock.take() else {
+            return Wake::none();
+        };
         lock.purge(now);
-        let wake = lock.wake_eligible();
+        let wake = hand_over(&mut lock, &mut self.fence, now);
         self.lock = settle(lock);
         wake
     }
@@ -430,11 +507,9 @@ impl Data {
     /// new lease; a stale stream's renewal is refused (MOVED).
     pub fn renew(&mut self, now: u8, holder: Id, token: u32, ttl: u8, epoch: u8) -> Effects {
         let Some(mut lock) = self.lock.take() else {
-            return Effects {
-                reply: Reply::NotHeld,
-                wake: None,
-            };
+            return answer(Reply::NotHeld);
         };
+        let fence = &mut self.fence;
         // 1. A lease that already passed is not brought back.
         let changed = lock.purge(now);
         // 2. Only the same grant is renewed.
@@ -442,14 +517,15 @@ impl Data {
             Some(i) if lock.holders[i].token == token => {
                 let grant = &mut lock.holders[i];
                 if grant.epoch > epoch {
-                    done(Reply::Moved, &lock, changed)
+                    done(Reply::Moved, &mut lock, fence, now, changed)
                 } else {
                     grant.epoch = epoch;
                     grant.expires = now + ttl;
-                    done(Reply::Ok { expires: now + ttl }, &lock, changed)
+                    let reply = Reply::Ok { expires: now + ttl };
+                    done(reply, &mut lock, fence, now, changed)
                 }
             }
-            _ => done(Reply::NotHeld, &lock, changed),
+            _ => done(Reply::NotHeld, &mut lock, fence, now, changed),
         };
         self.lock = settle(lock);
         out

@@ -5,8 +5,44 @@
 //! grant or a renewal (fencing, FIFO, answer-by, session end).
 
 use crate::Config;
+use crate::hand_over::{Mode, Wake};
 use crate::model::{Call, Phase, State};
 use crate::redis::{Effects, Id, Reply};
+
+/// A call's PUBLISHes reach every replica. A wake-up: the replica whose
+/// waiter it names wakes it (nobody, if the waiter is gone). A handed
+/// grant (decision 68): the replica whose request it names delivers it to
+/// that request's RPC, or, the request being gone, gives it back; a dead
+/// replica does neither, and the grant lasts its lease.
+pub(crate) fn publish(cfg: &Config, s: &mut State, wake: Wake) {
+    if let Some(c) = wake.wake {
+        let alive = s.alive[usize::from(s.clients[usize::from(c)].replica)];
+        let client = s.client(c);
+        if alive && matches!(client.phase, Phase::Waiting { .. }) {
+            client.wake = true;
+        }
+    }
+    for h in wake.handed {
+        granted(cfg, s, h.holder, h.token, h.req);
+        s.ghost.handed = true;
+        s.ghost.waiter_granted = true;
+        if !s.alive[usize::from(h.via)] {
+            s.ghost.handed_to_dead = true;
+            continue;
+        }
+        let cl = s.client(h.holder);
+        let waiting = matches!(cl.phase, Phase::Waiting { .. });
+        if waiting && cl.replica == h.via && cl.req == h.req {
+            cl.handed = Some((h.token, h.expires));
+        } else {
+            let call = Call::GiveBack {
+                req: h.req,
+                token: h.token,
+            };
+            s.orphans.push((h.holder, call));
+        }
+    }
+}
 
 /// The client's belief after a reply that gave a lease ending at
 /// `expires` (Redis time) to a call sent at `sent`: the lease counted from
@@ -25,15 +61,15 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             sent,
             answer_by,
             epoch,
+            via,
         } => {
             s.ghost.dead_waiter_skipped |= s.dead_waiters();
             let was_queued =
                 (s.redis.lock.as_ref()).is_some_and(|l| l.queue.iter().any(|w| w.id == c));
             let live_entry = (s.redis.lock.as_ref())
                 .is_some_and(|l| l.queue.iter().any(|w| w.id == c && w.deadline > now));
-            let Effects { reply, wake } = s
-                .redis
-                .acquire(now, cfg.acquire_args(c, req, answer_by, epoch));
+            let args = cfg.request_args(c, via, req, answer_by, epoch);
+            let Effects { reply, wake } = s.redis.acquire(now, args);
             // Its place in line: a waiter that stayed live keeps the one
             // its request got first (if Redis dropped it meanwhile, FIFO
             // is broken); any other request (a new one, an orphaned one)
@@ -50,7 +86,7 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             if let Reply::Acquired { token, .. } = reply {
                 granted(cfg, s, c, token, req);
             }
-            s.publish(wake);
+            publish(cfg, s, wake);
             if !live {
                 return;
             }
@@ -62,7 +98,11 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                         token,
                         until: belief(sent, now, expires),
                     };
+                    cl.writer = cfg.mode(c) == Some(Mode::Write);
                     cl.wake = false;
+                    // A grant handed to it meanwhile is the one this call
+                    // found (HELD): answered, never given back.
+                    cl.handed = None;
                 }
                 Reply::Queued { retry_at } => {
                     if let Phase::Waiting { answer_by, .. } = cl.phase {
@@ -85,9 +125,39 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                 }
             }
         }
+        Call::Downgrade { req, sent, epoch } => {
+            let Effects { reply, wake } = s.redis.acquire(now, cfg.downgrade_args(c, 0, epoch));
+            if let Reply::Acquired { token, .. } = reply {
+                granted(cfg, s, c, token, req);
+            }
+            if let Reply::Downgraded { token, .. } = reply {
+                s.ghost.downgraded = Some(token);
+            }
+            publish(cfg, s, wake);
+            if !live {
+                return;
+            }
+            match reply {
+                // The same grant (or, its lease gone, a new one), now read.
+                Reply::Acquired { token, expires }
+                | Reply::Held { token, expires }
+                | Reply::Downgraded { token, expires } => {
+                    s.clients[ci].phase = Phase::Holding {
+                        token,
+                        until: belief(sent, now, expires),
+                    };
+                }
+                _ => s.round_over(c, cfg),
+            }
+        }
+        Call::GiveBack { req, token } => {
+            let Effects { wake, .. } = s.redis.release(now, c, token, None, Some(req));
+            publish(cfg, s, wake);
+        }
         Call::Release { token, epoch } => {
-            let Effects { wake, .. } = s.redis.release(now, c, token, (epoch > 0).then_some(epoch));
-            s.publish(wake);
+            let epoch = (epoch > 0).then_some(epoch);
+            let Effects { wake, .. } = s.redis.release(now, c, token, epoch, None);
+            publish(cfg, s, wake);
             if live && !cfg.session(c) {
                 s.round_over(c, cfg);
             } else if live {
@@ -96,7 +166,7 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
         }
         Call::Extend { token, sent } => {
             let Effects { reply, wake } = s.redis.extend(now, c, token, cfg.ttl, 0);
-            s.publish(wake);
+            publish(cfg, s, wake);
             if !live {
                 return;
             }
@@ -113,7 +183,7 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
         }
         Call::Dequeue { req } => {
             let wake = s.redis.dequeue(now, c, req);
-            s.publish(wake);
+            publish(cfg, s, wake);
         }
         Call::SessionEnd { epoch, token } => {
             let ended = s.redis.session_end(c, epoch);
@@ -214,7 +284,7 @@ pub(crate) fn run_beat(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
         }
         Call::Renew { token, sent, epoch } => {
             let Effects { reply, wake } = s.redis.renew(now, c, token, cfg.ttl, epoch);
-            s.publish(wake);
+            publish(cfg, s, wake);
             if matches!(reply, Reply::Ok { .. }) && s.ghost.session_over[ci] {
                 s.ghost.renewed_after_end = true;
             }
@@ -263,8 +333,16 @@ fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8) {
     for (i, other) in s.clients.iter().enumerate() {
         let (their_req, arrived) = g.arrival[i];
         let arrived = if their_req == other.req { arrived } else { 0 };
-        let live =
-            s.alive[usize::from(other.replica)] && matches!(other.phase, Phase::Waiting { .. });
+        // A waiter past its answer-by time is told no (or about to be:
+        // every granting call refuses it), no longer in line; the
+        // hand-over drops it from the queue (decision 68).
+        // And one that was handed its grant (the message on its way, or
+        // lost) is served.
+        let served = (s.redis.lock.as_ref())
+            .is_some_and(|l| l.holders.iter().any(|g| usize::from(g.holder) == i));
+        let live = s.alive[usize::from(other.replica)]
+            && !served
+            && matches!(other.phase, Phase::Waiting { answer_by, .. } if s.now <= answer_by);
         if i != usize::from(c)
             && live
             && arrived > 0

@@ -5,6 +5,7 @@
 //! and its reply must match the model's.
 
 use crate::Config;
+use crate::hand_over::Mode;
 use crate::model::{Action, Call, Phase, State};
 use crate::redis::{Id, Reply};
 
@@ -12,11 +13,13 @@ use crate::redis::{Id, Reply};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// A Lua function runs: its file's name, for whom, the call as the
-    /// model made it, and the reply the model expects.
+    /// model made it, its read/write mode (an acquire's `r`/`w` flag;
+    /// `None`: plain), and the reply the model expects.
     Function {
         function: &'static str,
         client: Id,
         call: Option<Call>,
+        mode: Option<Mode>,
         reply: Option<Reply>,
     },
     /// A replica's `refresh.lua` for its waiters; the ids no longer queued.
@@ -37,8 +40,8 @@ pub enum Step {
 /// The Lua file a call runs.
 pub fn function(call: &Call) -> &'static str {
     match call {
-        Call::Acquire { .. } => "acquire",
-        Call::Release { .. } => "release",
+        Call::Acquire { .. } | Call::Downgrade { .. } => "acquire",
+        Call::Release { .. } | Call::GiveBack { .. } => "release",
         Call::Extend { .. } => "extend",
         Call::Dequeue { .. } => "dequeue",
         Call::SessionEnd { .. } => "session_end",
@@ -58,12 +61,15 @@ fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
             req,
             answer_by,
             epoch,
+            via,
             ..
         } => {
-            data.acquire(now, cfg.acquire_args(c, req, answer_by, epoch))
-                .reply
+            let args = cfg.request_args(c, via, req, answer_by, epoch);
+            data.acquire(now, args).reply
         }
-        Call::Release { token, epoch } => data.release(now, c, token, some(epoch)).reply,
+        Call::Downgrade { epoch, .. } => data.acquire(now, cfg.downgrade_args(c, 0, epoch)).reply,
+        Call::Release { token, epoch } => data.release(now, c, token, some(epoch), None).reply,
+        Call::GiveBack { req, token } => data.release(now, c, token, None, Some(req)).reply,
         Call::Extend { token, .. } => data.extend(now, c, token, cfg.ttl, 0).reply,
         Call::Renew { token, epoch, .. } => data.renew(now, c, token, cfg.ttl, epoch).reply,
         _ => return None,
@@ -121,10 +127,16 @@ pub fn trace(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<Step> {
         };
         if let Some((c, call)) = call {
             let reply = reply(cfg, s, c, call);
+            let mode = match call {
+                Call::Acquire { .. } => cfg.mode(c),
+                Call::Downgrade { .. } => Some(Mode::Read),
+                _ => None,
+            };
             steps.push(Step::Function {
                 function: function(&call),
                 client: c,
                 call: Some(call),
+                mode,
                 reply,
             });
         }

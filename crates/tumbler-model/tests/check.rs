@@ -11,7 +11,7 @@ use std::time::Instant;
 use tumbler_model::properties::*;
 use tumbler_model::redis::Reply;
 use tumbler_model::trace::Step;
-use tumbler_model::{Config, Faults};
+use tumbler_model::{Config, Faults, Mode};
 
 /// Steps from the initial state. Every run below ends well within it (the
 /// clock's bound ends every path first: the deepest path any of them has
@@ -328,4 +328,160 @@ fn a_client_that_gives_up_on_a_release_and_asks_again_can_lose_the_grant_it_is_t
     holds(&checker, &[TOKENS_RISE, FENCED_RESOURCE, NO_GRANT_AFTER_NO]);
     let checker = check("a release retried", no_retry(true));
     holds(&checker, &SAFETY);
+}
+
+/// A read/write lock of limit 2 (invariant 13, decision 74): three
+/// clients on two replicas, `modes` (client 0 writes), one request each,
+/// the writer may downgrade; 5 ticks.
+fn read_write(modes: [Mode; 3], hand_over: bool) -> Config {
+    Config {
+        clients: 3,
+        modes: modes.map(Some).to_vec(),
+        downgrade: true,
+        hand_over,
+        ..Config::small(2)
+    }
+}
+
+/// Every safety property, and the read/write one.
+const RW_SAFETY: [&str; 9] = [
+    MUTUAL_EXCLUSION,
+    TOKENS_RISE,
+    FENCED_RESOURCE,
+    FIFO,
+    NO_GRANT_AFTER_NO,
+    NO_RENEWAL_AFTER_END,
+    NO_DUPLICATE_GRANT,
+    NO_EMPTY_LOCK,
+    RW_EXCLUSION,
+];
+
+#[test]
+fn a_read_write_lock_never_lets_a_writer_share_it() {
+    use Mode::{Read, Write};
+    // A writer and two readers: readers share, a reader waits behind a
+    // waiting writer (fairness), the writer downgrades and a reader joins.
+    let checker = check("read/write", read_write([Write, Read, Read], false));
+    holds(&checker, &RW_SAFETY);
+    found(
+        &checker,
+        &[
+            READERS_SHARE,
+            READER_BEHIND_WRITER,
+            DOWNGRADE_SHARED,
+            WAITER_GRANTED,
+            FULL,
+        ],
+    );
+    // Two writers and a reader: writers exclude each other too.
+    let checker = check(
+        "read/write, two writers",
+        read_write([Write, Read, Write], false),
+    );
+    holds(&checker, &RW_SAFETY);
+    found(
+        &checker,
+        &[READER_BEHIND_WRITER, DOWNGRADE_SHARED, WAITER_GRANTED],
+    );
+}
+
+#[test]
+fn the_hand_over_keeps_every_invariant_without_faults() {
+    // Decision 68: the release grants the head itself and publishes the
+    // grant. A mutex (two requests each, extends, the reaper, 6 ticks)...
+    let cfg = Config {
+        hand_over: true,
+        ..mutex()
+    };
+    let checker = check("hand-over", cfg);
+    holds(&checker, &SAFETY);
+    holds(&checker, &[NO_HAND_TO_DEAD]);
+    found(&checker, &[HANDED, WAITER_GRANTED, WRITTEN]);
+    // ... and a read/write lock: the hand-over stops at a head that does
+    // not fit, and a downgrade hands the readers behind it their grants.
+    use Mode::{Read, Write};
+    let checker = check(
+        "hand-over, read/write",
+        read_write([Write, Read, Read], true),
+    );
+    holds(&checker, &RW_SAFETY);
+    found(&checker, &[HANDED, DOWNGRADE_SHARED, READER_BEHIND_WRITER]);
+}
+
+#[test]
+fn with_the_hand_over_a_waiter_whose_replica_died_is_handed_the_lock() {
+    // Decision 68's amendment (SAFETY.md, invariant 7): a waiter whose
+    // replica died within its request TTL is not known dead; a release
+    // hands it the lock, which stays with nobody for a lease. The checker
+    // finds it, and, through it, FIFO broken: the dead replica's request
+    // (orphaned, it took the holder's place over) is handed the grant, the
+    // lease lapses, and the holder's live request, on the other replica,
+    // has lost its place. Every other safety property holds. (Without the
+    // hand-over, the crash configuration above keeps FIFO.)
+    let faults = Faults {
+        crash: 1,
+        lose_wake: 1,
+        duplicate_wake: 1,
+        ..Faults::default()
+    };
+    let cfg = Config {
+        faults,
+        reap: true,
+        rounds: 2,
+        hand_over: true,
+        ..Config::small(1)
+    };
+    let checker = check("hand-over, crash and wake-ups", cfg);
+    found(
+        &checker,
+        &[NO_HAND_TO_DEAD, FIFO, HANDED, DEAD_WAITER, WAKE_LOST],
+    );
+    holds(
+        &checker,
+        &[
+            MUTUAL_EXCLUSION,
+            TOKENS_RISE,
+            FENCED_RESOURCE,
+            NO_GRANT_AFTER_NO,
+            NO_DUPLICATE_GRANT,
+            NO_EMPTY_LOCK,
+        ],
+    );
+}
+
+#[test]
+fn a_read_write_path_reads_as_calls_with_their_modes() {
+    // The replay's input for read/write (tests/locks/model_replay.rs): the
+    // checker's example of a downgrade a reader joins is the writer's
+    // acquire WRITE, a reader's acquire READ queued, the writer's acquire
+    // READ answered OK with its own token, and the reader granted.
+    use Mode::{Read, Write};
+    let cfg = read_write([Write, Read, Read], false);
+    let path = tumbler_model::trace::discovery(&cfg, DOWNGRADE_SHARED).unwrap();
+    let steps = tumbler_model::trace::trace(&cfg, &path);
+    let acquires: Vec<(u8, Option<Mode>, Reply)> = (steps.iter())
+        .filter_map(|step| match step {
+            Step::Function {
+                function: "acquire",
+                client,
+                mode,
+                reply: Some(reply),
+                ..
+            } => Some((*client, *mode, *reply)),
+            _ => None,
+        })
+        .collect();
+    let written = acquires.iter().find_map(|a| match a {
+        (0, Some(Write), Reply::Acquired { token, .. }) => Some(*token),
+        _ => None,
+    });
+    let downgraded = acquires.iter().find_map(|a| match a {
+        (0, Some(Read), Reply::Downgraded { token, .. }) => Some(*token),
+        _ => None,
+    });
+    assert!(written.is_some() && written == downgraded, "{acquires:#?}");
+    assert!(
+        (acquires.iter()).any(|a| matches!(a, (1 | 2, Some(Read), Reply::Acquired { .. }))),
+        "{acquires:#?}"
+    );
 }

@@ -433,24 +433,51 @@ function changelogQuery() {
 
 // ------------------------------------------------------------ one lock
 
+// A read/write lock's mode as Inspect and Queue spell it (left out for a
+// plain lock, as every field at its default).
+const MODES = { LOCK_MODE_READ: "read", LOCK_MODE_WRITE: "write" };
+
+function modeOf(value) {
+  return MODES[value] || "";
+}
+
+function modeBadge(value) {
+  const mode = modeOf(value);
+  return mode ? h("span", { class: `badge mode-${mode}` }, mode) : h("span", { class: "empty" }, "—");
+}
+
+/** Who holds a read/write lock: its writer, readers, or nobody yet. */
+function rwNote(mode, holders, waiters) {
+  if (mode === "write") return "a writer holds it";
+  if (holders) return `${holders} ${holders === 1 ? "reader holds" : "readers hold"} it`;
+  return waiters ? "nobody holds it; waited for" : "nobody holds it";
+}
+
 function renderLock(d) {
   const held = list(d.holders);
+  const queued = list(d.queue.requests);
+  // A read/write lock: Inspect says so (READ or WRITE), or its waiters do.
+  const lockMode = modeOf(d.mode);
+  const rw = Boolean(lockMode) || queued.some((r) => modeOf(r.mode));
   // An election is a lock of limit 1 whose grant carries the leader's
   // value as the metadata entry "" (only Campaign and Proclaim write it).
   const lead = held.length === 1 && int(d.limit) === 1 ? held[0].grant || {} : {};
   const elected = Object.prototype.hasOwnProperty.call(lead.metadata || {}, "");
   const facts = h("dl", { class: "cards", "aria-label": "Lock state" },
-    card("Holders", `${held.length} / ${int(d.limit) || "—"}`),
+    rw ? card("Mode", "read/write", rwNote(lockMode, held.length, int(d.waiters))) : null,
+    card("Holders", `${held.length} / ${int(d.limit) || "—"}`, rw ? "(the limit: readers at once)" : null),
     card("Waiters", fmtNumber(int(d.waiters))),
     card("Next expiry", held.length
       ? fmtDuration(Math.min(...held.map((info) => int(info.remainingMs)))) : "—"),
     elected ? card("Leader", h("code", {}, lead.holder), `term ${lead.fencingToken}`) : null,
     elected ? card("Leader's value", lead.metadata[""]) : null);
-  const holderHead = ["Slot", "Holder", "Fencing token", "Remaining TTL", "Lease", "Acquired", "Kind", "Metadata"];
+  const holderHead = ["Slot", "Holder", ...(rw ? ["Mode"] : []), "Fencing token", "Remaining TTL", "Lease",
+    "Acquired", "Kind", "Metadata"];
   if (d.admin) holderHead.push("Action");
   const holders = table(`Holders of ${d.name}`, holderHead, held.map((info) => [info.grant || {}, info]).map(([g, info]) => h("tr", {},
     h("td", { class: "num" }, int(g.slot)),
     h("th", { scope: "row" }, h("code", {}, g.holder)),
+    rw ? h("td", {}, modeBadge(g.mode)) : null,
     h("td", {}, h("code", {}, g.fencingToken)),
     h("td", {}, fmtDuration(int(info.remainingMs))),
     h("td", {}, fmtDuration(int(g.ttlMs))),
@@ -464,13 +491,14 @@ function renderLock(d) {
     }, "Force release…")) : null)),
   { id: "holders", empty: "Nobody holds this lock." });
   const queue = table(`Queue of ${d.name}, in grant order (${int(d.queue.waiters)} waiting)`, [
-    { label: "Position", num: true }, "Holder", { label: "Priority", num: true }, "Mode",
-    "Enqueued", "Alive until", "Waits until", "Kind"],
-  list(d.queue.requests).map((r) => h("tr", {},
+    { label: "Position", num: true }, "Holder", { label: "Priority", num: true }, "Order",
+    ...(rw ? ["Mode"] : []), "Enqueued", "Alive until", "Waits until", "Kind"],
+  queued.map((r) => h("tr", {},
     h("td", { class: "num" }, int(r.position)),
     h("th", { scope: "row" }, h("code", {}, r.holder)),
     num(int(r.priority)),
     h("td", {}, r.fair ? h("span", { class: "badge ok" }, "fair") : h("span", { class: "badge warn" }, "barging")),
+    rw ? h("td", {}, modeBadge(r.mode)) : null,
     h("td", {}, when(r.enqueuedAtMs, d.nowMs)),
     h("td", {}, when(r.expiresAtMs, d.nowMs)),
     h("td", {}, when(r.waitDeadlineMs, d.nowMs)),

@@ -10,13 +10,15 @@
 //! scene most tests look at); each room is a file: `open` (auth off: JSON,
 //! validation, admin switches, pages), `auth` (tokens and tenancy),
 //! `login` (the login cookie, HSTS), `overview` (what the overview costs
-//! Redis under load), `throttle` (failed logins per client address),
+//! Redis under load), `read_write` (a read/write lock's mode, its
+//! holders' and waiters'), `throttle` (failed logins per client address),
 //! `visible` (bidi and invisible characters shown escaped).
 
 mod auth;
 mod login;
 mod open;
 mod overview;
+mod read_write;
 mod throttle;
 mod visible;
 

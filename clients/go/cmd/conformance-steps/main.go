@@ -52,6 +52,8 @@ func with(out obj, kv ...interface{}) obj {
 
 var steps = map[string]func(c *tumbler.Client, a []string) (obj, error){
 	"hold":     hold,
+	"rw_hold":  rwHold,
+	"rw_wait":  rwWait,
 	"release":  release,
 	"wait":     wait,
 	"scoped":   scoped,
@@ -183,6 +185,57 @@ func hold(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER LIMIT
 		return nil, err
 	}
 	return with(grantJSON(l), "status", "ACQUIRED"), nil
+}
+
+func modeOf(name string) pb.LockMode {
+	switch name {
+	case "read":
+		return tumbler.ModeRead
+	case "write":
+		return tumbler.ModeWrite
+	}
+	return pb.LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func modeName(l *tumbler.Lock) interface{} {
+	switch l.Mode() {
+	case tumbler.ModeRead:
+		return "read"
+	case tumbler.ModeWrite:
+		return "write"
+	}
+	return nil
+}
+
+func rwHold(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER read|write|plain: try once, keep the grant
+	l, err := c.Acquire(context.Background(), a[0], tumbler.AcquireOptions{Holder: a[1], TTLMs: 60000, Mode: modeOf(a[2])})
+	var na *tumbler.NotAcquiredError
+	var te *tumbler.Error
+	if errors.As(err, &na) {
+		st := "TIMEOUT"
+		if errors.Is(err, tumbler.ErrBusy) {
+			st = "BUSY"
+		}
+		return obj{"status": st, "holders": na.Response.Holders}, nil
+	} else if errors.As(err, &te) {
+		return obj{"status": "ERROR", "code": te.Code.String(), "typed": "*tumbler.Error", "message": te.Message}, nil
+	} else if err != nil {
+		return nil, err
+	}
+	return with(grantJSON(l), "status", "ACQUIRED", "mode", modeName(l)), nil
+}
+
+func rwWait(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER MODE WAIT_MS HOLD_MS
+	var out obj
+	err := c.WithLock(context.Background(), a[0],
+		tumbler.AcquireOptions{Holder: a[1], WaitMs: atoi(a[3]), TTLMs: 60000, Mode: modeOf(a[2])},
+		func(ctx context.Context, l *tumbler.Lock) error {
+			out = with(grantJSON(l), "mode", modeName(l))
+			time.Sleep(time.Duration(atoi(a[4])) * time.Millisecond)
+			out["released_at_ms"] = nowMs()
+			return nil
+		})
+	return out, err
 }
 
 func release(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER

@@ -28,6 +28,8 @@ my %FIELDS = (
     metadata      => [ metadata     => 'map' ],
     priority      => [ priority     => 'i32' ],
     fair          => [ fair         => 'bool' ],
+    mode          => [ mode         => 'mode' ],
+    prefer_readers => [ preferReaders => 'bool' ],
     fencing_token => [ fencingToken => 'u64' ],
     max_entries   => [ maxEntries   => 'u32' ],
     prefix        => [ prefix       => 'str' ],
@@ -43,8 +45,12 @@ my %FIELDS = (
     term          => [ term         => 'u64' ],
 );
 
+# A read/write lock's mode: read (shared) or write (alone), as the API names them.
+my %MODE = (read => 'LOCK_MODE_READ', write => 'LOCK_MODE_WRITE',
+            lock_mode_read => 'LOCK_MODE_READ', lock_mode_write => 'LOCK_MODE_WRITE');
+
 my %ALLOWED = (
-    Acquire => [qw(namespace holder ttl_ms wait_ms queue_ttl_ms limit kind metadata priority fair)],
+    Acquire => [qw(namespace holder ttl_ms wait_ms queue_ttl_ms limit kind metadata priority fair mode prefer_readers)],
     Release => [qw(namespace holder fencing_token)],
     Extend  => [qw(namespace holder ttl_ms fencing_token)],
     Inspect => [qw(namespace)],
@@ -110,6 +116,14 @@ sub _body {
         if    ($type eq 'u64') { $body{$json} = "$v" }
         elsif ($type eq 'u32' || $type eq 'i32') { $body{$json} = $v =~ /^-?\d+$/ ? 0 + $v : "$v" }
         elsif ($type eq 'bool') { $body{$json} = $v ? JSON::PP::true : JSON::PP::false }
+        elsif ($type eq 'mode') {
+            my $mode = $MODE{lc $v};
+            Tumbler::Error::InvalidArgument->throw(
+                code => 'invalid_argument', kind => 'invalid_argument', method => $method,
+                message => "mode: '$v' is not read or write",
+            ) unless $mode;
+            $body{$json} = $mode;
+        }
         elsif ($type eq 'map') { $body{$json} = { map { $_ => "$v->{$_}" } keys %$v } }
         else { $body{$json} = "$v" }
     }
@@ -222,6 +236,13 @@ sub _snake {
     return $v;
 }
 
+# A grant's LOCK_MODE_READ / LOCK_MODE_WRITE as read / write; undef for a
+# plain lock's (the field is left out).
+sub _mode_name {
+    my $mode = shift // '';
+    return $mode eq 'LOCK_MODE_READ' ? 'read' : $mode eq 'LOCK_MODE_WRITE' ? 'write' : undef;
+}
+
 sub _name {
     my $name = shift;
     Carp::croak('a lock name is required') unless defined $name;
@@ -242,6 +263,7 @@ sub acquire {
     if ($status eq 'ACQUIRE_STATUS_ACQUIRED' || $status eq 'ACQUIRE_STATUS_ALREADY_HELD') {
         my $grant = $res->{grant};
         $grant->{status} = $status eq 'ACQUIRE_STATUS_ACQUIRED' ? 'acquired' : 'already_held';
+        $grant->{mode} = _mode_name($grant->{mode});
         $grant->{name} = $name;
         $grant->{namespace} = $opts{namespace} // $self->{namespace};
         return $grant;
@@ -272,7 +294,11 @@ sub extend {
     Carp::croak('extend needs holder') unless defined $opts{holder};
     my $res = _snake($self->call('Extend', $self->_body('Extend', { name => _name($name) }, \%opts),
         (defined $opts{timeout} ? (timeout => $opts{timeout}) : ())));
-    return $res->{grant} if ($res->{status} // '') eq 'EXTEND_STATUS_EXTENDED';
+    if (($res->{status} // '') eq 'EXTEND_STATUS_EXTENDED') {
+        my $grant = $res->{grant};
+        $grant->{mode} = _mode_name($grant->{mode}) if exists $grant->{mode};
+        return $grant;
+    }
     die Tumbler::Error::NotHeld->new(
         kind => 'not_held', code => 'not_held', method => 'Extend',
         message => "$name: not held by $opts{holder}",
@@ -414,7 +440,9 @@ sub observe {
 sub lock {
     my ($self, $name, %opts) = @_;
     my $grant = $self->acquire($name, %opts);
-    return Tumbler::Lock->_new($self, $name, $grant, $opts{namespace} // $self->{namespace});
+    my $lock = Tumbler::Lock->_new($self, $name, $grant, $opts{namespace} // $self->{namespace});
+    $lock->{limit} = $opts{limit};   # a downgrade asks the same limit
+    return $lock;
 }
 
 1;
@@ -450,13 +478,19 @@ candidate and term; C<observe($name, $code)> calls C<$code> with each leader
 change until it returns false.
 
 C<acquire($name, %opts)> (holder, ttl_ms, wait_ms, queue_ttl_ms, limit,
-kind, metadata, priority, fair, namespace, timeout) returns the grant as a
-hash (holder, fencing_token, slot, expires_at_ms, ttl_ms, kind, metadata,
-status C<acquired> or C<already_held>) or dies
+kind, metadata, priority, fair, mode, prefer_readers, namespace, timeout)
+returns the grant as a hash (holder, fencing_token, slot, expires_at_ms,
+ttl_ms, kind, metadata, mode, status C<acquired> or C<already_held>) or dies
 C<Tumbler::Error::NotAcquired> (kind C<busy>, or C<timeout> after
 wait_ms). Without a holder the client makes one, and retries of an
 unavailable server send that same holder, so a retry never takes a second
-permit.
+permit. C<mode =E<gt> 'read'> or C<'write'> makes it a read/write lock:
+any number of readers (up to C<limit>, default the server's maximum) or
+one writer, never both; the grant's C<mode> is C<read> or C<write> (undef
+for a plain lock). C<prefer_readers =E<gt> 1> lets a reader pass writers
+that wait. An upgrade (a reader asking C<write>) and a plain acquire of a
+held read/write lock die C<Tumbler::Error::InvalidArgument> with code
+C<failed_precondition>.
 
 C<release($name, holder =E<gt> ..., fencing_token =E<gt> ...)> returns true
 if released, false if not held. C<extend($name, holder =E<gt> ..., ttl_ms

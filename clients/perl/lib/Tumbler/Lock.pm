@@ -33,6 +33,8 @@ sub holder        { $_[0]{grant}{holder} }
 sub fencing_token { $_[0]{grant}{fencing_token} }
 sub slot          { $_[0]{grant}{slot} }
 sub grant         { $_[0]{grant} }
+# read or write for a grant of a read/write lock, undef for a plain lock's.
+sub mode          { $_[0]{grant}{mode} }
 sub released      { $_[0]{released} }
 
 # Why the lock is lost (undef while it is not): the lease ran out before a
@@ -93,6 +95,38 @@ sub extend {
     }
     $self->{grant}   = { %{ $self->{grant} }, %$grant };
     $self->{ttl}     = ($grant->{ttl_ms} // $ttl_ms) / 1000;
+    $self->{renewed} = $start;
+    $self->{expires} = $start + $self->{ttl};
+    return $self;
+}
+
+# downgrade: a write grant becomes a read grant at once (the same fencing
+# token, slot and lease; readers may then join). Dies
+# Tumbler::Error::InvalidArgument (code failed_precondition) on a plain
+# lock, Tumbler::Error::LockLost when the grant is gone.
+sub downgrade {
+    my $self = shift;
+    $self->check;
+    my $start = _now();
+    my $grant = eval {
+        $self->{client}->acquire($self->{name}, $self->_ns, holder => $self->holder, mode => 'read',
+            ttl_ms => $self->{grant}{ttl_ms},
+            (defined $self->{limit} ? (limit => $self->{limit}) : ()),
+            (length($self->{grant}{kind} // '') ? (kind => $self->{grant}{kind}) : ()));
+    };
+    if (my $e = $@) {
+        die $e unless Scalar::Util::blessed($e) && $e->isa('Tumbler::Error::NotAcquired');
+        $self->_lose('not held any more (downgrade found another holder)');
+        $self->check;
+    }
+    if ("$grant->{fencing_token}" ne "$self->{grant}{fencing_token}") {
+        # A new grant, not ours: give it back.
+        eval { $self->{client}->release($self->{name}, $self->_ns, holder => $self->holder,
+            fencing_token => $grant->{fencing_token}); 1 };
+        $self->_lose('not held any more (expired, released by another, cleared or reaped)');
+        $self->check;
+    }
+    $self->{grant}   = { %{ $self->{grant} }, %$grant };
     $self->{renewed} = $start;
     $self->{expires} = $start + $self->{ttl};
     return $self;

@@ -42,10 +42,30 @@ def new_holder():
     return "py-" + uuid.uuid4().hex
 
 
-def acquire_request(namespace, name, holder, wait_ms, limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair):
+_MODES = {None: pb.LOCK_MODE_UNSPECIFIED, "read": pb.LOCK_MODE_READ, "write": pb.LOCK_MODE_WRITE,
+          pb.LOCK_MODE_UNSPECIFIED: pb.LOCK_MODE_UNSPECIFIED, pb.LOCK_MODE_READ: pb.LOCK_MODE_READ,
+          pb.LOCK_MODE_WRITE: pb.LOCK_MODE_WRITE}
+_MODE_NAMES = {pb.LOCK_MODE_READ: "read", pb.LOCK_MODE_WRITE: "write"}
+
+
+def lock_mode(mode):
+    """``"read"``, ``"write"`` (or the pb.LOCK_MODE_* value) -> the enum value; None: a plain lock."""
+    try:
+        return _MODES[mode]
+    except (KeyError, TypeError):
+        raise ValueError(f"mode: {mode!r} is not 'read', 'write' or None") from None
+
+
+def mode_name(mode):
+    """A grant's pb.LockMode as ``"read"`` / ``"write"``; None for a plain lock's."""
+    return _MODE_NAMES.get(mode)
+
+
+def acquire_request(namespace, name, holder, wait_ms, limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair,
+                    mode=None, prefer_readers=False):
     return pb.AcquireRequest(namespace=namespace, name=name, holder=holder, limit=limit, ttl_ms=ttl_ms,
                              kind=kind, metadata=metadata or {}, wait_ms=wait_ms, queue_ttl_ms=queue_ttl_ms,
-                             priority=priority, fair=fair)
+                             priority=priority, fair=fair, mode=lock_mode(mode), prefer_readers=prefer_readers)
 
 
 def remaining_wait_ms(request_wait_ms, started, deadline):

@@ -23,6 +23,7 @@ class AsyncLock:
         self.client, self.name, self.grant = client, name, grant
         self.lost = asyncio.Event()
         self.lost_reason = None
+        self._limit = None  # the limit asked: a downgrade asks the same
         self._lease_end = lease_end
 
     holder = property(lambda self: self.grant.holder)
@@ -30,6 +31,8 @@ class AsyncLock:
     slot = property(lambda self: self.grant.slot)
     expires_at_ms = property(lambda self: self.grant.expires_at_ms)
     ttl_ms = property(lambda self: self.grant.ttl_ms)
+    # "read" or "write" for a grant of a read/write lock, None for a plain lock's.
+    mode = property(lambda self: c.mode_name(self.grant.mode))
 
     async def extend(self, ttl_ms=None):
         """Reset the lease to ``ttl_ms`` from now (default: the grant's ttl). Raises LockLost."""
@@ -47,6 +50,25 @@ class AsyncLock:
                                 fencing_token=self.fencing_token)
         resp = await self.client._call(self.client.stub.Release, lambda: req)
         return resp.status == pb.RELEASE_STATUS_RELEASED
+
+    async def downgrade(self):
+        """Turn a write grant into a read grant at once: same fencing token, slot and lease; readers may join.
+
+        Raises TumblerError (FAILED_PRECONDITION) on a plain lock, LockLost when the grant is gone.
+        """
+        req = c.acquire_request(self.client.namespace, self.name, self.holder, 0, self._limit, self.ttl_ms,
+                                self.grant.kind, None, 0, None, None, "read")
+        sent = time.monotonic()
+        resp = await self.client._call(self.client.stub.Acquire, lambda: req)
+        if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED or resp.grant.fencing_token != self.fencing_token:
+            if resp.status != pb.ACQUIRE_STATUS_NOT_ACQUIRED:  # a new grant, not ours: give it back
+                await self.client._call(self.client.stub.Release, lambda: pb.ReleaseRequest(
+                    namespace=self.client.namespace, name=self.name, holder=self.holder,
+                    fencing_token=resp.grant.fencing_token))
+            self._mark_lost("not held")
+            raise self.lost_error()
+        self._renewed(resp.grant, sent)
+        return self
 
     def check(self):
         if self.lost.is_set():
@@ -156,7 +178,7 @@ class AsyncClient:
                 attempt += 1
 
     async def acquire(self, name, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
-                      metadata=None, priority=0, queue_ttl_ms=None, fair=None):
+                      metadata=None, priority=0, queue_ttl_ms=None, fair=None, mode=None, prefer_readers=False):
         """As ``Client.acquire``; cancelling the awaiting task cancels the wait in the server."""
         holder = holder or c.new_holder()
         started = time.monotonic()
@@ -166,7 +188,8 @@ class AsyncClient:
         def request():
             sent[0] = time.monotonic()
             return c.acquire_request(self.namespace, name, holder, c.remaining_wait_ms(wait_ms, started, deadline),
-                                     limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair)
+                                     limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
+                                     prefer_readers)
 
         try:
             resp = await self._call(self.stub.Acquire, request, deadline)
@@ -177,7 +200,9 @@ class AsyncClient:
         if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED:
             raise c.not_acquired(name, resp)
         lease_end = max(sent[0], time.monotonic() - 0.05) + resp.grant.ttl_ms / 1000.0
-        return AsyncLock(self, name, resp.grant, lease_end)
+        lock = AsyncLock(self, name, resp.grant, lease_end)
+        lock._limit = limit
+        return lock
 
     def lock(self, name, holder=None, *, ttl_ms=None, on_lost=None, cancel_on_loss=True, **acquire_options):
         """``async with client.lock("report", wait_ms=5000) as lock:`` held for the whole block.

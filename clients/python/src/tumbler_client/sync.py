@@ -29,6 +29,7 @@ class Lock:
         self.client, self.name, self.grant = client, name, grant
         self.lost = threading.Event()
         self.lost_reason = None
+        self._limit = None  # the limit asked: a downgrade asks the same
         self._lease_end = lease_end  # local monotonic estimate of when the lease runs out
         self._watchdog = None
 
@@ -37,6 +38,8 @@ class Lock:
     slot = property(lambda self: self.grant.slot)
     expires_at_ms = property(lambda self: self.grant.expires_at_ms)
     ttl_ms = property(lambda self: self.grant.ttl_ms)
+    # "read" or "write" for a grant of a read/write lock, None for a plain lock's.
+    mode = property(lambda self: c.mode_name(self.grant.mode))
 
     def extend(self, ttl_ms=None):
         """Reset the lease to ``ttl_ms`` from now (default: the grant's ttl). Raises LockLost."""
@@ -67,6 +70,25 @@ class Lock:
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
+
+    def downgrade(self):
+        """Turn a write grant into a read grant at once: same fencing token, slot and lease; readers may join.
+
+        Raises TumblerError (FAILED_PRECONDITION) on a plain lock, LockLost when the grant is gone.
+        """
+        req = c.acquire_request(self.client.namespace, self.name, self.holder, 0, self._limit, self.ttl_ms,
+                                self.grant.kind, None, 0, None, None, "read")
+        sent = time.monotonic()
+        resp = self.client._call(self.client.stub.Acquire, lambda: req)
+        if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED or resp.grant.fencing_token != self.fencing_token:
+            if resp.status != pb.ACQUIRE_STATUS_NOT_ACQUIRED:  # a new grant, not ours: give it back
+                self.client._call(self.client.stub.Release, lambda: pb.ReleaseRequest(
+                    namespace=self.client.namespace, name=self.name, holder=self.holder,
+                    fencing_token=resp.grant.fencing_token))
+            self._mark_lost("not held")
+            raise self.lost_error()
+        self._renewed(resp.grant, sent)
+        return self
 
     def check(self):
         """Raise LockLost if the grant is known to be gone."""
@@ -171,7 +193,7 @@ class Client:
                 attempt += 1
 
     def acquire(self, name, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
-                metadata=None, priority=0, queue_ttl_ms=None, fair=None):
+                metadata=None, priority=0, queue_ttl_ms=None, fair=None, mode=None, prefer_readers=False):
         """Take a permit, waiting up to ``wait_ms`` in the server (0: try once).
 
         ``timeout`` (s) bounds the whole call, retries included; default
@@ -187,7 +209,8 @@ class Client:
         def request():
             sent[0] = time.monotonic()
             return c.acquire_request(self.namespace, name, holder, c.remaining_wait_ms(wait_ms, started, deadline),
-                                     limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair)
+                                     limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
+                                     prefer_readers)
 
         try:
             resp = self._call(self.stub.Acquire, request, deadline)
@@ -198,7 +221,9 @@ class Client:
         if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED:
             raise c.not_acquired(name, resp)
         lease_end = max(sent[0], time.monotonic() - 0.05) + resp.grant.ttl_ms / 1000.0
-        return Lock(self, name, resp.grant, lease_end)
+        lock = Lock(self, name, resp.grant, lease_end)
+        lock._limit = limit
+        return lock
 
     @contextlib.contextmanager
     def lock(self, name, holder=None, *, ttl_ms=None, on_lost=None, **acquire_options):

@@ -68,13 +68,14 @@ module Tumbler
     # the request). Returns a Lock (no watchdog: see #lock / Lock#keep_alive);
     # raises Busy, LockTimeout, InvalidArgument, PermissionDenied, Unavailable.
     def acquire(name, holder: nil, wait_ms: 0, timeout: nil, limit: nil, ttl_ms: nil, kind: '',
-                metadata: {}, priority: 0, queue_ttl_ms: nil, fair: nil)
+                metadata: {}, priority: 0, queue_ttl_ms: nil, fair: nil, mode: nil, prefer_readers: false)
       holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder.empty?
       started = Client.now
       deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
       sent = started
       base = { namespace: namespace, name: name, holder: holder, kind: kind, metadata: metadata, priority: priority,
-               limit: limit, ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms, fair: fair }.compact
+               limit: limit, ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms, fair: fair, mode: Client.lock_mode(mode),
+               prefer_readers: prefer_readers || nil }.compact
       resp = begin
         call(:acquire, deadline: deadline) do
           sent = Client.now
@@ -89,7 +90,20 @@ module Tumbler
       raise not_acquired(name, resp) if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED
 
       Lock.new(self, name, resp.grant, [sent, Client.now - 0.05].max + (resp.grant.ttl_ms / 1000.0),
-               already_held: resp.status == :ACQUIRE_STATUS_ALREADY_HELD)
+               already_held: resp.status == :ACQUIRE_STATUS_ALREADY_HELD, limit: limit)
+    end
+
+    MODES = { nil => nil, read: :LOCK_MODE_READ, write: :LOCK_MODE_WRITE }.freeze
+
+    # :read / 'read', :write / 'write' (or the enum's own symbol) -> the LockMode
+    # symbol; nil: a plain lock.
+    def self.lock_mode(mode)
+      return mode if MODES.value?(mode)
+
+      key = mode&.to_sym
+      raise ArgumentError, "mode: #{mode.inspect} is not :read, :write or nil" unless MODES.key?(key)
+
+      MODES[key]
     end
 
     # client.lock('reports', wait_ms: 5000) { |lock| ... } — held for the whole block.

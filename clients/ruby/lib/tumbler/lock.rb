@@ -10,8 +10,9 @@ module Tumbler
 
     # already_held: the Acquire found this holder already holding the grant
     # (ALREADY_HELD: same token and slot, lease unchanged).
-    def initialize(client, name, grant, lease_end, already_held: false)
+    def initialize(client, name, grant, lease_end, already_held: false, limit: nil)
       @already_held = already_held
+      @limit = limit # the limit asked: a downgrade asks the same
       @client = client
       @name = name
       @grant = grant
@@ -27,6 +28,8 @@ module Tumbler
     def fencing_token = grant.fencing_token
     def slot = grant.slot
     def ttl_ms = grant.ttl_ms
+    # :read or :write for a grant of a read/write lock, nil for a plain lock's.
+    def mode = { LOCK_MODE_READ: :read, LOCK_MODE_WRITE: :write }[grant.mode]
     def lost? = !@lost_reason.nil?
     def already_held? = @already_held
 
@@ -41,6 +44,28 @@ module Tumbler
       sent = Client.now
       resp = client.call(:extend) { extend_request(ttl_ms) }
       unless resp.status == :EXTEND_STATUS_EXTENDED
+        mark_lost('not held')
+        raise lost_error
+      end
+      renewed(resp.grant, sent)
+      self
+    end
+
+    # Turn a write grant into a read grant at once: the same fencing token, slot
+    # and lease; readers may then join. Raises Tumbler::Error
+    # (FAILED_PRECONDITION) on a plain lock, LockLost when the grant is gone.
+    def downgrade
+      req = V1::AcquireRequest.new(**{ namespace: client.namespace, name: name, holder: holder, kind: grant.kind,
+                                       ttl_ms: ttl_ms, limit: @limit, mode: :LOCK_MODE_READ }.compact)
+      sent = Client.now
+      resp = client.call(:acquire) { req }
+      if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED || resp.grant.fencing_token != fencing_token
+        unless resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED # a new grant, not ours: give it back
+          client.call(:release) do
+            V1::ReleaseRequest.new(namespace: client.namespace, name: name, holder: holder,
+                                   fencing_token: resp.grant.fencing_token)
+          end
+        end
         mark_lost('not held')
         raise lost_error
       end

@@ -56,7 +56,7 @@ use self::lease::acquire_lease;
 use self::session::acquire_in_session;
 use super::acquire::GrantArgs;
 use super::connect::{Conn, Target};
-use super::output::{display_name, not_acquired_line, status_line};
+use super::output::{display_name, lock_mode, not_acquired_line, status_line};
 use super::signals::{Signals, killed_by};
 use super::{Failure, Globals, LockName, exit};
 use tumbler_proto as proto;
@@ -89,8 +89,8 @@ pub struct HoldArgs {
     pub session: bool,
     /// The command to run while holding the lock (it gets
     /// TUMBLER_FENCING_TOKEN, TUMBLER_SLOT and TUMBLER_HOLDER, the holder
-    /// id, in its
-    /// environment). Without one, the lock is held until a signal.
+    /// id, in its environment; with --read or --write also
+    /// TUMBLER_LOCK_MODE, `read` or `write`). Without one, the lock is held until a signal.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
@@ -176,15 +176,22 @@ pub async fn run(args: HoldArgs, globals: &Globals) -> Result<u8, Failure> {
         }
     };
     let grant = held.grant.clone();
+    let mode = lock_mode(grant.mode());
     status_line(&format!(
-        "HOLDING {lock} token={} slot={} holder={}",
-        grant.fencing_token, grant.slot, grant.holder
+        "HOLDING {lock} token={} slot={} holder={}{}",
+        grant.fencing_token,
+        grant.slot,
+        grant.holder,
+        mode.map(|mode| format!(" mode={mode}")).unwrap_or_default()
     ));
-    let environment = vec![
+    let mut environment = vec![
         ("TUMBLER_FENCING_TOKEN", grant.fencing_token.to_string()),
         ("TUMBLER_SLOT", grant.slot.to_string()),
         ("TUMBLER_HOLDER", grant.holder.clone()),
     ];
+    if let Some(mode) = mode {
+        environment.push(("TUMBLER_LOCK_MODE", mode.to_owned()));
+    }
     let command = ("tumbler hold", args.command.as_slice());
     Ok(keep(held, signals, &lock, command, &environment, grace).await)
 }

@@ -1,0 +1,193 @@
+//! The system's state: what each client (and the replica task serving
+//! it) is doing, the calls sent to Redis and not run yet, Redis' data,
+//! the fenced resource, and the ghost state the properties read.
+
+use crate::Config;
+use crate::Resource;
+use crate::redis::{Data, Id};
+
+/// What a client (and the replica task serving its RPC) is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Between requests (or about to make its first).
+    Idle,
+    /// In the lock's queue, its RPC open; woken by pub/sub or its timer.
+    Waiting { answer_by: u8, retry_at: u8 },
+    /// Holds a grant it believes valid while its own clock is before `until`.
+    Holding { token: u32, until: u8 },
+    /// Checked its lease (still valid) and is about to write with `token`.
+    Writing { token: u32, until: u8 },
+    /// Its requests are over.
+    Done,
+}
+
+/// A call a replica task sent to Redis and Redis has not run yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    Acquire {
+        req: u8,
+        sent: u8,
+        answer_by: u8,
+        epoch: u8,
+        /// The replica that sent it (its request id names it).
+        via: u8,
+    },
+    /// A writer asks READ for the grant it holds (acquire.lua step 4).
+    Downgrade {
+        req: u8,
+        sent: u8,
+        epoch: u8,
+    },
+    /// A replica gives back a grant handed to its request `req`, which is
+    /// gone (release.lua with `handed`, pinned to the token).
+    GiveBack {
+        req: u8,
+        token: u32,
+    },
+    Release {
+        token: u32,
+        epoch: u8,
+    },
+    Extend {
+        token: u32,
+        sent: u8,
+    },
+    /// The request that leaves (finding 6: a place another request of the
+    /// holder took over is left alone).
+    Dequeue {
+        req: u8,
+    },
+    SessionEnd {
+        epoch: u8,
+        token: u32,
+    },
+    SessionClaim,
+    SessionTouch {
+        epoch: u8,
+    },
+    Renew {
+        token: u32,
+        sent: u8,
+        epoch: u8,
+    },
+}
+
+/// One client.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Client {
+    pub phase: Phase,
+    /// The replica serving it (its session's stream, its waiting RPC).
+    pub replica: u8,
+    /// Requests made so far (the current one's number).
+    pub req: u8,
+    /// Its RPC's outstanding call.
+    pub call: Option<Call>,
+    /// Its session heartbeat's outstanding call (touch, then renew).
+    pub beat: Option<Call>,
+    /// A pub/sub wake-up on its way to its waiter.
+    pub wake: bool,
+    /// Paused (GC, VM freeze) between its lease check and its write.
+    pub paused: bool,
+    /// Its session stream's epoch; 0: no live stream.
+    pub epoch: u8,
+    /// Requests that failed with their replica (each may be made again).
+    pub retries: u8,
+    /// Read/write: it believes its grant is the writer's (a downgrade
+    /// clears it as it asks: it stops writing first).
+    pub writer: bool,
+    /// A grant handed to its waiting request, delivered to its replica and
+    /// not yet answered: token and lease expiry (decision 68).
+    pub handed: Option<(u32, u8)>,
+}
+
+/// Facts about the run that no single state shows; the properties read them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Ghost {
+    /// The highest fencing token granted so far.
+    pub max_token: u32,
+    pub token_went_back: bool,
+    /// Per client: its request that reached Redis last, and when its place
+    /// in line began (the order in which requests first reached Redis; a
+    /// new request of a holder still in the queue keeps that holder's
+    /// place, as the queue does).
+    pub arrival: Vec<(u8, u8)>,
+    pub arrivals: u8,
+    /// Per client: the request that was answered "not acquired" (0: none).
+    pub told_no: Vec<u8>,
+    pub granted_after_no: bool,
+    pub fifo_broken: bool,
+    /// Per client: its session ended (session_end, or a claim found it over).
+    pub session_over: Vec<bool>,
+    pub renewed_after_end: bool,
+    pub duplicate_grant: bool,
+    /// Events the `sometimes` properties look for.
+    pub waiter_granted: bool,
+    pub dead_waiter_skipped: bool,
+    pub resumed: bool,
+    pub data_lost: bool,
+    pub token_after_loss: bool,
+    pub wake_lost: bool,
+    /// Read/write: the token of the last grant downgraded.
+    pub downgraded: Option<u32>,
+    /// A grant was handed over by the call that freed its permit.
+    pub handed: bool,
+    /// A grant was handed to a request whose replica had died (nobody
+    /// answers it or gives it back: it lasts its lease).
+    pub handed_to_dead: bool,
+}
+
+/// The whole system's state.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The Redis clock (ticks); clients and replicas read the same time.
+    pub now: u8,
+    pub redis: Data,
+    /// What the Redis replica has received (asynchronous replication);
+    /// a failover without WAIT promotes it.
+    pub synced: Data,
+    pub alive: Vec<bool>,
+    /// Per replica: its waiter refresh is in flight.
+    pub refresh: Vec<bool>,
+    pub clients: Vec<Client>,
+    /// Calls whose task is gone (replica crash, answered timeout): Redis
+    /// may still run them.
+    pub orphans: Vec<(Id, Call)>,
+    pub resource: Resource,
+    /// Faults used so far, in the order of `Faults`' budgets.
+    pub used: [u8; 6],
+    pub ghost: Ghost,
+}
+
+impl State {
+    pub(crate) fn client(&mut self, c: Id) -> &mut Client {
+        &mut self.clients[usize::from(c)]
+    }
+
+    /// Whether a replica task has a call in flight that a tick must wait
+    /// for (the network delivers within a tick unless it is slow).
+    pub(crate) fn busy(&self) -> bool {
+        self.refresh.iter().any(|&r| r)
+            || (self.clients.iter())
+                .any(|c| c.call.is_some() || c.beat.is_some() || c.wake || c.handed.is_some())
+    }
+
+    /// Whether the queue holds a waiter past its deadline (the next call
+    /// on the lock skips it).
+    pub(crate) fn dead_waiters(&self) -> bool {
+        let lock = self.redis.lock.as_ref();
+        lock.is_some_and(|l| l.queue.iter().any(|w| w.deadline <= self.now))
+    }
+
+    /// The client's current request is over: another one, or done.
+    pub(crate) fn round_over(&mut self, c: Id, cfg: &Config) {
+        let client = self.client(c);
+        // A wake-up still on its way finds no waiter.
+        client.wake = false;
+        client.writer = false;
+        client.phase = if client.req < cfg.rounds_of(c) + client.retries {
+            Phase::Idle
+        } else {
+            Phase::Done
+        };
+    }
+}
