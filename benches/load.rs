@@ -184,6 +184,7 @@ impl Client {
                         fair: true,
                         mode: engine::LockMode::Plain,
                         prefer_readers: false,
+                        permits: 1,
                         answer_by: None,
                         session_epoch: None,
                         stop: None,

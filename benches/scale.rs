@@ -438,6 +438,7 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
                             fair: true,
                             mode: engine::LockMode::Plain,
                             prefer_readers: false,
+                            permits: 1,
                             answer_by: None,
                             session_epoch: None,
                             stop: None,

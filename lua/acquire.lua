@@ -6,7 +6,8 @@
 --       instructions): limit (1), kind ('default'), metadata (JSON; '' = none),
 --       flags ('' ; 'f' = fair: takes its turn in the queue; first, for a
 --       read/write lock (decision 0074), 'r' = read, 'w' = write (both
---       fair), 'R' = read with prefer_readers (barging); 'e' = publish
+--       fair), 'R' = read with prefer_readers (barging); 'p<k>' = take k
+--       permits (only when k > 1; decision 0075); 'e' = publish
 --       events; 'c<size>:<retention_ms>' = record them in the changelog;
 --       's<epoch>' = a session's stream of that epoch: common.lua `stale`),
 --       priority (0), max_locks (of the namespace in this shard; 0 = no limit),
@@ -66,7 +67,14 @@ if rw then
 else
   fair = string.find(flags, 'f', 1, true) ~= nil
 end
+-- A request of k > 1 permits (decision 0075) says so in its flags and
+-- in its waiter record's fair field, after the character ('13').
+local weight = string.match(flags, 'p(%d+)')
+local permits = weight and num(weight) or 1
 local fair_field = rw or (fair and '1' or '0')
+if weight then
+  fair_field = fair_field .. weight
+end
 local waiting, priority = wait_ms ~= nil, num(priority_s or '0')
 local epoch = string.match(flags, 's(%d+)')
 local now_s = string.sub(now_us, 1, -4)
@@ -77,7 +85,7 @@ L.now, L.now_us = now, now_us
 --    waiters when a permit is free (they could be ahead of it); a request
 --    that can only queue leaves them to the call that frees a permit.
 local changed = purge_expired(L, now) > 0
-if room(L, want, limit) then
+if room(L, want, limit, permits) then
   changed = purge_dead_waiters(L, now) > 0 or changed
 end
 
@@ -150,7 +158,7 @@ end
 --    With no permit free nobody is counted, and whether it is queued
 --    already is learnt when it queues (step 10), unless the queue may be
 --    full.
-local fits = room(L, want, limit)
+local fits = room(L, want, limit, permits)
 local known = fits or (waiting and L.arrivals >= tonumber(max_waiters))
 local queued_order = known and queue_head(L) and redis.call('ZSCORE', L.queue, holder)
 local ahead = 1
@@ -163,25 +171,24 @@ if fits then
   end
 end
 
--- 8. A free permit and nobody ahead: grant, with a fresh token and the
---    smallest free slot. Only the head of the queue is granted, so grants
---    follow queue order.
+-- 8. Free permits enough and nobody ahead: grant, with a fresh token and
+--    the smallest free slots (one per permit). Only the head of the queue
+--    is granted, so grants follow queue order.
 if fits and ahead == 0 then
   if queued_order then
     drop_waiters(L, {holder})
   end
-  local slot = free_slot(L)
   local grant = {
-    slot = slot, expires = now + tonumber(ttl), token = next_token(L.fence, now_us),
+    slot = false, slots = false, permits = permits, expires = now + tonumber(ttl), token = false,
     acquired_s = now_s, ttl = ttl, kind = kind, holder = holder, metadata = metadata,
     epoch = epoch or '',
   }
-  L.holders, L.limit, L.top_slot = L.holders + 1, limit, math.max(L.top_slot, slot)
+  L.limit = limit
+  local fields = take_slots(L, grant, permits)
+  grant.token = next_token(L.fence, now_us)
   L.mode = want
   put_grant(L, grant)
-  if limit > 1 then
-    change(L, int(slot), holder)
-  end
+  name_slots(L, fields, holder)
   settle(L)
   emit(L, 'acquired', holder, grant, now, HOLDER)
   -- A permit left over goes to the next waiter in line.
@@ -242,12 +249,14 @@ if added then
 else
   L.queued = true
 end
--- A read/write request that keeps its place says what it asks now (a
--- waiting reader that asks WRITE waits as a writer).
+-- A read/write or weighted request that keeps its place says what it
+-- asks now (a waiting reader that asks WRITE waits as a writer).
 local handing = request and request ~= ''
-if not added and (handing or rw) then
+if not added and (handing or rw or weight) then
   local old = redis.call('HGET', L.waiters, holder)
-  if (handing and waiter_request(old) ~= request) or (rw and waiter_fair(old) ~= fair_field) then
+  local old_fair = waiter_fair(old)
+  if (handing and waiter_request(old) ~= request)
+    or ((rw or weight or #(old_fair or '') > 1) and old_fair ~= fair_field) then
     redis.call('HSET', L.waiters, holder, record(int(waiter_enqueued(old))))
   end
 end

@@ -16,11 +16,13 @@ for k = 2, #ARGV do
   if L.exists then
     -- 1. Count what goes, per kind (and tell watchers), then delete the
     --    lock's keys.
+    --    (The header's holders count permits in use, decision 0075: the
+    --    grants are counted one by one.)
     for _, grant in ipairs(all_grants(L)) do
       note(L, 'cleared', grant.kind)
       emit(L, 'cleared', grant.holder, grant, now, ADMIN, now)
+      grants = grants + 1
     end
-    grants = grants + L.holders
     if queue_head(L) then
       local ids = redis.call('ZRANGE', L.queue, '0', '-1')
       local records = on_fields(L.waiters, 'HMGET', ids)

@@ -16,16 +16,20 @@
 -- '<prefix>:{<ns>:<s>}', so one function call touches one cluster slot.
 --   ...:l:<name>  HASH, the lock; exists while someone holds or waits:
 --                   '_'          header 'limit|holders|earliest|top_slot|arrivals|key_expiry'
+--                                (holders: permits in use, one per grant unless
+--                                a grant holds several, decision 0075)
 --                                (key_expiry empty: earliest + twice KEY_GRACE_MS;
 --                                limit 'r<n>'/'w<n>' for a read/write lock, decision 0074)
 --                   'h:<holder>' grant 'slot|expires|token|acquired|ttl|kind[|epoch][\nmetadata]'
+--                                (slot 's1,s2,…' ascending for a grant of several permits)
 --                                (acquired empty: the token's milliseconds;
 --                                epoch: only a session's grant, its stream's)
---                   '<slot>'     holder of a slot, for limit > 1 only
+--                   '<slot>'     holder of a slot, for limit > 1 only (one per permit)
 --   ...:q:<name>  ZSET waiting request -> order (priority, arrival); only while someone waits
 --   ...:d:<name>  ZSET waiting request -> liveness deadline (ms); with the queue
 --   ...:w:<name>  HASH waiting request -> 'priority|enqueued|wait_ms|fair|kind'; with the queue
---                 (fair: '0'/'1' plain, 'r'/'w' fair read/write, 'R' a barging reader)
+--                 (fair: '0'/'1' plain, 'r'/'w' fair read/write, 'R' a barging reader;
+--                 then the weight's digits when it asks several permits: '13')
 --   ...:fence     STRING the shard's last fencing token
 --   ...:n         ZSET lock name -> key expiry; only with a per-namespace lock limit
 --   ...:m:<minute> HASH 'kind|event' -> count (written by the replicas, shard 0 only)
@@ -251,16 +255,24 @@ end
 -- rounding); `slot` and `expires` are also numbers. `acquired` is left
 -- empty when it is the token's own milliseconds (a token made from the
 -- clock at the grant: nearly always), 13 bytes fewer per grant.
+-- A grant of `k` permits (decision 0075) holds `k` slots: its slot part
+-- is 's1,s2,…,sk' (ascending), a grant of one permit's is its one slot;
+-- `slots` keeps that text, `slot` is the first, `permits` their count.
 -- The grant record's one decoder (`encode_grant` writes it).
 local function parse_grant(holder, text)
-  local slot, expires, token, acquired, ttl, kind, epoch, metadata =
-    string.match(text, '^(%d+)|(%d+)|(%d+)|(%d*)|(%d+)|([^\n|]*)|?(%d*)\n?(.*)$')
+  local slots, expires, token, acquired, ttl, kind, epoch, metadata =
+    string.match(text, '^([%d,]+)|(%d+)|(%d+)|(%d*)|(%d+)|([^\n|]*)|?(%d*)\n?(.*)$')
   if acquired == '' then
     acquired = string.sub(token, 1, -4)
   end
+  local slot, permits = slots, 1
+  if string.find(slots, ',', 1, true) then
+    slot = string.match(slots, '^(%d+)')
+    permits = select(2, string.gsub(slots, ',', ',')) + 1
+  end
   return {
-    slot = num(slot), expires = tonumber(expires), expires_s = expires, token = token,
-    acquired_s = acquired, ttl = ttl, kind = kind ~= '' and kind or 'default',
+    slot = num(slot), slots = slots, permits = permits, expires = tonumber(expires), expires_s = expires,
+    token = token, acquired_s = acquired, ttl = ttl, kind = kind ~= '' and kind or 'default',
     holder = holder, metadata = metadata, epoch = epoch, text = text,
   }
 end
@@ -289,13 +301,13 @@ local function format_grant(g)
   if acquired == string.sub(g.token, 1, -4) then
     acquired = ''
   end
-  g.text = encode_grant(int(g.slot), g.expires_s, g.token, acquired, g.ttl, g.kind, g.epoch, g.metadata)
+  g.text = encode_grant(g.slots or int(g.slot), g.expires_s, g.token, acquired, g.ttl, g.kind, g.epoch, g.metadata)
   return g.text
 end
 
 -- A grant record's fencing token, read without decoding the rest.
 local function grant_token(text)
-  return string.match(text, '^%d+|%d+|(%d+)|')
+  return string.match(text, '^[%d,]+|%d+|(%d+)|')
 end
 
 -- Session epochs. A session's grants are held by the session id; its
@@ -332,7 +344,9 @@ end
 -- steps need.
 -- `fair` is the field's one character: '0'/'1' a plain request (barging,
 -- fair), 'r'/'w' a read/write request (fair), 'R' a reader with
--- prefer_readers (barging; decision 0074).
+-- prefer_readers (barging; decision 0074); for a plain request of `k > 1`
+-- permits the weight's digits follow it ('13': fair, three permits;
+-- decision 0075), so a one-permit waiter's record is what it was.
 local function encode_waiter(priority, enqueued, wait_ms, fair, kind, request, answer_by, ttl, epoch, metadata)
   local text = priority .. '|' .. enqueued .. '|' .. wait_ms .. '|' .. fair .. '|'
     .. (kind ~= 'default' and kind or '')
@@ -369,20 +383,29 @@ local function waiter_fair(record)
 end
 
 local function waiter_mode(record)
-  return WAITER_MODE[waiter_fair(record)] or false
+  return WAITER_MODE[string.sub(waiter_fair(record) or '', 1, 1)] or false
+end
+
+-- How many permits a waiter asks for, from its fair field.
+local function waiter_permits(fair)
+  if fair and #fair > 1 then
+    return num(string.sub(fair, 2))
+  end
+  return 1
 end
 
 -- A hand-over waiter's record decoded (nil for a record that names no
 -- request or no answer-by time: its replica is woken to call again).
 local function parse_waiter(record)
   local priority, enqueued, wait_ms, fair, kind, request, answer_by, ttl, epoch, metadata = string.match(
-    record or '', '^(%-?%d+)|(%d+)|(%d+)|([01rwR])|([^|\n]*)|([^|\n]+)|(%d*)|(%d+)|(%d*)\n?(.*)$')
+    record or '', '^(%-?%d+)|(%d+)|(%d+)|([01rwR]%d*)|([^|\n]*)|([^|\n]+)|(%d*)|(%d+)|(%d*)\n?(.*)$')
   if not request or answer_by == '' then
     return nil
   end
+  local first = string.sub(fair, 1, 1)
   return {
     priority = priority, enqueued = enqueued, wait_ms = wait_ms,
-    fair = fair == '1' or fair == 'r' or fair == 'w', mode = WAITER_MODE[fair],
+    fair = first == '1' or first == 'r' or first == 'w', mode = WAITER_MODE[first], permits = waiter_permits(fair),
     kind = kind ~= '' and kind or 'default', request = request, answer_by = answer_by,
     ttl = ttl, epoch = epoch, metadata = metadata,
   }
@@ -655,13 +678,24 @@ local function all_grants(L)
 end
 
 -- Remove one grant (its fields go in settle, with the whole key when
--- nothing is left). `slot` matters for a semaphore only.
-local function drop_grant(L, holder, slot)
+-- nothing is left). `slots` (the grant's slot text: one slot, or
+-- 's1,s2,…' for a grant of several permits) matters for a semaphore only:
+-- each of its slot fields goes, and the permits in use drop by as many.
+local function drop_grant(L, holder, slots)
   append(L, 'removed', 'h:' .. holder, 'r:' .. holder)
+  local permits = 1
   if L.limit > 1 then
-    append(L, 'removed', int(slot))
+    if string.find(slots, ',', 1, true) then
+      permits = 0
+      for slot in string.gmatch(slots, '%d+') do
+        append(L, 'removed', slot)
+        permits = permits + 1
+      end
+    else
+      append(L, 'removed', slots)
+    end
   end
-  L.holders, L.dirty = L.holders - 1, true
+  L.holders, L.dirty = L.holders - permits, true
   if L.holders == 0 then
     L.earliest, L.earliest_s = 0, '0'
     -- A read/write lock nobody holds stays one while anyone waits.
@@ -697,13 +731,13 @@ local function purge_expired(L, now)
   local dropped, earliest, top = 0, nil, 0
   for _, grant in ipairs(all_grants(L)) do
     if grant.expires <= now then
-      drop_grant(L, grant.holder, grant.slot)
+      drop_grant(L, grant.holder, grant.slots)
       note(L, 'expired', grant.kind)
       emit(L, 'expired', grant.holder, grant, now, REAPER, grant.expires)
       dropped = dropped + 1
     else
       earliest = math.min(earliest or grant.expires, grant.expires)
-      top = math.max(top, grant.slot)
+      top = math.max(top, num(string.match(grant.slots, '(%d+)$')))
     end
   end
   L.earliest, L.earliest_s, L.top_slot, L.dirty = earliest or 0, false, top, true
@@ -913,13 +947,15 @@ local function settle(L)
   L.exists = true
 end
 
--- The smallest free slot of a semaphore (with n slots taken, one of
--- 1..n+1 is free): the slot map ('<slot>' -> holder) says which are
+-- The `k` smallest free slots of a semaphore (with n slots taken, k of
+-- 1..n+k are free): the slot map ('<slot>' -> holder) says which are
 -- taken; slots freed by this very call are free too, and slots given by
 -- it (not written yet) are taken, though both go in only at settle.
-local function free_slot(L)
-  if L.limit == 1 or L.holders == 0 then
-    return 1
+-- Returns the first slot (a number), the slots as the grant record
+-- writes them ('s' or 's1,s2,…'), their fields in a list and the last one.
+local function free_slots(L, k)
+  if L.limit == 1 or (L.holders == 0 and k == 1) then
+    return 1, '1', {'1'}, 1
   end
   local freed = {}
   for _, field in ipairs(L.removed) do
@@ -929,17 +965,41 @@ local function free_slot(L)
     freed[L.changes[i]] = false
   end
   local slots = {}
-  for s = 1, L.holders + 1 do
+  for s = 1, L.holders + k do
     slots[s] = int(s)
   end
-  local taken = on_fields(L.key, 'HMGET', slots)
-  for s = 1, L.holders + 1 do
+  local taken = L.holders > 0 and on_fields(L.key, 'HMGET', slots) or NONE
+  local found = {}
+  for s = 1, L.holders + k do
     local f = freed[slots[s]]
     if (not taken[s] and f ~= false) or f == true then
-      return s
+      found[#found + 1] = slots[s]
+      if #found == k then
+        return num(found[1]), table.concat(found, ','), found, s
+      end
     end
   end
-  return L.holders + 1
+  -- Unreachable while the header counts the slots taken; never reuse one.
+  error('tumbler: no free slot')
+end
+
+-- Give a new grant its `k` slots: the header counts them (the caller
+-- then stores the grant, put_grant, and names its slots, name_slots).
+-- Returns the slots' fields.
+local function take_slots(L, grant, k)
+  local slot, slots, fields, last = free_slots(L, k)
+  grant.slot, grant.slots, grant.permits = slot, slots, k
+  L.holders, L.top_slot = L.holders + k, math.max(L.top_slot, last)
+  return fields
+end
+
+-- Each slot field of a new grant names its holder (a semaphore only).
+local function name_slots(L, fields, holder)
+  if L.limit > 1 then
+    for _, field in ipairs(fields) do
+      change(L, field, holder)
+    end
+  end
 end
 
 -- The wake-up channel of the lock's deployment.
@@ -948,15 +1008,16 @@ local function wake_channel(L)
   return prefix .. ':wake'
 end
 
--- Room for a request of `mode` (false: plain; 'r', 'w') under a limit
--- (the lock's, unless the request brings its own): a writer needs no
--- grant held; a reader needs no writer and fewer than `limit` grants; a
--- plain request fewer than `limit` grants (decision 0074).
-local function room(L, mode, limit)
+-- Room for a request of `mode` (false: plain; 'r', 'w') and `k` permits
+-- (absent: one) under a limit (the lock's, unless the request brings its
+-- own): a writer needs no grant held; a reader needs no writer and fewer
+-- than `limit` grants (decision 0074); a plain request `k` free permits,
+-- holders + k <= limit (decision 0075).
+local function room(L, mode, limit, k)
   if mode == 'w' then
     return L.holders == 0
   end
-  return L.holders < (limit or L.limit) and (not mode or L.mode ~= 'w')
+  return L.holders + (k or 1) <= (limit or L.limit) and (not mode or L.mode ~= 'w')
 end
 
 -- Room for anyone at all (a reader or a plain request: a writer needs
@@ -976,9 +1037,10 @@ end
 -- the replica whose request it names answers it; a replica whose request
 -- is gone gives it back at once, unless another request of the holder
 -- was answered with it meanwhile (HELD clears the lock's 'r:<holder>'). Dead waiters left the queue before (purge).
--- A head that does not fit (a writer while readers hold) stops it, woken
--- or not: those behind it wait behind it (golang's rule). A run of
--- readers at the head is granted one after the other while they fit.
+-- A head that does not fit (a writer while readers hold, a request of
+-- more permits than are free: decision 0075) stops it, woken or not:
+-- those behind it wait behind it (golang's rule). A run of readers or
+-- small requests at the head is granted one after the other while they fit.
 -- Runs before settle (its writes go with the call's own).
 local function hand_over(L)
   while any_room(L) do
@@ -988,11 +1050,13 @@ local function hand_over(L)
     end
     local record = redis.call('HGET', L.waiters, head)
     local mode = L.mode and waiter_mode(record)
-    if not room(L, mode) then
-      -- A writer that waits for readers to leave: a barging reader
-      -- (prefer_readers) behind it may still take the free read permit,
-      -- so the waiters' replicas wake their barging ones (no id named).
-      if L.mode == 'r' then
+    local k = L.limit > 1 and waiter_permits(waiter_fair(record)) or 1
+    if not room(L, mode, nil, k) then
+      -- A writer that waits for readers to leave, or a request of more
+      -- permits than are free: a barging request behind it (prefer_readers,
+      -- fair = false) may still take the free permits, so the waiters'
+      -- replicas wake their barging ones (no id named).
+      if L.mode == 'r' or k > 1 then
         redis.call('PUBLISH', wake_channel(L), L.queue)
       end
       return
@@ -1007,20 +1071,18 @@ local function hand_over(L)
     end
     drop_waiters(L, {head})
     if not late(w.answer_by, L.now_us) then
-      local slot = free_slot(L)
       local grant = {
-        slot = slot, expires = L.now + num(w.ttl), token = next_token(L.fence, L.now_us),
+        slot = false, slots = false, permits = k, expires = L.now + num(w.ttl), token = false,
         acquired_s = string.sub(L.now_us, 1, -4), ttl = w.ttl, kind = w.kind, holder = head,
         metadata = w.metadata, epoch = w.epoch,
       }
-      L.holders, L.top_slot = L.holders + 1, math.max(L.top_slot, slot)
+      local fields = take_slots(L, grant, k)
+      grant.token = next_token(L.fence, L.now_us)
       if mode then
         L.mode = mode
       end
       put_grant(L, grant)
-      if L.limit > 1 then
-        change(L, int(slot), head)
-      end
+      name_slots(L, fields, head)
       -- Which request it was handed to, until an answer claims it: only
       -- that request's replica may give it back (release.lua `handed`).
       change(L, 'r:' .. head, w.request)

@@ -5,8 +5,9 @@
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: lock names
 -- Returns {now, {{name, holders, limit, waiters, next lease expiry, mode}, ...}}
---   mode: the header's letter ('' for a plain lock; 'w' while a writer
---   holds, 'r' while readers hold or the lock is only waited for)
+--   holders: the permits the live grants hold (decision 0075); mode: the
+--   header's letter ('' for a plain lock; 'w' while a writer holds, 'r'
+--   while readers hold or the lock is only waited for)
 local now = clock_ms()
 local shard = split_key(KEYS[1])
 
@@ -17,7 +18,7 @@ for _, name in ipairs(ARGV) do
   for _, grant in ipairs(all_grants(L)) do
     local expires = grant.expires
     if expires > now then
-      holders = holders + 1
+      holders = holders + grant.permits
       first = math.min(first or expires, expires)
     end
   end

@@ -27,7 +27,7 @@ for k = 4, #ARGV do
     if cutoff then
       for _, grant in ipairs(all_grants(L)) do
         if tonumber(grant.acquired_s) < cutoff then
-          drop_grant(L, grant.holder, grant.slot)
+          drop_grant(L, grant.holder, grant.slots)
           note(L, 'reaped', grant.kind)
           emit(L, 'reaped', grant.holder, grant, now, REAPER, now)
           old_grants = old_grants + 1

@@ -57,7 +57,7 @@ end
 
 -- 4. Drop the grant; the permit goes straight to the next waiter in line
 --    (common.lua `hand_over`); the last one out deletes the lock's key.
-drop_grant(L, holder, grant and grant.slot)
+drop_grant(L, holder, grant and grant.slots)
 if grant then
   emit(L, 'released', holder, grant, now, HOLDER, now)
 end

@@ -193,14 +193,14 @@ pub fn mode(mode: engine::LockMode) -> proto::LockMode {
 }
 
 same_fields!(engine::Grant, proto::Grant;
-    same: [holder, fencing_token, slot, acquired_at_ms, expires_at_ms, ttl_ms, kind];
-    collected: [metadata]; modes: [mode]);
+    same: [holder, fencing_token, slot, acquired_at_ms, expires_at_ms, ttl_ms, kind, permits];
+    collected: [metadata, slots]; modes: [mode]);
 same_fields!(engine::LockSummary, proto::LockSummary;
-    same: [name, holders, limit, waiters, next_expiry_at_ms];
+    same: [name, holders, limit, waiters, next_expiry_at_ms, permits_in_use];
     collected: []; modes: [mode]);
 same_fields!(engine::QueuedRequest, proto::QueuedRequest;
     same: [holder, position, priority, enqueued_at_ms, expires_at_ms, wait_deadline_ms, fair,
-        kind];
+        kind, permits];
     collected: []; modes: [mode]);
 same_fields!(engine::watchers::LockEvent, proto::LockEvent;
     same: [namespace, name, event, holder, fencing_token, at_ms, slot, kind, ttl_ms,
@@ -219,6 +219,7 @@ pub fn inspect_response(lock: &LockId, state: engine::LockState) -> proto::Inspe
         waiters: state.waiters,
         now_ms,
         mode: mode(state.mode).into(),
+        permits_in_use: state.permits_in_use,
         holders: state
             .holders
             .into_iter()

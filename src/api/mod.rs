@@ -142,6 +142,8 @@ impl LockApi {
         let wait_ms = validate::wait_ms(req.wait_ms, &self.limits).map_err(invalid)?;
         let (mode, prefer_readers) =
             validate::mode(req.mode, req.prefer_readers).map_err(invalid)?;
+        let limit = validate::limit_for(req.limit, mode, &self.limits).map_err(invalid)?;
+        let permits = validate::permits(req.permits, limit, mode).map_err(invalid)?;
         Ok(engine::AcquireRequest {
             lock: LockId::parse(
                 std::mem::take(&mut req.namespace),
@@ -168,7 +170,8 @@ impl LockApi {
             },
             mode,
             prefer_readers,
-            limit: validate::limit_for(req.limit, mode, &self.limits).map_err(invalid)?,
+            limit,
+            permits,
             kind: validate::kind(std::mem::take(&mut req.kind)).map_err(invalid)?,
             metadata: validate::metadata(&req.metadata).map_err(invalid)?,
             ttl_ms,

@@ -229,6 +229,26 @@ pub fn limit_for(value: Option<u32>, mode: LockMode, limits: &Limits) -> Result<
     }
 }
 
+/// The permits of an acquire (decision 0075): absent or 0 → 1; at most
+/// the request's `limit` (after its default); more than one only for a
+/// plain request (a read/write lock's writer takes the whole lock already).
+pub fn permits(value: Option<u32>, limit: u32, mode: LockMode) -> Result<u32, Invalid> {
+    let permits = value.unwrap_or(0).max(1);
+    if permits > 1 && mode.is_rw() {
+        return Err(invalid(
+            "permits",
+            "only applies to a plain lock (mode LOCK_MODE_UNSPECIFIED)",
+        ));
+    }
+    if permits > limit {
+        return Err(invalid(
+            "permits",
+            format!("must be at most the lock's limit ({limit})"),
+        ));
+    }
+    Ok(permits)
+}
+
 /// Absent → `default`; otherwise 1..=max_ttl_ms.
 pub fn ttl_ms(value: Option<u64>, limits: &Limits) -> Result<u64, Invalid> {
     optional_ttl_ms(value, limits).map(|ttl| ttl.unwrap_or(limits.default_ttl_ms))

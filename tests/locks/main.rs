@@ -1,4 +1,4 @@
-//! Lock semantics through the real server: mutual exclusion, queues, limits, namespaces, validation, read/write locks, sessions, watches, events, the changelog, the Metrics RPC, random requests; and the protocol model's paths replayed against the real functions.
+//! Lock semantics through the real server: mutual exclusion, queues, limits, namespaces, validation, read/write locks, weighted permits, sessions, watches, events, the changelog, the Metrics RPC, random requests; and the protocol model's paths replayed against the real functions.
 //!
 //! One test binary per area (each file a module named as its tests were
 //! before): the suite links a handful of binaries, not one per file.
@@ -31,3 +31,4 @@ mod session_edges;
 mod session_takeover;
 mod validation;
 mod watch;
+mod weighted;

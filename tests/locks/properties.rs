@@ -240,6 +240,18 @@ fn holder() -> BoxedStrategy<Field<String>> {
     )
 }
 
+/// Weighted permits (decision 0075): absent, 0 and 1 fit any limit;
+/// past 1000 they are past every valid limit (`limit` tops out there).
+fn permits() -> BoxedStrategy<Field<Option<u32>>> {
+    field(
+        ok(prop_oneof![Just(None), Just(Some(0)), Just(Some(1))]),
+        bad(
+            "permits",
+            prop_oneof![Just(Some(u32::MAX)), (1001u32..).prop_map(Some)],
+        ),
+    )
+}
+
 fn limit() -> BoxedStrategy<Field<Option<u32>>> {
     field(
         ok(prop_oneof![
@@ -501,12 +513,13 @@ fn acquire_case() -> impl Strategy<Value = Case> {
             queue_ttl_ms(),
             priority(),
             any::<Option<bool>>(),
+            permits(),
         ),
     )
         .prop_map(
             |(
                 (ns, name, holder, limit, ttl, kind),
-                (metadata, wait, queue_ttl, priority, fair),
+                (metadata, wait, queue_ttl, priority, fair, permits),
             )| {
                 Case {
                     broken: broken(&[
@@ -520,6 +533,7 @@ fn acquire_case() -> impl Strategy<Value = Case> {
                         wait.1,
                         queue_ttl.1,
                         priority.1,
+                        permits.1,
                     ]),
                     op: Op::Acquire(proto::AcquireRequest {
                         namespace: ns.0,
@@ -535,6 +549,7 @@ fn acquire_case() -> impl Strategy<Value = Case> {
                         fair,
                         mode: 0,
                         prefer_readers: false,
+                        permits: permits.0,
                     }),
                 }
             },

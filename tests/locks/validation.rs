@@ -174,6 +174,32 @@ async fn every_rule_names_its_field_and_nothing_is_written() {
                 ..ok()
             },
         ),
+        // Weighted permits (decision 0075): past the limit (absent: 1),
+        // or more than one with a read/write mode.
+        (
+            "permits",
+            proto::AcquireRequest {
+                permits: Some(2),
+                ..ok()
+            },
+        ),
+        (
+            "permits",
+            proto::AcquireRequest {
+                limit: Some(3),
+                permits: Some(4),
+                ..ok()
+            },
+        ),
+        (
+            "permits",
+            proto::AcquireRequest {
+                limit: Some(3),
+                permits: Some(2),
+                mode: proto::LockMode::Write as i32,
+                ..ok()
+            },
+        ),
     ];
     for (field, request) in cases {
         rejected(client.acquire(request).await, field);

@@ -250,6 +250,7 @@ impl LockRequest {
                 .mode
                 .map_or(proto::LockMode::Unspecified, Mode::to_proto) as i32,
             prefer_readers: self.prefer_readers,
+            permits: None,
         }
     }
 

@@ -70,6 +70,7 @@ pub fn campaign(c: Campaign) -> super::AcquireRequest {
         fair: true,
         mode: super::LockMode::Plain,
         prefer_readers: false,
+        permits: 1,
         answer_by: c.answer_by,
         session_epoch: None,
         stop: None,

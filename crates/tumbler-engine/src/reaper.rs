@@ -107,6 +107,7 @@ impl Reaper {
             fair: true,
             mode: LockMode::Plain,
             prefer_readers: false,
+            permits: 1,
             answer_by: None,
             session_epoch: None,
             stop: None,

@@ -1,12 +1,14 @@
 //! The two records tumbler keeps for a lock, decoded: a grant
 //! (`slot|expires|token|acquired|ttl|kind[|epoch][\nmetadata]`, in the lock
-//! hash's field `h:<holder>`; an empty kind is `default`, an empty
+//! hash's field `h:<holder>`; `slot` is `s1,s2,…` ascending for a grant of
+//! several permits, decision 0075; an empty kind is `default`, an empty
 //! `acquired` the token's own milliseconds: tokens are made from Redis'
 //! clock in µs; `epoch` only on a session's grant, the epoch of the stream
 //! that serves it, which only the functions read) and a waiter
 //! (`priority|enqueued|wait_ms|fair|kind`, in the queue's records hash,
 //! `fair` one character: `0`/`1` a plain request, `r`/`w` a fair read or
-//! write request, `R` a reader with prefer_readers (barging),
+//! write request, `R` a reader with prefer_readers (barging), then the
+//! weight's digits when it asks more than one permit (`13`: fair, three),
 //! followed for a hand-over waiter by `|request|answer_by|ttl|epoch` and
 //! the metadata after a newline, which only the functions read).
 //! `lua/common.lua` writes them; this is their one reader. Public so that
@@ -39,7 +41,7 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
     };
     let mut fields = numbers.splitn(6, '|');
     let mut next = || fields.next().ok_or_else(bad);
-    let slot = next()?.parse().map_err(|_| bad())?;
+    let slots = parse_slots(next()?).ok_or_else(bad)?;
     let expires_at_ms = next()?.parse().map_err(|_| bad())?;
     let fencing_token: u64 = next()?.parse().map_err(|_| bad())?;
     let acquired_at_ms = match next()? {
@@ -60,7 +62,9 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
     Ok(Grant {
         holder: holder.to_owned(),
         fencing_token,
-        slot,
+        slot: slots[0],
+        permits: u32::try_from(slots.len()).map_err(|_| bad())?,
+        slots,
         acquired_at_ms,
         expires_at_ms,
         ttl_ms,
@@ -70,17 +74,47 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
     })
 }
 
+/// A grant's slot field: one slot, or `s1,s2,…` strictly ascending (one
+/// per permit, decision 0075).
+fn parse_slots(field: &str) -> Option<Vec<u32>> {
+    let mut slots = Vec::new();
+    for part in field.split(',') {
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let slot: u32 = part.parse().ok()?;
+        if slots.last().is_some_and(|&last| last >= slot) {
+            return None;
+        }
+        slots.push(slot);
+    }
+    Some(slots)
+}
+
 /// The waiter record's `fair` field: whether the request takes its turn,
-/// and what it asks for (decision 0074).
-fn fair_and_mode(field: &str) -> Option<(bool, LockMode)> {
-    Some(match field {
+/// what it asks for (decision 0074) and how many permits (its digits after
+/// the character, only when more than one: decision 0075).
+fn fair_and_mode(field: &str) -> Option<(bool, LockMode, u32)> {
+    let (first, weight) = field.split_at_checked(1)?;
+    let (fair, mode) = match first {
         "0" => (false, LockMode::Plain),
         "1" => (true, LockMode::Plain),
         "r" => (true, LockMode::Read),
         "R" => (false, LockMode::Read),
         "w" => (true, LockMode::Write),
         _ => return None,
-    })
+    };
+    let permits = match weight {
+        "" => 1,
+        digits if mode == LockMode::Plain && digits.bytes().all(|b| b.is_ascii_digit()) => {
+            match digits.parse().ok()? {
+                0 | 1 => return None,
+                k => k,
+            }
+        }
+        _ => return None,
+    };
+    Some((fair, mode, permits))
 }
 
 /// The lock's rule from its header's limit field: a leading `r` or `w`
@@ -121,7 +155,7 @@ pub fn parse_waiter(
     let priority = next()?.parse().map_err(|_| bad())?;
     let enqueued_at_ms: i64 = next()?.parse().map_err(|_| bad())?;
     let wait_ms: i64 = next()?.parse().map_err(|_| bad())?;
-    let (fair, mode) = fair_and_mode(next()?).ok_or_else(bad)?;
+    let (fair, mode, permits) = fair_and_mode(next()?).ok_or_else(bad)?;
     Ok(QueuedRequest {
         holder: holder.to_owned(),
         position,
@@ -132,6 +166,7 @@ pub fn parse_waiter(
         kind: kind_of(next()?),
         expires_at_ms,
         mode,
+        permits,
     })
 }
 
@@ -197,6 +232,44 @@ mod tests {
     }
 
     #[test]
+    fn a_weighted_grant_holds_one_slot_per_permit_and_a_weighted_waiter_says_its_weight() {
+        // Decision 0075: 's1,s2,…' ascending; the first is `slot`.
+        let grant = parse_grant("h", "2,4,5|9|8|7|6|jobs").unwrap();
+        assert_eq!((grant.slot, grant.permits), (2, 3));
+        assert_eq!(grant.slots, vec![2, 4, 5]);
+        let one = parse_grant("h", "3|9|8|7|6|").unwrap();
+        assert_eq!((one.slot, one.permits, one.slots), (3, 1, vec![3]));
+        for bad in [
+            "2,|9|8|7|6|",
+            ",2|9|8|7|6|",
+            "4,2|9|8|7|6|",
+            "2,2|9|8|7|6|",
+            "2,,3|9|8|7|6|",
+        ] {
+            assert!(parse_grant("h", bad).is_err(), "{bad}");
+        }
+        // The fair field: its character, then the weight's digits.
+        let waiter = parse_waiter("w", "0|1|2|13|jobs|ab.1|99|30000|", 3, 1).unwrap();
+        assert_eq!(
+            (waiter.fair, waiter.mode, waiter.permits),
+            (true, LockMode::Plain, 3)
+        );
+        let barging = parse_waiter("w", "0|1|2|012|", 3, 1).unwrap();
+        assert_eq!((barging.fair, barging.permits), (false, 12));
+        assert_eq!(parse_waiter("w", "0|1|2|1|", 3, 1).unwrap().permits, 1);
+        // A weight is written only past one, and only for a plain request.
+        for bad in [
+            "0|1|2|11|",
+            "0|1|2|10|",
+            "0|1|2|r3|",
+            "0|1|2|w2|",
+            "0|1|2|1x|",
+        ] {
+            assert!(parse_waiter("w", bad, 3, 1).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn malformed_grant_record_is_a_protocol_error() {
         assert!(parse_grant("h", "1|12|x|3|4|k").is_err());
         assert!(parse_grant("h", "1|12|1|3").is_err());
@@ -249,6 +322,30 @@ mod properties {
             prop_assert_eq!(grant.kind, kind);
             prop_assert_eq!(grant.holder, holder);
             prop_assert_eq!(grant.metadata, metadata);
+        }
+
+        #[test]
+        fn weighted_grant_and_waiter_records_round_trip(
+            first in 1u32..1000,
+            gaps in proptest::collection::vec(1u32..50, 0..12),
+            fair in any::<bool>(),
+            permits in 2u32..10_000,
+            token in any::<u64>(),
+        ) {
+            // Slots as lua/common.lua's free_slots writes them: ascending.
+            let mut slots = vec![first];
+            for gap in gaps {
+                slots.push(slots.last().unwrap() + gap);
+            }
+            let text = slots.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let grant = parse_grant("h", &format!("{text}|9|{token}||6|")).unwrap();
+            prop_assert_eq!(grant.slot, first);
+            prop_assert_eq!(grant.permits as usize, slots.len());
+            prop_assert_eq!(grant.slots, slots);
+            // A waiter's fair field as acquire.lua writes it for k > 1.
+            let field = format!("{}{permits}", if fair { '1' } else { '0' });
+            let waiter = parse_waiter("w", &format!("0|1|2|{field}|"), 3, 1).unwrap();
+            prop_assert_eq!((waiter.fair, waiter.permits), (fair, permits));
         }
     }
 }

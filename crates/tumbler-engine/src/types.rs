@@ -83,6 +83,10 @@ pub struct Grant {
     /// Read or write for a grant of a read/write lock (read off the
     /// lock's header, or the request that got it); plain otherwise.
     pub mode: LockMode,
+    /// How many of the lock's permits the grant holds (decision 0075).
+    pub permits: u32,
+    /// One slot per permit, ascending; `slot` is the first.
+    pub slots: Vec<u32>,
 }
 
 /// A validated acquire request.
@@ -109,6 +113,9 @@ pub struct AcquireRequest {
     /// With [`LockMode::Read`] only: a reader that takes a free read
     /// permit at once even when writers wait (barging).
     pub prefer_readers: bool,
+    /// How many of the lock's `limit` permits it takes (at least 1; more
+    /// than 1 only for a plain request; decision 0075).
+    pub permits: u32,
     /// When the caller stops listening (its deadline, less the time its
     /// answer needs): nothing may be granted after it. None: only the
     /// Redis command timeout bounds it.
@@ -170,6 +177,8 @@ pub struct LockState {
     /// The lock's rule: plain, Read (readers hold it, or it is only
     /// waited for) or Write (its writer holds it).
     pub mode: LockMode,
+    /// The permits of the live holders, summed (decision 0075).
+    pub permits_in_use: u32,
 }
 
 /// One live waiting request, as the Queue RPC shows it.
@@ -187,6 +196,8 @@ pub struct QueuedRequest {
     pub kind: String,
     /// What it asks for: plain, read or write.
     pub mode: LockMode,
+    /// How many permits it asks for.
+    pub permits: u32,
 }
 
 /// What the Queue RPC sees of a lock.
@@ -208,6 +219,8 @@ pub struct LockSummary {
     /// A read/write lock's mode: Write while its writer holds it, Read
     /// while readers hold it or it is only waited for; Plain otherwise.
     pub mode: LockMode,
+    /// The permits of the live holders, summed (decision 0075).
+    pub permits_in_use: u32,
 }
 
 /// Where a listing goes on: a deployment-wide SCAN position, and the last

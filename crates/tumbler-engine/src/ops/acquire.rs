@@ -58,6 +58,12 @@ impl Call<'_> {
             LockMode::Read => flags.push('r'),
             LockMode::Write => flags.push('w'),
         }
+        // A weighted request says its weight (decision 0075); one permit
+        // sends nothing more.
+        if req.permits > 1 {
+            flags.push('p');
+            flags.push_str(&req.permits.to_string());
+        }
         self.watched.push_flags(&mut flags);
         if let Some(epoch) = req.session_epoch {
             flags.push('s');

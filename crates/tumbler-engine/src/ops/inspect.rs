@@ -25,11 +25,13 @@ pub fn parse(value: Value) -> Result<LockState, StoreError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     holders.sort_by_key(|grant| grant.slot);
+    let permits_in_use = holders.iter().map(|grant| grant.permits).sum();
     Ok(LockState {
         now_ms,
         limit,
         waiters,
         holders,
         mode,
+        permits_in_use,
     })
 }

@@ -11,6 +11,8 @@ use crate::store::StoreError;
 pub fn parse(value: Value) -> Result<(i64, Vec<LockSummary>), StoreError> {
     let mut reply = Reply::new("list", value)?;
     let now = reply.take()?;
+    // `holders` counts permits in use (decision 0075: one per grant unless
+    // a grant holds several).
     let found: Vec<(String, u32, u32, u32, i64, String)> = reply.take()?;
     let locks = found
         .into_iter()
@@ -22,6 +24,7 @@ pub fn parse(value: Value) -> Result<(i64, Vec<LockSummary>), StoreError> {
                 waiters,
                 next_expiry_at_ms,
                 mode: header_mode(&mode),
+                permits_in_use: holders,
             },
         )
         .collect();
