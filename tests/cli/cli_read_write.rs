@@ -2,7 +2,8 @@
 //! holds at once, `tumbler acquire --write` waits for both and then gets
 //! a higher token, an upgrade and a plain acquire of the held read/write
 //! lock exit 65 with FAILED_PRECONDITION, and `inspect` / `queue` show
-//! the lock's, each holder's and each waiter's mode.
+//! the lock's, each holder's and each waiter's mode. Weighted permits
+//! (`--permits`) are the other way a request takes more than one slot.
 
 use crate::common;
 
@@ -277,4 +278,49 @@ fn read_and_write_cannot_be_asked_together() {
     assert_eq!(output.status.code(), Some(64), "a usage error");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--write"), "{stderr}");
+}
+
+/// `--permits k` takes k of the limit at once, with one slot per permit;
+/// a request that does not fit is BUSY, one more than the limit is refused
+/// naming the field, and `inspect` counts the permits in use.
+#[tokio::test]
+async fn permits_take_several_slots_and_inspect_counts_them() {
+    let server = TestServer::new().start().await;
+    let endpoint = server.endpoint();
+    let ask = |holder: &'static str, permits: &'static str| {
+        let endpoint = endpoint.clone();
+        async move {
+            let args = [
+                "acquire",
+                "pool",
+                "--limit",
+                "5",
+                "--permits",
+                permits,
+                "--holder",
+                holder,
+                "--json",
+            ];
+            run(&endpoint, &args).await
+        }
+    };
+    let (code, stdout, _) = ask("big", "3").await;
+    assert_eq!(code, 0, "{stdout}");
+    let grant = &json(&stdout)["grant"];
+    assert_eq!(grant["permits"], 3, "{grant}");
+    assert_eq!(grant["slots"], serde_json::json!([1, 2, 3]), "{grant}");
+    let (code, stdout, _) = ask("other", "3").await;
+    assert_eq!(code, 75, "3 more of 5 do not fit: {stdout}");
+    let (code, stdout, _) = ask("small", "2").await;
+    assert_eq!(code, 0, "{stdout}");
+    assert_eq!(json(&stdout)["grant"]["slots"], serde_json::json!([4, 5]));
+    let (code, _, stderr) = ask("huge", "6").await;
+    assert_eq!(code, 65, "{stderr}");
+    assert!(stderr.contains("permits:"), "{stderr}");
+    let (_, table, _) = run(&endpoint, &["inspect", "pool"]).await;
+    assert!(
+        table.starts_with("pool: 2 holder(s) holding 5 permits, limit 5, "),
+        "{table}"
+    );
+    assert!(table.contains("1,2,3"), "{table}");
 }

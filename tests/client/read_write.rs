@@ -2,7 +2,8 @@
 //! waits for them and gets a higher token, an upgrade and a plain acquire
 //! of the held lock are FAILED_PRECONDITION, a downgrade keeps the grant
 //! and its token, and a reader with `prefer_readers` passes a waiting
-//! writer.
+//! writer. Weighted permits: a grant of k permits keeps its k slots
+//! across the watchdog's renewals, and a request that does not fit waits.
 
 use std::time::Duration;
 
@@ -159,4 +160,62 @@ async fn a_reader_that_prefers_readers_passes_a_waiting_writer() {
     assert!(first.release().await.unwrap());
     let writer = writer.await.unwrap().unwrap();
     assert!(writer.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weighted_grant_keeps_its_slots_across_renewals_and_a_big_request_waits() {
+    let server = TestServer::new().start().await;
+    let client = client_of(&server.endpoint()).await;
+    let big = client
+        .lock("pool")
+        .holder("big")
+        .limit(4)
+        .permits(3)
+        .ttl(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(big.permits(), 3);
+    assert_eq!(big.slots(), vec![1, 2, 3]);
+    // The watchdog renews the 600 ms lease; the grant keeps its permits.
+    let token = big.fencing_token();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!big.is_lost(), "renewed by the watchdog");
+    let info = client.inspect("pool").await.unwrap();
+    assert_eq!(info.permits_in_use, 3, "{info:?}");
+    assert_eq!(
+        holders(&client, "pool").await,
+        vec![("big".to_owned(), token)]
+    );
+
+    // Two more do not fit in the one left: the request waits in line.
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .lock("pool")
+                .holder("pair")
+                .limit(4)
+                .permits(2)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    wait_until_async("the pair queued", Duration::from_secs(10), || async {
+        queued(&client, "pool").await == vec!["pair".to_owned()]
+    })
+    .await;
+    big.release().await.unwrap();
+    let pair = waiting.await.unwrap().unwrap();
+    assert_eq!(pair.permits(), 2);
+    assert_eq!(pair.slots(), vec![1, 2]);
+    assert!(pair.fencing_token() > token);
+    let refused = client.lock("pool").limit(4).permits(5).acquire().await;
+    assert!(
+        matches!(&refused, Err(tumbler_client::Error::InvalidArgument { message })
+            if message.starts_with("permits:")),
+        "{refused:?}"
+    );
+    pair.release().await.unwrap();
 }

@@ -72,6 +72,7 @@ pub struct LockRequest {
     fair: Option<bool>,
     mode: Option<Mode>,
     prefer_readers: bool,
+    permits: Option<u32>,
     watchdog: bool,
     cancel: Option<CancellationToken>,
 }
@@ -92,6 +93,7 @@ impl LockRequest {
             fair: None,
             mode: None,
             prefer_readers: false,
+            permits: None,
             watchdog: true,
             cancel: None,
         }
@@ -185,6 +187,17 @@ impl LockRequest {
         self
     }
 
+    /// Take this many of the [`limit`](LockRequest::limit)'s permits at
+    /// once (default 1), like golang's `semaphore.Weighted`: the grant
+    /// holds one slot per permit ([`Lock::slots`]). A request that does not
+    /// fit waits in line, and a big request at the head is not passed by
+    /// small fair ones behind it (`fair(false)` ones pass). More than the
+    /// limit, or with a read/write mode, is INVALID_ARGUMENT.
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
     /// Whether the [`Lock`] renews its lease in the background (default
     /// true).
     pub fn watchdog(mut self, on: bool) -> Self {
@@ -250,7 +263,7 @@ impl LockRequest {
                 .mode
                 .map_or(proto::LockMode::Unspecified, Mode::to_proto) as i32,
             prefer_readers: self.prefer_readers,
-            permits: None,
+            permits: self.permits,
         }
     }
 
@@ -447,6 +460,23 @@ impl Lock {
     /// The slot, 1..limit.
     pub fn slot(&self) -> u32 {
         self.shared.grant().slot
+    }
+
+    /// The permits the grant holds (1 unless asked with
+    /// [`LockRequest::permits`]).
+    pub fn permits(&self) -> u32 {
+        self.shared.grant().permits.max(1)
+    }
+
+    /// The grant's slots, one per permit (ascending; the first is
+    /// [`slot`](Lock::slot)).
+    pub fn slots(&self) -> Vec<u32> {
+        let grant = self.shared.grant();
+        if grant.slots.is_empty() {
+            vec![grant.slot]
+        } else {
+            grant.slots.clone()
+        }
     }
 
     /// Read or write for a grant of a read/write lock (as last renewed or

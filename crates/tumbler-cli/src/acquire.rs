@@ -64,6 +64,12 @@ pub struct GrantArgs {
     /// (a stream of readers can then starve a writer).
     #[arg(long, requires = "read", conflicts_with = "write")]
     pub prefer_readers: bool,
+    /// Permits of the lock's --limit to take at once (default 1): a grant of
+    /// k permits holds k slots, and a request that does not fit waits in
+    /// line (a big request at the head is not passed by small fair ones;
+    /// --barging ones pass). Not with --read or --write.
+    #[arg(long, conflicts_with_all = ["read", "write"])]
+    pub permits: Option<u32>,
 }
 
 impl GrantArgs {
@@ -84,6 +90,7 @@ impl GrantArgs {
             wait_ms: self.wait_ms,
             mode: self.mode() as i32,
             prefer_readers: self.prefer_readers,
+            permits: self.permits,
             ..Default::default()
         }
     }

@@ -32,9 +32,17 @@ pub async fn run(args: InspectArgs, globals: &Globals) -> Result<u8, Failure> {
 fn inspect_table(reply: &proto::InspectResponse) -> String {
     let lock = display_name(&reply.namespace, &reply.name);
     let mode = lock_mode(reply.mode());
+    // Weighted grants (decision 75): the permits in use beside the holders.
+    let weighted = (reply.holders.iter())
+        .any(|holder| holder.grant.as_ref().is_some_and(|grant| grant.permits > 1));
     let text = format!(
-        "{lock}: {} holder(s), limit {}, {} waiting{}\n",
+        "{lock}: {} holder(s){}, limit {}, {} waiting{}\n",
         reply.holders.len(),
+        if weighted {
+            format!(" holding {} permits", reply.permits_in_use)
+        } else {
+            String::new()
+        },
         reply.limit,
         reply.waiters,
         mode.map(|mode| format!(", {mode} mode"))
@@ -53,8 +61,13 @@ fn inspect_table(reply: &proto::InspectResponse) -> String {
     table.set_header(header);
     for holder in &reply.holders {
         let Some(grant) = &holder.grant else { continue };
+        let slots: Vec<String> = grant.slots.iter().map(u32::to_string).collect();
         let mut row = vec![
-            grant.slot.to_string(),
+            if slots.len() > 1 {
+                slots.join(",")
+            } else {
+                grant.slot.to_string()
+            },
             grant.holder.clone(),
             grant.fencing_token.to_string(),
             when(grant.acquired_at_ms, reply.now_ms),

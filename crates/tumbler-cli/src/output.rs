@@ -192,7 +192,13 @@ pub fn grant_table(grant: &proto::Grant, now_ms: i64) -> Table {
     table.set_header(["field", "value"]);
     table.add_row(["holder".to_owned(), grant.holder.clone()]);
     table.add_row(["fencing token".to_owned(), grant.fencing_token.to_string()]);
-    table.add_row(["slot".to_owned(), grant.slot.to_string()]);
+    if grant.slots.len() > 1 {
+        let slots: Vec<String> = grant.slots.iter().map(u32::to_string).collect();
+        table.add_row(["permits".to_owned(), grant.permits.to_string()]);
+        table.add_row(["slots".to_owned(), slots.join(", ")]);
+    } else {
+        table.add_row(["slot".to_owned(), grant.slot.to_string()]);
+    }
     if let Some(mode) = lock_mode(grant.mode()) {
         table.add_row(["mode".to_owned(), mode.to_owned()]);
     }
