@@ -136,3 +136,28 @@ pub async fn scrape(addr: SocketAddr) -> String {
     assert_eq!(status, 200);
     page
 }
+
+/// Asserts that a Connect JSON `Acquire` with `body` sent to the gRPC port
+/// at `endpoint` (`http://host:port`) is refused as `invalid_argument`
+/// (HTTP 400) with a message naming `field` first.
+pub async fn assert_connect_acquire_invalid(endpoint: &str, body: &str, field: &str) {
+    let addr: SocketAddr = endpoint.trim_start_matches("http://").parse().unwrap();
+    let (status, reply) = http(
+        addr,
+        "POST",
+        "/tumbler.v1.LockService/Acquire",
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await;
+    let reply: Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(
+        (status, reply["code"].as_str()),
+        (400, Some("invalid_argument")),
+        "{reply}"
+    );
+    assert!(
+        reply["message"].as_str().unwrap().starts_with(field),
+        "{reply}"
+    );
+}

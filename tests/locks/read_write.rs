@@ -509,11 +509,6 @@ async fn bad_modes_are_invalid_arguments_on_grpc_and_connect() {
         );
     }
     // The same answers through Connect's JSON.
-    let addr: std::net::SocketAddr = server
-        .endpoint()
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
     for (body, field) in [
         (
             r#"{"name":"doc","holder":"a","mode":"LOCK_MODE_WRITE","preferReaders":true}"#,
@@ -521,24 +516,7 @@ async fn bad_modes_are_invalid_arguments_on_grpc_and_connect() {
         ),
         (r#"{"name":"doc","holder":"a","mode":7}"#, "mode"),
     ] {
-        let (status, reply) = http::http(
-            addr,
-            "POST",
-            "/tumbler.v1.LockService/Acquire",
-            &[("content-type", "application/json")],
-            body,
-        )
-        .await;
-        let reply: serde_json::Value = serde_json::from_str(&reply).unwrap();
-        assert_eq!(
-            (status, reply["code"].as_str()),
-            (400, Some("invalid_argument")),
-            "{reply}"
-        );
-        assert!(
-            reply["message"].as_str().unwrap().starts_with(field),
-            "{reply}"
-        );
+        http::assert_connect_acquire_invalid(&server.endpoint(), body, field).await;
     }
     // Nothing was taken: a read is granted with the max limit when absent.
     let grant = granted(

@@ -387,38 +387,21 @@ async fn bad_permits_are_invalid_arguments_naming_permits_on_grpc_and_connect() 
             refused.message()
         );
     }
-    let addr: std::net::SocketAddr = server
-        .endpoint()
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
     for body in [
         r#"{"name":"doc","holder":"a","limit":2,"permits":3}"#,
         r#"{"name":"doc","holder":"a","mode":"LOCK_MODE_READ","limit":3,"permits":2}"#,
     ] {
-        let (status, reply) = http::http(
-            addr,
-            "POST",
-            "/tumbler.v1.LockService/Acquire",
-            &[("content-type", "application/json")],
-            body,
-        )
-        .await;
-        let reply: serde_json::Value = serde_json::from_str(&reply).unwrap();
-        assert_eq!(
-            (status, reply["code"].as_str()),
-            (400, Some("invalid_argument")),
-            "{reply}"
-        );
-        assert!(
-            reply["message"].as_str().unwrap().starts_with("permits"),
-            "{reply}"
-        );
+        http::assert_connect_acquire_invalid(&server.endpoint(), body, "permits").await;
     }
     // Nothing was taken; 0 means one permit, and all of the limit is fine.
     assert!(inspected(&mut client, "doc").await.holders.is_empty());
     let one = granted(&mut client, weighted("doc", "a", 3, 0)).await;
     assert_eq!((one.permits, one.slots), (1, vec![1]));
+    let addr = server
+        .endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
     let (status, reply) = http::http(
         addr,
         "POST",
