@@ -344,13 +344,17 @@ async fn try_once_does_not_jump_the_queue_but_barging_takes_a_permit_an_expiry_f
         .start()
         .await;
     let mut client = server.client().await;
-    client
+    // The lease is long enough for the set-up below on a busy machine: it
+    // must lapse only once the waiter's replica is frozen.
+    let held = client
         .acquire(proto::AcquireRequest {
-            ttl_ms: Some(600),
+            ttl_ms: Some(2_500),
             ..acquire("line", "holder")
         })
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
+    let expires_at_ms = held.grant.expect("granted").expires_at_ms;
     // "patient" waits through a replica that then stops answering (it is
     // frozen, its queue entry stays alive for the queue TTL). The holder's
     // lease then runs out: nobody calls at that moment, so a permit is
@@ -370,8 +374,18 @@ async fn try_once_does_not_jump_the_queue_but_barging_takes_a_permit_an_expiry_f
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = nix::unistd::Pid::from_raw(frozen.pid().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    // A fixed sleep: the lease must lapse.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Frozen while the lease still ran (else its replica's expiry timer
+    // may have granted "patient" already, and the scenario is another).
+    let seen = client.inspect(inspect("line")).await.unwrap().into_inner();
+    assert!(
+        seen.holders
+            .iter()
+            .any(|h| h.grant.as_ref().is_some_and(|g| g.holder == "holder")),
+        "the set-up outlasted the lease: {seen:?}"
+    );
+    // Then the lease lapses, by Redis' clock.
+    let left_ms = (expires_at_ms - seen.now_ms).max(0) as u64 + 150;
+    tokio::time::sleep(Duration::from_millis(left_ms)).await;
 
     // A barging request takes the permit the expiry freed.
     let barging = client

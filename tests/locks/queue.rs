@@ -378,7 +378,7 @@ async fn a_cancelled_or_timed_out_request_leaves_the_queue_at_once() {
 
     // The caller's gRPC deadline also ends the wait, with a reply.
     let mut request = tonic::Request::new(long_ttl("deadline", 600_000));
-    request.set_timeout(Duration::from_millis(400));
+    request.set_timeout(Duration::from_millis(1_000));
     let reply = client.acquire(request).await.unwrap().into_inner();
     assert_eq!(reply.reason(), NotAcquiredReason::Timeout);
     assert_eq!(queue_of(&mut client, "bye").await, ["stays"]);
