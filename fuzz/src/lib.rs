@@ -128,7 +128,7 @@ pub fn grant_record(data: &[u8]) {
     let acquired_at_ms = bytes.u64() >> 1;
     let ttl_ms = bytes.u64();
     let kind = validate::kind(bytes.text(validate::MAX_KIND_BYTES))
-        .unwrap_or_else(|_| validate::DEFAULT_KIND.to_owned());
+        .unwrap_or_else(|_| engine::Kind::default_kind());
     let holder = validate::holder(bytes.text(64))
         .map(engine::Holder::into_string)
         .unwrap_or_else(|_| "h".to_owned());

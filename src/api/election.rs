@@ -63,7 +63,7 @@ impl LockApi {
         &self,
         req: proto::CampaignRequest,
         candidate: engine::Holder,
-        ttl_ms: u64,
+        ttl: engine::Ttl,
         deadline: Option<crate::observe::CallerDeadline>,
     ) -> Result<engine::AcquireRequest, Status> {
         let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
@@ -79,7 +79,7 @@ impl LockApi {
             lock,
             candidate,
             value,
-            ttl_ms,
+            ttl,
             wait: if wait_ms == 0 {
                 Duration::ZERO
             } else {

@@ -136,7 +136,7 @@ impl LockApi {
         &self,
         mut req: proto::AcquireRequest,
         holder: engine::Holder,
-        ttl_ms: u64,
+        ttl: engine::Ttl,
         deadline: Option<crate::observe::CallerDeadline>,
     ) -> Result<engine::AcquireRequest, Status> {
         let wait_ms = validate::wait_ms(req.wait_ms, &self.limits).map_err(invalid)?;
@@ -174,7 +174,7 @@ impl LockApi {
             permits,
             kind: validate::kind(std::mem::take(&mut req.kind)).map_err(invalid)?,
             metadata: validate::metadata(&req.metadata).map_err(invalid)?,
-            ttl_ms,
+            ttl,
             holder,
             session_epoch: None,
             stop: None,

@@ -49,7 +49,7 @@ pub fn acquired(
     }
 
     if rpc_spans() {
-        span_attribute("tumbler.kind", req.kind.clone());
+        span_attribute("tumbler.kind", req.kind.to_string());
         span_attribute("tumbler.status", label);
         span_attribute("tumbler.wait_ms", elapsed.as_millis() as i64);
         if let Some(grant) = grant {

@@ -5,9 +5,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 pub use crate::engine::names::{
-    DEFAULT_NAMESPACE, Invalid, MAX_NAME_BYTES, MAX_NAMESPACE_BYTES, text,
+    DEFAULT_KIND, DEFAULT_NAMESPACE, Invalid, MAX_KIND_BYTES, MAX_NAME_BYTES, MAX_NAMESPACE_BYTES,
+    text,
 };
-use crate::engine::{Holder, LockMode, LockName, Namespace};
+use crate::engine::{Holder, Kind, LockMode, LockName, Namespace, Ttl};
 
 mod page_tokens;
 
@@ -145,9 +146,7 @@ pub fn max_entries(value: u32) -> Result<u32, Invalid> {
     }
 }
 
-pub const DEFAULT_KIND: &str = "default";
 pub use crate::engine::names::MAX_HOLDER_BYTES;
-pub const MAX_KIND_BYTES: usize = 32;
 pub const MAX_METADATA_ENTRIES: usize = 32;
 pub const MAX_METADATA_KEY_BYTES: usize = 64;
 pub const MAX_METADATA_VALUE_BYTES: usize = 1024;
@@ -250,20 +249,19 @@ pub fn permits(value: Option<u32>, limit: u32, mode: LockMode) -> Result<u32, In
 }
 
 /// Absent → `default`; otherwise 1..=max_ttl_ms.
-pub fn ttl_ms(value: Option<u64>, limits: &Limits) -> Result<u64, Invalid> {
-    optional_ttl_ms(value, limits).map(|ttl| ttl.unwrap_or(limits.default_ttl_ms))
+pub fn ttl_ms(value: Option<u64>, limits: &Limits) -> Result<Ttl, Invalid> {
+    Ttl::parse(
+        "ttl_ms",
+        value.unwrap_or(limits.default_ttl_ms),
+        limits.max_ttl_ms,
+    )
 }
 
 /// Absent stays absent (Extend then reuses the grant's own ttl).
-pub fn optional_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<Option<u64>, Invalid> {
-    match value {
-        Some(0) => Err(invalid("ttl_ms", "must be at least 1")),
-        Some(ms) if ms > limits.max_ttl_ms => Err(invalid(
-            "ttl_ms",
-            format!("must be at most {}", limits.max_ttl_ms),
-        )),
-        other => Ok(other),
-    }
+pub fn optional_ttl_ms(value: Option<u64>, limits: &Limits) -> Result<Option<Ttl>, Invalid> {
+    value
+        .map(|ms| Ttl::parse("ttl_ms", ms, limits.max_ttl_ms))
+        .transpose()
 }
 
 /// A session id to resume: as SessionOpened gave it (`session-<uuid>`).
@@ -304,27 +302,10 @@ pub fn fencing_token(value: Option<u64>) -> Result<Option<u64>, Invalid> {
     Ok(value)
 }
 
-/// Empty → `default`; otherwise 1..=32 bytes of `[a-z0-9_.-]` (it becomes a
-/// metrics label, so its alphabet and length are small).
-pub fn kind(value: impl Into<String>) -> Result<String, Invalid> {
-    let value = value.into();
-    if value.is_empty() {
-        return Ok(DEFAULT_KIND.to_owned());
-    }
-    check_kind(&value)?;
-    Ok(value)
-}
-
-fn check_kind(value: &str) -> Result<(), Invalid> {
-    let allowed =
-        |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-');
-    if value.len() > MAX_KIND_BYTES || !value.chars().all(allowed) {
-        return Err(invalid(
-            "kind",
-            format!("must be at most {MAX_KIND_BYTES} characters of [a-z0-9_.-]"),
-        ));
-    }
-    Ok(())
+/// Empty → `default`; otherwise 1..=32 bytes of `[a-z0-9_.-]` (the rule:
+/// [`Kind::parse`]).
+pub fn kind(value: impl Into<String>) -> Result<Kind, Invalid> {
+    Kind::parse(value)
 }
 
 /// At most 32 entries; keys 1..=64 bytes without control characters;
@@ -387,7 +368,7 @@ mod tests {
         assert_eq!(namespace("").unwrap(), "default");
         assert_eq!(kind("").unwrap(), "default");
         assert_eq!(limit(None, &limits()).unwrap(), 1);
-        assert_eq!(ttl_ms(None, &limits()).unwrap(), 30_000);
+        assert_eq!(ttl_ms(None, &limits()).unwrap().ms(), 30_000);
         assert_eq!(optional_holder("").unwrap(), None);
     }
 

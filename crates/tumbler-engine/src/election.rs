@@ -49,11 +49,11 @@ pub struct Campaign {
     pub lock: LockId,
     pub candidate: super::Holder,
     pub value: String,
-    pub ttl_ms: u64,
+    pub ttl: super::Ttl,
     pub wait: std::time::Duration,
     pub answer_by: Option<tokio::time::Instant>,
     pub queue_ttl_ms: u64,
-    pub kind: String,
+    pub kind: super::Kind,
 }
 
 pub fn campaign(c: Campaign) -> super::AcquireRequest {
@@ -62,7 +62,7 @@ pub fn campaign(c: Campaign) -> super::AcquireRequest {
         lock: c.lock,
         holder: c.candidate,
         limit: 1,
-        ttl_ms: c.ttl_ms,
+        ttl: c.ttl,
         kind: c.kind,
         wait: c.wait,
         queue_ttl_ms: c.queue_ttl_ms,

@@ -115,7 +115,7 @@ use watchers::{Filter, LockEvent, Watchers};
 use watching::Watching;
 
 pub use lifecycle::{EngineSettings, Running};
-pub use names::{Holder, Invalid, LockName, Namespace};
+pub use names::{Holder, Invalid, Kind, LockName, Namespace, Ttl};
 pub use records::{parse_grant, parse_waiter};
 pub use types::*;
 
@@ -301,16 +301,15 @@ impl LockEngine {
         self.locks.release(lock, holder, fencing_token, None).await
     }
 
-    /// Resets the remaining lease to `ttl_ms` (or the grant's own ttl).
+    /// Resets the remaining lease to `ttl` (or the grant's own ttl).
     pub async fn extend(
         &self,
         lock: &LockId,
         holder: &str,
-        ttl_ms: Option<u64>,
+        ttl: Option<Ttl>,
         fencing_token: Option<u64>,
     ) -> Result<ExtendOutcome, EngineError> {
-        self.extend_by(lock, holder, ttl_ms, fencing_token, None)
-            .await
+        self.extend_by(lock, holder, ttl, fencing_token, None).await
     }
 
     /// [`Self::extend`] for a caller that stops listening at `answer_by`.
@@ -318,7 +317,7 @@ impl LockEngine {
         &self,
         lock: &LockId,
         holder: &str,
-        ttl_ms: Option<u64>,
+        ttl: Option<Ttl>,
         fencing_token: Option<u64>,
         answer_by: Option<Instant>,
     ) -> Result<ExtendOutcome, EngineError> {
@@ -327,7 +326,7 @@ impl LockEngine {
             holder,
             fencing_token,
         };
-        self.locks.extend(grant, ttl_ms, answer_by, None).await
+        self.locks.extend(grant, ttl, answer_by, None).await
     }
 
     pub async fn inspect(&self, lock: &LockId) -> Result<LockState, EngineError> {
@@ -438,12 +437,8 @@ impl LockEngine {
     // Sessions (`resume.rs`).
 
     /// Records a new session (owner: the token's name, '' without auth).
-    pub async fn open_session(
-        &self,
-        owner: &str,
-        ttl_ms: u64,
-    ) -> Result<SessionTicket, EngineError> {
-        self.sessions.open(owner, ttl_ms).await
+    pub async fn open_session(&self, owner: &str, ttl: Ttl) -> Result<SessionTicket, EngineError> {
+        self.sessions.open(owner, ttl.ms()).await
     }
 
     /// Takes a session back for a new stream (see `resume.rs`).

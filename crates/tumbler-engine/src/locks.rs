@@ -238,7 +238,7 @@ impl Locks {
         })
     }
 
-    /// Resets the remaining lease to `ttl_ms` (or the grant's own ttl),
+    /// Resets the remaining lease to `ttl` (or the grant's own ttl),
     /// for a caller that stops listening at `answer_by`; for a session's
     /// stream of `epoch` (Some), refused with [`EngineError::SessionMoved`]
     /// when a newer stream holds it.
@@ -249,7 +249,7 @@ impl Locks {
             holder,
             fencing_token,
         }: GrantRef<'_>,
-        ttl_ms: Option<u64>,
+        ttl: Option<crate::Ttl>,
         answer_by: Option<Instant>,
         epoch: Option<u64>,
     ) -> Result<ExtendOutcome, EngineError> {
@@ -258,7 +258,7 @@ impl Locks {
         let call = ops::extend::Call {
             holder,
             token: fencing_token,
-            ttl_ms,
+            ttl_ms: ttl.map(crate::Ttl::ms),
             answer_by: self.calls.answer_by(answer_by),
             watched: self.changelog.emits(&lock.namespace),
             epoch,

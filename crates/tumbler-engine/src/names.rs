@@ -212,6 +212,84 @@ impl Holder {
     }
 }
 
+validated_text!(
+    /// A label that groups locks in metrics, like a job type: 1..=32
+    /// characters of `[a-z0-9_.-]` (it becomes a metrics label, so its
+    /// alphabet and length are small). Empty in a request means
+    /// [`DEFAULT_KIND`].
+    Kind
+);
+
+/// The kind of a request that names none.
+pub const DEFAULT_KIND: &str = "default";
+/// The longest kind.
+pub const MAX_KIND_BYTES: usize = 32;
+
+impl Kind {
+    /// Checks a kind as a request gives it (empty: the default).
+    pub fn parse(value: impl Into<String>) -> Result<Self, Invalid> {
+        let value = value.into();
+        if value.is_empty() {
+            return Ok(Self::default_kind());
+        }
+        let allowed =
+            |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-');
+        if value.len() > MAX_KIND_BYTES || !value.chars().all(allowed) {
+            return Err(Invalid::new(
+                "kind",
+                format!("must be at most {MAX_KIND_BYTES} characters of [a-z0-9_.-]"),
+            ));
+        }
+        Ok(Kind(value))
+    }
+
+    /// The default kind.
+    pub fn default_kind() -> Self {
+        Kind(DEFAULT_KIND.to_owned())
+    }
+}
+
+/// A lease length: 1 ms up to the server's longest lease. Made only by
+/// [`Ttl::parse`] (which knows that bound), or by [`Ttl::stored`] for a
+/// lease this replica decides itself or reads back from Redis, so an engine
+/// call that takes one checks nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ttl(u64);
+
+impl Ttl {
+    /// Checks a lease length as a request gives it, in `field`
+    /// (`ttl_ms`, `open.ttl_ms`): 1..=`max_ms`.
+    pub fn parse(field: &'static str, ms: u64, max_ms: u64) -> Result<Self, Invalid> {
+        match ms {
+            0 => Err(Invalid::new(field, "must be at least 1")),
+            ms if ms > max_ms => Err(Invalid::new(field, format!("must be at most {max_ms}"))),
+            ms => Ok(Ttl(ms)),
+        }
+    }
+
+    /// A lease this replica decides itself (the reaper's, a session's lock
+    /// delay) or reads back from Redis (a session's, which passed
+    /// [`Ttl::parse`] when it was opened): at least 1 ms.
+    pub fn stored(ms: u64) -> Self {
+        Ttl(ms.max(1))
+    }
+
+    /// Milliseconds, as the functions take them.
+    pub fn ms(self) -> u64 {
+        self.0
+    }
+
+    pub fn duration(self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.0)
+    }
+}
+
+impl fmt::Display for Ttl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,5 +321,25 @@ mod tests {
             LockName::parse("n".repeat(513)).unwrap_err().to_string(),
             "name: must be at most 512 bytes"
         );
+    }
+
+    #[test]
+    fn kinds_and_ttls_follow_their_rule() {
+        assert_eq!(Kind::parse("").unwrap(), "default");
+        assert_eq!(Kind::parse("jobs.v2_x-y").unwrap(), "jobs.v2_x-y");
+        for bad in ["Jobs", "a b", &"k".repeat(33)] {
+            assert_eq!(Kind::parse(bad).unwrap_err().field, "kind", "{bad}");
+        }
+        assert_eq!(Ttl::parse("ttl_ms", 1, 10).unwrap().ms(), 1);
+        assert_eq!(Ttl::parse("ttl_ms", 10, 10).unwrap().ms(), 10);
+        assert_eq!(
+            Ttl::parse("ttl_ms", 0, 10).unwrap_err().to_string(),
+            "ttl_ms: must be at least 1"
+        );
+        assert_eq!(
+            Ttl::parse("open.ttl_ms", 11, 10).unwrap_err().to_string(),
+            "open.ttl_ms: must be at most 10"
+        );
+        assert_eq!(Ttl::stored(0).ms(), 1);
     }
 }

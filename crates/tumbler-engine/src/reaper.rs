@@ -16,11 +16,11 @@ use metrics::counter;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Holder;
 use super::calls::Calls;
 use super::locks::{GrantRef, Locks};
 use super::walks::Walks;
 use super::{AcquireRequest, EngineError, ExtendOutcome, LockId, LockMode, ReapCounts, ops};
+use super::{Holder, Kind, Ttl};
 
 /// The reaper of this replica (it reaps while it holds the reaper lock).
 pub(super) struct Reaper {
@@ -98,8 +98,8 @@ impl Reaper {
             lock: lock.clone(),
             holder: Holder::stored(replica),
             limit: 1,
-            ttl_ms: lease_ms,
-            kind: "reaper".into(),
+            ttl: Ttl::stored(lease_ms),
+            kind: Kind::parse("reaper").expect("a valid kind"),
             metadata: BTreeMap::new(),
             wait: Duration::ZERO,
             queue_ttl_ms: lease_ms,
@@ -126,7 +126,11 @@ impl Reaper {
                     holder: replica,
                     fencing_token: None,
                 };
-                match self.locks.extend(grant, Some(lease_ms), None, None).await? {
+                match self
+                    .locks
+                    .extend(grant, Some(Ttl::stored(lease_ms)), None, None)
+                    .await?
+                {
                     ExtendOutcome::Extended(_) => Lease::Held,
                     ExtendOutcome::NotHeld => Lease::Elsewhere,
                 }

@@ -20,8 +20,7 @@ use crate::store::StoreError;
 
 use super::{Grant, LockMode, QueuedRequest};
 
-/// The kind a record stored with an empty kind has.
-const DEFAULT_KIND: &str = "default";
+use crate::names::DEFAULT_KIND;
 
 fn kind_of(text: &str) -> String {
     match text {

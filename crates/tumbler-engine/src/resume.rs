@@ -409,7 +409,7 @@ impl SessionKeeper {
             epoch,
             &req.lock,
             token,
-            Duration::from_millis(req.ttl_ms),
+            req.ttl.duration(),
             granted_at,
             lost.clone(),
         );
@@ -459,7 +459,7 @@ impl SessionKeeper {
             match delay {
                 Some(delay_ms) => self
                     .locks
-                    .extend(grant, Some(delay_ms), None, Some(epoch))
+                    .extend(grant, Some(crate::Ttl::stored(delay_ms)), None, Some(epoch))
                     .await
                     .map(|_| ()),
                 None => self

@@ -95,8 +95,9 @@ pub struct AcquireRequest {
     pub lock: LockId,
     pub holder: super::Holder,
     pub limit: u32,
-    pub ttl_ms: u64,
-    pub kind: String,
+    /// The lease a grant gets.
+    pub ttl: super::Ttl,
+    pub kind: super::Kind,
     pub metadata: BTreeMap<String, String>,
     /// How long to wait for a permit; zero tries once.
     pub wait: Duration,

@@ -16,7 +16,7 @@ use crate::api::convert::{self, ToProto, invalid};
 use crate::api::report;
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
-use crate::engine::{Holder, LockEngine, LockId};
+use crate::engine::{Holder, LockEngine, LockId, Ttl};
 use crate::proto;
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
@@ -59,8 +59,12 @@ impl Driver {
                     let req = command
                         .acquire
                         .ok_or_else(|| Status::invalid_argument("acquire: missing"))?;
-                    self.api
-                        .acquire_request(req, Holder::stored(&self.session), self.ttl_ms, None)
+                    self.api.acquire_request(
+                        req,
+                        Holder::stored(&self.session),
+                        Ttl::stored(self.ttl_ms),
+                        None,
+                    )
                 };
                 self.start_acquire(command.request_id, build, access, lost, running)
             }
@@ -71,8 +75,12 @@ impl Driver {
                     let req = command
                         .campaign
                         .ok_or_else(|| Status::invalid_argument("campaign: missing"))?;
-                    self.api
-                        .campaign_request(req, Holder::stored(&self.session), self.ttl_ms, None)
+                    self.api.campaign_request(
+                        req,
+                        Holder::stored(&self.session),
+                        Ttl::stored(self.ttl_ms),
+                        None,
+                    )
                 };
                 self.start_acquire(command.request_id, build, access, lost, running)
             }

@@ -114,16 +114,16 @@ pub async fn open(
     let owner = access.access().who().to_owned();
     let opened = match open.resume {
         None => {
-            let ttl_ms = validate::ttl_ms(open.ttl_ms, &api.limits).map_err(invalid)?;
+            let ttl = validate::ttl_ms(open.ttl_ms, &api.limits).map_err(invalid)?;
             let ticket = api
                 .engine
-                .open_session(&owner, ttl_ms)
+                .open_session(&owner, ttl)
                 .await
                 .map_err(convert::status)?;
             Opened {
                 session: ticket.id,
                 epoch: ticket.epoch,
-                ttl_ms,
+                ttl_ms: ttl.ms(),
                 reply: proto::SessionOpened {
                     resume_secret: ticket.secret,
                     ..Default::default()

@@ -71,14 +71,14 @@ impl Call<'_> {
         }
         let mut args = vec![
             req.holder.to_string(),
-            req.ttl_ms.to_string(),
+            req.ttl.to_string(),
             self.answer_by.to_string(),
         ];
         // The rest with their defaults (the Lua's): trailing defaults are
         // not sent, except before the waiting arguments.
         let tail = [
             (req.limit.to_string(), "1"),
-            (req.kind.clone(), "default"),
+            (req.kind.to_string(), "default"),
             (self.metadata.to_owned(), ""),
             (flags, ""),
             (req.priority.to_string(), "0"),
