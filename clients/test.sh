@@ -89,7 +89,12 @@ async function readWrite(client: Client): Promise<'read' | 'write' | null> {
   await lock.downgrade();
   return lock.mode;
 }
-export { run, readWrite };
+async function weighted(client: Client): Promise<number[]> {
+  const lock: Lock = await client.acquire('exports', { limit: 10, permits: 3 });
+  const permits: number = lock.permits;
+  return permits === 3 ? lock.slots : [];
+}
+export { run, readWrite, weighted };
 EOF
 (cd "$work/node-app" && node "$src/clients/node/node_modules/typescript/bin/tsc" --noEmit --strict \
   --module commonjs --moduleResolution node --target es2022 --lib es2022,dom check.ts)

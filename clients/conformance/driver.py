@@ -22,7 +22,7 @@ import tumbler_client as tc
 from tumbler_client import pb
 
 from procs import (CLIENTS, ELECTION_LANGS, EXAMPLE_LANGS, LANGS, NAMESPACE, OBSERVE_LANGS, READ_WRITE_LANGS,
-                   RESIGN_TAKES_LEADERSHIP, ROOT, Step, free_port,
+                   RESIGN_TAKES_LEADERSHIP, ROOT, WEIGHTED_LANGS, Step, free_port,
                    start_dev, start_redis, start_serve, stop)
 
 results = []  # (lang, ok, text)
@@ -65,7 +65,8 @@ def selected(*langs, part):
 
 
 def is_invalid_argument(code):
-    return str(code).replace("_", "").lower() == "invalidargument"
+    """INVALID_ARGUMENT as each helper names it (INVALID_ARGUMENT, InvalidArgument, invalid_argument, 3)."""
+    return str(code).replace("_", "").lower() in ("invalidargument", "3")
 
 
 def scenario(addr):
@@ -351,14 +352,70 @@ def read_write_round(addr, r1, r2, w, n):
           f"{max(tokens) if tokens else '?'}", got)
 
 
-def read_write(addr):
-    """Read/write locks across the helpers: each language in turn is a reader beside another, and the writer."""
-    langs = [lang for lang in READ_WRITE_LANGS if lang in LANGS]
+def in_turn(addr, part, langs, one_round):
+    """one_round(addr, a, b, c, n) once per selected language of `langs`, each in turn `a` (the next two `b`, `c`)."""
+    langs = [lang for lang in langs if lang in LANGS]
     if len(langs) < 3:
-        print("SKIP  read_write: fewer than 3 read/write languages selected (--langs)", flush=True)
+        print(f"SKIP  {part}: fewer than 3 of its languages selected (--langs)", flush=True)
         return
     for n in range(len(langs)):
-        read_write_round(addr, langs[n], langs[(n + 1) % len(langs)], langs[(n + 2) % len(langs)], n)
+        one_round(addr, langs[n], langs[(n + 1) % len(langs)], langs[(n + 2) % len(langs)], n)
+
+
+def read_write(addr):
+    """Read/write locks across the helpers: each language in turn is a reader beside another, and the writer."""
+    in_turn(addr, "read_write", READ_WRITE_LANGS, read_write_round)
+
+
+def weights_are(got, permits, slots):
+    """A step's grant holds `permits` permits in `slots`, one slot per permit."""
+    return bool(got) and got.get("permits") == permits and got.get("slots") == slots
+
+
+def weighted_round(addr, a, b, c, n):
+    """On a semaphore of limit 5: a takes 3 permits, b's 3 do not fit (BUSY), c's 2 do; b waits, and is granted
+    3 slots with a higher token when a releases; a's 6 of 5 is INVALID_ARGUMENT naming `permits`."""
+    name, limit = f"weighted-{n}", "5"
+    big = step(a, "weighted_hold", name, f"{a}-big", limit, "3", addr=addr)
+    check(a, big and big["status"] == "ACQUIRED" and weights_are(big, 3, [1, 2, 3]),
+          f"weighted: a {a} job takes 3 of {limit} permits, slots 1..3", big)
+    busy = step(b, "weighted_hold", name, f"{b}-big", limit, "3", addr=addr)
+    check(b, busy and busy["status"] == "BUSY" and busy["holders"] == 3,
+          f"weighted: {b}'s 3 more do not fit beside {a}'s 3 of {limit} (BUSY, 3 permits in use)", busy)
+    small = step(c, "weighted_hold", name, f"{c}-small", limit, "2", addr=addr)
+    check(c, small and small["status"] == "ACQUIRED" and weights_are(small, 2, [4, 5]),
+          f"weighted: {c}'s 2 fit beside {a}'s 3, slots 4 and 5", small)
+    with tc.Client(addr, namespace=NAMESPACE) as cl:
+        info = cl.inspect(name)
+    seen = sorted((h.grant.holder, h.grant.permits, list(h.grant.slots)) for h in info.holders)
+    check(c, info.permits_in_use == 5 and seen == sorted([(f"{a}-big", 3, [1, 2, 3]), (f"{c}-small", 2, [4, 5])]),
+          f"weighted: inspect counts 5 permits in use, {a}'s 3 and {c}'s 2", (info.permits_in_use, seen))
+    waiter = run_step(b, ["weighted_wait", name, f"{b}-big", limit, "3", "20000", "100"], addr)
+    queued = wait_for_queue(addr, name, [f"{b}-big"])
+    with tc.Client(addr, namespace=NAMESPACE) as cl:
+        asks = [r.permits for r in cl.queue(name).requests]
+    check(b, queued and asks == [3], f"weighted: {b} waits in the queue for its 3 permits", asks)
+    refused = step(a, "weighted_hold", name, f"{a}-too-many", limit, "6", addr=addr)
+    check(a, refused and refused["status"] == "ERROR" and is_invalid_argument(refused["code"])
+          and str(refused.get("message", "")).startswith("permits"),
+          f"weighted: 6 of {limit} permits -> {refused and refused.get('typed')} (INVALID_ARGUMENT) "
+          f"\"{refused and refused.get('message')}\"", refused)
+    released_at = now_ms()
+    step(a, "release", name, f"{a}-big", addr=addr)
+    got = waiter.result()
+    tokens = [int(x["token"]) for x in (big, small) if x and x.get("token")]
+    check(b, got and weights_are(got, 3, [1, 2, 3]) and len(tokens) == 2 and int(got["token"]) > max(tokens)
+          and got["acquired_at_ms"] >= released_at,
+          f"weighted: {b} is granted its 3 permits (slots 1..3) once {a} released, token {got and got.get('token')} > "
+          f"{max(tokens) if tokens else '?'}", got)
+    check(b, got and weights_are(got.get("extended"), 3, [1, 2, 3]),
+          f"weighted: {b}'s grant keeps its 3 permits and slots when extended", got)
+    step(c, "release", name, f"{c}-small", addr=addr)
+
+
+def weighted(addr):
+    """Weighted permits across the helpers: each language in turn takes a big share, waits for one, and fits beside."""
+    in_turn(addr, "weighted", WEIGHTED_LANGS, weighted_round)
 
 
 def unique_across_languages(addr):
@@ -703,11 +760,12 @@ def permission_denied(binary):
         stop(proc)
 
 
-def readme_code(lang):
-    """The code blocks of the '## Example' section of clients/<lang>/README.md."""
+def readme_code(lang, heading="Example"):
+    """The code blocks of the '## <heading>' section of clients/<lang>/README.md ([] when it has none)."""
     fences = {"python": "python", "node": "js", "go": "go", "ruby": "ruby", "perl": "perl"}
     with open(os.path.join(CLIENTS, lang, "README.md")) as f:
-        section = f.read().split("\n## Example", 1)[1].split("\n## ", 1)[0]
+        parts = f.read().split("\n## " + heading, 1)
+    section = parts[1].split("\n## ", 1)[0] if len(parts) == 2 else ""
     return re.findall(r"```" + fences[lang] + r"\n(.*?)```", section, re.S)
 
 
@@ -748,13 +806,18 @@ def readme_examples(addr):
             last = out.strip().splitlines()[-1:] or [""]
             check(lang, rc == 0 and "token" in out, f"README example {n} runs with the installed package: {last[0]}",
                   out[-800:])
+        # The weighted permits example, where it is a whole program (Go's uses the client of the example above).
+        for n, code in enumerate(readme_code(lang, "Weighted permits") if lang != "go" else [], 1):
+            rc, out = run_readme_block(lang, code.replace("127.0.0.1:50051", addr), f"weighted-{n}", work)
+            check(lang, rc == 0 and "3 of 10 permits, slots" in out,
+                  f"README weighted permits example runs: {(out.strip().splitlines() or [''])[0]}", out[-800:])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default=os.path.join(ROOT, "target", "debug", "tumbler"))
-    ap.add_argument("--only", help="comma-separated parts to run (scenario, election, read_write, examples, keep, "
-                                   "crash, lost, "
+    ap.add_argument("--only", help="comma-separated parts to run (scenario, election, read_write, weighted, examples, "
+                                   "keep, crash, lost, "
                                    "cancel, readme, restart, restart-hold, restart-place, auth, renewal); "
                                    "default all")
     ap.add_argument("--langs", help="comma-separated languages to run (" + ",".join(LANGS) + "); default all. "
@@ -770,12 +833,14 @@ def main():
         ELECTION_LANGS[:] = [lang for lang in ELECTION_LANGS if lang in wanted]
         OBSERVE_LANGS[:] = [lang for lang in OBSERVE_LANGS if lang in wanted]
         READ_WRITE_LANGS[:] = [lang for lang in READ_WRITE_LANGS if lang in wanted]
+        WEIGHTED_LANGS[:] = [lang for lang in WEIGHTED_LANGS if lang in wanted]
     if not os.path.exists(opts.server):
         raise SystemExit(f"{opts.server} is missing: cargo build --bin tumbler")
     proc, addr = start_dev(opts.server)
     print(f"==> tumbler dev on {addr} (pid {proc.pid})", flush=True)
     server = opts.server
-    parts = [("scenario", scenario), ("election", election), ("read_write", read_write), ("examples", examples),
+    parts = [("scenario", scenario), ("election", election), ("read_write", read_write), ("weighted", weighted),
+             ("examples", examples),
              ("keep", held_means_held), ("crash", crash_frees),
              ("lost", lost_signalled), ("cancel", cancel_leaves_no_waiter), ("readme", readme_examples),
              ("restart", lambda _addr: restart_retries(server)),

@@ -31,6 +31,9 @@ RESIGN_TAKES_LEADERSHIP = ["rust"]
 # Languages whose helpers run the read/write part (rw_hold, rw_wait), in
 # the order it rotates the roles through (two readers, then a writer).
 READ_WRITE_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
+# Languages whose helpers run the weighted part (weighted_hold,
+# weighted_wait), in the order it rotates the roles through.
+WEIGHTED_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 
 
 def commands(table):

@@ -137,6 +137,10 @@ type AcquireOptions struct {
 	// PreferReaders (with ModeRead): take a free read permit even when
 	// writers wait.
 	PreferReaders bool
+	// Permits takes this many of Limit's permits at once, like
+	// semaphore.Weighted (0: one). The grant holds one slot per permit
+	// (Lock.Slots). More than Limit, or with a Mode, is ErrInvalidArgument.
+	Permits uint32
 }
 
 // The modes of a read/write lock's grant (AcquireOptions.Mode, Lock.Mode).
@@ -165,6 +169,9 @@ func (c *Client) acquireRequest(name string, o AcquireOptions, waitMs uint64) *p
 	}
 	if o.Barging {
 		req.Fair = proto.Bool(false)
+	}
+	if o.Permits != 0 {
+		req.Permits = proto.Uint32(o.Permits)
 	}
 	return req
 }

@@ -46,6 +46,24 @@ func (l *Lock) Holder() string       { return l.Grant().Holder }
 func (l *Lock) FencingToken() uint64 { return l.Grant().FencingToken }
 func (l *Lock) Slot() uint32         { return l.Grant().Slot }
 
+// Permits is how many permits the grant holds (1 unless acquired with
+// AcquireOptions.Permits).
+func (l *Lock) Permits() uint32 {
+	if p := l.Grant().Permits; p > 1 {
+		return p
+	}
+	return 1
+}
+
+// Slots are the grant's slots, one per permit, ascending; the first is Slot.
+func (l *Lock) Slots() []uint32 {
+	g := l.Grant()
+	if len(g.Slots) == 0 {
+		return []uint32{g.Slot}
+	}
+	return append([]uint32(nil), g.Slots...)
+}
+
 // Mode is ModeRead or ModeWrite for a grant of a read/write lock,
 // LOCK_MODE_UNSPECIFIED for a plain lock's.
 func (l *Lock) Mode() pb.LockMode { return l.Grant().Mode }

@@ -15,6 +15,20 @@ const emit = (obj) => console.log(JSON.stringify(obj));
 const grantJson = (lock) => ({ holder: lock.holder, token: lock.fencingToken, slot: lock.slot,
   acquired_at_ms: Number(lock.grant.acquiredAtMs) });
 
+const weights = (lock) => ({ permits: lock.permits, slots: lock.slots });
+
+// A try-once acquire kept (60 s lease): ACQUIRED with out(lock), BUSY, or the error.
+async function tryOnce(acquiring, out) {
+  try {
+    const lock = await acquiring;
+    return { status: 'ACQUIRED', ...grantJson(lock), ...out(lock) };
+  } catch (e) {
+    if (e instanceof NotAcquiredError) return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response.holders };
+    if (e instanceof TumblerError) return { status: 'ERROR', code: e.code, typed: e.name, message: e.details };
+    throw e;
+  }
+}
+
 const leadershipJson = (l) => (l ? { candidate: l.candidate, term: l.term, value: l.value,
   elected_at_ms: Number(l.electedAtMs), expires_at_ms: Number(l.expiresAtMs) } : null);
 
@@ -32,14 +46,23 @@ const steps = {
     }
   },
   async rw_hold(client, name, holder, mode) { // try once as read, write or plain; keep the grant (60 s lease)
-    try {
-      const lock = await client.acquire(name, { holder, ttlMs: 60000, mode: mode === 'plain' ? undefined : mode });
-      return { status: 'ACQUIRED', ...grantJson(lock), mode: lock.mode };
-    } catch (e) {
-      if (e instanceof NotAcquiredError) return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response.holders };
-      if (e instanceof TumblerError) return { status: 'ERROR', code: e.code, typed: e.name, message: e.details };
-      throw e;
-    }
+    return tryOnce(client.acquire(name, { holder, ttlMs: 60000, mode: mode === 'plain' ? undefined : mode }),
+      (lock) => ({ mode: lock.mode }));
+  },
+  async weighted_hold(client, name, holder, limit, permits) { // try once for PERMITS of LIMIT; keep the grant
+    return tryOnce(client.acquire(name, { holder, ttlMs: 60000, limit: Number(limit), permits: Number(permits) }),
+      weights);
+  },
+  async weighted_wait(client, name, holder, limit, permits, waitMs, holdMs) { // wait, extend, hold, release
+    const options = { holder, waitMs: Number(waitMs), ttlMs: 60000, limit: Number(limit), permits: Number(permits) };
+    return client.withLock(name, options, async (lock) => {
+      const out = { ...grantJson(lock), ...weights(lock) };
+      await lock.extend();
+      out.extended = weights(lock);
+      await sleep(Number(holdMs));
+      out.released_at_ms = Date.now();
+      return out;
+    });
   },
   async rw_wait(client, name, holder, mode, waitMs, holdMs) { // wait in a mode, hold a while, release
     return client.withLock(name, { holder, waitMs: Number(waitMs), ttlMs: 60000, mode }, async (lock) => {

@@ -4,7 +4,7 @@
 // driver: a job that locks around an ID with a limit above 1, and one
 // leader among replicas (leader election).
 // usage: examples.js ADDR NAMESPACE all   — prints {"checks": [...]} as one JSON line.
-const { Client } = require('tumbler-client');
+const { Client, InvalidArgumentError, LockBusyError } = require('tumbler-client');
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -49,6 +49,31 @@ async function electionChecks(client, check) {
   check('leader election: nobody leads after resign', (await client.leader('node.scheduler')) === null);
 }
 
+// A big export takes 3 of 10 permits, small ones share the rest; 11 of 10 is refused naming permits.
+async function weightedChecks(client, check) {
+  await client.withLock('node.exports', { limit: 10, permits: 3, ttlMs: 600 }, async (big) => {
+    await sleep(500); // near the end of the lease: the watchdog has renewed it by now
+    check('weighted permits: a big job holds 3 of 10, one slot per permit, kept across renewals',
+      big.permits === 3 && JSON.stringify(big.slots) === '[1,2,3]', big.slots);
+    const small = [];
+    for (let i = 0; i < 7; i += 1) small.push(await client.acquire('node.exports', { limit: 10, ttlMs: 5000 }));
+    check('weighted permits: seven small jobs take the other slots, 4..10',
+      JSON.stringify(small.map((l) => l.slot).sort((a, b) => a - b)) === '[4,5,6,7,8,9,10]'
+      && small.every((l) => l.permits === 1 && l.slots.length === 1 && l.slots[0] === l.slot),
+      small.map((l) => l.slots));
+    const inUse = (await client.inspect('node.exports')).permitsInUse;
+    check('weighted permits: inspect counts 10 permits in use', inUse === 10, inUse);
+    const busy = await client.acquire('node.exports', { limit: 10 })
+      .then(() => false, (e) => e instanceof LockBusyError);
+    check('weighted permits: an 11th permit is busy', busy);
+    await Promise.all(small.map((l) => l.release()));
+  });
+  const refused = await client.acquire('node.exports', { limit: 10, permits: 11 })
+    .then(() => null, (e) => (e instanceof InvalidArgumentError ? e.details : String(e)));
+  check('weighted permits: 11 of 10 rejects with InvalidArgumentError and the server\'s message',
+    refused && refused.startsWith('permits'), refused);
+}
+
 async function allChecks(client) {
   const checks = [];
   const check = (what, ok, detail) => checks.push({ what, ok: Boolean(ok), detail });
@@ -83,6 +108,7 @@ async function allChecks(client) {
   check('lock around an ID: waiters of account 42 were served in arrival order',
     JSON.stringify(o42) === JSON.stringify([1, 2, 3, 4, 5].map((i) => `sync-42-${i}`)), o42);
   await electionChecks(client, check);
+  await weightedChecks(client, check);
   return { checks };
 }
 

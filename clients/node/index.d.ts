@@ -50,6 +50,8 @@ export interface AcquireOptions {
   mode?: 'read' | 'write';
   /** With mode 'read': take a free read permit even when writers wait. */
   preferReaders?: boolean;
+  /** Take this many of `limit`'s permits at once (default 1); more than `limit` is an InvalidArgumentError. */
+  permits?: number;
 }
 
 export interface WithLockOptions extends AcquireOptions {
@@ -67,6 +69,10 @@ export declare class Lock {
   readonly ttlMs: number;
   /** 'read' or 'write' for a grant of a read/write lock, null for a plain lock's. */
   readonly mode: 'read' | 'write' | null;
+  /** The permits the grant holds (1 unless acquired with `permits`). */
+  readonly permits: number;
+  /** The grant's slots, one per permit, ascending; the first is `slot`. */
+  readonly slots: number[];
   lost: boolean;
   lostReason: string | null;
   /** Aborted, with a LockLostError as reason, the moment the grant is known lost. */

@@ -54,16 +54,45 @@ $steps{hold} = sub {
     return { status => $e->kind eq 'busy' ? 'BUSY' : 'TIMEOUT', holders => 0 + ($e->holders // 0) };
 };
 
-# Try once as read, write or plain; keep the grant (60 s lease).
-$steps{rw_hold} = sub {
-    my ($c, $name, $holder, $mode) = @_;
-    my $g = eval { $c->acquire($name, holder => $holder, ttl_ms => 60_000, ($mode eq 'plain' ? () : (mode => $mode))) };
-    return { status => 'ACQUIRED', grant_json($g), mode => $g->{mode} } if $g;
+# A try-once acquire kept (60 s lease): ACQUIRED with $out->($grant)'s
+# fields, BUSY, or the error.
+sub try_once {
+    my ($c, $name, $holder, $out, %opts) = @_;
+    my $g = eval { $c->acquire($name, holder => $holder, ttl_ms => 60_000, %opts) };
+    return { status => 'ACQUIRED', grant_json($g), $out->($g) } if $g;
     my $e = $@;
     die $e unless is_a($e, 'Tumbler::Error');
     return { status => $e->kind eq 'busy' ? 'BUSY' : 'TIMEOUT', holders => 0 + ($e->holders // 0) }
         if is_a($e, 'Tumbler::Error::NotAcquired');
     return { status => 'ERROR', code => $e->code, typed => ref $e, message => $e->message };
+}
+
+# Try once as read, write or plain; keep the grant (60 s lease).
+$steps{rw_hold} = sub {
+    my ($c, $name, $holder, $mode) = @_;
+    return try_once($c, $name, $holder, sub { (mode => $_[0]{mode}) }, ($mode eq 'plain' ? () : (mode => $mode)));
+};
+
+sub weights { my $g = shift; (permits => 0 + $g->{permits}, slots => [ map { 0 + $_ } @{ $g->{slots} } ]) }
+
+# Try once for PERMITS of LIMIT; keep the grant (60 s lease).
+$steps{weighted_hold} = sub {
+    my ($c, $name, $holder, $limit, $permits) = @_;
+    return try_once($c, $name, $holder, \&weights, limit => $limit, permits => $permits);
+};
+
+# Wait for PERMITS of LIMIT, extend, hold a while, release.
+$steps{weighted_wait} = sub {
+    my ($c, $name, $holder, $limit, $permits, $wait_ms, $hold_ms) = @_;
+    my $lock = $c->lock($name, holder => $holder, limit => $limit, permits => $permits, wait_ms => $wait_ms,
+        ttl_ms => 60_000);
+    my %out = (grant_json($lock), weights($lock->grant));
+    $lock->extend;
+    $out{extended} = { weights($lock->grant) };
+    Time::HiRes::sleep($hold_ms / 1000);
+    $out{released_at_ms} = now_ms();
+    undef $lock;   # the guard releases here
+    return \%out;
 };
 
 # Wait in a mode, hold a while, release.

@@ -121,4 +121,23 @@ sub run_as_leader {
     check('leader election: nobody leads after resign', !defined $admin->leader('pl.scheduler'));
 }
 
+{   # A big export takes 3 of 10 permits, small ones share the rest; 11 of 10 is refused naming permits.
+    my $big = $admin->lock('pl-exports', limit => 10, permits => 3, ttl_ms => 5_000);
+    check('weighted permits: a big job holds 3 of 10, one slot per permit',
+        $big->permits == 3 && "@{[ $big->slots ]}" eq '1 2 3', [ $big->slots ]);
+    my @small = map { $admin->lock('pl-exports', limit => 10, ttl_ms => 5_000) } 1 .. 7;
+    check('weighted permits: seven small jobs take the other slots, 4..10',
+        join(' ', sort { $a <=> $b } map { $_->slot } @small) eq '4 5 6 7 8 9 10'
+            && !grep { $_->permits != 1 } @small);
+    check('weighted permits: inspect counts 10 permits in use',
+        $admin->inspect('pl-exports')->{permits_in_use} == 10);
+    check('weighted permits: an 11th permit is busy',
+        !eval { $admin->acquire('pl-exports', limit => 10); 1 } && $@->isa('Tumbler::Error::NotAcquired'));
+    check('weighted permits: extended, the big job keeps its 3 slots', "@{[ $big->extend->slots ]}" eq '1 2 3');
+    my $refused = eval { $admin->acquire('pl-exports', limit => 10, permits => 11); 1 } ? undef : $@;
+    check('weighted permits: 11 of 10 dies Tumbler::Error::InvalidArgument with the server\'s message',
+        $refused && $refused->isa('Tumbler::Error::InvalidArgument') && $refused->message =~ /^permits/,
+        $refused && $refused->message);
+}   # every guard releases here
+
 print JSON::PP->new->canonical->encode({ checks => \@checks }), "\n";

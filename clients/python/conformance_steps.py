@@ -47,14 +47,39 @@ def wait(client, name, holder, wait_ms, hold_ms):  # wait, hold a while, release
     return out
 
 
-def rw_hold(client, name, holder, mode):  # try once as "read", "write" or "plain"; keep the grant (60 s lease)
+def try_once(acquire, out):  # a try-once acquire kept (60 s lease): ACQUIRED with out(lock), BUSY, or the error
     try:
-        lock = client.acquire(name, holder, ttl_ms=60000, mode=None if mode == "plain" else mode)
-        return {"status": "ACQUIRED", **grant_json(lock), "mode": lock.mode}
+        lock = acquire()
+        return {"status": "ACQUIRED", **grant_json(lock), **out(lock)}
     except tc.NotAcquired as e:
         return {"status": "BUSY" if e.busy else "TIMEOUT", "holders": e.response.holders}
     except tc.TumblerError as e:
         return {"status": "ERROR", "code": e.code.name, "typed": type(e).__name__, "message": e.details}
+
+
+def rw_hold(client, name, holder, mode):  # try once as "read", "write" or "plain"; keep the grant (60 s lease)
+    return try_once(lambda: client.acquire(name, holder, ttl_ms=60000, mode=None if mode == "plain" else mode),
+                    lambda lock: {"mode": lock.mode})
+
+
+def weights(lock):
+    return {"permits": lock.permits, "slots": lock.slots}
+
+
+def weighted_hold(client, name, holder, limit, permits):  # try once for PERMITS of LIMIT; keep the grant
+    return try_once(lambda: client.acquire(name, holder, ttl_ms=60000, limit=int(limit), permits=int(permits)),
+                    weights)
+
+
+def weighted_wait(client, name, holder, limit, permits, wait_ms, hold_ms):  # wait, extend, hold a while, release
+    with client.lock(name, holder, wait_ms=int(wait_ms), ttl_ms=60000, limit=int(limit),
+                     permits=int(permits)) as lock:
+        out = {**grant_json(lock), **weights(lock)}
+        lock.extend()
+        out["extended"] = weights(lock)
+        time.sleep(int(hold_ms) / 1000)
+        out["released_at_ms"] = now_ms()
+    return out
 
 
 def rw_wait(client, name, holder, mode, wait_ms, hold_ms):  # wait in a mode, hold a while, release
@@ -244,7 +269,9 @@ def _until_elected(observer, stop_candidate, changes, out):
         yield seen
 
 
-SYNC = {"hold": hold, "release": release, "wait": wait, "rw_hold": rw_hold, "rw_wait": rw_wait, "scoped": scoped, "inspect": inspect, "invalid": invalid,
+SYNC = {"hold": hold, "release": release, "wait": wait, "rw_hold": rw_hold, "rw_wait": rw_wait,
+        "weighted_hold": weighted_hold, "weighted_wait": weighted_wait, "scoped": scoped, "inspect": inspect,
+        "invalid": invalid,
         "keep": keep, "crash": crash, "lost": lost, "restart": restart, "campaign": campaign, "leader": leader,
         "observe": observe}
 ASYNC = {"lost-async": lost_async, "cancel-async": cancel_async}

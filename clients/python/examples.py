@@ -78,6 +78,40 @@ def election_checks(client, check):
     check("leader election: nobody leads after resign", client.leader("py.scheduler") is None)
 
 
+def weighted_checks(client, check):
+    """A big job takes 3 of 10 permits, small ones share the rest; 11 of 10 is refused naming permits."""
+    with client.lock("py.exports", limit=10, permits=3, ttl_ms=600) as big:
+        time.sleep(0.5)  # near the end of the lease: the watchdog has renewed it by now
+        check("weighted permits: a big job holds 3 of 10, one slot per permit, kept across renewals",
+              big.permits == 3 and big.slots == [1, 2, 3], big.slots)
+        small = [client.acquire("py.exports", limit=10, ttl_ms=5000) for _ in range(7)]
+        check("weighted permits: seven small jobs take the other slots, 4..10", sorted(s.slot for s in small) ==
+              list(range(4, 11)) and all(s.permits == 1 and s.slots == [s.slot] for s in small))
+        check("weighted permits: inspect counts 10 permits in use", client.inspect("py.exports").permits_in_use == 10)
+        try:
+            client.acquire("py.exports", limit=10)
+            busy = False
+        except tc.LockBusy:
+            busy = True
+        check("weighted permits: an 11th permit is busy", busy)
+        for lock in small:
+            lock.release()
+    try:
+        client.acquire("py.exports", limit=10, permits=11)
+        refused = None
+    except tc.InvalidArgument as e:
+        refused = e.details
+    check("weighted permits: 11 of 10 raises InvalidArgument with the server's message",
+          refused and refused.startswith("permits"), refused)
+
+
+async def async_weighted_checks(addr, namespace, check):
+    async with tc.AsyncClient(addr, namespace=namespace) as client:
+        async with client.lock("py.async-exports", limit=4, permits=2) as pair:
+            check("weighted permits (asyncio): 2 of 4 permits, slots [1, 2]",
+                  pair.permits == 2 and pair.slots == [1, 2], pair.slots)
+
+
 async def async_election_checks(addr, namespace, check):
     async with tc.AsyncClient(addr, namespace=namespace) as client:
         leadership = await client.campaign("py.async-scheduler", value="a", ttl_ms=600)
@@ -138,6 +172,7 @@ def all_checks(client):
                         lambda *a: enqueue_unique(client, "py.Sync", [7], "job-9", 60000), unique_until="start")
     check("unique jobs (until start): the same job can be enqueued again while it runs", inside)
     election_checks(client, check)
+    weighted_checks(client, check)
     return {"checks": checks}
 
 
@@ -150,6 +185,7 @@ def main(addr, namespace, cmd, *rest):
             out["checks"].append({"what": what, "ok": bool(ok), "detail": detail})
 
         asyncio.run(async_election_checks(addr, namespace, check))
+        asyncio.run(async_weighted_checks(addr, namespace, check))
         return out
     if cmd == "enqueue":
         job_class, args, job_id, window = rest[0], json.loads(rest[1]), rest[2], int(rest[3])

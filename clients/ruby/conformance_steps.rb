@@ -39,14 +39,38 @@ module Steps
     { status: e.busy? ? 'BUSY' : 'TIMEOUT', holders: e.response.holders }
   end
 
-  # Try once as read, write or plain; keep the grant (60 s lease).
-  def rw_hold(c, name, holder, mode)
-    lock = c.acquire(name, holder: holder, ttl_ms: 60_000, mode: mode == 'plain' ? nil : mode)
-    { status: 'ACQUIRED', **grant_json(lock), mode: lock.mode }
+  # A try-once acquire kept (60 s lease): ACQUIRED with the block's fields, BUSY, or the error.
+  def try_once(c, name, holder, **options)
+    lock = c.acquire(name, holder: holder, ttl_ms: 60_000, **options)
+    { status: 'ACQUIRED', **grant_json(lock), **yield(lock) }
   rescue Tumbler::NotAcquired => e
     { status: e.busy? ? 'BUSY' : 'TIMEOUT', holders: e.response.holders }
   rescue Tumbler::Error => e
     { status: 'ERROR', code: e.code, typed: e.class.name, message: e.details }
+  end
+
+  # Try once as read, write or plain; keep the grant (60 s lease).
+  def rw_hold(c, name, holder, mode)
+    try_once(c, name, holder, mode: mode == 'plain' ? nil : mode) { |lock| { mode: lock.mode } }
+  end
+
+  def weights(lock) = { permits: lock.permits, slots: lock.slots }
+
+  # Try once for PERMITS of LIMIT; keep the grant (60 s lease).
+  def weighted_hold(c, name, holder, limit, permits)
+    try_once(c, name, holder, limit: Integer(limit), permits: Integer(permits)) { |lock| weights(lock) }
+  end
+
+  # Wait for PERMITS of LIMIT, extend, hold a while, release.
+  def weighted_wait(c, name, holder, limit, permits, wait_ms, hold_ms)
+    c.lock(name, holder: holder, wait_ms: Integer(wait_ms), ttl_ms: 60_000, limit: Integer(limit),
+                 permits: Integer(permits)) do |lock|
+      out = { **grant_json(lock), **weights(lock) }
+      lock.extend_lease
+      out[:extended] = weights(lock)
+      sleep Integer(hold_ms) / 1000.0
+      out.merge(released_at_ms: now_ms)
+    end
   end
 
   # Wait in a mode, hold a while, release.

@@ -69,6 +69,37 @@ def election_checks(client, check)
   check.call('leader election: nobody leads after resign', client.leader('rb.scheduler').nil?)
 end
 
+# A big export takes 3 of 10 permits, small ones share the rest; 11 of 10
+# raises InvalidArgument with the server's message.
+def weighted_checks(client, check)
+  client.lock('rb.exports', limit: 10, permits: 3, ttl_ms: 600) do |big|
+    sleep 0.5 # near the end of the lease: the watchdog has renewed it by now
+    check.call('weighted permits: a big job holds 3 of 10, one slot per permit, kept across renewals',
+               big.permits == 3 && big.slots == [1, 2, 3])
+    small = Array.new(7) { client.acquire('rb.exports', limit: 10, ttl_ms: 5000) }
+    check.call('weighted permits: seven small jobs take the other slots, 4..10',
+               small.map(&:slot).sort == (4..10).to_a && small.all? { |l| l.permits == 1 && l.slots == [l.slot] })
+    check.call('weighted permits: inspect counts 10 permits in use',
+               client.inspect_lock('rb.exports').permits_in_use == 10)
+    busy = begin
+      client.acquire('rb.exports', limit: 10)
+      false
+    rescue Tumbler::Busy
+      true
+    end
+    check.call('weighted permits: an 11th permit is busy', busy)
+    small.each(&:release)
+  end
+  refused = begin
+    client.acquire('rb.exports', limit: 10, permits: 11)
+    nil
+  rescue Tumbler::InvalidArgument => e
+    e.details
+  end
+  check.call("weighted permits: 11 of 10 raises InvalidArgument with the server's message",
+             refused&.start_with?('permits'))
+end
+
 def all_checks(client)
   checks = []
   check = ->(what, ok) { checks << { what: what, ok: ok ? true : false } }
@@ -91,6 +122,7 @@ def all_checks(client)
   end
   check.call('unique jobs (until start): the same job can be enqueued again while it runs', again)
   election_checks(client, check)
+  weighted_checks(client, check)
   { checks: checks }
 end
 

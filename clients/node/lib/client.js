@@ -119,14 +119,15 @@ class Client {
     }
   }
 
-  // Take a permit, waiting up to waitMs in the server (0: try once).
+  // Take a permit (`permits`: that many of `limit` at once), waiting up to
+  // waitMs in the server (0: try once).
   // timeoutMs bounds the whole call, retries included (default waitMs + 5 s);
   // `signal` cancels the wait (the server drops the request at once).
   // Resolves to a Lock (no watchdog: see withLock / lock.keepAlive());
   // rejects with LockBusyError, LockTimeoutError, InvalidArgumentError,
   // PermissionDeniedError, UnavailableError, or the signal's reason.
   async acquire(name, { holder, waitMs = 0, timeoutMs, signal, limit, ttlMs, kind = '', metadata = {},
-    priority = 0, queueTtlMs, fair, mode, preferReaders = false } = {}) {
+    priority = 0, queueTtlMs, fair, mode, preferReaders = false, permits } = {}) {
     const lockMode = modeOf(mode);
     const who = holder || newHolder();
     const started = Date.now();
@@ -142,6 +143,7 @@ class Client {
       if (fair !== undefined) req.fair = fair;
       if (lockMode !== 'LOCK_MODE_UNSPECIFIED') req.mode = lockMode;
       if (preferReaders) req.preferReaders = true;
+      if (permits !== undefined) req.permits = permits;
       return req;
     };
     let resp;

@@ -23,6 +23,9 @@ class Lock {
   get ttlMs() { return Number(this.grant.ttlMs); }
   // 'read' or 'write' for a grant of a read/write lock, null for a plain lock's.
   get mode() { return { LOCK_MODE_READ: 'read', LOCK_MODE_WRITE: 'write' }[this.grant.mode] || null; }
+  // The permits the grant holds (1 unless acquired with `permits`), and its slots, one per permit.
+  get permits() { return Math.max(1, this.grant.permits || 0); }
+  get slots() { return this.grant.slots && this.grant.slots.length ? [...this.grant.slots] : [this.grant.slot]; }
   // Aborted (with a LockLostError as reason) the moment the grant is known lost.
   get signal() { return this.controller.signal; }
 

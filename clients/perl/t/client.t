@@ -201,4 +201,30 @@ subtest 'unavailable after the deadline' => sub {
     cmp_ok $took, '<', 2, 'and not much longer';
 };
 
+subtest 'weighted permits' => sub {
+    my $big = $client->acquire('pool', holder => 'big', limit => 5, permits => 3, ttl_ms => 5000);
+    is $big->{permits}, 3, 'a big job holds 3 of 5 permits';
+    is_deeply $big->{slots}, [1, 2, 3], '... one slot per permit';
+    is $big->{slot}, 1, '... slot is the first of them';
+    my $e = error_of { $other->acquire('pool', holder => 'other', limit => 5, permits => 3) };
+    isa_ok $e, 'Tumbler::Error::NotAcquired';
+    is $e->kind, 'busy', '3 more do not fit: busy';
+    is $e->holders, 3, '... with 3 permits in use';
+    my $small = $other->lock('pool', holder => 'small', limit => 5, permits => 2, ttl_ms => 5000);
+    is $small->permits, 2, '2 fit beside them (the guard)';
+    is_deeply [ $small->slots ], [4, 5], '... in slots 4 and 5';
+    is $client->inspect('pool')->{permits_in_use}, 5, 'inspect: 5 permits in use';
+    $small->extend;
+    is_deeply [ $small->permits, $small->slots ], [2, 4, 5], 'extended: the same permits and slots';
+    my $plain = $client->acquire('pool-plain', limit => 2, ttl_ms => 5000);
+    is_deeply [ $plain->{permits}, $plain->{slots} ], [1, [ $plain->{slot} ]], 'a plain grant: 1 permit, its slot';
+    $e = error_of { $client->acquire('pool', limit => 5, permits => 6) };
+    isa_ok $e, 'Tumbler::Error::InvalidArgument';
+    is $e->code, 'invalid_argument', '6 of 5: code invalid_argument';
+    like $e->message, qr/^permits/, '... with the server\'s message naming permits (' . $e->message . ')';
+    undef $small;
+    ok $client->release('pool', holder => 'big'), 'released';
+    $client->release('pool-plain', holder => $plain->{holder});
+};
+
 done_testing;

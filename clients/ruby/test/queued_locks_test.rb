@@ -16,15 +16,7 @@ module QueuedLocksServers
     attr_reader :addr, :redis_port
 
     def start
-      @redis_pid, @redis_port = TumblerTest.start_redis
-      @pid, port = TumblerTest.start_tumbler(@redis_port)
-      @addr = "127.0.0.1:#{port}"
-      Minitest.after_run { stop }
-    end
-
-    def stop
-      TumblerTest.stop(@pid)
-      TumblerTest.stop(@redis_pid)
+      @addr, @redis_port = TumblerTest.start_servers
     end
   end
 end

@@ -90,21 +90,18 @@ fn mode_json(lock: &Lock) -> Value {
     }
 }
 
-async fn rw_hold(c: &Client, a: &[String]) -> Out {
-    // NAME HOLDER read|write|plain: try once, keep the grant (60 s lease)
-    let request = c
-        .lock(&a[0])
-        .holder(&a[1])
-        .ttl(Duration::from_secs(60))
-        .watchdog(false);
-    match in_mode(request, &a[2]).acquire().await {
+/// A try-once acquire kept (60 s lease, no watchdog): ACQUIRED with
+/// `out(lock)`'s fields, BUSY, or the error.
+async fn try_once(request: LockRequest, out: fn(&Lock) -> Value) -> Out {
+    let request = request.ttl(Duration::from_secs(60)).watchdog(false);
+    match request.acquire().await {
         Ok(lock) => {
-            let out = with(
-                grant_json(&lock),
-                json!({"status": "ACQUIRED", "mode": mode_json(&lock)}),
+            let got = with(
+                with(grant_json(&lock), json!({"status": "ACQUIRED"})),
+                out(&lock),
             );
             lock.forget();
-            Ok(out)
+            Ok(got)
         }
         Err(Error::NotAcquired {
             reason, holders, ..
@@ -122,8 +119,53 @@ async fn rw_hold(c: &Client, a: &[String]) -> Out {
             "typed": "Error::Status",
             "message": status.message(),
         })),
+        Err(Error::InvalidArgument { message }) => Ok(json!({
+            "status": "ERROR",
+            "code": "InvalidArgument",
+            "typed": "Error::InvalidArgument",
+            "message": message,
+        })),
         Err(e) => Err(e),
     }
+}
+
+async fn rw_hold(c: &Client, a: &[String]) -> Out {
+    // NAME HOLDER read|write|plain: try once, keep the grant (60 s lease)
+    let request = in_mode(c.lock(&a[0]).holder(&a[1]), &a[2]);
+    try_once(request, |lock| json!({"mode": mode_json(lock)})).await
+}
+
+fn weights(lock: &Lock) -> Value {
+    json!({"permits": lock.permits(), "slots": lock.slots()})
+}
+
+async fn weighted_hold(c: &Client, a: &[String]) -> Out {
+    // NAME HOLDER LIMIT PERMITS: try once, keep the grant (60 s lease)
+    let request = c
+        .lock(&a[0])
+        .holder(&a[1])
+        .limit(num(&a[2]) as u32)
+        .permits(num(&a[3]) as u32);
+    try_once(request, weights).await
+}
+
+async fn weighted_wait(c: &Client, a: &[String]) -> Out {
+    // NAME HOLDER LIMIT PERMITS WAIT_MS HOLD_MS: wait, extend, hold a while, release
+    let hold_for = ms(&a[5]);
+    c.lock(&a[0])
+        .holder(&a[1])
+        .limit(num(&a[2]) as u32)
+        .permits(num(&a[3]) as u32)
+        .wait(ms(&a[4]))
+        .ttl(Duration::from_secs(60))
+        .run(async |lock| {
+            let out = with(grant_json(lock), weights(lock));
+            lock.extend(None).await?;
+            let out = with(out, json!({"extended": weights(lock)}));
+            tokio::time::sleep(hold_for).await;
+            Ok(with(out, json!({"released_at_ms": now_ms()})))
+        })
+        .await?
 }
 
 async fn rw_wait(c: &Client, a: &[String]) -> Out {
@@ -505,6 +547,8 @@ async fn main() {
                 "hold" => hold(&c, args).await,
                 "rw_hold" => rw_hold(&c, args).await,
                 "rw_wait" => rw_wait(&c, args).await,
+                "weighted_hold" => weighted_hold(&c, args).await,
+                "weighted_wait" => weighted_wait(&c, args).await,
                 "release" => release(&c, args).await,
                 "wait" => wait(&c, args).await,
                 "scoped" => scoped(&c, args).await,

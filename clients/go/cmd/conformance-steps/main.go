@@ -51,22 +51,24 @@ func with(out obj, kv ...interface{}) obj {
 }
 
 var steps = map[string]func(c *tumbler.Client, a []string) (obj, error){
-	"hold":     hold,
-	"rw_hold":  rwHold,
-	"rw_wait":  rwWait,
-	"release":  release,
-	"wait":     wait,
-	"scoped":   scoped,
-	"inspect":  inspect,
-	"invalid":  invalid,
-	"keep":     keep,
-	"crash":    crash,
-	"lost":     lost,
-	"cancel":   cancel,
-	"restart":  restart,
-	"campaign": campaign,
-	"leader":   leader,
-	"observe":  observe,
+	"hold":          hold,
+	"rw_hold":       rwHold,
+	"rw_wait":       rwWait,
+	"weighted_hold": weightedHold,
+	"weighted_wait": weightedWait,
+	"release":       release,
+	"wait":          wait,
+	"scoped":        scoped,
+	"inspect":       inspect,
+	"invalid":       invalid,
+	"keep":          keep,
+	"crash":         crash,
+	"lost":          lost,
+	"cancel":        cancel,
+	"restart":       restart,
+	"campaign":      campaign,
+	"leader":        leader,
+	"observe":       observe,
 }
 
 func leadershipJSON(l *pb.Leadership) interface{} {
@@ -207,8 +209,8 @@ func modeName(l *tumbler.Lock) interface{} {
 	return nil
 }
 
-func rwHold(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER read|write|plain: try once, keep the grant
-	l, err := c.Acquire(context.Background(), a[0], tumbler.AcquireOptions{Holder: a[1], TTLMs: 60000, Mode: modeOf(a[2])})
+// tryOnce reports a try-once acquire kept (60 s lease): ACQUIRED with out(l), BUSY, or the error.
+func tryOnce(l *tumbler.Lock, err error, out func(l *tumbler.Lock) obj) (obj, error) {
 	var na *tumbler.NotAcquiredError
 	var te *tumbler.Error
 	if errors.As(err, &na) {
@@ -222,7 +224,44 @@ func rwHold(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER read|wr
 	} else if err != nil {
 		return nil, err
 	}
-	return with(grantJSON(l), "status", "ACQUIRED", "mode", modeName(l)), nil
+	res := with(grantJSON(l), "status", "ACQUIRED")
+	for k, v := range out(l) {
+		res[k] = v
+	}
+	return res, nil
+}
+
+func rwHold(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER read|write|plain: try once, keep the grant
+	l, err := c.Acquire(context.Background(), a[0], tumbler.AcquireOptions{Holder: a[1], TTLMs: 60000, Mode: modeOf(a[2])})
+	return tryOnce(l, err, func(l *tumbler.Lock) obj { return obj{"mode": modeName(l)} })
+}
+
+func weights(l *tumbler.Lock) obj { return obj{"permits": l.Permits(), "slots": l.Slots()} }
+
+func weightedHold(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER LIMIT PERMITS: try once, keep the grant
+	l, err := c.Acquire(context.Background(), a[0], tumbler.AcquireOptions{Holder: a[1], TTLMs: 60000,
+		Limit: uint32(atoi(a[2])), Permits: uint32(atoi(a[3]))})
+	return tryOnce(l, err, weights)
+}
+
+func weightedWait(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER LIMIT PERMITS WAIT_MS HOLD_MS
+	var out obj
+	err := c.WithLock(context.Background(), a[0], tumbler.AcquireOptions{Holder: a[1], WaitMs: atoi(a[4]),
+		TTLMs: 60000, Limit: uint32(atoi(a[2])), Permits: uint32(atoi(a[3]))},
+		func(ctx context.Context, l *tumbler.Lock) error {
+			out = grantJSON(l)
+			for k, v := range weights(l) {
+				out[k] = v
+			}
+			if err := l.Extend(ctx, 0); err != nil {
+				return err
+			}
+			out["extended"] = weights(l)
+			time.Sleep(time.Duration(atoi(a[5])) * time.Millisecond)
+			out["released_at_ms"] = nowMs()
+			return nil
+		})
+	return out, err
 }
 
 func rwWait(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER MODE WAIT_MS HOLD_MS

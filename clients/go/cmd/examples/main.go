@@ -7,8 +7,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,6 +132,47 @@ func slotWorkers(c *tumbler.Client) []check {
 	}
 }
 
+// weightedChecks: a big export takes 3 of 10 permits, small ones share the
+// rest; 11 of 10 is ErrInvalidArgument with the server's message.
+func weightedChecks(c *tumbler.Client) []check {
+	var checks []check
+	add := func(what string, ok bool, detail interface{}) { checks = append(checks, check{what, ok, detail}) }
+	ctx := context.Background()
+	err := c.WithLock(ctx, "go.exports", tumbler.AcquireOptions{Limit: 10, Permits: 3, TTLMs: 600},
+		func(ctx context.Context, big *tumbler.Lock) error {
+			time.Sleep(500 * time.Millisecond) // near the end of the lease: the watchdog has renewed it by now
+			add("weighted permits: a big job holds 3 of 10, one slot per permit, kept across renewals",
+				big.Permits() == 3 && fmt.Sprint(big.Slots()) == "[1 2 3]", big.Slots())
+			var slots []uint32
+			for i := 0; i < 7; i++ {
+				small, err := c.Acquire(ctx, "go.exports", tumbler.AcquireOptions{Limit: 10, TTLMs: 5000})
+				if err != nil {
+					return err
+				}
+				defer small.Release(ctx)
+				if small.Permits() == 1 && len(small.Slots()) == 1 {
+					slots = append(slots, small.Slot())
+				}
+			}
+			sort.Slice(slots, func(i, j int) bool { return slots[i] < slots[j] })
+			add("weighted permits: seven small jobs take the other slots, 4..10",
+				fmt.Sprint(slots) == "[4 5 6 7 8 9 10]", slots)
+			info, err := c.Inspect(ctx, "go.exports")
+			add("weighted permits: inspect counts 10 permits in use", err == nil && info.PermitsInUse == 10,
+				fmt.Sprint(info.GetPermitsInUse(), err))
+			_, err = c.Acquire(ctx, "go.exports", tumbler.AcquireOptions{Limit: 10})
+			add("weighted permits: an 11th permit is busy", errors.Is(err, tumbler.ErrBusy), fmt.Sprint(err))
+			return nil
+		})
+	add("weighted permits: the big job ran", err == nil, fmt.Sprint(err))
+	_, err = c.Acquire(ctx, "go.exports", tumbler.AcquireOptions{Limit: 10, Permits: 11})
+	var te *tumbler.Error
+	add("weighted permits: 11 of 10 is ErrInvalidArgument with the server's message",
+		errors.Is(err, tumbler.ErrInvalidArgument) && errors.As(err, &te) && strings.HasPrefix(te.Message, "permits"),
+		fmt.Sprint(err))
+	return checks
+}
+
 func main() {
 	c, err := tumbler.Dial(os.Args[1])
 	if err != nil {
@@ -137,6 +181,7 @@ func main() {
 	}
 	defer c.Close()
 	c.Namespace = os.Args[2]
-	b, _ := json.Marshal(map[string]interface{}{"checks": append(slotWorkers(c), electionChecks(c)...)})
+	checks := append(append(slotWorkers(c), electionChecks(c)...), weightedChecks(c)...)
+	b, _ := json.Marshal(map[string]interface{}{"checks": checks})
 	fmt.Println(string(b))
 }

@@ -30,6 +30,7 @@ my %FIELDS = (
     fair          => [ fair         => 'bool' ],
     mode          => [ mode         => 'mode' ],
     prefer_readers => [ preferReaders => 'bool' ],
+    permits       => [ permits      => 'u32' ],
     fencing_token => [ fencingToken => 'u64' ],
     max_entries   => [ maxEntries   => 'u32' ],
     prefix        => [ prefix       => 'str' ],
@@ -50,7 +51,8 @@ my %MODE = (read => 'LOCK_MODE_READ', write => 'LOCK_MODE_WRITE',
             lock_mode_read => 'LOCK_MODE_READ', lock_mode_write => 'LOCK_MODE_WRITE');
 
 my %ALLOWED = (
-    Acquire => [qw(namespace holder ttl_ms wait_ms queue_ttl_ms limit kind metadata priority fair mode prefer_readers)],
+    Acquire => [qw(namespace holder ttl_ms wait_ms queue_ttl_ms limit kind metadata priority fair mode prefer_readers
+                   permits)],
     Release => [qw(namespace holder fencing_token)],
     Extend  => [qw(namespace holder ttl_ms fencing_token)],
     Inspect => [qw(namespace)],
@@ -243,6 +245,17 @@ sub _mode_name {
     return $mode eq 'LOCK_MODE_READ' ? 'read' : $mode eq 'LOCK_MODE_WRITE' ? 'write' : undef;
 }
 
+# A grant as the caller sees it: its mode named, its permits (1 unless
+# more were asked) and its slots, one per permit (proto3 JSON leaves out
+# what is zero or empty).
+sub _grant {
+    my $grant = shift;
+    $grant->{mode} = _mode_name($grant->{mode});
+    $grant->{permits} = 0 + ($grant->{permits} || 1);
+    $grant->{slots} = [ defined $grant->{slot} ? $grant->{slot} : () ] unless @{ $grant->{slots} // [] };
+    return $grant;
+}
+
 sub _name {
     my $name = shift;
     Carp::croak('a lock name is required') unless defined $name;
@@ -261,9 +274,8 @@ sub acquire {
         timeout => $timeout + $wait));
     my $status = $res->{status} // '';
     if ($status eq 'ACQUIRE_STATUS_ACQUIRED' || $status eq 'ACQUIRE_STATUS_ALREADY_HELD') {
-        my $grant = $res->{grant};
+        my $grant = _grant($res->{grant});
         $grant->{status} = $status eq 'ACQUIRE_STATUS_ACQUIRED' ? 'acquired' : 'already_held';
-        $grant->{mode} = _mode_name($grant->{mode});
         $grant->{name} = $name;
         $grant->{namespace} = $opts{namespace} // $self->{namespace};
         return $grant;
@@ -295,9 +307,7 @@ sub extend {
     my $res = _snake($self->call('Extend', $self->_body('Extend', { name => _name($name) }, \%opts),
         (defined $opts{timeout} ? (timeout => $opts{timeout}) : ())));
     if (($res->{status} // '') eq 'EXTEND_STATUS_EXTENDED') {
-        my $grant = $res->{grant};
-        $grant->{mode} = _mode_name($grant->{mode}) if exists $grant->{mode};
-        return $grant;
+        return _grant($res->{grant});
     }
     die Tumbler::Error::NotHeld->new(
         kind => 'not_held', code => 'not_held', method => 'Extend',
@@ -478,9 +488,9 @@ candidate and term; C<observe($name, $code)> calls C<$code> with each leader
 change until it returns false.
 
 C<acquire($name, %opts)> (holder, ttl_ms, wait_ms, queue_ttl_ms, limit,
-kind, metadata, priority, fair, mode, prefer_readers, namespace, timeout)
-returns the grant as a hash (holder, fencing_token, slot, expires_at_ms,
-ttl_ms, kind, metadata, mode, status C<acquired> or C<already_held>) or dies
+kind, metadata, priority, fair, mode, prefer_readers, permits, namespace,
+timeout) returns the grant as a hash (holder, fencing_token, slot, slots,
+permits, expires_at_ms, ttl_ms, kind, metadata, mode, status C<acquired> or C<already_held>) or dies
 C<Tumbler::Error::NotAcquired> (kind C<busy>, or C<timeout> after
 wait_ms). Without a holder the client makes one, and retries of an
 unavailable server send that same holder, so a retry never takes a second
@@ -490,7 +500,12 @@ one writer, never both; the grant's C<mode> is C<read> or C<write> (undef
 for a plain lock). C<prefer_readers =E<gt> 1> lets a reader pass writers
 that wait. An upgrade (a reader asking C<write>) and a plain acquire of a
 held read/write lock die C<Tumbler::Error::InvalidArgument> with code
-C<failed_precondition>.
+C<failed_precondition>. C<permits =E<gt> $k> takes k of the C<limit> at
+once (golang's C<semaphore.Weighted>); the grant's C<permits> is how many
+it holds (1 unless asked more) and C<slots> its slots, one per permit
+(an array). More than the limit, or with a C<mode>, dies
+C<Tumbler::Error::InvalidArgument> with the server's message
+(C<permits: ...>).
 
 C<release($name, holder =E<gt> ..., fencing_token =E<gt> ...)> returns true
 if released, false if not held. C<extend($name, holder =E<gt> ..., ttl_ms

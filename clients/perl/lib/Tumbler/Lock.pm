@@ -35,6 +35,10 @@ sub slot          { $_[0]{grant}{slot} }
 sub grant         { $_[0]{grant} }
 # read or write for a grant of a read/write lock, undef for a plain lock's.
 sub mode          { $_[0]{grant}{mode} }
+# The permits the grant holds (1 unless acquired with permits => k), and
+# its slots, one per permit, ascending (a list).
+sub permits       { $_[0]{grant}{permits} }
+sub slots         { @{ $_[0]{grant}{slots} } }
 sub released      { $_[0]{released} }
 
 # Why the lock is lost (undef while it is not): the lease ran out before a

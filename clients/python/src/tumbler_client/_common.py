@@ -62,10 +62,21 @@ def mode_name(mode):
 
 
 def acquire_request(namespace, name, holder, wait_ms, limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair,
-                    mode=None, prefer_readers=False):
+                    mode=None, prefer_readers=False, permits=None):
     return pb.AcquireRequest(namespace=namespace, name=name, holder=holder, limit=limit, ttl_ms=ttl_ms,
                              kind=kind, metadata=metadata or {}, wait_ms=wait_ms, queue_ttl_ms=queue_ttl_ms,
-                             priority=priority, fair=fair, mode=lock_mode(mode), prefer_readers=prefer_readers)
+                             priority=priority, fair=fair, mode=lock_mode(mode), prefer_readers=prefer_readers,
+                             permits=permits)
+
+
+def grant_permits(grant):
+    """The permits a grant holds: 1 unless its Acquire asked more."""
+    return max(1, grant.permits)
+
+
+def grant_slots(grant):
+    """A grant's slots, one per permit, ascending (``[slot]`` for a one-permit grant)."""
+    return list(grant.slots) or [grant.slot]
 
 
 def remaining_wait_ms(request_wait_ms, started, deadline):

@@ -33,6 +33,9 @@ class AsyncLock:
     ttl_ms = property(lambda self: self.grant.ttl_ms)
     # "read" or "write" for a grant of a read/write lock, None for a plain lock's.
     mode = property(lambda self: c.mode_name(self.grant.mode))
+    # The permits the grant holds (1 unless acquired with ``permits=k``), and its slots, one per permit.
+    permits = property(lambda self: c.grant_permits(self.grant))
+    slots = property(lambda self: c.grant_slots(self.grant))
 
     async def extend(self, ttl_ms=None):
         """Reset the lease to ``ttl_ms`` from now (default: the grant's ttl). Raises LockLost."""
@@ -178,7 +181,8 @@ class AsyncClient:
                 attempt += 1
 
     async def acquire(self, name, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
-                      metadata=None, priority=0, queue_ttl_ms=None, fair=None, mode=None, prefer_readers=False):
+                      metadata=None, priority=0, queue_ttl_ms=None, fair=None, mode=None, prefer_readers=False,
+                      permits=None):
         """As ``Client.acquire``; cancelling the awaiting task cancels the wait in the server."""
         holder = holder or c.new_holder()
         started = time.monotonic()
@@ -189,7 +193,7 @@ class AsyncClient:
             sent[0] = time.monotonic()
             return c.acquire_request(self.namespace, name, holder, c.remaining_wait_ms(wait_ms, started, deadline),
                                      limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
-                                     prefer_readers)
+                                     prefer_readers, permits)
 
         try:
             resp = await self._call(self.stub.Acquire, request, deadline)

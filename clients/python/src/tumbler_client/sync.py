@@ -40,6 +40,9 @@ class Lock:
     ttl_ms = property(lambda self: self.grant.ttl_ms)
     # "read" or "write" for a grant of a read/write lock, None for a plain lock's.
     mode = property(lambda self: c.mode_name(self.grant.mode))
+    # The permits the grant holds (1 unless acquired with ``permits=k``), and its slots, one per permit.
+    permits = property(lambda self: c.grant_permits(self.grant))
+    slots = property(lambda self: c.grant_slots(self.grant))
 
     def extend(self, ttl_ms=None):
         """Reset the lease to ``ttl_ms`` from now (default: the grant's ttl). Raises LockLost."""
@@ -193,8 +196,9 @@ class Client:
                 attempt += 1
 
     def acquire(self, name, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
-                metadata=None, priority=0, queue_ttl_ms=None, fair=None, mode=None, prefer_readers=False):
-        """Take a permit, waiting up to ``wait_ms`` in the server (0: try once).
+                metadata=None, priority=0, queue_ttl_ms=None, fair=None, mode=None, prefer_readers=False,
+                permits=None):
+        """Take a permit, waiting up to ``wait_ms`` in the server (0: try once); ``permits=k`` takes k of ``limit``.
 
         ``timeout`` (s) bounds the whole call, retries included; default
         wait_ms plus 5 s. ``holder`` defaults to a fresh id made here.
@@ -210,7 +214,7 @@ class Client:
             sent[0] = time.monotonic()
             return c.acquire_request(self.namespace, name, holder, c.remaining_wait_ms(wait_ms, started, deadline),
                                      limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
-                                     prefer_readers)
+                                     prefer_readers, permits)
 
         try:
             resp = self._call(self.stub.Acquire, request, deadline)

@@ -62,20 +62,22 @@ module Tumbler
       end
     end
 
-    # Take a permit, waiting up to wait_ms in the server (0: try once).
+    # Take a permit (permits: k takes k of the limit at once), waiting up to
+    # wait_ms in the server (0: try once).
     # timeout (s) bounds the whole call, retries included (default wait_ms
     # plus 5 s); Timeout.timeout around it cancels the wait (the server drops
     # the request). Returns a Lock (no watchdog: see #lock / Lock#keep_alive);
     # raises Busy, LockTimeout, InvalidArgument, PermissionDenied, Unavailable.
     def acquire(name, holder: nil, wait_ms: 0, timeout: nil, limit: nil, ttl_ms: nil, kind: '',
-                metadata: {}, priority: 0, queue_ttl_ms: nil, fair: nil, mode: nil, prefer_readers: false)
+                metadata: {}, priority: 0, queue_ttl_ms: nil, fair: nil, mode: nil, prefer_readers: false,
+                permits: nil)
       holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder.empty?
       started = Client.now
       deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
       sent = started
       base = { namespace: namespace, name: name, holder: holder, kind: kind, metadata: metadata, priority: priority,
                limit: limit, ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms, fair: fair, mode: Client.lock_mode(mode),
-               prefer_readers: prefer_readers || nil }.compact
+               prefer_readers: prefer_readers || nil, permits: permits }.compact
       resp = begin
         call(:acquire, deadline: deadline) do
           sent = Client.now

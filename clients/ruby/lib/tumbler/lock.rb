@@ -30,6 +30,10 @@ module Tumbler
     def ttl_ms = grant.ttl_ms
     # :read or :write for a grant of a read/write lock, nil for a plain lock's.
     def mode = { LOCK_MODE_READ: :read, LOCK_MODE_WRITE: :write }[grant.mode]
+    # The permits the grant holds (1 unless acquired with permits: k), and
+    # its slots, one per permit, ascending.
+    def permits = [grant.permits, 1].max
+    def slots = grant.slots.empty? ? [grant.slot] : grant.slots.to_a
     def lost? = !@lost_reason.nil?
     def already_held? = @already_held
 

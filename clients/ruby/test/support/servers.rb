@@ -78,6 +78,18 @@ module TumblerTest
     [pid, port]
   end
 
+  # A redis-server and `tumbler serve` over it for one test file, both
+  # stopped after the run: [the server's address, the Redis port].
+  def start_servers
+    redis_pid, redis_port = start_redis
+    pid, port = start_tumbler(redis_port)
+    Minitest.after_run do
+      stop(pid)
+      stop(redis_pid)
+    end
+    ["127.0.0.1:#{port}", redis_port]
+  end
+
   # Stops a process this suite started, by its pid.
   def stop(pid, signal = 'TERM', timeout: 15)
     return unless pid
