@@ -219,16 +219,22 @@ fn main() {
                 cfg.reap = true;
             }
         }
-        "election" | "election-pause" | "long-election" => {
+        "election" | "election-pause" | "long-election" | "long-election-crash" => {
             // Two candidates campaign (fair, limit 1), proclaim, resign.
             cfg.election = true;
             cfg.extend = true;
-            cfg.faults.pause = u8::from(name != "election");
+            cfg.faults.pause = u8::from(name == "election-pause" || name == "long-election");
             if name.starts_with("long") {
+                // Two campaigns per candidate, the reaper, a pause (or a
+                // replica crash with a lost and a duplicated wake-up).
                 cfg.rounds = 2;
                 cfg.max_time = 6;
                 cfg.reap = true;
+            }
+            if name.ends_with("crash") {
                 cfg.faults.crash = 1;
+                cfg.faults.lose_wake = 1;
+                cfg.faults.duplicate_wake = 1;
             }
         }
         "prefer-readers" | "long-prefer-readers" => {
@@ -240,8 +246,8 @@ fn main() {
             cfg.rounds = std::env::var("ROUNDS").map_or(1, |w| w.parse().unwrap());
             cfg.limit = std::env::var("LIMIT").map_or(2, |w| w.parse().unwrap());
             if name.starts_with("long") {
+                // Two requests each, the reaper, the writer may downgrade.
                 cfg.rounds = 2;
-                cfg.max_time = 6;
                 cfg.reap = true;
                 cfg.downgrade = true;
             }

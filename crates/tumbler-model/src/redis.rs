@@ -7,12 +7,17 @@
 //!
 //! What is abstracted: one lock of one shard (so `clear`, `list` and the
 //! namespace lock limit are not modelled); slots (1..limit) are not kept,
-//! only how many grants there are; metadata, kinds and events are gone.
+//! only how many permits each grant holds (decision 75: one slot each);
+//! metadata (an election's value), kinds and events are gone.
 //! Time is a tick of the Redis clock (one millisecond); a fencing token is
 //! `tick * 1000 + k`, the Redis clock in microseconds (`next_token`).
 //! Read/write locks (decision 74) and the hand-over (decision 68) are in
 //! [`crate::hand_over`]: who fits, and what a call that frees a permit
 //! does with it.
+//!
+//! One file of ~620 lines on purpose: the functions side by side, each
+//! beside the others' steps as `lua/` has them beside `common.lua`, so a
+//! change to one step is compared with every function that takes it.
 
 use crate::hand_over::{Hand, Mode, Wake, hand_over};
 

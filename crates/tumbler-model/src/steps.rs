@@ -383,10 +383,10 @@ fn lapsed(s: &State, token: u32) -> bool {
 
 /// An extend or renewal of `token` moved its lease to `expires`.
 fn lease_moved(s: &mut State, token: u32, expires: u8) {
-    if let Some((t, e)) = &mut s.ghost.term {
-        if *t == token {
-            *e = expires;
-        }
+    if let Some((t, e)) = &mut s.ghost.term
+        && *t == token
+    {
+        *e = expires;
     }
 }
 
