@@ -306,7 +306,7 @@ impl Model for Config {
                     // delivered meanwhile is still its caller's.
                     cl.phase = Phase::Holding { token, until };
                     cl.writer = writer;
-                    s.told(token);
+                    s.told(self, token);
                 } else {
                     s.ghost.told_no[usize::from(c)] = req;
                     s.round_over(c, self);
@@ -323,7 +323,7 @@ impl Model for Config {
                 };
                 cl.writer = writer;
                 cl.wake = false;
-                s.told(token);
+                s.told(self, token);
             }
             Action::Downgrade(c) => {
                 let cl = s.client(c);

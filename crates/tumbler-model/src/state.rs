@@ -203,8 +203,12 @@ impl State {
         lock.is_some_and(|l| l.queue.iter().any(|w| w.deadline <= self.now))
     }
 
-    /// A client is told it holds the grant of `token` (its term).
-    pub(crate) fn told(&mut self, token: u32) {
+    /// A client is told it holds the grant of `token` (its term; kept for
+    /// an election only, so other configurations' states do not split).
+    pub(crate) fn told(&mut self, cfg: &Config, token: u32) {
+        if !cfg.election {
+            return;
+        }
         let g = &mut self.ghost;
         g.terms_fell |= token < g.told_max;
         g.told_max = g.told_max.max(token);

@@ -91,9 +91,12 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             if let Reply::Acquired { token, expires } = reply {
                 granted(cfg, s, c, token, req, expires);
                 let g = &mut s.ghost;
-                g.passed_big_head |= passing.0;
-                g.reader_passed_writer |= passing.1;
-                g.woken_reader_passed_writer |= passing.1 && was_queued;
+                // (Only a barging request passes: a fair one that is
+                // granted had nobody ahead.)
+                let barges = cfg.barges(c);
+                g.passed_big_head |= passing.0 && barges;
+                g.reader_passed_writer |= passing.1 && barges;
+                g.woken_reader_passed_writer |= passing.1 && barges && was_queued;
                 g.weighted_waiter_granted |= was_queued && cfg.weight(c) > 1;
             }
             publish(cfg, s, wake);
@@ -101,7 +104,7 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                 return;
             }
             if let Reply::Acquired { token, .. } | Reply::Held { token, .. } = reply {
-                s.told(token);
+                s.told(cfg, token);
             }
             let cl = &mut s.clients[ci];
             match reply {
@@ -397,7 +400,9 @@ fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8, expires: u8)
     if token <= g.max_token {
         g.token_went_back = true;
     }
-    g.term = Some((token, expires));
+    if cfg.election {
+        g.term = Some((token, expires));
+    }
     g.max_token = g.max_token.max(token);
     g.token_after_loss |= g.data_lost;
     if g.told_no[usize::from(c)] == req {
