@@ -7,7 +7,9 @@
 //! tick's calls run in its middle; leases and request TTLs are half a tick
 //! short of their ticks, so an expiry falls between ticks, never within
 //! one tick's calls. First increment: configurations without sessions or
-//! data loss; read/write locks (decision 74) with a downgrade.
+//! data loss; read/write locks (decision 74) with a downgrade and
+//! `prefer_readers`; weighted permits (decision 75), fair and barging; an
+//! election (decision 69): campaign, proclaim, resign.
 
 use crate::common::{redis_conn, start_redis};
 use std::collections::HashMap;
@@ -123,12 +125,21 @@ impl Replay {
     async fn call(&mut self, c: Id, call: Call, mode: Option<Mode>) -> redis::Value {
         let keys = lock_keys();
         let cfg = self.cfg.clone();
-        // A read/write request's flag comes first ('r', 'w': both fair).
-        let flags = |fair: bool| match mode {
-            Some(Mode::Read) => "r".to_string(),
-            Some(Mode::Write) => "w".to_string(),
-            None if fair => "f".to_string(),
-            None => String::new(),
+        // A read/write request's flag comes first ('r', 'w': both fair;
+        // 'R': a reader that prefers readers); then 'p<k>' for a request of
+        // k > 1 permits.
+        let flags = |fair: bool, permits: u8| {
+            let mut flags = match mode {
+                Some(Mode::Read) if fair => "r".to_string(),
+                Some(Mode::Read) => "R".to_string(),
+                Some(Mode::Write) => "w".to_string(),
+                None if fair => "f".to_string(),
+                None => String::new(),
+            };
+            if permits > 1 {
+                flags.push_str(&format!("p{permits}"));
+            }
+            flags
         };
         match call {
             Call::Acquire { req, answer_by, .. } => {
@@ -140,7 +151,7 @@ impl Replay {
                     a.limit.to_string(),
                     "default".into(),
                     String::new(),
-                    flags(a.fair),
+                    flags(a.fair, a.permits),
                     a.priority.to_string(),
                     "0".into(),
                 ];
@@ -167,7 +178,7 @@ impl Replay {
                     cfg.limit.to_string(),
                     "default".into(),
                     String::new(),
-                    flags(true),
+                    flags(true, 1),
                 ];
                 let f = self.scripts.acquire.clone();
                 self.fcall(&f, &keys, &args).await
@@ -186,6 +197,16 @@ impl Replay {
                     "0".into(),
                 ];
                 let f = self.scripts.extend.clone();
+                self.fcall(&f, &keys, &args).await
+            }
+            Call::Proclaim { token } => {
+                let args = vec![
+                    holder(c),
+                    self.real_token(token),
+                    "leader".into(),
+                    "0".into(),
+                ];
+                let f = self.scripts.proclaim.clone();
                 self.fcall(&f, &keys, &args).await
             }
             Call::Dequeue { req } => {
@@ -377,4 +398,100 @@ async fn read_write_model_paths_get_the_replies_the_model_expects() {
         assert!(seen.contains(&code), "no status {code} among {seen:?}");
     }
     assert!(seen.len() > 30, "only {} calls compared", seen.len());
+}
+
+/// Replays the checker's example of each property of `names` and random
+/// paths (seeds from `seed`) of `cfg`; the statuses compared.
+async fn examples_and_walks(cfg: &Config, names: &[&'static str], seed: u64) -> Vec<i64> {
+    let mut seen = Vec::new();
+    for name in names {
+        let path = trace::discovery(cfg, name).unwrap();
+        seen.extend(replay(cfg, &path).await);
+    }
+    for n in 0..4 {
+        let path = trace::random_walk(cfg, seed + n, 200);
+        seen.extend(replay(cfg, &path).await);
+    }
+    seen
+}
+
+/// Limit 3; clients asking 2, 1 and 2 permits; the one of 1 barging or not.
+fn weighted(barging: bool) -> Config {
+    Config {
+        clients: 3,
+        permits: vec![2, 1, 2],
+        barging: vec![false, barging, false],
+        ..Config::small(3)
+    }
+}
+
+#[tokio::test]
+async fn weighted_model_paths_get_the_replies_the_model_expects() {
+    use tumbler_model::properties::{
+        BARGER_PASSES_BIG_HEAD, BIG_HEAD_WAITS, WEIGHTED_WAITER_GRANTED,
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    // A big head waiting with a small fair request behind it, a waiter of
+    // two granted; then a barging request of one passing the big head.
+    let mut seen = examples_and_walks(
+        &weighted(false),
+        &[BIG_HEAD_WAITS, WEIGHTED_WAITER_GRANTED],
+        400,
+    )
+    .await;
+    seen.extend(examples_and_walks(&weighted(true), &[BARGER_PASSES_BIG_HEAD], 500).await);
+    for code in [1, 3] {
+        assert!(seen.contains(&code), "no status {code} among {seen:?}");
+    }
+    assert!(seen.len() > 30, "only {} calls compared", seen.len());
+}
+
+/// Two candidates of an election (a fair lock of limit 1) that extend,
+/// proclaim and resign; `pause`: one leader may pause past its lease.
+fn election(pause: u8) -> Config {
+    let mut cfg = Config {
+        election: true,
+        extend: true,
+        ..Config::small(1)
+    };
+    cfg.faults.pause = pause;
+    cfg
+}
+
+#[tokio::test]
+async fn election_model_paths_get_the_replies_the_model_expects() {
+    use tumbler_model::properties::{PROCLAIM_REFUSED, PROCLAIMED, WAITER_GRANTED};
+    let _turn = ONE_AT_A_TIME.lock().await;
+    // A proclaim applied, and a resign handing over to the next
+    // candidate; then a lapsed leader's proclaim refused (NOT_HELD).
+    let mut seen = examples_and_walks(&election(0), &[PROCLAIMED, WAITER_GRANTED], 600).await;
+    let refused = examples_and_walks(&election(1), &[PROCLAIM_REFUSED], 700).await;
+    assert!(refused.contains(&8), "no NOT_HELD among {refused:?}");
+    seen.extend(refused);
+    for code in [1, 3] {
+        assert!(seen.contains(&code), "no status {code} among {seen:?}");
+    }
+}
+
+/// A writer, a fair reader and a reader that prefers readers, of `limit`.
+fn prefer_readers(limit: u8) -> Config {
+    Config {
+        clients: 3,
+        modes: vec![Some(Mode::Write), Some(Mode::Read), Some(Mode::Read)],
+        barging: vec![false, false, true],
+        ..Config::small(limit)
+    }
+}
+
+#[tokio::test]
+async fn prefer_readers_model_paths_get_the_replies_the_model_expects() {
+    use tumbler_model::properties::{READER_PASSES_WRITER, WOKEN_READER_PASSES_WRITER};
+    let _turn = ONE_AT_A_TIME.lock().await;
+    // The preferring reader granted past a waiting writer, directly
+    // (limit 2) and after waiting in the queue itself (limit 1).
+    let mut seen = examples_and_walks(&prefer_readers(2), &[READER_PASSES_WRITER], 800).await;
+    seen.extend(examples_and_walks(&prefer_readers(1), &[WOKEN_READER_PASSES_WRITER], 900).await);
+    for code in [1, 3] {
+        assert!(seen.contains(&code), "no status {code} among {seen:?}");
+    }
 }

@@ -205,6 +205,52 @@ fn main() {
             cfg.ttl = std::env::var("TTL").map_or(2, |w| w.parse().unwrap());
             cfg.served_within = std::env::var("WITHIN").map_or(4, |w| w.parse().unwrap());
         }
+        "weighted" | "weighted-barging" | "long-weighted" => {
+            // Limit 3; clients ask 2, 1 and 2 permits (the one of 1 barges
+            // in `weighted-barging`).
+            cfg = Config::small(3);
+            cfg.clients = 3;
+            cfg.permits = vec![2, 1, 2];
+            cfg.barging = vec![false, name.ends_with("barging"), false];
+            if name.starts_with("long") {
+                cfg.barging = vec![false, true, false];
+                cfg.rounds = 2;
+                cfg.max_time = 6;
+                cfg.reap = true;
+            }
+        }
+        "election" | "election-pause" | "long-election" | "long-election-crash" => {
+            // Two candidates campaign (fair, limit 1), proclaim, resign.
+            cfg.election = true;
+            cfg.extend = true;
+            cfg.faults.pause = u8::from(name == "election-pause" || name == "long-election");
+            if name.starts_with("long") {
+                // Two campaigns per candidate, the reaper, a pause (or a
+                // replica crash with a lost and a duplicated wake-up).
+                cfg.rounds = 2;
+                cfg.max_time = 6;
+                cfg.reap = true;
+            }
+            if name.ends_with("crash") {
+                cfg.faults.crash = 1;
+                cfg.faults.lose_wake = 1;
+                cfg.faults.duplicate_wake = 1;
+            }
+        }
+        "prefer-readers" | "long-prefer-readers" => {
+            // A writer, a fair reader and a reader that prefers readers, limit 2.
+            cfg = Config::small(2);
+            cfg.clients = 3;
+            cfg.modes = vec![Some(Mode::Write), Some(Mode::Read), Some(Mode::Read)];
+            cfg.barging = vec![false, false, true];
+            cfg.rounds = std::env::var("ROUNDS").map_or(1, |w| w.parse().unwrap());
+            cfg.limit = std::env::var("LIMIT").map_or(2, |w| w.parse().unwrap());
+            if name.starts_with("long") {
+                // Two requests each (with the reaper and downgrades too it
+                // did not finish within 480 s).
+                cfg.rounds = 2;
+            }
+        }
         other => panic!("unknown configuration {other}"),
     }
     let start = Instant::now();

@@ -6,7 +6,12 @@
 //! permit is free" depends on the head's mode: a writer needs no grant
 //! held, a reader no writer and fewer than `limit` grants; the hand-over
 //! stops at a head that does not fit (golang's rule: a reader behind a
-//! waiting writer waits).
+//! waiting writer waits). With weighted permits (decision 75) "free"
+//! counts permits: a request of k fits while the permits in use and k stay
+//! within the limit, and a head of k that does not fit stops the hand-over
+//! too. A head that does not fit while some permits are free publishes a
+//! wake-up for the lock's barging waiters (a plain request with
+//! `fair = false`, a reader that prefers readers), which may take them.
 
 use crate::redis::{Grant, Id, Lock, next_token};
 
@@ -43,10 +48,14 @@ pub struct Handed {
 }
 
 /// What a call publishes: a wake-up for the head (its replica calls
-/// again) and the grants it handed over.
+/// again), one for the lock's barging waiters only (`<queue key>` with no
+/// id: the head does not fit, but free permits may suit them), and the
+/// grants it handed over. Every wake-up message wakes the lock's barging
+/// waiters too (the engine's `Waiters::wake`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Wake {
     pub wake: Option<Id>,
+    pub barging: bool,
     pub handed: Vec<Handed>,
 }
 
@@ -57,15 +66,26 @@ impl Wake {
 }
 
 impl Lock {
-    /// Permits a request of `mode` could take now (0 or 1 for a writer).
-    pub fn free(&self, mode: Option<Mode>) -> usize {
-        let room = usize::from(self.limit).saturating_sub(self.holders.len());
+    /// Permits in use (the header's `holders`: a grant of k counts k).
+    pub fn in_use(&self) -> u8 {
+        self.holders.iter().map(|g| g.permits).sum()
+    }
+
+    /// common.lua `room`: a writer needs no grant held; a reader no writer
+    /// and a free permit; a plain request of `k` permits `k` free ones.
+    pub fn room(&self, mode: Option<Mode>, k: u8) -> bool {
         match mode {
-            None => room,
-            Some(Mode::Write) => usize::from(self.holders.is_empty()),
-            Some(Mode::Read) if self.mode == Some(Mode::Write) => 0,
-            Some(Mode::Read) => room,
+            Some(Mode::Write) => self.holders.is_empty(),
+            _ => {
+                self.in_use() + k <= self.limit
+                    && (mode.is_none() || self.mode != Some(Mode::Write))
+            }
         }
+    }
+
+    /// common.lua `any_room`: room for a reader or a plain request of one.
+    pub fn any_room(&self) -> bool {
+        self.in_use() < self.limit && self.mode != Some(Mode::Write)
     }
 
     /// A read/write lock whose last grant went is held by nobody: its
@@ -77,14 +97,21 @@ impl Lock {
     }
 }
 
-/// common.lua `wake_eligible` and `hand_over`: while the head of the queue
-/// fits, a head whose record names no answer-by is woken (and the call
-/// stops there); otherwise it leaves the queue and, unless its caller is
-/// past its answer-by time, is granted with a fresh token.
+/// common.lua `wake_eligible` and `hand_over`: while a permit is free and
+/// the head of the queue fits, a head whose record names no answer-by is
+/// woken (and the call stops there); otherwise it leaves the queue and,
+/// unless its caller is past its answer-by time, is granted with a fresh
+/// token. A head that does not fit stops it; a writer waiting for
+/// readers, or a head of several permits, wakes the barging waiters.
 pub fn hand_over(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
     let mut out = Wake::none();
-    while let Some(head) = lock.queue.first() {
-        if lock.free(head.mode) == 0 {
+    while lock.any_room() {
+        let Some(head) = lock.queue.first() else {
+            break;
+        };
+        let k = if lock.limit > 1 { head.permits } else { 1 };
+        if !lock.room(head.mode, k) {
+            out.barging = lock.mode == Some(Mode::Read) || k > 1;
             break;
         }
         let Some(hand) = head.hand else {
@@ -103,6 +130,7 @@ pub fn hand_over(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
             expires,
             epoch: hand.epoch,
             handed: Some(w.req),
+            permits: k,
         });
         lock.holders.sort();
         if w.mode.is_some() {
@@ -139,6 +167,7 @@ mod tests {
             queue_ttl: Some(5),
             epoch: None,
             mode,
+            permits: 1,
             hand: None,
         }
     }

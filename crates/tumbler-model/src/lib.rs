@@ -8,16 +8,19 @@
 //! SAFETY.md at the repository's root maps each invariant to its argument,
 //! its property here and the tests that pin it.
 //!
-//! Read/write locks (invariant 13, decision 74) and the release's
-//! hand-over (decision 68) are modelled ([`hand_over`]), each behind a
-//! configuration option that is off by default.
+//! Read/write locks (invariant 13, decision 74) with `prefer_readers`,
+//! the release's hand-over (decision 68), weighted permits (invariant 14,
+//! decision 75) and election (invariant 12, decision 69: a campaign is a
+//! fair acquire of limit 1, `proclaim` and a resign pinned to the term)
+//! are modelled ([`hand_over`]), each behind a configuration option that
+//! is off by default.
 //!
-//! Not modelled yet (extension points): election, weighted permits and
-//! multi-locks; each will be a new `Data` method beside `acquire` (mirroring its Lua
-//! file), new `Call`/`Action` variants for its steps, and its invariant
-//! (12, 14, 15) as a new property in `properties::all`. Slots, `clear`, the
-//! namespace lock limit and metadata are left out: they decide no
-//! property here.
+//! Not modelled yet (extension point): multi-locks; a new `Data` method
+//! beside `acquire` (mirroring its Lua file), new `Call`/`Action` variants
+//! for its steps, and invariant 15 as a new property in
+//! `properties::all`. Slots, `clear`, the namespace lock limit and
+//! metadata (an election's value) are left out: they decide no property
+//! here.
 
 pub mod hand_over;
 pub mod model;
@@ -109,6 +112,17 @@ pub struct Config {
     /// waiting requests' records name their answer-by time, and the call
     /// that frees a permit grants the head and publishes the grant.
     pub hand_over: bool,
+    /// Per client: permits it asks (missing or 0: 1; decision 75).
+    pub permits: Vec<u8>,
+    /// Per client: its requests barge (a plain request with `fair =
+    /// false`; a reader: `prefer_readers`, flag `R`). Missing: as `fair`
+    /// says for a plain request, fair for a read/write one.
+    pub barging: Vec<bool>,
+    /// An election (decision 69): the lock (limit 1, fair) is campaigned
+    /// for; a leader that checked its lease writes with its term, then
+    /// proclaims (lua/proclaim.lua) and resigns (release pinned to the
+    /// term).
+    pub election: bool,
     pub faults: Faults,
 }
 
@@ -132,6 +146,9 @@ impl Config {
             modes: Vec::new(),
             downgrade: false,
             hand_over: false,
+            permits: Vec::new(),
+            barging: Vec::new(),
+            election: false,
             served_within: 0,
             end_awaits_renewals: true,
             retry_release: true,
@@ -148,6 +165,23 @@ impl Config {
     /// Client `c`'s mode (`None`: plain).
     pub fn mode(&self, c: Id) -> Option<Mode> {
         self.modes.get(usize::from(c)).copied().flatten()
+    }
+
+    /// Permits client `c` asks.
+    pub fn weight(&self, c: Id) -> u8 {
+        self.permits
+            .get(usize::from(c))
+            .copied()
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    /// Whether client `c`'s requests barge.
+    pub fn barges(&self, c: Id) -> bool {
+        match self.barging.get(usize::from(c)) {
+            Some(&b) => b,
+            None => self.mode(c).is_none() && !self.fair,
+        }
     }
 
     pub(crate) fn priority(&self, c: Id) -> u8 {
@@ -214,11 +248,12 @@ impl Config {
             ttl: self.ttl,
             answer_by,
             limit: self.limit,
-            fair: self.fair,
+            fair: !self.barges(c),
             priority: self.priority(c),
             queue_ttl: (self.wait > 0).then_some(self.queue_ttl),
             epoch: (epoch > 0).then_some(epoch),
             mode: self.mode(c),
+            permits: self.weight(c),
             hand: None,
         }
     }

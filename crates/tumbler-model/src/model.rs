@@ -47,6 +47,7 @@ pub enum Action {
     Acquire(Id),
     Release(Id),
     Extend(Id),
+    Proclaim(Id),
     Dequeue(Id),
     SessionEnd(Id),
     SessionClaim(Id),
@@ -189,6 +190,7 @@ impl Model for Config {
                 Some(Call::Acquire { .. } | Call::Downgrade { .. }) => out.push(Action::Acquire(c)),
                 Some(Call::Release { .. }) => out.push(Action::Release(c)),
                 Some(Call::Extend { .. }) => out.push(Action::Extend(c)),
+                Some(Call::Proclaim { .. }) => out.push(Action::Proclaim(c)),
                 Some(Call::Dequeue { .. }) => out.push(Action::Dequeue(c)),
                 Some(Call::SessionEnd { .. }) => out.push(Action::SessionEnd(c)),
                 Some(Call::SessionClaim) => out.push(Action::SessionClaim(c)),
@@ -304,6 +306,7 @@ impl Model for Config {
                     // delivered meanwhile is still its caller's.
                     cl.phase = Phase::Holding { token, until };
                     cl.writer = writer;
+                    s.told(self, token);
                 } else {
                     s.ghost.told_no[usize::from(c)] = req;
                     s.round_over(c, self);
@@ -320,6 +323,7 @@ impl Model for Config {
                 };
                 cl.writer = writer;
                 cl.wake = false;
+                s.told(self, token);
             }
             Action::Downgrade(c) => {
                 let cl = s.client(c);
@@ -347,8 +351,12 @@ impl Model for Config {
                 // A reader reads: only writers (and plain holders) write.
                 let reads = self.mode(c).is_some() && !cl.writer;
                 cl.phase = Phase::Idle;
+                // An election's leader proclaims under its term, then
+                // resigns.
                 cl.call = Some(if self.session(c) {
                     Call::SessionEnd { epoch, token }
+                } else if self.election {
+                    Call::Proclaim { token }
                 } else {
                     Call::Release { token, epoch: 0 }
                 });
@@ -373,6 +381,7 @@ impl Model for Config {
             Action::Acquire(c)
             | Action::Release(c)
             | Action::Extend(c)
+            | Action::Proclaim(c)
             | Action::Dequeue(c)
             | Action::SessionEnd(c)
             | Action::SessionClaim(c) => {

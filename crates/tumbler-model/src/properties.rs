@@ -47,6 +47,21 @@ pub const RW_EXCLUSION: &str = "a writer never shares the lock";
 /// the hand-over and a crash.
 pub const NO_HAND_TO_DEAD: &str = "the lock is never handed to a dead replica's waiter";
 
+/// Invariant 14: the permits of the grants clients believe valid never
+/// sum past the limit; nor do those of Redis' grants whose lease has not
+/// passed.
+pub const PERMITS_WITHIN_LIMIT: &str = "the permits of valid grants never sum past the limit";
+
+/// Invariant 12 (an election): at most one client believes it leads (its
+/// term valid by its own clock).
+pub const ONE_LEADER: &str = "at most one leader whose term is valid as it believes it";
+/// Invariant 12: no leader is told a term below one told earlier.
+pub const TERMS_RISE: &str = "an election's terms strictly rise";
+/// Invariant 12: a proclaim or a resign is applied only under the latest
+/// term, its lease not passed (a ghost check, against the terms granted,
+/// not the functions' own test).
+pub const NO_LAPSED_ACT: &str = "no proclaim or resign under a lapsed term";
+
 /// `sometimes` properties: the interesting states are reachable.
 pub const HELD: &str = "a lock is held";
 pub const FULL: &str = "every permit is taken";
@@ -67,18 +82,52 @@ pub const DOWNGRADE_SHARED: &str = "a downgraded writer shares with a reader";
 pub const READER_BEHIND_WRITER: &str = "a reader waits behind a waiting writer";
 /// Decision 68: a call that freed a permit granted it to the head.
 pub const HANDED: &str = "a grant is handed over";
+/// Weighted: a head of several permits waits though permits are free,
+/// with a smaller request waiting behind it (it fits only by barging).
+pub const BIG_HEAD_WAITS: &str = "a big head waits while permits are free";
+/// Weighted: a barging request takes free permits past a head that does
+/// not fit.
+pub const BARGER_PASSES_BIG_HEAD: &str = "a barging request passes a big head";
+/// Weighted: a waiter of several permits is granted after waiting.
+pub const WEIGHTED_WAITER_GRANTED: &str = "a waiter of several permits is granted";
+/// Election: a leader proclaimed; a lapsed leader's proclaim was refused.
+pub const PROCLAIMED: &str = "a leader proclaims";
+pub const PROCLAIM_REFUSED: &str = "a lapsed leader's proclaim is refused";
+/// prefer_readers: a barging reader is granted while a writer waits; and
+/// one that had itself waited in the queue (woken with the barging ones).
+pub const READER_PASSES_WRITER: &str = "a preferring reader passes a waiting writer";
+pub const WOKEN_READER_PASSES_WRITER: &str =
+    "a queued preferring reader, woken, passes a waiting writer";
 
-/// The clients acting on grants they believe valid (by their own clock).
-fn believing(s: &State) -> impl Iterator<Item = &Client> {
-    (s.clients.iter()).filter(|c| match c.phase {
+/// Whether a client acts on a grant it believes valid (by its own clock).
+fn believes(s: &State, c: &Client) -> bool {
+    match c.phase {
         Phase::Holding { until, .. } => s.now < until,
         Phase::Writing { .. } => true,
         _ => false,
-    })
+    }
+}
+
+/// The clients acting on grants they believe valid.
+fn believing(s: &State) -> impl Iterator<Item = &Client> {
+    s.clients.iter().filter(|c| believes(s, c))
 }
 
 fn believers(s: &State) -> usize {
     believing(s).count()
+}
+
+fn permits_within(m: &Config, s: &State) -> bool {
+    let believed: u32 = (s.clients.iter().enumerate())
+        .filter(|(_, c)| believes(s, c))
+        .map(|(i, _)| u32::from(m.weight(i as u8)))
+        .sum();
+    let live = (s.redis.lock.as_ref()).map_or(0, |l| {
+        (l.holders.iter().filter(|g| g.expires > s.now))
+            .map(|g| u32::from(g.permits))
+            .sum()
+    });
+    believed <= u32::from(m.limit) && live <= u32::from(m.limit)
 }
 
 fn rw_exclusive(s: &State) -> bool {
@@ -124,11 +173,19 @@ pub fn all() -> Vec<Property<Config>> {
         }),
         Property::always(RW_EXCLUSION, |_, s: &State| rw_exclusive(s)),
         Property::always(NO_HAND_TO_DEAD, |_, s: &State| !s.ghost.handed_to_dead),
+        Property::always(PERMITS_WITHIN_LIMIT, permits_within),
+        Property::always(ONE_LEADER, |m: &Config, s: &State| {
+            !m.election || believers(s) <= 1
+        }),
+        Property::always(TERMS_RISE, |m: &Config, s: &State| {
+            !m.election || !s.ghost.terms_fell
+        }),
+        Property::always(NO_LAPSED_ACT, |_, s: &State| !s.ghost.lapsed_act),
         Property::sometimes(HELD, |_, s: &State| {
             s.redis.lock.as_ref().is_some_and(|l| !l.holders.is_empty())
         }),
         Property::sometimes(FULL, |m: &Config, s: &State| {
-            (s.redis.lock.as_ref()).is_some_and(|l| l.holders.len() == usize::from(m.limit))
+            (s.redis.lock.as_ref()).is_some_and(|l| l.in_use() == m.limit)
         }),
         Property::sometimes(QUEUED, |_, s: &State| {
             s.redis.lock.as_ref().is_some_and(|l| !l.queue.is_empty())
@@ -165,5 +222,26 @@ pub fn all() -> Vec<Property<Config>> {
             })
         }),
         Property::sometimes(HANDED, |_, s: &State| s.ghost.handed),
+        Property::sometimes(BIG_HEAD_WAITS, |_, s: &State| {
+            s.redis.lock.as_ref().is_some_and(|l| {
+                let big =
+                    (l.queue.first()).is_some_and(|h| h.permits > 1 && !l.room(h.mode, h.permits));
+                big && l.any_room() && l.queue.len() > 1
+            })
+        }),
+        Property::sometimes(BARGER_PASSES_BIG_HEAD, |_, s: &State| {
+            s.ghost.passed_big_head
+        }),
+        Property::sometimes(WEIGHTED_WAITER_GRANTED, |_, s: &State| {
+            s.ghost.weighted_waiter_granted
+        }),
+        Property::sometimes(PROCLAIMED, |_, s: &State| s.ghost.proclaimed),
+        Property::sometimes(PROCLAIM_REFUSED, |_, s: &State| s.ghost.proclaim_refused),
+        Property::sometimes(READER_PASSES_WRITER, |_, s: &State| {
+            s.ghost.reader_passed_writer
+        }),
+        Property::sometimes(WOKEN_READER_PASSES_WRITER, |_, s: &State| {
+            s.ghost.woken_reader_passed_writer
+        }),
     ]
 }

@@ -7,12 +7,17 @@
 //!
 //! What is abstracted: one lock of one shard (so `clear`, `list` and the
 //! namespace lock limit are not modelled); slots (1..limit) are not kept,
-//! only how many grants there are; metadata, kinds and events are gone.
+//! only how many permits each grant holds (decision 75: one slot each);
+//! metadata (an election's value), kinds and events are gone.
 //! Time is a tick of the Redis clock (one millisecond); a fencing token is
 //! `tick * 1000 + k`, the Redis clock in microseconds (`next_token`).
 //! Read/write locks (decision 74) and the hand-over (decision 68) are in
 //! [`crate::hand_over`]: who fits, and what a call that frees a permit
 //! does with it.
+//!
+//! One file of ~620 lines on purpose: the functions side by side, each
+//! beside the others' steps as `lua/` has them beside `common.lua`, so a
+//! change to one step is compared with every function that takes it.
 
 use crate::hand_over::{Hand, Mode, Wake, hand_over};
 
@@ -37,6 +42,8 @@ pub struct Grant {
     /// answer claims it (HELD clears it): only that request's replica may
     /// give it back (release.lua `handed`).
     pub handed: Option<u8>,
+    /// Permits it holds (decision 75: its slot field names one slot each).
+    pub permits: u8,
 }
 
 /// A waiting request (the queue, deadlines and waiters keys together).
@@ -54,6 +61,8 @@ pub struct Waiter {
     pub mode: Option<Mode>,
     /// What a handed grant is made of; `None`: its replica calls again.
     pub hand: Option<Hand>,
+    /// Permits it asks (the record's fair field's digits, decision 75).
+    pub permits: u8,
 }
 
 /// The highest priority the model uses (the Lua's is 1000).
@@ -211,8 +220,11 @@ pub struct AcquireArgs {
     pub queue_ttl: Option<u8>,
     /// A session stream's epoch (flag `s<epoch>`).
     pub epoch: Option<u8>,
-    /// Read/write: READ or WRITE (flag `r`/`w`); `None`: a plain request.
+    /// Read/write: READ or WRITE (flag `r`/`w`, or `R`: a reader that
+    /// prefers readers, barging); `None`: a plain request.
     pub mode: Option<Mode>,
+    /// Permits asked (flag `p<k>` when k > 1; decision 75).
+    pub permits: u8,
     /// With the hand-over: what its record says (answer-by, replica).
     pub hand: Option<Hand>,
 }
@@ -308,10 +320,11 @@ impl Data {
         }
         // 7. Its place: fair requests go behind every live request of their
         //    priority or higher; barging ones do not (read/write requests
-        //    are fair: a reader behind a waiting writer waits).
-        let free = lock.free(a.mode);
+        //    are fair unless a reader prefers readers: a fair reader behind
+        //    a waiting writer waits).
+        let fits = lock.room(a.mode, a.permits);
         let queued = lock.queued(a.holder);
-        let ahead = match (a.fair || a.mode.is_some(), queued) {
+        let ahead = match (a.fair, queued) {
             (true, Some(i)) => i,
             (true, None) => {
                 let mine = PRIORITY_MAX - a.priority;
@@ -319,8 +332,8 @@ impl Data {
             }
             (false, _) => 0,
         };
-        // 8. A free permit and nobody ahead: grant with a fresh token.
-        if free > 0 && ahead == 0 {
+        // 8. Free permits enough and nobody ahead: grant with a fresh token.
+        if fits && ahead == 0 {
             if let Some(i) = queued {
                 lock.queue.remove(i);
             }
@@ -332,13 +345,14 @@ impl Data {
                 expires,
                 epoch: a.epoch.unwrap_or(0),
                 handed: None,
+                permits: a.permits,
             };
             lock.holders.push(grant);
             lock.holders.sort();
             lock.limit = a.limit;
             lock.mode = a.mode;
             // A permit left over goes to the next waiter in line.
-            let wake = if free > 1 || changed {
+            let wake = if lock.any_room() || changed {
                 hand_over(lock, fence, now)
             } else {
                 Wake::none()
@@ -361,9 +375,10 @@ impl Data {
                 w.deadline = deadline;
                 w.req = a.req;
                 w.hand = a.hand;
-                // A read/write request that keeps its place says what it
-                // asks now.
+                // A read/write or weighted request that keeps its place
+                // says what it asks now.
                 w.mode = a.mode;
+                w.permits = a.permits;
             }
             None => {
                 lock.arrivals += 1;
@@ -376,6 +391,7 @@ impl Data {
                     deadline,
                     mode: a.mode,
                     hand: a.hand,
+                    permits: a.permits,
                 });
                 lock.queue.sort();
             }
@@ -447,6 +463,30 @@ impl Data {
                 lock.holders[i].expires = now + ttl;
                 let reply = Reply::Ok { expires: now + ttl };
                 done(reply, &mut lock, fence, now, changed)
+            }
+            _ => done(Reply::NotHeld, &mut lock, fence, now, changed),
+        };
+        self.lock = settle(lock);
+        out
+    }
+
+    /// lua/proclaim.lua: the leader of an election (the holder, its term
+    /// the grant's token) replaces its value (not modelled: only whether
+    /// it is applied). The lease does not move.
+    pub fn proclaim(&mut self, now: u8, holder: Id, term: u32) -> Effects {
+        let Some(mut lock) = self.lock.take() else {
+            return answer(Reply::NotHeld);
+        };
+        let fence = &mut self.fence;
+        // 1. A lapsed lease goes first: its term is over.
+        let changed = lock.purge(now);
+        // 2. Only the live grant of this holder with exactly this term, on
+        //    a lock of limit 1.
+        let out = match lock.mine(holder) {
+            Some(i) if lock.holders[i].token == term && lock.limit == 1 => {
+                // 3–4. The value replaced; keys as they were.
+                let expires = lock.holders[i].expires;
+                done(Reply::Ok { expires }, &mut lock, fence, now, changed)
             }
             _ => done(Reply::NotHeld, &mut lock, fence, now, changed),
         };

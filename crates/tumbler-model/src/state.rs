@@ -52,6 +52,11 @@ pub enum Call {
         token: u32,
         sent: u8,
     },
+    /// An election's leader replaces its value under its term
+    /// (lua/proclaim.lua).
+    Proclaim {
+        token: u32,
+    },
     /// The request that leaves (finding 6: a place another request of the
     /// holder took over is left alone).
     Dequeue {
@@ -134,6 +139,26 @@ pub struct Ghost {
     /// A grant was handed to a request whose replica had died (nobody
     /// answers it or gives it back: it lasts its lease).
     pub handed_to_dead: bool,
+    /// Election: the latest term granted and its lease's end as Redis
+    /// set it (moved by an extend of that term).
+    pub term: Option<(u32, u8)>,
+    /// A proclaim or a resign was applied under a term that is not the
+    /// latest, or whose lease had passed.
+    pub lapsed_act: bool,
+    /// The highest term (token) a client was told it holds, and whether a
+    /// client was told a lower one after it.
+    pub told_max: u32,
+    pub terms_fell: bool,
+    pub proclaimed: bool,
+    pub proclaim_refused: bool,
+    /// Weighted: a barging request granted while a head that does not fit
+    /// waits; a waiter of several permits granted after waiting.
+    pub passed_big_head: bool,
+    pub weighted_waiter_granted: bool,
+    /// prefer_readers: a barging reader granted while a writer waits (and
+    /// one that had waited in the queue itself, woken).
+    pub reader_passed_writer: bool,
+    pub woken_reader_passed_writer: bool,
 }
 
 /// The whole system's state.
@@ -176,6 +201,17 @@ impl State {
     pub(crate) fn dead_waiters(&self) -> bool {
         let lock = self.redis.lock.as_ref();
         lock.is_some_and(|l| l.queue.iter().any(|w| w.deadline <= self.now))
+    }
+
+    /// A client is told it holds the grant of `token` (its term; kept for
+    /// an election only, so other configurations' states do not split).
+    pub(crate) fn told(&mut self, cfg: &Config, token: u32) {
+        if !cfg.election {
+            return;
+        }
+        let g = &mut self.ghost;
+        g.terms_fell |= token < g.told_max;
+        g.told_max = g.told_max.max(token);
     }
 
     /// The client's current request is over: another one, or done.

@@ -14,16 +14,20 @@ use crate::redis::{Effects, Id, Reply};
 /// grant (decision 68): the replica whose request it names delivers it to
 /// that request's RPC, or, the request being gone, gives it back; a dead
 /// replica does neither, and the grant lasts its lease.
+/// Any wake-up message wakes the lock's barging waiters too (they take
+/// whatever permits are free, whatever their place).
 pub(crate) fn publish(cfg: &Config, s: &mut State, wake: Wake) {
-    if let Some(c) = wake.wake {
+    let barging = wake.barging || wake.wake.is_some();
+    for c in 0..s.clients.len() as Id {
+        let named = wake.wake == Some(c) || (barging && cfg.barges(c));
         let alive = s.alive[usize::from(s.clients[usize::from(c)].replica)];
         let client = s.client(c);
-        if alive && matches!(client.phase, Phase::Waiting { .. }) {
+        if named && alive && matches!(client.phase, Phase::Waiting { .. }) {
             client.wake = true;
         }
     }
     for h in wake.handed {
-        granted(cfg, s, h.holder, h.token, h.req);
+        granted(cfg, s, h.holder, h.token, h.req, h.expires);
         s.ghost.handed = true;
         s.ghost.waiter_granted = true;
         if !s.alive[usize::from(h.via)] {
@@ -69,6 +73,7 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             let live_entry = (s.redis.lock.as_ref())
                 .is_some_and(|l| l.queue.iter().any(|w| w.id == c && w.deadline > now));
             let args = cfg.request_args(c, via, req, answer_by, epoch);
+            let passing = passing(s, c, args.mode);
             let Effects { reply, wake } = s.redis.acquire(now, args);
             // Its place in line: a waiter that stayed live keeps the one
             // its request got first (if Redis dropped it meanwhile, FIFO
@@ -83,12 +88,23 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
             if live {
                 s.ghost.arrival[ci].0 = req;
             }
-            if let Reply::Acquired { token, .. } = reply {
-                granted(cfg, s, c, token, req);
+            if let Reply::Acquired { token, expires } = reply {
+                granted(cfg, s, c, token, req, expires);
+                let g = &mut s.ghost;
+                // (Only a barging request passes: a fair one that is
+                // granted had nobody ahead.)
+                let barges = cfg.barges(c);
+                g.passed_big_head |= passing.0 && barges;
+                g.reader_passed_writer |= passing.1 && barges;
+                g.woken_reader_passed_writer |= passing.1 && barges && was_queued;
+                g.weighted_waiter_granted |= was_queued && cfg.weight(c) > 1;
             }
             publish(cfg, s, wake);
             if !live {
                 return;
+            }
+            if let Reply::Acquired { token, .. } | Reply::Held { token, .. } = reply {
+                s.told(cfg, token);
             }
             let cl = &mut s.clients[ci];
             match reply {
@@ -127,8 +143,8 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
         }
         Call::Downgrade { req, sent, epoch } => {
             let Effects { reply, wake } = s.redis.acquire(now, cfg.downgrade_args(c, 0, epoch));
-            if let Reply::Acquired { token, .. } = reply {
-                granted(cfg, s, c, token, req);
+            if let Reply::Acquired { token, expires } = reply {
+                granted(cfg, s, c, token, req, expires);
             }
             if let Reply::Downgraded { token, .. } = reply {
                 s.ghost.downgraded = Some(token);
@@ -156,7 +172,11 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
         }
         Call::Release { token, epoch } => {
             let epoch = (epoch > 0).then_some(epoch);
-            let Effects { wake, .. } = s.redis.release(now, c, token, epoch, None);
+            let Effects { reply, wake } = s.redis.release(now, c, token, epoch, None);
+            // An election's resign is a release pinned to the term.
+            if cfg.election && matches!(reply, Reply::Ok { .. }) {
+                s.ghost.lapsed_act |= lapsed(s, token);
+            }
             publish(cfg, s, wake);
             if live && !cfg.session(c) {
                 s.round_over(c, cfg);
@@ -166,6 +186,9 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
         }
         Call::Extend { token, sent } => {
             let Effects { reply, wake } = s.redis.extend(now, c, token, cfg.ttl, 0);
+            if let Reply::Ok { expires } = reply {
+                lease_moved(s, token, expires);
+            }
             publish(cfg, s, wake);
             if !live {
                 return;
@@ -179,6 +202,27 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                 }
                 (Reply::NotHeld, Phase::Holding { .. }) => s.round_over(c, cfg),
                 _ => {}
+            }
+        }
+        Call::Proclaim { token } => {
+            let Effects { reply, wake } = s.redis.proclaim(now, c, token);
+            if matches!(reply, Reply::Ok { .. }) {
+                s.ghost.lapsed_act |= lapsed(s, token);
+                s.ghost.proclaimed = true;
+            } else {
+                s.ghost.proclaim_refused = true;
+            }
+            publish(cfg, s, wake);
+            if !live {
+                return;
+            }
+            // Proclaimed: it resigns (a release pinned to its term); told
+            // it is no longer the leader: its campaign is over.
+            match reply {
+                Reply::Ok { .. } => {
+                    s.clients[ci].call = Some(Call::Release { token, epoch: 0 });
+                }
+                _ => s.round_over(c, cfg),
             }
         }
         Call::Dequeue { req } => {
@@ -284,6 +328,9 @@ pub(crate) fn run_beat(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
         }
         Call::Renew { token, sent, epoch } => {
             let Effects { reply, wake } = s.redis.renew(now, c, token, cfg.ttl, epoch);
+            if let Reply::Ok { expires } = reply {
+                lease_moved(s, token, expires);
+            }
             publish(cfg, s, wake);
             if matches!(reply, Reply::Ok { .. }) && s.ghost.session_over[ci] {
                 s.ghost.renewed_after_end = true;
@@ -314,11 +361,47 @@ pub(crate) fn run_beat(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
     }
 }
 
-/// A new grant: the ghost checks of fencing, FIFO and answer-by.
-fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8) {
+/// Whether a request of client `c` (of `mode`) would pass a waiting head:
+/// (a barging request, a head of several permits that does not fit; a
+/// barging reader, a writer waiting), judged on the lock as the call
+/// finds it once expired leases and dead waiters are gone.
+fn passing(s: &State, c: Id, mode: Option<Mode>) -> (bool, bool) {
+    let Some(mut lock) = s.redis.lock.clone() else {
+        return (false, false);
+    };
+    lock.purge(s.now);
+    let others = || lock.queue.iter().filter(|w| w.id != c);
+    let big_head = (lock.queue.first()).is_some_and(|h| {
+        h.id != c && h.permits > 1 && lock.limit > 1 && !lock.room(h.mode, h.permits)
+    });
+    let writer_waits = mode == Some(Mode::Read) && others().any(|w| w.mode == Some(Mode::Write));
+    (big_head, writer_waits)
+}
+
+/// Election: a term is lapsed unless it is the latest granted and its
+/// lease (as Redis set it) has not passed.
+fn lapsed(s: &State, token: u32) -> bool {
+    !matches!(s.ghost.term, Some((t, expires)) if t == token && expires > s.now)
+}
+
+/// An extend or renewal of `token` moved its lease to `expires`.
+fn lease_moved(s: &mut State, token: u32, expires: u8) {
+    if let Some((t, e)) = &mut s.ghost.term
+        && *t == token
+    {
+        *e = expires;
+    }
+}
+
+/// A new grant: the ghost checks of fencing, FIFO and answer-by, and the
+/// election's latest term.
+fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8, expires: u8) {
     let g = &mut s.ghost;
     if token <= g.max_token {
         g.token_went_back = true;
+    }
+    if cfg.election {
+        g.term = Some((token, expires));
     }
     g.max_token = g.max_token.max(token);
     g.token_after_loss |= g.data_lost;
@@ -329,6 +412,8 @@ fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8) {
     // or higher, is still waiting while this request is granted.
     // (The holder's place, whichever of its requests, live or orphaned,
     // is granted: the grant is the holder's.)
+    // A barging request (fair = false, prefer_readers) passes waiters by
+    // design: FIFO is among fair requests.
     let mine = g.arrival[usize::from(c)].1;
     for (i, other) in s.clients.iter().enumerate() {
         let (their_req, arrived) = g.arrival[i];
@@ -344,6 +429,7 @@ fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8) {
             && !served
             && matches!(other.phase, Phase::Waiting { answer_by, .. } if s.now <= answer_by);
         if i != usize::from(c)
+            && !cfg.barges(c)
             && live
             && arrived > 0
             && arrived < mine

@@ -43,6 +43,7 @@ pub fn function(call: &Call) -> &'static str {
         Call::Acquire { .. } | Call::Downgrade { .. } => "acquire",
         Call::Release { .. } | Call::GiveBack { .. } => "release",
         Call::Extend { .. } => "extend",
+        Call::Proclaim { .. } => "proclaim",
         Call::Dequeue { .. } => "dequeue",
         Call::SessionEnd { .. } => "session_end",
         Call::SessionClaim => "session_claim",
@@ -71,6 +72,7 @@ fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
         Call::Release { token, epoch } => data.release(now, c, token, some(epoch), None).reply,
         Call::GiveBack { req, token } => data.release(now, c, token, None, Some(req)).reply,
         Call::Extend { token, .. } => data.extend(now, c, token, cfg.ttl, 0).reply,
+        Call::Proclaim { token } => data.proclaim(now, c, token).reply,
         Call::Renew { token, epoch, .. } => data.renew(now, c, token, cfg.ttl, epoch).reply,
         _ => return None,
     })
@@ -87,6 +89,7 @@ pub fn trace(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<Step> {
             Action::Acquire(c)
             | Action::Release(c)
             | Action::Extend(c)
+            | Action::Proclaim(c)
             | Action::Dequeue(c)
             | Action::SessionEnd(c)
             | Action::SessionClaim(c)
