@@ -72,6 +72,7 @@ pub mod keys;
 mod libraries;
 mod lifecycle;
 mod locks;
+mod multi;
 pub mod names;
 pub mod ops;
 mod readiness;
@@ -103,6 +104,7 @@ use election::Election;
 use keys::Layout;
 use libraries::Libraries;
 use locks::{GrantRef, Locks};
+use multi::Multi;
 use ops::session_record::Touch;
 use reaper::Reaper;
 use renewer::Renewer;
@@ -135,6 +137,7 @@ pub struct LockEngine {
     changelog: Arc<Changelog>,
     locks: Arc<Locks>,
     waiting: Waiting,
+    multi: Arc<Multi>,
     walks: Arc<Walks>,
     renewer: Arc<Renewer>,
     sessions: SessionKeeper,
@@ -184,8 +187,18 @@ impl LockEngine {
             counting.clone(),
             changelog.clone(),
         ));
+        let multi = Arc::new(Multi::new(
+            calls.clone(),
+            locks.clone(),
+            counting.clone(),
+            changelog.clone(),
+            waiters.clone(),
+            limits.max_waiters_per_lock,
+            limits.max_locks_per_shard,
+        ));
         LockEngine {
             waiting: Waiting::new(waiters, locks.clone(), limits.hand_over),
+            multi,
             sessions: SessionKeeper::new(
                 renewer.clone(),
                 limits.session_lock_delay_ms,
@@ -290,6 +303,75 @@ impl LockEngine {
         } else {
             self.waiting.acquire(req).await
         }
+    }
+
+    /// Takes every lock of a multi-lock's set or none (decision 0076),
+    /// trying once or waiting in this server while holding nothing.
+    pub async fn acquire_many(
+        self: &Arc<Self>,
+        req: MultiAcquireRequest,
+    ) -> Result<MultiOutcome, EngineError> {
+        self.calls.ready()?;
+        self.walks.note_namespace(&req.req.lock.namespace).await?;
+        self.multi.acquire(req).await
+    }
+
+    /// Releases each lock of a multi-lock's set the holder holds: every
+    /// one, also when one of them was not held (a broken set is of no use
+    /// to its holder). Released only when all were held.
+    pub async fn release_many(
+        &self,
+        locks: &[LockId],
+        holder: &str,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        let mut outcome = None;
+        let mut not_held = false;
+        for lock in locks {
+            match self.locks.release(lock, holder, None, None).await? {
+                ReleaseOutcome::NotHeld => not_held = true,
+                released => outcome = outcome.or(Some(released)),
+            }
+        }
+        Ok(match outcome {
+            Some(released) if !not_held => released,
+            _ => ReleaseOutcome::NotHeld,
+        })
+    }
+
+    /// Extends each lock of a multi-lock's set to `ttl_ms` (or each
+    /// grant's own ttl); answers the grant whose new expiry is the
+    /// earliest. When one is not held, the others are released instead
+    /// (nothing of a broken set is kept alive) and the answer is NotHeld.
+    pub async fn extend_many(
+        &self,
+        locks: &[LockId],
+        holder: &str,
+        ttl_ms: Option<u64>,
+        answer_by: Option<Instant>,
+    ) -> Result<ExtendOutcome, EngineError> {
+        let mut earliest: Option<Grant> = None;
+        for lock in locks {
+            let grant = GrantRef {
+                lock,
+                holder,
+                fencing_token: None,
+            };
+            match self.locks.extend(grant, ttl_ms, answer_by, None).await? {
+                ExtendOutcome::Extended(grant) => {
+                    if earliest
+                        .as_ref()
+                        .is_none_or(|e| grant.expires_at_ms < e.expires_at_ms)
+                    {
+                        earliest = Some(grant);
+                    }
+                }
+                ExtendOutcome::NotHeld => {
+                    self.release_many(locks, holder).await?;
+                    return Ok(ExtendOutcome::NotHeld);
+                }
+            }
+        }
+        Ok(earliest.map_or(ExtendOutcome::NotHeld, ExtendOutcome::Extended))
     }
 
     pub async fn release(
