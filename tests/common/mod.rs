@@ -483,7 +483,19 @@ impl TumblerProcess {
 
     /// [`Self::spawn`] on a given port (a replica restarted in place).
     pub fn spawn_at(redis_url: &str, port: u16, flags: &[&str]) -> Self {
+        Self::spawn_with_env(redis_url, port, flags, &[])
+    }
+
+    /// [`Self::spawn_at`] with environment variables set for the process
+    /// (a debug build's test hooks).
+    pub fn spawn_with_env(
+        redis_url: &str,
+        port: u16,
+        flags: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+            .envs(env.iter().copied())
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--redis-url", redis_url])
             .args(no_http_unless_configured(flags))
