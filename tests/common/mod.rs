@@ -486,31 +486,6 @@ impl TumblerProcess {
         Self::spawn_with_env(redis_url, port, flags, &[])
     }
 
-    /// [`Self::spawn_at`] with environment variables set for the process
-    /// (a debug build's test hooks).
-    pub fn spawn_with_env(
-        redis_url: &str,
-        port: u16,
-        flags: &[&str],
-        env: &[(&str, &str)],
-    ) -> Self {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
-            .envs(env.iter().copied())
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--redis-url", redis_url])
-            .args(no_http_unless_configured(flags))
-            .args(no_auth_unless_configured(flags))
-            .args(flags)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        TumblerProcess {
-            child: Some(child),
-            endpoint: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(std::process::Child::id)
     }
