@@ -110,7 +110,7 @@ async fn a_set_is_granted_whole_with_a_token_each_and_released_together() {
         .unwrap();
     assert_eq!(again.into_inner().status(), ReleaseStatus::NotHeld);
     // Nothing is left behind in Redis.
-    let mut redis = redis_conn(&server.redis_url()).await;
+    let mut redis = redis_conn(server.redis_url()).await;
     assert!(scan_keys(&mut redis, "tumbler:*:l:*").await.is_empty());
     // Each lock's token comes from its shard's counter: taken again, every
     // lock's token is above its last one.
@@ -132,7 +132,7 @@ async fn a_busy_lock_refuses_the_whole_set_and_takes_nothing() {
     assert!(reply.next_expiry_at_ms > 0);
     assert!(reply.grants.is_empty());
     assert_eq!(held_by(&mut client, &["a", "b", "c"], "me").await, 0);
-    let mut redis = redis_conn(&server.redis_url()).await;
+    let mut redis = redis_conn(server.redis_url()).await;
     let keys = scan_keys(&mut redis, "tumbler:*").await;
     assert!(
         !keys
@@ -227,7 +227,7 @@ async fn timeout_and_cancel_leave_nothing_held_or_queued() {
     let_go(&mut client, "b", "other").await;
     // Nothing is granted to the caller that went away.
     assert_eq!(held_by(&mut client, &["a", "b", "c"], "me").await, 0);
-    let mut redis = redis_conn(&server.redis_url()).await;
+    let mut redis = redis_conn(server.redis_url()).await;
     assert!(scan_keys(&mut redis, "tumbler:*:l:*").await.is_empty());
 }
 
@@ -412,6 +412,6 @@ async fn each_rule_of_a_multi_lock_names_its_field() {
         .expect_err("refused");
     assert!(err.message().starts_with("names[1]: "), "{err:?}");
     // Nothing of any refused request reached Redis.
-    let mut redis = redis_conn(&server.redis_url()).await;
+    let mut redis = redis_conn(server.redis_url()).await;
     assert!(scan_keys(&mut redis, "tumbler:*:l:*").await.is_empty());
 }
