@@ -59,11 +59,14 @@ impl LockApi {
             _ => None,
         };
         let mut req = request.into_inner();
-        let holder = validate::optional_holder(std::mem::take(&mut req.holder))
-            .map_err(invalid)?
-            .unwrap_or_else(new_holder_id);
+        let named = validate::optional_holder(std::mem::take(&mut req.holder)).map_err(invalid)?;
+        // A holder made up here holds nothing else: its wait skips the
+        // deadlock check (decision 0077).
+        let holds_nothing = named.is_none();
+        let holder = named.unwrap_or_else(new_holder_id);
         let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
-        let acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
+        let mut acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
+        acquire.holds_nothing = holds_nothing;
         access.act(&acquire.lock.namespace)?;
         let span = tracing::Span::current();
         if !span.is_disabled() {

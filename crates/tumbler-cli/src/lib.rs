@@ -78,6 +78,10 @@ pub mod exit {
     pub const WRITE_FAILED: u8 = 74;
     /// Not acquired: busy (tried once) or timed out (waited).
     pub const NOT_ACQUIRED: u8 = 75;
+    /// Refused as a deadlock: the wait would have closed a wait-for cycle
+    /// (ABORTED, `deadlock: …` naming the cycle; decision 0077). Let go
+    /// of what the holder holds, then try again.
+    pub const DEADLOCK: u8 = 76;
     /// UNAUTHENTICATED or PERMISSION_DENIED.
     pub const NOT_ALLOWED: u8 = 77;
     /// Not held (release, extend), or lost while `hold` ran its command.
@@ -238,6 +242,7 @@ impl Failure {
                     exit::REFUSED_INPUT
                 }
                 Code::Unauthenticated | Code::PermissionDenied => exit::NOT_ALLOWED,
+                Code::Aborted if status.message().starts_with("deadlock: ") => exit::DEADLOCK,
                 _ => exit::SERVER_ERROR,
             },
             Failure::Usage(_) => exit::USAGE,

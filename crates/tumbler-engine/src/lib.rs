@@ -21,6 +21,9 @@
 //!   pass;
 //! - `waiting.rs` `Waiting`: this replica's waiting RPCs (`waiters.rs`'s
 //!   `Waiters`), an Acquire that waits, and the refresher;
+//! - `deadlock.rs` `Deadlocks` (owned by `Waiting`): the namespace's
+//!   wait-for registry, the check that refuses a wait closing a cycle,
+//!   the chains the dashboard shows (decision 0077);
 //! - `walks.rs` `Walks`: the namespaces this replica noted as in use, and
 //!   the walks over a namespace's shards (list, reap, clear, metrics);
 //! - `resume.rs` `SessionKeeper`: session records and the ends of their
@@ -66,6 +69,7 @@ mod calls;
 pub mod changelog;
 pub mod clock;
 mod counting;
+mod deadlock;
 pub mod election;
 pub mod group;
 pub mod keys;
@@ -99,6 +103,7 @@ use crate::store::{Store, StoreError};
 use calls::Calls;
 use changelog::{Changelog, ChangelogPage, ChangelogQuery, ChangelogSettings};
 use counting::Counting;
+use deadlock::Deadlocks;
 use election::Election;
 use keys::Layout;
 use libraries::Libraries;
@@ -185,7 +190,12 @@ impl LockEngine {
             changelog.clone(),
         ));
         LockEngine {
-            waiting: Waiting::new(waiters, locks.clone(), limits.hand_over),
+            waiting: Waiting::new(
+                waiters,
+                locks.clone(),
+                Deadlocks::new(calls.clone(), locks.clone()),
+                limits.hand_over,
+            ),
             sessions: SessionKeeper::new(
                 renewer.clone(),
                 limits.session_lock_delay_ms,
@@ -290,6 +300,16 @@ impl LockEngine {
         } else {
             self.waiting.acquire(req).await
         }
+    }
+
+    /// A namespace's current wait-for chains (decision 0077): each a
+    /// waiting holder, the lock it waits for and its holder, on while
+    /// that holder waits too.
+    pub async fn wait_chains(
+        &self,
+        namespace: &Namespace,
+    ) -> Result<Vec<Vec<WaitStep>>, EngineError> {
+        self.waiting.wait_chains(namespace).await
     }
 
     pub async fn release(
