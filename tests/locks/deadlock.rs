@@ -202,7 +202,8 @@ async fn a_reader_and_a_writer_waiting_for_each_other_are_a_cycle() {
     assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
 }
 
-/// The Redis calls of one waiting acquire that times out, per command.
+/// The Redis work of one waiting acquire that times out: function calls
+/// (FCALL, FCALL_RO) and every command (those the functions ran too).
 async fn calls_of_a_wait(
     client: &mut LockServiceClient<Channel>,
     conn: &mut redis::aio::MultiplexedConnection,
@@ -225,16 +226,18 @@ async fn calls_of_a_wait(
     }
     let calls = command_calls(conn).await;
     let count = |name: &str| calls.get(name).copied().unwrap_or(0);
-    (
-        count("fcall"),
-        count("fcall_ro"),
-        count("hdel") + count("hset"),
-    )
+    // What this test itself sent: the reset, HEXISTS probes, INFO.
+    let own = ["config|resetstat", "hexists", "info"];
+    let commands = (calls.iter())
+        .filter(|(name, _)| !own.contains(&name.as_str()))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("holder {holder:?}: {calls:?}");
+    (count("fcall"), count("fcall_ro"), commands)
 }
 
 #[tokio::test]
 async fn a_waiter_whose_holder_the_server_made_pays_nothing_and_a_named_one_three_calls() {
-    // Group commit off, so each function call is one FCALL.
     // Group commit off (each function call is one FCALL) and no health
     // tick (it calls functions too) while counting.
     let server = TestServer::new()
@@ -250,12 +253,18 @@ async fn a_waiter_whose_holder_the_server_made_pays_nothing_and_a_named_one_thre
     take(&mut client, acquire("x", "owner")).await;
     // A holder the server makes up: the acquire that queues and the
     // dequeue at its timeout, as before detection existed.
-    let (fcall, fcall_ro, _) = calls_of_a_wait(&mut client, &mut conn, "").await;
+    let (fcall, fcall_ro, plain) = calls_of_a_wait(&mut client, &mut conn, "").await;
     assert_eq!((fcall, fcall_ro), (2, 0));
     // A named holder may hold other locks: three calls more (the lock's
     // holders read, the edge recorded and walked, the edge removed).
-    let (fcall, fcall_ro, _) = calls_of_a_wait(&mut client, &mut conn, "named").await;
+    let (fcall, fcall_ro, named) = calls_of_a_wait(&mut client, &mut conn, "named").await;
     assert_eq!((fcall, fcall_ro), (5, 0));
+    eprintln!("commands per wait: {plain} (server-made holder), {named} (named holder)");
+    // The detection's own cost (decision 0077, BENCHMARKS.md): 3 FCALLs
+    // and the 13 commands they run (Inspect's read of the lock; wait_for's
+    // HSET, PTTL, PEXPIRE, HRANDFIELD and HGETs of the edges it sweeps and
+    // walks; wait_end's HGET and HDEL; Redis' clock).
+    assert_eq!(named - plain, 16, "{plain} {named}");
 }
 
 #[tokio::test]

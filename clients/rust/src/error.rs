@@ -217,3 +217,24 @@ impl Backoff {
         Duration::from_nanos(if nanos == 0 { 0 } else { random % (nanos + 1) })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aborted_deadlock_is_its_own_variant_and_other_aborts_stay_statuses() {
+        let message = r#"deadlock: holder "b" waits for lock "x" held by "a", "a" waits for lock "y" held by "b""#;
+        let err = Error::from(tonic::Status::aborted(message));
+        assert!(err.is_deadlock(), "{err:?}");
+        assert_eq!(err.code(), Some(tonic::Code::Aborted));
+        assert_eq!(err.to_string(), message);
+        let moved = Error::from(tonic::Status::aborted(
+            "this session was resumed on another stream",
+        ));
+        assert!(
+            !moved.is_deadlock() && matches!(moved, Error::Status(_)),
+            "{moved:?}"
+        );
+    }
+}

@@ -316,3 +316,23 @@ fn with_causes(message: &str, mut source: Option<&(dyn std::error::Error + 'stat
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadlock_exits_76_and_other_aborts_70() {
+        let deadlock = Failure::Status(tonic::Status::aborted(
+            r#"deadlock: holder "b" waits for lock "x" held by "a", "a" waits for lock "y" held by "b""#,
+        ));
+        assert_eq!(deadlock.code(), exit::DEADLOCK);
+        assert!(
+            deadlock.message().starts_with("ABORTED: deadlock: "),
+            "{}",
+            deadlock.message()
+        );
+        let other = Failure::Status(tonic::Status::aborted("moved"));
+        assert_eq!(other.code(), exit::SERVER_ERROR);
+    }
+}
