@@ -100,7 +100,12 @@ impl LockApi {
             None => self.engine.acquire(acquire).await,
             Some(live) => self.acquire_while_permitted(acquire.clone(), live).await?,
         }
-        .map_err(|e| self.failed(rpc, &acquire.lock, &acquire.holder, &acquire.kind, e))?;
+        .map_err(|e| {
+            if matches!(e, engine::EngineError::Deadlock(_)) {
+                report::refused_as_deadlock(acquire);
+            }
+            self.failed(rpc, &acquire.lock, &acquire.holder, &acquire.kind, e)
+        })?;
         report::acquired(self.engine.layout(), acquire, &outcome, started.elapsed());
         Ok(outcome)
     }

@@ -267,17 +267,21 @@ async fn a_waiter_whose_holder_the_server_made_pays_nothing_and_a_named_one_thre
     assert_eq!(named - plain, 16, "{plain} {named}");
 }
 
-#[tokio::test]
-async fn connect_json_answers_a_deadlock_as_aborted() {
-    let server = TestServer::new().start().await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_json_answers_a_deadlock_as_aborted_and_the_metric_counts_it() {
+    // Its own process: the metric is the process's.
+    let redis = start_redis();
+    let http = std::net::SocketAddr::from(([127, 0, 0, 1], tumbler::dev::free_port().unwrap()));
+    let listen = format!("--http-listen={http}");
+    let server = TumblerProcess::start(&redis.url(), &[&listen]).await;
     let mut client = server.client().await;
-    let mut conn = redis_conn(server.redis_url()).await;
+    let mut conn = redis_conn(&redis.url()).await;
     take(&mut client, acquire("x", "a")).await;
     take(&mut client, acquire("y", "b")).await;
     let _a_waits = spawn_wait(client.clone(), waits("y", "a"));
     until_recorded(&mut conn, "a", true).await;
     let addr = server
-        .endpoint()
+        .endpoint
         .trim_start_matches("http://")
         .parse()
         .unwrap();
@@ -299,4 +303,59 @@ async fn connect_json_answers_a_deadlock_as_aborted() {
         reply["message"].as_str().unwrap().starts_with("deadlock: "),
         "{reply}"
     );
+    let page = http::scrape(http).await;
+    let refused = http::sample(
+        &page,
+        "tumbler_acquire_outcomes_total",
+        &[("kind", "default"), ("outcome", "deadlock")],
+    );
+    assert_eq!(refused, Some(1.0), "{page}");
+}
+
+#[tokio::test]
+async fn a_sessions_wait_that_closes_a_cycle_is_refused_and_the_session_goes_on() {
+    use common::session::Session;
+    use proto::session_request::Command;
+    use proto::session_response::Event;
+
+    let server = TestServer::new().start().await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(server.redis_url()).await;
+    let mut session = Session::open(&mut client, 30_000).await;
+    // The session holds x; b holds y and waits for x.
+    let reply = session.acquire(1, acquire("x", "")).await;
+    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    take(&mut client, acquire("y", "b")).await;
+    let b_waits = spawn_wait(client.clone(), waits("x", "b"));
+    until_recorded(&mut conn, "b", true).await;
+
+    // The session asks y: refused at once, as its command's error.
+    session
+        .send(Command::Acquire(proto::SessionAcquire {
+            request_id: 2,
+            acquire: Some(waits("y", "")),
+        }))
+        .await;
+    let Some(Event::Error(error)) = session.next().await else {
+        panic!("expected the command's error");
+    };
+    assert_eq!((error.request_id, error.code), (2, Code::Aborted as i32));
+    let id = &session.id;
+    assert_eq!(
+        error.message,
+        format!(
+            r#"deadlock: holder "{id}" waits for lock "y" held by "b", "b" waits for lock "x" held by "{id}""#
+        )
+    );
+    assert!(queue_of(&mut client, "y").await.is_empty());
+    // The session goes on: it releases x, and b gets it.
+    session
+        .send(Command::Release(proto::SessionRelease {
+            request_id: 3,
+            name: "x".into(),
+            ..Default::default()
+        }))
+        .await;
+    let reply = b_waits.await.unwrap().unwrap();
+    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
 }

@@ -11,10 +11,13 @@ pub fn args(most: u32) -> Vec<String> {
     vec![most.to_string()]
 }
 
+/// The locks one holder waits for, each with the holders it waits on.
+type Waits = Vec<(String, Vec<String>)>;
+
 pub fn parse(value: Value) -> Result<Vec<WaitEdge>, StoreError> {
     let mut reply = Reply::new("waits", value)?;
     let _now: i64 = reply.take()?;
-    let edges: Vec<(String, i64, Vec<(String, Vec<String>)>)> = reply.take()?;
+    let edges: Vec<(String, i64, Waits)> = reply.take()?;
     Ok(edges
         .into_iter()
         .map(|(holder, expires_at_ms, waits)| WaitEdge {
