@@ -276,6 +276,56 @@ mod tests {
         assert_eq!(found, ["a -> x (b) -> y (c)", "p -> q (r) -> s (p)"]);
     }
 
+    fn state(limit: u32, grants: &[(&str, LockMode, u32)]) -> LockState {
+        let holders = (grants.iter())
+            .map(|&(holder, mode, permits)| super::super::Grant {
+                holder: holder.into(),
+                fencing_token: 1,
+                slot: 1,
+                acquired_at_ms: 0,
+                expires_at_ms: 1,
+                ttl_ms: 1,
+                kind: "default".into(),
+                metadata: Default::default(),
+                mode,
+                permits,
+                slots: vec![1],
+            })
+            .collect();
+        LockState {
+            now_ms: 0,
+            limit,
+            waiters: 0,
+            holders,
+            mode: LockMode::Plain,
+            permits_in_use: grants.iter().map(|g| g.2).sum(),
+        }
+    }
+
+    #[test]
+    fn only_a_holder_that_alone_keeps_a_request_out_is_waited_on() {
+        use LockMode::*;
+        // A mutex's holder; never the request's own holder.
+        assert_eq!(
+            blocking(&state(1, &[("b", Plain, 1)]), "a", Plain, 1),
+            ["b"]
+        );
+        assert!(blocking(&state(1, &[("a", Plain, 1)]), "a", Plain, 1).is_empty());
+        // A semaphore either of whose holders can free a permit: nobody.
+        let two = state(2, &[("b", Plain, 1), ("c", Plain, 1)]);
+        assert!(blocking(&two, "a", Plain, 1).is_empty());
+        // ... unless the request needs every permit: both.
+        assert_eq!(blocking(&two, "a", Plain, 2), ["b", "c"]);
+        // Weighted: a grant of 3 of 4 keeps out a request of 2; one of 1 does not.
+        let four = state(4, &[("big", Plain, 3), ("small", Plain, 1)]);
+        assert_eq!(blocking(&four, "a", Plain, 2), ["big"]);
+        // Read/write: a writer waits on every reader, a reader on the writer.
+        let readers = state(3, &[("r1", Read, 1), ("r2", Read, 1)]);
+        assert_eq!(blocking(&readers, "w", Write, 1), ["r1", "r2"]);
+        assert!(blocking(&readers, "r3", Read, 1).is_empty());
+        assert_eq!(blocking(&state(3, &[("w", Write, 1)]), "r", Read, 1), ["w"]);
+    }
+
     #[test]
     fn a_cycle_reads_as_its_message() {
         let step = |h: &str, l: &str, b: &str| WaitStep {
