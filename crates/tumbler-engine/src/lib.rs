@@ -21,9 +21,7 @@
 //!   pass;
 //! - `waiting.rs` `Waiting`: this replica's waiting RPCs (`waiters.rs`'s
 //!   `Waiters`), an Acquire that waits, and the refresher;
-//! - `deadlock.rs` `Deadlocks` (owned by `Waiting`): the namespace's
-//!   wait-for registry, the check that refuses a wait closing a cycle,
-//!   the chains the dashboard shows (decision 0077);
+//! - `deadlock.rs` `Deadlocks` (`Waiting`'s): wait-for cycles refused (decision 0077);
 //! - `walks.rs` `Walks`: the namespaces this replica noted as in use, and
 //!   the walks over a namespace's shards (list, reap, clear, metrics);
 //! - `resume.rs` `SessionKeeper`: session records and the ends of their
@@ -103,7 +101,6 @@ use crate::store::{Store, StoreError};
 use calls::Calls;
 use changelog::{Changelog, ChangelogPage, ChangelogQuery, ChangelogSettings};
 use counting::Counting;
-use deadlock::Deadlocks;
 use election::Election;
 use keys::Layout;
 use libraries::Libraries;
@@ -190,12 +187,7 @@ impl LockEngine {
             changelog.clone(),
         ));
         LockEngine {
-            waiting: Waiting::new(
-                waiters,
-                locks.clone(),
-                Deadlocks::new(calls.clone(), locks.clone()),
-                limits.hand_over,
-            ),
+            waiting: Waiting::new(waiters, locks.clone(), calls.clone(), limits.hand_over),
             sessions: SessionKeeper::new(
                 renewer.clone(),
                 limits.session_lock_delay_ms,
@@ -302,14 +294,9 @@ impl LockEngine {
         }
     }
 
-    /// A namespace's current wait-for chains (decision 0077): each a
-    /// waiting holder, the lock it waits for and its holder, on while
-    /// that holder waits too.
-    pub async fn wait_chains(
-        &self,
-        namespace: &Namespace,
-    ) -> Result<Vec<Vec<WaitStep>>, EngineError> {
-        self.waiting.wait_chains(namespace).await
+    /// A namespace's current wait-for chains (`deadlock.rs`, decision 0077).
+    pub async fn wait_chains(&self, ns: &Namespace) -> Result<Vec<WaitChain>, EngineError> {
+        self.waiting.wait_chains(ns).await
     }
 
     pub async fn release(

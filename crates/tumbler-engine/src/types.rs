@@ -98,6 +98,9 @@ pub struct WaitStep {
     pub held_by: String,
 }
 
+/// A chain of waits, each step's `held_by` the next step's `holder`.
+pub type WaitChain = Vec<WaitStep>;
+
 /// A waiting holder's edges in its namespace's wait-for registry: the
 /// locks it waits for, each with the holders it waits on there.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -40,9 +40,10 @@ impl Waiting {
     pub(super) fn new(
         waiters: Arc<Waiters>,
         locks: Arc<Locks>,
-        deadlocks: Deadlocks,
+        calls: Arc<super::calls::Calls>,
         hand_over: bool,
     ) -> Self {
+        let deadlocks = Deadlocks::new(calls, locks.clone());
         // A grant handed to a request of this replica whose RPC is gone
         // goes back at once (pinned to its token).
         let giving_back = locks.clone();
