@@ -166,6 +166,60 @@ impl ToProto for AcquireOutcome {
     }
 }
 
+/// A multi-lock's answer (decision 0076): every grant named, in the
+/// request's order, `grant` the first; not granted, the first busy lock's
+/// holders and the earliest lease end of a busy lock.
+impl ToProto for engine::MultiOutcome {
+    type Proto = proto::AcquireResponse;
+    fn to_proto(self) -> proto::AcquireResponse {
+        match self {
+            engine::MultiOutcome::Acquired {
+                grants,
+                holders,
+                already,
+            } => {
+                let grants: Vec<proto::Grant> = (grants.into_iter())
+                    .map(|(name, grant)| proto::Grant {
+                        name: name.into_string(),
+                        ..grant.to_proto()
+                    })
+                    .collect();
+                let status = if already {
+                    AcquireStatus::AlreadyHeld
+                } else {
+                    AcquireStatus::Acquired
+                };
+                proto::AcquireResponse {
+                    status: status.into(),
+                    grant: grants.first().cloned(),
+                    grants,
+                    holders,
+                    ..Default::default()
+                }
+            }
+            engine::MultiOutcome::Busy {
+                holders,
+                next_expiry_at_ms,
+                ..
+            } => AcquireOutcome::Busy {
+                holders,
+                next_expiry_at_ms,
+            }
+            .to_proto(),
+            engine::MultiOutcome::TimedOut {
+                holders,
+                next_expiry_at_ms,
+                ..
+            } => AcquireOutcome::TimedOut {
+                holders,
+                next_expiry_at_ms,
+                position: 0,
+            }
+            .to_proto(),
+        }
+    }
+}
+
 /// [`ToProto`] of an engine type whose proto message has the same fields
 /// (`collected` ones change collection type, a `BTreeMap` against prost's
 /// `HashMap`). A field added to one side only fails to compile here.
@@ -175,12 +229,18 @@ macro_rules! same_fields {
     };
     ($engine:ty, $proto:ty; same: [$($f:ident),*]; collected: [$($c:ident),*];
         modes: [$($m:ident),*]) => {
+        same_fields!($engine, $proto; same: [$($f),*]; collected: [$($c),*]; modes: [$($m),*];
+            unset: []);
+    };
+    ($engine:ty, $proto:ty; same: [$($f:ident),*]; collected: [$($c:ident),*];
+        modes: [$($m:ident),*]; unset: [$($u:ident),*]) => {
         impl ToProto for $engine {
             type Proto = $proto;
             fn to_proto(self) -> $proto {
                 type P = $proto;
                 let x = self;
-                P { $($f: x.$f,)* $($c: x.$c.into_iter().collect(),)* $($m: mode(x.$m).into(),)* }
+                P { $($f: x.$f,)* $($c: x.$c.into_iter().collect(),)* $($m: mode(x.$m).into(),)*
+                    $($u: Default::default(),)* }
             }
         }
     };
@@ -197,7 +257,10 @@ pub fn mode(mode: engine::LockMode) -> proto::LockMode {
 
 same_fields!(engine::Grant, proto::Grant;
     same: [holder, fencing_token, slot, acquired_at_ms, expires_at_ms, ttl_ms, kind, permits];
-    collected: [metadata, slots]; modes: [mode]);
+    collected: [metadata, slots]; modes: [mode];
+    // A single lock's grant names no lock (a multi-lock's grants do:
+    // `multi_acquire_response`).
+    unset: [name]);
 same_fields!(engine::LockSummary, proto::LockSummary;
     same: [name, holders, limit, waiters, next_expiry_at_ms, permits_in_use];
     collected: []; modes: [mode]);

@@ -65,6 +65,11 @@ impl LockApi {
         let holds_nothing = named.is_none();
         let holder = named.unwrap_or_else(new_holder_id);
         let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
+        if !req.names.is_empty() {
+            return self
+                .acquire_many_rpc(access, live, req, holder, ttl_ms, deadline)
+                .await;
+        }
         let mut acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
         acquire.holds_nothing = holds_nothing;
         access.act(&acquire.lock.namespace)?;
@@ -81,6 +86,68 @@ impl LockApi {
         let reply = outcome.to_proto();
         tracing::debug!(status = ?reply.status(), "acquire answered");
         Ok(Response::new(reply))
+    }
+
+    /// A multi-lock's Acquire (decision 0076): its names checked, the rest
+    /// as a single lock's, the set taken all or nothing by the engine.
+    /// A waiting one of a token that is revoked meanwhile stops, and a
+    /// grant that landed is released again.
+    async fn acquire_many_rpc(
+        &self,
+        access: Access,
+        live: Option<LiveAccess>,
+        mut req: proto::AcquireRequest,
+        holder: engine::Holder,
+        ttl_ms: u64,
+        deadline: Option<crate::observe::CallerDeadline>,
+    ) -> Result<Response<proto::AcquireResponse>, Status> {
+        let names =
+            validate::multi_names(&req.name, std::mem::take(&mut req.names)).map_err(invalid)?;
+        validate::multi_plain(req.mode, req.permits).map_err(invalid)?;
+        req.name = names[0].to_string();
+        let mut acquire = self.acquire_request(req, holder, ttl_ms, deadline)?;
+        access.act(&acquire.lock.namespace)?;
+        let _waiting = self.waiter_slot(&access, &acquire)?;
+        let stop = tokio_util::sync::CancellationToken::new();
+        acquire.stop = Some(stop.clone());
+        let (lock, kind) = (acquire.lock.clone(), acquire.kind.clone());
+        let holder = acquire.holder.clone();
+        let acquiring = self.engine.acquire_many(engine::MultiAcquireRequest {
+            req: acquire,
+            names,
+        });
+        tokio::pin!(acquiring);
+        let mut live = live;
+        let mut denied = None;
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut acquiring => break outcome,
+                () = changed(live.as_mut()), if denied.is_none() => {
+                    let live = live.as_mut().expect("watched only when set");
+                    let still = live.recheck().and_then(|()| live.access().act(&lock.namespace));
+                    if let Err(status) = still {
+                        stop.cancel();
+                        denied = Some(status);
+                    }
+                }
+            }
+        };
+        let outcome = outcome.map_err(|e| self.failed("Acquire", &lock, &holder, &kind, e))?;
+        if let Some(status) = denied {
+            if let engine::MultiOutcome::Acquired { grants, .. } = outcome {
+                let locks: Vec<LockId> = (grants.into_iter())
+                    .map(|(name, _)| LockId {
+                        namespace: lock.namespace.clone(),
+                        name,
+                    })
+                    .collect();
+                if let Err(err) = self.engine.release_many(&locks, &holder).await {
+                    tracing::warn!(error = %err, lock = %lock.name, "a multi-lock granted as its token was revoked was not released; it expires at its lease");
+                }
+            }
+            return Err(status);
+        }
+        Ok(Response::new(outcome.to_proto()))
     }
 
     /// One acquire as a handler runs it (Acquire, Campaign): the caller's
@@ -159,7 +226,21 @@ impl LockApi {
         request: Request<proto::ReleaseRequest>,
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        if !req.names.is_empty() {
+            let (locks, holder) = self.multi_set(
+                &access,
+                &mut req.namespace,
+                &req.name,
+                std::mem::take(&mut req.names),
+                req.holder,
+                req.fencing_token,
+            )?;
+            let outcome = (self.engine.release_many(&locks, &holder).await).map_err(|e| {
+                self.failed("Release", &locks[0], &holder, validate::DEFAULT_KIND, e)
+            })?;
+            return Ok(Response::new((&outcome).to_proto()));
+        }
         let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
         access.act(&lock.namespace)?;
         let holder = validate::holder(req.holder).map_err(invalid)?;
@@ -180,24 +261,37 @@ impl LockApi {
     ) -> Result<Response<proto::ExtendResponse>, Status> {
         let access = Access::of(&request)?;
         let deadline = grpc_deadline(&request);
-        let req = request.into_inner();
-        let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
-        access.act(&lock.namespace)?;
-        let holder = validate::holder(req.holder).map_err(invalid)?;
-        let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
-        let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
-        let outcome = self
-            .engine
-            .extend_by(
-                &lock,
-                &holder,
-                ttl,
-                token,
-                deadline.map(|d| d.answered_at.into()),
-            )
-            .await
-            .map_err(|e| self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e))?;
-        report::extended(self.engine.layout(), &lock, &holder, &outcome);
+        let mut req = request.into_inner();
+        let answer_by = deadline.map(|d| d.answered_at.into());
+        let outcome = if !req.names.is_empty() {
+            let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
+            let (locks, holder) = self.multi_set(
+                &access,
+                &mut req.namespace,
+                &req.name,
+                std::mem::take(&mut req.names),
+                req.holder,
+                req.fencing_token,
+            )?;
+            (self
+                .engine
+                .extend_many(&locks, &holder, ttl, answer_by)
+                .await)
+                .map_err(|e| self.failed("Extend", &locks[0], &holder, validate::DEFAULT_KIND, e))?
+        } else {
+            let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
+            access.act(&lock.namespace)?;
+            let holder = validate::holder(req.holder).map_err(invalid)?;
+            let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
+            let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
+            let outcome = (self
+                .engine
+                .extend_by(&lock, &holder, ttl, token, answer_by)
+                .await)
+                .map_err(|e| self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e))?;
+            report::extended(self.engine.layout(), &lock, &holder, &outcome);
+            outcome
+        };
         let reply = match outcome {
             ExtendOutcome::Extended(grant) => proto::ExtendResponse {
                 status: ExtendStatus::Extended.into(),
@@ -209,5 +303,38 @@ impl LockApi {
             },
         };
         Ok(Response::new(reply))
+    }
+
+    /// The locks and holder of a multi-lock's Release or Extend: the
+    /// names checked as an Acquire's, the caller's access to the
+    /// namespace.
+    fn multi_set(
+        &self,
+        access: &Access,
+        namespace: &mut String,
+        name: &str,
+        names: Vec<String>,
+        holder: String,
+        fencing_token: Option<u64>,
+    ) -> Result<(Vec<LockId>, engine::Holder), Status> {
+        let namespace = validate::namespace(std::mem::take(namespace)).map_err(invalid)?;
+        let names = validate::multi_set(name, names, fencing_token).map_err(invalid)?;
+        access.act(&namespace)?;
+        let holder = validate::holder(holder).map_err(invalid)?;
+        let locks = (names.into_iter())
+            .map(|name| LockId {
+                namespace: namespace.clone(),
+                name,
+            })
+            .collect();
+        Ok((locks, holder))
+    }
+}
+
+/// Resolves when a watched access changes (never without one).
+async fn changed(live: Option<&mut LiveAccess>) {
+    match live {
+        Some(live) => live.changed().await,
+        None => std::future::pending().await,
     }
 }

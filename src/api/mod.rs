@@ -139,6 +139,14 @@ impl LockApi {
         ttl_ms: u64,
         deadline: Option<crate::observe::CallerDeadline>,
     ) -> Result<engine::AcquireRequest, Status> {
+        if !req.names.is_empty() {
+            // Only Acquire takes a multi-lock (decision 0076): a session's
+            // renewals and a campaign work on one lock.
+            return Err(invalid(engine::Invalid::new(
+                "names",
+                "a multi-lock is taken with Acquire only, not through a session or a campaign",
+            )));
+        }
         let wait_ms = validate::wait_ms(req.wait_ms, &self.limits).map_err(invalid)?;
         let (mode, prefer_readers) =
             validate::mode(req.mode, req.prefer_readers).map_err(invalid)?;

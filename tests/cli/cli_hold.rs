@@ -549,6 +549,7 @@ async fn waiting_hold_keeps_its_place(mode: &[&str]) {
             name: "line".into(),
             holder: "gate".into(),
             fencing_token: None,
+            names: Vec::new(),
         })
         .await
         .unwrap();

@@ -483,20 +483,7 @@ impl TumblerProcess {
 
     /// [`Self::spawn`] on a given port (a replica restarted in place).
     pub fn spawn_at(redis_url: &str, port: u16, flags: &[&str]) -> Self {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--redis-url", redis_url])
-            .args(no_http_unless_configured(flags))
-            .args(no_auth_unless_configured(flags))
-            .args(flags)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        TumblerProcess {
-            child: Some(child),
-            endpoint: format!("http://127.0.0.1:{port}"),
-        }
+        Self::spawn_with_env(redis_url, port, flags, &[])
     }
 
     pub fn pid(&self) -> Option<u32> {

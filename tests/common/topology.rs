@@ -363,3 +363,33 @@ pub fn start_sentinel_setup() -> SentinelSetup {
         dead_sentinel: tumbler::dev::free_port().unwrap(),
     }
 }
+
+/// A `tumbler serve` process with environment variables of its own (here
+/// beside the topologies it is started against; the harness's
+/// `TumblerProcess::spawn_at` is this with none).
+impl super::TumblerProcess {
+    /// [`Self::spawn_at`] with environment variables set for the process
+    /// (a debug build's test hooks).
+    pub fn spawn_with_env(
+        redis_url: &str,
+        port: u16,
+        flags: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+            .envs(env.iter().copied())
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--redis-url", redis_url])
+            .args(super::no_http_unless_configured(flags))
+            .args(super::no_auth_unless_configured(flags))
+            .args(flags)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        super::TumblerProcess {
+            child: Some(child),
+            endpoint: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}

@@ -10,6 +10,7 @@ mod chaos;
 mod cluster;
 mod group_commit;
 mod maintenance;
+mod multi_cluster;
 mod redis_outage;
 mod redis_tls;
 mod rolling_restart;

@@ -359,3 +359,33 @@ async fn a_sessions_wait_that_closes_a_cycle_is_refused_and_the_session_goes_on(
     let reply = b_waits.await.unwrap().unwrap();
     assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
 }
+
+#[tokio::test]
+async fn a_multi_locks_wait_is_an_edge_of_the_graph() {
+    let server = TestServer::new().start().await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(server.redis_url()).await;
+    take(&mut client, acquire("x", "a")).await;
+    take(&mut client, acquire("y", "b")).await;
+    // a waits for the set {y, z} (holding none of it): it waits for b.
+    let a_waits = spawn_wait(
+        client.clone(),
+        proto::AcquireRequest {
+            name: String::new(),
+            names: vec!["y".into(), "z".into()],
+            ..waits("", "a")
+        },
+    );
+    until_recorded(&mut conn, "a", true).await;
+    // b asks x, held by a: the cycle closes.
+    let status = refused(&mut client, waits("x", "b")).await;
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_eq!(
+        status.message(),
+        r#"deadlock: holder "b" waits for lock "x" held by "a", "a" waits for lock "y" held by "b""#
+    );
+    client.release(release("y", "b")).await.unwrap();
+    let reply = a_waits.await.unwrap().unwrap();
+    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    assert_eq!(reply.grants.len(), 2, "{reply:?}");
+}

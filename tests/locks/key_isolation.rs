@@ -384,6 +384,7 @@ async fn every_rpc(client: &mut LockServiceClient<Channel>, namespace: &str, nam
             holder: holder.clone(),
             ttl_ms: Some(20_000),
             fencing_token: None,
+            names: Vec::new(),
         })
         .await
         .unwrap();
@@ -410,6 +411,7 @@ async fn every_rpc(client: &mut LockServiceClient<Channel>, namespace: &str, nam
             name: name.into(),
             holder,
             fencing_token: None,
+            names: Vec::new(),
         })
         .await
         .unwrap();

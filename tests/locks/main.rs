@@ -20,6 +20,7 @@ mod libraries;
 mod limits;
 mod metrics;
 mod model_replay;
+mod multi;
 mod mutual_exclusion;
 mod properties;
 mod queue;

@@ -550,6 +550,7 @@ fn acquire_case() -> impl Strategy<Value = Case> {
                         mode: 0,
                         prefer_readers: false,
                         permits: permits.0,
+                        names: Vec::new(),
                     }),
                 }
             },
@@ -576,6 +577,7 @@ fn lock_case() -> impl Strategy<Value = Case> {
                         name: name.0,
                         holder: holder.0,
                         fencing_token: token.0,
+                        names: Vec::new(),
                     }),
                 },
                 1 => Case {
@@ -586,6 +588,7 @@ fn lock_case() -> impl Strategy<Value = Case> {
                         holder: holder.0,
                         ttl_ms: ttl.0,
                         fencing_token: token.0,
+                        names: Vec::new(),
                     }),
                 },
                 2 => Case {

@@ -288,6 +288,7 @@ impl Client {
             name: name.into(),
             holder: holder.into(),
             fencing_token,
+            names: Vec::new(),
         };
         let reply = self
             .call(

@@ -264,6 +264,7 @@ impl LockRequest {
                 .map_or(proto::LockMode::Unspecified, Mode::to_proto) as i32,
             prefer_readers: self.prefer_readers,
             permits: self.permits,
+            names: Vec::new(),
         }
     }
 
@@ -666,6 +667,7 @@ fn extend_request(
         holder: shared.holder.clone(),
         ttl_ms: ttl.map(|t| t.as_millis() as u64),
         fencing_token: Some(grant.fencing_token),
+        names: Vec::new(),
     }
 }
 

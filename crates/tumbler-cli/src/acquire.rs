@@ -3,8 +3,8 @@
 use clap::Args;
 
 use super::connect::{Conn, Target};
-use super::output::{acquire_status, display_name, grant_table, not_acquired_line};
-use super::{Failure, Globals, LockName, exit};
+use super::output::{acquire_status, grant_table, not_acquired_line};
+use super::{Failure, Globals, LockNames, exit};
 use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
@@ -12,7 +12,7 @@ pub struct AcquireArgs {
     #[command(flatten)]
     pub target: Target,
     #[command(flatten)]
-    pub lock: LockName,
+    pub lock: LockNames,
     #[command(flatten)]
     pub grant: GrantArgs,
     /// How long a waiting request outlives its server (default: the server's).
@@ -121,15 +121,27 @@ pub fn new_holder() -> String {
 
 pub async fn run(args: AcquireArgs, globals: &Globals) -> Result<u8, Failure> {
     let mut conn = Conn::new(&args.target)?;
+    let namespace = globals.namespace()?;
+    let lock = args.lock.display(&namespace);
+    let (name, names) = args.lock.split();
     let request = proto::AcquireRequest {
         queue_ttl_ms: args.queue_ttl_ms,
         priority: args.priority,
         fair: args.barging.then_some(false),
-        ..args.grant.request(globals.namespace()?, args.lock.name)
+        names,
+        ..args.grant.request(namespace, name)
     };
-    let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, acquire, request).await?;
     globals.output().reply(&reply, || match &reply.grant {
+        // A multi-lock: each lock's grant under its name.
+        Some(_) if !reply.grants.is_empty() => {
+            let mut text = format!("{} {lock}\n", acquire_status(&reply));
+            let now = super::output::now_ms();
+            for grant in &reply.grants {
+                text += &format!("{}:\n{}\n", grant.name, grant_table(grant, now));
+            }
+            text
+        }
         Some(grant) => format!(
             "{} {lock} (holders now: {})\n{}\n",
             acquire_status(&reply),

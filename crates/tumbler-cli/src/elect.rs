@@ -150,6 +150,7 @@ async fn campaign_with_lease(
                     name: request.name.clone(),
                     holder: request.candidate.clone(),
                     fencing_token: None,
+                    names: Vec::new(),
                 };
                 let _ = tokio::time::timeout(Duration::from_secs(5), call!(conn, release, release)).await;
             }

@@ -3,8 +3,8 @@
 use clap::Args;
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, enum_name, grant_table, now_ms};
-use super::{Failure, Globals, GrantRef, LockName, exit};
+use super::output::{enum_name, grant_table, now_ms};
+use super::{Failure, Globals, GrantRef, LockNames, exit};
 use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
@@ -12,7 +12,7 @@ pub struct ExtendArgs {
     #[command(flatten)]
     pub target: Target,
     #[command(flatten)]
-    pub lock: LockName,
+    pub lock: LockNames,
     #[command(flatten)]
     pub grant: GrantRef,
     /// The new remaining lease (default: the grant's own ttl).
@@ -22,14 +22,17 @@ pub struct ExtendArgs {
 
 pub async fn run(args: ExtendArgs, globals: &Globals) -> Result<u8, Failure> {
     let mut conn = Conn::new(&args.target)?;
+    let namespace = globals.namespace()?;
+    let lock = args.lock.display(&namespace);
+    let (name, names) = args.lock.split();
     let request = proto::ExtendRequest {
-        namespace: globals.namespace()?,
-        name: args.lock.name,
+        namespace,
+        name,
         holder: args.grant.holder,
         ttl_ms: args.ttl_ms,
         fencing_token: args.grant.token,
+        names,
     };
-    let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, extend, request).await?;
     let status = enum_name(reply.status().as_str_name(), "EXTEND_STATUS_");
     globals.output().reply(&reply, || {

@@ -186,6 +186,36 @@ pub struct LockName {
     pub name: String,
 }
 
+/// Which locks: one, or a multi-lock's set (2 to 16 names, taken,
+/// released and extended together; decision 0076).
+#[derive(Args, Debug)]
+pub struct LockNames {
+    /// The lock's name; several names make a multi-lock (all or nothing).
+    #[arg(required = true, num_args = 1..=16, value_name = "NAME")]
+    pub names: Vec<String>,
+}
+
+impl LockNames {
+    /// The request's `name` and `names`: one name goes in `name`, a set
+    /// in `names` (`name` empty).
+    pub fn split(self) -> (String, Vec<String>) {
+        let mut names = self.names;
+        if names.len() == 1 {
+            (names.remove(0), Vec::new())
+        } else {
+            (String::new(), names)
+        }
+    }
+
+    /// How a reply names them (`ns/a`, or `ns/{a, b}`).
+    pub fn display(&self, namespace: &str) -> String {
+        if self.names.len() == 1 {
+            return output::display_name(namespace, &self.names[0]);
+        }
+        output::display_name(namespace, &format!("{{{}}}", self.names.join(", ")))
+    }
+}
+
 /// Whose grant (`release`, `extend`).
 #[derive(Args, Debug)]
 pub struct GrantRef {

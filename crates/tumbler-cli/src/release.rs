@@ -3,8 +3,8 @@
 use clap::Args;
 
 use super::connect::{Conn, Target};
-use super::output::{display_name, enum_name};
-use super::{Failure, Globals, GrantRef, LockName, exit};
+use super::output::enum_name;
+use super::{Failure, Globals, GrantRef, LockNames, exit};
 use tumbler_proto as proto;
 
 #[derive(Args, Debug)]
@@ -12,20 +12,23 @@ pub struct ReleaseArgs {
     #[command(flatten)]
     pub target: Target,
     #[command(flatten)]
-    pub lock: LockName,
+    pub lock: LockNames,
     #[command(flatten)]
     pub grant: GrantRef,
 }
 
 pub async fn run(args: ReleaseArgs, globals: &Globals) -> Result<u8, Failure> {
     let mut conn = Conn::new(&args.target)?;
+    let namespace = globals.namespace()?;
+    let lock = args.lock.display(&namespace);
+    let (name, names) = args.lock.split();
     let request = proto::ReleaseRequest {
-        namespace: globals.namespace()?,
-        name: args.lock.name,
+        namespace,
+        name,
         holder: args.grant.holder,
         fencing_token: args.grant.token,
+        names,
     };
-    let lock = display_name(&request.namespace, &request.name);
     let reply = call!(conn, release, request).await?;
     let status = enum_name(reply.status().as_str_name(), "RELEASE_STATUS_");
     globals.output().reply(&reply, || {

@@ -178,6 +178,30 @@ impl Calls {
             .await
     }
 
+    /// Calls a function on several locks at once (a multi-lock's group:
+    /// every lock's keys declared, lock after lock), alone (no group
+    /// commit), waiting for replica acknowledgements of a grant as
+    /// [`Self::call_granting`] does.
+    pub(super) async fn call_locks(
+        &self,
+        pick: Pick,
+        locks: &[LockKeys],
+        args: &[String],
+        is_grant: fn(&Value) -> bool,
+    ) -> Result<Value, StoreError> {
+        let declared: Vec<&str> = (locks.iter())
+            .flat_map(|keys| keys.declared(self.counts_live))
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let script = pick(&self.scripts);
+        if self.store.waits_for_replicas() {
+            return (self.store)
+                .run_granting_script(script, &declared, &args, is_grant)
+                .await;
+        }
+        self.store.run_script(script, &declared, &args).await
+    }
+
     /// The answer-by argument of a call sent now: the caller's own limit,
     /// or the Redis command timeout (after which this replica answers
     /// UNAVAILABLE), whichever comes first.

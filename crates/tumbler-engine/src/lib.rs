@@ -22,6 +22,9 @@
 //! - `waiting.rs` `Waiting`: this replica's waiting RPCs (`waiters.rs`'s
 //!   `Waiters`), an Acquire that waits, and the refresher;
 //! - `deadlock.rs` `Deadlocks` (`Waiting`'s): wait-for cycles refused (decision 0077);
+//! - `multi.rs` `Multi`: multi-locks, a set of locks taken all or
+//!   nothing (decision 0076), its wait that holds nothing, and Release and
+//!   Extend of a set;
 //! - `walks.rs` `Walks`: the namespaces this replica noted as in use, and
 //!   the walks over a namespace's shards (list, reap, clear, metrics);
 //! - `resume.rs` `SessionKeeper`: session records and the ends of their
@@ -44,6 +47,10 @@
 //! The engine depends on nothing of the crate but `crate::store` and
 //! `crate::wallclock`: no transport, no exporter (the reaper records its
 //! metrics with the `metrics` crate, which the server's exporter reads).
+//!
+//! One file of ~650 lines on purpose: the façade is the engine's whole
+//! public surface in one place, each method a few lines that hand the
+//! call to the part that owns it.
 
 pub mod wallclock;
 
@@ -74,6 +81,7 @@ pub mod keys;
 mod libraries;
 mod lifecycle;
 mod locks;
+mod multi;
 pub mod names;
 pub mod ops;
 mod readiness;
@@ -105,6 +113,7 @@ use election::Election;
 use keys::Layout;
 use libraries::Libraries;
 use locks::{GrantRef, Locks};
+use multi::Multi;
 use ops::session_record::Touch;
 use reaper::Reaper;
 use renewer::Renewer;
@@ -137,6 +146,7 @@ pub struct LockEngine {
     changelog: Arc<Changelog>,
     locks: Arc<Locks>,
     waiting: Waiting,
+    multi: Arc<Multi>,
     walks: Arc<Walks>,
     renewer: Arc<Renewer>,
     sessions: SessionKeeper,
@@ -186,8 +196,18 @@ impl LockEngine {
             counting.clone(),
             changelog.clone(),
         ));
+        let multi = Arc::new(Multi::new(
+            calls.clone(),
+            locks.clone(),
+            counting.clone(),
+            changelog.clone(),
+            waiters.clone(),
+            limits.max_waiters_per_lock,
+            limits.max_locks_per_shard,
+        ));
         LockEngine {
             waiting: Waiting::new(waiters, locks.clone(), calls.clone(), limits.hand_over),
+            multi,
             sessions: SessionKeeper::new(
                 renewer.clone(),
                 limits.session_lock_delay_ms,
@@ -297,6 +317,41 @@ impl LockEngine {
     /// A namespace's current wait-for chains (`deadlock.rs`, decision 0077).
     pub async fn wait_chains(&self, ns: &Namespace) -> Result<Vec<WaitChain>, EngineError> {
         self.waiting.wait_chains(ns).await
+    }
+
+    /// Takes every lock of a multi-lock's set or none (decision 0076),
+    /// trying once or waiting in this server while holding nothing.
+    pub async fn acquire_many(
+        self: &Arc<Self>,
+        req: MultiAcquireRequest,
+    ) -> Result<MultiOutcome, EngineError> {
+        self.calls.ready()?;
+        self.walks.note_namespace(&req.req.lock.namespace).await?;
+        self.multi.acquire(req).await
+    }
+
+    /// Releases each lock of a multi-lock's set the holder holds (see
+    /// `multi.rs`): Released only when every one was held.
+    pub async fn release_many(
+        &self,
+        locks: &[LockId],
+        holder: &str,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        self.multi.release_set(locks, holder).await
+    }
+
+    /// Extends each lock of a multi-lock's set (see `multi.rs`); NotHeld,
+    /// with the others released, when one was not held.
+    pub async fn extend_many(
+        &self,
+        locks: &[LockId],
+        holder: &str,
+        ttl_ms: Option<u64>,
+        answer_by: Option<Instant>,
+    ) -> Result<ExtendOutcome, EngineError> {
+        (self.multi)
+            .extend_set(locks, holder, ttl_ms, answer_by)
+            .await
     }
 
     pub async fn release(

@@ -157,6 +157,40 @@ pub struct AcquireRequest {
     pub holds_nothing: bool,
 }
 
+/// A validated multi-lock acquire (decision 0076): `req` says everything
+/// but the names (its `lock` is the first of them; `mode` plain, one
+/// permit), `names` the 2..=16 distinct locks of its namespace, in the
+/// request's order.
+#[derive(Clone, Debug)]
+pub struct MultiAcquireRequest {
+    pub req: AcquireRequest,
+    pub names: Vec<super::LockName>,
+}
+
+/// What a multi-lock acquire ended with. Not granted: `index` is the
+/// first busy lock (in the request's order), with its holders and the
+/// earliest lease end of a busy lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MultiOutcome {
+    /// Every lock granted, in the request's order (`already`: every one
+    /// was the holder's before: the same grants).
+    Acquired {
+        grants: Vec<(super::LockName, Grant)>,
+        holders: u32,
+        already: bool,
+    },
+    Busy {
+        index: usize,
+        holders: u32,
+        next_expiry_at_ms: i64,
+    },
+    TimedOut {
+        index: usize,
+        holders: u32,
+        next_expiry_at_ms: i64,
+    },
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcquireOutcome {
     /// A new grant; `holders` counts live holders including it.

@@ -282,14 +282,14 @@ impl Waiting {
     }
 }
 
-async fn stopped(stop: Option<&tokio_util::sync::CancellationToken>) {
+pub(super) async fn stopped(stop: Option<&tokio_util::sync::CancellationToken>) {
     match stop {
         Some(stop) => stop.cancelled().await,
         None => std::future::pending().await,
     }
 }
 
-async fn sleep_until_some(at: Option<Instant>) {
+pub(super) async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,

@@ -297,5 +297,6 @@ fn release_request(
         name: acquire.name.clone(),
         holder: acquire.holder.clone(),
         fencing_token,
+        names: Vec::new(),
     }
 }

@@ -10,6 +10,7 @@
 //! session's record, a few lines each, share `session_record.rs`.)
 
 pub mod acquire;
+pub mod acquire_many;
 pub mod changelog;
 pub mod clear;
 pub mod count;

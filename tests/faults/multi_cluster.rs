@@ -1,0 +1,182 @@
+//! Multi-locks across Redis Cluster slots (decision 0076, invariant 15):
+//! a set whose locks live in different slots is taken group by group in
+//! one global order, each group a short reservation until every group is
+//! held. Under contention a set is held whole or not at all; a replica
+//! killed (SIGKILL) between two groups leaves its first groups to lapse
+//! with their reservation, never with the full lease.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::topology::start_cluster;
+use common::wait::{wait_for, wait_until_async};
+use common::*;
+use proto::AcquireStatus;
+use proto::lock_service_client::LockServiceClient;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+/// The set's names: with 16 shards they fall in several slots, on more
+/// than one node (checked by the tests).
+const NAMES: [&str; 4] = ["ledger-a", "ledger-b", "ledger-c", "ledger-d"];
+
+fn set(names: &[&str], holder: &str, ttl_ms: u64) -> proto::AcquireRequest {
+    proto::AcquireRequest {
+        names: names.iter().map(|n| n.to_string()).collect(),
+        ttl_ms: Some(ttl_ms),
+        ..acquire("", holder)
+    }
+}
+
+/// Every live grant of `names`: (name, holder, acquired_at, expires_at).
+async fn grants_of(
+    client: &mut LockServiceClient<Channel>,
+    names: &[&str],
+) -> Vec<(String, String, i64, i64)> {
+    let mut grants = Vec::new();
+    for name in names {
+        let state = client.inspect(inspect(name)).await.unwrap().into_inner();
+        for h in state.holders {
+            let g = h.grant.unwrap();
+            grants.push((
+                name.to_string(),
+                g.holder,
+                g.acquired_at_ms,
+                g.expires_at_ms,
+            ));
+        }
+    }
+    grants
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_spanning_slots_is_all_or_nothing_under_contention() {
+    let server = TestServer::new().cluster().shards(16).start().await;
+    let client = server.client().await;
+    // The set spans nodes: its lock keys are on more than one.
+    let reply = client
+        .clone()
+        .acquire(set(&NAMES, "probe", 30_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    let nodes = (server.cluster().scan_each("tumbler:*:l:ledger-*").iter())
+        .filter(|keys| !keys.is_empty())
+        .count();
+    assert!(nodes > 1, "the set spans slots on {nodes} node(s)");
+    let release_all = proto::ReleaseRequest {
+        names: NAMES.iter().map(|n| n.to_string()).collect(),
+        ..release("", "probe")
+    };
+    client.clone().release(release_all).await.unwrap();
+
+    let mut tasks = Vec::new();
+    for caller in 0..4usize {
+        let mut client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let holder = format!("c{caller}");
+            let mut granted = 0;
+            for round in 0..10usize {
+                // Overlapping sets of three, in rotating orders.
+                let mut names: Vec<&str> = NAMES.to_vec();
+                names.rotate_left((caller + round) % 4);
+                names.truncate(3);
+                if round % 2 == 1 {
+                    names.reverse();
+                }
+                let wait = if round % 3 == 0 { 0 } else { 3_000 };
+                let request = proto::AcquireRequest {
+                    wait_ms: wait,
+                    ..set(&names, &holder, 30_000)
+                };
+                let reply = client.acquire(request).await.unwrap().into_inner();
+                let mine = (grants_of(&mut client, &names).await.into_iter())
+                    .filter(|(_, h, _, _)| *h == holder)
+                    .count();
+                if reply.status() == AcquireStatus::Acquired {
+                    granted += 1;
+                    assert_eq!(mine, 3, "{holder}: the whole set {names:?}");
+                    let release_set = proto::ReleaseRequest {
+                        names: names.iter().map(|n| n.to_string()).collect(),
+                        ..release("", &holder)
+                    };
+                    let released = client.release(release_set).await.unwrap().into_inner();
+                    assert_eq!(released.status(), proto::ReleaseStatus::Released);
+                } else {
+                    assert_eq!(mine, 0, "{holder}: refused, yet holds part of {names:?}");
+                }
+            }
+            granted
+        }));
+    }
+    let mut granted = 0;
+    for task in tasks {
+        granted += tokio::time::timeout(Duration::from_secs(90), task)
+            .await
+            .expect("no caller stuck")
+            .unwrap();
+    }
+    assert!(granted > 0);
+    assert!(grants_of(&mut client.clone(), &NAMES).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_between_the_groups_leaves_no_part_beyond_the_reservation() {
+    let cluster = start_cluster();
+    let url = cluster.url();
+    let flags = ["--shards", "16", "--redis-timeout-ms", "500"];
+    // This replica pauses 5 s between a set's groups (a debug build's
+    // test hook), long enough to be killed there.
+    let mut paused = TumblerProcess::spawn_with_env(
+        &url,
+        tumbler::dev::free_port().unwrap(),
+        &flags,
+        &[("TUMBLER_TEST_MULTI_PAUSE_MS", "5000")],
+    );
+    wait_for_health(&paused.endpoint, ServingStatus::Serving).await;
+    let observer = TumblerProcess::start(&url, &flags).await;
+    let mut watch = observer.client().await;
+
+    let mut caller = paused.client().await;
+    let ttl_ms = 60_000;
+    let asking = tokio::spawn(async move { caller.acquire(set(&NAMES, "crashing", ttl_ms)).await });
+    // The first group is held (as a reservation), the rest not yet.
+    let part = wait_for("part of the set taken", Duration::from_secs(10), || {
+        let mut watch = watch.clone();
+        async move { Some(grants_of(&mut watch, &NAMES).await).filter(|part| !part.is_empty()) }
+    })
+    .await;
+    assert!(part.len() < NAMES.len(), "a part only: {part:?}");
+    for (name, holder, acquired, expires) in &part {
+        assert_eq!(holder, "crashing");
+        let lease = expires - acquired;
+        assert!(
+            lease <= 4_000,
+            "{name}: a reservation, not the {ttl_ms} ms lease ({lease} ms)"
+        );
+    }
+    paused.kill();
+    let _ = asking.await;
+    // The part lapses with its reservation: nothing is held well before
+    // the full lease could end.
+    let started = std::time::Instant::now();
+    wait_until_async(
+        "the crashed replica's part lapses",
+        Duration::from_secs(10),
+        || {
+            let mut watch = watch.clone();
+            async move { grants_of(&mut watch, &NAMES).await.is_empty() }
+        },
+    )
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // And the set is free for another caller.
+    let reply = watch
+        .acquire(set(&NAMES, "next", 10_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+}
