@@ -42,6 +42,9 @@ use super::{
     MultiOutcome, ReleaseOutcome, ops, records,
 };
 use crate::store::StoreError;
+use slot::cluster_slot;
+
+mod slot;
 
 /// The longest a set's part may be held as a reservation, whatever the
 /// command timeout (a crashed replica's parts lapse by then).
@@ -598,30 +601,6 @@ impl Drop for PlacesGuard {
     }
 }
 
-/// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag (or
-/// the whole key without one), mod 16384.
-pub(super) fn cluster_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = (bytes.iter().position(|&b| b == b'{'))
-        .and_then(|open| {
-            let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &bytes[open + 1..open + 1 + close])
-        })
-        .unwrap_or(bytes);
-    let mut crc: u16 = 0;
-    for &byte in tagged {
-        crc ^= (byte as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 /// A test hook, honoured only in debug builds: `TUMBLER_TEST_MULTI_PAUSE_MS`
 /// pauses a cross-slot multi-lock between its groups (so a test can kill
 /// the replica there).
@@ -632,22 +611,5 @@ async fn pause_between_groups() {
             .and_then(|v| v.parse::<u64>().ok())
     {
         tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cluster_slot;
-
-    #[test]
-    fn cluster_slots_are_redis_ones() {
-        // Redis' CLUSTER KEYSLOT answers.
-        assert_eq!(cluster_slot("foo"), 12182);
-        assert_eq!(
-            cluster_slot("{user1000}.following"),
-            cluster_slot("user1000")
-        );
-        assert_eq!(cluster_slot("123456789"), 0x31C3 % 16384);
-        assert_eq!(cluster_slot("foo{}bar"), cluster_slot("foo{}bar"));
     }
 }
