@@ -612,7 +612,7 @@ async function loadOverviewAndWaits() {
 function waitChain(chain) {
   const steps = list(chain);
   return h("li", {}, h("code", {}, steps[0].holder),
-    steps.map((step) => [" → ", h("a", { href: lockHref(step.lock) }, h("code", {}, step.lock)),
+    steps.flatMap((step) => [" → ", h("code", {}, step.lock),
       " (held by ", h("code", {}, step.heldBy), ")"]));
 }
 
