@@ -188,6 +188,7 @@ impl Client {
                         answer_by: None,
                         session_epoch: None,
                         stop: None,
+                        holds_nothing: false,
                     })
                     .await
                     .expect("engine acquire");

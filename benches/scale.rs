@@ -442,6 +442,7 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
                             answer_by: None,
                             session_epoch: None,
                             stop: None,
+                            holds_nothing: false,
                         })
                         .await
                         .unwrap();

@@ -139,6 +139,11 @@ try {
   const busiest = await tableRows(page, "#busiest tbody tr");
   assert.deepEqual(busiest.map((r) => [r[0], r[3]]), [["reports", "1"]]);
   assert.equal(await page.locator("svg.chart polyline").count(), 3, "three series in the chart");
+  // The namespace's wait-for chains (decision 0077): worker-3 waits for
+  // reports, which worker-1 holds.
+  await page.locator("#wait-chains li").first().waitFor();
+  assert.deepEqual(await page.locator("#wait-chains li").allInnerTexts(),
+    ["worker-3 → reports (held by worker-1)"]);
   assert.equal(await page.locator("main#main").count(), 1);
   assert.equal(await page.locator("nav[aria-label]").count(), 1);
   await page.screenshot({ path: path.join(shots, "overview.png"), fullPage: true });

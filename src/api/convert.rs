@@ -33,6 +33,9 @@ pub fn code(kind: ErrorKind) -> Code {
         ErrorKind::Conflict => Code::FailedPrecondition,
         ErrorKind::Moved => Code::Aborted,
         ErrorKind::Stopped => Code::Cancelled,
+        // The wait would close a wait-for cycle (decision 0077): refused
+        // at once, the message names the cycle; retry after letting go.
+        ErrorKind::Deadlock => Code::Aborted,
     }
 }
 

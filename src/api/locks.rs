@@ -59,16 +59,19 @@ impl LockApi {
             _ => None,
         };
         let mut req = request.into_inner();
-        let holder = validate::optional_holder(std::mem::take(&mut req.holder))
-            .map_err(invalid)?
-            .unwrap_or_else(new_holder_id);
+        let named = validate::optional_holder(std::mem::take(&mut req.holder)).map_err(invalid)?;
+        // A holder made up here holds nothing else: its wait skips the
+        // deadlock check (decision 0077).
+        let holds_nothing = named.is_none();
+        let holder = named.unwrap_or_else(new_holder_id);
         let ttl = validate::ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
         if !req.names.is_empty() {
             return self
                 .acquire_many_rpc(access, live, req, holder, ttl, deadline)
                 .await;
         }
-        let acquire = self.acquire_request(req, holder, ttl, deadline)?;
+        let mut acquire = self.acquire_request(req, holder, ttl, deadline)?;
+        acquire.holds_nothing = holds_nothing;
         access.act(&acquire.lock.namespace)?;
         let span = tracing::Span::current();
         if !span.is_disabled() {
@@ -164,7 +167,12 @@ impl LockApi {
             None => self.engine.acquire(acquire).await,
             Some(live) => self.acquire_while_permitted(acquire.clone(), live).await?,
         }
-        .map_err(|e| self.failed(rpc, &acquire.lock, &acquire.holder, &acquire.kind, e))?;
+        .map_err(|e| {
+            if matches!(e, engine::EngineError::Deadlock(_)) {
+                report::refused_as_deadlock(acquire);
+            }
+            self.failed(rpc, &acquire.lock, &acquire.holder, &acquire.kind, e)
+        })?;
         report::acquired(self.engine.layout(), acquire, &outcome, started.elapsed());
         Ok(outcome)
     }

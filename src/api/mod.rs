@@ -186,6 +186,7 @@ impl LockApi {
             holder,
             session_epoch: None,
             stop: None,
+            holds_nothing: false,
         })
     }
 

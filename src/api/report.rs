@@ -27,6 +27,15 @@ pub fn acquire_waiting(layout: &Layout, req: &AcquireRequest) {
     );
 }
 
+/// A waiting Acquire (or a session's, or a Campaign) refused because it
+/// would have closed a wait-for cycle (decision 0077): the outcome
+/// `deadlock` of its kind.
+pub fn refused_as_deadlock(req: &AcquireRequest) {
+    if recording() {
+        kind_metrics(&req.kind).outcome(4, "deadlock").increment(1);
+    }
+}
+
 /// An Acquire answered by the engine after `elapsed`.
 pub fn acquired(
     layout: &Layout,

@@ -243,3 +243,49 @@ pub(super) async fn api_reaper(State(d): State<Dashboard>, Caller(access): Calle
         now_ms: Int64(state.now_ms),
     })
 }
+
+/// One step of a wait-for chain: `holder` waits for `lock`, held by
+/// `heldBy`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WaitStepView {
+    holder: String,
+    lock: String,
+    held_by: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WaitsView {
+    namespace: String,
+    /// Each chain from a waiting holder nobody waits on, on while the
+    /// holder it waits on waits too (a cycle ends where it comes round).
+    chains: Vec<Vec<WaitStepView>>,
+}
+
+/// `GET /api/v1/waits?namespace=`: the namespace's current wait-for
+/// chains (decision 0077), from its wait-for registry: waits of holders
+/// that may hold other locks (a holder the server made up records none).
+pub(super) async fn api_waits(
+    State(d): State<Dashboard>,
+    Caller(access): Caller,
+    Query(query): Query<NamespaceQuery>,
+) -> ApiResult {
+    let namespace = readable(&query.namespace, &access)?;
+    let chains = d.engine.wait_chains(&namespace).await?;
+    let chains = (chains.into_iter())
+        .map(|chain| {
+            (chain.into_iter())
+                .map(|step| WaitStepView {
+                    holder: step.holder,
+                    lock: step.lock,
+                    held_by: step.held_by,
+                })
+                .collect()
+        })
+        .collect();
+    json_reply(WaitsView {
+        namespace: namespace.to_string(),
+        chains,
+    })
+}

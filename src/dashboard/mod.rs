@@ -137,6 +137,7 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         .route("/api/v1/metrics", get(api::api_metrics))
         .route("/api/v1/reaper", get(api::api_reaper))
         .route("/api/v1/changelog", get(changelog::api_changelog))
+        .route("/api/v1/waits", get(api::api_waits))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             login::require_access,

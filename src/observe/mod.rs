@@ -210,7 +210,7 @@ fn describe() {
     );
     describe_counter!(
         "tumbler_acquire_outcomes_total",
-        "Acquire results by lock kind: acquired, already_held, busy, timeout."
+        "Acquire results by lock kind: acquired, already_held, busy, timeout, deadlock (a wait refused: it would have closed a wait-for cycle)."
     );
     describe_histogram!(
         "tumbler_acquire_wait_seconds",
@@ -314,7 +314,7 @@ pub fn redis_error(kind: &'static str) {
 pub struct KindMetrics {
     label: String,
     /// By outcome: acquired, already_held, busy, timeout.
-    outcomes: [OnceLock<Counter>; 4],
+    outcomes: [OnceLock<Counter>; 5],
     wait: OnceLock<Histogram>,
     hold: OnceLock<Histogram>,
 }

@@ -191,6 +191,8 @@ enum KeyKind {
     },
     /// meta, namespaces or libraries.
     Deployment(String),
+    /// A namespace's wait-for registry (decision 0077), `{<namespace>:waits}`.
+    Waits(String),
 }
 
 /// Reads a key back the way the layout wrote it, checking that its hash
@@ -209,6 +211,11 @@ fn classify(layout: &Layout, key: &str) -> KeyKind {
         return KeyKind::Deployment(rest.to_owned());
     }
     let tag = cluster_hash_tag(key);
+    if let Some(namespace) = tag.strip_suffix(":waits") {
+        assert_eq!(rest, format!("{{{tag}}}"), "{key:?}");
+        assert_eq!(layout.waits_key(namespace), key);
+        return KeyKind::Waits(namespace.to_owned());
+    }
     let (namespace, shard) = tag.split_once(':').expect("tag is namespace:shard");
     let shard: u32 = shard.parse().expect("shard number");
     assert!(shard < SHARDS, "{key:?}");
@@ -625,7 +632,8 @@ async fn hostile_names_stay_in_their_shard_and_namespace() {
                 what == "fence" || what.starts_with("m:"),
                 "shard key left: {key:?}"
             ),
-            KeyKind::Deployment(_) => {}
+            // A wait's edge leaves its registry after the answer.
+            KeyKind::Deployment(_) | KeyKind::Waits(_) => {}
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod common;
 mod changelog;
 mod changelog_flood;
 mod changelog_reads;
+mod deadlock;
 mod election;
 mod election_faults;
 mod events;

@@ -78,6 +78,18 @@ pub enum Error {
         /// Why the session ended.
         reason: String,
     },
+    /// A waiting acquire was refused because its wait would have closed a
+    /// cycle in the namespace's wait-for graph (gRPC ABORTED whose message
+    /// starts `deadlock: `): the holder holds a lock that another waiter,
+    /// directly or along a chain, waits for. Nothing of the request stayed
+    /// queued; release what the holder holds (or take locks in one global
+    /// order) and try again.
+    #[error("{message}")]
+    Deadlock {
+        /// The server's message, naming the cycle:
+        /// `deadlock: holder "a" waits for lock "x" held by "b", …`.
+        message: String,
+    },
     /// Any other gRPC status (FAILED_PRECONDITION for a limit that differs
     /// from the lock's, RESOURCE_EXHAUSTED, …).
     #[error("{}: {}", .0.code(), .0.message())]
@@ -94,6 +106,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// True for a wait refused as a deadlock ([`Error::Deadlock`]).
+    pub fn is_deadlock(&self) -> bool {
+        matches!(self, Error::Deadlock { .. })
+    }
+
     /// True for a try-once refusal ([`NotAcquiredReason::Busy`]).
     pub fn is_busy(&self) -> bool {
         matches!(
@@ -124,6 +141,7 @@ impl Error {
             Error::PermissionDenied { .. } => Some(tonic::Code::PermissionDenied),
             Error::Unavailable { .. } => Some(tonic::Code::Unavailable),
             Error::Cancelled => Some(tonic::Code::Cancelled),
+            Error::Deadlock { .. } => Some(tonic::Code::Aborted),
             Error::Status(status) => Some(status.code()),
             _ => None,
         }
@@ -141,6 +159,9 @@ impl From<tonic::Status> for Error {
             tonic::Code::Unavailable => Error::Unavailable { message },
             tonic::Code::Unknown if cut_by_transport(&status) => Error::Unavailable { message },
             tonic::Code::Cancelled => Error::Cancelled,
+            tonic::Code::Aborted if message.starts_with("deadlock: ") => {
+                Error::Deadlock { message }
+            }
             _ => Error::Status(status),
         }
     }
@@ -194,5 +215,26 @@ impl Backoff {
         let random = uuid::Uuid::new_v4().as_u128() as u64;
         let nanos = ceiling.as_nanos() as u64;
         Duration::from_nanos(if nanos == 0 { 0 } else { random % (nanos + 1) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aborted_deadlock_is_its_own_variant_and_other_aborts_stay_statuses() {
+        let message = r#"deadlock: holder "b" waits for lock "x" held by "a", "a" waits for lock "y" held by "b""#;
+        let err = Error::from(tonic::Status::aborted(message));
+        assert!(err.is_deadlock(), "{err:?}");
+        assert_eq!(err.code(), Some(tonic::Code::Aborted));
+        assert_eq!(err.to_string(), message);
+        let moved = Error::from(tonic::Status::aborted(
+            "this session was resumed on another stream",
+        ));
+        assert!(
+            !moved.is_deadlock() && matches!(moved, Error::Status(_)),
+            "{moved:?}"
+        );
     }
 }

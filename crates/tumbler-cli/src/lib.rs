@@ -78,6 +78,10 @@ pub mod exit {
     pub const WRITE_FAILED: u8 = 74;
     /// Not acquired: busy (tried once) or timed out (waited).
     pub const NOT_ACQUIRED: u8 = 75;
+    /// Refused as a deadlock: the wait would have closed a wait-for cycle
+    /// (ABORTED, `deadlock: …` naming the cycle; decision 0077). Let go
+    /// of what the holder holds, then try again.
+    pub const DEADLOCK: u8 = 76;
     /// UNAUTHENTICATED or PERMISSION_DENIED.
     pub const NOT_ALLOWED: u8 = 77;
     /// Not held (release, extend), or lost while `hold` ran its command.
@@ -268,6 +272,7 @@ impl Failure {
                     exit::REFUSED_INPUT
                 }
                 Code::Unauthenticated | Code::PermissionDenied => exit::NOT_ALLOWED,
+                Code::Aborted if status.message().starts_with("deadlock: ") => exit::DEADLOCK,
                 _ => exit::SERVER_ERROR,
             },
             Failure::Usage(_) => exit::USAGE,
@@ -340,4 +345,24 @@ fn with_causes(message: &str, mut source: Option<&(dyn std::error::Error + 'stat
         source = inner.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadlock_exits_76_and_other_aborts_70() {
+        let deadlock = Failure::Status(tonic::Status::aborted(
+            r#"deadlock: holder "b" waits for lock "x" held by "a", "a" waits for lock "y" held by "b""#,
+        ));
+        assert_eq!(deadlock.code(), exit::DEADLOCK);
+        assert!(
+            deadlock.message().starts_with("ABORTED: deadlock: "),
+            "{}",
+            deadlock.message()
+        );
+        let other = Failure::Status(tonic::Status::aborted("moved"));
+        assert_eq!(other.code(), exit::SERVER_ERROR);
+    }
 }

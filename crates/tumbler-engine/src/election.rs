@@ -74,6 +74,9 @@ pub fn campaign(c: Campaign) -> super::AcquireRequest {
         answer_by: c.answer_by,
         session_epoch: None,
         stop: None,
+        // A candidate may hold other locks of the namespace: its wait is
+        // an edge of the wait-for graph like any other (decision 0077).
+        holds_nothing: false,
     }
 }
 

@@ -157,6 +157,16 @@ impl Layout {
         format!("{}:c", self.shard_prefix(namespace, shard))
     }
 
+    /// HASH: a namespace's wait-for registry (decision 0077): waiting
+    /// holder → its edges (the locks it waits for and their holders, its
+    /// request, when its wait ends). Written only when a holder that may
+    /// hold other locks starts to wait, removed when the wait ends; its
+    /// own hash tag `{<namespace>:waits}` (no shard's: the graph spans
+    /// them all), expiring a minute after the longest wait recorded.
+    pub fn waits_key(&self, namespace: &str) -> String {
+        format!("{}:{{{namespace}:waits}}", self.prefix)
+    }
+
     /// ZSET namespace → until when (Redis ms) some replica watches it.
     pub fn watching_key(&self) -> String {
         format!("{}:watching", self.prefix)
@@ -305,6 +315,9 @@ mod tests {
             assert_eq!(layout.parse_lock_key(&keys.queue).unwrap().2, name);
         }
         assert_eq!(layout.parse_lock_key("other:{a:1}:l:x"), None);
+        // The wait-for registry is no lock key, and no SCAN finds it as one.
+        assert_eq!(layout.waits_key("team-a"), "tumbler:{team-a:waits}");
+        assert_eq!(layout.parse_lock_key(&layout.waits_key("team-a")), None);
         assert_eq!(layout.parse_lock_key("tumbler:{a:x}:l:x"), None);
         assert_eq!(
             layout.lock_pattern(Some("a.b"), "j*b", false),

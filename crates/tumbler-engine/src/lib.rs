@@ -21,6 +21,7 @@
 //!   pass;
 //! - `waiting.rs` `Waiting`: this replica's waiting RPCs (`waiters.rs`'s
 //!   `Waiters`), an Acquire that waits, and the refresher;
+//! - `deadlock.rs` `Deadlocks` (`Waiting`'s): wait-for cycles refused (decision 0077);
 //! - `multi.rs` `Multi`: multi-locks, a set of locks taken all or
 //!   nothing (decision 0076), its wait that holds nothing, and Release and
 //!   Extend of a set;
@@ -73,6 +74,7 @@ mod calls;
 pub mod changelog;
 pub mod clock;
 mod counting;
+mod deadlock;
 pub mod election;
 pub mod group;
 pub mod keys;
@@ -204,7 +206,7 @@ impl LockEngine {
             limits.max_locks_per_shard,
         ));
         LockEngine {
-            waiting: Waiting::new(waiters, locks.clone(), limits.hand_over),
+            waiting: Waiting::new(waiters, locks.clone(), calls.clone(), limits.hand_over),
             multi,
             sessions: SessionKeeper::new(
                 renewer.clone(),
@@ -310,6 +312,11 @@ impl LockEngine {
         } else {
             self.waiting.acquire(req).await
         }
+    }
+
+    /// A namespace's current wait-for chains (`deadlock.rs`, decision 0077).
+    pub async fn wait_chains(&self, ns: &Namespace) -> Result<Vec<WaitChain>, EngineError> {
+        self.waiting.wait_chains(ns).await
     }
 
     /// Takes every lock of a multi-lock's set or none (decision 0076),

@@ -32,13 +32,14 @@ use tokio_util::sync::CancellationToken;
 use super::calls::{Calls, late};
 use super::changelog::Changelog;
 use super::counting::Counting;
+use super::deadlock::{Deadlocks, Recorded};
 use super::keys::LockKeys;
 use super::locks::{GrantRef, Locks};
 use super::waiters::{Registration, Waiters};
 use super::waiting::{sleep_until_some, stopped};
 use super::{
-    EngineError, ExtendOutcome, Grant, LockId, LockName, MultiAcquireRequest, MultiOutcome,
-    ReleaseOutcome, ops, records,
+    AcquireRequest, EngineError, ExtendOutcome, Grant, LockId, LockName, MultiAcquireRequest,
+    MultiOutcome, ReleaseOutcome, ops, records,
 };
 use crate::store::StoreError;
 use slot::cluster_slot;
@@ -58,6 +59,8 @@ pub(super) struct Multi {
     waiters: Arc<Waiters>,
     max_waiters_per_lock: u32,
     max_locks_per_shard: u64,
+    /// The wait-for registry its waits are recorded in (decision 0077).
+    deadlocks: Deadlocks,
 }
 
 /// The locks of one call: their keys and their places in the request.
@@ -91,6 +94,7 @@ impl Multi {
         max_locks_per_shard: u64,
     ) -> Self {
         Multi {
+            deadlocks: Deadlocks::new(calls.clone(), locks.clone()),
             calls,
             locks,
             counting,
@@ -161,9 +165,10 @@ impl Multi {
     /// its first call (no wake-up slips between), it tries the whole set,
     /// and while a lock is busy sleeps until a call on one of its locks
     /// wakes it, the first busy lease ends, its wait ends or its caller is
-    /// gone. It holds nothing while it sleeps. (A wait-for check, such as
-    /// deadlock detection, belongs right before the sleep below: the
-    /// holder waits for the holders of lock `index`.)
+    /// gone. It holds nothing while it sleeps, but its holder may hold
+    /// other locks: its first wait is recorded as an edge of the wait-for
+    /// graph (the holder waits for the holders of lock `index`) and
+    /// refused when it closes a cycle (decision 0077).
     async fn wait_for_set(
         &self,
         req: &MultiAcquireRequest,
@@ -194,6 +199,11 @@ impl Multi {
             keys,
             holder: base.holder.to_string(),
         };
+        // Its edge in the wait-for registry while it waits (removed when
+        // this is dropped); checked once, at its first busy round.
+        let mut _recorded: Option<Recorded> = None;
+        let mut checked = base.holds_nothing;
+        let request = uuid::Uuid::new_v4().to_string();
         loop {
             let (index, holders, next_expiry) = match self.round(req, groups, true).await? {
                 Round::Granted {
@@ -207,6 +217,26 @@ impl Multi {
                     next_expiry,
                 } => (index, holders, next_expiry),
             };
+            if !checked {
+                checked = true;
+                let busy = AcquireRequest {
+                    lock: LockId {
+                        namespace: base.lock.namespace.clone(),
+                        name: req.names[index].clone(),
+                    },
+                    ..base.clone()
+                };
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.deadlocks.check(&busy, &request, left).await {
+                    Ok(recorded) => _recorded = recorded,
+                    // Refused: it holds nothing of the set, and its wake-up
+                    // places leave with their guard.
+                    Err(EngineError::Deadlock(cycle)) => return Err(EngineError::Deadlock(cycle)),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "deadlock check of a multi-lock failed")
+                    }
+                }
+            }
             let expiry = (next_expiry > 0).then(|| {
                 let left = (next_expiry - self.calls.now_ms()).max(0) as u64 + 1;
                 Instant::now() + Duration::from_millis(left)

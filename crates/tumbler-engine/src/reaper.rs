@@ -111,6 +111,7 @@ impl Reaper {
             answer_by: None,
             session_epoch: None,
             stop: None,
+            holds_nothing: false,
         };
         // A try-once attempt needs no Arc (it does not wait).
         let keys = self.locks.keys(lock);

@@ -89,6 +89,28 @@ pub struct Grant {
     pub slots: Vec<u32>,
 }
 
+/// One step of a wait-for chain (decision 0077): `holder` waits for
+/// `lock`, which `held_by` holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitStep {
+    pub holder: String,
+    pub lock: String,
+    pub held_by: String,
+}
+
+/// A chain of waits, each step's `held_by` the next step's `holder`.
+pub type WaitChain = Vec<WaitStep>;
+
+/// A waiting holder's edges in its namespace's wait-for registry: the
+/// locks it waits for, each with the holders it waits on there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitEdge {
+    pub holder: String,
+    /// When its wait ends at the latest (Redis ms).
+    pub expires_at_ms: i64,
+    pub waits: Vec<(String, Vec<String>)>,
+}
+
 /// A validated acquire request.
 #[derive(Clone, Debug)]
 pub struct AcquireRequest {
@@ -130,6 +152,10 @@ pub struct AcquireRequest {
     /// point and answers [`EngineError::Stopped`]. Never cuts a function
     /// call short, so the caller learns of any grant that call made.
     pub stop: Option<tokio_util::sync::CancellationToken>,
+    /// The holder is known to hold nothing else (an id this replica just
+    /// made up): its wait cannot close a wait-for cycle, so it skips the
+    /// deadlock check (decision 0077).
+    pub holds_nothing: bool,
 }
 
 /// A validated multi-lock acquire (decision 0076): `req` says everything
@@ -414,6 +440,10 @@ pub enum EngineError {
     SessionMoved,
     #[error("the caller stopped waiting")]
     Stopped,
+    /// The wait would close a cycle in the namespace's wait-for graph
+    /// (decision 0077): refused at once, its queue entry gone.
+    #[error("deadlock: {}", crate::deadlock::describe(.0))]
+    Deadlock(Vec<WaitStep>),
 }
 
 /// What kind of failure an engine error is: the one table the transports
@@ -435,6 +465,8 @@ pub enum ErrorKind {
     Moved,
     /// The caller's own stop signal ended the wait (the transport says why).
     Stopped,
+    /// The wait would close a wait-for cycle: refused, nothing left behind.
+    Deadlock,
 }
 
 impl EngineError {
@@ -457,6 +489,7 @@ impl EngineError {
             | EngineError::UpgradeRefused => ErrorKind::Conflict,
             EngineError::SessionMoved => ErrorKind::Moved,
             EngineError::Stopped => ErrorKind::Stopped,
+            EngineError::Deadlock(_) => ErrorKind::Deadlock,
         }
     }
 

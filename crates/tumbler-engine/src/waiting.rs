@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::deadlock::{Deadlocks, Recorded};
 use super::keys::LockKeys;
 use super::locks::{self, Locks};
 use super::ops::acquire::Outcome;
@@ -28,12 +29,21 @@ use crate::store::StoreError;
 pub(super) struct Waiting {
     waiters: Arc<Waiters>,
     locks: Arc<Locks>,
+    /// The wait-for registry a waiter that may hold other locks records
+    /// its wait in (decision 0077).
+    deadlocks: Deadlocks,
     /// Waiters name their request, so freed permits are handed to them.
     hand_over: bool,
 }
 
 impl Waiting {
-    pub(super) fn new(waiters: Arc<Waiters>, locks: Arc<Locks>, hand_over: bool) -> Self {
+    pub(super) fn new(
+        waiters: Arc<Waiters>,
+        locks: Arc<Locks>,
+        calls: Arc<super::calls::Calls>,
+        hand_over: bool,
+    ) -> Self {
+        let deadlocks = Deadlocks::new(calls, locks.clone());
         // A grant handed to a request of this replica whose RPC is gone
         // goes back at once (pinned to its token).
         let giving_back = locks.clone();
@@ -51,6 +61,7 @@ impl Waiting {
         Waiting {
             waiters,
             locks,
+            deadlocks,
             hand_over,
         }
     }
@@ -94,6 +105,10 @@ impl Waiting {
             request: request.clone(),
             armed: false,
         };
+        // Its edges in the wait-for registry while it waits (removed when
+        // this is dropped); checked once, when it first queues.
+        let mut _recorded: Option<Recorded> = None;
+        let mut checked = req.holds_nothing;
         loop {
             let wait_left = deadline.saturating_duration_since(Instant::now());
             let wait = locks::Waiting {
@@ -136,6 +151,30 @@ impl Waiting {
                 }
             };
             queued.armed = true;
+            if !checked {
+                checked = true;
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.deadlocks.check(req, &request, left).await {
+                    Ok(recorded) => _recorded = recorded,
+                    Err(EngineError::Deadlock(cycle)) => {
+                        // Refused: nothing of it stays in the queue (a
+                        // grant handed meanwhile ended the cycle: it is
+                        // the answer).
+                        queued.armed = false;
+                        self.locks
+                            .dequeue(&req.lock, keys, &req.holder, Some(&request), false)
+                            .await?;
+                        if let Some(handed) = registration.take_handed() {
+                            return self.handed(req, handed);
+                        }
+                        return Err(EngineError::Deadlock(cycle));
+                    }
+                    // A failed check only misses a cycle: the wait goes on.
+                    Err(err) => {
+                        tracing::warn!(error = %err, lock = %req.lock.name, "deadlock check failed")
+                    }
+                }
+            }
             // At the head, also wake when the first lease runs out, so an
             // expiry hands over without a release. (Only the head can be
             // granted; it wakes the next one while permits remain.)
@@ -185,6 +224,14 @@ impl Waiting {
                 }
             }
         }
+    }
+
+    /// A namespace's current wait-for chains (`deadlock.rs`).
+    pub(super) async fn wait_chains(
+        &self,
+        namespace: &super::Namespace,
+    ) -> Result<Vec<Vec<super::WaitStep>>, EngineError> {
+        self.deadlocks.chains(namespace).await
     }
 
     /// A grant handed to this waiting RPC, as its answer.

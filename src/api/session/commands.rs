@@ -176,7 +176,12 @@ impl Driver {
                         ),
                     ))
                 }
-                Err(err) => Done::refused(id, err),
+                Err(err) => {
+                    if matches!(err, crate::engine::EngineError::Deadlock(_)) {
+                        report::refused_as_deadlock(&request);
+                    }
+                    Done::refused(id, err)
+                }
             };
             (lock, done)
         });

@@ -598,13 +598,49 @@ function renderReaper(d) {
   ];
 }
 
+// ------------------------------------------------------------ wait-for chains
+
+/** The overview and the namespace's wait-for chains (decision 0077), together. */
+async function loadOverviewAndWaits() {
+  const [overview, waits] = await Promise.all([
+    getJson(withNamespace("/api/v1/overview")),
+    getJson(withNamespace("/api/v1/waits"))]);
+  return { overview, waits };
+}
+
+/** One chain: `a → x (held by b) → y (held by c)`. */
+function waitChain(chain) {
+  const steps = list(chain);
+  return h("li", {}, h("code", {}, steps[0].holder),
+    steps.flatMap((step) => [" → ", h("code", {}, step.lock),
+      " (held by ", h("code", {}, step.heldBy), ")"]));
+}
+
+function renderWaits(d) {
+  const chains = list(d.chains);
+  return h("section", { "aria-labelledby": "waits-h" }, h("h2", { id: "waits-h" }, "Wait-for chains"),
+    chains.length
+      ? h("ul", { id: "wait-chains", class: "chains" }, chains.map(waitChain))
+      : h("p", { id: "wait-chains" }, "No holder of other locks is waiting."),
+    h("p", { class: "note" }, "Waits of holders that may hold other locks of this namespace; " +
+      "a wait that would close a cycle is refused at once (ABORTED)."));
+}
+
+/** The overview's sections with the chains before the admin's. */
+function renderOverviewAndWaits(d) {
+  const parts = renderOverview(d.overview);
+  const admin = parts.findIndex((part) => part.classList.contains("danger-zone"));
+  parts.splice(admin < 0 ? parts.length : admin, 0, renderWaits(d.waits));
+  return parts;
+}
+
 // ------------------------------------------------------------ start
 
 setupChrome();
 switch (page) {
   case "overview":
     heading("Overview");
-    poll(() => getJson(withNamespace("/api/v1/overview")), renderOverview);
+    poll(loadOverviewAndWaits, renderOverviewAndWaits);
     break;
   case "locks":
     heading("Locks");

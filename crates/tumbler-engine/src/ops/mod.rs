@@ -4,7 +4,8 @@
 //! struct), and the parse of that answer. The engine's parts call them
 //! through `calls.rs` (one lock: `engine/locks.rs`; shard walks:
 //! `walks.rs`; sessions: `resume.rs` and `renewer.rs`; the changelog:
-//! `changelog.rs`; per-minute counts: `counting.rs`); nothing else knows
+//! `changelog.rs`; per-minute counts: `counting.rs`; the wait-for
+//! registry: `deadlock.rs`); nothing else knows
 //! the functions' argument order or reply shape. (The five functions on a
 //! session's record, a few lines each, share `session_record.rs`.)
 
@@ -25,6 +26,9 @@ pub mod refresh;
 pub mod release;
 pub mod renew;
 pub mod session_record;
+pub mod wait_end;
+pub mod wait_for;
+pub mod waits;
 
 use redis::Value;
 

@@ -1,0 +1,341 @@
+//! [`Deadlocks`]: deadlock detection among waiters (decision 0077). A
+//! holder that may hold other locks of its namespace records, when it
+//! starts to wait, its edges in the namespace's wait-for registry (the
+//! lock it waits for and the holders it waits on there) and walks the
+//! edges from those holders (`lua/wait_for.lua`, one call). A walk that
+//! comes back to it is a candidate cycle, read from snapshots that may
+//! be stale, so every step is checked against the locks as they are now
+//! (is the next holder still holding, is the waiter still queued and
+//! still blocked by it) before the wait is refused. A race may miss a
+//! cycle (it then ends by timeout, as without detection); a cycle that is
+//! not there is never reported.
+//!
+//! A holder waits on a holder only when that holder alone keeps it out
+//! ([`blocking`]): the holder of a mutex, a writer, every reader for a
+//! writer, a grant of a semaphore without whose permits the request could
+//! never fit. Then a cycle of such waits is a deadlock whatever the others
+//! do.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::calls::Calls;
+use super::locks::Locks;
+use super::{AcquireRequest, EngineError, LockId, LockMode, LockState, WaitEdge, WaitStep, ops};
+use crate::store::StoreError;
+
+/// Edges a namespace's chains are read from, at most.
+const MOST_EDGES: u32 = 1000;
+
+/// The wait-for registry's calls.
+pub(super) struct Deadlocks {
+    calls: Arc<Calls>,
+    locks: Arc<Locks>,
+}
+
+/// A wait whose edges are in the registry: they leave when it is dropped
+/// (the wait ended: granted, timed out, cancelled, refused).
+pub(super) struct Recorded {
+    calls: Arc<Calls>,
+    key: String,
+    holder: String,
+    request: String,
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        let (calls, key) = (self.calls.clone(), std::mem::take(&mut self.key));
+        let args = ops::wait_end::args(&self.holder, &self.request);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // Off the answer's path; an edge that stays ends at its expiry.
+        runtime.spawn(async move {
+            let removed = calls.call(|s| &s.wait_end, &key, &args).await;
+            if let Err(err) = removed.and_then(ops::wait_end::parse) {
+                tracing::debug!(error = %err, "a wait's edges left to their expiry");
+            }
+        });
+    }
+}
+
+impl Deadlocks {
+    pub(super) fn new(calls: Arc<Calls>, locks: Arc<Locks>) -> Self {
+        Deadlocks { calls, locks }
+    }
+
+    /// A waiting request's check, once it is queued: its edges recorded
+    /// (kept while the returned guard lives) and, when they close a cycle
+    /// that is verified, the cycle (`Err(EngineError::Deadlock)`).
+    pub(super) async fn check(
+        &self,
+        req: &AcquireRequest,
+        request: &str,
+        left: Duration,
+    ) -> Result<Option<Recorded>, EngineError> {
+        // 1. Who keeps it out now (none: it closes no cycle, records nothing).
+        let state = self.locks.inspect(&req.lock).await?;
+        let waits_on = blocking(&state, &req.holder, req.mode, req.permits);
+        if waits_on.is_empty() {
+            return Ok(None);
+        }
+        // 2. Its edges recorded, the walk from them.
+        let key = self.calls.layout().waits_key(&req.lock.namespace);
+        let waits = [(req.lock.name.to_string(), waits_on)];
+        let call = ops::wait_for::Call {
+            holder: &req.holder,
+            request,
+            left_ms: left.as_millis() as u64,
+            waits: &waits,
+        };
+        let reply = self.calls.call(|s| &s.wait_for, &key, &call.args()).await?;
+        let recorded = Recorded {
+            calls: self.calls.clone(),
+            key,
+            holder: req.holder.to_string(),
+            request: request.to_owned(),
+        };
+        let cycle = ops::wait_for::parse(reply)?;
+        // 3. A candidate is refused only when it holds now.
+        if !cycle.is_empty() && self.verified(&req.lock.namespace, &cycle).await? {
+            return Err(EngineError::Deadlock(cycle));
+        }
+        Ok(Some(recorded))
+    }
+
+    /// Every step of a cycle as the locks are now: the waiter still
+    /// queued on the lock, and the next holder still keeping it out.
+    async fn verified(
+        &self,
+        namespace: &super::Namespace,
+        cycle: &[WaitStep],
+    ) -> Result<bool, StoreError> {
+        for step in cycle {
+            let Ok(lock) = LockId::parse(namespace.to_string(), step.lock.clone()) else {
+                return Ok(false);
+            };
+            let queue = match self.locks.queue(&lock, u32::MAX).await {
+                Ok(queue) => queue,
+                Err(EngineError::Store(err)) => return Err(err),
+                Err(_) => return Ok(false),
+            };
+            let Some(waiting) = queue.requests.iter().find(|r| r.holder == step.holder) else {
+                return Ok(false);
+            };
+            let state = match self.locks.inspect(&lock).await {
+                Ok(state) => state,
+                Err(EngineError::Store(err)) => return Err(err),
+                Err(_) => return Ok(false),
+            };
+            if !blocking(&state, &step.holder, waiting.mode, waiting.permits)
+                .contains(&step.held_by)
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The namespace's current wait-for chains, for the dashboard: from
+    /// each holder nobody waits on, its edges followed while the holder it
+    /// waits on waits too (a cycle ends where it comes round).
+    pub(super) async fn chains(
+        &self,
+        namespace: &super::Namespace,
+    ) -> Result<Vec<Vec<WaitStep>>, EngineError> {
+        self.calls.ready()?;
+        let key = self.calls.layout().waits_key(namespace);
+        let reply = self
+            .calls
+            .call(|s| &s.waits, &key, &ops::waits::args(MOST_EDGES))
+            .await?;
+        Ok(chains(&ops::waits::parse(reply)?))
+    }
+}
+
+/// The holders that alone keep a request of `holder` (its mode, its
+/// permits) out of a lock: a writer's grant, every grant for a writer, a
+/// grant without whose permits the request could never fit.
+pub(super) fn blocking(
+    state: &LockState,
+    holder: &str,
+    mode: LockMode,
+    permits: u32,
+) -> Vec<String> {
+    let others = state.holders.iter().filter(|grant| grant.holder != holder);
+    let alone = |grant: &&super::Grant| match (mode, grant.mode) {
+        (LockMode::Write, _) | (_, LockMode::Write) => true,
+        _ => grant.permits.max(1) > state.limit.saturating_sub(permits.max(1)),
+    };
+    let mut found: Vec<String> = others.filter(alone).map(|g| g.holder.clone()).collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// Chains from the registry's edges: each starts at a waiting holder
+/// nobody waits on (or, for holders only on cycles, at the least of
+/// them) and follows a holder waited on that waits too (else the first).
+pub(super) fn chains(edges: &[WaitEdge]) -> Vec<Vec<WaitStep>> {
+    let by_holder: BTreeMap<&str, &WaitEdge> =
+        edges.iter().map(|e| (e.holder.as_str(), e)).collect();
+    let waited_on: BTreeSet<&str> = edges
+        .iter()
+        .flat_map(|e| e.waits.iter().flat_map(|(_, holders)| holders))
+        .map(String::as_str)
+        .collect();
+    let mut covered = BTreeSet::new();
+    let mut chains = Vec::new();
+    let starts = (by_holder.keys().copied())
+        .filter(|h| !waited_on.contains(h))
+        .chain(by_holder.keys().copied());
+    for start in starts {
+        if covered.contains(start) {
+            continue;
+        }
+        let mut chain = Vec::new();
+        let mut seen = BTreeSet::new();
+        let mut at = start;
+        while let Some(edge) = by_holder.get(at) {
+            if !seen.insert(at) {
+                break;
+            }
+            covered.insert(at);
+            // The lock and holder to follow: one that waits too, if any.
+            let pairs = || {
+                (edge.waits.iter())
+                    .flat_map(|(lock, holders)| holders.iter().map(move |h| (lock, h)))
+            };
+            let Some((lock, next)) = pairs()
+                .find(|(_, h)| by_holder.contains_key(h.as_str()))
+                .or_else(|| pairs().next())
+            else {
+                break;
+            };
+            chain.push(WaitStep {
+                holder: at.to_owned(),
+                lock: lock.clone(),
+                held_by: next.clone(),
+            });
+            at = next.as_str();
+        }
+        if !chain.is_empty() {
+            chains.push(chain);
+        }
+    }
+    chains
+}
+
+/// A cycle as its error message says it: `holder "a" waits for lock "x"
+/// held by "b", "b" waits for lock "y" held by "a"`.
+pub fn describe(cycle: &[WaitStep]) -> String {
+    let steps: Vec<String> = cycle
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            let who = if i == 0 { "holder " } else { "" };
+            format!(
+                "{who}{:?} waits for lock {:?} held by {:?}",
+                step.holder, step.lock, step.held_by
+            )
+        })
+        .collect();
+    steps.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edge(holder: &str, lock: &str, holders: &[&str]) -> WaitEdge {
+        WaitEdge {
+            holder: holder.into(),
+            expires_at_ms: 0,
+            waits: vec![(lock.into(), holders.iter().map(|h| h.to_string()).collect())],
+        }
+    }
+
+    fn text(chain: &[WaitStep]) -> String {
+        let mut out = chain[0].holder.clone();
+        for step in chain {
+            out.push_str(&format!(" -> {} ({})", step.lock, step.held_by));
+        }
+        out
+    }
+
+    #[test]
+    fn chains_start_where_nobody_waits_and_cycles_come_round() {
+        let edges = [
+            edge("a", "x", &["b"]),
+            edge("b", "y", &["c"]),
+            edge("p", "q", &["r"]),
+            edge("r", "s", &["p"]),
+        ];
+        let found: Vec<String> = chains(&edges).iter().map(|c| text(c)).collect();
+        assert_eq!(found, ["a -> x (b) -> y (c)", "p -> q (r) -> s (p)"]);
+    }
+
+    fn state(limit: u32, grants: &[(&str, LockMode, u32)]) -> LockState {
+        let holders = (grants.iter())
+            .map(|&(holder, mode, permits)| super::super::Grant {
+                holder: holder.into(),
+                fencing_token: 1,
+                slot: 1,
+                acquired_at_ms: 0,
+                expires_at_ms: 1,
+                ttl_ms: 1,
+                kind: "default".into(),
+                metadata: Default::default(),
+                mode,
+                permits,
+                slots: vec![1],
+            })
+            .collect();
+        LockState {
+            now_ms: 0,
+            limit,
+            waiters: 0,
+            holders,
+            mode: LockMode::Plain,
+            permits_in_use: grants.iter().map(|g| g.2).sum(),
+        }
+    }
+
+    #[test]
+    fn only_a_holder_that_alone_keeps_a_request_out_is_waited_on() {
+        use LockMode::*;
+        // A mutex's holder; never the request's own holder.
+        assert_eq!(
+            blocking(&state(1, &[("b", Plain, 1)]), "a", Plain, 1),
+            ["b"]
+        );
+        assert!(blocking(&state(1, &[("a", Plain, 1)]), "a", Plain, 1).is_empty());
+        // A semaphore either of whose holders can free a permit: nobody.
+        let two = state(2, &[("b", Plain, 1), ("c", Plain, 1)]);
+        assert!(blocking(&two, "a", Plain, 1).is_empty());
+        // ... unless the request needs every permit: both.
+        assert_eq!(blocking(&two, "a", Plain, 2), ["b", "c"]);
+        // Weighted: a grant of 3 of 4 keeps out a request of 2; one of 1 does not.
+        let four = state(4, &[("big", Plain, 3), ("small", Plain, 1)]);
+        assert_eq!(blocking(&four, "a", Plain, 2), ["big"]);
+        // Read/write: a writer waits on every reader, a reader on the writer.
+        let readers = state(3, &[("r1", Read, 1), ("r2", Read, 1)]);
+        assert_eq!(blocking(&readers, "w", Write, 1), ["r1", "r2"]);
+        assert!(blocking(&readers, "r3", Read, 1).is_empty());
+        assert_eq!(blocking(&state(3, &[("w", Write, 1)]), "r", Read, 1), ["w"]);
+    }
+
+    #[test]
+    fn a_cycle_reads_as_its_message() {
+        let step = |h: &str, l: &str, b: &str| WaitStep {
+            holder: h.into(),
+            lock: l.into(),
+            held_by: b.into(),
+        };
+        assert_eq!(
+            describe(&[step("a", "x", "b"), step("b", "y", "a")]),
+            r#"holder "a" waits for lock "x" held by "b", "b" waits for lock "y" held by "a""#
+        );
+    }
+}
