@@ -12,7 +12,8 @@
 //! `login` (the login cookie, HSTS), `overview` (what the overview costs
 //! Redis under load), `read_write` (a read/write lock's mode, its
 //! holders' and waiters'), `throttle` (failed logins per client address),
-//! `visible` (bidi and invisible characters shown escaped).
+//! `visible` (bidi and invisible characters shown escaped), `weighted` (a
+//! semaphore's permits in use, its holders' permits and slots).
 
 mod auth;
 mod login;
@@ -21,6 +22,7 @@ mod overview;
 mod read_write;
 mod throttle;
 mod visible;
+mod weighted;
 
 use crate::common;
 
