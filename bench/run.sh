@@ -47,7 +47,7 @@ run() {
   fi
 }
 started=$(date +%s)
-for bench in handover election script_cost load front connect read_write session_renewal scale; do
+for bench in handover election script_cost load front connect read_write weighted session_renewal scale; do
   echo
   echo "## $bench"
   run "$bench"

@@ -10,7 +10,8 @@
 //! Then Redis' own count of the work per pair (`INFO commandstats` after
 //! `CONFIG RESETSTAT`, around a fixed number of pairs per client): the
 //! function calls the server sent (group commit may carry several
-//! operations in one) and the commands run inside them.
+//! operations in one) and the commands run inside them (both measured by
+//! `common/pairs.rs`).
 //!
 //! `cargo bench --bench read_write` (READ_WRITE_SECONDS=N per row after
 //! 1 s of warm-up, default 3). Under `cargo test` a smoke run with tiny
@@ -18,30 +19,12 @@
 
 pub mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tonic::transport::Channel;
-use tumbler::config::{ServerConfig, ServiceArgs};
-use tumbler::dev::RedisServer;
-use tumbler::proto::lock_service_client::LockServiceClient;
-use tumbler::proto::{self, AcquireStatus, LockMode, ReleaseStatus};
+use common::pairs::{redis_work, throughput};
+use tumbler::proto::{self, LockMode};
 
 const CLIENTS: usize = 64;
-const CLIENTS_PER_CHANNEL: usize = 8;
-
-/// Commands the measurement itself, the health check and the pub/sub
-/// connection send: not part of any lock operation.
-const NOT_LOCK_WORK: &[&str] = &[
-    "info",
-    "config|resetstat",
-    "ping",
-    "subscribe",
-    "client|setname",
-    "hello",
-    "select",
-];
 
 /// What each client acquires and releases.
 #[derive(Clone, Copy, Debug)]
@@ -83,105 +66,11 @@ impl Row {
         }
         request
     }
-}
 
-/// One acquire + release pair of `row`'s client.
-async fn pair(rpc: &mut LockServiceClient<Channel>, request: &proto::AcquireRequest) {
-    let reply = rpc.acquire(request.clone()).await.unwrap().into_inner();
-    assert_eq!(
-        reply.status(),
-        AcquireStatus::Acquired,
-        "{}: {reply:?}",
-        request.name
-    );
-    let reply = rpc
-        .release(proto::ReleaseRequest {
-            name: request.name.clone(),
-            holder: request.holder.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.status(), ReleaseStatus::Released, "{}", request.name);
-}
-
-/// The 64 clients, 8 to an HTTP/2 connection.
-async fn clients(endpoint: &str) -> Vec<LockServiceClient<Channel>> {
-    let mut channels = Vec::new();
-    for _ in 0..CLIENTS.div_ceil(CLIENTS_PER_CHANNEL) {
-        channels.push(
-            Channel::from_shared(endpoint.to_owned())
-                .unwrap()
-                .connect()
-                .await
-                .unwrap(),
-        );
+    /// Every client's request.
+    fn requests(self) -> Vec<proto::AcquireRequest> {
+        (0..CLIENTS).map(|client| self.request(client)).collect()
     }
-    (0..CLIENTS)
-        .map(|i| LockServiceClient::new(channels[i / CLIENTS_PER_CHANNEL].clone()))
-        .collect()
-}
-
-/// Pairs per second of `row` over `window`, after `warm_up`.
-async fn throughput(row: Row, endpoint: &str, warm_up: Duration, window: Duration) -> f64 {
-    let pairs = Arc::new(AtomicUsize::new(0));
-    let counting = Arc::new(AtomicBool::new(false));
-    let stop_at = Instant::now() + warm_up + window;
-    let mut tasks = Vec::new();
-    for (client, mut rpc) in clients(endpoint).await.into_iter().enumerate() {
-        let (pairs, counting) = (pairs.clone(), counting.clone());
-        tasks.push(tokio::spawn(async move {
-            let request = row.request(client);
-            while Instant::now() < stop_at {
-                pair(&mut rpc, &request).await;
-                if counting.load(Ordering::Relaxed) {
-                    pairs.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
-    }
-    tokio::time::sleep(warm_up).await;
-    counting.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
-}
-
-/// Redis' work per pair of `row`: `each` pairs per client, all clients at
-/// once, counted by Redis (function calls, commands inside them).
-async fn redis_work(
-    row: Row,
-    endpoint: &str,
-    conn: &mut redis::aio::MultiplexedConnection,
-    each: usize,
-) -> (f64, f64) {
-    let clients = clients(endpoint).await;
-    common::reset_command_stats(conn).await;
-    let mut tasks = Vec::new();
-    for (client, mut rpc) in clients.into_iter().enumerate() {
-        tasks.push(tokio::spawn(async move {
-            let request = row.request(client);
-            for _ in 0..each {
-                pair(&mut rpc, &request).await;
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let (mut calls, mut inner) = (0, 0);
-    for stat in common::command_stats(conn).await {
-        match stat.name.as_str() {
-            "fcall" | "fcall_ro" | "evalsha" | "eval" => calls += stat.calls,
-            name if NOT_LOCK_WORK.contains(&name) => {}
-            _ => inner += stat.calls,
-        }
-    }
-    let pairs = (each * CLIENTS) as f64;
-    (calls as f64 / pairs, inner as f64 / pairs)
 }
 
 #[tokio::main]
@@ -198,17 +87,7 @@ async fn main() {
     } else {
         (Duration::from_millis(50), Duration::from_millis(200), 2)
     };
-    let redis = RedisServer::start("redis-server").expect("redis-server");
-    let args = ServiceArgs {
-        reap_interval_ms: 0,
-        // Health checks far apart: their PINGs are not lock work.
-        health_interval_ms: 60_000,
-        ..ServiceArgs::default()
-    };
-    let config = ServerConfig::new(redis.url(), &args).unwrap();
-    let endpoint = common::serve_in_process(config).await;
-    common::wait_until_serving(&endpoint).await;
-    let mut conn = common::redis_conn(&redis.url()).await;
+    let (_redis, endpoint, mut conn) = common::pairs::server().await;
 
     println!(
         "tumbler read/write benchmark: {CLIENTS} clients, {} s per row after {} ms of warm-up; \
@@ -220,12 +99,12 @@ async fn main() {
     println!("| --- | ---: | ---: | ---: | ---: |");
     let mut mutexes = 0.0;
     for row in [Row::Mutexes, Row::Semaphore, Row::Readers] {
-        let rate = throughput(row, &endpoint, warm_up, window).await;
+        let rate = throughput(&endpoint, &row.requests(), warm_up, window).await;
         assert!(rate > 0.0, "{row:?} made no pairs");
         if let Row::Mutexes = row {
             mutexes = rate;
         }
-        let (calls, inner) = redis_work(row, &endpoint, &mut conn, each).await;
+        let (calls, inner) = redis_work(&endpoint, &row.requests(), &mut conn, each).await;
         assert!(inner > 0.0, "{row:?}: Redis counted no work");
         println!(
             "| {} | {rate:.0} | {:.2}× | {calls:.2} | {inner:.2} |",

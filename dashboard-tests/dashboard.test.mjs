@@ -225,6 +225,32 @@ try {
   assert.deepEqual(rwQueue.map((r) => r.slice(0, 5)), [["1", "writer-1", "0", "fair", "write"]]);
   await page.screenshot({ path: path.join(shots, "read-write.png"), fullPage: true });
 
+  // A weighted semaphore: the permits in use, each holder's permits and
+  // slots, each waiter's permits, as Inspect and Queue say; the locks
+  // list counts permits.
+  step("a weighted semaphore's page shows its permits in use, each holder's permits and slots");
+  await page.goto(`${base}/dashboard/lock?name=gpus&namespace=render`);
+  await page.waitForSelector("#queue tbody tr th code");
+  const weighted = grpc("Inspect", { namespace: "render", name: "gpus" });
+  assert.equal(weighted.permitsInUse, 3);
+  await waitForCard(page, "Permits in use", "3 / 4");
+  await waitForCard(page, "Holders", "2");
+  const farmHolders = await tableRows(page, "#holders tbody tr");
+  assert.deepEqual(farmHolders.map((r) => r.slice(0, 3)), [["1, 2", "farm-a", "2"], ["3", "farm-b", "1"]]);
+  assert.deepEqual(farmHolders.map((r) => r[0]),
+    weighted.holders.map((info) => info.grant.slots.join(", ")), "the slots Inspect reports");
+  const farmQueue = await tableRows(page, "#queue tbody tr");
+  assert.deepEqual(farmQueue.map((r) => r.slice(0, 5)), [["1", "farm-c", "0", "fair", "2"]]);
+  await page.screenshot({ path: path.join(shots, "weighted.png"), fullPage: true });
+  await page.goto(`${base}/dashboard/locks?namespace=render`);
+  await page.waitForSelector("#locks tbody tr th a");
+  assert.deepEqual((await tableRows(page, "#locks tbody tr")).map((r) => r.slice(0, 4)), [["gpus", "3", "4", "1"]]);
+  // A plain lock's page has no permits column.
+  await page.goto(`${base}/dashboard/lock?name=reports`);
+  await page.waitForSelector("#holders tbody tr th code");
+  const plainHead = await page.$$eval("#holders thead th", (els) => els.map((el) => el.textContent));
+  assert.ok(!plainHead.includes("Permits") && plainHead[0] === "Slot", JSON.stringify(plainHead));
+
   // Namespace switch (query parameter) from the header form.
   step("namespace selector switches to another namespace");
   await page.getByLabel("Namespace", { exact: true }).fill("billing");

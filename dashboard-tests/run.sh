@@ -84,7 +84,8 @@ done
 # The scene: a mutex held, a second holder denied and a third waiting in
 # its queue; a semaphore-style job lock with two of three permits taken;
 # a lock in another namespace; an election with a leader; a read/write
-# lock held by two readers with a writer waiting.
+# lock held by two readers with a writer waiting; a weighted semaphore
+# with 3 of its 4 permits taken and a request for 2 waiting.
 t() { "$TUMBLER_BIN" "$@" --addr "$addr" >/dev/null; }
 t acquire reports --holder worker-1 --ttl-ms 600000 --kind export --meta team=billing --meta job=42
 t acquire reports --holder worker-2 --ttl-ms 600000 --kind export || true
@@ -116,6 +117,13 @@ for reader in reader-1 reader-2; do
 done
 rw_acquire '{"namespace":"inventory","name":"catalog","holder":"writer-1","mode":"LOCK_MODE_WRITE","limit":3,"ttlMs":"600000","waitMs":"600000","kind":"cache"}' \
   >"$work/writer.log" 2>&1 &
+pids+=("$!")
+# Weighted permits (4 in all) in a namespace of their own: farm-a holds
+# 2, farm-b 1, farm-c waits for 2.
+t acquire gpus -n render --holder farm-a --limit 4 --permits 2 --ttl-ms 600000 --kind render
+t acquire gpus -n render --holder farm-b --limit 4 --permits 1 --ttl-ms 600000 --kind render
+"$TUMBLER_BIN" acquire gpus -n render --addr "$addr" --holder farm-c --limit 4 --permits 2 \
+  --wait-ms 600000 --ttl-ms 600000 --kind render >"$work/farm.log" 2>&1 &
 pids+=("$!")
 # Names that would show reversed or hide characters: a right-to-left
 # override (U+202E) in a name and in metadata, a left-to-right isolate

@@ -1,9 +1,12 @@
 //! Shared by the benchmarks: a `tumbler serve` process of its own (so its
 //! RSS is the replica's alone) or a server in the bench's own process,
 //! waiting until it serves, reading its RSS;
-//! and Redis' own command counters (`INFO commandstats`).
+//! and Redis' own command counters (`INFO commandstats`); acquire +
+//! release pairs from many clients, with their rate and Redis' work per
+//! pair (`pairs.rs`).
 
 pub mod etcd;
+pub mod pairs;
 
 use std::time::Duration;
 

@@ -1,7 +1,8 @@
 //! A mutual-exclusion checker under chaos. Clients spread over three
 //! `tumbler serve` processes acquire a few contended locks, campaign in
-//! as many elections, and read or write a few read/write locks (3 readers
-//! at once), record each grant (each term) in their own log,
+//! as many elections, read or write a few read/write locks (3 readers
+//! at once) and take k of a few semaphores' 4 permits (k from 1 to 4,
+//! fair or barging), record each grant (each term) in their own log,
 //! hold briefly and release (resign), while a chaos loop
 //! SIGKILLs and restarts replicas, SIGKILLs and restarts Redis, and
 //! freezes Redis (SIGSTOP/SIGCONT); one replica of the three hands freed
@@ -9,7 +10,8 @@
 //! clients' own observations on one monotonic clock, that no two grants
 //! of a lock overlapped while both leases were valid (never two leaders
 //! with valid terms; never a writer beside a reader or another writer,
-//! never more readers than the limit), and that fencing tokens per lock
+//! never more readers than the limit; never more permits of a semaphore
+//! in valid grants than its limit, invariant 14), and that fencing tokens per lock
 //! (terms per election) strictly rose in grant order, across modes
 //! (`chaos/check.rs`).
 //!
@@ -20,9 +22,9 @@
 //!   restarted and frozen one at a time: 0 overlaps as well.
 //! - volatile (no persistence): a restart forgets held locks, so overlaps
 //!   can happen (Redis cannot keep a promise it forgot; this is the case
-//!   fencing tokens exist for): a writer beside readers, readers past the
-//!   limit, as two plain holders — but tokens must still only rise, across
-//!   modes too.
+//!   fencing tokens exist for): a writer beside readers, readers or
+//!   permits past the limit, as two plain holders — but tokens must still
+//!   only rise, across modes too.
 //!
 //! Short by default (CI); `CHAOS_SECONDS=N` runs longer, `CHAOS_OPS=N`
 //! runs until N grants, `CHAOS_LOCKS` / `CHAOS_CLIENTS` change the load
@@ -37,7 +39,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::proto;
 use common::topology::{TestCluster, start_cluster_with};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -46,7 +47,7 @@ use tumbler::dev::RedisServer;
 use tumbler::proto::lock_service_client::LockServiceClient;
 
 use check::{Grant, Mode, check};
-use ops::{Op, READERS, RW_LOCKS, acquire, campaign, plain_name, release, resign, rw_name};
+use ops::{Op, PERMITS, READERS, RW_LOCKS, SEMAPHORES, acquire, campaign, release, resign};
 
 /// Locks and clients: few and many (contention), or CHAOS_LOCKS and
 /// CHAOS_CLIENTS for the long mode.
@@ -244,21 +245,15 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
                 let mut rpc = LockServiceClient::new(channels[(client + op) % REPLICAS].clone());
                 attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let sent = Instant::now();
-                let token = match what {
-                    Op::Term => campaign(&mut rpc, lock, &holder).await,
-                    Op::Plain => acquire(&mut rpc, &plain_name(lock), &holder, None).await,
-                    Op::Read { prefer } => {
-                        let mode = (proto::LockMode::Read, prefer);
-                        acquire(&mut rpc, &rw_name(lock), &holder, Some(mode)).await
-                    }
-                    Op::Write => {
-                        let mode = (proto::LockMode::Write, false);
-                        acquire(&mut rpc, &rw_name(lock), &holder, Some(mode)).await
-                    }
+                let granted = match what {
+                    Op::Term => (campaign(&mut rpc, lock, &holder).await)
+                        .map(|term| term.map(|term| (term, Mode::Exclusive))),
+                    _ => (acquire(&mut rpc, what.request(lock, &holder)).await)
+                        .map(|grant| grant.map(|g| (g.fencing_token, what.mode(&g)))),
                 };
                 let granted_at = Instant::now();
-                let token = match token {
-                    Ok(Some(token)) => token,
+                let (token, mode) = match granted {
+                    Ok(Some(granted)) => granted,
                     Ok(None) => continue,
                     Err(status) => {
                         *errors
@@ -276,10 +271,7 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
                 let releasing = Instant::now();
                 let released = match what {
                     Op::Term => resign(&mut rpc, lock, &holder, token).await,
-                    Op::Plain => release(&mut rpc, &plain_name(lock), &holder, token).await,
-                    Op::Read { .. } | Op::Write => {
-                        release(&mut rpc, &rw_name(lock), &holder, token).await
-                    }
+                    _ => release(&mut rpc, &what.name(lock), &holder, token).await,
                 };
                 let end = releasing.min(lease_end);
                 if let Err(status) = released {
@@ -295,7 +287,7 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
                 if granted_at < lease_end {
                     grants.lock().unwrap().push(Grant {
                         lock: what.index(locks, lock),
-                        mode: what.mode(),
+                        mode,
                         token,
                         start: granted_at,
                         end,
@@ -356,10 +348,11 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
 }
 
 /// The findings' counts: overlaps (a writer beside a reader included),
-/// readers over the limit, tokens not rising.
+/// readers over the limit, permits over the limit, tokens not rising.
 struct Violations {
     overlaps: usize,
     over_limit: usize,
+    permits_over: usize,
     drops: usize,
 }
 
@@ -370,27 +363,43 @@ fn report(
     errors: &BTreeMap<String, usize>,
     attempts: usize,
 ) -> Violations {
-    let found = check(grants, READERS as usize);
+    let found = check(grants, READERS as usize, PERMITS as usize);
     let count = |m: Mode| grants.iter().filter(|g| g.mode == m).count();
     let (reads, writes) = (count(Mode::Read), count(Mode::Write));
-    let rw_overlaps = (found.overlaps.iter())
-        .filter(|(a, b)| a.mode != Mode::Exclusive || b.mode != Mode::Exclusive)
-        .count();
-    let rw_drops = (found.token_drops.iter())
-        .filter(|(a, b)| a.mode != Mode::Exclusive || b.mode != Mode::Exclusive)
-        .count();
+    let weighted: Vec<u32> = (grants.iter())
+        .filter_map(|g| match g.mode {
+            Mode::Permits(k) => Some(k),
+            _ => None,
+        })
+        .collect();
+    let permits: u32 = weighted.iter().sum();
+    // The pairs of one kind of lock: read/write, or weighted.
+    let of = |pairs: &check::Pairs, kind: fn(Mode) -> bool| {
+        (pairs.iter())
+            .filter(|(a, b)| kind(a.mode) || kind(b.mode))
+            .count()
+    };
+    let rw = |m: Mode| matches!(m, Mode::Read | Mode::Write);
+    let weighted_kind = |m: Mode| matches!(m, Mode::Permits(_));
+    let rw_overlaps = of(&found.overlaps, rw);
+    let (rw_drops, weighted_drops) = (
+        of(&found.token_drops, rw),
+        of(&found.token_drops, weighted_kind),
+    );
     println!(
-        "chaos ({mode}): {attempts} acquire and campaign attempts, {} grants and terms checked on {} locks, as many elections and {RW_LOCKS} read/write locks ({reads} read and {writes} write grants, {READERS} readers at once) by {} clients over {REPLICAS} replicas; \
+        "chaos ({mode}): {attempts} acquire and campaign attempts, {} grants and terms checked on {} locks, as many elections, {RW_LOCKS} read/write locks ({reads} read and {writes} write grants, {READERS} readers at once) and {SEMAPHORES} semaphores of {PERMITS} permits ({} weighted grants, {permits} permits) by {} clients over {REPLICAS} replicas; \
          faults: {} replica SIGKILLs, {} Redis SIGKILLs, {} Redis freezes; errors seen by clients: {errors:?}; \
-         overlapping grants: {} (read/write: {rw_overlaps}); readers over the limit: {}; tokens not rising: {} (read/write: {rw_drops})",
+         overlapping grants: {} (read/write: {rw_overlaps}); readers over the limit: {}; permits over the limit: {}; tokens not rising: {} (read/write: {rw_drops}, weighted: {weighted_drops})",
         grants.len(),
         locks(),
+        weighted.len(),
         clients(),
         faults.replica_kills,
         faults.redis_kills,
         faults.redis_freezes,
         found.overlaps.len(),
         found.over_limit.len(),
+        found.permits_over.len(),
         found.token_drops.len()
     );
     for (a, b) in found.overlaps.iter().take(3) {
@@ -402,9 +411,13 @@ fn report(
     for reader in found.over_limit.iter().take(3) {
         println!("  reader over the limit: {reader:?}");
     }
+    for grant in found.permits_over.iter().take(3) {
+        println!("  permits over the limit: {grant:?}");
+    }
     Violations {
         overlaps: found.overlaps.len(),
         over_limit: found.over_limit.len(),
+        permits_over: found.permits_over.len(),
         drops: found.token_drops.len(),
     }
 }
@@ -422,6 +435,12 @@ fn assert_enough(grants: &[Grant]) {
         "too few read ({}) or write ({}) grants to say anything",
         count(Mode::Read),
         count(Mode::Write)
+    );
+    let weighted = || grants.iter().filter(|g| matches!(g.mode, Mode::Permits(_)));
+    assert!(
+        weighted().count() > 10 && weighted().any(|g| g.mode != Mode::Permits(1)),
+        "too few weighted grants ({}) or none of more than one permit",
+        weighted().count()
     );
 }
 
@@ -444,6 +463,10 @@ async fn assert_mutual_exclusion(mode: &str, store: Store) {
         "two grants of one lock (two leaders, a writer and a reader) overlapped"
     );
     assert_eq!(found.over_limit, 0, "more readers than the limit at once");
+    assert_eq!(
+        found.permits_over, 0,
+        "the permits of valid grants summed past a semaphore's limit"
+    );
     assert_eq!(found.drops, 0, "a fencing token did not rise");
 }
 
@@ -482,15 +505,15 @@ async fn volatile_redis_keeps_tokens_rising_even_when_it_forgets_locks() {
     let (grants, faults, errors, attempts) = run(Store::Standalone(redis)).await;
     let found = report("volatile Redis", &grants, &faults, &errors, attempts);
     println!(
-        "  (volatile: overlaps, a writer beside readers and readers over the limit are allowed \
-         here, {} and {} seen: a restart forgets grants; tokens must rise all the same)",
-        found.overlaps, found.over_limit
+        "  (volatile: overlaps, a writer beside readers, readers and permits over the limit are \
+         allowed here, {}, {} and {} seen: a restart forgets grants; tokens must rise all the same)",
+        found.overlaps, found.over_limit, found.permits_over
     );
     assert_enough(&grants);
     assert!(faults.redis_kills > 0);
     // Overlaps are possible here (a restarted empty Redis forgets held
     // locks: a writer may then be granted beside readers it forgot, or
-    // readers past the limit); that is what the tokens are for: they never
+    // readers or permits past the limit); that is what the tokens are for: they never
     // go back, whatever the modes.
     assert_eq!(
         found.drops, 0,

@@ -289,7 +289,7 @@ function renderOverview(d) {
       h("li", { class: "denied" }, h("span", {}, `denied + timed out (${fmtNumber(int(hour.denied) + int(hour.timedOut))})`)),
       h("li", { class: "errors" }, h("span", {}, `errors (${fmtNumber(int(hour.errors))})`))));
   const busiest = table("Locks with the most waiters", [
-    "Lock", { label: "Holders", num: true }, { label: "Limit", num: true },
+    "Lock", { label: "Permits in use", num: true }, { label: "Limit", num: true },
     { label: "Waiters", num: true }, "Next expiry"],
   list(d.busiest).map((l) => lockRow(l, d.nowMs)),
   { id: "busiest", empty: "Nobody is waiting." });
@@ -325,11 +325,13 @@ function renderLocksToolbar() {
   document.getElementById("content").before(form);
 }
 
-/** One LockSummary as a table row. */
+/** One LockSummary as a table row. Its permits in use are its holders for
+ * a plain lock (one each), more where a holder took several (List says no
+ * more than the sum, so the column is always there). */
 function lockRow(l, nowMs) {
   return h("tr", {},
     h("th", { scope: "row" }, h("a", { href: lockHref(l.name) }, l.name)),
-    num(int(l.holders)), num(int(l.limit)), num(int(l.waiters)),
+    num(int(l.permitsInUse)), num(int(l.limit)), num(int(l.waiters)),
     h("td", {}, when(l.nextExpiryAtMs, nowMs)));
 }
 
@@ -344,7 +346,7 @@ function renderLocks(d) {
       "Next page") : null);
   const what = d.prefix ? `Locks whose name starts with “${d.prefix}”` : "Locks";
   return [table(`${what}: ${locks.length} on this page, in name order`, [
-    "Lock", { label: "Holders", num: true }, { label: "Limit", num: true },
+    "Lock", { label: "Permits in use", num: true }, { label: "Limit", num: true },
     { label: "Waiters", num: true }, "Next expiry"], rows,
   { id: "locks", empty: "No locks match." }), pager];
 }
@@ -459,25 +461,35 @@ function renderLock(d) {
   // A read/write lock: Inspect says so (READ or WRITE), or its waiters do.
   const lockMode = modeOf(d.mode);
   const rw = Boolean(lockMode) || queued.some((r) => modeOf(r.mode));
+  // Weighted permits (a grant or a waiting request of more than one):
+  // the permits in use, and each holder's permits and slots, each
+  // waiter's permits. A lock of one-permit grants shows none of it.
+  const weighted = held.some((info) => int((info.grant || {}).permits) > 1) ||
+    queued.some((r) => int(r.permits) > 1);
   // An election is a lock of limit 1 whose grant carries the leader's
   // value as the metadata entry "" (only Campaign and Proclaim write it).
   const lead = held.length === 1 && int(d.limit) === 1 ? held[0].grant || {} : {};
   const elected = Object.prototype.hasOwnProperty.call(lead.metadata || {}, "");
   const facts = h("dl", { class: "cards", "aria-label": "Lock state" },
     rw ? card("Mode", "read/write", rwNote(lockMode, held.length, int(d.waiters))) : null,
-    card("Holders", `${held.length} / ${int(d.limit) || "—"}`, rw ? "(the limit: readers at once)" : null),
+    weighted ? card("Holders", fmtNumber(held.length))
+      : card("Holders", `${held.length} / ${int(d.limit) || "—"}`, rw ? "(the limit: readers at once)" : null),
+    weighted ? card("Permits in use", `${int(d.permitsInUse)} / ${int(d.limit) || "—"}`, "(the limit: permits at once)")
+      : null,
     card("Waiters", fmtNumber(int(d.waiters))),
     card("Next expiry", held.length
       ? fmtDuration(Math.min(...held.map((info) => int(info.remainingMs)))) : "—"),
     elected ? card("Leader", h("code", {}, lead.holder), `term ${lead.fencingToken}`) : null,
     elected ? card("Leader's value", lead.metadata[""]) : null);
-  const holderHead = ["Slot", "Holder", ...(rw ? ["Mode"] : []), "Fencing token", "Remaining TTL", "Lease",
+  const holderHead = [weighted ? "Slots" : "Slot", "Holder", ...(rw ? ["Mode"] : []),
+    ...(weighted ? [{ label: "Permits", num: true }] : []), "Fencing token", "Remaining TTL", "Lease",
     "Acquired", "Kind", "Metadata"];
   if (d.admin) holderHead.push("Action");
   const holders = table(`Holders of ${d.name}`, holderHead, held.map((info) => [info.grant || {}, info]).map(([g, info]) => h("tr", {},
-    h("td", { class: "num" }, int(g.slot)),
+    h("td", { class: weighted ? "slots" : "num" }, weighted && list(g.slots).length ? list(g.slots).join(", ") : int(g.slot)),
     h("th", { scope: "row" }, h("code", {}, g.holder)),
     rw ? h("td", {}, modeBadge(g.mode)) : null,
+    weighted ? num(int(g.permits) || 1) : null,
     h("td", {}, h("code", {}, g.fencingToken)),
     h("td", {}, fmtDuration(int(info.remainingMs))),
     h("td", {}, fmtDuration(int(g.ttlMs))),
@@ -492,13 +504,15 @@ function renderLock(d) {
   { id: "holders", empty: "Nobody holds this lock." });
   const queue = table(`Queue of ${d.name}, in grant order (${int(d.queue.waiters)} waiting)`, [
     { label: "Position", num: true }, "Holder", { label: "Priority", num: true }, "Order",
-    ...(rw ? ["Mode"] : []), "Enqueued", "Alive until", "Waits until", "Kind"],
+    ...(rw ? ["Mode"] : []), ...(weighted ? [{ label: "Permits", num: true }] : []),
+    "Enqueued", "Alive until", "Waits until", "Kind"],
   queued.map((r) => h("tr", {},
     h("td", { class: "num" }, int(r.position)),
     h("th", { scope: "row" }, h("code", {}, r.holder)),
     num(int(r.priority)),
     h("td", {}, r.fair ? h("span", { class: "badge ok" }, "fair") : h("span", { class: "badge warn" }, "barging")),
     rw ? h("td", {}, modeBadge(r.mode)) : null,
+    weighted ? num(int(r.permits) || 1) : null,
     h("td", {}, when(r.enqueuedAtMs, d.nowMs)),
     h("td", {}, when(r.expiresAtMs, d.nowMs)),
     h("td", {}, when(r.waitDeadlineMs, d.nowMs)),

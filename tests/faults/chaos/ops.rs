@@ -1,5 +1,6 @@
 //! What a chaos client does: its operations (a plain lock, a leader's
-//! term, a read or a write on a read/write lock) and their RPCs.
+//! term, a read or a write on a read/write lock, k permits of a
+//! semaphore) and their RPCs.
 
 use tonic::transport::Channel;
 use tumbler::proto::lock_service_client::LockServiceClient;
@@ -11,6 +12,9 @@ use crate::common::proto;
 /// Read/write locks, and the readers each admits at once.
 pub(super) const RW_LOCKS: usize = 2;
 pub(super) const READERS: u32 = 3;
+/// Semaphores that weighted acquires share, and the permits of each.
+pub(super) const SEMAPHORES: usize = 2;
+pub(super) const PERMITS: u32 = 4;
 
 /// What one operation of a client does.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -25,39 +29,56 @@ pub(super) enum Op {
         prefer: bool,
     },
     Write,
+    /// Acquire `k` of the `PERMITS` permits of semaphore k
+    /// (`chaos-sem-k`), fair or barging, and release.
+    Permits {
+        k: u32,
+        barging: bool,
+    },
 }
 
 impl Op {
-    /// A client's `op`-th operation: every third a term, every third on a
-    /// read/write lock (two reads to a write), the rest plain.
+    /// A client's `op`-th operation: every fourth a term, every fourth on
+    /// a read/write lock (two reads to a write), every fourth k of a
+    /// semaphore's permits (k from 1 to all of them, one in three
+    /// barging), the rest plain.
     pub(super) fn pick(client: usize, op: usize) -> Op {
-        match op % 3 {
+        match op % 4 {
             0 => Op::Term,
             1 => Op::Plain,
-            _ => match (client + op / 3) % 3 {
+            3 => Op::Permits {
+                k: ((client + op / 4) % PERMITS as usize) as u32 + 1,
+                barging: (client + op / 8).is_multiple_of(3),
+            },
+            _ => match (client + op / 4) % 3 {
                 0 => Op::Write,
                 n => Op::Read {
-                    prefer: n == 1 && (op / 9).is_multiple_of(2),
+                    prefer: n == 1 && (op / 12).is_multiple_of(2),
                 },
             },
         }
     }
 
     /// The grant's index in the checker: plain lock k is k, election k is
-    /// `locks + k`, read/write lock k is `2 * locks + k`.
+    /// `locks + k`, read/write lock k is `2 * locks + k`, semaphore k is
+    /// `2 * locks + RW_LOCKS + k`.
     pub(super) fn index(self, locks: usize, k: usize) -> usize {
         match self {
             Op::Plain => k,
             Op::Term => locks + k,
             Op::Read { .. } | Op::Write => 2 * locks + k % RW_LOCKS,
+            Op::Permits { .. } => 2 * locks + RW_LOCKS + k % SEMAPHORES,
         }
     }
 
-    pub(super) fn mode(self) -> Mode {
+    /// What `grant` allows beside it: for k permits, the permits the grant
+    /// says it holds (a grant seen again keeps its first weight).
+    pub(super) fn mode(self, grant: &proto::Grant) -> Mode {
         match self {
             Op::Plain | Op::Term => Mode::Exclusive,
             Op::Read { .. } => Mode::Read,
             Op::Write => Mode::Write,
+            Op::Permits { .. } => Mode::Permits(grant.permits.max(1)),
         }
     }
 
@@ -67,45 +88,62 @@ impl Op {
             Op::Term => ("campaign", "resign"),
             Op::Read { .. } => ("acquire READ", "release READ"),
             Op::Write => ("acquire WRITE", "release WRITE"),
+            Op::Permits { .. } => ("acquire k permits", "release k permits"),
         }
     }
+
+    /// The name of lock k for this operation (not an election's).
+    pub(super) fn name(self, lock: usize) -> String {
+        match self {
+            Op::Plain | Op::Term => format!("chaos-{lock}"),
+            Op::Read { .. } | Op::Write => format!("chaos-rw-{}", lock % RW_LOCKS),
+            Op::Permits { .. } => format!("chaos-sem-{}", lock % SEMAPHORES),
+        }
+    }
+
+    /// The Acquire of lock k for this operation (not an election's): a
+    /// plain lock; a read/write lock of `READERS` readers (the mode and
+    /// `prefer_readers`); k of a semaphore's `PERMITS`.
+    pub(super) fn request(self, lock: usize, holder: &str) -> proto::AcquireRequest {
+        let mut request = proto::AcquireRequest {
+            name: self.name(lock),
+            holder: holder.to_owned(),
+            ttl_ms: Some(TTL_MS),
+            wait_ms: 1_000,
+            ..Default::default()
+        };
+        match self {
+            Op::Plain | Op::Term => {}
+            Op::Read { prefer } => {
+                request.set_mode(proto::LockMode::Read);
+                request.prefer_readers = prefer;
+                request.limit = Some(READERS);
+            }
+            Op::Write => {
+                request.set_mode(proto::LockMode::Write);
+                request.limit = Some(READERS);
+            }
+            Op::Permits { k, barging } => {
+                request.limit = Some(PERMITS);
+                request.permits = Some(k);
+                request.fair = barging.then_some(false);
+            }
+        }
+        request
+    }
 }
 
-pub(super) fn plain_name(lock: usize) -> String {
-    format!("chaos-{lock}")
-}
-
-pub(super) fn rw_name(lock: usize) -> String {
-    format!("chaos-rw-{}", lock % RW_LOCKS)
-}
-
-/// Acquires lock `name` (a plain lock, or with `mode` a read/write lock
-/// of `READERS` readers: the mode and `prefer_readers`): its fencing
-/// token when granted.
+/// Sends `request`: the grant when granted (or held already).
 pub(super) async fn acquire(
     rpc: &mut LockServiceClient<Channel>,
-    name: &str,
-    holder: &str,
-    mode: Option<(proto::LockMode, bool)>,
-) -> Result<Option<u64>, tonic::Status> {
-    let mut request = proto::AcquireRequest {
-        name: name.to_owned(),
-        holder: holder.to_owned(),
-        ttl_ms: Some(TTL_MS),
-        wait_ms: 1_000,
-        ..Default::default()
-    };
-    if let Some((mode, prefer_readers)) = mode {
-        request.set_mode(mode);
-        request.prefer_readers = prefer_readers;
-        request.limit = Some(READERS);
-    }
+    request: proto::AcquireRequest,
+) -> Result<Option<proto::Grant>, tonic::Status> {
     let reply = rpc.acquire(request).await?.into_inner();
     let granted = matches!(
         reply.status(),
         proto::AcquireStatus::Acquired | proto::AcquireStatus::AlreadyHeld
     );
-    Ok(reply.grant.filter(|_| granted).map(|g| g.fencing_token))
+    Ok(reply.grant.filter(|_| granted))
 }
 
 pub(super) async fn release(

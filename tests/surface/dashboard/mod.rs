@@ -13,7 +13,8 @@
 //! Redis under load), `read_write` (a read/write lock's mode, its
 //! holders' and waiters'), `throttle` (failed logins per client address),
 //! `visible` (bidi and invisible characters shown escaped), `waits` (the
-//! wait-for chains).
+//! wait-for chains), `weighted` (a semaphore's permits in use, its
+//! holders' permits and slots).
 
 mod auth;
 mod login;
@@ -23,6 +24,7 @@ mod read_write;
 mod throttle;
 mod visible;
 mod waits;
+mod weighted;
 
 use crate::common;
 
