@@ -16,12 +16,27 @@
 //! shared machine does, so this ratio is the one to compare across runs.
 //! Skipped (with a note) where valgrind is not installed.
 //!
+//! A third counts instructions per pair with group commit's batch
+//! function (`lua/batch.lua`, called as `crates/tumbler-engine/src/group.rs`
+//! calls it): N acquires in one call, then their N releases in one, for
+//! each N in SCRIPT_COST_BATCHES (default `1,4,16,64`), beside the plain
+//! lock at its best, its N `SET NX PX` pipelined, then its N `EVALSHA`.
+//! The calls are made here with the engine's own typed twins (the same
+//! keys and arguments the server sends), on a Redis with the library
+//! loaded, so each batch is exactly N operations (SCRIPT_COST_BATCH_PAIRS
+//! per N, default 1024). `SCRIPT_COST_ONLY=batches` runs this one alone.
+//!
+//! One file on purpose: its measurements share the Redis under callgrind
+//! and the plain lock's calls, and their tables read side by side.
+//!
 //! `cargo bench --bench script_cost` (SCRIPT_COST_PAIRS=N, default 5000;
 //! SCRIPT_COST_CALLGRIND_PAIRS=N, default 1000). Under `cargo test` it
-//! runs a few pairs as a smoke test. `SCRIPT_COST_COMPARE=label=path,…`
-//! measures other `tumbler` binaries (earlier versions) in the same run,
-//! each on a Redis of its own; `bench/run.sh` builds one from a git
-//! revision given as `COMPARE_WITH=<rev>`.
+//! runs a few pairs as a smoke test (the SCRIPT_COST_* counts given still
+//! apply: Redis' instructions do not depend on how this side was built).
+//! `SCRIPT_COST_COMPARE=label=path,…` measures other `tumbler` binaries
+//! (earlier versions) in the same run, each on a Redis of its own;
+//! `bench/run.sh` builds one from a git revision given as
+//! `COMPARE_WITH=<rev>`.
 
 pub mod common;
 
@@ -30,7 +45,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::ServeProcess;
+use redis::Value;
 use tumbler::dev::RedisServer;
+use tumbler::engine::keys::Layout;
+use tumbler::engine::scripts::Scripts;
+use tumbler::engine::{self, LockId, ops};
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
 
@@ -172,19 +191,24 @@ fn binaries() -> Vec<(String, String)> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
-    let pairs = if benching {
-        env_or("SCRIPT_COST_PAIRS", 5000)
-    } else {
-        50
-    };
+    let sized =
+        |name: &str, bench: u64, smoke: u64| env_or(name, if benching { bench } else { smoke });
     let binaries = binaries();
-    command_stats(&binaries, pairs).await;
-    let callgrind_pairs = if benching {
-        env_or("SCRIPT_COST_CALLGRIND_PAIRS", 1000)
-    } else {
-        20
-    };
-    instructions(&binaries, callgrind_pairs).await;
+    if std::env::var("SCRIPT_COST_ONLY").as_deref() != Ok("batches") {
+        command_stats(&binaries, sized("SCRIPT_COST_PAIRS", 5000, 50)).await;
+        instructions(&binaries, sized("SCRIPT_COST_CALLGRIND_PAIRS", 1000, 20)).await;
+    }
+    let default_sizes = if benching { "1,4,16,64" } else { "4" };
+    let sizes: Vec<usize> = std::env::var("SCRIPT_COST_BATCHES")
+        .unwrap_or_else(|_| default_sizes.to_owned())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("SCRIPT_COST_BATCHES: sizes like 1,4,16,64")
+        })
+        .collect();
+    batches(&sizes, sized("SCRIPT_COST_BATCH_PAIRS", 1024, 8)).await;
 }
 
 /// Script calls, commands inside them and Redis' µs per pair, from
@@ -442,4 +466,249 @@ async fn instructions(binaries: &[(String, String)], pairs: u64) {
         "| baseline: SET NX PX + compare-and-delete | {:.0} | 1.00 |",
         per(baseline)
     );
+}
+
+/// One operation of a call: its function, keys and arguments.
+struct Op {
+    name: &'static str,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+/// Builds acquire and release calls as the server does (its defaults:
+/// key prefix `tumbler`, 32 shards, the default namespace and kind, no
+/// events) with the engine's typed twins.
+struct Calls {
+    scripts: Scripts,
+    layout: Layout,
+    /// Redis ms far enough ahead that no batch runs past it.
+    answer_by: i64,
+}
+
+impl Calls {
+    fn acquire(&self, name: &str) -> Op {
+        let req = engine::AcquireRequest {
+            lock: LockId::parse("default", name).unwrap(),
+            holder: engine::Holder::stored("h"),
+            limit: 1,
+            ttl: engine::Ttl::stored(30_000),
+            kind: engine::Kind::default_kind(),
+            metadata: Default::default(),
+            wait: Duration::ZERO,
+            queue_ttl_ms: 0,
+            priority: 0,
+            fair: true,
+            mode: engine::LockMode::Plain,
+            prefer_readers: false,
+            permits: 1,
+            answer_by: None,
+            session_epoch: None,
+            stop: None,
+        };
+        let call = ops::acquire::Call {
+            req: &req,
+            metadata: "",
+            answer_by: self.answer_by,
+            watched: ops::Emit::default(),
+            max_locks: 0,
+            wait: None,
+        };
+        self.op("acquire", name, call.args())
+    }
+
+    fn release(&self, name: &str) -> Op {
+        let call = ops::release::Call {
+            holder: "h",
+            token: None,
+            watched: ops::Emit::default(),
+            epoch: None,
+            handed: None,
+        };
+        self.op("release", name, call.args())
+    }
+
+    fn op(&self, name: &'static str, lock: &str, args: Vec<String>) -> Op {
+        let keys = self.layout.lock_keys("default", lock);
+        let keys = keys
+            .declared(false)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        Op { name, keys, args }
+    }
+
+    /// One `FCALL` for `ops`: the operation's own function (`own`, one
+    /// operation: what group commit sends when nothing else waits), else
+    /// `lua/batch.lua`'s, with every operation's keys, then per operation
+    /// its name, key count, argument count and arguments.
+    fn fcall(&self, ops: &[Op], own: bool) -> redis::Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        if let ([op], true) = (ops, own) {
+            let function = match op.name {
+                "acquire" => &self.scripts.acquire,
+                _ => &self.scripts.release,
+            };
+            cmd.arg(&function.function).arg(op.keys.len());
+            cmd.arg(&op.keys).arg(&op.args);
+            return cmd;
+        }
+        let keys: usize = ops.iter().map(|op| op.keys.len()).sum();
+        cmd.arg(&self.scripts.batch.function).arg(keys);
+        for op in ops {
+            cmd.arg(&op.keys);
+        }
+        for op in ops {
+            cmd.arg(op.name).arg(op.keys.len()).arg(op.args.len());
+            cmd.arg(&op.args);
+        }
+        cmd
+    }
+
+    /// One call of N acquires, then one of their N releases; panics
+    /// unless every operation did what it does alone.
+    async fn round(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        names: &[String],
+        own: bool,
+    ) {
+        let replies = |value: Value| match value {
+            Value::Array(replies) if !own => replies,
+            one => vec![one],
+        };
+        let acquires: Vec<Op> = names.iter().map(|n| self.acquire(n)).collect();
+        let reply: Value = self.fcall(&acquires, own).query_async(conn).await.unwrap();
+        for reply in replies(reply) {
+            let answer = ops::acquire::parse(reply).unwrap();
+            assert!(
+                matches!(answer.outcome, ops::acquire::Outcome::Granted { .. }),
+                "{answer:?}"
+            );
+        }
+        let releases: Vec<Op> = names.iter().map(|n| self.release(n)).collect();
+        let reply: Value = self.fcall(&releases, own).query_async(conn).await.unwrap();
+        for reply in replies(reply) {
+            let answer = ops::release::parse(reply).unwrap();
+            assert!(
+                matches!(answer.outcome, ops::release::Outcome::Released(_)),
+                "{answer:?}"
+            );
+        }
+    }
+}
+
+/// The plain lock at its best: N `SET NX PX` in one pipeline, then the N
+/// compare-and-deletes (`EVALSHA` of `sha`) in another.
+async fn plain_round(conn: &mut redis::aio::MultiplexedConnection, sha: &str, names: &[String]) {
+    let mut sets = redis::pipe();
+    for name in names {
+        sets.cmd("SET")
+            .arg(name)
+            .arg("h")
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000);
+    }
+    let set: Vec<Option<String>> = sets.query_async(conn).await.unwrap();
+    assert!(set.iter().all(Option::is_some));
+    let mut deletes = redis::pipe();
+    for name in names {
+        deletes.cmd("EVALSHA").arg(sha).arg(1).arg(name).arg("h");
+    }
+    let deleted: Vec<i64> = deletes.query_async(conn).await.unwrap();
+    assert!(deleted.iter().all(|&d| d == 1));
+}
+
+/// Redis' instructions per pair with N operations per call, for each N
+/// in `sizes`: tumbler's batch function (and, for N = 1, the operation's
+/// own function) against the plain lock pipelined N deep.
+async fn batches(sizes: &[usize], pairs: u64) {
+    let Some(redis) = CallgrindRedis::start() else {
+        return;
+    };
+    let mut conn = common::redis_conn(&redis.url()).await;
+    // Redis runs many times slower under valgrind, and a batch of 64 is
+    // one call: no response timeout short of that.
+    conn.set_response_timeout(Duration::from_secs(600));
+    let scripts = Scripts::compile();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(&*scripts.batch.library)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(COMPARE_AND_DELETE)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (seconds, _): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let calls = Calls {
+        scripts,
+        layout: Layout::new("tumbler", 32),
+        // Redis runs many times slower under valgrind: an hour ahead.
+        answer_by: (seconds + 3_600) * 1_000,
+    };
+    let mut next = 0u64;
+    let mut names = |n: usize, prefix: &str| -> Vec<String> {
+        next += n as u64;
+        (next - n as u64..next)
+            .map(|i| format!("{prefix}{i:07}"))
+            .collect()
+    };
+    // Warm-up: every shard's fencing counter exists, the library and the
+    // script are loaded and called.
+    for own in [true, false] {
+        for name in names(64, "cost-") {
+            calls.round(&mut conn, &[name], own).await;
+        }
+    }
+    plain_round(&mut conn, &sha, &names(64, "plain:")).await;
+
+    let mut rows = Vec::new();
+    for &n in sizes {
+        let rounds: Vec<Vec<String>> = (0..(pairs as usize / n).max(1))
+            .map(|_| names(n, "plain:"))
+            .collect();
+        let measured = (rounds.len() * n) as f64;
+        let plain = redis
+            .count(async {
+                for round in &rounds {
+                    plain_round(&mut conn.clone(), &sha, round).await;
+                }
+            })
+            .await as f64
+            / measured;
+        for own in [true, false].into_iter().filter(|&own| !own || n == 1) {
+            let rounds: Vec<Vec<String>> = (0..rounds.len()).map(|_| names(n, "cost-")).collect();
+            let tumbler = redis
+                .count(async {
+                    for round in &rounds {
+                        calls.round(&mut conn.clone(), round, own).await;
+                    }
+                })
+                .await as f64
+                / measured;
+            let label = match own {
+                true => format!("{n}, each operation's own function"),
+                false => format!("{n}, `lua/batch.lua`"),
+            };
+            rows.push((label, tumbler, plain));
+        }
+    }
+    println!(
+        "\nRedis CPU instructions per acquire+release pair with N operations per call (callgrind), about {pairs} pairs per N\n"
+    );
+    println!(
+        "| N per call | tumbler per pair | plain lock per pair (N pipelined) | ÷ plain lock |"
+    );
+    println!("| --- | ---: | ---: | ---: |");
+    for (label, tumbler, plain) in rows {
+        println!(
+            "| {label} | {tumbler:.0} | {plain:.0} | {:.2} |",
+            tumbler / plain
+        );
+    }
 }
