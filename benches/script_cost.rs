@@ -504,6 +504,7 @@ impl Calls {
             answer_by: None,
             session_epoch: None,
             stop: None,
+            holds_nothing: false,
         };
         let call = ops::acquire::Call {
             req: &req,
