@@ -5,6 +5,7 @@ use lib "$FindBin::Bin/lib";
 use Test::More;
 use Scalar::Util qw(blessed);
 use Time::HiRes ();
+use POSIX ();
 use Tumbler::Client;
 use TumblerTestServer;
 
@@ -225,6 +226,36 @@ subtest 'weighted permits' => sub {
     undef $small;
     ok $client->release('pool', holder => 'big'), 'released';
     $client->release('pool-plain', holder => $plain->{holder});
+};
+
+subtest 'a wait that would close a cycle dies Tumbler::Error::Deadlock' => sub {
+    # "pl-a" holds dl-x, "pl-b" holds dl-y; a child process waits for dl-x
+    # as "pl-b". Then "pl-a" asking dl-y would wait for "pl-b", which waits
+    # for "pl-a": refused at once, naming the cycle.
+    $client->acquire('dl-x', holder => 'pl-a', ttl_ms => 20_000);
+    $client->acquire('dl-y', holder => 'pl-b', ttl_ms => 20_000);
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        my $c = Tumbler::Client->new(endpoint => $server->endpoint, timeout => 10);
+        eval { $c->acquire('dl-x', holder => 'pl-b', ttl_ms => 20_000, wait_ms => 6000) };
+        POSIX::_exit(0);
+    }
+    my $queued = 0;
+    for (1 .. 100) {
+        $queued = scalar @{ $client->queue('dl-x')->{requests} // [] } and last;
+        Time::HiRes::sleep(0.05);
+    }
+    is $queued, 1, 'pl-b waits for dl-x';
+    my $t0 = Time::HiRes::time();
+    my $e = error_of { $client->acquire('dl-y', holder => 'pl-a', ttl_ms => 20_000, wait_ms => 5000) };
+    isa_ok $e, 'Tumbler::Error::Deadlock';
+    is $e && $e->kind, 'deadlock', 'kind deadlock';
+    is $e && $e->code, 'aborted', 'code aborted';
+    like $e && $e->message, qr/^deadlock: .*pl-a.*dl-y.*pl-b|^deadlock: .*pl-b.*dl-x.*pl-a/, 'the message names the cycle';
+    cmp_ok Time::HiRes::time() - $t0, '<', 3, 'at once, not after its wait';
+    $client->release('dl-x', holder => 'pl-a');
+    waitpid $pid, 0;
+    $client->release($_, holder => 'pl-b') for qw(dl-x dl-y);
 };
 
 done_testing;

@@ -132,7 +132,9 @@ subtest 'bad input: clear errors' => sub {
 
     my $held = $CLASS->new({ @common, max_procs => 1, key_name => 'ipc-limit' });
     $e = error_of { $CLASS->new({ @common, max_procs => 2, key_name => 'ipc-limit' }) };
-    ok blessed $e && $e->kind eq 'invalid_argument', 'another max_procs for a held lock is refused';
+    ok blessed $e && $e->isa('Tumbler::Error::FailedPrecondition') && $e->kind eq 'failed_precondition',
+        'another max_procs for a held lock is refused: failed_precondition';
+    ok $e->isa('Tumbler::Error::InvalidArgument'), '... still a caller error (InvalidArgument)';
     like $e && $e->message, qr/limit/, '... naming the limit: ' . ($e && $e->message);
 };
 

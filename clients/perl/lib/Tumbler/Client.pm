@@ -499,8 +499,8 @@ any number of readers (up to C<limit>, default the server's maximum) or
 one writer, never both; the grant's C<mode> is C<read> or C<write> (undef
 for a plain lock). C<prefer_readers =E<gt> 1> lets a reader pass writers
 that wait. An upgrade (a reader asking C<write>) and a plain acquire of a
-held read/write lock die C<Tumbler::Error::InvalidArgument> with code
-C<failed_precondition>. C<permits =E<gt> $k> takes k of the C<limit> at
+held read/write lock die C<Tumbler::Error::FailedPrecondition> (a
+C<Tumbler::Error::InvalidArgument>, code C<failed_precondition>). C<permits =E<gt> $k> takes k of the C<limit> at
 once (golang's C<semaphore.Weighted>); the grant's C<permits> is how many
 it holds (1 unless asked more) and C<slots> its slots, one per permit
 (an array). More than the limit, or with a C<mode>, dies

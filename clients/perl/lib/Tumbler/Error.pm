@@ -6,10 +6,11 @@ use overload '""' => sub { $_[0]->as_string }, bool => sub { 1 }, fallback => 1;
 our $VERSION = '0.1.0';
 
 # kind: busy, timeout, not_held, lost, unavailable, denied, invalid_argument,
-# or the Connect code itself for anything else (internal, not_found, ...).
+# failed_precondition, deadlock, or the Connect code itself for anything else
+# (internal, not_found, ...).
 my %CLASS_FOR_CODE = (
     invalid_argument    => [ 'Tumbler::Error::InvalidArgument', 'invalid_argument' ],
-    failed_precondition => [ 'Tumbler::Error::InvalidArgument', 'invalid_argument' ],
+    failed_precondition => [ 'Tumbler::Error::FailedPrecondition', 'failed_precondition' ],
     out_of_range        => [ 'Tumbler::Error::InvalidArgument', 'invalid_argument' ],
     permission_denied   => [ 'Tumbler::Error::Denied',          'denied' ],
     unauthenticated     => [ 'Tumbler::Error::Denied',          'denied' ],
@@ -36,6 +37,11 @@ sub from_connect {
     my ($class, %args) = @_;
     my $code = $args{code} // $CODE_FOR_HTTP{ $args{http_status} // 0 } // 'unknown';
     my ($sub, $kind) = @{ $CLASS_FOR_CODE{$code} // [ 'Tumbler::Error', $code ] };
+    # A wait that would close a wait-for cycle: aborted, its message naming
+    # the cycle (other aborted answers, such as a session taken over, say
+    # something else).
+    ($sub, $kind) = ('Tumbler::Error::Deadlock', 'deadlock')
+        if $code eq 'aborted' && ($args{message} // '') =~ /^deadlock: /;
     return $sub->new(%args, code => $code, kind => $kind);
 }
 
@@ -80,6 +86,12 @@ our @ISA = ('Tumbler::Error');
 package Tumbler::Error::InvalidArgument;  # kind invalid_argument, naming the field
 our @ISA = ('Tumbler::Error');
 
+package Tumbler::Error::FailedPrecondition;  # kind failed_precondition: not in the lock's present state
+our @ISA = ('Tumbler::Error::InvalidArgument');
+
+package Tumbler::Error::Deadlock;         # kind deadlock: the wait would close a wait-for cycle
+our @ISA = ('Tumbler::Error');
+
 1;
 
 __END__
@@ -106,8 +118,13 @@ field) and C<http_status>. Subclasses: C<Tumbler::Error::NotAcquired>
 (C<not_held>), C<Tumbler::Error::LockLost> (C<lost>),
 C<Tumbler::Error::Unavailable> (C<unavailable>, with C<attempts>),
 C<Tumbler::Error::Denied> (C<denied>: C<permission_denied> or
-C<unauthenticated>) and C<Tumbler::Error::InvalidArgument>
-(C<invalid_argument>). Other Connect codes are a plain C<Tumbler::Error>
+C<unauthenticated>), C<Tumbler::Error::InvalidArgument>
+(C<invalid_argument>: a field breaks its rule, named in the message), its
+subclass C<Tumbler::Error::FailedPrecondition> (C<failed_precondition>:
+the request is well formed but the lock's present state refuses it, such
+as another limit or mode for a held lock, or an upgrade), and
+C<Tumbler::Error::Deadlock> (C<deadlock>: code C<aborted>, the wait would
+close a wait-for cycle, which the message names). Other Connect codes are a plain C<Tumbler::Error>
 whose kind is the code.
 
 =cut

@@ -106,7 +106,7 @@ sub extend {
 
 # downgrade: a write grant becomes a read grant at once (the same fencing
 # token, slot and lease; readers may then join). Dies
-# Tumbler::Error::InvalidArgument (code failed_precondition) on a plain
+# Tumbler::Error::FailedPrecondition (a Tumbler::Error::InvalidArgument) on a plain
 # lock, Tumbler::Error::LockLost when the grant is gone.
 sub downgrade {
     my $self = shift;
