@@ -3,7 +3,8 @@
 //! holding nothing, then gets every lock once it frees), a fencing token
 //! per name, one release of the whole set on drop, and the watchdog
 //! keeping a short-lease set alive past several leases until a lock of it
-//! is taken away (then `lost()` resolves and the rest is released).
+//! is taken away (then `lost()` resolves and the rest is released), and a
+//! cancelled wait leaving the server.
 
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use super::{client_of, holders};
 use crate::common::TestServer;
 use crate::common::wait::wait_until_async;
 use tokio::time::Instant;
-use tumbler_client::{Client, Error, NotAcquiredReason};
+use tumbler_client::{CancellationToken, Client, Error, NotAcquiredReason};
 
 async fn all_free(client: &Client, names: &[&str]) -> bool {
     for name in names {
@@ -198,4 +199,39 @@ async fn the_watchdog_keeps_a_short_lease_set_until_a_lock_of_it_is_taken() {
         "a broken set is released whole"
     );
     assert!(!set.release().await.unwrap(), "nothing was held any more");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_waiting_set_ends_its_wait_in_the_server() {
+    let server = TestServer::new().start().await;
+    let client = client_of(&server.endpoint()).await;
+    let _solo = client
+        .lock("cancel-b")
+        .holder("solo")
+        .acquire()
+        .await
+        .unwrap();
+    let token = CancellationToken::new();
+    let waiter = tokio::spawn(
+        client
+            .lock_all(["cancel-a", "cancel-b"])
+            .wait(Duration::from_secs(20))
+            .cancel_on(token.clone())
+            .acquire(),
+    );
+    wait_until_async("the set waits", Duration::from_secs(10), || async {
+        client.inspect("cancel-b").await.unwrap().waiters > 0
+    })
+    .await;
+
+    token.cancel();
+    let cancelled = waiter.await.unwrap().unwrap_err();
+    assert!(matches!(cancelled, Error::Cancelled), "{cancelled:?}");
+    wait_until_async(
+        "the wait ends in the server",
+        Duration::from_secs(10),
+        || async { client.inspect("cancel-b").await.unwrap().waiters == 0 },
+    )
+    .await;
+    assert!(all_free(&client, &["cancel-a"]).await, "nothing taken");
 }
