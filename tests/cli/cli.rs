@@ -20,14 +20,14 @@ use serde_json::Value;
 
 const TUMBLER: &str = env!("CARGO_BIN_EXE_tumbler");
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 /// Runs `tumbler <args> --addr <server>` to completion.
-async fn tumbler(server: &TestServer, args: &[&str]) -> Run {
+pub(crate) async fn tumbler(server: &TestServer, args: &[&str]) -> Run {
     let output = tokio::process::Command::new(TUMBLER)
         .args(args)
         .args(["--addr", &server.endpoint()])
@@ -43,13 +43,13 @@ async fn tumbler(server: &TestServer, args: &[&str]) -> Run {
     }
 }
 
-fn json(run: &Run) -> Value {
+pub(crate) fn json(run: &Run) -> Value {
     serde_json::from_str(&run.stdout)
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", run.stdout))
 }
 
 /// A 64-bit integer of the proto3 JSON mapping: a string of digits.
-fn int64(value: &Value) -> i64 {
+pub(crate) fn int64(value: &Value) -> i64 {
     value
         .as_str()
         .and_then(|text| text.parse().ok())

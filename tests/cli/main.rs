@@ -11,5 +11,6 @@ mod cli;
 mod cli_elect;
 mod cli_health;
 mod cli_hold;
+mod cli_multi;
 mod cli_read_write;
 mod redis_acl;

@@ -5,6 +5,7 @@
 
 #[path = "../common/mod.rs"]
 pub mod common;
+mod multi;
 mod read_write;
 
 use std::time::Duration;

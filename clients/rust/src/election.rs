@@ -14,7 +14,7 @@ use tumbler_proto as proto;
 
 use crate::client::{Client, DEADLINE_SLACK};
 use crate::error::{Error, NotAcquiredReason, Result};
-use crate::lock::{Lock, new_holder};
+use crate::lock::{Lock, cancellable, new_holder};
 
 /// How long one Campaign call may wait when the campaign has no wait of
 /// its own: a day (the server cuts it at its own longest wait; the
@@ -100,13 +100,7 @@ impl Election {
     /// with the same candidate.
     pub async fn campaign(&self, value: impl Into<String>) -> Result<Leadership> {
         let value = value.into();
-        match self.cancel.clone() {
-            Some(token) => tokio::select! {
-                result = self.campaign_inner(value) => result,
-                _ = token.cancelled() => Err(Error::Cancelled),
-            },
-            None => self.campaign_inner(value).await,
-        }
+        cancellable(self.cancel.clone(), self.campaign_inner(value)).await
     }
 
     async fn campaign_inner(&self, value: String) -> Result<Leadership> {

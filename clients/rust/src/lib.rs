@@ -17,6 +17,9 @@
 //!   request out of the server's queue at once.
 //! - Read/write locks: [`LockRequest::read`] / [`LockRequest::write`]
 //!   ([`Mode`]), [`Lock::mode`], [`Lock::downgrade`].
+//! - Multi-locks: [`Client::lock_all`] takes several locks or none; the
+//!   [`LockSet`] guard has a fencing token per lock, is renewed by the
+//!   same watchdog and released as one set.
 //! - [`Session`]: grants renewed by the server while the client's stream
 //!   lives, released at once when it closes, resumed on another replica
 //!   with the same tokens when the stream breaks.
@@ -48,12 +51,14 @@ mod client;
 mod election;
 mod error;
 mod lock;
+mod multi;
 mod session;
 
 pub use client::{Bearer, Client, ClientBuilder, Stub};
 pub use election::{Election, Leadership};
 pub use error::{Backoff, Error, NotAcquiredReason, Result};
 pub use lock::{Lock, LockRequest, Mode, new_holder};
+pub use multi::{LockSet, LockSetRequest};
 pub use session::{Session, SessionBuilder, SessionEvent, SessionGrant, SessionId};
 pub use tokio_util::sync::CancellationToken;
 pub use tonic::transport::{Certificate, ClientTlsConfig, Identity};

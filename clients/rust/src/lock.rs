@@ -1,5 +1,9 @@
 //! A grant as a guard: [`LockRequest`] (acquire), [`Lock`] (the grant, its
 //! watchdog, release on drop).
+//!
+//! One file on purpose: the request, the guard and its watchdog share the
+//! grant's state (`Shared`) and its Extend and Release, which the
+//! election's and the multi-lock's guards reuse through [`Lock`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -274,16 +278,27 @@ impl LockRequest {
     /// permit. Errors: [`Error::NotAcquired`] (busy or timed out),
     /// [`Error::Cancelled`], [`Error::Unavailable`], …
     pub async fn acquire(self) -> Result<Lock> {
-        match self.cancel.clone() {
-            Some(token) => tokio::select! {
-                result = self.acquire_inner() => result,
-                _ = token.cancelled() => Err(Error::Cancelled),
-            },
-            None => self.acquire_inner().await,
-        }
+        cancellable(self.cancel.clone(), self.acquire_inner()).await
     }
 
     async fn acquire_inner(self) -> Result<Lock> {
+        let (reply, sent) = self.send(&[]).await?;
+        let grant = reply.grant.unwrap_or_default();
+        let mut lock = Lock::new(self.client, self.name, grant, sent, self.watchdog);
+        lock.limit = self.limit;
+        Ok(lock)
+    }
+
+    /// Sends the acquire (of `names` when not empty: a multi-lock), retried
+    /// with the same holder on UNAVAILABLE: the granting answer and when
+    /// its try was sent (the lease started no earlier), or the refusal as
+    /// [`Error::NotAcquired`] naming `label`.
+    pub(crate) async fn send(&self, names: &[String]) -> Result<(proto::AcquireResponse, Instant)> {
+        let label = if names.is_empty() {
+            self.name.clone()
+        } else {
+            names.join(",")
+        };
         let holder = self.holder.clone().unwrap_or_else(new_holder);
         let started = Instant::now();
         let deadline = started + self.wait + DEADLINE_SLACK;
@@ -299,7 +314,9 @@ impl LockRequest {
                         .wait
                         .saturating_sub(started.elapsed())
                         .min(left.saturating_sub(Duration::from_millis(50)));
-                    self.request(&holder, wait)
+                    let mut request = self.request(&holder, wait);
+                    request.names = names.to_vec();
+                    request
                 },
             )
             .await;
@@ -307,7 +324,7 @@ impl LockRequest {
             Ok(reply) => reply,
             Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
                 return Err(Error::NotAcquired {
-                    name: self.name,
+                    name: label,
                     reason: NotAcquiredReason::Timeout,
                     holders: 0,
                     queue_position: 0,
@@ -322,25 +339,56 @@ impl LockRequest {
                 NotAcquiredReason::Timeout
             };
             return Err(Error::NotAcquired {
-                name: self.name,
+                name: label,
                 reason,
                 holders: reply.holders,
                 queue_position: reply.queue_position,
             });
         }
-        let grant = reply.grant.unwrap_or_default();
         // The lease started no earlier than the last try was sent.
         let sent = *sent.lock().unwrap();
-        let mut lock = Lock::new(self.client, self.name, grant, sent, self.watchdog);
-        lock.limit = self.limit;
-        Ok(lock)
+        Ok((reply, sent))
+    }
+
+    /// The request's client, for the guard it makes.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Whether the guard it makes runs the watchdog.
+    pub(crate) fn watchdog_on(&self) -> bool {
+        self.watchdog
+    }
+
+    /// The cancellation token, if any.
+    pub(crate) fn cancel_token(&self) -> Option<CancellationToken> {
+        self.cancel.clone()
+    }
+}
+
+/// Runs `work` until it ends or `token` (if any) is cancelled
+/// ([`Error::Cancelled`]; dropping `work` cancels its call).
+pub(crate) async fn cancellable<T>(
+    token: Option<CancellationToken>,
+    work: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match token {
+        Some(token) => tokio::select! {
+            result = work => result,
+            _ = token.cancelled() => Err(Error::Cancelled),
+        },
+        None => work.await,
     }
 }
 
 /// What a [`Lock`]'s parts share with its watchdog.
 #[derive(Debug)]
 struct Shared {
+    /// The lock's name; a multi-lock's names joined by commas.
     name: String,
+    /// A multi-lock's names (empty for a single lock): its Extend and
+    /// Release name the set, not one lock nor one fencing token.
+    names: Vec<String>,
     holder: String,
     state: Mutex<State>,
     /// `Some(reason)` once the grant is known to be gone.
@@ -374,6 +422,29 @@ impl Shared {
             *lost = Some(reason);
             true
         });
+    }
+
+    /// The `name` and `fencing_token` an Extend or Release of the grant
+    /// carries: a multi-lock's are empty (its `names` say the set, each
+    /// lock pinned to the holder's grant of it).
+    fn target(&self, fencing_token: u64) -> (String, Option<u64>) {
+        if self.names.is_empty() {
+            (self.name.clone(), Some(fencing_token))
+        } else {
+            (String::new(), None)
+        }
+    }
+
+    /// The Release of the grant (of the whole set for a multi-lock).
+    fn release_request(&self, client: &Client) -> proto::ReleaseRequest {
+        let (name, fencing_token) = self.target(self.grant().fencing_token);
+        proto::ReleaseRequest {
+            namespace: client.namespace().to_owned(),
+            name,
+            holder: self.holder.clone(),
+            fencing_token,
+            names: self.names.clone(),
+        }
     }
 
     fn lost_error(&self, reason: String) -> Error {
@@ -422,9 +493,23 @@ impl Lock {
         sent: Instant,
         watchdog: bool,
     ) -> Lock {
+        Lock::with_names(client, name, Vec::new(), grant, sent, watchdog)
+    }
+
+    /// A guard of a multi-lock's set (`names`), renewed and released as one:
+    /// `grant` is the one whose lease ends first.
+    pub(crate) fn with_names(
+        client: Client,
+        name: String,
+        names: Vec<String>,
+        grant: proto::Grant,
+        sent: Instant,
+        watchdog: bool,
+    ) -> Lock {
         let (lost, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             name,
+            names,
             holder: grant.holder.clone(),
             state: Mutex::new(State {
                 lease_end: sent + Duration::from_millis(grant.ttl_ms),
@@ -602,10 +687,7 @@ impl Lock {
         if let Some(watchdog) = self.watchdog.take() {
             watchdog.abort();
         }
-        let token = self.fencing_token();
-        self.client
-            .release(&self.shared.name, &self.shared.holder, Some(token))
-            .await
+        release(&self.client, &self.shared).await
     }
 
     /// Keeps the grant past this guard: no release on drop, no watchdog.
@@ -645,29 +727,42 @@ impl Drop for Lock {
         // Released in the background: Drop cannot wait. Without a runtime
         // (dropped after it shut down) the lease ends on its own.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let (name, holder) = (self.shared.name.clone(), self.shared.holder.clone());
-            let token = self.shared.grant().fencing_token;
+            let (client, shared) = (self.client.clone(), self.shared.clone());
             runtime.spawn(async move {
-                let _ = client.release(&name, &holder, Some(token)).await;
+                let _ = release(&client, &shared).await;
             });
         }
     }
 }
 
+/// Gives the grant back (the whole set for a multi-lock): true when it was
+/// released, false when it (or any lock of the set) was no longer held.
+async fn release(client: &Client, shared: &Shared) -> Result<bool> {
+    let reply = client
+        .call(
+            |mut stub, req| async move { stub.release(req).await },
+            shared.release_request(client),
+        )
+        .await?;
+    Ok(reply.status == proto::ReleaseStatus::Released as i32)
+}
+
+/// The Extend of the grant, pinned to its fencing token; a multi-lock's
+/// names the set (each lock is pinned to the holder's grant of it).
 fn extend_request(
     client: &Client,
     shared: &Shared,
     grant: &proto::Grant,
     ttl: Option<Duration>,
 ) -> proto::ExtendRequest {
+    let (name, fencing_token) = shared.target(grant.fencing_token);
     proto::ExtendRequest {
         namespace: client.namespace().to_owned(),
-        name: shared.name.clone(),
+        name,
         holder: shared.holder.clone(),
         ttl_ms: ttl.map(|t| t.as_millis() as u64),
-        fencing_token: Some(grant.fencing_token),
-        names: Vec::new(),
+        fencing_token,
+        names: shared.names.clone(),
     }
 }
 
