@@ -106,9 +106,12 @@ impl Waiting {
             armed: false,
         };
         // Its edges in the wait-for registry while it waits (removed when
-        // this is dropped); checked once, when it first queues.
+        // this is dropped); checked once, once it has waited
+        // `deadlock_check_after` (a wait that ends sooner, as a hot lock's
+        // do, pays nothing for detection: decision 0077).
         let mut _recorded: Option<Recorded> = None;
         let mut checked = req.holds_nothing;
+        let check_at = Instant::now() + deadlock_check_after(req.wait);
         loop {
             let wait_left = deadline.saturating_duration_since(Instant::now());
             let wait = locks::Waiting {
@@ -151,7 +154,7 @@ impl Waiting {
                 }
             };
             queued.armed = true;
-            if !checked {
+            if !checked && Instant::now() >= check_at {
                 checked = true;
                 let left = deadline.saturating_duration_since(Instant::now());
                 match self.deadlocks.check(req, &request, left).await {
@@ -189,6 +192,9 @@ impl Waiting {
                     }
                 }
                 () = sleep_until_some(expiry) => {}
+                // Still waiting when the deadlock check is due: one more
+                // attempt (a permit may have freed), then the check.
+                () = sleep_until_some((!checked).then_some(check_at)) => {}
                 () = tokio::time::sleep_until(deadline) => {
                     queued.armed = false;
                     let had = self.locks.dequeue(&req.lock, keys, &req.holder, Some(&request), true).await?;
@@ -289,6 +295,14 @@ pub(super) async fn stopped(stop: Option<&tokio_util::sync::CancellationToken>) 
     }
 }
 
+/// How long a wait lasts before its deadlock check (decision 0077): a
+/// tenth of the wait, at least 50 ms and at most a second. A cycle is
+/// refused that soon after it closes, long before the wait would time out;
+/// a wait that ends sooner (a hot lock's) never pays for the check.
+pub(super) fn deadlock_check_after(wait: Duration) -> Duration {
+    (wait / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
 pub(super) async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -328,5 +342,20 @@ impl Drop for QueuedGuard {
                 tracing::warn!(error = %err, lock = %lock.name, "leaving the queue failed");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::deadlock_check_after;
+    use std::time::Duration;
+
+    #[test]
+    fn the_deadlock_check_comes_after_a_tenth_of_the_wait_within_bounds() {
+        let ms = |ms| Duration::from_millis(ms);
+        assert_eq!(deadlock_check_after(ms(1)), ms(50));
+        assert_eq!(deadlock_check_after(ms(300)), ms(50));
+        assert_eq!(deadlock_check_after(ms(2_000)), ms(200));
+        assert_eq!(deadlock_check_after(ms(30_000)), ms(1_000));
     }
 }
