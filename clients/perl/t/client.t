@@ -230,14 +230,15 @@ subtest 'weighted permits' => sub {
 
 subtest 'a wait that would close a cycle dies Tumbler::Error::Deadlock' => sub {
     # "pl-a" holds dl-x, "pl-b" holds dl-y; a child process waits for dl-x
-    # as "pl-b". Then "pl-a" asking dl-y would wait for "pl-b", which waits
-    # for "pl-a": refused at once, naming the cycle.
+    # as "pl-b" (its wait is checked, and so recorded, after a tenth of its
+    # 3 s). Then "pl-a" asking dl-y would wait for "pl-b", which waits for
+    # "pl-a": refused as soon as its own check is due, naming the cycle.
     $client->acquire('dl-x', holder => 'pl-a', ttl_ms => 20_000);
     $client->acquire('dl-y', holder => 'pl-b', ttl_ms => 20_000);
     my $pid = fork // die "fork: $!";
     if (!$pid) {
         my $c = Tumbler::Client->new(endpoint => $server->endpoint, timeout => 10);
-        eval { $c->acquire('dl-x', holder => 'pl-b', ttl_ms => 20_000, wait_ms => 6000) };
+        eval { $c->acquire('dl-x', holder => 'pl-b', ttl_ms => 20_000, wait_ms => 3000) };
         POSIX::_exit(0);
     }
     my $queued = 0;
@@ -246,13 +247,14 @@ subtest 'a wait that would close a cycle dies Tumbler::Error::Deadlock' => sub {
         Time::HiRes::sleep(0.05);
     }
     is $queued, 1, 'pl-b waits for dl-x';
+    Time::HiRes::sleep(0.6);    # past pl-b's check: its edge is recorded
     my $t0 = Time::HiRes::time();
     my $e = error_of { $client->acquire('dl-y', holder => 'pl-a', ttl_ms => 20_000, wait_ms => 5000) };
     isa_ok $e, 'Tumbler::Error::Deadlock';
     is $e && $e->kind, 'deadlock', 'kind deadlock';
     is $e && $e->code, 'aborted', 'code aborted';
     like $e && $e->message, qr/^deadlock: .*pl-a.*dl-y.*pl-b|^deadlock: .*pl-b.*dl-x.*pl-a/, 'the message names the cycle';
-    cmp_ok Time::HiRes::time() - $t0, '<', 3, 'at once, not after its wait';
+    cmp_ok Time::HiRes::time() - $t0, '<', 2.5, 'long before its wait would end';
     $client->release('dl-x', holder => 'pl-a');
     waitpid $pid, 0;
     $client->release($_, holder => 'pl-b') for qw(dl-x dl-y);
