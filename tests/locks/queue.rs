@@ -468,6 +468,24 @@ async fn idle_waiting_costs_redis_only_heartbeats() {
         waiters.push(spawn_wait(server.client().await, request));
     }
     until_queued(&mut client, "idle", 100).await;
+    // Each named waiter's deadlock check is due a second into its wait
+    // (decision 0077): it runs once, then the wait is idle.
+    common::wait::wait_until_async(
+        "100 waiters checked for deadlocks",
+        Duration::from_secs(20),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let edges: u64 = redis::cmd("HLEN")
+                    .arg("tumbler:{default:waits}")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                edges == 100
+            }
+        },
+    )
+    .await;
 
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
