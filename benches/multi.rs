@@ -14,28 +14,12 @@
 
 pub mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
-
+use common::pairs::{Timing, Unit, redis_work, throughput};
 use tonic::transport::Channel;
-use tumbler::config::{ServerConfig, ServiceArgs};
-use tumbler::dev::RedisServer;
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
 
 const CLIENTS: usize = 16;
-
-/// Commands of the measurement, health and pub/sub: no lock work.
-const NOT_LOCK_WORK: &[&str] = &[
-    "info",
-    "config|resetstat",
-    "ping",
-    "subscribe",
-    "client|setname",
-    "hello",
-    "select",
-];
 
 #[derive(Clone, Copy, Debug)]
 enum Row {
@@ -52,142 +36,64 @@ impl Row {
             Row::Singles => "3 single locks in sequence: 3 Acquires + 3 Releases",
         }
     }
-}
 
-fn names(client: usize) -> Vec<String> {
-    (0..3).map(|i| format!("account-{client}-{i}")).collect()
-}
-
-/// One set taken and let go by `client`.
-async fn set(row: Row, rpc: &mut LockServiceClient<Channel>, client: usize) {
-    let holder = format!("client-{client}");
-    let acquire = |name: String, names: Vec<String>| proto::AcquireRequest {
-        name,
-        names,
-        holder: holder.clone(),
-        ttl_ms: Some(30_000),
-        ..Default::default()
-    };
-    let release = |name: String, names: Vec<String>| proto::ReleaseRequest {
-        name,
-        names,
-        holder: holder.clone(),
-        ..Default::default()
-    };
-    let requests: Vec<(String, Vec<String>)> = match row {
-        Row::Multi => vec![(String::new(), names(client))],
-        Row::Singles => names(client).into_iter().map(|n| (n, Vec::new())).collect(),
-    };
-    for (name, names) in &requests {
-        let reply = rpc
-            .acquire(acquire(name.clone(), names.clone()))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
-    }
-    for (name, names) in requests {
-        let reply = rpc
-            .release(release(name, names))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(reply.status(), ReleaseStatus::Released);
+    /// Every client's set.
+    fn sets(self) -> Vec<Set> {
+        (0..CLIENTS)
+            .map(|client| Set { row: self, client })
+            .collect()
     }
 }
 
-async fn clients(endpoint: &str) -> Vec<LockServiceClient<Channel>> {
-    let channel = Channel::from_shared(endpoint.to_owned())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    (0..CLIENTS)
-        .map(|_| LockServiceClient::new(channel.clone()))
-        .collect()
-}
-
-/// Sets per second of `row` over `window`, after `warm_up`.
-async fn throughput(row: Row, endpoint: &str, warm_up: Duration, window: Duration) -> f64 {
-    let sets = Arc::new(AtomicUsize::new(0));
-    let counting = Arc::new(AtomicBool::new(false));
-    let stop_at = Instant::now() + warm_up + window;
-    let mut tasks = Vec::new();
-    for (client, mut rpc) in clients(endpoint).await.into_iter().enumerate() {
-        let (sets, counting) = (sets.clone(), counting.clone());
-        tasks.push(tokio::spawn(async move {
-            while Instant::now() < stop_at {
-                set(row, &mut rpc, client).await;
-                if counting.load(Ordering::Relaxed) {
-                    sets.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
-    }
-    tokio::time::sleep(warm_up).await;
-    counting.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    sets.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
-}
-
-/// Redis' work per set of `row`: (function calls, commands inside).
-async fn redis_work(
+/// One client's 3 locks, taken and let go as its row says.
+#[derive(Clone, Copy)]
+struct Set {
     row: Row,
-    endpoint: &str,
-    conn: &mut redis::aio::MultiplexedConnection,
-    each: usize,
-) -> (f64, f64) {
-    let clients = clients(endpoint).await;
-    common::reset_command_stats(conn).await;
-    let mut tasks = Vec::new();
-    for (client, mut rpc) in clients.into_iter().enumerate() {
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..each {
-                set(row, &mut rpc, client).await;
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let (mut calls, mut inner) = (0, 0);
-    for stat in common::command_stats(conn).await {
-        match stat.name.as_str() {
-            "fcall" | "fcall_ro" | "evalsha" | "eval" => calls += stat.calls,
-            name if NOT_LOCK_WORK.contains(&name) => {}
-            _ => inner += stat.calls,
+    client: usize,
+}
+
+impl Unit for Set {
+    async fn run(&self, rpc: &mut LockServiceClient<Channel>) {
+        let holder = format!("client-{}", self.client);
+        let names: Vec<String> = (0..3)
+            .map(|i| format!("account-{}-{i}", self.client))
+            .collect();
+        let requests: Vec<(String, Vec<String>)> = match self.row {
+            Row::Multi => vec![(String::new(), names)],
+            Row::Singles => names.into_iter().map(|n| (n, Vec::new())).collect(),
+        };
+        for (name, names) in &requests {
+            let acquire = proto::AcquireRequest {
+                name: name.clone(),
+                names: names.clone(),
+                holder: holder.clone(),
+                ttl_ms: Some(30_000),
+                ..Default::default()
+            };
+            let reply = rpc.acquire(acquire).await.unwrap().into_inner();
+            assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+        }
+        for (name, names) in requests {
+            let release = proto::ReleaseRequest {
+                name,
+                names,
+                holder: holder.clone(),
+                ..Default::default()
+            };
+            let reply = rpc.release(release).await.unwrap().into_inner();
+            assert_eq!(reply.status(), ReleaseStatus::Released);
         }
     }
-    let sets = (each * CLIENTS) as f64;
-    (calls as f64 / sets, inner as f64 / sets)
 }
 
 #[tokio::main]
 async fn main() {
-    let benching = std::env::args().any(|a| a == "--bench");
-    let seconds = std::env::var("MULTI_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
-    let (warm_up, window, each) = if benching {
-        (Duration::from_secs(1), Duration::from_secs(seconds), 20)
-    } else {
-        (Duration::from_millis(50), Duration::from_millis(200), 2)
-    };
-    let redis = RedisServer::start("redis-server").expect("redis-server");
-    let args = ServiceArgs {
-        reap_interval_ms: 0,
-        health_interval_ms: 60_000,
-        ..ServiceArgs::default()
-    };
-    let config = ServerConfig::new(redis.url(), &args).unwrap();
-    let endpoint = common::serve_in_process(config).await;
-    common::wait_until_serving(&endpoint).await;
-    let mut conn = common::redis_conn(&redis.url()).await;
-
+    let Timing {
+        warm_up,
+        window,
+        each,
+    } = Timing::from_env("MULTI_SECONDS");
+    let (_redis, endpoint, mut conn) = common::pairs::server().await;
     println!(
         "tumbler multi-lock benchmark: {CLIENTS} clients on locks of their own, {} s per row after {} ms of warm-up; \
          Redis work over {each} sets per client; one in-process server and redis-server on loopback",
@@ -198,9 +104,9 @@ async fn main() {
     println!("| --- | ---: | ---: | ---: | ---: |");
     let mut results = Vec::new();
     for row in [Row::Singles, Row::Multi] {
-        let rate = throughput(row, &endpoint, warm_up, window).await;
+        let rate = throughput(&endpoint, &row.sets(), warm_up, window).await;
         assert!(rate > 0.0, "{row:?} made no sets");
-        let (calls, inner) = redis_work(row, &endpoint, &mut conn, each).await;
+        let (calls, inner) = redis_work(&endpoint, &row.sets(), &mut conn, each).await;
         assert!(inner > 0.0, "{row:?}: Redis counted no work");
         results.push((row, rate, calls, inner));
     }

@@ -17,9 +17,7 @@
 
 pub mod common;
 
-use std::time::Duration;
-
-use common::pairs::{redis_work, throughput};
+use common::pairs::{Timing, redis_work, throughput};
 use tumbler::proto;
 
 const CLIENTS: usize = 64;
@@ -71,18 +69,11 @@ impl Load {
 
 #[tokio::main]
 async fn main() {
-    // `cargo bench` passes --bench; `cargo test --all-targets` runs this
-    // as a quick smoke test instead.
-    let benching = std::env::args().any(|a| a == "--bench");
-    let seconds = std::env::var("WEIGHTED_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
-    let (warm_up, window, each) = if benching {
-        (Duration::from_secs(1), Duration::from_secs(seconds), 20)
-    } else {
-        (Duration::from_millis(50), Duration::from_millis(200), 2)
-    };
+    let Timing {
+        warm_up,
+        window,
+        each,
+    } = Timing::from_env("WEIGHTED_SECONDS");
     let (_redis, endpoint, mut conn) = common::pairs::server().await;
 
     println!(

@@ -5,8 +5,10 @@
 //! function calls the server sent, group commit carrying several
 //! operations in one, and the commands run inside them). Shared by the
 //! benchmarks that compare kinds of locks in one run (`read_write`,
-//! `weighted`).
+//! `weighted`, `multi`). The unit a client repeats is a [`Unit`]: one
+//! acquire + release pair, or a set of them.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -31,6 +33,53 @@ const NOT_LOCK_WORK: &[&str] = &[
     "hello",
     "select",
 ];
+
+/// How long a benchmark measures: `warm_up`, then `window`; and `each`,
+/// the units per client Redis' counters are taken around.
+pub struct Timing {
+    pub warm_up: Duration,
+    pub window: Duration,
+    pub each: usize,
+}
+
+impl Timing {
+    /// Under `cargo bench` (it passes `--bench`): 1 s of warm-up, then the
+    /// seconds in the environment variable `seconds_var` (default 3), and
+    /// 20 units per client. Under `cargo test --all-targets`, a smoke run
+    /// with tiny counts that only checks that numbers come out.
+    pub fn from_env(seconds_var: &str) -> Timing {
+        let benching = std::env::args().any(|a| a == "--bench");
+        let seconds = std::env::var(seconds_var)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3);
+        if benching {
+            Timing {
+                warm_up: Duration::from_secs(1),
+                window: Duration::from_secs(seconds),
+                each: 20,
+            }
+        } else {
+            Timing {
+                warm_up: Duration::from_millis(50),
+                window: Duration::from_millis(200),
+                each: 2,
+            }
+        }
+    }
+}
+
+/// What one client repeats, measured as one unit.
+pub trait Unit: Clone + Send + 'static {
+    fn run(&self, rpc: &mut LockServiceClient<Channel>) -> impl Future<Output = ()> + Send;
+}
+
+/// One acquire + release pair.
+impl Unit for proto::AcquireRequest {
+    async fn run(&self, rpc: &mut LockServiceClient<Channel>) {
+        pair(rpc, self).await
+    }
+}
 
 /// A redis-server of its own and a server in the bench's process on it
 /// (no reaper, health checks far apart: their PINGs are not lock work),
@@ -88,11 +137,11 @@ async fn clients(endpoint: &str, n: usize) -> Vec<LockServiceClient<Channel>> {
         .collect()
 }
 
-/// Pairs per second over `window` after `warm_up`, one client per
-/// request, each repeating its own.
-pub async fn throughput(
+/// Units (pairs) per second over `window` after `warm_up`, one client per
+/// unit, each repeating its own.
+pub async fn throughput<U: Unit>(
     endpoint: &str,
-    requests: &[proto::AcquireRequest],
+    requests: &[U],
     warm_up: Duration,
     window: Duration,
 ) -> f64 {
@@ -105,7 +154,7 @@ pub async fn throughput(
         let (pairs, counting) = (pairs.clone(), counting.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < stop_at {
-                pair(&mut rpc, &request).await;
+                request.run(&mut rpc).await;
                 if counting.load(Ordering::Relaxed) {
                     pairs.fetch_add(1, Ordering::Relaxed);
                 }
@@ -121,11 +170,12 @@ pub async fn throughput(
     pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Redis' work per pair: `each` pairs per client, one client per request,
-/// all at once, counted by Redis: (function calls, commands inside them).
-pub async fn redis_work(
+/// Redis' work per unit (pair): `each` units per client, one client per
+/// unit, all at once, counted by Redis: (function calls, commands inside
+/// them).
+pub async fn redis_work<U: Unit>(
     endpoint: &str,
-    requests: &[proto::AcquireRequest],
+    requests: &[U],
     conn: &mut redis::aio::MultiplexedConnection,
     each: usize,
 ) -> (f64, f64) {
@@ -135,7 +185,7 @@ pub async fn redis_work(
     for (mut rpc, request) in rpcs.into_iter().zip(requests.iter().cloned()) {
         tasks.push(tokio::spawn(async move {
             for _ in 0..each {
-                pair(&mut rpc, &request).await;
+                request.run(&mut rpc).await;
             }
         }));
     }

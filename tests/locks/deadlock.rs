@@ -14,15 +14,52 @@ use common::*;
 use proto::lock_service_client::LockServiceClient;
 use proto::{AcquireStatus, LockMode};
 use queue::{queue_of, spawn_wait, until_queued, wait_for};
+use tokio::task::JoinHandle;
 use tonic::Code;
 use tonic::transport::Channel;
 
 /// The wait-for registry of the default namespace.
 const REGISTRY: &str = "tumbler:{default:waits}";
 
+type Waiting = JoinHandle<Result<proto::AcquireResponse, tonic::Status>>;
+
 async fn take(client: &mut LockServiceClient<Channel>, request: proto::AcquireRequest) {
     let reply = client.acquire(request).await.unwrap().into_inner();
     assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+}
+
+/// Each `(name, holder)` taken, try once.
+async fn take_all(client: &mut LockServiceClient<Channel>, held: &[(&str, &str)]) {
+    for (name, holder) in held {
+        take(client, acquire(name, holder)).await;
+    }
+}
+
+/// Each `(name, holder)` waiting (20 s) in turn, each edge in the registry
+/// before the next wait begins.
+async fn wait_in_turn(
+    client: &LockServiceClient<Channel>,
+    conn: &mut redis::aio::MultiplexedConnection,
+    waiting: &[(&str, &str)],
+) -> Vec<Waiting> {
+    let mut waits_begun = Vec::new();
+    for (name, holder) in waiting {
+        waits_begun.push(spawn_wait(client.clone(), waits(name, holder)));
+        until_recorded(conn, holder, true).await;
+    }
+    waits_begun
+}
+
+/// `holder` lets `name` go, and the wait `waiting` gets its lock: its reply.
+async fn handed_to(
+    client: &mut LockServiceClient<Channel>,
+    (name, holder): (&str, &str),
+    waiting: Waiting,
+) -> proto::AcquireResponse {
+    client.release(release(name, holder)).await.unwrap();
+    let reply = waiting.await.unwrap().unwrap();
+    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    reply
 }
 
 /// Waits until `holder`'s wait is (or is no longer) in the registry.
@@ -70,8 +107,7 @@ async fn a_two_party_cycle_is_refused_at_once_and_the_other_waiter_still_gets_it
     let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut conn = redis_conn(server.redis_url()).await;
-    take(&mut client, acquire("x", "a")).await;
-    take(&mut client, acquire("y", "b")).await;
+    take_all(&mut client, &[("x", "a"), ("y", "b")]).await;
     // a waits for y (held by b): no cycle yet.
     let a_waits = spawn_wait(client.clone(), waits("y", "a"));
     until_queued(&mut client, "y", 1).await;
@@ -90,9 +126,7 @@ async fn a_two_party_cycle_is_refused_at_once_and_the_other_waiter_still_gets_it
 
     // a still waits, and gets y when b lets it go.
     assert!(!a_waits.is_finished());
-    client.release(release("y", "b")).await.unwrap();
-    let reply = a_waits.await.unwrap().unwrap();
-    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    handed_to(&mut client, ("y", "b"), a_waits).await;
     until_recorded(&mut conn, "a", false).await;
 }
 
@@ -101,13 +135,11 @@ async fn a_three_party_cycle_is_refused_naming_all_three() {
     let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut conn = redis_conn(server.redis_url()).await;
-    for (name, holder) in [("x", "a"), ("y", "b"), ("z", "c")] {
-        take(&mut client, acquire(name, holder)).await;
-    }
-    let a_waits = spawn_wait(client.clone(), waits("y", "a"));
-    until_recorded(&mut conn, "a", true).await;
-    let b_waits = spawn_wait(client.clone(), waits("z", "b"));
-    until_recorded(&mut conn, "b", true).await;
+    take_all(&mut client, &[("x", "a"), ("y", "b"), ("z", "c")]).await;
+    let [a_waits, b_waits] = wait_in_turn(&client, &mut conn, &[("y", "a"), ("z", "b")])
+        .await
+        .try_into()
+        .unwrap();
 
     let status = refused(&mut client, waits("x", "c")).await;
     assert_eq!(status.code(), Code::Aborted, "{status:?}");
@@ -117,12 +149,8 @@ async fn a_three_party_cycle_is_refused_naming_all_three() {
     );
     assert!(queue_of(&mut client, "x").await.is_empty());
     // The others wait on: c lets z go, b gets it, lets y go, a gets it.
-    client.release(release("z", "c")).await.unwrap();
-    let reply = b_waits.await.unwrap().unwrap();
-    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
-    client.release(release("y", "b")).await.unwrap();
-    let reply = a_waits.await.unwrap().unwrap();
-    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    handed_to(&mut client, ("z", "c"), b_waits).await;
+    handed_to(&mut client, ("y", "b"), a_waits).await;
 }
 
 #[tokio::test]
@@ -131,12 +159,11 @@ async fn a_chain_that_is_no_cycle_is_never_refused() {
     let mut client = server.client().await;
     let mut conn = redis_conn(server.redis_url()).await;
     // a waits for b, b waits for c, c holds only.
-    take(&mut client, acquire("y", "b")).await;
-    take(&mut client, acquire("z", "c")).await;
-    let a_waits = spawn_wait(client.clone(), waits("y", "a"));
-    until_recorded(&mut conn, "a", true).await;
-    let b_waits = spawn_wait(client.clone(), waits("z", "b"));
-    until_recorded(&mut conn, "b", true).await;
+    take_all(&mut client, &[("y", "b"), ("z", "c")]).await;
+    let [a_waits, b_waits] = wait_in_turn(&client, &mut conn, &[("y", "a"), ("z", "b")])
+        .await
+        .try_into()
+        .unwrap();
     // A semaphore another of whose holders may free a permit: c waiting
     // on it behind b is no cycle either (b alone does not keep c out).
     let sem = |holder: &str| proto::AcquireRequest {
@@ -155,15 +182,9 @@ async fn a_chain_that_is_no_cycle_is_never_refused() {
     until_queued(&mut client, "s", 1).await;
 
     assert!(!a_waits.is_finished() && !b_waits.is_finished() && !c_waits.is_finished());
-    client.release(release("s", "d")).await.unwrap();
-    let reply = c_waits.await.unwrap().unwrap();
-    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
-    client.release(release("z", "c")).await.unwrap();
-    let reply = b_waits.await.unwrap().unwrap();
-    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
-    client.release(release("y", "b")).await.unwrap();
-    let reply = a_waits.await.unwrap().unwrap();
-    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    handed_to(&mut client, ("s", "d"), c_waits).await;
+    handed_to(&mut client, ("z", "c"), b_waits).await;
+    handed_to(&mut client, ("y", "b"), a_waits).await;
 }
 
 #[tokio::test]
@@ -197,9 +218,7 @@ async fn a_reader_and_a_writer_waiting_for_each_other_are_a_cycle() {
         "{status:?}"
     );
     assert!(queue_of(&mut client, "doc-1").await.is_empty());
-    client.release(release("doc-2", "w")).await.unwrap();
-    let reply = r_waits.await.unwrap().unwrap();
-    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    handed_to(&mut client, ("doc-2", "w"), r_waits).await;
 }
 
 /// The Redis work of one waiting acquire that times out: function calls
@@ -281,10 +300,8 @@ async fn connect_json_answers_a_deadlock_as_aborted_and_the_metric_counts_it() {
     let server = TumblerProcess::start(&redis.url(), &[&listen]).await;
     let mut client = server.client().await;
     let mut conn = redis_conn(&redis.url()).await;
-    take(&mut client, acquire("x", "a")).await;
-    take(&mut client, acquire("y", "b")).await;
-    let _a_waits = spawn_wait(client.clone(), waits("y", "a"));
-    until_recorded(&mut conn, "a", true).await;
+    take_all(&mut client, &[("x", "a"), ("y", "b")]).await;
+    let _a_waits = wait_in_turn(&client, &mut conn, &[("y", "a")]).await;
     let addr = server
         .endpoint
         .trim_start_matches("http://")
@@ -331,8 +348,10 @@ async fn a_sessions_wait_that_closes_a_cycle_is_refused_and_the_session_goes_on(
     let reply = session.acquire(1, acquire("x", "")).await;
     assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
     take(&mut client, acquire("y", "b")).await;
-    let b_waits = spawn_wait(client.clone(), waits("x", "b"));
-    until_recorded(&mut conn, "b", true).await;
+    let [b_waits] = wait_in_turn(&client, &mut conn, &[("x", "b")])
+        .await
+        .try_into()
+        .unwrap();
 
     // The session asks y: refused at once, as its command's error.
     session
@@ -370,8 +389,7 @@ async fn a_multi_locks_wait_is_an_edge_of_the_graph() {
     let server = TestServer::new().start().await;
     let mut client = server.client().await;
     let mut conn = redis_conn(server.redis_url()).await;
-    take(&mut client, acquire("x", "a")).await;
-    take(&mut client, acquire("y", "b")).await;
+    take_all(&mut client, &[("x", "a"), ("y", "b")]).await;
     // a waits for the set {y, z} (holding none of it): it waits for b.
     let a_waits = spawn_wait(
         client.clone(),
@@ -389,8 +407,6 @@ async fn a_multi_locks_wait_is_an_edge_of_the_graph() {
         status.message(),
         r#"deadlock: holder "b" waits for lock "x" held by "a", "a" waits for lock "y" held by "b""#
     );
-    client.release(release("y", "b")).await.unwrap();
-    let reply = a_waits.await.unwrap().unwrap();
-    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    let reply = handed_to(&mut client, ("y", "b"), a_waits).await;
     assert_eq!(reply.grants.len(), 2, "{reply:?}");
 }

@@ -7,7 +7,6 @@ use crate::{common, read_write};
 
 use std::time::Duration;
 
-use common::wait::wait_until_async;
 use common::*;
 use proto::lock_service_client::LockServiceClient;
 use proto::{AcquireStatus, ExtendStatus, NotAcquiredReason, ReleaseStatus};
@@ -196,15 +195,7 @@ async fn timeout_and_cancel_leave_nothing_held_or_queued() {
     // Timed out.
     let reply = ask(&mut client, waiting(set(&["a", "b", "c"], "me"), 300)).await;
     assert_eq!(reply.reason(), NotAcquiredReason::Timeout, "{reply:?}");
-    wait_until_async(
-        "the timed-out set leaves b's queue",
-        Duration::from_secs(5),
-        || {
-            let mut client = client.clone();
-            async move { inspected(&mut client, "b").await.waiters == 0 }
-        },
-    )
-    .await;
+    until_waiters(&mut client, "b", 0).await;
     assert_eq!(held_by(&mut client, &["a", "b", "c"], "me").await, 0);
     // Cancelled: the RPC goes away while it waits.
     let mut waiter = client.clone();
@@ -215,15 +206,7 @@ async fn timeout_and_cancel_leave_nothing_held_or_queued() {
     });
     until_waiters(&mut client, "b", 1).await;
     task.abort();
-    wait_until_async(
-        "the cancelled set leaves b's queue",
-        Duration::from_secs(5),
-        || {
-            let mut client = client.clone();
-            async move { inspected(&mut client, "b").await.waiters == 0 }
-        },
-    )
-    .await;
+    until_waiters(&mut client, "b", 0).await;
     let_go(&mut client, "b", "other").await;
     // Nothing is granted to the caller that went away.
     assert_eq!(held_by(&mut client, &["a", "b", "c"], "me").await, 0);

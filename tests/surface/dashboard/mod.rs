@@ -122,6 +122,32 @@ fn kinded(name: &str, holder: &str, kind: &str) -> proto::AcquireRequest {
     }
 }
 
+/// Each of `held` granted, then `waiter` (with a 30 s wait) queued behind
+/// them on `name`: the waiter's task, its reply when it is granted.
+async fn holders_and_a_waiter(
+    server: &DashServer,
+    name: &str,
+    held: Vec<proto::AcquireRequest>,
+    waiter: proto::AcquireRequest,
+) -> tokio::task::JoinHandle<proto::AcquireResponse> {
+    let mut client = server.client().await;
+    for request in held {
+        let holder = request.holder.clone();
+        let reply = client.acquire(request).await.unwrap().into_inner();
+        assert_eq!(reply.status(), proto::AcquireStatus::Acquired, "{holder}");
+    }
+    let mut waiting = server.client().await;
+    let task = tokio::spawn(async move {
+        let request = proto::AcquireRequest {
+            wait_ms: 30_000,
+            ..waiter
+        };
+        waiting.acquire(request).await.unwrap().into_inner()
+    });
+    until_waiters(&mut client, name, 1).await;
+    task
+}
+
 /// worker-1 holds `reports` (kind export, with metadata), worker-2 was
 /// denied, worker-3 waits in its queue; runner-a and runner-b hold two of
 /// three permits of `jobs/nightly`. Returns worker-1's fencing token and

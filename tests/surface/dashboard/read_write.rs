@@ -22,24 +22,10 @@ async fn a_read_write_lock_shows_its_mode_and_each_holders_and_waiters() {
     let server = DashServer::start(&redis.url(), false).await;
     let mut client = server.client().await;
     // Two readers hold `catalog`; a writer waits behind them.
-    for reader in ["reader-1", "reader-2"] {
-        let reply = client
-            .acquire(rw("catalog", reader, proto::LockMode::Read))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(reply.status(), proto::AcquireStatus::Acquired, "{reader}");
-    }
-    let mut waiting = server.client().await;
-    let _writer = tokio::spawn(async move {
-        waiting
-            .acquire(proto::AcquireRequest {
-                wait_ms: 30_000,
-                ..rw("catalog", "writer-1", proto::LockMode::Write)
-            })
-            .await
-    });
-    until_waiters(&mut client, "catalog", 1).await;
+    let read = |reader| rw("catalog", reader, proto::LockMode::Read);
+    let writer = rw("catalog", "writer-1", proto::LockMode::Write);
+    let held = vec![read("reader-1"), read("reader-2")];
+    let _writer = holders_and_a_waiter(&server, "catalog", held, writer).await;
 
     let (status, lock) = server.get_json("/api/v1/locks/catalog").await;
     assert_eq!(status, 200, "{lock}");

@@ -37,26 +37,8 @@ async fn a_semaphore_shows_its_permits_in_use_and_each_holders_and_waiters() {
     let server = DashServer::start(&redis.url(), false).await;
     let mut client = server.client().await;
     // big-job holds 3 of 5 permits, small-job 1; pair-job waits for 2.
-    for (holder, permits) in [("big-job", 3), ("small-job", 1)] {
-        let reply = client
-            .acquire(weighted(holder, permits))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(reply.status(), proto::AcquireStatus::Acquired, "{holder}");
-    }
-    let mut waiting = server.client().await;
-    let pair_job = tokio::spawn(async move {
-        waiting
-            .acquire(proto::AcquireRequest {
-                wait_ms: 30_000,
-                ..weighted("pair-job", 2)
-            })
-            .await
-            .unwrap()
-            .into_inner()
-    });
-    until_waiters(&mut client, "pool", 1).await;
+    let held = vec![weighted("big-job", 3), weighted("small-job", 1)];
+    let pair_job = holders_and_a_waiter(&server, "pool", held, weighted("pair-job", 2)).await;
 
     let (status, lock) = server.get_json("/api/v1/locks/pool").await;
     assert_eq!(status, 200, "{lock}");
