@@ -172,23 +172,14 @@ impl Client {
             } => {
                 let outcome = engine
                     .acquire(&engine::AcquireRequest {
-                        lock: lock_id(name),
-                        holder: engine::Holder::stored(holder),
                         limit,
-                        ttl: engine::Ttl::stored(TTL_MS),
-                        kind: engine::Kind::default_kind(),
-                        metadata: Default::default(),
                         wait: Duration::from_millis(wait_ms),
                         queue_ttl_ms: *queue_ttl_ms,
-                        priority: 0,
-                        fair: true,
-                        mode: engine::LockMode::Plain,
-                        prefer_readers: false,
-                        permits: 1,
-                        answer_by: None,
-                        session_epoch: None,
-                        stop: None,
-                        holds_nothing: false,
+                        ..engine::AcquireRequest::new(
+                            lock_id(name),
+                            engine::Holder::stored(holder),
+                            engine::Ttl::stored(TTL_MS),
+                        )
                     })
                     .await
                     .expect("engine acquire");

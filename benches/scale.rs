@@ -424,26 +424,12 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
                         return;
                     }
                     let outcome = engine
-                        .acquire(&engine::AcquireRequest {
-                            lock: LockId::parse("default", format!("fill-{i:08}"))
+                        .acquire(&engine::AcquireRequest::new(
+                            LockId::parse("default", format!("fill-{i:08}"))
                                 .expect("a valid lock name"),
-                            holder: engine::Holder::stored("filler"),
-                            limit: 1,
-                            ttl: engine::Ttl::stored(LONG_TTL_MS),
-                            kind: engine::Kind::default_kind(),
-                            metadata: Default::default(),
-                            wait: Duration::ZERO,
-                            queue_ttl_ms: 5_000,
-                            priority: 0,
-                            fair: true,
-                            mode: engine::LockMode::Plain,
-                            prefer_readers: false,
-                            permits: 1,
-                            answer_by: None,
-                            session_epoch: None,
-                            stop: None,
-                            holds_nothing: false,
-                        })
+                            engine::Holder::stored("filler"),
+                            engine::Ttl::stored(LONG_TTL_MS),
+                        ))
                         .await
                         .unwrap();
                     assert!(matches!(outcome, AcquireOutcome::Acquired { .. }));

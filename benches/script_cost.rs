@@ -487,25 +487,11 @@ struct Calls {
 
 impl Calls {
     fn acquire(&self, name: &str) -> Op {
-        let req = engine::AcquireRequest {
-            lock: LockId::parse("default", name).unwrap(),
-            holder: engine::Holder::stored("h"),
-            limit: 1,
-            ttl: engine::Ttl::stored(30_000),
-            kind: engine::Kind::default_kind(),
-            metadata: Default::default(),
-            wait: Duration::ZERO,
-            queue_ttl_ms: 0,
-            priority: 0,
-            fair: true,
-            mode: engine::LockMode::Plain,
-            prefer_readers: false,
-            permits: 1,
-            answer_by: None,
-            session_epoch: None,
-            stop: None,
-            holds_nothing: false,
-        };
+        let req = engine::AcquireRequest::new(
+            LockId::parse("default", name).unwrap(),
+            engine::Holder::stored("h"),
+            engine::Ttl::stored(30_000),
+        );
         let call = ops::acquire::Call {
             req: &req,
             metadata: "",

@@ -57,26 +57,16 @@ pub struct Campaign {
 }
 
 pub fn campaign(c: Campaign) -> super::AcquireRequest {
+    // A fair mutex acquire. A candidate may hold other locks of the
+    // namespace: its wait is an edge of the wait-for graph like any other
+    // (decision 0077; `holds_nothing` stays false).
     super::AcquireRequest {
         metadata: value_metadata(&c.value),
-        lock: c.lock,
-        holder: c.candidate,
-        limit: 1,
-        ttl: c.ttl,
         kind: c.kind,
         wait: c.wait,
         queue_ttl_ms: c.queue_ttl_ms,
-        priority: 0,
-        fair: true,
-        mode: super::LockMode::Plain,
-        prefer_readers: false,
-        permits: 1,
         answer_by: c.answer_by,
-        session_epoch: None,
-        stop: None,
-        // A candidate may hold other locks of the namespace: its wait is
-        // an edge of the wait-for graph like any other (decision 0077).
-        holds_nothing: false,
+        ..super::AcquireRequest::new(c.lock, c.candidate, c.ttl)
     }
 }
 

@@ -8,7 +8,6 @@
 //! `tumbler_reaper_runs_total`, `tumbler_reaped_total{what}` and
 //! `tumbler_reaper_lock_unavailable_total`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::calls::Calls;
 use super::locks::{GrantRef, Locks};
 use super::walks::Walks;
-use super::{AcquireRequest, EngineError, ExtendOutcome, LockId, LockMode, ReapCounts, ops};
+use super::{AcquireRequest, EngineError, ExtendOutcome, LockId, ReapCounts, ops};
 use super::{Holder, Kind, Ttl};
 
 /// The reaper of this replica (it reaps while it holds the reaper lock).
@@ -95,23 +94,9 @@ impl Reaper {
         lease_ms: u64,
     ) -> Result<Lease, EngineError> {
         let request = AcquireRequest {
-            lock: lock.clone(),
-            holder: Holder::stored(replica),
-            limit: 1,
-            ttl: Ttl::stored(lease_ms),
             kind: Kind::parse("reaper").expect("a valid kind"),
-            metadata: BTreeMap::new(),
-            wait: Duration::ZERO,
             queue_ttl_ms: lease_ms,
-            priority: 0,
-            fair: true,
-            mode: LockMode::Plain,
-            prefer_readers: false,
-            permits: 1,
-            answer_by: None,
-            session_epoch: None,
-            stop: None,
-            holds_nothing: false,
+            ..AcquireRequest::new(lock.clone(), Holder::stored(replica), Ttl::stored(lease_ms))
         };
         // A try-once attempt needs no Arc (it does not wait).
         let keys = self.locks.keys(lock);

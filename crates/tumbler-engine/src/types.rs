@@ -158,6 +158,33 @@ pub struct AcquireRequest {
     pub holds_nothing: bool,
 }
 
+impl AcquireRequest {
+    /// A try-once, fair, plain acquire of one permit of a mutex (limit 1),
+    /// kind `default`, no metadata, no deadline; set the rest with struct
+    /// update syntax (a wait wants a `queue_ttl_ms` too).
+    pub fn new(lock: LockId, holder: super::Holder, ttl: super::Ttl) -> AcquireRequest {
+        AcquireRequest {
+            lock,
+            holder,
+            limit: 1,
+            ttl,
+            kind: super::Kind::default_kind(),
+            metadata: BTreeMap::new(),
+            wait: Duration::ZERO,
+            queue_ttl_ms: 0,
+            priority: 0,
+            fair: true,
+            mode: LockMode::Plain,
+            prefer_readers: false,
+            permits: 1,
+            answer_by: None,
+            session_epoch: None,
+            stop: None,
+            holds_nothing: false,
+        }
+    }
+}
+
 /// A validated multi-lock acquire (decision 0076): `req` says everything
 /// but the names (its `lock` is the first of them; `mode` plain, one
 /// permit), `names` the 2..=16 distinct locks of its namespace, in the
