@@ -86,23 +86,9 @@ export declare class Lock {
   check(): void;
 }
 
-export interface AcquireAllOptions {
-  /** Default: an id made by the client, so retries are the same request. */
-  holder?: string;
-  /** Wait this long in the server for the whole set; 0 tries once. */
-  waitMs?: number;
-  /** Bounds the whole call, retries included (default waitMs + 5 000). */
-  timeoutMs?: number;
-  /** Cancels a waiting acquire: the server drops the request at once. */
-  signal?: AbortSignal;
-  /** Permits of each lock (default 1); the set takes one of each. */
-  limit?: number;
-  /** The lease of every lock of the set. */
-  ttlMs?: number;
-  kind?: string;
-  metadata?: Record<string, string>;
-  queueTtlMs?: number;
-}
+/** A multi-lock's options: one holder, wait and lease for the set; `limit`: permits of each lock (default 1). */
+export type AcquireAllOptions = Pick<AcquireOptions,
+  'holder' | 'waitMs' | 'timeoutMs' | 'signal' | 'limit' | 'ttlMs' | 'kind' | 'metadata' | 'queueTtlMs'>;
 
 export interface WithLockAllOptions extends AcquireAllOptions {
   /** Called at once when any lock of the set is lost. */

@@ -79,11 +79,29 @@ function modeOf(mode) {
 
 const newHolder = () => `node-${crypto.randomUUID()}`;
 
-// fn(lock, signal) with the lock kept alive; released when fn ends, or
+// A call that waits in the server: its deadline (default waitMs + 5 s) and
+// request() = build(what is left of the wait, in ms) for each try; `sent` is
+// when the last try was sent (performance.now()).
+function waiting(waitMs, timeoutMs, build) {
+  const started = Date.now();
+  const tries = { deadline: started + (timeoutMs ?? waitMs + DEADLINE_SLACK_MS), sent: performance.now() };
+  tries.request = () => {
+    tries.sent = performance.now();
+    const wait = Math.max(0, Math.min(waitMs - (Date.now() - started), tries.deadline - Date.now() - 50));
+    return build(Math.floor(wait));
+  };
+  return tries;
+}
+
+// fn(lock, signal) with the grant of acquire(options) kept alive (the
+// helper's lease unless options say another); released when fn ends, or
 // LockLostError (its cause fn's error, if any) when the grant was lost.
-async function holding(lock, callerSignal, onLost, fn) {
+async function scoped(acquire, options, fn) {
+  if (typeof options === 'function') { fn = options; options = {}; }
+  const { onLost, ttlMs = DEFAULT_HELPER_TTL_MS, ...acquireOptions } = options || {};
+  const lock = await acquire({ ...acquireOptions, ttlMs });
   lock.keepAlive({ onLost });
-  const body = followBoth(lock.signal, callerSignal);
+  const body = followBoth(lock.signal, acquireOptions.signal);
   let result;
   try {
     result = await fn(lock, body.signal);
@@ -195,17 +213,10 @@ class Client {
   // (default waitMs + 5 s): { resp, leaseEnd } of a grant, or the rejection.
   async sendAcquire(label, { holder, waitMs, timeoutMs, signal }, build) {
     const who = holder || newHolder();
-    const started = Date.now();
-    const deadline = started + (timeoutMs ?? waitMs + DEADLINE_SLACK_MS);
-    let sent = performance.now();
-    const request = () => {
-      sent = performance.now();
-      const wait = Math.max(0, Math.min(waitMs - (Date.now() - started), deadline - Date.now() - 50));
-      return build(who, Math.floor(wait));
-    };
+    const tries = waiting(waitMs, timeoutMs, (wait) => build(who, wait));
     let resp;
     try {
-      resp = await this.call('Acquire', request, { deadline, signal });
+      resp = await this.call('Acquire', tries.request, { deadline: tries.deadline, signal });
     } catch (err) {
       if (err.code === grpc.status.DEADLINE_EXCEEDED) throw new errors.LockTimeoutError(label, null, `${label}: not acquired before the deadline`);
       throw err;
@@ -214,7 +225,7 @@ class Client {
       if (resp.reason === 'NOT_ACQUIRED_REASON_BUSY') throw new errors.LockBusyError(label, resp);
       throw new errors.LockTimeoutError(label, resp);
     }
-    return { resp, leaseEnd: Math.max(sent, performance.now() - 50) + Number(resp.grant.ttlMs) };
+    return { resp, leaseEnd: Math.max(tries.sent, performance.now() - 50) + Number(resp.grant.ttlMs) };
   }
 
   // Run fn(lock, signal) while holding the lock. A watchdog extends the lease
@@ -223,20 +234,12 @@ class Client {
   // rejects with LockLostError when fn ends. Otherwise the grant is released
   // however fn ends. options.signal cancels a waiting acquire, and aborts
   // the body's signal too if it fires while fn runs.
-  async withLock(name, options, fn) {
-    if (typeof options === 'function') { fn = options; options = {}; }
-    const { onLost, ttlMs = DEFAULT_HELPER_TTL_MS, ...acquireOptions } = options || {};
-    return holding(await this.acquire(name, { ...acquireOptions, ttlMs }), acquireOptions.signal, onLost, fn);
-  }
+  withLock(name, options, fn) { return scoped((o) => this.acquire(name, o), options, fn); }
 
   // Run fn(set, signal) while holding every lock of `names` (see
   // acquireAll): as withLock, one watchdog renews the whole set, `signal`
   // aborts when any lock of it is lost, and the set is released when fn ends.
-  async withLockAll(names, options, fn) {
-    if (typeof options === 'function') { fn = options; options = {}; }
-    const { onLost, ttlMs = DEFAULT_HELPER_TTL_MS, ...acquireOptions } = options || {};
-    return holding(await this.acquireAll(names, { ...acquireOptions, ttlMs }), acquireOptions.signal, onLost, fn);
-  }
+  withLockAll(names, options, fn) { return scoped((o) => this.acquireAll(names, o), options, fn); }
 
   // Leader election: wait up to waitMs in the election's queue (0: try
   // once). Resolves to a Leadership whose watchdog extends the lease every
@@ -246,26 +249,21 @@ class Client {
   async campaign(name, { value = '', candidate, waitMs = 0, timeoutMs, signal, ttlMs = DEFAULT_HELPER_TTL_MS,
     queueTtlMs, kind = '', onLost } = {}) {
     const who = candidate || newHolder();
-    const started = Date.now();
-    const deadline = started + (timeoutMs ?? waitMs + DEADLINE_SLACK_MS);
-    let sent = performance.now();
-    const request = () => {
-      sent = performance.now();
-      const wait = Math.max(0, Math.min(waitMs - (Date.now() - started), deadline - Date.now() - 50));
-      const req = { namespace: this.namespace, name, candidate: who, value, ttlMs, waitMs: Math.floor(wait), kind };
+    const tries = waiting(waitMs, timeoutMs, (wait) => {
+      const req = { namespace: this.namespace, name, candidate: who, value, ttlMs, waitMs: wait, kind };
       if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
       return req;
-    };
+    });
     let resp;
     try {
-      resp = await this.call('Campaign', request, { deadline, signal });
+      resp = await this.call('Campaign', tries.request, { deadline: tries.deadline, signal });
     } catch (err) {
       if (err.code === grpc.status.DEADLINE_EXCEEDED) return null;
       throw err;
     }
     if (!resp.elected) return null;
     const leadership = new Leadership(this, name, resp.leader,
-      Math.max(sent, performance.now() - 50) + Number(resp.leader.ttlMs));
+      Math.max(tries.sent, performance.now() - 50) + Number(resp.leader.ttlMs));
     return leadership.keepAlive({ onLost });
   }
 

@@ -138,6 +138,15 @@ async fn weighted_wait(c: &Client, a: &[String]) -> Out {
         .await?
 }
 
+/// A wait for the lock `a[0]` as the holder `a[1]`, up to `wait_ms`, with a
+/// 60 s lease.
+fn waiting(c: &Client, a: &[String], wait_ms: &str) -> LockRequest {
+    c.lock(&a[0])
+        .holder(&a[1])
+        .wait(ms(wait_ms))
+        .ttl(Duration::from_secs(60))
+}
+
 fn names(list: &str) -> Vec<String> {
     list.split(',').map(str::to_owned).collect()
 }
@@ -235,11 +244,7 @@ async fn multi_release(c: &Client, a: &[String]) -> Out {
 
 async fn deadlock_wait(c: &Client, a: &[String]) -> Out {
     // NAME HOLDER WAIT_MS: wait for one lock; a refusal must be Error::Deadlock
-    let request = c
-        .lock(&a[0])
-        .holder(&a[1])
-        .wait(ms(&a[2]))
-        .ttl(Duration::from_secs(60));
+    let request = waiting(c, a, &a[2]);
     match request.acquire().await {
         Ok(lock) => {
             let token = lock.fencing_token().to_string();
@@ -252,11 +257,7 @@ async fn deadlock_wait(c: &Client, a: &[String]) -> Out {
 
 async fn rw_wait(c: &Client, a: &[String]) -> Out {
     // NAME HOLDER MODE WAIT_MS HOLD_MS: wait in a mode, hold a while, release
-    let request = c
-        .lock(&a[0])
-        .holder(&a[1])
-        .wait(ms(&a[3]))
-        .ttl(Duration::from_secs(60));
+    let request = waiting(c, a, &a[3]);
     let hold_for = ms(&a[4]);
     in_mode(request, &a[2])
         .run(async |lock| {
@@ -273,11 +274,7 @@ async fn release(c: &Client, a: &[String]) -> Out {
 
 async fn wait(c: &Client, a: &[String]) -> Out {
     // wait, hold a while, release
-    let request = c
-        .lock(&a[0])
-        .holder(&a[1])
-        .wait(ms(&a[2]))
-        .ttl(Duration::from_secs(60));
+    let request = waiting(c, a, &a[2]);
     let hold_for = ms(&a[3]);
     request
         .run(async |lock| {
