@@ -24,7 +24,9 @@ async function outcome(running) {
   try {
     return { status: 'ACQUIRED', ...(await running) };
   } catch (e) {
-    if (e instanceof NotAcquiredError) return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response?.holders ?? 0 };
+    if (e instanceof NotAcquiredError) {
+      return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response?.holders ?? 0 };
+    }
     if (e instanceof DeadlockError) return { status: 'DEADLOCK', code: e.code, typed: e.name, message: e.details };
     if (e instanceof TumblerError) return { status: 'ERROR', code: e.code, typed: e.name, message: e.details };
     throw e;
@@ -76,7 +78,8 @@ const steps = {
     return outcome(client.acquireAll(names.split(','), { holder, ttlMs: 60000 }).then(setJson));
   },
   async multi_wait(client, holder, names, waitMs, holdMs) { // wait for the set, extend it, hold a while, release
-    return outcome(client.withLockAll(names.split(','), { holder, waitMs: Number(waitMs), ttlMs: 60000 }, async (set) => {
+    const options = { holder, waitMs: Number(waitMs), ttlMs: 60000 };
+    return outcome(client.withLockAll(names.split(','), options, async (set) => {
       const out = setJson(set);
       out.extended = await set.extend().then(() => true, (e) => {
         if (e instanceof LockLostError) return false;

@@ -112,13 +112,15 @@ async function multiChecks(client, check) {
     moved.slice(0, 3).join() === '2,1,30' && moved.slice(3).every((t) => BigInt(t) > 0n), moved);
 
   const other = await client.acquire(names[1], { ttlMs: 5000 });
-  const refused = await client.acquireAll(names).then(() => null, (e) => (e instanceof LockBusyError ? e.lockName : String(e)));
+  const refused = await client.acquireAll(names)
+    .then(() => null, (e) => (e instanceof LockBusyError ? e.lockName : String(e)));
   check('multi-lock: all or nothing: a set with one lock taken is busy, and the free lock is left free',
     refused === names.join(',') && (await holdersOf(client, names[0])).length === 0, refused);
   await other.release();
   const twice = await client.acquireAll([names[0], names[0]])
     .then(() => null, (e) => (e instanceof InvalidArgumentError ? e.details : String(e)));
-  check('multi-lock: a name twice rejects with InvalidArgumentError naming names', twice && twice.startsWith('names'), twice);
+  check('multi-lock: a name twice rejects with InvalidArgumentError naming names',
+    twice && twice.startsWith('names'), twice);
 
   const lost = await client.withLockAll(names, { holder: 'node-transfer', ttlMs: 600 }, async (set, signal) => {
     await client.call('Release', () => ({ namespace: client.namespace, name: names[0], holder: 'node-transfer' }));
@@ -147,7 +149,8 @@ async function deadlockChecks(client, check) {
     refused && refused.startsWith('deadlock: ') && refused.includes('node-a') && elapsed < 5000, { refused, elapsed });
   await y.release();
   const granted = await waiting.catch((e) => e);
-  check('deadlock: the other waiter is granted once the cycle is broken', granted && granted.fencingToken, String(granted));
+  check('deadlock: the other waiter is granted once the cycle is broken',
+    granted && granted.fencingToken, String(granted));
   await Promise.all([x.release(), granted.release?.()]);
 }
 
