@@ -7,7 +7,8 @@ them, then runs this file with the venv's Python), against servers this
 driver starts on free loopback ports: `tumbler dev` for most checks, and
 `tumbler serve` over its own redis-server for the restart check. Prints a
 PASS/FAIL line per check, one line per language, and finally
-`N passed, M failed`. Exits non-zero when any check fails.
+`N passed, M failed`. Exits non-zero when any check fails. One file on
+purpose: the parts share their helpers and read as one scenario.
 """
 import argparse
 import json
@@ -21,8 +22,8 @@ import time
 import tumbler_client as tc
 from tumbler_client import pb
 
-from procs import (CLIENTS, ELECTION_LANGS, EXAMPLE_LANGS, LANGS, NAMESPACE, OBSERVE_LANGS, READ_WRITE_LANGS,
-                   RESIGN_TAKES_LEADERSHIP, ROOT, WEIGHTED_LANGS, Step, free_port,
+from procs import (CLIENTS, ELECTION_LANGS, EXAMPLE_LANGS, LANGS, MULTI_LANGS, NAMESPACE, OBSERVE_LANGS,
+                   READ_WRITE_LANGS, RESIGN_TAKES_LEADERSHIP, ROOT, WEIGHTED_LANGS, Step, free_port,
                    start_dev, start_redis, start_serve, stop)
 
 results = []  # (lang, ok, text)
@@ -418,6 +419,136 @@ def weighted(addr):
     in_turn(addr, "weighted", WEIGHTED_LANGS, weighted_round)
 
 
+def is_aborted(code):
+    """ABORTED as each helper names it (ABORTED, Aborted, aborted, 10)."""
+    return str(code).replace("_", "").lower() in ("aborted", "10")
+
+
+def set_names(got):
+    """The names of a multi step's grants, in the order reported."""
+    return [g.get("name") for g in (got or {}).get("grants") or []]
+
+
+def set_tokens(got):
+    return [int(g["token"]) for g in (got or {}).get("grants") or [] if g.get("token")]
+
+
+def holders_of(addr, *names):
+    """Each lock's holders, by name (orchestration: the driver's own client)."""
+    with tc.Client(addr, namespace=NAMESPACE) as cl:
+        return [[h.grant.holder for h in cl.inspect(name).holders] for name in names]
+
+
+def held_by(addr, name, holder, timeout=10):
+    """Polls until `holder` alone holds the lock: its grant (pb.Grant), or None."""
+    with tc.Client(addr, namespace=NAMESPACE) as cl:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            grants = [h.grant for h in cl.inspect(name).holders]
+            if [g.holder for g in grants] == [holder]:
+                return grants[0]
+            time.sleep(0.02)
+    return None
+
+
+def multi_round(addr, a, b, c, n):
+    """a takes {x, y}; b's {y, z} is BUSY and leaves z unheld; c's {z, w} fits beside; b waits for {y, z} and is
+    granted, tokens above the earlier ones, only once both a and c released; a release of a set not held answers
+    false; a name twice is INVALID_ARGUMENT naming `names`."""
+    x, y, z, w = (f"multi-{n}-{k}" for k in "xyzw")
+    ha, hb, hc = f"{a}-set", f"{b}-set", f"{c}-set"
+    first = step(a, "multi_hold", ha, f"{x},{y}", addr=addr)
+    check(a, first and first["status"] == "ACQUIRED" and first["holder"] == ha and set_names(first) == [x, y]
+          and len(set_tokens(first)) == 2 and min(set_tokens(first)) > 0,
+          f"multi: a {a} set takes {{x, y}}, a grant and a fencing token per name in the order asked", first)
+    busy = step(b, "multi_hold", hb, f"{y},{z}", addr=addr)
+    z_held = holders_of(addr, z)[0]
+    check(b, busy and busy["status"] == "BUSY" and z_held == [],
+          f"multi: {b}'s {{y, z}} is BUSY beside {a}'s {{x, y}}, and leaves z unheld (all or nothing)",
+          {"step": busy, "z held by": z_held})
+    other = step(c, "multi_hold", hc, f"{z},{w}", addr=addr)
+    check(c, other and other["status"] == "ACQUIRED" and set_names(other) == [z, w],
+          f"multi: {c}'s {{z, w}} fits beside {a}'s {{x, y}}", other)
+    waiter = run_step(b, ["multi_wait", hb, f"{y},{z}", "20000", "1000"], addr)
+    check(b, wait_for_queue(addr, y, [hb]) and wait_for_queue(addr, z, [hb]),
+          f"multi: {b} waits for {{y, z}}, in the queues of both busy locks")
+    stray = step(a, "multi_release", ha, f"{z},{w}", addr=addr)
+    check(a, stray and stray["released"] is False and holders_of(addr, z, w) == [[hc], [hc]],
+          f"multi: {a}'s release of a set it does not hold ({c}'s {{z, w}}) answers released=false, "
+          f"and {c} still holds it", stray)
+    dup = step(a, "multi_hold", f"{a}-dup", f"multi-{n}-v,multi-{n}-v", addr=addr)
+    check(a, dup and dup["status"] == "ERROR" and is_invalid_argument(dup["code"])
+          and str(dup.get("message", "")).startswith("names"),
+          f"multi: a set naming a lock twice -> {dup and dup.get('typed')} (INVALID_ARGUMENT) "
+          f"\"{dup and dup.get('message')}\"", dup)
+    rel = step(a, "multi_release", ha, f"{x},{y}", addr=addr)
+    check(a, rel and rel["released"] is True, f"multi: {a} releases its set {{x, y}}", rel)
+    queued = wait_for_queue(addr, y, [hb], timeout=0.3)
+    y_held = holders_of(addr, y)[0]
+    check(b, queued and y_held == [], f"multi: {b} still waits once {a} released: y is free, not taken alone "
+                                      f"while z is held", {"queued": queued, "y held by": y_held})
+    released_at = now_ms()
+    rel = step(c, "multi_release", hc, f"{z},{w}", addr=addr)
+    check(c, rel and rel["released"] is True, f"multi: {c} releases its set {{z, w}}", rel)
+    grant = held_by(addr, y, hb)
+    got = waiter.result()
+    earlier = set_tokens(first) + set_tokens(other)
+    check(b, got and got["status"] == "ACQUIRED" and set_names(got) == [y, z] and grant is not None
+          and grant.acquired_at_ms >= released_at and len(earlier) == 4 and len(set_tokens(got)) == 2
+          and min(set_tokens(got)) > max(earlier),
+          f"multi: {b} is granted {{y, z}} only once both {a} and {c} released, tokens "
+          f"{set_tokens(got) if got else '?'} > {max(earlier) if earlier else '?'}",
+          {"step": got, "acquired_at_ms": grant and grant.acquired_at_ms, "released_at_ms": released_at})
+    check(b, got and got.get("extended") is True, f"multi: {b}'s set is extended as one", got)
+    check(b, holders_of(addr, x, y, z, w) == [[], [], [], []], "multi: every lock free once the sets are released")
+
+
+def deadlock_round(addr, a, b, n):
+    """a holds x and waits for y; b holds y and its wait for x would close the cycle: refused at once as the
+    helper's typed deadlock (ABORTED, "deadlock: ..."); once everything is released a's wait is granted."""
+    x, y = f"deadlock-{n}-x", f"deadlock-{n}-y"
+    ha, hb = f"{a}-dl", f"{b}-dl"
+    hold_x = step(a, "hold", x, ha, "1", addr=addr)
+    hold_y = step(b, "hold", y, hb, "1", addr=addr)
+    check(b, hold_x and hold_x["status"] == "ACQUIRED" and hold_y and hold_y["status"] == "ACQUIRED",
+          f"deadlock: {a} holds x, {b} holds y", {"x": hold_x, "y": hold_y})
+    waiting = run_step(a, ["wait", y, ha, "20000", "100"], addr)
+    queued = wait_for_queue(addr, y, [ha])
+    # A wait is checked once it has lasted a tenth of its wait_ms (at most 1 s): past a's own check, only b's
+    # wait closes the cycle (two waits closing it at the same moment may both be refused).
+    time.sleep(1.2)
+    started = time.monotonic()
+    got = step(b, "deadlock_wait", x, hb, "10000", addr=addr)
+    took = int((time.monotonic() - started) * 1000)
+    message = str((got or {}).get("message", ""))
+    check(b, queued and got and got["status"] == "DEADLOCK" and is_aborted(got.get("code"))
+          and "deadlock" in str(got.get("typed", "")).lower() and message.startswith("deadlock: ")
+          and ha in message and hb in message,
+          f"deadlock: {b}'s wait for x, held by {a} who waits for {b}'s y, is refused in {took} ms as "
+          f"{got and got.get('typed')} (ABORTED) \"{message}\"", got)
+    with tc.Client(addr, namespace=NAMESPACE) as cl:
+        left = [r.holder for r in cl.queue(x).requests]
+    check(b, left == [], f"deadlock: nothing of {b}'s refused wait stays queued on x", left)
+    step(b, "release", y, hb, addr=addr)
+    step(a, "release", x, ha, addr=addr)
+    won = waiting.result()
+    check(a, won and won.get("holder") == ha and hold_y and int(won["token"]) > int(hold_y["token"]),
+          f"deadlock: {a}'s wait for y is granted once everything is released (token {won and won.get('token')})",
+          won)
+
+
+def multi(addr):
+    """Multi-locks and deadlock detection across the helpers: each language in turn holds a set, waits for one,
+    fits beside; then each in turn closes a cycle of waiters and is refused with its typed deadlock."""
+    in_turn(addr, "multi", MULTI_LANGS, multi_round)
+    langs = [lang for lang in MULTI_LANGS if lang in LANGS]
+    if len(langs) < 2:
+        print("SKIP  multi (deadlock): fewer than 2 of its languages selected (--langs)", flush=True)
+        return
+    for n, a in enumerate(langs):
+        deadlock_round(addr, a, langs[(n + 1) % len(langs)], n)
+
+
 def unique_across_languages(addr):
     """Ruby and Python compute the same digest, so a job is unique whichever language enqueues it."""
     args = json.dumps([42, "Zürich"])
@@ -811,12 +942,18 @@ def readme_examples(addr):
             rc, out = run_readme_block(lang, code.replace("127.0.0.1:50051", addr), f"weighted-{n}", work)
             check(lang, rc == 0 and "3 of 10 permits, slots" in out,
                   f"README weighted permits example runs: {(out.strip().splitlines() or [''])[0]}", out[-800:])
+        # The multi-locks example, where there is one and it is a whole program (not Go's, as above).
+        for n, code in enumerate(readme_code(lang, "Multi-locks") if lang != "go" else [], 1):
+            rc, out = run_readme_block(lang, code.replace("127.0.0.1:50051", addr), f"multi-{n}", work)
+            check(lang, rc == 0 and "token" in out,
+                  f"README multi-locks example runs: {(out.strip().splitlines() or [''])[0]}", out[-800:])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default=os.path.join(ROOT, "target", "debug", "tumbler"))
-    ap.add_argument("--only", help="comma-separated parts to run (scenario, election, read_write, weighted, examples, "
+    ap.add_argument("--only", help="comma-separated parts to run (scenario, election, read_write, weighted, multi, "
+                                   "examples, "
                                    "keep, crash, lost, "
                                    "cancel, readme, restart, restart-hold, restart-place, auth, renewal); "
                                    "default all")
@@ -834,13 +971,14 @@ def main():
         OBSERVE_LANGS[:] = [lang for lang in OBSERVE_LANGS if lang in wanted]
         READ_WRITE_LANGS[:] = [lang for lang in READ_WRITE_LANGS if lang in wanted]
         WEIGHTED_LANGS[:] = [lang for lang in WEIGHTED_LANGS if lang in wanted]
+        MULTI_LANGS[:] = [lang for lang in MULTI_LANGS if lang in wanted]
     if not os.path.exists(opts.server):
         raise SystemExit(f"{opts.server} is missing: cargo build --bin tumbler")
     proc, addr = start_dev(opts.server)
     print(f"==> tumbler dev on {addr} (pid {proc.pid})", flush=True)
     server = opts.server
     parts = [("scenario", scenario), ("election", election), ("read_write", read_write), ("weighted", weighted),
-             ("examples", examples),
+             ("multi", multi), ("examples", examples),
              ("keep", held_means_held), ("crash", crash_frees),
              ("lost", lost_signalled), ("cancel", cancel_leaves_no_waiter), ("readme", readme_examples),
              ("restart", lambda _addr: restart_retries(server)),

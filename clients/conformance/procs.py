@@ -34,6 +34,9 @@ READ_WRITE_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 # Languages whose helpers run the weighted part (weighted_hold,
 # weighted_wait), in the order it rotates the roles through.
 WEIGHTED_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
+# Languages whose helpers run the multi part (multi_hold, multi_wait,
+# multi_release, deadlock_wait), in the order it rotates the roles through.
+MULTI_LANGS = ["python", "node", "rust"]
 
 
 def commands(table):

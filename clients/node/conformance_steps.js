@@ -5,7 +5,9 @@
 // usage: conformance_steps.js ADDR NAMESPACE STEP ARGS...
 // Prints JSON lines: events ({"event": ...}) while it runs, its result last.
 const readline = require('readline');
-const { Client, NotAcquiredError, LockLostError, NotLeaderError, InvalidArgumentError, TumblerError } = require('tumbler-client');
+const {
+  Client, NotAcquiredError, LockLostError, NotLeaderError, InvalidArgumentError, DeadlockError, TumblerError,
+} = require('tumbler-client');
 
 const sleep = (ms, signal) => new Promise((resolve, reject) => {
   const t = setTimeout(resolve, ms);
@@ -17,17 +19,25 @@ const grantJson = (lock) => ({ holder: lock.holder, token: lock.fencingToken, sl
 
 const weights = (lock) => ({ permits: lock.permits, slots: lock.slots });
 
-// A try-once acquire kept (60 s lease): ACQUIRED with out(lock), BUSY, or the error.
-async function tryOnce(acquiring, out) {
+// { status: 'ACQUIRED', ...what running resolves to }, or BUSY / TIMEOUT / DEADLOCK / the error.
+async function outcome(running) {
   try {
-    const lock = await acquiring;
-    return { status: 'ACQUIRED', ...grantJson(lock), ...out(lock) };
+    return { status: 'ACQUIRED', ...(await running) };
   } catch (e) {
-    if (e instanceof NotAcquiredError) return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response.holders };
+    if (e instanceof NotAcquiredError) {
+      return { status: e.busy ? 'BUSY' : 'TIMEOUT', holders: e.response?.holders ?? 0 };
+    }
+    if (e instanceof DeadlockError) return { status: 'DEADLOCK', code: e.code, typed: e.name, message: e.details };
     if (e instanceof TumblerError) return { status: 'ERROR', code: e.code, typed: e.name, message: e.details };
     throw e;
   }
 }
+
+// A try-once acquire kept (60 s lease): ACQUIRED with out(lock), BUSY, or the error.
+const tryOnce = (acquiring, out) => outcome(acquiring.then((lock) => ({ ...grantJson(lock), ...out(lock) })));
+
+const setJson = (set) => ({ holder: set.holder,
+  grants: set.grants.map((g) => ({ name: g.name, token: g.fencingToken, slot: g.slot })) });
 
 const leadershipJson = (l) => (l ? { candidate: l.candidate, term: l.term, value: l.value,
   elected_at_ms: Number(l.electedAtMs), expires_at_ms: Number(l.expiresAtMs) } : null);
@@ -63,6 +73,32 @@ const steps = {
       out.released_at_ms = Date.now();
       return out;
     });
+  },
+  async multi_hold(client, holder, names) { // try once for the set (60 s lease); keep it
+    return outcome(client.acquireAll(names.split(','), { holder, ttlMs: 60000 }).then(setJson));
+  },
+  async multi_wait(client, holder, names, waitMs, holdMs) { // wait for the set, extend it, hold a while, release
+    const options = { holder, waitMs: Number(waitMs), ttlMs: 60000 };
+    return outcome(client.withLockAll(names.split(','), options, async (set) => {
+      const out = setJson(set);
+      out.extended = await set.extend().then(() => true, (e) => {
+        if (e instanceof LockLostError) return false;
+        throw e;
+      });
+      await sleep(Number(holdMs));
+      out.released_at_ms = Date.now();
+      return out;
+    }));
+  },
+  async multi_release(client, holder, names) { // the set, by holder (no token)
+    const resp = await client.call('Release', () => ({ namespace: client.namespace, holder, names: names.split(',') }));
+    return { released: resp.status === 'RELEASE_STATUS_RELEASED' };
+  },
+  async deadlock_wait(client, name, holder, waitMs) { // wait for one lock; a refusal must come as a DeadlockError
+    return outcome(client.acquire(name, { holder, waitMs: Number(waitMs), ttlMs: 60000 }).then(async (lock) => {
+      await lock.release();
+      return { token: lock.fencingToken };
+    }));
   },
   async rw_wait(client, name, holder, mode, waitMs, holdMs) { // wait in a mode, hold a while, release
     return client.withLock(name, { holder, waitMs: Number(waitMs), ttlMs: 60000, mode }, async (lock) => {

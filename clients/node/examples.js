@@ -1,12 +1,17 @@
 #!/usr/bin/env node
 'use strict';
 // The Node seed patterns of clients/node/README.md, run by the conformance
-// driver: a job that locks around an ID with a limit above 1, and one
-// leader among replicas (leader election).
+// driver: a job that locks around an ID with a limit above 1, one leader
+// among replicas (leader election), a transfer between two accounts under a
+// multi-lock, and a cycle of waiters refused as a deadlock.
 // usage: examples.js ADDR NAMESPACE all   — prints {"checks": [...]} as one JSON line.
-const { Client, InvalidArgumentError, LockBusyError } = require('tumbler-client');
+const {
+  Client, InvalidArgumentError, LockBusyError, LockLostError, LockSet, DeadlockError,
+} = require('tumbler-client');
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const { setTimeout: delay } = require('node:timers/promises');
+
+const sleep = (ms, signal) => delay(ms, undefined, { signal });
 
 // The bank's API allows 2 sessions per account: at most 2 syncs of one
 // account run at once, across every worker process; other accounts are
@@ -74,6 +79,81 @@ async function weightedChecks(client, check) {
     refused && refused.startsWith('permits'), refused);
 }
 
+// Move `amount` between two accounts holding both locks (or neither): whatever
+// order other transfers name the same accounts in, none waits on another
+// while holding a part of its set.
+function transfer(client, from, to, amount, move) {
+  const names = [`node.accounts/${from}`, `node.accounts/${to}`];
+  return client.withLockAll(names, { waitMs: 5000, ttlMs: 3000 }, (set) =>
+    move(from, to, amount, set.fencingToken(names[0]), set.fencingToken(names[1]))); // each write fenced by its token
+}
+
+const holdersOf = async (client, name) => (await client.inspect(name)).holders.map((h) => h.grant.holder);
+
+// A set held as one, renewed as one and released as one; all or nothing; a duplicate name is refused.
+async function multiChecks(client, check) {
+  const names = ['node.accounts/1', 'node.accounts/2'];
+  await client.withLockAll(names, { ttlMs: 600 }, async (set) => {
+    await sleep(800); // past the 600 ms lease: the watchdog has renewed the whole set
+    check('multi-lock: one grant per name in the order asked, each with its own fencing token',
+      set instanceof LockSet && JSON.stringify(set.grants.map((g) => g.name)) === JSON.stringify(names)
+      && names.every((n) => BigInt(set.fencingToken(n)) > 0n) && set.fencingToken('node.other') === null,
+      set.grants);
+    const holders = [await holdersOf(client, names[0]), await holdersOf(client, names[1])];
+    check('multi-lock: both locks still held by the set\'s holder after its lease, renewed as one',
+      holders.every((h) => h.length === 1 && h[0] === set.holder) && !set.lost, holders);
+    const busy = await client.acquire(names[1]).then(() => false, (e) => e instanceof LockBusyError);
+    check('multi-lock: a lock of a held set is busy for others', busy);
+  });
+  const after = [await holdersOf(client, names[0]), await holdersOf(client, names[1])];
+  check('multi-lock: withLockAll released the whole set', after.every((h) => h.length === 0), after);
+  const moved = await transfer(client, 2, 1, 30, (...a) => a);
+  check('multi-lock: a transfer holds both accounts, with a token for each',
+    moved.slice(0, 3).join() === '2,1,30' && moved.slice(3).every((t) => BigInt(t) > 0n), moved);
+
+  const other = await client.acquire(names[1], { ttlMs: 5000 });
+  const refused = await client.acquireAll(names)
+    .then(() => null, (e) => (e instanceof LockBusyError ? e.lockName : String(e)));
+  check('multi-lock: all or nothing: a set with one lock taken is busy, and the free lock is left free',
+    refused === names.join(',') && (await holdersOf(client, names[0])).length === 0, refused);
+  await other.release();
+  const twice = await client.acquireAll([names[0], names[0]])
+    .then(() => null, (e) => (e instanceof InvalidArgumentError ? e.details : String(e)));
+  check('multi-lock: a name twice rejects with InvalidArgumentError naming names',
+    twice && twice.startsWith('names'), twice);
+
+  const lost = await client.withLockAll(names, { holder: 'node-transfer', ttlMs: 600 }, async (set, signal) => {
+    await client.call('Release', () => ({ namespace: client.namespace, name: names[0], holder: 'node-transfer' }));
+    await sleep(2000, signal).catch(() => {}); // the next renewal of the set hears NOT_HELD and aborts the signal
+    return signal.aborted ? 'aborted' : 'not aborted';
+  }).then((r) => `resolved ${r}`, (e) => (e instanceof LockLostError ? e.message : String(e)));
+  check('multi-lock: a lock of the set taken away: the signal aborts, withLockAll rejects with LockLostError, '
+    + 'the rest is freed', lost.includes('lock lost') && (await holdersOf(client, names[1])).length === 0, lost);
+  const set = await client.acquireAll(names, { ttlMs: 5000 });
+  const extended = (await set.extend(10000)) === set;
+  check('multi-lock: extend and release act on the set', extended && (await set.release())
+    && (await holdersOf(client, names[0])).length === 0);
+}
+
+// a holds x and waits for y; b holds y: b's wait for x would close the cycle and is refused at once.
+async function deadlockChecks(client, check) {
+  const x = await client.acquire('node.deadlock-x', { holder: 'node-a', ttlMs: 10000 });
+  const y = await client.acquire('node.deadlock-y', { holder: 'node-b', ttlMs: 10000 });
+  const waiting = client.acquire('node.deadlock-y', { holder: 'node-a', waitMs: 10000, ttlMs: 10000 });
+  await sleep(1200); // past a's own check (a tenth of its wait, at most 1 s): only b's wait closes the cycle
+  const started = performance.now();
+  const refused = await client.acquire('node.deadlock-x', { holder: 'node-b', waitMs: 10000 })
+    .then(() => null, (e) => (e instanceof DeadlockError ? e.details : String(e)));
+  const elapsed = performance.now() - started;
+  check('deadlock: a wait that closes a cycle rejects with DeadlockError at once, naming the cycle',
+    refused && refused.startsWith('deadlock: ') && refused.includes('node-a') && elapsed < 5000, { refused, elapsed });
+  await y.release();
+  const granted = await waiting.catch((e) => e);
+  check('deadlock: the other waiter is granted once the cycle is broken',
+    granted && granted.fencingToken, String(granted));
+  await Promise.all([x.release(), granted.release?.()]);
+}
+
 async function allChecks(client) {
   const checks = [];
   const check = (what, ok, detail) => checks.push({ what, ok: Boolean(ok), detail });
@@ -109,6 +189,8 @@ async function allChecks(client) {
     JSON.stringify(o42) === JSON.stringify([1, 2, 3, 4, 5].map((i) => `sync-42-${i}`)), o42);
   await electionChecks(client, check);
   await weightedChecks(client, check);
+  await multiChecks(client, check);
+  await deadlockChecks(client, check);
   return { checks };
 }
 

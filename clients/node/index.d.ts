@@ -86,6 +86,42 @@ export declare class Lock {
   check(): void;
 }
 
+/** A multi-lock's options: one holder, wait and lease for the set; `limit`: permits of each lock (default 1). */
+export type AcquireAllOptions = Pick<AcquireOptions,
+  'holder' | 'waitMs' | 'timeoutMs' | 'signal' | 'limit' | 'ttlMs' | 'kind' | 'metadata' | 'queueTtlMs'>;
+
+export interface WithLockAllOptions extends AcquireAllOptions {
+  /** Called at once when any lock of the set is lost. */
+  onLost?: (err: LockLostError) => void;
+}
+
+/** A multi-lock's grants, held, renewed and released as one. */
+export declare class LockSet {
+  /** The names joined by commas. */
+  readonly name: string;
+  /** The names, in the order asked. */
+  readonly names: string[];
+  readonly holder: string;
+  /** One grant per name, in the order asked, each with its `name` and own fencing token. */
+  readonly grants: Grant[];
+  /** The grant whose lease ends first. */
+  grant: Grant;
+  readonly ttlMs: number;
+  lost: boolean;
+  lostReason: string | null;
+  /** Aborted, with a LockLostError as reason, the moment any lock of the set is known lost. */
+  readonly signal: AbortSignal;
+  /** The fencing token (a decimal string) of the lock `name` of the set; null when not in the set. */
+  fencingToken(name: string): string | null;
+  /** Every lease of the set to ttlMs from now; rejects with LockLostError when any lock was not held. */
+  extend(ttlMs?: number): Promise<LockSet>;
+  /** True when every lock was still held (the others are released all the same). */
+  release(): Promise<boolean>;
+  keepAlive(options?: { onLost?: (err: LockLostError) => void }): LockSet;
+  stopKeepAlive(): void;
+  check(): void;
+}
+
 export interface CampaignOptions {
   /** What others see (leader(), observe()) while this candidate leads. */
   value?: string;
@@ -133,6 +169,10 @@ export declare class Client {
   acquire(name: string, options?: AcquireOptions): Promise<Lock>;
   withLock<T>(name: string, options: WithLockOptions, fn: (lock: Lock, signal: AbortSignal) => Promise<T> | T): Promise<T>;
   withLock<T>(name: string, fn: (lock: Lock, signal: AbortSignal) => Promise<T> | T): Promise<T>;
+  /** Every lock of `names` (2 to 16 distinct names) or none. */
+  acquireAll(names: string[], options?: AcquireAllOptions): Promise<LockSet>;
+  withLockAll<T>(names: string[], options: WithLockAllOptions, fn: (set: LockSet, signal: AbortSignal) => Promise<T> | T): Promise<T>;
+  withLockAll<T>(names: string[], fn: (set: LockSet, signal: AbortSignal) => Promise<T> | T): Promise<T>;
   campaign(name: string, options?: CampaignOptions): Promise<Leadership | null>;
   leader(name: string): Promise<LeadershipMessage | null>;
   observe(name: string, options?: { signal?: AbortSignal }): Observer;
@@ -164,6 +204,8 @@ export declare class NotLeaderError extends LockLostError {
   candidate: string;
   term: string;
 }
+/** A wait that would close a cycle of waiters (ABORTED); `details` starts with `deadlock: ` and names the cycle. */
+export declare class DeadlockError extends TumblerError {}
 export declare class InvalidArgumentError extends TumblerError {}
 export declare class PermissionDeniedError extends TumblerError {}
 export declare class UnavailableError extends TumblerError {}

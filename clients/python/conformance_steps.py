@@ -47,14 +47,23 @@ def wait(client, name, holder, wait_ms, hold_ms):  # wait, hold a while, release
     return out
 
 
-def try_once(acquire, out):  # a try-once acquire kept (60 s lease): ACQUIRED with out(lock), BUSY, or the error
+def outcome(run):  # {"status": "ACQUIRED", **run()}, or BUSY / TIMEOUT / DEADLOCK / the error
     try:
-        lock = acquire()
-        return {"status": "ACQUIRED", **grant_json(lock), **out(lock)}
+        return {"status": "ACQUIRED", **run()}
     except tc.NotAcquired as e:
-        return {"status": "BUSY" if e.busy else "TIMEOUT", "holders": e.response.holders}
+        return {"status": "BUSY" if e.busy else "TIMEOUT", "holders": getattr(e.response, "holders", 0)}
+    except tc.Deadlock as e:
+        return {"status": "DEADLOCK", "code": e.code.name, "typed": type(e).__name__, "message": e.details}
     except tc.TumblerError as e:
         return {"status": "ERROR", "code": e.code.name, "typed": type(e).__name__, "message": e.details}
+
+
+def try_once(acquire, out):  # a try-once acquire kept (60 s lease): ACQUIRED with out(lock), BUSY, or the error
+    def run():
+        lock = acquire()
+        return {**grant_json(lock), **out(lock)}
+
+    return outcome(run)
 
 
 def rw_hold(client, name, holder, mode):  # try once as "read", "write" or "plain"; keep the grant (60 s lease)
@@ -80,6 +89,44 @@ def weighted_wait(client, name, holder, limit, permits, wait_ms, hold_ms):  # wa
         time.sleep(int(hold_ms) / 1000)
         out["released_at_ms"] = now_ms()
     return out
+
+
+def set_json(held):
+    return {"holder": held.holder, "grants": [{"name": g.name, "token": str(g.fencing_token), "slot": g.slot}
+                                              for g in held.grants]}
+
+
+def multi_hold(client, holder, names):  # try once for the set (60 s lease); keep it
+    return outcome(lambda: set_json(client.acquire_all(names.split(","), holder, ttl_ms=60000)))
+
+
+def multi_wait(client, holder, names, wait_ms, hold_ms):  # wait for the set, extend it, hold a while, release
+    def run():
+        with client.lock_all(names.split(","), holder, wait_ms=int(wait_ms), ttl_ms=60000) as held:
+            out = set_json(held)
+            try:
+                out["extended"] = held.extend() is held
+            except tc.LockLost:
+                out["extended"] = False
+            time.sleep(int(hold_ms) / 1000)
+            out["released_at_ms"] = now_ms()
+        return out
+
+    return outcome(run)
+
+
+def multi_release(client, holder, names):  # the set, by holder (no token)
+    resp = client.stub.Release(pb.ReleaseRequest(namespace=client.namespace, holder=holder, names=names.split(",")))
+    return {"released": resp.status == pb.RELEASE_STATUS_RELEASED}
+
+
+def deadlock_wait(client, name, holder, wait_ms):  # wait for one lock; a refusal must come as tc.Deadlock
+    def run():
+        lock = client.acquire(name, holder, wait_ms=int(wait_ms), ttl_ms=60000)
+        lock.release()
+        return {"token": str(lock.fencing_token)}
+
+    return outcome(run)
 
 
 def rw_wait(client, name, holder, mode, wait_ms, hold_ms):  # wait in a mode, hold a while, release
@@ -270,7 +317,9 @@ def _until_elected(observer, stop_candidate, changes, out):
 
 
 SYNC = {"hold": hold, "release": release, "wait": wait, "rw_hold": rw_hold, "rw_wait": rw_wait,
-        "weighted_hold": weighted_hold, "weighted_wait": weighted_wait, "scoped": scoped, "inspect": inspect,
+        "weighted_hold": weighted_hold, "weighted_wait": weighted_wait, "multi_hold": multi_hold,
+        "multi_wait": multi_wait, "multi_release": multi_release, "deadlock_wait": deadlock_wait, "scoped": scoped,
+        "inspect": inspect,
         "invalid": invalid,
         "keep": keep, "crash": crash, "lost": lost, "restart": restart, "campaign": campaign, "leader": leader,
         "observe": observe}

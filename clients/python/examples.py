@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Python seed patterns of clients/python/README.md, run by the conformance driver:
 unique jobs (a uniqueness window keyed on a digest of job class + arguments),
-and one leader among replicas (leader election).
+one leader among replicas (leader election), a transfer between two accounts
+under a multi-lock, and a cycle of waiters refused as a deadlock.
 
 usage: examples.py ADDR NAMESPACE all
        examples.py ADDR NAMESPACE enqueue CLASS ARGS_JSON JOB_ID WINDOW_MS
@@ -12,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import sys
+import threading
 import time
 
 import tumbler_client as tc
@@ -105,6 +107,106 @@ def weighted_checks(client, check):
           refused and refused.startswith("permits"), refused)
 
 
+def transfer(client, source, target, amount, move):
+    """Move ``amount`` between two accounts holding both locks (or neither): whatever order other transfers
+    name the same accounts in, none waits on another while holding a part of its set."""
+    names = [f"py.accounts/{source}", f"py.accounts/{target}"]
+    with client.lock_all(names, wait_ms=5000, ttl_ms=3000) as held:
+        # Each write is fenced by its own lock's token.
+        return move(source, target, amount, held.fencing_token(names[0]), held.fencing_token(names[1]))
+
+
+def multi_checks(client, check):
+    """A set held as one, renewed as one and released as one; all or nothing; a duplicate name is refused."""
+    names = ["py.accounts/1", "py.accounts/2"]
+    with client.lock_all(names, ttl_ms=600) as held:
+        time.sleep(0.8)  # past the 600 ms lease: the watchdog has renewed the whole set
+        check("multi-lock: one grant per name in the order asked, each with its own fencing token",
+              held.names == names and [g.name for g in held.grants] == names
+              and all(held.fencing_token(n) > 0 for n in names) and held.fencing_token("py.other") is None,
+              repr(held))
+        holders = [[h.grant.holder for h in client.inspect(n).holders] for n in names]
+        check("multi-lock: both locks still held by the set's holder after its lease, renewed as one",
+              holders == [[held.holder], [held.holder]] and not held.lost.is_set(), holders)
+        try:
+            client.acquire(names[1])
+            busy = False
+        except tc.LockBusy:
+            busy = True
+        check("multi-lock: a lock of a held set is busy for others", busy)
+    check("multi-lock: the block released the whole set",
+          all(len(client.inspect(n).holders) == 0 for n in names))
+    moved = transfer(client, 2, 1, 30, lambda *a: a)
+    check("multi-lock: a transfer holds both accounts, with a token for each",
+          moved[:3] == (2, 1, 30) and all(t > 0 for t in moved[3:]), moved)
+
+    other = client.acquire(names[1], ttl_ms=5000)
+    try:
+        client.acquire_all(names)
+        refused = None
+    except tc.LockBusy as e:
+        refused = e.name
+    check("multi-lock: all or nothing: a set with one lock taken is busy, and the free lock is left free",
+          refused == ",".join(names) and len(client.inspect(names[0]).holders) == 0, refused)
+    other.release()
+    try:
+        client.acquire_all(["py.accounts/1", "py.accounts/1"])
+        refused = None
+    except tc.InvalidArgument as e:
+        refused = e.details
+    check("multi-lock: a name twice raises InvalidArgument naming names", refused and refused.startswith("names"),
+          refused)
+    try:
+        with client.lock_all(names, "py-transfer", ttl_ms=600) as held:
+            client.stub.Release(pb.ReleaseRequest(namespace=client.namespace, name=names[0], holder="py-transfer"))
+            signalled = held.lost.wait(2)  # the next renewal of the set hears NOT_HELD
+        raised = None
+    except tc.LockLost as e:
+        raised = str(e)
+    check("multi-lock: a lock of the set taken away: lost is set, the block raises LockLost, the rest is freed",
+          signalled and raised and len(client.inspect(names[1]).holders) == 0, raised)
+    held = client.acquire_all(names, ttl_ms=5000)
+    check("multi-lock: extend and release act on the set", held.extend(ttl_ms=10000) is held and held.release()
+          and all(len(client.inspect(n).holders) == 0 for n in names))
+
+
+def deadlock_checks(client, check):
+    """a holds x and waits for y; b holds y: b's wait for x would close the cycle and is refused at once."""
+    x = client.acquire("py.deadlock-x", "py-a", ttl_ms=10000)
+    y = client.acquire("py.deadlock-y", "py-b", ttl_ms=10000)
+    waited = {}
+    waiter = threading.Thread(target=lambda: waited.update(lock=client.acquire("py.deadlock-y", "py-a",
+                                                                              wait_ms=10000, ttl_ms=10000)))
+    waiter.start()
+    time.sleep(1.2)  # past a's own check (a tenth of its wait, at most 1 s): only b's wait closes the cycle
+    started = time.monotonic()
+    try:
+        client.acquire("py.deadlock-x", "py-b", wait_ms=10000)
+        refused = None
+    except tc.Deadlock as e:
+        refused = e.details
+    elapsed = time.monotonic() - started
+    check("deadlock: a wait that closes a cycle raises Deadlock at once, naming the cycle",
+          refused and refused.startswith("deadlock: ") and "py-a" in refused and elapsed < 5, (refused, elapsed))
+    y.release()
+    waiter.join(10)
+    check("deadlock: the other waiter is granted once the cycle is broken", "lock" in waited, repr(waited))
+    for lock in (x, waited.get("lock")):
+        if lock is not None:
+            lock.release()
+
+
+async def async_multi_checks(addr, namespace, check):
+    async with tc.AsyncClient(addr, namespace=namespace) as client:
+        async with client.lock_all(["py.async-accounts/1", "py.async-accounts/2"], ttl_ms=3000) as held:
+            await held.extend()
+            check("multi-lock (asyncio): the set held, with a token per name, extended as one",
+                  isinstance(held, tc.AsyncLockSet) and all(held.fencing_token(n) > 0 for n in held.names),
+                  repr(held))
+        check("multi-lock (asyncio): released on exit",
+              len((await client.inspect("py.async-accounts/1")).holders) == 0)
+
+
 async def async_weighted_checks(addr, namespace, check):
     async with tc.AsyncClient(addr, namespace=namespace) as client:
         async with client.lock("py.async-exports", limit=4, permits=2) as pair:
@@ -173,6 +275,8 @@ def all_checks(client):
     check("unique jobs (until start): the same job can be enqueued again while it runs", inside)
     election_checks(client, check)
     weighted_checks(client, check)
+    multi_checks(client, check)
+    deadlock_checks(client, check)
     return {"checks": checks}
 
 
@@ -186,6 +290,7 @@ def main(addr, namespace, cmd, *rest):
 
         asyncio.run(async_election_checks(addr, namespace, check))
         asyncio.run(async_weighted_checks(addr, namespace, check))
+        asyncio.run(async_multi_checks(addr, namespace, check))
         return out
     if cmd == "enqueue":
         job_class, args, job_id, window = rest[0], json.loads(rest[1]), rest[2], int(rest[3])

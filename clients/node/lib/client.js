@@ -2,15 +2,16 @@
 // The tumbler Client: the LockService stub loaded from the proto bundled in
 // the package, every call retried on UNAVAILABLE with jittered back-off
 // until its deadline (same holder id, so a retried Acquire can never take a
-// second permit), AbortSignal support, and withLock (acquire, watchdog,
-// abort-on-loss, release).
+// second permit), AbortSignal support, withLock (acquire, watchdog,
+// abort-on-loss, release), and the same for multi-locks (acquireAll,
+// withLockAll: several locks, all or none).
 const fs = require('fs');
 const path = require('path');
 const crypto = require('crypto');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const errors = require('./errors');
-const { Lock } = require('./lock');
+const { Lock, LockSet } = require('./lock');
 const { Leadership, Observer } = require('./election');
 
 // The proto ships inside the package (proto/, copied by `npm pack`); in a
@@ -78,6 +79,46 @@ function modeOf(mode) {
 
 const newHolder = () => `node-${crypto.randomUUID()}`;
 
+// A call that waits in the server: its deadline (default waitMs + 5 s) and
+// request() = build(what is left of the wait, in ms) for each try; `sent` is
+// when the last try was sent (performance.now()).
+function waiting(waitMs, timeoutMs, build) {
+  const started = Date.now();
+  const tries = { deadline: started + (timeoutMs ?? waitMs + DEADLINE_SLACK_MS), sent: performance.now() };
+  tries.request = () => {
+    tries.sent = performance.now();
+    const wait = Math.max(0, Math.min(waitMs - (Date.now() - started), tries.deadline - Date.now() - 50));
+    return build(Math.floor(wait));
+  };
+  return tries;
+}
+
+// fn(lock, signal) with the grant of acquire(options) kept alive (the
+// helper's lease unless options say another); released when fn ends, or
+// LockLostError (its cause fn's error, if any) when the grant was lost.
+async function scoped(acquire, options, fn) {
+  if (typeof options === 'function') { fn = options; options = {}; }
+  const { onLost, ttlMs = DEFAULT_HELPER_TTL_MS, ...acquireOptions } = options || {};
+  const lock = await acquire({ ...acquireOptions, ttlMs });
+  lock.keepAlive({ onLost });
+  const body = followBoth(lock.signal, acquireOptions.signal);
+  let result;
+  try {
+    result = await fn(lock, body.signal);
+  } catch (err) {
+    lock.stopKeepAlive();
+    if (lock.lost) throw Object.assign(lock.lostError(), { cause: err });
+    await lock.release().catch(() => {});
+    throw err;
+  } finally {
+    body.detach();
+  }
+  lock.stopKeepAlive();
+  if (lock.lost) throw lock.lostError();
+  await lock.release();
+  return result;
+}
+
 class Client {
   // new Client('127.0.0.1:50051', { namespace, credentials, token, timeoutMs, retry, protoDir })
   constructor(target = '127.0.0.1:50051', { namespace = '', credentials, token, protoDir, timeoutMs = 10000,
@@ -129,14 +170,8 @@ class Client {
   async acquire(name, { holder, waitMs = 0, timeoutMs, signal, limit, ttlMs, kind = '', metadata = {},
     priority = 0, queueTtlMs, fair, mode, preferReaders = false, permits } = {}) {
     const lockMode = modeOf(mode);
-    const who = holder || newHolder();
-    const started = Date.now();
-    const deadline = started + (timeoutMs ?? waitMs + DEADLINE_SLACK_MS);
-    let sent = performance.now();
-    const request = () => {
-      sent = performance.now();
-      const wait = Math.max(0, Math.min(waitMs - (Date.now() - started), deadline - Date.now() - 50));
-      const req = { namespace: this.namespace, name, holder: who, kind, metadata, waitMs: Math.floor(wait), priority };
+    const { resp, leaseEnd } = await this.sendAcquire(name, { holder, waitMs, timeoutMs, signal }, (who, wait) => {
+      const req = { namespace: this.namespace, name, holder: who, kind, metadata, waitMs: wait, priority };
       if (limit !== undefined) req.limit = limit;
       if (ttlMs !== undefined) req.ttlMs = ttlMs;
       if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
@@ -145,21 +180,52 @@ class Client {
       if (preferReaders) req.preferReaders = true;
       if (permits !== undefined) req.permits = permits;
       return req;
-    };
+    });
+    const lock = new Lock(this, name, resp.grant, leaseEnd);
+    lock.limit = limit; // a downgrade asks the same limit
+    return lock;
+  }
+
+  // Take every lock of `names` (2 to 16 distinct names of the namespace) or
+  // none, for one holder with one lease and one wait (each lock grants one
+  // permit under `limit`, default 1). While it waits it holds nothing, so
+  // callers asking overlapping sets in any order never deadlock. Resolves to
+  // a LockSet (no watchdog: see withLockAll / set.keepAlive()); rejects as
+  // acquire does (LockBusyError / LockTimeoutError whose lockName is the
+  // names joined by commas, DeadlockError, InvalidArgumentError `names: …`).
+  async acquireAll(names, { holder, waitMs = 0, timeoutMs, signal, limit, ttlMs, kind = '', metadata = {},
+    queueTtlMs } = {}) {
+    if (typeof names === 'string') throw new TypeError(`names: an array of lock names, not ${JSON.stringify(names)}`);
+    const set = [...names];
+    const sending = { holder, waitMs, timeoutMs, signal };
+    const { resp, leaseEnd } = await this.sendAcquire(set.join(','), sending, (who, wait) => {
+      const req = { namespace: this.namespace, names: set, holder: who, kind, metadata, waitMs: wait };
+      if (limit !== undefined) req.limit = limit;
+      if (ttlMs !== undefined) req.ttlMs = ttlMs;
+      if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
+      return req;
+    });
+    return new LockSet(this, set, resp, leaseEnd);
+  }
+
+  // Sends build(holder, waitMs left) as an Acquire, retried on UNAVAILABLE
+  // with the same holder (made here when none is given) until the deadline
+  // (default waitMs + 5 s): { resp, leaseEnd } of a grant, or the rejection.
+  async sendAcquire(label, { holder, waitMs, timeoutMs, signal }, build) {
+    const who = holder || newHolder();
+    const tries = waiting(waitMs, timeoutMs, (wait) => build(who, wait));
     let resp;
     try {
-      resp = await this.call('Acquire', request, { deadline, signal });
+      resp = await this.call('Acquire', tries.request, { deadline: tries.deadline, signal });
     } catch (err) {
-      if (err.code === grpc.status.DEADLINE_EXCEEDED) throw new errors.LockTimeoutError(name, null, `${name}: not acquired before the deadline`);
+      if (err.code === grpc.status.DEADLINE_EXCEEDED) throw new errors.LockTimeoutError(label, null, `${label}: not acquired before the deadline`);
       throw err;
     }
     if (resp.status === 'ACQUIRE_STATUS_NOT_ACQUIRED') {
-      if (resp.reason === 'NOT_ACQUIRED_REASON_BUSY') throw new errors.LockBusyError(name, resp);
-      throw new errors.LockTimeoutError(name, resp);
+      if (resp.reason === 'NOT_ACQUIRED_REASON_BUSY') throw new errors.LockBusyError(label, resp);
+      throw new errors.LockTimeoutError(label, resp);
     }
-    const lock = new Lock(this, name, resp.grant, Math.max(sent, performance.now() - 50) + Number(resp.grant.ttlMs));
-    lock.limit = limit; // a downgrade asks the same limit
-    return lock;
+    return { resp, leaseEnd: Math.max(tries.sent, performance.now() - 50) + Number(resp.grant.ttlMs) };
   }
 
   // Run fn(lock, signal) while holding the lock. A watchdog extends the lease
@@ -168,28 +234,12 @@ class Client {
   // rejects with LockLostError when fn ends. Otherwise the grant is released
   // however fn ends. options.signal cancels a waiting acquire, and aborts
   // the body's signal too if it fires while fn runs.
-  async withLock(name, options, fn) {
-    if (typeof options === 'function') { fn = options; options = {}; }
-    const { onLost, ttlMs = DEFAULT_HELPER_TTL_MS, ...acquireOptions } = options || {};
-    const lock = await this.acquire(name, { ...acquireOptions, ttlMs });
-    lock.keepAlive({ onLost });
-    const body = followBoth(lock.signal, acquireOptions.signal);
-    let result;
-    try {
-      result = await fn(lock, body.signal);
-    } catch (err) {
-      lock.stopKeepAlive();
-      if (lock.lost) throw Object.assign(lock.lostError(), { cause: err });
-      await lock.release().catch(() => {});
-      throw err;
-    } finally {
-      body.detach();
-    }
-    lock.stopKeepAlive();
-    if (lock.lost) throw lock.lostError();
-    await lock.release();
-    return result;
-  }
+  withLock(name, options, fn) { return scoped((o) => this.acquire(name, o), options, fn); }
+
+  // Run fn(set, signal) while holding every lock of `names` (see
+  // acquireAll): as withLock, one watchdog renews the whole set, `signal`
+  // aborts when any lock of it is lost, and the set is released when fn ends.
+  withLockAll(names, options, fn) { return scoped((o) => this.acquireAll(names, o), options, fn); }
 
   // Leader election: wait up to waitMs in the election's queue (0: try
   // once). Resolves to a Leadership whose watchdog extends the lease every
@@ -199,26 +249,21 @@ class Client {
   async campaign(name, { value = '', candidate, waitMs = 0, timeoutMs, signal, ttlMs = DEFAULT_HELPER_TTL_MS,
     queueTtlMs, kind = '', onLost } = {}) {
     const who = candidate || newHolder();
-    const started = Date.now();
-    const deadline = started + (timeoutMs ?? waitMs + DEADLINE_SLACK_MS);
-    let sent = performance.now();
-    const request = () => {
-      sent = performance.now();
-      const wait = Math.max(0, Math.min(waitMs - (Date.now() - started), deadline - Date.now() - 50));
-      const req = { namespace: this.namespace, name, candidate: who, value, ttlMs, waitMs: Math.floor(wait), kind };
+    const tries = waiting(waitMs, timeoutMs, (wait) => {
+      const req = { namespace: this.namespace, name, candidate: who, value, ttlMs, waitMs: wait, kind };
       if (queueTtlMs !== undefined) req.queueTtlMs = queueTtlMs;
       return req;
-    };
+    });
     let resp;
     try {
-      resp = await this.call('Campaign', request, { deadline, signal });
+      resp = await this.call('Campaign', tries.request, { deadline: tries.deadline, signal });
     } catch (err) {
       if (err.code === grpc.status.DEADLINE_EXCEEDED) return null;
       throw err;
     }
     if (!resp.elected) return null;
     const leadership = new Leadership(this, name, resp.leader,
-      Math.max(sent, performance.now() - 50) + Number(resp.leader.ttlMs));
+      Math.max(tries.sent, performance.now() - 50) + Number(resp.leader.ttlMs));
     return leadership.keepAlive({ onLost });
   }
 

@@ -2,7 +2,8 @@
 // Typed errors of tumbler-client and the mapping from gRPC status codes.
 // Not getting a lock rejects with NotAcquiredError (LockBusyError after a
 // try-once request, LockTimeoutError after a wait); a grant that ends while
-// it is relied on is a LockLostError. gRPC failures become
+// it is relied on is a LockLostError; a wait that would close a cycle of
+// waiters is a DeadlockError. gRPC failures become
 // InvalidArgumentError, PermissionDeniedError, UnavailableError (after the
 // retries ran out) or TumblerError; `code` and `details` are the status's.
 const { status } = require('@grpc/grpc-js');
@@ -36,7 +37,8 @@ class LockTimeoutError extends NotAcquiredError {
 
 class LockLostError extends TumblerError {
   constructor(lock, reason) {
-    super(`${lock.name}: lock lost by ${lock.holder} (token ${lock.fencingToken}): ${reason}`);
+    const token = lock.fencingToken === null ? '' : ` (token ${lock.fencingToken})`; // a multi-lock's: null
+    super(`${lock.name}: lock lost by ${lock.holder}${token}: ${reason}`);
     this.lockName = lock.name;
     this.holder = lock.holder;
     this.fencingToken = lock.fencingToken;
@@ -54,6 +56,12 @@ class NotLeaderError extends LockLostError {
   }
 }
 
+// A wait refused because it would close a cycle of waiters (ABORTED, the
+// message naming it: `deadlock: holder "a" waits for lock "x" held by "b", …`).
+// Nothing of the request stayed queued: release what the holder holds (or
+// take locks together with acquireAll) and try again.
+class DeadlockError extends TumblerError {}
+
 class InvalidArgumentError extends TumblerError {}
 class PermissionDeniedError extends TumblerError {}
 class UnavailableError extends TumblerError {}
@@ -65,9 +73,13 @@ const BY_CODE = {
   [status.UNAVAILABLE]: UnavailableError,
 };
 
+// Other ABORTED answers (a session resume race) say something else.
+const DEADLOCK_PREFIX = 'deadlock: ';
+
 // The typed error for a gRPC error (kept as `cause`).
 function fromGrpcError(err) {
-  const Cls = BY_CODE[err.code] || TumblerError;
+  const deadlock = err.code === status.ABORTED && String(err.details || '').startsWith(DEADLOCK_PREFIX);
+  const Cls = deadlock ? DeadlockError : BY_CODE[err.code] || TumblerError;
   const codeName = Object.keys(status).find((k) => status[k] === err.code) || 'UNKNOWN';
   return new Cls(`${codeName}: ${err.details}`, { code: err.code, details: err.details, cause: err });
 }
@@ -76,6 +88,6 @@ function fromGrpcError(err) {
 const isRetryable = (err) => err && err.code === status.UNAVAILABLE;
 
 module.exports = {
-  TumblerError, NotAcquiredError, LockBusyError, LockTimeoutError, LockLostError, NotLeaderError,
+  TumblerError, NotAcquiredError, LockBusyError, LockTimeoutError, LockLostError, NotLeaderError, DeadlockError,
   InvalidArgumentError, PermissionDeniedError, UnavailableError, fromGrpcError, isRetryable,
 };

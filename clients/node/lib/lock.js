@@ -36,6 +36,10 @@ class Lock {
     return req;
   }
 
+  releaseRequest() {
+    return { namespace: this.client.namespace, name: this.name, holder: this.holder, fencingToken: this.fencingToken };
+  }
+
   // Reset the lease to ttlMs from now (default: the grant's own ttl); rejects with LockLostError.
   async extend(ttlMs) {
     const sent = performance.now();
@@ -72,8 +76,7 @@ class Lock {
   // Give the permit back (pinned to the fencing token); false when it was no longer held.
   async release() {
     this.stopKeepAlive();
-    const resp = await this.client.call('Release', () => ({ namespace: this.client.namespace, name: this.name,
-      holder: this.holder, fencingToken: this.fencingToken }));
+    const resp = await this.client.call('Release', () => this.releaseRequest());
     return resp.status === 'RELEASE_STATUS_RELEASED';
   }
 
@@ -137,4 +140,38 @@ class Lock {
   async [Symbol.asyncDispose || Symbol.for('Symbol.asyncDispose')]() { if (!this.lost) await this.release(); }
 }
 
-module.exports = { Lock };
+// A multi-lock's grants, held and given back as one: `names`, `holder`,
+// `grants` (one per name, in the order asked, each with its `name` and own
+// fencing token), `fencingToken(name)`. Its Extend and Release name the set
+// (the server acts on every lock of it, each for the holder's own grant),
+// so extend(), release(), keepAlive(), `lost` and `signal` work as a Lock's
+// for the whole set. `grant` is the grant whose lease ends first.
+class LockSet extends Lock {
+  constructor(client, names, resp, leaseEnd) {
+    const grants = resp.grants.length ? resp.grants : [resp.grant];
+    // The set's lease is as long as its shortest.
+    const first = grants.reduce((a, b) => (BigInt(b.expiresAtMs) < BigInt(a.expiresAtMs) ? b : a));
+    super(client, names.join(','), first, leaseEnd);
+    this.names = [...names];
+    this.grants = grants;
+  }
+
+  // The fencing token (a decimal string) of the lock `name` of the set; null when not in the set.
+  fencingToken(name) { return this.grants.find((g) => g.name === name)?.fencingToken ?? null; }
+
+  extendRequest(ttlMs) {
+    const req = { namespace: this.client.namespace, holder: this.holder, names: this.names };
+    if (ttlMs !== undefined) req.ttlMs = ttlMs;
+    return req;
+  }
+
+  releaseRequest() { return { namespace: this.client.namespace, holder: this.holder, names: this.names }; }
+
+  async downgrade() { throw new TypeError('a multi-lock has no read/write mode to downgrade'); }
+
+  lostError() {
+    return new LockLostError({ name: this.name, holder: this.holder, fencingToken: null }, this.lostReason || 'lost');
+  }
+}
+
+module.exports = { Lock, LockSet };

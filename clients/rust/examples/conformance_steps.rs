@@ -3,13 +3,15 @@
 //!
 //! usage: conformance_steps ADDR NAMESPACE STEP ARGS...
 //! Prints JSON lines: events (`{"event": ...}`) while it runs, its result last.
+//! One file on purpose: one program, one function per step, as in the other
+//! languages' steps programs.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use tokio_stream::StreamExt;
 use tumbler_client::{
-    CancellationToken, Client, Error, Leadership, Lock, LockRequest, Mode, proto,
+    CancellationToken, Client, Error, Leadership, Lock, LockRequest, LockSet, Mode, proto,
 };
 
 type Out = Result<Value, Error>;
@@ -59,17 +61,7 @@ async fn hold(c: &Client, a: &[String]) -> Out {
             lock.forget();
             Ok(out)
         }
-        Err(Error::NotAcquired {
-            reason, holders, ..
-        }) => {
-            let status = if reason == tumbler_client::NotAcquiredReason::Busy {
-                "BUSY"
-            } else {
-                "TIMEOUT"
-            };
-            Ok(json!({"status": status, "holders": holders}))
-        }
-        Err(e) => Err(e),
+        Err(e) => refused(e),
     }
 }
 
@@ -103,29 +95,7 @@ async fn try_once(request: LockRequest, out: fn(&Lock) -> Value) -> Out {
             lock.forget();
             Ok(got)
         }
-        Err(Error::NotAcquired {
-            reason, holders, ..
-        }) => {
-            let status = if reason == tumbler_client::NotAcquiredReason::Busy {
-                "BUSY"
-            } else {
-                "TIMEOUT"
-            };
-            Ok(json!({"status": status, "holders": holders}))
-        }
-        Err(Error::Status(status)) => Ok(json!({
-            "status": "ERROR",
-            "code": format!("{:?}", status.code()),
-            "typed": "Error::Status",
-            "message": status.message(),
-        })),
-        Err(Error::InvalidArgument { message }) => Ok(json!({
-            "status": "ERROR",
-            "code": "InvalidArgument",
-            "typed": "Error::InvalidArgument",
-            "message": message,
-        })),
-        Err(e) => Err(e),
+        Err(e) => refused(e),
     }
 }
 
@@ -168,13 +138,126 @@ async fn weighted_wait(c: &Client, a: &[String]) -> Out {
         .await?
 }
 
+/// A wait for the lock `a[0]` as the holder `a[1]`, up to `wait_ms`, with a
+/// 60 s lease.
+fn waiting(c: &Client, a: &[String], wait_ms: &str) -> LockRequest {
+    c.lock(&a[0])
+        .holder(&a[1])
+        .wait(ms(wait_ms))
+        .ttl(Duration::from_secs(60))
+}
+
+fn names(list: &str) -> Vec<String> {
+    list.split(',').map(str::to_owned).collect()
+}
+
+fn set_json(set: &LockSet) -> Value {
+    let grants: Vec<Value> = (set.grants().iter())
+        .map(|g| json!({"name": g.name, "token": g.fencing_token.to_string(), "slot": g.slot}))
+        .collect();
+    json!({"status": "ACQUIRED", "holder": set.holder(), "grants": grants})
+}
+
+/// BUSY / TIMEOUT / DEADLOCK / ERROR for a refused acquire (a deadlock is
+/// told by its type, `Error::Deadlock`); other errors stay errors.
+fn refused(e: Error) -> Out {
+    match e {
+        Error::NotAcquired {
+            reason, holders, ..
+        } => {
+            let status = if reason == tumbler_client::NotAcquiredReason::Busy {
+                "BUSY"
+            } else {
+                "TIMEOUT"
+            };
+            Ok(json!({"status": status, "holders": holders}))
+        }
+        Error::Deadlock { message } => Ok(json!({
+            "status": "DEADLOCK", "code": "Aborted", "typed": "Error::Deadlock", "message": message,
+        })),
+        Error::InvalidArgument { message } => Ok(json!({
+            "status": "ERROR", "code": "InvalidArgument", "typed": "Error::InvalidArgument", "message": message,
+        })),
+        Error::Status(status) => Ok(json!({
+            "status": "ERROR", "code": format!("{:?}", status.code()), "typed": "Error::Status",
+            "message": status.message(),
+        })),
+        e => Err(e),
+    }
+}
+
+async fn multi_hold(c: &Client, a: &[String]) -> Out {
+    // HOLDER NAMES: try once for the set (60 s lease), keep it past this process
+    let request = c
+        .lock_all(names(&a[1]))
+        .holder(&a[0])
+        .ttl(Duration::from_secs(60))
+        .watchdog(false);
+    match request.acquire().await {
+        Ok(set) => {
+            let out = set_json(&set);
+            // Not dropped: the guard would release the set.
+            std::mem::forget(set);
+            Ok(out)
+        }
+        Err(e) => refused(e),
+    }
+}
+
+async fn multi_wait(c: &Client, a: &[String]) -> Out {
+    // HOLDER NAMES WAIT_MS HOLD_MS: wait for the set, extend it, hold a while, release
+    let request = c
+        .lock_all(names(&a[1]))
+        .holder(&a[0])
+        .wait(ms(&a[2]))
+        .ttl(Duration::from_secs(60));
+    let set = match request.acquire().await {
+        Ok(set) => set,
+        Err(e) => return refused(e),
+    };
+    let extended = match set.extend(None).await {
+        Ok(_) => true,
+        Err(Error::LockLost { .. }) => false,
+        Err(e) => return Err(e),
+    };
+    let out = set_json(&set);
+    tokio::time::sleep(ms(&a[3])).await;
+    let released_at = now_ms();
+    set.release().await?;
+    Ok(with(
+        out,
+        json!({"extended": extended, "released_at_ms": released_at}),
+    ))
+}
+
+async fn multi_release(c: &Client, a: &[String]) -> Out {
+    // HOLDER NAMES: the raw Release naming the set (by holder, no token)
+    let request = proto::ReleaseRequest {
+        namespace: c.namespace().to_owned(),
+        holder: a[0].clone(),
+        names: names(&a[1]),
+        ..Default::default()
+    };
+    let reply = c.stub().release(request).await.map_err(Error::from)?;
+    Ok(json!({"released": reply.get_ref().status == proto::ReleaseStatus::Released as i32}))
+}
+
+async fn deadlock_wait(c: &Client, a: &[String]) -> Out {
+    // NAME HOLDER WAIT_MS: wait for one lock; a refusal must be Error::Deadlock
+    let request = waiting(c, a, &a[2]);
+    match request.acquire().await {
+        Ok(lock) => {
+            let token = lock.fencing_token().to_string();
+            lock.release().await?;
+            Ok(json!({"status": "ACQUIRED", "token": token}))
+        }
+        Err(e) => refused(e),
+    }
+}
+
 async fn rw_wait(c: &Client, a: &[String]) -> Out {
     // NAME HOLDER MODE WAIT_MS HOLD_MS: wait in a mode, hold a while, release
-    let request = c
-        .lock(&a[0])
-        .holder(&a[1])
-        .wait(ms(&a[3]))
-        .ttl(Duration::from_secs(60));
+    let request = waiting(c, a, &a[3]);
     let hold_for = ms(&a[4]);
     in_mode(request, &a[2])
         .run(async |lock| {
@@ -191,11 +274,7 @@ async fn release(c: &Client, a: &[String]) -> Out {
 
 async fn wait(c: &Client, a: &[String]) -> Out {
     // wait, hold a while, release
-    let request = c
-        .lock(&a[0])
-        .holder(&a[1])
-        .wait(ms(&a[2]))
-        .ttl(Duration::from_secs(60));
+    let request = waiting(c, a, &a[2]);
     let hold_for = ms(&a[3]);
     request
         .run(async |lock| {
@@ -549,6 +628,10 @@ async fn main() {
                 "rw_wait" => rw_wait(&c, args).await,
                 "weighted_hold" => weighted_hold(&c, args).await,
                 "weighted_wait" => weighted_wait(&c, args).await,
+                "multi_hold" => multi_hold(&c, args).await,
+                "multi_wait" => multi_wait(&c, args).await,
+                "multi_release" => multi_release(&c, args).await,
+                "deadlock_wait" => deadlock_wait(&c, args).await,
                 "release" => release(&c, args).await,
                 "wait" => wait(&c, args).await,
                 "scoped" => scoped(&c, args).await,

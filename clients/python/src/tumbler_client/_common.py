@@ -5,6 +5,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import grpc
+
 from . import errors
 from .v1 import lock_pb2 as pb
 
@@ -62,11 +64,83 @@ def mode_name(mode):
 
 
 def acquire_request(namespace, name, holder, wait_ms, limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair,
-                    mode=None, prefer_readers=False, permits=None):
+                    mode=None, prefer_readers=False, permits=None, names=()):
     return pb.AcquireRequest(namespace=namespace, name=name, holder=holder, limit=limit, ttl_ms=ttl_ms,
                              kind=kind, metadata=metadata or {}, wait_ms=wait_ms, queue_ttl_ms=queue_ttl_ms,
                              priority=priority, fair=fair, mode=lock_mode(mode), prefer_readers=prefer_readers,
-                             permits=permits)
+                             permits=permits, names=names)
+
+
+def set_request(namespace, names, holder, wait_ms, limit, ttl_ms, kind, metadata, queue_ttl_ms):
+    """A multi-lock's Acquire: ``names`` set, ``name`` left empty."""
+    return acquire_request(namespace, "", holder, wait_ms, limit, ttl_ms, kind, metadata, 0, queue_ttl_ms, None,
+                           names=names)
+
+
+def set_names(names):
+    """The names of a multi-lock as a list (a lone string is refused: it would become its letters)."""
+    if isinstance(names, str):
+        raise TypeError(f"names: a list of lock names, not the string {names!r}")
+    return list(names)
+
+
+class Acquiring:
+    """One Acquire as both clients send it: the holder fixed before the first try (a retry is the same
+    request), each try asking only what is left of the wait; then the answer read."""
+
+    def __init__(self, label, holder, wait_ms, timeout, build):
+        self.label, self.holder, self.wait_ms, self._build = label, holder or new_holder(), wait_ms, build
+        self.started = self.sent = time.monotonic()
+        self.deadline = self.started + (timeout if timeout is not None else wait_ms / 1000.0 + DEADLINE_SLACK_S)
+
+    def request(self):
+        self.sent = time.monotonic()
+        return self._build(self.holder, remaining_wait_ms(self.wait_ms, self.started, self.deadline))
+
+    def cut_by_deadline(self, err):
+        """LockTimeout for a call the deadline cut (DEADLINE_EXCEEDED); None for any other error."""
+        if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return errors.LockTimeout(self.label, None, f"{self.label}: not acquired before the deadline")
+        return None
+
+    def lease_end(self, resp):
+        """Local monotonic estimate of the grant's lease end; raises LockBusy / LockTimeout when not acquired."""
+        if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED:
+            raise not_acquired(self.label, resp)
+        return max(self.sent, time.monotonic() - 0.05) + resp.grant.ttl_ms / 1000.0
+
+
+class LockSetMixin:
+    """What LockSet and AsyncLockSet add to a Lock: the set's ``names`` and ``grants`` (one per name, in the
+    order asked, each with its own fencing token). Its Extend and Release name the set: the server acts on
+    every lock of it, each for the holder's own grant. ``grant`` is the grant whose lease ends first."""
+
+    def __init__(self, client, names, resp, lease_end):
+        grants = list(resp.grants)
+        # The set's lease is as long as its shortest.
+        super().__init__(client, ",".join(names), min(grants, key=lambda g: g.expires_at_ms, default=resp.grant),
+                         lease_end)
+        self.names, self.grants = list(names), grants
+
+    def fencing_token(self, name):
+        """The fencing token of the lock ``name`` of the set (None: not in the set)."""
+        return next((g.fencing_token for g in self.grants if g.name == name), None)
+
+    def _extend_request(self, ttl_ms):
+        return pb.ExtendRequest(namespace=self.client.namespace, holder=self.holder, ttl_ms=ttl_ms, names=self.names)
+
+    def _release_request(self):
+        return pb.ReleaseRequest(namespace=self.client.namespace, holder=self.holder, names=self.names)
+
+    def downgrade(self):
+        raise TypeError("a multi-lock has no read/write mode to downgrade")
+
+    def lost_error(self):
+        return errors.LockLost(self.name, self.holder, None, self.lost_reason or "lost")
+
+    def __repr__(self):
+        tokens = ", ".join(f"{g.name}={g.fencing_token}" for g in self.grants)
+        return f"{type(self).__name__}({self.names!r}, holder={self.holder!r}, tokens: {tokens})"
 
 
 def grant_permits(grant):

@@ -49,8 +49,7 @@ class AsyncLock:
 
     async def release(self):
         """Give the permit back (pinned to the fencing token); False when it was no longer held."""
-        req = pb.ReleaseRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
-                                fencing_token=self.fencing_token)
+        req = self._release_request()
         resp = await self.client._call(self.client.stub.Release, lambda: req)
         return resp.status == pb.RELEASE_STATUS_RELEASED
 
@@ -84,6 +83,10 @@ class AsyncLock:
         return pb.ExtendRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
                                 ttl_ms=ttl_ms, fencing_token=self.fencing_token)
 
+    def _release_request(self):
+        return pb.ReleaseRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
+                                 fencing_token=self.fencing_token)
+
     def _renewed(self, grant, sent):
         self.grant = grant
         self._lease_end = sent + grant.ttl_ms / 1000.0
@@ -116,17 +119,21 @@ class AsyncLock:
             next_at, attempt = sent + interval, 0
 
 
+class AsyncLockSet(c.LockSetMixin, AsyncLock):
+    """A multi-lock's grants, as ``LockSet`` but with coroutines: ``names``, ``holder``, ``grants``,
+    ``fencing_token(name)``; ``extend()`` and ``release()`` act on the whole set; ``lost`` is an asyncio.Event."""
+
+
 class _Scope:
     """``async with client.lock(...) as lock``: acquire, watchdog, cancel-on-loss, release."""
 
-    def __init__(self, client, name, holder, ttl_ms, on_lost, cancel_on_loss, options):
-        self.client, self.name, self.holder, self.ttl_ms = client, name, holder, ttl_ms
-        self.on_lost, self.cancel_on_loss, self.options = on_lost, cancel_on_loss, options
+    def __init__(self, acquire, on_lost, cancel_on_loss):
+        self.acquire, self.on_lost, self.cancel_on_loss = acquire, on_lost, cancel_on_loss
         self.lock = self.dog = self.body = None
         self.cancelled_body = False
 
     async def __aenter__(self):
-        self.lock = await self.client.acquire(self.name, self.holder, ttl_ms=self.ttl_ms, **self.options)
+        self.lock = await self.acquire()
         self.body = asyncio.current_task()
         self.dog = asyncio.ensure_future(self._guard())
         return self.lock
@@ -184,29 +191,32 @@ class AsyncClient:
                       metadata=None, priority=0, queue_ttl_ms=None, fair=None, mode=None, prefer_readers=False,
                       permits=None):
         """As ``Client.acquire``; cancelling the awaiting task cancels the wait in the server."""
-        holder = holder or c.new_holder()
-        started = time.monotonic()
-        deadline = started + (timeout if timeout is not None else wait_ms / 1000.0 + c.DEADLINE_SLACK_S)
-        sent = [started]
-
-        def request():
-            sent[0] = time.monotonic()
-            return c.acquire_request(self.namespace, name, holder, c.remaining_wait_ms(wait_ms, started, deadline),
-                                     limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
-                                     prefer_readers, permits)
-
-        try:
-            resp = await self._call(self.stub.Acquire, request, deadline)
-        except errors.TumblerError as e:
-            if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise errors.LockTimeout(name, None, f"{name}: not acquired before the deadline") from e
-            raise
-        if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED:
-            raise c.not_acquired(name, resp)
-        lease_end = max(sent[0], time.monotonic() - 0.05) + resp.grant.ttl_ms / 1000.0
+        acquiring = c.Acquiring(name, holder, wait_ms, timeout, lambda holder, wait: c.acquire_request(
+            self.namespace, name, holder, wait, limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
+            prefer_readers, permits))
+        resp, lease_end = await self._acquire(acquiring)
         lock = AsyncLock(self, name, resp.grant, lease_end)
         lock._limit = limit
         return lock
+
+    async def acquire_all(self, names, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
+                          metadata=None, queue_ttl_ms=None):
+        """As ``Client.acquire_all``: an AsyncLockSet; cancelling the awaiting task cancels the wait in the server."""
+        names = c.set_names(names)
+        acquiring = c.Acquiring(",".join(names), holder, wait_ms, timeout, lambda holder, wait: c.set_request(
+            self.namespace, names, holder, wait, limit, ttl_ms, kind, metadata, queue_ttl_ms))
+        resp, lease_end = await self._acquire(acquiring)
+        return AsyncLockSet(self, names, resp, lease_end)
+
+    async def _acquire(self, acquiring):
+        try:
+            resp = await self._call(self.stub.Acquire, acquiring.request, acquiring.deadline)
+        except errors.TumblerError as e:
+            timeout = acquiring.cut_by_deadline(e)
+            if timeout is None:
+                raise
+            raise timeout from e
+        return resp, acquiring.lease_end(resp)
 
     def lock(self, name, holder=None, *, ttl_ms=None, on_lost=None, cancel_on_loss=True, **acquire_options):
         """``async with client.lock("report", wait_ms=5000) as lock:`` held for the whole block.
@@ -216,8 +226,13 @@ class AsyncClient:
         task running the block is cancelled (unless cancel_on_loss=False)
         and the block ends with LockLost. Otherwise the grant is released on exit.
         """
-        return _Scope(self, name, holder, ttl_ms or c.DEFAULT_HELPER_TTL_MS, on_lost, cancel_on_loss,
-                      acquire_options)
+        return _Scope(lambda: self.acquire(name, holder, ttl_ms=ttl_ms or c.DEFAULT_HELPER_TTL_MS, **acquire_options),
+                      on_lost, cancel_on_loss)
+
+    def lock_all(self, names, holder=None, *, ttl_ms=None, on_lost=None, cancel_on_loss=True, **acquire_options):
+        """``async with client.lock_all([...], wait_ms=5000) as held:`` the set for the whole block, as ``lock()``."""
+        return _Scope(lambda: self.acquire_all(names, holder, ttl_ms=ttl_ms or c.DEFAULT_HELPER_TTL_MS,
+                                               **acquire_options), on_lost, cancel_on_loss)
 
     async def campaign(self, name, value="", **options):
         """Leader election, as ``Client.campaign``: an AsyncLeadership whose watchdog is a task, or None."""

@@ -2,7 +2,8 @@
 
 Not getting a lock raises NotAcquired (LockBusy after a try-once request,
 LockTimeout after a wait); a grant that ends while it is relied on raises
-LockLost (NotLeader for a leadership). gRPC failures become InvalidArgument, PermissionDenied,
+LockLost (NotLeader for a leadership). A wait that would close a cycle of
+waiters raises Deadlock. gRPC failures become InvalidArgument, PermissionDenied,
 Unavailable (after the retries ran out) or TumblerError.
 """
 import grpc
@@ -43,7 +44,8 @@ class LockLost(TumblerError):
     """The grant is gone (Extend answered NOT_HELD, or renewals failed past the lease): stop relying on it."""
 
     def __init__(self, name, holder, fencing_token, reason):
-        super().__init__(f"{name}: lock lost by {holder} (token {fencing_token}): {reason}")
+        token = f" (token {fencing_token})" if fencing_token is not None else ""  # a multi-lock's: None
+        super().__init__(f"{name}: lock lost by {holder}{token}: {reason}")
         self.name, self.holder, self.fencing_token, self.reason = name, holder, fencing_token, reason
 
 
@@ -67,6 +69,16 @@ class Unavailable(TumblerError):
     """The server or its Redis stayed unreachable until the call's deadline (retries included)."""
 
 
+class Deadlock(TumblerError):
+    """The wait was refused: it would close a cycle of waiters (gRPC ABORTED, ``details`` naming it:
+    ``deadlock: holder "a" waits for lock "x" held by "b", …``). Nothing of the request stayed queued:
+    release what the holder holds (or take locks in one global order) and try again."""
+
+
+# Other ABORTED answers (a session resume race) say something else.
+DEADLOCK_PREFIX = "deadlock: "
+
+
 _BY_CODE = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
@@ -80,6 +92,8 @@ def from_rpc_error(err):
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else str(err)
     cls = _BY_CODE.get(code, TumblerError)
+    if code == grpc.StatusCode.ABORTED and (details or "").startswith(DEADLOCK_PREFIX):
+        cls = Deadlock
     out = cls(f"{code.name if code else 'error'}: {details}")
     out.code, out.details = code, details or ""
     return out

@@ -57,8 +57,7 @@ class Lock:
     def release(self):
         """Give the permit back (pinned to the fencing token); False when it was no longer held."""
         self.stop_keep_alive()
-        req = pb.ReleaseRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
-                                fencing_token=self.fencing_token)
+        req = self._release_request()
         resp = self.client._call(self.client.stub.Release, lambda: req)
         return resp.status == pb.RELEASE_STATUS_RELEASED
 
@@ -105,6 +104,10 @@ class Lock:
         return pb.ExtendRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
                                 ttl_ms=ttl_ms, fencing_token=self.fencing_token)
 
+    def _release_request(self):
+        return pb.ReleaseRequest(namespace=self.client.namespace, name=self.name, holder=self.holder,
+                                 fencing_token=self.fencing_token)
+
     def _renewed(self, grant, sent):
         self.grant = grant
         self._lease_end = sent + grant.ttl_ms / 1000.0
@@ -116,6 +119,13 @@ class Lock:
 
     def __repr__(self):
         return f"Lock({self.name!r}, holder={self.holder!r}, token={self.fencing_token}, slot={self.slot})"
+
+
+class LockSet(c.LockSetMixin, Lock):
+    """A multi-lock's grants, held and given back as one: ``names``, ``holder``, ``grants`` (one per name, in
+    the order asked), ``fencing_token(name)``; ``extend()`` and ``release()`` act on the whole set, and
+    ``keep_alive()`` renews it (one Extend naming the set every third of the lease). ``lost`` is set when the
+    server answers that any lock of the set is no longer held (it then releases the others)."""
 
 
 class _Watchdog(threading.Thread):
@@ -162,6 +172,20 @@ class _Watchdog(threading.Thread):
             self.on_lost(self.lock.lost_error())
 
 
+@contextlib.contextmanager
+def _scoped(acquire, on_lost):
+    """Acquire, keep alive for the block, then release (or raise LockLost when the grant was lost)."""
+    held = acquire()
+    held.keep_alive(on_lost)
+    try:
+        yield held
+    finally:
+        held.stop_keep_alive()
+        if held.lost.is_set():
+            raise held.lost_error()
+        held.release()
+
+
 class Client:
     """``Client("127.0.0.1:50051")``. ``stub`` is the generated LockServiceStub for everything else.
 
@@ -203,33 +227,43 @@ class Client:
         ``timeout`` (s) bounds the whole call, retries included; default
         wait_ms plus 5 s. ``holder`` defaults to a fresh id made here.
         Returns a Lock (no watchdog: see ``lock()``/``keep_alive()``);
-        raises LockBusy, LockTimeout, InvalidArgument, PermissionDenied, Unavailable.
+        raises LockBusy, LockTimeout, Deadlock, InvalidArgument, PermissionDenied, Unavailable.
         """
-        holder = holder or c.new_holder()
-        started = time.monotonic()
-        deadline = started + (timeout if timeout is not None else wait_ms / 1000.0 + c.DEADLINE_SLACK_S)
-        sent = [started]
-
-        def request():
-            sent[0] = time.monotonic()
-            return c.acquire_request(self.namespace, name, holder, c.remaining_wait_ms(wait_ms, started, deadline),
-                                     limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
-                                     prefer_readers, permits)
-
-        try:
-            resp = self._call(self.stub.Acquire, request, deadline)
-        except errors.TumblerError as e:
-            if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise errors.LockTimeout(name, None, f"{name}: not acquired before the deadline") from e
-            raise
-        if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED:
-            raise c.not_acquired(name, resp)
-        lease_end = max(sent[0], time.monotonic() - 0.05) + resp.grant.ttl_ms / 1000.0
+        acquiring = c.Acquiring(name, holder, wait_ms, timeout, lambda holder, wait: c.acquire_request(
+            self.namespace, name, holder, wait, limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
+            prefer_readers, permits))
+        resp, lease_end = self._acquire(acquiring)
         lock = Lock(self, name, resp.grant, lease_end)
         lock._limit = limit
         return lock
 
-    @contextlib.contextmanager
+    def acquire_all(self, names, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
+                    metadata=None, queue_ttl_ms=None):
+        """Take every lock of ``names`` (2 to 16 distinct names) or none, waiting up to ``wait_ms`` for the set.
+
+        One holder, one lease and one wait for the whole set; each lock grants
+        one permit under ``limit`` (default 1). While it waits it holds
+        nothing, so callers asking overlapping sets in any order never
+        deadlock. Returns a LockSet (no watchdog: see ``lock_all()``/
+        ``keep_alive()``); raises LockBusy / LockTimeout (``name``: the names
+        joined by commas), Deadlock, InvalidArgument (``names: …``), …
+        """
+        names = c.set_names(names)
+        acquiring = c.Acquiring(",".join(names), holder, wait_ms, timeout, lambda holder, wait: c.set_request(
+            self.namespace, names, holder, wait, limit, ttl_ms, kind, metadata, queue_ttl_ms))
+        resp, lease_end = self._acquire(acquiring)
+        return LockSet(self, names, resp, lease_end)
+
+    def _acquire(self, acquiring):
+        try:
+            resp = self._call(self.stub.Acquire, acquiring.request, acquiring.deadline)
+        except errors.TumblerError as e:
+            timeout = acquiring.cut_by_deadline(e)
+            if timeout is None:
+                raise
+            raise timeout from e
+        return resp, acquiring.lease_end(resp)
+
     def lock(self, name, holder=None, *, ttl_ms=None, on_lost=None, **acquire_options):
         """``with client.lock("report", wait_ms=5000) as lock:`` held for the whole block.
 
@@ -238,15 +272,19 @@ class Client:
         called, and LockLost is raised when the block ends; otherwise the
         grant is released on exit, however the block ends.
         """
-        held = self.acquire(name, holder, ttl_ms=ttl_ms or c.DEFAULT_HELPER_TTL_MS, **acquire_options)
-        held.keep_alive(on_lost)
-        try:
-            yield held
-        finally:
-            held.stop_keep_alive()
-            if held.lost.is_set():
-                raise held.lost_error()
-            held.release()
+        return _scoped(lambda: self.acquire(name, holder, ttl_ms=ttl_ms or c.DEFAULT_HELPER_TTL_MS,
+                                            **acquire_options), on_lost)
+
+    def lock_all(self, names, holder=None, *, ttl_ms=None, on_lost=None, **acquire_options):
+        """``with client.lock_all(["accounts/1", "accounts/2"], wait_ms=5000) as held:`` the set for the whole block.
+
+        As ``lock()``: one watchdog renews the whole set every ttl_ms/3
+        (default lease 15 s); ``held.lost`` is set and LockLost raised at the
+        end of the block when any lock of it was lost; otherwise the set is
+        released on exit. ``acquire_options`` as for ``acquire_all``.
+        """
+        return _scoped(lambda: self.acquire_all(names, holder, ttl_ms=ttl_ms or c.DEFAULT_HELPER_TTL_MS,
+                                                **acquire_options), on_lost)
 
     def campaign(self, name, value="", **options):
         """Leader election: a Leadership kept alive by a watchdog, or None when not elected within ``wait_ms``.
