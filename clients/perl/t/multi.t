@@ -55,7 +55,7 @@ subtest 'the grants, extend and release of the set, the guard' => sub {
         $set->extend(ttl_ms => 60_000);
         cmp_ok $client->inspect($_)->{holders}[0]{grant}{expires_at_ms}, '>', $before + 30_000, "$_ extended"
             for 'accounts/1', 'accounts/2';
-        ok $set->heartbeat, 'heartbeat: held';
+        ok $set->heartbeat(force => 1), 'heartbeat: the set renewed, held';
         is_deeply holders('accounts/1', 'accounts/2'), [1, 1], 'held while the guard lives';
     }
     is_deeply holders('accounts/1', 'accounts/2'), [0, 0], 'the guard released the set on scope exit';

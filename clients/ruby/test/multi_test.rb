@@ -56,6 +56,15 @@ class MultiTest < Minitest::Test
     assert_equal [0, 0], holders('x', 'y')
   end
 
+  def test_the_watchdog_keeps_the_set_past_its_lease
+    seen = @client.lock_all(%w[w1 w2], ttl_ms: 600) do |set|
+      sleep 1.2 # twice the lease: only the watchdog's renewals of the set keep it
+      [set.lost?, holders('w1', 'w2')]
+    end
+    assert_equal [false, [1, 1]], seen
+    assert_equal [0, 0], holders('w1', 'w2')
+  end
+
   def test_a_waiting_set_is_granted_once_the_set_it_overlaps_is_released
     first = @client.acquire_all(%w[p q], holder: 'first', ttl_ms: 30_000)
     waiter = Thread.new do

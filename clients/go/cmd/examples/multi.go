@@ -66,6 +66,16 @@ func multiChecks(c *tumbler.Client) []check {
 	add("multi-lock: both accounts are free after the transfer",
 		fmt.Sprint(holders(c, "go.accounts/1", "go.accounts/2")) == "[0 0]", holders(c, "go.accounts/1", "go.accounts/2"))
 
+	var kept []int
+	err = c.WithLocks(ctx, []string{"go.w1", "go.w2"}, tumbler.AcquireOptions{TTLMs: 600},
+		func(ctx context.Context, set *tumbler.LockSet) error {
+			time.Sleep(1200 * time.Millisecond) // twice the lease: only the watchdog's renewals of the set keep it
+			kept = holders(c, "go.w1", "go.w2")
+			return set.Err()
+		})
+	add("multi-lock: the watchdog keeps the set past its lease", err == nil && fmt.Sprint(kept) == "[1 1]",
+		fmt.Sprint(kept, err))
+
 	other, err := c.Acquire(ctx, "go.b", tumbler.AcquireOptions{Holder: "go-other", TTLMs: 30000})
 	if err != nil {
 		return append(checks, check{"multi-lock: a single lock for the busy case", false, err.Error()})

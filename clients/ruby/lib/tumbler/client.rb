@@ -133,23 +133,10 @@ module Tumbler
     def campaign(name, value: '', candidate: nil, wait_ms: 0, timeout: nil, ttl_ms: DEFAULT_HELPER_TTL_MS,
                  queue_ttl_ms: nil, kind: '', &block)
       candidate = "rb-#{SecureRandom.hex(16)}" if candidate.nil? || candidate.empty?
-      started = Client.now
-      deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
-      sent = started
       base = { namespace: namespace, name: name, candidate: candidate, value: value, ttl_ms: ttl_ms, kind: kind,
                queue_ttl_ms: queue_ttl_ms }.compact
-      resp = begin
-        call(:campaign, deadline: deadline) do
-          sent = Client.now
-          wait = [(wait_ms / 1000.0) - (sent - started), deadline - sent - 0.05].min
-          V1::CampaignRequest.new(**base, wait_ms: [(wait * 1000).to_i, 0].max)
-        end
-      rescue Error => e
-        return nil if e.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED
-
-        raise
-      end
-      return nil unless resp.elected
+      resp, sent = waiting_call(:campaign, V1::CampaignRequest, base, wait_ms: wait_ms, timeout: timeout)
+      return nil unless resp&.elected
 
       held = Leadership.new(self, name, resp.leader, [sent, Client.now - 0.05].max + (resp.leader.ttl_ms / 1000.0))
       return held.keep_alive unless block
@@ -240,24 +227,32 @@ module Tumbler
     # (the lease's local start)]; raises Busy or LockTimeout (named `label`) and the call's errors.
     def send_acquire(label, holder:, wait_ms:, timeout:, **fields)
       holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder.empty?
-      started = Client.now
-      deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
-      sent = started
       base = { namespace: namespace, holder: holder, **fields }.compact
-      resp = begin
-        call(:acquire, deadline: deadline) do
-          sent = Client.now
-          wait = [(wait_ms / 1000.0) - (sent - started), deadline - sent - 0.05].min
-          V1::AcquireRequest.new(**base, wait_ms: [(wait * 1000).to_i, 0].max)
-        end
-      rescue Error => e
-        raise LockTimeout.new(label, nil, "#{label}: not acquired before the deadline") if e.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED
-
-        raise
-      end
+      resp, sent = waiting_call(:acquire, V1::AcquireRequest, base, wait_ms: wait_ms, timeout: timeout)
+      raise LockTimeout.new(label, nil, "#{label}: not acquired before the deadline") if resp.nil?
       raise not_acquired(label, resp) if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED
 
       [resp, [sent, Client.now - 0.05].max]
+    end
+
+    # One RPC that waits in the server (base: its request's fields but
+    # wait_ms), each try sent with the rest of wait_ms, retried until the
+    # deadline (timeout, default wait_ms + DEADLINE_SLACK): [the response,
+    # when it was sent], the response nil when the deadline cut the call.
+    def waiting_call(method, request_class, base, wait_ms:, timeout:)
+      started = Client.now
+      deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
+      sent = started
+      resp = call(method, deadline: deadline) do
+        sent = Client.now
+        wait = [(wait_ms / 1000.0) - (sent - started), deadline - sent - 0.05].min
+        request_class.new(**base, wait_ms: [(wait * 1000).to_i, 0].max)
+      end
+      [resp, sent]
+    rescue Error => e
+      raise unless e.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED
+
+      [nil, sent]
     end
 
     # Holds a grant (or set) for the block with the watchdog on, then
