@@ -106,7 +106,7 @@ class MultiTest < Minitest::Test
     y = @client.acquire('y', holder: 'rb-b', ttl_ms: 30_000)
     waiter = Thread.new { @client.lock('x', holder: 'rb-b', wait_ms: 5000) { |lock| lock.fencing_token } }
     TumblerTest.wait_until('rb-b in x\'s queue') { @client.queue('x').requests.map(&:holder) == ['rb-b'] }
-    sleep 0.7 # past rb-b's check: its edge is recorded
+    sleep 1 # well past rb-b's check (a tenth of 5 s): its edge is recorded
     started = TumblerTest.mono
     err = assert_raises(Tumbler::Deadlock) { @client.acquire('y', holder: 'rb-a', wait_ms: 10_000) }
     assert_operator TumblerTest.mono - started, :<, 5, 'long before its wait would end'

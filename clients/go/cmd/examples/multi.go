@@ -160,7 +160,7 @@ func deadlockChecks(c *tumbler.Client) []check {
 		waited <- err
 	}()
 	queued := waitQueued(c, "go.x", "go-b")
-	time.Sleep(700 * time.Millisecond) // past go-b's check (a tenth of 5 s): its edge is recorded
+	time.Sleep(time.Second) // well past go-b's check (a tenth of 5 s): its edge is recorded
 	t0 := time.Now()
 	_, err := c.Acquire(ctx, "go.y", tumbler.AcquireOptions{Holder: "go-a", WaitMs: 10000, TTLMs: 30000})
 	took := time.Since(t0)
