@@ -117,14 +117,14 @@ func multiChecks(c *tumbler.Client) []check {
 		add("multi-lock: a set overlapping a held one waits", false, fmt.Sprint(err))
 	default:
 	}
+	releasing := time.Now()
 	released, err := set.Release(ctx)
-	releasedAt := time.Now()
 	add("multi-lock: the overlapping set waits, its wake-up place in the queue", queued, nil)
 	add("multi-lock: Release gives the whole set back",
 		released && err == nil && fmt.Sprint(holders(c, "go.a")) == "[0]", fmt.Sprint(released, err))
 	err = <-waited
 	add("multi-lock: the waiting set is granted once the set it overlaps is released",
-		err == nil && !granted.Before(releasedAt), fmt.Sprint(err))
+		err == nil && !granted.Before(releasing), fmt.Sprint(err))
 	err = set.Extend(ctx, 0)
 	add("multi-lock: Extend of a released set is ErrLockLost", errors.Is(err, tumbler.ErrLockLost), fmt.Sprint(err))
 	released, err = c.ReleaseAll(ctx, []string{"go.b", "go.x"}, "go-other")
