@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"math"
 	mrand "math/rand"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -155,8 +156,8 @@ func newHolder() string {
 	return "go-" + hex.EncodeToString(b)
 }
 
-func (c *Client) acquireRequest(name string, o AcquireOptions, waitMs uint64) *pb.AcquireRequest {
-	req := &pb.AcquireRequest{Namespace: c.Namespace, Name: name, Holder: o.Holder, Kind: o.Kind,
+func (c *Client) acquireRequest(name string, names []string, o AcquireOptions, waitMs uint64) *pb.AcquireRequest {
+	req := &pb.AcquireRequest{Namespace: c.Namespace, Name: name, Names: names, Holder: o.Holder, Kind: o.Kind,
 		Metadata: o.Metadata, WaitMs: waitMs, Priority: o.Priority, Mode: o.Mode, PreferReaders: o.PreferReaders}
 	if o.Limit != 0 {
 		req.Limit = proto.Uint32(o.Limit)
@@ -181,8 +182,25 @@ func (c *Client) acquireRequest(name string, o AcquireOptions, waitMs uint64) *p
 // deadline on ctx the call gets WaitMs plus DeadlineSlack, retries included.
 // Errors: *NotAcquiredError (ErrBusy / ErrTimeout), *Error, ctx.Err().
 func (c *Client) Acquire(ctx context.Context, name string, o AcquireOptions) (*Lock, error) {
+	resp, sent, err := c.acquire(ctx, name, nil, &o)
+	if err != nil {
+		return nil, err
+	}
+	l := newLock(c, name, resp.Grant, sent)
+	l.limit = o.Limit
+	return l, nil
+}
+
+// acquire sends the Acquire of name (or, name empty, of the set names)
+// with retries until it is answered; a grant, or the typed error. It fills
+// o.Holder.
+func (c *Client) acquire(ctx context.Context, name string, names []string, o *AcquireOptions) (*pb.AcquireResponse, time.Time, error) {
 	if o.Holder == "" {
 		o.Holder = newHolder()
+	}
+	label := name // what errors call it
+	if names != nil {
+		label = strings.Join(names, ",")
 	}
 	started := time.Now()
 	if _, ok := ctx.Deadline(); !ok {
@@ -203,27 +221,25 @@ func (c *Client) Acquire(ctx context.Context, name string, o AcquireOptions) (*L
 			wait = 0
 		}
 		var err error
-		resp, err = c.Stub.Acquire(ctx, c.acquireRequest(name, o, uint64(wait/time.Millisecond)))
+		resp, err = c.Stub.Acquire(ctx, c.acquireRequest(name, names, *o, uint64(wait/time.Millisecond)))
 		return err
 	})
 	if err != nil {
 		if ctx.Err() == context.DeadlineExceeded {
-			return nil, &NotAcquiredError{Name: name}
+			return nil, sent, &NotAcquiredError{Name: label}
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, sent, ctx.Err()
 		}
-		return nil, fromRPC(err)
+		return nil, sent, fromRPC(err)
 	}
 	if resp.Status == pb.AcquireStatus_ACQUIRE_STATUS_NOT_ACQUIRED {
-		return nil, &NotAcquiredError{Name: name, Response: resp}
+		return nil, sent, &NotAcquiredError{Name: label, Response: resp}
 	}
 	if since := time.Now().Add(-50 * time.Millisecond); since.After(sent) {
 		sent = since
 	}
-	l := newLock(c, name, resp.Grant, sent)
-	l.limit = o.Limit
-	return l, nil
+	return resp, sent, nil
 }
 
 // Inspect returns a lock's holders, limit and waiter count.

@@ -1,12 +1,13 @@
 package tumbler
 
 // Typed errors: match them with errors.Is (ErrBusy, ErrTimeout, ErrLockLost,
-// ErrInvalidArgument, ErrPermissionDenied, ErrUnavailable) or errors.As
+// ErrDeadlock, ErrInvalidArgument, ErrPermissionDenied, ErrUnavailable) or errors.As
 // (*NotAcquiredError, *LockLostError, *Error for any gRPC status).
 
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,6 +22,11 @@ var (
 	ErrTimeout = errors.New("tumbler: timed out waiting for the lock")
 	// ErrLockLost: the grant is gone (Extend answered NOT_HELD, or renewals failed past the lease).
 	ErrLockLost = errors.New("tumbler: lock lost")
+	// ErrDeadlock: the wait was refused because it would close a wait-for
+	// cycle (an *Error with code ABORTED whose message, starting
+	// "deadlock: ", names the cycle). Waiting longer cannot help: give back
+	// what the holder holds, then try again.
+	ErrDeadlock = errors.New("tumbler: deadlock")
 	// ErrInvalidArgument: the server refused the request; the message starts with the field.
 	ErrInvalidArgument = errors.New("tumbler: invalid argument")
 	// ErrPermissionDenied: missing, unknown or expired token, or one that may not do this.
@@ -81,9 +87,14 @@ func (e *Error) Is(target error) bool {
 		return target == ErrPermissionDenied
 	case codes.Unavailable:
 		return target == ErrUnavailable
+	case codes.Aborted: // other ABORTED answers (a session resume race) say something else
+		return target == ErrDeadlock && strings.HasPrefix(e.Message, "deadlock: ")
 	}
 	return false
 }
+
+// IsDeadlock tells a wait refused as a deadlock: errors.Is(err, ErrDeadlock).
+func IsDeadlock(err error) bool { return errors.Is(err, ErrDeadlock) }
 
 // fromRPC types a gRPC error; context errors pass through unchanged.
 func fromRPC(err error) error {

@@ -19,7 +19,8 @@ import (
 type Lock struct {
 	Name  string
 	c     *Client
-	limit uint32 // the limit asked: a downgrade asks the same
+	limit uint32   // the limit asked: a downgrade asks the same
+	names []string // a multi-lock's names: Extend and Release name the set
 
 	mu       sync.Mutex
 	grant    *pb.Grant
@@ -132,6 +133,9 @@ func (l *Lock) extendRequest(ttlMs uint64) *pb.ExtendRequest {
 	g := l.Grant()
 	req := &pb.ExtendRequest{Namespace: l.c.Namespace, Name: l.Name, Holder: g.Holder,
 		FencingToken: proto.Uint64(g.FencingToken)}
+	if l.names != nil { // the set: each lock has its own token
+		req.Name, req.Names, req.FencingToken = "", l.names, nil
+	}
 	if ttlMs != 0 {
 		req.TtlMs = proto.Uint64(ttlMs)
 	}
@@ -167,10 +171,14 @@ func (l *Lock) Release(ctx context.Context) (bool, error) {
 	ctx, cancel := l.c.bounded(ctx)
 	defer cancel()
 	g := l.Grant()
+	req := &pb.ReleaseRequest{Namespace: l.c.Namespace, Name: l.Name, Holder: g.Holder,
+		FencingToken: proto.Uint64(g.FencingToken)}
+	if l.names != nil {
+		req.Name, req.Names, req.FencingToken = "", l.names, nil
+	}
 	var resp *pb.ReleaseResponse
 	err := l.c.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = l.c.Stub.Release(ctx, &pb.ReleaseRequest{Namespace: l.c.Namespace, Name: l.Name,
-			Holder: g.Holder, FencingToken: proto.Uint64(g.FencingToken)})
+		resp, err = l.c.Stub.Release(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -277,6 +285,12 @@ func (c *Client) WithLock(ctx context.Context, name string, o AcquireOptions, fn
 	if err != nil {
 		return err
 	}
+	return hold(ctx, l, func(ctx context.Context) error { return fn(ctx, l) })
+}
+
+// hold runs fn with the watchdog on: fn's ctx is cancelled when l is lost
+// (then a *LockLostError is returned); otherwise l is released after fn.
+func hold(ctx context.Context, l *Lock, fn func(ctx context.Context) error) error {
 	l.KeepAlive()
 	body, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -287,7 +301,7 @@ func (c *Client) WithLock(ctx context.Context, name string, o AcquireOptions, fn
 		case <-body.Done():
 		}
 	}()
-	ferr := fn(body, l)
+	ferr := fn(body)
 	l.StopKeepAlive()
 	if lost := l.Err(); lost != nil {
 		return lost

@@ -95,6 +95,59 @@ $steps{weighted_wait} = sub {
     return \%out;
 };
 
+sub set_json {
+    my ($holder, @grants) = @_;
+    return (status => 'ACQUIRED', holder => $holder,
+        grants => [ map { { name => $_->{name}, token => "$_->{fencing_token}", slot => 0 + $_->{slot} } } @grants ]);
+}
+
+# BUSY, TIMEOUT or the error, as try_once reports them (anything else dies).
+sub not_granted {
+    my $e = shift;
+    die $e unless is_a($e, 'Tumbler::Error');
+    return { status => $e->kind eq 'busy' ? 'BUSY' : 'TIMEOUT' } if is_a($e, 'Tumbler::Error::NotAcquired');
+    return { status => 'ERROR', code => $e->code, typed => ref $e, message => $e->message };
+}
+
+# Try once for the set NAMES; keep it (60 s lease).
+$steps{multi_hold} = sub {
+    my ($c, $holder, $names) = @_;
+    my $set = eval { $c->acquire_all([ split /,/, $names ], holder => $holder, ttl_ms => 60_000) };
+    return $set ? { set_json($set->{holder}, @{ $set->{grants} }) } : not_granted($@);
+};
+
+# Wait for the set, extend it once, hold a while, release it (the guard).
+$steps{multi_wait} = sub {
+    my ($c, $holder, $names, $wait_ms, $hold_ms) = @_;
+    my $set = eval { $c->lock_all([ split /,/, $names ], holder => $holder, wait_ms => $wait_ms, ttl_ms => 60_000) }
+        or return not_granted($@);
+    my %out = set_json($set->holder, $set->grants);
+    $out{extended} = bool(eval { $set->extend; 1 });
+    Time::HiRes::sleep($hold_ms / 1000);
+    $out{released_at_ms} = now_ms();
+    undef $set;   # the guard releases the set here
+    return \%out;
+};
+
+$steps{multi_release} = sub {
+    my ($c, $holder, $names) = @_;
+    return { released => bool($c->release_all([ split /,/, $names ], holder => $holder)) };
+};
+
+# Wait for one lock; a refusal closing a cycle is caught as Tumbler::Error::Deadlock.
+$steps{deadlock_wait} = sub {
+    my ($c, $name, $holder, $wait_ms) = @_;
+    my $g = eval { $c->acquire($name, holder => $holder, wait_ms => $wait_ms, ttl_ms => 60_000) };
+    if ($g) {
+        $c->release($name, holder => $holder, fencing_token => $g->{fencing_token});
+        return { status => 'ACQUIRED', token => "$g->{fencing_token}" };
+    }
+    my $e = $@;
+    return { status => 'DEADLOCK', typed => ref $e, code => $e->code, message => $e->message }
+        if is_a($e, 'Tumbler::Error::Deadlock');
+    return not_granted($e);
+};
+
 # Wait in a mode, hold a while, release.
 $steps{rw_wait} = sub {
     my ($c, $name, $holder, $mode, $wait_ms, $hold_ms) = @_;

@@ -73,6 +73,58 @@ module Steps
     end
   end
 
+  def set_json(set)
+    { status: 'ACQUIRED', holder: set.holder,
+      grants: set.grants.map { |g| { name: g.name, token: g.fencing_token.to_s, slot: g.slot } } }
+  end
+
+  # BUSY, TIMEOUT or the error, as try_once reports them.
+  def not_granted(err)
+    case err
+    when Tumbler::NotAcquired then { status: err.busy? ? 'BUSY' : 'TIMEOUT' }
+    else { status: 'ERROR', code: err.code, typed: err.class.name, message: err.details }
+    end
+  end
+
+  # Try once for the set NAMES; keep it (60 s lease).
+  def multi_hold(c, holder, names)
+    set_json(c.acquire_all(names.split(','), holder: holder, ttl_ms: 60_000))
+  rescue Tumbler::Error => e
+    not_granted(e)
+  end
+
+  # Wait for the set, extend it once, hold a while, release it.
+  def multi_wait(c, holder, names, wait_ms, hold_ms)
+    c.lock_all(names.split(','), holder: holder, wait_ms: Integer(wait_ms), ttl_ms: 60_000) do |set|
+      out = set_json(set)
+      out[:extended] = begin
+        set.extend_lease
+        true
+      rescue Tumbler::LockLost
+        false
+      end
+      sleep Integer(hold_ms) / 1000.0
+      out.merge(released_at_ms: now_ms)
+    end
+  rescue Tumbler::Error => e
+    not_granted(e)
+  end
+
+  def multi_release(c, holder, names)
+    { released: c.release_all(names.split(','), holder: holder) }
+  end
+
+  # Wait for one lock; a refusal closing a cycle is caught as Tumbler::Deadlock.
+  def deadlock_wait(c, name, holder, wait_ms)
+    lock = c.acquire(name, holder: holder, wait_ms: Integer(wait_ms), ttl_ms: 60_000)
+    lock.release
+    { status: 'ACQUIRED', token: lock.fencing_token.to_s }
+  rescue Tumbler::Deadlock => e
+    { status: 'DEADLOCK', typed: e.class.name, code: e.code, message: e.details }
+  rescue Tumbler::Error => e
+    not_granted(e)
+  end
+
   # Wait in a mode, hold a while, release.
   def rw_wait(c, name, holder, mode, wait_ms, hold_ms)
     c.lock(name, holder: holder, wait_ms: Integer(wait_ms), ttl_ms: 60_000, mode: mode) do |lock|

@@ -1,9 +1,10 @@
 use strict;
 use warnings;
-use Test::More tests => 5;
+use Test::More tests => 6;
 
 use_ok('Tumbler::Error');
 use_ok('Tumbler::Lock');
+use_ok('Tumbler::LockSet');
 use_ok('Tumbler::Client');
 use_ok('Tumbler::ConcurrencyLimit');
 use_ok('IPC::ConcurrencyLimit::Lock::Tumbler');

@@ -56,6 +56,10 @@ var steps = map[string]func(c *tumbler.Client, a []string) (obj, error){
 	"rw_wait":       rwWait,
 	"weighted_hold": weightedHold,
 	"weighted_wait": weightedWait,
+	"multi_hold":    multiHold,
+	"multi_wait":    multiWait,
+	"multi_release": multiRelease,
+	"deadlock_wait": deadlockWait,
 	"release":       release,
 	"wait":          wait,
 	"scoped":        scoped,
@@ -261,6 +265,77 @@ func weightedWait(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER L
 			out["released_at_ms"] = nowMs()
 			return nil
 		})
+	return out, err
+}
+
+func setJSON(s *tumbler.LockSet) obj {
+	grants := []obj{}
+	for _, g := range s.Grants() {
+		grants = append(grants, obj{"name": g.Name, "token": strconv.FormatUint(g.FencingToken, 10), "slot": g.Slot})
+	}
+	return obj{"status": "ACQUIRED", "holder": s.Holder(), "grants": grants}
+}
+
+// notGranted reports BUSY, TIMEOUT or an *Error as weighted_hold does; ok false for anything else.
+func notGranted(err error) (obj, bool) {
+	var na *tumbler.NotAcquiredError
+	var te *tumbler.Error
+	switch {
+	case errors.Is(err, tumbler.ErrBusy):
+		return obj{"status": "BUSY"}, true
+	case errors.As(err, &na):
+		return obj{"status": "TIMEOUT"}, true
+	case errors.As(err, &te):
+		return obj{"status": "ERROR", "code": te.Code.String(), "typed": "*tumbler.Error", "message": te.Message}, true
+	}
+	return nil, false
+}
+
+func multiHold(c *tumbler.Client, a []string) (obj, error) { // HOLDER NAMES: try once, keep the set (60 s lease)
+	s, err := c.AcquireAll(context.Background(), strings.Split(a[1], ","), tumbler.AcquireOptions{Holder: a[0], TTLMs: 60000})
+	if out, ok := notGranted(err); ok {
+		return out, nil
+	} else if err != nil {
+		return nil, err
+	}
+	return setJSON(s), nil
+}
+
+func multiWait(c *tumbler.Client, a []string) (obj, error) { // HOLDER NAMES WAIT_MS HOLD_MS
+	var out obj
+	err := c.WithLocks(context.Background(), strings.Split(a[1], ","),
+		tumbler.AcquireOptions{Holder: a[0], WaitMs: atoi(a[2]), TTLMs: 60000},
+		func(ctx context.Context, s *tumbler.LockSet) error {
+			out = setJSON(s)
+			out["extended"] = s.Extend(ctx, 0) == nil
+			time.Sleep(time.Duration(atoi(a[3])) * time.Millisecond)
+			out["released_at_ms"] = nowMs()
+			return nil
+		})
+	if res, ok := notGranted(err); ok {
+		return res, nil
+	}
+	return out, err
+}
+
+func multiRelease(c *tumbler.Client, a []string) (obj, error) { // HOLDER NAMES
+	released, err := c.ReleaseAll(context.Background(), strings.Split(a[1], ","), a[0])
+	return obj{"released": released}, err
+}
+
+func deadlockWait(c *tumbler.Client, a []string) (obj, error) { // NAME HOLDER WAIT_MS: caught as ErrDeadlock
+	l, err := c.Acquire(context.Background(), a[0], tumbler.AcquireOptions{Holder: a[1], WaitMs: atoi(a[2]), TTLMs: 60000})
+	var te *tumbler.Error
+	if errors.Is(err, tumbler.ErrDeadlock) && errors.As(err, &te) {
+		return obj{"status": "DEADLOCK", "typed": "ErrDeadlock", "code": te.Code.String(), "message": te.Message}, nil
+	}
+	if out, ok := notGranted(err); ok {
+		return out, nil
+	} else if err != nil {
+		return nil, err
+	}
+	out := obj{"status": "ACQUIRED", "token": strconv.FormatUint(l.FencingToken(), 10)}
+	_, err = l.Release(context.Background())
 	return out, err
 }
 

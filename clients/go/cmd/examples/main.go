@@ -1,6 +1,8 @@
 // The Go seed patterns of clients/go/README.md, run by the conformance driver:
-// concurrency-limited workers that use their slot number, and one leader
-// among replicas (leader election).
+// concurrency-limited workers that use their slot number, one leader
+// among replicas (leader election), weighted permits, and a transfer
+// holding two accounts' locks at once (multi-lock, multi.go, with the
+// deadlock error).
 // usage: examples ADDR NAMESPACE all   — prints {"checks": [...]} as one JSON line.
 package main
 
@@ -181,7 +183,7 @@ func main() {
 	}
 	defer c.Close()
 	c.Namespace = os.Args[2]
-	checks := append(append(slotWorkers(c), electionChecks(c)...), weightedChecks(c)...)
+	checks := append(append(append(slotWorkers(c), electionChecks(c)...), weightedChecks(c)...), multiChecks(c)...)
 	b, _ := json.Marshal(map[string]interface{}{"checks": checks})
 	fmt.Println(string(b))
 }

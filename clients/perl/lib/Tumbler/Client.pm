@@ -8,6 +8,7 @@ use Sys::Hostname ();
 use Time::HiRes ();
 use Tumbler::Error;
 use Tumbler::Lock;
+use Tumbler::LockSet;
 use Tumbler::Leadership;
 
 our $VERSION = '0.1.0';
@@ -267,25 +268,59 @@ sub _name {
 # busy, or timeout after wait_ms) when not acquired.
 sub acquire {
     my ($self, $name, %opts) = @_;
-    $opts{holder} //= new_holder();
-    my $timeout = $opts{timeout} // $self->{timeout};
-    my $wait = ($opts{wait_ms} // 0) / 1000;
-    my $res = _snake($self->call('Acquire', $self->_body('Acquire', { name => _name($name) }, \%opts),
-        timeout => $timeout + $wait));
+    my $res = $self->_acquire({ name => _name($name) }, $name, \%opts);
+    my $grant = _grant($res->{grant});
+    $grant->{status} = $res->{status};
+    $grant->{name} = $name;
+    $grant->{namespace} = $opts{namespace} // $self->{namespace};
+    return $grant;
+}
+
+# acquire_all(\@names, %opts): a multi-lock (2 to 16 distinct names of the
+# namespace), every lock or none, for one holder with one lease and one
+# wait (holder, ttl_ms, wait_ms, queue_ttl_ms, limit, kind, metadata,
+# namespace, timeout). While it waits it holds nothing: the server tries
+# the whole set again when a lock of it frees. Returns the set as a hash:
+# holder, names, status, namespace and grants (one grant hash per name in
+# the order asked, each with its name and own fencing_token). Dies
+# Tumbler::Error::NotAcquired (busy, or timeout; named by the names joined
+# with commas), Tumbler::Error::InvalidArgument (fewer than 2 or more than
+# 16 names, a name twice: the message starts with "names"),
+# Tumbler::Error::Deadlock.
+sub acquire_all {
+    my ($self, $names, %opts) = @_;
+    Carp::croak('acquire_all needs an array ref of names') unless ref $names eq 'ARRAY';
+    my @names = map { "$_" } @$names;
+    my $res = $self->_acquire({ names => \@names }, join(',', @names), \%opts);
+    return {
+        holder    => $res->{grant}{holder},
+        names     => \@names,
+        status    => $res->{status},
+        namespace => $opts{namespace} // $self->{namespace},
+        grants    => [ map { _grant($_) } @{ $res->{grants} // [] } ],
+    };
+}
+
+# One Acquire ($fixed: its name, or its names) with a holder made here when
+# none is given; the answer with its status as acquired or already_held.
+# Dies Tumbler::Error::NotAcquired, named $label, when not acquired.
+sub _acquire {
+    my ($self, $fixed, $label, $opts) = @_;
+    $opts->{holder} //= new_holder();
+    my $timeout = $opts->{timeout} // $self->{timeout};
+    my $wait = ($opts->{wait_ms} // 0) / 1000;
+    my $res = _snake($self->call('Acquire', $self->_body('Acquire', $fixed, $opts), timeout => $timeout + $wait));
     my $status = $res->{status} // '';
     if ($status eq 'ACQUIRE_STATUS_ACQUIRED' || $status eq 'ACQUIRE_STATUS_ALREADY_HELD') {
-        my $grant = _grant($res->{grant});
-        $grant->{status} = $status eq 'ACQUIRE_STATUS_ACQUIRED' ? 'acquired' : 'already_held';
-        $grant->{name} = $name;
-        $grant->{namespace} = $opts{namespace} // $self->{namespace};
-        return $grant;
+        $res->{status} = $status eq 'ACQUIRE_STATUS_ACQUIRED' ? 'acquired' : 'already_held';
+        return $res;
     }
     my $reason = $res->{reason} // '';
     my $kind = $reason eq 'NOT_ACQUIRED_REASON_TIMEOUT' ? 'timeout' : 'busy';
     die Tumbler::Error::NotAcquired->new(
         kind => $kind, code => 'not_acquired', method => 'Acquire', reason => $reason,
         holders => $res->{holders},
-        message => "$name: " . ($kind eq 'busy' ? 'held by others' : 'not acquired within wait_ms'),
+        message => "$label: " . ($kind eq 'busy' ? 'held by others' : 'not acquired within wait_ms'),
     );
 }
 
@@ -293,8 +328,21 @@ sub acquire {
 # false if the holder did not hold it (any more).
 sub release {
     my ($self, $name, %opts) = @_;
+    return $self->_release({ name => _name($name) }, %opts);
+}
+
+# release_all(\@names, holder => ...): a multi-lock's set released by its
+# holder; true if every lock was held and released, false when any was not
+# (the holder's others are released all the same).
+sub release_all {
+    my ($self, $names, %opts) = @_;
+    return $self->_release({ names => [ map { "$_" } @$names ] }, %opts);
+}
+
+sub _release {
+    my ($self, $fixed, %opts) = @_;
     Carp::croak('release needs holder') unless defined $opts{holder};
-    my $res = $self->call('Release', $self->_body('Release', { name => _name($name) }, \%opts),
+    my $res = $self->call('Release', $self->_body('Release', $fixed, \%opts),
         (defined $opts{timeout} ? (timeout => $opts{timeout}) : ()));
     return ($res->{status} // '') eq 'RELEASE_STATUS_RELEASED' ? 1 : 0;
 }
@@ -303,15 +351,29 @@ sub release {
 # renewed grant; dies Tumbler::Error::NotHeld when it is not held.
 sub extend {
     my ($self, $name, %opts) = @_;
+    return $self->_extend({ name => _name($name) }, $name, %opts);
+}
+
+# extend_all(\@names, holder => ..., ttl_ms => ...): every lease of the set
+# renewed; the grant whose lease now ends first. Dies Tumbler::Error::NotHeld
+# when any lock of it was not held (the holder's others are then released).
+sub extend_all {
+    my ($self, $names, %opts) = @_;
+    my @names = map { "$_" } @$names;
+    return $self->_extend({ names => \@names }, join(',', @names), %opts);
+}
+
+sub _extend {
+    my ($self, $fixed, $label, %opts) = @_;
     Carp::croak('extend needs holder') unless defined $opts{holder};
-    my $res = _snake($self->call('Extend', $self->_body('Extend', { name => _name($name) }, \%opts),
+    my $res = _snake($self->call('Extend', $self->_body('Extend', $fixed, \%opts),
         (defined $opts{timeout} ? (timeout => $opts{timeout}) : ())));
     if (($res->{status} // '') eq 'EXTEND_STATUS_EXTENDED') {
         return _grant($res->{grant});
     }
     die Tumbler::Error::NotHeld->new(
         kind => 'not_held', code => 'not_held', method => 'Extend',
-        message => "$name: not held by $opts{holder}",
+        message => "$label: not held by $opts{holder}",
     );
 }
 
@@ -455,6 +517,14 @@ sub lock {
     return $lock;
 }
 
+# lock_all(\@names, %acquire_all_opts): a Tumbler::LockSet guard of the
+# multi-lock, released (the whole set) when it goes out of scope.
+sub lock_all {
+    my ($self, $names, %opts) = @_;
+    my $set = $self->acquire_all($names, %opts);
+    return Tumbler::LockSet->_new_set($self, $set);
+}
+
 1;
 
 __END__
@@ -506,6 +576,17 @@ it holds (1 unless asked more) and C<slots> its slots, one per permit
 (an array). More than the limit, or with a C<mode>, dies
 C<Tumbler::Error::InvalidArgument> with the server's message
 (C<permits: ...>).
+
+Multi-locks: C<acquire_all(\@names, %opts)> (holder, ttl_ms, wait_ms,
+queue_ttl_ms, limit, kind, metadata) takes 2 to 16 locks together, all or
+none, and returns the set as a hash (holder, names, status, grants: one
+grant hash per name in the order asked, each with its C<name> and own
+C<fencing_token>); it dies as C<acquire> does, and
+C<Tumbler::Error::InvalidArgument> naming C<names> for a name twice.
+C<extend_all(\@names, holder =E<gt> ..., ttl_ms =E<gt> ...)> and
+C<release_all(\@names, holder =E<gt> ...)> act on the set;
+C<lock_all(\@names, %opts)> returns a L<Tumbler::LockSet> guard. A wait
+that would close a wait-for cycle dies C<Tumbler::Error::Deadlock>.
 
 C<release($name, holder =E<gt> ..., fencing_token =E<gt> ...)> returns true
 if released, false if not held. C<extend($name, holder =E<gt> ..., ttl_ms

@@ -83,10 +83,7 @@ sub extend {
     my $left = $self->{expires} - $start;
     my $timeout = $opts{timeout} // $self->{client}{timeout};
     $timeout = $left if $left < $timeout;
-    my $grant = eval {
-        $self->{client}->extend($self->{name}, $self->_ns, holder => $self->holder,
-            fencing_token => $self->fencing_token, ttl_ms => $ttl_ms, timeout => $timeout);
-    };
+    my $grant = eval { $self->_extend_call(ttl_ms => $ttl_ms, timeout => $timeout) };
     if (my $e = $@) {
         if (Scalar::Util::blessed($e) && $e->isa('Tumbler::Error')) {
             if ($e->kind eq 'not_held') {
@@ -158,8 +155,21 @@ sub release {
     my ($self, %opts) = @_;
     return 0 if $self->{released};
     $self->{released} = 1;
+    return $self->_release_call(%opts);
+}
+
+# The Extend and Release of this grant, pinned to its fencing token
+# (Tumbler::LockSet names its set instead).
+sub _extend_call {
+    my ($self, %opts) = @_;
+    return $self->{client}->extend($self->{name}, $self->_ns, holder => $self->holder,
+        fencing_token => $self->{grant}{fencing_token}, %opts);
+}
+
+sub _release_call {
+    my ($self, %opts) = @_;
     return $self->{client}->release($self->{name}, $self->_ns, holder => $self->holder,
-        fencing_token => $self->fencing_token, %opts);
+        fencing_token => $self->{grant}{fencing_token}, %opts);
 }
 
 sub DESTROY {

@@ -5,12 +5,14 @@
 # is retried on UNAVAILABLE with jittered back-off until its deadline, with
 # the same holder id, so a retried acquire can never take a second permit.
 # Client#lock holds a grant for a block, kept alive by a watchdog; when the
-# grant is lost, LockLost is raised in the block's thread at once.
+# grant is lost, LockLost is raised in the block's thread at once;
+# Client#lock_all holds a multi-lock's set the same way.
 # Client#campaign, #leader and #observe are leader election.
 require 'securerandom'
 require 'tumbler/v1/lock_services_pb'
 require 'tumbler/errors'
 require 'tumbler/lock'
+require 'tumbler/lock_set'
 require 'tumbler/election'
 
 module Tumbler
@@ -71,28 +73,33 @@ module Tumbler
     def acquire(name, holder: nil, wait_ms: 0, timeout: nil, limit: nil, ttl_ms: nil, kind: '',
                 metadata: {}, priority: 0, queue_ttl_ms: nil, fair: nil, mode: nil, prefer_readers: false,
                 permits: nil)
-      holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder.empty?
-      started = Client.now
-      deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
-      sent = started
-      base = { namespace: namespace, name: name, holder: holder, kind: kind, metadata: metadata, priority: priority,
-               limit: limit, ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms, fair: fair, mode: Client.lock_mode(mode),
-               prefer_readers: prefer_readers || nil, permits: permits }.compact
-      resp = begin
-        call(:acquire, deadline: deadline) do
-          sent = Client.now
-          wait = [(wait_ms / 1000.0) - (sent - started), deadline - sent - 0.05].min
-          V1::AcquireRequest.new(**base, wait_ms: [(wait * 1000).to_i, 0].max)
-        end
-      rescue Error => e
-        raise LockTimeout.new(name, nil, "#{name}: not acquired before the deadline") if e.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED
+      resp, sent = send_acquire(name, holder: holder, wait_ms: wait_ms, timeout: timeout,
+                                      name: name, kind: kind, metadata: metadata, priority: priority,
+                                           limit: limit, ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms, fair: fair,
+                                           mode: Client.lock_mode(mode), prefer_readers: prefer_readers || nil,
+                                           permits: permits)
+      Lock.new(self, name, resp.grant, sent + (resp.grant.ttl_ms / 1000.0), already_held: resp.status == :ACQUIRE_STATUS_ALREADY_HELD,
+                                                  limit: limit)
+    end
 
-        raise
-      end
-      raise not_acquired(name, resp) if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED
-
-      Lock.new(self, name, resp.grant, [sent, Client.now - 0.05].max + (resp.grant.ttl_ms / 1000.0),
-               already_held: resp.status == :ACQUIRE_STATUS_ALREADY_HELD, limit: limit)
+    # A multi-lock (2 to 16 distinct names of the namespace): every lock or
+    # none, for one holder with one lease and one wait (0: try once). While
+    # it waits it holds nothing: the server tries the whole set again when a
+    # lock of it frees. Each lock grants one permit under limit (default 1).
+    # Returns a LockSet (no watchdog: see #lock_all / LockSet#keep_alive);
+    # raises Busy or LockTimeout (named by the names joined with commas),
+    # InvalidArgument (fewer than 2 or more than 16 names, a name twice:
+    # details start with "names"), Deadlock, PermissionDenied, Unavailable.
+    def acquire_all(names, holder: nil, wait_ms: 0, timeout: nil, limit: nil, ttl_ms: nil, kind: '', metadata: {},
+                    queue_ttl_ms: nil)
+      names = names.map(&:to_s)
+      resp, sent = send_acquire(names.join(','), holder: holder, wait_ms: wait_ms, timeout: timeout,
+                                                 names: names, kind: kind, metadata: metadata, limit: limit,
+                                                      ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms)
+      # The set's lease is as long as its shortest.
+      first = resp.grants.min_by(&:expires_at_ms) || resp.grant
+      LockSet.new(Lock.new(self, names.join(','), first, sent + (first.ttl_ms / 1000.0), limit: limit, names: names),
+                  resp.grants.to_a)
     end
 
     MODES = { nil => nil, read: :LOCK_MODE_READ, write: :LOCK_MODE_WRITE }.freeze
@@ -113,19 +120,7 @@ module Tumbler
     # grant is lost, LockLost is raised in the block's thread at once (and
     # the block ends with it); otherwise the grant is released however the block ends.
     def lock(name, ttl_ms: DEFAULT_HELPER_TTL_MS, **options, &block)
-      held = acquire(name, ttl_ms: ttl_ms, **options)
-      begin
-        result = hold(held, &block)
-      rescue LockLost
-        raise
-      rescue Exception # rubocop:disable Lint/RescueException -- the block failed: give the grant back
-        held.release unless held.lost?
-        raise
-      end
-      raise held.lost_error if held.lost?
-
-      held.release
-      result
+      held_for(acquire(name, ttl_ms: ttl_ms, **options), &block)
     end
 
     # Leader election: wait up to wait_ms in the election's queue (0: try
@@ -138,23 +133,10 @@ module Tumbler
     def campaign(name, value: '', candidate: nil, wait_ms: 0, timeout: nil, ttl_ms: DEFAULT_HELPER_TTL_MS,
                  queue_ttl_ms: nil, kind: '', &block)
       candidate = "rb-#{SecureRandom.hex(16)}" if candidate.nil? || candidate.empty?
-      started = Client.now
-      deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
-      sent = started
       base = { namespace: namespace, name: name, candidate: candidate, value: value, ttl_ms: ttl_ms, kind: kind,
                queue_ttl_ms: queue_ttl_ms }.compact
-      resp = begin
-        call(:campaign, deadline: deadline) do
-          sent = Client.now
-          wait = [(wait_ms / 1000.0) - (sent - started), deadline - sent - 0.05].min
-          V1::CampaignRequest.new(**base, wait_ms: [(wait * 1000).to_i, 0].max)
-        end
-      rescue Error => e
-        return nil if e.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED
-
-        raise
-      end
-      return nil unless resp.elected
+      resp, sent = waiting_call(:campaign, V1::CampaignRequest, base, wait_ms: wait_ms, timeout: timeout)
+      return nil unless resp&.elected
 
       held = Leadership.new(self, name, resp.leader, [sent, Client.now - 0.05].max + (resp.leader.ttl_ms / 1000.0))
       return held.keep_alive unless block
@@ -221,7 +203,74 @@ module Tumbler
       call(:release) { V1::ReleaseRequest.new(**req) }.status == :RELEASE_STATUS_RELEASED
     end
 
+    # client.lock_all(%w[accounts/1 accounts/2], wait_ms: 5000) { |set| ... } —
+    # every lock of the set held for the whole block, as #lock holds one:
+    # the watchdog extends the set every ttl_ms/3 (one Extend naming it);
+    # LockLost is raised in the block's thread if any lock of it is lost;
+    # otherwise the set is released however the block ends.
+    def lock_all(names, ttl_ms: DEFAULT_HELPER_TTL_MS, **options, &block)
+      held_for(acquire_all(names, ttl_ms: ttl_ms, **options), &block)
+    end
+
+    # Release the set `names` that `holder` holds without a LockSet; false
+    # when any lock of it was not held (the holder's others are released
+    # all the same).
+    def release_all(names, holder:)
+      req = V1::ReleaseRequest.new(namespace: namespace, names: names.map(&:to_s), holder: holder)
+      call(:release) { req }.status == :RELEASE_STATUS_RELEASED
+    end
+
     private
+
+    # Sends an Acquire (fields: the request's, but holder and wait_ms) with
+    # retries until its deadline: [the granted response, when it was sent
+    # (the lease's local start)]; raises Busy or LockTimeout (named `label`) and the call's errors.
+    def send_acquire(label, holder:, wait_ms:, timeout:, **fields)
+      holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder.empty?
+      base = { namespace: namespace, holder: holder, **fields }.compact
+      resp, sent = waiting_call(:acquire, V1::AcquireRequest, base, wait_ms: wait_ms, timeout: timeout)
+      raise LockTimeout.new(label, nil, "#{label}: not acquired before the deadline") if resp.nil?
+      raise not_acquired(label, resp) if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED
+
+      [resp, [sent, Client.now - 0.05].max]
+    end
+
+    # One RPC that waits in the server (base: its request's fields but
+    # wait_ms), each try sent with the rest of wait_ms, retried until the
+    # deadline (timeout, default wait_ms + DEADLINE_SLACK): [the response,
+    # when it was sent], the response nil when the deadline cut the call.
+    def waiting_call(method, request_class, base, wait_ms:, timeout:)
+      started = Client.now
+      deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
+      sent = started
+      resp = call(method, deadline: deadline) do
+        sent = Client.now
+        wait = [(wait_ms / 1000.0) - (sent - started), deadline - sent - 0.05].min
+        request_class.new(**base, wait_ms: [(wait * 1000).to_i, 0].max)
+      end
+      [resp, sent]
+    rescue Error => e
+      raise unless e.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED
+
+      [nil, sent]
+    end
+
+    # Holds a grant (or set) for the block with the watchdog on, then
+    # releases it; LockLost when it was lost.
+    def held_for(held, &block)
+      begin
+        result = hold(held, &block)
+      rescue LockLost
+        raise
+      rescue Exception # rubocop:disable Lint/RescueException -- the block failed: give the grant back
+        held.release unless held.lost?
+        raise
+      end
+      raise held.lost_error if held.lost?
+
+      held.release
+      result
+    end
 
     def not_acquired(name, resp)
       resp.reason == :NOT_ACQUIRED_REASON_BUSY ? Busy.new(name, resp) : LockTimeout.new(name, resp)

@@ -2,7 +2,8 @@
 
 # Typed errors of the tumbler gem. Not getting a lock raises NotAcquired
 # (Busy after a try-once request, LockTimeout after a wait); a grant that
-# ends while it is relied on raises LockLost. gRPC failures become
+# ends while it is relied on raises LockLost; a wait that would close a
+# wait-for cycle raises Deadlock. gRPC failures become
 # InvalidArgument, PermissionDenied, Unavailable (after the retries ran
 # out) or Error; #code and #details are the status's.
 require 'grpc'
@@ -61,6 +62,13 @@ module Tumbler
     alias term fencing_token
   end
 
+  # The wait was refused because it would close a wait-for cycle: the
+  # holder holds a lock another waiter needs while waiting for one it
+  # holds (ABORTED; #details, "deadlock: holder ... waits for lock ...",
+  # names the cycle). Waiting longer cannot help: give back what the holder
+  # holds, then try again.
+  class Deadlock < Error; end
+
   class InvalidArgument < Error; end
   class PermissionDenied < Error; end
   class Unavailable < Error; end
@@ -75,6 +83,9 @@ module Tumbler
   # The typed error for a GRPC::BadStatus (kept as #cause when raised in a rescue).
   def self.error_from(err)
     name = GRPC::Core::StatusCodes.constants.find { |c| GRPC::Core::StatusCodes.const_get(c) == err.code }
-    (BY_CODE[err.code] || Error).new("#{name}: #{err.details}", code: err.code, details: err.details)
+    klass = BY_CODE[err.code] || Error
+    # Other ABORTED answers (a session resume race) say something else.
+    klass = Deadlock if err.code == GRPC::Core::StatusCodes::ABORTED && err.details.to_s.start_with?('deadlock: ')
+    klass.new("#{name}: #{err.details}", code: err.code, details: err.details)
   end
 end

@@ -10,7 +10,10 @@ module Tumbler
 
     # already_held: the Acquire found this holder already holding the grant
     # (ALREADY_HELD: same token and slot, lease unchanged).
-    def initialize(client, name, grant, lease_end, already_held: false, limit: nil)
+    # names: a multi-lock's names (LockSet): Extend and Release then name
+    # the set, each lock having its own token.
+    def initialize(client, name, grant, lease_end, already_held: false, limit: nil, names: nil)
+      @names = names
       @already_held = already_held
       @limit = limit # the limit asked: a downgrade asks the same
       @client = client
@@ -80,7 +83,7 @@ module Tumbler
     # Give the permit back (pinned to the fencing token); false when it was no longer held.
     def release
       stop_keep_alive
-      req = V1::ReleaseRequest.new(namespace: client.namespace, name: name, holder: holder, fencing_token: fencing_token)
+      req = V1::ReleaseRequest.new(namespace: client.namespace, holder: holder, **which)
       client.call(:release) { req }.status == :RELEASE_STATUS_RELEASED
     end
 
@@ -104,12 +107,15 @@ module Tumbler
     end
 
     def extend_request(ttl_ms)
-      req = { namespace: client.namespace, name: name, holder: holder, fencing_token: fencing_token }
+      req = { namespace: client.namespace, holder: holder, **which }
       req[:ttl_ms] = ttl_ms if ttl_ms
       V1::ExtendRequest.new(**req)
     end
 
     private
+
+    # What an Extend or Release names: the lock pinned to its token, or the set.
+    def which = @names ? { names: @names } : { name: name, fencing_token: fencing_token }
 
     def renewed(grant, sent)
       @grant = grant
