@@ -36,7 +36,7 @@ READ_WRITE_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 WEIGHTED_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 # Languages whose helpers run the multi part (multi_hold, multi_wait,
 # multi_release, deadlock_wait), in the order it rotates the roles through.
-MULTI_LANGS = ["python", "node", "rust"]
+MULTI_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 
 
 def commands(table):
