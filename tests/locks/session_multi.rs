@@ -192,8 +192,18 @@ async fn a_set_with_a_held_member_takes_nothing_and_a_waiting_one_gets_all_when_
             acquire: Some(set(&["m-a", "m-b"], 10_000)),
         }))
         .await;
-    // While it waits it holds nothing.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // While it waits (its wake-up place in m-b's queue) it holds nothing.
+    let waiting = || {
+        let mut client = client.clone();
+        async move {
+            let queue = proto::QueueRequest {
+                name: "m-b".into(),
+                ..Default::default()
+            };
+            client.queue(queue).await.unwrap().into_inner().waiters == 1
+        }
+    };
+    wait_until_async("the set waits", Duration::from_secs(5), waiting).await;
     assert!(
         holder_of(&mut client, "m-a").await.is_none(),
         "a waiting set holds nothing"
