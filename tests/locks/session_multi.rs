@@ -455,3 +455,67 @@ async fn a_session_set_is_validated_as_the_acquire_rpcs() {
         .unwrap_err();
     assert_eq!(code, tonic::Code::FailedPrecondition);
 }
+
+/// What a session's single lock costs in Redis is what it cost before sets
+/// came to sessions: per acquire and release, two function calls for the
+/// lock and two notes of the record, and the same commands inside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_session_grant_costs_what_it_did() {
+    let redis = start_redis();
+    let args = tumbler::config::ServiceArgs {
+        health_interval_ms: 60_000,
+        ..service_args()
+    };
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .args(args)
+        .start()
+        .await;
+    let mut client = server.client().await;
+    let mut conn = redis_conn(&redis.url()).await;
+    let mut session = Session::open(&mut client, 30_000).await;
+    session.acquire(1, acquire("warm", "")).await;
+    assert_eq!(
+        send_release(&mut session, release_names(2, "warm", &[])).await,
+        Ok(ReleaseStatus::Released)
+    );
+    let before = command_calls(&mut conn).await;
+    for i in 0..50 {
+        let name = format!("plain-{i}");
+        let reply = session.acquire(10 + 2 * i, acquire(&name, "")).await;
+        assert_eq!(reply.status(), AcquireStatus::Acquired);
+        let released = send_release(&mut session, release_names(11 + 2 * i, &name, &[])).await;
+        assert_eq!(released, Ok(ReleaseStatus::Released));
+    }
+    let after = command_calls(&mut conn).await;
+    let delta = |wanted: &dyn Fn(&str) -> bool| -> u64 {
+        (after.iter())
+            .filter(|(name, _)| wanted(name))
+            .map(|(name, calls)| calls - before.get(name).copied().unwrap_or(0))
+            .sum()
+    };
+    let functions = delta(&|name| name.starts_with("fcall"));
+    let inside = delta(&|name| !name.starts_with("fcall") && !["info", "config"].contains(&name));
+    assert_eq!(functions, 4 * 50, "{after:?}");
+    // 12 per pair: the lock's acquire and release, and the record's two
+    // notes (HGET and HSET / HDEL each), as with the one-grant note.
+    assert_eq!(inside, 12 * 50, "{after:?}");
+
+    // A set of three: one call takes it, one note names it; its release
+    // is a call per lock and one note.
+    let before = command_calls(&mut conn).await;
+    for i in 0..20 {
+        let names = [0, 1, 2].map(|k| format!("set-{i}-{k}"));
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let reply = session.acquire(200 + 2 * i, set(&names, 0)).await;
+        assert_eq!(reply.status(), AcquireStatus::Acquired);
+        let released = send_release(&mut session, release_names(201 + 2 * i, "", &names)).await;
+        assert_eq!(released, Ok(ReleaseStatus::Released));
+    }
+    let after_sets = command_calls(&mut conn).await;
+    let functions: u64 = (after_sets.iter())
+        .filter(|(name, _)| name.starts_with("fcall"))
+        .map(|(name, calls)| calls - before.get(name).copied().unwrap_or(0))
+        .sum();
+    assert_eq!(functions, 6 * 20, "{after_sets:?}");
+}
