@@ -448,6 +448,48 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_lost_lock_of_a_set_takes_the_rest_of_its_set_and_nothing_else() {
+        let sessions = Sessions::new(Duration::from_secs(5));
+        let (lost, mut told) = mpsc::channel(8);
+        let lock = |name: &str| LockId::parse("", name).unwrap();
+        let now = Instant::now();
+        let sets = [
+            ("a", 1, Some(9)),
+            ("b", 2, Some(9)),
+            ("c", 3, Some(8)),
+            ("e", 5, Some(8)),
+        ];
+        for (name, token, set) in sets {
+            sessions.add("s", 1, &lock(name), token, TTL, now, lost.clone(), set);
+        }
+        sessions.add("s", 1, &lock("d"), 4, TTL, now, lost.clone(), None);
+        let key = |name: &str| key("s", 1, &lock(name));
+        assert_eq!(
+            sessions.set_of("s", 1, &lock("b")),
+            Some((9, vec![lock("a"), lock("b")]))
+        );
+        sessions.lost(&key("a"));
+        let mut seen = Vec::new();
+        while let Ok(grant) = told.try_recv() {
+            seen.push((grant.lock.name.to_string(), grant.reason));
+        }
+        assert_eq!(
+            seen,
+            [("a".into(), LOST_NOT_HELD), ("b".into(), LOST_SET_BROKEN)]
+        );
+        let mut left: Vec<String> = (sessions.grants_of("s", 1).into_iter())
+            .map(|(lock, _)| lock.name.to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["c", "d", "e"], "another set and a single grant stay");
+        // A lock taken over by a newer stream breaks nothing.
+        sessions.moved(&key("c"));
+        assert_eq!(told.try_recv().map(|g| g.reason), Ok(LOST_MOVED));
+        assert!(told.try_recv().is_err());
+        assert!(sessions.holds("s", 1, &lock("e")));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_end_with_nothing_in_flight_does_not_wait() {
         let sessions = Sessions::new(Duration::from_secs(5));
         let (lost, _rx) = mpsc::channel(1);
