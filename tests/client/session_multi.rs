@@ -9,18 +9,17 @@ use std::time::Duration;
 use super::{client_of, holders, queued};
 use crate::common::TestServer;
 use crate::common::wait::wait_until_async;
-use tumbler_client::{Error, SessionEvent};
+use tumbler_client::{Client, Error, Session, SessionEvent};
+
+async fn open(client: &Client, ttl: Duration) -> Session {
+    client.session().ttl(ttl).open().await.unwrap()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_set_is_held_by_the_session_and_released_whole() {
     let server = TestServer::new().start().await;
     let client = client_of(&server.endpoint()).await;
-    let session = client
-        .session()
-        .ttl(Duration::from_secs(5))
-        .open()
-        .await
-        .unwrap();
+    let session = open(&client, Duration::from_secs(5)).await;
     let grants = session
         .lock_all(&["cs-a", "cs-b"], Duration::ZERO)
         .await
@@ -54,12 +53,7 @@ async fn a_sessions_set_is_held_by_the_session_and_released_whole() {
 async fn a_lock_of_the_set_taken_away_loses_the_whole_set() {
     let server = TestServer::new().start().await;
     let client = client_of(&server.endpoint()).await;
-    let session = client
-        .session()
-        .ttl(Duration::from_millis(600))
-        .open()
-        .await
-        .unwrap();
+    let session = open(&client, Duration::from_millis(600)).await;
     let mut events = session.events();
     let grants = session
         .lock_all(&["cl-a", "cl-b", "cl-c"], Duration::ZERO)
@@ -114,12 +108,7 @@ async fn a_dropped_wait_for_a_set_leaves_the_server_and_takes_nothing() {
         .acquire()
         .await
         .unwrap();
-    let session = client
-        .session()
-        .ttl(Duration::from_secs(5))
-        .open()
-        .await
-        .unwrap();
+    let session = open(&client, Duration::from_secs(5)).await;
     let id = session.id().id.clone();
     let waiting = session.lock_all(&["cw-a", "cw-b"], Duration::from_secs(20));
     assert!(
