@@ -274,6 +274,54 @@ async fn a_set_resumed_on_another_server_keeps_its_tokens_and_is_released_by_nam
     drop(session);
 }
 
+/// Resumed on a second server while the old stream still lives: the old
+/// stream can neither take the set again nor release it (both refused in
+/// Redis; it ends ABORTED), and the set stays the new stream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_stream_cannot_act_on_the_set_the_new_one_holds() {
+    let a = TestServer::new().start().await;
+    let b = TestServer::new().redis(a.redis_url()).start().await;
+    let mut on_a = a.client().await;
+    let mut on_b = b.client().await;
+    let names = ["t-a", "t-b"];
+    let mut old = Session::open(&mut on_a, 5_000).await;
+    let tokens = tokens_of(&old.acquire(1, set(&names, 0)).await);
+    let (_new, opened) = Session::resume(&mut on_b, &old.id, &old.secret)
+        .await
+        .expect("resumed while the old stream lives");
+    assert_eq!(opened.grants.len(), 2, "{opened:?}");
+
+    old.send(Command::Acquire(proto::SessionAcquire {
+        request_id: 2,
+        acquire: Some(set(&names, 0)),
+    }))
+    .await;
+    let refusal = loop {
+        match old.next().await {
+            Some(Event::Error(e)) if e.request_id == 2 => break e,
+            Some(Event::Acquired(a)) => panic!("the old stream took the set again: {a:?}"),
+            _ => {}
+        }
+    };
+    assert_eq!(refusal.code, tonic::Code::Aborted as i32, "{refusal:?}");
+    let (_, status) = old.until_ended().await;
+    assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
+    assert_eq!(held(&mut on_b, &names).await, as_held(&old.id, &tokens));
+
+    // A release by names from a stream of the old epoch is refused too:
+    // a second stale stream, resumed and then superseded.
+    let (mut stale, _) = Session::resume(&mut on_a, &old.id, &old.secret)
+        .await
+        .unwrap();
+    let (_newest, opened) = Session::resume(&mut on_b, &old.id, &old.secret)
+        .await
+        .unwrap();
+    assert_eq!(opened.grants.len(), 2, "{opened:?}");
+    let refused = send_release(&mut stale, release_names(3, "", &names)).await;
+    assert_eq!(refused.map_err(|(code, _)| code), Err(tonic::Code::Aborted));
+    assert_eq!(held(&mut on_b, &names).await, as_held(&old.id, &tokens));
+}
+
 /// A lock of the set lost (here released behind the session's back, as a
 /// Clear or the reaper would): the rest is released too and the client is
 /// told `lost` for each, so no part of the set outlives the failure.
