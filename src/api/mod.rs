@@ -140,11 +140,12 @@ impl LockApi {
         deadline: Option<crate::observe::CallerDeadline>,
     ) -> Result<engine::AcquireRequest, Status> {
         if !req.names.is_empty() {
-            // Only Acquire takes a multi-lock (decision 0076): a session's
-            // renewals and a campaign work on one lock.
+            // A multi-lock's names are taken out before (the Acquire RPC,
+            // a session's acquire: decisions 0076, 0078); a request that
+            // still has them here is one this path cannot take.
             return Err(invalid(engine::Invalid::new(
                 "names",
-                "a multi-lock is taken with Acquire only, not through a session or a campaign",
+                "a multi-lock is taken with Acquire or a session's acquire, not here",
             )));
         }
         let wait_ms = validate::wait_ms(req.wait_ms, &self.limits).map_err(invalid)?;

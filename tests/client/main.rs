@@ -7,6 +7,7 @@
 pub mod common;
 mod multi;
 mod read_write;
+mod session_multi;
 
 use std::time::Duration;
 

@@ -377,6 +377,7 @@ async fn a_sessions_wait_that_closes_a_cycle_is_refused_and_the_session_goes_on(
         .send(Command::Release(proto::SessionRelease {
             request_id: 3,
             name: "x".into(),
+            names: Vec::new(),
             ..Default::default()
         }))
         .await;

@@ -305,6 +305,7 @@ async fn a_session_campaign_keeps_its_leadership_through_a_replica_sigkill_by_re
         .send(Command::Release(proto::SessionRelease {
             request_id: 8,
             name: "e-session".into(),
+            names: Vec::new(),
             ..Default::default()
         }))
         .await;

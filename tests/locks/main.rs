@@ -30,6 +30,7 @@ mod read_write_load;
 mod semantics;
 mod session;
 mod session_edges;
+mod session_multi;
 mod session_takeover;
 mod validation;
 mod watch;

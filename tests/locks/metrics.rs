@@ -560,6 +560,7 @@ async fn session_commands_are_counted_like_the_rpcs() {
             request_id: 3,
             namespace: "default".into(),
             name: "sess-1".into(),
+            names: Vec::new(),
         }))
         .await;
     match session.next().await {

@@ -133,6 +133,7 @@ async fn session_commands_are_validated_and_released_individually() {
             request_id: 10,
             namespace: String::new(),
             name: "first".into(),
+            names: Vec::new(),
         }))
         .await;
     match session.next().await {

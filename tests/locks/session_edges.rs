@@ -218,6 +218,7 @@ fn release_command(request_id: u64, name: &str) -> proto::session_request::Comma
         request_id,
         namespace: "default".into(),
         name: name.into(),
+        names: Vec::new(),
     })
 }
 

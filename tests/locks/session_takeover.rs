@@ -22,6 +22,7 @@ fn release_command(request_id: u64, name: &str) -> Command {
         request_id,
         namespace: String::new(),
         name: name.into(),
+        names: Vec::new(),
     })
 }
 
@@ -345,6 +346,7 @@ fn command(request_id: u64, op: Op, namespace: &str) -> Command {
             request_id,
             namespace: namespace.into(),
             name: NAMES[i].into(),
+            names: Vec::new(),
         }),
         Op::KeepAlive => Command::KeepAlive(proto::SessionKeepAlive {}),
     }

@@ -244,9 +244,10 @@ pub(crate) enum Command {
         proto::AcquireRequest,
         oneshot::Sender<Result<proto::AcquireResponse>>,
     ),
+    /// A namespace and one lock's name, or a multi-lock's names.
     Release(
         String,
-        String,
+        Vec<String>,
         Option<oneshot::Sender<Result<proto::ReleaseResponse>>>,
     ),
     Close(oneshot::Sender<()>),
@@ -304,23 +305,11 @@ impl Session {
         // Stops the wait if this future is dropped before the answer.
         let mut guard = StopWait {
             commands: &self.commands,
-            lock: Some((namespace.clone(), name.clone())),
+            lock: Some((namespace.clone(), vec![name.clone()])),
         };
         let response = answer.await.map_err(|_| self.over_error())??;
         guard.lock = None;
-        if response.status == proto::AcquireStatus::NotAcquired as i32 {
-            let reason = if response.reason == proto::NotAcquiredReason::Busy as i32 {
-                NotAcquiredReason::Busy
-            } else {
-                NotAcquiredReason::Timeout
-            };
-            return Err(Error::NotAcquired {
-                name,
-                reason,
-                holders: response.holders,
-                queue_position: response.queue_position,
-            });
-        }
+        not_acquired(&response, &name)?;
         let g = response.grant.unwrap_or_default();
         let grant = SessionGrant {
             namespace: namespace.clone(),
@@ -336,22 +325,74 @@ impl Session {
         Ok(grant)
     }
 
+    /// Takes every lock of `names` (2 to 16, client's namespace) for the
+    /// session, all or nothing, waiting up to `wait` while holding
+    /// nothing (a multi-lock, decision 0078): the grants in the order of
+    /// `names`, each with its own fencing token. The set lives and ends
+    /// together: a lock of it lost takes the rest with it (each told
+    /// [`SessionEvent::Lost`], "set broken"), and it is released whole
+    /// with [`release_all`](Session::release_all). Dropping the future
+    /// before it is answered stops the wait (and releases the set if it
+    /// was granted meanwhile).
+    pub async fn lock_all(&self, names: &[&str], wait: Duration) -> Result<Vec<SessionGrant>> {
+        let namespace = self.namespace();
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let request = proto::AcquireRequest {
+            namespace: namespace.clone(),
+            names: names.clone(),
+            wait_ms: wait.as_millis() as u64,
+            ..Default::default()
+        };
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Acquire(request, reply))?;
+        let mut guard = StopWait {
+            commands: &self.commands,
+            lock: Some((namespace.clone(), names.clone())),
+        };
+        let response = answer.await.map_err(|_| self.over_error())??;
+        guard.lock = None;
+        not_acquired(&response, &names.join(","))?;
+        let grants: Vec<SessionGrant> = (response.grants.into_iter())
+            .map(|g| SessionGrant {
+                namespace: namespace.clone(),
+                name: g.name,
+                fencing_token: g.fencing_token,
+                slot: g.slot,
+            })
+            .collect();
+        let mut held = self.shared.grants.lock().unwrap();
+        for grant in &grants {
+            held.insert((namespace.clone(), grant.name.clone()), grant.clone());
+        }
+        Ok(grants)
+    }
+
     /// Releases the session's grant of `name` (client's namespace): true
-    /// when released, false when it was not held.
+    /// when released, false when it was not held. A lock of a set taken
+    /// with [`lock_all`](Session::lock_all) is refused: release the set
+    /// with [`release_all`](Session::release_all).
     pub async fn release(&self, name: &str) -> Result<bool> {
+        self.release_names(vec![name.to_owned()]).await
+    }
+
+    /// Releases a set taken with [`lock_all`](Session::lock_all), naming
+    /// every lock of it: true when every one was held and released, false
+    /// when any was not (the others are released all the same).
+    pub async fn release_all(&self, names: &[&str]) -> Result<bool> {
+        self.release_names(names.iter().map(|n| (*n).to_owned()).collect())
+            .await
+    }
+
+    async fn release_names(&self, names: Vec<String>) -> Result<bool> {
         let namespace = self.namespace();
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Release(
-            namespace.clone(),
-            name.into(),
-            Some(reply),
-        ))?;
+        let command = Command::Release(namespace.clone(), names.clone(), Some(reply));
+        self.send(command)?;
         let response = answer.await.map_err(|_| self.over_error())??;
-        self.shared
-            .grants
-            .lock()
-            .unwrap()
-            .remove(&(namespace, name.to_owned()));
+        let mut held = self.shared.grants.lock().unwrap();
+        for name in names {
+            held.remove(&(namespace.clone(), name));
+        }
         Ok(response.status == proto::ReleaseStatus::Released as i32)
     }
 
@@ -393,16 +434,35 @@ impl Session {
     }
 }
 
-/// Sends a release of a lock whose acquire's future was dropped unanswered.
+/// A reply of NOT_ACQUIRED as the error it is (`name`: what was asked).
+fn not_acquired(response: &proto::AcquireResponse, name: &str) -> Result<()> {
+    if response.status != proto::AcquireStatus::NotAcquired as i32 {
+        return Ok(());
+    }
+    let reason = if response.reason == proto::NotAcquiredReason::Busy as i32 {
+        NotAcquiredReason::Busy
+    } else {
+        NotAcquiredReason::Timeout
+    };
+    Err(Error::NotAcquired {
+        name: name.to_owned(),
+        reason,
+        holders: response.holders,
+        queue_position: response.queue_position,
+    })
+}
+
+/// Sends a release of the lock (or set) whose acquire's future was
+/// dropped unanswered.
 struct StopWait<'a> {
     commands: &'a mpsc::UnboundedSender<Command>,
-    lock: Option<(String, String)>,
+    lock: Option<(String, Vec<String>)>,
 }
 
 impl Drop for StopWait<'_> {
     fn drop(&mut self) {
-        if let Some((namespace, name)) = self.lock.take() {
-            let _ = self.commands.send(Command::Release(namespace, name, None));
+        if let Some((namespace, names)) = self.lock.take() {
+            let _ = self.commands.send(Command::Release(namespace, names, None));
         }
     }
 }

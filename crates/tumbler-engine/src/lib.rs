@@ -567,6 +567,55 @@ impl LockEngine {
         Ok(outcome)
     }
 
+    /// A multi-lock for a session (decision 0078): the set taken as
+    /// [`Self::acquire_many`] takes it, then its grants kept as a set of
+    /// session grants (named in the record with their set, renewed here,
+    /// ended together). A set that names a lock the stream holds alone or
+    /// in another set is refused ([`EngineError::SetMismatch`]).
+    pub async fn session_acquire_many(
+        self: &Arc<Self>,
+        session: &str,
+        epoch: u64,
+        req: MultiAcquireRequest,
+        lost: &mpsc::Sender<LostGrant>,
+    ) -> Result<MultiOutcome, EngineError> {
+        let namespace = req.req.lock.namespace.clone();
+        let locks: Vec<LockId> = (req.names.iter())
+            .map(|name| LockId {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            })
+            .collect();
+        let set = self.sessions.set_for(session, epoch, &locks)?;
+        let ttl = req.req.ttl;
+        let outcome = self.acquire_many(req).await?;
+        self.sessions
+            .keep_set((session, epoch), (&namespace, ttl, set), &outcome, lost)
+            .await?;
+        Ok(outcome)
+    }
+
+    /// A session's release command (`field`: `name` for one lock, `names`
+    /// for several): a set it holds must be named whole (see
+    /// `resume/sets.rs`).
+    pub async fn session_release_named(
+        &self,
+        session: &str,
+        epoch: u64,
+        locks: &[LockId],
+        field: &str,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        (self.sessions)
+            .release_named(session, epoch, locks, field)
+            .await
+    }
+
+    /// Releases a session grant whose multi-lock set broke
+    /// ([`sessions::LOST_SET_BROKEN`]).
+    pub async fn session_release_broken(&self, session: &str, epoch: u64, lost: &LostGrant) {
+        self.sessions.release_broken(session, epoch, lost).await
+    }
+
     /// Releases one grant of a session, stops renewing it and takes it off
     /// the session's record.
     pub async fn session_release(

@@ -29,7 +29,7 @@
 //! which owns them) and releases them when a session ends, or keeps them
 //! for the lock-delay when it died.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +43,8 @@ use super::ops::session_record::{self as record, Claim, Touch};
 use super::renewer::Renewer;
 use super::sessions::{LOST_NOT_HELD, LostGrant, Sessions};
 use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, ReleaseOutcome, ops};
+
+mod sets;
 
 /// How long the grants of a session whose stream broke wait for a resume
 /// before they are released as a dead client's. Short, so a client whose
@@ -202,12 +204,16 @@ impl SessionKeeper {
         let ttl = Duration::from_millis(ttl_ms);
         let mut lost = Vec::new();
         let mut by_shard: BTreeMap<(String, u32), Vec<(LockId, u64)>> = BTreeMap::new();
-        for (namespace, name, token) in grants {
-            let lock = LockId::stored(namespace, name);
+        let mut sets: HashMap<LockId, u64> = HashMap::new();
+        for grant in grants {
+            let lock = LockId::stored(grant.namespace, grant.name);
+            if let Some(set) = grant.set {
+                sets.insert(lock.clone(), set);
+            }
             if !may_act(&lock.namespace) {
                 lost.push(LostGrant {
                     lock,
-                    fencing_token: token,
+                    fencing_token: grant.token,
                     reason: LOST_NOT_PERMITTED,
                 });
                 continue;
@@ -216,7 +222,7 @@ impl SessionKeeper {
             by_shard
                 .entry((lock.namespace.to_string(), shard))
                 .or_default()
-                .push((lock, token));
+                .push((lock, grant.token));
         }
         let mut kept = Vec::new();
         for ((namespace, shard), grants) in by_shard {
@@ -252,6 +258,7 @@ impl SessionKeeper {
                         reason: LOST_NOT_HELD,
                     });
                 } else {
+                    let set = sets.get(&lock).copied();
                     self.sessions().add(
                         session,
                         epoch,
@@ -260,14 +267,17 @@ impl SessionKeeper {
                         ttl,
                         sent_at,
                         lost_tx.clone(),
+                        set,
                     );
                     kept.push((lock, token));
                 }
             }
         }
-        for grant in &lost {
-            let _ = self.note_grant(session, epoch, &grant.lock, None).await;
-        }
+        // A set one lock of which is gone is not kept in part.
+        self.break_sets(session, epoch, &sets, &mut kept, &mut lost)
+            .await;
+        let gone = lost.iter().map(|grant| (&grant.lock, None));
+        let _ = self.note(session, epoch, gone).await;
         // Still this stream's? A claim that came later has moved the epoch
         // on: refuse before the client is told `opened`.
         match self.touch(session, epoch, ttl_ms).await {
@@ -308,17 +318,20 @@ impl SessionKeeper {
         Ok(record::parse_touch(reply)?)
     }
 
-    /// Adds a grant to (or, with no token, takes it off) the record;
-    /// false when another stream resumed the session.
-    async fn note_grant(
+    /// Adds grants to (value: `record::grant_value`) or, with none, takes
+    /// them off the record, in one call; false when another stream
+    /// resumed the session.
+    async fn note<'a>(
         &self,
         session: &str,
         epoch: u64,
-        lock: &LockId,
-        token: Option<u64>,
+        grants: impl IntoIterator<Item = (&'a LockId, Option<String>)>,
     ) -> Result<bool, EngineError> {
         let key = self.calls.layout().session_key(session);
-        let args = record::note_args(epoch, &lock.namespace, &lock.name, token);
+        let grants = grants
+            .into_iter()
+            .map(|(lock, value)| (lock.namespace.as_str(), lock.name.as_str(), value));
+        let args = record::note_args(epoch, grants);
         let reply = self.calls.call(|s| &s.session_note, &key, &args).await?;
         Ok(record::still_ours(reply)?)
     }
@@ -391,9 +404,10 @@ impl SessionKeeper {
         // The lease started no later than now: renewing from now on is
         // safe (early, never late).
         let granted_at = Instant::now();
-        let noted = self
-            .note_grant(session, epoch, &req.lock, Some(token))
-            .await;
+        // A lock of a set taken again alone stays in its set.
+        let set = (self.sessions().set_of(session, epoch, &req.lock)).map(|(set, _)| set);
+        let value = record::grant_value(token, set);
+        let noted = self.note(session, epoch, [(&req.lock, Some(value))]).await;
         if !matches!(noted, Ok(true)) {
             let _ = self
                 .locks
@@ -412,6 +426,7 @@ impl SessionKeeper {
             req.ttl.duration(),
             granted_at,
             lost.clone(),
+            set,
         );
         Ok(())
     }
@@ -429,7 +444,7 @@ impl SessionKeeper {
             .locks
             .release(lock, session, token, Some(epoch))
             .await?;
-        if let Err(err) = self.note_grant(session, epoch, lock, None).await {
+        if let Err(err) = self.note(session, epoch, [(lock, None)]).await {
             // A resume would find the grant gone and report it lost.
             tracing::warn!(%session, error = %err, "a released grant stays named in the session record");
         }

@@ -38,6 +38,9 @@ pub const LOST_MOVED: &str = "resumed elsewhere";
 /// The session's record vanished from Redis (data lost): its grants went
 /// with it.
 pub const LOST_SESSION_GONE: &str = "session gone from redis";
+/// Another lock of the grant's multi-lock set was lost: the grant is
+/// released too, so no part of a broken set is kept (decision 0078).
+pub const LOST_SET_BROKEN: &str = "set broken";
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GrantKey {
@@ -60,6 +63,9 @@ struct SessionGrant {
     /// this instant (its answer-by time, with a margin); none when `None`.
     in_flight: Option<Instant>,
     lost: mpsc::Sender<LostGrant>,
+    /// The multi-lock set it was taken with (an id unique in its session),
+    /// none for a single grant: losing one lock of a set loses them all.
+    set: Option<u64>,
 }
 
 /// One grant to renew: which, with what token, for how long.
@@ -105,7 +111,8 @@ impl Sessions {
         }
     }
 
-    /// Starts renewing a grant just made for `session`.
+    /// Starts renewing a grant just made for `session` (`set`: the
+    /// multi-lock set it belongs to).
     #[allow(clippy::too_many_arguments)]
     pub fn add(
         &self,
@@ -116,6 +123,7 @@ impl Sessions {
         ttl: Duration,
         granted_at: Instant,
         lost: mpsc::Sender<LostGrant>,
+        set: Option<u64>,
     ) {
         self.grants.lock().unwrap().insert(
             key(session, epoch, lock),
@@ -126,9 +134,29 @@ impl Sessions {
                 next_due: granted_at + ttl / 3,
                 in_flight: None,
                 lost,
+                set,
             },
         );
         self.changed.notify_one();
+    }
+
+    /// The multi-lock set a grant of a session's stream belongs to, with
+    /// every lock of it held here; None for a single grant (or none).
+    pub fn set_of(&self, session: &str, epoch: u64, lock: &LockId) -> Option<(u64, Vec<LockId>)> {
+        let grants = self.grants.lock().unwrap();
+        let set = grants.get(&key(session, epoch, lock))?.set?;
+        let mut members: Vec<LockId> = grants
+            .iter()
+            .filter(|(k, g)| k.session == session && k.epoch == epoch && g.set == Some(set))
+            .map(|(k, _)| k.lock.clone())
+            .collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        Some((set, members))
+    }
+
+    /// Whether a session's stream holds a grant of `lock` here.
+    pub fn holds(&self, session: &str, epoch: u64, lock: &LockId) -> bool {
+        (self.grants.lock().unwrap()).contains_key(&key(session, epoch, lock))
     }
 
     /// Stops renewing one grant (released by its session); its token.
@@ -314,16 +342,39 @@ impl Sessions {
         }
     }
 
+    /// Stops renewing a grant that is gone and tells its stream. A lock of
+    /// a multi-lock set takes the rest of its set with it (unless a newer
+    /// stream holds them all): each is told lost as `LOST_SET_BROKEN`, and
+    /// the stream releases it (decision 0078).
     fn drop_lost(&self, key: &GrantKey, reason: &'static str) {
-        let removed = self.grants.lock().unwrap().remove(key);
-        if let Some(grant) = removed {
-            // A full channel means the client stopped reading; its session
-            // is being ended anyway.
-            let _ = grant.lost.try_send(LostGrant {
-                lock: key.lock.clone(),
-                fencing_token: grant.token,
-                reason,
-            });
+        let mut grants = self.grants.lock().unwrap();
+        let Some(grant) = grants.remove(key) else {
+            return;
+        };
+        let siblings: Vec<GrantKey> = match grant.set {
+            Some(set) if reason != LOST_MOVED => (grants.iter())
+                .filter(|(k, g)| {
+                    k.session == key.session && k.epoch == key.epoch && g.set == Some(set)
+                })
+                .map(|(k, _)| k.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        // A full channel means the client stopped reading; its session
+        // is being ended anyway.
+        let _ = grant.lost.try_send(LostGrant {
+            lock: key.lock.clone(),
+            fencing_token: grant.token,
+            reason,
+        });
+        for sibling in siblings {
+            if let Some(other) = grants.remove(&sibling) {
+                let _ = other.lost.try_send(LostGrant {
+                    lock: sibling.lock,
+                    fencing_token: other.token,
+                    reason: LOST_SET_BROKEN,
+                });
+            }
         }
     }
 
@@ -345,7 +396,7 @@ mod tests {
         let lock = LockId::parse("", "l").unwrap();
         let (lost, lost_rx) = mpsc::channel(1);
         let start = Instant::now();
-        sessions.add("s", 1, &lock, 7, TTL, start, lost);
+        sessions.add("s", 1, &lock, 7, TTL, start, lost, None);
         let (due, _) = sessions.take_due(start + TTL / 3);
         assert_eq!(due.len(), 1, "the grant is due a third of its TTL on");
         assert_eq!(sessions.end("s", 1), vec![(lock, 7)]);
@@ -397,11 +448,53 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_lost_lock_of_a_set_takes_the_rest_of_its_set_and_nothing_else() {
+        let sessions = Sessions::new(Duration::from_secs(5));
+        let (lost, mut told) = mpsc::channel(8);
+        let lock = |name: &str| LockId::parse("", name).unwrap();
+        let now = Instant::now();
+        let sets = [
+            ("a", 1, Some(9)),
+            ("b", 2, Some(9)),
+            ("c", 3, Some(8)),
+            ("e", 5, Some(8)),
+        ];
+        for (name, token, set) in sets {
+            sessions.add("s", 1, &lock(name), token, TTL, now, lost.clone(), set);
+        }
+        sessions.add("s", 1, &lock("d"), 4, TTL, now, lost.clone(), None);
+        let key = |name: &str| key("s", 1, &lock(name));
+        assert_eq!(
+            sessions.set_of("s", 1, &lock("b")),
+            Some((9, vec![lock("a"), lock("b")]))
+        );
+        sessions.lost(&key("a"));
+        let mut seen = Vec::new();
+        while let Ok(grant) = told.try_recv() {
+            seen.push((grant.lock.name.to_string(), grant.reason));
+        }
+        assert_eq!(
+            seen,
+            [("a".into(), LOST_NOT_HELD), ("b".into(), LOST_SET_BROKEN)]
+        );
+        let mut left: Vec<String> = (sessions.grants_of("s", 1).into_iter())
+            .map(|(lock, _)| lock.name.to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["c", "d", "e"], "another set and a single grant stay");
+        // A lock taken over by a newer stream breaks nothing.
+        sessions.moved(&key("c"));
+        assert_eq!(told.try_recv().map(|g| g.reason), Ok(LOST_MOVED));
+        assert!(told.try_recv().is_err());
+        assert!(sessions.holds("s", 1, &lock("e")));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_end_with_nothing_in_flight_does_not_wait() {
         let sessions = Sessions::new(Duration::from_secs(5));
         let (lost, _rx) = mpsc::channel(1);
         let lock = LockId::parse("", "l").unwrap();
-        sessions.add("s", 1, &lock, 7, TTL, Instant::now(), lost);
+        sessions.add("s", 1, &lock, 7, TTL, Instant::now(), lost, None);
         assert_eq!(sessions.end("s", 1).len(), 1);
         assert!(settles_now(&sessions).await);
     }

@@ -465,6 +465,10 @@ pub enum EngineError {
     ShuttingDown,
     #[error("this session was resumed on another stream")]
     SessionMoved,
+    /// A session's command that would split or overlap a multi-lock set
+    /// it holds (decision 0078); the message names the field and the set.
+    #[error("{0}")]
+    SetMismatch(String),
     #[error("the caller stopped waiting")]
     Stopped,
     /// The wait would close a cycle in the namespace's wait-for graph
@@ -513,7 +517,8 @@ impl EngineError {
             EngineError::LimitMismatch { .. }
             | EngineError::RwLockNeedsMode
             | EngineError::PlainLockHasNoMode
-            | EngineError::UpgradeRefused => ErrorKind::Conflict,
+            | EngineError::UpgradeRefused
+            | EngineError::SetMismatch(_) => ErrorKind::Conflict,
             EngineError::SessionMoved => ErrorKind::Moved,
             EngineError::Stopped => ErrorKind::Stopped,
             EngineError::Deadlock(_) => ErrorKind::Deadlock,

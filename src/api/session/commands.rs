@@ -6,17 +6,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
 
 use super::Driver;
 use crate::api::convert::{self, ToProto, invalid};
-use crate::api::report;
+use crate::api::{report, validate};
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
-use crate::engine::{Holder, LockEngine, LockId, Ttl};
+use crate::engine::{
+    AcquireRequest, EngineError, Holder, LockEngine, LockId, LockName, MultiAcquireRequest, Ttl,
+};
 use crate::proto;
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
@@ -54,17 +56,27 @@ impl Driver {
                 0,
                 Status::invalid_argument("command: the session is already open"),
             )),
+            // With `names`, a multi-lock (decision 0078), checked as the
+            // Acquire RPC checks one.
             Some(Command::Acquire(command)) => {
                 let build = || {
-                    let req = command
+                    let mut req = command
                         .acquire
                         .ok_or_else(|| Status::invalid_argument("acquire: missing"))?;
-                    self.api.acquire_request(
+                    let mut names = Vec::new();
+                    if !req.names.is_empty() {
+                        names = validate::multi_names(&req.name, std::mem::take(&mut req.names))
+                            .map_err(invalid)?;
+                        validate::multi_plain(req.mode, req.permits).map_err(invalid)?;
+                        req.name = names[0].to_string();
+                    }
+                    let request = self.api.acquire_request(
                         req,
                         Holder::stored(&self.session),
                         Ttl::stored(self.ttl_ms),
                         None,
-                    )
+                    )?;
+                    Ok((request, names))
                 };
                 self.start_acquire(command.request_id, build, access, lost, running)
             }
@@ -75,12 +87,13 @@ impl Driver {
                     let req = command
                         .campaign
                         .ok_or_else(|| Status::invalid_argument("campaign: missing"))?;
-                    self.api.campaign_request(
+                    let request = self.api.campaign_request(
                         req,
                         Holder::stored(&self.session),
                         Ttl::stored(self.ttl_ms),
                         None,
-                    )
+                    )?;
+                    Ok((request, Vec::new()))
                 };
                 self.start_acquire(command.request_id, build, access, lost, running)
             }
@@ -89,24 +102,27 @@ impl Driver {
                 if running.tasks.len() >= MAX_RUNNING_COMMANDS {
                     return Some(refused(id, too_many_running()));
                 }
-                let lock = match access.charge().and_then(|()| {
-                    let lock = LockId::parse(command.namespace.as_str(), command.name.as_str())
-                        .map_err(invalid)?;
-                    access.access().act(&lock.namespace)?;
-                    Ok(lock)
+                let locks = match access.charge().and_then(|()| {
+                    let locks = release_locks(command)?;
+                    access.access().act(&locks[0].namespace)?;
+                    Ok(locks)
                 }) {
-                    Ok(lock) => lock,
+                    Ok(locks) => locks,
                     Err(status) => return Some(refused(id, status)),
                 };
                 let engine = self.api.engine.clone();
                 let (session, epoch) = (self.session.clone(), self.epoch);
-                let turn = running.turn(&lock, None);
+                let turn = running.turn(&locks, None);
                 running.tasks.spawn(async move {
                     let _done = turn.wait().await;
-                    let done = match engine.session_release(&session, epoch, &lock).await {
+                    let field = if locks.len() == 1 { "name" } else { "names" };
+                    let released = engine.session_release_named(&session, epoch, &locks, field);
+                    let done = match released.await {
                         Ok(outcome) => {
                             let reply = (&outcome).to_proto();
-                            report::released(engine.layout(), &lock, &session, None, outcome);
+                            if let [lock] = locks.as_slice() {
+                                report::released(engine.layout(), lock, &session, None, outcome);
+                            }
                             Done::reply(Event::Released(proto::SessionReleased {
                                 request_id: id,
                                 response: Some(reply),
@@ -114,19 +130,20 @@ impl Driver {
                         }
                         Err(err) => Done::refused(id, err),
                     };
-                    (lock, done)
+                    (locks, done)
                 });
                 None
             }
         }
     }
 
-    /// Starts an acquire (or a campaign: `build` makes either) of the
-    /// session; returns an immediate reply (refusals) if any.
+    /// Starts an acquire (or a campaign: `build` makes either; with names,
+    /// a multi-lock's) of the session; returns an immediate reply
+    /// (refusals) if any.
     fn start_acquire(
         &self,
         id: u64,
-        build: impl FnOnce() -> Result<crate::engine::AcquireRequest, Status>,
+        build: impl FnOnce() -> Result<(AcquireRequest, Vec<LockName>), Status>,
         access: &LiveAccess,
         lost: &mpsc::Sender<LostGrant>,
         running: &mut Running,
@@ -135,12 +152,12 @@ impl Driver {
             return Some(refused(id, too_many_running()));
         }
         let started = access.charge().and_then(|()| {
-            let request = build()?;
+            let (request, names) = build()?;
             access.access().act(&request.lock.namespace)?;
             let waiting = self.api.waiter_slot(access.access(), &request)?;
-            Ok((request, waiting))
+            Ok((request, names, waiting))
         });
-        let (mut request, waiting) = match started {
+        let (mut request, names, waiting) = match started {
             Ok(started) => started,
             Err(status) => return Some(refused(id, status)),
         };
@@ -150,25 +167,46 @@ impl Driver {
         request.session_epoch = Some(self.epoch);
         let engine: Arc<LockEngine> = self.api.engine.clone();
         let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
-        let lock = request.lock.clone();
-        let turn = running.turn(&lock, Some(stop));
+        // A set takes its turn on every lock of it.
+        let locks: Vec<LockId> = match names.as_slice() {
+            [] => vec![request.lock.clone()],
+            names => (names.iter())
+                .map(|name| LockId {
+                    namespace: request.lock.namespace.clone(),
+                    name: name.clone(),
+                })
+                .collect(),
+        };
+        let turn = running.turn(&locks, Some(stop));
         running.tasks.spawn(async move {
             let _waiting = waiting;
             let _done = turn.wait().await;
-            report::acquire_waiting(engine.layout(), &request);
-            let started = std::time::Instant::now();
-            let outcome = engine
-                .session_acquire(&session, epoch, &request, &lost)
-                .await;
-            let done = match outcome {
-                Ok(outcome) => {
+            let outcome = if names.is_empty() {
+                report::acquire_waiting(engine.layout(), &request);
+                let started = std::time::Instant::now();
+                let outcome = engine
+                    .session_acquire(&session, epoch, &request, &lost)
+                    .await;
+                outcome.map(|outcome| {
                     report::acquired(engine.layout(), &request, &outcome, started.elapsed());
-                    Done::reply(Event::Acquired(proto::SessionAcquired {
-                        request_id: id,
-                        response: Some(outcome.to_proto()),
-                    }))
-                }
-                Err(crate::engine::EngineError::Stopped) if !namespace_stop.is_cancelled() => {
+                    outcome.to_proto()
+                })
+            } else {
+                let set = MultiAcquireRequest {
+                    req: request.clone(),
+                    names,
+                };
+                (engine
+                    .session_acquire_many(&session, epoch, set, &lost)
+                    .await)
+                    .map(ToProto::to_proto)
+            };
+            let done = match outcome {
+                Ok(response) => Done::reply(Event::Acquired(proto::SessionAcquired {
+                    request_id: id,
+                    response: Some(response),
+                })),
+                Err(EngineError::Stopped) if !namespace_stop.is_cancelled() => {
                     Done::reply(refused(
                         id,
                         Status::cancelled(
@@ -177,13 +215,13 @@ impl Driver {
                     ))
                 }
                 Err(err) => {
-                    if matches!(err, crate::engine::EngineError::Deadlock(_)) {
+                    if matches!(err, EngineError::Deadlock(_)) {
                         report::refused_as_deadlock(&request);
                     }
                     Done::refused(id, err)
                 }
             };
-            (lock, done)
+            (locks, done)
         });
         None
     }
@@ -195,37 +233,40 @@ impl Driver {
 ///
 /// Commands on one lock run in the order they came, each after the one
 /// before has answered: a release sent before an acquire never undoes the
-/// grant the acquire makes. A release that finds an acquire of its lock
-/// still waiting stops that wait first (the acquire is answered
-/// `CANCELLED`, or with its grant when it was made meanwhile, which the
-/// release then releases).
+/// grant the acquire makes. A multi-lock's command (a set's acquire or
+/// release) takes its place on every lock of the set: it starts once the
+/// commands before it on each of them have answered. A release that finds
+/// an acquire of its lock still waiting stops that wait first (the
+/// acquire is answered `CANCELLED`, or with its grant when it was made
+/// meanwhile, which the release then releases).
 pub(super) struct Running {
-    pub(super) tasks: JoinSet<(LockId, Done)>,
+    pub(super) tasks: JoinSet<(Vec<LockId>, Done)>,
     stop: CancellationToken,
     by_namespace: HashMap<String, CancellationToken>,
     by_lock: HashMap<LockId, Last>,
 }
 
-/// The last command started on a lock: done when `done` closes; `waiting`
-/// stops it when it is an acquire.
+/// The last command started on a lock: done once `done` is cancelled;
+/// `waiting` stops it when it is an acquire.
 struct Last {
-    done: oneshot::Receiver<()>,
+    done: CancellationToken,
     waiting: Option<CancellationToken>,
 }
 
-/// A command's place in its lock's line: it starts once the command before
-/// it has answered, and holds `done` until it has answered itself.
+/// A command's place in its locks' lines: it starts once the commands
+/// before it have answered, and marks itself done when dropped (answered,
+/// or its task cut off).
 pub(super) struct Turn {
-    after: Option<oneshot::Receiver<()>>,
-    done: oneshot::Sender<()>,
+    after: Vec<CancellationToken>,
+    done: DropGuard,
 }
 
 impl Turn {
-    /// Waits for the command before this one; what it returns marks this
+    /// Waits for the commands before this one; what it returns marks this
     /// one done when dropped.
-    pub(super) async fn wait(self) -> oneshot::Sender<()> {
-        if let Some(after) = self.after {
-            let _ = after.await;
+    pub(super) async fn wait(self) -> DropGuard {
+        for after in &self.after {
+            after.cancelled().await;
         }
         self.done
     }
@@ -241,37 +282,37 @@ impl Running {
         }
     }
 
-    /// The place of a new command on `lock` (`waiting`: it is an acquire,
+    /// The place of a new command on `locks` (`waiting`: it is an acquire,
     /// stopped by that signal). A release stops the wait of the acquire
-    /// before it.
-    fn turn(&mut self, lock: &LockId, waiting: Option<CancellationToken>) -> Turn {
-        let (done, next) = oneshot::channel();
+    /// before it on any of its locks.
+    fn turn(&mut self, locks: &[LockId], waiting: Option<CancellationToken>) -> Turn {
+        let done = CancellationToken::new();
         let releasing = waiting.is_none();
-        let last = self.by_lock.insert(
-            lock.clone(),
-            Last {
-                done: next,
-                waiting,
-            },
-        );
-        let after = last.map(|last| {
-            if let (true, Some(wait)) = (releasing, &last.waiting) {
-                wait.cancel();
+        let mut after = Vec::new();
+        for lock in locks {
+            let last = Last {
+                done: done.clone(),
+                waiting: waiting.clone(),
+            };
+            if let Some(last) = self.by_lock.insert(lock.clone(), last) {
+                if let (true, Some(wait)) = (releasing, &last.waiting) {
+                    wait.cancel();
+                }
+                after.push(last.done);
             }
-            last.done
-        });
-        Turn { after, done }
+        }
+        Turn {
+            after,
+            done: done.drop_guard(),
+        }
     }
 
-    /// Forgets a lock's line once its last command has answered.
-    pub(super) fn answered(&mut self, lock: &LockId) {
-        if let Some(last) = self.by_lock.get_mut(lock)
-            && matches!(
-                last.done.try_recv(),
-                Err(oneshot::error::TryRecvError::Closed)
-            )
-        {
-            self.by_lock.remove(lock);
+    /// Forgets the lines of a command's locks where it was the last one.
+    pub(super) fn answered(&mut self, locks: &[LockId]) {
+        for lock in locks {
+            if (self.by_lock.get(lock)).is_some_and(|last| last.done.is_cancelled()) {
+                self.by_lock.remove(lock);
+            }
         }
     }
 
@@ -319,10 +360,10 @@ impl Done {
         }
     }
 
-    fn refused(request_id: u64, err: crate::engine::EngineError) -> Done {
-        let moved = matches!(err, crate::engine::EngineError::SessionMoved);
+    fn refused(request_id: u64, err: EngineError) -> Done {
+        let moved = matches!(err, EngineError::SessionMoved);
         let status = match err {
-            crate::engine::EngineError::Stopped => {
+            EngineError::Stopped => {
                 Status::permission_denied("the token may no longer act in this namespace")
             }
             err => convert::status(err),
@@ -332,6 +373,23 @@ impl Done {
             moved,
         }
     }
+}
+
+/// The locks a release command names: `name`, or a multi-lock's `names`
+/// (checked as ReleaseRequest.names: 2 to 16 distinct, `name` empty).
+fn release_locks(command: proto::SessionRelease) -> Result<Vec<LockId>, Status> {
+    if command.names.is_empty() {
+        let lock = LockId::parse(command.namespace, command.name).map_err(invalid)?;
+        return Ok(vec![lock]);
+    }
+    let namespace = validate::namespace(command.namespace).map_err(invalid)?;
+    let names = validate::multi_set(&command.name, command.names, None).map_err(invalid)?;
+    Ok((names.into_iter())
+        .map(|name| LockId {
+            namespace: namespace.clone(),
+            name,
+        })
+        .collect())
 }
 
 fn too_many_running() -> Status {

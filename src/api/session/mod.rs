@@ -43,7 +43,9 @@ use crate::engine::LockId;
 use crate::engine::ops::session_record::Touch;
 use crate::engine::resume::LOST_NOT_PERMITTED;
 use crate::engine::resume::{RESUME_GRACE, ResumeError, SessionEnd};
-use crate::engine::sessions::{LOST_MOVED, LOST_SESSION_ENDED, LOST_SESSION_GONE, LostGrant};
+use crate::engine::sessions::{
+    LOST_MOVED, LOST_SESSION_ENDED, LOST_SESSION_GONE, LOST_SET_BROKEN, LostGrant,
+};
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
 use crate::proto::{self, SessionResponse};
@@ -298,19 +300,23 @@ impl Driver {
                     if lost.reason == LOST_MOVED {
                         break moved();
                     }
+                    if lost.reason == LOST_SET_BROKEN {
+                        let engine = &self.api.engine;
+                        engine.session_release_broken(&self.session, self.epoch, &lost).await;
+                    }
                     if !self.send(lost_event(lost)).await {
                         break Ending::Gone("the client stopped reading");
                     }
                 }
                 Some(done) = running.tasks.join_next(), if !running.tasks.is_empty() => {
-                    let Ok((lock, done)) = done else { continue };
-                    running.answered(&lock);
+                    let Ok((locks, done)) = done else { continue };
+                    running.answered(&locks);
                     if done.moved {
                         // The command is answered (refused), then the stream ends.
                         let _ = self.send(done.event).await;
                         break moved();
                     }
-                    let event = self.permitted_outcome(&access, &lock, done.event).await;
+                    let event = self.permitted_outcome(&access, &locks, done.event).await;
                     if !self.send(event).await {
                         break Ending::Gone("the client stopped reading");
                     }
@@ -368,6 +374,12 @@ impl Driver {
         // failed meanwhile) are told too, before the ones it ends with.
         let mut told_lost = Vec::new();
         while let Ok(lost) = lost_rx.try_recv() {
+            if lost.reason == LOST_SET_BROKEN {
+                let engine = &self.api.engine;
+                engine
+                    .session_release_broken(&self.session, self.epoch, &lost)
+                    .await;
+            }
             if lost.reason != LOST_MOVED {
                 told_lost.push(lost);
             }
@@ -434,13 +446,18 @@ impl Driver {
     }
 
     /// A finished command's reply, unless its namespace was taken from the
-    /// token meanwhile: then a grant it made is released again and the
-    /// command answered PERMISSION_DENIED.
-    async fn permitted_outcome(&self, access: &LiveAccess, lock: &LockId, event: Event) -> Event {
+    /// token meanwhile: then the grants it made (a set's: each) are
+    /// released again and the command answered PERMISSION_DENIED.
+    async fn permitted_outcome(
+        &self,
+        access: &LiveAccess,
+        locks: &[LockId],
+        event: Event,
+    ) -> Event {
         let Event::Acquired(acquired) = &event else {
             return event;
         };
-        let Err(status) = access.access().act(&lock.namespace) else {
+        let Err(status) = access.access().act(&locks[0].namespace) else {
             return event;
         };
         if acquired
@@ -448,11 +465,13 @@ impl Driver {
             .as_ref()
             .is_some_and(|r| r.grant.is_some())
         {
-            let _ = self
-                .api
-                .engine
-                .session_release(&self.session, self.epoch, lock)
-                .await;
+            for lock in locks {
+                let _ = self
+                    .api
+                    .engine
+                    .session_release(&self.session, self.epoch, lock)
+                    .await;
+            }
         }
         refused(acquired.request_id, status)
     }

@@ -238,12 +238,19 @@ impl Driver {
                     acquire: Some(acquire),
                 })
             }
-            Command::Release(namespace, name, reply) => {
+            Command::Release(namespace, mut names, reply) => {
                 self.pending.insert(request_id, Reply::Release(reply));
+                // One lock by `name`; a multi-lock's set by `names`.
+                let name = match names.as_mut_slice() {
+                    [one] => std::mem::take(one),
+                    _ => String::new(),
+                };
+                names.retain(|n| !n.is_empty());
                 Wire::Release(proto::SessionRelease {
                     request_id,
                     namespace,
                     name,
+                    names,
                 })
             }
             Command::Close(_) => unreachable!("handled by the driver loop"),

@@ -36,13 +36,27 @@ pub fn touch_args(epoch: u64, keep_ms: u64) -> Vec<String> {
     vec![epoch.to_string(), keep_ms.to_string()]
 }
 
-/// `session_note`: a grant added (`Some(token)`) or taken off (`None`).
-pub fn note_args(epoch: u64, namespace: &str, name: &str, token: Option<u64>) -> Vec<String> {
-    vec![
-        epoch.to_string(),
-        grant_field(namespace, name),
-        token.map(|t| t.to_string()).unwrap_or_default(),
-    ]
+/// A grant's value in the record: its fencing token, and for a lock of a
+/// multi-lock set `|<set>` (decision 0078), so a resume keeps the set.
+pub fn grant_value(token: u64, set: Option<u64>) -> String {
+    match set {
+        Some(set) => format!("{token}|{set}"),
+        None => token.to_string(),
+    }
+}
+
+/// `session_note`: grants added (`Some(value)`, [`grant_value`]) or taken
+/// off (`None`), (namespace, name, value) each, in one call.
+pub fn note_args<'a>(
+    epoch: u64,
+    grants: impl IntoIterator<Item = (&'a str, &'a str, Option<String>)>,
+) -> Vec<String> {
+    let mut args = vec![epoch.to_string()];
+    for (namespace, name, value) in grants {
+        args.push(grant_field(namespace, name));
+        args.push(value.unwrap_or_default());
+    }
+    args
 }
 
 /// `session_end`: the record goes if `epoch` still serves it.
@@ -86,6 +100,16 @@ pub fn claim_args(owner: &str, digest: &str) -> Vec<String> {
     vec![owner.to_owned(), digest.to_owned()]
 }
 
+/// A grant a resumed session's record names.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ClaimedGrant {
+    pub namespace: String,
+    pub name: String,
+    pub token: u64,
+    /// Its multi-lock set (decision 0078); None for a single grant.
+    pub set: Option<u64>,
+}
+
 /// What `session_claim` answered.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Claim {
@@ -97,8 +121,9 @@ pub enum Claim {
     Claimed {
         epoch: u64,
         ttl_ms: u64,
-        /// (namespace, name, fencing token) per grant the record names.
-        grants: Vec<(String, String, u64)>,
+        /// Per grant the record names: namespace, name, fencing token,
+        /// and the multi-lock set it belongs to.
+        grants: Vec<ClaimedGrant>,
     },
 }
 
@@ -113,12 +138,22 @@ pub fn parse_claim(value: Value) -> Result<Claim, StoreError> {
     let ttl_ms: u64 = reply.take()?;
     let mut grants = Vec::new();
     while let Some(field) = reply.take_opt::<String>()? {
-        let token: u64 = reply.take()?;
+        let value: String = reply.take()?;
+        let bad = || StoreError::Protocol(format!("session record field {field:?}: {value:?}"));
         let (namespace, name) = field
             .strip_prefix("g:")
             .and_then(|rest| rest.split_once('\n'))
-            .ok_or_else(|| StoreError::Protocol(format!("session record field {field:?}")))?;
-        grants.push((namespace.to_owned(), name.to_owned(), token));
+            .ok_or_else(bad)?;
+        let (token, set) = match value.split_once('|') {
+            Some((token, set)) => (token, Some(set.parse().map_err(|_| bad())?)),
+            None => (value.as_str(), None),
+        };
+        grants.push(ClaimedGrant {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            token: token.parse().map_err(|_| bad())?,
+            set,
+        });
     }
     Ok(Claim::Claimed {
         epoch: epoch as u64,
@@ -142,13 +177,24 @@ mod tests {
             Value::Int(5000),
             bulk("g:team-a\njobs/nightly"),
             bulk("42"),
+            bulk("g:team-a\nacct/1"),
+            bulk(&grant_value(43, Some(9))),
         ]);
+        let grant = |name: &str, token, set| ClaimedGrant {
+            namespace: "team-a".into(),
+            name: name.into(),
+            token,
+            set,
+        };
         assert_eq!(
             parse_claim(value).unwrap(),
             Claim::Claimed {
                 epoch: 3,
                 ttl_ms: 5000,
-                grants: vec![("team-a".into(), "jobs/nightly".into(), 42)],
+                grants: vec![
+                    grant("jobs/nightly", 42, None),
+                    grant("acct/1", 43, Some(9))
+                ],
             }
         );
         assert_eq!(
