@@ -233,9 +233,15 @@ async fn run(store: Store) -> Run {
     let attempts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let stop = tokio_util::sync::CancellationToken::new();
 
-    // Clients: each picks a replica and a lock per operation.
+    // Clients: each picks a replica and a lock per operation; and one
+    // observer of the multi-locks.
     let (locks, client_count) = (locks(), clients());
     let mut clients = tokio::task::JoinSet::new();
+    let channels = endpoints
+        .iter()
+        .map(|e| Channel::from_shared(e.clone()).unwrap());
+    let channels = (channels.map(|c| c.timeout(Duration::from_secs(5)).connect_lazy())).collect();
+    clients.spawn(multi::observe(channels, locks, log.clone(), stop.clone()));
     for client in 0..client_count {
         let channels: Vec<Channel> = endpoints
             .iter()
@@ -263,10 +269,6 @@ async fn run(store: Store) -> Run {
                     Op::Multi { size } => {
                         let set = (client, op, lock, size, locks);
                         multi::take_set(&mut rpc, set, &log).await;
-                        continue;
-                    }
-                    Op::Peek => {
-                        multi::peek(&mut rpc, lock, &log).await;
                         continue;
                     }
                     _ => {}

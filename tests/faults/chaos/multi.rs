@@ -105,7 +105,8 @@ pub(super) async fn take_set(
         "a granted set answers one grant per name, in order"
     );
     let lease_end = sent + Duration::from_millis(SET_TTL_MS);
-    tokio::time::sleep(Duration::from_millis(((client * 7 + op) % 15) as u64)).await;
+    // Held a little longer than a single grant, so that observers see it.
+    tokio::time::sleep(Duration::from_millis(50 + ((client * 7 + op) % 30) as u64)).await;
     let releasing = Instant::now();
     let released = rpc
         .release(proto::ReleaseRequest {
@@ -144,15 +145,38 @@ pub(super) async fn take_set(
     });
 }
 
+/// Observers beside the clients, one per plain lock (a stalled node
+/// delays only its own): until `stop`, each inspects its lock through
+/// each replica in turn.
+pub(super) async fn observe(
+    channels: Vec<Channel>,
+    locks: usize,
+    log: Log,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let observers = (0..locks).map(|lock| {
+        let (channels, log, stop) = (channels.clone(), log.clone(), stop.clone());
+        async move {
+            let mut round = 0;
+            while !stop.is_cancelled() {
+                round += 1;
+                let rpc = LockServiceClient::new(channels[round % channels.len()].clone());
+                peek(rpc, lock, &log).await;
+            }
+        }
+    });
+    futures::future::join_all(observers).await;
+}
+
 /// Inspects plain lock `lock` and records its holders.
-pub(super) async fn peek(rpc: &mut LockServiceClient<Channel>, lock: usize, log: &Log) {
+async fn peek(mut rpc: LockServiceClient<Channel>, lock: usize, log: &Log) {
     let sent = Instant::now();
-    let reply = rpc
-        .inspect(proto::InspectRequest {
-            name: format!("chaos-{lock}"),
-            ..Default::default()
-        })
-        .await;
+    let mut request = tonic::Request::new(proto::InspectRequest {
+        name: format!("chaos-{lock}"),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_secs(1));
+    let reply = rpc.inspect(request).await;
     let answered = Instant::now();
     let state = match reply {
         Ok(reply) => reply.into_inner(),

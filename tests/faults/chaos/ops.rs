@@ -1,7 +1,6 @@
 //! What a chaos client does: its operations (a plain lock, a leader's
 //! term, a read or a write on a read/write lock, k permits of a
-//! semaphore, a multi-lock of 2 or 3 plain locks, an Inspect of a plain
-//! lock) and their RPCs.
+//! semaphore, a multi-lock of 2 or 3 plain locks) and their RPCs.
 
 use tonic::transport::Channel;
 use tumbler::proto::lock_service_client::LockServiceClient;
@@ -19,7 +18,7 @@ pub(super) const PERMITS: u32 = 4;
 /// A multi-lock's lease: longer than its reservation on a cluster
 /// (decision 0076: at most 2 × names × the 500 ms command timeout), so a
 /// part left by a failed round is told apart from a whole set.
-pub(super) const SET_TTL_MS: u64 = 4_000;
+pub(super) const SET_TTL_MS: u64 = 3_500;
 
 /// What one operation of a client does.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -45,25 +44,22 @@ pub(super) enum Op {
     Multi {
         size: usize,
     },
-    /// Inspect plain lock k: an observer of the sets.
-    Peek,
 }
 
 impl Op {
     /// A client's `op`-th operation: every fourth a term, every fourth on
     /// a read/write lock (two reads to a write), every fourth k of a
     /// semaphore's permits (k from 1 to all of them, one in three
-    /// barging), the rest on the plain locks: a single acquire, a set of 2
-    /// or 3, or an Inspect, in turn.
+    /// barging), the rest on the plain locks: a single acquire, or (twice
+    /// as often) a set of 2 or 3.
     pub(super) fn pick(client: usize, op: usize) -> Op {
         match op % 4 {
             0 => Op::Term,
             1 => match (client + op / 4) % 3 {
                 0 => Op::Plain,
-                1 => Op::Multi {
+                _ => Op::Multi {
                     size: 2 + (client + op / 12) % 2,
                 },
-                _ => Op::Peek,
             },
             3 => Op::Permits {
                 k: ((client + op / 4) % PERMITS as usize) as u32 + 1,
@@ -83,7 +79,7 @@ impl Op {
     /// `2 * locks + RW_LOCKS + k`.
     pub(super) fn index(self, locks: usize, k: usize) -> usize {
         match self {
-            Op::Plain | Op::Multi { .. } | Op::Peek => k,
+            Op::Plain | Op::Multi { .. } => k,
             Op::Term => locks + k,
             Op::Read { .. } | Op::Write => 2 * locks + k % RW_LOCKS,
             Op::Permits { .. } => 2 * locks + RW_LOCKS + k % SEMAPHORES,
@@ -94,7 +90,7 @@ impl Op {
     /// says it holds (a grant seen again keeps its first weight).
     pub(super) fn mode(self, grant: &proto::Grant) -> Mode {
         match self {
-            Op::Plain | Op::Term | Op::Multi { .. } | Op::Peek => Mode::Exclusive,
+            Op::Plain | Op::Term | Op::Multi { .. } => Mode::Exclusive,
             Op::Read { .. } => Mode::Read,
             Op::Write => Mode::Write,
             Op::Permits { .. } => Mode::Permits(grant.permits.max(1)),
@@ -109,14 +105,13 @@ impl Op {
             Op::Write => ("acquire WRITE", "release WRITE"),
             Op::Permits { .. } => ("acquire k permits", "release k permits"),
             Op::Multi { .. } => ("acquire set", "release set"),
-            Op::Peek => ("inspect", "inspect"),
         }
     }
 
     /// The name of lock k for this operation (not an election's).
     pub(super) fn name(self, lock: usize) -> String {
         match self {
-            Op::Plain | Op::Term | Op::Multi { .. } | Op::Peek => format!("chaos-{lock}"),
+            Op::Plain | Op::Term | Op::Multi { .. } => format!("chaos-{lock}"),
             Op::Read { .. } | Op::Write => format!("chaos-rw-{}", lock % RW_LOCKS),
             Op::Permits { .. } => format!("chaos-sem-{}", lock % SEMAPHORES),
         }
@@ -134,7 +129,7 @@ impl Op {
             ..Default::default()
         };
         match self {
-            Op::Plain | Op::Term | Op::Multi { .. } | Op::Peek => {}
+            Op::Plain | Op::Term | Op::Multi { .. } => {}
             Op::Read { prefer } => {
                 request.set_mode(proto::LockMode::Read);
                 request.prefer_readers = prefer;

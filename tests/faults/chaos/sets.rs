@@ -184,7 +184,7 @@ impl Counts {
     /// violation of invariant 15.
     pub(super) fn assert_clean(&self) {
         assert!(
-            self.sets > 10 && self.inside > 5,
+            self.sets > 5 && self.inside > 5,
             "too few sets ({}) or Inspects inside one ({}) to say anything",
             self.sets,
             self.inside
