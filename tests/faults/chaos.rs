@@ -265,13 +265,10 @@ async fn run(store: Store) -> Run {
                 let mut rpc = LockServiceClient::new(channels[(client + op) % REPLICAS].clone());
                 attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let sent = Instant::now();
-                match what {
-                    Op::Multi { size } => {
-                        let set = (client, op, lock, size, locks);
-                        multi::take_set(&mut rpc, set, &log).await;
-                        continue;
-                    }
-                    _ => {}
+                if let Op::Multi { size } = what {
+                    let set = (client, op, lock, size, locks);
+                    multi::take_set(&mut rpc, set, &log).await;
+                    continue;
                 }
                 let granted = match what {
                     Op::Term => (campaign(&mut rpc, lock, &holder).await)
