@@ -277,9 +277,9 @@ async fn run(store: Store) -> Run {
                         .map(|grant| grant.map(|g| (g.fencing_token, what.mode(&g)))),
                 };
                 let granted_at = Instant::now();
-                // A plain acquire not answered with a grant may have left
-                // one (an error): the set checker needs to know.
-                if what == Op::Plain && !matches!(granted, Ok(Some(_))) {
+                // A plain acquire may leave a grant its client never learnt
+                // of (an error): the set checker needs to know.
+                if what == Op::Plain {
                     log.attempt(client, vec![lock], sent, TTL_MS);
                 }
                 let (token, mode) = match granted {

@@ -82,6 +82,7 @@ pub(super) async fn take_set(
     let sent = Instant::now();
     let reply = rpc.acquire(request).await;
     let answered = Instant::now();
+    log.attempt(client, members.clone(), sent, SET_TTL_MS);
     let grants = match reply.map(|r| r.into_inner()) {
         Ok(reply)
             if matches!(
@@ -91,10 +92,9 @@ pub(super) async fn take_set(
         {
             reply.grants
         }
-        Ok(_) => return log.attempt(client, members, sent, SET_TTL_MS),
+        Ok(_) => return,
         Err(status) => {
             log.error("acquire set", &status);
-            log.attempt(client, members, sent, SET_TTL_MS);
             tokio::time::sleep(Duration::from_millis(20)).await;
             return;
         }

@@ -4,8 +4,8 @@
 //!
 //! What is recorded (on the clients' one monotonic clock): every set a
 //! client was answered ACQUIRED for ([`Set`]), every attempt (single or
-//! set) on the mutexes' names that was *not* answered with a grant
-//! ([`Attempt`]: a no, a timeout or an error), and every observation
+//! set) on the mutexes' names, granted or not ([`Attempt`]: its sending
+//! and its answer, a grant, a no or an error), and every observation
 //! another client made of one of those names with Inspect ([`Peek`]: one
 //! atomic read of one lock, the holders with their tokens and leases).
 //! Mutual exclusion per name, set members counted, is the ordinary
@@ -23,8 +23,9 @@
 //! - **No part outlives its failure.** An Inspect that shows a client
 //!   holding a name with a token that client was never answered with is a
 //!   grant of an attempt that was not answered with it: a part of a set
-//!   whose round did not finish (or a whole set, or a single grant, whose
-//!   answer was lost). It must be seen no later than
+//!   taken in a round that did not finish (the set's caller failed, or
+//!   waited and tried again), or a whole set or a single grant whose answer
+//!   was lost. It must be seen no later than
 //!   `max(answered, sent + wait + SLACK) + hold` of some attempt of that
 //!   client naming that lock, sent before the Inspect was answered: a grant
 //!   can land until the attempt's answer-by time (its wait, plus one
@@ -61,7 +62,7 @@ pub(super) struct Set {
     pub(super) end: Instant,
 }
 
-/// An attempt on the mutexes' names not answered with a grant.
+/// An attempt on the mutexes' names, granted or not.
 #[derive(Clone, Debug)]
 pub(super) struct Attempt {
     pub(super) client: usize,
@@ -204,11 +205,11 @@ impl Counts {
 pub(super) fn report(mode: &str, history: &History, grants: &[super::check::Grant]) -> Counts {
     let found = check_sets(history, grants.iter().map(|g| (g.client, g.lock, g.token)));
     let names: usize = history.sets.iter().map(|s| s.members.len()).sum();
-    let failed = (history.attempts.iter())
+    let tried = (history.attempts.iter())
         .filter(|a| a.locks.len() > 1)
         .count();
     println!(
-        "chaos ({mode}), multi-locks: {} sets checked ({names} grants), {failed} sets not granted, {} Inspects ({} inside a held set, {} grants seen that no caller was answered with); \
+        "chaos ({mode}), multi-locks: {} sets checked ({names} grants) of {tried} sets asked, {} Inspects ({} inside a held set, {} grants seen that no caller was answered with); \
          partial sets seen: {}; parts past their reservation or lease: {}",
         history.sets.len(),
         history.peeks.len(),
@@ -222,6 +223,19 @@ pub(super) fn report(mode: &str, history: &History, grants: &[super::check::Gran
     }
     for (peek, seen) in found.outlived.iter().take(3) {
         println!("  part past its window: {seen:?} in {peek:?}");
+        let tried = (history.attempts.iter())
+            .filter(|a| a.client == seen.client && a.locks.contains(&peek.lock))
+            .filter(|a| a.sent <= peek.answered)
+            .max_by_key(|a| a.sent);
+        if let Some(a) = tried {
+            let before = |t: Instant| peek.sent.saturating_duration_since(t);
+            println!(
+                "    its holder's last attempt on that lock: {:?} sent {:?} and answered {:?} before",
+                a.locks,
+                before(a.sent),
+                before(a.answered)
+            );
+        }
     }
     Counts {
         sets: history.sets.len(),
