@@ -412,3 +412,41 @@ async fn huge_and_malformed_sets_are_invalid_argument_naming_the_field() {
         "nothing held or queued"
     );
 }
+
+/// A set that names a lock its holder holds already: the set is answered
+/// ACQUIRED, and every lock of it must then stand for the set's lease, as
+/// on a Redis Cluster (where every part is extended to the full ttl), not
+/// lapse with what remained of the old grant while the others stand (a
+/// partial set visible to others, invariant 15; the chaos run saw it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_that_names_a_lock_already_held_holds_it_for_the_sets_lease() {
+    let server = TestServer::new().start().await;
+    let mut client = server.client().await;
+    let old = client
+        .acquire(proto::AcquireRequest {
+            ttl_ms: Some(1_000),
+            ..acquire("p", "h")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(old.status(), proto::AcquireStatus::Acquired);
+    let reply = client
+        .acquire(set("", &["p", "q"], "h", 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        matches!(
+            reply.status(),
+            proto::AcquireStatus::Acquired | proto::AcquireStatus::AlreadyHeld
+        ),
+        "{reply:?}"
+    );
+    let expiries: Vec<i64> = reply.grants.iter().map(|g| g.expires_at_ms).collect();
+    let old_expiry = old.grant.unwrap().expires_at_ms;
+    assert!(
+        expiries.iter().all(|&e| e >= old_expiry + 20_000),
+        "every lock of the set stands for its 30 s lease: {expiries:?} (the old grant ended at {old_expiry})"
+    );
+}

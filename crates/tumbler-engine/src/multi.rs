@@ -366,7 +366,12 @@ impl Multi {
             self.roll_back(req, &grants).await;
             return refusal;
         }
-        if groups.len() > 1 && !already {
+        // A lock its holder held already comes back with what remained of
+        // its lease: in a set taken anew it is extended with the others,
+        // also in one call, or it would lapse first and leave a part.
+        let latest = (grants.iter().flatten()).map(|g| g.expires_at_ms).max();
+        let uneven = (grants.iter().flatten()).any(|g| Some(g.expires_at_ms) != latest);
+        if !already && (groups.len() > 1 || uneven) {
             // Every part held: each extended to the full ttl (a part whose
             // reservation lapsed meanwhile refuses, and the set goes back).
             for (at, slot) in grants.iter_mut().enumerate() {

@@ -105,6 +105,17 @@ pub(super) async fn take_set(
         "a granted set answers one grant per name, in order"
     );
     let lease_end = sent + Duration::from_millis(SET_TTL_MS);
+    // The set is relied on for what the answer promises of its shortest
+    // lease: from its newest grant to its earliest expiry (a lock its
+    // holder held already comes back with what remains of its lease, as a
+    // single ALREADY_HELD does), counted from the sending.
+    let newest = grants.iter().map(|g| g.acquired_at_ms).max().unwrap_or(0);
+    let earliest = grants.iter().map(|g| g.expires_at_ms).min().unwrap_or(0);
+    let promised = (earliest - newest).clamp(0, SET_TTL_MS as i64) as u64;
+    if promised + 100 < SET_TTL_MS {
+        log.history.lock().unwrap().short += 1;
+    }
+    let relied_end = sent + Duration::from_millis(promised);
     // Held a little longer than a single grant, so that observers see it.
     tokio::time::sleep(Duration::from_millis(50 + ((client * 7 + op) % 30) as u64)).await;
     let releasing = Instant::now();
@@ -119,10 +130,10 @@ pub(super) async fn take_set(
         log.error("release set", &status);
         tokio::time::sleep_until(lease_end.into()).await;
     }
-    if answered >= lease_end {
+    if answered >= relied_end {
         return;
     }
-    let end = releasing.min(lease_end);
+    let end = releasing.min(relied_end);
     let tokens: Vec<(usize, u64)> = (members.iter().copied())
         .zip(grants.iter().map(|g| g.fencing_token))
         .collect();
