@@ -13,7 +13,11 @@
 //! never more readers than the limit; never more permits of a semaphore
 //! in valid grants than its limit, invariant 14), and that fencing tokens per lock
 //! (terms per election) strictly rose in grant order, across modes
-//! (`chaos/check.rs`).
+//! (`chaos/check.rs`). The clients also take multi-locks of 2 or 3 plain
+//! locks while observers Inspect those locks: no set is seen partial while
+//! its holder holds it, and no part outlives its round by more than its
+//! reservation (invariant 15, `chaos/sets.rs`; `CHAOS_MISSET_SETS=1` shows
+//! the checker failing).
 //!
 //! Three Redis set-ups:
 //! - durable (`--appendonly yes --appendfsync always`): a restart keeps

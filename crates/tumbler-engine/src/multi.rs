@@ -366,9 +366,8 @@ impl Multi {
             self.roll_back(req, &grants).await;
             return refusal;
         }
-        // A lock its holder held already comes back with what remained of
-        // its lease: in a set taken anew it is extended with the others,
-        // also in one call, or it would lapse first and leave a part.
+        // A lock its holder held already keeps what remained of its lease:
+        // in a set taken anew it is extended with the rest, or lapses first.
         let latest = (grants.iter().flatten()).map(|g| g.expires_at_ms).max();
         let uneven = (grants.iter().flatten()).any(|g| Some(g.expires_at_ms) != latest);
         if !already && (groups.len() > 1 || uneven) {
