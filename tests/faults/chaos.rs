@@ -13,7 +13,11 @@
 //! never more readers than the limit; never more permits of a semaphore
 //! in valid grants than its limit, invariant 14), and that fencing tokens per lock
 //! (terms per election) strictly rose in grant order, across modes
-//! (`chaos/check.rs`).
+//! (`chaos/check.rs`). The clients also take multi-locks of 2 or 3 plain
+//! locks while observers Inspect those locks: no set is seen partial while
+//! its holder holds it, and no part outlives its round by more than its
+//! reservation (invariant 15, `chaos/sets.rs`; `CHAOS_MISSET_SETS=1` shows
+//! the checker failing).
 //!
 //! Three Redis set-ups:
 //! - durable (`--appendonly yes --appendfsync always`): a restart keeps
@@ -31,7 +35,9 @@
 //! (the long mode in the README: 100,000 grants).
 
 mod check;
+mod multi;
 mod ops;
+mod sets;
 
 use crate::common;
 
@@ -47,7 +53,9 @@ use tumbler::dev::RedisServer;
 use tumbler::proto::lock_service_client::LockServiceClient;
 
 use check::{Grant, Mode, check};
+use multi::Log;
 use ops::{Op, PERMITS, READERS, RW_LOCKS, SEMAPHORES, acquire, campaign, release, resign};
+use sets::History;
 
 /// Locks and clients: few and many (contention), or CHAOS_LOCKS and
 /// CHAOS_CLIENTS for the long mode.
@@ -185,8 +193,17 @@ struct Faults {
     redis_freezes: usize,
 }
 
+/// What one chaos round recorded.
+struct Run {
+    grants: Vec<Grant>,
+    faults: Faults,
+    errors: BTreeMap<String, usize>,
+    attempts: usize,
+    history: History,
+}
+
 /// Runs one chaos round and returns the grants, faults and errors seen.
-async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usize) {
+async fn run(store: Store) -> Run {
     let seconds = std::env::var("CHAOS_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -210,14 +227,25 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
         .await;
     }
 
-    let grants = Arc::new(Mutex::new(Vec::<Grant>::new()));
-    let errors = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
+    let log = Log {
+        grants: Arc::default(),
+        history: Arc::default(),
+        errors: Arc::default(),
+        misset: std::env::var("CHAOS_MISSET_SETS").is_ok_and(|v| v == "1"),
+    };
+    let (grants, errors) = (log.grants.clone(), log.errors.clone());
     let attempts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let stop = tokio_util::sync::CancellationToken::new();
 
-    // Clients: each picks a replica and a lock per operation.
+    // Clients: each picks a replica and a lock per operation; and one
+    // observer of the multi-locks.
     let (locks, client_count) = (locks(), clients());
     let mut clients = tokio::task::JoinSet::new();
+    let channels = endpoints
+        .iter()
+        .map(|e| Channel::from_shared(e.clone()).unwrap());
+    let channels = (channels.map(|c| c.timeout(Duration::from_secs(5)).connect_lazy())).collect();
+    clients.spawn(multi::observe(channels, locks, log.clone(), stop.clone()));
     for client in 0..client_count {
         let channels: Vec<Channel> = endpoints
             .iter()
@@ -229,12 +257,8 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
                     .connect_lazy()
             })
             .collect();
-        let (grants, errors, attempts, stop) = (
-            grants.clone(),
-            errors.clone(),
-            attempts.clone(),
-            stop.clone(),
-        );
+        let (grants, log, attempts, stop) =
+            (grants.clone(), log.clone(), attempts.clone(), stop.clone());
         clients.spawn(async move {
             let holder = format!("client-{client}");
             let mut op = 0usize;
@@ -245,6 +269,11 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
                 let mut rpc = LockServiceClient::new(channels[(client + op) % REPLICAS].clone());
                 attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let sent = Instant::now();
+                if let Op::Multi { size } = what {
+                    let set = (client, op, lock, size, locks);
+                    multi::take_set(&mut rpc, set, &log).await;
+                    continue;
+                }
                 let granted = match what {
                     Op::Term => (campaign(&mut rpc, lock, &holder).await)
                         .map(|term| term.map(|term| (term, Mode::Exclusive))),
@@ -252,15 +281,16 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
                         .map(|grant| grant.map(|g| (g.fencing_token, what.mode(&g)))),
                 };
                 let granted_at = Instant::now();
+                // A plain acquire may leave a grant its client never learnt
+                // of (an error): the set checker needs to know.
+                if what == Op::Plain {
+                    log.attempt(client, vec![lock], sent, TTL_MS);
+                }
                 let (token, mode) = match granted {
                     Ok(Some(granted)) => granted,
                     Ok(None) => continue,
                     Err(status) => {
-                        *errors
-                            .lock()
-                            .unwrap()
-                            .entry(format!("{} {:?}", what.verbs().0, status.code()))
-                            .or_default() += 1;
+                        log.error(what.verbs().0, &status);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
@@ -275,11 +305,7 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
                 };
                 let end = releasing.min(lease_end);
                 if let Err(status) = released {
-                    *errors
-                        .lock()
-                        .unwrap()
-                        .entry(format!("{} {:?}", what.verbs().1, status.code()))
-                        .or_default() += 1;
+                    log.error(what.verbs().1, &status);
                     // The grant may still stand until its lease ends:
                     // let it run out before acquiring again.
                     tokio::time::sleep_until(lease_end.into()).await;
@@ -344,7 +370,14 @@ async fn run(store: Store) -> (Vec<Grant>, Faults, BTreeMap<String, usize>, usiz
     let grants = grants.lock().unwrap().clone();
     let errors = errors.lock().unwrap().clone();
     let attempts = attempts.load(std::sync::atomic::Ordering::Relaxed);
-    (grants, faults, errors, attempts)
+    let history = std::mem::take(&mut *log.history.lock().unwrap());
+    Run {
+        grants,
+        faults,
+        errors,
+        attempts,
+        history,
+    }
 }
 
 /// The findings' counts: overlaps (a writer beside a reader included),
@@ -354,15 +387,19 @@ struct Violations {
     over_limit: usize,
     permits_over: usize,
     drops: usize,
+    /// Invariant 15: partial sets seen while whole, parts past their
+    /// reservation or lease.
+    sets: sets::Counts,
 }
 
-fn report(
-    mode: &str,
-    grants: &[Grant],
-    faults: &Faults,
-    errors: &BTreeMap<String, usize>,
-    attempts: usize,
-) -> Violations {
+fn report(mode: &str, run: &Run) -> Violations {
+    let Run {
+        grants,
+        faults,
+        errors,
+        attempts,
+        history,
+    } = run;
     let found = check(grants, READERS as usize, PERMITS as usize);
     let count = |m: Mode| grants.iter().filter(|g| g.mode == m).count();
     let (reads, writes) = (count(Mode::Read), count(Mode::Write));
@@ -419,6 +456,7 @@ fn report(
         over_limit: found.over_limit.len(),
         permits_over: found.permits_over.len(),
         drops: found.token_drops.len(),
+        sets: sets::report(mode, history, grants),
     }
 }
 
@@ -447,9 +485,10 @@ fn assert_enough(grants: &[Grant]) {
 /// One chaos round on `store` that must end with no overlapping grants
 /// and only rising tokens, with every kind of fault injected.
 async fn assert_mutual_exclusion(mode: &str, store: Store) {
-    let (grants, faults, errors, attempts) = run(store).await;
-    let found = report(mode, &grants, &faults, &errors, attempts);
-    assert_enough(&grants);
+    let run = run(store).await;
+    let found = report(mode, &run);
+    let (grants, faults) = (&run.grants, &run.faults);
+    assert_enough(grants);
     let terms = (grants.iter())
         .filter(|g| (locks()..2 * locks()).contains(&g.lock))
         .count();
@@ -468,6 +507,7 @@ async fn assert_mutual_exclusion(mode: &str, store: Store) {
         "the permits of valid grants summed past a semaphore's limit"
     );
     assert_eq!(found.drops, 0, "a fencing token did not rise");
+    found.sets.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -502,14 +542,15 @@ async fn durable_redis_cluster_keeps_mutual_exclusion_through_node_crashes_and_f
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn volatile_redis_keeps_tokens_rising_even_when_it_forgets_locks() {
     let redis = RedisServer::start_with_args("redis-server", &[]).expect("redis-server");
-    let (grants, faults, errors, attempts) = run(Store::Standalone(redis)).await;
-    let found = report("volatile Redis", &grants, &faults, &errors, attempts);
+    let run = run(Store::Standalone(redis)).await;
+    let found = report("volatile Redis", &run);
+    let (grants, faults) = (&run.grants, &run.faults);
     println!(
         "  (volatile: overlaps, a writer beside readers, readers and permits over the limit are \
          allowed here, {}, {} and {} seen: a restart forgets grants; tokens must rise all the same)",
         found.overlaps, found.over_limit, found.permits_over
     );
-    assert_enough(&grants);
+    assert_enough(grants);
     assert!(faults.redis_kills > 0);
     // Overlaps are possible here (a restarted empty Redis forgets held
     // locks: a writer may then be granted beside readers it forgot, or

@@ -11,6 +11,7 @@ mod cluster;
 mod group_commit;
 mod maintenance;
 mod multi_cluster;
+mod multi_stall;
 mod redis_outage;
 mod redis_tls;
 mod rolling_restart;

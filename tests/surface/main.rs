@@ -10,6 +10,7 @@ mod auth;
 mod connect;
 mod dashboard;
 mod edge;
+mod multi_attack;
 mod revocation;
 mod slow;
 mod tls;

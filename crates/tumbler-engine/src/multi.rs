@@ -366,7 +366,11 @@ impl Multi {
             self.roll_back(req, &grants).await;
             return refusal;
         }
-        if groups.len() > 1 && !already {
+        // A lock its holder held already keeps what remained of its lease:
+        // in a set taken anew it is extended with the rest, or lapses first.
+        let latest = (grants.iter().flatten()).map(|g| g.expires_at_ms).max();
+        let uneven = (grants.iter().flatten()).any(|g| Some(g.expires_at_ms) != latest);
+        if !already && (groups.len() > 1 || uneven) {
             // Every part held: each extended to the full ttl (a part whose
             // reservation lapsed meanwhile refuses, and the set goes back).
             for (at, slot) in grants.iter_mut().enumerate() {

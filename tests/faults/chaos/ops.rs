@@ -1,6 +1,6 @@
 //! What a chaos client does: its operations (a plain lock, a leader's
 //! term, a read or a write on a read/write lock, k permits of a
-//! semaphore) and their RPCs.
+//! semaphore, a multi-lock of 2 or 3 plain locks) and their RPCs.
 
 use tonic::transport::Channel;
 use tumbler::proto::lock_service_client::LockServiceClient;
@@ -15,6 +15,10 @@ pub(super) const READERS: u32 = 3;
 /// Semaphores that weighted acquires share, and the permits of each.
 pub(super) const SEMAPHORES: usize = 2;
 pub(super) const PERMITS: u32 = 4;
+/// A multi-lock's lease: longer than its reservation on a cluster
+/// (decision 0076: at most 2 × names × the 500 ms command timeout), so a
+/// part left by a failed round is told apart from a whole set.
+pub(super) const SET_TTL_MS: u64 = 3_500;
 
 /// What one operation of a client does.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -35,17 +39,28 @@ pub(super) enum Op {
         k: u32,
         barging: bool,
     },
+    /// Acquire `size` (2 or 3) of the plain locks as one multi-lock, from
+    /// lock k on (odd clients in the other order), and release the set.
+    Multi {
+        size: usize,
+    },
 }
 
 impl Op {
     /// A client's `op`-th operation: every fourth a term, every fourth on
     /// a read/write lock (two reads to a write), every fourth k of a
     /// semaphore's permits (k from 1 to all of them, one in three
-    /// barging), the rest plain.
+    /// barging), the rest on the plain locks: a single acquire, or (twice
+    /// as often) a set of 2 or 3.
     pub(super) fn pick(client: usize, op: usize) -> Op {
         match op % 4 {
             0 => Op::Term,
-            1 => Op::Plain,
+            1 => match (client + op / 4) % 3 {
+                0 => Op::Plain,
+                _ => Op::Multi {
+                    size: 2 + (client + op / 12) % 2,
+                },
+            },
             3 => Op::Permits {
                 k: ((client + op / 4) % PERMITS as usize) as u32 + 1,
                 barging: (client + op / 8).is_multiple_of(3),
@@ -64,7 +79,7 @@ impl Op {
     /// `2 * locks + RW_LOCKS + k`.
     pub(super) fn index(self, locks: usize, k: usize) -> usize {
         match self {
-            Op::Plain => k,
+            Op::Plain | Op::Multi { .. } => k,
             Op::Term => locks + k,
             Op::Read { .. } | Op::Write => 2 * locks + k % RW_LOCKS,
             Op::Permits { .. } => 2 * locks + RW_LOCKS + k % SEMAPHORES,
@@ -75,7 +90,7 @@ impl Op {
     /// says it holds (a grant seen again keeps its first weight).
     pub(super) fn mode(self, grant: &proto::Grant) -> Mode {
         match self {
-            Op::Plain | Op::Term => Mode::Exclusive,
+            Op::Plain | Op::Term | Op::Multi { .. } => Mode::Exclusive,
             Op::Read { .. } => Mode::Read,
             Op::Write => Mode::Write,
             Op::Permits { .. } => Mode::Permits(grant.permits.max(1)),
@@ -89,13 +104,14 @@ impl Op {
             Op::Read { .. } => ("acquire READ", "release READ"),
             Op::Write => ("acquire WRITE", "release WRITE"),
             Op::Permits { .. } => ("acquire k permits", "release k permits"),
+            Op::Multi { .. } => ("acquire set", "release set"),
         }
     }
 
     /// The name of lock k for this operation (not an election's).
     pub(super) fn name(self, lock: usize) -> String {
         match self {
-            Op::Plain | Op::Term => format!("chaos-{lock}"),
+            Op::Plain | Op::Term | Op::Multi { .. } => format!("chaos-{lock}"),
             Op::Read { .. } | Op::Write => format!("chaos-rw-{}", lock % RW_LOCKS),
             Op::Permits { .. } => format!("chaos-sem-{}", lock % SEMAPHORES),
         }
@@ -113,7 +129,7 @@ impl Op {
             ..Default::default()
         };
         match self {
-            Op::Plain | Op::Term => {}
+            Op::Plain | Op::Term | Op::Multi { .. } => {}
             Op::Read { prefer } => {
                 request.set_mode(proto::LockMode::Read);
                 request.prefer_readers = prefer;
