@@ -132,9 +132,10 @@ impl LockApi {
                 }
             }
         };
-        let outcome = outcome.map_err(|e| self.failed("Acquire", &lock, &holder, &kind, e))?;
+        // A revoked token is the answer, whatever the wait ended with (its
+        // stop, most often), as for a single wait.
         if let Some(status) = denied {
-            if let engine::MultiOutcome::Acquired { grants, .. } = outcome {
+            if let Ok(engine::MultiOutcome::Acquired { grants, .. }) = outcome {
                 let locks: Vec<LockId> = (grants.into_iter())
                     .map(|(name, _)| LockId {
                         namespace: lock.namespace.clone(),
@@ -147,6 +148,7 @@ impl LockApi {
             }
             return Err(status);
         }
+        let outcome = outcome.map_err(|e| self.failed("Acquire", &lock, &holder, &kind, e))?;
         Ok(Response::new(outcome.to_proto()))
     }
 
