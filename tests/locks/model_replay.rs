@@ -13,6 +13,10 @@
 //! (decision 76) in one call and on the Cluster path (one call per slot
 //! group with a reservation, the extends, the rollback), whose functions
 //! are the same on a standalone Redis: the path's order is the model's.
+//!
+//! One file of ~620 lines on purpose: the replay's harness and every
+//! primitive's replay share the translation of model calls into `FCALL`s,
+//! which must stay one table.
 
 use crate::common::{redis_conn, start_redis};
 use std::collections::HashMap;
@@ -50,12 +54,36 @@ fn status(reply: &Reply) -> i64 {
 
 /// The keys of the model's lock `lock` (0 or 1).
 fn lock_keys(lock: u8) -> Vec<String> {
-    let name = NAMES[usize::from(lock)];
+    keys_of(SHARD, NAMES[usize::from(lock)])
+}
+
+/// The keys a function of lock `name` in `shard` declares (lock, queue,
+/// deadlines, waiters, fence).
+pub(crate) fn keys_of(shard: &str, name: &str) -> Vec<String> {
     ["l", "q", "d", "w"]
         .iter()
-        .map(|k| format!("{SHARD}:{k}:{name}"))
-        .chain([format!("{SHARD}:fence")])
+        .map(|k| format!("{shard}:{k}:{name}"))
+        .chain([format!("{shard}:fence")])
         .collect()
+}
+
+/// A Redis with the functions loaded, a connection to it and the
+/// functions' names.
+pub(crate) async fn redis_with_functions() -> (
+    tumbler::dev::RedisServer,
+    redis::aio::MultiplexedConnection,
+    Scripts,
+) {
+    let redis = start_redis();
+    let mut conn = redis_conn(&redis.url()).await;
+    let scripts = Scripts::compile();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&*scripts.acquire.library)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    (redis, conn, scripts)
 }
 
 /// The real token of a grant record (its third field).
@@ -386,15 +414,7 @@ impl Replay {
 
 /// Replays `path`; the statuses compared.
 async fn replay(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<i64> {
-    let redis = start_redis();
-    let mut conn = redis_conn(&redis.url()).await;
-    let scripts = Scripts::compile();
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&*scripts.acquire.library)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (_redis, conn, scripts) = redis_with_functions().await;
     let mut replay = Replay {
         conn,
         scripts,

@@ -94,6 +94,16 @@ impl Data {
     }
 }
 
+/// A lock's wake-up after a call: whom the permits its purges (or its
+/// grant) left free let in, when anything changed.
+fn wake_if(changed: bool, lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
+    if changed {
+        hand_over(lock, fence, now)
+    } else {
+        Wake::none()
+    }
+}
+
 /// acquire_many's steps 3 to 7 on the locks read.
 fn many_steps(
     fence: &mut Option<u32>,
@@ -105,13 +115,7 @@ fn many_steps(
     // Each lock's purges written, and whom they let in woken.
     let refuse = |reply, locks: &mut [(Lock, bool)], fence: &mut Option<u32>| {
         let wakes = (locks.iter_mut())
-            .map(|(lock, changed)| {
-                if *changed {
-                    hand_over(lock, fence, now)
-                } else {
-                    Wake::none()
-                }
-            })
+            .map(|(lock, changed)| wake_if(*changed, lock, fence, now))
             .collect();
         (reply, wakes)
     };
@@ -176,11 +180,7 @@ fn grant(
         if let Some(g) = lock.mine(a.holder) {
             tokens[i] = lock.holders[g].token;
             expires = expires.min(lock.holders[g].expires);
-            wakes.push(if *changed {
-                hand_over(lock, fence, now)
-            } else {
-                Wake::none()
-            });
+            wakes.push(wake_if(*changed, lock, fence, now));
             continue;
         }
         all_held = false;
@@ -201,11 +201,7 @@ fn grant(
         tokens[i] = token;
         expires = expires.min(now + a.lease);
         // A permit left over goes to the next waiter in line.
-        wakes.push(if lock.any_room() || *changed {
-            hand_over(lock, fence, now)
-        } else {
-            Wake::none()
-        });
+        wakes.push(wake_if(lock.any_room() || *changed, lock, fence, now));
     }
     let reply = if all_held {
         Reply::HeldMany { tokens, expires }

@@ -15,7 +15,7 @@
 //! [`crate::hand_over`]: who fits, and what a call that frees a permit
 //! does with it.
 //!
-//! One file of ~620 lines on purpose: the functions side by side, each
+//! One file of ~670 lines on purpose: the functions side by side, each
 //! beside the others' steps as `lua/` has them beside `common.lua`, so a
 //! change to one step is compared with every function that takes it.
 
