@@ -268,12 +268,15 @@ fn main() {
         "multi" | "multi-cluster" | "long-multi" | "long-multi-cluster" => {
             // A set of locks 0 and 1, a client of lock 1, one of lock 0;
             // on the Cluster path a reservation of a tick.
+            // OBSERVER=0: without client 2 (lock 0 alone); LOSE=0: no
+            // lost wake-up.
             let cluster = name.ends_with("cluster");
-            cfg = Config::multi(u8::from(cluster), true, 1);
+            let observer = std::env::var("OBSERVER").map_or(true, |o| o != "0");
+            cfg = Config::multi(u8::from(cluster), observer, 1);
             if name.starts_with("long") {
                 cfg.rounds = 2;
                 cfg.max_time = std::env::var("MAXT").map_or(6, |w| w.parse().unwrap());
-                cfg.faults.lose_wake = 1;
+                cfg.faults.lose_wake = std::env::var("LOSE").map_or(1, |w| w.parse().unwrap());
             }
         }
         other => panic!("unknown configuration {other}"),

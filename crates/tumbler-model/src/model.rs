@@ -497,6 +497,11 @@ impl Model for Config {
                         {
                             s.clients[i].call = Some(call);
                         }
+                        // A multi-lock's release is sent again whole
+                        // (every lock of the set, from the first).
+                        if let (Call::ReleasePart { .. }, true) = (call, self.retry_release) {
+                            s.clients[i].call = Some(Call::ReleasePart { lock: 0 });
+                        }
                         s.orphans.push((i as Id, call));
                     }
                 }

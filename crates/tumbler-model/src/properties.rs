@@ -166,10 +166,14 @@ fn partial_within(s: &State, bound: u8) -> bool {
 }
 
 fn permits_within(m: &Config, s: &State) -> bool {
-    let believed: u32 = (s.clients.iter().enumerate())
-        .filter(|(_, c)| believes(s, c))
-        .map(|(i, _)| u32::from(m.weight(i as u8)))
-        .sum();
+    // (Per lock: a multi-lock's holder counts on each lock of its set.)
+    let believed = |lock: u8| -> u32 {
+        (s.clients.iter().enumerate())
+            .filter(|(i, c)| m.set_of(*i as u8) & (1 << lock) != 0 && believes(s, c))
+            .map(|(i, _)| u32::from(m.weight(i as u8)))
+            .sum()
+    };
+    let believed = (0..m.lock_count()).map(believed).max().unwrap_or(0);
     let live = (s.redis.lock.as_ref()).map_or(0, |l| {
         (l.holders.iter().filter(|g| g.expires > s.now))
             .map(|g| u32::from(g.permits))
