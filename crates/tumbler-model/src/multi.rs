@@ -64,7 +64,7 @@ impl Data {
         // 2. Every lock read, its lapsed leases purged (dead waiters too,
         //    where a permit is free).
         let ids: Vec<u8> = (0..2).filter(|i| a.group & (1 << i) != 0).collect();
-        let mut locks: Vec<(Lock, bool)> = (ids.iter())
+        let locks: Vec<(Lock, bool)> = (ids.iter())
             .map(|&i| {
                 let mut lock =
                     (self.lock_slot(i).take()).unwrap_or_else(|| Lock::new(a.limit, None));
@@ -76,8 +76,15 @@ impl Data {
             })
             .collect();
         let before = self.fence;
-        let (reply, wakes) = many_steps(&mut self.fence, now, &a, &ids, &mut locks);
-        for (&i, (lock, _)) in ids.iter().zip(locks) {
+        let mut many = Many {
+            fence: &mut self.fence,
+            now,
+            a: &a,
+            ids: &ids,
+            locks,
+        };
+        let (reply, wakes) = many.steps();
+        for (&i, (lock, _)) in ids.iter().zip(many.locks) {
             *self.lock_slot(i) = settle(lock);
         }
         let fresh = match reply {
@@ -104,111 +111,122 @@ fn wake_if(changed: bool, lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> 
     }
 }
 
-/// acquire_many's steps 3 to 7 on the locks read.
-fn many_steps(
-    fence: &mut Option<u32>,
+/// One acquire_many call on the locks it read (each with whether its
+/// purges changed it), by the model's index in `ids`.
+struct Many<'a> {
+    fence: &'a mut Option<u32>,
     now: u8,
-    a: &ManyArgs,
-    ids: &[u8],
-    locks: &mut [(Lock, bool)],
-) -> (Reply, Vec<Wake>) {
-    // Each lock's purges written, and whom they let in woken.
-    let refuse = |reply, locks: &mut [(Lock, bool)], fence: &mut Option<u32>| {
-        let wakes = (locks.iter_mut())
+    a: &'a ManyArgs,
+    ids: &'a [u8],
+    locks: Vec<(Lock, bool)>,
+}
+
+impl Many<'_> {
+    /// Each lock's purges written, and whom they let in woken.
+    fn refuse(&mut self, reply: Reply) -> (Reply, Vec<Wake>) {
+        let (fence, now) = (&mut *self.fence, self.now);
+        let wakes = (self.locks.iter_mut())
             .map(|(lock, changed)| wake_if(*changed, lock, fence, now))
             .collect();
         (reply, wakes)
-    };
-    // 3. A lock in use under another limit refuses the set.
-    let used = |l: &Lock| !l.holders.is_empty() || !l.queue.is_empty();
-    if locks.iter().any(|(l, _)| used(l) && l.limit != a.limit) {
-        return refuse(Reply::LimitMismatch, locks, fence);
     }
-    // 4. Which locks are busy: held by others to their limit.
-    let busy: Vec<usize> = (0..locks.len())
-        .filter(|&k| locks[k].0.mine(a.holder).is_none() && !locks[k].0.room(None, 1))
-        .collect();
-    let next_expiry = (busy.iter()).map(|&k| locks[k].0.earliest()).min();
-    // 5. Busy, trying once: nothing changes but the purges.
-    let Some(queue_ttl) = a.queue_ttl.filter(|_| !busy.is_empty()) else {
-        if !busy.is_empty() {
-            return refuse(Reply::Busy, locks, fence);
-        }
-        return grant(fence, now, a, ids, locks);
-    };
-    // 6. Busy, waiting: a wake-up place at the tail of each busy lock's
-    //    queue (naming no request: woken, never handed a grant), alive
-    //    for the request TTL. Nothing is held meanwhile.
-    for &k in &busy {
-        let (lock, changed) = &mut locks[k];
-        let deadline = now + queue_ttl;
-        match lock.queued(a.holder) {
-            Some(i) => lock.queue[i].deadline = deadline,
-            None => {
-                lock.arrivals += 1;
-                lock.queue.push(Waiter {
-                    order: (PRIORITY_MAX + 1, lock.arrivals),
-                    id: a.holder,
-                    req: 0,
-                    deadline,
-                    mode: None,
-                    hand: None,
-                    permits: 1,
-                });
-                lock.queue.sort();
-            }
-        }
-        *changed = true;
-    }
-    let retry_at = next_expiry.unwrap_or(0);
-    refuse(Reply::Queued { retry_at }, locks, fence)
-}
 
-/// acquire_many step 7: every lock has room; each grants a permit with a
-/// fresh token, its wake-up place dropped.
-fn grant(
-    fence: &mut Option<u32>,
-    now: u8,
-    a: &ManyArgs,
-    ids: &[u8],
-    locks: &mut [(Lock, bool)],
-) -> (Reply, Vec<Wake>) {
-    let (mut tokens, mut expires, mut all_held) = ([0; 2], u8::MAX, true);
-    let mut wakes = Vec::new();
-    for (&i, (lock, changed)) in ids.iter().zip(locks.iter_mut()) {
-        let i = usize::from(i);
-        if let Some(g) = lock.mine(a.holder) {
-            tokens[i] = lock.holders[g].token;
-            expires = expires.min(lock.holders[g].expires);
-            wakes.push(wake_if(*changed, lock, fence, now));
-            continue;
+    /// acquire_many's steps 3 to 7.
+    fn steps(&mut self) -> (Reply, Vec<Wake>) {
+        let a = self.a;
+        // 3. A lock in use under another limit refuses the set.
+        let used = |l: &Lock| !l.holders.is_empty() || !l.queue.is_empty();
+        if self
+            .locks
+            .iter()
+            .any(|(l, _)| used(l) && l.limit != a.limit)
+        {
+            return self.refuse(Reply::LimitMismatch);
         }
-        all_held = false;
-        if let Some(q) = lock.queued(a.holder) {
-            lock.queue.remove(q);
+        // 4. Which locks are busy: held by others to their limit.
+        let busy: Vec<usize> = (0..self.locks.len())
+            .filter(|&k| {
+                let lock = &self.locks[k].0;
+                lock.mine(a.holder).is_none() && !lock.room(None, 1)
+            })
+            .collect();
+        let next_expiry = (busy.iter()).map(|&k| self.locks[k].0.earliest()).min();
+        // 5. Busy, trying once: nothing changes but the purges.
+        let Some(queue_ttl) = a.queue_ttl.filter(|_| !busy.is_empty()) else {
+            if !busy.is_empty() {
+                return self.refuse(Reply::Busy);
+            }
+            return self.grant();
+        };
+        // 6. Busy, waiting: a wake-up place at the tail of each busy lock's
+        //    queue (naming no request: woken, never handed a grant), alive
+        //    for the request TTL. Nothing is held meanwhile.
+        let deadline = self.now + queue_ttl;
+        for &k in &busy {
+            let (lock, changed) = &mut self.locks[k];
+            match lock.queued(a.holder) {
+                Some(i) => lock.queue[i].deadline = deadline,
+                None => {
+                    lock.arrivals += 1;
+                    lock.queue.push(Waiter {
+                        order: (PRIORITY_MAX + 1, lock.arrivals),
+                        id: a.holder,
+                        req: 0,
+                        deadline,
+                        mode: None,
+                        hand: None,
+                        permits: 1,
+                    });
+                    lock.queue.sort();
+                }
+            }
+            *changed = true;
         }
-        let token = next_token(fence, now);
-        lock.holders.push(Grant {
-            holder: a.holder,
-            token,
-            expires: now + a.lease,
-            epoch: 0,
-            handed: None,
-            permits: 1,
-        });
-        lock.holders.sort();
-        lock.limit = a.limit;
-        tokens[i] = token;
-        expires = expires.min(now + a.lease);
-        // A permit left over goes to the next waiter in line.
-        wakes.push(wake_if(lock.any_room() || *changed, lock, fence, now));
+        let retry_at = next_expiry.unwrap_or(0);
+        self.refuse(Reply::Queued { retry_at })
     }
-    let reply = if all_held {
-        Reply::HeldMany { tokens, expires }
-    } else {
-        Reply::AcquiredMany { tokens, expires }
-    };
-    (reply, wakes)
+
+    /// acquire_many step 7: every lock has room; each grants a permit with
+    /// a fresh token, its wake-up place dropped.
+    fn grant(&mut self) -> (Reply, Vec<Wake>) {
+        let (a, now, fence) = (self.a, self.now, &mut *self.fence);
+        let (mut tokens, mut expires, mut all_held) = ([0; 2], u8::MAX, true);
+        let mut wakes = Vec::new();
+        for (&i, (lock, changed)) in self.ids.iter().zip(self.locks.iter_mut()) {
+            let i = usize::from(i);
+            if let Some(g) = lock.mine(a.holder) {
+                tokens[i] = lock.holders[g].token;
+                expires = expires.min(lock.holders[g].expires);
+                wakes.push(wake_if(*changed, lock, fence, now));
+                continue;
+            }
+            all_held = false;
+            if let Some(q) = lock.queued(a.holder) {
+                lock.queue.remove(q);
+            }
+            let token = next_token(fence, now);
+            lock.holders.push(Grant {
+                holder: a.holder,
+                token,
+                expires: now + a.lease,
+                epoch: 0,
+                handed: None,
+                permits: 1,
+            });
+            lock.holders.sort();
+            lock.limit = a.limit;
+            tokens[i] = token;
+            expires = expires.min(now + a.lease);
+            // A permit left over goes to the next waiter in line.
+            wakes.push(wake_if(lock.any_room() || *changed, lock, fence, now));
+        }
+        let reply = if all_held {
+            Reply::HeldMany { tokens, expires }
+        } else {
+            Reply::AcquiredMany { tokens, expires }
+        };
+        (reply, wakes)
+    }
 }
 
 impl Config {
