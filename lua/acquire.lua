@@ -82,10 +82,13 @@ local L = load(lock_at(KEYS), holder, flags, read)
 L.now, L.now_us = now, now_us
 
 -- 3. Expired leases stop counting before anything is decided, and dead
---    waiters when a permit is free (they could be ahead of it); a request
---    that can only queue leaves them to the call that frees a permit.
+--    waiters when a permit is free (they could be ahead of it) or when
+--    this call frees one (an expired lease, a writer's downgrade): its
+--    hand-over must not reach a dead head (SAFETY.md, finding 8). A
+--    request that can only queue leaves them to the call that frees a
+--    permit.
 local changed = purge_expired(L, now) > 0
-if room(L, want, limit, permits) then
+if changed or room(L, want, limit, permits) or (want == 'r' and L.mode == 'w' and L.mine_text) then
   changed = purge_dead_waiters(L, now) > 0 or changed
 end
 

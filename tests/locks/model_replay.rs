@@ -9,7 +9,14 @@
 //! one tick's calls. First increment: configurations without sessions or
 //! data loss; read/write locks (decision 74) with a downgrade and
 //! `prefer_readers`; weighted permits (decision 75), fair and barging; an
-//! election (decision 69): campaign, proclaim, resign.
+//! election (decision 69): campaign, proclaim, resign; multi-locks
+//! (decision 76) in one call and on the Cluster path (one call per slot
+//! group with a reservation, the extends, the rollback), whose functions
+//! are the same on a standalone Redis: the path's order is the model's.
+//!
+//! One file of ~620 lines on purpose: the replay's harness and every
+//! primitive's replay share the translation of model calls into `FCALL`s,
+//! which must stay one table.
 
 use crate::common::{redis_conn, start_redis};
 use std::collections::HashMap;
@@ -22,14 +29,19 @@ use tumbler_model::{Config, Faults, Mode};
 
 const TICK_MS: u64 = 120;
 const SHARD: &str = "tumbler:{replay:0}";
-const NAME: &str = "m";
+/// The model's locks' names (a multi-lock asks both; one shard, so one
+/// fencing counter, as in the model).
+const NAMES: [&str; 2] = ["m", "m2"];
 
 /// The functions' status codes (lua/common.lua).
 fn status(reply: &Reply) -> i64 {
     match reply {
         Reply::Busy => 0,
-        Reply::Acquired { .. } | Reply::Ok { .. } | Reply::Downgraded { .. } => 1,
-        Reply::Held { .. } => 2,
+        Reply::Acquired { .. }
+        | Reply::Ok { .. }
+        | Reply::Downgraded { .. }
+        | Reply::AcquiredMany { .. } => 1,
+        Reply::Held { .. } | Reply::HeldMany { .. } => 2,
         Reply::Queued { .. } => 3,
         Reply::LimitMismatch => 6,
         Reply::Late => 7,
@@ -40,12 +52,44 @@ fn status(reply: &Reply) -> i64 {
     }
 }
 
-fn lock_keys() -> Vec<String> {
+/// The keys of the model's lock `lock` (0 or 1).
+fn lock_keys(lock: u8) -> Vec<String> {
+    keys_of(SHARD, NAMES[usize::from(lock)])
+}
+
+/// The keys a function of lock `name` in `shard` declares (lock, queue,
+/// deadlines, waiters, fence).
+pub(crate) fn keys_of(shard: &str, name: &str) -> Vec<String> {
     ["l", "q", "d", "w"]
         .iter()
-        .map(|k| format!("{SHARD}:{k}:{NAME}"))
-        .chain([format!("{SHARD}:fence")])
+        .map(|k| format!("{shard}:{k}:{name}"))
+        .chain([format!("{shard}:fence")])
         .collect()
+}
+
+/// A Redis with the functions loaded, a connection to it and the
+/// functions' names.
+pub(crate) async fn redis_with_functions() -> (
+    tumbler::dev::RedisServer,
+    redis::aio::MultiplexedConnection,
+    Scripts,
+) {
+    let redis = start_redis();
+    let mut conn = redis_conn(&redis.url()).await;
+    let scripts = Scripts::compile();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&*scripts.acquire.library)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    (redis, conn, scripts)
+}
+
+/// The real token of a grant record (its third field).
+fn record_token(record: &redis::Value) -> String {
+    let record: String = redis::from_redis_value(record.clone()).unwrap();
+    record.split('|').nth(2).unwrap().to_owned()
 }
 
 fn holder(c: Id) -> String {
@@ -123,8 +167,11 @@ impl Replay {
     }
 
     async fn call(&mut self, c: Id, call: Call, mode: Option<Mode>) -> redis::Value {
-        let keys = lock_keys();
         let cfg = self.cfg.clone();
+        if cfg.is_set(c) {
+            return self.set_call(c, call).await;
+        }
+        let keys = lock_keys(cfg.lock_of(c));
         // A read/write request's flag comes first ('r', 'w': both fair;
         // 'R': a reader that prefers readers); then 'p<k>' for a request of
         // k > 1 permits.
@@ -218,6 +265,81 @@ impl Replay {
         }
     }
 
+    /// A multi-lock's call (decision 76): acquire_many with the keys of
+    /// its group's locks (lock after lock), or one lock's extend or
+    /// release (pinned to the part's token on the Cluster path's
+    /// rollback), or its wake-up places' dequeue on each lock.
+    async fn set_call(&mut self, c: Id, call: Call) -> redis::Value {
+        let cfg = self.cfg.clone();
+        match call {
+            Call::AcquireMany {
+                answer_by, group, ..
+            } => {
+                let a = cfg.many_args(c, answer_by, group);
+                let keys: Vec<String> = (0..2)
+                    .filter(|i| group & (1 << i) != 0)
+                    .flat_map(lock_keys)
+                    .collect();
+                let args = vec![
+                    holder(c),
+                    self.ticks_ms(cfg.ttl),
+                    self.tick_end(answer_by),
+                    a.limit.to_string(),
+                    "default".into(),
+                    String::new(),
+                    String::new(),
+                    "5".into(),
+                    "0".into(),
+                    self.ticks_ms(a.lease),
+                    a.queue_ttl.map_or(String::new(), |t| self.ticks_ms(t)),
+                    "1000".into(),
+                ];
+                let f = self.scripts.acquire_many.clone();
+                self.fcall(&f, &keys, &args).await
+            }
+            Call::ExtendPart { lock, tokens, .. } => {
+                let args = vec![
+                    holder(c),
+                    self.real_token(tokens[usize::from(lock)]),
+                    self.ticks_ms(cfg.ttl),
+                    "0".into(),
+                    "0".into(),
+                ];
+                let f = self.scripts.extend.clone();
+                self.fcall(&f, &lock_keys(lock), &args).await
+            }
+            Call::RollBack { lock, token, .. } => {
+                let args = vec![holder(c), self.real_token(token), "0".into()];
+                let f = self.scripts.release.clone();
+                self.fcall(&f, &lock_keys(lock), &args).await
+            }
+            Call::ReleasePart { lock } => {
+                let args = vec![holder(c), String::new(), "0".into()];
+                let f = self.scripts.release.clone();
+                self.fcall(&f, &lock_keys(lock), &args).await
+            }
+            Call::Dequeue { .. } => {
+                let f = self.scripts.dequeue.clone();
+                let args = [holder(c), "0".into(), String::new()];
+                self.fcall(&f, &lock_keys(0), &args).await;
+                self.fcall(&f, &lock_keys(1), &args).await
+            }
+            other => panic!("not a multi-lock's call: {other:?}"),
+        }
+    }
+
+    /// The real token of a new grant: above every one seen, and named
+    /// after the model's.
+    fn minted(&mut self, model: u32, real: String) {
+        if self.tokens.contains_key(&model) {
+            return;
+        }
+        if let Some(last) = (self.tokens.values()).max_by_key(|t| t.parse::<u64>().unwrap()) {
+            assert!(real.parse::<u64>().unwrap() > last.parse::<u64>().unwrap());
+        }
+        self.tokens.insert(model, real);
+    }
+
     async fn run(&mut self, path: &[(State, Option<Action>)]) {
         let steps = trace::trace(&self.cfg, path);
         let mut tick = 1;
@@ -241,16 +363,15 @@ impl Replay {
                     assert_eq!(code, status(expected), "step {i} of {steps:#?}");
                     self.seen.push(code);
                     if let Reply::Acquired { token, .. } = expected {
-                        let record: String = redis::from_redis_value(items[6].clone()).unwrap();
-                        let real = record.split('|').nth(2).unwrap().to_owned();
-                        if let Some(last) = self
-                            .tokens
-                            .values()
-                            .max_by_key(|t| t.parse::<u64>().unwrap())
-                        {
-                            assert!(real.parse::<u64>().unwrap() > last.parse::<u64>().unwrap());
+                        self.minted(*token, record_token(&items[6]));
+                    }
+                    // acquire_many: per lock of the call, its holders and
+                    // its grant record, after 5 fixed items.
+                    if let Reply::AcquiredMany { tokens, .. } = expected {
+                        let ours = tokens.iter().filter(|&&t| t > 0);
+                        for (k, &token) in ours.enumerate() {
+                            self.minted(token, record_token(&items[6 + 2 * k]));
                         }
-                        self.tokens.insert(*token, real);
                     }
                 }
                 Step::Function {
@@ -260,13 +381,18 @@ impl Replay {
                 } => {
                     self.call(*client, *call, None).await;
                 }
-                Step::Refresh { waiters, lost, .. } => {
+                Step::Refresh {
+                    lock,
+                    waiters,
+                    lost,
+                    ..
+                } => {
                     let mut args = vec!["0".to_string()];
                     for &w in waiters {
                         args.extend([holder(w), self.ticks_ms(self.cfg.queue_ttl)]);
                     }
                     let f = self.scripts.refresh.clone();
-                    let reply = self.fcall(&f, &lock_keys(), &args).await;
+                    let reply = self.fcall(&f, &lock_keys(*lock), &args).await;
                     let items: Vec<redis::Value> = redis::from_redis_value(reply).unwrap();
                     let gone: Vec<String> = (items[1..].iter())
                         .map(|v| redis::from_redis_value::<String>(v.clone()).unwrap())
@@ -276,7 +402,7 @@ impl Replay {
                     assert_eq!(gone, want, "step {i} of {steps:#?}");
                 }
                 Step::Reap => {
-                    let args = vec![String::new(), "0".into(), "0".into(), NAME.into()];
+                    let args = vec![String::new(), "0".into(), "0".into(), NAMES[0].into()];
                     let f = self.scripts.reap.clone();
                     self.fcall(&f, &[format!("{SHARD}:fence")], &args).await;
                 }
@@ -288,15 +414,7 @@ impl Replay {
 
 /// Replays `path`; the statuses compared.
 async fn replay(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<i64> {
-    let redis = start_redis();
-    let mut conn = redis_conn(&redis.url()).await;
-    let scripts = Scripts::compile();
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&*scripts.acquire.library)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (_redis, conn, scripts) = redis_with_functions().await;
     let mut replay = Replay {
         conn,
         scripts,
@@ -313,13 +431,7 @@ async fn replay(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<i64> {
 /// A mutex, two requests per client, extends and the reaper; a crash and
 /// lost or duplicated wake-ups (whose orphaned calls still run).
 fn configs() -> Vec<Config> {
-    let mutex = Config {
-        rounds: 2,
-        max_time: 6,
-        extend: true,
-        reap: true,
-        ..Config::small(1)
-    };
+    let mutex = Config::mutex();
     let faults = Faults {
         crash: 1,
         lose_wake: 1,
@@ -366,22 +478,13 @@ async fn the_pause_counterexample_happens_on_the_real_functions() {
     assert_eq!(seen.iter().filter(|&&c| c == 1).count(), 2, "{seen:?}");
 }
 
-/// A writer and two readers on a read/write lock of limit 2; the writer
-/// may downgrade.
-fn read_write() -> Config {
-    Config {
-        clients: 3,
-        modes: vec![Some(Mode::Write), Some(Mode::Read), Some(Mode::Read)],
-        downgrade: true,
-        ..Config::small(2)
-    }
-}
-
 #[tokio::test]
 async fn read_write_model_paths_get_the_replies_the_model_expects() {
     use tumbler_model::properties::{DOWNGRADE_SHARED, READER_BEHIND_WRITER, READERS_SHARE};
     let _turn = ONE_AT_A_TIME.lock().await;
-    let cfg = read_write();
+    // A writer and two readers on a read/write lock of limit 2; the
+    // writer may downgrade.
+    let cfg = Config::read_write([Mode::Write, Mode::Read, Mode::Read], false);
     let mut seen = Vec::new();
     // The checker's examples: readers sharing, a reader queued behind a
     // waiting writer while readers hold, a downgrade a reader joins.
@@ -415,16 +518,6 @@ async fn examples_and_walks(cfg: &Config, names: &[&'static str], seed: u64) -> 
     seen
 }
 
-/// Limit 3; clients asking 2, 1 and 2 permits; the one of 1 barging or not.
-fn weighted(barging: bool) -> Config {
-    Config {
-        clients: 3,
-        permits: vec![2, 1, 2],
-        barging: vec![false, barging, false],
-        ..Config::small(3)
-    }
-}
-
 #[tokio::test]
 async fn weighted_model_paths_get_the_replies_the_model_expects() {
     use tumbler_model::properties::{
@@ -434,28 +527,16 @@ async fn weighted_model_paths_get_the_replies_the_model_expects() {
     // A big head waiting with a small fair request behind it, a waiter of
     // two granted; then a barging request of one passing the big head.
     let mut seen = examples_and_walks(
-        &weighted(false),
+        &Config::weighted(false),
         &[BIG_HEAD_WAITS, WEIGHTED_WAITER_GRANTED],
         400,
     )
     .await;
-    seen.extend(examples_and_walks(&weighted(true), &[BARGER_PASSES_BIG_HEAD], 500).await);
+    seen.extend(examples_and_walks(&Config::weighted(true), &[BARGER_PASSES_BIG_HEAD], 500).await);
     for code in [1, 3] {
         assert!(seen.contains(&code), "no status {code} among {seen:?}");
     }
     assert!(seen.len() > 30, "only {} calls compared", seen.len());
-}
-
-/// Two candidates of an election (a fair lock of limit 1) that extend,
-/// proclaim and resign; `pause`: one leader may pause past its lease.
-fn election(pause: u8) -> Config {
-    let mut cfg = Config {
-        election: true,
-        extend: true,
-        ..Config::small(1)
-    };
-    cfg.faults.pause = pause;
-    cfg
 }
 
 #[tokio::test]
@@ -464,22 +545,13 @@ async fn election_model_paths_get_the_replies_the_model_expects() {
     let _turn = ONE_AT_A_TIME.lock().await;
     // A proclaim applied, and a resign handing over to the next
     // candidate; then a lapsed leader's proclaim refused (NOT_HELD).
-    let mut seen = examples_and_walks(&election(0), &[PROCLAIMED, WAITER_GRANTED], 600).await;
-    let refused = examples_and_walks(&election(1), &[PROCLAIM_REFUSED], 700).await;
+    let mut seen =
+        examples_and_walks(&Config::election(0), &[PROCLAIMED, WAITER_GRANTED], 600).await;
+    let refused = examples_and_walks(&Config::election(1), &[PROCLAIM_REFUSED], 700).await;
     assert!(refused.contains(&8), "no NOT_HELD among {refused:?}");
     seen.extend(refused);
     for code in [1, 3] {
         assert!(seen.contains(&code), "no status {code} among {seen:?}");
-    }
-}
-
-/// A writer, a fair reader and a reader that prefers readers, of `limit`.
-fn prefer_readers(limit: u8) -> Config {
-    Config {
-        clients: 3,
-        modes: vec![Some(Mode::Write), Some(Mode::Read), Some(Mode::Read)],
-        barging: vec![false, false, true],
-        ..Config::small(limit)
     }
 }
 
@@ -489,9 +561,81 @@ async fn prefer_readers_model_paths_get_the_replies_the_model_expects() {
     let _turn = ONE_AT_A_TIME.lock().await;
     // The preferring reader granted past a waiting writer, directly
     // (limit 2) and after waiting in the queue itself (limit 1).
-    let mut seen = examples_and_walks(&prefer_readers(2), &[READER_PASSES_WRITER], 800).await;
-    seen.extend(examples_and_walks(&prefer_readers(1), &[WOKEN_READER_PASSES_WRITER], 900).await);
+    let mut seen =
+        examples_and_walks(&Config::prefer_readers(2), &[READER_PASSES_WRITER], 800).await;
+    seen.extend(
+        examples_and_walks(
+            &Config::prefer_readers(1),
+            &[WOKEN_READER_PASSES_WRITER],
+            900,
+        )
+        .await,
+    );
     for code in [1, 3] {
         assert!(seen.contains(&code), "no status {code} among {seen:?}");
     }
+}
+
+#[tokio::test]
+async fn multi_lock_model_paths_get_the_replies_the_model_expects() {
+    use tumbler_model::properties::{
+        NO_PARTIAL_SET, PART_LAPSED, SET_GRANTED, SET_REFUSED_EMPTY, WAITER_GRANTED,
+    };
+    let _turn = ONE_AT_A_TIME.lock().await;
+    // One call for the set: granted whole, refused with nothing held
+    // (its wake-up places left, then woken), a single waiter granted.
+    let mut seen = examples_and_walks(
+        &Config::multi(0, true, 0),
+        &[SET_GRANTED, SET_REFUSED_EMPTY, WAITER_GRANTED],
+        1000,
+    )
+    .await;
+    // The Cluster path: reservations, extends, a rollback; with a crash,
+    // a part lapsing with its reservation, and the checker's path of a
+    // crash between the two extends (a part held alone past its
+    // reservation).
+    seen.extend(
+        examples_and_walks(
+            &Config::multi(1, true, 0),
+            &[SET_GRANTED, SET_REFUSED_EMPTY],
+            1100,
+        )
+        .await,
+    );
+    seen.extend(
+        examples_and_walks(
+            &Config::multi(1, false, 1),
+            &[PART_LAPSED, NO_PARTIAL_SET],
+            1200,
+        )
+        .await,
+    );
+    for code in [1, 3] {
+        assert!(seen.contains(&code), "no status {code} among {seen:?}");
+    }
+    assert!(seen.len() > 50, "only {} calls compared", seen.len());
+}
+
+#[tokio::test]
+async fn a_request_that_can_only_queue_keeps_its_holders_dead_place() {
+    use tumbler_model::properties::DEAD_PLACE_KEPT;
+    let _turn = ONE_AT_A_TIME.lock().await;
+    // acquire.lua step 3 (SAFETY.md, invariant 7): a request that cannot
+    // be granted leaves dead waiters to the call that frees a permit, so
+    // a new request of a holder whose replica died finds its dead entry
+    // and keeps that place (the model used to purge it and queue the
+    // request last). The checker's example, replayed: every status (the
+    // order of the grants that follow) as the model says.
+    let faults = Faults {
+        crash: 1,
+        ..Faults::default()
+    };
+    let cfg = Config {
+        faults,
+        rounds: 2,
+        max_time: 6,
+        ..Config::small(1)
+    };
+    let seen = examples_and_walks(&cfg, &[DEAD_PLACE_KEPT], 1300).await;
+    assert!(seen.contains(&3), "no QUEUED among {seen:?}");
 }

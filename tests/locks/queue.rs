@@ -1,12 +1,17 @@
 //! Fair queues and server-side waiting: FIFO and priority order, try-once
 //! and barging, waiter liveness, cancellation, wake-ups across replicas and
 //! at lease expiry, and no polling while waiting.
+//!
+//! One file of ~700 lines on purpose: every rule of the queue (order,
+//! liveness, dead waiters skipped, wake-ups) beside the others, so a
+//! change to one is read against all of them.
 
 use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::wait::wait_until_async;
 use common::*;
 use proto::lock_service_client::LockServiceClient;
 use proto::{AcquireStatus, NotAcquiredReason, ReleaseStatus};
@@ -616,4 +621,71 @@ async fn a_live_waiter_whose_queue_entry_was_removed_rejoins_and_is_granted() {
     let reply = waiter.await.unwrap().unwrap();
     assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
     assert_eq!(reply.grant.unwrap().holder, "waiter");
+}
+
+#[tokio::test]
+async fn a_downgrade_never_hands_a_read_grant_to_a_waiter_past_its_queue_ttl() {
+    // Finding 8 (SAFETY.md): a writer's downgrade frees room for readers
+    // and hands it to the head of the queue (decision 68). A reader whose
+    // replica died is past its request TTL there: it must be skipped as
+    // dead, not handed a grant that keeps the lock from live waiters for
+    // a lease. acquire.lua step 3 used to purge dead waiters only when the
+    // request itself fitted, which a writer asking READ does not.
+    let (_redis, mut conn, scripts) = crate::model_replay::redis_with_functions().await;
+    let keys = crate::model_replay::keys_of("tumbler:{dead:0}", "x");
+    let acquire = |args: &[&str]| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&scripts.acquire.function)
+            .arg(keys.len())
+            .arg(&keys)
+            .arg(args);
+        cmd
+    };
+    let status =
+        |reply: Vec<redis::Value>| -> i64 { redis::from_redis_value(reply[0].clone()).unwrap() };
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let answer_by = ((secs + 60) * 1000).to_string();
+    let writer = ["writer", "30000", "0", "2", "default", "", "w", "0", "0"];
+    let granted = acquire(&writer).query_async(&mut conn).await.unwrap();
+    assert_eq!(status(granted), 1);
+    // A hand-over reader with a request TTL of 100 ms, never refreshed.
+    let dead = [
+        "dead", "30000", "0", "2", "default", "", "r", "0", "0", "30000", "100", "100", "dead.1",
+        &answer_by,
+    ];
+    let queued = acquire(&dead).query_async(&mut conn).await.unwrap();
+    assert_eq!(status(queued), 3);
+    let deadline: f64 = redis::cmd("ZSCORE")
+        .arg(&keys[2])
+        .arg("dead")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut probe = conn.clone();
+    wait_until_async(
+        "the reader's request TTL passed",
+        Duration::from_secs(2),
+        || {
+            let mut probe = probe.clone();
+            async move {
+                let (secs, micros): (u64, u64) =
+                    redis::cmd("TIME").query_async(&mut probe).await.unwrap();
+                (secs * 1000 + micros / 1000) as f64 > deadline
+            }
+        },
+    )
+    .await;
+    let downgrade = ["writer", "30000", "0", "2", "default", "", "r"];
+    let downgraded = acquire(&downgrade).query_async(&mut probe).await.unwrap();
+    assert_eq!(status(downgraded), 1, "the writer is downgraded");
+    let handed: bool = redis::cmd("HEXISTS")
+        .arg(&keys[0])
+        .arg("h:dead")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!handed, "the dead reader was handed a grant");
+    let place = redis::cmd("ZSCORE").arg(&keys[1]).arg("dead").clone();
+    let waiting: Option<f64> = place.query_async(&mut conn).await.unwrap();
+    assert_eq!(waiting, None, "the dead reader left the queue");
 }

@@ -251,6 +251,34 @@ fn main() {
                 cfg.rounds = 2;
             }
         }
+        "rw-hand-crash" | "weighted-hand-crash" => {
+            // Finding 8: a downgrade (or an expiry a request that does not
+            // fit purges) hands a permit over while a dead waiter heads
+            // the queue.
+            cfg = if name.starts_with("rw") {
+                Config::read_write([Mode::Write, Mode::Read, Mode::Read], true)
+            } else {
+                Config {
+                    hand_over: true,
+                    ..Config::weighted(false)
+                }
+            };
+            cfg.faults.crash = 1;
+        }
+        "multi" | "multi-cluster" | "long-multi" | "long-multi-cluster" => {
+            // A set of locks 0 and 1, a client of lock 1, one of lock 0;
+            // on the Cluster path a reservation of a tick.
+            // OBSERVER=0: without client 2 (lock 0 alone); LOSE=0: no
+            // lost wake-up.
+            let cluster = name.ends_with("cluster");
+            let observer = std::env::var("OBSERVER").map_or(true, |o| o != "0");
+            cfg = Config::multi(u8::from(cluster), observer, 1);
+            if name.starts_with("long") {
+                cfg.rounds = 2;
+                cfg.max_time = std::env::var("MAXT").map_or(6, |w| w.parse().unwrap());
+                cfg.faults.lose_wake = std::env::var("LOSE").map_or(1, |w| w.parse().unwrap());
+            }
+        }
         other => panic!("unknown configuration {other}"),
     }
     let start = Instant::now();

@@ -45,6 +45,8 @@ pub struct Handed {
     pub via: u8,
     pub token: u32,
     pub expires: u8,
+    /// Its request was past its request TTL (dead) when it was handed.
+    pub dead: bool,
 }
 
 /// What a call publishes: a wake-up for the head (its replica calls
@@ -142,6 +144,7 @@ pub fn hand_over(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
             via: hand.via,
             token,
             expires,
+            dead: w.deadline <= now,
         });
     }
     out

@@ -15,15 +15,15 @@
 //! are modelled ([`hand_over`]), each behind a configuration option that
 //! is off by default.
 //!
-//! Not modelled yet (extension point): multi-locks; a new `Data` method
-//! beside `acquire` (mirroring its Lua file), new `Call`/`Action` variants
-//! for its steps, and invariant 15 as a new property in
-//! `properties::all`. Slots, `clear`, the namespace lock limit and
-//! metadata (an election's value) are left out: they decide no property
-//! here.
+//! Multi-locks (invariant 15, decision 76) are modelled in [`multi`]: a
+//! second lock, `acquire_many` as one call for the whole set or, on the
+//! Cluster path, one call per lock with a reservation, the extends and
+//! the rollback. Slots, `clear`, the namespace lock limit and metadata
+//! (an election's value) are left out: they decide no property here.
 
 pub mod hand_over;
 pub mod model;
+pub mod multi;
 pub mod properties;
 pub mod redis;
 mod state;
@@ -123,6 +123,15 @@ pub struct Config {
     /// proclaims (lua/proclaim.lua) and resigns (release pinned to the
     /// term).
     pub election: bool,
+    /// Per client: the locks it asks, a bit each (1: lock 0, 2: lock 1,
+    /// 3: the set of both, a multi-lock); missing: lock 0 alone
+    /// (decision 76, [`multi`]).
+    pub locks: Vec<u8>,
+    /// Multi-locks across Redis Cluster slots (decision 76): each lock its
+    /// own slot group, taken in order with a reservation of this many
+    /// ticks, then each extended to the lease; 0: the whole set in one
+    /// call (one server or Sentinel).
+    pub reservation: u8,
     pub faults: Faults,
 }
 
@@ -149,6 +158,8 @@ impl Config {
             permits: Vec::new(),
             barging: Vec::new(),
             election: false,
+            locks: Vec::new(),
+            reservation: 0,
             served_within: 0,
             end_awaits_renewals: true,
             retry_release: true,
@@ -157,7 +168,110 @@ impl Config {
     }
 }
 
+/// The configurations CI checks and the replay replays, by name.
 impl Config {
+    /// A mutex, two requests per client, extends and the reaper, 6 ticks.
+    pub fn mutex() -> Config {
+        Config {
+            rounds: 2,
+            max_time: 6,
+            extend: true,
+            reap: true,
+            ..Config::small(1)
+        }
+    }
+
+    /// A read/write lock of limit 2 (invariant 13, decision 74): three
+    /// clients of `modes`, one request each; a writer may downgrade.
+    pub fn read_write(modes: [Mode; 3], hand_over: bool) -> Config {
+        Config {
+            clients: 3,
+            modes: modes.map(Some).to_vec(),
+            downgrade: true,
+            hand_over,
+            ..Config::small(2)
+        }
+    }
+
+    /// Weighted permits (invariant 14, decision 75): limit 3, three
+    /// clients asking 2, 1 and 2 permits, one request each; `barging`:
+    /// the client of one permit barges (`fair = false`).
+    pub fn weighted(barging: bool) -> Config {
+        Config {
+            clients: 3,
+            permits: vec![2, 1, 2],
+            barging: vec![false, barging, false],
+            ..Config::small(3)
+        }
+    }
+
+    /// An election (invariant 12, decision 69): two candidates campaign
+    /// (a fair acquire of limit 1), the leader extends, writes with its
+    /// term, proclaims, then resigns; `pause`: pauses between a leader's
+    /// check and its write.
+    pub fn election(pause: u8) -> Config {
+        let mut cfg = Config {
+            election: true,
+            extend: true,
+            ..Config::small(1)
+        };
+        cfg.faults.pause = pause;
+        cfg
+    }
+
+    /// `prefer_readers` (decision 74): a writer, a fair reader and a
+    /// reader that prefers readers (a barging reader), one request each.
+    pub fn prefer_readers(limit: u8) -> Config {
+        Config {
+            clients: 3,
+            modes: vec![Some(Mode::Write), Some(Mode::Read), Some(Mode::Read)],
+            barging: vec![false, false, true],
+            ..Config::small(limit)
+        }
+    }
+
+    /// Multi-locks (invariant 15, decision 76): client 0 asks the set of
+    /// locks 0 and 1, client 1 lock 1 alone, client 2 (with `observer`)
+    /// lock 0 alone; one request each, lease 3 ticks. `reservation`: 0,
+    /// the set in one call; else the Cluster path with that reservation.
+    pub fn multi(reservation: u8, observer: bool, crash: u8) -> Config {
+        let mut cfg = Config {
+            clients: if observer { 3 } else { 2 },
+            locks: vec![3, 2, 1],
+            reservation,
+            ttl: 3,
+            ..Config::small(1)
+        };
+        cfg.faults.crash = crash;
+        cfg
+    }
+}
+
+impl Config {
+    /// The locks client `c` asks, a bit each.
+    pub fn set_of(&self, c: Id) -> u8 {
+        self.locks.get(usize::from(c)).copied().unwrap_or(1)
+    }
+
+    /// Whether client `c` asks a multi-lock (more than one lock).
+    pub fn is_set(&self, c: Id) -> bool {
+        self.set_of(c).count_ones() > 1
+    }
+
+    /// The lock a single-lock client asks (0 or 1).
+    pub fn lock_of(&self, c: Id) -> u8 {
+        u8::from(self.set_of(c) & 1 == 0)
+    }
+
+    /// The locks the model has: 2 when any client asks lock 1.
+    pub fn lock_count(&self) -> u8 {
+        if self.locks.iter().any(|&l| l & 2 != 0) {
+            2
+        } else {
+            1
+        }
+    }
+
     pub(crate) fn session(&self, c: Id) -> bool {
         self.sessions.get(usize::from(c)).copied().unwrap_or(false)
     }
@@ -178,6 +292,10 @@ impl Config {
 
     /// Whether client `c`'s requests barge.
     pub fn barges(&self, c: Id) -> bool {
+        // A waiting multi-lock does not queue for a turn (decision 76).
+        if self.is_set(c) {
+            return true;
+        }
         match self.barging.get(usize::from(c)) {
             Some(&b) => b,
             None => self.mode(c).is_none() && !self.fair,
@@ -236,6 +354,8 @@ impl Config {
                 arrival: vec![(0, 0); n],
                 told_no: vec![0; n],
                 session_over: vec![false; n],
+                partial_since: vec![0; n],
+                letting_go: vec![false; n],
                 ..Ghost::default()
             },
         }

@@ -43,8 +43,11 @@ pub enum Action {
     TakeHanded(Id),
     /// A session client whose stream died resumes on another replica.
     Resume(Id),
-    /// Redis runs a client task's call (named after its function).
+    /// Redis runs a client task's call (named after its function; a
+    /// multi-lock's extend, rollback and release are `Extend` and
+    /// `Release`).
     Acquire(Id),
+    AcquireMany(Id),
     Release(Id),
     Extend(Id),
     Proclaim(Id),
@@ -100,6 +103,33 @@ impl Config {
         if self.hand_over { replica } else { 0 }
     }
 
+    /// The call a client's request (or its retry) makes: an acquire, or
+    /// a multi-lock's first acquire_many.
+    fn request_call(&self, cl: &Client, c: Id, now: u8, answer_by: u8) -> Call {
+        if self.is_set(c) {
+            return self.first_many(c, cl.req, now, answer_by);
+        }
+        Call::Acquire {
+            req: cl.req,
+            sent: now,
+            answer_by,
+            epoch: cl.epoch,
+            via: self.via(cl.replica),
+        }
+    }
+
+    /// The waiters replica `r` refreshes on `lock`: those of its clients
+    /// waiting for it (a multi-lock waits on each lock of its set).
+    pub(crate) fn refreshed(&self, s: &State, r: u8, lock: u8) -> Vec<Id> {
+        (s.clients.iter().enumerate())
+            .filter(|(i, cl)| {
+                let asks = self.set_of(*i as Id) & (1 << lock) != 0;
+                asks && cl.replica == r && matches!(cl.phase, Phase::Waiting { .. })
+            })
+            .map(|(i, _)| i as Id)
+            .collect()
+    }
+
     fn budget(&self, fault: usize) -> u8 {
         let f = &self.faults;
         [
@@ -143,7 +173,9 @@ impl Model for Config {
                     if cl.call.is_none() && alive && cl.handed.is_some() {
                         out.push(Action::TakeHanded(c));
                     }
-                    if s.now > answer_by && alive {
+                    // (A multi-lock's round runs to its end first.)
+                    let between = !self.is_set(c) || cl.call.is_none();
+                    if s.now > answer_by && alive && between {
                         out.push(Action::Timeout(c));
                     }
                     if (cl.wake || cl.handed.is_some()) && free_budget(LOSE_WAKE) {
@@ -188,8 +220,11 @@ impl Model for Config {
             }
             match cl.call {
                 Some(Call::Acquire { .. } | Call::Downgrade { .. }) => out.push(Action::Acquire(c)),
-                Some(Call::Release { .. }) => out.push(Action::Release(c)),
-                Some(Call::Extend { .. }) => out.push(Action::Extend(c)),
+                Some(Call::AcquireMany { .. }) => out.push(Action::AcquireMany(c)),
+                Some(Call::Release { .. } | Call::RollBack { .. } | Call::ReleasePart { .. }) => {
+                    out.push(Action::Release(c))
+                }
+                Some(Call::Extend { .. } | Call::ExtendPart { .. }) => out.push(Action::Extend(c)),
                 Some(Call::Proclaim { .. }) => out.push(Action::Proclaim(c)),
                 Some(Call::Dequeue { .. }) => out.push(Action::Dequeue(c)),
                 Some(Call::SessionEnd { .. }) => out.push(Action::SessionEnd(c)),
@@ -252,17 +287,11 @@ impl Model for Config {
         let now = s.now;
         match action {
             Action::Request(c) => {
+                s.ghost.letting_go[usize::from(c)] = false;
                 let cl = s.client(c);
                 cl.req += 1;
                 let answer_by = if self.wait > 0 { now + self.wait } else { 0 };
-                let call = Call::Acquire {
-                    req: cl.req,
-                    sent: now,
-                    answer_by,
-                    epoch: cl.epoch,
-                    via: self.via(cl.replica),
-                };
-                cl.call = Some(call);
+                cl.call = Some(self.request_call(cl, c, now, answer_by));
                 if self.wait > 0 {
                     cl.phase = Phase::Waiting {
                         answer_by,
@@ -283,13 +312,7 @@ impl Model for Config {
                     answer_by,
                     retry_at: 0,
                 };
-                cl.call = Some(Call::Acquire {
-                    req: cl.req,
-                    sent: now,
-                    answer_by,
-                    epoch: cl.epoch,
-                    via: self.via(cl.replica),
-                });
+                cl.call = Some(self.request_call(cl, c, now, answer_by));
             }
             Action::Timeout(c) => {
                 let cl = s.client(c);
@@ -348,12 +371,15 @@ impl Model for Config {
                     return None;
                 };
                 let epoch = cl.epoch;
-                // A reader reads: only writers (and plain holders) write.
-                let reads = self.mode(c).is_some() && !cl.writer;
+                // A reader reads: only writers (and plain holders) write;
+                // the resource is lock 0's.
+                let reads = (self.mode(c).is_some() && !cl.writer) || self.set_of(c) & 1 == 0;
                 cl.phase = Phase::Idle;
                 // An election's leader proclaims under its term, then
-                // resigns.
-                cl.call = Some(if self.session(c) {
+                // resigns; a multi-lock releases its set, lock by lock.
+                cl.call = Some(if self.is_set(c) {
+                    Call::ReleasePart { lock: 0 }
+                } else if self.session(c) {
                     Call::SessionEnd { epoch, token }
                 } else if self.election {
                     Call::Proclaim { token }
@@ -363,6 +389,7 @@ impl Model for Config {
                 if !reads {
                     s.resource.write(token, c);
                 }
+                s.ghost.letting_go[usize::from(c)] = self.is_set(c);
             }
             Action::GiveUp(c) => s.round_over(c, self),
             Action::AskExtend(c) => {
@@ -379,6 +406,7 @@ impl Model for Config {
                 cl.call = Some(Call::SessionClaim);
             }
             Action::Acquire(c)
+            | Action::AcquireMany(c)
             | Action::Release(c)
             | Action::Extend(c)
             | Action::Proclaim(c)
@@ -407,17 +435,18 @@ impl Model for Config {
             }
             Action::Refresh(r) => {
                 s.refresh[usize::from(r)] = false;
-                let ids: Vec<Id> = (s.clients.iter().enumerate())
-                    .filter(|(_, cl)| cl.replica == r && matches!(cl.phase, Phase::Waiting { .. }))
-                    .map(|(i, _)| i as Id)
-                    .collect();
-                s.ghost.dead_waiter_skipped |= s.dead_waiters();
-                let (lost, wake) = s.redis.refresh(now, &ids, self.queue_ttl);
-                for id in lost {
-                    // The engine wakes a waiter whose place was lost: it joins again.
-                    s.client(id).wake = true;
+                for lock in 0..self.lock_count() {
+                    let ids = self.refreshed(&s, r, lock);
+                    s.redis.select(lock);
+                    s.ghost.dead_waiter_skipped |= s.dead_waiters();
+                    let (lost, wake) = s.redis.refresh(now, &ids, self.queue_ttl);
+                    s.redis.select(lock);
+                    for id in lost {
+                        // The engine wakes a waiter whose place was lost: it joins again.
+                        s.client(id).wake = true;
+                    }
+                    publish(self, &mut s, wake);
                 }
-                publish(self, &mut s, wake);
             }
             Action::Reap => {
                 let wake = s.redis.reap(now);
@@ -468,6 +497,11 @@ impl Model for Config {
                         {
                             s.clients[i].call = Some(call);
                         }
+                        // A multi-lock's release is sent again whole
+                        // (every lock of the set, from the first).
+                        if let (Call::ReleasePart { .. }, true) = (call, self.retry_release) {
+                            s.clients[i].call = Some(Call::ReleasePart { lock: 0 });
+                        }
                         s.orphans.push((i as Id, call));
                     }
                 }
@@ -511,6 +545,9 @@ impl Model for Config {
                     }
                 }
             }
+        }
+        if !self.locks.is_empty() {
+            crate::multi::track_sets(self, &mut s);
         }
         Some(s)
     }

@@ -8,7 +8,8 @@ use crate::model::{Client, Phase, State};
 use stateright::Property;
 
 /// Invariant 2: at most `limit` clients act on grants they believe valid
-/// (by their own clock, counted from when they asked).
+/// (by their own clock, counted from when they asked), on each lock; a
+/// multi-lock's holder counts on every lock of its set.
 pub const MUTUAL_EXCLUSION: &str = "at most limit clients believe they hold";
 /// Invariant 3: every grant's token is above every earlier grant's.
 pub const TOKENS_RISE: &str = "fencing tokens strictly rise";
@@ -47,6 +48,11 @@ pub const RW_EXCLUSION: &str = "a writer never shares the lock";
 /// the hand-over and a crash.
 pub const NO_HAND_TO_DEAD: &str = "the lock is never handed to a dead replica's waiter";
 
+/// Invariant 7 with the hand-over: a request past its request TTL is
+/// skipped, never handed a grant (which would keep the lock from the
+/// live waiters for a lease, longer than that TTL).
+pub const NO_HAND_PAST_TTL: &str = "no grant is handed to a request past its request TTL";
+
 /// Invariant 14: the permits of the grants clients believe valid never
 /// sum past the limit; nor do those of Redis' grants whose lease has not
 /// passed.
@@ -62,6 +68,21 @@ pub const TERMS_RISE: &str = "an election's terms strictly rise";
 /// not the functions' own test).
 pub const NO_LAPSED_ACT: &str = "no proclaim or resign under a lapsed term";
 
+/// Invariant 15, as another caller can observe it: a multi-lock's caller
+/// holds a strict part of its set (the live grants of some of its locks,
+/// not all) only while it lets go of a set it was granted (its release
+/// sent), or for less than the reservation (on the Cluster path, while
+/// its round goes on or after a crash in it; on one server: never).
+pub const NO_PARTIAL_SET: &str = "a set is held in part no longer than its reservation";
+/// Invariant 15 as DESIGN.md words it: no part of a set is held alone
+/// longer than the lease.
+pub const PARTIAL_WITHIN_LEASE: &str = "a part of a set outlives the rest by at most a lease";
+
+/// Decision 76's wait: a multi-lock's own rollback never wakes its wait
+/// (which would try the set again at once, in a loop while a later lock
+/// stays busy: finding 9).
+pub const NO_SELF_WAKE: &str = "a multi-lock's rollback never wakes its own wait";
+
 /// `sometimes` properties: the interesting states are reachable.
 pub const HELD: &str = "a lock is held";
 pub const FULL: &str = "every permit is taken";
@@ -70,6 +91,9 @@ pub const WAITER_GRANTED: &str = "a waiter is granted after waiting";
 pub const WRITTEN: &str = "the resource took a write";
 pub const REFUSED: &str = "the resource refused a stale write";
 pub const DEAD_WAITER: &str = "a dead waiter is skipped";
+/// acquire.lua step 3: a request that can only queue leaves dead entries
+/// alone, and one of its own holder keeps its place.
+pub const DEAD_PLACE_KEPT: &str = "a request keeps its holder's dead entry's place";
 pub const RESUMED: &str = "a session is resumed";
 pub const SESSION_ENDED: &str = "a session ends";
 pub const TOKEN_AFTER_LOSS: &str = "a token is minted after Redis lost data";
@@ -90,6 +114,11 @@ pub const BIG_HEAD_WAITS: &str = "a big head waits while permits are free";
 pub const BARGER_PASSES_BIG_HEAD: &str = "a barging request passes a big head";
 /// Weighted: a waiter of several permits is granted after waiting.
 pub const WEIGHTED_WAITER_GRANTED: &str = "a waiter of several permits is granted";
+/// Multi-locks: a set granted whole; a set refused (told no, or waiting)
+/// with nothing of it held; a part held alone lapsed (a crash mid-set).
+pub const SET_GRANTED: &str = "a set is granted";
+pub const SET_REFUSED_EMPTY: &str = "a set is refused with nothing of it held";
+pub const PART_LAPSED: &str = "a part of a set left alone lapses";
 /// Election: a leader proclaimed; a lapsed leader's proclaim was refused.
 pub const PROCLAIMED: &str = "a leader proclaims";
 pub const PROCLAIM_REFUSED: &str = "a lapsed leader's proclaim is refused";
@@ -117,11 +146,34 @@ fn believers(s: &State) -> usize {
     believing(s).count()
 }
 
+/// Per lock, the clients acting on grants of it they believe valid are
+/// at most its limit.
+fn exclusive(m: &Config, s: &State) -> bool {
+    (0..m.lock_count()).all(|lock| {
+        let on = (s.clients.iter().enumerate())
+            .filter(|(i, c)| m.set_of(*i as u8) & (1 << lock) != 0 && believes(s, c))
+            .count();
+        on <= usize::from(m.limit)
+    })
+}
+
+/// How long a multi-lock's part may be held alone (`bound`), unless it
+/// lets go of its set.
+fn partial_within(s: &State, bound: u8) -> bool {
+    let g = &s.ghost;
+    (g.partial_since.iter().zip(&g.letting_go))
+        .all(|(&since, &going)| since == 0 || going || s.now - since < bound)
+}
+
 fn permits_within(m: &Config, s: &State) -> bool {
-    let believed: u32 = (s.clients.iter().enumerate())
-        .filter(|(_, c)| believes(s, c))
-        .map(|(i, _)| u32::from(m.weight(i as u8)))
-        .sum();
+    // (Per lock: a multi-lock's holder counts on each lock of its set.)
+    let believed = |lock: u8| -> u32 {
+        (s.clients.iter().enumerate())
+            .filter(|(i, c)| m.set_of(*i as u8) & (1 << lock) != 0 && believes(s, c))
+            .map(|(i, _)| u32::from(m.weight(i as u8)))
+            .sum()
+    };
+    let believed = (0..m.lock_count()).map(believed).max().unwrap_or(0);
     let live = (s.redis.lock.as_ref()).map_or(0, |l| {
         (l.holders.iter().filter(|g| g.expires > s.now))
             .map(|g| u32::from(g.permits))
@@ -142,9 +194,7 @@ fn rw_exclusive(s: &State) -> bool {
 /// find a counterexample (or example) for.
 pub fn all() -> Vec<Property<Config>> {
     vec![
-        Property::always(MUTUAL_EXCLUSION, |m: &Config, s: &State| {
-            believers(s) <= usize::from(m.limit)
-        }),
+        Property::always(MUTUAL_EXCLUSION, exclusive),
         Property::always(TOKENS_RISE, |_, s: &State| !s.ghost.token_went_back),
         Property::always(FENCED_RESOURCE, |_, s: &State| !s.resource.confused),
         Property::always(FIFO, |_, s: &State| !s.ghost.fifo_broken),
@@ -159,7 +209,16 @@ pub fn all() -> Vec<Property<Config>> {
             unique && !s.ghost.duplicate_grant
         }),
         Property::always(NO_EMPTY_LOCK, |_, s: &State| {
-            (s.redis.lock.as_ref()).is_none_or(|l| !l.holders.is_empty() || !l.queue.is_empty())
+            [&s.redis.lock, &s.redis.second].iter().all(|lock| {
+                (lock.as_ref()).is_none_or(|l| !l.holders.is_empty() || !l.queue.is_empty())
+            })
+        }),
+        Property::always(NO_PARTIAL_SET, |m: &Config, s: &State| {
+            partial_within(s, m.reservation)
+        }),
+        Property::always(NO_SELF_WAKE, |_, s: &State| !s.ghost.self_woken),
+        Property::always(PARTIAL_WITHIN_LEASE, |m: &Config, s: &State| {
+            partial_within(s, m.ttl)
         }),
         Property::always(SERVED_IN_TIME, |m: &Config, s: &State| {
             m.served_within == 0
@@ -173,6 +232,7 @@ pub fn all() -> Vec<Property<Config>> {
         }),
         Property::always(RW_EXCLUSION, |_, s: &State| rw_exclusive(s)),
         Property::always(NO_HAND_TO_DEAD, |_, s: &State| !s.ghost.handed_to_dead),
+        Property::always(NO_HAND_PAST_TTL, |_, s: &State| !s.ghost.handed_past_ttl),
         Property::always(PERMITS_WITHIN_LIMIT, permits_within),
         Property::always(ONE_LEADER, |m: &Config, s: &State| {
             !m.election || believers(s) <= 1
@@ -194,6 +254,7 @@ pub fn all() -> Vec<Property<Config>> {
         Property::sometimes(WRITTEN, |_, s: &State| s.resource.last.is_some()),
         Property::sometimes(REFUSED, |_, s: &State| s.resource.refused),
         Property::sometimes(DEAD_WAITER, |_, s: &State| s.ghost.dead_waiter_skipped),
+        Property::sometimes(DEAD_PLACE_KEPT, |_, s: &State| s.ghost.dead_place_kept),
         Property::sometimes(RESUMED, |_, s: &State| s.ghost.resumed),
         Property::sometimes(SESSION_ENDED, |_, s: &State| {
             s.ghost.session_over.iter().any(|&o| o)
@@ -236,6 +297,9 @@ pub fn all() -> Vec<Property<Config>> {
             s.ghost.weighted_waiter_granted
         }),
         Property::sometimes(PROCLAIMED, |_, s: &State| s.ghost.proclaimed),
+        Property::sometimes(SET_GRANTED, |_, s: &State| s.ghost.set_granted),
+        Property::sometimes(SET_REFUSED_EMPTY, |_, s: &State| s.ghost.set_refused_empty),
+        Property::sometimes(PART_LAPSED, |_, s: &State| s.ghost.part_lapsed),
         Property::sometimes(PROCLAIM_REFUSED, |_, s: &State| s.ghost.proclaim_refused),
         Property::sometimes(READER_PASSES_WRITER, |_, s: &State| {
             s.ghost.reader_passed_writer

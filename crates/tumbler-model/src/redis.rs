@@ -15,7 +15,7 @@
 //! [`crate::hand_over`]: who fits, and what a call that frees a permit
 //! does with it.
 //!
-//! One file of ~620 lines on purpose: the functions side by side, each
+//! One file of ~670 lines on purpose: the functions side by side, each
 //! beside the others' steps as `lua/` has them beside `common.lua`, so a
 //! change to one step is compared with every function that takes it.
 
@@ -97,6 +97,10 @@ pub struct SessionRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Data {
     pub lock: Option<Lock>,
+    /// A second lock, for multi-locks (`crate::multi`): the functions of
+    /// one lock run on `lock`, so a call on this one swaps it in first
+    /// ([`Data::select`]).
+    pub second: Option<Lock>,
     /// The shard's fencing counter (`...:fence`).
     pub fence: Option<u32>,
     /// One record per client (only session clients have one).
@@ -141,10 +145,21 @@ pub enum Reply {
     Ok {
         expires: u8,
     },
+    /// acquire_many OK: per lock of the model its token (0: not in the
+    /// call), and the earliest lease's end.
+    AcquiredMany {
+        tokens: [u32; 2],
+        expires: u8,
+    },
+    /// acquire_many HELD: every lock of the call was the holder's already.
+    HeldMany {
+        tokens: [u32; 2],
+        expires: u8,
+    },
 }
 
 impl Lock {
-    fn new(limit: u8, mode: Option<Mode>) -> Lock {
+    pub(crate) fn new(limit: u8, mode: Option<Mode>) -> Lock {
         Lock {
             limit,
             // A read/write lock nobody holds yet says `r`.
@@ -155,33 +170,45 @@ impl Lock {
         }
     }
 
-    fn mine(&self, holder: Id) -> Option<usize> {
+    pub(crate) fn mine(&self, holder: Id) -> Option<usize> {
         self.holders.iter().position(|g| g.holder == holder)
     }
 
-    fn queued(&self, id: Id) -> Option<usize> {
+    pub(crate) fn queued(&self, id: Id) -> Option<usize> {
         self.queue.iter().position(|w| w.id == id)
     }
 
     /// The earliest lease expiry (the header's `earliest`), 0 with no holder.
-    fn earliest(&self) -> u8 {
+    pub(crate) fn earliest(&self) -> u8 {
         self.holders.iter().map(|g| g.expires).min().unwrap_or(0)
     }
 
-    /// common.lua `purge_expired` and `purge_dead_waiters`: expired leases
-    /// and dead waiters stop counting. True when anything changed.
+    /// common.lua `purge`: `purge_expired` and `purge_dead_waiters`.
+    /// True when anything changed.
     pub fn purge(&mut self, now: u8) -> bool {
-        let before = (self.holders.len(), self.queue.len());
+        let expired = self.purge_expired(now);
+        self.purge_dead_waiters(now) || expired
+    }
+
+    /// common.lua `purge_expired`: expired leases stop counting.
+    pub fn purge_expired(&mut self, now: u8) -> bool {
+        let before = self.holders.len();
         self.holders.retain(|g| g.expires > now);
-        self.queue.retain(|w| w.deadline > now);
         self.vacate();
-        before != (self.holders.len(), self.queue.len())
+        before != self.holders.len()
+    }
+
+    /// common.lua `purge_dead_waiters`: waiters past their deadline leave.
+    pub fn purge_dead_waiters(&mut self, now: u8) -> bool {
+        let before = self.queue.len();
+        self.queue.retain(|w| w.deadline > now);
+        before != self.queue.len()
     }
 }
 
 /// common.lua `settle`: a lock nobody holds or waits for leaves no key; an
 /// empty queue drops its arrival counter.
-fn settle(lock: Lock) -> Option<Lock> {
+pub(crate) fn settle(lock: Lock) -> Option<Lock> {
     if lock.holders.is_empty() && lock.queue.is_empty() {
         return None;
     }
@@ -256,6 +283,14 @@ fn answer(reply: Reply) -> Effects {
 }
 
 impl Data {
+    /// Makes lock `i` (0 or 1) the one the single-lock functions run on;
+    /// selecting the same lock again swaps back.
+    pub fn select(&mut self, i: u8) {
+        if i == 1 {
+            std::mem::swap(&mut self.lock, &mut self.second);
+        }
+    }
+
     /// lua/acquire.lua.
     pub fn acquire(&mut self, now: u8, a: AcquireArgs) -> Effects {
         // 1. Past the caller's answer-by time nothing happens.
@@ -264,9 +299,19 @@ impl Data {
         }
         // 2. (the fast path decides as the steps below would)
         let mut lock = (self.lock.take()).unwrap_or_else(|| Lock::new(a.limit, a.mode));
-        // 3. Expired leases and dead waiters stop counting.
-        let changed = lock.purge(now);
-        let out = self.acquire_steps(now, a, &mut lock, changed);
+        // 3. Expired leases stop counting, and dead waiters when the
+        //    request fits or when the call frees a permit (an expired
+        //    lease, a downgrade), whose hand-over must not reach a dead
+        //    head (finding 8); a request that can only queue leaves them
+        //    to the call that frees a permit (the dead entry of its own
+        //    holder keeps its place).
+        let expired = lock.purge_expired(now);
+        let downgrade = a.mode == Some(Mode::Read)
+            && lock.mode == Some(Mode::Write)
+            && lock.mine(a.holder).is_some();
+        let dead =
+            (expired || downgrade || lock.room(a.mode, a.permits)) && lock.purge_dead_waiters(now);
+        let out = self.acquire_steps(now, a, &mut lock, expired || dead);
         self.lock = settle(lock);
         out
     }

@@ -75,6 +75,37 @@ pub enum Call {
         sent: u8,
         epoch: u8,
     },
+    /// A multi-lock's call of lua/acquire_many.lua for the locks of
+    /// `group` (a bit each: the whole set, or on the Cluster path one
+    /// lock); `held`: the token of lock 0, taken earlier in the round.
+    AcquireMany {
+        req: u8,
+        sent: u8,
+        answer_by: u8,
+        group: u8,
+        held: u32,
+    },
+    /// The Cluster path: every part held, each extended to the lease
+    /// (lua/extend.lua pinned to its token), lock 0 then lock 1; `until`:
+    /// the earliest lease so far, as the client counts it.
+    ExtendPart {
+        lock: u8,
+        tokens: [u32; 2],
+        sent: u8,
+        until: u8,
+    },
+    /// The Cluster path: a round refused after a part was taken releases
+    /// it (lua/release.lua pinned to its token); then the caller waits
+    /// (`queued`: its timer's time, 0: none) or is told no.
+    RollBack {
+        lock: u8,
+        token: u32,
+        queued: Option<u8>,
+    },
+    /// A multi-lock's release: one release.lua per lock, lock 0 then 1.
+    ReleasePart {
+        lock: u8,
+    },
 }
 
 /// One client.
@@ -128,6 +159,9 @@ pub struct Ghost {
     /// Events the `sometimes` properties look for.
     pub waiter_granted: bool,
     pub dead_waiter_skipped: bool,
+    /// A request that could only queue found its holder's entry past its
+    /// request TTL, not purged, and kept its place (acquire.lua step 3).
+    pub dead_place_kept: bool,
     pub resumed: bool,
     pub data_lost: bool,
     pub token_after_loss: bool,
@@ -139,6 +173,9 @@ pub struct Ghost {
     /// A grant was handed to a request whose replica had died (nobody
     /// answers it or gives it back: it lasts its lease).
     pub handed_to_dead: bool,
+    /// A grant was handed to a request past its request TTL (one the
+    /// functions should have skipped as dead).
+    pub handed_past_ttl: bool,
     /// Election: the latest term granted and its lease's end as Redis
     /// set it (moved by an extend of that term).
     pub term: Option<(u32, u8)>,
@@ -159,6 +196,19 @@ pub struct Ghost {
     /// one that had waited in the queue itself, woken).
     pub reader_passed_writer: bool,
     pub woken_reader_passed_writer: bool,
+    /// Multi-locks, per client: since when it holds part of its set
+    /// (some of its locks' live grants, not all; 0: not), and whether it
+    /// lets go of a set it was granted (its release sent).
+    pub partial_since: Vec<u8>,
+    pub letting_go: Vec<bool>,
+    /// A set was granted whole; a set refused (told no, or waiting)
+    /// while its caller holds none of its locks; a part held alone
+    /// lapsed with its lease (no release).
+    pub set_granted: bool,
+    pub set_refused_empty: bool,
+    pub part_lapsed: bool,
+    /// A multi-lock's rollback woke its own wait (finding 9).
+    pub self_woken: bool,
 }
 
 /// The whole system's state.

@@ -29,6 +29,7 @@ pub(crate) fn publish(cfg: &Config, s: &mut State, wake: Wake) {
     for h in wake.handed {
         granted(cfg, s, h.holder, h.token, h.req, h.expires);
         s.ghost.handed = true;
+        s.ghost.handed_past_ttl |= h.dead;
         s.ghost.waiter_granted = true;
         if !s.alive[usize::from(h.via)] {
             s.ghost.handed_to_dead = true;
@@ -51,12 +52,24 @@ pub(crate) fn publish(cfg: &Config, s: &mut State, wake: Wake) {
 /// The client's belief after a reply that gave a lease ending at
 /// `expires` (Redis time) to a call sent at `sent`: the lease counted from
 /// when it asked, by its own clock (it cannot know when Redis ran it).
-fn belief(sent: u8, now: u8, expires: u8) -> u8 {
+pub(crate) fn belief(sent: u8, now: u8, expires: u8) -> u8 {
     sent + expires.saturating_sub(now)
 }
 
-/// Redis runs a client task's call; `live`: its task is there for the answer.
+/// Redis runs a client task's call; `live`: its task is there for the
+/// answer. A multi-lock's calls are [`crate::multi`]'s; a single-lock
+/// call runs on its client's lock.
 pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: bool) {
+    if cfg.is_set(c) {
+        return crate::multi::run_set_call(cfg, s, c, call, live);
+    }
+    let lock = cfg.lock_of(c);
+    s.redis.select(lock);
+    run_single(cfg, s, c, call, live);
+    s.redis.select(lock);
+}
+
+fn run_single(cfg: &Config, s: &mut State, c: Id, call: Call, live: bool) {
     let now = s.now;
     let ci = usize::from(c);
     match call {
@@ -74,14 +87,23 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
                 .is_some_and(|l| l.queue.iter().any(|w| w.id == c && w.deadline > now));
             let args = cfg.request_args(c, via, req, answer_by, epoch);
             let passing = passing(s, c, args.mode);
+            let entry = |s: &State| {
+                let lock = s.redis.lock.as_ref();
+                lock.and_then(|l| l.queue.iter().find(|w| w.id == c).map(|w| w.order))
+            };
+            let before = entry(s);
             let Effects { reply, wake } = s.redis.acquire(now, args);
+            // (A dead entry that a request that can only queue finds is
+            // not purged: it keeps its place, acquire.lua step 3.)
+            let kept = live_entry || (before.is_some() && before == entry(s));
+            s.ghost.dead_place_kept |= kept && !live_entry;
             // Its place in line: a waiter that stayed live keeps the one
             // its request got first (if Redis dropped it meanwhile, FIFO
             // is broken); any other request (a new one, an orphaned one)
-            // takes the holder's live entry's place if it has one (the
+            // takes the holder's entry's place if it keeps one (the
             // queue keeps a place per holder), else a new place.
             let same_request = live && s.ghost.arrival[ci].0 == req;
-            if !same_request && !live_entry {
+            if !same_request && !kept {
                 s.ghost.arrivals += 1;
                 s.ghost.arrival[ci].1 = s.ghost.arrivals;
             }
@@ -292,6 +314,10 @@ pub(crate) fn run_call(cfg: &Config, s: &mut State, c: Id, call: Call, live: boo
         Call::SessionTouch { .. } | Call::Renew { .. } => {
             unreachable!("heartbeat calls run in run_beat")
         }
+        Call::AcquireMany { .. }
+        | Call::ExtendPart { .. }
+        | Call::RollBack { .. }
+        | Call::ReleasePart { .. } => unreachable!("a multi-lock's calls run in run_set_call"),
     }
 }
 
@@ -395,7 +421,7 @@ fn lease_moved(s: &mut State, token: u32, expires: u8) {
 
 /// A new grant: the ghost checks of fencing, FIFO and answer-by, and the
 /// election's latest term.
-fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8, expires: u8) {
+pub(crate) fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8, expires: u8) {
     let g = &mut s.ghost;
     if token <= g.max_token {
         g.token_went_back = true;
@@ -430,6 +456,7 @@ fn granted(cfg: &Config, s: &mut State, c: Id, token: u32, req: u8, expires: u8)
             && matches!(other.phase, Phase::Waiting { answer_by, .. } if s.now <= answer_by);
         if i != usize::from(c)
             && !cfg.barges(c)
+            && cfg.set_of(i as Id) == cfg.set_of(c)
             && live
             && arrived > 0
             && arrived < mine

@@ -6,8 +6,8 @@
 
 use crate::Config;
 use crate::hand_over::Mode;
-use crate::model::{Action, Call, Phase, State};
-use crate::redis::{Id, Reply};
+use crate::model::{Action, Call, State};
+use crate::redis::{Data, Id, Reply};
 
 /// One step of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,9 +22,11 @@ pub enum Step {
         mode: Option<Mode>,
         reply: Option<Reply>,
     },
-    /// A replica's `refresh.lua` for its waiters; the ids no longer queued.
+    /// A replica's `refresh.lua` for its waiters on `lock`; the ids no
+    /// longer queued.
     Refresh {
         replica: u8,
+        lock: u8,
         waiters: Vec<Id>,
         lost: Vec<Id>,
     },
@@ -49,6 +51,9 @@ pub fn function(call: &Call) -> &'static str {
         Call::SessionClaim => "session_claim",
         Call::SessionTouch { .. } => "session_touch",
         Call::Renew { .. } => "renew",
+        Call::AcquireMany { .. } => "acquire_many",
+        Call::ExtendPart { .. } => "extend",
+        Call::RollBack { .. } | Call::ReleasePart { .. } => "release",
     }
 }
 
@@ -57,7 +62,27 @@ fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
     let mut data = s.redis.clone();
     let now = s.now;
     let some = |e: u8| (e > 0).then_some(e);
+    let on = |data: &mut Data, lock: u8, f: &dyn Fn(&mut Data) -> Reply| {
+        data.select(lock);
+        f(data)
+    };
+    if !cfg.is_set(c) {
+        data.select(cfg.lock_of(c));
+    }
     Some(match call {
+        Call::AcquireMany {
+            answer_by, group, ..
+        } => (data.acquire_many(now, cfg.many_args(c, answer_by, group))).reply,
+        Call::ExtendPart { lock, tokens, .. } => on(&mut data, lock, &|d| {
+            d.extend(now, c, tokens[usize::from(lock)], cfg.ttl, 0)
+                .reply
+        }),
+        Call::RollBack { lock, token, .. } => on(&mut data, lock, &|d| {
+            d.release(now, c, token, None, None).reply
+        }),
+        Call::ReleasePart { lock } => {
+            on(&mut data, lock, &|d| d.release(now, c, 0, None, None).reply)
+        }
         Call::Acquire {
             req,
             answer_by,
@@ -87,6 +112,7 @@ pub fn trace(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<Step> {
         let client = |c: Id| &s.clients[usize::from(c)];
         let call = match *action {
             Action::Acquire(c)
+            | Action::AcquireMany(c)
             | Action::Release(c)
             | Action::Extend(c)
             | Action::Proclaim(c)
@@ -97,17 +123,18 @@ pub fn trace(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<Step> {
             Action::SessionTouch(c) | Action::Renew(c) => client(c).beat.map(|call| (c, call)),
             Action::Orphan(i) => s.orphans.get(i).copied(),
             Action::Refresh(r) => {
-                let waiters: Vec<Id> = (0..s.clients.len() as Id)
-                    .filter(|&c| {
-                        client(c).replica == r && matches!(client(c).phase, Phase::Waiting { .. })
-                    })
-                    .collect();
-                let lost = s.redis.clone().refresh(s.now, &waiters, cfg.queue_ttl).0;
-                steps.push(Step::Refresh {
-                    replica: r,
-                    waiters,
-                    lost,
-                });
+                for lock in 0..cfg.lock_count() {
+                    let waiters = cfg.refreshed(s, r, lock);
+                    let mut data = s.redis.clone();
+                    data.select(lock);
+                    let lost = data.refresh(s.now, &waiters, cfg.queue_ttl).0;
+                    steps.push(Step::Refresh {
+                        replica: r,
+                        lock,
+                        waiters,
+                        lost,
+                    });
+                }
                 None
             }
             Action::Reap => {

@@ -62,20 +62,14 @@ fn found(checker: &impl Checker<Config>, names: &[&'static str]) {
     }
 }
 
-/// Mutex, two requests per client, extends and the reaper, no faults.
-fn mutex() -> Config {
-    Config {
-        rounds: 2,
-        max_time: 6,
-        extend: true,
-        reap: true,
-        ..Config::small(1)
-    }
+/// Every safety property, and those of one primitive.
+fn safety_and(extra: &[&'static str]) -> Vec<&'static str> {
+    [&SAFETY[..], extra].concat()
 }
 
 #[test]
 fn a_mutex_without_faults_keeps_every_invariant() {
-    let checker = check("mutex", mutex());
+    let checker = check("mutex", Config::mutex());
     holds(&checker, &SAFETY);
     found(&checker, &[HELD, QUEUED, WAITER_GRANTED, WRITTEN, FULL]);
 }
@@ -333,39 +327,13 @@ fn a_client_that_gives_up_on_a_release_and_asks_again_can_lose_the_grant_it_is_t
     holds(&checker, &SAFETY);
 }
 
-/// A read/write lock of limit 2 (invariant 13, decision 74): three
-/// clients on two replicas, `modes` (client 0 writes), one request each,
-/// the writer may downgrade; 5 ticks.
-fn read_write(modes: [Mode; 3], hand_over: bool) -> Config {
-    Config {
-        clients: 3,
-        modes: modes.map(Some).to_vec(),
-        downgrade: true,
-        hand_over,
-        ..Config::small(2)
-    }
-}
-
-/// Every safety property, and the read/write one.
-const RW_SAFETY: [&str; 9] = [
-    MUTUAL_EXCLUSION,
-    TOKENS_RISE,
-    FENCED_RESOURCE,
-    FIFO,
-    NO_GRANT_AFTER_NO,
-    NO_RENEWAL_AFTER_END,
-    NO_DUPLICATE_GRANT,
-    NO_EMPTY_LOCK,
-    RW_EXCLUSION,
-];
-
 #[test]
 fn a_read_write_lock_never_lets_a_writer_share_it() {
     use Mode::{Read, Write};
     // A writer and two readers: readers share, a reader waits behind a
     // waiting writer (fairness), the writer downgrades and a reader joins.
-    let checker = check("read/write", read_write([Write, Read, Read], false));
-    holds(&checker, &RW_SAFETY);
+    let checker = check("read/write", Config::read_write([Write, Read, Read], false));
+    holds(&checker, &safety_and(&[RW_EXCLUSION]));
     found(
         &checker,
         &[
@@ -379,9 +347,9 @@ fn a_read_write_lock_never_lets_a_writer_share_it() {
     // Two writers and a reader: writers exclude each other too.
     let checker = check(
         "read/write, two writers",
-        read_write([Write, Read, Write], false),
+        Config::read_write([Write, Read, Write], false),
     );
-    holds(&checker, &RW_SAFETY);
+    holds(&checker, &safety_and(&[RW_EXCLUSION]));
     found(
         &checker,
         &[READER_BEHIND_WRITER, DOWNGRADE_SHARED, WAITER_GRANTED],
@@ -394,7 +362,7 @@ fn the_hand_over_keeps_every_invariant_without_faults() {
     // grant. A mutex (two requests each, extends, the reaper, 6 ticks)...
     let cfg = Config {
         hand_over: true,
-        ..mutex()
+        ..Config::mutex()
     };
     let checker = check("hand-over", cfg);
     holds(&checker, &SAFETY);
@@ -405,9 +373,9 @@ fn the_hand_over_keeps_every_invariant_without_faults() {
     use Mode::{Read, Write};
     let checker = check(
         "hand-over, read/write",
-        read_write([Write, Read, Read], true),
+        Config::read_write([Write, Read, Read], true),
     );
-    holds(&checker, &RW_SAFETY);
+    holds(&checker, &safety_and(&[RW_EXCLUSION]));
     found(&checker, &[HANDED, DOWNGRADE_SHARED, READER_BEHIND_WRITER]);
 }
 
@@ -448,6 +416,7 @@ fn with_the_hand_over_a_waiter_whose_replica_died_is_handed_the_lock() {
             NO_GRANT_AFTER_NO,
             NO_DUPLICATE_GRANT,
             NO_EMPTY_LOCK,
+            NO_HAND_PAST_TTL,
         ],
     );
 }
@@ -459,7 +428,7 @@ fn a_read_write_path_reads_as_calls_with_their_modes() {
     // acquire WRITE, a reader's acquire READ queued, the writer's acquire
     // READ answered OK with its own token, and the reader granted.
     use Mode::{Read, Write};
-    let cfg = read_write([Write, Read, Read], false);
+    let cfg = Config::read_write([Write, Read, Read], false);
     let path = tumbler_model::trace::discovery(&cfg, DOWNGRADE_SHARED).unwrap();
     let steps = tumbler_model::trace::trace(&cfg, &path);
     let acquires: Vec<(u8, Option<Mode>, Reply)> = (steps.iter())
@@ -489,45 +458,20 @@ fn a_read_write_path_reads_as_calls_with_their_modes() {
     );
 }
 
-/// Weighted permits (invariant 14, decision 75): a lock of limit 3, three
-/// clients asking 2, 1 and 2 permits, one request each; `barging`: the
-/// client of one permit barges (`fair = false`).
-fn weighted(barging: bool) -> Config {
-    Config {
-        clients: 3,
-        permits: vec![2, 1, 2],
-        barging: vec![false, barging, false],
-        ..Config::small(3)
-    }
-}
-
-/// Every safety property, and the weighted one.
-const WEIGHTED_SAFETY: [&str; 9] = [
-    MUTUAL_EXCLUSION,
-    TOKENS_RISE,
-    FENCED_RESOURCE,
-    FIFO,
-    NO_GRANT_AFTER_NO,
-    NO_RENEWAL_AFTER_END,
-    NO_DUPLICATE_GRANT,
-    NO_EMPTY_LOCK,
-    PERMITS_WITHIN_LIMIT,
-];
-
 #[test]
 fn weighted_permits_never_sum_past_the_limit() {
     // Fair: a head of two permits waits while one is free, and the
     // request of one behind it waits too (FIFO); the head is granted once
     // enough are free.
-    let checker = check("weighted", weighted(false));
-    holds(&checker, &WEIGHTED_SAFETY);
+    let checker = check("weighted", Config::weighted(false));
+    holds(&checker, &safety_and(&[PERMITS_WITHIN_LIMIT]));
     found(
         &checker,
         &[BIG_HEAD_WAITS, WEIGHTED_WAITER_GRANTED, FULL, QUEUED],
     );
     // The request of one barges: it takes a free permit past the head.
-    let checker = check("weighted, barging", weighted(true));
-    holds(&checker, &WEIGHTED_SAFETY);
+    let checker = check("weighted, barging", Config::weighted(true));
+    holds(&checker, &safety_and(&[PERMITS_WITHIN_LIMIT]));
     found(
         &checker,
         &[BARGER_PASSES_BIG_HEAD, WEIGHTED_WAITER_GRANTED, FULL],
@@ -536,25 +480,11 @@ fn weighted_permits_never_sum_past_the_limit() {
     // both are free.
     let cfg = Config {
         hand_over: true,
-        ..weighted(false)
+        ..Config::weighted(false)
     };
     let checker = check("weighted, hand-over", cfg);
-    holds(&checker, &WEIGHTED_SAFETY);
+    holds(&checker, &safety_and(&[PERMITS_WITHIN_LIMIT]));
     found(&checker, &[HANDED, WEIGHTED_WAITER_GRANTED, BIG_HEAD_WAITS]);
-}
-
-/// An election (invariant 12, decision 69): two candidates campaign (a
-/// fair acquire of limit 1), the leader extends, writes with its term,
-/// proclaims, then resigns; `pause`: one pause between the leader's check
-/// and its write.
-fn election(pause: u8) -> Config {
-    let mut cfg = Config {
-        election: true,
-        extend: true,
-        ..Config::small(1)
-    };
-    cfg.faults.pause = pause;
-    cfg
 }
 
 /// The election's properties (terms: `TOKENS_RISE` as Redis mints them,
@@ -570,14 +500,14 @@ const ELECTION_SAFETY: [&str; 6] = [
 
 #[test]
 fn an_election_has_one_leader_rising_terms_and_no_act_under_a_lapsed_term() {
-    let checker = check("election", election(0));
+    let checker = check("election", Config::election(0));
     holds(&checker, &ELECTION_SAFETY);
     holds(&checker, &SAFETY);
     found(&checker, &[PROCLAIMED, WAITER_GRANTED]);
     // A leader that pauses past its lease still believes it leads when
     // the next is elected (the Jepsen case: two leaders), but its
     // proclaim under the lapsed term is refused and its write fenced.
-    let checker = check("election, a pause", election(1));
+    let checker = check("election, a pause", Config::election(1));
     found(&checker, &[ONE_LEADER, PROCLAIM_REFUSED, REFUSED]);
     holds(
         &checker,
@@ -591,23 +521,12 @@ fn an_election_has_one_leader_rising_terms_and_no_act_under_a_lapsed_term() {
     );
 }
 
-/// prefer_readers (decision 74): a writer, a fair reader and a reader that
-/// prefers readers (a barging reader, flag `R`), one request each.
-fn prefer_readers(limit: u8) -> Config {
-    Config {
-        clients: 3,
-        modes: vec![Some(Mode::Write), Some(Mode::Read), Some(Mode::Read)],
-        barging: vec![false, false, true],
-        ..Config::small(limit)
-    }
-}
-
 #[test]
 fn a_reader_that_prefers_readers_passes_a_waiting_writer_and_never_shares_with_it() {
     // Limit 2: while a reader holds and the writer waits, the fair reader
     // waits behind the writer and the preferring one comes in.
-    let checker = check("prefer readers", prefer_readers(2));
-    holds(&checker, &RW_SAFETY);
+    let checker = check("prefer readers", Config::prefer_readers(2));
+    holds(&checker, &safety_and(&[RW_EXCLUSION]));
     found(
         &checker,
         &[READER_PASSES_WRITER, READER_BEHIND_WRITER, READERS_SHARE],
@@ -615,7 +534,63 @@ fn a_reader_that_prefers_readers_passes_a_waiting_writer_and_never_shares_with_i
     // Limit 1: the preferring reader waits in the queue behind the
     // writer; the release wakes the head and the barging waiters, and the
     // preferring reader may come in first.
-    let checker = check("prefer readers, limit 1", prefer_readers(1));
-    holds(&checker, &RW_SAFETY);
+    let checker = check("prefer readers, limit 1", Config::prefer_readers(1));
+    holds(&checker, &safety_and(&[RW_EXCLUSION]));
     found(&checker, &[WOKEN_READER_PASSES_WRITER]);
+}
+
+/// Every safety property, and invariant 15's.
+fn multi_safety() -> Vec<&'static str> {
+    safety_and(&[NO_PARTIAL_SET, PARTIAL_WITHIN_LEASE])
+}
+
+#[test]
+fn a_multi_lock_in_one_call_is_never_held_in_part() {
+    // Invariant 15 on one server (decision 76): client 0 asks locks 0
+    // and 1 in one acquire_many, client 1 lock 1, client 2 lock 0; every
+    // lock counts the set's holder. Granted whole or refused with nothing
+    // held, waiting on wake-up places; no part held alone but while the
+    // set is released, lock by lock.
+    let checker = check("multi", Config::multi(0, true, 0));
+    holds(&checker, &multi_safety());
+    holds(&checker, &[NO_SELF_WAKE]);
+    found(
+        &checker,
+        &[SET_GRANTED, SET_REFUSED_EMPTY, WAITER_GRANTED, QUEUED],
+    );
+    // A crash: calls of its replica may still land, answered to nobody.
+    let checker = check("multi, a crash", Config::multi(0, false, 1));
+    holds(&checker, &multi_safety());
+    found(&checker, &[SET_GRANTED, SET_REFUSED_EMPTY]);
+}
+
+#[test]
+fn on_the_cluster_path_a_crash_leaves_a_reservation_or_between_the_extends_a_lease() {
+    // The slot-group path (decision 76): lock 0, then lock 1, each
+    // reserved for a tick, then each extended to the lease (3 ticks);
+    // refused at lock 1, lock 0 goes back (pinned to its token).
+    let checker = check("multi, cluster", Config::multi(1, true, 0));
+    holds(&checker, &multi_safety());
+    found(&checker, &[SET_GRANTED, SET_REFUSED_EMPTY, WAITER_GRANTED]);
+    // Refused at lock 1 while a single request waits on lock 0, the
+    // rollback's release wakes the set's own wait (finding 9).
+    found(&checker, &[NO_SELF_WAKE]);
+    // A crash between the groups leaves lock 0 to its reservation, which
+    // lapses; a crash between the two extends leaves lock 0 extended to
+    // the lease and lock 1 to its reservation: a part held alone past
+    // the reservation (decision 76 says so), never past the lease.
+    let checker = check("multi, cluster, a crash", Config::multi(1, false, 1));
+    found(&checker, &[NO_PARTIAL_SET, PART_LAPSED, SET_GRANTED]);
+    holds(
+        &checker,
+        &[
+            PARTIAL_WITHIN_LEASE,
+            MUTUAL_EXCLUSION,
+            TOKENS_RISE,
+            FENCED_RESOURCE,
+            FIFO,
+            NO_GRANT_AFTER_NO,
+            NO_EMPTY_LOCK,
+        ],
+    );
 }
