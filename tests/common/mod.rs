@@ -143,9 +143,11 @@ impl Builder {
         owned.redis_url = match (self.redis_url.take(), self.cluster) {
             (Some(url), _) => url,
             (None, true) => {
-                let cluster = tokio::task::spawn_blocking(topology::start_cluster)
-                    .await
-                    .unwrap();
+                // On this thread, blocking it a few seconds: the nodes die
+                // with the thread that started them (PR_SET_PDEATHSIG), and
+                // a spawn_blocking thread ends after 10 s idle, taking the
+                // cluster of a longer test with it.
+                let cluster = topology::start_cluster();
                 let url = cluster.url();
                 owned.cluster = Some(cluster);
                 url

@@ -180,3 +180,96 @@ async fn a_replica_killed_between_the_groups_leaves_no_part_beyond_the_reservati
         .into_inner();
     assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
 }
+
+/// Function calls on every node of the cluster since `reset`.
+async fn cluster_calls(server: &TestServer, reset: bool) -> u64 {
+    let mut calls = 0;
+    for node in &server.cluster().nodes {
+        let mut conn = redis_conn(&node.url()).await;
+        if reset {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        } else {
+            let counted = command_calls(&mut conn).await;
+            calls += ["fcall", "fcall_ro"]
+                .iter()
+                .map(|name| counted.get(*name).copied().unwrap_or(0))
+                .sum::<u64>();
+        }
+    }
+    calls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_set_sleeps_until_its_busy_lock_changes() {
+    // No health tick (it calls functions too) while counting.
+    let server = TestServer::new()
+        .cluster()
+        .args(tumbler::config::ServiceArgs {
+            health_interval_ms: 60_000,
+            ..service_args()
+        })
+        .shards(16)
+        .start()
+        .await;
+    let mut client = server.client().await;
+    // `first` and `busy` held; the set waits (a wake-up place on each);
+    // `first` is let go. For the pairs where `first` comes before `busy`
+    // in slot order, the set then takes `first`'s group, is refused at
+    // `busy`'s and rolls `first` back: a release on a lock where its own
+    // place waits. Waking on that would retry the round at once, over and
+    // over, until the wait ends (the protocol model's finding).
+    for first in NAMES {
+        for busy in NAMES.into_iter().filter(|n| *n != first) {
+            for name in [first, busy] {
+                let reply = client.acquire(acquire(name, "other")).await.unwrap();
+                assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+            }
+            let mut waiting = client.clone();
+            let set_waits = tokio::spawn(async move {
+                let request = proto::AcquireRequest {
+                    wait_ms: 1_200,
+                    ..set(&NAMES, "waiting-set", 30_000)
+                };
+                waiting.acquire(request).await.unwrap().into_inner()
+            });
+            // Its round refused, it waits: a place at the lock that refused it.
+            wait_until_async("the set waits", Duration::from_secs(10), || {
+                let mut client = client.clone();
+                async move {
+                    let mut places = 0;
+                    for name in [first, busy] {
+                        places += client
+                            .inspect(inspect(name))
+                            .await
+                            .unwrap()
+                            .into_inner()
+                            .waiters;
+                    }
+                    places > 0
+                }
+            })
+            .await;
+            cluster_calls(&server, true).await;
+            client.release(release(first, "other")).await.unwrap();
+            let reply = set_waits.await.unwrap();
+            assert_eq!(
+                reply.reason(),
+                proto::NotAcquiredReason::Timeout,
+                "{reply:?}"
+            );
+            let calls = cluster_calls(&server, false).await;
+            eprintln!("{first} freed, {busy} busy: {calls} function calls");
+            // A round after the release: a call per group, the roll-back,
+            // then refreshes and the places' removal: a handful, not a loop.
+            assert!(
+                calls < 40,
+                "{first} freed, {busy} busy: {calls} function calls"
+            );
+            client.release(release(busy, "other")).await.unwrap();
+        }
+    }
+}

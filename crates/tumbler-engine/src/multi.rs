@@ -163,9 +163,8 @@ impl Multi {
 
     /// The waiting multi-lock: registered on every lock of its set before
     /// its first call (no wake-up slips between), it tries the whole set,
-    /// and while a lock is busy sleeps until a call on one of its locks
-    /// wakes it, the first busy lease ends, its wait ends or its caller is
-    /// gone. It holds nothing while it sleeps, but its holder may hold
+    /// and while a lock is busy sleeps until a call on that lock wakes it,
+    /// the first busy lease ends, its wait ends or its caller is gone. It holds nothing while it sleeps, but its holder may hold
     /// other locks: its first wait is recorded as an edge of the wait-for
     /// graph (the holder waits for the holders of lock `index`) and
     /// refused when it closes a cycle (decision 0077).
@@ -241,10 +240,12 @@ impl Multi {
                 let left = (next_expiry - self.calls.now_ms()).max(0) as u64 + 1;
                 Instant::now() + Duration::from_millis(left)
             });
-            let woken =
-                futures::future::select_all(registrations.iter().map(|r| Box::pin(r.notified())));
+            // Only the busy lock's wake-ups can let the set through. The
+            // others' may be its own doing (on a Cluster, the release of a
+            // group it took and rolled back wakes its own place there):
+            // waking on those would retry at once, over and over.
             tokio::select! {
-                _ = woken => {}
+                () = registrations[index].notified() => {}
                 () = sleep_until_some(expiry) => {}
                 () = tokio::time::sleep_until(deadline) => {
                     self.counting.now(&base.lock.namespace, &base.kind, "timed_out");
