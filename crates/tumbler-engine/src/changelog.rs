@@ -34,9 +34,9 @@ pub use walk::ChangelogCursor;
 use walk::{ShardPage, merge};
 
 use super::calls::Calls;
+use super::errors::EngineError;
 use super::ops::Emit;
 use super::ops::changelog::{self as op, Start};
-use super::types::EngineError;
 use super::watchers::{LockEvent, Watchers};
 
 /// Metadata bytes a changelog entry keeps (its JSON's first bytes; the

@@ -76,6 +76,7 @@ pub mod clock;
 mod counting;
 mod deadlock;
 pub mod election;
+mod errors;
 pub mod group;
 pub mod keys;
 mod libraries;
@@ -125,6 +126,7 @@ use walks::Walks;
 use watchers::{Filter, LockEvent, Watchers};
 use watching::Watching;
 
+pub use errors::*;
 pub use lifecycle::{EngineSettings, Running};
 pub use names::{Holder, Invalid, Kind, LockName, Namespace, Ttl};
 pub use records::{parse_grant, parse_waiter};

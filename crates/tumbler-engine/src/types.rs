@@ -1,15 +1,12 @@
-//! The engine's vocabulary: typed requests, outcomes and errors. They
-//! know nothing of gRPC, HTTP or Redis replies; the handlers map them to
-//! their transport, the typed twins in `ops/` map them to Redis.
+//! The engine's vocabulary: typed requests and outcomes (its errors are in
+//! `errors.rs`). They know nothing of gRPC, HTTP or Redis replies; the
+//! handlers map them to their transport, the typed twins in `ops/` map
+//! them to Redis.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
-
-use crate::store::StoreError;
-
-use super::waiters::RegisterError;
 
 /// A lock, named within a namespace. Both are validated by their types.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -436,119 +433,6 @@ pub struct MetricsReport {
     pub overall: MetricsRow,
 }
 
-/// Why an engine call failed. Not getting a lock is not a failure.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("the queue of this lock is full ({0} waiting requests)")]
-    QueueFull(u32),
-    #[error("this replica already holds {0} waiting requests")]
-    TooManyWaiters(usize),
-    #[error("this namespace already has {0} waiting requests on this replica")]
-    TooManyInNamespace(usize),
-    #[error("this namespace has reached its lock limit")]
-    NamespaceFull,
-    #[error(
-        "the lock is in use with limit {lock_limit}; this request asks for limit {requested} (a lock's limit is fixed while anyone holds or waits)"
-    )]
-    LimitMismatch { lock_limit: u32, requested: u32 },
-    #[error("the lock is a read/write lock: acquire it with mode READ or WRITE")]
-    RwLockNeedsMode,
-    #[error("the lock is a plain lock: acquire it without a mode")]
-    PlainLockHasNoMode,
-    #[error(
-        "the holder holds a read permit: an upgrade to WRITE is refused (two upgraders would wait for each other forever); release it, then acquire WRITE"
-    )]
-    UpgradeRefused,
-    #[error("this replica is shutting down; retry on another")]
-    ShuttingDown,
-    #[error("this session was resumed on another stream")]
-    SessionMoved,
-    /// A session's command that would split or overlap a multi-lock set
-    /// it holds (decision 0078); the message names the field and the set.
-    #[error("{0}")]
-    SetMismatch(String),
-    #[error("the caller stopped waiting")]
-    Stopped,
-    /// The wait would close a cycle in the namespace's wait-for graph
-    /// (decision 0077): refused at once, its queue entry gone.
-    #[error("deadlock: {}", crate::deadlock::describe(.0))]
-    Deadlock(Vec<WaitStep>),
-}
-
-/// What kind of failure an engine error is: the one table the transports
-/// map from (`api::convert` to gRPC codes; the dashboard from those to HTTP
-/// statuses, ARCHITECTURE.md "Errors").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// Redis is unreachable, too slow or refusing writes, or this replica
-    /// is shutting down: nothing was granted; retry later or elsewhere.
-    Unavailable,
-    /// Redis answered something the engine cannot read.
-    Internal,
-    /// A bound was reached: the lock's queue, this replica's or this
-    /// namespace's waiting requests, the namespace's locks.
-    Exhausted,
-    /// The request conflicts with the lock as it is (another limit).
-    Conflict,
-    /// The session was taken over by another stream.
-    Moved,
-    /// The caller's own stop signal ended the wait (the transport says why).
-    Stopped,
-    /// The wait would close a wait-for cycle: refused, nothing left behind.
-    Deadlock,
-}
-
-impl EngineError {
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            // A refusal of Redis' ACL is the operator's to fix, like an
-            // outage: nothing ran, retry once the user has its grants.
-            EngineError::Store(StoreError::Unavailable(_) | StoreError::Denied(_))
-            | EngineError::ShuttingDown => ErrorKind::Unavailable,
-            EngineError::Store(StoreError::Protocol(_) | StoreError::Config(_)) => {
-                ErrorKind::Internal
-            }
-            EngineError::QueueFull(_)
-            | EngineError::TooManyWaiters(_)
-            | EngineError::TooManyInNamespace(_)
-            | EngineError::NamespaceFull => ErrorKind::Exhausted,
-            EngineError::LimitMismatch { .. }
-            | EngineError::RwLockNeedsMode
-            | EngineError::PlainLockHasNoMode
-            | EngineError::UpgradeRefused
-            | EngineError::SetMismatch(_) => ErrorKind::Conflict,
-            EngineError::SessionMoved => ErrorKind::Moved,
-            EngineError::Stopped => ErrorKind::Stopped,
-            EngineError::Deadlock(_) => ErrorKind::Deadlock,
-        }
-    }
-
-    /// What Redis said, for logs, when the error is Redis trouble.
-    pub fn store_detail(&self) -> Option<&str> {
-        match self {
-            EngineError::Store(
-                StoreError::Unavailable(detail)
-                | StoreError::Denied(detail)
-                | StoreError::Protocol(detail)
-                | StoreError::Config(detail),
-            ) => Some(detail),
-            _ => None,
-        }
-    }
-}
-
-impl From<RegisterError> for EngineError {
-    fn from(err: RegisterError) -> Self {
-        match err {
-            RegisterError::TooManyWaiters(max) => EngineError::TooManyWaiters(max),
-            RegisterError::TooManyInNamespace(max) => EngineError::TooManyInNamespace(max),
-            RegisterError::ShuttingDown => EngineError::ShuttingDown,
-        }
-    }
-}
-
 /// Bounds on waiting.
 #[derive(Clone, Debug)]
 pub struct WaitLimits {
@@ -571,17 +455,6 @@ pub struct WaitLimits {
     /// before the release may be handed the lock and keep it for that
     /// grant's lease (SAFETY.md, invariant 7), so it is off by default.
     pub hand_over: bool,
-}
-
-/// Why the layout recorded in Redis cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum LayoutError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(
-        "redis holds tumbler data written with {found}; this server is configured for {expected} (the shard count of a deployment cannot change; data of an older layout must be cleared or migrated, see the README's \"Key layout\")"
-    )]
-    Mismatch { found: String, expected: String },
 }
 
 /// One term of one election's leader (`election.rs`): the grant of the
