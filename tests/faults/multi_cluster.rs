@@ -273,3 +273,45 @@ async fn a_waiting_set_sleeps_until_its_busy_lock_changes() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_set_across_slots_is_renewed_whole_and_released_by_close() {
+    use common::session::Session;
+
+    let server = TestServer::new().cluster().shards(16).start().await;
+    let mut client = server.client().await;
+    let mut session = Session::open(&mut client, 600).await;
+    // The set spans slot groups: taken by reservations, then extended to
+    // the session's lease, every lock the session's.
+    let reply = session.acquire(1, set(&NAMES, "", 60_000)).await;
+    assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
+    let nodes = (server.cluster().scan_each("tumbler:*:l:ledger-*").iter())
+        .filter(|keys| !keys.is_empty())
+        .count();
+    assert!(nodes > 1, "the set spans slots on {nodes} node(s)");
+    let tokens: Vec<(String, u64)> = (reply.grants.iter())
+        .map(|g| (g.name.clone(), g.fencing_token))
+        .collect();
+    // Well past the session's lease (and any reservation), kept alive by
+    // the session: every lock still the session's, same tokens.
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        session.keep_alive().await;
+    }
+    for (name, token) in &tokens {
+        let state = client.inspect(inspect(name)).await.unwrap().into_inner();
+        let grants: Vec<(String, u64)> = (state.holders.into_iter())
+            .map(|h| h.grant.unwrap())
+            .map(|g| (g.holder, g.fencing_token))
+            .collect();
+        assert_eq!(grants, [(session.id.clone(), *token)], "{name}");
+    }
+    // Closing the session lets the whole set go.
+    drop(session.commands);
+    while session.events.message().await.ok().flatten().is_some() {}
+    wait_until_async("the set is let go", Duration::from_secs(5), || {
+        let mut client = client.clone();
+        async move { grants_of(&mut client, &NAMES).await.is_empty() }
+    })
+    .await;
+}
