@@ -45,6 +45,35 @@ pub fn service_args() -> ServiceArgs {
     }
 }
 
+/// [`service_args`] with health ticks a minute apart: each tick calls
+/// functions, which a test counting Redis' work must not count.
+pub fn counting_args() -> ServiceArgs {
+    ServiceArgs {
+        health_interval_ms: 60_000,
+        ..service_args()
+    }
+}
+
+/// A server with [`counting_args`] on a Redis of the test's own, for
+/// counting Redis' work (`command_calls`): the Redis, the server, a client
+/// and a connection to that Redis.
+pub async fn counting_server() -> (
+    RedisServer,
+    TestServer,
+    LockServiceClient<Channel>,
+    redis::aio::MultiplexedConnection,
+) {
+    let redis = start_redis();
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .args(counting_args())
+        .start()
+        .await;
+    let client = server.client().await;
+    let conn = redis_conn(&redis.url()).await;
+    (redis, server, client, conn)
+}
+
 /// A tumbler server running inside the test process, started by one
 /// builder call: `TestServer::new().start().await` brings its own Redis;
 /// `.redis(url)` uses one the test holds, `.cluster()` a Redis Cluster of

@@ -208,10 +208,7 @@ async fn a_waiting_set_sleeps_until_its_busy_lock_changes() {
     // No health tick (it calls functions too) while counting.
     let server = TestServer::new()
         .cluster()
-        .args(tumbler::config::ServiceArgs {
-            health_interval_ms: 60_000,
-            ..service_args()
-        })
+        .args(counting_args())
         .shards(16)
         .start()
         .await;

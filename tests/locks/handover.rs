@@ -130,18 +130,7 @@ async fn a_contended_grant_costs_two_function_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_pair_still_costs_eight_commands() {
-    let redis = start_redis();
-    let args = tumbler::config::ServiceArgs {
-        health_interval_ms: 60_000,
-        ..service_args()
-    };
-    let server = TestServer::new()
-        .redis(&redis.url())
-        .args(args)
-        .start()
-        .await;
-    let mut client = server.client().await;
-    let mut conn = redis_conn(&redis.url()).await;
+    let (_redis, _server, mut client, mut conn) = counting_server().await;
     // The namespace's registry entry is written once, at its first call.
     client.acquire(acquire("warm", "h")).await.unwrap();
     client.release(release("warm", "h")).await.unwrap();

@@ -448,20 +448,7 @@ async fn an_expiring_lease_hands_over_without_a_release() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_waiting_costs_redis_only_heartbeats() {
-    let redis = start_redis();
-    // Health ticks rarely: each one proves the lock path with two function
-    // calls, a cost of the replica rather than of its waiters.
-    let args = tumbler::config::ServiceArgs {
-        health_interval_ms: 60_000,
-        ..service_args()
-    };
-    let server = TestServer::new()
-        .redis(&redis.url())
-        .args(args)
-        .start()
-        .await;
-    let mut client = server.client().await;
-    let mut conn = redis_conn(&redis.url()).await;
+    let (_redis, server, mut client, mut conn) = counting_server().await;
     client.acquire(acquire("idle", "holder")).await.unwrap();
     let queue_ttl_ms = 1_500;
     let mut waiters = Vec::new();

@@ -509,18 +509,7 @@ async fn a_session_set_is_validated_as_the_acquire_rpcs() {
 /// lock and two notes of the record, and the same commands inside them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_session_grant_costs_what_it_did() {
-    let redis = start_redis();
-    let args = tumbler::config::ServiceArgs {
-        health_interval_ms: 60_000,
-        ..service_args()
-    };
-    let server = TestServer::new()
-        .redis(&redis.url())
-        .args(args)
-        .start()
-        .await;
-    let mut client = server.client().await;
-    let mut conn = redis_conn(&redis.url()).await;
+    let (_redis, _server, mut client, mut conn) = counting_server().await;
     let mut session = Session::open(&mut client, 30_000).await;
     session.acquire(1, acquire("warm", "")).await;
     assert_eq!(
