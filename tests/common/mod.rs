@@ -2,6 +2,7 @@
 //! real tumbler servers (in this process, or as `tumbler` processes) on
 //! free ports, reached over real gRPC connections.
 
+pub mod counting;
 pub mod http;
 pub mod proxy;
 pub mod session;
@@ -22,6 +23,7 @@ use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::dev::RedisServer;
 use tumbler::proto::lock_service_client::LockServiceClient;
 
+pub use counting::*;
 pub use tumbler::proto;
 
 /// A redis-server child of this test (stopped by pid on drop).
@@ -43,35 +45,6 @@ pub fn service_args() -> ServiceArgs {
         reap_interval_ms: 0,
         ..ServiceArgs::default()
     }
-}
-
-/// [`service_args`] with health ticks a minute apart: each tick calls
-/// functions, which a test counting Redis' work must not count.
-pub fn counting_args() -> ServiceArgs {
-    ServiceArgs {
-        health_interval_ms: 60_000,
-        ..service_args()
-    }
-}
-
-/// A server with [`counting_args`] on a Redis of the test's own, for
-/// counting Redis' work (`command_calls`): the Redis, the server, a client
-/// and a connection to that Redis.
-pub async fn counting_server() -> (
-    RedisServer,
-    TestServer,
-    LockServiceClient<Channel>,
-    redis::aio::MultiplexedConnection,
-) {
-    let redis = start_redis();
-    let server = TestServer::new()
-        .redis(&redis.url())
-        .args(counting_args())
-        .start()
-        .await;
-    let client = server.client().await;
-    let conn = redis_conn(&redis.url()).await;
-    (redis, server, client, conn)
 }
 
 /// A tumbler server running inside the test process, started by one
@@ -611,28 +584,4 @@ pub async fn list_pages(
             return pages;
         }
     }
-}
-
-/// Redis' calls per command (`INFO commandstats`) since it started or
-/// since the last `CONFIG RESETSTAT`.
-pub async fn command_calls(
-    conn: &mut redis::aio::MultiplexedConnection,
-) -> std::collections::HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
 }
