@@ -550,6 +550,7 @@ async fn waiting_hold_keeps_its_place(mode: &[&str]) {
             holder: "gate".into(),
             fencing_token: None,
             names: Vec::new(),
+            fencing_tokens: Vec::new(),
         })
         .await
         .unwrap();

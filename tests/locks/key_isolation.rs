@@ -385,6 +385,7 @@ async fn every_rpc(client: &mut LockServiceClient<Channel>, namespace: &str, nam
             ttl_ms: Some(20_000),
             fencing_token: None,
             names: Vec::new(),
+            fencing_tokens: Vec::new(),
         })
         .await
         .unwrap();
@@ -412,6 +413,7 @@ async fn every_rpc(client: &mut LockServiceClient<Channel>, namespace: &str, nam
             holder,
             fencing_token: None,
             names: Vec::new(),
+            fencing_tokens: Vec::new(),
         })
         .await
         .unwrap();

@@ -578,6 +578,7 @@ fn lock_case() -> impl Strategy<Value = Case> {
                         holder: holder.0,
                         fencing_token: token.0,
                         names: Vec::new(),
+                        fencing_tokens: Vec::new(),
                     }),
                 },
                 1 => Case {
@@ -589,6 +590,7 @@ fn lock_case() -> impl Strategy<Value = Case> {
                         ttl_ms: ttl.0,
                         fencing_token: token.0,
                         names: Vec::new(),
+                        fencing_tokens: Vec::new(),
                     }),
                 },
                 2 => Case {

@@ -289,6 +289,7 @@ impl Client {
             holder: holder.into(),
             fencing_token,
             names: Vec::new(),
+            fencing_tokens: Vec::new(),
         };
         let reply = self
             .call(

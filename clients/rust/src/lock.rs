@@ -444,6 +444,7 @@ impl Shared {
             holder: self.holder.clone(),
             fencing_token,
             names: self.names.clone(),
+            fencing_tokens: Vec::new(),
         }
     }
 
@@ -763,6 +764,7 @@ fn extend_request(
         ttl_ms: ttl.map(|t| t.as_millis() as u64),
         fencing_token,
         names: shared.names.clone(),
+        fencing_tokens: Vec::new(),
     }
 }
 

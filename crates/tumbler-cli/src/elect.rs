@@ -151,6 +151,7 @@ async fn campaign_with_lease(
                     holder: request.candidate.clone(),
                     fencing_token: None,
                     names: Vec::new(),
+                    fencing_tokens: Vec::new(),
                 };
                 let _ = tokio::time::timeout(Duration::from_secs(5), call!(conn, release, release)).await;
             }

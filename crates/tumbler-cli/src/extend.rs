@@ -32,6 +32,7 @@ pub async fn run(args: ExtendArgs, globals: &Globals) -> Result<u8, Failure> {
         ttl_ms: args.ttl_ms,
         fencing_token: args.grant.token,
         names,
+        fencing_tokens: Vec::new(),
     };
     let reply = call!(conn, extend, request).await?;
     let status = enum_name(reply.status().as_str_name(), "EXTEND_STATUS_");

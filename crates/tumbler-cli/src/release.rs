@@ -28,6 +28,7 @@ pub async fn run(args: ReleaseArgs, globals: &Globals) -> Result<u8, Failure> {
         holder: args.grant.holder,
         fencing_token: args.grant.token,
         names,
+        fencing_tokens: Vec::new(),
     };
     let reply = call!(conn, release, request).await?;
     let status = enum_name(reply.status().as_str_name(), "RELEASE_STATUS_");

@@ -60,6 +60,7 @@ pub(crate) fn keep_lease(
             ttl_ms: Some(grant.ttl_ms),
             fencing_token: Some(grant.fencing_token),
             names: Vec::new(),
+            fencing_tokens: Vec::new(),
         },
         release: proto::ReleaseRequest {
             namespace: namespace.to_owned(),
@@ -67,6 +68,7 @@ pub(crate) fn keep_lease(
             holder: grant.holder.clone(),
             fencing_token: Some(grant.fencing_token),
             names: Vec::new(),
+            fencing_tokens: Vec::new(),
         },
         ttl,
         grace,

@@ -298,5 +298,6 @@ fn release_request(
         holder: acquire.holder.clone(),
         fencing_token,
         names: Vec::new(),
+        fencing_tokens: Vec::new(),
     }
 }
