@@ -11,9 +11,8 @@ use tumbler::engine::keys::Layout;
 use tumbler::engine::scripts::Scripts;
 
 use crate::common::proto::AcquireStatus;
-use crate::common::{
-    TestServer, acquire, command_calls, redis_conn, release, service_args, start_redis,
-};
+use crate::common::{TestServer, acquire, command_calls, redis_conn, release, service_args};
+use crate::model_replay::redis_with_functions;
 
 /// A server on its own Redis with one shard (every lock shares a slot),
 /// no background calls of its own during the test (health every minute,
@@ -155,24 +154,6 @@ async fn with_group_commit_off_every_operation_is_its_own_call() {
     assert_eq!(distinct.len(), 64);
 }
 
-/// The library loaded into a fresh Redis, and a connection to it.
-async fn library() -> (
-    tumbler::dev::RedisServer,
-    redis::aio::MultiplexedConnection,
-    Scripts,
-) {
-    let redis = start_redis();
-    let mut conn = redis_conn(&redis.url()).await;
-    let scripts = Scripts::compile();
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&*scripts.batch.library)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    (redis, conn, scripts)
-}
-
 /// One acquire in a batch: (name, key count, argument count, arguments).
 fn acquire_op(layout: &Layout, name: &str, holder: &str, ttl: &str) -> (Vec<String>, Vec<String>) {
     let keys = layout.lock_keys("default", name);
@@ -227,7 +208,7 @@ fn token(reply: &Value) -> u64 {
 
 #[tokio::test]
 async fn a_batch_runs_its_operations_in_order_each_with_its_own_reply() {
-    let (_redis, mut conn, scripts) = library().await;
+    let (_redis, mut conn, scripts) = redis_with_functions().await;
     let layout = Layout::new("tumbler", 1);
     // Two acquires of one lock in one batch: exactly one is granted.
     let replies = batch(
@@ -256,7 +237,7 @@ async fn a_batch_runs_its_operations_in_order_each_with_its_own_reply() {
 
 #[tokio::test]
 async fn an_operation_that_fails_in_a_batch_fails_alone() {
-    let (_redis, mut conn, scripts) = library().await;
+    let (_redis, mut conn, scripts) = redis_with_functions().await;
     let layout = Layout::new("tumbler", 1);
     let mut unknown = acquire_op(&layout, "x", "h", "30000");
     unknown.1[0] = "no_such_operation".into();
@@ -303,7 +284,7 @@ async fn an_operation_that_fails_in_a_batch_fails_alone() {
 
 #[tokio::test]
 async fn a_malformed_batch_leaves_nothing_behind_for_later_calls() {
-    let (_redis, mut conn, scripts) = library().await;
+    let (_redis, mut conn, scripts) = redis_with_functions().await;
     let layout = Layout::new("tumbler", 1);
     let (keys, mut args) = acquire_op(&layout, "first", "a", "30000");
     // One operation granted, then arguments that say nothing sensible.

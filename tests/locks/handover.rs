@@ -8,7 +8,7 @@
 //! The hand-over is off by default (`--hand-over`): these servers turn it
 //! on; the default path is `queue.rs`'s.
 
-use crate::{common, queue};
+use crate::{common, model_replay, queue};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +20,6 @@ use proto::lock_service_client::LockServiceClient;
 use proto::{AcquireStatus, NotAcquiredReason, ReleaseStatus};
 use queue::{queue_of, spawn_wait, until_queued};
 use tonic::transport::Channel;
-use tumbler::engine::scripts::Scripts;
 
 /// `service_args` with the hand-over on.
 fn hand_over() -> tumbler::config::ServiceArgs {
@@ -268,21 +267,8 @@ async fn a_late_dequeue_leaves_a_place_another_request_took_over() {
     // "h" queues; a second request of "h" (another RPC, another replica)
     // finds the place and takes it over; the first one's dequeue, late,
     // leaves it alone; the second one's removes it.
-    let redis = start_redis();
-    let mut conn = redis_conn(&redis.url()).await;
-    let scripts = Scripts::compile();
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&*scripts.acquire.library)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let shard = "tumbler:{late:0}";
-    let keys: Vec<String> = ["l", "q", "d", "w"]
-        .iter()
-        .map(|k| format!("{shard}:{k}:x"))
-        .chain([format!("{shard}:fence")])
-        .collect();
+    let (_redis, mut conn, scripts) = model_replay::redis_with_functions().await;
+    let keys = model_replay::keys_of("tumbler:{late:0}", "x");
     let fcall = |function: &str, args: Vec<String>| {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(function).arg(keys.len()).arg(&keys).arg(args);
