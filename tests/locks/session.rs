@@ -172,27 +172,7 @@ async fn a_killed_client_process_releases_its_lock_to_a_waiter_on_another_replic
     // The client is `tumbler hold --session`, its own process, with a 30 s
     // session TTL: only the release on disconnect can hand the lock over
     // quickly.
-    let mut holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
-        .args([
-            "hold",
-            "shared-job",
-            "--session",
-            "--ttl-ms",
-            "30000",
-            "--addr",
-            &near.endpoint(),
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stderr = tokio::io::BufReader::new(holder.stderr.take().unwrap());
-    let mut line = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut line)
-        .await
-        .unwrap();
-    assert!(line.starts_with("HOLDING shared-job"), "{line}");
+    let mut holder = hold_in_session(&near, "shared-job").await;
 
     let mut waiter = far.client().await;
     let waiting = tokio::spawn(async move {
@@ -301,27 +281,7 @@ async fn with_a_lock_delay_a_dead_session_keeps_its_lock_for_the_delay() {
 
     // Died (the client process is killed): the lock stays held for the
     // delay, then frees.
-    let mut dying = tokio::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
-        .args([
-            "hold",
-            "delayed",
-            "--session",
-            "--ttl-ms",
-            "30000",
-            "--addr",
-            &server.endpoint(),
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stderr = tokio::io::BufReader::new(dying.stderr.take().unwrap());
-    let mut line = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut line)
-        .await
-        .unwrap();
-    assert!(line.starts_with("HOLDING delayed"), "{line}");
+    let mut dying = hold_in_session(&server, "delayed").await;
     let grant = holder_of(&mut client, "delayed").await.expect("held");
     dying.start_kill().unwrap();
     dying.wait().await.unwrap();
@@ -826,4 +786,27 @@ async fn a_session_left_past_its_ttl_cannot_be_resumed() {
     assert_eq!(records.len(), 1, "the record still lingers: {records:?}");
     let late = Session::resume(&mut far, &session.id, &session.secret).await;
     assert_eq!(late.err().map(|s| s.code()), Some(tonic::Code::NotFound));
+}
+
+/// `tumbler hold NAME --session` (a 30 s session TTL), its own process,
+/// once it says it holds the lock.
+async fn hold_in_session(server: &TestServer, name: &str) -> tokio::process::Child {
+    let mut holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_tumbler"))
+        .args(["hold", name, "--session", "--ttl-ms", "30000"])
+        .args(["--addr", &server.endpoint()])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(holder.stderr.take().unwrap());
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut line)
+        .await
+        .unwrap();
+    assert!(line.starts_with(&format!("HOLDING {name}")), "{line}");
+    // The rest of its stderr is drained, so that its later lines neither
+    // fill the pipe nor meet a closed one.
+    tokio::spawn(async move { tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await });
+    holder
 }
