@@ -37,6 +37,18 @@ async fn queued(client: &Client, name: &str) -> Vec<String> {
     queue.requests.into_iter().map(|r| r.holder).collect()
 }
 
+/// Waits (5 s at most) until nobody holds `name`.
+async fn until_unheld(client: &Client, name: &str, what: &str) {
+    let unheld = || async { holders(client, name).await.is_empty() };
+    wait_until_async(what, Duration::from_secs(5), unheld).await;
+}
+
+/// Waits (2 s at most) until nobody waits for `name`.
+async fn until_unqueued(client: &Client, name: &str, what: &str) {
+    let unqueued = || async { queued(client, name).await.is_empty() };
+    wait_until_async(what, Duration::from_secs(2), unqueued).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_acquires_releases_and_releases_on_drop() {
     let server = TestServer::new().start().await;
@@ -69,12 +81,7 @@ async fn a_guard_acquires_releases_and_releases_on_drop() {
         .await
         .unwrap();
     drop(dropped);
-    wait_until_async(
-        "the dropped guard's release",
-        Duration::from_secs(5),
-        || async { holders(&client, "guard").await.is_empty() },
-    )
-    .await;
+    until_unheld(&client, "guard", "the dropped guard's release").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,12 +217,7 @@ async fn the_watchdog_keeps_a_lease_alive_across_several_ttls() {
         .acquire()
         .await
         .unwrap();
-    wait_until_async(
-        "the unwatched lease ends",
-        Duration::from_secs(5),
-        || async { holders(&client, "unwatched").await.is_empty() },
-    )
-    .await;
+    until_unheld(&client, "unwatched", "the unwatched lease ends").await;
     unwatched.forget();
 }
 
@@ -359,10 +361,10 @@ async fn a_session_resumes_on_a_second_server_with_its_grants_and_tokens() {
     assert!(more.fencing_token > 0);
     assert!(session.release("sessioned").await.unwrap());
     session.close().await.unwrap();
-    wait_until_async(
+    until_unheld(
+        &two,
+        "sessioned-2",
         "the closed session's grants are released",
-        Duration::from_secs(5),
-        || async { holders(&two, "sessioned-2").await.is_empty() },
     )
     .await;
 }
@@ -393,12 +395,7 @@ async fn cancelling_or_dropping_an_acquire_leaves_the_queue() {
     .await;
     token.cancel();
     assert!(matches!(waiting.await.unwrap(), Err(Error::Cancelled)));
-    wait_until_async(
-        "the cancelled waiter leaves the queue",
-        Duration::from_secs(2),
-        || async { queued(&client, "queued").await.is_empty() },
-    )
-    .await;
+    until_unqueued(&client, "queued", "the cancelled waiter leaves the queue").await;
 
     // Dropping the future does the same.
     let dropped = client
@@ -411,12 +408,7 @@ async fn cancelling_or_dropping_an_acquire_leaves_the_queue() {
             .await
             .is_err()
     );
-    wait_until_async(
-        "the dropped waiter leaves the queue",
-        Duration::from_secs(2),
-        || async { queued(&client, "queued").await.is_empty() },
-    )
-    .await;
+    until_unqueued(&client, "queued", "the dropped waiter leaves the queue").await;
 
     // A session's dropped acquire too.
     let session = client
