@@ -17,6 +17,7 @@ use hdrhistogram::Histogram;
 use tonic::transport::Channel;
 
 use common::etcd::{self, EtcdServer, LeaseGrantRequest, LeaseGrantResponse};
+use common::{micros, wait_queued};
 use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::dev::RedisServer;
 use tumbler::proto::lock_service_client::LockServiceClient;
@@ -106,27 +107,6 @@ fn acquire(name: &str, holder: &str, wait_ms: u64) -> proto::AcquireRequest {
         wait_ms,
         ..Default::default()
     }
-}
-
-async fn wait_queued(client: &mut LockServiceClient<Channel>, name: &str) {
-    loop {
-        let queue = client
-            .queue(proto::QueueRequest {
-                name: name.into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if queue.waiters == 1 {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-}
-
-fn micros(h: &Histogram<u64>, q: f64) -> f64 {
-    h.value_at_quantile(q) as f64
 }
 
 /// tumbler: the try-once baseline, the lock hand-over, the election

@@ -8,6 +8,7 @@
 //! `cargo bench --bench handover` (HANDOVERS=N to change the count).
 
 pub mod common;
+use common::{micros, wait_queued};
 
 use std::time::{Duration, Instant};
 
@@ -46,27 +47,6 @@ fn release(name: &str, holder: &str) -> proto::ReleaseRequest {
         holder: holder.into(),
         ..Default::default()
     }
-}
-
-async fn wait_queued(client: &mut LockServiceClient<Channel>, name: &str) {
-    loop {
-        let queue = client
-            .queue(proto::QueueRequest {
-                name: name.into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if queue.waiters == 1 {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-}
-
-fn micros(h: &Histogram<u64>, q: f64) -> f64 {
-    h.value_at_quantile(q) as f64
 }
 
 #[tokio::main]

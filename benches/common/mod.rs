@@ -173,3 +173,26 @@ pub async fn serve_in_process(config: tumbler::config::ServerConfig) -> String {
     ));
     endpoint
 }
+
+/// Waits until `name` has exactly one waiter (the bench's own).
+pub async fn wait_queued(client: &mut LockServiceClient<Channel>, name: &str) {
+    loop {
+        let queue = client
+            .queue(proto::QueueRequest {
+                name: name.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if queue.waiters == 1 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The quantile `q` of a histogram of microseconds.
+pub fn micros(h: &hdrhistogram::Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64
+}
