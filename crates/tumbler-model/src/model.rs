@@ -387,7 +387,7 @@ impl Model for Config {
                 cl.call = Some(if self.is_set(c) {
                     Call::ReleasePart {
                         lock: 0,
-                        tokens: self.release_tokens(cl.parts),
+                        tokens: cl.parts,
                     }
                 } else if self.session(c) {
                     Call::SessionEnd { epoch, token }
@@ -412,7 +412,7 @@ impl Model for Config {
                     cl.extends += 1;
                     Call::ExtendSet {
                         lock: 0,
-                        tokens: self.release_tokens(cl.parts),
+                        tokens: cl.parts,
                         sent: now,
                         until: u8::MAX,
                     }

@@ -385,7 +385,7 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
             sent,
             until,
         } => {
-            let reply = extend_part(cfg, s, c, lock, tokens);
+            let reply = extend_part(cfg, s, c, lock, tokens[usize::from(lock)]);
             if !live {
                 return;
             }
@@ -428,7 +428,7 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
             sent,
             until,
         } => {
-            let reply = extend_part(cfg, s, c, lock, tokens);
+            let reply = extend_part(cfg, s, c, lock, cfg.part_token(&call));
             if !live {
                 return;
             }
@@ -450,7 +450,7 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 }
                 _ => {
                     // A part is not held: the set is let go, each lock
-                    // released with the extend's token, and the caller told
+                    // released pinned to its token, and the caller told
                     // NOT_HELD (it stops acting on the set as it asks).
                     s.ghost.set_extend_broken |= held(s, c) != 0;
                     s.ghost.letting_go[ci] = true;
@@ -481,20 +481,29 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
             }
         }
         Call::ReleasePart { lock, tokens } => {
-            let token = tokens[usize::from(lock)];
-            let reply = release_part(cfg, s, c, lock, token);
-            // Pinned, a late release that finds the holder's newer grant
-            // of the lock (its set taken again) leaves it.
-            let part = if lock == 0 {
-                &s.redis.lock
-            } else {
-                &s.redis.second
+            let part = |s: &State| {
+                let l = if lock == 0 {
+                    &s.redis.lock
+                } else {
+                    &s.redis.second
+                };
+                (l.as_ref()).and_then(|l| l.mine(c).map(|g| l.holders[g].token))
             };
-            let newer = (part.as_ref()).is_some_and(|l| l.mine(c).is_some());
-            s.ghost.stale_set_release_left |= token != 0 && reply == Reply::NotHeld && newer;
+            let before = part(s);
+            let reply = release_part(cfg, s, c, lock, cfg.part_token(&call));
+            // A late release that finds the holder's newer grant of the
+            // lock (its set taken again): pinned, it leaves it (finding
+            // 10); unpinned, it takes it.
+            let set_token = tokens[usize::from(lock)];
+            let newer = before.is_some_and(|t| t != set_token);
+            s.ghost.stale_set_release_left |= newer && part(s).is_some();
+            s.ghost.newer_grant_released |= newer && reply != Reply::NotHeld;
             if live && lock == 0 {
                 s.clients[ci].call = Some(Call::ReleasePart { lock: 1, tokens });
             } else if live {
+                // Answered: it no longer lets go of anything (a part it
+                // holds from now on is one it does not know of).
+                s.ghost.letting_go[ci] = false;
                 s.round_over(c, cfg);
             }
         }
@@ -512,11 +521,9 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
 }
 
 /// lua/extend.lua on lock `lock` of the set, pinned to its token.
-fn extend_part(cfg: &Config, s: &mut State, c: Id, lock: u8, tokens: [u32; 2]) -> Reply {
+fn extend_part(cfg: &Config, s: &mut State, c: Id, lock: u8, token: u32) -> Reply {
     s.redis.select(lock);
-    let out = s
-        .redis
-        .extend(s.now, c, tokens[usize::from(lock)], cfg.ttl, 0);
+    let out = s.redis.extend(s.now, c, token, cfg.ttl, 0);
     publish(cfg, s, out.wake);
     s.redis.select(lock);
     out.reply
@@ -533,14 +540,20 @@ fn release_part(cfg: &Config, s: &mut State, c: Id, lock: u8, token: u32) -> Rep
 }
 
 impl Config {
-    /// The tokens a set's release (or the release after its extend
-    /// found a part not held) names: the set's, or none when the caller
-    /// sends none (`unpinned_set_release`).
-    pub(crate) fn release_tokens(&self, parts: [u32; 2]) -> [u32; 2] {
-        if self.unpinned_set_release {
-            [0; 2]
-        } else {
-            parts
+    /// The token a multi-lock's call on one lock names (0: any grant of
+    /// the holder): the Cluster path's extends and rollback pin theirs;
+    /// the set's release and extend pin theirs to the set's token of the
+    /// lock unless the caller sends none (`unpinned_set_release`).
+    pub fn part_token(&self, call: &Call) -> u32 {
+        match *call {
+            Call::ExtendPart { lock, tokens, .. } => tokens[usize::from(lock)],
+            Call::RollBack { token, .. } => token,
+            Call::ExtendSet { lock, tokens, .. } | Call::ReleasePart { lock, tokens }
+                if !self.unpinned_set_release =>
+            {
+                tokens[usize::from(lock)]
+            }
+            _ => 0,
         }
     }
 }

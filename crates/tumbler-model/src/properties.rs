@@ -78,6 +78,11 @@ pub const NO_PARTIAL_SET: &str = "a set is held in part no longer than its reser
 /// longer than the lease.
 pub const PARTIAL_WITHIN_LEASE: &str = "a part of a set outlives the rest by at most a lease";
 
+/// Finding 10: a set's release (or the release after its extend found a
+/// part not held) takes only the grants of the set it releases, never a
+/// newer grant of the same holder (its set taken again).
+pub const NO_NEWER_GRANT_RELEASED: &str = "a set's release never takes a newer grant";
+
 /// Decision 76's wait: a multi-lock's own rollback never wakes its wait
 /// (which would try the set again at once, in a loop while a later lock
 /// stays busy: finding 9).
@@ -225,6 +230,9 @@ pub fn all() -> Vec<Property<Config>> {
             partial_within(s, m.reservation)
         }),
         Property::always(NO_SELF_WAKE, |_, s: &State| !s.ghost.self_woken),
+        Property::always(NO_NEWER_GRANT_RELEASED, |_, s: &State| {
+            !s.ghost.newer_grant_released
+        }),
         Property::always(PARTIAL_WITHIN_LEASE, |m: &Config, s: &State| {
             partial_within(s, m.ttl)
         }),

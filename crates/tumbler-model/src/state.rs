@@ -233,6 +233,9 @@ pub struct Ghost {
     /// A set's release pinned to its tokens found the holder's newer grant
     /// of that lock (a set taken again) and left it (finding 10's path).
     pub stale_set_release_left: bool,
+    /// A set's release took a grant of the holder other than its set's
+    /// (a newer one: finding 10 without tokens).
+    pub newer_grant_released: bool,
 }
 
 /// The whole system's state.

@@ -73,19 +73,18 @@ fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
         Call::AcquireMany {
             answer_by, group, ..
         } => (data.acquire_many(now, cfg.many_args(c, answer_by, group))).reply,
-        Call::ExtendPart { lock, tokens, .. } | Call::ExtendSet { lock, tokens, .. } => {
+        Call::ExtendPart { lock, .. } | Call::ExtendSet { lock, .. } => {
+            let token = cfg.part_token(&call);
             on(&mut data, lock, &|d| {
-                d.extend(now, c, tokens[usize::from(lock)], cfg.ttl, 0)
-                    .reply
+                d.extend(now, c, token, cfg.ttl, 0).reply
             })
         }
-        Call::RollBack { lock, token, .. } => on(&mut data, lock, &|d| {
-            d.release(now, c, token, None, None).reply
-        }),
-        Call::ReleasePart { lock, tokens } => on(&mut data, lock, &|d| {
-            let token = tokens[usize::from(lock)];
-            d.release(now, c, token, None, None).reply
-        }),
+        Call::RollBack { lock, .. } | Call::ReleasePart { lock, .. } => {
+            let token = cfg.part_token(&call);
+            on(&mut data, lock, &|d| {
+                d.release(now, c, token, None, None).reply
+            })
+        }
         Call::Acquire {
             req,
             answer_by,
