@@ -270,7 +270,8 @@ fn main() {
             // on the Cluster path a reservation of a tick.
             // OBSERVER=0: without client 2 (lock 0 alone); LOSE=0: no
             // lost wake-up; UNPINNED=1: the set's release names no token
-            // (finding 10); EXTENDS=<n>: the set's extends per request (1).
+            // (finding 10); EXTENDS=<n>: the set's extends per request (1);
+            // CRASH=<n>: replica crashes (1); SLOW=1: a slow network.
             let cluster = name.ends_with("cluster");
             let observer = std::env::var("OBSERVER").map_or(true, |o| o != "0");
             cfg = Config::multi(u8::from(cluster), observer, 1);
