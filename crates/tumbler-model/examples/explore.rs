@@ -269,15 +269,31 @@ fn main() {
             // A set of locks 0 and 1, a client of lock 1, one of lock 0;
             // on the Cluster path a reservation of a tick.
             // OBSERVER=0: without client 2 (lock 0 alone); LOSE=0: no
-            // lost wake-up.
+            // lost wake-up; UNPINNED=1: the set's release names no token
+            // (finding 10); EXTENDS=<n>: the set's extends per request (1);
+            // CRASH=<n>: replica crashes (1); SLOW=1: a slow network.
             let cluster = name.ends_with("cluster");
             let observer = std::env::var("OBSERVER").map_or(true, |o| o != "0");
             cfg = Config::multi(u8::from(cluster), observer, 1);
+            cfg.unpinned_set_release = std::env::var("UNPINNED").is_ok_and(|u| u == "1");
+            cfg.set_extends = std::env::var("EXTENDS").map_or(1, |w| w.parse().unwrap());
+            cfg.faults.crash = std::env::var("CRASH").map_or(1, |w| w.parse().unwrap());
+            cfg.faults.slow_network = std::env::var("SLOW").is_ok_and(|s| s == "1");
             if name.starts_with("long") {
                 cfg.rounds = 2;
                 cfg.max_time = std::env::var("MAXT").map_or(6, |w| w.parse().unwrap());
                 cfg.faults.lose_wake = std::env::var("LOSE").map_or(1, |w| w.parse().unwrap());
             }
+        }
+        "multi-retake" | "multi-retake-unpinned" => {
+            // Finding 10's configuration: the set and lock 1, two requests
+            // each, one crash; the set's release pinned to its tokens, or
+            // (unpinned) naming none. MAXT: the clock's bound (3); WAIT:
+            // how long a request waits (0); EXTENDS: the set's extends (0).
+            let maxt = std::env::var("MAXT").map_or(3, |w| w.parse().unwrap());
+            cfg = Config::multi_retake(name.ends_with("unpinned"), maxt);
+            cfg.wait = std::env::var("WAIT").map_or(cfg.wait, |w| w.parse().unwrap());
+            cfg.set_extends = std::env::var("EXTENDS").map_or(0, |w| w.parse().unwrap());
         }
         other => panic!("unknown configuration {other}"),
     }

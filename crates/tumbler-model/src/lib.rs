@@ -18,7 +18,8 @@
 //! Multi-locks (invariant 15, decision 76) are modelled in [`multi`]: a
 //! second lock, `acquire_many` as one call for the whole set or, on the
 //! Cluster path, one call per lock with a reservation, the extends and
-//! the rollback. Slots, `clear`, the namespace lock limit and metadata
+//! the rollback; the set's release pinned per lock to its tokens, and its
+//! extend (`extend_set`). Slots, `clear`, the namespace lock limit and metadata
 //! (an election's value) are left out: they decide no property here.
 
 pub mod hand_over;
@@ -132,6 +133,15 @@ pub struct Config {
     /// ticks, then each extended to the lease; 0: the whole set in one
     /// call (one server or Sentinel).
     pub reservation: u8,
+    /// Extends a multi-lock's holder may ask per request (the engine's
+    /// `extend_set`: each lock pinned to its token, the set let go when a
+    /// part is not held); 0: none.
+    pub set_extends: u8,
+    /// A multi-lock's release names no token per lock (a caller that
+    /// sends no `fencing_tokens`): each lock's release takes any grant of
+    /// the holder, and a late one can take a part of the holder's next
+    /// set (finding 10). Off: each pinned to the set's token of that lock.
+    pub unpinned_set_release: bool,
     pub faults: Faults,
 }
 
@@ -160,6 +170,8 @@ impl Config {
             election: false,
             locks: Vec::new(),
             reservation: 0,
+            set_extends: 0,
+            unpinned_set_release: false,
             served_within: 0,
             end_awaits_renewals: true,
             retry_release: true,
@@ -232,18 +244,35 @@ impl Config {
 
     /// Multi-locks (invariant 15, decision 76): client 0 asks the set of
     /// locks 0 and 1, client 1 lock 1 alone, client 2 (with `observer`)
-    /// lock 0 alone; one request each, lease 3 ticks. `reservation`: 0,
-    /// the set in one call; else the Cluster path with that reservation.
+    /// lock 0 alone; one request each, lease 3 ticks; the set's holder
+    /// may extend it once. `reservation`: 0, the set in one call; else the
+    /// Cluster path with that reservation.
     pub fn multi(reservation: u8, observer: bool, crash: u8) -> Config {
         let mut cfg = Config {
             clients: if observer { 3 } else { 2 },
             locks: vec![3, 2, 1],
             reservation,
             ttl: 3,
+            set_extends: 1,
             ..Config::small(1)
         };
         cfg.faults.crash = crash;
         cfg
+    }
+
+    /// Finding 10's configuration: the set's client and the client of
+    /// lock 1, two requests each trying once, one crash, `max_time`
+    /// ticks, no extends; `unpinned`: the set's release names no token
+    /// per lock.
+    pub fn multi_retake(unpinned: bool, max_time: u8) -> Config {
+        Config {
+            rounds: 2,
+            max_time,
+            wait: 0,
+            set_extends: 0,
+            unpinned_set_release: unpinned,
+            ..Config::multi(0, false, 1)
+        }
     }
 }
 
@@ -331,6 +360,8 @@ impl Config {
                     retries: 0,
                     writer: false,
                     handed: None,
+                    parts: [0; 2],
+                    extends: 0,
                 }
             })
             .collect();

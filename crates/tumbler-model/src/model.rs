@@ -188,7 +188,12 @@ impl Model for Config {
                 Phase::Holding { until, .. } => {
                     if s.now < until && cl.call.is_none() {
                         out.push(Action::Check(c));
-                        if self.extend && alive {
+                        let extends = if self.is_set(c) {
+                            cl.extends < self.set_extends
+                        } else {
+                            self.extend
+                        };
+                        if extends && alive {
                             out.push(Action::AskExtend(c));
                         }
                         if self.downgrade && cl.writer && alive {
@@ -224,7 +229,9 @@ impl Model for Config {
                 Some(Call::Release { .. } | Call::RollBack { .. } | Call::ReleasePart { .. }) => {
                     out.push(Action::Release(c))
                 }
-                Some(Call::Extend { .. } | Call::ExtendPart { .. }) => out.push(Action::Extend(c)),
+                Some(Call::Extend { .. } | Call::ExtendPart { .. } | Call::ExtendSet { .. }) => {
+                    out.push(Action::Extend(c))
+                }
                 Some(Call::Proclaim { .. }) => out.push(Action::Proclaim(c)),
                 Some(Call::Dequeue { .. }) => out.push(Action::Dequeue(c)),
                 Some(Call::SessionEnd { .. }) => out.push(Action::SessionEnd(c)),
@@ -378,7 +385,10 @@ impl Model for Config {
                 // An election's leader proclaims under its term, then
                 // resigns; a multi-lock releases its set, lock by lock.
                 cl.call = Some(if self.is_set(c) {
-                    Call::ReleasePart { lock: 0 }
+                    Call::ReleasePart {
+                        lock: 0,
+                        tokens: cl.parts,
+                    }
                 } else if self.session(c) {
                     Call::SessionEnd { epoch, token }
                 } else if self.election {
@@ -397,7 +407,18 @@ impl Model for Config {
                 let Phase::Holding { token, .. } = cl.phase else {
                     return None;
                 };
-                cl.call = Some(Call::Extend { token, sent: now });
+                cl.call = Some(if self.is_set(c) {
+                    // A set's extend: lock by lock (the engine's `extend_set`).
+                    cl.extends += 1;
+                    Call::ExtendSet {
+                        lock: 0,
+                        tokens: cl.parts,
+                        sent: now,
+                        until: u8::MAX,
+                    }
+                } else {
+                    Call::Extend { token, sent: now }
+                });
             }
             Action::Resume(c) => {
                 let r = s.alive.iter().position(|&a| a)?;
@@ -499,8 +520,9 @@ impl Model for Config {
                         }
                         // A multi-lock's release is sent again whole
                         // (every lock of the set, from the first).
-                        if let (Call::ReleasePart { .. }, true) = (call, self.retry_release) {
-                            s.clients[i].call = Some(Call::ReleasePart { lock: 0 });
+                        if let (Call::ReleasePart { tokens, .. }, true) = (call, self.retry_release)
+                        {
+                            s.clients[i].call = Some(Call::ReleasePart { lock: 0, tokens });
                         }
                         s.orphans.push((i as Id, call));
                     }

@@ -13,6 +13,14 @@
 //! reservation rolls back what the round took (release.lua pinned to its
 //! token). A crash between the steps leaves the parts taken to their
 //! lease: a reservation, or after its extend the full lease.
+//!
+//! The set's holder releases it lock by lock, each release pinned to
+//! that lock's token from the set's grant (`ReleaseRequest.fencing_tokens`;
+//! `Config::unpinned_set_release`: a caller that sends none, finding 10),
+//! and may extend it (`Config::set_extends`, the engine's `extend_set`):
+//! extend.lua per lock pinned to its token, and when a lock answers not
+//! held, the set is let go (every lock released pinned to its token) and
+//! the caller told NOT_HELD.
 
 use crate::Config;
 use crate::hand_over::{Wake, hand_over};
@@ -307,6 +315,9 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
             group,
             held: held_token,
         } => {
+            // (A dead waiter on a lock of the call: its purge skips it.)
+            s.ghost.dead_waiter_skipped |= (group & 1 != 0 && s.dead_waiters_on(&s.redis.lock))
+                || (group & 2 != 0 && s.dead_waiters_on(&s.redis.second));
             let out = s
                 .redis
                 .acquire_many(now, cfg.many_args(c, answer_by, group));
@@ -330,6 +341,7 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                             token: tokens[0],
                             until: belief(sent, now, expires),
                         };
+                        cl.parts = tokens;
                         cl.wake = false;
                         s.ghost.set_granted = true;
                     } else if group == 1 {
@@ -373,17 +385,12 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
             sent,
             until,
         } => {
-            s.redis.select(lock);
-            let out = s
-                .redis
-                .extend(now, c, tokens[usize::from(lock)], cfg.ttl, 0);
-            publish(cfg, s, out.wake);
-            s.redis.select(lock);
+            let reply = extend_part(cfg, s, c, lock, tokens[usize::from(lock)]);
             if !live {
                 return;
             }
             let cl = &mut s.clients[ci];
-            match out.reply {
+            match reply {
                 Reply::Ok { expires } => {
                     let until = until.min(belief(sent, now, expires));
                     if lock == 0 {
@@ -398,6 +405,7 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                             token: tokens[0],
                             until,
                         };
+                        cl.parts = tokens;
                         cl.wake = false;
                         s.ghost.set_granted = true;
                     }
@@ -414,16 +422,51 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 }
             }
         }
+        Call::ExtendSet {
+            lock,
+            tokens,
+            sent,
+            until,
+        } => {
+            let reply = extend_part(cfg, s, c, lock, cfg.part_token(&call));
+            if !live {
+                return;
+            }
+            match reply {
+                Reply::Ok { expires } => {
+                    let until = until.min(belief(sent, now, expires));
+                    let cl = &mut s.clients[ci];
+                    if lock == 0 {
+                        cl.call = Some(Call::ExtendSet {
+                            lock: 1,
+                            tokens,
+                            sent,
+                            until,
+                        });
+                    } else if let Phase::Holding { token, .. } = cl.phase {
+                        cl.phase = Phase::Holding { token, until };
+                        s.ghost.set_extended = true;
+                    }
+                }
+                _ => {
+                    // A part is not held: the set is let go, each lock
+                    // released pinned to its token, and the caller told
+                    // NOT_HELD (it stops acting on the set as it asks).
+                    s.ghost.set_extend_broken |= held(s, c) != 0;
+                    s.ghost.letting_go[ci] = true;
+                    let cl = &mut s.clients[ci];
+                    cl.phase = Phase::Idle;
+                    cl.call = Some(Call::ReleasePart { lock: 0, tokens });
+                }
+            }
+        }
         Call::RollBack {
             lock,
             token,
             queued,
         } => {
-            s.redis.select(lock);
-            let out = s.redis.release(now, c, token, None, None);
             let woken = s.clients[ci].wake;
-            publish(cfg, s, out.wake);
-            s.redis.select(lock);
+            release_part(cfg, s, c, lock, token);
             // The release's wake-up reaches the set's own registration on
             // that lock (a barging one): the engine would try the set
             // again at once, and again (finding 9). Noted; the model then
@@ -437,14 +480,30 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 round_refused(cfg, s, c, req, queued);
             }
         }
-        Call::ReleasePart { lock } => {
-            s.redis.select(lock);
-            let out = s.redis.release(now, c, 0, None, None);
-            publish(cfg, s, out.wake);
-            s.redis.select(lock);
+        Call::ReleasePart { lock, tokens } => {
+            let part = |s: &State| {
+                let l = if lock == 0 {
+                    &s.redis.lock
+                } else {
+                    &s.redis.second
+                };
+                (l.as_ref()).and_then(|l| l.mine(c).map(|g| l.holders[g].token))
+            };
+            let before = part(s);
+            let reply = release_part(cfg, s, c, lock, cfg.part_token(&call));
+            // A late release that finds the holder's newer grant of the
+            // lock (its set taken again): pinned, it leaves it (finding
+            // 10); unpinned, it takes it.
+            let set_token = tokens[usize::from(lock)];
+            let newer = before.is_some_and(|t| t != set_token);
+            s.ghost.stale_set_release_left |= newer && part(s).is_some();
+            s.ghost.newer_grant_released |= newer && reply != Reply::NotHeld;
             if live && lock == 0 {
-                s.clients[ci].call = Some(Call::ReleasePart { lock: 1 });
+                s.clients[ci].call = Some(Call::ReleasePart { lock: 1, tokens });
             } else if live {
+                // Answered: it no longer lets go of anything (a part it
+                // holds from now on is one it does not know of).
+                s.ghost.letting_go[ci] = false;
                 s.round_over(c, cfg);
             }
         }
@@ -458,6 +517,44 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
             }
         }
         other => unreachable!("not a multi-lock's call: {other:?}"),
+    }
+}
+
+/// lua/extend.lua on lock `lock` of the set, pinned to its token.
+fn extend_part(cfg: &Config, s: &mut State, c: Id, lock: u8, token: u32) -> Reply {
+    s.redis.select(lock);
+    let out = s.redis.extend(s.now, c, token, cfg.ttl, 0);
+    publish(cfg, s, out.wake);
+    s.redis.select(lock);
+    out.reply
+}
+
+/// lua/release.lua on lock `lock` of the set (`token` 0: any grant of
+/// the holder).
+fn release_part(cfg: &Config, s: &mut State, c: Id, lock: u8, token: u32) -> Reply {
+    s.redis.select(lock);
+    let out = s.redis.release(s.now, c, token, None, None);
+    publish(cfg, s, out.wake);
+    s.redis.select(lock);
+    out.reply
+}
+
+impl Config {
+    /// The token a multi-lock's call on one lock names (0: any grant of
+    /// the holder): the Cluster path's extends and rollback pin theirs;
+    /// the set's release and extend pin theirs to the set's token of the
+    /// lock unless the caller sends none (`unpinned_set_release`).
+    pub fn part_token(&self, call: &Call) -> u32 {
+        match *call {
+            Call::ExtendPart { lock, tokens, .. } => tokens[usize::from(lock)],
+            Call::RollBack { token, .. } => token,
+            Call::ExtendSet { lock, tokens, .. } | Call::ReleasePart { lock, tokens }
+                if !self.unpinned_set_release =>
+            {
+                tokens[usize::from(lock)]
+            }
+            _ => 0,
+        }
     }
 }
 

@@ -78,6 +78,11 @@ pub const NO_PARTIAL_SET: &str = "a set is held in part no longer than its reser
 /// longer than the lease.
 pub const PARTIAL_WITHIN_LEASE: &str = "a part of a set outlives the rest by at most a lease";
 
+/// Finding 10: a set's release (or the release after its extend found a
+/// part not held) takes only the grants of the set it releases, never a
+/// newer grant of the same holder (its set taken again).
+pub const NO_NEWER_GRANT_RELEASED: &str = "a set's release never takes a newer grant";
+
 /// Decision 76's wait: a multi-lock's own rollback never wakes its wait
 /// (which would try the set again at once, in a loop while a later lock
 /// stays busy: finding 9).
@@ -117,6 +122,14 @@ pub const WEIGHTED_WAITER_GRANTED: &str = "a waiter of several permits is grante
 /// Multi-locks: a set granted whole; a set refused (told no, or waiting)
 /// with nothing of it held; a part held alone lapsed (a crash mid-set).
 pub const SET_GRANTED: &str = "a set is granted";
+/// Multi-locks: a set's extend renewed both locks; an extend found a part
+/// not held and let go of the rest (a part of it still live), pinned to
+/// the set's tokens.
+pub const SET_EXTENDED: &str = "a set is extended whole";
+pub const SET_EXTEND_BROKEN: &str = "a set's extend finds a part lapsed and lets go of the rest";
+/// Finding 10's path with the release pinned: a set's release that lands
+/// after its holder took the set again finds the newer grant and leaves it.
+pub const STALE_SET_RELEASE_LEFT: &str = "a late set release leaves the holder's next set";
 pub const SET_REFUSED_EMPTY: &str = "a set is refused with nothing of it held";
 pub const PART_LAPSED: &str = "a part of a set left alone lapses";
 /// Election: a leader proclaimed; a lapsed leader's proclaim was refused.
@@ -217,6 +230,9 @@ pub fn all() -> Vec<Property<Config>> {
             partial_within(s, m.reservation)
         }),
         Property::always(NO_SELF_WAKE, |_, s: &State| !s.ghost.self_woken),
+        Property::always(NO_NEWER_GRANT_RELEASED, |_, s: &State| {
+            !s.ghost.newer_grant_released
+        }),
         Property::always(PARTIAL_WITHIN_LEASE, |m: &Config, s: &State| {
             partial_within(s, m.ttl)
         }),
@@ -247,8 +263,11 @@ pub fn all() -> Vec<Property<Config>> {
         Property::sometimes(FULL, |m: &Config, s: &State| {
             (s.redis.lock.as_ref()).is_some_and(|l| l.in_use() == m.limit)
         }),
+        // (On either lock: a multi-lock's configurations wait on both.)
         Property::sometimes(QUEUED, |_, s: &State| {
-            s.redis.lock.as_ref().is_some_and(|l| !l.queue.is_empty())
+            [&s.redis.lock, &s.redis.second]
+                .iter()
+                .any(|lock| lock.as_ref().is_some_and(|l| !l.queue.is_empty()))
         }),
         Property::sometimes(WAITER_GRANTED, |_, s: &State| s.ghost.waiter_granted),
         Property::sometimes(WRITTEN, |_, s: &State| s.resource.last.is_some()),
@@ -298,6 +317,11 @@ pub fn all() -> Vec<Property<Config>> {
         }),
         Property::sometimes(PROCLAIMED, |_, s: &State| s.ghost.proclaimed),
         Property::sometimes(SET_GRANTED, |_, s: &State| s.ghost.set_granted),
+        Property::sometimes(SET_EXTENDED, |_, s: &State| s.ghost.set_extended),
+        Property::sometimes(SET_EXTEND_BROKEN, |_, s: &State| s.ghost.set_extend_broken),
+        Property::sometimes(STALE_SET_RELEASE_LEFT, |_, s: &State| {
+            s.ghost.stale_set_release_left
+        }),
         Property::sometimes(SET_REFUSED_EMPTY, |_, s: &State| s.ghost.set_refused_empty),
         Property::sometimes(PART_LAPSED, |_, s: &State| s.ghost.part_lapsed),
         Property::sometimes(PROCLAIM_REFUSED, |_, s: &State| s.ghost.proclaim_refused),

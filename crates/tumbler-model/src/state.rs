@@ -102,9 +102,22 @@ pub enum Call {
         token: u32,
         queued: Option<u8>,
     },
-    /// A multi-lock's release: one release.lua per lock, lock 0 then 1.
+    /// A multi-lock's release: one release.lua per lock, lock 0 then 1,
+    /// each pinned to its lock's token from the set's grant (0: any grant
+    /// of the holder, `Config::unpinned_set_release`).
     ReleasePart {
         lock: u8,
+        tokens: [u32; 2],
+    },
+    /// A set's extend (the engine's `extend_set`): lua/extend.lua of each
+    /// lock pinned to its token, lock 0 then lock 1; `until`: the earliest
+    /// lease so far, as the client counts it. A part answered not held
+    /// lets go of the set (`ReleasePart` from lock 0).
+    ExtendSet {
+        lock: u8,
+        tokens: [u32; 2],
+        sent: u8,
+        until: u8,
     },
 }
 
@@ -134,6 +147,10 @@ pub struct Client {
     /// A grant handed to its waiting request, delivered to its replica and
     /// not yet answered: token and lease expiry (decision 68).
     pub handed: Option<(u32, u8)>,
+    /// A multi-lock's tokens, per lock, while it holds its set (0: none).
+    pub parts: [u32; 2],
+    /// The extends its set's holder asked in the current request.
+    pub extends: u8,
 }
 
 /// Facts about the run that no single state shows; the properties read them.
@@ -209,6 +226,16 @@ pub struct Ghost {
     pub part_lapsed: bool,
     /// A multi-lock's rollback woke its own wait (finding 9).
     pub self_woken: bool,
+    /// A set's extend renewed both locks; one found a part not held and
+    /// let go of the set (the rest released, pinned to its tokens).
+    pub set_extended: bool,
+    pub set_extend_broken: bool,
+    /// A set's release pinned to its tokens found the holder's newer grant
+    /// of that lock (a set taken again) and left it (finding 10's path).
+    pub stale_set_release_left: bool,
+    /// A set's release took a grant of the holder other than its set's
+    /// (a newer one: finding 10 without tokens).
+    pub newer_grant_released: bool,
 }
 
 /// The whole system's state.
@@ -249,8 +276,13 @@ impl State {
     /// Whether the queue holds a waiter past its deadline (the next call
     /// on the lock skips it).
     pub(crate) fn dead_waiters(&self) -> bool {
-        let lock = self.redis.lock.as_ref();
-        lock.is_some_and(|l| l.queue.iter().any(|w| w.deadline <= self.now))
+        self.dead_waiters_on(&self.redis.lock)
+    }
+
+    /// Whether `lock` (either of the model's) holds a waiter past its
+    /// deadline.
+    pub(crate) fn dead_waiters_on(&self, lock: &Option<crate::redis::Lock>) -> bool {
+        (lock.as_ref()).is_some_and(|l| l.queue.iter().any(|w| w.deadline <= self.now))
     }
 
     /// A client is told it holds the grant of `token` (its term; kept for
@@ -270,6 +302,8 @@ impl State {
         // A wake-up still on its way finds no waiter.
         client.wake = false;
         client.writer = false;
+        client.parts = [0; 2];
+        client.extends = 0;
         client.phase = if client.req < cfg.rounds_of(c) + client.retries {
             Phase::Idle
         } else {

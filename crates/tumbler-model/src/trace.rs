@@ -52,7 +52,7 @@ pub fn function(call: &Call) -> &'static str {
         Call::SessionTouch { .. } => "session_touch",
         Call::Renew { .. } => "renew",
         Call::AcquireMany { .. } => "acquire_many",
-        Call::ExtendPart { .. } => "extend",
+        Call::ExtendPart { .. } | Call::ExtendSet { .. } => "extend",
         Call::RollBack { .. } | Call::ReleasePart { .. } => "release",
     }
 }
@@ -73,15 +73,17 @@ fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
         Call::AcquireMany {
             answer_by, group, ..
         } => (data.acquire_many(now, cfg.many_args(c, answer_by, group))).reply,
-        Call::ExtendPart { lock, tokens, .. } => on(&mut data, lock, &|d| {
-            d.extend(now, c, tokens[usize::from(lock)], cfg.ttl, 0)
-                .reply
-        }),
-        Call::RollBack { lock, token, .. } => on(&mut data, lock, &|d| {
-            d.release(now, c, token, None, None).reply
-        }),
-        Call::ReleasePart { lock } => {
-            on(&mut data, lock, &|d| d.release(now, c, 0, None, None).reply)
+        Call::ExtendPart { lock, .. } | Call::ExtendSet { lock, .. } => {
+            let token = cfg.part_token(&call);
+            on(&mut data, lock, &|d| {
+                d.extend(now, c, token, cfg.ttl, 0).reply
+            })
+        }
+        Call::RollBack { lock, .. } | Call::ReleasePart { lock, .. } => {
+            let token = cfg.part_token(&call);
+            on(&mut data, lock, &|d| {
+                d.release(now, c, token, None, None).reply
+            })
         }
         Call::Acquire {
             req,
