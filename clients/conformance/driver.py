@@ -517,8 +517,8 @@ def stale_set_round(addr, lang, n):
           and len(second) == 2 and min(second) > max(first) and held == [[(holder, t)] for t in second],
           f"multi: a late release of {lang}'s set S1 {first} after it took {{a, b}} again as S2 {second} answers "
           f"not held, and S2 keeps both locks with its tokens", {"step": got, "inspect": held})
-    done = s.ask("release")
-    s.result()
+    s.send("release")
+    done = s.result()
     check(lang, done and done.get("released") is True and holders_of(addr, a, b) == [[], []],
           f"multi: {lang}'s S2 then releases normally (released=true), both locks free", done)
 
