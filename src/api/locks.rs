@@ -136,10 +136,13 @@ impl LockApi {
         // stop, most often), as for a single wait.
         if let Some(status) = denied {
             if let Ok(engine::MultiOutcome::Acquired { grants, .. }) = outcome {
-                let locks: Vec<LockId> = (grants.into_iter())
-                    .map(|(name, _)| LockId {
-                        namespace: lock.namespace.clone(),
-                        name,
+                let locks: Vec<engine::SetLock> = (grants.into_iter())
+                    .map(|(name, grant)| {
+                        let id = LockId {
+                            namespace: lock.namespace.clone(),
+                            name,
+                        };
+                        (id, Some(grant.fencing_token))
                     })
                     .collect();
                 if let Err(err) = self.engine.release_many(&locks, &holder).await {
@@ -230,19 +233,21 @@ impl LockApi {
         let access = Access::of(&request)?;
         let mut req = request.into_inner();
         if !req.names.is_empty() {
-            let (locks, holder) = self.multi_set(
+            let (locks, holder) = Self::multi_set(
                 &access,
                 &mut req.namespace,
                 &req.name,
                 std::mem::take(&mut req.names),
                 req.holder,
                 req.fencing_token,
+                std::mem::take(&mut req.fencing_tokens),
             )?;
             let outcome = (self.engine.release_many(&locks, &holder).await).map_err(|e| {
-                self.failed("Release", &locks[0], &holder, validate::DEFAULT_KIND, e)
+                self.failed("Release", &locks[0].0, &holder, validate::DEFAULT_KIND, e)
             })?;
             return Ok(Response::new((&outcome).to_proto()));
         }
+        validate::no_set_tokens(&req.fencing_tokens).map_err(invalid)?;
         let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
         access.act(&lock.namespace)?;
         let holder = validate::holder(req.holder).map_err(invalid)?;
@@ -267,20 +272,24 @@ impl LockApi {
         let answer_by = deadline.map(|d| d.answered_at.into());
         let outcome = if !req.names.is_empty() {
             let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
-            let (locks, holder) = self.multi_set(
+            let (locks, holder) = Self::multi_set(
                 &access,
                 &mut req.namespace,
                 &req.name,
                 std::mem::take(&mut req.names),
                 req.holder,
                 req.fencing_token,
+                std::mem::take(&mut req.fencing_tokens),
             )?;
             (self
                 .engine
                 .extend_many(&locks, &holder, ttl, answer_by)
                 .await)
-                .map_err(|e| self.failed("Extend", &locks[0], &holder, validate::DEFAULT_KIND, e))?
+                .map_err(|e| {
+                    self.failed("Extend", &locks[0].0, &holder, validate::DEFAULT_KIND, e)
+                })?
         } else {
+            validate::no_set_tokens(&req.fencing_tokens).map_err(invalid)?;
             let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
             access.act(&lock.namespace)?;
             let holder = validate::holder(req.holder).map_err(invalid)?;
@@ -308,25 +317,30 @@ impl LockApi {
     }
 
     /// The locks and holder of a multi-lock's Release or Extend: the
-    /// names checked as an Acquire's, the caller's access to the
-    /// namespace.
+    /// names checked as an Acquire's, each paired with its fencing token
+    /// when `fencing_tokens` pins them (decision 0079), the caller's
+    /// access to the namespace.
     fn multi_set(
-        &self,
         access: &Access,
         namespace: &mut String,
         name: &str,
         names: Vec<String>,
         holder: String,
         fencing_token: Option<u64>,
-    ) -> Result<(Vec<LockId>, engine::Holder), Status> {
+        fencing_tokens: Vec<u64>,
+    ) -> Result<(Vec<engine::SetLock>, engine::Holder), Status> {
         let namespace = validate::namespace(std::mem::take(namespace)).map_err(invalid)?;
         let names = validate::multi_set(name, names, fencing_token).map_err(invalid)?;
+        let pinned = validate::set_tokens(names, fencing_tokens).map_err(invalid)?;
         access.act(&namespace)?;
         let holder = validate::holder(holder).map_err(invalid)?;
-        let locks = (names.into_iter())
-            .map(|name| LockId {
-                namespace: namespace.clone(),
-                name,
+        let locks = (pinned.into_iter())
+            .map(|(name, token)| {
+                let lock = LockId {
+                    namespace: namespace.clone(),
+                    name,
+                };
+                (lock, token)
             })
             .collect();
         Ok((locks, holder))

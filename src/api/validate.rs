@@ -10,7 +10,10 @@ pub use crate::engine::names::{
 };
 use crate::engine::{Holder, Kind, LockMode, LockName, Namespace, Ttl};
 
+mod multi;
 mod page_tokens;
+
+pub use multi::{MAX_MULTI_NAMES, multi_names, multi_plain, multi_set, no_set_tokens, set_tokens};
 
 pub use page_tokens::{
     changelog_page_token, encode_page_token, next_changelog_page_token, next_page_token, page_token,
@@ -289,96 +292,6 @@ pub fn resume_secret(value: &str) -> Result<String, Invalid> {
             "must be the resume secret SessionOpened gave (64 hex digits)",
         ))
     }
-}
-
-/// The most locks one multi-lock names (decision 0076).
-pub const MAX_MULTI_NAMES: usize = 16;
-
-/// Each name of a multi-lock as its refusal names it.
-const NAMES_FIELDS: [&str; MAX_MULTI_NAMES] = [
-    "names[0]",
-    "names[1]",
-    "names[2]",
-    "names[3]",
-    "names[4]",
-    "names[5]",
-    "names[6]",
-    "names[7]",
-    "names[8]",
-    "names[9]",
-    "names[10]",
-    "names[11]",
-    "names[12]",
-    "names[13]",
-    "names[14]",
-    "names[15]",
-];
-
-/// A multi-lock's names (decision 0076): `name` empty, 2..=16 distinct
-/// valid lock names; a bad one is named by its index (`names[2]: …`).
-pub fn multi_names(name: &str, names: Vec<String>) -> Result<Vec<LockName>, Invalid> {
-    if !name.is_empty() {
-        return Err(invalid(
-            "name",
-            "must be empty when `names` is set (a multi-lock names its locks there)",
-        ));
-    }
-    if !(2..=MAX_MULTI_NAMES).contains(&names.len()) {
-        return Err(invalid(
-            "names",
-            format!(
-                "a multi-lock names 2 to {MAX_MULTI_NAMES} locks (got {})",
-                names.len()
-            ),
-        ));
-    }
-    let mut parsed: Vec<LockName> = Vec::with_capacity(names.len());
-    for (i, value) in names.into_iter().enumerate() {
-        let name = LockName::parse(value).map_err(|e| invalid(NAMES_FIELDS[i], e.rule))?;
-        if let Some(j) = parsed.iter().position(|seen| *seen == name) {
-            return Err(invalid(
-                NAMES_FIELDS[i],
-                format!("repeats names[{j}]; the names must be distinct"),
-            ));
-        }
-        parsed.push(name);
-    }
-    Ok(parsed)
-}
-
-/// What a multi-lock may not ask for in this version: a read/write mode,
-/// more than one permit per lock.
-pub fn multi_plain(mode: i32, permits: Option<u32>) -> Result<(), Invalid> {
-    if mode != 0 {
-        return Err(invalid(
-            "mode",
-            "a multi-lock (`names`) takes no read/write mode",
-        ));
-    }
-    if permits.is_some_and(|k| k > 1) {
-        return Err(invalid(
-            "permits",
-            "a multi-lock (`names`) takes one permit of each lock",
-        ));
-    }
-    Ok(())
-}
-
-/// A Release or Extend of a multi-lock's set: its names checked as an
-/// Acquire's, and no fencing token (each lock has its own).
-pub fn multi_set(
-    name: &str,
-    names: Vec<String>,
-    fencing_token: Option<u64>,
-) -> Result<Vec<LockName>, Invalid> {
-    let names = multi_names(name, names)?;
-    if fencing_token.is_some() {
-        return Err(invalid(
-            "fencing_token",
-            "must be unset with `names` (each lock of the set has its own token)",
-        ));
-    }
-    Ok(names)
 }
 
 /// Absent means any token; 0 is never granted, so it is refused.

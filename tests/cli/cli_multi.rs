@@ -2,7 +2,8 @@
 //! lock's grant under its name, an overlapping set is refused whole (exit
 //! 75) and nothing of it is taken, `extend` and `release` act on the set
 //! (a second release exits 79), and `-o json` answers the grants in the
-//! request's order, each with its name and own fencing token.
+//! request's order, each with its name and own fencing token. `--tokens`
+//! pins a set's release and extend to each lock's token (decision 0079).
 
 use crate::cli::{int64, json, tumbler};
 use crate::common::TestServer;
@@ -80,4 +81,71 @@ async fn acquire_extend_and_release_a_set_of_locks() {
         assert!(int64(&grant["fencingToken"]) > 0, "{grant}");
     }
     assert_eq!(reply["grant"], grants[0], "`grant` is the first of them");
+}
+
+/// `release --tokens` of an old set after its holder took the set again
+/// exits 79 and leaves the newer set held; the newer set's own tokens
+/// extend and release it (0); a count other than the names' and a 0 are
+/// usage errors (64), sent nowhere.
+#[tokio::test]
+async fn a_sets_release_and_extend_pinned_to_its_tokens() {
+    let server = TestServer::new().start().await;
+    let take = || async {
+        let run = tumbler(
+            &server,
+            &["acquire", "p-a", "p-b", "--holder", "h", "-o", "json"],
+        )
+        .await;
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        let reply = json(&run);
+        let tokens: Vec<String> = (reply["grants"].as_array().expect("grants").iter())
+            .map(|g| int64(&g["fencingToken"]).to_string())
+            .collect();
+        tokens.join(",")
+    };
+    let pinned = |verb: &'static str, tokens: String| {
+        let server = &server;
+        async move {
+            let args = [verb, "p-a", "p-b", "--holder", "h", "--tokens", &tokens];
+            tumbler(server, &args).await
+        }
+    };
+    let old = take().await;
+    assert_eq!(pinned("release", old.clone()).await.code, 0);
+    let new = take().await;
+    assert_ne!(old, new);
+
+    let run = pinned("release", old.clone()).await;
+    assert_eq!(run.code, 79, "a late release: {}{}", run.stdout, run.stderr);
+    let run = pinned("extend", old.clone()).await;
+    assert_eq!(run.code, 79, "a stale extend: {}{}", run.stdout, run.stderr);
+    for name in ["p-a", "p-b"] {
+        let held = json(&tumbler(&server, &["inspect", name, "-o", "json"]).await);
+        assert_eq!(held["holders"][0]["grant"]["holder"], "h", "{held}");
+    }
+    let (first, _) = new.split_once(',').unwrap();
+    for bad in [
+        first.to_owned(),
+        format!("{first},0"),
+        format!("{new},{first}"),
+    ] {
+        for verb in ["release", "extend"] {
+            let run = pinned(verb, bad.clone()).await;
+            assert_eq!(
+                run.code, 64,
+                "{verb} --tokens {bad}: {}{}",
+                run.stdout, run.stderr
+            );
+            assert!(run.stderr.contains("--tokens"), "{}", run.stderr);
+        }
+    }
+    let run = pinned("extend", new.clone()).await;
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let run = pinned("release", new).await;
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let free = json(&tumbler(&server, &["inspect", "p-a", "-o", "json"]).await);
+    assert!(
+        free["holders"].as_array().is_none_or(|h| h.is_empty()),
+        "{free}"
+    );
 }

@@ -4,13 +4,14 @@
 //! per name, one release of the whole set on drop, and the watchdog
 //! keeping a short-lease set alive past several leases until a lock of it
 //! is taken away (then `lost()` resolves and the rest is released), and a
-//! cancelled wait leaving the server.
+//! cancelled wait leaving the server. A set's release and extend are
+//! pinned to its tokens: they never touch the set its holder took again.
 
 use std::time::Duration;
 
 use super::{client_of, holders};
-use crate::common::TestServer;
 use crate::common::wait::wait_until_async;
+use crate::common::{TestServer, proto};
 use tokio::time::Instant;
 use tumbler_client::{CancellationToken, Client, Error, NotAcquiredReason};
 
@@ -234,4 +235,61 @@ async fn cancelling_a_waiting_set_ends_its_wait_in_the_server() {
     )
     .await;
     assert!(all_free(&client, &["cancel-a"]).await, "nothing taken");
+}
+
+/// A `LockSet` whose holder released the set and took it again behind its
+/// back (raw gRPC, the same holder id): its extend is answered lost and
+/// its release not held, and the newer set stays whole with its tokens
+/// (each lock of the guard's calls pinned to the guard's token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sets_release_and_extend_never_touch_the_set_taken_again() {
+    let server = TestServer::new().start().await;
+    let client = client_of(&server.endpoint()).await;
+    let names = ["pin-a", "pin-b"];
+    let set = client
+        .lock_all(names)
+        .holder("pinned")
+        .ttl(Duration::from_secs(30))
+        .watchdog(false)
+        .acquire()
+        .await
+        .unwrap();
+    let mut raw = server.client().await;
+    let of = || names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let released = raw
+        .release(proto::ReleaseRequest {
+            namespace: client.namespace().into(),
+            names: of(),
+            holder: "pinned".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(released.status(), proto::ReleaseStatus::Released);
+    let again = raw
+        .acquire(proto::AcquireRequest {
+            namespace: client.namespace().into(),
+            names: of(),
+            holder: "pinned".into(),
+            ttl_ms: Some(30_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.status(), proto::AcquireStatus::Acquired, "{again:?}");
+    let newer: Vec<(String, u64)> = (again.grants.iter())
+        .map(|g| ("pinned".to_owned(), g.fencing_token))
+        .collect();
+
+    let extended = set.extend(Some(Duration::from_secs(60))).await;
+    assert!(
+        matches!(extended, Err(Error::LockLost { .. })),
+        "{extended:?}"
+    );
+    assert!(!set.release().await.unwrap(), "the guard's set is not held");
+    for (name, grant) in names.iter().zip(&newer) {
+        assert_eq!(holders(&client, name).await, vec![grant.clone()], "{name}");
+    }
 }

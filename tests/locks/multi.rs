@@ -2,6 +2,7 @@
 //! locks and gets all of them or none; a waiting set holds nothing while
 //! it waits, so callers asking overlapping sets in any order never
 //! deadlock; Release and Extend act on the set; bad input names its field.
+//! A set's Release and Extend pinned to its tokens: `multi_tokens.rs`.
 
 use crate::{common, read_write};
 
@@ -15,7 +16,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 /// A multi-lock acquire of `names` for `holder`.
-fn set(names: &[&str], holder: &str) -> proto::AcquireRequest {
+pub(crate) fn set(names: &[&str], holder: &str) -> proto::AcquireRequest {
     proto::AcquireRequest {
         names: names.iter().map(|n| n.to_string()).collect(),
         ..acquire("", holder)
@@ -30,14 +31,14 @@ fn waiting(request: proto::AcquireRequest, ms: u64) -> proto::AcquireRequest {
     }
 }
 
-fn release_set(names: &[&str], holder: &str) -> proto::ReleaseRequest {
+pub(crate) fn release_set(names: &[&str], holder: &str) -> proto::ReleaseRequest {
     proto::ReleaseRequest {
         names: names.iter().map(|n| n.to_string()).collect(),
         ..release("", holder)
     }
 }
 
-fn extend_set(names: &[&str], holder: &str, ttl_ms: u64) -> proto::ExtendRequest {
+pub(crate) fn extend_set(names: &[&str], holder: &str, ttl_ms: u64) -> proto::ExtendRequest {
     proto::ExtendRequest {
         names: names.iter().map(|n| n.to_string()).collect(),
         holder: holder.into(),

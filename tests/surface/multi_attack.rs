@@ -446,3 +446,90 @@ async fn a_set_that_names_a_lock_already_held_holds_it_for_the_sets_lease() {
         "every lock of the set stands for its 30 s lease: {expiries:?} (the old grant ended at {old_expiry})"
     );
 }
+
+/// A set's `fencing_tokens` (decision 0079) out of rule: a length other
+/// than the names', a 0 token, tokens with `name` instead of `names`.
+/// Each is INVALID_ARGUMENT naming `fencing_tokens`, for Release and
+/// Extend, over gRPC and over Connect JSON; the set held meanwhile is
+/// unchanged afterwards (same tokens, same expiries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sets_fencing_tokens_out_of_rule_are_invalid_argument_and_change_nothing() {
+    let server = TestServer::new().start().await;
+    let mut client = server.client().await;
+    let taken = (client.acquire(set("", &["ta", "tb"], "h", 0)).await)
+        .unwrap()
+        .into_inner();
+    assert_eq!(taken.status(), proto::AcquireStatus::Acquired, "{taken:?}");
+    let before = grants_of(&mut client, &["ta", "tb"]).await;
+    assert_eq!(before.len(), 2);
+    let t: Vec<u64> = taken.grants.iter().map(|g| g.fencing_token).collect();
+    // (what, name, names, tokens)
+    let cases: Vec<(&str, &str, Vec<String>, Vec<u64>)> = vec![
+        ("one token short", "", names(&["ta", "tb"]), vec![t[0]]),
+        (
+            "a token too many",
+            "",
+            names(&["ta", "tb"]),
+            vec![t[0], t[1], t[1]],
+        ),
+        ("a 0 token", "", names(&["ta", "tb"]), vec![t[0], 0]),
+        ("tokens with name", "ta", Vec::new(), vec![t[0]]),
+    ];
+    for (what, name, of, tokens) in &cases {
+        let named =
+            |message: &str| assert!(message.starts_with("fencing_tokens: "), "{what}: {message}");
+        let release = proto::ReleaseRequest {
+            name: name.to_string(),
+            names: of.clone(),
+            holder: "h".into(),
+            fencing_tokens: tokens.clone(),
+            ..Default::default()
+        };
+        let status = client.release(release).await.expect_err(what);
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        named(status.message());
+        let extend = proto::ExtendRequest {
+            name: name.to_string(),
+            names: of.clone(),
+            holder: "h".into(),
+            ttl_ms: Some(60_000),
+            fencing_tokens: tokens.clone(),
+            ..Default::default()
+        };
+        let status = client.extend(extend).await.expect_err(what);
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        named(status.message());
+        let as_strings: Vec<String> = tokens.iter().map(u64::to_string).collect();
+        for (method, body) in [
+            (
+                "Release",
+                json!({"name": name, "names": of, "holder": "h", "fencingTokens": as_strings}),
+            ),
+            (
+                "Extend",
+                json!({"name": name, "names": of, "holder": "h", "ttlMs": "60000", "fencingTokens": as_strings}),
+            ),
+        ] {
+            let answer = call(&server, method, body, &[]).await;
+            named(&answer.error(400, "invalid_argument"));
+        }
+    }
+    assert_eq!(
+        grants_of(&mut client, &["ta", "tb"]).await,
+        before,
+        "the set is unchanged"
+    );
+}
+
+/// The grants of `of` now (Inspect), lock by lock.
+async fn grants_of(
+    client: &mut proto::lock_service_client::LockServiceClient<tonic::transport::Channel>,
+    of: &[&str],
+) -> Vec<proto::Grant> {
+    let mut grants = Vec::new();
+    for name in of {
+        let holders = (client.inspect(inspect(name)).await.unwrap().into_inner()).holders;
+        grants.extend(holders.into_iter().map(|h| h.grant.unwrap()));
+    }
+    grants
+}

@@ -389,6 +389,10 @@ struct Shared {
     /// A multi-lock's names (empty for a single lock): its Extend and
     /// Release name the set, not one lock nor one fencing token.
     names: Vec<String>,
+    /// A multi-lock's fencing tokens, one per name in their order: its
+    /// Extend and Release pin each lock to its own, so a late release
+    /// never touches a set its holder took again since.
+    fencing_tokens: Vec<u64>,
     holder: String,
     state: Mutex<State>,
     /// `Some(reason)` once the grant is known to be gone.
@@ -425,8 +429,8 @@ impl Shared {
     }
 
     /// The `name` and `fencing_token` an Extend or Release of the grant
-    /// carries: a multi-lock's are empty (its `names` say the set, each
-    /// lock pinned to the holder's grant of it).
+    /// carries: a multi-lock's are empty (its `names` and
+    /// `fencing_tokens` say the set, each lock pinned to its own token).
     fn target(&self, fencing_token: u64) -> (String, Option<u64>) {
         if self.names.is_empty() {
             (self.name.clone(), Some(fencing_token))
@@ -444,7 +448,7 @@ impl Shared {
             holder: self.holder.clone(),
             fencing_token,
             names: self.names.clone(),
-            fencing_tokens: Vec::new(),
+            fencing_tokens: self.fencing_tokens.clone(),
         }
     }
 
@@ -494,15 +498,17 @@ impl Lock {
         sent: Instant,
         watchdog: bool,
     ) -> Lock {
-        Lock::with_names(client, name, Vec::new(), grant, sent, watchdog)
+        Lock::with_names(client, name, Vec::new(), Vec::new(), grant, sent, watchdog)
     }
 
-    /// A guard of a multi-lock's set (`names`), renewed and released as one:
-    /// `grant` is the one whose lease ends first.
+    /// A guard of a multi-lock's set (`names`, each pinned to its token in
+    /// `fencing_tokens`; empty: any grant of the holder), renewed and
+    /// released as one: `grant` is the one whose lease ends first.
     pub(crate) fn with_names(
         client: Client,
         name: String,
         names: Vec<String>,
+        fencing_tokens: Vec<u64>,
         grant: proto::Grant,
         sent: Instant,
         watchdog: bool,
@@ -511,6 +517,7 @@ impl Lock {
         let shared = Arc::new(Shared {
             name,
             names,
+            fencing_tokens,
             holder: grant.holder.clone(),
             state: Mutex::new(State {
                 lease_end: sent + Duration::from_millis(grant.ttl_ms),
@@ -749,7 +756,7 @@ async fn release(client: &Client, shared: &Shared) -> Result<bool> {
 }
 
 /// The Extend of the grant, pinned to its fencing token; a multi-lock's
-/// names the set (each lock is pinned to the holder's grant of it).
+/// names the set, each lock pinned to its own token.
 fn extend_request(
     client: &Client,
     shared: &Shared,
@@ -764,7 +771,7 @@ fn extend_request(
         ttl_ms: ttl.map(|t| t.as_millis() as u64),
         fencing_token,
         names: shared.names.clone(),
-        fencing_tokens: Vec::new(),
+        fencing_tokens: shared.fencing_tokens.clone(),
     }
 }
 

@@ -135,10 +135,21 @@ impl LockSetRequest {
             .cloned()
             .or(reply.grant)
             .unwrap_or_default();
+        // Each lock's token, in the order of the names: the set's Extend
+        // and Release pin every lock to its own grant (none when the
+        // reply names no grant per lock).
+        let fencing_tokens = (self.names.iter())
+            .map(|name| {
+                let grant = grants.iter().find(|grant| grant.name == *name);
+                grant.map(|grant| grant.fencing_token)
+            })
+            .collect::<Option<Vec<u64>>>()
+            .unwrap_or_default();
         let lock = Lock::with_names(
             self.request.client().clone(),
             self.names.join(","),
             self.names.clone(),
+            fencing_tokens,
             first,
             sent,
             self.request.watchdog_on(),
@@ -221,9 +232,10 @@ impl LockSet {
         self.lock.extend(ttl).await
     }
 
-    /// Stops the watchdog and gives the set back: true when every lock was
-    /// still held, false when any was not (the others are released all the
-    /// same).
+    /// Stops the watchdog and gives the set back, each lock pinned to its
+    /// fencing token: true when every lock was still held with its token,
+    /// false when any was not (the others are released all the same; a
+    /// lock its holder took again since is left alone).
     pub async fn release(self) -> Result<bool> {
         self.lock.release().await
     }

@@ -4,6 +4,7 @@ use clap::Args;
 
 use super::connect::{Conn, Target};
 use super::output::{enum_name, grant_table, now_ms};
+use super::release::SetTokens;
 use super::{Failure, Globals, GrantRef, LockNames, exit};
 use tumbler_proto as proto;
 
@@ -15,6 +16,8 @@ pub struct ExtendArgs {
     pub lock: LockNames,
     #[command(flatten)]
     pub grant: GrantRef,
+    #[command(flatten)]
+    pub tokens: SetTokens,
     /// The new remaining lease (default: the grant's own ttl).
     #[arg(long)]
     pub ttl_ms: Option<u64>,
@@ -25,6 +28,7 @@ pub async fn run(args: ExtendArgs, globals: &Globals) -> Result<u8, Failure> {
     let namespace = globals.namespace()?;
     let lock = args.lock.display(&namespace);
     let (name, names) = args.lock.split();
+    let fencing_tokens = args.tokens.for_names(&names)?;
     let request = proto::ExtendRequest {
         namespace,
         name,
@@ -32,7 +36,7 @@ pub async fn run(args: ExtendArgs, globals: &Globals) -> Result<u8, Failure> {
         ttl_ms: args.ttl_ms,
         fencing_token: args.grant.token,
         names,
-        fencing_tokens: Vec::new(),
+        fencing_tokens,
     };
     let reply = call!(conn, extend, request).await?;
     let status = enum_name(reply.status().as_str_name(), "EXTEND_STATUS_");

@@ -332,21 +332,24 @@ impl LockEngine {
         self.multi.acquire(req).await
     }
 
-    /// Releases each lock of a multi-lock's set the holder holds (see
-    /// `multi.rs`): Released only when every one was held.
+    /// Releases each lock of a multi-lock's set the holder holds, each
+    /// pinned to its fencing token when it has one (see `multi.rs`,
+    /// decision 0079): Released only when every one was held (with its
+    /// token).
     pub async fn release_many(
         &self,
-        locks: &[LockId],
+        locks: &[SetLock],
         holder: &str,
     ) -> Result<ReleaseOutcome, EngineError> {
         self.multi.release_set(locks, holder).await
     }
 
-    /// Extends each lock of a multi-lock's set (see `multi.rs`); NotHeld,
-    /// with the others released, when one was not held.
+    /// Extends each lock of a multi-lock's set, each pinned to its fencing
+    /// token when it has one (see `multi.rs`); NotHeld, with the set
+    /// released (pinned the same way), when one was not held.
     pub async fn extend_many(
         &self,
-        locks: &[LockId],
+        locks: &[SetLock],
         holder: &str,
         ttl: Option<Ttl>,
         answer_by: Option<Instant>,

@@ -39,7 +39,7 @@ use super::waiters::{Registration, Waiters};
 use super::waiting::{sleep_until_some, stopped};
 use super::{
     AcquireRequest, EngineError, ExtendOutcome, Grant, LockId, LockName, MultiAcquireRequest,
-    MultiOutcome, ReleaseOutcome, ops, records,
+    MultiOutcome, ReleaseOutcome, SetLock, ops, records,
 };
 use crate::store::StoreError;
 use slot::cluster_slot;
@@ -486,18 +486,20 @@ impl Multi {
         }
     }
 
-    /// Releases each lock of a multi-lock's set the holder holds: every
+    /// Releases each lock of a multi-lock's set the holder holds, each
+    /// pinned to its fencing token when it has one (decision 0079): every
     /// one, also when one of them was not held (a broken set is of no use
-    /// to its holder). Released only when all were held.
+    /// to its holder). A lock whose grant carries another token is left
+    /// alone and counts as not held. Released only when all were held.
     pub(super) async fn release_set(
         &self,
-        locks: &[LockId],
+        locks: &[SetLock],
         holder: &str,
     ) -> Result<ReleaseOutcome, EngineError> {
         let mut outcome = None;
         let mut not_held = false;
-        for lock in locks {
-            match self.locks.release(lock, holder, None, None).await? {
+        for (lock, token) in locks {
+            match self.locks.release(lock, holder, *token, None).await? {
                 ReleaseOutcome::NotHeld => not_held = true,
                 released => outcome = outcome.or(Some(released)),
             }
@@ -509,22 +511,24 @@ impl Multi {
     }
 
     /// Extends each lock of a multi-lock's set to `ttl_ms` (or each
-    /// grant's own ttl); answers the grant whose new expiry is the
-    /// earliest. When one is not held, the others are released instead
-    /// (nothing of a broken set is kept alive) and the answer is NotHeld.
+    /// grant's own ttl), each pinned to its fencing token when it has one;
+    /// answers the grant whose new expiry is the earliest. When one is not
+    /// held (or carries another token), the set is released instead, each
+    /// lock pinned as it was asked (nothing of a broken set is kept alive,
+    /// nothing of a newer one touched), and the answer is NotHeld.
     pub(super) async fn extend_set(
         &self,
-        locks: &[LockId],
+        locks: &[SetLock],
         holder: &str,
         ttl: Option<crate::Ttl>,
         answer_by: Option<Instant>,
     ) -> Result<ExtendOutcome, EngineError> {
         let mut earliest: Option<Grant> = None;
-        for lock in locks {
+        for (lock, fencing_token) in locks {
             let grant = GrantRef {
                 lock,
                 holder,
-                fencing_token: None,
+                fencing_token: *fencing_token,
             };
             match self.locks.extend(grant, ttl, answer_by, None).await? {
                 ExtendOutcome::Extended(grant) => {

@@ -15,6 +15,11 @@ pub struct LockId {
     pub name: super::LockName,
 }
 
+/// One lock of a multi-lock's set as a Release or Extend names it: the
+/// lock, and the fencing token its grant must carry (None: any grant of
+/// the holder; decision 0079).
+pub type SetLock = (LockId, Option<u64>);
+
 impl LockId {
     /// Checks both parts as a request gives them (an empty namespace is
     /// the default one).
