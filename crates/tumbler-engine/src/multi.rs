@@ -22,6 +22,9 @@
 //! The work runs on its own task: an RPC that goes away (cancelled, past
 //! its deadline) stops it at its next step, and a grant that lands after
 //! that is released again, so a caller that is gone holds nothing.
+//!
+//! A held set's Release and Extend, each lock pinned to its token when
+//! asked (decision 0079): [`held`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,11 +42,12 @@ use super::waiters::{Registration, Waiters};
 use super::waiting::{sleep_until_some, stopped};
 use super::{
     AcquireRequest, EngineError, ExtendOutcome, Grant, LockId, LockName, MultiAcquireRequest,
-    MultiOutcome, ReleaseOutcome, SetLock, ops, records,
+    MultiOutcome, ops, records,
 };
 use crate::store::StoreError;
 use slot::cluster_slot;
 
+mod held;
 mod slot;
 
 /// The longest a set's part may be held as a reservation, whatever the
@@ -484,68 +488,6 @@ impl Multi {
             holders,
             already,
         }
-    }
-
-    /// Releases each lock of a multi-lock's set the holder holds, each
-    /// pinned to its fencing token when it has one (decision 0079): every
-    /// one, also when one of them was not held (a broken set is of no use
-    /// to its holder). A lock whose grant carries another token is left
-    /// alone and counts as not held. Released only when all were held.
-    pub(super) async fn release_set(
-        &self,
-        locks: &[SetLock],
-        holder: &str,
-    ) -> Result<ReleaseOutcome, EngineError> {
-        let mut outcome = None;
-        let mut not_held = false;
-        for (lock, token) in locks {
-            match self.locks.release(lock, holder, *token, None).await? {
-                ReleaseOutcome::NotHeld => not_held = true,
-                released => outcome = outcome.or(Some(released)),
-            }
-        }
-        Ok(match outcome {
-            Some(released) if !not_held => released,
-            _ => ReleaseOutcome::NotHeld,
-        })
-    }
-
-    /// Extends each lock of a multi-lock's set to `ttl_ms` (or each
-    /// grant's own ttl), each pinned to its fencing token when it has one;
-    /// answers the grant whose new expiry is the earliest. When one is not
-    /// held (or carries another token), the set is released instead, each
-    /// lock pinned as it was asked (nothing of a broken set is kept alive,
-    /// nothing of a newer one touched), and the answer is NotHeld.
-    pub(super) async fn extend_set(
-        &self,
-        locks: &[SetLock],
-        holder: &str,
-        ttl: Option<crate::Ttl>,
-        answer_by: Option<Instant>,
-    ) -> Result<ExtendOutcome, EngineError> {
-        let mut earliest: Option<Grant> = None;
-        for (lock, fencing_token) in locks {
-            let grant = GrantRef {
-                lock,
-                holder,
-                fencing_token: *fencing_token,
-            };
-            match self.locks.extend(grant, ttl, answer_by, None).await? {
-                ExtendOutcome::Extended(grant) => {
-                    if earliest
-                        .as_ref()
-                        .is_none_or(|e| grant.expires_at_ms < e.expires_at_ms)
-                    {
-                        earliest = Some(grant);
-                    }
-                }
-                ExtendOutcome::NotHeld => {
-                    self.release_set(locks, holder).await?;
-                    return Ok(ExtendOutcome::NotHeld);
-                }
-            }
-        }
-        Ok(earliest.map_or(ExtendOutcome::NotHeld, ExtendOutcome::Extended))
     }
 
     /// Releases the grants a round took before it was refused.
