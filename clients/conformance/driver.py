@@ -23,8 +23,8 @@ import tumbler_client as tc
 from tumbler_client import pb
 
 from procs import (CLIENTS, ELECTION_LANGS, EXAMPLE_LANGS, LANGS, MULTI_LANGS, NAMESPACE, OBSERVE_LANGS,
-                   READ_WRITE_LANGS, RESIGN_TAKES_LEADERSHIP, ROOT, WEIGHTED_LANGS, Step, free_port,
-                   start_dev, start_redis, start_serve, stop)
+                   READ_WRITE_LANGS, RESIGN_TAKES_LEADERSHIP, ROOT, STALE_SET_LANGS, WEIGHTED_LANGS, Step,
+                   free_port, start_dev, start_redis, start_serve, stop)
 
 results = []  # (lang, ok, text)
 
@@ -503,6 +503,26 @@ def multi_round(addr, a, b, c, n):
     check(b, holders_of(addr, x, y, z, w) == [[], [], [], []], "multi: every lock free once the sets are released")
 
 
+def stale_set_round(addr, lang, n):
+    """SAFETY.md finding 10: a holder takes {a, b} (S1), releases it and takes it again (S2); S1's late release
+    (sent to the server, pinned to S1's tokens) answers not held and leaves S2 held with its own tokens; S2's own
+    release then frees both."""
+    a, b, holder = f"stale-{n}-a", f"stale-{n}-b", f"{lang}-stale"
+    s = Step(lang, ["multi_stale", holder, f"{a},{b}"], addr, report=check, commands_in=True)
+    got = s.event() or {}
+    first, second = set_tokens(got.get("first")), set_tokens(got.get("second"))
+    with tc.Client(addr, namespace=NAMESPACE) as cl:
+        held = [[(h.grant.holder, h.grant.fencing_token) for h in cl.inspect(name).holders] for name in (a, b)]
+    check(lang, got.get("first_released") is True and got.get("stale_released") is False and len(first) == 2
+          and len(second) == 2 and min(second) > max(first) and held == [[(holder, t)] for t in second],
+          f"multi: a late release of {lang}'s set S1 {first} after it took {{a, b}} again as S2 {second} answers "
+          f"not held, and S2 keeps both locks with its tokens", {"step": got, "inspect": held})
+    s.send("release")
+    done = s.result()
+    check(lang, done and done.get("released") is True and holders_of(addr, a, b) == [[], []],
+          f"multi: {lang}'s S2 then releases normally (released=true), both locks free", done)
+
+
 def deadlock_round(addr, a, b, n):
     """a holds x and waits for y; b holds y and its wait for x would close the cycle: refused at once as the
     helper's typed deadlock (ABORTED, "deadlock: ..."); once everything is released a's wait is granted."""
@@ -539,8 +559,11 @@ def deadlock_round(addr, a, b, n):
 
 def multi(addr):
     """Multi-locks and deadlock detection across the helpers: each language in turn holds a set, waits for one,
-    fits beside; then each in turn closes a cycle of waiters and is refused with its typed deadlock."""
+    fits beside; each sends a late release of a set it has taken again since (the newer set stays held); then
+    each in turn closes a cycle of waiters and is refused with its typed deadlock."""
     in_turn(addr, "multi", MULTI_LANGS, multi_round)
+    for n, lang in enumerate(lang for lang in STALE_SET_LANGS if lang in LANGS):
+        stale_set_round(addr, lang, n)
     langs = [lang for lang in MULTI_LANGS if lang in LANGS]
     if len(langs) < 2:
         print("SKIP  multi (deadlock): fewer than 2 of its languages selected (--langs)", flush=True)
@@ -986,6 +1009,7 @@ def main():
         READ_WRITE_LANGS[:] = [lang for lang in READ_WRITE_LANGS if lang in wanted]
         WEIGHTED_LANGS[:] = [lang for lang in WEIGHTED_LANGS if lang in wanted]
         MULTI_LANGS[:] = [lang for lang in MULTI_LANGS if lang in wanted]
+        STALE_SET_LANGS[:] = [lang for lang in STALE_SET_LANGS if lang in wanted]
     if not os.path.exists(opts.server):
         raise SystemExit(f"{opts.server} is missing: cargo build --bin tumbler")
     proc, addr = start_dev(opts.server)

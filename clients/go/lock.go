@@ -21,6 +21,9 @@ type Lock struct {
 	c     *Client
 	limit uint32   // the limit asked: a downgrade asks the same
 	names []string // a multi-lock's names: Extend and Release name the set
+	// A multi-lock's fencing tokens, in the order of names: its Extend and
+	// Release are pinned to them, lock by lock.
+	tokens []uint64
 
 	mu       sync.Mutex
 	grant    *pb.Grant
@@ -134,7 +137,7 @@ func (l *Lock) extendRequest(ttlMs uint64) *pb.ExtendRequest {
 	req := &pb.ExtendRequest{Namespace: l.c.Namespace, Name: l.Name, Holder: g.Holder,
 		FencingToken: proto.Uint64(g.FencingToken)}
 	if l.names != nil { // the set: each lock has its own token
-		req.Name, req.Names, req.FencingToken = "", l.names, nil
+		req.Name, req.Names, req.FencingToken, req.FencingTokens = "", l.names, nil, l.tokens
 	}
 	if ttlMs != 0 {
 		req.TtlMs = proto.Uint64(ttlMs)
@@ -174,7 +177,7 @@ func (l *Lock) Release(ctx context.Context) (bool, error) {
 	req := &pb.ReleaseRequest{Namespace: l.c.Namespace, Name: l.Name, Holder: g.Holder,
 		FencingToken: proto.Uint64(g.FencingToken)}
 	if l.names != nil {
-		req.Name, req.Names, req.FencingToken = "", l.names, nil
+		req.Name, req.Names, req.FencingToken, req.FencingTokens = "", l.names, nil, l.tokens
 	}
 	var resp *pb.ReleaseResponse
 	err := l.c.retry(ctx, func(ctx context.Context) (err error) {

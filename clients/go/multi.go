@@ -3,7 +3,9 @@ package tumbler
 // Multi-locks (decision 0076): several locks of the namespace taken
 // together, all or none, by one Acquire naming the set. A LockSet is a
 // Lock whose Extend and Release name the set, so it shares the lock's
-// watchdog, Lost() and Err().
+// watchdog, Lost() and Err(). Its Extend and Release carry each lock's
+// fencing token (decision 0079), so a late release of a set never touches
+// a newer set of the same holder.
 
 import (
 	"context"
@@ -46,8 +48,9 @@ func (c *Client) AcquireAll(ctx context.Context, names []string, o AcquireOption
 		first = &pb.Grant{Holder: o.Holder}
 	}
 	l := newLock(c, strings.Join(names, ","), first, sent)
-	l.names, l.limit = names, o.Limit
-	return &LockSet{lock: l, names: names, grants: resp.Grants}, nil
+	s := &LockSet{lock: l, names: names, grants: resp.Grants}
+	l.names, l.limit, l.tokens = names, o.Limit, s.FencingTokens()
+	return s, nil
 }
 
 // WithLocks runs fn while holding every lock of names, as WithLock does
@@ -68,13 +71,17 @@ func (c *Client) WithLocks(ctx context.Context, names []string, o AcquireOptions
 
 // ReleaseAll releases the set names held by holder without a LockSet (a
 // crashed process's set, by its holder id); false when any lock of it was
-// not held (the holder's others are released all the same).
-func (c *Client) ReleaseAll(ctx context.Context, names []string, holder string) (bool, error) {
+// not held (the holder's others are released all the same). With tokens
+// (one per name, in the order of names: a LockSet's FencingTokens), each
+// lock is released only where the holder's grant carries its token; a
+// lock taken again since is left alone and makes the answer false.
+func (c *Client) ReleaseAll(ctx context.Context, names []string, holder string, tokens ...uint64) (bool, error) {
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
+	req := &pb.ReleaseRequest{Namespace: c.Namespace, Names: names, Holder: holder, FencingTokens: tokens}
 	var resp *pb.ReleaseResponse
 	err := c.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = c.Stub.Release(ctx, &pb.ReleaseRequest{Namespace: c.Namespace, Names: names, Holder: holder})
+		resp, err = c.Stub.Release(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -102,6 +109,16 @@ func (s *LockSet) FencingToken(name string) (uint64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// FencingTokens are the set's fencing tokens, one per name in the order
+// of Names (0 where no grant names it); its Extend and Release carry them.
+func (s *LockSet) FencingTokens() []uint64 {
+	tokens := make([]uint64, len(s.names))
+	for i, name := range s.names {
+		tokens[i], _ = s.FencingToken(name)
+	}
+	return tokens
 }
 
 // Extend resets every lease of the set to ttlMs from now (0: the grants'

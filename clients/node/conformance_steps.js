@@ -94,6 +94,17 @@ const steps = {
     const resp = await client.call('Release', () => ({ namespace: client.namespace, holder, names: names.split(',') }));
     return { released: resp.status === 'RELEASE_STATUS_RELEASED' };
   },
+  async multi_stale(client, holder, names) { // S1 taken and released, S2 taken; S1's release again; "release": S2's
+    const first = await client.acquireAll(names.split(','), { holder, ttlMs: 60000 });
+    const firstReleased = await first.release();
+    const second = await client.acquireAll(names.split(','), { holder, ttlMs: 60000 });
+    emit({ event: 'stale', first: setJson(first), second: setJson(second), first_released: firstReleased,
+      stale_released: await first.release() });
+    const input = readline.createInterface({ input: process.stdin });
+    await new Promise((resolve) => { input.once('line', resolve); input.once('close', resolve); });
+    input.close();
+    return { released: await second.release() };
+  },
   async deadlock_wait(client, name, holder, waitMs) { // wait for one lock; a refusal must come as a DeadlockError
     return outcome(client.acquire(name, { holder, waitMs: Number(waitMs), ttlMs: 60000 }).then(async (lock) => {
       await lock.release();

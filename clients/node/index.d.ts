@@ -113,6 +113,8 @@ export declare class LockSet {
   readonly signal: AbortSignal;
   /** The fencing token (a decimal string) of the lock `name` of the set; null when not in the set. */
   fencingToken(name: string): string | null;
+  /** Each lock's fencing token (decimal strings) in the order of `names`: the set's extend and release are pinned to them. */
+  readonly fencingTokens: (string | null)[];
   /** Every lease of the set to ttlMs from now; rejects with LockLostError when any lock was not held. */
   extend(ttlMs?: number): Promise<LockSet>;
   /** True when every lock was still held (the others are released all the same). */

@@ -134,6 +134,23 @@ $steps{multi_release} = sub {
     return { released => bool($c->release_all([ split /,/, $names ], holder => $holder)) };
 };
 
+# S1 taken and released, S2 taken, then S1's release again: the guard would
+# refuse a second release itself, so release_all with S1's tokens (the stale
+# one); on a line from stdin, S2 released.
+$steps{multi_stale} = sub {
+    my ($c, $holder, $names) = @_;
+    my @names = split /,/, $names;
+    my $first = $c->lock_all(\@names, holder => $holder, ttl_ms => 60_000);
+    my $first_released = $first->release;
+    my $second = $c->lock_all(\@names, holder => $holder, ttl_ms => 60_000);
+    my $stale = $c->release_all(\@names, holder => $holder, fencing_tokens => [ $first->fencing_tokens ]);
+    emit({ event => 'stale', first => { set_json($first->holder, $first->grants) },
+           second => { set_json($second->holder, $second->grants) }, first_released => bool($first_released),
+           stale_released => bool($stale) });
+    my $line = <STDIN>;
+    return { released => bool($second->release) };
+};
+
 # Wait for one lock; a refusal closing a cycle is caught as Tumbler::Error::Deadlock.
 $steps{deadlock_wait} = sub {
     my ($c, $name, $holder, $wait_ms) = @_;

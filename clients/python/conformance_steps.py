@@ -120,6 +120,16 @@ def multi_release(client, holder, names):  # the set, by holder (no token)
     return {"released": resp.status == pb.RELEASE_STATUS_RELEASED}
 
 
+def multi_stale(client, holder, names):  # S1 taken and released, S2 taken; S1's release again; "release": S2's
+    first = client.acquire_all(names.split(","), holder, ttl_ms=60000)
+    first_released = first.release()
+    second = client.acquire_all(names.split(","), holder, ttl_ms=60000)
+    emit({"event": "stale", "first": set_json(first), "second": set_json(second), "first_released": first_released,
+          "stale_released": first.release()})
+    sys.stdin.readline()
+    return {"released": second.release()}
+
+
 def deadlock_wait(client, name, holder, wait_ms):  # wait for one lock; a refusal must come as tc.Deadlock
     def run():
         lock = client.acquire(name, holder, wait_ms=int(wait_ms), ttl_ms=60000)
@@ -318,7 +328,8 @@ def _until_elected(observer, stop_candidate, changes, out):
 
 SYNC = {"hold": hold, "release": release, "wait": wait, "rw_hold": rw_hold, "rw_wait": rw_wait,
         "weighted_hold": weighted_hold, "weighted_wait": weighted_wait, "multi_hold": multi_hold,
-        "multi_wait": multi_wait, "multi_release": multi_release, "deadlock_wait": deadlock_wait, "scoped": scoped,
+        "multi_wait": multi_wait, "multi_release": multi_release, "multi_stale": multi_stale,
+        "deadlock_wait": deadlock_wait, "scoped": scoped,
         "inspect": inspect,
         "invalid": invalid,
         "keep": keep, "crash": crash, "lost": lost, "restart": restart, "campaign": campaign, "leader": leader,

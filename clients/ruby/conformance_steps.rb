@@ -114,6 +114,18 @@ module Steps
     { released: c.release_all(names.split(','), holder: holder) }
   end
 
+  # S1 taken and released, S2 taken, S1's release again (the stale one);
+  # on a line from stdin, S2 released.
+  def multi_stale(c, holder, names)
+    first = c.acquire_all(names.split(','), holder: holder, ttl_ms: 60_000)
+    first_released = first.release
+    second = c.acquire_all(names.split(','), holder: holder, ttl_ms: 60_000)
+    emit(event: 'stale', first: set_json(first), second: set_json(second), first_released: first_released,
+         stale_released: first.release)
+    $stdin.gets
+    { released: second.release }
+  end
+
   # Wait for one lock; a refusal closing a cycle is caught as Tumbler::Deadlock.
   def deadlock_wait(c, name, holder, wait_ms)
     lock = c.acquire(name, holder: holder, wait_ms: Integer(wait_ms), ttl_ms: 60_000)

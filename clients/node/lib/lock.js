@@ -142,8 +142,9 @@ class Lock {
 
 // A multi-lock's grants, held and given back as one: `names`, `holder`,
 // `grants` (one per name, in the order asked, each with its `name` and own
-// fencing token), `fencingToken(name)`. Its Extend and Release name the set
-// (the server acts on every lock of it, each for the holder's own grant),
+// fencing token), `fencingToken(name)`, `fencingTokens`. Its Extend and
+// Release name the set, each lock pinned to the token it was granted (so a
+// late release of this set never touches a newer set of the same holder),
 // so extend(), release(), keepAlive(), `lost` and `signal` work as a Lock's
 // for the whole set. `grant` is the grant whose lease ends first.
 class LockSet extends Lock {
@@ -159,13 +160,20 @@ class LockSet extends Lock {
   // The fencing token (a decimal string) of the lock `name` of the set; null when not in the set.
   fencingToken(name) { return this.grants.find((g) => g.name === name)?.fencingToken ?? null; }
 
+  // Each lock's fencing token (decimal strings), in the order of `names`.
+  get fencingTokens() { return this.names.map((name) => this.fencingToken(name)); }
+
   extendRequest(ttlMs) {
-    const req = { namespace: this.client.namespace, holder: this.holder, names: this.names };
+    const req = { namespace: this.client.namespace, holder: this.holder, names: this.names,
+      fencingTokens: this.fencingTokens };
     if (ttlMs !== undefined) req.ttlMs = ttlMs;
     return req;
   }
 
-  releaseRequest() { return { namespace: this.client.namespace, holder: this.holder, names: this.names }; }
+  releaseRequest() {
+    return { namespace: this.client.namespace, holder: this.holder, names: this.names,
+      fencingTokens: this.fencingTokens };
+  }
 
   async downgrade() { throw new TypeError('a multi-lock has no read/write mode to downgrade'); }
 

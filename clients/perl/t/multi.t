@@ -103,6 +103,31 @@ subtest 'a waiting set is granted once the set it overlaps is released' => sub {
     is_deeply holders(qw(p q r)), [0, 0, 0], 'all free after';
 };
 
+subtest 'a late release of an old set leaves the holder\'s newer set alone' => sub {
+    my $old = $client->lock_all([qw(s t)], holder => 'again', ttl_ms => 30_000);
+    my @old_tokens = $old->fencing_tokens;
+    like "@old_tokens", qr/^\d+ \d+$/, 'a token per name, in order';
+    ok $old->release, 'the old set released';
+    my $newer = $client->acquire_all([qw(s t)], holder => 'again', ttl_ms => 30_000);
+    is scalar @{ $newer->{fencing_tokens} }, 2, 'acquire_all answers the tokens in the order of the names';
+    ok !$client->release_all([qw(s t)], holder => 'again', fencing_tokens => \@old_tokens),
+        'release_all with the old set\'s tokens: false';
+    my $e = error_of { $client->extend_all([qw(s t)], holder => 'again', fencing_tokens => \@old_tokens) };
+    isa_ok $e, 'Tumbler::Error::NotHeld', 'extend_all with the old set\'s tokens';
+    my @held = map { [ map { [ $_->{grant}{holder}, $_->{grant}{fencing_token} ] }
+        @{ $client->inspect($_)->{holders} // [] } ] } qw(s t);
+    is_deeply \@held, [ map { [ [ 'again', $_ ] ] } @{ $newer->{fencing_tokens} } ],
+        'the newer set still held, with its own tokens';
+    $e = error_of { $client->release_all([qw(s t)], holder => 'again', fencing_tokens => [ $old_tokens[0] ]) };
+    isa_ok $e, 'Tumbler::Error::InvalidArgument', 'one token for two names';
+    like $e && $e->message, qr/^fencing_tokens/, 'the message names fencing_tokens (' . ($e && $e->message) . ')';
+    $e = error_of { $client->release_all([qw(s t)], holder => 'again', fencing_tokens => $old_tokens[0]) };
+    like $e && $e->message, qr/^fencing_tokens: an array ref/, 'not an array ref: refused here';
+    ok $client->release_all([qw(s t)], holder => 'again', fencing_tokens => $newer->{fencing_tokens}),
+        'the newer set released with its tokens';
+    is_deeply holders(qw(s t)), [0, 0], 'both free';
+};
+
 subtest 'a name twice, or one name, is invalid_argument naming names' => sub {
     for my $names ([qw(a a)], ['a']) {
         my $e = error_of { $client->acquire_all($names) };

@@ -91,6 +91,33 @@ class MultiTest < Minitest::Test
     @client.release_all(%w[m n], holder: 'crashed')
   end
 
+  # The holder took the set again after releasing it: a late release of the
+  # old set (its own, or release_all with its tokens) and a late extend of
+  # it answer not held, and leave the newer set held with its tokens.
+  def test_a_late_release_of_an_old_set_leaves_the_holders_newer_set_alone
+    old = @client.acquire_all(%w[s t], holder: 'again', ttl_ms: 30_000)
+    assert old.release
+    newer = @client.acquire_all(%w[s t], holder: 'again', ttl_ms: 30_000)
+    refute_equal old.fencing_tokens, newer.fencing_tokens
+    refute old.release, 'the old set released again'
+    refute @client.release_all(%w[s t], holder: 'again', fencing_tokens: old.fencing_tokens)
+    assert_raises(Tumbler::LockLost) { old.extend_lease }
+    held = %w[s t].map { |n| @client.inspect_lock(n).holders.map { |h| [h.grant.holder, h.grant.fencing_token] } }
+    assert_equal(newer.fencing_tokens.map { |t| [['again', t]] }, held)
+    assert newer.release
+    assert_equal [0, 0], holders('s', 't')
+  end
+
+  def test_release_all_with_tokens_not_one_per_name_is_invalid_argument_naming_fencing_tokens
+    set = @client.acquire_all(%w[u v], holder: 'short', ttl_ms: 30_000)
+    err = assert_raises(Tumbler::InvalidArgument) do
+      @client.release_all(%w[u v], holder: 'short', fencing_tokens: [set.fencing_token('u')])
+    end
+    assert_match(/\Afencing_tokens/, err.details)
+    assert_equal [1, 1], holders('u', 'v'), 'nothing released'
+    assert @client.release_all(%w[u v], holder: 'short', fencing_tokens: set.fencing_tokens)
+  end
+
   def test_a_name_twice_is_invalid_argument_naming_names
     err = assert_raises(Tumbler::InvalidArgument) { @client.acquire_all(%w[a a]) }
     assert_match(/\Anames/, err.details)

@@ -59,6 +59,7 @@ var steps = map[string]func(c *tumbler.Client, a []string) (obj, error){
 	"multi_hold":    multiHold,
 	"multi_wait":    multiWait,
 	"multi_release": multiRelease,
+	"multi_stale":   multiStale,
 	"deadlock_wait": deadlockWait,
 	"release":       release,
 	"wait":          wait,
@@ -320,6 +321,34 @@ func multiWait(c *tumbler.Client, a []string) (obj, error) { // HOLDER NAMES WAI
 
 func multiRelease(c *tumbler.Client, a []string) (obj, error) { // HOLDER NAMES
 	released, err := c.ReleaseAll(context.Background(), strings.Split(a[1], ","), a[0])
+	return obj{"released": released}, err
+}
+
+// multiStale: HOLDER NAMES. S1 taken and released, S2 taken, S1's release
+// again (the stale one); on a line from stdin, S2 released.
+func multiStale(c *tumbler.Client, a []string) (obj, error) {
+	ctx, names := context.Background(), strings.Split(a[1], ",")
+	o := tumbler.AcquireOptions{Holder: a[0], TTLMs: 60000}
+	first, err := c.AcquireAll(ctx, names, o)
+	if err != nil {
+		return nil, err
+	}
+	firstReleased, err := first.Release(ctx)
+	if err != nil {
+		return nil, err
+	}
+	second, err := c.AcquireAll(ctx, names, o)
+	if err != nil {
+		return nil, err
+	}
+	stale, err := first.Release(ctx)
+	if err != nil {
+		return nil, err
+	}
+	emit(obj{"event": "stale", "first": setJSON(first), "second": setJSON(second), "first_released": firstReleased,
+		"stale_released": stale})
+	bufio.NewScanner(os.Stdin).Scan()
+	released, err := second.Release(ctx)
 	return obj{"released": released}, err
 }
 

@@ -33,6 +33,7 @@ my %FIELDS = (
     prefer_readers => [ preferReaders => 'bool' ],
     permits       => [ permits      => 'u32' ],
     fencing_token => [ fencingToken => 'u64' ],
+    fencing_tokens => [ fencingTokens => 'u64s' ],
     max_entries   => [ maxEntries   => 'u32' ],
     prefix        => [ prefix       => 'str' ],
     page_size     => [ pageSize     => 'u32' ],
@@ -54,8 +55,8 @@ my %MODE = (read => 'LOCK_MODE_READ', write => 'LOCK_MODE_WRITE',
 my %ALLOWED = (
     Acquire => [qw(namespace holder ttl_ms wait_ms queue_ttl_ms limit kind metadata priority fair mode prefer_readers
                    permits)],
-    Release => [qw(namespace holder fencing_token)],
-    Extend  => [qw(namespace holder ttl_ms fencing_token)],
+    Release => [qw(namespace holder fencing_token fencing_tokens)],
+    Extend  => [qw(namespace holder ttl_ms fencing_token fencing_tokens)],
     Inspect => [qw(namespace)],
     Queue   => [qw(namespace max_entries)],
     List    => [qw(namespace prefix page_size page_token only_waiting)],
@@ -117,6 +118,13 @@ sub _body {
         next unless defined $v;
         my ($json, $type) = @{ $FIELDS{$key} };
         if    ($type eq 'u64') { $body{$json} = "$v" }
+        elsif ($type eq 'u64s') {
+            Tumbler::Error::InvalidArgument->throw(
+                code => 'invalid_argument', kind => 'invalid_argument', method => $method,
+                message => "$key: an array ref of fencing tokens, one per name",
+            ) unless ref $v eq 'ARRAY';
+            $body{$json} = [ map { "$_" } @$v ];
+        }
         elsif ($type eq 'u32' || $type eq 'i32') { $body{$json} = $v =~ /^-?\d+$/ ? 0 + $v : "$v" }
         elsif ($type eq 'bool') { $body{$json} = $v ? JSON::PP::true : JSON::PP::false }
         elsif ($type eq 'mode') {
@@ -281,8 +289,10 @@ sub acquire {
 # wait (holder, ttl_ms, wait_ms, queue_ttl_ms, limit, kind, metadata,
 # namespace, timeout). While it waits it holds nothing: the server tries
 # the whole set again when a lock of it frees. Returns the set as a hash:
-# holder, names, status, namespace and grants (one grant hash per name in
-# the order asked, each with its name and own fencing_token). Dies
+# holder, names, status, namespace, grants (one grant hash per name in
+# the order asked, each with its name and own fencing_token) and
+# fencing_tokens (one per name, in the order of names: what release_all
+# and extend_all pin the set to). Dies
 # Tumbler::Error::NotAcquired (busy, or timeout; named by the names joined
 # with commas), Tumbler::Error::InvalidArgument (fewer than 2 or more than
 # 16 names, a name twice: the message starts with "names"),
@@ -292,12 +302,15 @@ sub acquire_all {
     Carp::croak('acquire_all needs an array ref of names') unless ref $names eq 'ARRAY';
     my @names = map { "$_" } @$names;
     my $res = $self->_acquire({ names => \@names }, join(',', @names), \%opts);
+    my @grants = map { _grant($_) } @{ $res->{grants} // [] };
+    my %token = map { ($_->{name} => $_->{fencing_token}) } @grants;
     return {
         holder    => $res->{grant}{holder},
         names     => \@names,
         status    => $res->{status},
         namespace => $opts{namespace} // $self->{namespace},
-        grants    => [ map { _grant($_) } @{ $res->{grants} // [] } ],
+        grants    => \@grants,
+        fencing_tokens => [ map { $token{$_} } @names ],
     };
 }
 
@@ -331,9 +344,11 @@ sub release {
     return $self->_release({ name => _name($name) }, %opts);
 }
 
-# release_all(\@names, holder => ...): a multi-lock's set released by its
-# holder; true if every lock was held and released, false when any was not
-# (the holder's others are released all the same).
+# release_all(\@names, holder => ..., fencing_tokens => \@tokens): a
+# multi-lock's set released by its holder; true if every lock was held and
+# released, false when any was not (the holder's others are released all
+# the same). fencing_tokens (one per name, in the order of names) pins each
+# lock to its token: a lock taken again since is left alone (false).
 sub release_all {
     my ($self, $names, %opts) = @_;
     return $self->_release({ names => [ map { "$_" } @$names ] }, %opts);
@@ -354,9 +369,11 @@ sub extend {
     return $self->_extend({ name => _name($name) }, $name, %opts);
 }
 
-# extend_all(\@names, holder => ..., ttl_ms => ...): every lease of the set
-# renewed; the grant whose lease now ends first. Dies Tumbler::Error::NotHeld
-# when any lock of it was not held (the holder's others are then released).
+# extend_all(\@names, holder => ..., ttl_ms => ..., fencing_tokens => \@tokens):
+# every lease of the set renewed; the grant whose lease now ends first. Dies
+# Tumbler::Error::NotHeld when any lock of it was not held, or (with
+# fencing_tokens) carries another token (the holder's others are then
+# released, each only where its token matches).
 sub extend_all {
     my ($self, $names, %opts) = @_;
     my @names = map { "$_" } @$names;
@@ -584,8 +601,11 @@ grant hash per name in the order asked, each with its C<name> and own
 C<fencing_token>); it dies as C<acquire> does, and
 C<Tumbler::Error::InvalidArgument> naming C<names> for a name twice.
 C<extend_all(\@names, holder =E<gt> ..., ttl_ms =E<gt> ...)> and
-C<release_all(\@names, holder =E<gt> ...)> act on the set;
-C<lock_all(\@names, %opts)> returns a L<Tumbler::LockSet> guard. A wait
+C<release_all(\@names, holder =E<gt> ...)> act on the set, each lock
+pinned to its token with C<fencing_tokens =E<gt> $set-E<gt>{fencing_tokens}>
+(one per name, in the order of the names);
+C<lock_all(\@names, %opts)> returns a L<Tumbler::LockSet> guard, whose
+release and extend are always pinned to the tokens it was granted. A wait
 that would close a wait-for cycle dies C<Tumbler::Error::Deadlock>.
 
 C<release($name, holder =E<gt> ..., fencing_token =E<gt> ...)> returns true

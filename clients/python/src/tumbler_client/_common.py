@@ -112,8 +112,9 @@ class Acquiring:
 
 class LockSetMixin:
     """What LockSet and AsyncLockSet add to a Lock: the set's ``names`` and ``grants`` (one per name, in the
-    order asked, each with its own fencing token). Its Extend and Release name the set: the server acts on
-    every lock of it, each for the holder's own grant. ``grant`` is the grant whose lease ends first."""
+    order asked, each with its own fencing token). Its Extend and Release name the set, each lock pinned to the
+    token it was granted (``fencing_tokens``), so a late release of this set never touches a newer set of the
+    same holder. ``grant`` is the grant whose lease ends first."""
 
     def __init__(self, client, names, resp, lease_end):
         grants = list(resp.grants)
@@ -126,11 +127,18 @@ class LockSetMixin:
         """The fencing token of the lock ``name`` of the set (None: not in the set)."""
         return next((g.fencing_token for g in self.grants if g.name == name), None)
 
+    @property
+    def fencing_tokens(self):
+        """Each lock's fencing token, in the order of ``names``."""
+        return [self.fencing_token(name) for name in self.names]
+
     def _extend_request(self, ttl_ms):
-        return pb.ExtendRequest(namespace=self.client.namespace, holder=self.holder, ttl_ms=ttl_ms, names=self.names)
+        return pb.ExtendRequest(namespace=self.client.namespace, holder=self.holder, ttl_ms=ttl_ms, names=self.names,
+                                fencing_tokens=self.fencing_tokens)
 
     def _release_request(self):
-        return pb.ReleaseRequest(namespace=self.client.namespace, holder=self.holder, names=self.names)
+        return pb.ReleaseRequest(namespace=self.client.namespace, holder=self.holder, names=self.names,
+                                 fencing_tokens=self.fencing_tokens)
 
     def downgrade(self):
         raise TypeError("a multi-lock has no read/write mode to downgrade")

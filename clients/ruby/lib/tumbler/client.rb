@@ -98,8 +98,10 @@ module Tumbler
                                                       ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms)
       # The set's lease is as long as its shortest.
       first = resp.grants.min_by(&:expires_at_ms) || resp.grant
-      LockSet.new(Lock.new(self, names.join(','), first, sent + (first.ttl_ms / 1000.0), limit: limit, names: names),
-                  resp.grants.to_a)
+      tokens = names.map { |n| resp.grants.find { |g| g.name == n }&.fencing_token }
+      lock = Lock.new(self, names.join(','), first, sent + (first.ttl_ms / 1000.0), limit: limit, names: names,
+                                                                                    fencing_tokens: tokens)
+      LockSet.new(lock, resp.grants.to_a)
     end
 
     MODES = { nil => nil, read: :LOCK_MODE_READ, write: :LOCK_MODE_WRITE }.freeze
@@ -214,9 +216,12 @@ module Tumbler
 
     # Release the set `names` that `holder` holds without a LockSet; false
     # when any lock of it was not held (the holder's others are released
-    # all the same).
-    def release_all(names, holder:)
-      req = V1::ReleaseRequest.new(namespace: namespace, names: names.map(&:to_s), holder: holder)
+    # all the same). fencing_tokens (one per name, in the order of names: a
+    # LockSet's #fencing_tokens) pins each lock to its token: a lock taken
+    # again since is left alone and makes the answer false.
+    def release_all(names, holder:, fencing_tokens: nil)
+      req = V1::ReleaseRequest.new(**{ namespace: namespace, names: names.map(&:to_s), holder: holder,
+                                       fencing_tokens: fencing_tokens&.to_a }.compact)
       call(:release) { req }.status == :RELEASE_STATUS_RELEASED
     end
 

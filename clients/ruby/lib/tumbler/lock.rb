@@ -11,9 +11,11 @@ module Tumbler
     # already_held: the Acquire found this holder already holding the grant
     # (ALREADY_HELD: same token and slot, lease unchanged).
     # names: a multi-lock's names (LockSet): Extend and Release then name
-    # the set, each lock having its own token.
-    def initialize(client, name, grant, lease_end, already_held: false, limit: nil, names: nil)
+    # the set, each lock pinned to its own token (fencing_tokens, in the
+    # order of names).
+    def initialize(client, name, grant, lease_end, already_held: false, limit: nil, names: nil, fencing_tokens: nil)
       @names = names
+      @fencing_tokens = fencing_tokens
       @already_held = already_held
       @limit = limit # the limit asked: a downgrade asks the same
       @client = client
@@ -114,8 +116,12 @@ module Tumbler
 
     private
 
-    # What an Extend or Release names: the lock pinned to its token, or the set.
-    def which = @names ? { names: @names } : { name: name, fencing_token: fencing_token }
+    # What an Extend or Release names: the lock pinned to its token, or the set pinned to its tokens.
+    def which
+      return { name: name, fencing_token: fencing_token } unless @names
+
+      { names: @names, fencing_tokens: @fencing_tokens }.compact
+    end
 
     def renewed(grant, sent)
       @grant = grant
