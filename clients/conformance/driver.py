@@ -23,7 +23,7 @@ import tumbler_client as tc
 from tumbler_client import pb
 
 from procs import (CLIENTS, ELECTION_LANGS, EXAMPLE_LANGS, LANGS, MULTI_LANGS, NAMESPACE, OBSERVE_LANGS,
-                   READ_WRITE_LANGS, RESIGN_TAKES_LEADERSHIP, ROOT, STALE_SET_LANGS, WEIGHTED_LANGS, Step,
+                   READ_WRITE_LANGS, RESIGN_TAKES_LEADERSHIP, ROOT, WEIGHTED_LANGS, Step,
                    free_port, start_dev, start_redis, start_serve, stop)
 
 results = []  # (lang, ok, text)
@@ -562,7 +562,7 @@ def multi(addr):
     fits beside; each sends a late release of a set it has taken again since (the newer set stays held); then
     each in turn closes a cycle of waiters and is refused with its typed deadlock."""
     in_turn(addr, "multi", MULTI_LANGS, multi_round)
-    for n, lang in enumerate(lang for lang in STALE_SET_LANGS if lang in LANGS):
+    for n, lang in enumerate(lang for lang in MULTI_LANGS if lang in LANGS):
         stale_set_round(addr, lang, n)
     langs = [lang for lang in MULTI_LANGS if lang in LANGS]
     if len(langs) < 2:
@@ -1009,7 +1009,6 @@ def main():
         READ_WRITE_LANGS[:] = [lang for lang in READ_WRITE_LANGS if lang in wanted]
         WEIGHTED_LANGS[:] = [lang for lang in WEIGHTED_LANGS if lang in wanted]
         MULTI_LANGS[:] = [lang for lang in MULTI_LANGS if lang in wanted]
-        STALE_SET_LANGS[:] = [lang for lang in STALE_SET_LANGS if lang in wanted]
     if not os.path.exists(opts.server):
         raise SystemExit(f"{opts.server} is missing: cargo build --bin tumbler")
     proc, addr = start_dev(opts.server)

@@ -35,12 +35,9 @@ READ_WRITE_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 # weighted_wait), in the order it rotates the roles through.
 WEIGHTED_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
 # Languages whose helpers run the multi part (multi_hold, multi_wait,
-# multi_release, deadlock_wait), in the order it rotates the roles through.
+# multi_release, multi_stale, deadlock_wait), in the order it rotates the
+# roles through.
 MULTI_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
-# Languages whose helpers run the multi part's stale-release check
-# (multi_stale: a late release of a set the holder has taken again since);
-# Rust's steps have no multi_stale yet.
-STALE_SET_LANGS = ["python", "node", "go", "ruby", "perl"]
 
 
 def commands(table):

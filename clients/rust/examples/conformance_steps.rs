@@ -242,6 +242,39 @@ async fn multi_release(c: &Client, a: &[String]) -> Out {
     Ok(json!({"released": reply.get_ref().status == proto::ReleaseStatus::Released as i32}))
 }
 
+async fn multi_stale(c: &Client, a: &[String]) -> Out {
+    // HOLDER NAMES: S1 taken and released, S2 taken; S1's release again;
+    // on "release": S2's. `LockSet::release` takes the set by value (a
+    // second release does not compile), so S1's late release is the raw
+    // Release carrying S1's tokens, as its guard sent them.
+    let take = || {
+        c.lock_all(names(&a[1]))
+            .holder(&a[0])
+            .ttl(Duration::from_secs(60))
+    };
+    let mut commands = commands();
+    let first = take().acquire().await?;
+    let first_json = set_json(&first);
+    let tokens: Vec<u64> = first.grants().iter().map(|g| g.fencing_token).collect();
+    let first_released = first.release().await?;
+    let second = take().acquire().await?;
+    let stale = proto::ReleaseRequest {
+        namespace: c.namespace().to_owned(),
+        holder: a[0].clone(),
+        names: names(&a[1]),
+        fencing_tokens: tokens,
+        ..Default::default()
+    };
+    let reply = c.stub().release(stale).await.map_err(Error::from)?;
+    emit(
+        &json!({"event": "stale", "first": first_json, "second": set_json(&second),
+                 "first_released": first_released,
+                 "stale_released": reply.get_ref().status == proto::ReleaseStatus::Released as i32}),
+    );
+    commands.recv().await;
+    Ok(json!({"released": second.release().await?}))
+}
+
 async fn deadlock_wait(c: &Client, a: &[String]) -> Out {
     // NAME HOLDER WAIT_MS: wait for one lock; a refusal must be Error::Deadlock
     let request = waiting(c, a, &a[2]);
@@ -631,6 +664,7 @@ async fn main() {
                 "multi_hold" => multi_hold(&c, args).await,
                 "multi_wait" => multi_wait(&c, args).await,
                 "multi_release" => multi_release(&c, args).await,
+                "multi_stale" => multi_stale(&c, args).await,
                 "deadlock_wait" => deadlock_wait(&c, args).await,
                 "release" => release(&c, args).await,
                 "wait" => wait(&c, args).await,
