@@ -14,13 +14,15 @@
 //! token). A crash between the steps leaves the parts taken to their
 //! lease: a reservation, or after its extend the full lease.
 //!
-//! The set's holder releases it lock by lock, each release pinned to
-//! that lock's token from the set's grant (`ReleaseRequest.fencing_tokens`;
-//! `Config::unpinned_set_release`: a caller that sends none, finding 10),
-//! and may extend it (`Config::set_extends`, the engine's `extend_set`):
-//! extend.lua per lock pinned to its token, and when a lock answers not
-//! held, the set is let go (every lock released pinned to its token) and
-//! the caller told NOT_HELD.
+//! The set's holder releases it with lua/release_many.lua and may extend
+//! it (`Config::set_extends`, the engine's `extend_set`) with
+//! lua/extend_many.lua ([`crate::set`]), each lock pinned to its token
+//! from the set's grant (`fencing_tokens`; `Config::unpinned_set_release`:
+//! a caller that sends none, finding 10), one call per slot group: the
+//! whole set on one server, so no crash splits it (finding 11) and no
+//! other call lands within it (finding 12); on the Cluster path one call
+//! per lock, in the acquire's order, and an extend that finds a group not
+//! held lets go of it in that call and releases the set's other groups.
 
 use crate::Config;
 use crate::hand_over::{Wake, hand_over};
@@ -330,6 +332,10 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 publish(cfg, s, wake);
             }
             if !live {
+                s.ghost.late_set_request |= matches!(
+                    out.reply,
+                    Reply::AcquiredMany { .. } | Reply::HeldMany { .. }
+                );
                 return;
             }
             let cluster = cfg.reservation > 0;
@@ -423,40 +429,55 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
             }
         }
         Call::ExtendSet {
-            lock,
+            groups,
             tokens,
             sent,
             until,
         } => {
-            let reply = extend_part(cfg, s, c, lock, cfg.part_token(&call));
+            let group = cfg.group_of(c, groups);
+            let before = held(s, c);
+            let out = (s.redis).extend_many(now, c, cfg.set_tokens(&call), cfg.ttl, 0, group);
+            for wake in out.wakes {
+                publish(cfg, s, wake);
+            }
             if !live {
                 return;
             }
-            match reply {
+            let rest = groups & !group;
+            let cl = &mut s.clients[ci];
+            match out.reply {
+                Reply::Ok { expires } if rest != 0 => {
+                    cl.call = Some(Call::ExtendSet {
+                        groups: rest,
+                        tokens,
+                        sent,
+                        until: until.min(belief(sent, now, expires)),
+                    });
+                }
                 Reply::Ok { expires } => {
-                    let until = until.min(belief(sent, now, expires));
-                    let cl = &mut s.clients[ci];
-                    if lock == 0 {
-                        cl.call = Some(Call::ExtendSet {
-                            lock: 1,
-                            tokens,
-                            sent,
-                            until,
-                        });
-                    } else if let Phase::Holding { token, .. } = cl.phase {
+                    if let Phase::Holding { token, .. } = cl.phase {
+                        let until = until.min(belief(sent, now, expires));
                         cl.phase = Phase::Holding { token, until };
                         s.ghost.set_extended = true;
                     }
                 }
                 _ => {
-                    // A part is not held: the set is let go, each lock
-                    // released pinned to its token, and the caller told
-                    // NOT_HELD (it stops acting on the set as it asks).
-                    s.ghost.set_extend_broken |= held(s, c) != 0;
-                    s.ghost.letting_go[ci] = true;
-                    let cl = &mut s.clients[ci];
+                    // A part not held: extend_many let go of its group; the
+                    // set's other groups (the Cluster path) are released,
+                    // pinned to their tokens, and the caller told NOT_HELD
+                    // (it stops acting on the set as it asks).
+                    s.ghost.set_extend_broken |= before != 0;
+                    let others = cfg.set_of(c) & !group;
                     cl.phase = Phase::Idle;
-                    cl.call = Some(Call::ReleasePart { lock: 0, tokens });
+                    if others != 0 {
+                        s.ghost.letting_go[ci] = true;
+                        cl.call = Some(Call::ReleaseSet {
+                            groups: others,
+                            tokens,
+                        });
+                    } else {
+                        s.round_over(c, cfg);
+                    }
                 }
             }
         }
@@ -480,8 +501,9 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 round_refused(cfg, s, c, req, queued);
             }
         }
-        Call::ReleasePart { lock, tokens } => {
-            let part = |s: &State| {
+        Call::ReleaseSet { groups, tokens } => {
+            let group = cfg.group_of(c, groups);
+            let part = |s: &State, lock: u8| {
                 let l = if lock == 0 {
                     &s.redis.lock
                 } else {
@@ -489,17 +511,29 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 };
                 (l.as_ref()).and_then(|l| l.mine(c).map(|g| l.holders[g].token))
             };
-            let before = part(s);
-            let reply = release_part(cfg, s, c, lock, cfg.part_token(&call));
-            // A late release that finds the holder's newer grant of the
+            let before = [part(s, 0), part(s, 1)];
+            let out = s.redis.release_many(now, c, cfg.set_tokens(&call), group);
+            for wake in out.wakes {
+                publish(cfg, s, wake);
+            }
+            let Reply::ReleasedMany { released } = out.reply else {
+                unreachable!("release_many answers a status per lock")
+            };
+            // A late release that finds the holder's newer grant of a
             // lock (its set taken again): pinned, it leaves it (finding
             // 10); unpinned, it takes it.
-            let set_token = tokens[usize::from(lock)];
-            let newer = before.is_some_and(|t| t != set_token);
-            s.ghost.stale_set_release_left |= newer && part(s).is_some();
-            s.ghost.newer_grant_released |= newer && reply != Reply::NotHeld;
-            if live && lock == 0 {
-                s.clients[ci].call = Some(Call::ReleasePart { lock: 1, tokens });
+            for lock in crate::set::locks_of(group) {
+                let set_token = tokens[usize::from(lock)];
+                let newer = before[usize::from(lock)].is_some_and(|t| t != set_token);
+                s.ghost.stale_set_release_left |= newer && part(s, lock).is_some();
+                s.ghost.newer_grant_released |= newer && released & (1 << lock) != 0;
+            }
+            let rest = groups & !group;
+            if live && rest != 0 {
+                s.clients[ci].call = Some(Call::ReleaseSet {
+                    groups: rest,
+                    tokens,
+                });
             } else if live {
                 // Answered: it no longer lets go of anything (a part it
                 // holds from now on is one it does not know of).
@@ -540,20 +574,39 @@ fn release_part(cfg: &Config, s: &mut State, c: Id, lock: u8, token: u32) -> Rep
 }
 
 impl Config {
-    /// The token a multi-lock's call on one lock names (0: any grant of
-    /// the holder): the Cluster path's extends and rollback pin theirs;
-    /// the set's release and extend pin theirs to the set's token of the
-    /// lock unless the caller sends none (`unpinned_set_release`).
+    /// The token a Cluster path's call on one lock of the set names while
+    /// the set is taken (its extends and its rollback pin theirs).
     pub fn part_token(&self, call: &Call) -> u32 {
         match *call {
             Call::ExtendPart { lock, tokens, .. } => tokens[usize::from(lock)],
             Call::RollBack { token, .. } => token,
-            Call::ExtendSet { lock, tokens, .. } | Call::ReleasePart { lock, tokens }
+            _ => 0,
+        }
+    }
+
+    /// The tokens a held set's release or extend names, per model lock:
+    /// the set's, unless the caller sends none (`unpinned_set_release`:
+    /// 0, any grant of the holder).
+    pub fn set_tokens(&self, call: &Call) -> [u32; 2] {
+        match *call {
+            Call::ExtendSet { tokens, .. } | Call::ReleaseSet { tokens, .. }
                 if !self.unpinned_set_release =>
             {
-                tokens[usize::from(lock)]
+                tokens
             }
-            _ => 0,
+            _ => [0; 2],
+        }
+    }
+
+    /// The slot group of a held set's next call among the locks `groups`
+    /// still to go: all of them on one server; on the Cluster path the
+    /// first (each lock its own group, in the acquire's order).
+    pub fn group_of(&self, c: Id, groups: u8) -> u8 {
+        let groups = groups & self.set_of(c);
+        if self.reservation == 0 {
+            groups
+        } else {
+            groups & groups.wrapping_neg()
         }
     }
 }

@@ -156,6 +156,12 @@ pub enum Reply {
         tokens: [u32; 2],
         expires: u8,
     },
+    /// release_many: a status per lock of the call, a bit each of the
+    /// model's locks released (OK); a lock of the call without its bit
+    /// answered NOT_HELD.
+    ReleasedMany {
+        released: u8,
+    },
 }
 
 impl Lock {

@@ -1,0 +1,116 @@
+//! A held set's release and extend as one call per slot group (invariant
+//! 15, findings 11 and 12): `Data::release_many` is lua/release_many.lua
+//! and `Data::extend_many` is lua/extend_many.lua, steps numbered as their
+//! comments number them. Each runs on the locks of one group, a bit each
+//! (on one server the whole set; on the Cluster path one lock), and each
+//! lock's part reuses the single-lock steps of `redis.rs` (release.lua's
+//! steps 2–4, extend.lua's steps 5–6) within the one atomic step, so no
+//! other call lands between two locks of a group.
+
+use crate::hand_over::Wake;
+use crate::redis::{Data, Id, Lock, Reply};
+
+/// The reply of a set's call and each lock's wake-up (its PUBLISHes).
+pub struct SetEffects {
+    pub reply: Reply,
+    pub wakes: Vec<Wake>,
+}
+
+/// The model's locks in `group` (a bit each), in the acquire's order.
+pub fn locks_of(group: u8) -> impl Iterator<Item = u8> {
+    (0..2).filter(move |i| group & (1 << i) != 0)
+}
+
+/// Whether `lock` has a live grant of `holder` (with `token`, unless 0)
+/// once its lapsed leases are purged.
+fn held_with(lock: &Option<Lock>, now: u8, holder: Id, token: u32) -> bool {
+    (lock.as_ref()).is_some_and(|l| {
+        (l.holders.iter())
+            .any(|g| g.holder == holder && g.expires > now && (token == 0 || g.token == token))
+    })
+}
+
+impl Data {
+    /// One lock's release.lua steps 2–4 (purge; only the holder's live
+    /// grant with `token`, 0: any, is dropped; the permit handed over;
+    /// settle).
+    fn release_one(&mut self, now: u8, holder: Id, lock: u8, token: u32) -> (bool, Wake) {
+        self.select(lock);
+        let out = self.release(now, holder, token, None, None);
+        self.select(lock);
+        (matches!(out.reply, Reply::Ok { .. }), out.wake)
+    }
+
+    /// lua/release_many.lua: the locks of `group`, each pinned to its
+    /// token in `tokens` (per model lock; 0: any grant of the holder).
+    pub fn release_many(&mut self, now: u8, holder: Id, tokens: [u32; 2], group: u8) -> SetEffects {
+        let (mut released, mut wakes) = (0, Vec::new());
+        // 1. Per lock, in the call's order, release.lua's steps 2–4, all
+        //    in this one call: a status per lock (OK, NOT_HELD).
+        for lock in locks_of(group) {
+            let (ok, wake) = self.release_one(now, holder, lock, tokens[usize::from(lock)]);
+            released |= u8::from(ok) << lock;
+            wakes.push(wake);
+        }
+        SetEffects {
+            reply: Reply::ReleasedMany { released },
+            wakes,
+        }
+    }
+
+    /// lua/extend_many.lua: the locks of `group` extended to `ttl` from
+    /// now, each pinned to its token (0: any), all or nothing.
+    pub fn extend_many(
+        &mut self,
+        now: u8,
+        holder: Id,
+        tokens: [u32; 2],
+        ttl: u8,
+        answer_by: u8,
+        group: u8,
+    ) -> SetEffects {
+        // 1. Past the caller's answer-by time nothing changes.
+        if answer_by != 0 && now > answer_by {
+            return SetEffects {
+                reply: Reply::Late,
+                wakes: Vec::new(),
+            };
+        }
+        // 2. Every lock loaded and purged (each lock's step below purges
+        //    it first, and nothing runs between them); 3. does each have
+        //    a live grant of the holder with its token?
+        let lock = |d: &Data, i: u8| {
+            if i == 0 {
+                d.lock.clone()
+            } else {
+                d.second.clone()
+            }
+        };
+        let whole =
+            locks_of(group).all(|i| held_with(&lock(self, i), now, holder, tokens[usize::from(i)]));
+        let mut wakes = Vec::new();
+        if whole {
+            // 3. Each extended: extend.lua's steps 5–6.
+            for i in locks_of(group) {
+                self.select(i);
+                let out = self.extend(now, holder, tokens[usize::from(i)], ttl, 0);
+                self.select(i);
+                wakes.push(out.wake);
+            }
+            return SetEffects {
+                reply: Reply::Ok { expires: now + ttl },
+                wakes,
+            };
+        }
+        // 4. A part not held: each lock whose grant matches is released
+        //    (as release_many; 'lost' emitted where extend.lua would),
+        //    and the caller told NOT_HELD.
+        for i in locks_of(group) {
+            wakes.push(self.release_one(now, holder, i, tokens[usize::from(i)]).1);
+        }
+        SetEffects {
+            reply: Reply::NotHeld,
+            wakes,
+        }
+    }
+}
