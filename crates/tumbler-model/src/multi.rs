@@ -516,7 +516,7 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
             for wake in out.wakes {
                 publish(cfg, s, wake);
             }
-            let Reply::ReleasedMany { released } = out.reply else {
+            let Reply::ReleasedMany { released, .. } = out.reply else {
                 unreachable!("release_many answers a status per lock")
             };
             // A late release that finds the holder's newer grant of a

@@ -1,7 +1,8 @@
 //! A held set's release and extend as one call per slot group (invariant
 //! 15, findings 11 and 12): `Data::release_many` is lua/release_many.lua
 //! and `Data::extend_many` is lua/extend_many.lua, steps numbered as their
-//! comments number them. Each runs on the locks of one group, a bit each
+//! comments number them (step 0, a malformed call refused, is the
+//! engine's to avoid: the model makes none). Each runs on the locks of one group, a bit each
 //! (on one server the whole set; on the Cluster path one lock), and each
 //! lock's part reuses the single-lock steps of `redis.rs` (release.lua's
 //! steps 2–4, extend.lua's steps 5–6) within the one atomic step, so no
@@ -45,15 +46,22 @@ impl Data {
     /// token in `tokens` (per model lock; 0: any grant of the holder).
     pub fn release_many(&mut self, now: u8, holder: Id, tokens: [u32; 2], group: u8) -> SetEffects {
         let (mut released, mut wakes) = (0, Vec::new());
-        // 1. Per lock, in the call's order, release.lua's steps 2–4, all
-        //    in this one call: a status per lock (OK, NOT_HELD).
+        // 1. Lock after lock, release.lua's steps 2–4: its lapsed leases
+        //    and dead waiters purged; only a live grant of the holder with
+        //    the lock's token (if given) released, its permit handed to
+        //    the next waiter in line; a status per lock (OK, NOT_HELD).
         for lock in locks_of(group) {
             let (ok, wake) = self.release_one(now, holder, lock, tokens[usize::from(lock)]);
             released |= u8::from(ok) << lock;
             wakes.push(wake);
         }
+        // 2. The answer: OK when every lock was released, else NOT_HELD
+        //    (the locks released stay released).
         SetEffects {
-            reply: Reply::ReleasedMany { released },
+            reply: Reply::ReleasedMany {
+                locks: group,
+                released,
+            },
             wakes,
         }
     }
@@ -102,9 +110,9 @@ impl Data {
                 wakes,
             };
         }
-        // 4. A part not held: each lock whose grant matches is released
-        //    (as release_many; 'lost' emitted where extend.lua would),
-        //    and the caller told NOT_HELD.
+        // 4. A part not held, the set is broken: each lock whose grant
+        //    matches is released (release.lua's step 4; 'lost' emitted
+        //    where extend.lua would), and the caller told NOT_HELD.
         for i in locks_of(group) {
             wakes.push(self.release_one(now, holder, i, tokens[usize::from(i)]).1);
         }
