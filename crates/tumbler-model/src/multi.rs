@@ -270,7 +270,7 @@ impl Config {
 }
 
 /// The locks of which client `c` holds a live grant in Redis, a bit each.
-fn held(s: &State, c: Id) -> u8 {
+pub(crate) fn held(s: &State, c: Id) -> u8 {
     let live = |l: &Option<Lock>| {
         (l.as_ref()).is_some_and(|l| l.holders.iter().any(|g| g.holder == c && g.expires > s.now))
     };
@@ -428,59 +428,6 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 }
             }
         }
-        Call::ExtendSet {
-            groups,
-            tokens,
-            sent,
-            until,
-        } => {
-            let group = cfg.group_of(c, groups);
-            let before = held(s, c);
-            let out = (s.redis).extend_many(now, c, cfg.set_tokens(&call), cfg.ttl, 0, group);
-            for wake in out.wakes {
-                publish(cfg, s, wake);
-            }
-            if !live {
-                return;
-            }
-            let rest = groups & !group;
-            let cl = &mut s.clients[ci];
-            match out.reply {
-                Reply::Ok { expires } if rest != 0 => {
-                    cl.call = Some(Call::ExtendSet {
-                        groups: rest,
-                        tokens,
-                        sent,
-                        until: until.min(belief(sent, now, expires)),
-                    });
-                }
-                Reply::Ok { expires } => {
-                    if let Phase::Holding { token, .. } = cl.phase {
-                        let until = until.min(belief(sent, now, expires));
-                        cl.phase = Phase::Holding { token, until };
-                        s.ghost.set_extended = true;
-                    }
-                }
-                _ => {
-                    // A part not held: extend_many let go of its group; the
-                    // set's other groups (the Cluster path) are released,
-                    // pinned to their tokens, and the caller told NOT_HELD
-                    // (it stops acting on the set as it asks).
-                    s.ghost.set_extend_broken |= before != 0;
-                    let others = cfg.set_of(c) & !group;
-                    cl.phase = Phase::Idle;
-                    if others != 0 {
-                        s.ghost.letting_go[ci] = true;
-                        cl.call = Some(Call::ReleaseSet {
-                            groups: others,
-                            tokens,
-                        });
-                    } else {
-                        s.round_over(c, cfg);
-                    }
-                }
-            }
-        }
         Call::RollBack {
             lock,
             token,
@@ -501,45 +448,8 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 round_refused(cfg, s, c, req, queued);
             }
         }
-        Call::ReleaseSet { groups, tokens } => {
-            let group = cfg.group_of(c, groups);
-            let part = |s: &State, lock: u8| {
-                let l = if lock == 0 {
-                    &s.redis.lock
-                } else {
-                    &s.redis.second
-                };
-                (l.as_ref()).and_then(|l| l.mine(c).map(|g| l.holders[g].token))
-            };
-            let before = [part(s, 0), part(s, 1)];
-            let out = s.redis.release_many(now, c, cfg.set_tokens(&call), group);
-            for wake in out.wakes {
-                publish(cfg, s, wake);
-            }
-            let Reply::ReleasedMany { released, .. } = out.reply else {
-                unreachable!("release_many answers a status per lock")
-            };
-            // A late release that finds the holder's newer grant of a
-            // lock (its set taken again): pinned, it leaves it (finding
-            // 10); unpinned, it takes it.
-            for lock in crate::set::locks_of(group) {
-                let set_token = tokens[usize::from(lock)];
-                let newer = before[usize::from(lock)].is_some_and(|t| t != set_token);
-                s.ghost.stale_set_release_left |= newer && part(s, lock).is_some();
-                s.ghost.newer_grant_released |= newer && released & (1 << lock) != 0;
-            }
-            let rest = groups & !group;
-            if live && rest != 0 {
-                s.clients[ci].call = Some(Call::ReleaseSet {
-                    groups: rest,
-                    tokens,
-                });
-            } else if live {
-                // Answered: it no longer lets go of anything (a part it
-                // holds from now on is one it does not know of).
-                s.ghost.letting_go[ci] = false;
-                s.round_over(c, cfg);
-            }
+        Call::ExtendSet { .. } | Call::ReleaseSet { .. } => {
+            crate::set::run_held_call(cfg, s, c, call, live)
         }
         Call::Dequeue { .. } => {
             // Its wake-up places leave every lock's queue.
@@ -581,32 +491,6 @@ impl Config {
             Call::ExtendPart { lock, tokens, .. } => tokens[usize::from(lock)],
             Call::RollBack { token, .. } => token,
             _ => 0,
-        }
-    }
-
-    /// The tokens a held set's release or extend names, per model lock:
-    /// the set's, unless the caller sends none (`unpinned_set_release`:
-    /// 0, any grant of the holder).
-    pub fn set_tokens(&self, call: &Call) -> [u32; 2] {
-        match *call {
-            Call::ExtendSet { tokens, .. } | Call::ReleaseSet { tokens, .. }
-                if !self.unpinned_set_release =>
-            {
-                tokens
-            }
-            _ => [0; 2],
-        }
-    }
-
-    /// The slot group of a held set's next call among the locks `groups`
-    /// still to go: all of them on one server; on the Cluster path the
-    /// first (each lock its own group, in the acquire's order).
-    pub fn group_of(&self, c: Id, groups: u8) -> u8 {
-        let groups = groups & self.set_of(c);
-        if self.reservation == 0 {
-            groups
-        } else {
-            groups & groups.wrapping_neg()
         }
     }
 }
