@@ -247,7 +247,7 @@ async fn a_held_set_is_extended_and_released_with_one_call_per_slot_group() {
         ttl_ms: Some(60_000),
         ..Default::default()
     };
-    let extended = client.extend(extend).await.unwrap().into_inner();
+    let extended = client.extend(extend.clone()).await.unwrap().into_inner();
     assert_eq!(extended.status(), proto::ExtendStatus::Extended);
     let extends = cluster_calls(&server, false).await;
     let after = grants_of(&mut client, &names).await;
@@ -270,6 +270,17 @@ async fn a_held_set_is_extended_and_released_with_one_call_per_slot_group() {
         slots.len()
     );
     assert!(grants_of(&mut client, &names).await.is_empty());
+
+    // Broken in its last slot group (`ledger-d`, the highest slot): the
+    // groups before it, extended already, are released again, and the
+    // answer is NOT_HELD; nothing of the set is left held.
+    let reply = client.acquire(set(&names, "me", 30_000)).await.unwrap();
+    assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+    let gone = client.release(release("ledger-d", "me")).await.unwrap();
+    assert_eq!(gone.into_inner().status(), proto::ReleaseStatus::Released);
+    let extended = client.extend(extend).await.unwrap().into_inner();
+    assert_eq!(extended.status(), proto::ExtendStatus::NotHeld);
+    assert_eq!(grants_of(&mut client, &names).await, vec![]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
