@@ -182,6 +182,17 @@ async fn a_replica_killed_between_the_groups_leaves_no_part_beyond_the_reservati
     assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
 }
 
+/// A server on a cluster of its own with 16 shards, for counting
+/// function calls: no health tick (it calls functions too).
+async fn counting_cluster() -> TestServer {
+    TestServer::new()
+        .cluster()
+        .args(counting_args())
+        .shards(16)
+        .start()
+        .await
+}
+
 /// Function calls on every node of the cluster since `reset`.
 async fn cluster_calls(server: &TestServer, reset: bool) -> u64 {
     let mut calls = 0;
@@ -206,13 +217,7 @@ async fn cluster_calls(server: &TestServer, reset: bool) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_set_is_extended_and_released_with_one_call_per_slot_group() {
-    // No health tick (it calls functions too) while counting.
-    let server = TestServer::new()
-        .cluster()
-        .args(counting_args())
-        .shards(16)
-        .start()
-        .await;
+    let server = counting_cluster().await;
     let mut client = server.client().await;
     // With 16 shards `ledger-x` shares `ledger-a`'s shard and `ledger-z`
     // `ledger-c`'s: six locks in fewer slot groups (checked below), so a
@@ -285,13 +290,7 @@ async fn a_held_set_is_extended_and_released_with_one_call_per_slot_group() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_set_sleeps_until_its_busy_lock_changes() {
-    // No health tick (it calls functions too) while counting.
-    let server = TestServer::new()
-        .cluster()
-        .args(counting_args())
-        .shards(16)
-        .start()
-        .await;
+    let server = counting_cluster().await;
     let mut client = server.client().await;
     // `first` and `busy` held; the set waits (a wake-up place on each);
     // `first` is let go. For the pairs where `first` comes before `busy`
