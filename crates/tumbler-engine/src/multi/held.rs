@@ -71,12 +71,9 @@ impl Multi {
             let group_tokens: Vec<Option<u64>> = group.at.iter().map(|&at| tokens[at]).collect();
             let namespace = &locks[group.at[0]].0.namespace;
             let call = ops::extend_many::Call {
-                holder,
+                set: self.set_call(holder, namespace, &group_tokens),
                 ttl_ms: ttl.map(crate::Ttl::ms),
                 answer_by: self.calls.answer_by(answer_by),
-                watched: self.changelog.emits(namespace),
-                keys_per_lock: self.keys_per_lock(),
-                tokens: &group_tokens,
             };
             let reply = (self.calls)
                 .call_locks(
@@ -120,6 +117,22 @@ impl Multi {
         Ok(earliest.map_or(ExtendOutcome::NotHeld, ExtendOutcome::Extended))
     }
 
+    /// What a set function's call names: the holder, where the
+    /// namespace's events go, per lock its token.
+    fn set_call<'a>(
+        &self,
+        holder: &'a str,
+        namespace: &str,
+        tokens: &'a [Option<u64>],
+    ) -> ops::release_many::Set<'a> {
+        ops::release_many::Set {
+            holder,
+            watched: self.changelog.emits(namespace),
+            keys_per_lock: self.keys_per_lock(),
+            tokens,
+        }
+    }
+
     /// The slot groups of a held set (as its acquire made them).
     fn set_groups(&self, locks: &[SetLock]) -> Vec<Group> {
         self.groups_of(locks.iter().map(|(lock, _)| (&lock.namespace, &lock.name)))
@@ -139,10 +152,7 @@ impl Multi {
         let group_tokens: Vec<Option<u64>> = group.at.iter().map(|&at| tokens[at]).collect();
         let namespace = &locks[group.at[0]].0.namespace;
         let call = ops::release_many::Call {
-            holder,
-            watched: self.changelog.emits(namespace),
-            keys_per_lock: self.keys_per_lock(),
-            tokens: &group_tokens,
+            set: self.set_call(holder, namespace, &group_tokens),
         };
         let reply = (self.calls)
             .call_locks(|s| &s.release_many, &group.keys, &call.args(), |_| false)

@@ -4,7 +4,7 @@
 
 use redis::Value;
 
-use super::release_many::lock_grants;
+use super::release_many::{Set, lock_grants};
 use super::{Reply, status};
 use crate::Grant;
 use crate::records::header_mode;
@@ -12,30 +12,22 @@ use crate::store::StoreError;
 
 /// One call of the function, for the locks whose keys it declares.
 pub struct Call<'a> {
-    pub holder: &'a str,
+    pub set: Set<'a>,
     /// The new leases (None: each grant's own ttl).
     pub ttl_ms: Option<u64>,
     /// Redis ms after which nothing may be extended.
     pub answer_by: i64,
-    pub watched: super::Emit,
-    /// Keys each lock declares (5, or 6 with live locks counted).
-    pub keys_per_lock: usize,
-    /// Per lock, in the keys' order: only the grant with this token
-    /// (None: any grant of the holder).
-    pub tokens: &'a [Option<u64>],
 }
 
 impl Call<'_> {
     /// The arguments, in `lua/extend_many.lua`'s order.
     pub fn args(&self) -> Vec<String> {
         let mut args = vec![
-            self.holder.to_owned(),
+            self.set.holder.to_owned(),
             super::optional(self.ttl_ms),
             self.answer_by.to_string(),
-            self.watched.arg(),
-            self.keys_per_lock.to_string(),
         ];
-        args.extend(self.tokens.iter().map(|token| super::optional(*token)));
+        self.set.push_args(&mut args);
         args
     }
 }

@@ -9,8 +9,10 @@ use crate::Grant;
 use crate::records::parse_grant;
 use crate::store::StoreError;
 
-/// One call of the function, for the locks whose keys it declares.
-pub struct Call<'a> {
+/// The set a call acts on (`release_many`, `extend_many`): its holder,
+/// where its events go, and per lock its token.
+#[derive(Clone, Copy)]
+pub struct Set<'a> {
     pub holder: &'a str,
     pub watched: super::Emit,
     /// Keys each lock declares (5, or 6 with live locks counted).
@@ -20,15 +22,26 @@ pub struct Call<'a> {
     pub tokens: &'a [Option<u64>],
 }
 
+impl Set<'_> {
+    /// Appends the flags, the keys per lock and the tokens (every set
+    /// function's last arguments, in this order).
+    pub(super) fn push_args(&self, args: &mut Vec<String>) {
+        args.push(self.watched.arg());
+        args.push(self.keys_per_lock.to_string());
+        args.extend(self.tokens.iter().map(|token| super::optional(*token)));
+    }
+}
+
+/// One call of the function, for the locks whose keys it declares.
+pub struct Call<'a> {
+    pub set: Set<'a>,
+}
+
 impl Call<'_> {
     /// The arguments, in `lua/release_many.lua`'s order.
     pub fn args(&self) -> Vec<String> {
-        let mut args = vec![
-            self.holder.to_owned(),
-            self.watched.arg(),
-            self.keys_per_lock.to_string(),
-        ];
-        args.extend(self.tokens.iter().map(|token| super::optional(*token)));
+        let mut args = vec![self.set.holder.to_owned()];
+        self.set.push_args(&mut args);
         args
     }
 }
