@@ -3,7 +3,8 @@
 //! one global order, each group a short reservation until every group is
 //! held. Under contention a set is held whole or not at all; a replica
 //! killed (SIGKILL) between two groups leaves its first groups to lapse
-//! with their reservation, never with the full lease.
+//! with their reservation, never with the full lease. A held set is
+//! extended and released with one call per slot group (decision 0079).
 
 use crate::common;
 
@@ -181,6 +182,17 @@ async fn a_replica_killed_between_the_groups_leaves_no_part_beyond_the_reservati
     assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
 }
 
+/// A server on a cluster of its own with 16 shards, for counting
+/// function calls: no health tick (it calls functions too).
+async fn counting_cluster() -> TestServer {
+    TestServer::new()
+        .cluster()
+        .args(counting_args())
+        .shards(16)
+        .start()
+        .await
+}
+
 /// Function calls on every node of the cluster since `reset`.
 async fn cluster_calls(server: &TestServer, reset: bool) -> u64 {
     let mut calls = 0;
@@ -204,14 +216,81 @@ async fn cluster_calls(server: &TestServer, reset: bool) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_set_is_extended_and_released_with_one_call_per_slot_group() {
+    let server = counting_cluster().await;
+    let mut client = server.client().await;
+    // With 16 shards `ledger-x` shares `ledger-a`'s shard and `ledger-z`
+    // `ledger-c`'s: six locks in fewer slot groups (checked below), so a
+    // call per lock and a call per group differ.
+    let names = [NAMES.as_slice(), &["ledger-x", "ledger-z"]].concat();
+    let reply = client.acquire(set(&names, "me", 30_000)).await.unwrap();
+    assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+    // The set's slot groups: its lock keys' distinct slots.
+    let mut node = redis_conn(&server.cluster().nodes[0].url()).await;
+    let mut slots = std::collections::BTreeSet::new();
+    for keys in server.cluster().scan_each("tumbler:*:l:ledger-*") {
+        for key in keys {
+            let slot: u16 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(&key)
+                .query_async(&mut node)
+                .await
+                .unwrap();
+            slots.insert(slot);
+        }
+    }
+    assert!(
+        (2..names.len()).contains(&slots.len()),
+        "the set spans {} slot(s)",
+        slots.len()
+    );
+    let before = grants_of(&mut client, &names).await;
+    cluster_calls(&server, true).await;
+    let extend = proto::ExtendRequest {
+        names: names.iter().map(|n| n.to_string()).collect(),
+        holder: "me".into(),
+        ttl_ms: Some(60_000),
+        ..Default::default()
+    };
+    let extended = client.extend(extend.clone()).await.unwrap().into_inner();
+    assert_eq!(extended.status(), proto::ExtendStatus::Extended);
+    let extends = cluster_calls(&server, false).await;
+    let after = grants_of(&mut client, &names).await;
+    assert_eq!(after.len(), names.len());
+    for (was, now) in before.iter().zip(&after) {
+        assert!(now.3 > was.3 + 20_000, "{now:?} extended from {was:?}");
+    }
+    cluster_calls(&server, true).await;
+    let release_all = proto::ReleaseRequest {
+        names: names.iter().map(|n| n.to_string()).collect(),
+        ..release("", "me")
+    };
+    let released = client.release(release_all).await.unwrap().into_inner();
+    assert_eq!(released.status(), proto::ReleaseStatus::Released);
+    let releases = cluster_calls(&server, false).await;
+    assert_eq!(
+        (extends, releases),
+        (slots.len() as u64, slots.len() as u64),
+        "one call per slot group, {} groups",
+        slots.len()
+    );
+    assert!(grants_of(&mut client, &names).await.is_empty());
+
+    // Broken in its last slot group (`ledger-d`, the highest slot): the
+    // groups before it, extended already, are released again, and the
+    // answer is NOT_HELD; nothing of the set is left held.
+    let reply = client.acquire(set(&names, "me", 30_000)).await.unwrap();
+    assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+    let gone = client.release(release("ledger-d", "me")).await.unwrap();
+    assert_eq!(gone.into_inner().status(), proto::ReleaseStatus::Released);
+    let extended = client.extend(extend).await.unwrap().into_inner();
+    assert_eq!(extended.status(), proto::ExtendStatus::NotHeld);
+    assert_eq!(grants_of(&mut client, &names).await, vec![]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_set_sleeps_until_its_busy_lock_changes() {
-    // No health tick (it calls functions too) while counting.
-    let server = TestServer::new()
-        .cluster()
-        .args(counting_args())
-        .shards(16)
-        .start()
-        .await;
+    let server = counting_cluster().await;
     let mut client = server.client().await;
     // `first` and `busy` held; the set waits (a wake-up place on each);
     // `first` is let go. For the pairs where `first` comes before `busy`

@@ -21,6 +21,7 @@ mod limits;
 mod metrics;
 mod model_replay;
 mod multi;
+mod multi_one_call;
 mod multi_tokens;
 mod mutual_exclusion;
 mod properties;

@@ -12,9 +12,11 @@
 //! election (decision 69): campaign, proclaim, resign; multi-locks
 //! (decision 76) in one call and on the Cluster path (one call per slot
 //! group with a reservation, the extends, the rollback), whose functions
-//! are the same on a standalone Redis: the path's order is the model's.
+//! are the same on a standalone Redis: the path's order is the model's;
+//! a held set's release and extend, one `release_many` / `extend_many`
+//! per slot group (decision 79).
 //!
-//! One file of ~720 lines on purpose: the replay's harness and every
+//! One file of ~780 lines on purpose: the replay's harness and every
 //! primitive's replay share the translation of model calls into `FCALL`s,
 //! which must stay one table.
 
@@ -24,6 +26,7 @@ use std::time::Duration;
 use tumbler::engine::scripts::{LockScript, Scripts};
 use tumbler_model::model::{Action, Call, State};
 use tumbler_model::redis::{Id, Reply};
+use tumbler_model::set::locks_of;
 use tumbler_model::trace::{self, Step};
 use tumbler_model::{Config, Faults, Mode};
 
@@ -42,6 +45,9 @@ fn status(reply: &Reply) -> i64 {
         | Reply::Downgraded { .. }
         | Reply::AcquiredMany { .. } => 1,
         Reply::Held { .. } | Reply::HeldMany { .. } => 2,
+        // release_many: OK when every lock of the call was released.
+        Reply::ReleasedMany { locks, released } if locks == released => 1,
+        Reply::ReleasedMany { .. } => 8,
         Reply::Queued { .. } => 3,
         Reply::LimitMismatch => 6,
         Reply::Late => 7,
@@ -297,11 +303,9 @@ impl Replay {
                 let f = self.scripts.acquire_many.clone();
                 self.fcall(&f, &keys, &args).await
             }
-            // The Cluster path's extends and a set's extend (the engine's
-            // `extend_set`), its rollback and the set's release: one lock's
-            // call, pinned to the part's token ('' for a caller that sends
-            // no `fencing_tokens`: `Config::part_token`).
-            Call::ExtendPart { lock, .. } | Call::ExtendSet { lock, .. } => {
+            // The Cluster path's extends and its rollback: one lock's
+            // call, pinned to the part's token.
+            Call::ExtendPart { lock, .. } => {
                 let args = vec![
                     holder(c),
                     self.real_token(cfg.part_token(&call)),
@@ -312,11 +316,32 @@ impl Replay {
                 let f = self.scripts.extend.clone();
                 self.fcall(&f, &lock_keys(lock), &args).await
             }
-            Call::RollBack { lock, .. } | Call::ReleasePart { lock, .. } => {
+            Call::RollBack { lock, .. } => {
                 let token = self.real_token(cfg.part_token(&call));
                 let args = vec![holder(c), token, "0".into()];
                 let f = self.scripts.release.clone();
                 self.fcall(&f, &lock_keys(lock), &args).await
+            }
+            // A held set's release and extend (decision 79): one call per
+            // slot group, its locks' keys lock after lock, each pinned to
+            // its token ('' for a caller that sends no `fencing_tokens`).
+            Call::ReleaseSet { groups, .. } | Call::ExtendSet { groups, .. } => {
+                let group = cfg.group_of(c, groups);
+                let locks: Vec<u8> = locks_of(group).collect();
+                let keys: Vec<String> = locks.iter().flat_map(|&l| lock_keys(l)).collect();
+                let mut args = vec![holder(c)];
+                let f = if let Call::ExtendSet { .. } = call {
+                    args.extend([self.ticks_ms(cfg.ttl), "0".into()]);
+                    self.scripts.extend_many.clone()
+                } else {
+                    self.scripts.release_many.clone()
+                };
+                args.extend(["0".into(), lock_keys(0).len().to_string()]);
+                let tokens = cfg.set_tokens(&call);
+                for &l in &locks {
+                    args.push(self.real_token(tokens[usize::from(l)]));
+                }
+                self.fcall(&f, &keys, &args).await
             }
             Call::Dequeue { .. } => {
                 let f = self.scripts.dequeue.clone();
@@ -364,6 +389,16 @@ impl Replay {
                     self.seen.push(code);
                     if let Reply::Acquired { token, .. } = expected {
                         self.minted(*token, record_token(&items[6]));
+                    }
+                    // release_many: per lock of the call its status (and
+                    // its released grant), after 3 fixed items.
+                    if let Reply::ReleasedMany { locks, released } = expected {
+                        for (k, lock) in locks_of(*locks).enumerate() {
+                            let code: i64 =
+                                redis::from_redis_value(items[3 + 2 * k].clone()).unwrap();
+                            let want = if released & (1 << lock) != 0 { 1 } else { 8 };
+                            assert_eq!(code, want, "lock {lock}, step {i} of {steps:#?}");
+                        }
                     }
                     // acquire_many: per lock of the call, its holders and
                     // its grant record, after 5 fixed items.
@@ -661,49 +696,64 @@ async fn multi_lock_model_paths_get_the_replies_the_model_expects() {
 #[tokio::test]
 async fn set_release_and_extend_model_paths_get_the_replies_the_model_expects() {
     use tumbler_model::properties::{
-        MUTUAL_EXCLUSION, SET_EXTENDED, SET_GRANTED, STALE_SET_RELEASE_LEFT,
+        LATE_SET_REQUEST, MUTUAL_EXCLUSION, SET_EXTEND_CUT, SET_EXTENDED, SET_GRANTED,
+        STALE_SET_RELEASE_LEFT,
     };
     let _turn = ONE_AT_A_TIME.lock().await;
     // Finding 10's path with the set's release pinned to its tokens: the
-    // orphaned release of lock 1 lands after the holder took the set
-    // again; the real release.lua, pinned to the old token, answers
-    // NOT_HELD and the new grants stay (each one's real token in the
-    // lock, as the model has it).
+    // orphaned release_many lands after the holder took the set again;
+    // the real one, pinned to the old tokens, answers NOT_HELD and the
+    // new grants stay (each one's real token in the lock, as the model
+    // has it).
     let pinned = Config::multi_retake(false, 3);
     let path = trace::discovery(&pinned, STALE_SET_RELEASE_LEFT).unwrap();
     let left = replay_to_grants(&pinned, &path).await;
     assert!(left.contains(&8), "no NOT_HELD among {left:?}");
-    // A caller that sends no tokens: the same late release takes lock 1
-    // of the new set (answered OK) and the client of lock 1 is granted
-    // it; the real lock 1 ends with that client's grant.
+    // A caller that sends no tokens: the same late release takes the new
+    // set (answered OK) and the client of lock 1 is granted lock 1; the
+    // real lock 1 ends with that client's grant.
     let unpinned = Config::multi_retake(true, 3);
     let path = trace::discovery(&unpinned, MUTUAL_EXCLUSION).unwrap();
     let mut seen = replay_to_grants(&unpinned, &path).await;
-    // A set's extend: one extend.lua per lock, pinned to each token.
+    // On one server a set's extend is one extend_many and its release one
+    // release_many, each lock pinned to its token: no single lock's
+    // extend.lua or release.lua in the path.
     let cfg = Config::multi(0, true, 0);
     for name in [SET_EXTENDED, SET_GRANTED] {
         let path = trace::discovery(&cfg, name).unwrap();
-        let extends = (trace::trace(&cfg, &path).iter())
-            .filter(|s| {
-                matches!(
-                    s,
-                    Step::Function {
-                        function: "extend",
-                        ..
-                    }
-                )
-            })
-            .count();
+        let steps = trace::trace(&cfg, &path);
+        let count = |f: &str| {
+            (steps.iter())
+                .filter(|s| matches!(s, Step::Function { function, .. } if *function == f))
+                .count()
+        };
         if name == SET_EXTENDED {
-            assert_eq!(extends, 2, "a set's extend is one extend per lock");
+            assert_eq!(count("extend_many"), 1, "a set's extend is one call");
         }
+        assert_eq!(count("extend") + count("release"), 0, "{steps:#?}");
         seen.extend(replay_to_grants(&cfg, &path).await);
     }
+    // Finding 12's first step on one server: the earlier request's
+    // orphaned acquire_many lands late, before the set's release_many or
+    // after it, never between its locks.
+    let crash = Config::multi(0, false, 1);
+    let path = trace::discovery(&crash, LATE_SET_REQUEST).unwrap();
+    seen.extend(replay_to_grants(&crash, &path).await);
+    // Finding 11 where it remains, the Cluster path: extend_many of lock
+    // 0's group, then the crash before lock 1's.
+    let cluster = Config {
+        wait: 0,
+        ..Config::multi(1, false, 1)
+    };
+    let path = trace::discovery(&cluster, SET_EXTEND_CUT).unwrap();
+    seen.extend(replay_to_grants(&cluster, &path).await);
     for seed in 0..4 {
         let path = trace::random_walk(&pinned, 1400 + seed, 200);
         seen.extend(replay_to_grants(&pinned, &path).await);
         let path = trace::random_walk(&cfg, 1500 + seed, 200);
         seen.extend(replay_to_grants(&cfg, &path).await);
+        let path = trace::random_walk(&crash, 1600 + seed, 200);
+        seen.extend(replay_to_grants(&crash, &path).await);
     }
     for code in [0, 1, 3] {
         assert!(seen.contains(&code), "no status {code} among {seen:?}");

@@ -356,6 +356,54 @@ async fn release_of_a_partly_held_set_releases_the_rest_and_answers_not_held() {
     assert_eq!(held_by(&mut client, &names, "me").await, 0);
 }
 
+/// Function calls (`FCALL`, `FCALL_RO`) Redis ran since `before`.
+fn function_calls(
+    before: &std::collections::HashMap<String, u64>,
+    after: &std::collections::HashMap<String, u64>,
+) -> u64 {
+    ["fcall", "fcall_ro"]
+        .iter()
+        .map(|name| {
+            after.get(*name).copied().unwrap_or(0) - before.get(*name).copied().unwrap_or(0)
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_on_one_server_is_one_call_to_take_extend_and_release() {
+    let (_redis, _server, mut client, mut conn) = counting_server().await;
+    // The namespace's registry entry is written once, at its first call.
+    let warm = ["w1", "w2"];
+    ask(&mut client, set(&warm, "h")).await;
+    client.release(release_set(&warm, "h")).await.unwrap();
+    let names = ["c1", "c2", "c3"];
+    let before = command_calls(&mut conn).await;
+    assert_eq!(
+        ask(&mut client, set(&names, "h")).await.status(),
+        AcquireStatus::Acquired
+    );
+    let taken = command_calls(&mut conn).await;
+    let extended = client
+        .extend(extend_set(&names, "h", 60_000))
+        .await
+        .unwrap();
+    assert_eq!(extended.into_inner().status(), ExtendStatus::Extended);
+    let renewed = command_calls(&mut conn).await;
+    let released = client.release(release_set(&names, "h")).await.unwrap();
+    assert_eq!(released.into_inner().status(), ReleaseStatus::Released);
+    let after = command_calls(&mut conn).await;
+    assert_eq!(
+        [
+            function_calls(&before, &taken),
+            function_calls(&taken, &renewed),
+            function_calls(&renewed, &after),
+        ],
+        [1, 1, 1],
+        "acquire, extend, release of a set of three"
+    );
+    assert_eq!(held_by(&mut client, &names, "h").await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_rule_of_a_multi_lock_names_its_field() {
     let server = TestServer::new().start().await;

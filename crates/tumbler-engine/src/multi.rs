@@ -24,7 +24,8 @@
 //! that is released again, so a caller that is gone holds nothing.
 //!
 //! A held set's Release and Extend, each lock pinned to its token when
-//! asked (decision 0079): [`held`].
+//! asked (decision 0079), one call per slot group as the acquire makes
+//! (`lua/release_many.lua`, `lua/extend_many.lua`): [`held`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -272,10 +273,21 @@ impl Multi {
     /// Cluster one per slot, in the global order (slot, then name) every
     /// caller takes them in.
     fn groups(&self, req: &MultiAcquireRequest) -> Vec<Group> {
-        let layout = self.calls.layout();
         let namespace = &req.req.lock.namespace;
-        let mut locks: Vec<(u16, &LockName, usize, LockKeys)> = (req.names.iter().enumerate())
-            .map(|(at, name)| {
+        self.groups_of(req.names.iter().map(|name| (namespace, name)))
+    }
+
+    /// The call groups of a set's locks (each's namespace and name, in the
+    /// request's order): [`Self::groups`]'s, for a set as Release and
+    /// Extend name it too.
+    fn groups_of<'a>(
+        &self,
+        names: impl Iterator<Item = (&'a super::Namespace, &'a LockName)>,
+    ) -> Vec<Group> {
+        let layout = self.calls.layout();
+        let mut locks: Vec<(u16, &LockName, usize, LockKeys)> = names
+            .enumerate()
+            .map(|(at, (namespace, name))| {
                 let keys = layout.lock_keys(namespace, name);
                 let slot = if self.calls.store().is_cluster() {
                     cluster_slot(&keys.lock)
@@ -440,7 +452,7 @@ impl Multi {
             kind: &base.kind,
             metadata: &metadata,
             watched: self.changelog.emits(&base.lock.namespace),
-            keys_per_lock: if self.calls.counts_live() { 6 } else { 5 },
+            keys_per_lock: self.keys_per_lock(),
             max_locks: self.max_locks_per_shard,
             wait: waiting.then_some((base.queue_ttl_ms, self.max_waiters_per_lock)),
         };
@@ -458,6 +470,11 @@ impl Multi {
         self.counting
             .noted(&base.lock.namespace, answer.now, &answer.noted);
         Ok(answer)
+    }
+
+    /// Keys each lock of a call declares (5, or 6 with live locks counted).
+    fn keys_per_lock(&self) -> usize {
+        if self.calls.counts_live() { 6 } else { 5 }
     }
 
     /// How long the parts of a set spanning `groups` slots are reserved

@@ -18,8 +18,9 @@
 //! Multi-locks (invariant 15, decision 76) are modelled in [`multi`]: a
 //! second lock, `acquire_many` as one call for the whole set or, on the
 //! Cluster path, one call per lock with a reservation, the extends and
-//! the rollback; the set's release pinned per lock to its tokens, and its
-//! extend (`extend_set`). Slots, `clear`, the namespace lock limit and metadata
+//! the rollback; the set's release and extend, pinned per lock to its
+//! tokens, as one call per slot group ([`set`]: lua/release_many.lua and
+//! lua/extend_many.lua). Slots, `clear`, the namespace lock limit and metadata
 //! (an election's value) are left out: they decide no property here.
 
 pub mod hand_over;
@@ -27,6 +28,7 @@ pub mod model;
 pub mod multi;
 pub mod properties;
 pub mod redis;
+pub mod set;
 mod state;
 mod steps;
 pub mod trace;
@@ -134,13 +136,13 @@ pub struct Config {
     /// call (one server or Sentinel).
     pub reservation: u8,
     /// Extends a multi-lock's holder may ask per request (the engine's
-    /// `extend_set`: each lock pinned to its token, the set let go when a
-    /// part is not held); 0: none.
+    /// `extend_set`: extend_many per slot group, each lock pinned to its
+    /// token, the set let go when a part is not held); 0: none.
     pub set_extends: u8,
     /// A multi-lock's release names no token per lock (a caller that
     /// sends no `fencing_tokens`): each lock's release takes any grant of
-    /// the holder, and a late one can take a part of the holder's next
-    /// set (finding 10). Off: each pinned to the set's token of that lock.
+    /// the holder, and a late one can take the holder's next set
+    /// (finding 10). Off: each pinned to the set's token of that lock.
     pub unpinned_set_release: bool,
     pub faults: Faults,
 }

@@ -226,7 +226,7 @@ impl Model for Config {
             match cl.call {
                 Some(Call::Acquire { .. } | Call::Downgrade { .. }) => out.push(Action::Acquire(c)),
                 Some(Call::AcquireMany { .. }) => out.push(Action::AcquireMany(c)),
-                Some(Call::Release { .. } | Call::RollBack { .. } | Call::ReleasePart { .. }) => {
+                Some(Call::Release { .. } | Call::RollBack { .. } | Call::ReleaseSet { .. }) => {
                     out.push(Action::Release(c))
                 }
                 Some(Call::Extend { .. } | Call::ExtendPart { .. } | Call::ExtendSet { .. }) => {
@@ -383,10 +383,11 @@ impl Model for Config {
                 let reads = (self.mode(c).is_some() && !cl.writer) || self.set_of(c) & 1 == 0;
                 cl.phase = Phase::Idle;
                 // An election's leader proclaims under its term, then
-                // resigns; a multi-lock releases its set, lock by lock.
+                // resigns; a multi-lock releases its set (release_many per
+                // slot group).
                 cl.call = Some(if self.is_set(c) {
-                    Call::ReleasePart {
-                        lock: 0,
+                    Call::ReleaseSet {
+                        groups: self.set_of(c),
                         tokens: cl.parts,
                     }
                 } else if self.session(c) {
@@ -408,10 +409,11 @@ impl Model for Config {
                     return None;
                 };
                 cl.call = Some(if self.is_set(c) {
-                    // A set's extend: lock by lock (the engine's `extend_set`).
+                    // A set's extend (the engine's `extend_set`): extend_many
+                    // per slot group.
                     cl.extends += 1;
                     Call::ExtendSet {
-                        lock: 0,
+                        groups: self.set_of(c),
                         tokens: cl.parts,
                         sent: now,
                         until: u8::MAX,
@@ -519,10 +521,16 @@ impl Model for Config {
                             s.clients[i].call = Some(call);
                         }
                         // A multi-lock's release is sent again whole
-                        // (every lock of the set, from the first).
-                        if let (Call::ReleasePart { tokens, .. }, true) = (call, self.retry_release)
+                        // (every group of the set, from the first).
+                        if let (Call::ReleaseSet { tokens, .. }, true) = (call, self.retry_release)
                         {
-                            s.clients[i].call = Some(Call::ReleasePart { lock: 0, tokens });
+                            let groups = self.set_of(i as Id);
+                            s.clients[i].call = Some(Call::ReleaseSet { groups, tokens });
+                        }
+                        // A set's extend cut between its groups (the
+                        // Cluster path: finding 11's path).
+                        if let Call::ExtendSet { groups, .. } = call {
+                            s.ghost.set_extend_cut |= groups != self.set_of(i as Id);
                         }
                         s.orphans.push((i as Id, call));
                     }

@@ -14,13 +14,15 @@
 //! token). A crash between the steps leaves the parts taken to their
 //! lease: a reservation, or after its extend the full lease.
 //!
-//! The set's holder releases it lock by lock, each release pinned to
-//! that lock's token from the set's grant (`ReleaseRequest.fencing_tokens`;
-//! `Config::unpinned_set_release`: a caller that sends none, finding 10),
-//! and may extend it (`Config::set_extends`, the engine's `extend_set`):
-//! extend.lua per lock pinned to its token, and when a lock answers not
-//! held, the set is let go (every lock released pinned to its token) and
-//! the caller told NOT_HELD.
+//! The set's holder releases it with lua/release_many.lua and may extend
+//! it (`Config::set_extends`, the engine's `extend_set`) with
+//! lua/extend_many.lua ([`crate::set`]), each lock pinned to its token
+//! from the set's grant (`fencing_tokens`; `Config::unpinned_set_release`:
+//! a caller that sends none, finding 10), one call per slot group: the
+//! whole set on one server, so no crash splits it (finding 11) and no
+//! other call lands within it (finding 12); on the Cluster path one call
+//! per lock, in the acquire's order, and an extend that finds a group not
+//! held lets go of it in that call and releases the set's other groups.
 
 use crate::Config;
 use crate::hand_over::{Wake, hand_over};
@@ -268,7 +270,7 @@ impl Config {
 }
 
 /// The locks of which client `c` holds a live grant in Redis, a bit each.
-fn held(s: &State, c: Id) -> u8 {
+pub(crate) fn held(s: &State, c: Id) -> u8 {
     let live = |l: &Option<Lock>| {
         (l.as_ref()).is_some_and(|l| l.holders.iter().any(|g| g.holder == c && g.expires > s.now))
     };
@@ -330,6 +332,10 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 publish(cfg, s, wake);
             }
             if !live {
+                s.ghost.late_set_request |= matches!(
+                    out.reply,
+                    Reply::AcquiredMany { .. } | Reply::HeldMany { .. }
+                );
                 return;
             }
             let cluster = cfg.reservation > 0;
@@ -422,44 +428,6 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 }
             }
         }
-        Call::ExtendSet {
-            lock,
-            tokens,
-            sent,
-            until,
-        } => {
-            let reply = extend_part(cfg, s, c, lock, cfg.part_token(&call));
-            if !live {
-                return;
-            }
-            match reply {
-                Reply::Ok { expires } => {
-                    let until = until.min(belief(sent, now, expires));
-                    let cl = &mut s.clients[ci];
-                    if lock == 0 {
-                        cl.call = Some(Call::ExtendSet {
-                            lock: 1,
-                            tokens,
-                            sent,
-                            until,
-                        });
-                    } else if let Phase::Holding { token, .. } = cl.phase {
-                        cl.phase = Phase::Holding { token, until };
-                        s.ghost.set_extended = true;
-                    }
-                }
-                _ => {
-                    // A part is not held: the set is let go, each lock
-                    // released pinned to its token, and the caller told
-                    // NOT_HELD (it stops acting on the set as it asks).
-                    s.ghost.set_extend_broken |= held(s, c) != 0;
-                    s.ghost.letting_go[ci] = true;
-                    let cl = &mut s.clients[ci];
-                    cl.phase = Phase::Idle;
-                    cl.call = Some(Call::ReleasePart { lock: 0, tokens });
-                }
-            }
-        }
         Call::RollBack {
             lock,
             token,
@@ -480,32 +448,8 @@ pub(crate) fn run_set_call(cfg: &Config, s: &mut State, c: Id, call: Call, live:
                 round_refused(cfg, s, c, req, queued);
             }
         }
-        Call::ReleasePart { lock, tokens } => {
-            let part = |s: &State| {
-                let l = if lock == 0 {
-                    &s.redis.lock
-                } else {
-                    &s.redis.second
-                };
-                (l.as_ref()).and_then(|l| l.mine(c).map(|g| l.holders[g].token))
-            };
-            let before = part(s);
-            let reply = release_part(cfg, s, c, lock, cfg.part_token(&call));
-            // A late release that finds the holder's newer grant of the
-            // lock (its set taken again): pinned, it leaves it (finding
-            // 10); unpinned, it takes it.
-            let set_token = tokens[usize::from(lock)];
-            let newer = before.is_some_and(|t| t != set_token);
-            s.ghost.stale_set_release_left |= newer && part(s).is_some();
-            s.ghost.newer_grant_released |= newer && reply != Reply::NotHeld;
-            if live && lock == 0 {
-                s.clients[ci].call = Some(Call::ReleasePart { lock: 1, tokens });
-            } else if live {
-                // Answered: it no longer lets go of anything (a part it
-                // holds from now on is one it does not know of).
-                s.ghost.letting_go[ci] = false;
-                s.round_over(c, cfg);
-            }
+        Call::ExtendSet { .. } | Call::ReleaseSet { .. } => {
+            crate::set::run_held_call(cfg, s, c, call, live)
         }
         Call::Dequeue { .. } => {
             // Its wake-up places leave every lock's queue.
@@ -540,19 +484,12 @@ fn release_part(cfg: &Config, s: &mut State, c: Id, lock: u8, token: u32) -> Rep
 }
 
 impl Config {
-    /// The token a multi-lock's call on one lock names (0: any grant of
-    /// the holder): the Cluster path's extends and rollback pin theirs;
-    /// the set's release and extend pin theirs to the set's token of the
-    /// lock unless the caller sends none (`unpinned_set_release`).
+    /// The token a Cluster path's call on one lock of the set names while
+    /// the set is taken (its extends and its rollback pin theirs).
     pub fn part_token(&self, call: &Call) -> u32 {
         match *call {
             Call::ExtendPart { lock, tokens, .. } => tokens[usize::from(lock)],
             Call::RollBack { token, .. } => token,
-            Call::ExtendSet { lock, tokens, .. } | Call::ReleasePart { lock, tokens }
-                if !self.unpinned_set_release =>
-            {
-                tokens[usize::from(lock)]
-            }
             _ => 0,
         }
     }

@@ -127,6 +127,14 @@ pub const SET_GRANTED: &str = "a set is granted";
 /// the set's tokens.
 pub const SET_EXTENDED: &str = "a set is extended whole";
 pub const SET_EXTEND_BROKEN: &str = "a set's extend finds a part lapsed and lets go of the rest";
+/// Finding 11's path, left on the Cluster path: a crash cuts a set's
+/// extend between its slot groups (one extended, the next not sent or
+/// orphaned). On one server the extend is one call and never cut.
+pub const SET_EXTEND_CUT: &str = "a crash cuts a set's extend between its groups";
+/// Finding 12's first step: an earlier request's orphaned acquire_many
+/// lands late and grants the set, or finds it held.
+pub const LATE_SET_REQUEST: &str =
+    "an earlier set request lands late and finds the set free or held";
 /// Finding 10's path with the release pinned: a set's release that lands
 /// after its holder took the set again finds the newer grant and leaves it.
 pub const STALE_SET_RELEASE_LEFT: &str = "a late set release leaves the holder's next set";
@@ -319,6 +327,8 @@ pub fn all() -> Vec<Property<Config>> {
         Property::sometimes(SET_GRANTED, |_, s: &State| s.ghost.set_granted),
         Property::sometimes(SET_EXTENDED, |_, s: &State| s.ghost.set_extended),
         Property::sometimes(SET_EXTEND_BROKEN, |_, s: &State| s.ghost.set_extend_broken),
+        Property::sometimes(SET_EXTEND_CUT, |_, s: &State| s.ghost.set_extend_cut),
+        Property::sometimes(LATE_SET_REQUEST, |_, s: &State| s.ghost.late_set_request),
         Property::sometimes(STALE_SET_RELEASE_LEFT, |_, s: &State| {
             s.ghost.stale_set_release_left
         }),

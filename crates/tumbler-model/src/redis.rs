@@ -156,6 +156,13 @@ pub enum Reply {
         tokens: [u32; 2],
         expires: u8,
     },
+    /// release_many: the call's locks and those released (OK), a bit
+    /// each of the model's locks; a lock of the call without its bit in
+    /// `released` answered NOT_HELD, and so did the call unless all were.
+    ReleasedMany {
+        locks: u8,
+        released: u8,
+    },
 }
 
 impl Lock {

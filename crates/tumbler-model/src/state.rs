@@ -102,19 +102,24 @@ pub enum Call {
         token: u32,
         queued: Option<u8>,
     },
-    /// A multi-lock's release: one release.lua per lock, lock 0 then 1,
-    /// each pinned to its lock's token from the set's grant (0: any grant
-    /// of the holder, `Config::unpinned_set_release`).
-    ReleasePart {
-        lock: u8,
+    /// A multi-lock's release (lua/release_many.lua): one call for the
+    /// locks of its slot group, each pinned to its lock's token from the
+    /// set's grant (0: any grant of the holder,
+    /// `Config::unpinned_set_release`). `groups`: the locks still to
+    /// release, a bit each: on one server the whole set in one call; on
+    /// the Cluster path one lock per call, lock 0 then lock 1.
+    ReleaseSet {
+        groups: u8,
         tokens: [u32; 2],
     },
-    /// A set's extend (the engine's `extend_set`): lua/extend.lua of each
-    /// lock pinned to its token, lock 0 then lock 1; `until`: the earliest
-    /// lease so far, as the client counts it. A part answered not held
-    /// lets go of the set (`ReleasePart` from lock 0).
+    /// A set's extend (lua/extend_many.lua): one call per slot group, each
+    /// lock pinned to its token, all or nothing within the call; `groups`:
+    /// the locks still to extend (as `ReleaseSet`'s); `until`: the earliest
+    /// lease so far, as the client counts it. A group answered not held
+    /// lets go of itself in that call; on the Cluster path the set's other
+    /// groups are released then (`ReleaseSet`).
     ExtendSet {
-        lock: u8,
+        groups: u8,
         tokens: [u32; 2],
         sent: u8,
         until: u8,
@@ -230,6 +235,12 @@ pub struct Ghost {
     /// let go of the set (the rest released, pinned to its tokens).
     pub set_extended: bool,
     pub set_extend_broken: bool,
+    /// A crash cut a set's extend between its slot groups (the Cluster
+    /// path: finding 11's path).
+    pub set_extend_cut: bool,
+    /// An orphaned acquire_many (an earlier request, its task gone) landed
+    /// and granted the set or found it held (finding 12's first step).
+    pub late_set_request: bool,
     /// A set's release pinned to its tokens found the holder's newer grant
     /// of that lock (a set taken again) and left it (finding 10's path).
     pub stale_set_release_left: bool,

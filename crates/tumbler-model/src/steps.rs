@@ -318,7 +318,7 @@ fn run_single(cfg: &Config, s: &mut State, c: Id, call: Call, live: bool) {
         | Call::ExtendPart { .. }
         | Call::ExtendSet { .. }
         | Call::RollBack { .. }
-        | Call::ReleasePart { .. } => unreachable!("a multi-lock's calls run in run_set_call"),
+        | Call::ReleaseSet { .. } => unreachable!("a multi-lock's calls run in run_set_call"),
     }
 }
 

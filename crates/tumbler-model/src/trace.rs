@@ -52,8 +52,10 @@ pub fn function(call: &Call) -> &'static str {
         Call::SessionTouch { .. } => "session_touch",
         Call::Renew { .. } => "renew",
         Call::AcquireMany { .. } => "acquire_many",
-        Call::ExtendPart { .. } | Call::ExtendSet { .. } => "extend",
-        Call::RollBack { .. } | Call::ReleasePart { .. } => "release",
+        Call::ExtendPart { .. } => "extend",
+        Call::RollBack { .. } => "release",
+        Call::ExtendSet { .. } => "extend_many",
+        Call::ReleaseSet { .. } => "release_many",
     }
 }
 
@@ -73,17 +75,25 @@ fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
         Call::AcquireMany {
             answer_by, group, ..
         } => (data.acquire_many(now, cfg.many_args(c, answer_by, group))).reply,
-        Call::ExtendPart { lock, .. } | Call::ExtendSet { lock, .. } => {
+        Call::ExtendPart { lock, .. } => {
             let token = cfg.part_token(&call);
             on(&mut data, lock, &|d| {
                 d.extend(now, c, token, cfg.ttl, 0).reply
             })
         }
-        Call::RollBack { lock, .. } | Call::ReleasePart { lock, .. } => {
+        Call::RollBack { lock, .. } => {
             let token = cfg.part_token(&call);
             on(&mut data, lock, &|d| {
                 d.release(now, c, token, None, None).reply
             })
+        }
+        Call::ExtendSet { groups, .. } => {
+            let (tokens, group) = (cfg.set_tokens(&call), cfg.group_of(c, groups));
+            (data.extend_many(now, c, tokens, cfg.ttl, 0, group)).reply
+        }
+        Call::ReleaseSet { groups, .. } => {
+            let (tokens, group) = (cfg.set_tokens(&call), cfg.group_of(c, groups));
+            data.release_many(now, c, tokens, group).reply
         }
         Call::Acquire {
             req,

@@ -559,9 +559,9 @@ fn a_multi_lock_in_one_call_is_never_held_in_part() {
     // Invariant 15 on one server (decision 76): client 0 asks locks 0
     // and 1 in one acquire_many, client 1 lock 1, client 2 lock 0; every
     // lock counts the set's holder. Granted whole or refused with nothing
-    // held, waiting on wake-up places; no part held alone but while the
-    // set is released, lock by lock. The set's holder may extend it once:
-    // lock by lock, each pinned to its token.
+    // held, waiting on wake-up places; released whole (release_many) and
+    // extended whole (extend_many, once), each lock pinned to its token:
+    // no part is ever held alone.
     let checker = check("multi", Config::multi(0, true, 0));
     holds(&checker, &multi_safety());
     holds(&checker, &[NO_SELF_WAKE]);
@@ -575,11 +575,10 @@ fn a_multi_lock_in_one_call_is_never_held_in_part() {
             SET_EXTENDED,
         ],
     );
-    // Calls within a tick: a live set's extend never finds a part lapsed.
+    // One call per extend: it never finds a part lapsed beside a live one.
     assert!(checker.discovery(SET_EXTEND_BROKEN).is_none());
-    // A crash, requests that try once (a failed one is not made again:
-    // see finding 12 below) and no extends (finding 11): calls of its
-    // replica may still land, answered to nobody.
+    // A crash with requests that try once: calls of its replica may
+    // still land, answered to nobody.
     let cfg = Config {
         wait: 0,
         set_extends: 0,
@@ -591,55 +590,78 @@ fn a_multi_lock_in_one_call_is_never_held_in_part() {
 }
 
 #[test]
-fn a_crash_within_a_sets_extend_leaves_a_part_alone_at_most_a_lease() {
-    // A set's extend is extend.lua per lock, also on one server (the
-    // engine's `extend_set`): the replica crashes after lock 0's extend,
-    // lock 1's is orphaned (it lands a tick later, or never), and one
-    // lock's lease ends before the other's, which stays held alone
-    // (finding 11): past the reservation (here 0), never past the lease.
-    // (Requests try once, so the crash reaches no other path to a part.)
+fn on_one_server_a_crash_within_a_sets_extend_or_release_leaves_no_part_alone() {
+    // Findings 11 and 12, fixed on one server: the set's extend is one
+    // extend_many and its release one release_many. A crash orphans the
+    // whole call or none of it (finding 11: no lock extended without the
+    // other); an earlier request's orphaned acquire_many, made again
+    // after the crash, lands before the set's release or after it, never
+    // between two locks' releases (finding 12: no lock granted anew
+    // beside a lock about to be released). With the strict rule (a part
+    // excused only while the set's release is unanswered, never past the
+    // reservation, here 0), no part is ever held alone.
+    let cfg = Config::multi(0, false, 1);
+    let checker = check("multi, extends, a crash", cfg);
+    holds(&checker, &multi_safety());
+    found(
+        &checker,
+        &[
+            SET_GRANTED,
+            SET_EXTENDED,
+            SET_REFUSED_EMPTY,
+            QUEUED,
+            LATE_SET_REQUEST,
+        ],
+    );
+    assert!(checker.discovery(SET_EXTEND_CUT).is_none());
+    assert!(checker.discovery(SET_EXTEND_BROKEN).is_none());
+}
+
+#[test]
+fn on_the_cluster_path_a_crash_within_a_sets_extend_leaves_a_part_alone_at_most_a_lease() {
+    // Finding 11 where it remains: on the Cluster path the set's extend is
+    // one extend_many per slot group (lock 0, then lock 1). The replica
+    // crashes after lock 0's, lock 1's is orphaned (it lands a tick
+    // later, or never): one lock's lease ends before the other's, which
+    // stays held alone past the reservation (decision 76's window), never
+    // past the lease. (Requests try once.)
     let cfg = Config {
         wait: 0,
-        ..Config::multi(0, false, 1)
+        ..Config::multi(1, false, 1)
     };
-    let checker = check("multi, extends, a crash", cfg);
-    found(&checker, &[NO_PARTIAL_SET, SET_EXTENDED, SET_GRANTED]);
+    let checker = check("multi, cluster, extends, a crash", cfg);
+    found(
+        &checker,
+        &[SET_EXTEND_CUT, NO_PARTIAL_SET, SET_EXTENDED, SET_GRANTED],
+    );
     holds(&checker, &multi_safety_but_partial());
 }
 
 #[test]
 fn a_late_set_release_pinned_to_its_tokens_never_takes_the_next_set() {
-    // Finding 10: the set's holder releases lock 0, its replica crashes
-    // with lock 1's release in flight, the client releases again through
-    // the other replica and takes the set again; the orphaned release of
-    // lock 1 lands last. Pinned to the old set's token (the default, as
-    // the clients send `fencing_tokens`), it answers NOT_HELD and leaves
-    // the new grant: no release takes a newer grant, mutual exclusion
-    // holds. (A part is still held alone past the reservation here, by
-    // finding 12's path: an earlier request's acquire_many landing within
-    // the set's release; never past the lease.)
+    // Finding 10: the set's holder sends its release_many, its replica
+    // crashes with it in flight, the client releases again through the
+    // other replica and takes the set again; the orphaned release lands
+    // last. Pinned to the old set's tokens (the default, as the clients
+    // send `fencing_tokens`), it answers NOT_HELD for each lock and
+    // leaves the new grants: no release takes a newer grant, no part is
+    // held alone, mutual exclusion holds.
     let checker = check(
         "multi, taken again",
         Config::multi_retake(false, RETAKE_TICKS),
     );
-    holds(&checker, &multi_safety_but_partial());
-    found(
-        &checker,
-        &[STALE_SET_RELEASE_LEFT, NO_PARTIAL_SET, SET_GRANTED],
-    );
-    // A caller that sends no tokens: the late release takes lock 1 of the
-    // new set, the client of lock 1 is granted it while the set's holder
-    // believes it holds both (the limit "Not promised" names). The fence
-    // still holds. The check must find it, or the pinned run above proves
+    holds(&checker, &multi_safety());
+    found(&checker, &[STALE_SET_RELEASE_LEFT, SET_GRANTED]);
+    // A caller that sends no tokens: the late release takes the new set,
+    // the client of lock 1 is granted it while the set's holder believes
+    // it holds both (the limit "Not promised" names). The fence still
+    // holds. The check must find it, or the pinned run above proves
     // nothing.
     let checker = check(
         "multi, taken again, unpinned",
         Config::multi_retake(true, RETAKE_TICKS),
     );
-    found(
-        &checker,
-        &[MUTUAL_EXCLUSION, NO_NEWER_GRANT_RELEASED, NO_PARTIAL_SET],
-    );
+    found(&checker, &[MUTUAL_EXCLUSION, NO_NEWER_GRANT_RELEASED]);
     holds(
         &checker,
         &[
@@ -656,39 +678,28 @@ fn a_late_set_release_pinned_to_its_tokens_never_takes_the_next_set() {
 const RETAKE_TICKS: u8 = 3;
 
 #[test]
-fn an_earlier_set_request_landing_late_leaves_a_part_at_most_a_lease() {
-    // Finding 12: the set's request is in flight when its replica
-    // crashes; the client asks again (the failed request made again),
-    // takes the set and releases lock 0; the orphaned first acquire_many
-    // lands then, finds lock 1 the holder's and grants lock 0 anew; the
-    // release of lock 1 (pinned, the set's own) leaves lock 0 held alone,
-    // by a grant nobody was told of, to its lease. Mutual exclusion and
-    // the lease's bound hold. Someone waits (on lock 1: nobody but the
-    // set asks lock 0 here, and nobody holds it then).
-    let cfg = Config {
-        set_extends: 0,
-        ..Config::multi(0, false, 1)
-    };
-    let checker = check("multi, an earlier request late", cfg);
-    found(
-        &checker,
-        &[NO_PARTIAL_SET, SET_GRANTED, SET_REFUSED_EMPTY, QUEUED],
-    );
-    holds(&checker, &multi_safety_but_partial());
-}
-
-#[test]
-fn a_sets_extend_that_finds_a_part_lapsed_lets_go_of_the_rest() {
-    // The engine's `extend_set` on one server, calls slower than a tick:
-    // lock 0's extend runs, lock 1's lands after its lease ended and
-    // answers NOT_HELD; the set is let go, each lock released pinned to
-    // its token (lock 0, just extended, held alone until then: past the
-    // reservation, never past the lease). With calls within a tick, a
-    // live set's extend never finds a part lapsed (the configurations
-    // above reach only `SET_EXTENDED`).
+fn a_sets_extend_with_slow_calls_lets_go_of_the_rest_only_on_the_cluster_path() {
+    // Calls slower than a tick. On one server the set's locks are granted
+    // and extended in one call each, so their leases end together: an
+    // extend that lands late finds both lapsed, never one beside a live
+    // one, and no part is held alone.
     let mut cfg = Config::multi(0, false, 0);
     cfg.faults.slow_network = true;
     let checker = check("multi, extends, slow network", cfg);
+    holds(&checker, &multi_safety());
+    found(&checker, &[SET_EXTENDED, SET_GRANTED]);
+    assert!(checker.discovery(SET_EXTEND_BROKEN).is_none());
+    // On the Cluster path each lock is extended to the lease by its own
+    // call: lock 0's extend_many runs, lock 1's lands after its lease
+    // ended and answers NOT_HELD; lock 0 is released (pinned to its
+    // token), held alone until then: past the reservation, never past
+    // the lease.
+    let mut cfg = Config {
+        wait: 0,
+        ..Config::multi(1, false, 0)
+    };
+    cfg.faults.slow_network = true;
+    let checker = check("multi, cluster, extends, slow network", cfg);
     found(
         &checker,
         &[SET_EXTEND_BROKEN, SET_EXTENDED, NO_PARTIAL_SET, PART_LAPSED],

@@ -3,11 +3,12 @@
 //! into its arguments in one place), what it answers (an enum or a
 //! struct), and the parse of that answer. The engine's parts call them
 //! through `calls.rs` (one lock: `engine/locks.rs`; shard walks:
-//! `walks.rs`; sessions: `resume.rs` and `renewer.rs`; the changelog:
-//! `changelog.rs`; per-minute counts: `counting.rs`; the wait-for
-//! registry: `deadlock.rs`); nothing else knows
-//! the functions' argument order or reply shape. (The five functions on a
-//! session's record, a few lines each, share `session_record.rs`.)
+//! `walks.rs`; multi-locks: `multi.rs` and `multi/held.rs`; sessions:
+//! `resume.rs` and `renewer.rs`; the changelog: `changelog.rs`;
+//! per-minute counts: `counting.rs`; the wait-for registry:
+//! `deadlock.rs`); nothing else knows the functions' argument order or
+//! reply shape. (The five functions on a session's record, a few lines
+//! each, share `session_record.rs`.)
 
 pub mod acquire;
 pub mod acquire_many;
@@ -16,6 +17,7 @@ pub mod clear;
 pub mod count;
 pub mod dequeue;
 pub mod extend;
+pub mod extend_many;
 pub mod inspect;
 pub mod list;
 pub mod proclaim;
@@ -24,6 +26,7 @@ pub mod queue;
 pub mod reap;
 pub mod refresh;
 pub mod release;
+pub mod release_many;
 pub mod renew;
 pub mod session_record;
 pub mod wait_end;
