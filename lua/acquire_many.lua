@@ -47,12 +47,7 @@ end
 
 -- The reply's events: every lock's, after its fixed part.
 local function reply(head)
-  for _, L in ipairs(locks) do
-    for _, v in ipairs(L.events) do
-      head[#head + 1] = v
-    end
-  end
-  return head
+  return with_events(head, locks)
 end
 
 -- Each lock's purges written (and whom they let in woken), then the reply.

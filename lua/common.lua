@@ -1163,8 +1163,10 @@ local function held_with(L, token, decode)
   return grant or true
 end
 
--- Release.lua's step 4 for a set's lock: the grant dropped, the permit
--- handed to the next waiter in line, the lock settled.
+-- Release's step 4 (release.lua, and each lock of release_many.lua):
+-- the holder's grant dropped (`grant`: decoded, or true when the call
+-- had no need to decode it), the permit handed to the next waiter in
+-- line, the lock settled.
 local function give_back(L, grant, now)
   drop_grant(L, L.holder, grant ~= true and grant.slots)
   if grant ~= true then
@@ -1172,6 +1174,32 @@ local function give_back(L, grant, now)
   end
   hand_over(L)
   settle(L)
+end
+
+-- Extend.lua's steps 5-6 for a live grant of L: the new lease runs from
+-- now, with `ttl` ('' = the grant's own); the key's TTL follows it; whom
+-- the call's purge let in (`changed`) is woken.
+local function renew_grant(L, grant, ttl, now, changed)
+  if ttl ~= '' then
+    grant.ttl = ttl
+  end
+  grant.expires, grant.expires_s = now + tonumber(grant.ttl), nil
+  put_grant(L, grant)
+  settle(L)
+  emit(L, 'extended', L.holder, grant, now, HOLDER)
+  if changed then
+    wake_eligible(L)
+  end
+end
+
+-- `head` (a set's reply) with every lock's events appended, lock after lock.
+local function with_events(head, locks)
+  for _, L in ipairs(locks) do
+    for _, v in ipairs(L.events) do
+      head[#head + 1] = v
+    end
+  end
+  return head
 end
 
 -- The operation's own steps follow, as the body of its function.

@@ -38,17 +38,7 @@ if stale(grant, epoch) then
 end
 
 -- 5. The new lease runs from now; the grant keeps the ttl it was given
---    unless a new one is asked for.
-if ttl ~= '' then
-  grant.ttl = ttl
-end
-grant.expires, grant.expires_s = now + tonumber(grant.ttl), nil
-put_grant(L, grant)
-
--- 6. The key's TTL follows the new lease when it must.
-settle(L)
-emit(L, 'extended', holder, grant, now, HOLDER)
-if changed then
-  wake_eligible(L)
-end
+--    unless a new one is asked for; the key's TTL follows the new lease
+--    when it must (common.lua `renew_grant`).
+renew_grant(L, grant, ttl, now, changed)
 return {OK, now, holder, grant.text, L.mode or '', unpack(L.events)}

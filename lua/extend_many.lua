@@ -49,16 +49,7 @@ local out = {all and OK or NOT_HELD, now, n}
 if all then
   for i, L in ipairs(locks) do
     local grant = grants[i]
-    if ttl ~= '' then
-      grant.ttl = ttl
-    end
-    grant.expires, grant.expires_s = now + tonumber(grant.ttl), nil
-    put_grant(L, grant)
-    settle(L)
-    emit(L, 'extended', holder, grant, now, HOLDER)
-    if changed[i] then
-      wake_eligible(L)
-    end
+    renew_grant(L, grant, ttl, now, changed[i])
     out[#out + 1], out[#out + 2], out[#out + 3] = OK, grant.text, L.mode or ''
   end
 end
@@ -85,9 +76,4 @@ if not all then
 end
 
 -- 5. Every lock's events after the answer.
-for _, L in ipairs(locks) do
-  for _, v in ipairs(L.events) do
-    out[#out + 1] = v
-  end
-end
-return out
+return with_events(out, locks)

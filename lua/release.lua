@@ -57,11 +57,6 @@ end
 
 -- 4. Drop the grant; the permit goes straight to the next waiter in line
 --    (common.lua `hand_over`); the last one out deletes the lock's key.
-drop_grant(L, holder, grant and grant.slots)
-if grant then
-  emit(L, 'released', holder, grant, now, HOLDER, now)
-end
 L.now, L.now_us = now, now_us
-hand_over(L)
-settle(L)
+give_back(L, grant or true, now)
 return {OK, now, holder, record, unpack(L.events)}

@@ -24,7 +24,7 @@ local now, now_us = clock()
 -- 1. Lock after lock: its lapsed leases and dead waiters purged; only a
 --    live grant of the holder with the lock's token (if given) released,
 --    its permit handed to the next waiter in line.
-local out, events, all = {OK, now, n}, {}, true
+local out, locks, all = {OK, now, n}, {}, true
 for i = 1, n do
   local L, changed = set_lock(KEYS, i, per, holder, flags, now, now_us)
   local record = L.mine_text
@@ -37,16 +37,11 @@ for i = 1, n do
     out[#out + 1], out[#out + 2] = NOT_HELD, ''
     all = false
   end
-  for _, v in ipairs(L.events) do
-    events[#events + 1] = v
-  end
+  locks[i] = L
 end
 
 -- 2. The answer, then every lock's events.
 if not all then
   out[1] = NOT_HELD
 end
-for _, v in ipairs(events) do
-  out[#out + 1] = v
-end
-return out
+return with_events(out, locks)
