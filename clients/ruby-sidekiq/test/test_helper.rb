@@ -42,7 +42,7 @@ module SidekiqHarness
       attr_reader :all
     end
 
-    attr_reader :pid, :log
+    attr_reader :pid, :log, :queue
 
     def initialize(queue:, concurrency: 5, timeout: 1, env: {}, app: APP)
       @queue = queue
@@ -50,12 +50,13 @@ module SidekiqHarness
                '-c', concurrency.to_s, '-t', timeout.to_s]
       @env = env
       @starts = 0
+      @nth = self.class.all.any? { |p| p.queue == queue } ? "-#{SecureRandom.hex(2)}" : '' # a second Sidekiq on the queue: a log of its own
       self.class.all << self
     end
 
     def start
       @starts += 1
-      @pid, @log = TumblerTest.spawn_logged("sidekiq-#{@queue}-#{@starts}", @env, *@argv)
+      @pid, @log = TumblerTest.spawn_logged("sidekiq-#{@queue}-#{@starts}#{@nth}", @env, *@argv)
       self
     end
 

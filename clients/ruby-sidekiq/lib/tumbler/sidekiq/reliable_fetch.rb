@@ -16,23 +16,39 @@ module Tumbler
     # running go back to their queues (as with Sidekiq's BasicFetch) and
     # keep their until_executed locks.
     #
+    # A process whose heartbeat lapsed stays in the processes set (and its
+    # list is looked at again on every pass) until its list has stayed empty
+    # for GRACE_MS: a paused process (SIGSTOP) may still have fetches
+    # blocked in Redis, which move a job into its working list up to
+    # TIMEOUT seconds after its last command, after its heartbeat lapsed
+    # and its list was recovered.
+    #
     # Keys (in Sidekiq's Redis): tumbler-sidekiq:processes (SET of process
     # ids), tumbler-sidekiq:alive:<id> (heartbeat, PX heartbeat_ttl),
-    # tumbler-sidekiq:working:<id> (LIST of job payloads).
+    # tumbler-sidekiq:working:<id> (LIST of job payloads),
+    # tumbler-sidekiq:dead (HASH: a dead process's id -> when its list was
+    # last found with jobs, or first found empty, ms of Redis' clock; the
+    # entry goes with the id).
     class ReliableFetch
       TIMEOUT = 2 # seconds a fetch blocks on an empty queue, as Sidekiq's BasicFetch
+      GRACE_MS = (TIMEOUT * 1000) + 1000
       PREFIX = 'tumbler-sidekiq'
       PROCESSES = "#{PREFIX}:processes"
+      DEAD = "#{PREFIX}:dead"
 
       # Moves the working lists of dead processes back to the head of their
       # queues, in one script so two live processes never both recover one list.
       # ARGV[3] = '1': this process stops; its own list goes back too.
+      # ARGV[4]: GRACE_MS.
       RECOVER = <<~LUA
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
         local moved = 0
         for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
           local mine = id == ARGV[1]
           if (mine and ARGV[3] == '1') or (not mine and redis.call('EXISTS', ARGV[2] .. ':alive:' .. id) == 0) then
             local working = ARGV[2] .. ':working:' .. id
+            local n = 0
             while true do
               local job = redis.call('RPOP', working)
               if not job then break end
@@ -40,9 +56,16 @@ module Tumbler
               local queue = 'default'
               if ok and type(item) == 'table' and type(item['queue']) == 'string' then queue = item['queue'] end
               redis.call('RPUSH', 'queue:' .. queue, job)
-              moved = moved + 1
+              n = n + 1
             end
-            redis.call('SREM', KEYS[1], id)
+            moved = moved + n
+            local since = tonumber(redis.call('HGET', KEYS[2], id))
+            if mine or (n == 0 and since and now - since >= tonumber(ARGV[4])) then
+              redis.call('SREM', KEYS[1], id)
+              redis.call('HDEL', KEYS[2], id)
+            elseif n > 0 or not since then
+              redis.call('HSET', KEYS[2], id, now)
+            end
           end
         end
         return moved
@@ -72,6 +95,9 @@ module Tumbler
         @queues = options[:queues].map { |q| "queue:#{q}" }
         @queues.uniq! if @strict
         @heartbeat_ms = (heartbeat_ttl * 1000).round
+        # A fetch longer than this (s) may have outlived this process's
+        # heartbeat: beats come every third of heartbeat_ttl.
+        @stale_after = heartbeat_ttl * 2 / 3.0
         @recover_interval = recover_interval
         @identity = "#{Socket.gethostname}:#{Process.pid}:#{SecureRandom.hex(6)}"
         @working = "#{PREFIX}:working:#{@identity}"
@@ -84,15 +110,11 @@ module Tumbler
       end
 
       def retrieve_work
-        qs = queues_cmd
-        ::Sidekiq.redis do |conn|
-          qs[0..-2].each do |queue|
-            job = conn.lmove(queue, @working, 'RIGHT', 'LEFT')
-            return UnitOfWork.new(queue, job, @working) if job
-          end
-          job = conn.blmove(qs.last, @working, 'RIGHT', 'LEFT', timeout: TIMEOUT)
-          job && UnitOfWork.new(qs.last, job, @working)
-        end
+        started = now
+        work = fetch
+        return work unless work && now - started > @stale_after
+
+        still_mine?(work) ? work : nil
       end
 
       # Sidekiq's hard shutdown hands over the jobs still running (before it
@@ -119,7 +141,7 @@ module Tumbler
       # their queues; the count.
       def recover(own: false)
         moved = ::Sidekiq.redis do |conn|
-          conn.eval(RECOVER, keys: [PROCESSES], argv: [@identity, PREFIX, own ? '1' : '0'])
+          conn.eval(RECOVER, keys: [PROCESSES, DEAD], argv: [@identity, PREFIX, own ? '1' : '0', GRACE_MS])
         end
         ::Sidekiq.logger.warn("tumbler-sidekiq: recovered #{moved} jobs of dead processes") if moved.positive? && !own
         moved
@@ -143,11 +165,41 @@ module Tumbler
 
       private
 
+      def fetch
+        qs = queues_cmd
+        ::Sidekiq.redis do |conn|
+          qs[0..-2].each do |queue|
+            job = conn.lmove(queue, @working, 'RIGHT', 'LEFT')
+            return UnitOfWork.new(queue, job, @working) if job
+          end
+          job = conn.blmove(qs.last, @working, 'RIGHT', 'LEFT', timeout: TIMEOUT)
+          job && UnitOfWork.new(qs.last, job, @working)
+        end
+      end
+
+      # A fetch that took long enough for this process's heartbeat to lapse
+      # (the process was paused, SIGSTOP, while Redis moved the job into
+      # its working list) may hand over a job another process has since
+      # recovered from that list and runs: run it only if it is still there.
+      def still_mine?(work)
+        return true if ::Sidekiq.redis { |conn| conn.call(['LPOS', @working, work.job]) }
+
+        jid = begin
+          ::Sidekiq.load_json(work.job)['jid']
+        rescue StandardError
+          nil
+        end
+        ::Sidekiq.logger.warn("tumbler-sidekiq: not running job #{jid} fetched before this process was paused: " \
+                              'it was recovered from this process\'s working list, another process runs it')
+        false
+      end
+
       def beat
         ::Sidekiq.redis do |conn|
           conn.multi do |tx|
             tx.respond_to?(:sadd?) ? tx.sadd?(PROCESSES, @identity) : tx.sadd(PROCESSES, @identity)
             tx.set("#{PREFIX}:alive:#{@identity}", '1', px: @heartbeat_ms)
+            tx.hdel(DEAD, @identity) # back from a pause: its grace starts afresh if it dies
           end
         end
       end
