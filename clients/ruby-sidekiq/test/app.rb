@@ -29,14 +29,17 @@ Tumbler::Sidekiq.configure(
   reliable_fetch: ENV['TEST_BASIC_FETCH'] != '1'
 )
 
-# What every test job does: report its start, hold (until a token arrives
-# on gate:<tag>, or for a number of seconds), fail when asked, report its end.
+# What every test job does: report its start (with its lock's holder and
+# fencing token), hold (until a token arrives on gate:<tag>, or for a
+# number of seconds), fail when asked, report its end (and whether it was
+# told it lost its lock).
 module Probe
   def probe(tag, hold, extra = {})
     Sidekiq.redis do |r|
       running = r.incr("running:#{tag}")
       r.rpush("ev:#{tag}", JSON.generate({ e: 'start', jid: jid, running: running, pid: Process.pid,
                                            token: tumbler_fencing_token&.to_s, slot: tumbler_lock&.slot,
+                                           holder: tumbler_lock&.holder,
                                            t: Time.now.to_f }.merge(extra)))
     end
     begin

@@ -13,16 +13,18 @@ class LockTypesTest < Minitest::Test
   # first job runs is accepted; runs: jobs that run in all; overlap: the
   # accepted duplicate runs alongside the first; held: the lock tumbler
   # shows while the first job runs (:until the digest, :run digest:RUN,
-  # nil none); after: the digest once every job ended.
+  # nil none); own: while it runs, the holder is the run's own
+  # ("<jid>:<run id>", not the bare jid); after: the digest once every job ended.
   TABLE = {
     until_executing: { job: UntilExecutingJob, enqueued: 1, dup: true, runs: 2, overlap: true, held: nil, after: :free },
-    until_executed: { job: UntilExecutedJob, enqueued: 1, dup: false, runs: 1, overlap: false, held: :until, after: :free },
+    until_executed: { job: UntilExecutedJob, enqueued: 1, dup: false, runs: 1, overlap: false, held: :until,
+                      own: true, after: :free },
     until_expired: { job: UntilExpiredJob, enqueued: 1, dup: false, runs: 1, overlap: false, held: :until,
-                     after: :until_ttl },
+                     own: false, after: :until_ttl },
     until_and_while_executing: { job: UntilAndWhileExecutingJob, enqueued: 1, dup: true, runs: 2, overlap: false,
-                                 held: :run, after: :free },
+                                 held: :run, own: true, after: :free },
     while_executing: { job: WhileExecutingJob, enqueued: 2, dup: true, runs: 3, overlap: false, held: :run,
-                       after: :free }
+                       own: true, after: :free }
   }.freeze
 
   TABLE.each do |type, row|
@@ -52,13 +54,17 @@ class LockTypesTest < Minitest::Test
     run = starts(tag).first
     assert_includes jids, run['jid'] # of two while_executing jobs, either may win the runtime lock
     first = run['jid']
+    if row[:held]
+      assert_equal row[:own], run['holder'] != first,
+                   "#{type}: the run's holder (#{run['holder']}) is its own, not the bare jid?"
+    end
     case row[:held]
     when :until
-      assert_equal [[first, run['token']]], holders(digest).map { |g| [g.holder, g.fencing_token.to_s] },
+      assert_equal [[first, run['holder'], run['token']]], held_by(digest),
                    "#{type}: the job holds the digest while it runs and sees its fencing token"
     when :run
       assert_empty holders(digest), "#{type}: the until-lock is released when the job starts"
-      assert_equal [[first, run['token']]], holders("#{digest}:RUN").map { |g| [g.holder, g.fencing_token.to_s] },
+      assert_equal [[first, run['holder'], run['token']]], held_by("#{digest}:RUN"),
                    "#{type}: the job holds the runtime lock and sees its fencing token"
     else
       assert_empty holders(digest), "#{type}: released when the job starts"

@@ -74,7 +74,7 @@ class OptionsTest < Minitest::Test
     assert_equal digest_for(WhileExecutingJob, queue, [tag, 'gate']), payload['lock_digest']
     sidekiq(queue)
     wait_until('the job to run') { starts(tag).any? }
-    assert_equal [jid], holders("#{payload['lock_digest']}:RUN").map(&:holder)
+    assert_equal [jid], holders("#{payload['lock_digest']}:RUN").map { |g| job_of(g.holder) }
     open_gate(tag)
   end
 

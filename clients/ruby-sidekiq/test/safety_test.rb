@@ -20,7 +20,8 @@ class SafetyTest < Minitest::Test
     wait_until('the job to start') { starts(tag).any? }
     first = starts(tag).first
     held = holders(digest)
-    assert_equal [[jid, 2000]], held.map { |g| [g.holder, g.ttl_ms] }, 'while it runs: a 2 s execution lease'
+    assert_equal [[jid, first['holder'], 2000]], held.map { |g| [job_of(g.holder), g.holder, g.ttl_ms] },
+                 'while it runs: the run\'s own 2 s execution lease'
     assert_nil job.perform_async(tag, 'gate'), 'no duplicate while it runs'
 
     worker.kill # nothing runs in it any more: no release, no renewal
@@ -35,6 +36,7 @@ class SafetyTest < Minitest::Test
     again = starts(tag).last
     assert_equal jid, again['jid'], 'the same job'
     refute_equal first['pid'], again['pid']
+    refute_equal first['holder'], again['holder'], 'a run of its own'
     assert_operator again['token'].to_i, :>, first['token'].to_i, 'with a newer fencing token than the killed run'
     open_gate(tag)
     wait_until('the job to end') { ends(tag).any? { |e| e['e'] == 'end' } }
@@ -55,12 +57,75 @@ class SafetyTest < Minitest::Test
     first_end = holders(run_lock).first.expires_at_ms
     wait_until('Redis time to pass the first lease\'s end by 2 s') { tumbler.inspect_lock(run_lock).now_ms > first_end + 2000 }
     grant = holders(run_lock).first
-    assert_equal [jid, starts(tag).first['token']], [grant.holder, grant.fencing_token.to_s], 'still held, same grant'
+    assert_equal [jid, starts(tag).first['holder'], starts(tag).first['token']],
+                 [job_of(grant.holder), grant.holder, grant.fencing_token.to_s], 'still held, same grant'
     assert_operator grant.expires_at_ms, :>, first_end + 2000, 'renewed'
     open_gate(tag)
     wait_until('the job to end') { ends(tag).any? }
     assert_equal [['end', false]], ends(tag).map { |e| [e['e'], e['lost']] }
     wait_until('the lock released') { holders(run_lock).empty? }
+  end
+
+  # A paused worker (SIGSTOP: not dead, just not running) whose job another
+  # Sidekiq runs again. Its heartbeat (1 s) lapses well before its run's
+  # execution lease (4 s): the other process recovers the job and starts a
+  # second run of the same jid while the paused run still holds the lock.
+  # The two runs never share a grant: the second waits for the paused run's
+  # lease to end, then holds the lock under its own holder with a newer
+  # fencing token; the paused run, resumed (SIGCONT), is told it lost the
+  # lock (LockLost in the job), and neither it nor the job id can renew or
+  # release the newer run's grant.
+  def test_a_paused_worker_and_the_run_that_took_its_job_never_share_the_lock
+    tag = new_tag('paused')
+    queue = "q-#{tag}"
+    job = UntilExecutedJob.set(queue: queue)
+    digest = digest_for(UntilExecutedJob, queue, [tag, 'gate'])
+    env = { 'TEST_EXECUTION_TTL' => '4', 'TEST_HEARTBEAT_TTL' => '1' }
+    paused = sidekiq(queue, env: env)
+    jid = job.perform_async(tag, 'gate')
+    wait_until('the job to start') { starts(tag).any? }
+    first = starts(tag).first
+    assert_equal [[jid, first['holder'], first['token']]], held_by(digest), 'the first run holds the digest'
+    other = sidekiq(queue, env: env)
+    wait_until('the second Sidekiq to be ready') { redis.lrange('test:ready', 0, -1).include?(other.pid.to_s) }
+
+    Process.kill('STOP', paused.pid)
+    begin
+      second = wait_until('the job to start again in the other Sidekiq', timeout: 20) { starts(tag)[1] }
+      lease_end = holders(digest).first.expires_at_ms
+      assert_equal [jid, other.pid], [second['jid'], second['pid']], 'the same job, run again elsewhere'
+      assert_operator second['token'].to_i, :>, first['token'].to_i, 'the second run has a newer fencing token'
+      refute_equal first['holder'], second['holder'], 'each run holds with a holder of its own'
+      assert_equal [[jid, second['holder'], second['token']]], held_by(digest), 'the second run alone holds it'
+      # What the paused run's watchdog and release will send, and the shared
+      # holder of old (the jid): each is refused, and changes nothing.
+      assert_nil tumbler.extend_grant(digest, holder: first['holder'], ttl_ms: 60_000,
+                                              fencing_token: Integer(first['token'])), 'the stale run cannot renew'
+      refute tumbler.release(digest, holder: first['holder'], fencing_token: Integer(first['token'])),
+             'the stale run cannot release'
+      assert_nil tumbler.extend_grant(digest, holder: jid, ttl_ms: 60_000), 'the job id holds nothing while it runs'
+      assert_equal [[jid, second['holder'], second['token']]], held_by(digest)
+    ensure
+      Process.kill('CONT', paused.pid)
+    end
+
+    stale = wait_until('the resumed run to learn it lost the lock') { ends(tag).find { |e| e['pid'] == paused.pid } }
+    assert_equal %w[fail true], [stale['e'], stale['lost'].to_s], 'LockLost was raised in the stale run'
+    assert_empty ends(tag).select { |e| e['pid'] == other.pid }, 'the newer run still runs'
+    # The stale run's retry is pushed through the client middleware: refused
+    # (the lock is the newer run's), so it neither queues nor runs.
+    wait_until('the stale run\'s retry in the retry set') { Sidekiq::RetrySet.new.find_job(jid) }
+    wait_until('the stale run\'s retry to be pushed (and refused)') { Sidekiq::RetrySet.new.find_job(jid).nil? }
+    assert_empty queue_jids(queue)
+    after = holders(digest)
+    assert_equal [[jid, second['holder'], second['token']]], held_by(digest), 'the newer run\'s grant is untouched'
+    assert_operator after.first.expires_at_ms, :>=, lease_end, 'and still renewed by its watchdog'
+
+    open_gate(tag)
+    wait_until('the newer run to end') { ends(tag).any? { |e| e['pid'] == other.pid } }
+    assert_equal [%w[end false]], ends(tag).select { |e| e['pid'] == other.pid }.map { |e| [e['e'], e['lost'].to_s] }
+    wait_until('the lock released') { holders(digest).empty? }
+    assert_equal 2, starts(tag).size, 'two runs, never both holding the lock'
   end
 
   def test_sigterm_deploy_keeps_until_executed_locks_while_jobs_wait_for_the_restart
@@ -76,7 +141,8 @@ class SafetyTest < Minitest::Test
     worker.terminate # Sidekiq waits 1 s (-t 1), then pushes the job back and stops
     assert_equal [jid], queue_jids(queue), 'the job went back to its queue'
     kept = holders(digest)
-    assert_equal [[jid, token]], kept.map { |g| [g.holder, g.fencing_token.to_s] }, 'its lock was kept'
+    assert_equal [jid], kept.map(&:holder), 'its lock was kept, handed back from the run to the job'
+    assert_operator kept.first.fencing_token, :>, token.to_i, 'a grant of the job\'s own: the run\'s token is spent'
     assert_equal 86_400_000, kept.first.ttl_ms, 'on the queued lease again (lock_ttl: the maximum), not the 3 s execution lease'
     3.times { assert_nil job.perform_async(tag, 'gate'), 'no duplicate is enqueued while the workers restart' }
     assert_equal [jid], queue_jids(queue)
@@ -84,7 +150,8 @@ class SafetyTest < Minitest::Test
     worker.restart
     wait_until('the job to run again', timeout: 20) { starts(tag).size == 2 }
     assert_equal [jid, jid], starts(tag).map { |e| e['jid'] }
-    assert_equal token, starts(tag).last['token'], 'the same grant: the same fencing token'
+    assert_operator starts(tag).last['token'].to_i, :>, kept.first.fencing_token,
+                    'the new run takes the job\'s grant over as its own, with a newer fencing token'
     open_gate(tag)
     wait_until('the job to end') { ends(tag).any? { |e| e['e'] == 'end' } }
     wait_until('the lock released') { holders(digest).empty? }

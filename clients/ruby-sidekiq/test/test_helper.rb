@@ -125,6 +125,10 @@ module SidekiqTestHelpers
   end
 
   def holders(name) = tumbler.inspect_lock(name).holders.map(&:grant)
+  # The job id a grant's holder belongs to ("<jid>" queued, "<jid>:<run id>" running).
+  def job_of(holder) = Tumbler::Sidekiq::JobLock.job_of(holder)
+  # [job id, holder, fencing token] of each grant on the lock.
+  def held_by(name) = holders(name).map { |g| [job_of(g.holder), g.holder, g.fencing_token.to_s] }
   def waiters(name) = tumbler.queue(name).waiters
 
   def queue_jids(queue) = Sidekiq::Queue.new(queue).map(&:jid)

@@ -1,16 +1,28 @@
 # frozen_string_literal: true
 
+require 'securerandom'
 require 'sidekiq/api'
 
 module Tumbler
   module Sidekiq
     # The locks of one job: taken when it is pushed (client side) and while
-    # it runs (server side), as its lock type says. The holder of every
-    # grant is the job id, so a retry, a requeue after a shutdown or a
-    # recovered job finds its own grant again (Acquire is idempotent per
-    # holder) instead of conflicting with itself.
+    # it runs (server side), as its lock type says.
+    #
+    # Two holders. While the job waits (in a queue, the schedule, for a
+    # retry) its lock's holder is the job id, so a scheduled job coming
+    # due, a retry or a requeued job pushed again finds its own grant
+    # (Acquire is idempotent per holder) instead of conflicting with itself.
+    # While it runs, the holder is the run's own, "<jid>:<run id>" (one
+    # JobLock per execution), with a fencing token of its own: two
+    # executions of one job (a paused process whose job was handed to
+    # another) never share a grant, and every renewal and release is pinned
+    # to the run's token, so a stale run is told NOT_HELD and never touches
+    # the newer run's grant.
     class JobLock
       RUN_SUFFIX = ':RUN'
+      # Added to execution_ttl when a run waits for another run of the same
+      # job to end or lapse (ms).
+      OTHER_RUN_GRACE_MS = 2_000
 
       attr_reader :options, :item, :digest
 
@@ -23,6 +35,13 @@ module Tumbler
 
       def jid = item['jid']
       def runtime_digest = "#{digest}#{RUN_SUFFIX}"
+
+      # The holder of this execution's grants: the jid and an id of this run
+      # alone (made once, so a retried Acquire of the run stays idempotent).
+      def run_holder = (@run_holder ||= "#{jid}:#{SecureRandom.hex(8)}")
+
+      # Is this grant's holder this job (its queued grant, or one of its runs)?
+      def self.job_of(holder) = holder.to_s.sub(/:\h{16}\z/, '')
 
       # Client side: take the digest's lock for the job (holder: its jid)
       # and push it (the block); on a conflict, the client strategy decides.
@@ -84,12 +103,37 @@ module Tumbler
         meta
       end
 
-      # A grant for this job, or nil when the lock is busy (or the wait timed out).
-      def acquire(name, ttl_ms:, wait_ms: 0)
-        client.acquire(name, holder: jid, ttl_ms: ttl_ms, wait_ms: wait_ms, limit: options.limit,
+      # A grant for this job (holder: the jid, or a run's holder), or nil
+      # when the lock is busy (or the wait timed out).
+      def acquire(name, ttl_ms:, wait_ms: 0, holder: jid)
+        client.acquire(name, holder: holder, ttl_ms: ttl_ms, wait_ms: wait_ms, limit: options.limit,
                              kind: options.kind, metadata: metadata)
       rescue Tumbler::NotAcquired
         nil
+      end
+
+      # The run's own grant on `name`: the job's queued grant (holder: the
+      # jid) is given back first when the lock type took one at push time
+      # (only one run of the job can give it back), then the lock is taken
+      # under the run's holder, waiting up to lock_timeout. The one-call gap
+      # between the two is safe: a duplicate pushed in it takes the lock,
+      # and this run meets the server-side conflict strategy (one of them
+      # runs, never both). If the lock is held by another run of this same
+      # job (a redelivered job whose first run is paused, or was killed and
+      # its lease has not ended yet), this run waits for that run's lease to
+      # end or for it to finish: up to execution_ttl, whatever lock_timeout
+      # says, so a killed run's job is not dropped.
+      def run_grant(name, queued:)
+        client.release(name, holder: jid) if queued
+        lock = acquire(name, holder: run_holder, ttl_ms: execution_ttl_ms, wait_ms: wait_ms)
+        return lock if lock
+
+        mine = client.inspect_lock(name).holders.map(&:grant).select { |g| JobLock.job_of(g.holder) == jid }
+        return nil if mine.empty?
+
+        client.release(name, holder: jid) if queued && mine.any? { |g| g.holder == jid } # handed back meanwhile
+        acquire(name, holder: run_holder, ttl_ms: execution_ttl_ms,
+                      wait_ms: [wait_ms, execution_ttl_ms + OTHER_RUN_GRACE_MS].max)
       end
 
       # Pushes while holding a fresh grant; gives it back if the push fails
@@ -103,8 +147,8 @@ module Tumbler
         release_quietly(digest, lock.fencing_token) unless pushed || lock.already_held?
       end
 
-      def release_quietly(name, token = nil)
-        client.release(name, holder: jid, fencing_token: token)
+      def release_quietly(name, token = nil, holder: jid)
+        client.release(name, holder: holder, fencing_token: token)
       rescue Tumbler::Error => e
         logger.warn("tumbler-sidekiq: could not release #{name} for job #{jid}: #{e.message}")
         false
@@ -123,20 +167,20 @@ module Tumbler
         end
       end
 
-      # The lock taken at push time becomes an execution lease (renewed by
-      # the watchdog); if it lapsed meanwhile and nobody took it, the job
-      # takes it again. Released on success; kept (back on a queued lease)
-      # when the job goes back to a queue or waits for a retry.
+      # The lock taken at push time becomes the run's own execution lease
+      # (run_grant; renewed by the watchdog, pinned to the run's token); if
+      # it lapsed meanwhile and nobody took it, the run takes it again.
+      # Released on success; handed back to the job (holder: the jid, on a
+      # queued lease) when the job goes back to a queue or waits for a retry.
       def run_until_executed(worker, &perform)
-        lock = client.extend_grant(digest, holder: jid, ttl_ms: execution_ttl_ms) ||
-               acquire(digest, ttl_ms: execution_ttl_ms, wait_ms: wait_ms)
+        lock = run_grant(digest, queued: true)
         return server_conflict unless lock
 
         run_held(worker, lock, perform) do |outcome|
           if lock.lost?
             nil # gone already: nothing to give back or keep
           elsif outcome == :done || outcome == :dropped
-            release_quietly(digest, lock.fencing_token)
+            release_quietly(digest, lock.fencing_token, holder: run_holder)
           else
             requeue_lease(lock)
           end
@@ -157,7 +201,7 @@ module Tumbler
       # lock_timeout in tumbler's fair queue; released however the job ends.
       def run_while_executing(worker, relock: false, &perform)
         lock = begin
-          acquire(runtime_digest, ttl_ms: execution_ttl_ms, wait_ms: wait_ms)
+          run_grant(runtime_digest, queued: false)
         rescue Exception => e # rubocop:disable Lint/RescueException -- a shutdown while waiting
           relock_until if relock && comes_back?(e)
           raise
@@ -165,7 +209,7 @@ module Tumbler
         return server_conflict unless lock
 
         run_held(worker, lock, perform) do |outcome|
-          release_quietly(runtime_digest, lock.fencing_token)
+          release_quietly(runtime_digest, lock.fencing_token, holder: run_holder)
           relock_until if relock && %i[requeued retried].include?(outcome)
         end
       end
@@ -190,11 +234,18 @@ module Tumbler
       end
 
       # The job goes back to a queue (shutdown) or waits for its retry: its
-      # until-lock returns to a queued lease so no duplicate slips in.
+      # until-lock returns to the job (holder: the jid) on a queued lease so
+      # no duplicate slips in, and the next run takes it over as its own.
+      # The run's grant is given back first (pinned to its token: a stale
+      # run gives back nothing), then the job's is taken.
       def requeue_lease(lock)
         return if lock.lost?
+        return unless client.release(digest, holder: run_holder, fencing_token: lock.fencing_token)
 
-        client.extend_grant(digest, holder: jid, ttl_ms: queued_ttl_ms, fencing_token: lock.fencing_token)
+        return if acquire(digest, ttl_ms: queued_ttl_ms)
+
+        logger.warn("tumbler-sidekiq: #{digest} was taken as job #{jid} went back to wait; " \
+                    'its next run meets the conflict strategy')
       rescue Tumbler::Error => e
         logger.warn("tumbler-sidekiq: could not keep #{digest} for job #{jid}: #{e.message}")
       end
@@ -289,7 +340,8 @@ module Tumbler
       # place. A holder that is already running cannot be replaced: then
       # this job is dropped (logged), as in sidekiq-unique-jobs.
       def replace(&push)
-        replaced = client.inspect_lock(digest).holders.map(&:grant).reject { |g| g.holder == jid }.any? do |grant|
+        grants = client.inspect_lock(digest).holders.map(&:grant).reject { |g| JobLock.job_of(g.holder) == jid }
+        replaced = grants.any? do |grant| # a running job's holder is its run's, "<jid>:<run>": not in a queue
           next false unless delete_job(grant.holder, grant.metadata['queue'] || item['queue'])
 
           client.release(digest, holder: grant.holder, fencing_token: grant.fencing_token)
