@@ -73,9 +73,10 @@ module Tumbler
 
         @client_mutex.synchronize do
           unless @client && @client_pid == Process.pid
-            @client = Tumbler::Client.new(config.address, namespace: config.namespace, token: config.token,
-                                                          credentials: config.credentials, timeout: config.rpc_timeout,
-                                                          interceptors: config.interceptors)
+            target, credentials = config.channel
+            @client = Tumbler::Client.new(target, namespace: config.namespace, token: config.token,
+                                                  credentials: credentials, timeout: config.rpc_timeout,
+                                                  interceptors: config.interceptors)
             @client_pid = Process.pid
           end
         end

@@ -6,8 +6,19 @@ module Tumbler
     # as in sidekiq-unique-jobs; a job's own sidekiq_options override the
     # lock defaults (lock_ttl, lock_timeout, lock_prefix, on_conflict).
     class Config
-      # tumbler's gRPC address ("host:port"), namespace and bearer token.
-      attr_accessor :address, :namespace, :token, :credentials
+      # tumbler's gRPC address: "host:port" (plaintext), or
+      # "https://host:port" / "grpcs://host:port" (TLS); namespace and bearer token.
+      attr_accessor :address, :namespace, :token
+      # TLS: nil follows the address's scheme; true or false force it on or
+      # off; a Hash turns it on with files: { ca_file: (trust this CA, PEM,
+      # instead of the system's roots), cert_file:, key_file: (a client
+      # certificate, for a server that requires mutual TLS) }. The files
+      # default to TUMBLER_TLS_CA_FILE, TUMBLER_TLS_CLIENT_CERT_FILE and
+      # TUMBLER_TLS_CLIENT_KEY_FILE, as for the tumbler CLI.
+      attr_accessor :tls
+      # GRPC::Core::ChannelCredentials (or :this_channel_is_insecure) used
+      # as they are; nil: made from address and tls.
+      attr_accessor :credentials
       # RPC deadline (s) for calls that do not wait; what the client retries
       # UNAVAILABLE within.
       attr_accessor :rpc_timeout
@@ -37,7 +48,8 @@ module Tumbler
         @address = ENV.fetch('TUMBLER_ADDR', '127.0.0.1:50051')
         @namespace = ENV.fetch('TUMBLER_NAMESPACE', 'sidekiq')
         @token = ENV.fetch('TUMBLER_TOKEN', nil)
-        @credentials = :this_channel_is_insecure
+        @tls = nil
+        @credentials = nil
         @rpc_timeout = 10.0
         @interceptors = []
         @lock_prefix = 'uniquejobs'
@@ -56,6 +68,42 @@ module Tumbler
       end
 
       def logger = @logger || ::Sidekiq.logger
+
+      SCHEMES = { 'https' => true, 'grpcs' => true, 'http' => false, 'grpc' => false }.freeze
+      TLS_FILES = %i[ca_file cert_file key_file].freeze
+
+      # The gRPC target ("host:port") and the channel credentials for it.
+      def channel
+        scheme, target = address.to_s.match(%r{\A(?:([a-z]+)://)?([^/]+)/?\z}i)&.captures
+        raise ArgumentError, "address: host:port or https://host:port, not #{address.inspect}" unless target
+
+        scheme = scheme&.downcase
+        if scheme && !SCHEMES.key?(scheme)
+          raise ArgumentError, "address: unknown scheme #{scheme}:// (#{SCHEMES.keys.join(', ')})"
+        end
+        return [target, credentials] if credentials
+
+        on = tls.nil? ? SCHEMES[scheme] == true : tls != false
+        [target, on ? tls_credentials : :this_channel_is_insecure]
+      end
+
+      private
+
+      def tls_credentials
+        files = { ca_file: ENV.fetch('TUMBLER_TLS_CA_FILE', nil), cert_file: ENV.fetch('TUMBLER_TLS_CLIENT_CERT_FILE', nil),
+                  key_file: ENV.fetch('TUMBLER_TLS_CLIENT_KEY_FILE', nil) }
+        if tls.is_a?(Hash)
+          given = tls.transform_keys(&:to_sym)
+          unknown = given.keys - TLS_FILES
+          raise ArgumentError, "tls: unknown #{unknown.join(', ')} (#{TLS_FILES.join(', ')})" unless unknown.empty?
+
+          files.merge!(given)
+        end
+        ca, cert, key = files.values_at(*TLS_FILES).map { |f| f.nil? || f.to_s.empty? ? nil : File.read(f) }
+        raise ArgumentError, 'tls: cert_file and key_file go together' if cert.nil? != key.nil?
+
+        cert ? GRPC::Core::ChannelCredentials.new(ca, key, cert) : GRPC::Core::ChannelCredentials.new(*[ca].compact)
+      end
     end
   end
 end
