@@ -83,12 +83,15 @@ sub new {
     }, $class;
     $self->{endpoint} =~ s{/+$}{};
     $self->{endpoint} = "http://$self->{endpoint}" unless $self->{endpoint} =~ m{^https?://};
-    $self->{http} = HTTP::Tiny->new(
-        agent      => "tumbler-perl/$VERSION ",
-        keep_alive => 1,
-        timeout    => $self->{timeout},
-    );
+    $self->{http} = $self->_http(keep_alive => 1, timeout => $self->{timeout});
     return $self;
+}
+
+# The HTTP client of the calls (kept alive) and of observe streams (one
+# connection each).
+sub _http {
+    my ($self, %args) = @_;
+    return Tumbler::Client::HTTP->new(agent => "tumbler-perl/$VERSION ", %args);
 }
 
 sub endpoint  { $_[0]{endpoint} }
@@ -480,7 +483,7 @@ sub observe {
     my %headers = ('content-type' => 'application/connect+json', 'connect-protocol-version' => '1');
     $headers{authorization} = "Bearer $self->{token}" if defined $self->{token};
     # Its own connection: closed when the stream stops, so the server ends it.
-    my $http = HTTP::Tiny->new(agent => "tumbler-perl/$VERSION ", keep_alive => 0, timeout => $timeout);
+    my $http = $self->_http(keep_alive => 0, timeout => $timeout);
     my ($buf, $stopped, $end) = ('', 0, undef);
     my $res = _interruptible(sub {
         $http->request(POST => "$self->{endpoint}/tumbler.v1.LockService/Observe", {
@@ -542,6 +545,24 @@ sub lock_all {
     return Tumbler::LockSet->_new_set($self, $set);
 }
 
+# HTTP::Tiny with TCP_NODELAY on its connections. It writes a request's
+# head and body in two writes; on a kept-alive connection Nagle's algorithm
+# then holds the body until the server ACKs the head, and the server
+# delays that ACK (about 40 ms on Linux), so every call after a
+# connection's first would wait for it. Set once the connection (and its
+# TLS handshake) is up; a kept-alive connection keeps it.
+package Tumbler::Client::HTTP;
+use Socket ();
+our @ISA = ('HTTP::Tiny');
+
+sub _open_handle {
+    my $self = shift;
+    my $handle = $self->SUPER::_open_handle(@_);
+    setsockopt($handle->{fh}, Socket::IPPROTO_TCP(), Socket::TCP_NODELAY(), 1)
+        or die "Could not set TCP_NODELAY on socket: $!\n";
+    return $handle;
+}
+
 1;
 
 __END__
@@ -565,6 +586,9 @@ Tumbler::Client - the tumbler lock service over the Connect protocol (JSON over 
     }   # released here
 
 =head1 METHODS
+
+Calls share one kept-alive connection with TCP_NODELAY set, so no call
+waits for the server's delayed ACK.
 
 Leader election: C<campaign($name, %opts)> (value, candidate, ttl_ms,
 wait_ms, queue_ttl_ms, kind) returns a L<Tumbler::Leadership> or undef when
