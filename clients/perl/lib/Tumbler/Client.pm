@@ -419,15 +419,18 @@ sub metrics { my ($self, %o) = @_; $self->_plain(Metrics => {}, %o) }
 # candidacy (same term if it already leads).
 sub campaign {
     my ($self, $name, %opts) = @_;
-    $opts{candidate} //= new_holder();
     $opts{ttl_ms} //= 15_000;
     $opts{wait_ms} //= 0;   # absent, the server would wait its longest
+    my $made_here = !defined $opts{candidate};
+    $opts{candidate} //= new_holder();
     my $timeout = $opts{timeout} // $self->{timeout};
     my $wait = ($opts{wait_ms} // 0) / 1000;
+    my $start = _now();
     my $res = _snake($self->call('Campaign', $self->_body('Campaign', { name => _name($name) }, \%opts),
         timeout => $timeout + $wait));
     return undef unless $res->{elected};
-    return Tumbler::Leadership->_new($self, $name, _leadership($res->{leader}), $opts{namespace} // $self->{namespace});
+    return Tumbler::Leadership->_new($self, $name, _leadership($res->{leader}), $opts{namespace} // $self->{namespace})
+        ->_count_lease($start, $made_here);
 }
 
 # A Leadership message with its numbers as numbers (term and times come as
@@ -531,18 +534,20 @@ sub observe {
 # out of scope.
 sub lock {
     my ($self, $name, %opts) = @_;
+    my $start = _now();
     my $grant = $self->acquire($name, %opts);
     my $lock = Tumbler::Lock->_new($self, $name, $grant, $opts{namespace} // $self->{namespace});
     $lock->{limit} = $opts{limit};   # a downgrade asks the same limit
-    return $lock;
+    return $lock->_count_lease($start, !defined $opts{holder});
 }
 
 # lock_all(\@names, %acquire_all_opts): a Tumbler::LockSet guard of the
 # multi-lock, released (the whole set) when it goes out of scope.
 sub lock_all {
     my ($self, $names, %opts) = @_;
+    my $start = _now();
     my $set = $self->acquire_all($names, %opts);
-    return Tumbler::LockSet->_new_set($self, $set);
+    return Tumbler::LockSet->_new_set($self, $set)->_count_lease($start, !defined $opts{holder});
 }
 
 # HTTP::Tiny with TCP_NODELAY on its connections. It writes a request's

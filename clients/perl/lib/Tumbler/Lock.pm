@@ -9,22 +9,67 @@ our $VERSION = '0.1.0';
 
 sub _now { Time::HiRes::clock_gettime(Time::HiRes::CLOCK_MONOTONIC()) }
 
+# A guard of $grant; its lease is counted by _count_lease.
 sub _new {
     my ($class, $client, $name, $grant, $namespace) = @_;
-    my $now = _now();
     return bless {
         client    => $client,
         name      => $name,
         namespace => $namespace,
         grant     => $grant,
         ttl       => ($grant->{ttl_ms} // 0) / 1000,
-        renewed   => $now,                                     # local clock of the last grant
-        expires   => $now + ($grant->{ttl_ms} // 0) / 1000,
+        renewed   => undef,    # local clock: the start of the request that set the lease
+        expires   => undef,    # local clock: the lease's end, never later than the server's
         pid       => $$,
         released  => 0,
         lost      => 0,
         lost_reason => undef,
     }, $class;
+}
+
+# The lease is counted from what the server answered, never from when the
+# answer arrived (an answer can come late, or after retries). The answer
+# carries no server clock, but a grant made during the call began no
+# earlier than the call's $start, so its lease ends no earlier than
+# $start + (expires_at_ms - acquired_at_ms). That holds for every grant
+# when the client made the holder (or candidate) for this call
+# ($made_here): an ALREADY_HELD answer is then an earlier try's grant
+# whose answer was lost. Else it holds for an ACQUIRED answer, a new
+# grant, unless a read request downgraded the holder's write grant (same
+# lease). Any other grant may be from before the call, with a lease the
+# answer does not date: it is renewed once, pinned to its token, and
+# counted from that request's start (extend).
+sub _count_lease {
+    my ($self, $start, $made_here) = @_;
+    my $grant = $self->{grant};
+    my $new_grant = ($grant->{status} // '') eq 'acquired' && ($grant->{mode} // '') ne 'read';
+    if (!$made_here && !$new_grant) {
+        $self->{expires} = $start + $self->{ttl};   # the renewal's deadline only
+        return $self->extend;
+    }
+    my $lease_ms = defined $grant->{expires_at_ms} && defined $grant->{acquired_at_ms}
+        ? $grant->{expires_at_ms} - $grant->{acquired_at_ms}
+        : $grant->{ttl_ms} // 0;
+    $self->_leased($start, $lease_ms);
+    return $self;
+}
+
+# A lease of $lease_ms granted by a request that started at $start (local
+# clock). The server's times are whole milliseconds (a grant made at
+# 10.7 ms of its clock is stamped 10 and ends at 10 + ttl), hence 1 ms
+# less.
+sub _leased {
+    my ($self, $start, $lease_ms) = @_;
+    $self->{renewed} = $start;
+    $self->{expires} = $start + ($lease_ms - 1) / 1000;
+}
+
+# Seconds left of the lease by the local count (0 once it has passed):
+# the server's lease ends no earlier.
+sub remaining {
+    my $self = shift;
+    my $left = $self->{expires} - _now();
+    return $left > 0 ? $left : 0;
 }
 
 sub name          { $_[0]{name} }
@@ -94,10 +139,9 @@ sub extend {
         }
         die $e;
     }
-    $self->{grant}   = { %{ $self->{grant} }, %$grant };
-    $self->{ttl}     = ($grant->{ttl_ms} // $ttl_ms) / 1000;
-    $self->{renewed} = $start;
-    $self->{expires} = $start + $self->{ttl};
+    $self->{grant} = { %{ $self->{grant} }, %$grant };
+    $self->{ttl}   = ($grant->{ttl_ms} // $ttl_ms) / 1000;
+    $self->_leased($start, $self->{ttl} * 1000);   # Extend: ttl_ms from the server's now
     return $self;
 }
 
@@ -127,9 +171,8 @@ sub downgrade {
         $self->_lose('not held any more (expired, released by another, cleared or reaped)');
         $self->check;
     }
-    $self->{grant}   = { %{ $self->{grant} }, %$grant };
-    $self->{renewed} = $start;
-    $self->{expires} = $start + $self->{ttl};
+    # The same grant and lease: the local count stands.
+    $self->{grant} = { %{ $self->{grant} }, %$grant };
     return $self;
 }
 
@@ -206,5 +249,11 @@ renewal: there is no background thread, so the caller calls it from its
 loop. C<lost> is true once an extend answered NOT_HELD or the lease passed
 without a renewal; C<check> dies with a C<Tumbler::Error::LockLost> then,
 and C<lost_reason> says which of the two it was.
+
+The lease is counted from the start of the request that was granted it
+(for a retried acquire, the first try's start), never from when the
+answer arrived, so the local count (C<remaining>, seconds left) never
+outlasts the server's lease. A grant a caller-given holder already had
+is renewed once by C<lock>, and counted from that renewal's start.
 
 =cut

@@ -15,7 +15,7 @@ our $VERSION = '0.1.0';
 sub _new_set {
     my ($class, $client, $set) = @_;
     my ($first) = sort { $a->{expires_at_ms} <=> $b->{expires_at_ms} } @{ $set->{grants} };
-    my $self = $class->_new($client, join(',', @{ $set->{names} }), { %$first, holder => $set->{holder} },
+    my $self = $class->_new($client, join(',', @{ $set->{names} }), { %$first, holder => $set->{holder}, status => $set->{status} },
         $set->{namespace});
     my %token = map { ($_->{name} => $_->{fencing_token}) } @{ $set->{grants} };
     @$self{qw(names grants fencing_tokens)} =
