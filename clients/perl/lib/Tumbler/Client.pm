@@ -79,19 +79,50 @@ sub new {
         timeout     => 10,      # seconds: each call's deadline, retries included
         backoff     => 0.05,    # first retry pause, doubled up to max_backoff
         max_backoff => 1,
+        ca_file     => undef,   # https: the CAs to verify the server with (default: the system's)
+        ssl_options => {},      # https: more IO::Socket::SSL options (a client certificate, ...)
         %args,
     }, $class;
     $self->{endpoint} =~ s{/+$}{};
     $self->{endpoint} = "http://$self->{endpoint}" unless $self->{endpoint} =~ m{^https?://};
+    _check_tls($self) if $self->{endpoint} =~ m{^https://};
     $self->{http} = $self->_http(keep_alive => 1, timeout => $self->{timeout});
     return $self;
 }
 
+# An https endpoint needs the modules HTTP::Tiny speaks TLS with, and a
+# readable CA file when one is given: said here, not as an unavailable
+# server at the first call.
+sub _check_tls {
+    my $self = shift;
+    my @missing = grep { my ($m, $v) = @$_; !eval "require $m; $m->VERSION($v); 1" }
+        [ 'IO::Socket::SSL', '1.42' ], [ 'Net::SSLeay', '1.49' ];
+    Carp::croak("$self->{endpoint}: https needs "
+            . join(' and ', map { "$_->[0] $_->[1] or later" } @missing)
+            . ', not installed (Debian: libio-socket-ssl-perl libnet-ssleay-perl; CPAN: IO::Socket::SSL)')
+        if @missing;
+    Carp::croak("ca_file '$self->{ca_file}' is not a readable file")
+        if defined $self->{ca_file} && !(-f $self->{ca_file} && -r _);
+}
+
 # The HTTP client of the calls (kept alive) and of observe streams (one
-# connection each).
+# connection each). TLS certificates are always verified, against ca_file
+# or the system's CAs (HTTP::Tiny's own default is not to verify). An
+# endpoint named by its IP address sends no SNI (RFC 6066 has no IP
+# addresses in it; the certificate is still checked for the address).
 sub _http {
     my ($self, %args) = @_;
-    return Tumbler::Client::HTTP->new(agent => "tumbler-perl/$VERSION ", %args);
+    my $by_ip = $self->{endpoint} =~ m{^https://(?:[0-9.]+|\[[0-9A-Fa-f:.]+\])(?:[:/]|$)};
+    return Tumbler::Client::HTTP->new(
+        agent       => "tumbler-perl/$VERSION ",
+        verify_SSL  => 1,
+        SSL_options => {
+            ($by_ip ? (SSL_hostname => '') : ()),
+            %{ $self->{ssl_options} },
+            (defined $self->{ca_file} ? (SSL_ca_file => $self->{ca_file}) : ()),
+        },
+        %args,
+    );
 }
 
 sub endpoint  { $_[0]{endpoint} }
@@ -179,6 +210,7 @@ sub call {
         if ($status == 599) {   # HTTP::Tiny: no answer (refused, reset, timed out)
             ($code, $message) = ('unavailable', $res->{content});
             $message =~ s/\s+$//;
+            _tls_refused($method, $message, $attempts);
         } else {
             my $err = eval { $JSON->decode($res->{content}) };
             if (ref $err eq 'HASH' && defined $err->{code}) {
@@ -205,6 +237,15 @@ sub call {
         kind => 'unavailable', code => 'unavailable', method => $method, attempts => $attempts,
         message => sprintf('no answer within %.3gs after %d attempts: %s', $timeout, $attempts, $last),
     );
+}
+
+# A server whose certificate does not verify is not a server that is
+# down: no retry would change that, so the call ends at once.
+sub _tls_refused {
+    my ($method, $message, $attempts) = @_;
+    return unless $message =~ /certificate verify failed|hostname verification failed|SSL_ca_file|CA bundle/i;
+    die Tumbler::Error::TLS->new(kind => 'tls', code => 'unavailable', method => $method,
+        attempts => $attempts, message => "the server's certificate did not verify, nothing was sent: $message");
 }
 
 # HTTP::Tiny turns every exception inside a request into a 599 answer, which
@@ -523,6 +564,7 @@ sub observe {
     } elsif ($status == 599) {
         ($code, $message) = ('unavailable', $res->{content});
         $message =~ s/\s+$//;
+        _tls_refused('Observe', $message, 1);
     } else {
         my $err = eval { $JSON->decode($res->{content}) };
         ($code, $message) = ref $err eq 'HASH' ? ($err->{code}, $err->{message} // '') : (undef, "HTTP $status");
@@ -584,6 +626,7 @@ Tumbler::Client - the tumbler lock service over the Connect protocol (JSON over 
         token     => $ENV{TUMBLER_TOKEN},        # sent as Authorization: Bearer
         namespace => 'billing',                  # default: the server's
         timeout   => 10,                         # seconds per call, retries included
+        ca_file   => '/etc/tumbler/ca.pem',      # https: the CAs to verify with (default: the system's)
     );
     {
         my $lock = $client->lock('reports', ttl_ms => 30_000, wait_ms => 5_000);
@@ -592,8 +635,15 @@ Tumbler::Client - the tumbler lock service over the Connect protocol (JSON over 
 
 =head1 METHODS
 
-Calls share one kept-alive connection with TCP_NODELAY set, so no call
-waits for the server's delayed ACK.
+C<new(%args)>: C<endpoint>, C<token>, C<namespace>, C<timeout>; for an
+C<https> endpoint C<ca_file> (a PEM file of the CAs to trust; default the
+system's) and C<ssl_options> (more L<IO::Socket::SSL> options, such as
+C<SSL_cert_file> and C<SSL_key_file> for a client certificate). The
+server's certificate is always verified; one that does not verify dies
+C<Tumbler::Error::TLS> at once, before anything is sent. C<new> dies
+naming L<IO::Socket::SSL> and L<Net::SSLeay> when an https endpoint needs
+them and they are missing. Calls share one kept-alive connection with
+TCP_NODELAY set, so no call waits for the server's delayed ACK.
 
 Leader election: C<campaign($name, %opts)> (value, candidate, ttl_ms,
 wait_ms, queue_ttl_ms, kind) returns a L<Tumbler::Leadership> or undef when

@@ -5,7 +5,7 @@ use overload '""' => sub { $_[0]->as_string }, bool => sub { 1 }, fallback => 1;
 
 our $VERSION = '0.1.0';
 
-# kind: busy, timeout, not_held, lost, unavailable, denied, invalid_argument,
+# kind: busy, timeout, not_held, lost, unavailable, tls, denied, invalid_argument,
 # failed_precondition, deadlock, or the Connect code itself for anything else
 # (internal, not_found, ...).
 my %CLASS_FOR_CODE = (
@@ -80,6 +80,10 @@ package Tumbler::Error::Unavailable;      # kind unavailable, after the retries
 our @ISA = ('Tumbler::Error');
 sub attempts { $_[0]{attempts} }
 
+package Tumbler::Error::TLS;              # kind tls: the server's certificate did not verify (not retried)
+our @ISA = ('Tumbler::Error');
+sub attempts { $_[0]{attempts} }
+
 package Tumbler::Error::Denied;           # kind denied: permission_denied, unauthenticated
 our @ISA = ('Tumbler::Error');
 
@@ -117,6 +121,9 @@ field) and C<http_status>. Subclasses: C<Tumbler::Error::NotAcquired>
 (kind C<busy> or C<timeout>, with C<reason>), C<Tumbler::Error::NotHeld>
 (C<not_held>), C<Tumbler::Error::LockLost> (C<lost>),
 C<Tumbler::Error::Unavailable> (C<unavailable>, with C<attempts>),
+C<Tumbler::Error::TLS> (C<tls>: an https server whose certificate did not
+verify against C<ca_file> or the system's CAs; not retried, nothing was
+sent to it),
 C<Tumbler::Error::Denied> (C<denied>: C<permission_denied> or
 C<unauthenticated>), C<Tumbler::Error::InvalidArgument>
 (C<invalid_argument>: a field breaks its rule, named in the message), its

@@ -2,6 +2,8 @@ package TumblerTestServer;
 # Starts `tumbler dev` (a private Redis beside it) on a free port for the
 # tests and stops it by pid. The binary: $TUMBLER_BIN, else
 # ../../target/debug/tumbler from the distribution's directory.
+# start(tls => [$cert_file, $key_file]) serves gRPC over TLS (https);
+# a third file, a CA, asks clients for certificates it signed.
 use strict;
 use warnings;
 use File::Spec;
@@ -18,20 +20,23 @@ sub free_port {
 }
 
 sub start {
-    my $class = shift;
+    my ($class, %opts) = @_;
     my $bin = $ENV{TUMBLER_BIN} // File::Spec->rel2abs('../../target/debug/tumbler');
     return undef unless -x $bin || defined $ENV{TUMBLER_BIN};
     die "TUMBLER_BIN=$bin is not an executable\n" unless -x $bin;
     my $port = free_port();
-    my $log = File::Spec->catfile(File::Spec->tmpdir, "tumbler-perl-test-$$.log");
+    my $log = File::Spec->catfile(File::Spec->tmpdir, "tumbler-perl-test-$$-$port.log");
     my $pid = fork // die "fork: $!";
     if (!$pid) {
         open STDOUT, '>', $log or POSIX::_exit(127);
         open STDERR, '>&', \*STDOUT or POSIX::_exit(127);
-        { exec $bin, 'dev', '--listen', "127.0.0.1:$port", '--http-listen', 'off', '--log-level', 'warn' }
+        my ($cert, $key, $client_ca) = @{ $opts{tls} // [] };
+        my @tls = (($cert ? ('--tls-cert-file', $cert, '--tls-key-file', $key) : ()),
+                   ($client_ca ? ('--tls-client-ca-file', $client_ca) : ()));
+        { exec $bin, 'dev', '--listen', "127.0.0.1:$port", '--http-listen', 'off', '--log-level', 'warn', @tls }
         POSIX::_exit(127);
     }
-    my $self = bless { pid => $pid, port => $port, log => $log }, $class;
+    my $self = bless { pid => $pid, port => $port, log => $log, scheme => $opts{tls} ? 'https' : 'http' }, $class;
     my $until = Time::HiRes::time() + 30;
     while (Time::HiRes::time() < $until) {
         if (waitpid($pid, POSIX::WNOHANG()) == $pid) {
@@ -48,7 +53,7 @@ sub start {
     die "tumbler dev did not start within 30 s: " . $self->log_text;
 }
 
-sub endpoint { "http://127.0.0.1:$_[0]{port}" }
+sub endpoint { "$_[0]{scheme}://127.0.0.1:$_[0]{port}" }
 
 sub log_text {
     my $self = shift;
