@@ -152,7 +152,6 @@ sub extend {
 sub downgrade {
     my $self = shift;
     $self->check;
-    my $start = _now();
     my $grant = eval {
         $self->{client}->acquire($self->{name}, $self->_ns, holder => $self->holder, mode => 'read',
             ttl_ms => $self->{grant}{ttl_ms},
