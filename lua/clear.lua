@@ -9,7 +9,9 @@ local watched = ARGV[1]
 local now = clock_ms()
 local shard = split_key(KEYS[1])
 local locks, grants, requests = 0, 0, 0
-local events = {}
+-- The reply, its events appended as they come (never unpacked: a lock of
+-- thousands of grants notes more than Lua can unpack at once).
+local reply = {0, 0, 0}
 
 for k = 2, #ARGV do
   local L = load(lock_of(shard, ARGV[k]), nil, watched)
@@ -39,8 +41,9 @@ for k = 2, #ARGV do
     redis.call('ZREM', shard .. ':n', L.name)
     locks = locks + 1
     for _, item in ipairs(L.events) do
-      events[#events + 1] = item
+      reply[#reply + 1] = item
     end
   end
 end
-return {locks, grants, requests, unpack(events)}
+reply[1], reply[2], reply[3] = locks, grants, requests
+return reply
