@@ -1,68 +1,93 @@
--- wait_for: a waiting holder's edges in its namespace's wait-for registry
--- (decision 0077), and the walk that finds whether they close a cycle.
+-- wait_for: a waiting holder's edge in its namespace's wait-for registry
+-- (decision 0077), and the walk that finds whether it closes a cycle; bounded
+-- in bytes and in Redis time (decision 0081).
 -- KEYS[1] the namespace's registry ('<prefix>:{<ns>:waits}', a HASH
---   waiting holder -> its edge, cjson {r = request, e = expiry ms,
---   w = {{lock, {holder, ...}}, ...}}: the locks it waits for and the
---   holders it waits on there, as its replica read them)
--- ARGV: waiting holder, its request id, how long it still waits (ms), then
---   per lock waited for: the lock's name, the number of holders, the holders
--- Returns {now, found (0/1), then per step of the cycle found, from the
---   waiting holder round to it again: holder, lock, holder it waits on}
+--   waiting holder -> its edge, '<end of its liveness ms>|<request>|<waits>'
+--   with waits the cjson of {{lock, {holder, ...}}, ...}: the locks it waits
+--   for and at most 16 of the holders it waits on there, as its replica
+--   read them; field '' the bytes of the rest, see common.lua's waits_put)
+-- ARGV: waiting holder, its request id, how long the edge lives unless
+--   renewed (ms: its queue TTL, or what is left of its wait if shorter), the
+--   registry's budget (bytes), the most bytes a walk decodes, then per lock
+--   waited for: the lock's name, the number of holders, the holders
+-- Returns {now, status, then, when status is 1, per step of the cycle found,
+--   from the waiting holder round to it again: holder, lock, holder it waits
+--   on}; status 0 no cycle, 1 a cycle, 2 not recorded (the registry is at its
+--   budget: this wait is not checked)
 local registry = KEYS[1]
-local waiter, request, left = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local waiter, request, live = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local budget, most_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = clock_ms()
 local MOST_VISITED = 256
 
--- 1. The edge as this call records it (the argument list unpacked).
-local waits, at = {}, 4
+-- 1. The edge as this call records it (at most 16 holders per lock: the
+-- engine's cut, so no unpack of an unbounded list).
+local waits, at = {}, 6
 while at <= #ARGV do
   local lock, count = ARGV[at], tonumber(ARGV[at + 1])
-  waits[#waits + 1] = {lock, {unpack(ARGV, at + 2, at + 1 + count)}}
+  local holders = {}
+  for i = 1, math.min(count, 16) do
+    holders[i] = ARGV[at + 1 + i]
+  end
+  waits[#waits + 1] = {lock, holders}
   at = at + 2 + count
 end
-local mine = {r = request, e = now + left, w = waits}
-redis.call('HSET', registry, waiter, cjson.encode(mine))
+local mine = {w = waits}
 
--- 2. The registry lives as long as its longest wait (plus a minute).
-if redis.call('PTTL', registry) < left + 60000 then
-  redis.call('PEXPIRE', registry, int(left + 60000))
-end
+-- 2. A couple of random edges swept when their liveness is over.
+waits_sweep(registry, 2, now)
 
--- 3. A couple of random edges swept when their wait is over (a replica
--- that crashed never removed them).
-for _, holder in ipairs(redis.call('HRANDFIELD', registry, 2)) do
-  local edge = cjson.decode(redis.call('HGET', registry, holder))
-  if edge.e <= now then
-    redis.call('HDEL', registry, holder)
+-- 3. Recorded only within the namespace's budget (swept harder once it
+-- would pass it); past it, the wait goes on unchecked (its old edge, if
+-- any, leaves: it no longer says where it waits).
+local text = waits_encode(now + live, request, cjson.encode(waits))
+local used, old = waits_bytes_with(registry, waiter, text)
+if used > budget then
+  waits_sweep(registry, 16, now)
+  used, old = waits_bytes_with(registry, waiter, text)
+  if used > budget then
+    waits_put(registry, waiter, nil)
+    return {now, 2}
   end
 end
+waits_put(registry, waiter, text, used, old)
 
--- 4. The edges of one holder, nil when it waits for nothing (an edge past
--- its end is deleted on the way).
-local function edges_of(holder)
+-- 4. The registry lives as long as its longest-lived edge (plus a second),
+-- so a dead replica's edges leave with it when nobody else waits.
+if redis.call('PTTL', registry) < live + 1000 then
+  redis.call('PEXPIRE', registry, int(live + 1000))
+end
+
+-- 5. The edge of one holder, nil when it waits for nothing (an edge past
+-- its end is removed on the way); each read counts against the walk's bytes.
+local decoded = 0
+local function edge_of(holder)
   if holder == waiter then
     return mine
   end
-  local text = redis.call('HGET', registry, holder)
-  if not text then
+  local edge_text = redis.call('HGET', registry, holder)
+  if not edge_text then
     return nil
   end
-  local edge = cjson.decode(text)
-  if edge.e <= now then
-    redis.call('HDEL', registry, holder)
+  local e, _, edge_waits = waits_edge(edge_text)
+  if e <= now then
+    waits_put(registry, holder, nil)
     return nil
   end
-  return edge
+  decoded = decoded + #edge_waits
+  return {w = cjson.decode(edge_waits)}
 end
 
--- 5. Breadth first from the waiting holder along the edges; reaching it
--- again closes a cycle, read back through the parents.
+-- 6. Breadth first from the waiting holder along the edges, within
+-- MOST_VISITED holders and `most_bytes` decoded (past either, a cycle is
+-- missed, never invented); reaching it again closes a cycle, read back
+-- through the parents.
 local parent = {[waiter] = false}
-local frontier, head, visited = {waiter}, 1, 0
-while head <= #frontier and visited < MOST_VISITED do
+local frontier, head = {waiter}, 1
+while head <= #frontier and head <= MOST_VISITED and decoded <= most_bytes do
   local holder = frontier[head]
-  head, visited = head + 1, visited + 1
-  local edge = edges_of(holder)
+  head = head + 1
+  local edge = edge_of(holder)
   for _, wait in ipairs(edge and edge.w or {}) do
     local lock, holders = wait[1], wait[2]
     for _, other in ipairs(holders) do

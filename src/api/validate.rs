@@ -16,7 +16,8 @@ mod page_tokens;
 pub use multi::{MAX_MULTI_NAMES, multi_names, multi_plain, multi_set, no_set_tokens, set_tokens};
 
 pub use page_tokens::{
-    changelog_page_token, encode_page_token, next_changelog_page_token, next_page_token, page_token,
+    changelog_page_token, encode_page_token, next_changelog_page_token, next_page_token,
+    next_waits_page_token, page_token, waits_page_token,
 };
 
 /// Bounds that depend on the deployment (set by flags).

@@ -11,6 +11,8 @@
 //! numbers would round them), fields at their default value left out of
 //! proto messages.
 
+use std::sync::Arc;
+
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use serde::Serialize;
@@ -18,7 +20,9 @@ use serde::Serialize;
 use super::errors::{ApiError, ApiResult, json_reply, no_store};
 use super::login::Caller;
 use super::overview::CHART_MINUTES;
-use super::params::{LockQuery, LocksQuery, MetricsQuery, NamespaceQuery, Query, readable};
+use super::params::{
+    LockQuery, LocksQuery, MetricsQuery, NamespaceQuery, Query, WaitsQuery, readable,
+};
 use super::{Dashboard, MAX_MINUTES, MINUTE_MS};
 use crate::api::convert;
 use crate::api::validate;
@@ -259,27 +263,39 @@ struct WaitStepView {
 struct WaitsView {
     namespace: String,
     /// Each chain from a waiting holder nobody waits on, on while the
-    /// holder it waits on waits too (a cycle ends where it comes round).
+    /// holder it waits on waits too (a cycle ends where it comes round),
+    /// among this page's edges.
     chains: Vec<Vec<WaitStepView>>,
+    /// Where the next page starts (`page_token=`); empty at the end.
+    next_page_token: String,
 }
 
-/// `GET /api/v1/waits?namespace=`: the namespace's current wait-for
-/// chains (decision 0077), from its wait-for registry: waits of holders
-/// that may hold other locks (a holder the server made up records none).
+/// `GET /api/v1/waits?namespace=&page_token=`: one page of the namespace's
+/// current wait-for chains (decisions 0077, 0081), from its wait-for
+/// registry: waits of holders that may hold other locks (a holder the
+/// server made up records none). A page reads at most 50 fields and
+/// 256 KiB of edges; concurrent requests for one page share one read, kept
+/// a second.
 pub(super) async fn api_waits(
     State(d): State<Dashboard>,
     Caller(access): Caller,
-    Query(query): Query<NamespaceQuery>,
+    Query(query): Query<WaitsQuery>,
 ) -> ApiResult {
     let namespace = readable(&query.namespace, &access)?;
-    let chains = d.engine.wait_chains(&namespace).await?;
-    let chains = (chains.into_iter())
+    let page = validate::waits_page_token(&query.page_token)?;
+    let engine = &d.engine;
+    let found = (d.waits)
+        .get((namespace.to_string(), page), || async {
+            Ok(Arc::new(engine.wait_chains(&namespace, page).await?))
+        })
+        .await?;
+    let chains = (found.chains.iter())
         .map(|chain| {
-            (chain.into_iter())
+            (chain.iter())
                 .map(|step| WaitStepView {
-                    holder: step.holder,
-                    lock: step.lock,
-                    held_by: step.held_by,
+                    holder: step.holder.clone(),
+                    lock: step.lock.clone(),
+                    held_by: step.held_by.clone(),
                 })
                 .collect()
         })
@@ -287,5 +303,6 @@ pub(super) async fn api_waits(
     json_reply(WaitsView {
         namespace: namespace.to_string(),
         chains,
+        next_page_token: validate::next_waits_page_token(found.next),
     })
 }

@@ -92,7 +92,13 @@ struct Dashboard {
     options: Options,
     overviews: Arc<overview::Overviews>,
     changelogs: Arc<changelog::Changelogs>,
+    /// Pages of wait-for chains, one read for concurrent equal requests
+    /// (as the overview's walk: kept a second, two reads at once).
+    waits: Arc<WaitsFlights>,
 }
+
+/// Pages of wait-for chains by (namespace, page).
+type WaitsFlights = flight::Flights<(String, Option<u64>), Arc<crate::engine::WaitChainsPage>>;
 
 impl Dashboard {
     /// Whether `access` may use the admin actions in `namespace` here: the
@@ -117,6 +123,7 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         options,
         overviews: Arc::default(),
         changelogs: Arc::new(changelogs),
+        waits: Arc::new(flight::Flights::new(overview::PASSES, overview::FRESH_FOR)),
     };
     let guarded = Router::new()
         .route("/dashboard", get(pages::overview_page))

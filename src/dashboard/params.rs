@@ -116,6 +116,14 @@ pub(super) struct NamespaceQuery {
     pub namespace: String,
 }
 
+/// `GET /api/v1/waits`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct WaitsQuery {
+    pub namespace: String,
+    pub page_token: String,
+}
+
 /// `GET /api/v1/locks`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]

@@ -21,7 +21,7 @@ type LockServiceClientOf =
 
 /// Acquire+release pairs of `clients` clients in `namespace` on `server`:
 /// each Acquire's latency, sorted. Every one must be granted.
-async fn acquire_latencies(
+pub(super) async fn acquire_latencies(
     server: &TestServer,
     namespace: &'static str,
     clients: usize,
@@ -61,7 +61,7 @@ async fn acquire_latencies(
     all
 }
 
-fn p99(sorted: &[Duration]) -> Duration {
+pub(super) fn p99(sorted: &[Duration]) -> Duration {
     sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
 }
 

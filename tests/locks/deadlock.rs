@@ -283,12 +283,15 @@ async fn a_waiter_whose_holder_the_server_made_pays_nothing_and_a_named_one_four
     let (fcall, fcall_ro, named) = calls_of_a_wait(&mut client, &mut conn, "named").await;
     assert_eq!((fcall, fcall_ro), (6, 0));
     eprintln!("commands per wait: {plain} (server-made holder), {named} (named holder)");
-    // The detection's own cost (decision 0077, BENCHMARKS.md): 3 FCALLs
-    // and the 16 commands they run (Inspect's read of the lock; wait_for's
-    // HSET, PTTL, PEXPIRE, HRANDFIELD and HGETs of the edges it sweeps and
-    // walks; wait_end's HGET and HDEL; Redis' clock), and the attempt
-    // before it, 7 (a queued acquire's refresh of its place).
-    assert_eq!(named - plain, 16 + 7, "{plain} {named}");
+    // The detection's own cost (decisions 0077 and 0081, BENCHMARKS.md):
+    // 3 FCALLs and the 20 commands they run (blockers' bounded read of the
+    // lock, HMGET and HSCAN; wait_for's HRANDFIELD, the budget's HGET and
+    // HSTRLEN, HSET, PTTL, PEXPIRE and HGETs of the edges it sweeps and
+    // walks; wait_end's HGET, the budget's HGET and HSTRLEN, HDEL, HLEN
+    // and the DEL of the emptied registry; Redis' clock), and the attempt
+    // before it, 7 (a queued acquire's refresh of its place). A wait that
+    // ends within its queue TTL renews nothing.
+    assert_eq!(named - plain, 20 + 7, "{plain} {named}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@ mod changelog;
 mod changelog_flood;
 mod changelog_reads;
 mod deadlock;
+mod deadlock_flood;
 mod election;
 mod election_faults;
 mod events;

@@ -15,6 +15,12 @@
 //! writer, a grant of a semaphore without whose permits the request could
 //! never fit. Then a cycle of such waits is a deadlock whatever the others
 //! do.
+//!
+//! Bounded per tenant (decision 0081): an edge names at most
+//! [`ops::wait_for::MOST_HOLDERS`] holders per lock (those that have held
+//! longest), a namespace's registry at most [`BUDGET_BYTES`] (a wait past
+//! it goes on unchecked), a walk at most 256 holders and [`WALK_BYTES`]
+//! decoded; an edge lives a queue TTL unless its replica renews it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -22,22 +28,44 @@ use std::time::Duration;
 
 use super::calls::Calls;
 use super::locks::Locks;
+use renewals::Renewals;
+
+mod renewals;
 use super::{AcquireRequest, EngineError, LockId, LockMode, LockState, WaitEdge, WaitStep, ops};
 use crate::store::StoreError;
 
-/// Edges a namespace's chains are read from, at most.
-const MOST_EDGES: u32 = 1000;
+/// The bytes a namespace's wait-for registry may hold (holder names and
+/// edges); a wait that would pass it is not recorded, so not checked.
+pub const BUDGET_BYTES: u64 = 1 << 20;
 
-/// The wait-for registry's calls.
+/// The bytes of edges one walk decodes, at most (with at most 256 holders
+/// visited): past either, the walk stops and misses what lies beyond.
+pub const WALK_BYTES: u64 = 256 << 10;
+
+/// Fields of the registry one page of chains scans, and the bytes of
+/// edges it decodes, at most.
+const PAGE_FIELDS: u32 = 50;
+const PAGE_BYTES: u32 = 256 << 10;
+
+/// Steps of a cycle its message names, and characters of each name.
+const MESSAGE_STEPS: usize = 8;
+const MESSAGE_NAME_CHARS: usize = 64;
+
+/// The wait-for registry's calls (one per replica, shared by single and
+/// multi-lock waits).
+#[derive(Clone)]
 pub(super) struct Deadlocks {
     calls: Arc<Calls>,
     locks: Arc<Locks>,
+    renewals: Arc<Renewals>,
 }
 
-/// A wait whose edges are in the registry: they leave when it is dropped
-/// (the wait ended: granted, timed out, cancelled, refused).
+/// A wait whose edge is in the registry: kept alive by [`Renewals`] while
+/// the wait outlasts its edge's life, removed when this is dropped (the
+/// wait ended: granted, timed out, cancelled, refused).
 pub(super) struct Recorded {
     calls: Arc<Calls>,
+    renewals: Arc<Renewals>,
     key: String,
     holder: String,
     request: String,
@@ -45,6 +73,7 @@ pub(super) struct Recorded {
 
 impl Drop for Recorded {
     fn drop(&mut self) {
+        (self.renewals).remove(&self.key, &self.holder, &self.request);
         let (calls, key) = (self.calls.clone(), std::mem::take(&mut self.key));
         let args = ops::wait_end::args(&self.holder, &self.request);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -62,7 +91,12 @@ impl Drop for Recorded {
 
 impl Deadlocks {
     pub(super) fn new(calls: Arc<Calls>, locks: Arc<Locks>) -> Self {
-        Deadlocks { calls, locks }
+        let renewals = Renewals::new(calls.clone());
+        Deadlocks {
+            calls,
+            locks,
+            renewals,
+        }
     }
 
     /// A waiting request's check, once it is queued: its edges recorded
@@ -74,29 +108,48 @@ impl Deadlocks {
         request: &str,
         left: Duration,
     ) -> Result<Option<Recorded>, EngineError> {
-        // 1. Who keeps it out now (none: it closes no cycle, records nothing).
-        let state = self.locks.inspect(&req.lock).await?;
+        // 1. Who keeps it out now (none: it closes no cycle, records
+        // nothing), from a bounded look at the lock's grants.
+        let state = self.locks.blockers(&req.lock, &req.holder).await?;
         let waits_on = blocking(&state, &req.holder, req.mode, req.permits);
         if waits_on.is_empty() {
             return Ok(None);
         }
-        // 2. Its edges recorded, the walk from them.
+        // 2. Its edge recorded (it lives a queue TTL unless renewed, so a
+        // dead replica's edges go with its requests), the walk from it.
         let key = self.calls.layout().waits_key(&req.lock.namespace);
+        let live = match req.queue_ttl_ms {
+            0 => left,
+            ttl => left.min(Duration::from_millis(ttl)),
+        };
         let waits = [(req.lock.name.to_string(), waits_on)];
         let call = ops::wait_for::Call {
             holder: &req.holder,
             request,
-            left_ms: left.as_millis() as u64,
+            live_ms: live.as_millis() as u64,
+            budget_bytes: BUDGET_BYTES,
+            walk_bytes: WALK_BYTES,
             waits: &waits,
         };
         let reply = self.calls.call(|s| &s.wait_for, &key, &call.args()).await?;
+        let cycle = match ops::wait_for::parse(reply)? {
+            ops::wait_for::Found::OverBudget => {
+                tracing::debug!(namespace = %req.lock.namespace, "wait-for registry at its budget: a wait not checked");
+                return Ok(None);
+            }
+            ops::wait_for::Found::Nothing => Vec::new(),
+            ops::wait_for::Found::Cycle(cycle) => cycle,
+        };
+        if live < left {
+            (self.renewals).add(&key, &req.holder, request, live);
+        }
         let recorded = Recorded {
             calls: self.calls.clone(),
+            renewals: self.renewals.clone(),
             key,
             holder: req.holder.to_string(),
             request: request.to_owned(),
         };
-        let cycle = ops::wait_for::parse(reply)?;
         // 3. A candidate is refused only when it holds now.
         if !cycle.is_empty() && self.verified(&req.lock.namespace, &cycle).await? {
             return Err(EngineError::Deadlock(cycle));
@@ -137,20 +190,25 @@ impl Deadlocks {
         Ok(true)
     }
 
-    /// The namespace's current wait-for chains, for the dashboard: from
-    /// each holder nobody waits on, its edges followed while the holder it
-    /// waits on waits too (a cycle ends where it comes round).
+    /// One page of the namespace's current wait-for chains, for the
+    /// dashboard: from each holder nobody waits on, its edges followed
+    /// while the holder it waits on waits too (a cycle ends where it comes
+    /// round), among the page's edges (a chain across pages is cut).
     pub(super) async fn chains(
         &self,
         namespace: &super::Namespace,
-    ) -> Result<Vec<Vec<WaitStep>>, EngineError> {
+        page: Option<u64>,
+    ) -> Result<super::WaitChainsPage, EngineError> {
         self.calls.ready()?;
         let key = self.calls.layout().waits_key(namespace);
-        let reply = self
-            .calls
-            .call(|s| &s.waits, &key, &ops::waits::args(MOST_EDGES))
-            .await?;
-        Ok(chains(&ops::waits::parse(reply)?))
+        let cursor = page.unwrap_or(0).to_string();
+        let args = ops::waits::args(&cursor, PAGE_FIELDS, PAGE_BYTES);
+        let reply = self.calls.call(|s| &s.waits, &key, &args).await?;
+        let (edges, next) = ops::waits::parse(reply)?;
+        Ok(super::WaitChainsPage {
+            chains: chains(&edges),
+            next: next.parse().ok().filter(|&c: &u64| c != 0),
+        })
     }
 }
 
@@ -168,10 +226,18 @@ pub(super) fn blocking(
         (LockMode::Write, _) | (_, LockMode::Write) => true,
         _ => grant.permits.max(1) > state.limit.saturating_sub(permits.max(1)),
     };
-    let mut found: Vec<String> = others.filter(alone).map(|g| g.holder.clone()).collect();
+    // Those that have held longest first: an edge keeps the first few.
+    let mut found: Vec<(i64, &str)> = (others.filter(alone))
+        .map(|g| (g.acquired_at_ms, g.holder.as_str()))
+        .collect();
     found.sort();
-    found.dedup();
-    found
+    let mut holders: Vec<String> = Vec::with_capacity(found.len());
+    for (_, holder) in found {
+        if !holders.iter().any(|h| h == holder) {
+            holders.push(holder.to_owned());
+        }
+    }
+    holders
 }
 
 /// Chains from the registry's edges: each starts at a waiting holder
@@ -228,20 +294,34 @@ pub(super) fn chains(edges: &[WaitEdge]) -> Vec<Vec<WaitStep>> {
 }
 
 /// A cycle as its error message says it: `holder "a" waits for lock "x"
-/// held by "b", "b" waits for lock "y" held by "a"`.
+/// held by "b", "b" waits for lock "y" held by "a"`; at most 8 steps (then
+/// `and N more`), each name cut at 64 characters, so the message stays
+/// under 2 KB whatever the cycle (a gRPC client refuses a long one).
 pub fn describe(cycle: &[WaitStep]) -> String {
-    let steps: Vec<String> = cycle
-        .iter()
+    let mut steps: Vec<String> = (cycle.iter().take(MESSAGE_STEPS))
         .enumerate()
         .map(|(i, step)| {
             let who = if i == 0 { "holder " } else { "" };
             format!(
                 "{who}{:?} waits for lock {:?} held by {:?}",
-                step.holder, step.lock, step.held_by
+                short(&step.holder),
+                short(&step.lock),
+                short(&step.held_by)
             )
         })
         .collect();
+    if cycle.len() > MESSAGE_STEPS {
+        steps.push(format!("and {} more", cycle.len() - MESSAGE_STEPS));
+    }
     steps.join(", ")
+}
+
+/// A name as a message shows it: its first 64 characters, then `…`.
+fn short(name: &str) -> String {
+    match name.char_indices().nth(MESSAGE_NAME_CHARS) {
+        Some((at, _)) => format!("{}…", &name[..at]),
+        None => name.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -337,5 +417,21 @@ mod tests {
             describe(&[step("a", "x", "b"), step("b", "y", "a")]),
             r#"holder "a" waits for lock "x" held by "b", "b" waits for lock "y" held by "a""#
         );
+    }
+
+    #[test]
+    fn a_long_cycles_message_stays_short() {
+        let long = "h".repeat(256);
+        let cycle: Vec<WaitStep> = (0..200)
+            .map(|i| WaitStep {
+                holder: format!("{long}{i}"),
+                lock: format!("{long}-lock"),
+                held_by: format!("{long}{}", i + 1),
+            })
+            .collect();
+        let message = describe(&cycle);
+        assert!(message.len() < 2048, "{} bytes", message.len());
+        assert!(message.ends_with("and 192 more"), "{message}");
+        assert!(message.contains(&format!("\"{}…\"", "h".repeat(64))));
     }
 }

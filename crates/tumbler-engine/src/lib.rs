@@ -110,6 +110,7 @@ use crate::store::{Store, StoreError};
 use calls::Calls;
 use changelog::{Changelog, ChangelogPage, ChangelogQuery, ChangelogSettings};
 use counting::Counting;
+use deadlock::Deadlocks;
 use election::Election;
 use keys::Layout;
 use libraries::Libraries;
@@ -198,17 +199,20 @@ impl LockEngine {
             counting.clone(),
             changelog.clone(),
         ));
+        // One wait-for registry's calls and renewals for single and
+        // multi-lock waits alike.
+        let deadlocks = Deadlocks::new(calls.clone(), locks.clone());
         let multi = Arc::new(Multi::new(
-            calls.clone(),
-            locks.clone(),
+            (calls.clone(), locks.clone()),
             counting.clone(),
             changelog.clone(),
             waiters.clone(),
+            deadlocks.clone(),
             limits.max_waiters_per_lock,
             limits.max_locks_per_shard,
         ));
         LockEngine {
-            waiting: Waiting::new(waiters, locks.clone(), calls.clone(), limits.hand_over),
+            waiting: Waiting::new(waiters, locks.clone(), deadlocks, limits.hand_over),
             multi,
             sessions: SessionKeeper::new(
                 renewer.clone(),
@@ -316,9 +320,14 @@ impl LockEngine {
         }
     }
 
-    /// A namespace's current wait-for chains (`deadlock.rs`, decision 0077).
-    pub async fn wait_chains(&self, ns: &Namespace) -> Result<Vec<WaitChain>, EngineError> {
-        self.waiting.wait_chains(ns).await
+    /// One page of a namespace's current wait-for chains (`deadlock.rs`,
+    /// decisions 0077 and 0081), from `page` (none: the first).
+    pub async fn wait_chains(
+        &self,
+        ns: &Namespace,
+        page: Option<u64>,
+    ) -> Result<WaitChainsPage, EngineError> {
+        self.waiting.wait_chains(ns, page).await
     }
 
     /// Takes every lock of a multi-lock's set or none (decision 0076),

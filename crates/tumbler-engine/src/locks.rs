@@ -290,6 +290,22 @@ impl Locks {
         Ok(ops::inspect::parse(reply)?)
     }
 
+    /// Some of a lock's live grants other than `holder`'s, for a deadlock
+    /// check: at most `ops::blockers::MOST_GRANTS`, whatever the lock's size.
+    pub(super) async fn blockers(
+        &self,
+        lock: &LockId,
+        holder: &str,
+    ) -> Result<LockState, EngineError> {
+        self.calls.ready()?;
+        let keys = self.keys(lock);
+        let reply = self
+            .calls
+            .call_lock(|s| &s.blockers, &keys, &ops::blockers::args(holder))
+            .await?;
+        Ok(ops::blockers::parse(reply)?)
+    }
+
     /// The live waiting requests of a lock in grant order (at most `most`).
     pub(super) async fn queue(&self, lock: &LockId, most: u32) -> Result<QueueState, EngineError> {
         self.calls.ready()?;

@@ -90,16 +90,16 @@ enum Round {
 
 impl Multi {
     pub(super) fn new(
-        calls: Arc<Calls>,
-        locks: Arc<Locks>,
+        (calls, locks): (Arc<Calls>, Arc<Locks>),
         counting: Arc<Counting>,
         changelog: Arc<Changelog>,
         waiters: Arc<Waiters>,
+        deadlocks: Deadlocks,
         max_waiters_per_lock: u32,
         max_locks_per_shard: u64,
     ) -> Self {
         Multi {
-            deadlocks: Deadlocks::new(calls.clone(), locks.clone()),
+            deadlocks,
             calls,
             locks,
             counting,

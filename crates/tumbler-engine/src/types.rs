@@ -103,12 +103,20 @@ pub struct WaitStep {
 /// A chain of waits, each step's `held_by` the next step's `holder`.
 pub type WaitChain = Vec<WaitStep>;
 
+/// One page of a namespace's wait-for chains (decision 0081): the chains
+/// among the page's edges, and where the next page starts (none: the last).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WaitChainsPage {
+    pub chains: Vec<WaitChain>,
+    pub next: Option<u64>,
+}
+
 /// A waiting holder's edges in its namespace's wait-for registry: the
 /// locks it waits for, each with the holders it waits on there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WaitEdge {
     pub holder: String,
-    /// When its wait ends at the latest (Redis ms).
+    /// When its edge ends unless its replica renews it (Redis ms).
     pub expires_at_ms: i64,
     pub waits: Vec<(String, Vec<String>)>,
 }

@@ -40,10 +40,9 @@ impl Waiting {
     pub(super) fn new(
         waiters: Arc<Waiters>,
         locks: Arc<Locks>,
-        calls: Arc<super::calls::Calls>,
+        deadlocks: Deadlocks,
         hand_over: bool,
     ) -> Self {
-        let deadlocks = Deadlocks::new(calls, locks.clone());
         // A grant handed to a request of this replica whose RPC is gone
         // goes back at once (pinned to its token).
         let giving_back = locks.clone();
@@ -232,12 +231,13 @@ impl Waiting {
         }
     }
 
-    /// A namespace's current wait-for chains (`deadlock.rs`).
+    /// One page of a namespace's current wait-for chains (`deadlock.rs`).
     pub(super) async fn wait_chains(
         &self,
         namespace: &super::Namespace,
-    ) -> Result<Vec<Vec<super::WaitStep>>, EngineError> {
-        self.deadlocks.chains(namespace).await
+        page: Option<u64>,
+    ) -> Result<super::WaitChainsPage, EngineError> {
+        self.deadlocks.chains(namespace, page).await
     }
 
     /// A grant handed to this waiting RPC, as its answer.

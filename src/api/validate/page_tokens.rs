@@ -61,6 +61,24 @@ pub fn encode_page_token(cursor: &ListCursor) -> String {
     ))
 }
 
+/// A wait-for chains page's token, `base64url(w.<scan cursor>)` (the `w`
+/// keeps other tokens from passing for one): harmless when tampered with,
+/// since it only moves where a scan of the request's own namespace's
+/// registry goes on.
+pub fn waits_page_token(value: &str) -> Result<Option<u64>, Invalid> {
+    let Some(text) = page_token_text(value)? else {
+        return Ok(None);
+    };
+    let cursor = text.strip_prefix("w.").ok_or_else(not_issued)?;
+    cursor.parse().map(Some).map_err(|_| not_issued())
+}
+
+/// The `next_page_token` of a wait-for chains page: empty at the end.
+pub fn next_waits_page_token(next: Option<u64>) -> String {
+    next.map(|c| URL_SAFE_NO_PAD.encode(format!("w.{c}")))
+        .unwrap_or_default()
+}
+
 /// A changelog read's page token, `base64url(c.<ms>.<shard>.<index>)`
 /// (the `c` keeps a List token from passing for one): opaque to clients,
 /// and harmless when tampered with, as a List token is (it holds positions
@@ -102,6 +120,18 @@ mod tests {
     fn rejects<T: std::fmt::Debug>(result: Result<T, Invalid>, field: &str) {
         let invalid = result.expect_err("should be rejected");
         assert_eq!(invalid.field, field, "{invalid}");
+    }
+
+    #[test]
+    fn waits_page_tokens_round_trip_and_refuse_what_was_not_issued() {
+        let token = next_waits_page_token(Some(1234));
+        assert_eq!(waits_page_token(&token).unwrap(), Some(1234));
+        assert_eq!(next_waits_page_token(None), "");
+        assert_eq!(waits_page_token("").unwrap(), None);
+        for bad in ["w.", "w.-1", "w.x", "c.1", "12"] {
+            rejects(waits_page_token(&URL_SAFE_NO_PAD.encode(bad)), "page_token");
+        }
+        rejects(waits_page_token("%%%"), "page_token");
     }
 
     #[test]

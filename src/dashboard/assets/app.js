@@ -636,6 +636,10 @@ function renderWaits(d) {
     chains.length
       ? h("ul", { id: "wait-chains", class: "chains" }, chains.map(waitChain))
       : h("p", { id: "wait-chains" }, "No holder of other locks is waiting."),
+    d.nextPageToken
+      ? h("p", { id: "wait-chains-more", class: "note" }, "More waits than one page: the first page's chains are shown " +
+        "(GET /api/v1/waits with page_token for the rest).")
+      : null,
     h("p", { class: "note" }, "Waits of holders that may hold other locks of this namespace; " +
       "a wait that would close a cycle is refused at once (ABORTED)."));
 }

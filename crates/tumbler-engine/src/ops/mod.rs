@@ -12,6 +12,7 @@
 
 pub mod acquire;
 pub mod acquire_many;
+pub mod blockers;
 pub mod changelog;
 pub mod clear;
 pub mod count;
@@ -31,6 +32,7 @@ pub mod renew;
 pub mod session_record;
 pub mod wait_end;
 pub mod wait_for;
+pub mod wait_renew;
 pub mod waits;
 
 use redis::Value;
