@@ -19,6 +19,9 @@ use crate::tls::TlsArgs;
 mod redis_args;
 pub use redis_args::RedisArgs;
 
+/// Connections one port holds at once when `--max-connections` is not set.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
+
 /// Settings shared by `tumbler serve` and `tumbler dev`.
 #[derive(Args, Clone, Debug)]
 pub struct ServiceArgs {
@@ -185,9 +188,11 @@ pub struct ServiceArgs {
     /// Connections one port (gRPC, HTTP, health) holds at once. At the cap
     /// the connection idle the longest is closed for a new one; only when
     /// every connection has a request in flight is a new one refused.
-    /// Lowered at start to fit the process's open-files limit.
-    #[arg(long, env = "TUMBLER_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections: u32,
+    /// Lowered at start to fit the process's open-files limit (a warning
+    /// when this flag was set, a note in the log when the default is).
+    /// [default: 10000]
+    #[arg(long, env = "TUMBLER_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
     /// Connections one client address holds on one port; more are
     /// refused (closed at once).
     #[arg(long, env = "TUMBLER_MAX_CONNECTIONS_PER_IP", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
@@ -544,7 +549,9 @@ impl ServerConfig {
                 max_watchers_per_namespace: args.max_watchers_per_namespace as usize,
                 max_waiters_per_token: args.max_waiters_per_token as usize,
                 connections: crate::limits::ConnLimits {
-                    max_connections: args.max_connections as usize,
+                    max_connections: args.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS)
+                        as usize,
+                    max_connections_chosen: args.max_connections.is_some(),
                     max_connections_per_ip: args.max_connections_per_ip as usize,
                     idle_timeout: Duration::from_millis(args.idle_timeout_ms),
                     header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),

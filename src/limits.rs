@@ -55,6 +55,9 @@ const FD_RESERVE: u64 = 1024;
 pub struct ConnLimits {
     /// Connections one port holds at once.
     pub max_connections: usize,
+    /// Whether the operator chose `max_connections` (a flag), or it is the
+    /// default: lowering a choice is a warning, lowering the default a note.
+    pub max_connections_chosen: bool,
     /// Connections one client address holds on one port.
     pub max_connections_per_ip: usize,
     /// How long a connection may stay open with no request in flight.
@@ -84,12 +87,20 @@ impl ConnLimits {
             let budget = fds.saturating_sub(FD_RESERVE) / ports.max(1) as u64;
             let budget = usize::try_from(budget).unwrap_or(usize::MAX).max(16);
             if fitted.max_connections > budget {
-                tracing::warn!(
-                    configured = self.max_connections,
-                    used = budget,
-                    open_files = fds,
-                    "--max-connections lowered to fit the open-files limit"
-                );
+                if self.max_connections_chosen {
+                    tracing::warn!(
+                        configured = self.max_connections,
+                        used = budget,
+                        open_files = fds,
+                        "--max-connections lowered to fit the open-files limit"
+                    );
+                } else {
+                    tracing::info!(
+                        per_port = budget,
+                        open_files = fds,
+                        "connections per port: {budget}, what the open-files limit allows (set --max-connections to choose)"
+                    );
+                }
                 fitted.max_connections = budget;
             }
         }

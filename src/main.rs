@@ -53,7 +53,24 @@ enum Command {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<ExitCode> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(code) => code,
+        Err(e) => {
+            // The error and its causes, never a backtrace (RUST_BACKTRACE
+            // may be set for other reasons): each says what to do.
+            let mut text = format!("Error: {e}");
+            let causes: Vec<String> = e.chain().skip(1).map(|c| format!("    {c}")).collect();
+            if !causes.is_empty() {
+                text.push_str(&format!("\n\nCaused by:\n{}", causes.join("\n")));
+            }
+            let _ = writeln!(std::io::stderr(), "{text}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<ExitCode> {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -137,6 +154,12 @@ async fn main() -> anyhow::Result<ExitCode> {
             let outcome = server::serve_on(config, listeners, shutdown_signal()).await;
             drop(redis);
             telemetry.shutdown().await;
+            if outcome.is_ok() {
+                let _ = writeln!(
+                    std::io::stdout(),
+                    "tumbler dev: stopped (its private Redis too)"
+                );
+            }
             outcome.map(|()| ExitCode::SUCCESS)
         }
         Command::Client(command) => {
@@ -240,9 +263,14 @@ async fn bind_http(
     let mut note = None;
     let bound = match TcpListener::bind(addr).await {
         Err(e) if free_port_fallback => {
-            tracing::info!(%addr, error = %e, "default HTTP port taken; using a free port");
             let bound = TcpListener::bind(SocketAddr::new(addr.ip(), 0)).await;
             if let Ok(listener) = &bound {
+                tracing::info!(
+                    taken = %addr,
+                    instead = %listener.local_addr()?,
+                    error = %e,
+                    "default HTTP port taken; HTTP on a free port instead"
+                );
                 note = Some(format!(
                     "the default HTTP port {addr} is taken{}: HTTP is on {} instead (choose one with --http-listen)",
                     held_by(addr.port()),

@@ -363,3 +363,67 @@ fn tumbler_dev_on_a_busy_chosen_port_says_who_listens_and_how_to_choose() {
         );
     }
 }
+
+/// A missing redis-server is one error that says how to install it, and
+/// never a backtrace, even with RUST_BACKTRACE set.
+#[test]
+fn a_missing_redis_server_says_how_to_install_it_without_a_backtrace() {
+    let out = Command::new(TUMBLER)
+        .args(["dev", "--redis-server", "/nonexistent/redis-server"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("apt-get install -y redis-server"),
+        "{stderr}"
+    );
+    assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
+    assert!(stderr.lines().count() < 8, "{stderr}");
+}
+
+/// `tumbler dev` says when it has stopped; an open-files limit that
+/// lowers the default connection cap is a note, not a warning about a
+/// flag nobody set (a flag that is lowered still warns).
+#[tokio::test]
+async fn tumbler_dev_says_it_stopped_and_warns_only_about_flags_that_were_set() {
+    let run = async |extra: &[&str]| {
+        let mut child = Command::new(TUMBLER)
+            .args(["dev", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(["--shutdown-grace-ms", "500"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut seen = String::new();
+        while !seen.contains("stop with Ctrl-C") {
+            assert!(stdout.read_line(&mut seen).unwrap() > 0, "{seen}");
+        }
+        // Serving (so its signal handler is in place) before the SIGTERM.
+        let addr = seen
+            .split("gRPC on ")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap();
+        wait_for_health(&format!("http://{addr}"), ServingStatus::Serving).await;
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+        std::io::Read::read_to_string(&mut stdout, &mut seen).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (seen, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (stdout, stderr) = run(&[]).await;
+    assert!(
+        stdout
+            .trim_end()
+            .ends_with("tumbler dev: stopped (its private Redis too)"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("--max-connections lowered"), "{stderr}");
+    let (_, stderr) = run(&["--max-connections", "4000000000"]).await;
+    assert!(stderr.contains("--max-connections lowered"), "{stderr}");
+}

@@ -235,7 +235,7 @@ fn limited_args(
     idle_timeout_ms: u64,
 ) -> ServiceArgs {
     ServiceArgs {
-        max_connections,
+        max_connections: Some(max_connections),
         max_connections_per_ip: per_ip,
         header_read_timeout_ms,
         idle_timeout_ms,

@@ -31,7 +31,7 @@ fn tokens() -> String {
 /// cut the tricklers), and `body_ms` for the body.
 fn args(max_connections: u32, per_ip: u32, body_ms: u64) -> ServiceArgs {
     ServiceArgs {
-        max_connections,
+        max_connections: Some(max_connections),
         max_connections_per_ip: per_ip,
         header_read_timeout_ms: 60_000,
         idle_timeout_ms: 60_000,
