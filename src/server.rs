@@ -282,7 +282,8 @@ pub async fn serve_on(
     // One port, three protocols, told apart by content type: Connect
     // (`application/json`, `application/proto`, `application/connect+…`,
     // over HTTP/1.1 or HTTP/2) is turned into gRPC by `ConnectLayer`,
-    // gRPC-Web (`application/grpc-web…`) by tonic-web, and both then pass
+    // gRPC-Web (`application/grpc-web…`) by tonic-web (its decoded body
+    // then watched by `GrpcWebWatchLayer`), and both then pass
     // the RPC layer, auth and the handlers as gRPC does.
     let router = grpc_builder(&conn_limits)
         .accept_http1(true)
@@ -292,6 +293,7 @@ pub async fn serve_on(
             max_request_bytes: config.transport.max_request_bytes,
         })
         .layer(tonic_web::GrpcWebLayer::new())
+        .layer(crate::limits::GrpcWebWatchLayer)
         .layer(tower::util::MapResponseLayer::new(
             |response: http::Response<_>| response.map(tonic::body::Body::new),
         ))
