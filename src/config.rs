@@ -222,13 +222,27 @@ pub struct ServiceArgs {
     /// client's waits and sessions end instead of hanging on).
     #[arg(long, env = "TUMBLER_HTTP2_KEEPALIVE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub http2_keepalive_timeout_ms: u64,
-    /// Host names the dashboard answers (requests whose Host or Origin is
+    /// Host names the HTTP-speaking ports answer (the dashboard, and
+    /// Connect and gRPC-Web on the gRPC port; requests whose Host is
     /// another name are refused, against DNS rebinding), besides loopback
-    /// names and addresses, which it always answers. The check is on
+    /// names and addresses, which they always answer. The check is on
     /// whenever names are given, and always without --auth-tokens-file
-    /// (`tumbler dev`, --no-auth), where the dashboard has no other guard.
-    #[arg(long, env = "TUMBLER_DASHBOARD_ALLOWED_HOSTS", value_delimiter = ',')]
+    /// (`tumbler dev`, --no-auth), where nothing else guards them. Native
+    /// gRPC (HTTP/2, no browser Origin) is not checked.
+    #[arg(
+        long,
+        visible_alias = "allowed-hosts",
+        env = "TUMBLER_DASHBOARD_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
     pub dashboard_allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`, repeatable or comma-separated)
+    /// whose browser pages may call the gRPC port through Connect or
+    /// gRPC-Web: CORS for them (preflight, readable answers). Default none:
+    /// a request with any other browser Origin is refused
+    /// (PERMISSION_DENIED), whatever the auth mode.
+    #[arg(long, env = "TUMBLER_CORS_ALLOW_ORIGIN", value_delimiter = ',', value_parser = crate::origin::parse_origin)]
+    pub cors_allow_origin: Vec<String>,
     /// File holding the secret (at least 32 bytes, e.g. `openssl rand
     /// -base64 48`) that signs the dashboard's login cookies; replicas
     /// given the same file accept each other's logins. Without it each
@@ -422,8 +436,13 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Whether the dashboard on the HTTP port offers admin actions.
     pub dashboard_admin: bool,
-    /// Host names the dashboard answers besides loopback ones; None: any.
-    pub dashboard_allowed_hosts: Option<Vec<String>>,
+    /// The Host rule of the dashboard and of the gRPC port's HTTP
+    /// requests: loopback names and these; off (any Host) with auth on and
+    /// no names given.
+    pub allowed_hosts: crate::origin::HostRule,
+    /// Origins whose browser pages may call the gRPC port (CORS); no
+    /// other Origin is answered there.
+    pub cors_allow_origins: Vec<String>,
     /// The key that signs the dashboard's login cookies.
     pub dashboard_cookie_key: crate::dashboard::CookieKey,
     /// Bearer tokens file; None: authentication is off.
@@ -516,9 +535,17 @@ impl ServerConfig {
             shutdown_drain: Duration::ZERO,
             shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
             dashboard_admin: false,
-            dashboard_allowed_hosts: (args.auth.auth_tokens_file.is_none()
-                || !args.dashboard_allowed_hosts.is_empty())
-            .then(|| args.dashboard_allowed_hosts.clone()),
+            allowed_hosts: if args.auth.auth_tokens_file.is_none()
+                || !args.dashboard_allowed_hosts.is_empty()
+            {
+                crate::origin::HostRule::loopback_and(&args.dashboard_allowed_hosts)
+            } else {
+                crate::origin::HostRule::off()
+            },
+            cors_allow_origins: (args.cors_allow_origin.iter())
+                .filter(|o| !o.is_empty())
+                .cloned()
+                .collect(),
             dashboard_cookie_key: crate::dashboard::CookieKey::load(
                 args.dashboard_cookie_key_file.as_deref(),
             )?,

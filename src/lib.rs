@@ -19,6 +19,7 @@ pub mod dev;
 pub mod http;
 pub mod limits;
 pub mod observe;
+pub mod origin;
 pub mod proto;
 pub mod server;
 pub mod telemetry;

@@ -179,7 +179,7 @@ pub async fn serve_on(
                 admin: config.dashboard_admin,
                 auth: authenticator.clone(),
                 secure_cookie: tls.is_some(),
-                allowed_hosts: config.dashboard_allowed_hosts.clone(),
+                hosts: config.allowed_hosts.clone(),
                 cookie_key: config.dashboard_cookie_key.clone(),
                 auth_throttle: auth_throttle.clone(),
             };
@@ -279,19 +279,27 @@ pub async fn serve_on(
         tracing::info!("shutting down: no new connections, finishing in-flight RPCs");
         draining.notify_one();
     };
-    // One port, three protocols, told apart by content type: Connect
+    // One port, three protocols, told apart by content type. First the
+    // Host/Origin rule (`origin.rs`): Connect and gRPC-Web, and anything
+    // with a browser's Origin, answer only the Host names and origins
+    // this port is meant for (native gRPC over HTTP/2 passes). Connect
     // (`application/json`, `application/proto`, `application/connect+…`,
     // over HTTP/1.1 or HTTP/2) is turned into gRPC by `ConnectLayer`,
-    // gRPC-Web (`application/grpc-web…`) by tonic-web, and both then pass
+    // gRPC-Web (`application/grpc-web…`) by tonic-web (its decoded body
+    // then watched by `GrpcWebWatchLayer`), and both then pass
     // the RPC layer, auth and the handlers as gRPC does.
     let router = grpc_builder(&conn_limits)
         .accept_http1(true)
         .max_concurrent_streams(config.transport.max_concurrent_streams)
         .layer(TrackLayer::new(listener.gate().clone()))
+        .layer(crate::origin::OriginLayer::new(
+            crate::origin::PortRule::new(config.allowed_hosts.clone(), &config.cors_allow_origins),
+        ))
         .layer(crate::connect::ConnectLayer {
             max_request_bytes: config.transport.max_request_bytes,
         })
         .layer(tonic_web::GrpcWebLayer::new())
+        .layer(crate::limits::GrpcWebWatchLayer)
         .layer(tower::util::MapResponseLayer::new(
             |response: http::Response<_>| response.map(tonic::body::Body::new),
         ))

@@ -76,9 +76,8 @@ pub struct Options {
     /// Mark the login cookie `Secure` (the HTTP port is served over TLS);
     /// also sends Strict-Transport-Security.
     pub secure_cookie: bool,
-    /// Host names the dashboard answers besides loopback ones; None: any
-    /// (see [`edge`]).
-    pub allowed_hosts: Option<Vec<String>>,
+    /// The Host rule, the gRPC port's too (`crate::origin`; see [`edge`]).
+    pub hosts: crate::origin::HostRule,
     /// Signs the login cookies (`--dashboard-cookie-key-file`, else a
     /// random key of this process).
     pub cookie_key: CookieKey,
@@ -114,7 +113,7 @@ impl Dashboard {
 /// through `login::require_access`.
 pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
     let edge = edge::EdgeOptions {
-        allowed_hosts: options.allowed_hosts.clone(),
+        hosts: options.hosts.clone(),
         hsts: options.secure_cookie,
     };
     let changelogs = changelog::Changelogs::new(engine.changelog_settings().reads_per_second);

@@ -79,9 +79,21 @@ where
             if !http_body::Body::is_end_stream(request.body()) {
                 let timeout = self.gate.shared.limits.body_read_timeout;
                 let awaiting = conn.awaiting_body();
-                request = request.map(|body| {
-                    tonic::body::Body::new(WatchedBody::first_message(body, awaiting, timeout))
-                });
+                if is_grpc_web(request.headers()) {
+                    // tonic-web turns an error of the body it decodes into
+                    // INTERNAL: its body is watched once decoded, further
+                    // in ([`GrpcWebWatchLayer`]), so a late message is
+                    // DEADLINE_EXCEEDED as over gRPC and Connect.
+                    request
+                        .extensions_mut()
+                        .insert(GrpcWebWatch(Arc::new(std::sync::Mutex::new(Some((
+                            awaiting, timeout,
+                        ))))));
+                } else {
+                    request = request.map(|body| {
+                        tonic::body::Body::new(WatchedBody::first_message(body, awaiting, timeout))
+                    });
+                }
             }
             // For the auth interceptor to mark the connection trusted.
             if !conn.is_trusted() {
@@ -96,6 +108,62 @@ where
                 _in_flight: in_flight,
             }))
         })
+    }
+}
+
+fn is_grpc_web(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc-web"))
+}
+
+/// A gRPC-Web request's first-message watch, left by [`Track`] for
+/// [`GrpcWebWatchLayer`] (taken once).
+#[derive(Clone)]
+struct GrpcWebWatch(Arc<std::sync::Mutex<Option<(Awaiting, Duration)>>>);
+
+/// A tower layer placed after tonic-web's: wraps a gRPC-Web request's
+/// decoded body (gRPC's framing, base64 undone) in a [`WatchedBody`], so
+/// its [`BodyTimedOut`] reaches tonic as DEADLINE_EXCEEDED. Other requests
+/// pass untouched (one extensions lookup).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GrpcWebWatchLayer;
+
+impl<S> tower::Layer<S> for GrpcWebWatchLayer {
+    type Service = GrpcWebWatched<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcWebWatched { inner }
+    }
+}
+
+/// See [`GrpcWebWatchLayer`].
+#[derive(Clone, Debug)]
+pub struct GrpcWebWatched<S> {
+    inner: S,
+}
+
+impl<S> tower::Service<http::Request<tonic::body::Body>> for GrpcWebWatched<S>
+where
+    S: tower::Service<http::Request<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        let watch = (request.extensions_mut().remove::<GrpcWebWatch>())
+            .and_then(|watch| watch.0.lock().ok()?.take());
+        if let Some((awaiting, timeout)) = watch {
+            request = request.map(|body| {
+                tonic::body::Body::new(WatchedBody::first_message(body, awaiting, timeout))
+            });
+        }
+        self.inner.call(request)
     }
 }
 

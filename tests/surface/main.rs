@@ -11,6 +11,7 @@ mod connect;
 mod dashboard;
 mod edge;
 mod multi_attack;
+mod origin;
 mod revocation;
 mod slow;
 mod tls;

@@ -3,7 +3,8 @@
 //! that trickles, a gRPC call that sends HEADERS and no DATA) are cut
 //! after `--body-read-timeout-ms` (408 and a closed connection; gRPC
 //! DEADLINE_EXCEEDED and the stream reset; a Connect call on the gRPC port
-//! the same code, Connect's 504), and, with the connection caps
+//! the same code, Connect's 504; a gRPC-Web call grpc-status 4 too), and,
+//! with the connection caps
 //! filled by such tricklers from several addresses, `/healthz`, gRPC
 //! health and authenticated Acquires are still answered at once.
 
@@ -59,6 +60,8 @@ async fn server(args: ServiceArgs) -> TestServer {
 enum Post {
     Login,
     Connect,
+    /// A gRPC-Web Acquire (binary): a 32-byte message announced.
+    GrpcWeb,
 }
 
 /// How a trickler's request ended, and when (since it was sent).
@@ -133,6 +136,11 @@ async fn http_trickler(
                 "application/json",
                 "{\"name\": \"",
             ),
+            Post::GrpcWeb => (
+                "/tumbler.v1.LockService/Acquire",
+                "application/grpc-web+proto",
+                "\0\0\0\0\x20\x0a",
+            ),
         };
         let head = format!(
             "POST {path} HTTP/1.1\r\nHost: {to}\r\nContent-Type: {content_type}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n{start}"
@@ -157,9 +165,21 @@ async fn http_trickler(
         }
         let took = sent.elapsed();
         let reply = String::from_utf8_lossy(&reply);
-        let ended = match reply.split(' ').nth(1) {
-            Some(code) => Ended::Http(code.parse().unwrap()),
-            None => Ended::Closed,
+        // gRPC-Web's status, in the headers (trailers-only) or its trailers frame.
+        let grpc_status = reply
+            .to_ascii_lowercase()
+            .split("grpc-status:")
+            .nth(1)
+            .and_then(|rest| {
+                rest.trim_start()
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()
+            })
+            .and_then(|code| code.parse::<i32>().ok());
+        let ended = match (reply.split(' ').nth(1), grpc_status) {
+            (Some(_), Some(code)) => Ended::Grpc(Code::from(code)),
+            (Some(code), None) => Ended::Http(code.parse().unwrap()),
+            (None, _) => Ended::Closed,
         };
         (ended, took)
     })
@@ -212,6 +232,10 @@ async fn messages_that_do_not_come_are_cut_after_the_body_read_timeout() {
         (
             "connect",
             http_trickler(grpc_addr(&endpoint), from, Post::Connect).await,
+        ),
+        (
+            "grpc-web",
+            http_trickler(grpc_addr(&endpoint), from, Post::GrpcWeb).await,
         ),
     ];
     // A client that is slow but in time: its message after half the timeout.
