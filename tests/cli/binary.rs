@@ -427,3 +427,61 @@ async fn tumbler_dev_says_it_stopped_and_warns_only_about_flags_that_were_set() 
     let (_, stderr) = run(&["--max-connections", "4000000000"]).await;
     assert!(stderr.contains("--max-connections lowered"), "{stderr}");
 }
+
+/// The CLI pointed at the HTTP port says so and names the way out; a free
+/// lock is told as free, with no limit.
+#[tokio::test]
+async fn the_cli_at_the_http_port_says_so_and_a_free_lock_reads_free() {
+    let mut child = Command::new(TUMBLER)
+        .args([
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--shutdown-grace-ms", "500"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut banner = String::new();
+    stdout.read_line(&mut banner).unwrap();
+    let grpc = banner
+        .split("gRPC on ")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap();
+    let http = banner
+        .split("metrics http://")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    wait_for_health(&format!("http://{grpc}"), ServingStatus::Serving).await;
+    let inspect = |addr: &str| {
+        Command::new(TUMBLER)
+            .args(["inspect", "--addr", addr, "nobody-here"])
+            .output()
+            .unwrap()
+    };
+    let wrong = inspect(http);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert_eq!(wrong.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains("looks like tumbler's HTTP port"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--addr"), "{stderr}");
+    let right = inspect(grpc);
+    assert!(right.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&right.stdout),
+        "nobody-here: free (nobody holds it or waits for it)\n"
+    );
+    stop(child);
+}

@@ -195,10 +195,46 @@ impl Conn {
                     });
                     self.skip();
                 }
+                // The connection failed under the call (no server's
+                // answer): say so if this is tumbler's HTTP port.
+                Err(status) if std::error::Error::source(&status).is_some() => {
+                    return Err(self.explained(status).await);
+                }
                 other => return other.map(tonic::Response::into_inner),
             }
         }
         Err(no_server(&failures))
+    }
+
+    /// A connection's failure, told as tumbler's HTTP port when the
+    /// endpoint answers `GET /healthz` as that port does (a common slip:
+    /// `--addr` with the dashboard's port).
+    async fn explained(&self, status: Status) -> Status {
+        let endpoint = self.endpoint();
+        let Some(authority) = endpoint.strip_prefix("http://") else {
+            return status;
+        };
+        let authority = authority.trim_end_matches('/').to_owned();
+        let probe = async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut stream = tokio::net::TcpStream::connect(&authority).await.ok()?;
+            let request =
+                format!("GET /healthz HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.ok()?;
+            let mut answer = Vec::new();
+            stream.take(4096).read_to_end(&mut answer).await.ok()?;
+            let answer = String::from_utf8_lossy(&answer).into_owned();
+            Some(answer.starts_with("HTTP/1.1 200") && answer.ends_with("\r\n\r\nok\n"))
+        };
+        match tokio::time::timeout(Duration::from_secs(1), probe).await {
+            Ok(Some(true)) => Status::unavailable(format!(
+                "{endpoint} looks like tumbler's HTTP port (it answers /healthz), not its gRPC port: \
+                 pass the gRPC address to --addr (`tumbler dev` prints it; `tumbler serve` listens on \
+                 port 50051 unless --listen says otherwise); the call failed with: {}",
+                super::with_causes(status.message(), std::error::Error::source(&status))
+            )),
+            _ => status,
+        }
     }
 }
 

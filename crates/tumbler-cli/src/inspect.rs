@@ -31,6 +31,10 @@ pub async fn run(args: InspectArgs, globals: &Globals) -> Result<u8, Failure> {
 /// writer holds it) and its table each holder's.
 fn inspect_table(reply: &proto::InspectResponse) -> String {
     let lock = display_name(&reply.namespace, &reply.name);
+    if reply.holders.is_empty() && reply.waiters == 0 {
+        // A free lock has no limit of its own (the next Acquire sets it).
+        return format!("{lock}: free (nobody holds it or waits for it)\n");
+    }
     let mode = lock_mode(reply.mode());
     // Weighted grants (decision 75): the permits in use beside the holders.
     let weighted = (reply.holders.iter())
@@ -118,6 +122,18 @@ mod tests {
         );
         assert!(text.contains("mode"), "{text}");
         assert_eq!(text.matches("read").count(), 3, "{text}");
+    }
+
+    #[test]
+    fn a_free_lock_says_so_with_no_limit() {
+        let reply = proto::InspectResponse {
+            name: "f".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            inspect_table(&reply),
+            "f: free (nobody holds it or waits for it)\n"
+        );
     }
 
     #[test]
