@@ -67,11 +67,26 @@ impl ConnectError {
         response
     }
 
-    /// 415 for a content type Connect does not know here (no JSON body:
-    /// the client may not read JSON at all).
-    pub fn unsupported_media_type() -> http::Response<tonic::body::Body> {
-        let mut response = http::Response::new(tonic::body::Body::empty());
+    /// 415 for a content type Connect does not know here (`got`: the
+    /// request's, if any), with a plain-text line naming what is expected
+    /// (not JSON: the client may not read JSON at all).
+    pub fn unsupported_media_type(got: Option<&str>) -> http::Response<tonic::body::Body> {
+        let got = match got {
+            Some(got) => format!("content-type {got:?} is not one tumbler answers here"),
+            None => "the request has no content-type".to_owned(),
+        };
+        let line = format!(
+            "{got}: send Connect calls as content-type application/json (or \
+             application/proto), gRPC as application/grpc, gRPC-Web as application/grpc-web\n"
+        );
+        let mut response = http::Response::new(tonic::body::Body::new(http_body_util::Full::new(
+            Bytes::from(line),
+        )));
         *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
         response.headers_mut().insert(
             "accept-post",
             HeaderValue::from_static(

@@ -146,7 +146,8 @@ where
         return response;
     }
     let Some(codec) = codec(request.headers(), procedure.kind) else {
-        return ConnectError::unsupported_media_type();
+        let got = request.headers().get(header::CONTENT_TYPE);
+        return ConnectError::unsupported_media_type(got.and_then(|v| v.to_str().ok()));
     };
     let answer = async {
         let grpc = grpc_request(procedure, codec, request, limit).await?;

@@ -291,6 +291,15 @@ async fn bad_input_is_a_connect_error_naming_its_cause_and_changes_nothing() {
     ] {
         let refused = curl(&server, "Acquire", &["-H", content_type], b"{}").await;
         assert_eq!(refused.status, 415, "{content_type}");
+        // In words: what came and what is expected.
+        let line = String::from_utf8_lossy(&refused.body);
+        assert!(line.contains("application/json"), "{content_type}: {line}");
+        let named = if content_type == "content-type:" {
+            "no content-type"
+        } else {
+            content_type.trim_start_matches("content-type: ")
+        };
+        assert!(line.contains(named), "{content_type}: {line}");
     }
     let session = call(&server, "Session", json!({}), &[]).await;
     assert!(session.error(404, "unimplemented").contains("gRPC only"));
@@ -567,4 +576,25 @@ async fn redis_trouble_is_unavailable() {
     let answer = call(&server, "Acquire", json!({"name": "r", "holder": "a"}), &[]).await;
     answer.error(503, "unavailable");
     server.shutdown().await.unwrap();
+}
+
+/// A call sent to the HTTP port by mistake is told where calls go, in
+/// words, as is any other unknown path there.
+#[tokio::test]
+async fn the_http_ports_404_says_what_the_port_serves() {
+    let server = TestServer::new().http().start().await;
+    let (status, body) = common::http::http(
+        server.http(),
+        "POST",
+        "/tumbler.v1.LockService/Acquire",
+        &[("content-type", "application/json")],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("tumbler's HTTP port"), "{body}");
+    assert!(body.contains("gRPC port"), "{body}");
+    let (status, body) = common::http::get(server.http(), "/nothing").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("no GET /nothing here"), "{body}");
 }
