@@ -14,6 +14,26 @@ const errors = require('./errors');
 const { Lock, LockSet } = require('./lock');
 const { Leadership, Observer } = require('./election');
 
+// Refuses an option this call does not know (a misspelt `ttlMS` would
+// otherwise give the lock the default lease), naming it and the one meant
+// when only its case differs.
+function knownOptions(where, options, known) {
+  for (const key of Object.keys(options || {})) {
+    if (known.includes(key)) continue;
+    const meant = known.find((k) => k.toLowerCase() === key.toLowerCase());
+    throw new TypeError(`${where}: unknown option ${JSON.stringify(key)}` +
+      (meant ? ` (did you mean ${JSON.stringify(meant)}?)` : `; known: ${known.join(', ')}`));
+  }
+}
+
+const ACQUIRE_OPTIONS = ['holder', 'waitMs', 'timeoutMs', 'signal', 'limit', 'ttlMs', 'kind', 'metadata', 'priority',
+  'queueTtlMs', 'fair', 'mode', 'preferReaders', 'permits'];
+const ACQUIRE_ALL_OPTIONS = ['holder', 'waitMs', 'timeoutMs', 'signal', 'limit', 'ttlMs', 'kind', 'metadata',
+  'queueTtlMs'];
+const CAMPAIGN_OPTIONS = ['value', 'candidate', 'waitMs', 'timeoutMs', 'signal', 'ttlMs', 'queueTtlMs', 'kind',
+  'onLost'];
+const CLIENT_OPTIONS = ['namespace', 'credentials', 'token', 'protoDir', 'timeoutMs', 'retry', 'channelOptions'];
+
 // The proto ships inside the package (proto/, copied by `npm pack`); in a
 // checkout of the repository it is ../../proto.
 const BUNDLED_PROTO = path.join(__dirname, '..', 'proto');
@@ -121,8 +141,9 @@ async function scoped(acquire, options, fn) {
 
 class Client {
   // new Client('127.0.0.1:50051', { namespace, credentials, token, timeoutMs, retry, protoDir })
-  constructor(target = '127.0.0.1:50051', { namespace = '', credentials, token, protoDir, timeoutMs = 10000,
-    retry, channelOptions } = {}) {
+  constructor(target = '127.0.0.1:50051', options = {}) {
+    knownOptions('new Client', options, CLIENT_OPTIONS);
+    const { namespace = '', credentials, token, protoDir, timeoutMs = 10000, retry, channelOptions } = options;
     const v1 = loadProto(protoDir);
     this.stub = new v1.LockService(target, credentials || grpc.credentials.createInsecure(), channelOptions);
     this.namespace = namespace;
@@ -167,8 +188,10 @@ class Client {
   // Resolves to a Lock (no watchdog: see withLock / lock.keepAlive());
   // rejects with LockBusyError, LockTimeoutError, InvalidArgumentError,
   // PermissionDeniedError, UnavailableError, or the signal's reason.
-  async acquire(name, { holder, waitMs = 0, timeoutMs, signal, limit, ttlMs, kind = '', metadata = {},
-    priority = 0, queueTtlMs, fair, mode, preferReaders = false, permits } = {}) {
+  async acquire(name, options = {}) {
+    knownOptions('acquire', options, ACQUIRE_OPTIONS);
+    const { holder, waitMs = 0, timeoutMs, signal, limit, ttlMs, kind = '', metadata = {},
+      priority = 0, queueTtlMs, fair, mode, preferReaders = false, permits } = options;
     const lockMode = modeOf(mode);
     const { resp, leaseEnd } = await this.sendAcquire(name, { holder, waitMs, timeoutMs, signal }, (who, wait) => {
       const req = { namespace: this.namespace, name, holder: who, kind, metadata, waitMs: wait, priority };
@@ -193,8 +216,9 @@ class Client {
   // a LockSet (no watchdog: see withLockAll / set.keepAlive()); rejects as
   // acquire does (LockBusyError / LockTimeoutError whose lockName is the
   // names joined by commas, DeadlockError, InvalidArgumentError `names: …`).
-  async acquireAll(names, { holder, waitMs = 0, timeoutMs, signal, limit, ttlMs, kind = '', metadata = {},
-    queueTtlMs } = {}) {
+  async acquireAll(names, options = {}) {
+    knownOptions('acquireAll', options, ACQUIRE_ALL_OPTIONS);
+    const { holder, waitMs = 0, timeoutMs, signal, limit, ttlMs, kind = '', metadata = {}, queueTtlMs } = options;
     if (typeof names === 'string') throw new TypeError(`names: an array of lock names, not ${JSON.stringify(names)}`);
     const set = [...names];
     const sending = { holder, waitMs, timeoutMs, signal };
@@ -246,8 +270,10 @@ class Client {
   // ttlMs/3 (default 15 s), or null when not elected within the wait.
   // `candidate` defaults to an id made here before the first try, so a
   // retried Campaign is the same candidacy (same term if it already leads).
-  async campaign(name, { value = '', candidate, waitMs = 0, timeoutMs, signal, ttlMs = DEFAULT_HELPER_TTL_MS,
-    queueTtlMs, kind = '', onLost } = {}) {
+  async campaign(name, options = {}) {
+    knownOptions('campaign', options, CAMPAIGN_OPTIONS);
+    const { value = '', candidate, waitMs = 0, timeoutMs, signal, ttlMs = DEFAULT_HELPER_TTL_MS,
+      queueTtlMs, kind = '', onLost } = options;
     const who = candidate || newHolder();
     const tries = waiting(waitMs, timeoutMs, (wait) => {
       const req = { namespace: this.namespace, name, candidate: who, value, ttlMs, waitMs: wait, kind };

@@ -81,7 +81,10 @@ function fromGrpcError(err) {
   const deadlock = err.code === status.ABORTED && String(err.details || '').startsWith(DEADLOCK_PREFIX);
   const Cls = deadlock ? DeadlockError : BY_CODE[err.code] || TumblerError;
   const codeName = Object.keys(status).find((k) => status[k] === err.code) || 'UNKNOWN';
-  return new Cls(`${codeName}: ${err.details}`, { code: err.code, details: err.details, cause: err });
+  // grpc-js ends a failed connection's details with a name-resolution note,
+  // empty for an address: left out, so the message ends with the cause.
+  const details = String(err.details ?? '').replace(/[\s.]*Resolution note:\s*$/, '');
+  return new Cls(`${codeName}: ${details}`, { code: err.code, details, cause: err });
 }
 
 // UNAVAILABLE: the server was not reached or its Redis was down; nothing was applied.
