@@ -133,21 +133,35 @@ async fn an_uncontended_pair_still_costs_eight_commands() {
     // The namespace's registry entry is written once, at its first call.
     client.acquire(acquire("warm", "h")).await.unwrap();
     client.release(release("warm", "h")).await.unwrap();
-    let before = command_calls(&mut conn).await;
-    for i in 0..100 {
-        let name = format!("alone-{i}");
-        let reply = client.acquire(acquire(&name, "h")).await.unwrap();
-        assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
-        client.release(release(&name, "h")).await.unwrap();
+    // A round whose window a background call fell into (the per-minute
+    // counts, a library sweep: more than the pairs' 200 function calls)
+    // is measured again, at most three times.
+    for round in 0..3 {
+        let before = command_calls(&mut conn).await;
+        for i in 0..100 {
+            let name = format!("alone-{round}-{i}");
+            let reply = client.acquire(acquire(&name, "h")).await.unwrap();
+            assert_eq!(reply.into_inner().status(), AcquireStatus::Acquired);
+            client.release(release(&name, "h")).await.unwrap();
+        }
+        let after = command_calls(&mut conn).await;
+        let delta = |name: &str| {
+            after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0)
+        };
+        if delta("fcall") + delta("fcall_ro") != 200 {
+            eprintln!("round {round}: a background call fell into it: {after:?}");
+            continue;
+        }
+        let inside: u64 = (after.keys())
+            .filter(|name| {
+                !name.starts_with("fcall") && !["info", "config"].contains(&name.as_str())
+            })
+            .map(|name| delta(name))
+            .sum();
+        assert_eq!(inside, 800, "{after:?}");
+        return;
     }
-    let after = command_calls(&mut conn).await;
-    let inside: u64 = (after.iter())
-        .filter(|(name, _)| {
-            !name.starts_with("fcall") && !["info", "config"].contains(&name.as_str())
-        })
-        .map(|(name, calls)| calls - before.get(name).copied().unwrap_or(0))
-        .sum();
-    assert_eq!(inside, 800, "{after:?}");
+    panic!("every round had a background call in it");
 }
 
 #[tokio::test]
