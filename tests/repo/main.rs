@@ -1,5 +1,6 @@
-//! Checks of the repository itself: the documentation navigates and its
-//! examples run; the layers keep their rules; long files say why.
+//! Checks of the repository itself: the documentation navigates, its
+//! examples run and show the answers tumbler gives; the layers keep their
+//! rules; long files say why.
 //!
 //! One test binary per area (each file a module named as its tests were
 //! before): the suite links a handful of binaries, not one per file.
@@ -8,6 +9,7 @@
 pub mod common;
 
 mod crates;
+mod doc_answers;
 mod docs;
 mod layers;
 mod metric_names;
