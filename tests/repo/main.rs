@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 pub mod common;
 
+mod client_snippets;
 mod crates;
 mod doc_answers;
 mod docs;
