@@ -149,3 +149,55 @@ async fn a_sets_release_and_extend_pinned_to_its_tokens() {
         "{free}"
     );
 }
+
+/// What a set's tokens promise (docs/cli.md, "Multi-locks"; issue 54):
+/// `acquire` prints each lock's own grant and token (the token Inspect
+/// shows for that lock, in the table and in the JSON), and per lock the
+/// tokens rise: the set taken again gets, lock by lock, a greater token.
+/// Tokens are not ids across locks: two locks of a set may show the same
+/// number (each shard's counter starts from the Redis clock), which is
+/// why nothing here asks them to differ.
+#[tokio::test]
+async fn a_sets_tokens_are_each_locks_own_and_rise_per_lock() {
+    let server = TestServer::new().start().await;
+    let names = ["t-a", "t-b", "t-c"];
+    let mut before: Vec<i64> = Vec::new();
+    for round in 0..3 {
+        let mut args = vec!["acquire"];
+        args.extend(names);
+        args.extend(["--holder", "setter", "--ttl-ms", "60000"]);
+        let json_args: Vec<&str> = args.iter().copied().chain(["-o", "json"]).collect();
+        let run = tumbler(&server, if round == 1 { &args } else { &json_args }).await;
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        let mut tokens = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let held = json(&tumbler(&server, &["inspect", name, "-o", "json"]).await);
+            let token = int64(&held["holders"][0]["grant"]["fencingToken"]);
+            if round == 1 {
+                // The table: under each name, that lock's own token.
+                let section = run.stdout.split(&format!("\n{name}:\n")).nth(1);
+                let section = section.unwrap_or_else(|| panic!("{name}: {}", run.stdout));
+                let section = section.split("\nt-").next().unwrap();
+                assert!(
+                    section.contains(&token.to_string()),
+                    "{name}'s table shows its token {token}: {}",
+                    run.stdout
+                );
+            } else {
+                let grant = &json(&run)["grants"][i];
+                assert_eq!(grant["name"], *name, "{grant}");
+                assert_eq!(int64(&grant["fencingToken"]), token, "{name}: {grant}");
+            }
+            if let Some(old) = before.get(i) {
+                assert!(token > *old, "{name}: {token} after {old}");
+            }
+            tokens.push(token);
+        }
+        let mut args = vec!["release"];
+        args.extend(names);
+        args.extend(["--holder", "setter"]);
+        let run = tumbler(&server, &args).await;
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        before = tokens;
+    }
+}
