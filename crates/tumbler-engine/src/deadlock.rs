@@ -141,7 +141,17 @@ impl Deadlocks {
             ops::wait_for::Found::Cycle(cycle) => cycle,
         };
         if live < left {
-            (self.renewals).add(&key, &req.holder, request, live);
+            // About what the edge holds: its holder, request and waits.
+            let bytes = (waits.iter())
+                .map(|(lock, holders)| {
+                    let kept = &holders[..holders.len().min(ops::wait_for::MOST_HOLDERS)];
+                    lock.len() + kept.iter().map(|h| h.len() + 3).sum::<usize>() + 8
+                })
+                .sum::<usize>()
+                + req.holder.len()
+                + request.len()
+                + 16;
+            (self.renewals).add(&key, (&req.holder, request), live, bytes);
         }
         let recorded = Recorded {
             calls: self.calls.clone(),

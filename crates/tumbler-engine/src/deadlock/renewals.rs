@@ -17,8 +17,13 @@ use crate::calls::Calls;
 use crate::ops::wait_renew::{self, Edge};
 
 /// The edges to renew, by registry key, then by (holder, request): how
-/// long each lives from a renewal.
-type Edges = HashMap<String, HashMap<(String, String), Duration>>;
+/// long each lives from a renewal, and about how many bytes it holds.
+type Edges = HashMap<String, HashMap<(String, String), (Duration, usize)>>;
+
+/// The bytes of edges one renewal call copies, at most (with at most
+/// `wait_renew::MOST_EDGES` edges): a few milliseconds of Redis' time for
+/// the largest edges, one call for a namespace's small ones.
+const CALL_BYTES: usize = 256 << 10;
 
 pub(crate) struct Renewals {
     calls: Arc<Calls>,
@@ -35,11 +40,20 @@ impl Renewals {
 
     /// Keeps an edge alive from now on; the first of a registry starts its
     /// renewing task.
-    pub(crate) fn add(self: &Arc<Self>, key: &str, holder: &str, request: &str, live: Duration) {
+    pub(crate) fn add(
+        self: &Arc<Self>,
+        key: &str,
+        (holder, request): (&str, &str),
+        live: Duration,
+        bytes: usize,
+    ) {
         let mut edges = self.edges.lock().unwrap_or_else(|e| e.into_inner());
         let first = !edges.contains_key(key);
         let entry = (holder.to_owned(), request.to_owned());
-        edges.entry(key.to_owned()).or_default().insert(entry, live);
+        edges
+            .entry(key.to_owned())
+            .or_default()
+            .insert(entry, (live, bytes));
         drop(edges);
         if first {
             let renewals = self.clone();
@@ -67,9 +81,9 @@ impl Renewals {
             let Some(now) = self.snapshot(&key) else {
                 return;
             };
-            for chunk in now.chunks(wait_renew::MOST_EDGES) {
+            for chunk in chunks(&now) {
                 let edges: Vec<Edge<'_>> = (chunk.iter())
-                    .map(|(holder, request, live)| Edge {
+                    .map(|(holder, request, live, _)| Edge {
                         holder,
                         request,
                         live_ms: live.as_millis() as u64,
@@ -91,9 +105,8 @@ impl Renewals {
     /// the lock, so an `add` after it starts a new task).
     fn period(&self, key: &str) -> Option<Duration> {
         let mut edges = self.edges.lock().unwrap_or_else(|e| e.into_inner());
-        let shortest = edges
-            .get(key)
-            .and_then(|of_key| of_key.values().min().copied());
+        let shortest =
+            (edges.get(key)).and_then(|of_key| of_key.values().map(|(live, _)| *live).min());
         match shortest {
             Some(live) => Some((live / 3).max(Duration::from_millis(10))),
             None => {
@@ -103,13 +116,66 @@ impl Renewals {
         }
     }
 
-    fn snapshot(&self, key: &str) -> Option<Vec<(String, String, Duration)>> {
+    fn snapshot(&self, key: &str) -> Option<Vec<Renewal>> {
         let edges = self.edges.lock().unwrap_or_else(|e| e.into_inner());
         let of_key = edges.get(key)?;
         Some(
             (of_key.iter())
-                .map(|((holder, request), live)| (holder.clone(), request.clone(), *live))
+                .map(|((holder, request), (live, bytes))| {
+                    (holder.clone(), request.clone(), *live, *bytes)
+                })
                 .collect(),
         )
+    }
+}
+
+/// One edge to renew: holder, request, life, bytes.
+type Renewal = (String, String, Duration, usize);
+
+/// The edges split into calls of at most `wait_renew::MOST_EDGES` edges
+/// and about [`CALL_BYTES`] bytes each.
+fn chunks(edges: &[Renewal]) -> Vec<&[Renewal]> {
+    let mut calls = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, edge) in edges.iter().enumerate() {
+        let full =
+            i - start == wait_renew::MOST_EDGES || (i > start && bytes + edge.3 > CALL_BYTES);
+        if full {
+            calls.push(&edges[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += edge.3;
+    }
+    if start < edges.len() {
+        calls.push(&edges[start..]);
+    }
+    calls
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edges(n: usize, bytes: usize) -> Vec<Renewal> {
+        (0..n)
+            .map(|i| {
+                (
+                    format!("h{i}"),
+                    "r".to_owned(),
+                    Duration::from_secs(5),
+                    bytes,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn small_edges_go_in_one_call_and_large_ones_by_their_bytes() {
+        let sizes = |edges: &[Renewal]| chunks(edges).iter().map(|c| c.len()).collect::<Vec<_>>();
+        assert_eq!(sizes(&edges(100, 100)), [100]);
+        assert_eq!(sizes(&edges(300, 100)), [256, 44]);
+        // 4.5 KB edges: 58 of them fill 256 KiB.
+        assert_eq!(sizes(&edges(120, 4_500)), [58, 58, 4]);
+        assert!(chunks(&[]).is_empty());
     }
 }

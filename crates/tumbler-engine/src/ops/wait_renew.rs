@@ -7,9 +7,9 @@ use redis::Value;
 use crate::store::StoreError;
 
 /// Edges one call renews, at most (a replica with more calls again, one
-/// call after another): 32 edges of the largest kind are about 150 KB of
-/// text copied, a couple of milliseconds of Redis' time.
-pub const MOST_EDGES: usize = 32;
+/// call after another; `deadlock/renewals.rs` also keeps a call's edges
+/// to about 256 KiB).
+pub const MOST_EDGES: usize = 256;
 
 /// One edge to renew: its holder, its request, how long it lives from now.
 pub struct Edge<'a> {
