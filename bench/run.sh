@@ -52,5 +52,6 @@ for bench in handover election script_cost load front connect read_write weighte
   echo "## $bench"
   run "$bench"
 done
+echo; echo "## clients"; bench/clients/run.sh "$@" | tee "$out/clients.md"  # every language's client beside its plain Redis lock
 echo
 echo "==> all benchmarks done in $(( $(date +%s) - started )) s"

@@ -143,3 +143,4 @@ export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_
   TUMBLER_NODE_APP=$work/node-app NODE_PATH=$work/node-app/node_modules GEM_HOME=$work/gems \
   TUMBLER_PERL5LIB=$work/perl5/lib/perl5
 "$work/venv/bin/python" "$src/clients/conformance/driver.py" --server "$root/target/debug/tumbler" "$@"
+TUMBLER_BIN="$root/target/debug/tumbler" "$root/bench/clients/run.sh" --quick  # the client bench's smoke size (BENCHMARKS.md, "Clients: the price of moving over")
