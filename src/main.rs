@@ -324,6 +324,18 @@ async fn shutdown_signal() {
     }
 }
 
+/// Whether `program` is an executable file in a folder of `PATH`.
+fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = std::env::var_os("PATH") else {
+        return false;
+    };
+    std::env::split_paths(&path).any(|dir| {
+        std::fs::metadata(dir.join(program))
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -355,16 +367,4 @@ mod tests {
             }
         }
     }
-}
-
-/// Whether `program` is an executable file in a folder of `PATH`.
-fn on_path(program: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let Some(path) = std::env::var_os("PATH") else {
-        return false;
-    };
-    std::env::split_paths(&path).any(|dir| {
-        std::fs::metadata(dir.join(program))
-            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
-    })
 }
