@@ -444,3 +444,84 @@ fn runnable_markers_are_parsed_as_commonmark_fences() {
     );
     assert!(runnable_blocks("z.md", "```sh runnable\nx\n").is_err());
 }
+
+/// The words of `text` (letters and digits), for "is X named" checks.
+fn words_of(text: &str) -> BTreeSet<&str> {
+    text.split(|c: char| !c.is_alphanumeric()).collect()
+}
+
+#[test]
+fn the_connect_method_list_names_every_routed_procedure() {
+    // Every procedure of the route table (`"Acquire" => Unary(…)`) is
+    // named in docs/api.md's sentence listing the Connect methods.
+    let routes = std::fs::read_to_string(Path::new(ROOT).join("src/connect/routes.rs")).unwrap();
+    let routed: Vec<&str> = routes
+        .lines()
+        .filter_map(|line| {
+            let (name, kind) = line.trim().split_once(" => ")?;
+            (kind.starts_with("Unary(") || kind.starts_with("ServerStreaming("))
+                .then(|| name.trim_matches('"'))
+        })
+        .collect();
+    assert!(
+        routed.contains(&"Acquire") && routed.contains(&"Observe"),
+        "{routed:?}"
+    );
+    let api = std::fs::read_to_string(Path::new(ROOT).join("docs/api.md")).unwrap();
+    let from = api
+        .find("A Connect call is")
+        .expect("docs/api.md lists the Connect methods");
+    let list = &api[from..from + api[from..].find("**Session stays").unwrap()];
+    let named = words_of(list);
+    let missing: Vec<&&str> = routed.iter().filter(|m| !named.contains(**m)).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/api.md's Connect methods leave out {missing:?}"
+    );
+}
+
+#[test]
+fn the_document_indexes_name_every_clients_language() {
+    // Each language under clients/ with a README of its own is named on
+    // the Clients line of README.md and of docs/README.md.
+    let languages = [
+        ("python", "Python"),
+        ("node", "Node"),
+        ("go", "Go"),
+        ("ruby", "Ruby"),
+        ("perl", "Perl"),
+        ("rust", "Rust"),
+    ];
+    let root = Path::new(ROOT);
+    for dir in std::fs::read_dir(root.join("clients")).unwrap() {
+        let dir = dir.unwrap().file_name().into_string().unwrap();
+        let known = languages.iter().any(|(d, _)| *d == dir);
+        let client = root.join("clients").join(&dir).join("README.md").exists();
+        assert!(
+            known
+                || !client
+                || ["connect-node", "ruby-sidekiq", "conformance"].contains(&dir.as_str()),
+            "clients/{dir}: a new client: name its language here and in the indexes"
+        );
+    }
+    for (index, link) in [
+        ("README.md", "[Clients](docs/clients.md)"),
+        ("docs/README.md", "[Clients](clients.md)"),
+    ] {
+        let text = std::fs::read_to_string(root.join(index)).unwrap();
+        let line = (text.lines())
+            .find(|l| l.contains(link))
+            .unwrap_or_else(|| panic!("{index} has no Clients line"));
+        let named = words_of(line);
+        for (_, language) in languages {
+            assert!(
+                named.contains(language),
+                "{index}: {line} leaves out {language}"
+            );
+        }
+        assert!(
+            line.contains("Sidekiq"),
+            "{index}: {line} leaves out Sidekiq"
+        );
+    }
+}
