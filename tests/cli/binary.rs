@@ -519,3 +519,37 @@ fn which(program: &str) -> String {
         .unwrap();
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
+
+/// With the default HTTP port taken, `tumbler dev`'s log line names the
+/// taken port and the one it serves on instead.
+#[test]
+fn tumbler_devs_log_names_the_taken_http_port_and_the_free_one() {
+    // Held here when it can be bound, by whatever holds it otherwise.
+    let _held = std::net::TcpListener::bind("127.0.0.1:9090").ok();
+    let mut child = Command::new(TUMBLER)
+        .args([
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--shutdown-grace-ms",
+            "500",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let found = loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "no such log line");
+        if line.contains("default HTTP port taken") {
+            break line.clone();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    stop(child);
+    assert!(found.contains("taken=127.0.0.1:9090"), "{found}");
+    assert!(found.contains("instead=127.0.0.1:"), "{found}");
+    assert!(!found.contains("instead=127.0.0.1:9090"), "{found}");
+}
