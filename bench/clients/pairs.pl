@@ -90,7 +90,7 @@ for my $i (0 .. $callers - 1) {
             my $name = "bench-perl-$$-$i";
             loop($pair, $name, 20);
             syswrite $ready_w, "r";
-            sysread $go_r, my $buf, 1;    # EOF: go
+            sysread($go_r, my $buf, 1);    # EOF: go
             my $done = loop($pair, $name, share($i), now() + $secs);
             syswrite $done_w, "$done\n";
             1;
@@ -103,7 +103,7 @@ for my $i (0 .. $callers - 1) {
 close $_ for $ready_w, $go_r, $done_w;
 my $got = 0;
 while ($got < $callers) {
-    my $n = sysread $ready_r, my $buf, $callers;
+    my $n = sysread($ready_r, my $buf, $callers);
     last unless $n;
     $got += $n;
 }
