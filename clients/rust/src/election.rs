@@ -152,7 +152,13 @@ impl Election {
                     ..Default::default()
                 };
                 // The lease started no earlier than the last try was sent.
-                let lock = Lock::new(self.client.clone(), self.name.clone(), grant, sent, true);
+                let lock = Lock::leadership(
+                    self.client.clone(),
+                    self.name.clone(),
+                    grant,
+                    sent,
+                    reply.secret.clone(),
+                );
                 return Ok(Leadership {
                     client: self.client.clone(),
                     lock,
@@ -264,6 +270,7 @@ impl Leadership {
             candidate: self.lock.holder().to_owned(),
             term: self.term(),
             value: value.clone(),
+            secret: self.lock.secret().to_owned(),
         };
         let reply = self
             .client
