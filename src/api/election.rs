@@ -145,7 +145,7 @@ impl LockApi {
         let outcome = self
             .acquire_reported("Campaign", &access, &acquire, live)
             .await
-            .map_err(|status| election_rule(status))?;
+            .map_err(election_rule)?;
         let grant = match &outcome {
             AcquireOutcome::Acquired { grant, .. } | AcquireOutcome::AlreadyHeld { grant, .. } => {
                 Some(grant.clone())
