@@ -534,6 +534,21 @@ async fn an_elections_name_takes_no_mode_or_permits_and_only_a_campaign_leads() 
         .await
         .unwrap();
     assert_eq!(leader(&mut client, "e-read").await, None);
+    let mut observed = client
+        .observe(proto::LeaderRequest {
+            name: "e-read".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = next_change(&mut observed).await;
+    assert_eq!(
+        (first.event.as_str(), first.leader),
+        ("current", None),
+        "a reader is no leader to Observe either"
+    );
+    drop(observed);
     let started = std::time::Instant::now();
     let refused = client
         .campaign(campaign("e-read", "c", "v"))
