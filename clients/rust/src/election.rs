@@ -1,9 +1,10 @@
 //! Leader election: [`Election`] (campaign, who leads, observe) and
 //! [`Leadership`] (the leader's guard). An election is a fair lock of
 //! limit 1 on the server: the leadership is a grant whose fencing token is
-//! the term, kept by the same watchdog as a [`Lock`]'s and resigned (a
-//! release pinned to the term, which elects the next candidate at once)
-//! when the guard is dropped.
+//! the term, kept by the same watchdog as a [`Lock`]'s and resigned (the
+//! Resign RPC pinned to the term, with the secret only the winning
+//! Campaign was told; it elects the next candidate at once) when the
+//! guard is dropped.
 
 use std::time::Duration;
 

@@ -4,7 +4,9 @@
 //! the grant's fencing token (so terms strictly rise and are never reused),
 //! and its value the grant's metadata entry [`VALUE_KEY`], which Acquire's
 //! metadata may not use: only elections write it, so a plain mutex pays
-//! nothing for elections. Resign is a release pinned to the term (which
+//! nothing for elections. Proclaim and Resign need the leader's secret,
+//! whose digest the grant keeps in [`PROOF_KEY`] (decision 0082). Resign
+//! is a release pinned to the term and proved by that digest (which
 //! wakes the next candidate); Leader is Inspect; Observe is a Watch of the
 //! one name whose events [`LeaderTracker`] turns into leader changes.
 //! Proclaim is the one function of its own (`lua/proclaim.lua`).
