@@ -7,11 +7,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::session::{Session, holder_of};
 use common::*;
 use proto::lock_service_client::LockServiceClient;
-use proto::session_request::Command;
-use proto::session_response::Event;
 use proto::{ProclaimStatus, ResignStatus};
 use tonic::transport::Channel;
 
