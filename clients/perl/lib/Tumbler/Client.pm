@@ -46,6 +46,7 @@ my %FIELDS = (
     candidate     => [ candidate    => 'str' ],
     value         => [ value        => 'str' ],
     term          => [ term         => 'u64' ],
+    secret        => [ secret       => 'str' ],
 );
 
 # A read/write lock's mode: read (shared) or write (alone), as the API names them.
