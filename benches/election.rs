@@ -181,14 +181,12 @@ async fn tumbler_runs(n: usize, warm_up: usize) -> [Histogram<u64>; 3] {
         }
     }
 
-    let mut term = clients[0]
+    let first = clients[0]
         .campaign(campaign("election", holders[0]))
         .await
         .unwrap()
-        .into_inner()
-        .leader
-        .unwrap()
-        .term;
+        .into_inner();
+    let (mut term, mut secret) = (first.leader.unwrap().term, first.secret);
     let mut election = Histogram::<u64>::new(3).unwrap();
     for i in 0..(warm_up + n) {
         let (current, next) = (i % 2, (i + 1) % 2);
@@ -205,6 +203,7 @@ async fn tumbler_runs(n: usize, warm_up: usize) -> [Histogram<u64>; 3] {
                 name: "election".into(),
                 candidate: holders[current].into(),
                 term,
+                secret: secret.clone(),
                 ..Default::default()
             })
             .await
@@ -217,7 +216,7 @@ async fn tumbler_runs(n: usize, warm_up: usize) -> [Histogram<u64>; 3] {
         assert!(reply.elected);
         let next_term = reply.leader.unwrap().term;
         assert!(next_term > term, "terms rise");
-        term = next_term;
+        (term, secret) = (next_term, reply.secret);
         if i >= warm_up {
             election
                 .record(elected.saturating_duration_since(released).as_micros() as u64)

@@ -510,6 +510,7 @@ impl Calls {
             watched: ops::Emit::default(),
             epoch: None,
             handed: None,
+            proof: None,
         };
         self.op("release", name, call.args())
     }

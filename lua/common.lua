@@ -66,6 +66,8 @@ local NOT_HELD = 8      -- release, extend: no live grant of this holder (and to
 local MOVED = 9         -- a session stream's call: a newer stream of its session owns the grant
 local MODE_MISMATCH = 10 -- acquire: a read/write request on a plain lock, or the reverse
 local UPGRADE = 11      -- acquire: a reader asked WRITE (refused: nothing changed)
+local NOT_YOURS = 12    -- release, proclaim: an election's grant, and the caller did not prove it leads
+local ELECTION = 13     -- acquire: a mode or permits on an election's name, or a campaign on a lock of another rule
 
 -- How long a lock's keys outlive its last lease or waiter deadline, so that
 -- the reaper (or the next call) sees, counts and cleans up an expiry
@@ -303,6 +305,32 @@ local function format_grant(g)
   end
   g.text = encode_grant(g.slots or int(g.slot), g.expires_s, g.token, acquired, g.ttl, g.kind, g.epoch, g.metadata)
   return g.text
+end
+
+-- An election's grant (decision 0082) carries, in its metadata entry
+-- '\1' (a key Acquire refuses: no control characters), the SHA-256 digest
+-- of the secret its winning Campaign was told (or of its session's resume
+-- secret). Only the one that knows the secret may release or proclaim
+-- it; a session's stream proves itself by its epoch. The mark is found
+-- with one plain search of the record, without decoding it.
+local OWNER_MARK = '"\\u0001":'
+
+local function owned(text)
+  return string.find(text, OWNER_MARK, 1, true) ~= nil
+end
+
+-- The metadata of a grant record, decoded ({} when it has none).
+local function record_metadata(text)
+  local json = string.match(text, '\n(.*)$')
+  if not json or json == '' then
+    return {}
+  end
+  return cjson.decode(json)
+end
+
+-- Whether `proof` (a digest) is the one the owned grant `text` carries.
+local function proven(text, proof)
+  return proof ~= nil and proof ~= '' and record_metadata(text)['\1'] == proof
 end
 
 -- A grant record's fencing token, read without decoding the rest.

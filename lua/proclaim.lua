@@ -4,34 +4,45 @@
 -- Acquire's metadata may not use, so only elections write it).
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, term (the grant's token), value, event flags ('0' = none;
---       common.lua `events`)
--- Returns {OK, now, holder, grant, events...} or {NOT_HELD, now, '', '', events...}
-local holder, term, value, watched = unpack(ARGV, 1, 4)
+--       common.lua `events`), proof (the digest of the leader's secret,
+--       decision 0082)
+-- Returns {OK, now, holder, grant, events...}, {NOT_HELD, now, '', '', events...}
+--   (no leadership of this holder and term) or {NOT_YOURS, now, '', '',
+--   events...} (the leadership is there, the proof is not its secret's)
+local holder, term, value, watched, proof = unpack(ARGV, 1, 5)
 local now = clock_ms()
 local L = load(lock_at(KEYS), holder, watched)
 
 -- 1. A lapsed lease goes first: its term is over, whatever it asks.
 local changed = purge(L, now)
 
--- 2. Only the live grant of this holder with exactly this term, on a lock
---    of limit 1 (a semaphore has no leader).
+-- 2. Only the live grant of this holder with exactly this term, made by a
+--    Campaign (its metadata has the entry ''), on a plain lock of limit 1
+--    (a semaphore, a read/write lock or a plain Acquire's grant has no
+--    leader).
 local grant = mine(L)
-if not grant or grant.token ~= term or L.limit ~= 1 then
+local metadata = {}
+if grant and grant.metadata ~= '' then
+  metadata = cjson.decode(grant.metadata)
+end
+if not grant or grant.token ~= term or L.limit ~= 1 or L.mode or metadata[''] == nil then
   settle_purged(L, changed)
   return {NOT_HELD, now, '', '', unpack(L.events)}
 end
 
--- 3. The value replaces the entry '' of the grant's metadata; any other
---    entries (a grant made by a plain Acquire) stay.
-local metadata = {}
-if grant.metadata ~= '' then
-  metadata = cjson.decode(grant.metadata)
+-- 3. Only the leader itself: the digest of its secret proves it.
+if not proof or proof == '' or metadata['\1'] ~= proof then
+  settle_purged(L, changed)
+  return {NOT_YOURS, now, '', '', unpack(L.events)}
 end
+
+-- 4. The value replaces the entry '' of the grant's metadata; the others
+--    stay.
 metadata[''] = value
 grant.metadata = cjson.encode(metadata)
 put_grant(L, grant)
 
--- 4. Keys as they were (the lease did not move); watchers hear the value.
+-- 5. Keys as they were (the lease did not move); watchers hear the value.
 settle(L)
 emit(L, 'proclaimed', holder, grant, now, HOLDER)
 if changed then

@@ -7,15 +7,21 @@
 --       stream; absent or '' = not a session's: common.lua `stale`),
 --       handed (a replica giving back a grant handed to its request that
 --       is gone: that request's id; released only while the grant is
---       still that request's, common.lua `hand_over`)
+--       still that request's, common.lua `hand_over`), proof (the digest
+--       of an election's secret: Resign; decision 0082)
 -- Returns {OK, now, holder, the released grant, events...},
 --         {NOT_HELD, now, '', '', events...} (nothing changed for this holder)
---         or {MOVED, now, '', '', events...} (a newer stream of the session
+--         {MOVED, now, '', '', events...} (a newer stream of the session
 --         holds it; nothing changed)
-local holder, token, watched, epoch, handed = unpack(ARGV, 1, 5)
+--         or {NOT_YOURS, now, '', '', events...} (an election's grant, and
+--         the call proved neither its secret nor its session's stream)
+local holder, token, watched, epoch, handed, proof = unpack(ARGV, 1, 6)
 token, watched = token or '', watched or '0'
 if epoch == '' then
   epoch = nil
+end
+if handed == '' then
+  handed = nil
 end
 local now, now_us = clock()
 
@@ -30,7 +36,7 @@ local header, record = read[1], read[2]
 if record and watched == '0' and not KEYS[6] and not epoch and not handed then
   local earliest = sole_holder_until(header)
   if earliest and above(earliest, string.sub(now_us, 1, -4))
-    and (token == '' or grant_token(record) == token) then
+    and (token == '' or grant_token(record) == token) and not owned(record) then
     redis.call('DEL', lock_key)
     return {OK, now, holder, record}
   end
@@ -53,6 +59,13 @@ end
 if stale(grant, epoch) then
   settle_purged(L, changed)
   return {MOVED, now, '', '', unpack(L.events)}
+end
+-- An election's grant goes only to the one that proves it leads: its
+-- secret (Resign), its session's stream (an epoch), or this replica
+-- giving back a grant its gone request was handed.
+if not epoch and not handed and owned(record) and not proven(record, proof) then
+  settle_purged(L, changed)
+  return {NOT_YOURS, now, '', '', unpack(L.events)}
 end
 
 -- 4. Drop the grant; the permit goes straight to the next waiter in line

@@ -29,6 +29,11 @@ for i = 1, n do
   local L, changed = set_lock(KEYS, i, per, holder, flags, now, now_us)
   local record = L.mine_text
   local grant = held_with(L, ARGV[3 + i])
+  -- An election's grant (decision 0082) is released by its Resign or its
+  -- session's stream, never as part of a set.
+  if grant and owned(record) then
+    grant = false
+  end
   if grant then
     give_back(L, grant, now)
     out[#out + 1], out[#out + 2] = OK, record

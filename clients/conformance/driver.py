@@ -191,6 +191,26 @@ def leader_is(lang, addr, name, candidate, term, value):
     return seen and (seen["candidate"], seen["term"], seen["value"]) == (candidate, term, value), r
 
 
+def refused_without_the_secret(addr, name, candidate, term):
+    """Proclaim and Resign for a leader by its readable candidate and term, with no secret and with a wrong one:
+    each must be PERMISSION_DENIED (decision 0082). Returns the codes seen."""
+    import grpc
+    seen = []
+    with tc.Client(addr, namespace=NAMESPACE) as c:
+        for secret in ("", "0" * 64):
+            for call, req in (
+                    (c.stub.Proclaim, pb.ProclaimRequest(namespace=NAMESPACE, name=name, candidate=candidate,
+                                                         term=int(term), value="forged", secret=secret)),
+                    (c.stub.Resign, pb.ResignRequest(namespace=NAMESPACE, name=name, candidate=candidate,
+                                                     term=int(term), secret=secret))):
+                try:
+                    call(req, timeout=5)
+                    seen.append("OK")
+                except grpc.RpcError as e:
+                    seen.append(e.code().name)
+    return seen
+
+
 def election_round(addr, a, b, o, r, n):
     """One round: `a` is elected, `b` waits, `r` reads the leader, `o` observes (None: nobody observes)."""
     name, ttl = f"election-{n}", 1500
@@ -215,6 +235,12 @@ def election_round(addr, a, b, o, r, n):
     ok, seen = leader_is(r, addr, name, ca, term, f"{a}-v1")
     check(r, ok, f"election: leader() sees {a}'s candidate, term {term}, value {a}-v1 after {2 * ttl} ms "
                  f"(twice its {ttl} ms lease: the watchdog extended it)", seen)
+    # Anyone with the namespace reads the candidate and term; acting for the leader needs its secret.
+    codes = refused_without_the_secret(addr, name, ca, term)
+    ok, seen = leader_is(r, addr, name, ca, term, f"{a}-v1")
+    check(a, codes == ["PERMISSION_DENIED"] * 4 and ok,
+          f"election: Proclaim and Resign for {a}'s leader without its secret, or with a wrong one -> "
+          f"PERMISSION_DENIED, the leadership unchanged ({', '.join(codes)})", seen)
     said = lead.ask(f"proclaim {a}-v2")
     check(a, said and said["status"] == "PROCLAIMED" and said["value"] == f"{a}-v2" and not said["lost"],
           f"election: proclaim {a}-v2", said)
@@ -251,20 +277,20 @@ def election_round(addr, a, b, o, r, n):
               and (last.get("candidate"), last.get("term")) == (cb, won["term"])
               and set(kinds) <= {"current", "proclaimed", "resigned", "elected"},
               f"election: observe tells {b}'s election, then is cancelled ({' -> '.join(kinds)})", seen)
-    # Taken away from outside (its term resigned by another client): the watchdog's Extend says NOT_HELD.
+    # Taken away from outside (an admin's Clear of the namespace, the one way besides its secret): the
+    # watchdog's Extend says NOT_HELD.
     if won and won.get("elected"):
         taken = now_ms()
         with tc.Client(addr, namespace=NAMESPACE) as c:
-            c.stub.Resign(pb.ResignRequest(namespace=NAMESPACE, name=name, candidate=cb, term=int(won["term"])),
-                          timeout=5)
+            c.stub.Clear(pb.ClearRequest(namespace=NAMESPACE), timeout=5)
         lost = wait.ask(f"lost {2 * ttl}")
         check(b, lost and lost["lost"] and lost["at_ms"] - taken <= ttl,
-              f"election: lost() {lost and lost['at_ms'] - taken} ms after its term was resigned by another client "
+              f"election: lost() {lost and lost['at_ms'] - taken} ms after its term was cleared by an admin "
               f"({lost and lost.get('reason')})",
               lost)
         stale = wait.ask(f"proclaim {b}-v2")
         check(b, stale and stale["status"] == "NOT_LEADER" and stale["lost"],
-              f"election: proclaim with the term resigned by another client -> NOT_LEADER "
+              f"election: proclaim with the term cleared by an admin -> NOT_LEADER "
               f"({stale and stale.get('typed')})", stale)
     wait.send("exit")
     wait.result()

@@ -61,6 +61,10 @@ type Leadership struct {
 	Name string
 	lock *Lock
 
+	// secret is told only to the winning Campaign: Proclaim and Resign
+	// send it (the candidate and term are anyone's to read).
+	secret string
+
 	mu       sync.Mutex
 	leader   *pb.Leadership
 	resigned bool
@@ -106,7 +110,7 @@ func (l *Leadership) Proclaim(ctx context.Context, value string) error {
 	var resp *pb.ProclaimResponse
 	err := c.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.Stub.Proclaim(ctx, &pb.ProclaimRequest{Namespace: c.Namespace, Name: l.Name,
-			Candidate: l.Candidate(), Term: l.Term(), Value: value})
+			Candidate: l.Candidate(), Term: l.Term(), Value: value, Secret: l.secret})
 		return err
 	})
 	if err != nil {
@@ -139,7 +143,7 @@ func (l *Leadership) Resign(ctx context.Context) (bool, error) {
 	var resp *pb.ResignResponse
 	err := c.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.Stub.Resign(ctx, &pb.ResignRequest{Namespace: c.Namespace, Name: l.Name,
-			Candidate: l.Candidate(), Term: l.Term()})
+			Candidate: l.Candidate(), Term: l.Term(), Secret: l.secret})
 		return err
 	})
 	if err != nil {
@@ -206,7 +210,7 @@ func (c *Client) Campaign(ctx context.Context, name string, o CampaignOptions) (
 	}
 	g := &pb.Grant{Holder: resp.Leader.Candidate, FencingToken: resp.Leader.Term, Slot: 1,
 		AcquiredAtMs: resp.Leader.ElectedAtMs, ExpiresAtMs: resp.Leader.ExpiresAtMs, TtlMs: resp.Leader.TtlMs}
-	l := &Leadership{Name: name, lock: newLock(c, name, g, sent), leader: resp.Leader}
+	l := &Leadership{Name: name, lock: newLock(c, name, g, sent), leader: resp.Leader, secret: resp.Secret}
 	l.lock.KeepAlive()
 	return l, nil
 }

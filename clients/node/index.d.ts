@@ -150,6 +150,8 @@ export declare class Leadership extends Lock {
   /** The term: the leader's fencing token, a decimal string (uint64). */
   readonly term: string;
   readonly value: string;
+  /** The secret only the winning Campaign was told: Proclaim and Resign send it. */
+  readonly secret: string;
   resigned: boolean;
   /** Rejects with NotLeaderError (and the leadership is lost) when the term is over. */
   proclaim(value: string): Promise<Leadership>;

@@ -36,6 +36,8 @@ pub fn code(kind: ErrorKind) -> Code {
         // The wait would close a wait-for cycle (decision 0077): refused
         // at once, the message names the cycle; retry after letting go.
         ErrorKind::Deadlock => Code::Aborted,
+        // An election's grant acted on without its secret (decision 0082).
+        ErrorKind::NotYours => Code::PermissionDenied,
     }
 }
 

@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::engine::election::{self, LeaderTracker};
-use crate::engine::{CampaignOutcome, Leadership, ProclaimOutcome};
+use crate::engine::{AcquireOutcome, CampaignOutcome, Leadership, ProclaimOutcome};
 use crate::proto::{ProclaimStatus, ResignStatus};
 
 /// The stream Observe answers with.
@@ -32,6 +32,17 @@ fn candidate(value: String) -> Result<engine::Holder, Status> {
     engine::Holder::parse(value).map_err(|e| invalid(engine::Invalid::new("candidate", e.rule)))
 }
 
+/// A secret: required for Proclaim and Resign (decision 0082). Missing is
+/// PERMISSION_DENIED, as a wrong one is: the caller has not shown it leads.
+fn secret(value: &str, rpc: &str) -> Result<String, Status> {
+    if value.is_empty() {
+        return Err(Status::permission_denied(format!(
+            "secret: missing: {rpc} needs the secret the winning Campaign returned (CampaignResponse.secret; for a session's leadership, the session's resume secret)"
+        )));
+    }
+    Ok(election::proof_of(value))
+}
+
 /// A term: required (0 is no term).
 fn term(value: u64) -> Result<u64, Status> {
     if value == 0 {
@@ -41,6 +52,18 @@ fn term(value: u64) -> Result<u64, Status> {
         )));
     }
     Ok(value)
+}
+
+/// A Campaign refused by the lock's rule (a read/write lock, another
+/// limit) is told as the election's rule (decision 0082): still
+/// FAILED_PRECONDITION, with a message that speaks of elections.
+fn election_rule(status: Status) -> Status {
+    if status.code() == tonic::Code::FailedPrecondition
+        && (status.message().contains("read/write lock") || status.message().contains("limit"))
+    {
+        return Status::failed_precondition(EngineError::ElectionRule.to_string());
+    }
+    status
 }
 
 fn leadership(lock: &LockId, l: Leadership) -> proto::Leadership {
@@ -65,6 +88,7 @@ impl LockApi {
         candidate: engine::Holder,
         ttl: engine::Ttl,
         deadline: Option<crate::observe::CallerDeadline>,
+        proof: String,
     ) -> Result<engine::AcquireRequest, Status> {
         let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
         let value = value(req.value)?;
@@ -88,6 +112,7 @@ impl LockApi {
             answer_by: deadline.map(|d| d.answered_at.into()),
             queue_ttl_ms,
             kind,
+            proof,
         }))
     }
 
@@ -102,28 +127,101 @@ impl LockApi {
             Some(_) => Some(LiveAccess::of(&request)?),
             None => None,
         };
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         let holder = if req.candidate.is_empty() {
             new_holder_id()
         } else {
             candidate(req.candidate.clone())?
         };
+        validate::not_a_session("candidate", holder.as_str())?;
         let ttl_ms = validate::ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
-        let acquire = self.campaign_request(req, holder, ttl_ms, deadline)?;
+        // A fresh secret for this campaign; a leader's own, if it sent it.
+        let fresh = election::new_secret();
+        let sent = std::mem::take(&mut req.secret);
+        let value = req.value.clone();
+        let acquire =
+            self.campaign_request(req, holder, ttl_ms, deadline, election::proof_of(&fresh))?;
         access.act(&acquire.lock.namespace)?;
         let outcome = self
             .acquire_reported("Campaign", &access, &acquire, live)
-            .await?;
-        Ok(Response::new(match election::campaign_outcome(outcome) {
+            .await
+            .map_err(election_rule)?;
+        let grant = match &outcome {
+            AcquireOutcome::Acquired { grant, .. } | AcquireOutcome::AlreadyHeld { grant, .. } => {
+                Some(grant.clone())
+            }
+            _ => None,
+        };
+        let mut secret = String::new();
+        let mut outcome = election::campaign_outcome(outcome);
+        if let Some(grant) = grant {
+            let lock = &acquire.lock;
+            let holder = acquire.holder.as_str();
+            if !election::is_leadership(&grant) {
+                // The candidate holds the name by a plain Acquire.
+                return Err(convert::status_of(
+                    EngineError::ElectionRule,
+                    Some(convert::LockAt {
+                        rpc: "Campaign",
+                        lock,
+                        holder,
+                    }),
+                ));
+            }
+            let proof = grant.proof.as_deref();
+            if proof == Some(election::proof_of(&fresh).as_str()) {
+                secret = fresh;
+            } else if !sent.is_empty() && proof == Some(election::proof_of(&sent).as_str()) {
+                // A leader's campaign, proved: a new value is published,
+                // the term stays (decision 0082).
+                if grant.metadata.get(election::VALUE_KEY) != Some(&value) {
+                    let proclaimed = self
+                        .engine
+                        .proclaim(
+                            lock,
+                            holder,
+                            grant.fencing_token,
+                            &value,
+                            proof.unwrap_or_default(),
+                        )
+                        .await
+                        .map_err(|e| {
+                            self.failed("Campaign", lock, holder, validate::DEFAULT_KIND, e)
+                        })?;
+                    outcome = match proclaimed {
+                        ProclaimOutcome::Proclaimed(l) => CampaignOutcome::Elected(l),
+                        // The lease lapsed in between.
+                        ProclaimOutcome::NotLeader => CampaignOutcome::NotElected { position: 0 },
+                    };
+                }
+                secret = sent;
+            } else if grant.metadata.get(election::VALUE_KEY) != Some(&value) {
+                // Another value, and no proof: someone else may not change
+                // the leader's value by campaigning in its name.
+                return Err(convert::status_of(
+                    EngineError::NotYours,
+                    Some(convert::LockAt {
+                        rpc: "Campaign",
+                        lock,
+                        holder,
+                    }),
+                ));
+            }
+            // Same value, no proof: the leadership (readable by Leader
+            // anyway), without the secret.
+        }
+        Ok(Response::new(match outcome {
             CampaignOutcome::Elected(l) => proto::CampaignResponse {
                 elected: true,
                 leader: Some(leadership(&acquire.lock, l)),
                 queue_position: 0,
+                secret,
             },
             CampaignOutcome::NotElected { position } => proto::CampaignResponse {
                 elected: false,
                 leader: None,
                 queue_position: position,
+                secret: String::new(),
             },
         }))
     }
@@ -139,9 +237,10 @@ impl LockApi {
         let term = term(req.term)?;
         let value = value(req.value)?;
         access.act(&lock.namespace)?;
+        let proof = secret(&req.secret, "Proclaim")?;
         let outcome = self
             .engine
-            .proclaim(&lock, &holder, term, &value)
+            .proclaim(&lock, &holder, term, &value, &proof)
             .await
             .map_err(|e| self.failed("Proclaim", &lock, &holder, validate::DEFAULT_KIND, e))?;
         Ok(Response::new(match outcome {
@@ -181,9 +280,15 @@ impl LockApi {
         let holder = candidate(req.candidate)?;
         let term = term(req.term)?;
         access.act(&lock.namespace)?;
+        if validate::is_session_holder(holder.as_str()) {
+            return Err(Status::permission_denied(
+                "candidate: a session's leadership resigns through its session (SessionRelease of the name)",
+            ));
+        }
+        let proof = secret(&req.secret, "Resign")?;
         let resigned = self
             .engine
-            .resign(&lock, &holder, term)
+            .resign(&lock, &holder, term, &proof)
             .await
             .map_err(|e| self.failed("Resign", &lock, &holder, validate::DEFAULT_KIND, e))?;
         Ok(Response::new(proto::ResignResponse {

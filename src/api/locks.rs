@@ -60,6 +60,9 @@ impl LockApi {
         };
         let mut req = request.into_inner();
         let named = validate::optional_holder(std::mem::take(&mut req.holder)).map_err(invalid)?;
+        if let Some(named) = &named {
+            validate::not_a_session("holder", named.as_str())?;
+        }
         // A holder made up here holds nothing else: its wait skips the
         // deadlock check (decision 0077).
         let holds_nothing = named.is_none();
@@ -251,6 +254,7 @@ impl LockApi {
         let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
         access.act(&lock.namespace)?;
         let holder = validate::holder(req.holder).map_err(invalid)?;
+        validate::not_a_session("holder", holder.as_str())?;
         let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
         let outcome = self
             .engine
@@ -293,6 +297,7 @@ impl LockApi {
             let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
             access.act(&lock.namespace)?;
             let holder = validate::holder(req.holder).map_err(invalid)?;
+            validate::not_a_session("holder", holder.as_str())?;
             let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
             let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
             let outcome = (self
@@ -334,6 +339,7 @@ impl LockApi {
         let pinned = validate::set_tokens(names, fencing_tokens).map_err(invalid)?;
         access.act(&namespace)?;
         let holder = validate::holder(holder).map_err(invalid)?;
+        validate::not_a_session("holder", holder.as_str())?;
         let locks = (pinned.into_iter())
             .map(|(name, token)| {
                 let lock = LockId {

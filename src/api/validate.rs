@@ -170,6 +170,25 @@ pub fn name(value: impl Into<String>) -> Result<LockName, Invalid> {
     LockName::parse(value)
 }
 
+/// Whether a holder id is a session's (`session-<uuid>`, made by the
+/// server): such ids are reserved to sessions (decision 0082).
+pub fn is_session_holder(holder: &str) -> bool {
+    holder.starts_with("session-")
+}
+
+/// A plain call may not act as a session: a session's grants are taken,
+/// released and extended only through its stream, or by an admin's Clear
+/// (DESIGN.md invariant 18, decision 0082). PERMISSION_DENIED, naming the
+/// field.
+pub fn not_a_session(field: &str, holder: &str) -> Result<(), tonic::Status> {
+    if is_session_holder(holder) {
+        return Err(tonic::Status::permission_denied(format!(
+            "{field}: ids beginning with \"session-\" belong to sessions: a session's grants are acquired, extended and released only through its Session stream (or removed by an admin's Clear)"
+        )));
+    }
+    Ok(())
+}
+
 /// An acquiring holder: empty means "make one up" (None).
 pub fn optional_holder(value: impl Into<String>) -> Result<Option<Holder>, Invalid> {
     let value = value.into();

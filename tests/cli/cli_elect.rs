@@ -189,6 +189,7 @@ async fn elect_listen_prints_the_leader_then_every_change() {
                 name: "e-listen".into(),
                 candidate: "probe".into(),
                 term,
+                secret: reply.secret,
                 ..Default::default()
             })
             .await

@@ -23,13 +23,30 @@ pub(crate) fn campaign(name: &str, candidate: &str, value: &str) -> proto::Campa
     }
 }
 
+/// A won campaign: the leadership, and the secret only its winner is told.
+#[derive(Debug)]
+pub(crate) struct Won {
+    pub leader: proto::Leadership,
+    pub secret: String,
+}
+
+impl std::ops::Deref for Won {
+    type Target = proto::Leadership;
+    fn deref(&self) -> &proto::Leadership {
+        &self.leader
+    }
+}
+
 pub(crate) async fn elect(
     client: &mut LockServiceClient<Channel>,
     request: proto::CampaignRequest,
-) -> proto::Leadership {
+) -> Won {
     let reply = client.campaign(request).await.unwrap().into_inner();
     assert!(reply.elected, "elected: {reply:?}");
-    reply.leader.unwrap()
+    Won {
+        leader: reply.leader.unwrap(),
+        secret: reply.secret,
+    }
 }
 
 pub(crate) async fn leader(
@@ -52,6 +69,7 @@ pub(crate) async fn proclaim(
     name: &str,
     candidate: &str,
     term: u64,
+    secret: &str,
     value: &str,
 ) -> ProclaimStatus {
     client
@@ -60,6 +78,7 @@ pub(crate) async fn proclaim(
             candidate: candidate.into(),
             term,
             value: value.into(),
+            secret: secret.into(),
             ..Default::default()
         })
         .await
@@ -73,12 +92,14 @@ pub(crate) async fn resign(
     name: &str,
     candidate: &str,
     term: u64,
+    secret: &str,
 ) -> ResignStatus {
     client
         .resign(proto::ResignRequest {
             name: name.into(),
             candidate: candidate.into(),
             term,
+            secret: secret.into(),
             ..Default::default()
         })
         .await
@@ -134,10 +155,10 @@ async fn candidates_are_elected_in_arrival_order_with_rising_terms_and_resign_ha
     );
 
     // Each resignation elects the next in line, with a higher term.
-    let (mut previous, mut term) = ("a".to_owned(), a.term);
+    let (mut previous, mut term, mut secret) = ("a".to_owned(), a.term, a.secret.clone());
     for (i, handle) in waiting.into_iter().enumerate() {
         assert_eq!(
-            resign(&mut client, "e-fifo", &previous, term).await,
+            resign(&mut client, "e-fifo", &previous, term, &secret).await,
             ResignStatus::Resigned
         );
         let (name, reply) = tokio::time::timeout(Duration::from_secs(5), handle)
@@ -151,13 +172,14 @@ async fn candidates_are_elected_in_arrival_order_with_rising_terms_and_resign_ha
         assert_eq!(elected.value, format!("host-{name}"));
         // The old term acts no more.
         assert_eq!(
-            resign(&mut client, "e-fifo", &previous, term).await,
+            resign(&mut client, "e-fifo", &previous, term, &secret).await,
             ResignStatus::NotLeader
         );
-        (previous, term) = (name, elected.term);
+        assert_eq!(reply.secret.len(), 64, "the winner is told its secret");
+        (previous, term, secret) = (name, elected.term, reply.secret);
     }
     assert_eq!(
-        resign(&mut client, "e-fifo", &previous, term).await,
+        resign(&mut client, "e-fifo", &previous, term, &secret).await,
         ResignStatus::Resigned
     );
     assert_eq!(leader(&mut client, "e-fifo").await, None);
@@ -169,11 +191,11 @@ async fn proclaim_changes_the_value_only_for_the_leader_with_its_term() {
     let mut client = server.client().await;
     let a = elect(&mut client, campaign("e-proclaim", "a", "v1")).await;
     assert_eq!(
-        proclaim(&mut client, "e-proclaim", "a", a.term + 1, "x").await,
+        proclaim(&mut client, "e-proclaim", "a", a.term + 1, &a.secret, "x").await,
         ProclaimStatus::NotLeader
     );
     assert_eq!(
-        proclaim(&mut client, "e-proclaim", "b", a.term, "x").await,
+        proclaim(&mut client, "e-proclaim", "b", a.term, &a.secret, "x").await,
         ProclaimStatus::NotLeader
     );
     assert_eq!(leader(&mut client, "e-proclaim").await.unwrap().value, "v1");
@@ -183,6 +205,7 @@ async fn proclaim_changes_the_value_only_for_the_leader_with_its_term() {
             candidate: "a".into(),
             term: a.term,
             value: "v2 / \"quoted\" ✓".into(),
+            secret: a.secret.clone(),
             ..Default::default()
         })
         .await
@@ -230,11 +253,11 @@ async fn a_lapsed_leader_is_replaced_and_its_term_is_refused_for_good() {
     assert!(b.term > a.term);
     // a learns it lost: every act under its old term is refused.
     assert_eq!(
-        proclaim(&mut client, "e-lapse", "a", a.term, "still me").await,
+        proclaim(&mut client, "e-lapse", "a", a.term, &a.secret, "still me").await,
         ProclaimStatus::NotLeader
     );
     assert_eq!(
-        resign(&mut client, "e-lapse", "a", a.term).await,
+        resign(&mut client, "e-lapse", "a", a.term, &a.secret).await,
         ResignStatus::NotLeader
     );
     let extended = client
@@ -255,7 +278,7 @@ async fn a_lapsed_leader_is_replaced_and_its_term_is_refused_for_good() {
         ("b", "new")
     );
     assert_eq!(
-        resign(&mut b_client, "e-lapse", "b", b.term).await,
+        resign(&mut b_client, "e-lapse", "b", b.term, &b.secret).await,
         ResignStatus::Resigned
     );
     let again = elect(&mut client, campaign("e-lapse", "a", "back")).await;

@@ -34,7 +34,7 @@ async fn observe_tells_the_current_leader_then_every_change() {
     let mut heard = false;
     for _ in 0..100 {
         let a = elect(&mut client, campaign("e-observe", "probe", "")).await;
-        resign(&mut client, "e-observe", "probe", a.term).await;
+        resign(&mut client, "e-observe", "probe", a.term, &a.secret).await;
         if let Ok(Ok(Some(_))) =
             tokio::time::timeout(Duration::from_millis(100), changes.message()).await
         {
@@ -59,7 +59,7 @@ async fn observe_tells_the_current_leader_then_every_change() {
         ("elected", "a", a.term, "v1")
     );
     assert_eq!(
-        proclaim(&mut client, "e-observe", "a", a.term, "v2").await,
+        proclaim(&mut client, "e-observe", "a", a.term, &a.secret, "v2").await,
         ProclaimStatus::Proclaimed
     );
     let change = next_change(&mut changes).await;
@@ -68,7 +68,7 @@ async fn observe_tells_the_current_leader_then_every_change() {
         ("proclaimed", "v2")
     );
     assert_eq!(
-        resign(&mut client, "e-observe", "a", a.term).await,
+        resign(&mut client, "e-observe", "a", a.term, &a.secret).await,
         ResignStatus::Resigned
     );
     let change = next_change(&mut changes).await;
@@ -175,6 +175,7 @@ async fn observe_tells_a_leadership_cleared_by_an_admin_as_removed() {
             candidate: "a".into(),
             term: a.term,
             value: "x".into(),
+            secret: a.secret.clone(),
         })
         .await
         .unwrap()
@@ -298,7 +299,15 @@ async fn a_session_campaign_keeps_its_leadership_through_a_replica_sigkill_by_re
     // The leader proclaims through the unary RPC (candidate: the session
     // id), then resigns by releasing: the rival is elected at once.
     assert_eq!(
-        proclaim(&mut far, "e-session", &session.id, term, "moved").await,
+        proclaim(
+            &mut far,
+            "e-session",
+            &session.id,
+            term,
+            &session.secret,
+            "moved"
+        )
+        .await,
         ProclaimStatus::Proclaimed
     );
     resumed

@@ -13,6 +13,7 @@ mod deadlock;
 mod deadlock_flood;
 mod election;
 mod election_faults;
+mod election_ownership;
 mod events;
 mod group_commit;
 mod handover;

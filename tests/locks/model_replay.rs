@@ -30,6 +30,11 @@ use tumbler_model::set::locks_of;
 use tumbler_model::trace::{self, Step};
 use tumbler_model::{Config, Faults, Mode};
 
+/// An election's grant metadata in the replay: its value and the digest of
+/// its leader's secret, which Proclaim and Resign send (decision 0082).
+const ELECTION_METADATA: &str = r#"{"":"v","\u0001":"proof"}"#;
+const ELECTION_PROOF: &str = "proof";
+
 const TICK_MS: u64 = 120;
 const SHARD: &str = "tumbler:{replay:0}";
 /// The model's locks' names (a multi-lock asks both; one shard, so one
@@ -203,7 +208,13 @@ impl Replay {
                     self.tick_end(answer_by),
                     a.limit.to_string(),
                     "default".into(),
-                    String::new(),
+                    // A campaign's grant carries its value and the digest
+                    // of its leader's secret (decision 0082).
+                    if cfg.election {
+                        ELECTION_METADATA.into()
+                    } else {
+                        String::new()
+                    },
                     flags(a.fair, a.permits),
                     a.priority.to_string(),
                     "0".into(),
@@ -237,7 +248,11 @@ impl Replay {
                 self.fcall(&f, &keys, &args).await
             }
             Call::Release { token, .. } => {
-                let args = vec![holder(c), self.real_token(token), "0".into()];
+                let mut args = vec![holder(c), self.real_token(token), "0".into()];
+                if cfg.election {
+                    // Resign: the release proved by the secret's digest.
+                    args.extend([String::new(), String::new(), ELECTION_PROOF.into()]);
+                }
                 let f = self.scripts.release.clone();
                 self.fcall(&f, &keys, &args).await
             }
@@ -258,6 +273,7 @@ impl Replay {
                     self.real_token(token),
                     "leader".into(),
                     "0".into(),
+                    ELECTION_PROOF.into(),
                 ];
                 let f = self.scripts.proclaim.clone();
                 self.fcall(&f, &keys, &args).await

@@ -293,6 +293,7 @@ async fn every_rpc(client: &mut Client, namespace: &str) -> Vec<(&'static str, C
                 candidate: "c".into(),
                 term: 1,
                 value: "v".into(),
+                secret: "not-the-leaders".into(),
             })
             .await
             .map(drop),
@@ -315,6 +316,7 @@ async fn every_rpc(client: &mut Client, namespace: &str) -> Vec<(&'static str, C
                 name: election.clone(),
                 candidate: "c".into(),
                 term: 1,
+                secret: "not-the-leaders".into(),
             })
             .await
             .map(drop),

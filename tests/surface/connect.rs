@@ -512,6 +512,10 @@ async fn an_election_over_connect_json() {
         .as_str()
         .expect("64-bit as a string")
         .to_owned();
+    let secret = elected["secret"]
+        .as_str()
+        .expect("the winner's secret")
+        .to_owned();
     let leader = call(&server, "Leader", json!({"name": "e"}), &[])
         .await
         .json();
@@ -525,7 +529,7 @@ async fn an_election_over_connect_json() {
     let proclaimed = call(
         &server,
         "Proclaim",
-        json!({"name": "e", "candidate": "a", "term": term, "value": "host-a2"}),
+        json!({"name": "e", "candidate": "a", "term": term, "value": "host-a2", "secret": secret}),
         &["--http2-prior-knowledge"],
     )
     .await
@@ -554,7 +558,7 @@ async fn an_election_over_connect_json() {
     let resigned = call(
         &server,
         "Resign",
-        json!({"name": "e", "candidate": "a", "term": term}),
+        json!({"name": "e", "candidate": "a", "term": term, "secret": secret}),
         &[],
     )
     .await

@@ -289,7 +289,7 @@ class Client {
     }
     if (!resp.elected) return null;
     const leadership = new Leadership(this, name, resp.leader,
-      Math.max(tries.sent, performance.now() - 50) + Number(resp.leader.ttlMs));
+      Math.max(tries.sent, performance.now() - 50) + Number(resp.leader.ttlMs), resp.secret);
     return leadership.keepAlive({ onLost });
   }
 

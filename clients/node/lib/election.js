@@ -8,12 +8,14 @@ const { Lock } = require('./lock');
 const errors = require('./errors');
 
 class Leadership extends Lock {
-  constructor(client, name, leader, leaseEnd) {
+  constructor(client, name, leader, leaseEnd, secret = '') {
     super(client, name, {
       holder: leader.candidate, fencingToken: leader.term, slot: 1, acquiredAtMs: leader.electedAtMs,
       expiresAtMs: leader.expiresAtMs, ttlMs: leader.ttlMs, kind: '', metadata: {},
     }, leaseEnd);
     this.leader = leader; // the Leadership message as last told by the server
+    // Told only to the winning Campaign: Proclaim and Resign need it (the candidate and term anyone can read).
+    this.secret = secret;
     this.resigned = false;
   }
 
@@ -24,7 +26,7 @@ class Leadership extends Lock {
   // Replace the leader's value; rejects with NotLeaderError (and the leadership is lost) when the term is over.
   async proclaim(value) {
     const resp = await this.client.call('Proclaim', () => ({ namespace: this.client.namespace, name: this.name,
-      candidate: this.candidate, term: this.term, value }));
+      candidate: this.candidate, term: this.term, value, secret: this.secret }));
     if (resp.status !== 'PROCLAIM_STATUS_PROCLAIMED') {
       this.markLost('not the leader');
       throw this.lostError();
@@ -39,7 +41,7 @@ class Leadership extends Lock {
     this.stopKeepAlive();
     if (this.resigned) return false;
     const resp = await this.client.call('Resign', () => ({ namespace: this.client.namespace, name: this.name,
-      candidate: this.candidate, term: this.term }));
+      candidate: this.candidate, term: this.term, secret: this.secret }));
     this.resigned = true;
     return resp.status === 'RESIGN_STATUS_RESIGNED';
   }

@@ -45,7 +45,11 @@ subtest 'heartbeat keeps the lease; a term taken away is lost' => sub {
     while (Time::HiRes::time() < $until) { $l->heartbeat or last; Time::HiRes::sleep(0.02) }
     ok !$l->lost, 'still the leader after 1.5 s of a 600 ms lease';
     is $other->leader('e-hb')->{term}, $l->term, 'same term';
-    ok $other->resign('e-hb', candidate => $l->candidate, term => $l->term), 'another client resigns its term';
+    my $refused = eval { $other->resign('e-hb', candidate => $l->candidate, term => $l->term); 1 } ? undef : $@;
+    ok blessed $refused && $refused->isa('Tumbler::Error'), 'a resign without the secret: refused';
+    is $other->leader('e-hb')->{term}, $l->term, '... and the term still leads';
+    ok $other->resign('e-hb', candidate => $l->candidate, term => $l->term, secret => $l->secret),
+        'another client told the secret resigns its term';
     ok !$l->heartbeat(force => 1), 'heartbeat: false';
     ok $l->lost, 'lost';
     my $e = eval { $l->check; 1 } ? undef : $@;
@@ -59,7 +63,7 @@ subtest 'a waiting campaign is elected when the leader resigns' => sub {
         Time::HiRes::sleep(0.5);
         $l->{pid} = -1;   # the parent's leadership: not this process's to resign on exit
         Tumbler::Client->new(endpoint => $server->endpoint)->resign('e-wait', candidate => $l->candidate,
-            term => $l->term);
+            term => $l->term, secret => $l->secret);
         POSIX::_exit(0);
     }
     my $next = $other->campaign('e-wait', value => 'second', wait_ms => 10_000, ttl_ms => 5000);
@@ -79,8 +83,8 @@ subtest 'observe' => sub {
     if (!$pid) {
         Time::HiRes::sleep(0.5);
         my $c = Tumbler::Client->new(endpoint => $server->endpoint);
-        $c->proclaim('e-obs', candidate => $l->candidate, term => $l->term, value => 'v2');
-        $c->resign('e-obs', candidate => $l->candidate, term => $l->term);
+        $c->proclaim('e-obs', candidate => $l->candidate, term => $l->term, secret => $l->secret, value => 'v2');
+        $c->resign('e-obs', candidate => $l->candidate, term => $l->term, secret => $l->secret);
         POSIX::_exit(0);
     }
     @seen = ();

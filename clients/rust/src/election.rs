@@ -1,9 +1,10 @@
 //! Leader election: [`Election`] (campaign, who leads, observe) and
 //! [`Leadership`] (the leader's guard). An election is a fair lock of
 //! limit 1 on the server: the leadership is a grant whose fencing token is
-//! the term, kept by the same watchdog as a [`Lock`]'s and resigned (a
-//! release pinned to the term, which elects the next candidate at once)
-//! when the guard is dropped.
+//! the term, kept by the same watchdog as a [`Lock`]'s and resigned (the
+//! Resign RPC pinned to the term, with the secret only the winning
+//! Campaign was told; it elects the next candidate at once) when the
+//! guard is dropped.
 
 use std::time::Duration;
 
@@ -152,7 +153,13 @@ impl Election {
                     ..Default::default()
                 };
                 // The lease started no earlier than the last try was sent.
-                let lock = Lock::new(self.client.clone(), self.name.clone(), grant, sent, true);
+                let lock = Lock::leadership(
+                    self.client.clone(),
+                    self.name.clone(),
+                    grant,
+                    sent,
+                    reply.secret.clone(),
+                );
                 return Ok(Leadership {
                     client: self.client.clone(),
                     lock,
@@ -264,6 +271,7 @@ impl Leadership {
             candidate: self.lock.holder().to_owned(),
             term: self.term(),
             value: value.clone(),
+            secret: self.lock.secret().to_owned(),
         };
         let reply = self
             .client

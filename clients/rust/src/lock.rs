@@ -397,6 +397,9 @@ struct Shared {
     state: Mutex<State>,
     /// `Some(reason)` once the grant is known to be gone.
     lost: watch::Sender<Option<String>>,
+    /// A leadership's secret (its winning Campaign's): it is given back
+    /// with Resign, which needs the secret, not with Release.
+    secret: Option<String>,
 }
 
 #[derive(Debug)]
@@ -501,6 +504,25 @@ impl Lock {
         Lock::with_names(client, name, Vec::new(), Vec::new(), grant, sent, watchdog)
     }
 
+    /// A leadership's guard: renewed as a lock's, given back with Resign
+    /// and its secret.
+    pub(crate) fn leadership(
+        client: Client,
+        name: String,
+        grant: proto::Grant,
+        sent: Instant,
+        secret: String,
+    ) -> Lock {
+        Lock::build(
+            client,
+            (name, Vec::new(), Vec::new()),
+            grant,
+            sent,
+            true,
+            Some(secret),
+        )
+    }
+
     /// A guard of a multi-lock's set (`names`, each pinned to its token in
     /// `fencing_tokens`; empty: any grant of the holder), renewed and
     /// released as one: `grant` is the one whose lease ends first.
@@ -513,6 +535,24 @@ impl Lock {
         sent: Instant,
         watchdog: bool,
     ) -> Lock {
+        Lock::build(
+            client,
+            (name, names, fencing_tokens),
+            grant,
+            sent,
+            watchdog,
+            None,
+        )
+    }
+
+    fn build(
+        client: Client,
+        (name, names, fencing_tokens): (String, Vec<String>, Vec<u64>),
+        grant: proto::Grant,
+        sent: Instant,
+        watchdog: bool,
+        secret: Option<String>,
+    ) -> Lock {
         let (lost, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             name,
@@ -524,6 +564,7 @@ impl Lock {
                 grant,
             }),
             lost,
+            secret,
         });
         let watchdog = watchdog.then(|| tokio::spawn(keep_alive(client.clone(), shared.clone())));
         Lock {
@@ -538,6 +579,11 @@ impl Lock {
     /// The lock's name.
     pub fn name(&self) -> &str {
         &self.shared.name
+    }
+
+    /// A leadership's secret ('' for a lock).
+    pub(crate) fn secret(&self) -> &str {
+        self.shared.secret.as_deref().unwrap_or_default()
     }
 
     /// The holder id of the grant.
@@ -746,6 +792,24 @@ impl Drop for Lock {
 /// Gives the grant back (the whole set for a multi-lock): true when it was
 /// released, false when it (or any lock of the set) was no longer held.
 async fn release(client: &Client, shared: &Shared) -> Result<bool> {
+    if let Some(secret) = &shared.secret {
+        // A leadership: Resign, pinned to the term, proved by the secret.
+        let grant = shared.grant();
+        let request = proto::ResignRequest {
+            namespace: client.namespace().to_owned(),
+            name: shared.name.clone(),
+            candidate: shared.holder.clone(),
+            term: grant.fencing_token,
+            secret: secret.clone(),
+        };
+        let reply = client
+            .call(
+                |mut stub, req| async move { stub.resign(req).await },
+                request,
+            )
+            .await?;
+        return Ok(reply.status == proto::ResignStatus::Resigned as i32);
+    }
     let reply = client
         .call(
             |mut stub, req| async move { stub.release(req).await },

@@ -3,8 +3,8 @@
 //! `-- CMD ARGS…`, run the command while leading, with `hold`'s process
 //! group, signal passing and stop-when-lost (`hold::keep`). The
 //! leadership is a lease renewed like `hold`'s (`hold::lease::keep_lease`:
-//! Extend pinned to the term), resigned (a release pinned to the term) at
-//! the end. `tumbler elect --listen NAME` prints the leader, then every
+//! Extend pinned to the term), resigned (Resign, pinned to the term, with
+//! the secret the winning Campaign returned: decision 0082) at the end. `tumbler elect --listen NAME` prints the leader, then every
 //! change, until interrupted.
 
 use std::time::Duration;
@@ -158,7 +158,7 @@ async fn campaign_with_lease(
             return Ok(Campaigned::Signalled(killed_by(signal)));
         }
     };
-    let Some((leader, sent)) = elected else {
+    let Some((leader, sent, secret)) = elected else {
         return Ok(Campaigned::WaitEnded);
     };
     let grant = proto::Grant {
@@ -176,6 +176,7 @@ async fn campaign_with_lease(
         grant,
         sent,
         grace,
+        Some(&secret),
     );
     Ok(Campaigned::Leading(Box::new((leader, held))))
 }
@@ -234,7 +235,7 @@ async fn campaign(
     conn: &mut Conn,
     request: &proto::CampaignRequest,
     wait_ms: Option<u64>,
-) -> Result<Option<(proto::Leadership, Instant)>, Failure> {
+) -> Result<Option<(proto::Leadership, Instant, String)>, Failure> {
     let until = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
     let mut first_unanswered: Option<Instant> = None;
     let mut pause = Duration::from_millis(50);
@@ -247,7 +248,11 @@ async fn campaign(
         match call!(conn, campaign, attempt).await {
             Ok(reply) if reply.elected => {
                 let leader = reply.leader.unwrap_or_default();
-                return Ok(Some((leader, first_unanswered.unwrap_or(sent))));
+                return Ok(Some((
+                    leader,
+                    first_unanswered.unwrap_or(sent),
+                    reply.secret,
+                )));
             }
             Ok(_) if until.is_some_and(|at| Instant::now() >= at) => return Ok(None),
             Ok(_) => {}

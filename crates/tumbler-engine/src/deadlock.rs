@@ -380,6 +380,7 @@ mod tests {
                 mode,
                 permits,
                 slots: vec![1],
+                proof: None,
             })
             .collect();
         LockState {

@@ -4,7 +4,9 @@
 //! the grant's fencing token (so terms strictly rise and are never reused),
 //! and its value the grant's metadata entry [`VALUE_KEY`], which Acquire's
 //! metadata may not use: only elections write it, so a plain mutex pays
-//! nothing for elections. Resign is a release pinned to the term (which
+//! nothing for elections. Proclaim and Resign need the leader's secret,
+//! whose digest the grant keeps in [`PROOF_KEY`] (decision 0082). Resign
+//! is a release pinned to the term and proved by that digest (which
 //! wakes the next candidate); Leader is Inspect; Observe is a Watch of the
 //! one name whose events [`LeaderTracker`] turns into leader changes.
 //! Proclaim is the one function of its own (`lua/proclaim.lua`).
@@ -26,9 +28,38 @@ use super::{
 /// empty metadata key, so no plain grant carries one.
 pub const VALUE_KEY: &str = "";
 
+/// The metadata entry that carries the digest of the leader's secret
+/// (decision 0082): a key Acquire refuses (it holds a control character),
+/// read only by the functions (`lua/common.lua` `owned`, `proven`) and
+/// taken out of the metadata wherever a grant is decoded.
+pub const PROOF_KEY: &str = "\u{1}";
+
 /// The metadata of a campaign's grant: its value alone.
 pub fn value_metadata(value: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(VALUE_KEY.to_owned(), value.to_owned())])
+}
+
+/// A new leader's secret: 256 random bits as hex, told only to the
+/// Campaign that wins (only its digest is stored, with the grant).
+pub fn new_secret() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// The digest a grant keeps of its leader's secret (hex SHA-256, as a
+/// session keeps its resume secret's).
+pub fn proof_of(secret: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
+}
+
+/// Whether a grant is a leadership: made by a Campaign (its metadata has
+/// the value entry) and plain (not a reader's or a writer's).
+pub fn is_leadership(grant: &Grant) -> bool {
+    grant.metadata.contains_key(VALUE_KEY) && grant.mode == super::LockMode::Plain
 }
 
 /// A grant of an election's lock, as a leadership.
@@ -54,14 +85,18 @@ pub struct Campaign {
     pub answer_by: Option<tokio::time::Instant>,
     pub queue_ttl_ms: u64,
     pub kind: super::Kind,
+    /// The digest of the secret that will prove the leader ([`proof_of`]).
+    pub proof: String,
 }
 
 pub fn campaign(c: Campaign) -> super::AcquireRequest {
     // A fair mutex acquire. A candidate may hold other locks of the
     // namespace: its wait is an edge of the wait-for graph like any other
     // (decision 0077; `holds_nothing` stays false).
+    let mut metadata = value_metadata(&c.value);
+    metadata.insert(PROOF_KEY.to_owned(), c.proof);
     super::AcquireRequest {
-        metadata: value_metadata(&c.value),
+        metadata,
         kind: c.kind,
         wait: c.wait,
         queue_ttl_ms: c.queue_ttl_ms,
@@ -82,13 +117,19 @@ pub fn campaign_outcome(outcome: AcquireOutcome) -> super::CampaignOutcome {
     }
 }
 
-/// The leader an Inspect of the election's lock shows: its one holder
-/// (a lock of another limit has no leader).
+/// The leader an Inspect of the election's lock shows: its one holder,
+/// when a Campaign made its grant (a lock of another limit, a reader, a
+/// writer or a plain Acquire's grant is no leader: decision 0082).
 pub fn leader_of(state: LockState) -> Option<Leadership> {
-    if state.limit != 1 {
+    if state.limit != 1 || state.mode != super::LockMode::Plain {
         return None;
     }
-    state.holders.into_iter().next().map(leadership)
+    state
+        .holders
+        .into_iter()
+        .next()
+        .filter(is_leadership)
+        .map(leadership)
 }
 
 /// Proclaim's calls.
@@ -111,13 +152,15 @@ impl Election {
         }
     }
 
-    /// Replaces the leader's value, when `candidate` leads with `term`.
+    /// Replaces the leader's value, when `candidate` leads with `term`
+    /// and `proof` is the digest of its secret.
     pub(super) async fn proclaim(
         &self,
         lock: &LockId,
         candidate: &str,
         term: u64,
         value: &str,
+        proof: &str,
     ) -> Result<ProclaimOutcome, EngineError> {
         self.calls.ready()?;
         let keys = self.calls.layout().lock_keys(&lock.namespace, &lock.name);
@@ -126,6 +169,7 @@ impl Election {
             term,
             value,
             watched: self.changelog.emits(&lock.namespace),
+            proof,
         };
         let reply = self
             .calls
@@ -140,6 +184,7 @@ impl Election {
                 ProclaimOutcome::Proclaimed(leadership(grant))
             }
             ops::proclaim::Outcome::NotHeld => ProclaimOutcome::NotLeader,
+            ops::proclaim::Outcome::NotYours => return Err(EngineError::NotYours),
         })
     }
 }
@@ -171,7 +216,11 @@ impl LeaderTracker {
     pub fn next(&mut self, event: &LockEvent) -> Option<LeaderChange> {
         if !self.synced {
             match event.event.as_str() {
-                HELD => self.state = Some(leadership_of(event)),
+                HELD if event.metadata.contains_key(VALUE_KEY)
+                    && event.mode == super::LockMode::Plain =>
+                {
+                    self.state = Some(leadership_of(event))
+                }
                 SYNCED => {
                     self.synced = true;
                     let leader = self.state.take();
@@ -194,7 +243,11 @@ impl LeaderTracker {
         let term = event.fencing_token;
         match event.event.as_str() {
             "acquired" | HELD | "proclaimed" => {
-                if term < self.highest {
+                // Only a Campaign's grant leads (decision 0082).
+                if term < self.highest
+                    || !event.metadata.contains_key(VALUE_KEY)
+                    || event.mode != super::LockMode::Plain
+                {
                     return None;
                 }
                 let leader = leadership_of(event);

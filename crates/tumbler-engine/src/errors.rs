@@ -46,6 +46,17 @@ pub enum EngineError {
     /// (decision 0077): refused at once, its queue entry gone.
     #[error("deadlock: {}", crate::deadlock::describe(.0))]
     Deadlock(Vec<WaitStep>),
+    /// An election's grant, acted on without its proof (decision 0082).
+    #[error(
+        "secret: not this leadership's: only the leader may proclaim, resign or release it, with the secret its winning Campaign returned (a session's leadership: through its session)"
+    )]
+    NotYours,
+    /// A mode or permits on an election's name, or a Campaign on a lock
+    /// of another rule (decision 0082).
+    #[error(
+        "the lock is an election's (a Campaign holds or waits for it): acquire it without a mode or permits, or campaign on another name; a Campaign needs a plain lock of limit 1 (this one is a read/write lock or takes several permits)"
+    )]
+    ElectionRule,
 }
 
 /// What kind of failure an engine error is: the one table the transports
@@ -69,6 +80,8 @@ pub enum ErrorKind {
     Stopped,
     /// The wait would close a wait-for cycle: refused, nothing left behind.
     Deadlock,
+    /// The caller did not prove it owns what it acts on (decision 0082).
+    NotYours,
 }
 
 impl EngineError {
@@ -89,7 +102,9 @@ impl EngineError {
             | EngineError::RwLockNeedsMode
             | EngineError::PlainLockHasNoMode
             | EngineError::UpgradeRefused
-            | EngineError::SetMismatch(_) => ErrorKind::Conflict,
+            | EngineError::SetMismatch(_)
+            | EngineError::ElectionRule => ErrorKind::Conflict,
+            EngineError::NotYours => ErrorKind::NotYours,
             EngineError::SessionMoved => ErrorKind::Moved,
             EngineError::Stopped => ErrorKind::Stopped,
             EngineError::Deadlock(_) => ErrorKind::Deadlock,

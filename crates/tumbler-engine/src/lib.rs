@@ -646,15 +646,20 @@ impl LockEngine {
     // [`election::campaign`] builds, its outcome read by
     // [`election::campaign_outcome`].
 
-    /// Replaces the leader's value, when `candidate` leads with `term`.
+    /// Replaces the leader's value, when `candidate` leads with `term`
+    /// and `proof` is the digest of its secret ([`EngineError::NotYours`]
+    /// when it leads and the proof is another's).
     pub async fn proclaim(
         &self,
         lock: &LockId,
         candidate: &str,
         term: u64,
         value: &str,
+        proof: &str,
     ) -> Result<ProclaimOutcome, EngineError> {
-        self.election.proclaim(lock, candidate, term, value).await
+        self.election
+            .proclaim(lock, candidate, term, value, proof)
+            .await
     }
 
     /// Who leads the election now (None: nobody), and Redis' clock.
@@ -666,16 +671,18 @@ impl LockEngine {
 
     /// The leader steps down (a release pinned to its term, which wakes
     /// the next candidate); false when `candidate` does not lead with
-    /// `term`.
+    /// `term`; [`EngineError::NotYours`] when it does and `proof` is not
+    /// the digest of its secret.
     pub async fn resign(
         &self,
         lock: &LockId,
         candidate: &str,
         term: u64,
+        proof: &str,
     ) -> Result<bool, EngineError> {
         let outcome = self
             .locks
-            .release(lock, candidate, Some(term), None)
+            .release_proved(lock, candidate, term, proof)
             .await?;
         Ok(matches!(outcome, ReleaseOutcome::Released { .. }))
     }

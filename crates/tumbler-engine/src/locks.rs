@@ -193,7 +193,20 @@ impl Locks {
         fencing_token: Option<u64>,
         epoch: Option<u64>,
     ) -> Result<ReleaseOutcome, EngineError> {
-        self.release_as(lock, holder, fencing_token, epoch, None)
+        self.release_as(lock, holder, fencing_token, epoch, None, None)
+            .await
+    }
+
+    /// [`Self::release`] of an election's grant by its leader, proved by
+    /// the digest of its secret (Resign, decision 0082).
+    pub(super) async fn release_proved(
+        &self,
+        lock: &LockId,
+        holder: &str,
+        fencing_token: u64,
+        proof: &str,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        self.release_as(lock, holder, Some(fencing_token), None, None, Some(proof))
             .await
     }
 
@@ -206,6 +219,7 @@ impl Locks {
         fencing_token: Option<u64>,
         epoch: Option<u64>,
         handed: Option<&str>,
+        proof: Option<&str>,
     ) -> Result<ReleaseOutcome, EngineError> {
         self.calls.ready()?;
         let keys = self.keys(lock);
@@ -215,6 +229,7 @@ impl Locks {
             watched: self.changelog.emits(&lock.namespace),
             epoch,
             handed,
+            proof,
         };
         let reply = self
             .calls
@@ -235,6 +250,7 @@ impl Locks {
             }
             ops::release::Outcome::NotHeld => ReleaseOutcome::NotHeld,
             ops::release::Outcome::Moved => return Err(EngineError::SessionMoved),
+            ops::release::Outcome::NotYours => return Err(EngineError::NotYours),
         })
     }
 
@@ -379,7 +395,7 @@ impl Locks {
         };
         let lock = LockId::stored(namespace, name);
         let released = self
-            .release_as(&lock, holder, Some(token), None, Some(request))
+            .release_as(&lock, holder, Some(token), None, Some(request), None)
             .await;
         if let Err(err) = released {
             // Its lease ends it instead.

@@ -58,6 +58,8 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
         None => last,
     };
     let kind = kind_of(kind);
+    let mut metadata: BTreeMap<String, String> = metadata;
+    let proof = metadata.remove(crate::election::PROOF_KEY);
     Ok(Grant {
         holder: holder.to_owned(),
         fencing_token,
@@ -70,6 +72,7 @@ pub fn parse_grant(holder: &str, record: &str) -> Result<Grant, StoreError> {
         kind,
         metadata,
         mode: LockMode::Plain,
+        proof,
     })
 }
 

@@ -89,6 +89,9 @@ pub struct Grant {
     pub permits: u32,
     /// One slot per permit, ascending; `slot` is the first.
     pub slots: Vec<u32>,
+    /// An election's grant: the digest of the secret that proves its
+    /// leader (decision 0082), kept out of `metadata`.
+    pub proof: Option<String>,
 }
 
 /// One step of a wait-for chain (decision 0077): `holder` waits for

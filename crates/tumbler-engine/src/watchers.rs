@@ -110,6 +110,8 @@ impl LockEvent {
         let metadata = fields.next()?;
         if !metadata.is_empty() {
             event.metadata = serde_json::from_str(metadata).ok()?;
+            // An election's proof (decision 0082) is nobody's to read.
+            event.metadata.remove(super::election::PROOF_KEY);
         }
         Some(event)
     }

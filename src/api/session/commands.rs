@@ -92,6 +92,7 @@ impl Driver {
                         Holder::stored(&self.session),
                         Ttl::stored(self.ttl_ms),
                         None,
+                        self.proof.clone(),
                     )?;
                     Ok((request, Vec::new()))
                 };

@@ -185,6 +185,7 @@ pub async fn open(
     };
     tracing::Span::current().record("session", &opened.session);
 
+    let proof = crate::engine::election::proof_of(&opened.reply.resume_secret);
     let (out, outbox) = mpsc::channel(OUTBOX);
     let reply = proto::SessionOpened {
         session_id: opened.session.clone(),
@@ -197,6 +198,7 @@ pub async fn open(
     let driver = Driver {
         api: api.clone(),
         _slot: slot,
+        proof,
         session: opened.session,
         epoch: opened.epoch,
         ttl_ms: opened.ttl_ms,
@@ -235,6 +237,9 @@ struct Driver {
     /// open sessions.
     _slot: (QuotaSlot, StreamSlot),
     session: String,
+    /// The digest of the session's resume secret: what proves a
+    /// leadership it wins (decision 0082).
+    proof: String,
     /// This stream's epoch in the session's record.
     epoch: u64,
     ttl_ms: u64,

@@ -178,6 +178,13 @@ pub(super) async fn release(
     .map(|_| ())
 }
 
+/// The secrets the winning campaigns were told, by election, candidate
+/// and term: Resign needs one (decision 0082).
+static SECRETS: std::sync::Mutex<Vec<(Told, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// An election, a candidate and its term.
+type Told = (usize, String, u64);
+
 /// Campaigns in election `lock`: the term when elected.
 pub(super) async fn campaign(
     rpc: &mut LockServiceClient<Channel>,
@@ -195,10 +202,16 @@ pub(super) async fn campaign(
         })
         .await?
         .into_inner();
-    Ok(reply
+    let term = reply
         .leader
         .filter(|_| reply.elected)
-        .map(|leader| leader.term))
+        .map(|leader| leader.term);
+    if let Some(term) = term {
+        let mut secrets = SECRETS.lock().unwrap();
+        secrets.retain(|((l, c, _), _)| (*l, c.as_str()) != (lock, candidate));
+        secrets.push(((lock, candidate.to_owned(), term), reply.secret));
+    }
+    Ok(term)
 }
 
 pub(super) async fn resign(
@@ -207,10 +220,15 @@ pub(super) async fn resign(
     candidate: &str,
     term: u64,
 ) -> Result<(), tonic::Status> {
+    let secret = (SECRETS.lock().unwrap().iter())
+        .find(|((l, c, t), _)| (*l, c.as_str(), *t) == (lock, candidate, term))
+        .map(|(_, secret)| secret.clone())
+        .unwrap_or_default();
     rpc.resign(proto::ResignRequest {
         name: format!("chaos-election-{lock}"),
         candidate: candidate.to_owned(),
         term,
+        secret,
         ..Default::default()
     })
     .await

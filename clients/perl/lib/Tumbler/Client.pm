@@ -46,6 +46,7 @@ my %FIELDS = (
     candidate     => [ candidate    => 'str' ],
     value         => [ value        => 'str' ],
     term          => [ term         => 'u64' ],
+    secret        => [ secret       => 'str' ],
 );
 
 # A read/write lock's mode: read (shared) or write (alone), as the API names them.
@@ -63,9 +64,9 @@ my %ALLOWED = (
     Reap    => [qw(namespace older_than_ms)],
     Clear   => [qw(namespace)],
     Metrics => [qw(namespace from_ms to_ms kind)],
-    Campaign => [qw(namespace candidate value ttl_ms wait_ms queue_ttl_ms kind)],
-    Proclaim => [qw(namespace candidate term value)],
-    Resign   => [qw(namespace candidate term)],
+    Campaign => [qw(namespace candidate value ttl_ms wait_ms queue_ttl_ms kind secret)],
+    Proclaim => [qw(namespace candidate term value secret)],
+    Resign   => [qw(namespace candidate term secret)],
     Leader   => [qw(namespace)],
     Observe  => [qw(namespace)],
 );
@@ -470,7 +471,8 @@ sub campaign {
     my $res = _snake($self->call('Campaign', $self->_body('Campaign', { name => _name($name) }, \%opts),
         timeout => $timeout + $wait));
     return undef unless $res->{elected};
-    return Tumbler::Leadership->_new($self, $name, _leadership($res->{leader}), $opts{namespace} // $self->{namespace})
+    return Tumbler::Leadership->_new($self, $name, _leadership($res->{leader}), $opts{namespace} // $self->{namespace},
+            $res->{secret} // '')
         ->_count_lease($start, $made_here);
 }
 
@@ -491,7 +493,7 @@ sub leader {
     return _leadership($self->_plain(Leader => { name => _name($name) }, %opts)->{leader});
 }
 
-# proclaim(name, candidate => ..., term => ..., value => ...): the
+# proclaim(name, candidate => ..., term => ..., secret => ..., value => ...): the
 # leadership with its new value; dies Tumbler::Error::NotLeader when the
 # candidate does not lead with this term.
 sub proclaim {
@@ -504,7 +506,7 @@ sub proclaim {
     );
 }
 
-# resign(name, candidate => ..., term => ...): true if this ended the term,
+# resign(name, candidate => ..., term => ..., secret => ...): true if this ended the term,
 # false when the candidate did not lead with it.
 sub resign {
     my ($self, $name, %opts) = @_;

@@ -13,7 +13,7 @@ our @ISA = ('Tumbler::Lock');
 our $VERSION = '0.1.0';
 
 sub _new {
-    my ($class, $client, $name, $leader, $namespace) = @_;
+    my ($class, $client, $name, $leader, $namespace, $secret) = @_;
     my $grant = {
         holder         => $leader->{candidate},
         fencing_token  => $leader->{term},
@@ -24,6 +24,8 @@ sub _new {
     };
     my $self = $class->SUPER::_new($client, $name, $grant, $namespace);
     $self->{leader} = $leader;
+    # Told only to the winning Campaign: proclaim and resign send it.
+    $self->{secret} = $secret // '';
     return $self;
 }
 
@@ -31,6 +33,8 @@ sub leader    { $_[0]{leader} }
 sub candidate { $_[0]{leader}{candidate} }
 sub term      { $_[0]{leader}{term} }
 sub value     { $_[0]{leader}{value} }
+# The secret only the winning campaign was told (proclaim and resign send it).
+sub secret    { $_[0]{secret} }
 sub resigned  { $_[0]{released} }
 
 # True once the term is known to be over under this leader (kept after a
@@ -58,7 +62,7 @@ sub proclaim {
     my ($self, $value, %opts) = @_;
     my $leader = eval {
         $self->{client}->proclaim($self->{name}, $self->_ns, candidate => $self->candidate, term => $self->term,
-            value => $value, %opts);
+            secret => $self->{secret}, value => $value, %opts);
     };
     if (my $e = $@) {
         $self->_lose('not the leader') if Scalar::Util::blessed($e) && $e->isa('Tumbler::Error::NotLeader');
@@ -75,7 +79,7 @@ sub resign {
     my ($self, %opts) = @_;
     return 0 if $self->{released};
     my $resigned = $self->{client}->resign($self->{name}, $self->_ns, candidate => $self->candidate,
-        term => $self->term, %opts);
+        term => $self->term, secret => $self->{secret}, %opts);
     $self->{released} = 1;
     return $resigned;
 }

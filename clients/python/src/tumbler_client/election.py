@@ -27,9 +27,11 @@ class Leadership(Lock):
     ``resign()`` act only with this term.
     """
 
-    def __init__(self, client, name, leader, lease_end):
+    def __init__(self, client, name, leader, lease_end, secret=""):
         super().__init__(client, name, _grant(leader), lease_end)
         self.leader = leader  # the pb.Leadership as last told by the server
+        # The secret only the winning Campaign was told: Proclaim and Resign need it.
+        self.secret = secret
         self.resigned = False
 
     candidate = property(lambda self: self.leader.candidate)
@@ -39,7 +41,8 @@ class Leadership(Lock):
     def proclaim(self, value):
         """Replace the leader's value. NOT_LEADER marks the leadership lost and raises NotLeader."""
         resp = self.client._call(self.client.stub.Proclaim, lambda: pb.ProclaimRequest(
-            namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term, value=value))
+            namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term, value=value,
+            secret=self.secret))
         if resp.status != pb.PROCLAIM_STATUS_PROCLAIMED:
             self._mark_lost("not the leader")
             raise self.not_leader()
@@ -56,7 +59,8 @@ class Leadership(Lock):
         if self.resigned:
             return False
         resp = self.client._call(self.client.stub.Resign, lambda: pb.ResignRequest(
-            namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term))
+            namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term,
+            secret=self.secret))
         self.resigned = True
         return resp.status == pb.RESIGN_STATUS_RESIGNED
 
@@ -112,9 +116,10 @@ def _grant(leader):
 class AsyncLeadership(AsyncLock):
     """As Leadership, with coroutines; ``lost`` is an asyncio.Event. The watchdog is a task that resign() ends."""
 
-    def __init__(self, client, name, leader, lease_end):
+    def __init__(self, client, name, leader, lease_end, secret=""):
         super().__init__(client, name, _grant(leader), lease_end)
         self.leader = leader
+        self.secret = secret  # only the winning Campaign was told it: Proclaim and Resign need it
         self.resigned = False
         self._dog = None
 
@@ -142,7 +147,8 @@ class AsyncLeadership(AsyncLock):
     async def proclaim(self, value):
         """Replace the leader's value. NOT_LEADER marks the leadership lost and raises NotLeader."""
         resp = await self.client._call(self.client.stub.Proclaim, lambda: pb.ProclaimRequest(
-            namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term, value=value))
+            namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term, value=value,
+            secret=self.secret))
         if resp.status != pb.PROCLAIM_STATUS_PROCLAIMED:
             self._mark_lost("not the leader")
             raise self.lost_error()
@@ -155,7 +161,8 @@ class AsyncLeadership(AsyncLock):
         if self.resigned:
             return False
         resp = await self.client._call(self.client.stub.Resign, lambda: pb.ResignRequest(
-            namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term))
+            namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term,
+            secret=self.secret))
         self.resigned = True
         return resp.status == pb.RESIGN_STATUS_RESIGNED
 
@@ -225,7 +232,7 @@ async def campaign_async(client, name, value="", *, candidate=None, ttl_ms=None,
     if not resp.elected:
         return None
     lease_end = max(sent[0], time.monotonic() - 0.05) + resp.leader.ttl_ms / 1000.0
-    return AsyncLeadership(client, name, resp.leader, lease_end).keep_alive(on_lost)
+    return AsyncLeadership(client, name, resp.leader, lease_end, resp.secret).keep_alive(on_lost)
 
 
 async def leader_async(client, name):
@@ -268,7 +275,7 @@ def campaign(client, name, value="", *, candidate=None, ttl_ms=None, wait_ms=0, 
     if not resp.elected:
         return None
     lease_end = max(sent[0], time.monotonic() - 0.05) + resp.leader.ttl_ms / 1000.0
-    held = Leadership(client, name, resp.leader, lease_end)
+    held = Leadership(client, name, resp.leader, lease_end, resp.secret)
     if keep_alive:
         held.keep_alive(on_lost)
     return held

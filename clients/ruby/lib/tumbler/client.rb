@@ -140,7 +140,8 @@ module Tumbler
       resp, sent = waiting_call(:campaign, V1::CampaignRequest, base, wait_ms: wait_ms, timeout: timeout)
       return nil unless resp&.elected
 
-      held = Leadership.new(self, name, resp.leader, [sent, Client.now - 0.05].max + (resp.leader.ttl_ms / 1000.0))
+      held = Leadership.new(self, name, resp.leader, [sent, Client.now - 0.05].max + (resp.leader.ttl_ms / 1000.0),
+                            resp.secret)
       return held.keep_alive unless block
 
       begin

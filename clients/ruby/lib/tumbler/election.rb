@@ -8,12 +8,14 @@ module Tumbler
   class Leadership < Lock
     attr_reader :leader
 
-    def initialize(client, name, leader, lease_end)
+    def initialize(client, name, leader, lease_end, secret = '')
       grant = V1::Grant.new(holder: leader.candidate, fencing_token: leader.term, slot: 1,
                             acquired_at_ms: leader.elected_at_ms, expires_at_ms: leader.expires_at_ms,
                             ttl_ms: leader.ttl_ms)
       super(client, name, grant, lease_end)
       @leader = leader # the V1::Leadership as last told by the server
+      # Told only to the winning Campaign: Proclaim and Resign send it.
+      @secret = secret
       @resigned = false
     end
 
@@ -28,7 +30,8 @@ module Tumbler
     # Replace the value others see. Raises NotLeader (and the leadership is lost) when the term is over.
     def proclaim(value)
       resp = client.call(:proclaim) do
-        V1::ProclaimRequest.new(namespace: client.namespace, name: name, candidate: candidate, term: term, value: value)
+        V1::ProclaimRequest.new(namespace: client.namespace, name: name, candidate: candidate, term: term, value: value,
+                                 secret: @secret)
       end
       unless resp.status == :PROCLAIM_STATUS_PROCLAIMED
         mark_lost('not the leader')
@@ -46,7 +49,8 @@ module Tumbler
       return false if @resigned
 
       resp = client.call(:resign) do
-        V1::ResignRequest.new(namespace: client.namespace, name: name, candidate: candidate, term: term)
+        V1::ResignRequest.new(namespace: client.namespace, name: name, candidate: candidate, term: term,
+                              secret: @secret)
       end
       @resigned = true
       resp.status == :RESIGN_STATUS_RESIGNED

@@ -34,19 +34,22 @@ pub(super) async fn acquire_lease(
         grant,
         sent,
         grace,
+        None,
     )))
 }
 
 /// Renews a granted lease in a task (every third of it, failing over
 /// across endpoints) until `Held::release`, which gives it back pinned to
 /// its token; `sent` is when the request that made it left. Also keeps a
-/// leadership (`elect`): the grant of an election's lock.
+/// leadership (`elect`): the grant of an election's lock, given back with
+/// Resign and the secret its winning Campaign returned (`secret`).
 pub(crate) fn keep_lease(
     conn: Conn,
     (namespace, name): (&str, &str),
     grant: proto::Grant,
     sent: Instant,
     grace: Duration,
+    secret: Option<&str>,
 ) -> Held {
     let ttl = Duration::from_millis(grant.ttl_ms.max(1));
     let (lost_tx, lost) = mpsc::channel(1);
@@ -70,6 +73,13 @@ pub(crate) fn keep_lease(
             names: Vec::new(),
             fencing_tokens: Vec::new(),
         },
+        resign: secret.map(|secret| proto::ResignRequest {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            candidate: grant.holder.clone(),
+            term: grant.fencing_token,
+            secret: secret.to_owned(),
+        }),
         ttl,
         grace,
         // The lease began after the request left: ending no sooner than
@@ -130,6 +140,8 @@ struct LeaseKeeper {
     conn: Conn,
     extend: proto::ExtendRequest,
     release: proto::ReleaseRequest,
+    /// A leadership's Resign (it needs the secret; a Release is refused).
+    resign: Option<proto::ResignRequest>,
     ttl: Duration,
     grace: Duration,
     /// The lease ends no sooner than this (local monotonic clock).
@@ -209,9 +221,19 @@ impl LeaseKeeper {
                     .await;
             }
         }
-        let release = self.release.clone();
-        let answer =
-            tokio::time::timeout(Duration::from_secs(5), call!(self.conn, release, release)).await;
+        let answer = match self.resign.clone() {
+            Some(resign) => {
+                tokio::time::timeout(Duration::from_secs(5), call!(self.conn, resign, resign))
+                    .await
+                    .map(|reply| reply.map(drop))
+            }
+            None => {
+                let release = self.release.clone();
+                tokio::time::timeout(Duration::from_secs(5), call!(self.conn, release, release))
+                    .await
+                    .map(|reply| reply.map(drop))
+            }
+        };
         if let Ok(Err(status)) = answer {
             status_line(&format!(
                 "tumbler hold: cannot release {lock}: {}; its lease ends by itself",

@@ -53,6 +53,8 @@ pub mod status {
     pub const MOVED: i64 = 9;
     pub const MODE_MISMATCH: i64 = 10;
     pub const UPGRADE: i64 = 11;
+    pub const NOT_YOURS: i64 = 12;
+    pub const ELECTION: i64 = 13;
 }
 
 /// Something a function reports for the per-minute counters: an expired

@@ -14,6 +14,8 @@ pub struct Call<'a> {
     pub term: u64,
     pub value: &'a str,
     pub watched: super::Emit,
+    /// The digest of the leader's secret (decision 0082).
+    pub proof: &'a str,
 }
 
 impl Call<'_> {
@@ -23,6 +25,7 @@ impl Call<'_> {
             self.term.to_string(),
             self.value.to_owned(),
             self.watched.arg(),
+            self.proof.to_owned(),
         ]
     }
 }
@@ -34,6 +37,8 @@ pub enum Outcome {
     Proclaimed(Grant),
     /// The holder does not lead with that term: nothing changed.
     NotHeld,
+    /// It leads, and the proof is not its secret's: nothing changed.
+    NotYours,
 }
 
 /// The reply: Redis' clock, the outcome and what it noted.
@@ -48,6 +53,7 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
     let outcome = match code {
         status::OK => Outcome::Proclaimed(parse_grant(&holder, &record)?),
         status::NOT_HELD => Outcome::NotHeld,
+        status::NOT_YOURS => Outcome::NotYours,
         other => return Err(StoreError::Protocol(format!("proclaim status {other}"))),
     };
     Ok(Answer {

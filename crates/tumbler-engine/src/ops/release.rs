@@ -19,6 +19,8 @@ pub struct Call<'a> {
     /// A grant handed to this request, which is gone: released only while
     /// no other answer claimed it (decision 0068).
     pub handed: Option<&'a str>,
+    /// The digest of an election's secret: Resign (decision 0082).
+    pub proof: Option<&'a str>,
 }
 
 impl Call<'_> {
@@ -28,18 +30,25 @@ impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         let mut args = vec![self.holder.to_owned()];
         let watched = self.watched.arg();
-        let (epoch, handed) = (self.epoch.is_some(), self.handed.is_some());
-        if self.token.is_some() || watched != "0" || epoch || handed {
+        let (epoch, handed, proof) = (
+            self.epoch.is_some(),
+            self.handed.is_some(),
+            self.proof.is_some(),
+        );
+        if self.token.is_some() || watched != "0" || epoch || handed || proof {
             args.push(super::optional(self.token));
         }
-        if watched != "0" || epoch || handed {
+        if watched != "0" || epoch || handed || proof {
             args.push(watched);
         }
-        if epoch || handed {
+        if epoch || handed || proof {
             args.push(super::optional(self.epoch));
         }
-        if let Some(request) = self.handed {
-            args.push(request.to_owned());
+        if handed || proof {
+            args.push(self.handed.unwrap_or_default().to_owned());
+        }
+        if let Some(proof) = self.proof {
+            args.push(proof.to_owned());
         }
         args
     }
@@ -53,6 +62,9 @@ pub enum Outcome {
     /// A newer stream of the caller's session holds the grant: nothing
     /// changed.
     Moved,
+    /// An election's grant, and the call proved neither its secret nor
+    /// its session (decision 0082): nothing changed.
+    NotYours,
 }
 
 /// The reply: Redis' clock, the outcome and what the call noted for the
@@ -69,6 +81,7 @@ pub fn parse(value: Value) -> Result<Answer, StoreError> {
         status::OK => Outcome::Released(parse_grant(&holder, &record)?),
         status::NOT_HELD => Outcome::NotHeld,
         status::MOVED => Outcome::Moved,
+        status::NOT_YOURS => Outcome::NotYours,
         other => return Err(StoreError::Protocol(format!("release status {other}"))),
     };
     Ok(Answer {
