@@ -216,7 +216,7 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --d
 pids+=($!)
 wait_port "$redis_port" "${pids[-1]}" || { echo "redis-server did not start" >&2; cat "$work/logs/redis.log" >&2; exit 1; }
 grpc_port=$(free_port)
-"$server" serve --listen "127.0.0.1:$grpc_port" --http-listen off --no-auth \
+"$server" serve --listen "127.0.0.1:$grpc_port" --http-listen off --no-auth --shutdown-drain-ms 0 \
   --redis-url "redis://127.0.0.1:$redis_port" --log-level warn >"$work/logs/tumbler.log" 2>&1 &
 pids+=($!)
 wait_port "$grpc_port" "${pids[-1]}" || { echo "tumbler serve did not start" >&2; cat "$work/logs/tumbler.log" >&2; exit 1; }
