@@ -38,18 +38,23 @@ sub _new {
 # grant, unless a read request downgraded the holder's write grant (same
 # lease). Any other grant may be from before the call, with a lease the
 # answer does not date: it is renewed once, pinned to its token, and
-# counted from that request's start (extend).
+# counted from that request's start (extend). So is a grant whose call
+# took more than a quarter of its lease (it waited in the queue): counted
+# from the call's start, little or none of it would be left.
 sub _count_lease {
     my ($self, $start, $made_here) = @_;
     my $grant = $self->{grant};
     my $new_grant = ($grant->{status} // '') eq 'acquired' && ($grant->{mode} // '') ne 'read';
-    if (!$made_here && !$new_grant) {
-        $self->{expires} = $start + $self->{ttl};   # the renewal's deadline only
-        return $self->extend;
-    }
     my $lease_ms = defined $grant->{expires_at_ms} && defined $grant->{acquired_at_ms}
         ? $grant->{expires_at_ms} - $grant->{acquired_at_ms}
         : $grant->{ttl_ms} // 0;
+    my $took_ms = (_now() - $start) * 1000;
+    if ((!$made_here && !$new_grant) || $took_ms > $lease_ms / 4) {
+        # The renewal's own deadline only: extend counts the lease anew
+        # from its request's start, or the grant is lost.
+        $self->{expires} = _now() + $self->{ttl};
+        return $self->extend;
+    }
     $self->_leased($start, $lease_ms);
     return $self;
 }
