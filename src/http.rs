@@ -54,7 +54,6 @@ pub async fn serve(
             engine: engine.clone(),
         })
         .merge(crate::dashboard::router(engine, dashboard))
-        .fallback(not_found)
         .layer(axum::middleware::from_fn(crate::observe::http_span));
     let limits = listener.gate().limits();
     let timeouts = (limits.header_read_timeout, limits.body_read_timeout);
@@ -183,20 +182,5 @@ async fn metrics_page(State(http): State<Http>) -> impl IntoResponse {
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         body,
-    )
-}
-
-/// Any other path: 404 with a line that says what this port serves (a
-/// Connect or gRPC call sent here by mistake learns where to send it).
-async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> impl IntoResponse {
-    let line = format!(
-        "no {method} {path} here: this is tumbler's HTTP port (/metrics, /healthz, /dashboard, \
-         /api/v1/...); gRPC, Connect and gRPC-Web calls go to the gRPC port (--listen)\n",
-        path = uri.path()
-    );
-    (
-        axum::http::StatusCode::NOT_FOUND,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        line,
     )
 }

@@ -158,6 +158,7 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         .route("/dashboard/assets/app.js", get(app_js))
         .route("/dashboard/assets/style.css", get(style_css))
         .merge(guarded)
+        .fallback(not_found)
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(edge, edge::edge))
 }
@@ -178,6 +179,23 @@ async fn style_css() -> Response {
     (
         [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
         STYLE_CSS,
+    )
+        .into_response()
+}
+
+/// Any other path of the HTTP port: 404 with a line that says what the
+/// port serves (a Connect or gRPC call sent here by mistake learns where
+/// to send it), under the same Host rule and security headers.
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let line = format!(
+        "no {method} {path} here: this is tumbler's HTTP port (/metrics, /healthz, /dashboard, \
+         /api/v1/...); gRPC, Connect and gRPC-Web calls go to the gRPC port (--listen)\n",
+        path = uri.path()
+    );
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        line,
     )
         .into_response()
 }
