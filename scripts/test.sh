@@ -23,12 +23,13 @@ comma list of:
   dashboard  the dashboard and the gRPC port's Origin rule in headless Chromium
              (apt: chromium; npm ci in dashboard-tests/; grpcurl as above)
   clients    every client installed as its ecosystem does, the cross-language
-             conformance suite, Sidekiq, Perl
+             conformance suite, Sidekiq, Perl, then the client bench's smoke size
              (apt: protobuf-compiler golang-go golang-google-grpc-dev
              golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc
              ruby ruby-grpc ruby-google-protobuf ruby-grpc-tools ruby-sidekiq
-             ruby-redis ruby-activesupport ruby-minitest; pip and npm into temporary
-             folders)
+             ruby-redis ruby-activesupport ruby-minitest ruby-connection-pool
+             golang-github-gomodule-redigo-dev libredis-perl; pip and npm into
+             temporary folders)
 
 System packages come from Debian's apt-get (as root, or through sudo);
 Python packages go into target/tools-venv, never the global Python.
