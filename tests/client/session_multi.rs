@@ -70,14 +70,7 @@ async fn a_lock_of_the_set_taken_away_loses_the_whole_set() {
             .unwrap_or(false),
         "a plain Release of a session's grant is refused"
     );
-    let mut conn = crate::common::redis_conn(server.redis_url()).await;
-    let keys = crate::common::scan_keys(&mut conn, &format!("tumbler:*:l:{}", taken.name)).await;
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    crate::common::lose_lock(server.redis_url(), &taken.name).await;
     let mut lost = Vec::new();
     while lost.len() < 3 {
         let event = tokio::time::timeout(Duration::from_secs(5), events.recv())

@@ -365,6 +365,20 @@ pub async fn lock_header(conn: &mut redis::aio::MultiplexedConnection, lock_key:
     fields
 }
 
+/// Deletes lock `name` (of any namespace; the name must be one lock's)
+/// behind its holders' backs, as Redis losing it would: a session's grants
+/// can no longer be released by a plain Release (decision 0082).
+pub async fn lose_lock(redis_url: &str, name: &str) {
+    let mut conn = redis_conn(redis_url).await;
+    let keys = scan_keys(&mut conn, &format!("tumbler:*:l:{name}")).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
 pub async fn scan_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
     let mut cursor: u64 = 0;
     let mut keys = Vec::new();

@@ -322,20 +322,6 @@ async fn a_superseded_stream_cannot_act_on_the_set_the_new_one_holds() {
     assert_eq!(held(&mut on_b, &names).await, as_held(&old.id, &tokens));
 }
 
-/// Removes lock `name` (of the default namespace) behind its holder's
-/// back, as Redis losing it would: a session's grants can no longer be
-/// released by a plain Release (decision 0082).
-async fn lose(redis_url: &str, name: &str) {
-    let mut conn = redis_conn(redis_url).await;
-    let keys = scan_keys(&mut conn, &format!("tumbler:{{default:*}}:l:{name}")).await;
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-}
-
 /// A lock of the set lost (here deleted behind the session's back, as
 /// Redis losing it would): the rest is released too and the client is
 /// told `lost` for each, so no part of the set outlives the failure.
@@ -351,7 +337,7 @@ async fn a_lost_member_releases_the_rest_of_its_set_with_grant_lost_for_each() {
     assert_eq!(single.status(), AcquireStatus::Acquired);
 
     assert!(tokens.contains_key("l-b"));
-    lose(server.redis_url(), "l-b").await;
+    lose_lock(server.redis_url(), "l-b").await;
 
     let mut lost = BTreeMap::new();
     while lost.len() < 3 {
@@ -397,7 +383,7 @@ async fn a_resume_does_not_keep_part_of_a_set() {
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert!(lost.is_empty(), "a drain loses nothing: {lost:?}");
 
-    lose(&redis.url(), "p-a").await;
+    lose_lock(&redis.url(), "p-a").await;
     let (_resumed, opened) = Session::resume(&mut far, &session.id, &session.secret)
         .await
         .unwrap();
