@@ -107,6 +107,12 @@ impl LockApi {
         let names =
             validate::multi_names(&req.name, std::mem::take(&mut req.names)).map_err(invalid)?;
         validate::multi_plain(req.mode, req.permits).map_err(invalid)?;
+        if !req.takes_over.is_empty() {
+            return Err(invalid(engine::Invalid::new(
+                "takes_over",
+                "takes over one lock's grant: not with names (a multi-lock)",
+            )));
+        }
         req.name = names[0].to_string();
         let mut acquire = self.acquire_request(req, holder, ttl, deadline)?;
         access.act(&acquire.lock.namespace)?;

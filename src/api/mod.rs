@@ -153,6 +153,8 @@ impl LockApi {
             validate::mode(req.mode, req.prefer_readers).map_err(invalid)?;
         let limit = validate::limit_for(req.limit, mode, &self.limits).map_err(invalid)?;
         let permits = validate::permits(req.permits, limit, mode).map_err(invalid)?;
+        let takes_over =
+            validate::takes_over(std::mem::take(&mut req.takes_over), &holder, mode, permits)?;
         Ok(engine::AcquireRequest {
             lock: LockId::parse(
                 std::mem::take(&mut req.namespace),
@@ -188,6 +190,7 @@ impl LockApi {
             session_epoch: None,
             stop: None,
             holds_nothing: false,
+            takes_over,
         })
     }
 

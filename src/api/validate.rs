@@ -189,6 +189,37 @@ pub fn not_a_session(field: &str, holder: &str) -> Result<(), tonic::Status> {
     Ok(())
 }
 
+/// Acquire's `takes_over` (decision 0083): empty is None; otherwise a
+/// holder id that is not a session's nor the request's own, on a plain
+/// request of one permit.
+pub fn takes_over(
+    value: String,
+    holder: &Holder,
+    mode: LockMode,
+    permits: u32,
+) -> Result<Option<Holder>, tonic::Status> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let bad = |rule: &str| super::convert::invalid(invalid("takes_over", rule));
+    let old = Holder::parse(value).map_err(|e| bad(&e.rule))?;
+    not_a_session("takes_over", old.as_str())?;
+    if old.as_str() == holder.as_str() {
+        return Err(bad("must name another holder than the request's own"));
+    }
+    if mode.is_rw() {
+        return Err(bad(
+            "takes over a plain lock's grant only: not with mode READ or WRITE",
+        ));
+    }
+    if permits > 1 {
+        return Err(bad(
+            "takes over a grant of one permit only: not with permits > 1",
+        ));
+    }
+    Ok(Some(old))
+}
+
 /// An acquiring holder: empty means "make one up" (None).
 pub fn optional_holder(value: impl Into<String>) -> Result<Option<Holder>, Invalid> {
     let value = value.into();

@@ -36,6 +36,7 @@ mod session;
 mod session_edges;
 mod session_multi;
 mod session_takeover;
+mod take_over;
 mod validation;
 mod watch;
 mod weighted;

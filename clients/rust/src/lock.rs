@@ -76,6 +76,7 @@ pub struct LockRequest {
     fair: Option<bool>,
     mode: Option<Mode>,
     prefer_readers: bool,
+    takes_over: String,
     permits: Option<u32>,
     watchdog: bool,
     cancel: Option<CancellationToken>,
@@ -97,6 +98,7 @@ impl LockRequest {
             fair: None,
             mode: None,
             prefer_readers: false,
+            takes_over: String::new(),
             permits: None,
             watchdog: true,
             cancel: None,
@@ -191,6 +193,17 @@ impl LockRequest {
         self
     }
 
+    /// Take over `holder`'s live grant of this lock in the same call
+    /// (decision 0083): its permits and slot pass to this request's holder
+    /// at once, ahead of waiters, with a new fencing token and this
+    /// request's lease; when `holder` holds none, this is an ordinary
+    /// acquire. How a job system hands the lock taken when a job was
+    /// queued to the run that executes it. A plain lock of one permit only.
+    pub fn takes_over(mut self, holder: impl Into<String>) -> Self {
+        self.takes_over = holder.into();
+        self
+    }
+
     /// Take this many of the [`limit`](LockRequest::limit)'s permits at
     /// once (default 1), like golang's `semaphore.Weighted`: the grant
     /// holds one slot per permit ([`Lock::slots`]). A request that does not
@@ -269,6 +282,7 @@ impl LockRequest {
             prefer_readers: self.prefer_readers,
             permits: self.permits,
             names: Vec::new(),
+            takes_over: self.takes_over.clone(),
         }
     }
 

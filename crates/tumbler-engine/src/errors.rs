@@ -51,6 +51,12 @@ pub enum EngineError {
         "secret: not this leadership's: only the leader may proclaim, resign or release it, with the secret its winning Campaign returned (a session's leadership: through its session)"
     )]
     NotYours,
+    /// Acquire's `takes_over` named an election's or a session's grant
+    /// (decision 0083): such a grant does not pass.
+    #[error(
+        "takes_over: the grant is an election's or a session's: it is not taken over (an election's goes with its secret, a session's through its session)"
+    )]
+    NotPassed,
     /// A mode or permits on an election's name, or a Campaign on a lock
     /// of another rule (decision 0082).
     #[error(
@@ -104,7 +110,7 @@ impl EngineError {
             | EngineError::UpgradeRefused
             | EngineError::SetMismatch(_)
             | EngineError::ElectionRule => ErrorKind::Conflict,
-            EngineError::NotYours => ErrorKind::NotYours,
+            EngineError::NotYours | EngineError::NotPassed => ErrorKind::NotYours,
             EngineError::SessionMoved => ErrorKind::Moved,
             EngineError::Stopped => ErrorKind::Stopped,
             EngineError::Deadlock(_) => ErrorKind::Deadlock,

@@ -313,6 +313,11 @@ impl LockEngine {
     ) -> Result<AcquireOutcome, EngineError> {
         self.calls.ready()?;
         self.walks.note_namespace(&req.lock.namespace).await?;
+        if let Some(old) = &req.takes_over
+            && let Some(outcome) = self.locks.take_over(req, old.as_str()).await?
+        {
+            return Ok(outcome);
+        }
         if req.wait.is_zero() {
             self.locks.acquire_once(req).await
         } else {

@@ -184,6 +184,59 @@ impl Locks {
         })
     }
 
+    /// Acquire's `takes_over` (decision 0083): `old`'s live grant passes
+    /// to the request's holder in one call. None when `old` holds none (or
+    /// the holder holds one already): the caller then acquires as usual.
+    pub(super) async fn take_over(
+        &self,
+        req: &AcquireRequest,
+        old: &str,
+    ) -> Result<Option<AcquireOutcome>, EngineError> {
+        use ops::take_over::Outcome;
+        let keys = self.keys(&req.lock);
+        let metadata = records::metadata_arg(&req.metadata);
+        let call = ops::take_over::Call {
+            req,
+            old,
+            metadata: &metadata,
+            answer_by: self.calls.answer_by(req.answer_by),
+            watched: self.changelog.emits(&req.lock.namespace),
+        };
+        let reply = self
+            .calls
+            .call_granting(
+                |s| &s.take_over,
+                &keys,
+                &call.args(),
+                ops::take_over::is_grant,
+            )
+            .await?;
+        let answer = ops::take_over::parse(reply)?;
+        self.calls.observe(answer.now);
+        self.counting
+            .noted(&req.lock.namespace, answer.now, &answer.noted);
+        Ok(match answer.outcome {
+            Outcome::TookOver { grant, holders } => {
+                // Counted as a release of the old grant and a new grant.
+                self.counting
+                    .now(&req.lock.namespace, &req.kind, "released");
+                self.counting
+                    .now(&req.lock.namespace, &req.kind, "acquired");
+                Some(AcquireOutcome::Acquired { grant, holders })
+            }
+            Outcome::NotHeld => None,
+            Outcome::LimitMismatch { lock_limit } => {
+                return Err(EngineError::LimitMismatch {
+                    lock_limit,
+                    requested: req.limit,
+                });
+            }
+            Outcome::ModeMismatch => return Err(EngineError::RwLockNeedsMode),
+            Outcome::NotYours => return Err(EngineError::NotPassed),
+            Outcome::Late => return Err(late().into()),
+        })
+    }
+
     /// Releases a grant; for a session's stream of `epoch` (Some), refused
     /// with [`EngineError::SessionMoved`] when a newer stream holds it.
     pub(super) async fn release(

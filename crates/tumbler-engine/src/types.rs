@@ -169,6 +169,11 @@ pub struct AcquireRequest {
     /// made up): its wait cannot close a wait-for cycle, so it skips the
     /// deadlock check (decision 0077).
     pub holds_nothing: bool,
+    /// A holder whose live grant this request takes over in one step
+    /// (decision 0083): its permits pass to `holder` with a new token and
+    /// this request's lease. None, or when it holds nothing: an ordinary
+    /// acquire. A plain lock's, never an election's or a session's.
+    pub takes_over: Option<super::Holder>,
 }
 
 impl AcquireRequest {
@@ -194,6 +199,7 @@ impl AcquireRequest {
             session_epoch: None,
             stop: None,
             holds_nothing: false,
+            takes_over: None,
         }
     }
 }

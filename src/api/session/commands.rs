@@ -63,6 +63,11 @@ impl Driver {
                     let mut req = command
                         .acquire
                         .ok_or_else(|| Status::invalid_argument("acquire: missing"))?;
+                    if !req.takes_over.is_empty() {
+                        return Err(Status::invalid_argument(
+                            "takes_over: not in a session (a session's grants are its own; decision 0083)",
+                        ));
+                    }
                     let mut names = Vec::new();
                     if !req.names.is_empty() {
                         names = validate::multi_names(&req.name, std::mem::take(&mut req.names))

@@ -30,6 +30,7 @@ pub mod release;
 pub mod release_many;
 pub mod renew;
 pub mod session_record;
+pub mod take_over;
 pub mod wait_end;
 pub mod wait_for;
 pub mod wait_renew;
