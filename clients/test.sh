@@ -16,6 +16,9 @@
 #   Perl    perl Makefile.PL && make && prove -b t (Tumbler::Client over Connect JSON,
 #           core modules only; IPC::ConcurrencyLimit::Lock::Tumbler) against `tumbler dev`,
 #           then make install into a temp INSTALL_BASE for the conformance steps
+#   Java    clients/java/build.sh test: javac and jar with the JDK alone (no Maven, no network), then
+#           its JUnit 5 tests (Debian's junit5, one JVM) against real redis-server and tumbler serve;
+#           the conformance steps run with the jars it built
 #   Sidekiq gem build tumbler-sidekiq -> gem install --local into the same GEM_HOME, then
 #           the Ruby tests that need real servers (clients/ruby-sidekiq/test/run.sh:
 #           Tumbler::QueuedLocks, and tumbler-sidekiq with real redis-server,
@@ -33,7 +36,8 @@ need_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 debs=(redis-server protobuf-compiler
       golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc
       ruby ruby-grpc ruby-google-protobuf ruby-grpc-tools
-      ruby-sidekiq ruby-redis ruby-activesupport ruby-minitest)
+      ruby-sidekiq ruby-redis ruby-activesupport ruby-minitest
+      openjdk-17-jdk-headless junit5)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -137,10 +141,14 @@ step "perl: perl Makefile.PL && make && prove -b t && make install (Tumbler::Cli
   TUMBLER_BIN="$root/target/debug/tumbler" prove -b t && make -s install >/dev/null)
 echo "    installed $(PERL5LIB="$work/perl5/lib/perl5" perl -MTumbler::Client -e 'print $INC{"Tumbler/Client.pm"}')"
 
+step "java: clients/java/build.sh test (javac and jar, the JDK alone; JUnit 5 against real redis-server and tumbler serve)"
+OUT="$work/java" TUMBLER_BIN="$root/target/debug/tumbler" "$src/clients/java/build.sh" test
+
 echo "==> python $("$work/venv/bin/python" -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
 export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_GO_MODULE=$src/clients/go \
   TUMBLER_RUST_STEPS=$root/target/debug/examples/conformance_steps \
   TUMBLER_NODE_APP=$work/node-app NODE_PATH=$work/node-app/node_modules GEM_HOME=$work/gems \
-  TUMBLER_PERL5LIB=$work/perl5/lib/perl5
+  TUMBLER_PERL5LIB=$work/perl5/lib/perl5 \
+  TUMBLER_JAVA_CP=$work/java/tumbler-client.jar:$work/java/tumbler-conformance.jar
 "$work/venv/bin/python" "$src/clients/conformance/driver.py" --server "$root/target/debug/tumbler" "$@"
 TUMBLER_BIN="$root/target/debug/tumbler" "$root/bench/clients/run.sh" --quick  # the client bench's smoke size (BENCHMARKS.md, "Clients: the price of moving over")

@@ -24,7 +24,7 @@ from tumbler_client import pb
 
 from procs import (CLIENTS, ELECTION_LANGS, EXAMPLE_LANGS, LANGS, MULTI_LANGS, NAMESPACE, OBSERVE_LANGS,
                    READ_WRITE_LANGS, RESIGN_TAKES_LEADERSHIP, ROOT, WEIGHTED_LANGS, Step,
-                   free_port, start_dev, start_redis, start_serve, stop)
+                   free_port, java_class_path, start_dev, start_redis, start_serve, stop)
 
 results = []  # (lang, ok, text)
 
@@ -698,7 +698,8 @@ def lost_signalled(addr):
                 ("go", "lost", "body's ctx cancelled, WithLock returns ErrLockLost"),
                 ("ruby", "lost", "LockLost raised inside the block"),
                 ("rust", "lost", "lost() resolved: run() dropped the body, returns Error::LockLost"),
-                ("perl", "lost", "heartbeat false in the work loop, then check dies with LockLost")]
+                ("perl", "lost", "heartbeat false in the work loop, then check dies with LockLost"),
+                ("java", "lost", "onLost listener called, close() throws LockLostException")]
     steps = [(lang, how, run_step(lang, [st, f"lost-{lang}-{st}", ttl], addr)) for lang, st, how in variants
              if lang in LANGS]
     released_at = []
@@ -728,7 +729,8 @@ def cancel_leaves_no_waiter(addr):
     """Cancel a waiting acquire: the call ends at once, the server drops the request, nobody is granted later."""
     names = {"python": ("cancel-async", "CancelledError"), "node": ("cancel", "AbortError"),
              "go": ("cancel", "context.Canceled"), "ruby": ("cancel", "Timeout::Error"),
-             "rust": ("cancel", "Error::Cancelled"), "perl": ("cancel", "SIGALRM")}
+             "rust": ("cancel", "Error::Cancelled"), "perl": ("cancel", "SIGALRM"),
+             "java": ("cancel", "InterruptedException")}
     with tc.Client(addr, namespace=NAMESPACE) as c:
         for lang in LANGS:
             c.acquire(f"cancel-{lang}", "blocker", ttl_ms=30000)
@@ -899,7 +901,7 @@ def renewal_fails(binary):
     server = start_serve(binary, port, redis_port)
     try:
         variants = [("python", "lost"), ("python", "lost-async"), ("node", "lost"), ("go", "lost"), ("ruby", "lost"),
-                    ("rust", "lost"), ("perl", "lost")]
+                    ("rust", "lost"), ("perl", "lost"), ("java", "lost")]
         steps = [(lang, run_step(lang, [st, f"renew-{lang}-{st}", ttl], addr)) for lang, st in variants
                  if lang in LANGS]
         # A leadership's watchdog is the lock's: the same when the server dies under a leader.
@@ -943,7 +945,7 @@ def permission_denied(binary):
     try:
         typed = {"python": "PermissionDenied", "node": "PermissionDeniedError", "go": "ErrPermissionDenied",
                  "ruby": "Tumbler::PermissionDenied", "rust": "Error::PermissionDenied",
-                 "perl": "Tumbler::Error::Denied"}
+                 "perl": "Tumbler::Error::Denied", "java": "PermissionDeniedException"}
         for lang in LANGS:
             r = step(lang, "auth", token, addr=addr)
             if r:
@@ -956,7 +958,7 @@ def permission_denied(binary):
 
 def readme_code(lang, heading="Example"):
     """The code blocks of the '## <heading>' section of clients/<lang>/README.md ([] when it has none)."""
-    fences = {"python": "python", "node": "js", "go": "go", "ruby": "ruby", "perl": "perl"}
+    fences = {"python": "python", "node": "js", "go": "go", "ruby": "ruby", "perl": "perl", "java": "java"}
     with open(os.path.join(CLIENTS, lang, "README.md")) as f:
         parts = f.read().split("\n## " + heading, 1)
     section = parts[1].split("\n## ", 1)[0] if len(parts) == 2 else ""
@@ -979,11 +981,14 @@ def run_readme_block(lang, code, n, work):
         argv, cwd = [out], work
     else:
         cwd = os.environ.get("TUMBLER_NODE_APP", work) if lang == "node" else work
-        path = os.path.join(cwd, f"readme-example-{n}" + {"python": ".py", "node": ".mjs", "ruby": ".rb", "perl": ".pl"}[lang])
+        path = os.path.join(cwd, f"readme-example-{n}" + {"python": ".py", "node": ".mjs", "ruby": ".rb", "perl": ".pl",
+                                                          "java": ".java"}[lang])
         with open(path, "w") as f:
             f.write(code)
         argv = {"python": [os.environ.get("TUMBLER_PYTHON", sys.executable)], "node": ["node"], "ruby": ["ruby"],
-                "perl": ["perl", "-I", os.environ.get("TUMBLER_PERL5LIB", os.path.join(CLIENTS, "perl", "lib"))]}[lang]
+                "perl": ["perl", "-I", os.environ.get("TUMBLER_PERL5LIB", os.path.join(CLIENTS, "perl", "lib"))],
+                # a single-file program run from source, as `java Main.java` runs it, with the built jar
+                "java": ["java", "-cp", java_class_path()]}[lang]
         argv = argv + [path]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
     return proc.returncode, proc.stdout + proc.stderr

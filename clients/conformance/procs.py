@@ -15,29 +15,29 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENTS = os.path.dirname(HERE)
 ROOT = os.path.dirname(CLIENTS)
 NAMESPACE = "conformance"
-LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
+LANGS = ["python", "node", "go", "ruby", "rust", "perl", "java"]
 # Languages with an examples program and a README example the driver runs
 # (Rust's README example is compiled as clients/rust/examples/readme.rs, and
 # tests/repo/crates.rs keeps the two the same).
-EXAMPLE_LANGS = ["python", "node", "go", "ruby", "perl"]
+EXAMPLE_LANGS = ["python", "node", "go", "ruby", "perl", "java"]
 # Languages whose helpers run the leader-election part, in the order it
 # rotates the roles through; OBSERVE_LANGS: those whose helpers observe.
 # RESIGN_TAKES_LEADERSHIP: helpers whose resign takes the leadership by
 # value (Rust's `Leadership::resign(self)`), so a second resign or a
 # proclaim after it is a compile error there, not a call to check.
-ELECTION_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
-OBSERVE_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
+ELECTION_LANGS = ["python", "node", "go", "ruby", "rust", "perl", "java"]
+OBSERVE_LANGS = ["python", "node", "go", "ruby", "rust", "perl", "java"]
 RESIGN_TAKES_LEADERSHIP = ["rust"]
 # Languages whose helpers run the read/write part (rw_hold, rw_wait), in
 # the order it rotates the roles through (two readers, then a writer).
-READ_WRITE_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
+READ_WRITE_LANGS = ["python", "node", "go", "ruby", "rust", "perl", "java"]
 # Languages whose helpers run the weighted part (weighted_hold,
 # weighted_wait), in the order it rotates the roles through.
-WEIGHTED_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
+WEIGHTED_LANGS = ["python", "node", "go", "ruby", "rust", "perl", "java"]
 # Languages whose helpers run the multi part (multi_hold, multi_wait,
 # multi_release, multi_stale, deadlock_wait), in the order it rotates the
 # roles through.
-MULTI_LANGS = ["python", "node", "go", "ruby", "rust", "perl"]
+MULTI_LANGS = ["python", "node", "go", "ruby", "rust", "perl", "java"]
 
 
 def commands(table):
@@ -46,25 +46,42 @@ def commands(table):
     The packages are the installed ones: the Python of the venv the driver
     runs in, NODE_PATH, GEM_HOME, and the Go programs built into
     $TUMBLER_GO_BIN, Rust's steps built by cargo into
-    $TUMBLER_RUST_STEPS, and the Perl distribution installed (make install)
-    into $TUMBLER_PERL5LIB (clients/test.sh sets these up).
+    $TUMBLER_RUST_STEPS, the Perl distribution installed (make install)
+    into $TUMBLER_PERL5LIB, and the Java jars on $TUMBLER_JAVA_CP
+    (clients/test.sh sets these up).
     """
     rust = os.environ.get("TUMBLER_RUST_STEPS", os.path.join(ROOT, "target", "debug", "examples", "conformance_steps"))
     go_bin = os.environ.get("TUMBLER_GO_BIN", os.path.join(CLIENTS, "go", "bin"))
     py = os.environ.get("TUMBLER_PYTHON", "python3")
     perl = ["perl", "-I", os.environ.get("TUMBLER_PERL5LIB", os.path.join(CLIENTS, "perl", "lib"))]
+    java = ["java", *JAVA_FLAGS, "-cp", java_class_path()]
     if table == "steps":
         return {"python": [py, os.path.join(CLIENTS, "python", "conformance_steps.py")],
                 "node": ["node", os.path.join(CLIENTS, "node", "conformance_steps.js")],
                 "go": [os.path.join(go_bin, "conformance-steps")],
                 "ruby": ["ruby", os.path.join(CLIENTS, "ruby", "conformance_steps.rb")],
                 "rust": [rust],
-                "perl": perl + [os.path.join(CLIENTS, "perl", "conformance_steps.pl")]}
+                "perl": perl + [os.path.join(CLIENTS, "perl", "conformance_steps.pl")],
+                "java": java + ["ConformanceSteps"]}
     return {"python": [py, os.path.join(CLIENTS, "python", "examples.py")],
             "node": ["node", os.path.join(CLIENTS, "node", "examples.js")],
             "go": [os.path.join(go_bin, "examples")],
             "ruby": ["ruby", os.path.join(CLIENTS, "ruby", "examples.rb")],
-            "perl": perl + [os.path.join(CLIENTS, "perl", "examples.pl")]}
+            "perl": perl + [os.path.join(CLIENTS, "perl", "examples.pl")],
+            "java": java + ["Examples"]}
+
+
+# Java's steps start a JVM each: the client compiler only and the serial
+# collector start it fastest for these short programs.
+JAVA_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xss512k"]
+
+
+def java_class_path():
+    """The built Java client and its conformance programs: $TUMBLER_JAVA_CP (clients/test.sh builds them with
+    clients/java/build.sh into its work directory), else clients/java/build/."""
+    built = os.path.join(CLIENTS, "java", "build")
+    return os.environ.get("TUMBLER_JAVA_CP", os.pathsep.join(
+        os.path.join(built, jar) for jar in ("tumbler-client.jar", "tumbler-conformance.jar")))
 
 
 class Step:
