@@ -491,6 +491,7 @@ fn the_document_indexes_name_every_clients_language() {
         ("ruby", "Ruby"),
         ("perl", "Perl"),
         ("rust", "Rust"),
+        ("java", "Java"),
     ];
     let root = Path::new(ROOT);
     for dir in std::fs::read_dir(root.join("clients")).unwrap() {
