@@ -23,9 +23,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
-import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
@@ -89,7 +87,8 @@ public final class TumblerClient implements AutoCloseable {
         boolean tls = ep.startsWith("https://");
         HttpClient.Builder hb = HttpClient.newBuilder()
                 .version(tls ? HttpClient.Version.HTTP_2 : HttpClient.Version.HTTP_1_1)
-                .connectTimeout(b.connectTimeout);
+                .connectTimeout(b.connectTimeout)
+                .proxy(b.proxy);
         if (tls) hb.sslContext(b.sslContext != null ? b.sslContext : sslContextFor(b.caFile));
         this.http = hb.build();
         this.timer = Executors.newSingleThreadScheduledExecutor(daemon("tumbler-watchdog"));
@@ -112,6 +111,7 @@ public final class TumblerClient implements AutoCloseable {
         private Duration maxBackoff = Duration.ofSeconds(1);
         private Path caFile;
         private SSLContext sslContext;
+        private java.net.ProxySelector proxy = HttpClient.Builder.NO_PROXY;
 
         /** The server's gRPC port: {@code http://host:port} or {@code https://host:port} (a bare host:port is http). */
         public Builder endpoint(String endpoint) { this.endpoint = endpoint; return this; }
@@ -129,6 +129,13 @@ public final class TumblerClient implements AutoCloseable {
         public Builder caFile(Path caFile) { this.caFile = caFile; return this; }
         /** https: an SSLContext of your own (a client certificate, another trust store). */
         public Builder sslContext(SSLContext sslContext) { this.sslContext = sslContext; return this; }
+
+        /**
+         * A proxy for the calls (default none: a lock service is reached directly, and asking the JDK's default
+         * selector costs every call; {@code ProxySelector.getDefault()} follows the {@code http.proxyHost}
+         * properties).
+         */
+        public Builder proxy(java.net.ProxySelector proxy) { this.proxy = proxy; return this; }
 
         public TumblerClient build() {
             return new TumblerClient(this);
@@ -244,24 +251,20 @@ public final class TumblerClient implements AutoCloseable {
                         .header("connect-timeout-ms", Long.toString(Math.max(1, left / 1_000_000)))
                         .POST(HttpRequest.BodyPublishers.ofByteArray(content));
                 if (authorization != null) rb.header("authorization", authorization);
-                CompletableFuture<HttpResponse<byte[]>> f =
-                        http.sendAsync(rb.build(), HttpResponse.BodyHandlers.ofByteArray());
+                // send(), not sendAsync(): the JDK completes a public sendAsync's future on another pool, one
+                // more thread hop per call. An interrupt during send() cancels the exchange (its connection is
+                // closed, so the server drops a waiting acquire) and throws InterruptedException.
                 HttpResponse<byte[]> res = null;
                 Throwable failure = null;
-                while (true) {
-                    try {
-                        res = f.get();
-                        break;
-                    } catch (InterruptedException ie) {
-                        if (interruptible) {
-                            f.cancel(true);
-                            throw ie;
-                        }
-                        interrupted = true;
-                    } catch (ExecutionException ee) {
-                        failure = ee.getCause();
-                        break;
-                    }
+                if (!interruptible && Thread.interrupted()) interrupted = true;
+                try {
+                    res = http.send(rb.build(), HttpResponse.BodyHandlers.ofByteArray());
+                } catch (InterruptedException ie) {
+                    if (interruptible) throw ie;
+                    interrupted = true; // not interruptible: sent again (the same request: the same holder)
+                    failure = new IOException("interrupted");
+                } catch (IOException e) {
+                    failure = e;
                 }
                 if (res != null) {
                     int status = res.statusCode();
