@@ -1,8 +1,10 @@
 """What the sync and asyncio clients share: request building, holder ids,
 the retry back-off, and reading replies into Grant values or errors."""
+import os
 import random
+import ssl
+import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 
 import grpc
@@ -40,8 +42,8 @@ class Retry:
 
 
 def new_holder():
-    """A holder id made by the client, so a retried Acquire is the same request to the server."""
-    return "py-" + uuid.uuid4().hex
+    """A holder id made by the client, so a retried Acquire is the same request to the server: 128 random bits."""
+    return "py-" + os.urandom(16).hex()
 
 
 _MODES = {None: pb.LOCK_MODE_UNSPECIFIED, "read": pb.LOCK_MODE_READ, "write": pb.LOCK_MODE_WRITE,
@@ -64,11 +66,34 @@ def mode_name(mode):
 
 
 def acquire_request(namespace, name, holder, wait_ms, limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair,
-                    mode=None, prefer_readers=False, permits=None, names=()):
-    return pb.AcquireRequest(namespace=namespace, name=name, holder=holder, limit=limit, ttl_ms=ttl_ms,
-                             kind=kind, metadata=metadata or {}, wait_ms=wait_ms, queue_ttl_ms=queue_ttl_ms,
-                             priority=priority, fair=fair, mode=lock_mode(mode), prefer_readers=prefer_readers,
-                             permits=permits, names=names)
+                    mode=None, prefer_readers=False, permits=None, names=(), takes_over=""):
+    # Only the fields given are set (a constructor call naming all of them costs several times more).
+    req = pb.AcquireRequest(namespace=namespace, name=name, holder=holder, wait_ms=wait_ms)
+    if limit is not None:
+        req.limit = limit
+    if ttl_ms is not None:
+        req.ttl_ms = ttl_ms
+    if kind:
+        req.kind = kind
+    if metadata:
+        req.metadata.update(metadata)
+    if priority:
+        req.priority = priority
+    if queue_ttl_ms is not None:
+        req.queue_ttl_ms = queue_ttl_ms
+    if fair is not None:
+        req.fair = fair
+    if mode is not None:
+        req.mode = lock_mode(mode)
+    if prefer_readers:
+        req.prefer_readers = prefer_readers
+    if permits is not None:
+        req.permits = permits
+    if names:
+        req.names.extend(names)
+    if takes_over:
+        req.takes_over = takes_over
+    return req
 
 
 def set_request(namespace, names, holder, wait_ms, limit, ttl_ms, kind, metadata, queue_ttl_ms):
@@ -175,3 +200,67 @@ def not_acquired(name, resp):
 
 def auth_metadata(token):
     return (("authorization", f"Bearer {token}"),) if token else None
+
+
+TRANSPORTS = ("auto", "connect", "grpc")
+
+
+def tls_settings(tls):
+    """``tls=`` -> (grpc.ChannelCredentials, ssl.SSLContext): the same roots and client certificate for both.
+
+    ``tls``: True (the system's roots) or a dict of PEM ``root_certificates``, ``private_key``,
+    ``certificate_chain`` (bytes or str), as grpc.ssl_channel_credentials takes them.
+    """
+    opts = {} if tls is True else dict(tls)
+    unknown = set(opts) - {"root_certificates", "private_key", "certificate_chain"}
+    if unknown:
+        raise TypeError(f"tls: unknown {', '.join(sorted(unknown))} (root_certificates, private_key, certificate_chain)")
+    pem = {k: (v.encode() if isinstance(v, str) else v) for k, v in opts.items() if v}
+    if ("private_key" in pem) != ("certificate_chain" in pem):
+        raise ValueError("tls: private_key and certificate_chain go together")
+    creds = grpc.ssl_channel_credentials(**pem)
+    ctx = ssl.create_default_context(cadata=pem["root_certificates"].decode() if "root_certificates" in pem else None)
+    ctx.set_alpn_protocols(["http/1.1"])
+    if "certificate_chain" in pem:
+        # ssl loads a client certificate from files only: written for the call, then removed.
+        with tempfile.TemporaryDirectory() as d:
+            cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+            for path, data in ((cert, pem["certificate_chain"]), (key, pem["private_key"])):
+                with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+                    f.write(data)
+            ctx.load_cert_chain(cert, key)
+    return creds, ctx
+
+
+def channel_and_unary(target, channel, credentials, tls, transport, aio):
+    """The client's gRPC channel (streams, ``client.stub``) and what carries its unary calls.
+
+    ``transport="auto"``: Connect (binary proto over kept-alive HTTP/1.1, see _connect.py) when it can
+    carry them with the channel's own security: no ``channel`` or grpc ``credentials`` given (those are
+    opaque: only gRPC can use them) and a ``host:port`` target; gRPC otherwise. ``"grpc"``: always gRPC.
+    ``"connect"``: Connect, or TypeError when it cannot be.
+    Returns (channel, connect stub or None).
+    """
+    from . import _connect
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport: {transport!r} is not one of {', '.join(TRANSPORTS)}")
+    if tls is not None and (credentials is not None or channel is not None):
+        raise TypeError("tls: give tls= or credentials= / channel=, not both")
+    ctx = None
+    if tls is not None and tls is not False:
+        credentials, ctx = tls_settings(tls)
+    g = grpc.aio if aio else grpc
+    if channel is None:
+        channel = (g.secure_channel(target, credentials, options=CHANNEL_OPTIONS) if credentials is not None
+                   else g.insecure_channel(target, options=CHANNEL_OPTIONS))
+        own = ctx is not None or credentials is None
+    else:
+        own = False
+    addr = _connect.split_target(target) if own else None
+    if transport == "grpc" or (transport == "auto" and addr is None):
+        return channel, None
+    if addr is None:
+        raise TypeError("transport='connect' needs a host:port target and no channel= or credentials= "
+                        "(give TLS as tls=)")
+    stub = (_connect.AsyncConnectStub if aio else _connect.ConnectStub)(*addr, ssl_context=ctx)
+    return channel, stub

@@ -21,10 +21,17 @@ class AsyncLock:
 
     def __init__(self, client, name, grant, lease_end):
         self.client, self.name, self.grant = client, name, grant
-        self.lost = asyncio.Event()
+        self._lost = None  # the asyncio.Event ``lost``, made when first asked for
         self.lost_reason = None
         self._limit = None  # the limit asked: a downgrade asks the same
         self._lease_end = lease_end
+
+    @property
+    def lost(self):
+        """An asyncio.Event, set the moment the grant is known to be gone."""
+        if self._lost is None:
+            self._lost = asyncio.Event()
+        return self._lost
 
     holder = property(lambda self: self.grant.holder)
     fencing_token = property(lambda self: self.grant.fencing_token)
@@ -40,7 +47,7 @@ class AsyncLock:
     async def extend(self, ttl_ms=None):
         """Reset the lease to ``ttl_ms`` from now (default: the grant's ttl). Raises LockLost."""
         sent = time.monotonic()
-        resp = await self.client._call(self.client.stub.Extend, lambda: self._extend_request(ttl_ms))
+        resp = await self.client._call(self.client._unary.Extend, lambda: self._extend_request(ttl_ms))
         if resp.status != pb.EXTEND_STATUS_EXTENDED:
             self._mark_lost("not held")
             raise self.lost_error()
@@ -50,7 +57,7 @@ class AsyncLock:
     async def release(self):
         """Give the permit back (pinned to the fencing token); False when it was no longer held."""
         req = self._release_request()
-        resp = await self.client._call(self.client.stub.Release, lambda: req)
+        resp = await self.client._call(self.client._unary.Release, lambda: req)
         return resp.status == pb.RELEASE_STATUS_RELEASED
 
     async def downgrade(self):
@@ -61,10 +68,10 @@ class AsyncLock:
         req = c.acquire_request(self.client.namespace, self.name, self.holder, 0, self._limit, self.ttl_ms,
                                 self.grant.kind, None, 0, None, None, "read")
         sent = time.monotonic()
-        resp = await self.client._call(self.client.stub.Acquire, lambda: req)
+        resp = await self.client._call(self.client._unary.Acquire, lambda: req)
         if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED or resp.grant.fencing_token != self.fencing_token:
             if resp.status != pb.ACQUIRE_STATUS_NOT_ACQUIRED:  # a new grant, not ours: give it back
-                await self.client._call(self.client.stub.Release, lambda: pb.ReleaseRequest(
+                await self.client._call(self.client._unary.Release, lambda: pb.ReleaseRequest(
                     namespace=self.client.namespace, name=self.name, holder=self.holder,
                     fencing_token=resp.grant.fencing_token))
             self._mark_lost("not held")
@@ -105,7 +112,7 @@ class AsyncLock:
             sent = time.monotonic()
             timeout = max(0.05, min(interval, self._lease_end - sent))
             try:
-                resp = await self.client.stub.Extend(self._extend_request(self.ttl_ms), timeout=timeout,
+                resp = await self.client._unary.Extend(self._extend_request(self.ttl_ms), timeout=timeout,
                                                      metadata=self.client._md)
             except grpc.RpcError as e:
                 if time.monotonic() >= self._lease_end:
@@ -163,12 +170,11 @@ class AsyncClient:
     """``AsyncClient("127.0.0.1:50051")`` over grpc.aio; same options as ``Client``."""
 
     def __init__(self, target="127.0.0.1:50051", *, namespace="", credentials=None, token=None,
-                 channel=None, timeout=10.0, retry=None):
-        if channel is None:
-            channel = (grpc.aio.secure_channel(target, credentials, options=c.CHANNEL_OPTIONS)
-                       if credentials is not None else grpc.aio.insecure_channel(target, options=c.CHANNEL_OPTIONS))
-        self.channel = channel
-        self.stub = pb_grpc.LockServiceStub(channel)
+                 channel=None, timeout=10.0, retry=None, tls=None, transport="auto"):
+        self.channel, self._connect = c.channel_and_unary(target, channel, credentials, tls, transport, aio=True)
+        self.stub = pb_grpc.LockServiceStub(self.channel)
+        # What carries the unary calls: the Connect stub, or the gRPC stub itself.
+        self._unary = self._connect or self.stub
         self.namespace, self.timeout = namespace, timeout
         self.retry = retry or c.Retry()
         self._md = c.auth_metadata(token)
@@ -189,11 +195,11 @@ class AsyncClient:
 
     async def acquire(self, name, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
                       metadata=None, priority=0, queue_ttl_ms=None, fair=None, mode=None, prefer_readers=False,
-                      permits=None):
+                      permits=None, takes_over=""):
         """As ``Client.acquire``; cancelling the awaiting task cancels the wait in the server."""
         acquiring = c.Acquiring(name, holder, wait_ms, timeout, lambda holder, wait: c.acquire_request(
             self.namespace, name, holder, wait, limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
-            prefer_readers, permits))
+            prefer_readers, permits, takes_over=takes_over))
         resp, lease_end = await self._acquire(acquiring)
         lock = AsyncLock(self, name, resp.grant, lease_end)
         lock._limit = limit
@@ -210,7 +216,7 @@ class AsyncClient:
 
     async def _acquire(self, acquiring):
         try:
-            resp = await self._call(self.stub.Acquire, acquiring.request, acquiring.deadline)
+            resp = await self._call(self._unary.Acquire, acquiring.request, acquiring.deadline)
         except errors.TumblerError as e:
             timeout = acquiring.cut_by_deadline(e)
             if timeout is None:
@@ -250,13 +256,15 @@ class AsyncClient:
         return election.observe_async(self, name, timeout)
 
     async def inspect(self, name):
-        return await self._call(self.stub.Inspect, lambda: pb.InspectRequest(namespace=self.namespace, name=name))
+        return await self._call(self._unary.Inspect, lambda: pb.InspectRequest(namespace=self.namespace, name=name))
 
     async def queue(self, name, max_entries=0):
-        return await self._call(self.stub.Queue, lambda: pb.QueueRequest(namespace=self.namespace, name=name,
+        return await self._call(self._unary.Queue, lambda: pb.QueueRequest(namespace=self.namespace, name=name,
                                                                          max_entries=max_entries))
 
     async def close(self):
+        if self._connect is not None:
+            await self._connect.close()
         await self.channel.close()
 
     async def __aenter__(self):

@@ -40,7 +40,7 @@ class Leadership(Lock):
 
     def proclaim(self, value):
         """Replace the leader's value. NOT_LEADER marks the leadership lost and raises NotLeader."""
-        resp = self.client._call(self.client.stub.Proclaim, lambda: pb.ProclaimRequest(
+        resp = self.client._call(self.client._unary.Proclaim, lambda: pb.ProclaimRequest(
             namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term, value=value,
             secret=self.secret))
         if resp.status != pb.PROCLAIM_STATUS_PROCLAIMED:
@@ -58,7 +58,7 @@ class Leadership(Lock):
         self.stop_keep_alive()
         if self.resigned:
             return False
-        resp = self.client._call(self.client.stub.Resign, lambda: pb.ResignRequest(
+        resp = self.client._call(self.client._unary.Resign, lambda: pb.ResignRequest(
             namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term,
             secret=self.secret))
         self.resigned = True
@@ -146,7 +146,7 @@ class AsyncLeadership(AsyncLock):
 
     async def proclaim(self, value):
         """Replace the leader's value. NOT_LEADER marks the leadership lost and raises NotLeader."""
-        resp = await self.client._call(self.client.stub.Proclaim, lambda: pb.ProclaimRequest(
+        resp = await self.client._call(self.client._unary.Proclaim, lambda: pb.ProclaimRequest(
             namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term, value=value,
             secret=self.secret))
         if resp.status != pb.PROCLAIM_STATUS_PROCLAIMED:
@@ -160,7 +160,7 @@ class AsyncLeadership(AsyncLock):
         await self.stop_keep_alive()
         if self.resigned:
             return False
-        resp = await self.client._call(self.client.stub.Resign, lambda: pb.ResignRequest(
+        resp = await self.client._call(self.client._unary.Resign, lambda: pb.ResignRequest(
             namespace=self.client.namespace, name=self.name, candidate=self.candidate, term=self.term,
             secret=self.secret))
         self.resigned = True
@@ -224,7 +224,7 @@ async def campaign_async(client, name, value="", *, candidate=None, ttl_ms=None,
                                   queue_ttl_ms=queue_ttl_ms, kind=kind)
 
     try:
-        resp = await client._call(client.stub.Campaign, request, deadline)
+        resp = await client._call(client._unary.Campaign, request, deadline)
     except errors.TumblerError as e:
         if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return None
@@ -236,7 +236,7 @@ async def campaign_async(client, name, value="", *, candidate=None, ttl_ms=None,
 
 
 async def leader_async(client, name):
-    resp = await client._call(client.stub.Leader, lambda: pb.LeaderRequest(namespace=client.namespace, name=name))
+    resp = await client._call(client._unary.Leader, lambda: pb.LeaderRequest(namespace=client.namespace, name=name))
     return resp.leader if resp.HasField("leader") else None
 
 
@@ -267,7 +267,7 @@ def campaign(client, name, value="", *, candidate=None, ttl_ms=None, wait_ms=0, 
                                   queue_ttl_ms=queue_ttl_ms, kind=kind)
 
     try:
-        resp = client._call(client.stub.Campaign, request, deadline)
+        resp = client._call(client._unary.Campaign, request, deadline)
     except errors.TumblerError as e:
         if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return None
@@ -283,7 +283,7 @@ def campaign(client, name, value="", *, candidate=None, ttl_ms=None, wait_ms=0, 
 
 def leader(client, name):
     """The current pb.Leadership (candidate, term, value, expires_at_ms, …), or None when nobody leads."""
-    resp = client._call(client.stub.Leader, lambda: pb.LeaderRequest(namespace=client.namespace, name=name))
+    resp = client._call(client._unary.Leader, lambda: pb.LeaderRequest(namespace=client.namespace, name=name))
     return resp.leader if resp.HasField("leader") else None
 
 

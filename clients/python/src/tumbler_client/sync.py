@@ -18,6 +18,9 @@ from .v1 import lock_pb2 as pb
 from .v1 import lock_pb2_grpc as pb_grpc
 
 
+_LOST_LOCK = threading.Lock()
+
+
 class Lock:
     """One grant: ``fencing_token``, ``slot``, ``holder``; ``extend()``, ``release()``.
 
@@ -27,11 +30,20 @@ class Lock:
 
     def __init__(self, client, name, grant, lease_end):
         self.client, self.name, self.grant = client, name, grant
-        self.lost = threading.Event()
+        self._lost = None  # the threading.Event ``lost``, made when first asked for
         self.lost_reason = None
         self._limit = None  # the limit asked: a downgrade asks the same
         self._lease_end = lease_end  # local monotonic estimate of when the lease runs out
         self._watchdog = None
+
+    @property
+    def lost(self):
+        """A threading.Event, set the moment the grant is known to be gone."""
+        if self._lost is None:
+            with _LOST_LOCK:
+                if self._lost is None:
+                    self._lost = threading.Event()
+        return self._lost
 
     holder = property(lambda self: self.grant.holder)
     fencing_token = property(lambda self: self.grant.fencing_token)
@@ -47,7 +59,7 @@ class Lock:
     def extend(self, ttl_ms=None):
         """Reset the lease to ``ttl_ms`` from now (default: the grant's ttl). Raises LockLost."""
         sent = time.monotonic()
-        resp = self.client._call(self.client.stub.Extend, lambda: self._extend_request(ttl_ms))
+        resp = self.client._call(self.client._unary.Extend, lambda: self._extend_request(ttl_ms))
         if resp.status != pb.EXTEND_STATUS_EXTENDED:
             self._mark_lost("not held")
             raise self.lost_error()
@@ -58,7 +70,7 @@ class Lock:
         """Give the permit back (pinned to the fencing token); False when it was no longer held."""
         self.stop_keep_alive()
         req = self._release_request()
-        resp = self.client._call(self.client.stub.Release, lambda: req)
+        resp = self.client._call(self.client._unary.Release, lambda: req)
         return resp.status == pb.RELEASE_STATUS_RELEASED
 
     def keep_alive(self, on_lost=None):
@@ -81,10 +93,10 @@ class Lock:
         req = c.acquire_request(self.client.namespace, self.name, self.holder, 0, self._limit, self.ttl_ms,
                                 self.grant.kind, None, 0, None, None, "read")
         sent = time.monotonic()
-        resp = self.client._call(self.client.stub.Acquire, lambda: req)
+        resp = self.client._call(self.client._unary.Acquire, lambda: req)
         if resp.status == pb.ACQUIRE_STATUS_NOT_ACQUIRED or resp.grant.fencing_token != self.fencing_token:
             if resp.status != pb.ACQUIRE_STATUS_NOT_ACQUIRED:  # a new grant, not ours: give it back
-                self.client._call(self.client.stub.Release, lambda: pb.ReleaseRequest(
+                self.client._call(self.client._unary.Release, lambda: pb.ReleaseRequest(
                     namespace=self.client.namespace, name=self.name, holder=self.holder,
                     fencing_token=resp.grant.fencing_token))
             self._mark_lost("not held")
@@ -153,7 +165,7 @@ class _Watchdog(threading.Thread):
             sent = time.monotonic()
             timeout = max(0.05, min(interval, lock._lease_end - sent))
             try:
-                resp = client.stub.Extend(lock._extend_request(lock.ttl_ms), timeout=timeout, metadata=client._md)
+                resp = client._unary.Extend(lock._extend_request(lock.ttl_ms), timeout=timeout, metadata=client._md)
             except grpc.RpcError as e:
                 if time.monotonic() >= lock._lease_end:
                     return self._lost(f"renewals failed until the lease ran out ({e.code().name})")
@@ -195,12 +207,11 @@ class Client:
     """
 
     def __init__(self, target="127.0.0.1:50051", *, namespace="", credentials=None, token=None,
-                 channel=None, timeout=10.0, retry=None):
-        if channel is None:
-            channel = (grpc.secure_channel(target, credentials, options=c.CHANNEL_OPTIONS)
-                       if credentials is not None else grpc.insecure_channel(target, options=c.CHANNEL_OPTIONS))
-        self.channel = channel
-        self.stub = pb_grpc.LockServiceStub(channel)
+                 channel=None, timeout=10.0, retry=None, tls=None, transport="auto"):
+        self.channel, self._connect = c.channel_and_unary(target, channel, credentials, tls, transport, aio=False)
+        self.stub = pb_grpc.LockServiceStub(self.channel)
+        # What carries the unary calls: the Connect stub, or the gRPC stub itself.
+        self._unary = self._connect or self.stub
         self.namespace, self.timeout = namespace, timeout
         self.retry = retry or c.Retry()
         self._md = c.auth_metadata(token)
@@ -221,17 +232,19 @@ class Client:
 
     def acquire(self, name, holder=None, *, wait_ms=0, timeout=None, limit=None, ttl_ms=None, kind="",
                 metadata=None, priority=0, queue_ttl_ms=None, fair=None, mode=None, prefer_readers=False,
-                permits=None):
+                permits=None, takes_over=""):
         """Take a permit, waiting up to ``wait_ms`` in the server (0: try once); ``permits=k`` takes k of ``limit``.
 
         ``timeout`` (s) bounds the whole call, retries included; default
         wait_ms plus 5 s. ``holder`` defaults to a fresh id made here.
+        ``takes_over``: a holder whose live grant this one takes over in the same step (decision 0083), sent
+        as given (default empty: none).
         Returns a Lock (no watchdog: see ``lock()``/``keep_alive()``);
         raises LockBusy, LockTimeout, Deadlock, InvalidArgument, PermissionDenied, Unavailable.
         """
         acquiring = c.Acquiring(name, holder, wait_ms, timeout, lambda holder, wait: c.acquire_request(
             self.namespace, name, holder, wait, limit, ttl_ms, kind, metadata, priority, queue_ttl_ms, fair, mode,
-            prefer_readers, permits))
+            prefer_readers, permits, takes_over=takes_over))
         resp, lease_end = self._acquire(acquiring)
         lock = Lock(self, name, resp.grant, lease_end)
         lock._limit = limit
@@ -256,7 +269,7 @@ class Client:
 
     def _acquire(self, acquiring):
         try:
-            resp = self._call(self.stub.Acquire, acquiring.request, acquiring.deadline)
+            resp = self._call(self._unary.Acquire, acquiring.request, acquiring.deadline)
         except errors.TumblerError as e:
             timeout = acquiring.cut_by_deadline(e)
             if timeout is None:
@@ -306,13 +319,15 @@ class Client:
         return election.observe(self, name, timeout)
 
     def inspect(self, name):
-        return self._call(self.stub.Inspect, lambda: pb.InspectRequest(namespace=self.namespace, name=name))
+        return self._call(self._unary.Inspect, lambda: pb.InspectRequest(namespace=self.namespace, name=name))
 
     def queue(self, name, max_entries=0):
-        return self._call(self.stub.Queue, lambda: pb.QueueRequest(namespace=self.namespace, name=name,
+        return self._call(self._unary.Queue, lambda: pb.QueueRequest(namespace=self.namespace, name=name,
                                                                    max_entries=max_entries))
 
     def close(self):
+        if self._connect is not None:
+            self._connect.close()
         self.channel.close()
 
     def __enter__(self):
