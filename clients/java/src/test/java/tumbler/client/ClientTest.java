@@ -251,6 +251,39 @@ class ClientTest {
         }
     }
 
+    /** The same calls through java.net.http.HttpClient (useHttpClient), as https:// always uses it. */
+    @Test
+    void httpClientTransportToo() throws Exception {
+        try (TumblerClient h = TumblerClient.builder().endpoint(endpoint).namespace("java-test").useHttpClient(true)
+                .build()) {
+            try (HeldLock lock = h.lock("via-httpclient", new LockOptions().ttl(Duration.ofSeconds(5)))) {
+                assertThrows(BusyException.class, () -> other.acquire("via-httpclient", new LockOptions()));
+                assertTrue(lock.fencingToken() > 0);
+            }
+            assertEquals("name", assertThrows(InvalidArgumentException.class,
+                    () -> h.acquire("x".repeat(600), new LockOptions())).field());
+            HeldLock held = other.lock("via-httpclient", new LockOptions().ttl(Duration.ofSeconds(10)));
+            AtomicReference<Throwable> thrown = new AtomicReference<>();
+            Thread t = new Thread(() -> {
+                try {
+                    h.lockInterruptibly("via-httpclient", new LockOptions().wait(Duration.ofSeconds(20)));
+                } catch (Throwable e) {
+                    thrown.set(e);
+                }
+            });
+            t.start();
+            long until = System.nanoTime() + 5_000_000_000L;
+            while (h.queue("via-httpclient").isEmpty() && System.nanoTime() < until) Thread.sleep(10);
+            t.interrupt();
+            t.join(2000);
+            assertTrue(thrown.get() instanceof InterruptedException, String.valueOf(thrown.get()));
+            until = System.nanoTime() + 2_000_000_000L;
+            while (!h.queue("via-httpclient").isEmpty() && System.nanoTime() < until) Thread.sleep(10);
+            assertTrue(h.queue("via-httpclient").isEmpty(), "the request left the server's queue");
+            held.close();
+        }
+    }
+
     @Test
     void perCallCostHasNoDelayedAckStall() {
         Duration[] calls = new Duration[200];
