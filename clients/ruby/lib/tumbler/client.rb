@@ -11,6 +11,7 @@
 require 'securerandom'
 require 'tumbler/v1/lock_services_pb'
 require 'tumbler/errors'
+require 'tumbler/connect'
 require 'tumbler/lock'
 require 'tumbler/lock_set'
 require 'tumbler/election'
@@ -25,7 +26,9 @@ module Tumbler
 
   # Tumbler::Client.new('127.0.0.1:50051'); #stub is the generated stub.
   class Client
-    attr_reader :stub, :namespace, :metadata
+    attr_reader :stub, :unary, :namespace, :metadata
+
+    TRANSPORTS = %i[auto connect grpc].freeze
 
     def self.now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
@@ -34,14 +37,74 @@ module Tumbler
     # calls that do not wait, retries included; retry: initial/max back-off (s);
     # interceptors: GRPC::ClientInterceptor instances (see every RPC, the
     # watchdog's renewals included).
+    #
+    # tls: true (the system's roots) or { ca_file:, cert_file:, key_file: }
+    # (PEM files; cert and key for a client certificate): TLS for both
+    # transports, instead of credentials.
+    # transport: what carries the unary calls (acquire, release, extend,
+    # the election's, ...; streams are always gRPC): :auto (default)
+    # Connect when it can carry them with the channel's own security (no
+    # interceptors, no GRPC credentials object, which only the grpc gem
+    # can use: plaintext or tls:, and a host:port target), gRPC otherwise;
+    # :grpc always gRPC; :connect Connect or ArgumentError. See
+    # tumbler/connect.rb and README.md, "What a call costs".
     def initialize(target = '127.0.0.1:50051', namespace: '', timeout: 10.0, token: nil,
-                   credentials: :this_channel_is_insecure, retry_initial: 0.05, retry_max: 1.0, interceptors: [])
+                   credentials: :this_channel_is_insecure, retry_initial: 0.05, retry_max: 1.0, interceptors: [],
+                   tls: nil, transport: :auto)
+      raise ArgumentError, "transport: #{transport.inspect} is not :auto, :connect or :grpc" unless TRANSPORTS.include?(transport)
+
+      ssl = nil
+      if tls
+        raise ArgumentError, 'tls: give tls: or credentials:, not both' unless credentials == :this_channel_is_insecure
+
+        credentials, ssl = Client.tls_settings(tls)
+      end
       @stub = V1::LockService::Stub.new(target, credentials, interceptors: interceptors)
+      addr = ConnectStub.split_target(target) if interceptors.empty? && (ssl || credentials == :this_channel_is_insecure)
+      if transport == :connect && !addr
+        raise ArgumentError, 'transport: :connect needs a host:port target, no interceptors and no credentials ' \
+                             'object (give TLS as tls:)'
+      end
+      # What carries the unary calls: the Connect stub, or the gRPC stub itself.
+      @connect = ConnectStub.new(*addr, ssl_context: ssl) if addr && transport != :grpc
+      @unary = @connect || @stub
       @namespace = namespace
       @timeout = timeout
       @metadata = token ? { 'authorization' => "Bearer #{token}" } : {}
       @retry_initial = retry_initial
       @retry_max = retry_max
+    end
+
+    # tls: true or { ca_file:, cert_file:, key_file: } -> [GRPC credentials,
+    # OpenSSL::SSL::SSLContext]: the same roots and client certificate for both.
+    def self.tls_settings(tls)
+      files = tls == true ? {} : tls.to_h.transform_keys(&:to_sym)
+      unknown = files.keys - %i[ca_file cert_file key_file]
+      raise ArgumentError, "tls: unknown #{unknown.join(', ')} (ca_file, cert_file, key_file)" unless unknown.empty?
+
+      ca, cert, key = files.values_at(:ca_file, :cert_file, :key_file).map { |f| f.nil? || f.to_s.empty? ? nil : File.read(f) }
+      raise ArgumentError, 'tls: cert_file and key_file go together' if cert.nil? != key.nil?
+
+      creds = cert ? GRPC::Core::ChannelCredentials.new(ca, key, cert) : GRPC::Core::ChannelCredentials.new(*[ca].compact)
+      ctx = OpenSSL::SSL::SSLContext.new
+      store = OpenSSL::X509::Store.new
+      if ca
+        ca.scan(/-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----/m) { |pem| store.add_cert(OpenSSL::X509::Certificate.new(pem)) }
+      else
+        store.set_default_paths
+      end
+      ctx.set_params(verify_mode: OpenSSL::SSL::VERIFY_PEER, cert_store: store)
+      ctx.alpn_protocols = ['http/1.1']
+      if cert
+        ctx.cert = OpenSSL::X509::Certificate.new(cert)
+        ctx.key = OpenSSL::PKey.read(key)
+      end
+      [creds, ctx]
+    end
+
+    # Closes the Connect connections (the gRPC channel closes with the process).
+    def close
+      @connect&.close
     end
 
     # Full-jitter back-off for the attempt-th retry.
@@ -51,7 +114,11 @@ module Tumbler
     def call(method, deadline: Client.now + @timeout)
       attempt = 0
       begin
-        stub.public_send(method, yield, deadline: Time.now + [deadline - Client.now, 0.001].max, metadata: metadata)
+        if @connect
+          @connect.invoke(method, yield, deadline, metadata) # the monotonic deadline as it is
+        else
+          @unary.public_send(method, yield, deadline: Time.now + [deadline - Client.now, 0.001].max, metadata: metadata)
+        end
       rescue GRPC::Unavailable => e
         pause = [backoff(attempt), deadline - Client.now - 0.001].min
         raise Tumbler.error_from(e) if pause <= 0
@@ -68,16 +135,18 @@ module Tumbler
     # wait_ms in the server (0: try once).
     # timeout (s) bounds the whole call, retries included (default wait_ms
     # plus 5 s); Timeout.timeout around it cancels the wait (the server drops
-    # the request). Returns a Lock (no watchdog: see #lock / Lock#keep_alive);
+    # the request). takes_over: a holder whose live grant this one takes over
+    # in the same step (decision 0083), sent as given (default '': none).
+    # Returns a Lock (no watchdog: see #lock / Lock#keep_alive);
     # raises Busy, LockTimeout, InvalidArgument, PermissionDenied, Unavailable.
     def acquire(name, holder: nil, wait_ms: 0, timeout: nil, limit: nil, ttl_ms: nil, kind: '',
                 metadata: {}, priority: 0, queue_ttl_ms: nil, fair: nil, mode: nil, prefer_readers: false,
-                permits: nil)
+                permits: nil, takes_over: '')
       resp, sent = send_acquire(name, holder: holder, wait_ms: wait_ms, timeout: timeout,
                                       name: name, kind: kind, metadata: metadata, priority: priority,
                                            limit: limit, ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms, fair: fair,
                                            mode: Client.lock_mode(mode), prefer_readers: prefer_readers || nil,
-                                           permits: permits)
+                                           permits: permits, takes_over: takes_over.to_s.empty? ? nil : takes_over)
       Lock.new(self, name, resp.grant, sent + (resp.grant.ttl_ms / 1000.0), already_held: resp.status == :ACQUIRE_STATUS_ALREADY_HELD,
                                                   limit: limit)
     end

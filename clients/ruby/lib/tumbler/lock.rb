@@ -155,7 +155,7 @@ module Tumbler
         sent = Client.now
         timeout = [[interval, @lease_end - sent].min, 0.05].max
         begin
-          resp = client.stub.extend(extend_request(ttl_ms), deadline: Time.now + timeout, metadata: client.metadata)
+          resp = client.unary.extend(extend_request(ttl_ms), deadline: Time.now + timeout, metadata: client.metadata)
         rescue StandardError => e
           # Any failure (a status, or the channel erroring while its server
           # restarts) is retried until the lease would end.
