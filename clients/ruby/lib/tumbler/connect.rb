@@ -298,6 +298,8 @@ module Tumbler
         tls.connect_nonblock
       rescue IO::WaitReadable, IO::WaitWritable => e
         left = deadline && (deadline - Client.now)
+        raise DeadlineExceeded if left && left <= 0
+
         ready = e.is_a?(IO::WaitReadable) ? IO.select([sock], nil, nil, left) : IO.select(nil, [sock], nil, left)
         raise DeadlineExceeded unless ready
 
