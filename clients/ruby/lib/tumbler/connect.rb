@@ -26,6 +26,7 @@
 # server learns the caller is gone (a waiting Acquire leaves the queue). A
 # reused connection the server had closed while idle is replaced and the
 # request sent once more, only when nothing of an answer came back.
+require 'io/wait'
 require 'json'
 require 'openssl'
 require 'socket'
@@ -177,7 +178,7 @@ module Tumbler
             left = deadline && (deadline - Client.now)
             raise DeadlineExceeded if left && left <= 0
 
-            ready = data == :wait_readable ? IO.select([@io.to_io], nil, nil, left) : IO.select(nil, [@io.to_io], nil, left)
+            ready = data == :wait_readable ? @io.to_io.wait_readable(left) : @io.to_io.wait_writable(left)
             raise DeadlineExceeded unless ready
           when nil then raise EOFError, 'the server closed the connection'
           else
