@@ -551,6 +551,7 @@ fn acquire_case() -> impl Strategy<Value = Case> {
                         prefer_readers: false,
                         permits: permits.0,
                         names: Vec::new(),
+                        takes_over: String::new(),
                     }),
                 }
             },
