@@ -99,6 +99,23 @@ fn tree(dir: &Path, root: &Path, files: &mut Vec<String>, dirs: &mut Vec<String>
     }
 }
 
+/// The files git tracks or would track (untracked ones it does not
+/// ignore), so generated code and installed packages never count; `None`
+/// outside a git checkout.
+fn git_files(root: &Path) -> Option<Vec<String>> {
+    let out = std::process::Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .current_dir(root)
+        .output()
+        .ok()?;
+    let listed = String::from_utf8(out.stdout).ok()?;
+    let files: Vec<String> = (listed.lines())
+        .filter(|f| root.join(f).is_file())
+        .map(str::to_owned)
+        .collect();
+    (out.status.success() && !files.is_empty()).then_some(files)
+}
+
 /// The repository as the claims are checked against it.
 struct Repo {
     files: Vec<String>,
@@ -122,7 +139,21 @@ impl Repo {
     fn read() -> Repo {
         let root = Path::new(ROOT);
         let (mut files, mut dirs) = (Vec::new(), Vec::new());
-        tree(root, root, &mut files, &mut dirs);
+        match git_files(root) {
+            Some(listed) => {
+                let mut parents = BTreeSet::new();
+                for file in &listed {
+                    let mut dir = Path::new(file).parent();
+                    while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+                        parents.insert(d.to_string_lossy().into_owned());
+                        dir = d.parent();
+                    }
+                }
+                files = listed;
+                dirs = parents.into_iter().collect();
+            }
+            None => tree(root, root, &mut files, &mut dirs),
+        }
         let mut words = BTreeSet::new();
         let mut file_words = BTreeMap::new();
         let mut texts = BTreeMap::new();
