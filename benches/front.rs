@@ -39,10 +39,6 @@
 //! `FRONT_ARGS="--flag v …"` adds flags to the main tumbler row.
 //! After the table, each tumbler row's Redis calls per batch size
 //! (group commit, read from its `/metrics`) over the whole run.
-//!
-//! One file on purpose: every target runs through one driver and lands in
-//! one table and one list of ratios, so their rows compare (the
-//! yardstick's own server is `front/yardstick.rs`).
 
 pub mod common;
 

@@ -32,9 +32,6 @@
 //! LOAD_ROUNDS=N rounds of 500 jobs, default 5; LOAD_ONLY=text runs only
 //! the scenarios whose label contains it). Under `cargo test` it runs a
 //! smoke version with tiny counts that only checks numbers come out.
-//!
-//! One file on purpose: the three paths (tumbler, the plain Redis lock,
-//! etcd) run every scenario through one driver, so their rows compare.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

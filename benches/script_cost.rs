@@ -26,9 +26,6 @@
 //! loaded, so each batch is exactly N operations (SCRIPT_COST_BATCH_PAIRS
 //! per N, default 1024). `SCRIPT_COST_ONLY=batches` runs this one alone.
 //!
-//! One file on purpose: its measurements share the Redis under callgrind
-//! and the plain lock's calls, and their tables read side by side.
-//!
 //! `cargo bench --bench script_cost` (SCRIPT_COST_PAIRS=N, default 5000;
 //! SCRIPT_COST_CALLGRIND_PAIRS=N, default 1000). Under `cargo test` it
 //! runs a few pairs as a smoke test (the SCRIPT_COST_* counts given still

@@ -6,7 +6,7 @@
 -- KEYS: per lock its keys, as acquire declares them (lock, queue,
 --       deadlines, waiters, fence[, live locks]), lock after lock
 -- ARGV: holder, ttl_ms, answer_by (Redis ms; '0' = none), limit, kind,
---       metadata (JSON; '' = none), flags (events only: common.lua
+--       metadata (JSON; '' = none), flags (events only: shared/lock.lua
 --       `events`), keys per lock (5 or 6), max_locks (0 = no limit),
 --       lease_ms (the lease given now: ttl_ms, or a short reservation
 --       that the caller extends once every part is held), queue_ttl_ms

@@ -12,7 +12,7 @@
 --   reply its own call would have had). No batched function replies a
 --   bare string, so a string is an error; an error reply nested in the
 --   array would make a client fail the whole call.
--- The batch reads TIME once (common.lua `clock`; an answer-by time close
+-- The batch reads TIME once (shared/numbers.lua `clock`; an answer-by time close
 -- to it is judged on a fresh TIME: `late`) and writes each shard's fencing
 -- counter once, with the highest token (`next_token`, `batch_end`).
 -- OPS is the table of the library's operations (scripts.rs makes it).

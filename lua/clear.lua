@@ -1,7 +1,7 @@
 -- clear: release every lock of some of one shard's locks and drop their
 -- queues (an admin operation; the replica found their keys with SCAN).
 -- KEYS[1] the shard's fence key (a shard function)
--- ARGV: event flags ('0' = none; common.lua `events`), then lock names
+-- ARGV: event flags ('0' = none; shared/lock.lua `events`), then lock names
 -- Returns {locks cleared, grants released, requests dropped, events...}
 --   (events: 'cleared', kind pairs for the per-minute counters, one per
 --   grant and per request)

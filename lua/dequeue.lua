@@ -1,7 +1,7 @@
 -- dequeue: a waiting request leaves the queue (its RPC timed out or was
 -- cancelled).
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
--- ARGV: holder, event flags ('0' = none; common.lua `events`), then the
+-- ARGV: holder, event flags ('0' = none; shared/lock.lua `events`), then the
 --       request that leaves (its RPC's id, as acquire stored it; absent or
 --       '' = whichever request holds the place)
 -- Returns {now, the position it had (1-based; 0 = it was not queued, or

@@ -1,7 +1,7 @@
 -- extend: reset the remaining lease of a live grant, only for its holder.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, token ('' = any), ttl_ms ('' = the grant's own ttl),
---       answer_by (Redis ms; '0' = none), event flags ('0' = none; common.lua
+--       answer_by (Redis ms; '0' = none), event flags ('0' = none; shared/lock.lua
 --       `events`), epoch (a session's stream; absent = not a session's)
 -- Returns {OK, now, holder, grant, mode, events...} (mode: the lock's
 --         header letter, '' for a plain lock: decision 0074),
@@ -39,6 +39,6 @@ end
 
 -- 5. The new lease runs from now; the grant keeps the ttl it was given
 --    unless a new one is asked for; the key's TTL follows the new lease
---    when it must (common.lua `renew_grant`).
+--    when it must (shared/held.lua `renew_grant`).
 renew_grant(L, grant, ttl, now, changed)
 return {OK, now, holder, grant.text, L.mode or '', unpack(L.events)}

@@ -5,7 +5,7 @@
 -- KEYS: per lock its keys, as extend declares them (lock, queue,
 --       deadlines, waiters, fence[, live locks]), lock after lock
 -- ARGV: holder, ttl_ms ('' = each grant's own ttl), answer_by (Redis ms;
---       '0' = none), flags (events: common.lua `events`; '0' = none), keys
+--       '0' = none), flags (events: shared/lock.lua `events`; '0' = none), keys
 --       per lock (5 or 6), then one token per lock ('' = any grant of the
 --       holder)
 -- Returns {status, now, n, then per lock: its status, its grant record

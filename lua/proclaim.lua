@@ -4,7 +4,7 @@
 -- Acquire's metadata may not use, so only elections write it).
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, term (the grant's token), value, event flags ('0' = none;
---       common.lua `events`), proof (the digest of the leader's secret,
+--       shared/lock.lua `events`), proof (the digest of the leader's secret,
 --       decision 0082)
 -- Returns {OK, now, holder, grant, events...}, {NOT_HELD, now, '', '', events...}
 --   (no leadership of this holder and term) or {NOT_YOURS, now, '', '',

@@ -3,7 +3,7 @@
 -- leases and dead waiters go, each told once ('expired', 'skipped'); a
 -- second replica's call for the same lease finds nothing left to do.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
--- ARGV: event flags ('0' = none; common.lua `events`)
+-- ARGV: event flags ('0' = none; shared/lock.lua `events`)
 -- Returns {now, next lease end (0: nobody holds), events...}
 local watched = ARGV[1]
 local now = clock_ms()

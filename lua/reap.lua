@@ -3,7 +3,7 @@
 -- acquired and requests queued before it go too (clear_old_locks,
 -- clear_dead_requests).
 -- KEYS[1] the shard's fence key (a shard function)
--- ARGV: older than (ms; '' = no cutoff), event flags ('0' = none; common.lua `events`),
+-- ARGV: older than (ms; '' = no cutoff), event flags ('0' = none; shared/lock.lua `events`),
 --       live ('1' = the shard's live locks are counted), then lock names
 -- Returns {expired leases, dead waiters, locks gone already, old grants,
 --          old waiters, locks visited, events...}

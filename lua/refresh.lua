@@ -1,7 +1,7 @@
 -- refresh: keep one replica's waiting requests on a lock alive while their
 -- RPCs are open, and clear out what died meanwhile.
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
--- ARGV: event flags ('0' = none; common.lua `events`), then pairs of (request id, queue_ttl_ms)
+-- ARGV: event flags ('0' = none; shared/lock.lua `events`), then pairs of (request id, queue_ttl_ms)
 -- Returns {now, ids no longer queued (their place was lost)..., '', events...}
 local watched = ARGV[1]
 local now, now_us = clock()

@@ -1,13 +1,13 @@
 -- release: give a grant back; only its holder can, optionally pinned to its
 -- fencing token. The freed permit goes to the next waiter in line, in
--- this same call (common.lua `hand_over`).
+-- this same call (shared/permits.lua `hand_over`).
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: holder, then as far as any is not its default: token ('' = any),
---       event flags ('0' = none; common.lua `events`), epoch (a session's
---       stream; absent or '' = not a session's: common.lua `stale`),
+--       event flags ('0' = none; shared/lock.lua `events`), epoch (a session's
+--       stream; absent or '' = not a session's: shared/records.lua `stale`),
 --       handed (a replica giving back a grant handed to its request that
 --       is gone: that request's id; released only while the grant is
---       still that request's, common.lua `hand_over`), proof (the digest
+--       still that request's, shared/permits.lua `hand_over`), proof (the digest
 --       of an election's secret: Resign; decision 0082)
 -- Returns {OK, now, holder, the released grant, events...},
 --         {NOT_HELD, now, '', '', events...} (nothing changed for this holder)
@@ -69,7 +69,7 @@ if not epoch and not handed and owned(record) and not proven(record, proof) then
 end
 
 -- 4. Drop the grant; the permit goes straight to the next waiter in line
---    (common.lua `hand_over`); the last one out deletes the lock's key.
+--    (shared/permits.lua `hand_over`); the last one out deletes the lock's key.
 L.now, L.now_us = now, now_us
 give_back(L, grant or true, now)
 return {OK, now, holder, record, unpack(L.events)}

@@ -3,7 +3,7 @@
 -- 2-4 would, so no other call runs between the set's locks.
 -- KEYS: per lock its keys, as release declares them (lock, queue,
 --       deadlines, waiters, fence[, live locks]), lock after lock
--- ARGV: holder, flags (events: common.lua `events`; '0' = none), keys per
+-- ARGV: holder, flags (events: shared/lock.lua `events`; '0' = none), keys per
 --       lock (5 or 6), then one token per lock ('' = any grant of the
 --       holder)
 -- Returns {status, now, n, then per lock: its status, its released grant

@@ -2,11 +2,11 @@
 -- call (a replica renews all its session grants with one call per shard).
 -- KEYS[1] the shard's fence key (a shard function)
 -- ARGV: answer_by (Redis ms; '0' = none), live ('1' = the shard's live
---       locks are counted), event flags ('0' = none; common.lua `events`), then groups of
+--       locks are counted), event flags ('0' = none; shared/lock.lua `events`), then groups of
 --       (lock name, holder, fencing token, ttl_ms, epoch of the renewing stream)
 -- Returns {status, now, lost group numbers (1-based)..., events...}:
 --   status OK, or LATE (nothing renewed). A group whose grant a newer
---   stream of its session holds (common.lua `stale`) is answered with its
+--   stream of its session holds (shared/records.lua `stale`) is answered with its
 --   number negated (-n: moved, nothing changed); a renewal with a later
 --   epoch than the grant's takes the grant over (a resume). The events
 --   follow a '' marker.

@@ -1,7 +1,7 @@
 -- session_claim: a stream resumes a session. The owner and the secret must
 -- match, and the session must still live: its serving stream said so
 -- within the session TTL. Then the session's epoch moves on, so the stream
--- that served it before can no longer act on its grants (common.lua
+-- that served it before can no longer act on its grants (shared/records.lua
 -- `stale`).
 -- KEYS[1] the session's record
 -- ARGV: owner, secret digest

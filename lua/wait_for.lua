@@ -5,7 +5,7 @@
 --   waiting holder -> its edge, '<end of its liveness ms>|<request>|<waits>'
 --   with waits the cjson of {{lock, {holder, ...}}, ...}: the locks it waits
 --   for and at most 16 of the holders it waits on there, as its replica
---   read them; field '' the bytes of the rest, see common.lua's waits_put)
+--   read them; field '' the bytes of the rest, see shared/wait_registry.lua's waits_put)
 -- ARGV: waiting holder, its request id, how long the edge lives unless
 --   renewed (ms: its queue TTL, or what is left of its wait if shorter), the
 --   registry's budget (bytes), the most bytes a walk decodes, then per lock

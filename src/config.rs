@@ -1,9 +1,5 @@
 //! Command-line flags (each also a `TUMBLER_*` environment variable) and
 //! the one [`ServerConfig`] the server is built from.
-//!
-//! One file on purpose: every flag is a field of the structs clap reads,
-//! with its help text, and the one conversion into [`ServerConfig`] sits
-//! beside them, so a flag and where it lands are read together.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -5,9 +5,6 @@
 //! A test binary of its own, not folded into an area: it counts exact RPC
 //! totals and per-kind series in the process-wide metrics registry, which
 //! other tests in the same process would move.
-//!
-//! One file on purpose: its tests read the same registry through the
-//! metrics-page readers and the small OTLP collector defined here.
 
 pub mod common;
 

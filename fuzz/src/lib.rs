@@ -111,7 +111,7 @@ pub fn page_token(data: &[u8]) {
 
 /// Records read back from Redis: grant and waiter records, event and
 /// wake-up messages. Any bytes decode or fail without panicking; a grant
-/// record written the way `lua/common.lua` writes it (with the metadata
+/// record written the way `lua/shared/records.lua` writes it (with the metadata
 /// JSON the engine sends) decodes to exactly what was written, whatever
 /// `|`, quotes or unicode the holder and metadata hold.
 pub fn grant_record(data: &[u8]) {

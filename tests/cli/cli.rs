@@ -6,10 +6,6 @@
 //! closed early or full, and `token` entries a server with authentication
 //! reads and enforces.
 //! `hold` has its own file (`tests/cli/cli_hold.rs`).
-//!
-//! One file on purpose: the subcommands' tests share the `tumbler` runner
-//! and its output readers, and each is one flat scenario against the real
-//! binary.
 
 use crate::common;
 

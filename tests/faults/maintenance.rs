@@ -1,7 +1,4 @@
 //! List, Reap, Clear and the background reaper, against a real Redis.
-//!
-//! One file on purpose: List, Reap, Clear and the reaper share the listing
-//! and key-counting helpers at its top.
 
 use crate::common;
 

@@ -5,9 +5,6 @@
 //! or unicode it holds: every key carries the hash tag
 //! `{<namespace>:<shard>}` the layout computes for it, and locks of one
 //! namespace never show up in, or change, another.
-//!
-//! One file on purpose: both tests read Redis through the same key
-//! classifier (`classify`), which is most of its length.
 
 use crate::common;
 

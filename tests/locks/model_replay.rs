@@ -15,10 +15,6 @@
 //! are the same on a standalone Redis: the path's order is the model's;
 //! a held set's release and extend, one `release_many` / `extend_many`
 //! per slot group (decision 79).
-//!
-//! One file of ~780 lines on purpose: the replay's harness and every
-//! primitive's replay share the translation of model calls into `FCALL`s,
-//! which must stay one table.
 
 use crate::common::{redis_conn, start_redis};
 use std::collections::HashMap;
@@ -41,7 +37,7 @@ const SHARD: &str = "tumbler:{replay:0}";
 /// fencing counter, as in the model).
 const NAMES: [&str; 2] = ["m", "m2"];
 
-/// The functions' status codes (lua/common.lua).
+/// The functions' status codes (lua/shared/numbers.lua).
 fn status(reply: &Reply) -> i64 {
     match reply {
         Reply::Busy => 0,

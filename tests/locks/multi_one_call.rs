@@ -11,7 +11,7 @@ use std::time::Duration;
 use tumbler::engine::scripts::LockScript;
 
 const SHARD: &str = "tumbler:{calls:0}";
-/// Reply statuses (lua/common.lua).
+/// Reply statuses (lua/shared/numbers.lua).
 const OK: i64 = 1;
 const LATE: i64 = 7;
 const NOT_HELD: i64 = 8;

@@ -11,10 +11,6 @@
 //!
 //! The checks behind the fuzz targets (`fuzz/src/lib.rs`) also run here on
 //! random bytes and on the seed corpus, so they work on stable too.
-//!
-//! One file of ~1,200 lines on purpose: its properties share one strategy
-//! per request field (each able to break its field) and one reply oracle;
-//! split up, every part would import all of them.
 
 use crate::common;
 

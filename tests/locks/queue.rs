@@ -1,10 +1,6 @@
 //! Fair queues and server-side waiting: FIFO and priority order, try-once
 //! and barging, waiter liveness, cancellation, wake-ups across replicas and
 //! at lease expiry, and no polling while waiting.
-//!
-//! One file of ~700 lines on purpose: every rule of the queue (order,
-//! liveness, dead waiters skipped, wake-ups) beside the others, so a
-//! change to one is read against all of them.
 
 use crate::common;
 

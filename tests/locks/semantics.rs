@@ -1,9 +1,5 @@
 //! The lock semantics of Acquire, Release, Extend and Inspect, each pinned
 //! against a real Redis through the real gRPC server.
-//!
-//! One file on purpose: these are the invariants of the four unary RPCs,
-//! read as one list; each test stands alone (its own Redis and server), so
-//! the file is long but flat.
 
 use crate::common;
 

@@ -1,9 +1,5 @@
 //! Sessions: grants kept alive while the stream is open, released when it
 //! ends however it ends, and "lost" told to the client.
-//!
-//! One file on purpose: it is the list of the ways a session ends, each a
-//! flat scenario over the same session stream helper
-//! (`tests/common/session.rs`).
 
 use crate::common;
 

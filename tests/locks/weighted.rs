@@ -6,9 +6,6 @@
 //! expiry, a crashed replica's waiter, sessions, the hand-over and bad
 //! input over gRPC, Connect JSON and the Session stream. Ends with a
 //! property test over random acquire(k) / release / expiry sequences.
-//!
-//! One file of ~600 lines on purpose: every test and the property test
-//! share its request builders and its Inspect check (`permits_of`).
 
 use crate::{common, queue, read_write};
 

@@ -1,5 +1,5 @@
 //! The documentation can be navigated: every relative link in README.md,
-//! docs/ (and docs/decisions/), ARCHITECTURE.md, BENCHMARKS.md and the Helm chart's README
+//! docs/ (and docs/decisions/), ARCHITECTURE.md, SAFETY.md, BENCHMARKS.md and the Helm chart's README
 //! leads to a file that exists and, with a `#fragment` into Markdown, to a
 //! heading of that file. And what it shows runs: every fenced block marked
 //! `sh runnable` in README.md and docs/ is run against the built binary
@@ -21,6 +21,7 @@ fn documents() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = [
         "README.md",
         "ARCHITECTURE.md",
+        "SAFETY.md",
         "BENCHMARKS.md",
         "helm/README.md",
     ]

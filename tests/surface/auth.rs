@@ -3,9 +3,6 @@
 //! UNAUTHENTICATED on every RPC; a client token is PERMISSION_DENIED on
 //! every RPC outside its namespaces and on admin-only ones; the file is
 //! re-read without a restart; per-token request rates hold.
-//!
-//! One file on purpose: every test drives `every_rpc` (each RPC of the
-//! service, called with one token) over the same tokens file and clients.
 
 use crate::common;
 

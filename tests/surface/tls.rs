@@ -4,10 +4,6 @@
 //! verification, plaintext clients, mutual TLS, certificate reload without
 //! a restart, the plaintext health port, the CLI's TLS flags and the
 //! startup errors for bad TLS flags.
-//!
-//! One file on purpose: the certificate authorities, leaf certificates and
-//! the secret-volume fixture above the tests (~250 lines) serve every test
-//! here.
 
 use crate::common;
 

@@ -3,7 +3,7 @@
 //! `--changelog-namespaces` have one (none by default, so by default no
 //! function writes anything for it).
 //!
-//! The functions record it themselves, exactly: `lua/common.lua`'s `emit`
+//! The functions record it themselves, exactly: `lua/shared/events.lua`'s `emit`
 //! pushes each event, the same message it publishes to watchers (its
 //! metadata cut to [`LOG_METADATA_BYTES`]), onto the lock's shard's capped
 //! list (`<prefix>:{<ns>:<shard>}:c`, newest first, trimmed to the
@@ -41,7 +41,7 @@ use super::watchers::{LockEvent, Watchers};
 
 /// Metadata bytes a changelog entry keeps (its JSON's first bytes; the
 /// entries that fit whole are shown, and the event says it was cut).
-/// `emit` in `lua/common.lua` holds the same number.
+/// `emit` in `lua/shared/events.lua` holds the same number.
 pub const LOG_METADATA_BYTES: usize = 256;
 /// A shard's list holds at most this many bytes (as Redis counts them,
 /// `MEMORY USAGE`) per event of the changelog's size (`emit` checks every

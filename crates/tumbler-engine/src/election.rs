@@ -30,7 +30,7 @@ pub const VALUE_KEY: &str = "";
 
 /// The metadata entry that carries the digest of the leader's secret
 /// (decision 0082): a key Acquire refuses (it holds a control character),
-/// read only by the functions (`lua/common.lua` `owned`, `proven`) and
+/// read only by the functions (`lua/shared/records.lua` `owned`, `proven`) and
 /// taken out of the metadata wherever a grant is decoded.
 pub const PROOF_KEY: &str = "\u{1}";
 

@@ -21,7 +21,7 @@
 //! Failure: an operation that fails in Lua fails alone (its reply is an
 //! error); a Redis error or timeout of the call fails every operation in
 //! it, each as its own call would have failed. Each operation carries its
-//! own answer-by time, which `lua/common.lua` `late` checks, so a batch
+//! own answer-by time, which `lua/shared/numbers.lua` `late` checks, so a batch
 //! that runs late refuses per operation: no grant after its caller was
 //! told no.
 //!

@@ -152,7 +152,7 @@ impl Layout {
     }
 
     /// LIST: the latest lock events of one shard of a namespace with a
-    /// changelog, newest first (`lua/common.lua`'s `emit` writes it).
+    /// changelog, newest first (`lua/shared/events.lua`'s `emit` writes it).
     pub fn changelog_key(&self, namespace: &str, shard: u32) -> String {
         format!("{}:c", self.shard_prefix(namespace, shard))
     }
@@ -260,17 +260,17 @@ mod tests {
         assert_eq!(keys.lock, format!("tumbler:{tag}:l:orders:{{42}}"));
     }
 
-    /// The key suffixes exist twice, here and in `lua/common.lua` (the
+    /// The key suffixes exist twice, here and in `lua/shared/` (the
     /// functions build a lock's keys from its shard and name, and the
     /// shard keys from the fence key they get): this pins both spellings.
     #[test]
     fn lua_builds_the_keys_rust_builds() {
-        let common = include_str!("../../../lua/common.lua");
+        let common = crate::scripts::shared_steps();
         let layout = Layout::new("tumbler", 4);
         let keys = layout.lock_keys("ns", "x");
         let shard = layout.shard_prefix("ns", layout.shard_of("ns", "x"));
         let changelog = layout.changelog_key("ns", layout.shard_of("ns", "x"));
-        // How common.lua joins each key: the shard prefix (or the
+        // How the shared steps join each key: the shard prefix (or the
         // deployment's prefix, for channels), the suffix, the lock's name.
         let lock_key =
             |key: &str| format!("shard .. '{}' .. name", &key[shard.len()..key.len() - 1]);
@@ -288,7 +288,7 @@ mod tests {
             channel(&layout.events_channel()),
         ];
         for join in joins {
-            assert!(common.contains(&join), "{join} is not in lua/common.lua");
+            assert!(common.contains(&join), "{join} is not in lua/shared/");
         }
     }
 

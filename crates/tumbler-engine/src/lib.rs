@@ -47,10 +47,6 @@
 //! The engine depends on nothing of the crate but `crate::store` and
 //! `crate::wallclock`: no transport, no exporter (the reaper records its
 //! metrics with the `metrics` crate, which the server's exporter reads).
-//!
-//! One file of ~650 lines on purpose: the façade is the engine's whole
-//! public surface in one place, each method a few lines that hand the
-//! call to the part that owns it.
 
 pub mod wallclock;
 

@@ -11,7 +11,7 @@
 //! weight's digits when it asks more than one permit (`13`: fair, three),
 //! followed for a hand-over waiter by `|request|answer_by|ttl|epoch` and
 //! the metadata after a newline, which only the functions read).
-//! `lua/common.lua` writes them; this is their one reader. Public so that
+//! `lua/shared/records.lua` writes them; this is their one reader. Public so that
 //! the fuzz targets (`fuzz/`) and property tests reach them.
 
 use std::collections::BTreeMap;
@@ -309,7 +309,7 @@ mod properties {
             holder in "[^\\p{Cc}]{1,24}",
             metadata in proptest::collection::btree_map("[^\\p{Cc}]{1,16}|\\|+", "((?s:.)|\\||\\{|\\}|\"|\\\\){0,24}", 0..6),
         ) {
-            // Written as lua/common.lua's format_grant writes it.
+            // Written as lua/shared/records.lua's format_grant writes it.
             let json = metadata_arg(&metadata);
             let mut record = format!("{slot}|{expires}|{token}|{acquired_at_ms}|{ttl_ms}|{kind}");
             if !json.is_empty() {
@@ -334,7 +334,7 @@ mod properties {
             permits in 2u32..10_000,
             token in any::<u64>(),
         ) {
-            // Slots as lua/common.lua's free_slots writes them: ascending.
+            // Slots as lua/shared/permits.lua's free_slots writes them: ascending.
             let mut slots = vec![first];
             for gap in gaps {
                 slots.push(slots.last().unwrap() + gap);

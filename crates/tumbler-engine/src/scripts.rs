@@ -1,7 +1,8 @@
 //! The Lua scripts, one per lock operation, embedded in the binary and
-//! loaded into Redis as one function library (`FUNCTION LOAD`):
-//! `lua/common.lua`, the shared steps, runs once when the library loads,
-//! and each operation's own file becomes one function, run with `FCALL`.
+//! loaded into Redis as one function library (`FUNCTION LOAD`): the
+//! shared steps (`lua/shared/*.lua`, joined in the fixed order `build.rs`
+//! lists) run once when the library loads, and each operation's own file
+//! becomes one function, run with `FCALL`.
 //! (As `EVAL` scripts, every call re-created the shared steps' closures
 //! first: about 13 % of Redis' instructions per acquire+release pair,
 //! measured with callgrind; see BENCHMARKS.md.)
@@ -25,17 +26,33 @@ use sha2::{Digest, Sha256};
 /// `tumbler_<library hash>_<operation>`), as the store calls it.
 pub use crate::store::Function as LockScript;
 
-// `OPERATIONS` (name, code, read only) and `Scripts` (one field per
-// operation), written by build.rs from the files in `lua/`.
+// `SHARED` (the shared steps' files in order), `OPERATIONS` (name, code,
+// read only) and `Scripts` (one field per operation), written by build.rs
+// from the files in `lua/`.
 include!(concat!(env!("OUT_DIR"), "/operations.rs"));
 
-const COMMON: &str = include_str!("../../../lua/common.lua");
+#[cfg(test)]
+mod library;
+
+/// The shared steps: the files of `lua/shared/` joined in their order,
+/// each after a comment line naming it (so Redis' copy of the library
+/// says where each part comes from).
+pub(crate) fn shared_steps() -> String {
+    let mut code = String::new();
+    for (name, text) in SHARED {
+        code.push_str(&format!("-- lua/shared/{name}.lua\n{text}\n"));
+    }
+    code
+}
 
 impl Scripts {
     /// The library's code and its functions' names, made once at start.
+    /// The name's hash covers the shared steps as joined (their text and
+    /// order) and every operation.
     pub fn compile() -> Self {
+        let common = shared_steps();
         let mut hasher = Sha256::new();
-        hasher.update(COMMON);
+        hasher.update(&common);
         for (name, body, read_only) in OPERATIONS {
             hasher.update([u8::from(*read_only)]);
             hasher.update(name);
@@ -47,7 +64,7 @@ impl Scripts {
         // functions are also kept in the table `OPS` by name, so that
         // `lua/batch.lua` runs them as their own calls would (group
         // commit, `group.rs`).
-        let mut code = format!("#!lua name={library_name}\n{COMMON}\nlocal OPS = {{}}\n");
+        let mut code = format!("#!lua name={library_name}\n{common}\nlocal OPS = {{}}\n");
         for (name, body, read_only) in OPERATIONS {
             let flags = if *read_only { "'no-writes'" } else { "" };
             code.push_str(&format!(

@@ -75,7 +75,7 @@ pub struct LockEvent {
 
 impl LockEvent {
     /// Parses `namespace\nname\nevent\nholder\ntoken\ntime_ms` and, from
-    /// `lua/common.lua`'s `emit`, `\nslot\nkind\nttl_ms\nexpires_at\n
+    /// `lua/shared/events.lua`'s `emit`, `\nslot\nkind\nttl_ms\nexpires_at\n
     /// acquired_at\nhold_ms\nactor\nmetadata` (absent from an older
     /// replica's events: left at their defaults). A read/write lock's
     /// event carries its mode as a suffix of the actor, `holder:r` or

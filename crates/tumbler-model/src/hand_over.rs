@@ -1,5 +1,5 @@
 //! Who may take a freed permit, and what a call that freed one does with
-//! it: common.lua `wake_eligible` (publish the head's id; its replica
+//! it: shared/permits.lua `wake_eligible` (publish the head's id; its replica
 //! calls again) or, for a waiter whose record names an answer-by time,
 //! `hand_over` (grant the head inside the same call and publish the grant
 //! to its replica: decision 68). With read/write locks (decision 74) "a
@@ -73,7 +73,7 @@ impl Lock {
         self.holders.iter().map(|g| g.permits).sum()
     }
 
-    /// common.lua `room`: a writer needs no grant held; a reader no writer
+    /// shared/permits.lua `room`: a writer needs no grant held; a reader no writer
     /// and a free permit; a plain request of `k` permits `k` free ones.
     pub fn room(&self, mode: Option<Mode>, k: u8) -> bool {
         match mode {
@@ -85,7 +85,7 @@ impl Lock {
         }
     }
 
-    /// common.lua `any_room`: room for a reader or a plain request of one.
+    /// shared/permits.lua `any_room`: room for a reader or a plain request of one.
     pub fn any_room(&self) -> bool {
         self.in_use() < self.limit && self.mode != Some(Mode::Write)
     }
@@ -99,7 +99,7 @@ impl Lock {
     }
 }
 
-/// common.lua `wake_eligible` and `hand_over`: while a permit is free and
+/// shared/permits.lua `wake_eligible` and `hand_over`: while a permit is free and
 /// the head of the queue fits, a head whose record names no answer-by is
 /// woken (and the call stops there); otherwise it leaves the queue and,
 /// unless its caller is past its answer-by time, is granted with a fresh

@@ -14,10 +14,6 @@
 //! Read/write locks (decision 74) and the hand-over (decision 68) are in
 //! [`crate::hand_over`]: who fits, and what a call that frees a permit
 //! does with it.
-//!
-//! One file of ~670 lines on purpose: the functions side by side, each
-//! beside the others' steps as `lua/` has them beside `common.lua`, so a
-//! change to one step is compared with every function that takes it.
 
 use crate::hand_over::{Hand, Mode, Wake, hand_over};
 
@@ -36,7 +32,7 @@ pub struct Grant {
     /// Lease expiry, Redis ticks.
     pub expires: u8,
     /// The session stream's epoch that acquired or renewed it; 0 when the
-    /// grant is not a session's (common.lua `stale`, `claim_epoch`).
+    /// grant is not a session's (shared/records.lua `stale`, `claim_epoch`).
     pub epoch: u8,
     /// The request it was handed to (the lock's `r:<holder>`), until an
     /// answer claims it (HELD clears it): only that request's replica may
@@ -107,7 +103,7 @@ pub struct Data {
     pub sessions: Vec<Option<SessionRecord>>,
 }
 
-/// Replies, as the functions' status constants name them (common.lua).
+/// Replies, as the functions' status constants name them (`lua/shared/numbers.lua`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reply {
     /// acquire OK: a new grant.
@@ -190,14 +186,14 @@ impl Lock {
         self.holders.iter().map(|g| g.expires).min().unwrap_or(0)
     }
 
-    /// common.lua `purge`: `purge_expired` and `purge_dead_waiters`.
+    /// shared/permits.lua `purge`: `purge_expired` and `purge_dead_waiters`.
     /// True when anything changed.
     pub fn purge(&mut self, now: u8) -> bool {
         let expired = self.purge_expired(now);
         self.purge_dead_waiters(now) || expired
     }
 
-    /// common.lua `purge_expired`: expired leases stop counting.
+    /// shared/permits.lua `purge_expired`: expired leases stop counting.
     pub fn purge_expired(&mut self, now: u8) -> bool {
         let before = self.holders.len();
         self.holders.retain(|g| g.expires > now);
@@ -205,7 +201,7 @@ impl Lock {
         before != self.holders.len()
     }
 
-    /// common.lua `purge_dead_waiters`: waiters past their deadline leave.
+    /// shared/permits.lua `purge_dead_waiters`: waiters past their deadline leave.
     pub fn purge_dead_waiters(&mut self, now: u8) -> bool {
         let before = self.queue.len();
         self.queue.retain(|w| w.deadline > now);
@@ -213,7 +209,7 @@ impl Lock {
     }
 }
 
-/// common.lua `settle`: a lock nobody holds or waits for leaves no key; an
+/// shared/lock.lua `settle`: a lock nobody holds or waits for leaves no key; an
 /// empty queue drops its arrival counter.
 pub(crate) fn settle(lock: Lock) -> Option<Lock> {
     if lock.holders.is_empty() && lock.queue.is_empty() {
@@ -226,7 +222,7 @@ pub(crate) fn settle(lock: Lock) -> Option<Lock> {
     Some(lock)
 }
 
-/// common.lua `next_token`: one more than the shard's last token, never
+/// shared/numbers.lua `next_token`: one more than the shard's last token, never
 /// below the Redis clock in microseconds.
 pub fn next_token(fence: &mut Option<u32>, now: u8) -> u32 {
     let now_us = u32::from(now) * US_PER_TICK;

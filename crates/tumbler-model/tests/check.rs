@@ -5,9 +5,6 @@
 //! checker must find a counterexample (a fault the protocol does not
 //! promise to survive) or an example (the state is reachable, so no check
 //! passes vacuously). SAFETY.md has the figures of longer runs.
-//!
-//! One file of ~730 lines on purpose: every configuration CI checks, with
-//! what it expects, in one place and in the order of SAFETY.md's table.
 
 use stateright::{Checker, Model};
 use std::time::Instant;

@@ -40,7 +40,7 @@ use redis::Value;
 
 use crate::store::StoreError;
 
-/// Reply statuses, as `lua/common.lua` names them.
+/// Reply statuses, as `lua/shared/numbers.lua` names them.
 pub mod status {
     pub const BUSY: i64 = 0;
     pub const OK: i64 = 1;
@@ -165,7 +165,7 @@ pub struct Emit {
 }
 
 impl Emit {
-    /// Appends the event flags (`lua/common.lua`'s `events`): 'e' to
+    /// Appends the event flags (`lua/shared/lock.lua`'s `events`): 'e' to
     /// publish, `'c<size>:<retention_ms>'` to record.
     pub fn push_flags(&self, flags: &mut String) {
         if self.publish {
