@@ -9,7 +9,7 @@
 --       fair), 'R' = read with prefer_readers (barging); 'p<k>' = take k
 --       permits (only when k > 1; decision 0075); 'e' = publish
 --       events; 'c<size>:<retention_ms>' = record them in the changelog;
---       's<epoch>' = a session's stream of that epoch: common.lua `stale`),
+--       's<epoch>' = a session's stream of that epoch: shared/records.lua `stale`),
 --       priority (0), max_locks (of the namespace in this shard; 0 = no limit),
 --       and, only when waiting (all of the above then sent): wait_ms (left),
 --       queue_ttl_ms, max_waiters (per lock), then optionally request (its

@@ -6,7 +6,7 @@
 -- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
 -- ARGV: old holder, new holder, ttl_ms, answer_by (Redis ms; '0' = none),
 --       limit, kind, metadata (JSON; '' = none), event flags ('0' = none;
---       common.lua `events`)
+--       shared/lock.lua `events`)
 -- Returns {OK, now, holders, earliest, 0, holder, grant, events...}
 --   or, with nothing changed for either holder: {NOT_HELD, now, ...} (the
 --   old holder holds no live grant, or the new one holds one already: the

@@ -4,7 +4,7 @@
 //! for it: its path, the most lines it may have, and why it is one file.
 //! A file that grows past its budget fails, and so does a budget that no
 //! longer fits its file (gone, back under the limit, or far above it), so
-//! the table stays the list of long files as they are (decision 0083).
+//! the table stays the list of long files as they are (decision 0084).
 
 use std::path::{Path, PathBuf};
 
@@ -48,7 +48,7 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         path: "clients/rust/src/lock.rs",
-        lines: 899,
+        lines: 913,
         reason: "the request, the guard and its watchdog share the grant's state (`Shared`) and its Extend and Release, which the election's and the multi-lock's guards reuse through `Lock`",
     },
     Budget {
