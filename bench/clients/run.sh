@@ -24,12 +24,15 @@
 # target/debug/tumbler when there is no release build (CI builds that one).
 # Each client is installed into a temporary directory the way its
 # ecosystem does, as clients/test.sh does (pip wheel into a venv, npm pack,
-# go generate with Debian's grpc-go, gem build, perl Makefile.PL); the
-# Redis clients: PyPI redis, npm ioredis, Debian's redigo, ruby-redis and
-# libredis-perl, the redis crate. Missing Debian packages are installed.
+# go generate with Debian's grpc-go, gem build, perl Makefile.PL,
+# clients/java/build.sh); the Redis clients: PyPI redis, npm ioredis,
+# Debian's redigo, ruby-redis and libredis-perl, the redis crate, and for
+# Java a small RESP client over a socket in bench/clients/java/Pairs.java
+# (Debian packages no Java Redis client: no Jedis, no Lettuce). Missing
+# Debian packages are installed.
 #
 # Environment: BENCH_PAIRS, BENCH_SECS (size of each row), BENCH_ONLY (a
-# space-separated subset of: rust python python-async node go ruby perl curl).
+# space-separated subset of: rust python python-async node go ruby perl java curl).
 # Any row that fails (a pair not granted or not released, a client that
 # does not install) fails the run, after the table.
 set -euo pipefail
@@ -39,7 +42,7 @@ root=$PWD
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 if [ $quick = 1 ]; then pairs=${BENCH_PAIRS:-200}; secs=${BENCH_SECS:-2}; else pairs=${BENCH_PAIRS:-5000}; secs=${BENCH_SECS:-8}; fi
-only=" ${BENCH_ONLY:-rust python python-async node go ruby perl curl} "
+only=" ${BENCH_ONLY:-rust python python-async node go ruby perl java curl} "
 wants() { [[ "$only" == *" $1 "* ]]; }
 step() { echo "==> $*" >&2; }
 started=$SECONDS
@@ -49,7 +52,7 @@ debs=(redis-server redis-tools curl protobuf-compiler
       golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc
       golang-github-gomodule-redigo-dev
       ruby ruby-grpc ruby-google-protobuf ruby-grpc-tools ruby-redis ruby-connection-pool
-      libredis-perl)
+      libredis-perl openjdk-17-jdk-headless)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -87,7 +90,7 @@ trap cleanup EXIT
 src=$work/src
 mkdir -p "$src" "$work/dist" "$work/logs"
 if git rev-parse --git-dir >/dev/null 2>&1; then
-  git ls-files -co --exclude-standard -- clients/python clients/node clients/go clients/ruby clients/perl proto |
+  git ls-files -co --exclude-standard -- clients/python clients/node clients/go clients/ruby clients/perl clients/java proto |
     tar -cf - -T - | tar -xf - -C "$src"
 else
   cp -r clients proto "$src/"
@@ -179,6 +182,14 @@ install_perl() {
   fi
   PERL5LIB="$perl5lib" perl -MTumbler::Client -MRedis -e 1
 }
+# Java: the jars clients/test.sh built ($TUMBLER_JAVA_CP), else
+# clients/java/build.sh into the work directory; then javac of Pairs.java.
+java_cp=${TUMBLER_JAVA_CP:-$work/java/tumbler-client.jar}
+install_java() {
+  [ -n "${TUMBLER_JAVA_CP:-}" ] || OUT="$work/java" "$src/clients/java/build.sh"
+  mkdir -p "$work/java-bench"
+  javac -d "$work/java-bench" -cp "$java_cp" "$here/java/Pairs.java"
+}
 # --quick (CI) compiles the Rust arm in the background while the other
 # languages install and run (their smoke figures are not kept), and runs
 # Rust last; the full size compiles it first, so nothing else competes
@@ -197,6 +208,7 @@ install node install_node
 install go install_go
 install ruby install_ruby
 install perl install_perl
+install java install_java
 [ -n "${broken[python]:-}" ] && broken[python-async]=1
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -236,6 +248,8 @@ arm() {
     ruby) echo "env GEM_HOME=$gems ruby $here/pairs.rb $target" ;;
     perl) echo "env PERL5LIB=$perl5lib perl $here/pairs.pl $target" ;;
     curl) echo "$here/pairs-curl.sh $target" ;;
+    # A JVM compiles its hot code as it runs: each caller warms up 3 s (--quick: 0.5 s) before it is measured.
+    java) echo "env WARM_SECS=$([ $quick = 1 ] && echo 0.5 || echo 3) java -XX:+UseSerialGC -cp $java_cp:$work/java-bench Pairs $target" ;;
   esac
 }
 
@@ -259,9 +273,9 @@ measure() {
 }
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-langs=(rust python python-async node go ruby perl curl)
+langs=(rust python python-async node go ruby perl java curl)
 order=("${langs[@]}")
-[ -n "$rust_build" ] && order=(python python-async node go ruby perl curl rust)
+[ -n "$rust_build" ] && order=(python python-async node go ruby perl java curl rust)
 for lang in "${order[@]}"; do
   wants "$lang" || continue
   if [ "$lang" = rust ] && [ -n "$rust_build" ]; then
@@ -297,6 +311,7 @@ label() {
     ruby) echo "Ruby | tumbler-client (grpc gem) | redis-rb $(ruby -e 'require "redis"; print Redis::VERSION' 2>/dev/null), ConnectionPool" ;;
     perl) echo "Perl | Tumbler::Client (HTTP::Tiny, Connect JSON) | Redis.pm $(perl -MRedis -e 'print $Redis::VERSION' 2>/dev/null)" ;;
     curl) echo "curl (reference) | curl, Connect JSON, one kept-alive connection | redis-cli" ;;
+    java) echo "Java | tumbler-client (Connect JSON, kept-alive HTTP/1.1), JDK $(java -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p') | RESP over a socket (no Java Redis client in Debian)" ;;
   esac
 }
 
