@@ -384,6 +384,40 @@ class ClientTest {
         assertThrows(IllegalArgumentException.class, () -> TaskLock.duration("soon", "lockAtMostFor"));
     }
 
+    /** The same scheduled task in two JVMs: runs never overlap, and start at least lockAtLeastFor apart. */
+    @Test
+    void taskLockNeverRunsTwiceAtOnceAcrossProcesses() throws Exception {
+        Path file = Files.createTempFile(servers.dir, "runs", ".txt");
+        List<String> argv = List.of(Path.of(System.getProperty("java.home"), "bin", "java").toString(),
+                "-XX:TieredStopAtLevel=1", "-cp", where(TaskProcess.class) + java.io.File.pathSeparator
+                        + where(TumblerClient.class), TaskProcess.class.getName(),
+                endpoint, "java-test", file.toString(), "2500");
+        Process p1 = new ProcessBuilder(argv).redirectErrorStream(true).start();
+        Process p2 = new ProcessBuilder(argv).redirectErrorStream(true).start();
+        String out1 = new String(p1.getInputStream().readAllBytes());
+        String out2 = new String(p2.getInputStream().readAllBytes());
+        assertEquals(0, p1.waitFor(), out1);
+        assertEquals(0, p2.waitFor(), out2);
+        List<long[]> runs = new ArrayList<>();
+        java.util.Set<String> pids = new java.util.HashSet<>();
+        for (String line : Files.readAllLines(file)) {
+            String[] f = line.split(" ");
+            runs.add(new long[] {Long.parseLong(f[0]), Long.parseLong(f[1])});
+            pids.add(f[2]);
+        }
+        runs.sort((x, y) -> Long.compare(x[0], y[0]));
+        assertTrue(runs.size() >= 3, "runs: " + runs.size());
+        for (int i = 1; i < runs.size(); i++) {
+            assertTrue(runs.get(i)[0] >= runs.get(i - 1)[1], "run " + i + " started before the one before ended");
+            assertTrue(runs.get(i)[0] - runs.get(i - 1)[0] >= 290, "run " + i + " within lockAtLeastFor");
+        }
+        assertTrue(out1.isEmpty() && out2.isEmpty(), out1 + out2);
+    }
+
+    private static String where(Class<?> c) throws Exception {
+        return Path.of(c.getProtectionDomain().getCodeSource().getLocation().toURI()).toString();
+    }
+
     /** Bearer tokens over TLS; no token, a wrong one, another namespace, an unverified certificate. */
     @Test
     void tlsWithBearerTokens() throws Exception {
