@@ -28,7 +28,7 @@ struct Budget {
 const BUDGETS: &[Budget] = &[
     Budget {
         path: "tests/locks/properties.rs",
-        lines: 1189,
+        lines: 1190,
         reason: "its properties share one strategy per request field (each able to break its field) and one reply oracle; split up, every part would import all of them",
     },
     Budget {
@@ -78,7 +78,7 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         path: "crates/tumbler-engine/src/lib.rs",
-        lines: 734,
+        lines: 739,
         reason: "the façade is the engine's whole public surface in one place, each method a few lines that hand the call to the part that owns it (issue 51 narrows it)",
     },
     Budget {
