@@ -18,6 +18,42 @@ if ENV['BENCH_GEM'] == '1'
                              reliable_fetch: ENV['BENCH_RELIABLE'] == '1')
 end
 
+# BENCH_PLAIN=1: the same uniqueness (until_executed) with a plain Redis
+# lock on Sidekiq's own Redis, the least sidekiq-unique-jobs does: SET NX
+# PX when the job is pushed, compare-and-delete when it has run.
+if ENV['BENCH_PLAIN'] == '1'
+  require 'digest'
+  module PlainUnique
+    UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+    UNLOCK_SHA = Digest::SHA1.hexdigest(UNLOCK)
+
+    def self.key(item) = "plainlock:#{item['class']}:#{Digest::SHA1.hexdigest(Sidekiq.dump_json(item['args']))}"
+
+    class Client
+      def call(_worker, item, _queue, _pool = nil)
+        locked = Sidekiq.redis { |r| r.set(PlainUnique.key(item), item['jid'], nx: true, px: 86_400_000) }
+        yield if locked
+      end
+    end
+
+    class Server
+      def call(_worker, item, _queue)
+        yield
+        Sidekiq.redis do |r|
+          r.evalsha(UNLOCK_SHA, [PlainUnique.key(item)], [item['jid']])
+        rescue Redis::CommandError
+          r.eval(UNLOCK, [PlainUnique.key(item)], [item['jid']])
+        end
+      end
+    end
+  end
+  Sidekiq.configure_client { |c| c.client_middleware { |m| m.add(PlainUnique::Client) } }
+  Sidekiq.configure_server do |c|
+    c.client_middleware { |m| m.add(PlainUnique::Client) }
+    c.server_middleware { |m| m.add(PlainUnique::Server) }
+  end
+end
+
 # A no-op job: it only notes when it ran (first start, last end, count),
 # one pipelined round trip to Sidekiq's Redis, the same in every arm.
 class BenchJob

@@ -1,11 +1,18 @@
 # frozen_string_literal: true
 
 # The tumbler-sidekiq benchmark: the same 2,000 no-op jobs through a real
-# Sidekiq (concurrency 10) in three arms, in the same run, round after round:
+# Sidekiq (concurrency 10) in four arms, in the same run, round after round:
 #
 #   sidekiq      Sidekiq alone (BasicFetch), no uniqueness
+#   plain_redis  the same uniqueness (until executed) with a plain Redis lock
+#                on Sidekiq's own Redis (SET NX PX at push, compare-and-delete
+#                after the run): the floor of what sidekiq-unique-jobs does
 #   until_exec   tumbler-sidekiq, lock: :until_executed (BasicFetch)
 #   +reliable    tumbler-sidekiq, lock: :until_executed, with its ReliableFetch
+#
+# "end to end" is the push (one thread, as an app pushes) plus the run;
+# ratios are against Sidekiq alone's, and the overheads against the
+# plain Redis lock's.
 #
 # For each: pushing (perform_async, one process, one thread) and processing
 # (first job's start to last job's end, stamped by the jobs), and the lock
@@ -24,6 +31,7 @@ ROUNDS = Integer(ARGV[1] || 2)
 HERE = __dir__
 ARMS = {
   'sidekiq' => {},
+  'plain_redis' => { 'BENCH_PLAIN' => '1' },
   'until_exec' => { 'BENCH_GEM' => '1' },
   '+reliable' => { 'BENCH_GEM' => '1', 'BENCH_RELIABLE' => '1' }
 }.freeze
@@ -85,14 +93,24 @@ sidekiq_version = Gem::Specification.find_by_name('sidekiq').version
 puts "#{N} no-op jobs, Sidekiq #{sidekiq_version}, concurrency 10, median of #{ROUNDS} rounds; " \
      "tumbler #{TumblerTest.tumbler_bin}; load average at the end #{File.read('/proc/loadavg').split[0, 3].join(' ')}"
 puts
-puts '| arm | push µs/job | jobs/s | run µs/job | overhead µs/job (run) | overhead µs/job (push) | lock calls/job |'
-puts '| --- | ---: | ---: | ---: | ---: | ---: | --- |'
-results.each do |arm, rs|
+per_job = lambda do |rs|
   run_s = median.(rs.map { |r| r[:run_s] })
   push = median.(rs.map { |r| r[:push_us] })
+  { run_s: run_s, push: push, run_overhead: (run_s / N - base) * 1e6, push_overhead: push - base_push,
+    e2e_s: run_s + (push * N / 1e6) }
+end
+sidekiq = per_job.(results['sidekiq'])
+plain = results.key?('plain_redis') ? per_job.(results['plain_redis']) : nil
+puts '| arm | push µs/job | jobs/s | run ÷ Sidekiq | end to end ÷ Sidekiq | overhead µs/job (push + run) | ÷ plain Redis lock | lock calls/job |'
+puts '| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |'
+results.each do |arm, rs|
+  r = per_job.(rs)
   calls = rs.last[:calls].map { |m, v| "#{m} #{v.round(2)}" }.join(', ')
-  puts format('| %s | %.0f | %.0f | %.0f | %+.0f | %+.0f | %s |', arm, push, N / run_s, run_s / N * 1e6,
-              (run_s / N - base) * 1e6, push - base_push, calls.empty? ? '0' : calls)
+  overhead = r[:push_overhead] + r[:run_overhead]
+  vs_plain = plain && arm != 'sidekiq' ? format('%.2f', overhead / (plain[:push_overhead] + plain[:run_overhead])) : '–'
+  puts format('| %s | %.0f | %.0f | %.2f | %.2f | %+.0f (%+.0f + %+.0f) | %s | %s |', arm, r[:push], N / r[:run_s],
+              sidekiq[:run_s] / r[:run_s], sidekiq[:e2e_s] / r[:e2e_s], overhead, r[:push_overhead],
+              r[:run_overhead], vs_plain, calls.empty? ? '0' : calls)
 end
 puts
 puts "locks left in tumbler's namespace after the run (every job released its lock): #{leftover}"

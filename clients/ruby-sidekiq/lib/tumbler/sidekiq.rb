@@ -15,6 +15,7 @@ require 'tumbler/sidekiq/version'
 require 'tumbler/sidekiq/config'
 require 'tumbler/sidekiq/lock_digest'
 require 'tumbler/sidekiq/lock_options'
+require 'tumbler/sidekiq/keeper'
 require 'tumbler/sidekiq/job_lock'
 require 'tumbler/sidekiq/middleware'
 require 'tumbler/sidekiq/reliable_fetch'
@@ -100,6 +101,9 @@ module Tumbler
           sidekiq.server_middleware { |chain| add(chain, Middleware::Server) }
           sidekiq.death_handlers << method(:on_death) unless sidekiq.death_handlers.include?(method(:on_death))
           sidekiq.on(:startup) { install_fetch(sidekiq) } if config.reliable_fetch
+          # The releases of jobs that ended are sent before the process exits.
+          at_exit { Keeper.shutdown } unless @keeper_at_exit
+          @keeper_at_exit = true
         end
       end
 

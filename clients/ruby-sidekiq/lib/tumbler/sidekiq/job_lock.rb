@@ -18,6 +18,15 @@ module Tumbler
     # another) never share a grant, and every renewal and release is pinned
     # to the run's token, so a stale run is told NOT_HELD and never touches
     # the newer run's grant.
+    #
+    # Lock calls on a job's path: one when it is pushed (Acquire), one when
+    # it starts (until_executed: an Acquire that takes the queued grant over
+    # for the run, `takes_over`, one step in the server; until_executing:
+    # the release; while_executing: the runtime lock's Acquire; and
+    # until_and_while_executing, which has two locks, both). Renewals and
+    # the release at its end are the process's Keeper's, off the job's
+    # thread: the lock stays held until that release is sent, a few
+    # milliseconds at most after the job's end.
     class JobLock
       RUN_SUFFIX = ':RUN'
       # Added to execution_ttl when a run waits for another run of the same
@@ -72,6 +81,7 @@ module Tumbler
       private
 
       def client = Sidekiq.client
+      def keeper = Keeper.current
       def logger = @config.logger
 
       # The lease while the job waits in a queue (or in the schedule, or for
@@ -104,35 +114,39 @@ module Tumbler
       end
 
       # A grant for this job (holder: the jid, or a run's holder), or nil
-      # when the lock is busy (or the wait timed out).
-      def acquire(name, ttl_ms:, wait_ms: 0, holder: jid)
+      # when the lock is busy (or the wait timed out). takes_over: a holder
+      # whose grant passes to this one in the same call (when it holds one).
+      # @sent: when it was asked (the lease counts from there).
+      def acquire(name, ttl_ms:, wait_ms: 0, holder: jid, takes_over: nil)
+        @sent = Tumbler::Client.now
+        extra = takes_over ? { takes_over: takes_over } : {}
         client.acquire(name, holder: holder, ttl_ms: ttl_ms, wait_ms: wait_ms, limit: options.limit,
-                             kind: options.kind, metadata: metadata)
+                             kind: options.kind, metadata: metadata, **extra)
       rescue Tumbler::NotAcquired
         nil
       end
 
-      # The run's own grant on `name`: the job's queued grant (holder: the
-      # jid) is given back first when the lock type took one at push time
-      # (only one run of the job can give it back), then the lock is taken
-      # under the run's holder, waiting up to lock_timeout. The one-call gap
-      # between the two is safe: a duplicate pushed in it takes the lock,
-      # and this run meets the server-side conflict strategy (one of them
-      # runs, never both). If the lock is held by another run of this same
+      # The run's own grant on `name`, in one call: the job's queued grant
+      # (holder: the jid), when the lock type took one at push time, passes
+      # to the run's holder with a fresh token (takes_over; only one run of
+      # the job can take it); when the jid holds none (it lapsed, or another
+      # run took it) the lock is taken as usual, waiting up to
+      # lock_timeout. If the lock is held by another run of this same
       # job (a redelivered job whose first run is paused, or was killed and
       # its lease has not ended yet), this run waits for that run's lease to
       # end or for it to finish: up to execution_ttl, whatever lock_timeout
       # says, so a killed run's job is not dropped.
       def run_grant(name, queued:)
-        client.release(name, holder: jid) if queued
-        lock = acquire(name, holder: run_holder, ttl_ms: execution_ttl_ms, wait_ms: wait_ms)
+        queued_holder = queued ? jid : nil
+        lock = acquire(name, holder: run_holder, ttl_ms: execution_ttl_ms, wait_ms: wait_ms,
+                             takes_over: queued_holder)
         return lock if lock
 
         mine = client.inspect_lock(name).holders.map(&:grant).select { |g| JobLock.job_of(g.holder) == jid }
         return nil if mine.empty?
 
-        client.release(name, holder: jid) if queued && mine.any? { |g| g.holder == jid } # handed back meanwhile
-        acquire(name, holder: run_holder, ttl_ms: execution_ttl_ms,
+        # (the jid's grant, if another run handed it back meanwhile, is taken over)
+        acquire(name, holder: run_holder, ttl_ms: execution_ttl_ms, takes_over: queued_holder,
                       wait_ms: [wait_ms, execution_ttl_ms + OTHER_RUN_GRACE_MS].max)
       end
 
@@ -170,8 +184,9 @@ module Tumbler
       # The lock taken at push time becomes the run's own execution lease
       # (run_grant; renewed by the watchdog, pinned to the run's token); if
       # it lapsed meanwhile and nobody took it, the run takes it again.
-      # Released on success; handed back to the job (holder: the jid, on a
-      # queued lease) when the job goes back to a queue or waits for a retry.
+      # Released on success (by the Keeper, off the job's thread); handed
+      # back to the job (holder: the jid, on a queued lease) when the job
+      # goes back to a queue or waits for a retry.
       def run_until_executed(worker, &perform)
         lock = run_grant(digest, queued: true)
         return server_conflict unless lock
@@ -180,7 +195,7 @@ module Tumbler
           if lock.lost?
             nil # gone already: nothing to give back or keep
           elsif outcome == :done || outcome == :dropped
-            release_quietly(digest, lock.fencing_token, holder: run_holder)
+            keeper.release_later(digest, run_holder, lock.fencing_token)
           else
             requeue_lease(lock)
           end
@@ -209,12 +224,12 @@ module Tumbler
         return server_conflict unless lock
 
         run_held(worker, lock, perform) do |outcome|
-          release_quietly(runtime_digest, lock.fencing_token, holder: run_holder)
+          keeper.release_later(runtime_digest, run_holder, lock.fencing_token)
           relock_until if relock && %i[requeued retried].include?(outcome)
         end
       end
 
-      # Runs the job with the watchdog renewing `lock` (LockLost is raised
+      # Runs the job with the Keeper renewing `lock` (LockLost is raised
       # in the job if the grant is lost), then calls finish with the
       # outcome: :done, :requeued (shutdown), :retried (failed, a retry
       # will come) or :dropped (failed for good). A shutdown cannot
@@ -223,7 +238,7 @@ module Tumbler
         expose(worker, lock)
         outcome = :dropped
         begin
-          client.hold(lock) { perform.call }
+          hold(lock, perform)
           outcome = :done
         rescue Exception => e # rubocop:disable Lint/RescueException -- decide the lock's fate, then re-raise
           outcome = e.is_a?(::Sidekiq::Shutdown) ? :requeued : (retried?(e) ? :retried : :dropped)
@@ -233,16 +248,27 @@ module Tumbler
         end
       end
 
+      # The job runs with its lease kept by the Keeper; LockLost reaches
+      # it only while it runs.
+      def hold(lock, perform)
+        Thread.handle_interrupt(LockLost => :never) do
+          held = keeper.keep(lock, @sent || Tumbler::Client.now)
+          begin
+            Thread.handle_interrupt(LockLost => :immediate) { perform.call }
+          ensure
+            keeper.drop(held)
+          end
+        end
+      end
+
       # The job goes back to a queue (shutdown) or waits for its retry: its
       # until-lock returns to the job (holder: the jid) on a queued lease so
       # no duplicate slips in, and the next run takes it over as its own.
-      # The run's grant is given back first (pinned to its token: a stale
-      # run gives back nothing), then the job's is taken.
+      # In one call: the run's grant passes back to the jid (takes_over; a
+      # stale run holds none, so it takes nothing from a newer run's).
       def requeue_lease(lock)
         return if lock.lost?
-        return unless client.release(digest, holder: run_holder, fencing_token: lock.fencing_token)
-
-        return if acquire(digest, ttl_ms: queued_ttl_ms)
+        return if acquire(digest, ttl_ms: queued_ttl_ms, takes_over: run_holder)
 
         logger.warn("tumbler-sidekiq: #{digest} was taken as job #{jid} went back to wait; " \
                     'its next run meets the conflict strategy')

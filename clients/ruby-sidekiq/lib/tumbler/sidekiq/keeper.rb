@@ -1,0 +1,208 @@
+# frozen_string_literal: true
+
+module Tumbler
+  module Sidekiq
+    # The process's one thread for what its jobs' locks need besides their
+    # start, so a job's thread makes no lock call of its own after it:
+    #
+    # - renewals: the execution lease of each running job is extended every
+    #   third of its lease, pinned to its fencing token (a job shorter than
+    #   that is never renewed). NOT_HELD, or renewals that fail until the
+    #   lease has run out, mark the lock lost and raise LockLost in the
+    #   job's thread while its job runs.
+    # - releases: a job that ended hands its release here and goes on; they
+    #   are sent in the order given, each pinned to its run's token, so a
+    #   late one never touches a newer grant. Until one is sent the lock
+    #   stays held (a duplicate pushed meanwhile meets the conflict
+    #   strategy, as it would while the job ran); a killed process's
+    #   unsent releases end with their leases.
+    #
+    # The process's exit waits for the releases given before (#stop). The
+    # releases it sends are those of runs that ended, each under its run's
+    # own holder and token, so no later lock call of the process depends on
+    # their order.
+    class Keeper
+      Held = Struct.new(:lock, :thread, :due, :lease_end, :attempt)
+      Release = Struct.new(:name, :holder, :token)
+
+      # The keeper of this process, for its client (made again after a fork
+      # or a new configure; the one it replaces sends what it was given).
+      def self.current
+        client = Sidekiq.client
+        keeper = @current
+        return keeper if keeper&.client.equal?(client)
+
+        (@lock ||= Mutex.new).synchronize do
+          keeper = @current
+          unless keeper&.client.equal?(client)
+            @current = new(client, Sidekiq.config.logger)
+            keeper.stop(1) if keeper&.pid == Process.pid
+          end
+        end
+        @current
+      end
+
+      # Sends what the current keeper was given, then stops it.
+      def self.shutdown(timeout = 5)
+        keeper = @current
+        keeper.stop(timeout) if keeper&.pid == Process.pid
+      end
+
+      attr_reader :pid, :client
+
+      def initialize(client, logger)
+        @client = client
+        @logger = logger
+        @pid = Process.pid
+        @mutex = Mutex.new
+        @wake = ConditionVariable.new
+        @held = {}.compare_by_identity # (entries change as they are renewed)
+        @releases = []
+        @sending = false
+        @stopping = false
+        @thread = nil
+      end
+
+      # Keeps `lock` (a run's execution lease, granted with its lease
+      # counted from `sent`) alive while its job runs on `thread`. Returns
+      # the handle for #drop.
+      def keep(lock, sent, thread = Thread.current)
+        interval = lock.ttl_ms / 3000.0
+        held = Held.new(lock, thread, sent + interval, sent + (lock.ttl_ms / 1000.0), 0)
+        @mutex.synchronize do
+          start_thread
+          @held[held] = true
+          @wake.signal if @held.size == 1 || held.due < earliest_due
+        end
+        held
+      end
+
+      # Stops renewing; a LockLost that reached the job's thread after its
+      # job ended is discarded (the caller masks it until then).
+      def drop(held)
+        @mutex.synchronize { @held.delete(held) }
+        discard_pending_lost
+      end
+
+      # Sends the release later, in order, without waiting.
+      def release_later(name, holder, token)
+        @mutex.synchronize do
+          start_thread
+          @releases << Release.new(name, holder, token)
+          @wake.signal
+        end
+      end
+
+      # Waits (up to `timeout` s) until every release given so far is sent.
+      def flush(timeout = 10)
+        deadline = Tumbler::Client.now + timeout
+        @mutex.synchronize do
+          while (@sending || !@releases.empty?) && (left = deadline - Tumbler::Client.now).positive?
+            @wake.wait(@mutex, left)
+          end
+        end
+      end
+
+      # Sends what is left, then ends the thread.
+      def stop(timeout = 5)
+        flush(timeout)
+        @mutex.synchronize do
+          @stopping = true
+          @wake.broadcast
+        end
+        @thread&.join(timeout)
+      end
+
+      private
+
+      def start_thread
+        return if @thread&.alive?
+
+        @stopping = false
+        @thread = Thread.new { run }
+        @thread.name = 'tumbler-sidekiq-keeper' if @thread.respond_to?(:name=)
+      end
+
+      def earliest_due = @held.keys.map(&:due).min || Float::INFINITY
+
+      def run
+        loop do
+          work = next_work
+          return unless work
+
+          work.is_a?(Release) ? send_release(work) : renew(work)
+        end
+      end
+
+      # The next release to send, else the next renewal that is due (nil
+      # once stopping with nothing left); sleeps until one is.
+      def next_work
+        @mutex.synchronize do
+          @sending = false
+          loop do
+            unless @releases.empty?
+              @sending = true
+              return @releases.shift
+            end
+            @wake.broadcast # a flush waiting for the releases
+            return nil if @stopping
+
+            due = @held.keys.min_by(&:due)
+            wait = due && (due.due - Tumbler::Client.now)
+            return due if wait && wait <= 0
+
+            @wake.wait(@mutex, wait)
+          end
+        end
+      end
+
+      def send_release(release)
+        @client.release(release.name, holder: release.holder, fencing_token: release.token)
+      rescue StandardError => e
+        @logger.warn("tumbler-sidekiq: could not release #{release.name} (#{release.holder}): #{e.message}; " \
+                     'it ends with its lease')
+      end
+
+      def renew(held)
+        lock = held.lock
+        sent = Tumbler::Client.now
+        begin
+          lock.extend_lease
+        rescue LockLost => e
+          return lost(held, e)
+        rescue StandardError => e
+          # Any failure (a status, or the channel erroring while its server
+          # restarts) is retried until the lease would end.
+          if Tumbler::Client.now >= held.lease_end
+            lock.send(:mark_lost, "renewals failed until the lease ran out (#{e.class.name})")
+            return lost(held, lock.lost_error)
+          end
+
+          @mutex.synchronize { held.due = [Tumbler::Client.now + @client.backoff(held.attempt), held.lease_end].min }
+          held.attempt += 1
+          return
+        end
+        @mutex.synchronize do
+          held.lease_end = sent + (lock.ttl_ms / 1000.0)
+          held.due = sent + (lock.ttl_ms / 3000.0)
+          held.attempt = 0
+        end
+      end
+
+      # Told to the job's thread while its job runs (never after #drop).
+      def lost(held, err)
+        @mutex.synchronize do
+          held.thread.raise(err) if @held.delete(held)
+        end
+      end
+
+      def discard_pending_lost
+        return unless Thread.pending_interrupt?(LockLost)
+
+        Thread.handle_interrupt(LockLost => :immediate) { Thread.pass }
+      rescue LockLost
+        nil
+      end
+    end
+  end
+end
