@@ -17,7 +17,18 @@ module Tumbler
     # no whitespace, UTF-8 left unescaped. unique_across_queues drops
     # "queue"; unique_across_workers drops "class". The runtime lock of
     # while_executing and until_and_while_executing is the digest plus ":RUN".
+    #
+    # The job form (lock_digest_form: :job), shared with other job systems
+    # (tumbler-celery's unique={"digest": "job"}), so one logical job is
+    # unique whichever of them enqueues it:
+    #
+    #   tumbler:job:<job name>:<hex SHA-256 of the canonical JSON of [lock args...]>
+    #
+    # The name is lock_job_name (default: the class name); queue, class and
+    # lock_prefix play no part.
     module LockDigest
+      JOB_PREFIX = 'tumbler:job:'
+
       module_function
 
       def call(class_name:, queue:, lock_args:, prefix:, across_queues: false, across_workers: false)
@@ -25,6 +36,12 @@ module Tumbler
         fields['class'] = class_name.to_s unless across_workers
         fields['queue'] = queue.to_s unless across_queues
         "#{prefix}:#{::Digest::SHA256.hexdigest(canonical_json(fields))}"
+      end
+
+      def job(name:, lock_args:)
+        raise InvalidOptions, 'lock_job_name: a non-empty name of the logical job' if name.to_s.empty?
+
+        "#{JOB_PREFIX}#{name}:#{::Digest::SHA256.hexdigest(canonical_json(lock_args.is_a?(Array) ? lock_args : [lock_args]))}"
       end
 
       def canonical_json(value) = JSON.generate(canonical(JSON.parse(JSON.generate([value]))[0]))

@@ -12,9 +12,12 @@ module Tumbler
       RUNTIME_TYPES = %i[while_executing until_and_while_executing].freeze
       CLIENT_STRATEGIES = %i[log raise reject replace reschedule].freeze
       SERVER_STRATEGIES = %i[log raise reject reschedule].freeze
+      # lock_digest_form: the gem's own digest (default), or the job form
+      # shared with other job systems (LockDigest.job).
+      DIGEST_FORMS = %i[default job].freeze
 
       attr_reader :type, :ttl, :timeout, :limit, :prefix, :on_client_conflict, :on_server_conflict,
-                  :schedule_in, :execution_ttl, :job_class
+                  :schedule_in, :execution_ttl, :job_class, :digest_form
 
       # job_class: the class (or its name); item: the job hash.
       def self.for(job_class, item, config = Sidekiq.config)
@@ -81,6 +84,10 @@ module Tumbler
         on_conflict = opts['on_conflict'] || config.on_conflict
         @on_client_conflict = strategy(on_conflict, 'client', CLIENT_STRATEGIES)
         @on_server_conflict = strategy(on_conflict, 'server', SERVER_STRATEGIES)
+        @digest_form = (opts['lock_digest_form'] || :default).to_sym
+        return if DIGEST_FORMS.include?(@digest_form)
+
+        raise InvalidOptions, "lock_digest_form: #{@digest_form.inspect} is not one of #{DIGEST_FORMS.join(', ')}"
       end
 
       def client_lock? = CLIENT_TYPES.include?(type)
@@ -109,7 +116,12 @@ module Tumbler
         end
       end
 
+      # The job form's name of the logical job: lock_job_name, else the class name.
+      def job_name(item) = (@opts['lock_job_name'] || item['class']).to_s
+
       def digest(item)
+        return LockDigest.job(name: job_name(item), lock_args: lock_args(item['args'] || [])) if digest_form == :job
+
         LockDigest.call(class_name: item['class'], queue: item['queue'], lock_args: lock_args(item['args'] || []),
                         prefix: prefix, across_queues: across_queues?, across_workers: across_workers?)
       end
