@@ -23,6 +23,9 @@
 #           the Ruby tests that need real servers (clients/ruby-sidekiq/test/run.sh:
 #           Tumbler::QueuedLocks, and tumbler-sidekiq with real redis-server,
 #           tumbler serve and `sidekiq -r test/app.rb` processes; minitest)
+#   Celery  pip wheel tumbler-celery -> pip install into the Python venv (celery[redis] and
+#           pytest from PyPI), then its pytest suite: a real `celery worker` (prefork) and a
+#           real Sidekiq process (the gems above) against redis-server and tumbler serve
 #
 # Installs what is missing first: Debian packages (Go, Ruby, protoc, Redis),
 # PyPI and npm packages by name. Builds the server only if
@@ -143,6 +146,15 @@ echo "    installed $(PERL5LIB="$work/perl5/lib/perl5" perl -MTumbler::Client -e
 
 step "java: clients/java/build.sh test (javac and jar, the JDK alone; JUnit 5 against real redis-server and tumbler serve)"
 OUT="$work/java" TUMBLER_BIN="$root/target/debug/tumbler" "$src/clients/java/build.sh" test
+
+step "python-celery: pip wheel tumbler-celery, install into the Python venv; pytest with a real Celery worker and a real Sidekiq"
+"$work/venv/bin/pip" wheel -q --no-deps -w "$work/dist" "$src/clients/python-celery"
+"$work/venv/bin/pip" install -q "$work"/dist/tumbler_celery-*.whl "celery[redis]>=5.3,<6" "pytest>=7"
+GEM_HOME="$work/gems" TUMBLER_BIN="$root/target/debug/tumbler" TUMBLER_TEST_LOGS="$work/celery-test-logs" \
+  "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$src/clients/python-celery/tests" || {
+    for f in "$work"/celery-test-logs/*.log; do echo "---- ${f##*/} (last lines)"; tail -n 25 "$f"; done
+    exit 1
+  }
 
 echo "==> python $("$work/venv/bin/python" -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
 export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_GO_MODULE=$src/clients/go \

@@ -30,6 +30,8 @@ comma list of:
              ruby-redis ruby-activesupport ruby-minitest ruby-connection-pool
              golang-github-gomodule-redigo-dev libredis-perl; pip and npm into
              temporary folders)
+             Celery: tumbler-celery with a real Celery worker and a real Sidekiq
+             (pip into the clients' venv: celery[redis], pytest)
 
 System packages come from Debian's apt-get (as root, or through sudo);
 Python packages go into target/tools-venv, never the global Python.
