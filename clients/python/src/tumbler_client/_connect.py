@@ -330,45 +330,99 @@ class ConnectStub:
             conn.close()
 
 
-class _AsyncConn:
-    def __init__(self, reader, writer):
-        self.reader, self.writer, self.used = reader, writer, False
+def parse_answer(buf, eof=False):
+    """A whole answer at the start of ``buf``: ((status, body, keep-alive), bytes used); None while incomplete.
+
+    ``eof``: the connection has ended (an answer with neither length nor chunks ends there)."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    status, length, chunked, keep = parse_head(bytes(buf[:end]))
+    at = end + 4
+    if length is not None:
+        if len(buf) < at + length:
+            return None
+        return (status, bytes(buf[at:at + length]), keep), at + length
+    if not chunked:
+        return ((status, bytes(buf[at:]), False), len(buf)) if eof else None
+    body = bytearray()
+    while True:
+        i = buf.find(b"\r\n", at)
+        if i < 0:
+            return None
+        size = int(bytes(buf[at:i]).split(b";")[0], 16)
+        if size == 0:
+            if len(buf) < i + 4:
+                return None
+            return (status, bytes(body), keep), i + 4
+        if len(buf) < i + 2 + size + 2:
+            return None
+        body += buf[i + 2:i + 2 + size]
+        at = i + 2 + size + 2
+
+
+class _AsyncConn(asyncio.Protocol):
+    """One HTTP/1.1 connection as an asyncio protocol: a call writes its request and awaits one future, which
+    data_received resolves once the whole answer is in (no stream reader between them)."""
+
+    def __init__(self):
+        self.transport, self.buf, self.waiter = None, bytearray(), None
+        self.used = self.closed = False
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.buf += data
+        self._answer()
+
+    def eof_received(self):
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc):
+        self.closed = True
+        if self._answer(eof=True):
+            return
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            if self.used and not self.buf:
+                waiter.set_exception(_Reused())
+            else:
+                waiter.set_exception(exc or ConnectionResetError("the server closed the connection"))
+
+    def _answer(self, eof=False):
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return False
+        try:
+            got = parse_answer(self.buf, eof)
+        except (ValueError, IndexError) as e:
+            waiter.set_exception(e)
+            return True
+        if got is None:
+            return False
+        answer, used = got
+        del self.buf[:used]
+        waiter.set_result(answer)
+        return True
 
     def close(self):
-        try:
-            self.writer.close()
-        except Exception:  # noqa: BLE001 -- a closing transport's own errors do not matter here
-            pass
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
 
     def stale(self):
-        return self.reader.at_eof() or self.writer.is_closing() or len(self.reader._buffer) > 0
+        return self.closed or bool(self.buf) or self.transport.is_closing()
 
     async def roundtrip(self, request):
-        self.writer.write(request)
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
         try:
-            head = await self.reader.readuntil(b"\r\n\r\n")
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
-            if self.used and not getattr(e, "partial", b""):
-                raise _Reused() from e
-            raise
-        status, length, chunked, keep = parse_head(head[:-4])
-        if chunked:
-            body = bytearray()
-            while True:
-                size = int((await self.reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
-                if size == 0:
-                    await self.reader.readuntil(b"\r\n")
-                    break
-                body += await self.reader.readexactly(size + 2)
-                del body[-2:]
-            body = bytes(body)
-        elif length is not None:
-            body = await self.reader.readexactly(length)
-        else:
-            keep = False
-            body = await self.reader.read()
+            answer = await self.waiter
+        finally:
+            self.waiter = None
         self.used = True
-        return status, body, keep
+        return answer
 
 
 class AsyncConnectStub:
@@ -394,12 +448,12 @@ class AsyncConnectStub:
             if not conn.stale():
                 return conn
             conn.close()
-        reader, writer = await asyncio.open_connection(*self._addr, ssl=self._ssl,
-                                                       server_hostname=self._server_hostname)
-        sock = writer.get_extra_info("socket")
+        _, conn = await asyncio.get_running_loop().create_connection(
+            _AsyncConn, *self._addr, ssl=self._ssl, server_hostname=self._server_hostname)
+        sock = conn.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _AsyncConn(reader, writer)
+        return conn
 
     async def _unary(self, name, response, request, timeout, metadata):
         loop = asyncio.get_running_loop()
@@ -428,7 +482,7 @@ class AsyncConnectStub:
                     conn.close()
                     conn = None
                     continue
-                except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+                except (OSError, ValueError, IndexError) as e:
                     conn.close()
                     conn = None
                     raise ConnectRpcError(grpc.StatusCode.UNAVAILABLE, f"{self._head.authority}: {e}") from None
