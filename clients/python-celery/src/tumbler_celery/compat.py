@@ -54,7 +54,7 @@ class Singleton(UniqueTask):
         if expiry is not None:
             opts["timeout"] = expiry
         else:
-            opts["timeout"] = conf.get("tumbler_unique", {}).get("max_ttl", 86400.0)  # singleton: no expiry
+            opts["timeout"] = (conf.get("tumbler_unique") or {}).get("max_ttl", 86400.0)  # singleton: no expiry
         if self.unique_on is not None:
             opts["keys"] = [self.unique_on] if isinstance(self.unique_on, str) else list(self.unique_on)
         return opts
