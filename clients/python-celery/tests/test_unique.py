@@ -165,3 +165,47 @@ def test_eager_mode_runs_under_the_lock_and_frees_it(tasks, h):
         assert h.holders(tasks.until_executed.tumbler_digest((tag, 0))) == []
     finally:
         tasks.app.conf.task_always_eager = False
+
+
+def _redeliver(task, args, task_id):
+    """The message of task_id sent again as it was, without taking the lock (as a broker redelivers it)."""
+    from celery import Task
+    headers = {"tumbler_unique": {"digest": task.tumbler_digest(args), "options": task.unique_options()}}
+    return Task.apply_async(task, args, task_id=task_id, headers=headers, queue="tests")
+
+
+def test_a_second_run_of_one_task_waits_for_the_first_runs_lease(tasks, worker, h):
+    tag = h.new_tag("two-runs")
+    args = (tag, 0)
+    parked = tasks.until_executed.apply_async(args, queue="parked")
+    name = tasks.until_executed.tumbler_digest(args)
+    # A first run of it holds the lock (a paused process whose message went to another worker): its lease runs.
+    first_run = h.client.acquire(name, f"{parked.id}:{'0' * 16}", ttl_ms=1500, takes_over=parked.id)
+    _redeliver(tasks.until_executed, args, parked.id)
+    [start] = h.wait_events(tag, "start")
+    assert RUN_HOLDER.match(start["holder"]).group("id") == parked.id and start["holder"] != first_run.holder
+    assert start["t"] * 1000 >= first_run.grant.expires_at_ms - 50  # it ran once the first run's lease ended
+    assert start["token"] > first_run.fencing_token
+    assert not first_run.release()  # the stale run's release (pinned to its token) frees nothing
+    h.wait_free(name)
+
+
+def test_a_run_whose_lock_another_task_took_is_dropped(tasks, worker, h):
+    tag = h.new_tag("run-conflict")
+    args = (tag, 0)
+    lapsed = tasks.until_executed.apply_async(args, queue="parked", unique={"timeout": 0.3})
+    name = tasks.until_executed.tumbler_digest(args)
+    other = wait_until("the lapsed lock to be taken by another call",
+                       lambda: _sent_or_none_with(tasks, args), timeout=5)
+    _redeliver(tasks.until_executed, args, lapsed.id)
+    assert lapsed.get(timeout=15) is None  # on_run_conflict="drop": not run
+    assert h.events(tag) == []
+    assert [g.holder for g in h.holders(name)] == [other.id]
+    h.client.acquire(name, "cleanup", takes_over=other.id).release()
+
+
+def _sent_or_none_with(tasks, args):
+    try:
+        return tasks.until_executed.apply_async(args, queue="parked")
+    except Duplicate:
+        return None
