@@ -241,7 +241,7 @@ pub struct Session {
 
 pub(crate) enum Command {
     Acquire(
-        proto::AcquireRequest,
+        Box<proto::AcquireRequest>,
         oneshot::Sender<Result<proto::AcquireResponse>>,
     ),
     /// A namespace and one lock's name, or a multi-lock's names.
@@ -301,7 +301,7 @@ impl Session {
     pub async fn acquire_with(&self, request: proto::AcquireRequest) -> Result<SessionGrant> {
         let (reply, answer) = oneshot::channel();
         let (namespace, name) = (request.namespace.clone(), request.name.clone());
-        self.send(Command::Acquire(request, reply))?;
+        self.send(Command::Acquire(Box::new(request), reply))?;
         // Stops the wait if this future is dropped before the answer.
         let mut guard = StopWait {
             commands: &self.commands,
@@ -344,7 +344,7 @@ impl Session {
             ..Default::default()
         };
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Acquire(request, reply))?;
+        self.send(Command::Acquire(Box::new(request), reply))?;
         let mut guard = StopWait {
             commands: &self.commands,
             lock: Some((namespace.clone(), names.clone())),

@@ -235,7 +235,7 @@ impl Driver {
                 self.pending.insert(request_id, Reply::Acquire(reply));
                 Wire::Acquire(proto::SessionAcquire {
                     request_id,
-                    acquire: Some(acquire),
+                    acquire: Some(*acquire),
                 })
             }
             Command::Release(namespace, mut names, reply) => {
