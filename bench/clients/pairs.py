@@ -3,8 +3,10 @@
 The Python arms of bench/clients/run.sh: acquire+release pairs, try-once,
 each caller on its own lock name. TARGET:
 
-  tumbler        tumbler_client.Client (grpcio), CALLERS threads share it
-  tumbler-async  tumbler_client.AsyncClient (grpc.aio), CALLERS tasks share it
+  tumbler        tumbler_client.Client (its default transport: Connect, binary
+                 proto over kept-alive HTTP/1.1), CALLERS threads share it
+  tumbler-async  tumbler_client.AsyncClient (the same over asyncio), CALLERS tasks share it
+  tumbler-grpc, tumbler-grpc-async   the same with transport="grpc" (grpcio, grpc.aio)
   redis          redis.Redis (redis-py), CALLERS threads share its pool
   redis-async    redis.asyncio.Redis, CALLERS tasks share its pool
 
@@ -88,9 +90,11 @@ async def measure_async(pair, callers, pairs, secs):
 def main():
     target, addr, callers, pairs, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     host, port = addr.rsplit(":", 1)
+    transport = "grpc" if target.startswith("tumbler-grpc") else "auto"
+    target = target.replace("tumbler-grpc", "tumbler")
     if target == "tumbler":
         from tumbler_client import Client
-        client = Client(addr)
+        client = Client(addr, transport=transport)
 
         def pair(name):
             lock = client.acquire(name, ttl_ms=TTL_MS)
@@ -102,7 +106,7 @@ def main():
         from tumbler_client import AsyncClient
 
         async def go():
-            async with AsyncClient(addr) as client:
+            async with AsyncClient(addr, transport=transport) as client:
                 async def pair(name):
                     lock = await client.acquire(name, ttl_ms=TTL_MS)
                     if not await lock.release():

@@ -2,7 +2,9 @@
 #
 # The Ruby arms of bench/clients/run.sh: acquire+release pairs, try-once,
 # each caller on its own lock name. TARGET `tumbler` (the tumbler-client gem
-# over grpc, one Tumbler::Client shared by CALLERS threads) or `redis`
+# with its default transport, Connect over kept-alive HTTP/1.1, one
+# Tumbler::Client shared by CALLERS threads), `tumbler-grpc` (the same with
+# transport: :grpc, the grpc gem) or `redis`
 # (ruby-redis, as Sidekiq apps use it: a ConnectionPool of CALLERS Redis
 # connections; SET key token NX PX ttl, then compare-and-delete by EVALSHA,
 # loading the script on NOSCRIPT). A warm-up of 20 pairs per caller, then
@@ -44,9 +46,9 @@ def measure(callers, pairs, secs, &pair)
 end
 
 case target
-when 'tumbler'
+when 'tumbler', 'tumbler-grpc'
   require 'tumbler'
-  client = Tumbler::Client.new(addr)
+  client = Tumbler::Client.new(addr, transport: target == 'tumbler' ? :auto : :grpc)
   result = measure(callers, pairs, secs) do |name|
     lock = client.acquire(name, ttl_ms: TTL_MS)
     raise "release #{name}: not held" unless lock.release

@@ -13,7 +13,7 @@ Gem::Specification.new do |s|
   s.name = 'tumbler-client'
   s.version = '0.3.0'
   s.summary = 'Client for the tumbler lock service: scoped locks kept alive by a lease watchdog, safe retries, fencing tokens'
-  s.description = 'Acquire, extend and release tumbler locks over gRPC. Client#lock holds a grant for a block, ' \
+  s.description = 'Acquire, extend and release tumbler locks (unary calls over Connect on kept-alive HTTP/1.1, streams over gRPC). Client#lock holds a grant for a block, ' \
                   'renews it every third of its lease and raises LockLost in the block the moment it is lost.'
   s.authors = ['tumbler']
   s.license = 'MIT'
