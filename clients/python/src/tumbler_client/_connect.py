@@ -28,6 +28,7 @@ and the request sent once more, only when nothing of an answer came back.
 import asyncio
 import json
 import math
+import os
 import select
 import socket
 import threading
@@ -251,7 +252,7 @@ class ConnectStub:
         self._addr = (host, port)
         self._ssl, self._server_hostname = ssl_context, server_hostname or host
         self._head = _Head(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-        self._idle, self._lock, self._closed = [], threading.Lock(), False
+        self._idle, self._lock, self._closed, self._pid = [], threading.Lock(), False, os.getpid()
         self._connect_timeout = connect_timeout
         for name, response in UNARY:
             setattr(self, name, self._method(name, response))
@@ -273,6 +274,8 @@ class ConnectStub:
 
     def _take(self, deadline):
         with self._lock:
+            if self._pid != os.getpid():  # a forked child: the idle connections are the parent's, leave them
+                self._idle, self._pid = [], os.getpid()
             while self._idle:
                 conn = self._idle.pop()
                 if not conn.stale():

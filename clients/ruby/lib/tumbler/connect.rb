@@ -206,6 +206,7 @@ module Tumbler
                "Connect-Protocol-Version: 1\r\n"]
       end
       @idle = []
+      @pid = Process.pid
       @mutex = Mutex.new
       @closed = false
       @methods = UNARY.to_h { |name, method, response| [method, [name, response]] }
@@ -272,7 +273,11 @@ module Tumbler
 
     def take(deadline)
       loop do
-        conn = @mutex.synchronize { @idle.pop }
+        conn = @mutex.synchronize do
+          # A forked child: the idle connections are the parent's; leave them to it.
+          (@idle = []) && (@pid = Process.pid) unless @pid == Process.pid
+          @idle.pop
+        end
         break unless conn
         return conn unless conn.stale?
 
