@@ -122,6 +122,15 @@ class BlockingTransport(unittest.TestCase):
         self.assertTrue(lock.release())
         self.assertFalse(lock.release())
 
+    def test_takes_over_is_passed_through_to_the_server(self):
+        for i, c in enumerate((self.client, self.grpc_client())):
+            queued = c.acquire(f"t{i}", f"job-{i}", ttl_ms=5000)
+            run = c.acquire(f"t{i}", f"run-{i}", ttl_ms=5000, takes_over=f"job-{i}")
+            self.assertGreater(run.fencing_token, queued.fencing_token)
+            self.assertEqual([h.grant.holder for h in c.inspect(f"t{i}").holders], [f"run-{i}"])
+            self.assertFalse(queued.release(), "the grant passed on")
+            self.assertTrue(run.release())
+
     def test_errors_are_the_grpc_transports(self):
         for c in (self.client, self.grpc_client()):
             with self.assertRaises(tc.InvalidArgument) as e:

@@ -48,6 +48,17 @@ class ConnectTest < Minitest::Test
     assert_raises(ArgumentError) { Tumbler::Client.new('dns:///localhost:1', transport: :connect) }
   end
 
+  def test_takes_over_is_passed_through_to_the_server
+    [@client, grpc_client].each_with_index do |c, i|
+      queued = c.acquire("t#{i}", holder: "job-#{i}", ttl_ms: 5_000)
+      run = c.acquire("t#{i}", holder: "run-#{i}", ttl_ms: 5_000, takes_over: "job-#{i}")
+      assert_operator run.fencing_token, :>, queued.fencing_token
+      assert_equal ["run-#{i}"], c.inspect_lock("t#{i}").holders.map { |h| h.grant.holder }
+      refute queued.release, 'the grant passed on'
+      assert run.release
+    end
+  end
+
   def test_errors_are_the_grpc_transports
     [@client, grpc_client].each do |c|
       err = assert_raises(Tumbler::InvalidArgument) { c.acquire('b', limit: 0, ttl_ms: 1_000) }
