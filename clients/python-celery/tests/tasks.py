@@ -114,3 +114,9 @@ def nightly_report(self, account_id, region, tag, hold="gate"):
                                                 "on_duplicate": "drop"})
 def nightly_report_dropping(self, account_id, region, tag, hold="gate"):
     return probe(self, tag, hold, account_id=account_id, region=region)
+
+
+@app.task(bind=True, base=UniqueTask)
+def failing(self, tag):
+    probe(self, tag, 0)
+    raise RuntimeError(f"failing on purpose ({tag})")

@@ -209,3 +209,12 @@ def _sent_or_none_with(tasks, args):
         return tasks.until_executed.apply_async(args, queue="parked")
     except Duplicate:
         return None
+
+
+def test_a_failed_run_releases_the_lock(tasks, worker, h):
+    tag = h.new_tag("failed")
+    res = tasks.failing.delay(tag)
+    with pytest.raises(RuntimeError):
+        res.get(timeout=15)
+    h.wait_free(tasks.failing.tumbler_digest((tag,)))
+    assert tasks.failing.delay(tag).id != res.id  # accepted again
