@@ -20,6 +20,7 @@
 # its /metrics). Starts its own redis-server and `tumbler serve`.
 #
 #   ruby clients/ruby-sidekiq/bench/run.rb [JOBS=2000] [ROUNDS=2]
+require 'etc'
 require 'json'
 require 'net/http'
 require 'redis'
@@ -42,6 +43,12 @@ tumbler_pid, tumbler_port = TumblerTest.start_tumbler(redis_port, http_port: htt
 env = { 'REDIS_URL' => "redis://127.0.0.1:#{redis_port}/1", 'TUMBLER_ADDR' => "127.0.0.1:#{tumbler_port}" }
 redis = Redis.new(url: env['REDIS_URL'])
 
+# CPU seconds (user + system) a process has used so far (Linux /proc).
+def cpu_s(pid)
+  fields = File.read("/proc/#{pid}/stat").split(') ').last.split
+  (Integer(fields[11]) + Integer(fields[12])) / Float(Etc.sysconf(Etc::SC_CLK_TCK))
+end
+
 def rpc_counts(http_port)
   body = Net::HTTP.get(URI("http://127.0.0.1:#{http_port}/metrics"))
   body.scan(/^tumbler_rpc_requests_total\{method="(\w+)",code="\w+"\} (\d+)/)
@@ -59,22 +66,28 @@ begin
       pushed, push_s = out.split.then { |a, b| [Integer(a), Float(b)] }
       raise "#{arm}: pushed #{pushed} of #{N}" unless pushed == N
 
+      servers_before = cpu_s(tumbler_pid) + cpu_s(redis_pid)
+
       pid, log = TumblerTest.spawn_logged("bench-sidekiq-#{tag}", env.merge(arm_env), RbConfig.ruby,
                                           Gem.bin_path('sidekiq', 'sidekiq'), '-r', File.join(HERE, 'app.rb'),
                                           '-q', queue, '-c', '10', '-t', '2')
       TumblerTest.wait_until("#{arm}: #{N} jobs done (log: #{log})", timeout: 300, every: 0.05) do
         redis.get("bench:done:#{tag}").to_i >= N
       end
+      sidekiq_cpu = cpu_s(pid)
+      servers_cpu = cpu_s(tumbler_pid) + cpu_s(redis_pid) - servers_before
       TumblerTest.stop(pid)
       t0 = redis.zscore("bench:t0:#{tag}", 'first')
       t1 = redis.zscore("bench:t1:#{tag}", 'last')
       after = rpc_counts(http_port)
       # (push.rb's warm-up makes one Inspect per arm: left out)
       calls = after.to_h { |m, v| [m, (v - before[m]) / N.to_f] }.reject { |m, v| v.zero? || m == 'Inspect' }
-      results[arm] << { push_us: push_s / N * 1e6, run_s: t1 - t0, jobs_per_s: N / (t1 - t0), calls: calls }
+      results[arm] << { push_us: push_s / N * 1e6, run_s: t1 - t0, jobs_per_s: N / (t1 - t0), calls: calls,
+                        cpu_us: (sidekiq_cpu + servers_cpu) / N * 1e6 }
       r = results[arm].last
-      warn format('round %d %-11s push %6.0f µs/job   run %5.2f s  %6.0f jobs/s   lock calls/job %s',
-                  round + 1, arm, r[:push_us], r[:run_s], r[:jobs_per_s], calls.map { |m, v| "#{m} #{v.round(2)}" }.join(', '))
+      warn format('round %d %-11s push %6.0f µs/job   run %5.2f s  %6.0f jobs/s   CPU %5.0f µs/job   lock calls/job %s',
+                  round + 1, arm, r[:push_us], r[:run_s], r[:jobs_per_s], r[:cpu_us],
+                  calls.map { |m, v| "#{m} #{v.round(2)}" }.join(', '))
     end
   end
   listed = Tumbler::Client.new("127.0.0.1:#{tumbler_port}", namespace: 'bench')
@@ -97,20 +110,21 @@ per_job = lambda do |rs|
   run_s = median.(rs.map { |r| r[:run_s] })
   push = median.(rs.map { |r| r[:push_us] })
   { run_s: run_s, push: push, run_overhead: (run_s / N - base) * 1e6, push_overhead: push - base_push,
-    e2e_s: run_s + (push * N / 1e6) }
+    e2e_s: run_s + (push * N / 1e6), cpu: median.(rs.map { |r| r[:cpu_us] }) }
 end
 sidekiq = per_job.(results['sidekiq'])
 plain = results.key?('plain_redis') ? per_job.(results['plain_redis']) : nil
-puts '| arm | push µs/job | jobs/s | run ÷ Sidekiq | end to end ÷ Sidekiq | overhead µs/job (push + run) | ÷ plain Redis lock | lock calls/job |'
-puts '| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |'
+puts '| arm | push µs/job | jobs/s | run ÷ Sidekiq | end to end ÷ Sidekiq | overhead µs/job (push + run) | ÷ plain Redis lock | run CPU µs/job | lock calls/job |'
+puts '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |'
 results.each do |arm, rs|
   r = per_job.(rs)
   calls = rs.last[:calls].map { |m, v| "#{m} #{v.round(2)}" }.join(', ')
   overhead = r[:push_overhead] + r[:run_overhead]
   vs_plain = plain && arm != 'sidekiq' ? format('%.2f', overhead / (plain[:push_overhead] + plain[:run_overhead])) : '–'
-  puts format('| %s | %.0f | %.0f | %.2f | %.2f | %+.0f (%+.0f + %+.0f) | %s | %s |', arm, r[:push], N / r[:run_s],
+  puts format('| %s | %.0f | %.0f | %.2f | %.2f | %+.0f (%+.0f + %+.0f) | %s | %.0f | %s |', arm, r[:push], N / r[:run_s],
               sidekiq[:run_s] / r[:run_s], sidekiq[:e2e_s] / r[:e2e_s], overhead, r[:push_overhead],
-              r[:run_overhead], vs_plain, calls.empty? ? '0' : calls)
+              r[:run_overhead], vs_plain, r[:cpu], calls.empty? ? '0' : calls)
 end
 puts
+puts 'run CPU: the Sidekiq process, tumbler and Redis together, while the jobs ran (user + system, /proc).'
 puts "locks left in tumbler's namespace after the run (every job released its lock): #{leftover}"

@@ -91,6 +91,22 @@ class TlsTest < Minitest::Test
     assert_raises(ArgumentError) { config.channel }
   end
 
+  # The gem's own client gets TLS as files, so its unary calls go over
+  # Connect through TLS (a grpc credentials object would keep them on gRPC).
+  def test_the_gems_client_speaks_connect_through_tls
+    saved = %i[address tls].to_h { |k| [k, Tumbler::Sidekiq.config.public_send(k)] }
+    Tumbler::Sidekiq.configure(install: false, address: "https://127.0.0.1:#{port}", tls: { ca_file: ca })
+    client = Tumbler::Sidekiq.client
+    assert_kind_of Tumbler::ConnectStub, client.unary, 'unary calls over Connect'
+    assert reaches?(client), 'through TLS'
+    config = Tumbler::Sidekiq::Config.new
+    config.address = "https://127.0.0.1:#{port}"
+    config.credentials = GRPC::Core::ChannelCredentials.new(File.read(ca))
+    assert_equal({ credentials: config.credentials }, config.client_settings.last, 'a credentials object is kept')
+  ensure
+    Tumbler::Sidekiq.configure(install: false, **saved) if saved
+  end
+
   def test_an_https_address_with_the_ca_reaches_the_tls_server_and_nothing_else_does
     assert reaches?(client_for(address: "https://127.0.0.1:#{port}", tls: { ca_file: ca })), 'https:// + tls: { ca_file: }'
     assert reaches?(client_for(address: "grpcs://127.0.0.1:#{port}", tls: { ca_file: ca })), 'grpcs://'

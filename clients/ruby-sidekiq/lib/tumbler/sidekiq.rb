@@ -74,10 +74,10 @@ module Tumbler
 
         @client_mutex.synchronize do
           unless @client && @client_pid == Process.pid
-            target, credentials = config.channel
+            target, security = config.client_settings
             @client = Tumbler::Client.new(target, namespace: config.namespace, token: config.token,
-                                                  credentials: credentials, timeout: config.rpc_timeout,
-                                                  interceptors: config.interceptors)
+                                                  timeout: config.rpc_timeout, interceptors: config.interceptors,
+                                                  **security)
             @client_pid = Process.pid
           end
         end

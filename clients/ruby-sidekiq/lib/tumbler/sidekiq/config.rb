@@ -87,18 +87,33 @@ module Tumbler
         [target, on ? tls_credentials : :this_channel_is_insecure]
       end
 
+      # The target and the Tumbler::Client options for it: TLS as tls:
+      # (the files, or true for the system's roots), so the client can
+      # carry its unary calls over Connect with the same security; a given
+      # credentials object, or plaintext, as credentials:.
+      def client_settings
+        target, creds = channel
+        return [target, { credentials: creds }] if credentials || creds == :this_channel_is_insecure
+
+        files = tls_files.compact.reject { |_, f| f.to_s.empty? }
+        [target, { tls: files.empty? ? true : files }]
+      end
+
       private
 
-      def tls_credentials
+      def tls_files
         files = { ca_file: ENV.fetch('TUMBLER_TLS_CA_FILE', nil), cert_file: ENV.fetch('TUMBLER_TLS_CLIENT_CERT_FILE', nil),
                   key_file: ENV.fetch('TUMBLER_TLS_CLIENT_KEY_FILE', nil) }
-        if tls.is_a?(Hash)
-          given = tls.transform_keys(&:to_sym)
-          unknown = given.keys - TLS_FILES
-          raise ArgumentError, "tls: unknown #{unknown.join(', ')} (#{TLS_FILES.join(', ')})" unless unknown.empty?
+        files.merge!(tls.transform_keys(&:to_sym)) if tls.is_a?(Hash)
+        files
+      end
 
-          files.merge!(given)
+      def tls_credentials
+        if tls.is_a?(Hash)
+          unknown = tls.transform_keys(&:to_sym).keys - TLS_FILES
+          raise ArgumentError, "tls: unknown #{unknown.join(', ')} (#{TLS_FILES.join(', ')})" unless unknown.empty?
         end
+        files = tls_files
         ca, cert, key = files.values_at(*TLS_FILES).map { |f| f.nil? || f.to_s.empty? ? nil : File.read(f) }
         raise ArgumentError, 'tls: cert_file and key_file go together' if cert.nil? != key.nil?
 
