@@ -156,6 +156,9 @@ GEM_HOME="$work/gems" TUMBLER_BIN="$root/target/debug/tumbler" TUMBLER_TEST_LOGS
     exit 1
   }
 
+step "python: the Connect transport of the installed tumbler-client (tests/test_transport.py against a real tumbler serve)"
+TUMBLER_BIN="$root/target/debug/tumbler" "$work/venv/bin/python" "$src/clients/python/tests/test_transport.py"
+
 echo "==> python $("$work/venv/bin/python" -c 'import grpc; print("grpcio", grpc.__version__)'), node $(node --version), $(go version | cut -d' ' -f3), ruby $(ruby -e 'require "grpc"; print RUBY_VERSION, " grpc ", GRPC::VERSION')"
 export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_GO_MODULE=$src/clients/go \
   TUMBLER_RUST_STEPS=$root/target/debug/examples/conformance_steps \

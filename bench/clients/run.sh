@@ -304,11 +304,11 @@ cell() { if [ "$1" = failed ]; then echo FAILED; elif [ -z "$1" ]; then echo —
 label() {
   case $1 in
     rust) echo "Rust | tumbler-client (tonic) | redis crate 1.8, multiplexed" ;;
-    python) echo "Python | tumbler_client.Client (grpcio) | redis-py $("$work/venv/bin/python" -c 'import redis; print(redis.__version__)' 2>/dev/null), threads" ;;
-    python-async) echo "Python asyncio | tumbler_client.AsyncClient (grpc.aio) | redis.asyncio" ;;
+    python) echo "Python | tumbler_client.Client (Connect, kept-alive HTTP/1.1) | redis-py $("$work/venv/bin/python" -c 'import redis; print(redis.__version__)' 2>/dev/null), threads" ;;
+    python-async) echo "Python asyncio | tumbler_client.AsyncClient (Connect, kept-alive HTTP/1.1) | redis.asyncio" ;;
     node) echo "Node | tumbler-client (@grpc/grpc-js) | ioredis $(cd "$work/node-app" 2>/dev/null && node -p 'require("ioredis/package.json").version' 2>/dev/null)" ;;
     go) echo "Go | tumbler/client (grpc-go 1.33) | redigo $(dpkg-query -W -f='${Version}' golang-github-gomodule-redigo-dev 2>/dev/null | sed 's/^1://; s/-.*//')" ;;
-    ruby) echo "Ruby | tumbler-client (grpc gem) | redis-rb $(ruby -e 'require "redis"; print Redis::VERSION' 2>/dev/null), ConnectionPool" ;;
+    ruby) echo "Ruby | tumbler-client (Connect, kept-alive HTTP/1.1) | redis-rb $(ruby -e 'require "redis"; print Redis::VERSION' 2>/dev/null), ConnectionPool" ;;
     perl) echo "Perl | Tumbler::Client (HTTP::Tiny, Connect JSON) | Redis.pm $(perl -MRedis -e 'print $Redis::VERSION' 2>/dev/null)" ;;
     curl) echo "curl (reference) | curl, Connect JSON, one kept-alive connection | redis-cli" ;;
     java) echo "Java | tumbler-client (Connect JSON, kept-alive HTTP/1.1), JDK $(java -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p') | RESP over a socket (no Java Redis client in Debian)" ;;
