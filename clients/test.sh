@@ -69,7 +69,9 @@ if git rev-parse --git-dir >/dev/null 2>&1; then
 else
   cp -r clients proto "$src/"
 fi
-step() { echo "==> $*"; }
+# Each step says when it starts, in seconds since the start (where CI's
+# time goes).
+step() { echo "==> [${SECONDS}s] $*"; }
 
 step "python: pip wheel from a clean copy, install into a fresh venv"
 python3 -m venv "$work/venv"
@@ -165,5 +167,7 @@ export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_
   TUMBLER_NODE_APP=$work/node-app NODE_PATH=$work/node-app/node_modules GEM_HOME=$work/gems \
   TUMBLER_PERL5LIB=$work/perl5/lib/perl5 \
   TUMBLER_JAVA_CP=$work/java/tumbler-client.jar:$work/java/tumbler-conformance.jar
+step "conformance: the cross-language scenario with the installed packages"
 "$work/venv/bin/python" "$src/clients/conformance/driver.py" --server "$root/target/debug/tumbler" "$@"
+step "the client bench's smoke size"
 TUMBLER_BIN="$root/target/debug/tumbler" "$root/bench/clients/run.sh" --quick  # the client bench's smoke size (BENCHMARKS.md, "Clients: the price of moving over")
