@@ -19,8 +19,13 @@ END { $server->stop if $server }
 sub now { Time::HiRes::clock_gettime(Time::HiRes::CLOCK_MONOTONIC()) }
 sub median { my @s = sort { $a <=> $b } @_; return $s[ $#s / 2 ] }
 
-# The local port of the client's kept-alive connection (HTTP::Tiny's).
-sub local_port { my $h = $_[0]{http}{handle}; $h && $h->{fh} ? $h->{fh}->sockport : undef }
+# The local port of the client's kept-alive connection (its own for http,
+# HTTP::Tiny's for https).
+sub local_port {
+    my $c = shift;
+    my $fh = $c->{wire} ? $c->{wire}{fh} : $c->{http}{handle} && $c->{http}{handle}{fh};
+    return $fh ? $fh->sockport : undef;
+}
 
 my $client = Tumbler::Client->new(endpoint => $server->endpoint, timeout => 5);
 $client->inspect('stall');   # the connection's first call

@@ -87,4 +87,41 @@ subtest 'denied and other errors are not retried' => sub {
     is scalar(my @r = requests($log)), 3, 'one request each';
 };
 
+# The raw answers the client's own HTTP/1.1 reading meets: chunked, a
+# body ended by the connection's close, and a kept-alive connection the
+# server closed between two calls (the next call opens another).
+subtest 'chunked, read-to-close, and a kept-alive connection closed by the server' => sub {
+    my $listen = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 5, ReuseAddr => 1)
+        or die "listen: $!";
+    my @answers = (
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            . "7\r\n{\"name\"\r\nb\r\n:\"chunked\"}\r\n0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"name\":\"to-close\"}",
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 16\r\n\r\n{\"name\":\"again\"}",
+    );
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        # The first answer on a connection kept open, then closed by the
+        # server; the second on a new one, ended by its close; the third.
+        for my $i (0 .. 2) {
+            my $c = $listen->accept or last;
+            my $head = '';
+            while (defined(my $line = <$c>)) { $head .= $line; last if $line eq "\r\n" }
+            my ($len) = $head =~ /^content-length:\s*(\d+)/mi;
+            read $c, my $body, $len // 0;
+            print $c $answers[$i];
+            close $c;
+        }
+        POSIX::_exit(0);
+    }
+    my $port = $listen->sockport;
+    close $listen;
+    my $client = Tumbler::Client->new(endpoint => "http://127.0.0.1:$port", timeout => 5, backoff => 5);
+    is $client->inspect('r')->{name}, 'chunked', 'a chunked answer';
+    select undef, undef, undef, 0.2;   # the server has closed the kept-alive connection
+    is $client->inspect('r')->{name}, 'to-close', 'a closed kept-alive connection is not used: a new one, read to its close';
+    is $client->inspect('r')->{name}, 'again', 'and a third';
+    waitpid $pid, 0;
+};
+
 done_testing;

@@ -4,6 +4,7 @@ use warnings;
 use Carp ();
 use HTTP::Tiny;
 use JSON::PP ();
+use Socket ();
 use Sys::Hostname ();
 use Time::HiRes ();
 use Tumbler::Error;
@@ -13,7 +14,17 @@ use Tumbler::Leadership;
 
 our $VERSION = '0.1.0';
 
-my $JSON = JSON::PP->new->utf8->canonical;
+# JSON: Cpanel::JSON::XS or JSON::XS when installed (Debian
+# libcpanel-json-xs-perl, libjson-xs-perl), else the core JSON::PP, which
+# is pure Perl and most of a call's own time. All three give the same
+# text for what the client sends (UTF-8, keys sorted, JSON::PP's booleans)
+# and the same data back (JSON::PP::Boolean for true and false).
+# TUMBLER_JSON_PP=1 keeps JSON::PP.
+our $JSON_CLASS = 'JSON::PP';
+unless ($ENV{TUMBLER_JSON_PP}) {
+    for my $xs ('Cpanel::JSON::XS', 'JSON::XS') { if (eval "require $xs; 1") { $JSON_CLASS = $xs; last } }
+}
+my $JSON = $JSON_CLASS->new->utf8->canonical;
 
 sub _now { Time::HiRes::clock_gettime(Time::HiRes::CLOCK_MONOTONIC()) }
 
@@ -86,8 +97,12 @@ sub new {
     }, $class;
     $self->{endpoint} =~ s{/+$}{};
     $self->{endpoint} = "http://$self->{endpoint}" unless $self->{endpoint} =~ m{^https?://};
-    _check_tls($self) if $self->{endpoint} =~ m{^https://};
-    $self->{http} = $self->_http(keep_alive => 1, timeout => $self->{timeout});
+    if ($self->{endpoint} =~ m{^https://}) {
+        _check_tls($self);
+        $self->{http} = $self->_http(keep_alive => 1, timeout => $self->{timeout});
+    } else {
+        $self->{wire} = Tumbler::Client::Wire->new($self->{endpoint}, $self->{token});
+    }
     return $self;
 }
 
@@ -137,10 +152,12 @@ sub new_holder {
     return sprintf '%s-%d-%08x%08x-%d', $host, $$, int(rand(2**32)), int(rand(2**32)), ++$seq;
 }
 
+my %IS_ALLOWED = map { my $m = $_; ($m => { map { $_ => 1 } @{ $ALLOWED{$m} } }) } keys %ALLOWED;
+
 sub _body {
     my ($self, $method, $fixed, $opts) = @_;
     my %body = %$fixed;
-    my %allowed = map { $_ => 1 } @{ $ALLOWED{$method} };
+    my $allowed = $IS_ALLOWED{$method};
     my $ns = exists $opts->{namespace} ? $opts->{namespace} : $self->{namespace};
     $body{namespace} = $ns if defined $ns;
     for my $key (sort keys %$opts) {
@@ -148,7 +165,7 @@ sub _body {
         Tumbler::Error::InvalidArgument->throw(
             code => 'invalid_argument', kind => 'invalid_argument', method => $method,
             message => "$key: unknown option for " . lc($method),
-        ) unless $allowed{$key};
+        ) unless $allowed->{$key};
         my $v = $opts->{$key};
         next unless defined $v;
         my ($json, $type) = @{ $FIELDS{$key} };
@@ -182,10 +199,14 @@ sub call {
     my ($self, $method, $body, %args) = @_;
     my $timeout  = $args{timeout} // $self->{timeout};
     my $deadline = _now() + $timeout;
-    my $url      = "$self->{endpoint}/tumbler.v1.LockService/$method";
     my $content  = $JSON->encode($body // {});
-    my %headers  = ('content-type' => 'application/json', accept => 'application/json');
-    $headers{authorization} = "Bearer $self->{token}" if defined $self->{token};
+    my $wire     = $self->{wire};
+    my ($url, %headers);
+    unless ($wire) {
+        $url = "$self->{endpoint}/tumbler.v1.LockService/$method";
+        %headers = ('content-type' => 'application/json', accept => 'application/json');
+        $headers{authorization} = "Bearer $self->{token}" if defined $self->{token};
+    }
     my $pause = $self->{backoff};
     my ($attempts, $last) = (0, '');
     while (1) {
@@ -193,13 +214,15 @@ sub call {
         last if $left <= 0 && $attempts > 0;
         $left = 0.001 if $left <= 0;
         $attempts++;
-        $self->{http}->timeout($left);
-        my $res = _interruptible(sub {
-            $self->{http}->request(POST => $url, {
-                headers => { %headers, 'connect-timeout-ms' => int($left * 1000) || 1 },
-                content => $content,
+        my $res = $wire
+            ? _interruptible(sub { $wire->post($method, $content, $left) })
+            : _interruptible(sub {
+                $self->{http}->timeout($left);
+                $self->{http}->request(POST => $url, {
+                    headers => { %headers, 'connect-timeout-ms' => int($left * 1000) || 1 },
+                    content => $content,
+                });
             });
-        });
         my $status = $res->{status};
         if ($status == 200) {
             my $out = eval { $JSON->decode(length $res->{content} ? $res->{content} : '{}') };
@@ -276,15 +299,22 @@ sub _interruptible {
 }
 
 # proto3 JSON names to Perl ones (fencingToken -> fencing_token); map
-# values such as metadata keep their keys.
+# values such as metadata keep their keys. The few names the API has are
+# converted once.
+my %SNAKE;
 sub _snake {
     my ($v, $keep) = @_;
     if (ref $v eq 'HASH') {
-        return { map { $_ => $v->{$_} } keys %$v } if $keep;
+        return { %$v } if $keep;
         my %out;
         for my $k (keys %$v) {
-            (my $s = $k) =~ s/([A-Z])/_\l$1/g;
-            $out{$s} = _snake($v->{$k}, $k eq 'metadata');
+            my $s = $SNAKE{$k} // do {
+                (my $s = $k) =~ s/([A-Z])/_\l$1/g;
+                $SNAKE{$k} = $s if keys %SNAKE < 512;   # names, not map keys without end
+                $s;
+            };
+            my $x = $v->{$k};
+            $out{$s} = ref $x ? _snake($x, $k eq 'metadata') : $x;
         }
         return \%out;
     }
@@ -592,6 +622,198 @@ sub lock_all {
     my $start = _now();
     my $set = $self->acquire_all($names, %opts);
     return Tumbler::LockSet->_new_set($self, $set)->_count_lease($start, !defined $opts{holder});
+}
+
+# The calls of a plain http endpoint: one kept-alive HTTP/1.1 connection
+# of its own, TCP_NODELAY set, each request sent in one write and its
+# answer read by Content-Length (chunked and read-to-close answers are read
+# too). What HTTP::Tiny does per request besides (its URL parsing, header
+# hashes validated and written line by line, head and body in two writes,
+# the connection's peer looked up again) was most of a call's time. It
+# answers as HTTP::Tiny does (status, reason, headers, content; 599 with
+# the message when there was no answer), so call() maps both alike; https
+# goes through HTTP::Tiny and IO::Socket::SSL. A reused connection that
+# the server closed meanwhile is seen before writing (it is readable) and
+# opened again; after a fork the child opens its own.
+package Tumbler::Client::Wire;
+use Errno ();
+use Socket ();
+
+my $SOCKET_CLASS = eval { require IO::Socket::IP; IO::Socket::IP->VERSION(0.32); 'IO::Socket::IP' }
+    || do { require IO::Socket::INET; 'IO::Socket::INET' };
+my $NOSIGNAL = eval { Socket::MSG_NOSIGNAL() } || 0;
+
+sub new {
+    my ($class, $endpoint, $token) = @_;
+    my ($host, $port, $path) = $endpoint =~ m{^http://(\[[^\]]+\]|[^:/]+)(?::(\d+))?(/.*)?$}i
+        or Carp::croak("endpoint '$endpoint' is not http://host:port");
+    $port //= 80;
+    (my $bare = $host) =~ s/^\[(.*)\]$/$1/;
+    my $head = "Host: $host" . ($port == 80 ? '' : ":$port") . "\r\n"
+        . "User-Agent: tumbler-perl/$Tumbler::Client::VERSION\r\n"
+        . "Content-Type: application/json\r\nAccept: application/json\r\n"
+        . (defined $token ? "Authorization: Bearer $token\r\n" : '');
+    return bless { host => $bare, port => $port, prefix => ($path // ''), head => $head, fh => undef }, $class;
+}
+
+sub _now { Time::HiRes::clock_gettime(Time::HiRes::CLOCK_MONOTONIC()) }
+
+sub disconnect {
+    my $self = shift;
+    CORE::close $self->{fh} if $self->{fh} && $self->{pid} == $$;
+    $self->{fh} = undef;
+}
+
+# Waits until the socket can be read ($write: written) or the deadline; dies
+# as HTTP::Tiny does when it passes. A signal whose handler returns is waited
+# through.
+sub _wait {
+    my ($self, $deadline, $write) = @_;
+    while (1) {
+        my $left = $deadline - _now();
+        $left = 0 if $left < 0;
+        my $bits = $self->{bits};
+        my $n = $write ? select(undef, $bits, undef, $left) : select($bits, undef, undef, $left);
+        return 1 if $n > 0;
+        next if $n < 0 && $!{EINTR} && $left > 0;
+        die 'Timed out while waiting for socket to become ready for ' . ($write ? 'writing' : 'reading') . "\n"
+            if $n == 0;
+        die "select(2): '$!'\n";
+    }
+}
+
+sub _connect {
+    my ($self, $deadline) = @_;
+    my $left = $deadline - _now();
+    my $fh = $SOCKET_CLASS->new(PeerHost => $self->{host}, PeerPort => $self->{port}, Proto => 'tcp',
+        Type => Socket::SOCK_STREAM(), Timeout => ($left > 0.001 ? $left : 0.001))
+        or die "Could not connect to '$self->{host}:$self->{port}': $@\n";
+    setsockopt($fh, Socket::IPPROTO_TCP(), Socket::TCP_NODELAY(), 1)
+        or die "Could not set TCP_NODELAY on socket: $!\n";
+    binmode $fh;
+    $fh->blocking(0);
+    my $bits = '';
+    vec($bits, fileno $fh, 1) = 1;
+    @$self{qw(fh bits pid)} = ($fh, $bits, $$);
+}
+
+# POST /tumbler.v1.LockService/$method with the JSON $content (bytes);
+# the answer as HTTP::Tiny gives it.
+sub post {
+    my ($self, $method, $content, $timeout) = @_;
+    my $res = eval { $self->_post($method, $content, _now() + $timeout) };
+    return $res if $res;
+    my $e = $@;
+    $self->disconnect;   # whatever was on the wire is abandoned with the connection
+    return $e if ref $e eq 'HASH' && exists $e->{status};   # _interruptible's
+    $e = "$e";
+    return { status => 599, reason => 'Internal Exception', content => $e,
+             headers => { 'content-type' => 'text/plain', 'content-length' => length $e } };
+}
+
+sub _post {
+    my ($self, $method, $content, $deadline) = @_;
+    if ($self->{fh}) {
+        # Reused: a connection the server closed (or that has anything to
+        # read before we asked) is not used again.
+        if ($self->{pid} != $$) { $self->{fh} = undef }
+        else {
+            my $bits = $self->{bits};
+            if (select($bits, undef, undef, 0)) { $self->disconnect }
+        }
+    }
+    $self->_connect($deadline) unless $self->{fh};
+    my $fh = $self->{fh};
+    my $ms = int(($deadline - _now()) * 1000);
+    my $req = "POST $self->{prefix}/tumbler.v1.LockService/$method HTTP/1.1\r\n$self->{head}"
+        . 'Connect-Timeout-Ms: ' . ($ms > 0 ? $ms : 1) . "\r\nContent-Length: " . length($content)
+        . "\r\n\r\n" . $content;
+    my ($off, $len) = (0, length $req);
+    while ($off < $len) {
+        my $n = $NOSIGNAL ? send($fh, substr($req, $off), $NOSIGNAL)
+            : do { local $SIG{PIPE} = 'IGNORE'; syswrite($fh, $req, $len - $off, $off) };
+        if (defined $n) { $off += $n; next }
+        if ($!{EAGAIN} || $!{EWOULDBLOCK}) { $self->_wait($deadline, 1); next }
+        next if $!{EINTR};
+        die "Could not write to socket: '$!'\n";
+    }
+    my $buf = '';
+    my ($status, $reason, %headers, $body_at, $need, $chunked);
+    while (1) {
+        $self->_wait($deadline);
+        my $n = sysread($fh, $buf, 65536, length $buf);
+        if (!defined $n) {
+            next if $!{EAGAIN} || $!{EWOULDBLOCK} || $!{EINTR};
+            die "Could not read from socket: '$!'\n";
+        }
+        my $eof = $n == 0;
+        if (!defined $body_at) {
+            my $end = index $buf, "\r\n\r\n";
+            if ($end < 0) {
+                die "Unexpected end of stream while reading response header\n" if $eof;
+                next;
+            }
+            my @lines = split /\r\n/, substr($buf, 0, $end);
+            my $line = shift @lines;
+            ($status, $reason) = $line =~ m{^HTTP/1\.[01][ \t]+(\d{3})(?:[ \t]+([^\r\n]*))?$}
+                or die "Malformed Status-Line: $line\n";
+            %headers = ();
+            for (@lines) {
+                my ($k, $v) = /^([^:]+):[ \t]*(.*?)[ \t]*$/ or die "Malformed header line: $_\n";
+                $k = lc $k;
+                $headers{$k} = exists $headers{$k} ? "$headers{$k}, $v" : $v;
+            }
+            if ($status < 200) {   # 100 Continue and the like: the answer follows
+                substr($buf, 0, $end + 4) = '';
+                next;
+            }
+            $body_at = $end + 4;
+            $chunked = ($headers{'transfer-encoding'} // '') =~ /chunked/i;
+            $need = $chunked ? undef : $headers{'content-length'};
+            die "Invalid Content-Length: $need\n" if defined $need && $need !~ /^\d+$/;
+        }
+        my $body;
+        if (defined $need) {
+            if (length($buf) - $body_at < $need) {
+                die "Unexpected end of stream while reading response body\n" if $eof;
+                next;
+            }
+            $body = substr $buf, $body_at, $need;
+        } elsif ($chunked) {
+            $body = _dechunk($buf, $body_at);
+            if (!defined $body) {
+                die "Unexpected end of stream while reading chunked response body\n" if $eof;
+                next;
+            }
+        } else {
+            next unless $eof;   # no length: the body ends with the connection
+            $body = substr $buf, $body_at;
+            $headers{connection} = 'close';
+        }
+        $self->disconnect if ($headers{connection} // '') =~ /\bclose\b/i;
+        return { status => 0 + $status, reason => $reason // '', headers => \%headers, content => $body };
+    }
+}
+
+# A whole chunked body from $buf at $at, or undef while some is missing.
+sub _dechunk {
+    my ($buf, $at) = @_;
+    my $body = '';
+    while (1) {
+        my $eol = index $buf, "\r\n", $at;
+        return undef if $eol < 0;
+        my ($size) = substr($buf, $at, $eol - $at) =~ /^([0-9A-Fa-f]+)/ or die "Malformed chunk head\n";
+        $size = hex $size;
+        $at = $eol + 2;
+        if ($size == 0) {   # trailers up to an empty line
+            my $end = index $buf, "\r\n", $at;
+            while ($end >= 0 && $end != $at) { $at = $end + 2; $end = index $buf, "\r\n", $at }
+            return $end < 0 ? undef : $body;
+        }
+        return undef if length($buf) < $at + $size + 2;
+        $body .= substr $buf, $at, $size;
+        $at += $size + 2;
+    }
 }
 
 # HTTP::Tiny with TCP_NODELAY on its connections. It writes a request's
