@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The bounds under the Python and Ruby clients (issue 50 item 4), in one
-# run against one server: each language's bare round trips (bound.py,
+# The bounds under the Python, Ruby and Perl clients (issue 50 item 4), in one
+# run against one server: each language's bare round trips (bound.py, bound.pl,
 # bound.rb: the transport library alone, requests built once), beside the
 # Rust bench client and the clients themselves (bench/clients/pairs.*,
 # one caller), and the clients' own per-call work with the transport
@@ -17,6 +17,8 @@
 # both by pid. Needs: $PYTHON (default python3) with tumbler_client,
 # grpcio-health-checking and redis importable; Ruby with the tumbler gem
 # (GEM_HOME, or RUBYLIB=clients/ruby/lib after clients/ruby/generate.sh);
+# Perl: Tumbler::Client from $TUMBLER_PERL5LIB (default clients/perl/lib;
+# bound.pl: core modules, Cpanel::JSON::XS when installed);
 # $RUST_PAIRS (default target/release/tumbler-client-bench, built by
 # bench/clients/run.sh). A row whose tool is missing says so and is skipped.
 set -euo pipefail
@@ -25,6 +27,7 @@ root=$PWD
 pairs=${1:-2000}
 server=${TUMBLER_BIN:-$root/target/release/tumbler}
 python=${PYTHON:-python3}
+perl5lib=${TUMBLER_PERL5LIB:-$root/clients/perl/lib}   # Tumbler::Client for the perl rows (bound.pl needs none)
 rust=${RUST_PAIRS:-$root/target/release/tumbler-client-bench}
 here=$root/bench/clients
 work=$(mktemp -d "${TMPDIR:-/tmp}/tumbler-bound.XXXXXX")
@@ -75,6 +78,7 @@ for round in $( [ -n "${BOUND_TURNS_ONLY:-}" ] || echo 1 2); do
   for m in grpc-health grpc-pairs nethttp-pairs connect-pairs; do row "ruby bare $m" ruby "$here/bound/bound.rb" "$m" "$addr" "$pairs"; done
   for t in tumbler tumbler-grpc; do row "ruby client $t" ruby "$here/pairs.rb" "$t" "$addr" 1 "$pairs" 60; done
   for m in own client; do row "ruby breakdown $m" ruby "$here/bound/breakdown.rb" "$m" "$addr" "$pairs"; done
+  for m in connect-pairs httptiny-pairs; do row "perl bare $m" perl "$here/bound/bound.pl" "$m" "$addr" "$pairs"; done; row "perl client tumbler" env PERL5LIB="$perl5lib" perl "$here/pairs.pl" tumbler "$addr" 1 "$pairs" 60
   if [ -x "$rust" ]; then row "rust client (tonic)" "$rust" tumbler "$addr" 1 "$pairs" 60; fi
 done
 # The clients side by side, taking turns: ROUNDS rounds of PAIRS/ROUNDS
@@ -85,7 +89,8 @@ turn_rows=("rust client|$rust tumbler" "python client (Connect)|$python $here/pa
            "python client (grpcio)|$python $here/pairs.py tumbler-grpc"
            "python asyncio client (Connect)|$python $here/pairs.py tumbler-async"
            "python asyncio client (grpc.aio)|$python $here/pairs.py tumbler-grpc-async"
-           "ruby client (Connect)|ruby $here/pairs.rb tumbler" "ruby client (grpc gem)|ruby $here/pairs.rb tumbler-grpc")
+           "ruby client (Connect)|ruby $here/pairs.rb tumbler" "ruby client (grpc gem)|ruby $here/pairs.rb tumbler-grpc"
+           "perl client (Connect)|env PERL5LIB=$perl5lib perl $here/pairs.pl tumbler")
 echo "-- taking turns: $rounds rounds of $((pairs / rounds)) pairs per row"
 for _ in $(seq "$rounds"); do
   for entry in "${turn_rows[@]}"; do
