@@ -40,7 +40,7 @@ debs=(redis-server protobuf-compiler
       golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc
       ruby ruby-grpc ruby-google-protobuf ruby-grpc-tools
       ruby-sidekiq ruby-redis ruby-activesupport ruby-minitest
-      openjdk-17-jdk-headless junit5)
+      openjdk-17-jdk-headless junit5 libcpanel-json-xs-perl)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

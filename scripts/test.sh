@@ -28,8 +28,8 @@ comma list of:
              golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc
              ruby ruby-grpc ruby-google-protobuf ruby-grpc-tools ruby-sidekiq
              ruby-redis ruby-activesupport ruby-minitest ruby-connection-pool
-             golang-github-gomodule-redigo-dev libredis-perl; pip and npm into
-             temporary folders)
+             golang-github-gomodule-redigo-dev libredis-perl libcpanel-json-xs-perl;
+             pip and npm into temporary folders)
              Celery: tumbler-celery with a real Celery worker and a real Sidekiq
              (pip into the clients' venv: celery[redis], pytest)
 

@@ -52,7 +52,7 @@ debs=(redis-server redis-tools curl protobuf-compiler
       golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev protoc-gen-go protoc-gen-go-grpc
       golang-github-gomodule-redigo-dev
       ruby ruby-grpc ruby-google-protobuf ruby-grpc-tools ruby-redis ruby-connection-pool
-      libredis-perl openjdk-17-jdk-headless)
+      libredis-perl openjdk-17-jdk-headless libcpanel-json-xs-perl)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -309,7 +309,7 @@ label() {
     node) echo "Node | tumbler-client (@grpc/grpc-js) | ioredis $(cd "$work/node-app" 2>/dev/null && node -p 'require("ioredis/package.json").version' 2>/dev/null)" ;;
     go) echo "Go | tumbler/client (grpc-go 1.33) | redigo $(dpkg-query -W -f='${Version}' golang-github-gomodule-redigo-dev 2>/dev/null | sed 's/^1://; s/-.*//')" ;;
     ruby) echo "Ruby | tumbler-client (Connect, kept-alive HTTP/1.1) | redis-rb $(ruby -e 'require "redis"; print Redis::VERSION' 2>/dev/null), ConnectionPool" ;;
-    perl) echo "Perl | Tumbler::Client (HTTP::Tiny, Connect JSON) | Redis.pm $(perl -MRedis -e 'print $Redis::VERSION' 2>/dev/null)" ;;
+    perl) echo "Perl | Tumbler::Client (Connect JSON, kept-alive HTTP/1.1, $(PERL5LIB="$perl5lib" perl -MTumbler::Client -e 'print $Tumbler::Client::JSON_CLASS' 2>/dev/null)) | Redis.pm $(perl -MRedis -e 'print $Redis::VERSION' 2>/dev/null)" ;;
     curl) echo "curl (reference) | curl, Connect JSON, one kept-alive connection | redis-cli" ;;
     java) echo "Java | tumbler-client (Connect JSON, kept-alive HTTP/1.1), JDK $(java -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p') | RESP over a socket (no Java Redis client in Debian)" ;;
   esac
