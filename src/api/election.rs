@@ -159,9 +159,9 @@ impl LockApi {
             let holder = acquire.holder.as_str();
             if !election::is_leadership(&grant) {
                 // The candidate holds the name by a plain Acquire.
-                return Err(convert::status_of(
+                return Err(errors::status_of(
                     EngineError::ElectionRule,
-                    Some(convert::LockAt {
+                    Some(errors::LockAt {
                         rpc: "Campaign",
                         lock,
                         holder,
@@ -198,9 +198,9 @@ impl LockApi {
             } else if grant.metadata.get(election::VALUE_KEY) != Some(&value) {
                 // Another value, and no proof: someone else may not change
                 // the leader's value by campaigning in its name.
-                return Err(convert::status_of(
+                return Err(errors::status_of(
                     EngineError::NotYours,
-                    Some(convert::LockAt {
+                    Some(errors::LockAt {
                         rpc: "Campaign",
                         lock,
                         holder,
@@ -263,7 +263,7 @@ impl LockApi {
         let req = request.into_inner();
         let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
         access.read(&lock.namespace)?;
-        let (leader, now_ms) = self.engine.leader(&lock).await.map_err(convert::status)?;
+        let (leader, now_ms) = self.engine.leader(&lock).await.map_err(errors::status)?;
         Ok(Response::new(proto::LeaderResponse {
             leader: leader.map(|l| leadership(&lock, l)),
             now_ms,
@@ -325,14 +325,14 @@ impl LockApi {
         self.engine
             .announce_watch(&lock.namespace)
             .await
-            .map_err(|e| convert::status(EngineError::from(e)))?;
+            .map_err(|e| errors::status(EngineError::from(e)))?;
         // Read once the watcher is registered and announced: nothing
         // that happens meanwhile is missed (the tracker drops doubles).
         let state = self
             .engine
             .watch_state(&filter)
             .await
-            .map_err(convert::status)?;
+            .map_err(errors::status)?;
         let (guard, overflowed, mut events) = (watch.guard, watch.overflowed, watch.events);
         let (out, outbox) = tokio::sync::mpsc::channel(1);
         tokio::spawn(

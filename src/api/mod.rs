@@ -3,15 +3,14 @@
 //! outcome to a reply; Redis trouble becomes UNAVAILABLE. No lock
 //! semantics live here.
 
-pub mod convert;
 mod election;
 mod locks;
 mod quota;
-pub mod report;
 mod session;
-pub mod validate;
 
-use convert::{LockAt, ToProto, invalid, status_of};
+use crate::service::errors::{self, LockAt, invalid, status_of};
+use crate::service::replies::{self, ToProto};
+use crate::service::{report, validate};
 use locks::*;
 
 use std::sync::Arc;
@@ -290,8 +289,8 @@ impl LockService for LockApi {
         let req = request.into_inner();
         let lock = LockId::parse(req.namespace.as_str(), req.name.as_str()).map_err(invalid)?;
         access.read(&lock.namespace)?;
-        let state = self.engine.inspect(&lock).await.map_err(convert::status)?;
-        Ok(Response::new(convert::inspect_response(&lock, state)))
+        let state = self.engine.inspect(&lock).await.map_err(errors::status)?;
+        Ok(Response::new(replies::inspect_response(&lock, state)))
     }
 
     #[tracing::instrument(name = "Queue", skip_all, fields(namespace, lock_name))]
@@ -308,8 +307,8 @@ impl LockService for LockApi {
             .engine
             .queue(&lock, most)
             .await
-            .map_err(convert::status)?;
-        Ok(Response::new(convert::queue_response(&lock, state)))
+            .map_err(errors::status)?;
+        Ok(Response::new(replies::queue_response(&lock, state)))
     }
 
     #[tracing::instrument(name = "List", skip_all, fields(namespace))]
@@ -328,8 +327,8 @@ impl LockService for LockApi {
             .engine
             .list(&namespace, &prefix, page_size, from, req.only_waiting)
             .await
-            .map_err(convert::status)?;
-        Ok(Response::new(convert::list_response(page)))
+            .map_err(errors::status)?;
+        Ok(Response::new(replies::list_response(page)))
     }
 
     #[tracing::instrument(name = "ListNamespaces", skip_all)]
@@ -338,7 +337,7 @@ impl LockService for LockApi {
         request: Request<proto::ListNamespacesRequest>,
     ) -> Result<Response<proto::ListNamespacesResponse>, Status> {
         let access = Access::of(&request)?;
-        let mut namespaces = self.engine.namespaces().await.map_err(convert::status)?;
+        let mut namespaces = self.engine.namespaces().await.map_err(errors::status)?;
         namespaces.retain(|namespace| access.lists(namespace));
         namespaces.sort();
         Ok(Response::new(proto::ListNamespacesResponse { namespaces }))
@@ -364,7 +363,7 @@ impl LockService for LockApi {
             .engine
             .reap(&namespace, older_than)
             .await
-            .map_err(convert::status)?;
+            .map_err(errors::status)?;
         tracing::info!(
             %namespace,
             by = access.who(),
@@ -410,7 +409,7 @@ impl LockService for LockApi {
             "{}",
             if error.is_some() { "namespace clear interrupted" } else { "namespace cleared" }
         );
-        result.map_err(|err| clear_interrupted(convert::status(err), &counts))?;
+        result.map_err(|err| clear_interrupted(errors::status(err), &counts))?;
         Ok(Response::new(proto::ClearResponse {
             locks_cleared: counts.locks,
             grants_released: counts.grants,
@@ -439,8 +438,8 @@ impl LockService for LockApi {
             .engine
             .metrics(&namespace, from_ms, to_ms, kind.as_deref())
             .await
-            .map_err(convert::status)?;
-        Ok(Response::new(convert::metrics_response(
+            .map_err(errors::status)?;
+        Ok(Response::new(replies::metrics_response(
             report, from_ms, to_ms,
         )))
     }
@@ -493,14 +492,14 @@ impl LockService for LockApi {
         self.engine
             .announce_watch(&namespace)
             .await
-            .map_err(|e| convert::status(EngineError::from(e)))?;
+            .map_err(|e| errors::status(EngineError::from(e)))?;
         // The state is read once the watcher is registered and announced:
         // whatever changes meanwhile arrives as events after it.
         let state = if req.initial_state {
             self.engine
                 .watch_state(&state_filter)
                 .await
-                .map_err(convert::status)?
+                .map_err(errors::status)?
         } else {
             Vec::new()
         };

@@ -12,8 +12,6 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
 
 use super::Driver;
-use crate::api::convert::{self, ToProto, invalid};
-use crate::api::{report, validate};
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
 use crate::engine::{
@@ -22,6 +20,9 @@ use crate::engine::{
 use crate::proto;
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
+use crate::service::errors::{self, invalid};
+use crate::service::replies::ToProto;
+use crate::service::{report, validate};
 
 /// Commands one session may have running at once (waiting acquires
 /// included); more are refused with RESOURCE_EXHAUSTED.
@@ -372,7 +373,7 @@ impl Done {
             EngineError::Stopped => {
                 Status::permission_denied("the token may no longer act in this namespace")
             }
-            err => convert::status(err),
+            err => errors::status(err),
         };
         Done {
             event: refused(request_id, status),
