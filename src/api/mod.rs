@@ -8,22 +8,20 @@ mod locks;
 mod quota;
 mod session;
 
-use crate::service::errors::{self, LockAt, invalid, status_of};
-use crate::service::replies::{self, ToProto};
-use crate::service::{report, validate};
-use locks::*;
-
 use std::sync::Arc;
-use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::auth::{Access, LiveAccess, Throttle};
 use crate::config::TransportLimits;
-use crate::engine::{self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId};
-use crate::proto::{self, ExtendStatus, lock_service_server::LockService};
-use validate::Limits;
+use crate::engine::{self, EngineError, LockEngine, LockId};
+use crate::proto::{self, lock_service_server::LockService};
+use crate::service::errors::{self, invalid};
+use crate::service::replies::{self, ToProto};
+use crate::service::validate::{self, Limits};
+use crate::service::watch;
+use locks::handler_spans;
 
 /// The service: the shared engine, the request bounds and the open
 /// streams.
@@ -114,101 +112,6 @@ impl LockApi {
                 None,
             ),
         }
-    }
-
-    /// The caller's share of waiters, for an acquire that may wait (None
-    /// for a try-once one).
-    fn waiter_slot(
-        &self,
-        access: &Access,
-        acquire: &engine::AcquireRequest,
-    ) -> Result<Option<quota::QuotaSlot>, Status> {
-        if acquire.wait.is_zero() {
-            return Ok(None);
-        }
-        self.waiter_quota.take(access, None).map(Some)
-    }
-
-    /// Validates an acquire request for a holder and lease already decided
-    /// (by the request itself, or by its session).
-    fn acquire_request(
-        &self,
-        mut req: proto::AcquireRequest,
-        holder: engine::Holder,
-        ttl: engine::Ttl,
-        deadline: Option<crate::observe::CallerDeadline>,
-    ) -> Result<engine::AcquireRequest, Status> {
-        if !req.names.is_empty() {
-            // A multi-lock's names are taken out before (the Acquire RPC,
-            // a session's acquire: decisions 0076, 0078); a request that
-            // still has them here is one this path cannot take.
-            return Err(invalid(engine::Invalid::new(
-                "names",
-                "a multi-lock is taken with Acquire or a session's acquire, not here",
-            )));
-        }
-        let wait_ms = validate::wait_ms(req.wait_ms, &self.limits).map_err(invalid)?;
-        let (mode, prefer_readers) =
-            validate::mode(req.mode, req.prefer_readers).map_err(invalid)?;
-        let limit = validate::limit_for(req.limit, mode, &self.limits).map_err(invalid)?;
-        let permits = validate::permits(req.permits, limit, mode).map_err(invalid)?;
-        let takes_over =
-            validate::takes_over(std::mem::take(&mut req.takes_over), &holder, mode, permits)?;
-        Ok(engine::AcquireRequest {
-            lock: LockId::parse(
-                std::mem::take(&mut req.namespace),
-                std::mem::take(&mut req.name),
-            )
-            .map_err(invalid)?,
-            wait: if wait_ms == 0 {
-                Duration::ZERO
-            } else {
-                // A deadline too close to wait at all still waits 1 ms
-                // rather than turning into a try-once.
-                effective_wait(wait_ms, deadline.map(|d| d.left())).max(Duration::from_millis(1))
-            },
-            answer_by: deadline.map(|d| d.answered_at.into()),
-            queue_ttl_ms: validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits)
-                .map_err(invalid)?,
-            priority: validate::priority(req.priority).map_err(invalid)?,
-            // Read/write requests are fair; prefer_readers makes a reader
-            // barge (the engine sends the mode, not `fair`, for them).
-            fair: if mode.is_rw() {
-                !prefer_readers
-            } else {
-                req.fair.unwrap_or(true)
-            },
-            mode,
-            prefer_readers,
-            limit,
-            permits,
-            kind: validate::kind(std::mem::take(&mut req.kind)).map_err(invalid)?,
-            metadata: validate::metadata(&req.metadata).map_err(invalid)?,
-            ttl,
-            holder,
-            session_epoch: None,
-            stop: None,
-            holds_nothing: false,
-            takes_over,
-        })
-    }
-
-    /// Maps a failed lock operation to its status, counting Redis trouble
-    /// in the `errors` metric of the lock's namespace and kind. Its log
-    /// line names the RPC, the lock and the holder itself: the handler
-    /// may have opened no span to carry them (see [`handler_spans`]).
-    fn failed(
-        &self,
-        rpc: &'static str,
-        lock: &LockId,
-        holder: &str,
-        kind: &str,
-        err: EngineError,
-    ) -> Status {
-        if matches!(err, EngineError::Store(_)) {
-            self.engine.record_error(&lock.namespace, kind);
-        }
-        status_of(err, Some(LockAt { rpc, lock, holder }))
     }
 }
 
@@ -375,14 +278,7 @@ impl LockService for LockApi {
             locks_visited = counts.locks_visited,
             "reaped on request"
         );
-        Ok(Response::new(proto::ReapResponse {
-            expired_holders: counts.expired_holders,
-            dead_waiters: counts.dead_waiters,
-            stale_index_entries: counts.stale_index_entries,
-            old_grants: counts.old_grants,
-            old_waiters: counts.old_waiters,
-            locks_visited: counts.locks_visited,
-        }))
+        Ok(Response::new(replies::reap_response(&counts)))
     }
 
     #[tracing::instrument(name = "Clear", skip_all, fields(namespace))]
@@ -533,14 +429,9 @@ impl LockService for LockApi {
                                 return;
                             }
                         },
-                        () = access.changed() => {
-                            let still = access
-                                .recheck()
-                                .and_then(|()| access.access().act(&namespace));
-                            if let Err(status) = still {
-                                let _ = out.send(Err(status)).await;
-                                return;
-                            }
+                        status = watch::lost(&mut access, &namespace) => {
+                            let _ = out.send(Err(status)).await;
+                            return;
                         }
                         () = out.closed() => return,
                     }

@@ -18,4 +18,6 @@
 pub mod errors;
 pub mod replies;
 pub mod report;
+pub mod requests;
 pub mod validate;
+pub mod watch;

@@ -52,6 +52,22 @@ impl ToProto for &engine::ReleaseOutcome {
     }
 }
 
+impl ToProto for engine::ExtendOutcome {
+    type Proto = proto::ExtendResponse;
+    fn to_proto(self) -> proto::ExtendResponse {
+        match self {
+            engine::ExtendOutcome::Extended(grant) => proto::ExtendResponse {
+                status: proto::ExtendStatus::Extended.into(),
+                grant: Some(grant.to_proto()),
+            },
+            engine::ExtendOutcome::NotHeld => proto::ExtendResponse {
+                status: proto::ExtendStatus::NotHeld.into(),
+                grant: None,
+            },
+        }
+    }
+}
+
 impl ToProto for AcquireOutcome {
     type Proto = proto::AcquireResponse;
     fn to_proto(self) -> proto::AcquireResponse {
@@ -255,5 +271,91 @@ pub fn metrics_response(
         overall: Some(report.overall.to_proto()),
         from_ms,
         to_ms,
+    }
+}
+
+/// An election's leadership, named by its lock.
+pub fn leadership(lock: &LockId, l: engine::Leadership) -> proto::Leadership {
+    proto::Leadership {
+        namespace: lock.namespace.to_string(),
+        name: lock.name.to_string(),
+        candidate: l.candidate,
+        term: l.term,
+        value: l.value,
+        elected_at_ms: l.elected_at_ms,
+        expires_at_ms: l.expires_at_ms,
+        ttl_ms: l.ttl_ms,
+    }
+}
+
+/// A Campaign's answer: elected, with the leadership and the secret that
+/// proves it (decision 0082), or its place in the queue.
+pub fn campaign_response(
+    lock: &LockId,
+    outcome: engine::CampaignOutcome,
+    secret: String,
+) -> proto::CampaignResponse {
+    match outcome {
+        engine::CampaignOutcome::Elected(l) => proto::CampaignResponse {
+            elected: true,
+            leader: Some(leadership(lock, l)),
+            queue_position: 0,
+            secret,
+        },
+        engine::CampaignOutcome::NotElected { position } => proto::CampaignResponse {
+            elected: false,
+            leader: None,
+            queue_position: position,
+            secret: String::new(),
+        },
+    }
+}
+
+pub fn proclaim_response(
+    lock: &LockId,
+    outcome: engine::ProclaimOutcome,
+) -> proto::ProclaimResponse {
+    match outcome {
+        engine::ProclaimOutcome::Proclaimed(l) => proto::ProclaimResponse {
+            status: proto::ProclaimStatus::Proclaimed.into(),
+            leader: Some(leadership(lock, l)),
+        },
+        engine::ProclaimOutcome::NotLeader => proto::ProclaimResponse {
+            status: proto::ProclaimStatus::NotLeader.into(),
+            leader: None,
+        },
+    }
+}
+
+pub fn resign_response(resigned: bool) -> proto::ResignResponse {
+    proto::ResignResponse {
+        status: if resigned {
+            proto::ResignStatus::Resigned
+        } else {
+            proto::ResignStatus::NotLeader
+        }
+        .into(),
+    }
+}
+
+/// An Observe stream's message: a change of the election's leader.
+pub fn leader_change(lock: &LockId, c: engine::LeaderChange) -> proto::LeaderChange {
+    proto::LeaderChange {
+        leader: c.leader.map(|l| leadership(lock, l)),
+        event: c.event.to_owned(),
+        at_ms: c.at_ms,
+        ended_term: c.ended_term,
+    }
+}
+
+/// A Reap's answer: its counts.
+pub fn reap_response(counts: &engine::ReapCounts) -> proto::ReapResponse {
+    proto::ReapResponse {
+        expired_holders: counts.expired_holders,
+        dead_waiters: counts.dead_waiters,
+        stale_index_entries: counts.stale_index_entries,
+        old_grants: counts.old_grants,
+        old_waiters: counts.old_waiters,
+        locks_visited: counts.locks_visited,
     }
 }

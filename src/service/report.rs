@@ -1,12 +1,16 @@
-//! What the lock service reports of each lock operation's outcome: the
-//! per-kind metrics (outcomes, wait and hold times), span attributes and
-//! debug lines. It sits beside the handlers, where engine outcomes and
-//! observation meet, so `observe` itself knows nothing of the engine.
+//! What the lock service reports of each lock operation's outcome, one
+//! lock or a set, whichever transport asked: the per-kind metrics
+//! (outcomes, wait and hold times), span attributes and debug lines (with
+//! the key names the engine's layout gives). It sits in the service, where
+//! engine outcomes and observation meet, so `observe` itself knows nothing
+//! of the engine.
 
 use std::time::Duration;
 
 use crate::engine::keys::Layout;
-use crate::engine::{AcquireOutcome, AcquireRequest, ExtendOutcome, LockId, ReleaseOutcome};
+use crate::engine::{
+    AcquireOutcome, AcquireRequest, ExtendOutcome, LockId, MultiOutcome, ReleaseOutcome,
+};
 use crate::observe::{kind_metrics, record_lock, recording, rpc_spans, span_attribute};
 
 /// Before a waiting Acquire goes to the engine: the request joins the
@@ -49,21 +53,11 @@ pub fn acquired(
         AcquireOutcome::Busy { .. } => (2, "busy", None),
         AcquireOutcome::TimedOut { .. } => (3, "timeout", None),
     };
-    let kind = kind_metrics(&req.kind);
-    if recording() {
-        kind.outcome(index, label).increment(1);
-        if !req.wait.is_zero() {
-            kind.wait().record(elapsed.as_secs_f64());
-        }
-    }
-
-    if rpc_spans() {
-        span_attribute("tumbler.kind", req.kind.to_string());
-        span_attribute("tumbler.status", label);
-        span_attribute("tumbler.wait_ms", elapsed.as_millis() as i64);
-        if let Some(grant) = grant {
-            span_attribute("tumbler.fencing_token", grant.fencing_token as i64);
-        }
+    counted(req, index, label, elapsed);
+    if rpc_spans()
+        && let Some(grant) = grant
+    {
+        span_attribute("tumbler.fencing_token", grant.fencing_token as i64);
     }
 
     if !tracing::enabled!(tracing::Level::DEBUG) {
@@ -106,6 +100,61 @@ pub fn acquired(
             "lock request timed out"
         ),
     }
+}
+
+/// An Acquire's outcome (`index`, `label`) counted under its kind, its
+/// wait timed, and both told to the span.
+fn counted(req: &AcquireRequest, index: usize, label: &'static str, elapsed: Duration) {
+    let kind = kind_metrics(&req.kind);
+    if recording() {
+        kind.outcome(index, label).increment(1);
+        if !req.wait.is_zero() {
+            kind.wait().record(elapsed.as_secs_f64());
+        }
+    }
+    if rpc_spans() {
+        span_attribute("tumbler.kind", req.kind.to_string());
+        span_attribute("tumbler.status", label);
+        span_attribute("tumbler.wait_ms", elapsed.as_millis() as i64);
+    }
+}
+
+/// A set's Acquire (decision 0076) answered by the engine after
+/// `elapsed`: counted under its kind as a single lock's is.
+pub fn acquired_set(req: &AcquireRequest, outcome: &MultiOutcome, elapsed: Duration) {
+    let (index, label) = match outcome {
+        MultiOutcome::Acquired { already: false, .. } => (0, "acquired"),
+        MultiOutcome::Acquired { already: true, .. } => (1, "already_held"),
+        MultiOutcome::Busy { .. } => (2, "busy"),
+        MultiOutcome::TimedOut { .. } => (3, "timeout"),
+    };
+    counted(req, index, label, elapsed);
+}
+
+/// A set's Release answered by the engine: its hold time under its kind,
+/// as a single lock's.
+pub fn released_set(outcome: &ReleaseOutcome) {
+    let label = match outcome {
+        ReleaseOutcome::Released { kind, held_ms } => {
+            if recording() {
+                kind_metrics(kind).hold().record(*held_ms as f64 / 1000.0);
+            }
+            "released"
+        }
+        ReleaseOutcome::NotHeld => "not_held",
+    };
+    span_attribute("tumbler.status", label);
+}
+
+/// A set's Extend answered by the engine.
+pub fn extended_set(outcome: &ExtendOutcome) {
+    span_attribute(
+        "tumbler.status",
+        match outcome {
+            ExtendOutcome::Extended(_) => "extended",
+            ExtendOutcome::NotHeld => "not_held",
+        },
+    );
 }
 
 /// A Release answered by the engine.

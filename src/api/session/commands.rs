@@ -22,7 +22,7 @@ use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
 use crate::service::errors::{self, invalid};
 use crate::service::replies::ToProto;
-use crate::service::{report, validate};
+use crate::service::{report, requests, validate};
 
 /// Commands one session may have running at once (waiting acquires
 /// included); more are refused with RESOURCE_EXHAUSTED.
@@ -76,11 +76,12 @@ impl Driver {
                         validate::multi_plain(req.mode, req.permits).map_err(invalid)?;
                         req.name = names[0].to_string();
                     }
-                    let request = self.api.acquire_request(
+                    let request = requests::acquire(
                         req,
                         Holder::stored(&self.session),
                         Ttl::stored(self.ttl_ms),
                         None,
+                        &self.api.limits,
                     )?;
                     Ok((request, names))
                 };
@@ -93,12 +94,13 @@ impl Driver {
                     let req = command
                         .campaign
                         .ok_or_else(|| Status::invalid_argument("campaign: missing"))?;
-                    let request = self.api.campaign_request(
+                    let request = requests::campaign(
                         req,
                         Holder::stored(&self.session),
                         Ttl::stored(self.ttl_ms),
                         None,
                         self.proof.clone(),
+                        &self.api.limits,
                     )?;
                     Ok((request, Vec::new()))
                 };
@@ -129,6 +131,8 @@ impl Driver {
                             let reply = (&outcome).to_proto();
                             if let [lock] = locks.as_slice() {
                                 report::released(engine.layout(), lock, &session, None, outcome);
+                            } else {
+                                report::released_set(&outcome);
                             }
                             Done::reply(Event::Released(proto::SessionReleased {
                                 request_id: id,
@@ -203,10 +207,14 @@ impl Driver {
                     req: request.clone(),
                     names,
                 };
+                let started = std::time::Instant::now();
                 (engine
                     .session_acquire_many(&session, epoch, set, &lost)
                     .await)
-                    .map(ToProto::to_proto)
+                    .map(|outcome| {
+                        report::acquired_set(&request, &outcome, started.elapsed());
+                        outcome.to_proto()
+                    })
             };
             let done = match outcome {
                 Ok(response) => Done::reply(Event::Acquired(proto::SessionAcquired {

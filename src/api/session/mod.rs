@@ -49,7 +49,7 @@ use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
 use crate::proto::{self, SessionResponse};
 use crate::service::errors::{self, invalid};
-use crate::service::validate;
+use crate::service::{validate, watch};
 
 pub type SessionStream = ReceiverStream<Result<SessionResponse, Status>>;
 
@@ -294,8 +294,8 @@ impl Driver {
                         }
                     }
                 },
-                () = access.changed() => {
-                    if let Err(status) = access.recheck() {
+                changed = watch::changed(&mut access) => {
+                    if let Err(status) = changed {
                         break Ending::Refused(status);
                     }
                     if !self.drop_unpermitted(&access, &mut running).await {
