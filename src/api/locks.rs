@@ -196,7 +196,7 @@ impl LockApi {
         live: Option<LiveAccess>,
     ) -> Result<AcquireOutcome, Status> {
         let _waiting = self.waiter_slot(access, acquire)?;
-        report::acquire_waiting(self.engine.layout(), acquire);
+        report::acquire_waiting(&self.engine, acquire);
         let started = std::time::Instant::now();
         let outcome = match live {
             None => self.engine.acquire(acquire).await,
@@ -208,7 +208,7 @@ impl LockApi {
             }
             self.failed(rpc, &acquire.lock, &acquire.holder, &acquire.kind, e)
         })?;
-        report::acquired(self.engine.layout(), acquire, &outcome, started.elapsed());
+        report::acquired(&self.engine, acquire, &outcome, started.elapsed());
         Ok(outcome)
     }
 
@@ -270,7 +270,7 @@ impl LockApi {
                     self.failed("Release", &lock, &holder, validate::DEFAULT_KIND, e)
                 })?;
                 let reply = (&outcome).to_proto();
-                report::released(self.engine.layout(), &lock, &holder, token, outcome);
+                report::released(&self.engine, &lock, &holder, token, outcome);
                 Ok(Response::new(reply))
             }
         }
@@ -305,7 +305,7 @@ impl LockApi {
                     .map_err(|e| {
                         self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e)
                     })?;
-                report::extended(self.engine.layout(), &lock, &holder, &outcome);
+                report::extended(&self.engine, &lock, &holder, &outcome);
                 outcome
             }
         };

@@ -1,25 +1,24 @@
 //! What the lock service reports of each lock operation's outcome, one
 //! lock or a set, whichever transport asked: the per-kind metrics
 //! (outcomes, wait and hold times), span attributes and debug lines (with
-//! the key names the engine's layout gives). It sits in the service, where
+//! the key names the engine gives). It sits in the service, where
 //! engine outcomes and observation meet, so `observe` itself knows nothing
 //! of the engine.
 
 use std::time::Duration;
 
-use crate::engine::keys::Layout;
 use crate::engine::{
-    AcquireOutcome, AcquireRequest, ExtendOutcome, LockId, MultiOutcome, ReleaseOutcome,
+    AcquireOutcome, AcquireRequest, ExtendOutcome, LockEngine, LockId, MultiOutcome, ReleaseOutcome,
 };
 use crate::observe::{kind_metrics, record_lock, recording, rpc_spans, span_attribute};
 
 /// Before a waiting Acquire goes to the engine: the request joins the
 /// lock's queue unless a permit is free for it at once.
-pub fn acquire_waiting(layout: &Layout, req: &AcquireRequest) {
+pub fn acquire_waiting(engine: &LockEngine, req: &AcquireRequest) {
     if req.wait.is_zero() || !tracing::enabled!(tracing::Level::DEBUG) {
         return;
     }
-    let keys = layout.lock_keys(&req.lock.namespace, &req.lock.name);
+    let keys = engine.key_names(&req.lock);
     tracing::debug!(
         lock_key = %keys.queue,
         acq_id = %req.holder,
@@ -42,7 +41,7 @@ pub fn refused_as_deadlock(req: &AcquireRequest) {
 
 /// An Acquire answered by the engine after `elapsed`.
 pub fn acquired(
-    layout: &Layout,
+    engine: &LockEngine,
     req: &AcquireRequest,
     outcome: &AcquireOutcome,
     elapsed: Duration,
@@ -63,7 +62,7 @@ pub fn acquired(
     if !tracing::enabled!(tracing::Level::DEBUG) {
         return;
     }
-    let lock_key = layout.lock_keys(&req.lock.namespace, &req.lock.name).lock;
+    let lock_key = engine.key_names(&req.lock).lock;
     // Milliseconds, to the microsecond.
     let acq_time = elapsed.as_micros() as f64 / 1000.0;
     match outcome {
@@ -159,7 +158,7 @@ pub fn extended_set(outcome: &ExtendOutcome) {
 
 /// A Release answered by the engine.
 pub fn released(
-    layout: &Layout,
+    engine: &LockEngine,
     lock: &LockId,
     holder: &str,
     token: Option<u64>,
@@ -178,7 +177,7 @@ pub fn released(
     record_lock(&lock.namespace, &lock.name, holder);
     span_attribute("tumbler.status", label);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).lock;
+        let lock_key = engine.key_names(lock).lock;
         tracing::debug!(%lock_key, acq_id = %holder, token, "{}", match outcome {
             ReleaseOutcome::Released { .. } => "lock released",
             ReleaseOutcome::NotHeld => "release of a lock not held",
@@ -187,7 +186,7 @@ pub fn released(
 }
 
 /// An Extend answered by the engine.
-pub fn extended(layout: &Layout, lock: &LockId, holder: &str, outcome: &ExtendOutcome) {
+pub fn extended(engine: &LockEngine, lock: &LockId, holder: &str, outcome: &ExtendOutcome) {
     let label = match outcome {
         ExtendOutcome::Extended(_) => "extended",
         ExtendOutcome::NotHeld => "not_held",
@@ -195,7 +194,7 @@ pub fn extended(layout: &Layout, lock: &LockId, holder: &str, outcome: &ExtendOu
     record_lock(&lock.namespace, &lock.name, holder);
     span_attribute("tumbler.status", label);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).lock;
+        let lock_key = engine.key_names(lock).lock;
         match outcome {
             ExtendOutcome::Extended(grant) => tracing::debug!(
                 %lock_key,

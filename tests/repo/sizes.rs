@@ -78,7 +78,7 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         path: "crates/tumbler-engine/src/lib.rs",
-        lines: 734,
+        lines: 731,
         reason: "the façade is the engine's whole public surface in one place, each method a few lines that hand the call to the part that owns it (issue 51 narrows it)",
     },
     Budget {

@@ -130,7 +130,7 @@ impl Driver {
                         Ok(outcome) => {
                             let reply = (&outcome).to_proto();
                             if let [lock] = locks.as_slice() {
-                                report::released(engine.layout(), lock, &session, None, outcome);
+                                report::released(&engine, lock, &session, None, outcome);
                             } else {
                                 report::released_set(&outcome);
                             }
@@ -193,13 +193,13 @@ impl Driver {
             let _waiting = waiting;
             let _done = turn.wait().await;
             let outcome = if names.is_empty() {
-                report::acquire_waiting(engine.layout(), &request);
+                report::acquire_waiting(&engine, &request);
                 let started = std::time::Instant::now();
                 let outcome = engine
                     .session_acquire(&session, epoch, &request, &lost)
                     .await;
                 outcome.map(|outcome| {
-                    report::acquired(engine.layout(), &request, &outcome, started.elapsed());
+                    report::acquired(&engine, &request, &outcome, started.elapsed());
                     outcome.to_proto()
                 })
             } else {
