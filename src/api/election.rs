@@ -161,8 +161,7 @@ impl LockApi {
     ) -> Result<Response<proto::LeaderResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
-        access.read(&lock.namespace)?;
+        let lock = requests::readable_lock(req.namespace, req.name, &access)?;
         let (leader, now_ms) = self.engine.leader(&lock).await.map_err(errors::status)?;
         Ok(Response::new(proto::LeaderResponse {
             leader: leader.map(|l| replies::leadership(&lock, l)),

@@ -15,12 +15,12 @@ use tracing::Instrument;
 
 use crate::auth::{Access, LiveAccess, Throttle};
 use crate::config::TransportLimits;
-use crate::engine::{self, EngineError, LockEngine, LockId};
+use crate::engine::{self, EngineError, LockEngine};
 use crate::proto::{self, lock_service_server::LockService};
-use crate::service::errors::{self, invalid};
+use crate::service::errors;
 use crate::service::replies::{self, ToProto};
-use crate::service::validate::{self, Limits};
-use crate::service::watch;
+use crate::service::validate::Limits;
+use crate::service::{requests, watch};
 use locks::handler_spans;
 
 /// The service: the shared engine, the request bounds and the open
@@ -190,8 +190,7 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::InspectResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str()).map_err(invalid)?;
-        access.read(&lock.namespace)?;
+        let lock = requests::readable_lock(req.namespace, req.name, &access)?;
         let state = self.engine.inspect(&lock).await.map_err(errors::status)?;
         Ok(Response::new(replies::inspect_response(&lock, state)))
     }
@@ -202,10 +201,7 @@ impl LockService for LockApi {
         request: Request<proto::QueueRequest>,
     ) -> Result<Response<proto::QueueResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str()).map_err(invalid)?;
-        access.read(&lock.namespace)?;
-        let most = validate::max_entries(req.max_entries).map_err(invalid)?;
+        let (lock, most) = requests::queue(request.into_inner(), &access)?;
         let state = self
             .engine
             .queue(&lock, most)
@@ -220,15 +216,16 @@ impl LockService for LockApi {
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        access.read(&namespace)?;
-        let prefix = validate::prefix(&req.prefix).map_err(invalid)?;
-        let page_size = validate::page_size(req.page_size).map_err(invalid)?;
-        let from = validate::page_token(&req.page_token).map_err(invalid)?;
+        let list = requests::list(request.into_inner(), &access)?;
         let page = self
             .engine
-            .list(&namespace, &prefix, page_size, from, req.only_waiting)
+            .list(
+                &list.namespace,
+                &list.prefix,
+                list.page_size,
+                list.from,
+                list.only_waiting,
+            )
             .await
             .map_err(errors::status)?;
         Ok(Response::new(replies::list_response(page)))
@@ -252,16 +249,7 @@ impl LockService for LockApi {
         request: Request<proto::ReapRequest>,
     ) -> Result<Response<proto::ReapResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        let older_than = validate::older_than_ms(req.older_than_ms).map_err(invalid)?;
-        // Cleaning up what is already dead is anyone's business; taking
-        // live grants and requests away (a cutoff) is an admin's.
-        if older_than.is_some() {
-            access.admin(&namespace)?;
-        } else {
-            access.act(&namespace)?;
-        }
+        let (namespace, older_than) = requests::reap(request.into_inner(), &access)?;
         let counts = self
             .engine
             .reap(&namespace, older_than)
@@ -287,9 +275,7 @@ impl LockService for LockApi {
         request: Request<proto::ClearRequest>,
     ) -> Result<Response<proto::ClearResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        access.admin(&namespace)?;
+        let namespace = requests::clear(request.into_inner(), &access)?;
         let mut counts = engine::ClearCounts::default();
         let result = self.engine.clear_counting(&namespace, &mut counts).await;
         // One log line either way: how far the clear got, and why it
@@ -319,17 +305,13 @@ impl LockService for LockApi {
         request: Request<proto::MetricsRequest>,
     ) -> Result<Response<proto::MetricsResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        access.act(&namespace)?;
-        let (from_ms, to_ms) =
-            validate::metrics_range(req.from_ms, req.to_ms, crate::wallclock::unix_ms())
-                .map_err(invalid)?;
-        let kind = if req.kind.is_empty() {
-            None
-        } else {
-            Some(validate::kind(&req.kind).map_err(invalid)?)
-        };
+        let now_ms = crate::wallclock::unix_ms();
+        let requests::Metrics {
+            namespace,
+            from_ms,
+            to_ms,
+            kind,
+        } = requests::metrics(request.into_inner(), &access, now_ms)?;
         let report = self
             .engine
             .metrics(&namespace, from_ms, to_ms, kind.as_deref())
@@ -365,17 +347,7 @@ impl LockService for LockApi {
         use std::sync::atomic::Ordering;
         let mut access = LiveAccess::of(&request)?;
         let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        access.access().act(&namespace)?;
-        let filter = engine::watchers::Filter {
-            namespace,
-            name: if req.name.is_empty() {
-                None
-            } else {
-                Some(validate::name(&req.name).map_err(invalid)?)
-            },
-            prefix: validate::prefix(&req.prefix).map_err(invalid)?,
-        };
+        let filter = requests::watch(&req, access.access())?;
         let share = self
             .watch_quota
             .take(access.access(), Some(&filter.namespace))?;

@@ -293,3 +293,113 @@ fn set(
         .collect();
     Ok((locks, holder))
 }
+
+/// An Inspect's or Leader's lock, readable by the caller.
+pub fn readable_lock(namespace: String, name: String, access: &Access) -> Result<LockId, Status> {
+    let lock = LockId::parse(namespace, name).map_err(invalid)?;
+    access.read(&lock.namespace)?;
+    Ok(lock)
+}
+
+/// A Queue's lock, readable by the caller, and how many entries to show.
+pub fn queue(req: proto::QueueRequest, access: &Access) -> Result<(LockId, u32), Status> {
+    let lock = readable_lock(req.namespace, req.name, access)?;
+    let most = validate::max_entries(req.max_entries).map_err(invalid)?;
+    Ok((lock, most))
+}
+
+/// A List page's request.
+pub struct List {
+    pub namespace: engine::Namespace,
+    pub prefix: String,
+    pub page_size: u32,
+    pub from: Option<engine::ListCursor>,
+    pub only_waiting: bool,
+}
+
+/// A List, read.
+pub fn list(req: proto::ListRequest, access: &Access) -> Result<List, Status> {
+    let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
+    access.read(&namespace)?;
+    Ok(List {
+        namespace,
+        prefix: validate::prefix(&req.prefix).map_err(invalid)?,
+        page_size: validate::page_size(req.page_size).map_err(invalid)?,
+        from: validate::page_token(&req.page_token).map_err(invalid)?,
+        only_waiting: req.only_waiting,
+    })
+}
+
+/// A Reap's namespace and cutoff. Cleaning up what is already dead is
+/// anyone's business; taking live grants and requests away (a cutoff) is
+/// an admin's.
+pub fn reap(
+    req: proto::ReapRequest,
+    access: &Access,
+) -> Result<(engine::Namespace, Option<u64>), Status> {
+    let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
+    let older_than = validate::older_than_ms(req.older_than_ms).map_err(invalid)?;
+    if older_than.is_some() {
+        access.admin(&namespace)?;
+    } else {
+        access.act(&namespace)?;
+    }
+    Ok((namespace, older_than))
+}
+
+/// A Clear's namespace: an admin's.
+pub fn clear(req: proto::ClearRequest, access: &Access) -> Result<engine::Namespace, Status> {
+    let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
+    access.admin(&namespace)?;
+    Ok(namespace)
+}
+
+/// A Metrics request: the namespace, the range (0s: the last hour up to
+/// `now_ms`) and the kind, if one.
+pub struct Metrics {
+    pub namespace: engine::Namespace,
+    pub from_ms: i64,
+    pub to_ms: i64,
+    pub kind: Option<engine::Kind>,
+}
+
+/// A Metrics request, read.
+pub fn metrics(
+    req: proto::MetricsRequest,
+    access: &Access,
+    now_ms: i64,
+) -> Result<Metrics, Status> {
+    let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
+    access.act(&namespace)?;
+    let (from_ms, to_ms) =
+        validate::metrics_range(req.from_ms, req.to_ms, now_ms).map_err(invalid)?;
+    let kind = if req.kind.is_empty() {
+        None
+    } else {
+        Some(validate::kind(&req.kind).map_err(invalid)?)
+    };
+    Ok(Metrics {
+        namespace,
+        from_ms,
+        to_ms,
+        kind,
+    })
+}
+
+/// A Watch's filter, its namespace one the caller may act on.
+pub fn watch(
+    req: &proto::WatchRequest,
+    access: &Access,
+) -> Result<engine::watchers::Filter, Status> {
+    let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
+    access.act(&namespace)?;
+    Ok(engine::watchers::Filter {
+        namespace,
+        name: if req.name.is_empty() {
+            None
+        } else {
+            Some(validate::name(&req.name).map_err(invalid)?)
+        },
+        prefix: validate::prefix(&req.prefix).map_err(invalid)?,
+    })
+}
