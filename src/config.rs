@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::api::validate::Limits;
 use crate::engine::WaitLimits;
 use crate::engine::group::GroupCommit;
+use crate::service::validate::Limits;
 use crate::store::StoreConfig;
 use crate::tls::TlsArgs;
 
@@ -397,7 +397,7 @@ fn parse_changelog_namespace(value: &str) -> Result<String, String> {
         ));
     }
     if !name.is_empty() {
-        crate::api::validate::namespace(name).map_err(|e| e.to_string())?;
+        crate::service::validate::namespace(name).map_err(|e| e.to_string())?;
     }
     Ok(value.to_owned())
 }

@@ -22,6 +22,7 @@ pub mod observe;
 pub mod origin;
 pub mod proto;
 pub mod server;
+pub mod service;
 pub mod telemetry;
 pub mod tls;
 /// The engine layer (`crates/tumbler-engine`): no gRPC, no web.

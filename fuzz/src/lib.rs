@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use tonic::Code;
-use tumbler::api::validate;
 use tumbler::engine::{self, ListCursor};
+use tumbler::service::validate;
 
 /// A fuzz target's check: panics when the target finds a bug.
 pub type Check = fn(&[u8]);
@@ -105,7 +105,7 @@ pub fn page_token(data: &[u8]) {
             let again = validate::encode_page_token(&cursor);
             assert_eq!(validate::page_token(&again).unwrap(), Some(cursor));
         }
-        Err(invalid) => assert_names(&tumbler::api::convert::invalid(invalid), "page_token"),
+        Err(invalid) => assert_names(&tumbler::service::errors::invalid(invalid), "page_token"),
     }
 }
 
@@ -199,7 +199,7 @@ pub fn metadata(data: &[u8]) {
             .expect("a written record decodes");
             assert_eq!(grant.metadata, valid);
         }
-        Err(invalid) => assert_names(&tumbler::api::convert::invalid(invalid), "metadata"),
+        Err(invalid) => assert_names(&tumbler::service::errors::invalid(invalid), "metadata"),
     }
 }
 

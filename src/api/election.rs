@@ -4,55 +4,22 @@
 //! so Campaign is a waiting acquire (with the same waiter quota and token
 //! watch as Acquire's) and Observe a Watch of one name.
 
-use super::*;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use super::locks::grpc_deadline;
+use super::{LockApi, WATCH_BUFFER};
+use crate::auth::{Access, LiveAccess};
 use crate::engine::election::{self, LeaderTracker};
-use crate::engine::{AcquireOutcome, CampaignOutcome, Leadership, ProclaimOutcome};
-use crate::proto::{ProclaimStatus, ResignStatus};
+use crate::engine::{self, AcquireOutcome, CampaignOutcome, EngineError, LockId, ProclaimOutcome};
+use crate::proto;
+use crate::service::errors::{self, invalid};
+use crate::service::requests::{self, candidate, secret, term};
+use crate::service::{replies, validate, watch};
 
 /// The stream Observe answers with.
 pub type ObserveStream =
     std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<proto::LeaderChange, Status>> + Send>>;
-
-/// A leader's value: at most as long as a metadata value.
-fn value(value: String) -> Result<String, Status> {
-    if value.len() > validate::MAX_METADATA_VALUE_BYTES {
-        return Err(invalid(engine::Invalid::new(
-            "value",
-            format!(
-                "must be at most {} bytes",
-                validate::MAX_METADATA_VALUE_BYTES
-            ),
-        )));
-    }
-    Ok(value)
-}
-
-/// A candidate id: the holder rules, named as the request names it.
-fn candidate(value: String) -> Result<engine::Holder, Status> {
-    engine::Holder::parse(value).map_err(|e| invalid(engine::Invalid::new("candidate", e.rule)))
-}
-
-/// A secret: required for Proclaim and Resign (decision 0082). Missing is
-/// PERMISSION_DENIED, as a wrong one is: the caller has not shown it leads.
-fn secret(value: &str, rpc: &str) -> Result<String, Status> {
-    if value.is_empty() {
-        return Err(Status::permission_denied(format!(
-            "secret: missing: {rpc} needs the secret the winning Campaign returned (CampaignResponse.secret; for a session's leadership, the session's resume secret)"
-        )));
-    }
-    Ok(election::proof_of(value))
-}
-
-/// A term: required (0 is no term).
-fn term(value: u64) -> Result<u64, Status> {
-    if value == 0 {
-        return Err(invalid(engine::Invalid::new(
-            "term",
-            "must be set: the term Campaign returned",
-        )));
-    }
-    Ok(value)
-}
 
 /// A Campaign refused by the lock's rule (a read/write lock, another
 /// limit) is told as the election's rule (decision 0082): still
@@ -66,56 +33,7 @@ fn election_rule(status: Status) -> Status {
     status
 }
 
-fn leadership(lock: &LockId, l: Leadership) -> proto::Leadership {
-    proto::Leadership {
-        namespace: lock.namespace.to_string(),
-        name: lock.name.to_string(),
-        candidate: l.candidate,
-        term: l.term,
-        value: l.value,
-        elected_at_ms: l.elected_at_ms,
-        expires_at_ms: l.expires_at_ms,
-        ttl_ms: l.ttl_ms,
-    }
-}
-
 impl LockApi {
-    /// Validates a campaign for a candidate and lease already decided (by
-    /// the request itself, or by its session) as the acquire it is.
-    pub(super) fn campaign_request(
-        &self,
-        req: proto::CampaignRequest,
-        candidate: engine::Holder,
-        ttl: engine::Ttl,
-        deadline: Option<crate::observe::CallerDeadline>,
-        proof: String,
-    ) -> Result<engine::AcquireRequest, Status> {
-        let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
-        let value = value(req.value)?;
-        let wait_ms = match req.wait_ms {
-            None => self.limits.max_wait_ms,
-            Some(ms) => validate::wait_ms(ms, &self.limits).map_err(invalid)?,
-        };
-        let queue_ttl_ms =
-            validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits).map_err(invalid)?;
-        let kind = validate::kind(req.kind).map_err(invalid)?;
-        Ok(election::campaign(election::Campaign {
-            lock,
-            candidate,
-            value,
-            ttl,
-            wait: if wait_ms == 0 {
-                Duration::ZERO
-            } else {
-                effective_wait(wait_ms, deadline.map(|d| d.left())).max(Duration::from_millis(1))
-            },
-            answer_by: deadline.map(|d| d.answered_at.into()),
-            queue_ttl_ms,
-            kind,
-            proof,
-        }))
-    }
-
     pub(super) async fn campaign_rpc(
         &self,
         request: Request<proto::CampaignRequest>,
@@ -129,7 +47,7 @@ impl LockApi {
         };
         let mut req = request.into_inner();
         let holder = if req.candidate.is_empty() {
-            new_holder_id()
+            requests::new_holder_id()
         } else {
             candidate(req.candidate.clone())?
         };
@@ -139,8 +57,8 @@ impl LockApi {
         let fresh = election::new_secret();
         let sent = std::mem::take(&mut req.secret);
         let value = req.value.clone();
-        let acquire =
-            self.campaign_request(req, holder, ttl_ms, deadline, election::proof_of(&fresh))?;
+        let proof = election::proof_of(&fresh);
+        let acquire = requests::campaign(req, holder, ttl_ms, deadline, proof, &self.limits)?;
         access.act(&acquire.lock.namespace)?;
         let outcome = self
             .acquire_reported("Campaign", &access, &acquire, live)
@@ -159,9 +77,9 @@ impl LockApi {
             let holder = acquire.holder.as_str();
             if !election::is_leadership(&grant) {
                 // The candidate holds the name by a plain Acquire.
-                return Err(convert::status_of(
+                return Err(errors::status_of(
                     EngineError::ElectionRule,
-                    Some(convert::LockAt {
+                    Some(errors::LockAt {
                         rpc: "Campaign",
                         lock,
                         holder,
@@ -198,9 +116,9 @@ impl LockApi {
             } else if grant.metadata.get(election::VALUE_KEY) != Some(&value) {
                 // Another value, and no proof: someone else may not change
                 // the leader's value by campaigning in its name.
-                return Err(convert::status_of(
+                return Err(errors::status_of(
                     EngineError::NotYours,
-                    Some(convert::LockAt {
+                    Some(errors::LockAt {
                         rpc: "Campaign",
                         lock,
                         holder,
@@ -210,20 +128,11 @@ impl LockApi {
             // Same value, no proof: the leadership (readable by Leader
             // anyway), without the secret.
         }
-        Ok(Response::new(match outcome {
-            CampaignOutcome::Elected(l) => proto::CampaignResponse {
-                elected: true,
-                leader: Some(leadership(&acquire.lock, l)),
-                queue_position: 0,
-                secret,
-            },
-            CampaignOutcome::NotElected { position } => proto::CampaignResponse {
-                elected: false,
-                leader: None,
-                queue_position: position,
-                secret: String::new(),
-            },
-        }))
+        Ok(Response::new(replies::campaign_response(
+            &acquire.lock,
+            outcome,
+            secret,
+        )))
     }
 
     pub(super) async fn proclaim_rpc(
@@ -235,7 +144,7 @@ impl LockApi {
         let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
         let holder = candidate(req.candidate)?;
         let term = term(req.term)?;
-        let value = value(req.value)?;
+        let value = requests::value(req.value)?;
         access.act(&lock.namespace)?;
         let proof = secret(&req.secret, "Proclaim")?;
         let outcome = self
@@ -243,16 +152,7 @@ impl LockApi {
             .proclaim(&lock, &holder, term, &value, &proof)
             .await
             .map_err(|e| self.failed("Proclaim", &lock, &holder, validate::DEFAULT_KIND, e))?;
-        Ok(Response::new(match outcome {
-            ProclaimOutcome::Proclaimed(l) => proto::ProclaimResponse {
-                status: ProclaimStatus::Proclaimed.into(),
-                leader: Some(leadership(&lock, l)),
-            },
-            ProclaimOutcome::NotLeader => proto::ProclaimResponse {
-                status: ProclaimStatus::NotLeader.into(),
-                leader: None,
-            },
-        }))
+        Ok(Response::new(replies::proclaim_response(&lock, outcome)))
     }
 
     pub(super) async fn leader_rpc(
@@ -261,11 +161,10 @@ impl LockApi {
     ) -> Result<Response<proto::LeaderResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
-        access.read(&lock.namespace)?;
-        let (leader, now_ms) = self.engine.leader(&lock).await.map_err(convert::status)?;
+        let lock = requests::readable_lock(req.namespace, req.name, &access)?;
+        let (leader, now_ms) = self.engine.leader(&lock).await.map_err(errors::status)?;
         Ok(Response::new(proto::LeaderResponse {
-            leader: leader.map(|l| leadership(&lock, l)),
+            leader: leader.map(|l| replies::leadership(&lock, l)),
             now_ms,
         }))
     }
@@ -291,14 +190,7 @@ impl LockApi {
             .resign(&lock, &holder, term, &proof)
             .await
             .map_err(|e| self.failed("Resign", &lock, &holder, validate::DEFAULT_KIND, e))?;
-        Ok(Response::new(proto::ResignResponse {
-            status: if resigned {
-                ResignStatus::Resigned
-            } else {
-                ResignStatus::NotLeader
-            }
-            .into(),
-        }))
+        Ok(Response::new(replies::resign_response(resigned)))
     }
 
     /// A Watch of the election's one name, with its initial state, told as
@@ -325,26 +217,21 @@ impl LockApi {
         self.engine
             .announce_watch(&lock.namespace)
             .await
-            .map_err(|e| convert::status(EngineError::from(e)))?;
+            .map_err(|e| errors::status(EngineError::from(e)))?;
         // Read once the watcher is registered and announced: nothing
         // that happens meanwhile is missed (the tracker drops doubles).
         let state = self
             .engine
             .watch_state(&filter)
             .await
-            .map_err(convert::status)?;
+            .map_err(errors::status)?;
         let (guard, overflowed, mut events) = (watch.guard, watch.overflowed, watch.events);
         let (out, outbox) = tokio::sync::mpsc::channel(1);
         tokio::spawn(
             async move {
                 let _held = (guard, share, slot);
                 let mut tracker = LeaderTracker::new();
-                let change = |c: engine::LeaderChange| proto::LeaderChange {
-                    leader: c.leader.map(|l| leadership(&lock, l)),
-                    event: c.event.to_owned(),
-                    at_ms: c.at_ms,
-                    ended_term: c.ended_term,
-                };
+                let change = |c: engine::LeaderChange| replies::leader_change(&lock, c);
                 for event in &state {
                     if let Some(c) = tracker.next(event)
                         && out.send(Ok(change(c))).await.is_err()
@@ -371,14 +258,9 @@ impl LockApi {
                                 return;
                             }
                         },
-                        () = access.changed() => {
-                            let still = access
-                                .recheck()
-                                .and_then(|()| access.access().act(&lock.namespace));
-                            if let Err(status) = still {
-                                let _ = out.send(Err(status)).await;
-                                return;
-                            }
+                        status = watch::lost(&mut access, &lock.namespace) => {
+                            let _ = out.send(Err(status)).await;
+                            return;
                         }
                         () = out.closed() => return,
                     }

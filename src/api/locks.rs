@@ -1,31 +1,19 @@
 //! The bodies of the lock operations' handlers (Acquire, Release,
-//! Extend), the hot path: validate, check the caller's namespace, call the
-//! engine once, report, answer. Each handler opens its span only when
-//! something would read it (see [`handler_spans`]).
+//! Extend), the hot path: read the request (`service::requests`, which
+//! checks the caller's namespace), call the engine once, report, answer.
+//! Each handler opens its span only when something would read it (see
+//! [`handler_spans`]).
 
-use super::*;
+use tonic::{Request, Response, Status};
 
-/// The caller's gRPC deadline, if it set one (read from `grpc-timeout` by
-/// the RPC layer).
-pub(super) fn grpc_deadline<T>(request: &Request<T>) -> Option<crate::observe::CallerDeadline> {
-    request
-        .extensions()
-        .get::<crate::observe::CallerDeadline>()
-        .copied()
-}
-
-/// How long to wait: the request's wait_ms, cut short so that the reply
-/// (NOT_ACQUIRED, TIMEOUT) still reaches the caller before its deadline.
-pub(super) fn effective_wait(wait_ms: u64, deadline: Option<Duration>) -> Duration {
-    let asked = Duration::from_millis(wait_ms);
-    match deadline {
-        Some(left) => {
-            let margin = (left / 20).max(Duration::from_millis(20));
-            asked.min(left.saturating_sub(margin))
-        }
-        None => asked,
-    }
-}
+use super::{LockApi, quota};
+use crate::auth::{Access, LiveAccess};
+use crate::engine::{self, AcquireOutcome, EngineError, LockId};
+use crate::proto;
+use crate::service::errors::{LockAt, invalid, status_of};
+use crate::service::replies::ToProto;
+use crate::service::requests::{self, Extend, Release};
+use crate::service::{report, validate, watch};
 
 /// Whether the lock operations' handlers (Acquire, Release, Extend) open
 /// their span: when spans are exported, or when debug logging is on (the
@@ -36,14 +24,49 @@ pub(super) fn handler_spans() -> bool {
     crate::observe::spans_exported() || tracing::enabled!(tracing::Level::DEBUG)
 }
 
-/// A time-ordered holder id for callers that bring none.
-pub(super) fn new_holder_id() -> engine::Holder {
-    engine::Holder::stored(uuid::Uuid::now_v7().to_string())
+/// The caller's gRPC deadline, if it set one (read from `grpc-timeout` by
+/// the RPC layer).
+pub(super) fn grpc_deadline<T>(request: &Request<T>) -> Option<crate::observe::CallerDeadline> {
+    request
+        .extensions()
+        .get::<crate::observe::CallerDeadline>()
+        .copied()
 }
 
 /// The lock operations' bodies, run inside their handler's span when it
 /// opens one (see [`handler_spans`]).
 impl LockApi {
+    /// The caller's share of waiters, for an acquire that may wait (None
+    /// for a try-once one).
+    pub(super) fn waiter_slot(
+        &self,
+        access: &Access,
+        acquire: &engine::AcquireRequest,
+    ) -> Result<Option<quota::QuotaSlot>, Status> {
+        if acquire.wait.is_zero() {
+            return Ok(None);
+        }
+        self.waiter_quota.take(access, None).map(Some)
+    }
+
+    /// Maps a failed lock operation to its status, counting Redis trouble
+    /// in the `errors` metric of the lock's namespace and kind. Its log
+    /// line names the RPC, the lock and the holder itself: the handler
+    /// may have opened no span to carry them (see [`handler_spans`]).
+    pub(super) fn failed(
+        &self,
+        rpc: &'static str,
+        lock: &LockId,
+        holder: &str,
+        kind: &str,
+        err: EngineError,
+    ) -> Status {
+        if matches!(err, EngineError::Store(_)) {
+            self.engine.record_error(&lock.namespace, kind);
+        }
+        status_of(err, Some(LockAt { rpc, lock, holder }))
+    }
+
     pub(super) async fn acquire_rpc(
         &self,
         request: Request<proto::AcquireRequest>,
@@ -66,14 +89,14 @@ impl LockApi {
         // A holder made up here holds nothing else: its wait skips the
         // deadlock check (decision 0077).
         let holds_nothing = named.is_none();
-        let holder = named.unwrap_or_else(new_holder_id);
+        let holder = named.unwrap_or_else(requests::new_holder_id);
         let ttl = validate::ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
         if !req.names.is_empty() {
             return self
                 .acquire_many_rpc(access, live, req, holder, ttl, deadline)
                 .await;
         }
-        let mut acquire = self.acquire_request(req, holder, ttl, deadline)?;
+        let mut acquire = requests::acquire(req, holder, ttl, deadline, &self.limits)?;
         acquire.holds_nothing = holds_nothing;
         access.act(&acquire.lock.namespace)?;
         let span = tracing::Span::current();
@@ -98,7 +121,7 @@ impl LockApi {
     async fn acquire_many_rpc(
         &self,
         access: Access,
-        live: Option<LiveAccess>,
+        mut live: Option<LiveAccess>,
         mut req: proto::AcquireRequest,
         holder: engine::Holder,
         ttl: engine::Ttl,
@@ -114,33 +137,25 @@ impl LockApi {
             )));
         }
         req.name = names[0].to_string();
-        let mut acquire = self.acquire_request(req, holder, ttl, deadline)?;
+        let mut acquire = requests::acquire(req, holder, ttl, deadline, &self.limits)?;
         access.act(&acquire.lock.namespace)?;
         let _waiting = self.waiter_slot(&access, &acquire)?;
         let stop = tokio_util::sync::CancellationToken::new();
         acquire.stop = Some(stop.clone());
         let (lock, kind) = (acquire.lock.clone(), acquire.kind.clone());
         let holder = acquire.holder.clone();
-        let acquiring = self.engine.acquire_many(engine::MultiAcquireRequest {
-            req: acquire,
+        let set = engine::MultiAcquireRequest {
+            req: acquire.clone(),
             names,
-        });
-        tokio::pin!(acquiring);
-        let mut live = live;
-        let mut denied = None;
-        let outcome = loop {
-            tokio::select! {
-                outcome = &mut acquiring => break outcome,
-                () = changed(live.as_mut()), if denied.is_none() => {
-                    let live = live.as_mut().expect("watched only when set");
-                    let still = live.recheck().and_then(|()| live.access().act(&lock.namespace));
-                    if let Err(status) = still {
-                        stop.cancel();
-                        denied = Some(status);
-                    }
-                }
-            }
         };
+        let started = std::time::Instant::now();
+        let (outcome, denied) = watch::while_permitted(
+            live.as_mut(),
+            &lock.namespace,
+            &stop,
+            self.engine.acquire_many(set),
+        )
+        .await;
         // A revoked token is the answer, whatever the wait ended with (its
         // stop, most often), as for a single wait.
         if let Some(status) = denied {
@@ -160,7 +175,13 @@ impl LockApi {
             }
             return Err(status);
         }
-        let outcome = outcome.map_err(|e| self.failed("Acquire", &lock, &holder, &kind, e))?;
+        let outcome = outcome.map_err(|e| {
+            if matches!(e, engine::EngineError::Deadlock(_)) {
+                report::refused_as_deadlock(&acquire);
+            }
+            self.failed("Acquire", &lock, &holder, &kind, e)
+        })?;
+        report::acquired_set(&acquire, &outcome, started.elapsed());
         Ok(Response::new(outcome.to_proto()))
     }
 
@@ -175,7 +196,7 @@ impl LockApi {
         live: Option<LiveAccess>,
     ) -> Result<AcquireOutcome, Status> {
         let _waiting = self.waiter_slot(access, acquire)?;
-        report::acquire_waiting(self.engine.layout(), acquire);
+        report::acquire_waiting(&self.engine, acquire);
         let started = std::time::Instant::now();
         let outcome = match live {
             None => self.engine.acquire(acquire).await,
@@ -187,7 +208,7 @@ impl LockApi {
             }
             self.failed(rpc, &acquire.lock, &acquire.holder, &acquire.kind, e)
         })?;
-        report::acquired(self.engine.layout(), acquire, &outcome, started.elapsed());
+        report::acquired(&self.engine, acquire, &outcome, started.elapsed());
         Ok(outcome)
     }
 
@@ -197,32 +218,24 @@ impl LockApi {
     /// request leaves the queue; a function call in flight still answers),
     /// and a grant that landed meanwhile is released again, so the caller
     /// told no never holds anything.
-    pub(super) async fn acquire_while_permitted(
+    async fn acquire_while_permitted(
         &self,
         mut acquire: engine::AcquireRequest,
         mut live: LiveAccess,
     ) -> Result<Result<AcquireOutcome, engine::EngineError>, Status> {
         let stop = tokio_util::sync::CancellationToken::new();
         acquire.stop = Some(stop.clone());
-        let acquiring = self.engine.acquire(&acquire);
-        tokio::pin!(acquiring);
-        let mut denied = None;
-        let outcome = loop {
-            tokio::select! {
-                outcome = &mut acquiring => break outcome,
-                () = live.changed(), if denied.is_none() => {
-                    let still = live.recheck().and_then(|()| live.access().act(&acquire.lock.namespace));
-                    if let Err(status) = still {
-                        tracing::info!(namespace = %acquire.lock.namespace, lock = %acquire.lock.name, holder = %acquire.holder, "waiting acquire ended: its token may no longer act here");
-                        stop.cancel();
-                        denied = Some(status);
-                    }
-                }
-            }
-        };
+        let (outcome, denied) = watch::while_permitted(
+            Some(&mut live),
+            &acquire.lock.namespace,
+            &stop,
+            self.engine.acquire(&acquire),
+        )
+        .await;
         let Some(status) = denied else {
             return Ok(outcome);
         };
+        tracing::info!(namespace = %acquire.lock.namespace, lock = %acquire.lock.name, holder = %acquire.holder, "waiting acquire ended: its token may no longer act here");
         if let Ok(AcquireOutcome::Acquired { grant, .. }) = outcome {
             let released = self
                 .engine
@@ -240,36 +253,27 @@ impl LockApi {
         request: Request<proto::ReleaseRequest>,
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
         let access = Access::of(&request)?;
-        let mut req = request.into_inner();
-        if !req.names.is_empty() {
-            let (locks, holder) = Self::multi_set(
-                &access,
-                &mut req.namespace,
-                &req.name,
-                std::mem::take(&mut req.names),
-                req.holder,
-                req.fencing_token,
-                std::mem::take(&mut req.fencing_tokens),
-            )?;
-            let outcome = (self.engine.release_many(&locks, &holder).await).map_err(|e| {
-                self.failed("Release", &locks[0].0, &holder, validate::DEFAULT_KIND, e)
-            })?;
-            return Ok(Response::new((&outcome).to_proto()));
+        match requests::release(request.into_inner(), &access)? {
+            Release::Set { locks, holder } => {
+                let outcome = (self.engine.release_many(&locks, &holder).await).map_err(|e| {
+                    self.failed("Release", &locks[0].0, &holder, validate::DEFAULT_KIND, e)
+                })?;
+                report::released_set(&outcome);
+                Ok(Response::new((&outcome).to_proto()))
+            }
+            Release::One {
+                lock,
+                holder,
+                token,
+            } => {
+                let outcome = (self.engine.release(&lock, &holder, token).await).map_err(|e| {
+                    self.failed("Release", &lock, &holder, validate::DEFAULT_KIND, e)
+                })?;
+                let reply = (&outcome).to_proto();
+                report::released(&self.engine, &lock, &holder, token, outcome);
+                Ok(Response::new(reply))
+            }
         }
-        validate::no_set_tokens(&req.fencing_tokens).map_err(invalid)?;
-        let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
-        access.act(&lock.namespace)?;
-        let holder = validate::holder(req.holder).map_err(invalid)?;
-        validate::not_a_session("holder", holder.as_str())?;
-        let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
-        let outcome = self
-            .engine
-            .release(&lock, &holder, token)
-            .await
-            .map_err(|e| self.failed("Release", &lock, &holder, validate::DEFAULT_KIND, e))?;
-        let reply = (&outcome).to_proto();
-        report::released(self.engine.layout(), &lock, &holder, token, outcome);
-        Ok(Response::new(reply))
     }
 
     pub(super) async fn extend_rpc(
@@ -277,92 +281,34 @@ impl LockApi {
         request: Request<proto::ExtendRequest>,
     ) -> Result<Response<proto::ExtendResponse>, Status> {
         let access = Access::of(&request)?;
-        let deadline = grpc_deadline(&request);
-        let mut req = request.into_inner();
-        let answer_by = deadline.map(|d| d.answered_at.into());
-        let outcome = if !req.names.is_empty() {
-            let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
-            let (locks, holder) = Self::multi_set(
-                &access,
-                &mut req.namespace,
-                &req.name,
-                std::mem::take(&mut req.names),
-                req.holder,
-                req.fencing_token,
-                std::mem::take(&mut req.fencing_tokens),
-            )?;
-            (self
-                .engine
-                .extend_many(&locks, &holder, ttl, answer_by)
-                .await)
-                .map_err(|e| {
-                    self.failed("Extend", &locks[0].0, &holder, validate::DEFAULT_KIND, e)
-                })?
-        } else {
-            validate::no_set_tokens(&req.fencing_tokens).map_err(invalid)?;
-            let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
-            access.act(&lock.namespace)?;
-            let holder = validate::holder(req.holder).map_err(invalid)?;
-            validate::not_a_session("holder", holder.as_str())?;
-            let ttl = validate::optional_ttl_ms(req.ttl_ms, &self.limits).map_err(invalid)?;
-            let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
-            let outcome = (self
-                .engine
-                .extend_by(&lock, &holder, ttl, token, answer_by)
-                .await)
-                .map_err(|e| self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e))?;
-            report::extended(self.engine.layout(), &lock, &holder, &outcome);
-            outcome
+        let answer_by = grpc_deadline(&request).map(|d| d.answered_at.into());
+        let outcome = match requests::extend(request.into_inner(), &access, &self.limits)? {
+            Extend::Set { locks, holder, ttl } => {
+                let outcome = (self.engine)
+                    .extend_many(&locks, &holder, ttl, answer_by)
+                    .await
+                    .map_err(|e| {
+                        self.failed("Extend", &locks[0].0, &holder, validate::DEFAULT_KIND, e)
+                    })?;
+                report::extended_set(&outcome);
+                outcome
+            }
+            Extend::One {
+                lock,
+                holder,
+                ttl,
+                token,
+            } => {
+                let outcome = (self.engine)
+                    .extend_by(&lock, &holder, ttl, token, answer_by)
+                    .await
+                    .map_err(|e| {
+                        self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e)
+                    })?;
+                report::extended(&self.engine, &lock, &holder, &outcome);
+                outcome
+            }
         };
-        let reply = match outcome {
-            ExtendOutcome::Extended(grant) => proto::ExtendResponse {
-                status: ExtendStatus::Extended.into(),
-                grant: Some(grant.to_proto()),
-            },
-            ExtendOutcome::NotHeld => proto::ExtendResponse {
-                status: ExtendStatus::NotHeld.into(),
-                grant: None,
-            },
-        };
-        Ok(Response::new(reply))
-    }
-
-    /// The locks and holder of a multi-lock's Release or Extend: the
-    /// names checked as an Acquire's, each paired with its fencing token
-    /// when `fencing_tokens` pins them (decision 0079), the caller's
-    /// access to the namespace.
-    fn multi_set(
-        access: &Access,
-        namespace: &mut String,
-        name: &str,
-        names: Vec<String>,
-        holder: String,
-        fencing_token: Option<u64>,
-        fencing_tokens: Vec<u64>,
-    ) -> Result<(Vec<engine::SetLock>, engine::Holder), Status> {
-        let namespace = validate::namespace(std::mem::take(namespace)).map_err(invalid)?;
-        let names = validate::multi_set(name, names, fencing_token).map_err(invalid)?;
-        let pinned = validate::set_tokens(names, fencing_tokens).map_err(invalid)?;
-        access.act(&namespace)?;
-        let holder = validate::holder(holder).map_err(invalid)?;
-        validate::not_a_session("holder", holder.as_str())?;
-        let locks = (pinned.into_iter())
-            .map(|(name, token)| {
-                let lock = LockId {
-                    namespace: namespace.clone(),
-                    name,
-                };
-                (lock, token)
-            })
-            .collect();
-        Ok((locks, holder))
-    }
-}
-
-/// Resolves when a watched access changes (never without one).
-async fn changed(live: Option<&mut LiveAccess>) {
-    match live {
-        Some(live) => live.changed().await,
-        None => std::future::pending().await,
+        Ok(Response::new(outcome.to_proto()))
     }
 }

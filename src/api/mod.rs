@@ -3,28 +3,25 @@
 //! outcome to a reply; Redis trouble becomes UNAVAILABLE. No lock
 //! semantics live here.
 
-pub mod convert;
 mod election;
 mod locks;
 mod quota;
-pub mod report;
 mod session;
-pub mod validate;
-
-use convert::{LockAt, ToProto, invalid, status_of};
-use locks::*;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::auth::{Access, LiveAccess, Throttle};
 use crate::config::TransportLimits;
-use crate::engine::{self, AcquireOutcome, EngineError, ExtendOutcome, LockEngine, LockId};
-use crate::proto::{self, ExtendStatus, lock_service_server::LockService};
-use validate::Limits;
+use crate::engine::{self, EngineError, LockEngine};
+use crate::proto::{self, lock_service_server::LockService};
+use crate::service::errors;
+use crate::service::replies::{self, ToProto};
+use crate::service::validate::Limits;
+use crate::service::{requests, watch};
+use locks::handler_spans;
 
 /// The service: the shared engine, the request bounds and the open
 /// streams.
@@ -116,101 +113,6 @@ impl LockApi {
             ),
         }
     }
-
-    /// The caller's share of waiters, for an acquire that may wait (None
-    /// for a try-once one).
-    fn waiter_slot(
-        &self,
-        access: &Access,
-        acquire: &engine::AcquireRequest,
-    ) -> Result<Option<quota::QuotaSlot>, Status> {
-        if acquire.wait.is_zero() {
-            return Ok(None);
-        }
-        self.waiter_quota.take(access, None).map(Some)
-    }
-
-    /// Validates an acquire request for a holder and lease already decided
-    /// (by the request itself, or by its session).
-    fn acquire_request(
-        &self,
-        mut req: proto::AcquireRequest,
-        holder: engine::Holder,
-        ttl: engine::Ttl,
-        deadline: Option<crate::observe::CallerDeadline>,
-    ) -> Result<engine::AcquireRequest, Status> {
-        if !req.names.is_empty() {
-            // A multi-lock's names are taken out before (the Acquire RPC,
-            // a session's acquire: decisions 0076, 0078); a request that
-            // still has them here is one this path cannot take.
-            return Err(invalid(engine::Invalid::new(
-                "names",
-                "a multi-lock is taken with Acquire or a session's acquire, not here",
-            )));
-        }
-        let wait_ms = validate::wait_ms(req.wait_ms, &self.limits).map_err(invalid)?;
-        let (mode, prefer_readers) =
-            validate::mode(req.mode, req.prefer_readers).map_err(invalid)?;
-        let limit = validate::limit_for(req.limit, mode, &self.limits).map_err(invalid)?;
-        let permits = validate::permits(req.permits, limit, mode).map_err(invalid)?;
-        let takes_over =
-            validate::takes_over(std::mem::take(&mut req.takes_over), &holder, mode, permits)?;
-        Ok(engine::AcquireRequest {
-            lock: LockId::parse(
-                std::mem::take(&mut req.namespace),
-                std::mem::take(&mut req.name),
-            )
-            .map_err(invalid)?,
-            wait: if wait_ms == 0 {
-                Duration::ZERO
-            } else {
-                // A deadline too close to wait at all still waits 1 ms
-                // rather than turning into a try-once.
-                effective_wait(wait_ms, deadline.map(|d| d.left())).max(Duration::from_millis(1))
-            },
-            answer_by: deadline.map(|d| d.answered_at.into()),
-            queue_ttl_ms: validate::queue_ttl_ms(req.queue_ttl_ms, &self.limits)
-                .map_err(invalid)?,
-            priority: validate::priority(req.priority).map_err(invalid)?,
-            // Read/write requests are fair; prefer_readers makes a reader
-            // barge (the engine sends the mode, not `fair`, for them).
-            fair: if mode.is_rw() {
-                !prefer_readers
-            } else {
-                req.fair.unwrap_or(true)
-            },
-            mode,
-            prefer_readers,
-            limit,
-            permits,
-            kind: validate::kind(std::mem::take(&mut req.kind)).map_err(invalid)?,
-            metadata: validate::metadata(&req.metadata).map_err(invalid)?,
-            ttl,
-            holder,
-            session_epoch: None,
-            stop: None,
-            holds_nothing: false,
-            takes_over,
-        })
-    }
-
-    /// Maps a failed lock operation to its status, counting Redis trouble
-    /// in the `errors` metric of the lock's namespace and kind. Its log
-    /// line names the RPC, the lock and the holder itself: the handler
-    /// may have opened no span to carry them (see [`handler_spans`]).
-    fn failed(
-        &self,
-        rpc: &'static str,
-        lock: &LockId,
-        holder: &str,
-        kind: &str,
-        err: EngineError,
-    ) -> Status {
-        if matches!(err, EngineError::Store(_)) {
-            self.engine.record_error(&lock.namespace, kind);
-        }
-        status_of(err, Some(LockAt { rpc, lock, holder }))
-    }
 }
 
 /// Trailers of an interrupted Clear: what it cleared before it stopped.
@@ -288,10 +190,9 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::InspectResponse>, Status> {
         let access = Access::of(&request)?;
         let req = request.into_inner();
-        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str()).map_err(invalid)?;
-        access.read(&lock.namespace)?;
-        let state = self.engine.inspect(&lock).await.map_err(convert::status)?;
-        Ok(Response::new(convert::inspect_response(&lock, state)))
+        let lock = requests::readable_lock(req.namespace, req.name, &access)?;
+        let state = self.engine.inspect(&lock).await.map_err(errors::status)?;
+        Ok(Response::new(replies::inspect_response(&lock, state)))
     }
 
     #[tracing::instrument(name = "Queue", skip_all, fields(namespace, lock_name))]
@@ -300,16 +201,13 @@ impl LockService for LockApi {
         request: Request<proto::QueueRequest>,
     ) -> Result<Response<proto::QueueResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let lock = LockId::parse(req.namespace.as_str(), req.name.as_str()).map_err(invalid)?;
-        access.read(&lock.namespace)?;
-        let most = validate::max_entries(req.max_entries).map_err(invalid)?;
+        let (lock, most) = requests::queue(request.into_inner(), &access)?;
         let state = self
             .engine
             .queue(&lock, most)
             .await
-            .map_err(convert::status)?;
-        Ok(Response::new(convert::queue_response(&lock, state)))
+            .map_err(errors::status)?;
+        Ok(Response::new(replies::queue_response(&lock, state)))
     }
 
     #[tracing::instrument(name = "List", skip_all, fields(namespace))]
@@ -318,18 +216,19 @@ impl LockService for LockApi {
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        access.read(&namespace)?;
-        let prefix = validate::prefix(&req.prefix).map_err(invalid)?;
-        let page_size = validate::page_size(req.page_size).map_err(invalid)?;
-        let from = validate::page_token(&req.page_token).map_err(invalid)?;
+        let list = requests::list(request.into_inner(), &access)?;
         let page = self
             .engine
-            .list(&namespace, &prefix, page_size, from, req.only_waiting)
+            .list(
+                &list.namespace,
+                &list.prefix,
+                list.page_size,
+                list.from,
+                list.only_waiting,
+            )
             .await
-            .map_err(convert::status)?;
-        Ok(Response::new(convert::list_response(page)))
+            .map_err(errors::status)?;
+        Ok(Response::new(replies::list_response(page)))
     }
 
     #[tracing::instrument(name = "ListNamespaces", skip_all)]
@@ -338,7 +237,7 @@ impl LockService for LockApi {
         request: Request<proto::ListNamespacesRequest>,
     ) -> Result<Response<proto::ListNamespacesResponse>, Status> {
         let access = Access::of(&request)?;
-        let mut namespaces = self.engine.namespaces().await.map_err(convert::status)?;
+        let mut namespaces = self.engine.namespaces().await.map_err(errors::status)?;
         namespaces.retain(|namespace| access.lists(namespace));
         namespaces.sort();
         Ok(Response::new(proto::ListNamespacesResponse { namespaces }))
@@ -350,21 +249,12 @@ impl LockService for LockApi {
         request: Request<proto::ReapRequest>,
     ) -> Result<Response<proto::ReapResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        let older_than = validate::older_than_ms(req.older_than_ms).map_err(invalid)?;
-        // Cleaning up what is already dead is anyone's business; taking
-        // live grants and requests away (a cutoff) is an admin's.
-        if older_than.is_some() {
-            access.admin(&namespace)?;
-        } else {
-            access.act(&namespace)?;
-        }
+        let (namespace, older_than) = requests::reap(request.into_inner(), &access)?;
         let counts = self
             .engine
             .reap(&namespace, older_than)
             .await
-            .map_err(convert::status)?;
+            .map_err(errors::status)?;
         tracing::info!(
             %namespace,
             by = access.who(),
@@ -376,14 +266,7 @@ impl LockService for LockApi {
             locks_visited = counts.locks_visited,
             "reaped on request"
         );
-        Ok(Response::new(proto::ReapResponse {
-            expired_holders: counts.expired_holders,
-            dead_waiters: counts.dead_waiters,
-            stale_index_entries: counts.stale_index_entries,
-            old_grants: counts.old_grants,
-            old_waiters: counts.old_waiters,
-            locks_visited: counts.locks_visited,
-        }))
+        Ok(Response::new(replies::reap_response(&counts)))
     }
 
     #[tracing::instrument(name = "Clear", skip_all, fields(namespace))]
@@ -392,9 +275,7 @@ impl LockService for LockApi {
         request: Request<proto::ClearRequest>,
     ) -> Result<Response<proto::ClearResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        access.admin(&namespace)?;
+        let namespace = requests::clear(request.into_inner(), &access)?;
         let mut counts = engine::ClearCounts::default();
         let result = self.engine.clear_counting(&namespace, &mut counts).await;
         // One log line either way: how far the clear got, and why it
@@ -410,7 +291,7 @@ impl LockService for LockApi {
             "{}",
             if error.is_some() { "namespace clear interrupted" } else { "namespace cleared" }
         );
-        result.map_err(|err| clear_interrupted(convert::status(err), &counts))?;
+        result.map_err(|err| clear_interrupted(errors::status(err), &counts))?;
         Ok(Response::new(proto::ClearResponse {
             locks_cleared: counts.locks,
             grants_released: counts.grants,
@@ -424,23 +305,19 @@ impl LockService for LockApi {
         request: Request<proto::MetricsRequest>,
     ) -> Result<Response<proto::MetricsResponse>, Status> {
         let access = Access::of(&request)?;
-        let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        access.act(&namespace)?;
-        let (from_ms, to_ms) =
-            validate::metrics_range(req.from_ms, req.to_ms, crate::wallclock::unix_ms())
-                .map_err(invalid)?;
-        let kind = if req.kind.is_empty() {
-            None
-        } else {
-            Some(validate::kind(&req.kind).map_err(invalid)?)
-        };
+        let now_ms = crate::wallclock::unix_ms();
+        let requests::Metrics {
+            namespace,
+            from_ms,
+            to_ms,
+            kind,
+        } = requests::metrics(request.into_inner(), &access, now_ms)?;
         let report = self
             .engine
             .metrics(&namespace, from_ms, to_ms, kind.as_deref())
             .await
-            .map_err(convert::status)?;
-        Ok(Response::new(convert::metrics_response(
+            .map_err(errors::status)?;
+        Ok(Response::new(replies::metrics_response(
             report, from_ms, to_ms,
         )))
     }
@@ -470,17 +347,7 @@ impl LockService for LockApi {
         use std::sync::atomic::Ordering;
         let mut access = LiveAccess::of(&request)?;
         let req = request.into_inner();
-        let namespace = validate::namespace(&req.namespace).map_err(invalid)?;
-        access.access().act(&namespace)?;
-        let filter = engine::watchers::Filter {
-            namespace,
-            name: if req.name.is_empty() {
-                None
-            } else {
-                Some(validate::name(&req.name).map_err(invalid)?)
-            },
-            prefix: validate::prefix(&req.prefix).map_err(invalid)?,
-        };
+        let filter = requests::watch(&req, access.access())?;
         let share = self
             .watch_quota
             .take(access.access(), Some(&filter.namespace))?;
@@ -493,14 +360,14 @@ impl LockService for LockApi {
         self.engine
             .announce_watch(&namespace)
             .await
-            .map_err(|e| convert::status(EngineError::from(e)))?;
+            .map_err(|e| errors::status(EngineError::from(e)))?;
         // The state is read once the watcher is registered and announced:
         // whatever changes meanwhile arrives as events after it.
         let state = if req.initial_state {
             self.engine
                 .watch_state(&state_filter)
                 .await
-                .map_err(convert::status)?
+                .map_err(errors::status)?
         } else {
             Vec::new()
         };
@@ -534,14 +401,9 @@ impl LockService for LockApi {
                                 return;
                             }
                         },
-                        () = access.changed() => {
-                            let still = access
-                                .recheck()
-                                .and_then(|()| access.access().act(&namespace));
-                            if let Err(status) = still {
-                                let _ = out.send(Err(status)).await;
-                                return;
-                            }
+                        status = watch::lost(&mut access, &namespace) => {
+                            let _ = out.send(Err(status)).await;
+                            return;
                         }
                         () = out.closed() => return,
                     }

@@ -1,13 +1,15 @@
-//! Connect errors: a gRPC code (the one table of engine error kinds,
-//! `api::convert`, decides it for everything the service answers) sent as
+//! Connect errors: a gRPC code (the service's one table of engine error
+//! kinds decides it for everything the service answers) sent as
 //! `{"code":"resource_exhausted","message":"…"}` with the HTTP status of
-//! the Connect protocol, which is google.rpc.Code's table that the
-//! dashboard already uses (`dashboard::http_status`).
+//! the Connect protocol, which is google.rpc.Code's: the same table
+//! (`service/errors.rs`'s `http_status`) gives both.
 
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
 use tonic::Code;
+
+use crate::service::errors::http_status;
 
 /// A Connect error: its code and a message naming the cause.
 #[derive(Clone, Debug)]
@@ -54,7 +56,7 @@ impl ConnectError {
 
     /// The unary answer: the status Connect gives the code, the JSON body.
     pub fn into_response(self) -> http::Response<tonic::body::Body> {
-        let (status, _) = crate::dashboard::http_status(self.code);
+        let (status, _) = http_status(self.code);
         let body = serde_json::to_vec(&self.json()).unwrap_or_default();
         let mut response = http::Response::new(tonic::body::Body::new(http_body_util::Full::new(
             Bytes::from(body),
@@ -103,43 +105,7 @@ impl From<tonic::Status> for ConnectError {
     }
 }
 
-/// Connect's code names: the one table's (`dashboard::http_status`).
+/// Connect's code names: the one table's.
 fn connect_code(code: Code) -> &'static str {
-    crate::dashboard::http_status(code).1
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The names are gRPC's, lower case (Connect spells `canceled`), and
-    /// the statuses are Connect's (google.rpc.Code's) for every code.
-    #[test]
-    fn names_and_statuses_are_connects() {
-        for i in 1..=16 {
-            let code = Code::from_i32(i);
-            let grpc_name = format!("{code:?}");
-            let name = connect_code(code);
-            assert!(
-                name.replace('_', "") == grpc_name.to_ascii_lowercase()
-                    || (name, code) == ("canceled", Code::Cancelled)
-            );
-        }
-        let status = |code| crate::dashboard::http_status(code).0.as_u16();
-        assert_eq!(
-            [
-                Code::Cancelled,
-                Code::InvalidArgument,
-                Code::DeadlineExceeded,
-                Code::ResourceExhausted,
-                Code::FailedPrecondition,
-                Code::Unimplemented,
-                Code::Unavailable,
-                Code::Unauthenticated,
-                Code::PermissionDenied
-            ]
-            .map(status),
-            [499, 400, 504, 429, 400, 501, 503, 401, 403]
-        );
-    }
+    http_status(code).1
 }

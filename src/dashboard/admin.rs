@@ -17,9 +17,9 @@ use super::login::Caller;
 use super::pages::{View, lock_href, overview_href};
 use super::params::{ClearForm, Form, NamespaceQuery, Query, ReleaseForm};
 use super::visible::filters;
-use crate::api::validate;
 use crate::auth::Access;
 use crate::engine::{ClearCounts, LockId, Namespace, ReleaseOutcome};
+use crate::service::validate;
 
 #[derive(Template)]
 #[template(path = "release.html")]
@@ -195,7 +195,7 @@ async fn do_release(view: &View<'_>, headers: &HeaderMap, form: &ReleaseForm) ->
     let engine = &view.d.engine;
     let outcome = engine.release(&lock, &holder, token).await?;
     let released = matches!(outcome, ReleaseOutcome::Released { .. });
-    crate::api::report::released(engine.layout(), &lock, &holder, token, outcome);
+    crate::service::report::released(engine, &lock, &holder, token, outcome);
     tracing::warn!(namespace = %lock.namespace, name = %lock.name, %holder, released, who = %view.access.who(), "force release from the dashboard");
     let (title, text) = if released {
         ("Released", "was released")

@@ -1,10 +1,10 @@
 //! The JSON endpoints under `/api/v1/`: each one or a few calls of the
 //! same [`LockEngine`](crate::engine::LockEngine) methods the gRPC
-//! handlers call, inputs checked by [`crate::api::validate`].
+//! handlers call, inputs checked by [`crate::service::validate`].
 //!
 //! One JSON dialect across the project: answers are the proto3 JSON
 //! mapping, as Connect and `tumbler … -o json` speak it. Where an answer is
-//! an RPC's, it is that RPC's message (built by `api::convert`,
+//! an RPC's, it is that RPC's message (built by `service::replies`,
 //! serialized by the proto crate's generated serde); the dashboard's own
 //! fields follow the same rules ([`Int64`]): lowerCamel names, 64-bit
 //! integers as strings (fencing tokens pass 2^53 one day, and JavaScript
@@ -24,11 +24,11 @@ use super::params::{
     LockQuery, LocksQuery, MetricsQuery, NamespaceQuery, Query, WaitsQuery, readable,
 };
 use super::{Dashboard, MAX_MINUTES, MINUTE_MS};
-use crate::api::convert;
-use crate::api::validate;
 use crate::auth::Access;
 use crate::engine::{LockId, REAPER_LOCK, REAPER_NAMESPACE};
 use crate::proto;
+use crate::service::replies;
+use crate::service::validate;
 use crate::wallclock::unix_ms;
 
 /// A 64-bit integer of a dashboard view, as the proto3 JSON mapping
@@ -102,7 +102,7 @@ pub(super) async fn api_locks(
         .engine
         .list(&namespace, &prefix, page_size, from, query.only_waiting)
         .await?;
-    let mut page = convert::list_response(page);
+    let mut page = replies::list_response(page);
     // The page in name order (List pages go shard by shard).
     page.locks.sort_by(|a, b| a.name.cmp(&b.name));
     json_reply(LocksView {
@@ -138,8 +138,8 @@ pub(super) async fn api_lock(
     let queue = d.engine.queue(&lock, most).await?;
     json_reply(LockView {
         admin: d.shows_admin(&access, &lock.namespace),
-        queue: convert::queue_response(&lock, queue),
-        state: convert::inspect_response(&lock, state),
+        queue: replies::queue_response(&lock, queue),
+        state: replies::inspect_response(&lock, state),
     })
 }
 
@@ -194,7 +194,7 @@ pub(super) async fn api_metrics(
         .await?;
     json_reply(MetricsView {
         namespace: &namespace,
-        report: convert::metrics_response(report, from_ms, to_ms),
+        report: replies::metrics_response(report, from_ms, to_ms),
     })
 }
 
@@ -236,7 +236,7 @@ struct ReaperView {
 pub(super) async fn api_reaper(State(d): State<Dashboard>, Caller(access): Caller) -> ApiResult {
     access.read(REAPER_NAMESPACE)?;
     let lock = LockId::reaper();
-    let state = convert::inspect_response(&lock, d.engine.inspect(&lock).await?);
+    let state = replies::inspect_response(&lock, d.engine.inspect(&lock).await?);
     let holder = state.holders.into_iter().next();
     json_reply(ReaperView {
         namespace: REAPER_NAMESPACE,

@@ -24,12 +24,12 @@ use super::errors::{ApiError, ApiResult, json_reply};
 use super::flight::Flights;
 use super::login::Caller;
 use super::params::{ChangelogQuery, Query, readable};
-use crate::api::convert::ToProto;
-use crate::api::validate;
 use crate::auth::CallerRate;
 use crate::engine::changelog::{ChangelogEvent, ChangelogPage, ChangelogQuery as EngineQuery};
 use crate::limits::ConnState;
 use crate::proto;
+use crate::service::replies::ToProto;
+use crate::service::validate;
 
 /// Events one read returns unless it asks for fewer.
 const DEFAULT_LIMIT: usize = 100;

@@ -1,11 +1,10 @@
 //! How the dashboard fails: [`ApiError`] (a status, a code and a message,
 //! sent as Connect's error JSON, `{"code": "invalid_argument", "message":
-//! "..."}`, the one error dialect of the project), and the one table from
-//! gRPC codes to HTTP statuses and Connect's code names ([`http_status`])
-//! that every refusal over HTTP, dashboard or Connect, goes through. Engine errors take the gRPC API's code first
-//! ([`engine_code`]: `api::convert`'s table of engine error kinds), so a full
-//! queue is 429 here as it is RESOURCE_EXHAUSTED there, Redis trouble 503,
-//! a reply the engine cannot read 500: never 400 for an internal error.
+//! "..."}`, the one error dialect of the project). Its status and code
+//! name come from the service's one table (`service/errors.rs`: engine
+//! error kind → gRPC code → HTTP status and Connect name), so a full queue
+//! is 429 here as it is RESOURCE_EXHAUSTED over gRPC, Redis trouble 503, a
+//! reply the engine cannot read 500: never 400 for an internal error.
 
 use axum::Json;
 use axum::http::{StatusCode, header};
@@ -13,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::engine::EngineError;
+use crate::service::errors::{describe, http_status};
 
 /// An endpoint's failure: a status and a message, as JSON.
 #[derive(Clone, Debug)]
@@ -20,48 +20,6 @@ pub(super) struct ApiError {
     pub(super) status: StatusCode,
     pub(super) code: &'static str,
     pub(super) message: String,
-}
-
-/// The one table: a gRPC code, its HTTP status (google.rpc.Code's HTTP
-/// mapping, which is also Connect's) and its name in Connect's error JSON
-/// (gRPC's in lower case, but `canceled`).
-pub fn http_status(code: tonic::Code) -> (StatusCode, &'static str) {
-    use tonic::Code;
-    match code {
-        Code::Ok => (StatusCode::OK, "ok"),
-        Code::Cancelled => (client_closed(), "canceled"),
-        Code::Unknown => (StatusCode::INTERNAL_SERVER_ERROR, "unknown"),
-        Code::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_argument"),
-        Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "deadline_exceeded"),
-        Code::NotFound => (StatusCode::NOT_FOUND, "not_found"),
-        Code::AlreadyExists => (StatusCode::CONFLICT, "already_exists"),
-        Code::PermissionDenied => (StatusCode::FORBIDDEN, "permission_denied"),
-        Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "resource_exhausted"),
-        Code::FailedPrecondition => (StatusCode::BAD_REQUEST, "failed_precondition"),
-        Code::Aborted => (StatusCode::CONFLICT, "aborted"),
-        Code::OutOfRange => (StatusCode::BAD_REQUEST, "out_of_range"),
-        Code::Unimplemented => (StatusCode::NOT_IMPLEMENTED, "unimplemented"),
-        Code::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-        Code::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-        Code::DataLoss => (StatusCode::INTERNAL_SERVER_ERROR, "data_loss"),
-        Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated"),
-    }
-}
-
-/// 499 Client Closed Request (nginx's; google.rpc.Code's for CANCELLED).
-fn client_closed() -> StatusCode {
-    StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
-}
-
-/// The gRPC code of an engine error: the gRPC API's own table
-/// (`api::convert::code`).
-pub fn engine_code(err: &EngineError) -> tonic::Code {
-    crate::api::convert::code(err.kind())
-}
-
-/// The HTTP status the dashboard answers for an engine error.
-pub fn engine_error_status(err: &EngineError) -> StatusCode {
-    http_status(engine_code(err)).0
 }
 
 impl ApiError {
@@ -126,7 +84,7 @@ impl From<crate::engine::Invalid> for ApiError {
 /// the engine cannot read is not described to the caller.
 impl From<EngineError> for ApiError {
     fn from(err: EngineError) -> Self {
-        let (code, message) = crate::api::convert::describe(err, "dashboard", None);
+        let (code, message) = describe(err, "dashboard", None);
         ApiError::new(code, message)
     }
 }
@@ -166,13 +124,6 @@ mod tests {
 
     #[test]
     fn internal_errors_are_never_400() {
-        for code in [
-            tonic::Code::Internal,
-            tonic::Code::Unknown,
-            tonic::Code::DataLoss,
-        ] {
-            assert_eq!(http_status(code).0, StatusCode::INTERNAL_SERVER_ERROR);
-        }
         let err = ApiError::from(tonic::Status::internal("boom"));
         assert_eq!(
             (err.status, err.code),

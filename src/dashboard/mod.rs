@@ -5,7 +5,7 @@
 //!
 //! - `api.rs`: the JSON endpoints, each one or a few calls of the same
 //!   [`LockEngine`] methods the gRPC handlers call, with inputs checked by
-//!   the same [`crate::api::validate`] functions, so bad input gets the
+//!   the same [`crate::service::validate`] functions, so bad input gets the
 //!   gRPC API's message (as a 400) and the numbers are the RPCs' numbers;
 //! - `params.rs`: each endpoint's query or form as a `Deserialize` struct;
 //! - `errors.rs`: the JSON error and the one table from error to status;
@@ -44,7 +44,6 @@ mod params;
 mod session;
 mod visible;
 
-pub use errors::{engine_code, engine_error_status, http_status};
 pub use session::{CookieKey, SESSION_TTL};
 
 use std::sync::Arc;
@@ -54,9 +53,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::api::validate;
 use crate::auth::{Access, Authenticator};
 use crate::engine::LockEngine;
+use crate::service::validate;
 
 const APP_JS: &str = include_str!("assets/app.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");

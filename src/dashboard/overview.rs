@@ -19,10 +19,10 @@ use super::MINUTE_MS;
 use super::api::Int64;
 use super::errors::ApiError;
 use super::flight::Flights;
-use crate::api::convert::ToProto;
-use crate::api::validate;
 use crate::engine::{Counters, LockEngine};
 use crate::proto;
+use crate::service::replies::ToProto;
+use crate::service::validate;
 use crate::wallclock::unix_ms;
 
 /// Locks the overview counts at most (10 List calls of 1000); past that it

@@ -15,9 +15,9 @@ use super::login::Caller;
 use super::params::{NamespaceQuery, Query};
 use super::visible::filters;
 use super::{Dashboard, redirect};
-use crate::api::validate;
 use crate::auth::Access;
 use crate::engine::{LockId, REAPER_NAMESPACE};
+use crate::service::validate;
 
 /// The shell of every page but the login form.
 #[derive(Template)]

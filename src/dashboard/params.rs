@@ -15,9 +15,9 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer};
 
 use super::errors::ApiError;
-use crate::api::validate;
 use crate::auth::Access;
 use crate::engine::Namespace;
+use crate::service::validate;
 
 /// axum's `Query`, refusing with the dashboard's JSON 400.
 pub(super) struct Query<T>(pub T);

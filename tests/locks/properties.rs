@@ -29,9 +29,9 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_health::pb::health_check_response::ServingStatus;
-use tumbler::api::validate::{MAX_NAME_BYTES, encode_page_token};
 use tumbler::engine::ListCursor;
 use tumbler::proto::lock_service_client::LockServiceClient;
+use tumbler::service::validate::{MAX_NAME_BYTES, encode_page_token};
 
 /// Random cases; each sends 1..=MAX_BATCH requests at once.
 const CASES: u32 = 2500;
@@ -680,7 +680,7 @@ fn namespace_case() -> impl Strategy<Value = Case> {
 }
 
 fn ns_broken(namespace: &str) -> Option<&'static str> {
-    tumbler::api::validate::namespace(namespace)
+    tumbler::service::validate::namespace(namespace)
         .is_err()
         .then_some("namespace")
 }

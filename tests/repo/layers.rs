@@ -1,5 +1,5 @@
 //! The layers ARCHITECTURE.md draws, kept by reading the sources where
-//! crates cannot keep them: proto → handlers (api, dashboard) → engine →
+//! crates cannot keep them: proto → adapters (api, connect, dashboard) → service → engine →
 //! store. The engine and the store are crates of their own
 //! (`crates/tumbler-engine`, `crates/tumbler-store`), so neither can name
 //! anything above it (`crates.rs` checks what they depend on); the rules
@@ -13,25 +13,56 @@ use std::path::{Path, PathBuf};
 /// (files under `src/`, what they may not name, why)
 const RULES: &[(&str, &[&str], &str)] = &[
     (
+        "service",
+        &[
+            "crate::store",
+            "tumbler_store::",
+            "redis::",
+            "crate::api",
+            "crate::connect",
+            "crate::dashboard",
+        ],
+        "the service reaches Redis only through the engine, and serves every transport alike",
+    ),
+    (
         "api",
-        &["crate::store", "redis::"],
-        "handlers reach Redis only through the engine",
+        &[
+            "crate::store",
+            "tumbler_store::",
+            "redis::",
+            "crate::connect",
+            "crate::dashboard",
+        ],
+        "an adapter reaches Redis only through the engine, and imports no other adapter",
     ),
     (
         "dashboard",
-        &["crate::store", "redis::"],
-        "handlers reach Redis only through the engine",
+        &[
+            "crate::store",
+            "tumbler_store::",
+            "redis::",
+            "crate::api",
+            "crate::connect",
+        ],
+        "an adapter reaches Redis only through the engine, and imports no other adapter",
     ),
     (
         "connect",
         &[
             "crate::store",
+            "tumbler_store::",
             "crate::engine",
             "crate::api",
+            "crate::dashboard",
             "crate::auth",
             "redis::",
         ],
         "Connect reaches the lock service only as a gRPC call, through the same stack",
+    ),
+    (
+        "config.rs",
+        &["crate::api", "crate::connect"],
+        "flags are checked by the service's rules, not an adapter's",
     ),
     (
         "observe",

@@ -73,12 +73,12 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         path: "crates/tumbler-model/tests/check.rs",
-        lines: 739,
+        lines: 731,
         reason: "every configuration CI checks, with what it expects, in one place and in the order of SAFETY.md's table",
     },
     Budget {
         path: "crates/tumbler-engine/src/lib.rs",
-        lines: 739,
+        lines: 731,
         reason: "the façade is the engine's whole public surface in one place, each method a few lines that hand the call to the part that owns it (issue 51 narrows it)",
     },
     Budget {

@@ -47,10 +47,6 @@ pub const WALK_BYTES: u64 = 256 << 10;
 const PAGE_FIELDS: u32 = 50;
 const PAGE_BYTES: u32 = 256 << 10;
 
-/// Steps of a cycle its message names, and characters of each name.
-const MESSAGE_STEPS: usize = 8;
-const MESSAGE_NAME_CHARS: usize = 64;
-
 /// The wait-for registry's calls (one per replica, shared by single and
 /// multi-lock waits).
 #[derive(Clone)]
@@ -303,37 +299,6 @@ pub(super) fn chains(edges: &[WaitEdge]) -> Vec<Vec<WaitStep>> {
     chains
 }
 
-/// A cycle as its error message says it: `holder "a" waits for lock "x"
-/// held by "b", "b" waits for lock "y" held by "a"`; at most 8 steps (then
-/// `and N more`), each name cut at 64 characters, so the message stays
-/// under 2 KB whatever the cycle (a gRPC client refuses a long one).
-pub fn describe(cycle: &[WaitStep]) -> String {
-    let mut steps: Vec<String> = (cycle.iter().take(MESSAGE_STEPS))
-        .enumerate()
-        .map(|(i, step)| {
-            let who = if i == 0 { "holder " } else { "" };
-            format!(
-                "{who}{:?} waits for lock {:?} held by {:?}",
-                short(&step.holder),
-                short(&step.lock),
-                short(&step.held_by)
-            )
-        })
-        .collect();
-    if cycle.len() > MESSAGE_STEPS {
-        steps.push(format!("and {} more", cycle.len() - MESSAGE_STEPS));
-    }
-    steps.join(", ")
-}
-
-/// A name as a message shows it: its first 64 characters, then `…`.
-fn short(name: &str) -> String {
-    match name.char_indices().nth(MESSAGE_NAME_CHARS) {
-        Some((at, _)) => format!("{}…", &name[..at]),
-        None => name.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,34 +380,5 @@ mod tests {
         assert_eq!(blocking(&readers, "w", Write, 1), ["r1", "r2"]);
         assert!(blocking(&readers, "r3", Read, 1).is_empty());
         assert_eq!(blocking(&state(3, &[("w", Write, 1)]), "r", Read, 1), ["w"]);
-    }
-
-    #[test]
-    fn a_cycle_reads_as_its_message() {
-        let step = |h: &str, l: &str, b: &str| WaitStep {
-            holder: h.into(),
-            lock: l.into(),
-            held_by: b.into(),
-        };
-        assert_eq!(
-            describe(&[step("a", "x", "b"), step("b", "y", "a")]),
-            r#"holder "a" waits for lock "x" held by "b", "b" waits for lock "y" held by "a""#
-        );
-    }
-
-    #[test]
-    fn a_long_cycles_message_stays_short() {
-        let long = "h".repeat(256);
-        let cycle: Vec<WaitStep> = (0..200)
-            .map(|i| WaitStep {
-                holder: format!("{long}{i}"),
-                lock: format!("{long}-lock"),
-                held_by: format!("{long}{}", i + 1),
-            })
-            .collect();
-        let message = describe(&cycle);
-        assert!(message.len() < 2048, "{} bytes", message.len());
-        assert!(message.ends_with("and 192 more"), "{message}");
-        assert!(message.contains(&format!("\"{}…\"", "h".repeat(64))));
     }
 }

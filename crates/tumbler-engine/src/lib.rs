@@ -252,14 +252,11 @@ impl LockEngine {
         Running::start(engine, store, reap_interval, replica, libraries)
     }
 
-    // The state the server reads (gauges, shutdown signal, layout).
+    // The state the server reads (gauges, shutdown signal, key names).
 
-    pub fn store(&self) -> &Store {
-        self.calls.store()
-    }
-
-    pub fn layout(&self) -> &Layout {
-        self.calls.layout()
+    /// A lock's Redis key names, for the lines that name them (debug logs).
+    pub fn key_names(&self, lock: &LockId) -> keys::LockKeys {
+        self.calls.layout().lock_keys(&lock.namespace, &lock.name)
     }
 
     pub fn waiters(&self) -> &Arc<Waiters> {
@@ -713,11 +710,6 @@ impl LockEngine {
     /// (`counting.rs`), until aborted.
     pub async fn run_metrics_flusher(self: Arc<Self>) {
         self.counting.run_flusher().await;
-    }
-
-    /// Writes the counts made so far.
-    pub async fn flush_counts(&self) {
-        self.counting.flush().await;
     }
 
     /// Keeps the watch registry (`watching.rs`).

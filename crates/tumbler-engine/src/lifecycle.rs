@@ -59,7 +59,7 @@ impl Running {
         replica: String,
         libraries: Option<Libraries>,
     ) -> Running {
-        let layout = engine.layout();
+        let layout = engine.calls.layout();
         let mut loops = vec![
             tokio::spawn(run_subscriber(
                 engine.waiters().clone(),
@@ -104,7 +104,7 @@ impl Running {
         for task in self.loops.drain(..) {
             task.abort();
         }
-        if tokio::time::timeout(SHUTDOWN_STEP, self.engine.flush_counts())
+        if tokio::time::timeout(SHUTDOWN_STEP, self.engine.counting.flush())
             .await
             .is_err()
         {

@@ -12,8 +12,6 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
 
 use super::Driver;
-use crate::api::convert::{self, ToProto, invalid};
-use crate::api::{report, validate};
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
 use crate::engine::{
@@ -22,6 +20,9 @@ use crate::engine::{
 use crate::proto;
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
+use crate::service::errors::{self, invalid};
+use crate::service::replies::ToProto;
+use crate::service::{report, requests, validate};
 
 /// Commands one session may have running at once (waiting acquires
 /// included); more are refused with RESOURCE_EXHAUSTED.
@@ -75,11 +76,12 @@ impl Driver {
                         validate::multi_plain(req.mode, req.permits).map_err(invalid)?;
                         req.name = names[0].to_string();
                     }
-                    let request = self.api.acquire_request(
+                    let request = requests::acquire(
                         req,
                         Holder::stored(&self.session),
                         Ttl::stored(self.ttl_ms),
                         None,
+                        &self.api.limits,
                     )?;
                     Ok((request, names))
                 };
@@ -92,12 +94,13 @@ impl Driver {
                     let req = command
                         .campaign
                         .ok_or_else(|| Status::invalid_argument("campaign: missing"))?;
-                    let request = self.api.campaign_request(
+                    let request = requests::campaign(
                         req,
                         Holder::stored(&self.session),
                         Ttl::stored(self.ttl_ms),
                         None,
                         self.proof.clone(),
+                        &self.api.limits,
                     )?;
                     Ok((request, Vec::new()))
                 };
@@ -127,7 +130,9 @@ impl Driver {
                         Ok(outcome) => {
                             let reply = (&outcome).to_proto();
                             if let [lock] = locks.as_slice() {
-                                report::released(engine.layout(), lock, &session, None, outcome);
+                                report::released(&engine, lock, &session, None, outcome);
+                            } else {
+                                report::released_set(&outcome);
                             }
                             Done::reply(Event::Released(proto::SessionReleased {
                                 request_id: id,
@@ -188,13 +193,13 @@ impl Driver {
             let _waiting = waiting;
             let _done = turn.wait().await;
             let outcome = if names.is_empty() {
-                report::acquire_waiting(engine.layout(), &request);
+                report::acquire_waiting(&engine, &request);
                 let started = std::time::Instant::now();
                 let outcome = engine
                     .session_acquire(&session, epoch, &request, &lost)
                     .await;
                 outcome.map(|outcome| {
-                    report::acquired(engine.layout(), &request, &outcome, started.elapsed());
+                    report::acquired(&engine, &request, &outcome, started.elapsed());
                     outcome.to_proto()
                 })
             } else {
@@ -202,10 +207,14 @@ impl Driver {
                     req: request.clone(),
                     names,
                 };
+                let started = std::time::Instant::now();
                 (engine
                     .session_acquire_many(&session, epoch, set, &lost)
                     .await)
-                    .map(ToProto::to_proto)
+                    .map(|outcome| {
+                        report::acquired_set(&request, &outcome, started.elapsed());
+                        outcome.to_proto()
+                    })
             };
             let done = match outcome {
                 Ok(response) => Done::reply(Event::Acquired(proto::SessionAcquired {
@@ -372,7 +381,7 @@ impl Done {
             EngineError::Stopped => {
                 Status::permission_denied("the token may no longer act in this namespace")
             }
-            err => convert::status(err),
+            err => errors::status(err),
         };
         Done {
             event: refused(request_id, status),

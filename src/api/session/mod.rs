@@ -35,9 +35,8 @@ mod commands;
 
 use commands::{Running, refused};
 
-use super::convert::{self, invalid};
 use super::quota::QuotaSlot;
-use super::{LockApi, StreamSlot, validate};
+use super::{LockApi, StreamSlot};
 use crate::auth::LiveAccess;
 use crate::engine::LockId;
 use crate::engine::ops::session_record::Touch;
@@ -49,6 +48,8 @@ use crate::engine::sessions::{
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
 use crate::proto::{self, SessionResponse};
+use crate::service::errors::{self, invalid};
+use crate::service::{validate, watch};
 
 pub type SessionStream = ReceiverStream<Result<SessionResponse, Status>>;
 
@@ -121,7 +122,7 @@ pub async fn open(
                 .engine
                 .open_session(&owner, ttl)
                 .await
-                .map_err(convert::status)?;
+                .map_err(errors::status)?;
             Opened {
                 session: ticket.id,
                 epoch: ticket.epoch,
@@ -157,7 +158,7 @@ pub async fn open(
                         )
                     }
                     ResumeError::Moved => Status::aborted(format!("resume: {err}")),
-                    ResumeError::Engine(err) => convert::status(err),
+                    ResumeError::Engine(err) => errors::status(err),
                 })?;
             tracing::info!(%session, kept = resumed.kept.len(), lost = resumed.lost.len(), "session resumed");
             let grants = resumed
@@ -293,8 +294,8 @@ impl Driver {
                         }
                     }
                 },
-                () = access.changed() => {
-                    if let Err(status) = access.recheck() {
+                changed = watch::changed(&mut access) => {
+                    if let Err(status) = changed {
                         break Ending::Refused(status);
                     }
                     if !self.drop_unpermitted(&access, &mut running).await {

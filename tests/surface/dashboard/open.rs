@@ -513,8 +513,8 @@ async fn the_locks_tab_lists_a_page_in_name_order() {
 #[test]
 fn engine_errors_get_the_status_of_their_grpc_code() {
     use tonic::Code;
-    use tumbler::dashboard::{engine_code, engine_error_status, http_status};
     use tumbler::engine::EngineError;
+    use tumbler::service::errors::{engine_code, engine_error_status, http_status};
     use tumbler::store::StoreError;
 
     let cases = [

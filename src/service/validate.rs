@@ -201,7 +201,7 @@ pub fn takes_over(
     if value.is_empty() {
         return Ok(None);
     }
-    let bad = |rule: &str| super::convert::invalid(invalid("takes_over", rule));
+    let bad = |rule: &str| super::errors::invalid(invalid("takes_over", rule));
     let old = Holder::parse(value).map_err(|e| bad(&e.rule))?;
     not_a_session("takes_over", old.as_str())?;
     if old.as_str() == holder.as_str() {

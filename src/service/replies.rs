@@ -1,92 +1,19 @@
-//! Engine values across the gRPC boundary: outcomes, grants, metrics rows
-//! and lock events into their proto messages (one [`ToProto`] each), and
-//! errors ([`invalid`], [`status`]). The engine and the proto messages are
-//! other crates', so the orphan rule allows no `From` between them here:
-//! this crate's own trait and functions map them, once each. Errors: the gRPC code of each
-//! engine error kind is the one table ([`code`]; the dashboard turns these
-//! codes into HTTP statuses), and [`describe`] is where Redis trouble is
-//! logged and counted, once, whichever transport answers.
+//! Engine values into their proto messages, for every transport that
+//! answers with them (gRPC, Connect, the dashboard's `/api/v1`): one
+//! [`ToProto`] per outcome, grant, metrics row and lock event, and one
+//! builder per reply that needs more than the outcome (Inspect, Queue,
+//! List, Metrics, Extend, Campaign and the election's). The engine and the
+//! proto messages are other crates', so the orphan rule allows no `From`
+//! between them here: this crate's own trait and functions map them, once
+//! each.
 
-use tonic::{Code, Status};
-
-use crate::engine::{self, AcquireOutcome, EngineError, ErrorKind, LockId};
+use crate::engine::{self, AcquireOutcome, LockId};
 use crate::proto::{self, AcquireStatus, NotAcquiredReason};
 
 /// An engine value as its proto message.
 pub trait ToProto {
     type Proto;
     fn to_proto(self) -> Self::Proto;
-}
-
-/// A broken request rule: INVALID_ARGUMENT, naming the field.
-pub fn invalid(invalid: engine::Invalid) -> Status {
-    Status::invalid_argument(invalid.to_string())
-}
-
-/// The gRPC code of an engine error kind.
-pub fn code(kind: ErrorKind) -> Code {
-    match kind {
-        // Nothing was granted: retry later or on another replica.
-        ErrorKind::Unavailable => Code::Unavailable,
-        ErrorKind::Internal => Code::Internal,
-        ErrorKind::Exhausted => Code::ResourceExhausted,
-        ErrorKind::Conflict => Code::FailedPrecondition,
-        ErrorKind::Moved => Code::Aborted,
-        ErrorKind::Stopped => Code::Cancelled,
-        // The wait would close a wait-for cycle (decision 0077): refused
-        // at once, the message names the cycle; retry after letting go.
-        ErrorKind::Deadlock => Code::Aborted,
-        // An election's grant acted on without its secret (decision 0082).
-        ErrorKind::NotYours => Code::PermissionDenied,
-    }
-}
-
-/// The lock operation a failure happened in, for its log line.
-pub struct LockAt<'a> {
-    pub rpc: &'static str,
-    pub lock: &'a LockId,
-    pub holder: &'a str,
-}
-
-/// An engine error's code and the message its caller sees. Redis trouble
-/// is logged (with the lock operation, when there is one) and counted
-/// here (`transport` names who answers); a reply the engine could not
-/// read is not described to the caller.
-pub fn describe(
-    err: EngineError,
-    transport: &'static str,
-    at: Option<LockAt<'_>>,
-) -> (Code, String) {
-    let kind = err.kind();
-    let rpc = at.as_ref().map(|at| at.rpc);
-    let namespace = at.as_ref().map(|at| at.lock.namespace.as_str());
-    let lock_name = at.as_ref().map(|at| at.lock.name.as_str());
-    let holder = at.as_ref().map(|at| at.holder);
-    let message = match (kind, err.store_detail()) {
-        (ErrorKind::Unavailable, Some(detail)) => {
-            tracing::warn!(%detail, transport, rpc, namespace, lock_name, holder, "redis unavailable");
-            crate::observe::redis_error("unavailable");
-            format!("lock store unavailable: {detail}")
-        }
-        (ErrorKind::Internal, Some(detail)) => {
-            tracing::error!(%detail, transport, rpc, namespace, lock_name, holder, "unexpected redis reply");
-            crate::observe::redis_error("protocol");
-            "lock store answered unexpectedly".to_owned()
-        }
-        _ => err.to_string(),
-    };
-    (code(kind), message)
-}
-
-/// The gRPC status of an engine error in a lock operation.
-pub fn status_of(err: EngineError, at: Option<LockAt<'_>>) -> Status {
-    let (code, message) = describe(err, "grpc", at);
-    Status::new(code, message)
-}
-
-/// The gRPC status of an engine error outside a lock operation.
-pub fn status(err: EngineError) -> Status {
-    status_of(err, None)
 }
 
 impl ToProto for engine::MetricsRow {
@@ -121,6 +48,22 @@ impl ToProto for &engine::ReleaseOutcome {
         };
         proto::ReleaseResponse {
             status: status.into(),
+        }
+    }
+}
+
+impl ToProto for engine::ExtendOutcome {
+    type Proto = proto::ExtendResponse;
+    fn to_proto(self) -> proto::ExtendResponse {
+        match self {
+            engine::ExtendOutcome::Extended(grant) => proto::ExtendResponse {
+                status: proto::ExtendStatus::Extended.into(),
+                grant: Some(grant.to_proto()),
+            },
+            engine::ExtendOutcome::NotHeld => proto::ExtendResponse {
+                status: proto::ExtendStatus::NotHeld.into(),
+                grant: None,
+            },
         }
     }
 }
@@ -312,7 +255,7 @@ pub fn queue_response(lock: &LockId, state: engine::QueueState) -> proto::QueueR
 pub fn list_response(page: engine::ListPage) -> proto::ListResponse {
     proto::ListResponse {
         locks: page.locks.into_iter().map(ToProto::to_proto).collect(),
-        next_page_token: crate::api::validate::next_page_token(page.next.as_ref()),
+        next_page_token: crate::service::validate::next_page_token(page.next.as_ref()),
         now_ms: page.now_ms,
     }
 }
@@ -328,5 +271,91 @@ pub fn metrics_response(
         overall: Some(report.overall.to_proto()),
         from_ms,
         to_ms,
+    }
+}
+
+/// An election's leadership, named by its lock.
+pub fn leadership(lock: &LockId, l: engine::Leadership) -> proto::Leadership {
+    proto::Leadership {
+        namespace: lock.namespace.to_string(),
+        name: lock.name.to_string(),
+        candidate: l.candidate,
+        term: l.term,
+        value: l.value,
+        elected_at_ms: l.elected_at_ms,
+        expires_at_ms: l.expires_at_ms,
+        ttl_ms: l.ttl_ms,
+    }
+}
+
+/// A Campaign's answer: elected, with the leadership and the secret that
+/// proves it (decision 0082), or its place in the queue.
+pub fn campaign_response(
+    lock: &LockId,
+    outcome: engine::CampaignOutcome,
+    secret: String,
+) -> proto::CampaignResponse {
+    match outcome {
+        engine::CampaignOutcome::Elected(l) => proto::CampaignResponse {
+            elected: true,
+            leader: Some(leadership(lock, l)),
+            queue_position: 0,
+            secret,
+        },
+        engine::CampaignOutcome::NotElected { position } => proto::CampaignResponse {
+            elected: false,
+            leader: None,
+            queue_position: position,
+            secret: String::new(),
+        },
+    }
+}
+
+pub fn proclaim_response(
+    lock: &LockId,
+    outcome: engine::ProclaimOutcome,
+) -> proto::ProclaimResponse {
+    match outcome {
+        engine::ProclaimOutcome::Proclaimed(l) => proto::ProclaimResponse {
+            status: proto::ProclaimStatus::Proclaimed.into(),
+            leader: Some(leadership(lock, l)),
+        },
+        engine::ProclaimOutcome::NotLeader => proto::ProclaimResponse {
+            status: proto::ProclaimStatus::NotLeader.into(),
+            leader: None,
+        },
+    }
+}
+
+pub fn resign_response(resigned: bool) -> proto::ResignResponse {
+    proto::ResignResponse {
+        status: if resigned {
+            proto::ResignStatus::Resigned
+        } else {
+            proto::ResignStatus::NotLeader
+        }
+        .into(),
+    }
+}
+
+/// An Observe stream's message: a change of the election's leader.
+pub fn leader_change(lock: &LockId, c: engine::LeaderChange) -> proto::LeaderChange {
+    proto::LeaderChange {
+        leader: c.leader.map(|l| leadership(lock, l)),
+        event: c.event.to_owned(),
+        at_ms: c.at_ms,
+        ended_term: c.ended_term,
+    }
+}
+
+/// A Reap's answer: its counts.
+pub fn reap_response(counts: &engine::ReapCounts) -> proto::ReapResponse {
+    proto::ReapResponse {
+        expired_holders: counts.expired_holders,
+        dead_waiters: counts.dead_waiters,
+        stale_index_entries: counts.stale_index_entries,
+        old_grants: counts.old_grants,
+        old_waiters: counts.old_waiters,
+        locks_visited: counts.locks_visited,
     }
 }

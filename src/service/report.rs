@@ -1,21 +1,24 @@
-//! What the lock service reports of each lock operation's outcome: the
-//! per-kind metrics (outcomes, wait and hold times), span attributes and
-//! debug lines. It sits beside the handlers, where engine outcomes and
-//! observation meet, so `observe` itself knows nothing of the engine.
+//! What the lock service reports of each lock operation's outcome, one
+//! lock or a set, whichever transport asked: the per-kind metrics
+//! (outcomes, wait and hold times), span attributes and debug lines (with
+//! the key names the engine gives). It sits in the service, where
+//! engine outcomes and observation meet, so `observe` itself knows nothing
+//! of the engine.
 
 use std::time::Duration;
 
-use crate::engine::keys::Layout;
-use crate::engine::{AcquireOutcome, AcquireRequest, ExtendOutcome, LockId, ReleaseOutcome};
+use crate::engine::{
+    AcquireOutcome, AcquireRequest, ExtendOutcome, LockEngine, LockId, MultiOutcome, ReleaseOutcome,
+};
 use crate::observe::{kind_metrics, record_lock, recording, rpc_spans, span_attribute};
 
 /// Before a waiting Acquire goes to the engine: the request joins the
 /// lock's queue unless a permit is free for it at once.
-pub fn acquire_waiting(layout: &Layout, req: &AcquireRequest) {
+pub fn acquire_waiting(engine: &LockEngine, req: &AcquireRequest) {
     if req.wait.is_zero() || !tracing::enabled!(tracing::Level::DEBUG) {
         return;
     }
-    let keys = layout.lock_keys(&req.lock.namespace, &req.lock.name);
+    let keys = engine.key_names(&req.lock);
     tracing::debug!(
         lock_key = %keys.queue,
         acq_id = %req.holder,
@@ -38,7 +41,7 @@ pub fn refused_as_deadlock(req: &AcquireRequest) {
 
 /// An Acquire answered by the engine after `elapsed`.
 pub fn acquired(
-    layout: &Layout,
+    engine: &LockEngine,
     req: &AcquireRequest,
     outcome: &AcquireOutcome,
     elapsed: Duration,
@@ -49,27 +52,17 @@ pub fn acquired(
         AcquireOutcome::Busy { .. } => (2, "busy", None),
         AcquireOutcome::TimedOut { .. } => (3, "timeout", None),
     };
-    let kind = kind_metrics(&req.kind);
-    if recording() {
-        kind.outcome(index, label).increment(1);
-        if !req.wait.is_zero() {
-            kind.wait().record(elapsed.as_secs_f64());
-        }
-    }
-
-    if rpc_spans() {
-        span_attribute("tumbler.kind", req.kind.to_string());
-        span_attribute("tumbler.status", label);
-        span_attribute("tumbler.wait_ms", elapsed.as_millis() as i64);
-        if let Some(grant) = grant {
-            span_attribute("tumbler.fencing_token", grant.fencing_token as i64);
-        }
+    counted(req, index, label, elapsed);
+    if rpc_spans()
+        && let Some(grant) = grant
+    {
+        span_attribute("tumbler.fencing_token", grant.fencing_token as i64);
     }
 
     if !tracing::enabled!(tracing::Level::DEBUG) {
         return;
     }
-    let lock_key = layout.lock_keys(&req.lock.namespace, &req.lock.name).lock;
+    let lock_key = engine.key_names(&req.lock).lock;
     // Milliseconds, to the microsecond.
     let acq_time = elapsed.as_micros() as f64 / 1000.0;
     match outcome {
@@ -108,9 +101,64 @@ pub fn acquired(
     }
 }
 
+/// An Acquire's outcome (`index`, `label`) counted under its kind, its
+/// wait timed, and both told to the span.
+fn counted(req: &AcquireRequest, index: usize, label: &'static str, elapsed: Duration) {
+    let kind = kind_metrics(&req.kind);
+    if recording() {
+        kind.outcome(index, label).increment(1);
+        if !req.wait.is_zero() {
+            kind.wait().record(elapsed.as_secs_f64());
+        }
+    }
+    if rpc_spans() {
+        span_attribute("tumbler.kind", req.kind.to_string());
+        span_attribute("tumbler.status", label);
+        span_attribute("tumbler.wait_ms", elapsed.as_millis() as i64);
+    }
+}
+
+/// A set's Acquire (decision 0076) answered by the engine after
+/// `elapsed`: counted under its kind as a single lock's is.
+pub fn acquired_set(req: &AcquireRequest, outcome: &MultiOutcome, elapsed: Duration) {
+    let (index, label) = match outcome {
+        MultiOutcome::Acquired { already: false, .. } => (0, "acquired"),
+        MultiOutcome::Acquired { already: true, .. } => (1, "already_held"),
+        MultiOutcome::Busy { .. } => (2, "busy"),
+        MultiOutcome::TimedOut { .. } => (3, "timeout"),
+    };
+    counted(req, index, label, elapsed);
+}
+
+/// A set's Release answered by the engine: its hold time under its kind,
+/// as a single lock's.
+pub fn released_set(outcome: &ReleaseOutcome) {
+    let label = match outcome {
+        ReleaseOutcome::Released { kind, held_ms } => {
+            if recording() {
+                kind_metrics(kind).hold().record(*held_ms as f64 / 1000.0);
+            }
+            "released"
+        }
+        ReleaseOutcome::NotHeld => "not_held",
+    };
+    span_attribute("tumbler.status", label);
+}
+
+/// A set's Extend answered by the engine.
+pub fn extended_set(outcome: &ExtendOutcome) {
+    span_attribute(
+        "tumbler.status",
+        match outcome {
+            ExtendOutcome::Extended(_) => "extended",
+            ExtendOutcome::NotHeld => "not_held",
+        },
+    );
+}
+
 /// A Release answered by the engine.
 pub fn released(
-    layout: &Layout,
+    engine: &LockEngine,
     lock: &LockId,
     holder: &str,
     token: Option<u64>,
@@ -129,7 +177,7 @@ pub fn released(
     record_lock(&lock.namespace, &lock.name, holder);
     span_attribute("tumbler.status", label);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).lock;
+        let lock_key = engine.key_names(lock).lock;
         tracing::debug!(%lock_key, acq_id = %holder, token, "{}", match outcome {
             ReleaseOutcome::Released { .. } => "lock released",
             ReleaseOutcome::NotHeld => "release of a lock not held",
@@ -138,7 +186,7 @@ pub fn released(
 }
 
 /// An Extend answered by the engine.
-pub fn extended(layout: &Layout, lock: &LockId, holder: &str, outcome: &ExtendOutcome) {
+pub fn extended(engine: &LockEngine, lock: &LockId, holder: &str, outcome: &ExtendOutcome) {
     let label = match outcome {
         ExtendOutcome::Extended(_) => "extended",
         ExtendOutcome::NotHeld => "not_held",
@@ -146,7 +194,7 @@ pub fn extended(layout: &Layout, lock: &LockId, holder: &str, outcome: &ExtendOu
     record_lock(&lock.namespace, &lock.name, holder);
     span_attribute("tumbler.status", label);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = layout.lock_keys(&lock.namespace, &lock.name).lock;
+        let lock_key = engine.key_names(lock).lock;
         match outcome {
             ExtendOutcome::Extended(grant) => tracing::debug!(
                 %lock_key,
