@@ -73,7 +73,7 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         path: "crates/tumbler-model/tests/check.rs",
-        lines: 731,
+        lines: 739,
         reason: "every configuration CI checks, with what it expects, in one place and in the order of SAFETY.md's table",
     },
     Budget {
