@@ -200,11 +200,13 @@ pub fn release(mut req: proto::ReleaseRequest, access: &Access) -> Result<Releas
         )?;
         return Ok(Release::Set { locks, holder });
     }
-    validate::no_set_tokens(&req.fencing_tokens).map_err(invalid)?;
-    let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
-    access.act(&lock.namespace)?;
-    let holder = validate::holder(req.holder).map_err(invalid)?;
-    validate::not_a_session("holder", holder.as_str())?;
+    let (lock, holder) = one(
+        access,
+        req.namespace,
+        req.name,
+        req.holder,
+        &req.fencing_tokens,
+    )?;
     let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
     Ok(Release::One {
         lock,
@@ -248,11 +250,13 @@ pub fn extend(
         )?;
         return Ok(Extend::Set { locks, holder, ttl });
     }
-    validate::no_set_tokens(&req.fencing_tokens).map_err(invalid)?;
-    let lock = LockId::parse(req.namespace, req.name).map_err(invalid)?;
-    access.act(&lock.namespace)?;
-    let holder = validate::holder(req.holder).map_err(invalid)?;
-    validate::not_a_session("holder", holder.as_str())?;
+    let (lock, holder) = one(
+        access,
+        req.namespace,
+        req.name,
+        req.holder,
+        &req.fencing_tokens,
+    )?;
     let ttl = validate::optional_ttl_ms(req.ttl_ms, limits).map_err(invalid)?;
     let token = validate::fencing_token(req.fencing_token).map_err(invalid)?;
     Ok(Extend::One {
@@ -261,6 +265,24 @@ pub fn extend(
         ttl,
         token,
     })
+}
+
+/// The lock and holder of a single lock's Release or Extend, checked in
+/// this order: no set's tokens, the name, the caller's access to the
+/// namespace, the holder (not a session's).
+fn one(
+    access: &Access,
+    namespace: String,
+    name: String,
+    holder: String,
+    fencing_tokens: &[u64],
+) -> Result<(LockId, engine::Holder), Status> {
+    validate::no_set_tokens(fencing_tokens).map_err(invalid)?;
+    let lock = LockId::parse(namespace, name).map_err(invalid)?;
+    access.act(&lock.namespace)?;
+    let holder = validate::holder(holder).map_err(invalid)?;
+    validate::not_a_session("holder", holder.as_str())?;
+    Ok((lock, holder))
 }
 
 /// The locks and holder of a multi-lock's Release or Extend: the names
