@@ -10,8 +10,8 @@ usage() {
   cat <<'EOF'
 scripts/test.sh [--only PHASES] [--skip PHASES] [-- CARGO TEST ARGS]
 
-Runs the whole suite, phase after phase (about 20 minutes from a cold
-clone on 2 cores, 6-7 GB under target/; a few minutes warm). PHASES is a
+Runs the whole suite, phase after phase (about 35 minutes from a cold
+clone on 2 cores, 6-7 GB under target/; about 20 warm). PHASES is a
 comma list of:
 
   rust       cargo test of the workspace, with the protocol model's check
