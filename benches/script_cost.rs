@@ -393,7 +393,7 @@ fn total_instructions(dir: &Path) -> u64 {
 
 /// With `SCRIPT_COST_KEEP=<dir>`, each measurement's callgrind dump is
 /// copied there (`callgrind_annotate --inclusive=yes <file>` shows where
-/// Redis' instructions went: the profile behind BENCHMARKS.md's tables).
+/// Redis' instructions went: the profile behind the notebook's tables, docs/benchmarks/notebook.md).
 fn keep_dump(dir: &Path) {
     let Ok(keep) = std::env::var("SCRIPT_COST_KEEP") else {
         return;

@@ -170,4 +170,4 @@ export TUMBLER_PYTHON=$work/venv/bin/python TUMBLER_GO_BIN=$work/go-bin TUMBLER_
 step "conformance: the cross-language scenario with the installed packages"
 "$work/venv/bin/python" "$src/clients/conformance/driver.py" --server "$root/target/debug/tumbler" "$@"
 step "the client bench's smoke size"
-TUMBLER_BIN="$root/target/debug/tumbler" "$root/bench/clients/run.sh" --quick  # the client bench's smoke size (BENCHMARKS.md, "Clients: the price of moving over")
+TUMBLER_BIN="$root/target/debug/tumbler" "$root/bench/clients/run.sh" --quick  # the client bench's smoke size (docs/benchmarks/notebook.md, "Clients: the price of moving over")

@@ -283,7 +283,7 @@ async fn a_waiter_whose_holder_the_server_made_pays_nothing_and_a_named_one_four
     let (fcall, fcall_ro, named) = calls_of_a_wait(&mut client, &mut conn, "named").await;
     assert_eq!((fcall, fcall_ro), (6, 0));
     eprintln!("commands per wait: {plain} (server-made holder), {named} (named holder)");
-    // The detection's own cost (decisions 0077 and 0081, BENCHMARKS.md):
+    // The detection's own cost (decisions 0077 and 0081, docs/benchmarks/notebook.md):
     // 3 FCALLs and the 20 commands they run (blockers' bounded read of the
     // lock, HMGET and HSCAN; wait_for's HRANDFIELD, the budget's HGET and
     // HSTRLEN, HSET, PTTL, PEXPIRE and HGETs of the edges it sweeps and

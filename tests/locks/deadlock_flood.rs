@@ -408,7 +408,7 @@ async fn the_dashboard_reads_the_registry_a_page_at_a_time() {
 /// 250-byte holders each, every holder named one that waits too (none
 /// leading back, so the walk runs to its bounds), walked by one more wait
 /// through the real function. Redis' time for it is what one tenant can
-/// cost all others per wait; printed for BENCHMARKS.md, and held well
+/// cost all others per wait; printed for docs/benchmarks/notebook.md, and held well
 /// under the store's 2 s timeout.
 #[tokio::test]
 async fn a_walk_at_its_bounds_takes_redis_milliseconds() {

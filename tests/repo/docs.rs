@@ -1,5 +1,5 @@
 //! The documentation can be navigated: every relative link in README.md,
-//! docs/ (and docs/decisions/), ARCHITECTURE.md, SAFETY.md, BENCHMARKS.md and the Helm chart's README
+//! docs/ (docs/decisions/ and docs/benchmarks/ too), ARCHITECTURE.md, SAFETY.md, BENCHMARKS.md and the Helm chart's README
 //! leads to a file that exists and, with a `#fragment` into Markdown, to a
 //! heading of that file. And what it shows runs: every fenced block marked
 //! `sh runnable` in README.md and docs/ is run against the built binary
@@ -28,7 +28,7 @@ fn documents() -> Vec<PathBuf> {
     .iter()
     .map(|f| root.join(f))
     .collect();
-    let mut docs: Vec<PathBuf> = ["docs", "docs/decisions"]
+    let mut docs: Vec<PathBuf> = ["docs", "docs/decisions", "docs/benchmarks"]
         .iter()
         .flat_map(|dir| std::fs::read_dir(root.join(dir)).expect("a docs/ directory"))
         .map(|e| e.unwrap().path())

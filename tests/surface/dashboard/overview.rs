@@ -222,7 +222,7 @@ async fn the_overview_costs_redis_one_walk_per_second_however_often_it_is_asked(
     assert!(!load.acquires_loaded.is_empty());
 }
 
-/// The figures for BENCHMARKS.md ("Dashboard overview under load"):
+/// The figures for docs/benchmarks/notebook.md ("Dashboard overview under load"):
 /// `cargo test --profile bench --test surface -- --ignored --nocapture dashboard::overview::overview_latency`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run with --ignored --nocapture"]
