@@ -58,12 +58,26 @@ module Tumbler
     end
 
     # One HTTP/1.1 connection and what was read past the last answer.
+    #
+    # The hot path is lean on purpose (README.md, "What a call costs"): the
+    # request leaves by write_nonblock (no GVL hand-off, no second write);
+    # a plaintext socket waits for its answer before reading (ppoll, then
+    # one read: an answer never arrives within the write's own syscall);
+    # reads go into one reused buffer; the head is parsed by index on one
+    # lowercased copy (status line, content-length, transfer-encoding,
+    # connection), not split into lines.
     class Conn
+      READ_SIZE = 16_384
+      HEAD_END = "\r\n\r\n"
+      CRLF = "\r\n"
+
       attr_reader :io
 
       def initialize(io)
         @io = io
-        @buf = +''.b
+        @plain = io.is_a?(BasicSocket) # TLS: the SSLSocket may hold decrypted bytes the socket no longer shows
+        @buf = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
+        @chunk = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
         @used = false
       end
 
@@ -76,6 +90,8 @@ module Tumbler
       # An idle connection with something to read: the server closed it (or sent junk).
       def stale?
         return true unless @buf.empty?
+        # A peek that finds nothing is the live idle connection; "" is the server's FIN.
+        return @io.recv_nonblock(1, Socket::MSG_PEEK, @chunk, exception: false) != :wait_readable if @plain
 
         !IO.select([@io.to_io], nil, nil, 0).nil?
       rescue IOError, SystemCallError
@@ -83,24 +99,34 @@ module Tumbler
       end
 
       # Sends one request, reads its whole answer: [status, body, keep-alive].
+      # Reused: a connection that served before gave no answer at all (the
+      # server closed it while idle), so the request may go again on a fresh one.
       def roundtrip(request, deadline)
-        @io.write(request)
         begin
-          head_end = read_until("\r\n\r\n", deadline)
+          send_all(request, deadline)
+          head_end = read_until(HEAD_END, deadline, true)
         rescue EOFError, SystemCallError => e
           raise Reused, e.message if @used && @buf.empty?
 
           raise
         end
-        status, length, chunked, keep = parse_head(@buf.byteslice(0, head_end))
-        consume(head_end + 4)
-        body = if chunked
-                 read_chunked(deadline)
-               elsif length
-                 take(length, deadline)
+        status, length, chunked, keep = parse_head(head_end)
+        from = head_end + 4
+        body = if !chunked && length && @buf.bytesize == from + length
+                 # The common case: exactly one answer was read; nothing is left over.
+                 out = @buf.byteslice(from, length)
+                 @buf.clear
+                 out
                else
-                 keep = false
-                 read_to_end(deadline)
+                 consume(from)
+                 if chunked
+                   read_chunked(deadline)
+                 elsif length
+                   take(length, deadline)
+                 else
+                   keep = false
+                   read_to_end(deadline)
+                 end
                end
         @used = true
         [status, body, keep]
@@ -108,31 +134,58 @@ module Tumbler
 
       private
 
-      def parse_head(head)
-        lines = head.split("\r\n")
-        version, status = lines.first.split(' ', 3)
-        length = nil
-        chunked = false
-        keep = version == 'HTTP/1.1'
-        lines.drop(1).each do |line|
-          name, value = line.split(':', 2)
-          case name.strip.downcase
-          when 'content-length' then length = Integer(value.strip)
-          when 'transfer-encoding' then chunked = value.downcase.include?('chunked')
-          when 'connection' then keep = keep ? value.strip.casecmp('close') != 0 : value.strip.casecmp('keep-alive').zero?
+      def send_all(data, deadline)
+        loop do
+          n = @io.write_nonblock(data, exception: false)
+          if n.is_a?(Integer)
+            return if n == data.bytesize
+
+            data = data.byteslice(n, data.bytesize - n)
+          else
+            wait(n, deadline)
           end
         end
-        [Integer(status), length, chunked, keep]
+      end
+
+      # "HTTP/1.x NNN ...", then the headers that say where the body ends and
+      # whether the connection stays open: [status, length, chunked, keep].
+      def parse_head(head_end)
+        raise ArgumentError, 'not an HTTP/1 answer' unless @buf.start_with?('HTTP/1.') && @buf.getbyte(8) == 32
+
+        status = Integer(@buf.byteslice(9, 3), 10)
+        keep = @buf.getbyte(7) == 49 # HTTP/1.1 keeps the connection unless told otherwise
+        head = @buf.byteslice(0, head_end + 2)
+        head.downcase!
+        length = nil
+        chunked = false
+        if (v = header(head, "\r\ncontent-length:"))
+          length = Integer(v, 10)
+          raise ArgumentError, "content-length: #{v}" if length.negative?
+        end
+        chunked = v.include?('chunked') if (v = header(head, "\r\ntransfer-encoding:"))
+        if (v = header(head, "\r\nconnection:"))
+          keep = keep ? !v.include?('close') : v.include?('keep-alive')
+        end
+        [status, length, chunked, keep]
+      end
+
+      # The value of the first header named so (its "\r\nname:"), stripped; nil when absent.
+      def header(head, name)
+        i = head.index(name)
+        return nil unless i
+
+        from = i + name.bytesize
+        head.byteslice(from, head.index(CRLF, from) - from).strip
       end
 
       def read_chunked(deadline)
         body = +''.b
         loop do
-          i = read_until("\r\n", deadline)
+          i = read_until(CRLF, deadline)
           size = @buf.byteslice(0, i).split(';').first.to_i(16)
           consume(i + 2)
           if size.zero?
-            consume(read_until("\r\n", deadline) + 2)
+            consume(read_until(CRLF, deadline) + 2)
             return body
           end
           body << take(size, deadline)
@@ -143,13 +196,17 @@ module Tumbler
       def read_to_end(deadline)
         loop { fill(deadline) }
       rescue EOFError
-        out = @buf
-        @buf = +''.b
+        out = @buf.dup
+        @buf.clear
         out
       end
 
       def consume(n)
-        @buf = @buf.byteslice(n, @buf.bytesize - n) || +''.b
+        if n >= @buf.bytesize
+          @buf.clear
+        else
+          @buf = @buf.byteslice(n, @buf.bytesize - n)
+        end
       end
 
       def take(n, deadline)
@@ -159,33 +216,45 @@ module Tumbler
         out
       end
 
-      def read_until(marker, deadline)
+      # The index of marker in what was read, reading until it comes.
+      # awaiting: nothing of this answer was read yet, so a plaintext socket
+      # waits before its first read (it would only find EAGAIN).
+      def read_until(marker, deadline, awaiting = false)
         from = 0
         loop do
-          i = @buf.index(marker, from)
-          return i if i
+          unless @buf.empty?
+            i = @buf.index(marker, from)
+            return i if i
 
-          from = [@buf.bytesize - marker.bytesize + 1, 0].max
-          fill(deadline)
+            from = [@buf.bytesize - marker.bytesize + 1, 0].max
+          end
+          fill(deadline, awaiting && @buf.empty?)
         end
       end
 
-      def fill(deadline)
+      def fill(deadline, wait_first = false)
+        wait(:wait_readable, deadline) if wait_first && @plain
         loop do
-          data = @io.read_nonblock(65_536, exception: false)
+          data = @io.read_nonblock(READ_SIZE, @chunk, exception: false)
           case data
-          when :wait_readable, :wait_writable
-            left = deadline && (deadline - Client.now)
-            raise DeadlineExceeded if left && left <= 0
-
-            ready = data == :wait_readable ? @io.to_io.wait_readable(left) : @io.to_io.wait_writable(left)
-            raise DeadlineExceeded unless ready
+          when :wait_readable, :wait_writable then wait(data, deadline)
           when nil then raise EOFError, 'the server closed the connection'
           else
             @buf << data
             return
           end
         end
+      end
+
+      # Waits until the socket is readable (or writable), at most until the deadline.
+      def wait(what, deadline)
+        left = nil
+        if deadline
+          left = deadline - Client.now
+          raise DeadlineExceeded if left <= 0
+        end
+        ready = what == :wait_readable ? @io.to_io.wait_readable(left) : @io.to_io.wait_writable(left)
+        raise DeadlineExceeded unless ready
       end
     end
 
@@ -203,7 +272,7 @@ module Tumbler
       @authority = host.include?(':') ? "[#{host}]:#{port}" : "#{host}:#{port}"
       @prefix = UNARY.to_h do |name, _, _|
         [name, "POST /#{SERVICE}/#{name} HTTP/1.1\r\nHost: #{@authority}\r\nContent-Type: application/proto\r\n" \
-               "Connect-Protocol-Version: 1\r\n"]
+               "Connect-Protocol-Version: 1\r\n".b.freeze]
       end
       @idle = []
       @pid = Process.pid
@@ -261,14 +330,15 @@ module Tumbler
                                                  "#{@authority}: the connection was closed")
     end
 
+    # The whole request, head and body, as one binary string (one write).
     def request_bytes(name, body, deadline, metadata)
-      head = +"#{@prefix[name]}Content-Length: #{body.bytesize}\r\n"
+      req = String.new(@prefix[name], capacity: 512 + body.bytesize)
+      req << 'Content-Length: ' << body.bytesize.to_s << "\r\n"
       if deadline
-        head << "Connect-Timeout-Ms: #{((deadline - Client.now) * 1000).ceil.clamp(1, 9_999_999_999)}\r\n"
+        req << 'Connect-Timeout-Ms: ' << ((deadline - Client.now) * 1000).ceil.clamp(1, 9_999_999_999).to_s << "\r\n"
       end
-      metadata&.each { |k, v| head << "#{k}: #{v}\r\n" }
-      head << "\r\n"
-      head.b << body
+      metadata&.each { |k, v| req << "#{k}: #{v}\r\n".b }
+      req << "\r\n" << body
     end
 
     def take(deadline)
