@@ -186,6 +186,46 @@ class ConnectSocketTest < Minitest::Test
     assert_equal 'late', @client.acquire('late', ttl_ms: 5_000).name # a fresh connection
   end
 
+  def test_release_many_pipelines_releases_on_one_connection_in_order
+    locks = Array.new(5) { |i| @client.acquire("many#{i}", ttl_ms: 5_000) }
+    stale = locks[2]
+    @client.acquire(stale.name, holder: 'other', ttl_ms: 5_000, takes_over: stale.holder) # token 2 is gone
+    requests = @relay.requests
+    items = locks.map { |l| [l.name, l.holder, l.fencing_token] }
+    items.insert(1, ['', 'h', nil]) # no name: INVALID_ARGUMENT, in its place
+    results = @client.release_many(items)
+    assert_equal requests + 1, @relay.requests, 'one write'
+    assert_equal [true, Tumbler::InvalidArgument, true, false, true, true],
+                 results.map { |r| r.is_a?(Tumbler::Error) ? r.class : r }
+    assert_match(/\Aname/, results[1].details, 'the details name the field')
+    assert_equal ['other'], @client.inspect_lock(stale.name).holders.map { |h| h.grant.holder }, 'pinned to its token'
+    assert_equal 1, @relay.accepted
+    assert_equal 1, idle.size, 'the connection is kept alive after the exchange'
+    assert_equal [], @client.release_many([])
+    grpc = Tumbler::Client.new("127.0.0.1:#{SOCKET_TUMBLER_PORT}", namespace: @ns, transport: :grpc)
+    assert_equal [true, false], grpc.release_many([[stale.name, 'other', nil], [stale.name, 'other', nil]]),
+                 'over gRPC: one call after another, the same answers'
+  end
+
+  def test_release_many_on_a_reused_connection_the_server_closed_goes_again_on_a_fresh_one
+    locks = Array.new(3) { |i| @client.acquire("again#{i}", ttl_ms: 5_000) }
+    @relay.drop_next = true
+    assert_equal [true, true, true], @client.release_many(locks.map { |l| [l.name, l.holder, l.fencing_token] })
+    assert_equal 2, @relay.accepted
+  end
+
+  def test_release_many_cut_by_its_deadline_leaves_the_unanswered_ones_to_send_again
+    locks = Array.new(3) { |i| @client.acquire("cut#{i}", ttl_ms: 5_000) }
+    @relay.split = 1
+    @relay.pause = 0.01 # about a second per answer
+    results = @client.release_many(locks.map { |l| [l.name, l.holder, l.fencing_token] }, timeout: 0.3)
+    assert(results.all? { |r| r.is_a?(Tumbler::Error) && r.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED })
+    assert_empty idle, 'the connection with unread answers is closed'
+    @relay.split = nil
+    # The server did release them (the answers were on their way): sending again says so.
+    assert_equal [false, false, false], @client.release_many(locks.map { |l| [l.name, l.holder, l.fencing_token] })
+  end
+
   # The server answers UNAVAILABLE once its Redis command times out
   # (--redis-timeout-ms); the client retries that until the call's deadline.
   def test_redis_stopped_under_the_server_is_unavailable_and_never_a_grant

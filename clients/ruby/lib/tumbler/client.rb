@@ -275,6 +275,31 @@ module Tumbler
       call(:release) { V1::ReleaseRequest.new(**req) }.status == :RELEASE_STATUS_RELEASED
     end
 
+    # Releases several grants at once, each by its holder and pinned to its
+    # fencing token: [[name, holder, fencing_token], ...] -> one result per
+    # release, in order: true (released), false (not held) or the
+    # Tumbler::Error it failed with. Over Connect they go in one exchange
+    # (pipelined on one kept-alive connection: one write, their answers read
+    # in order); over gRPC one call after another. Nothing is retried here:
+    # an Unavailable one may be sent again with #release (a release pinned
+    # to its token is safe to repeat: a second one is false).
+    def release_many(releases, timeout: @timeout)
+      requests = releases.map do |name, holder, token|
+        V1::ReleaseRequest.new(**{ namespace: namespace, name: name, holder: holder, fencing_token: token }.compact)
+      end
+      unless @connect
+        return requests.map do |req|
+          call(:release) { req }.status == :RELEASE_STATUS_RELEASED
+        rescue Error => e
+          e
+        end
+      end
+
+      @connect.pipeline(:release, requests, Client.now + timeout, metadata).map do |resp|
+        resp.is_a?(GRPC::BadStatus) ? Tumbler.error_from(resp) : resp.status == :RELEASE_STATUS_RELEASED
+      end
+    end
+
     # client.lock_all(%w[accounts/1 accounts/2], wait_ms: 5000) { |set| ... } —
     # every lock of the set held for the whole block, as #lock holds one:
     # the watchdog extends the set every ttl_ms/3 (one Extend naming it);

@@ -102,14 +102,42 @@ module Tumbler
       # Reused: a connection that served before gave no answer at all (the
       # server closed it while idle), so the request may go again on a fresh one.
       def roundtrip(request, deadline)
+        answer = nil
+        keep = exchange(request, 1, deadline) { |status, body| answer = [status, body] }
+        [answer[0], answer[1], keep]
+      end
+
+      # Sends `request` (one request, or `count` of them back to back: HTTP/1.1
+      # pipelining) in one write and reads `count` answers in order, yielding
+      # each one's status and body. Returns whether the connection can serve
+      # again: false when an answer closed it, which ends the exchange there.
+      # Reused as for #roundtrip, only while no answer of this exchange came.
+      def exchange(request, count, deadline)
+        reused = @used
         begin
           send_all(request, deadline)
           head_end = read_until(HEAD_END, deadline, true)
         rescue EOFError, SystemCallError => e
-          raise Reused, e.message if @used && @buf.empty?
+          raise Reused, e.message if reused && @buf.empty?
 
           raise
         end
+        answered = 0
+        loop do
+          status, body, keep = read_answer(head_end, deadline)
+          @used = true
+          answered += 1
+          yield status, body
+          return keep if answered == count || !keep
+
+          head_end = read_until(HEAD_END, deadline, true)
+        end
+      end
+
+      private
+
+      # The rest of an answer whose head ends at head_end: [status, body, keep-alive].
+      def read_answer(head_end, deadline)
         status, length, chunked, keep = parse_head(head_end)
         from = head_end + 4
         body = if !chunked && length && @buf.bytesize == from + length
@@ -128,11 +156,8 @@ module Tumbler
                    read_to_end(deadline)
                  end
                end
-        @used = true
         [status, body, keep]
       end
-
-      private
 
       def send_all(data, deadline)
         loop do
@@ -290,6 +315,52 @@ module Tumbler
     def invoke(method, request, deadline, metadata)
       name, response = @methods.fetch(method)
       unary(name, response, request, deadline, metadata)
+    end
+
+    # Several requests of the unary RPC `method` at once, pipelined: written
+    # back to back in one write on one connection, their answers read in
+    # order (the server answers a connection's requests one after another).
+    # Returns, in the order of `requests`, each one's response or the
+    # GRPC::BadStatus it was answered with. Those left without an answer
+    # (the connection ended, or the deadline passed, before it came) are
+    # UNAVAILABLE or DEADLINE_EXCEEDED and may or may not have been applied:
+    # pipeline only what is safe to send again (a release pinned to its
+    # fencing token). Nothing here is retried but what #invoke retries: a
+    # reused connection that gave no answer at all is replaced and
+    # everything sent once more.
+    def pipeline(method, requests, deadline, metadata)
+      return [] if requests.empty?
+
+      name, response = @methods.fetch(method)
+      bytes = requests.map { |r| request_bytes(name, r.class.encode(r), deadline, metadata) }.join
+      results = []
+      2.times do
+        conn = take(deadline)
+        keep = false
+        failure = nil
+        begin
+          keep = conn.exchange(bytes, requests.size, deadline) do |status, answer|
+            results << (status == 200 ? response.decode(answer) : error_from_answer(status, answer))
+          end
+        rescue Reused
+          next
+        rescue DeadlineExceeded
+          failure = GRPC::BadStatus.new_status_exception(GRPC::Core::StatusCodes::DEADLINE_EXCEEDED, 'Deadline Exceeded')
+        rescue IOError, SystemCallError, OpenSSL::SSL::SSLError, ArgumentError => e
+          failure = GRPC::BadStatus.new_status_exception(GRPC::Core::StatusCodes::UNAVAILABLE, "#{@authority}: #{e.message}")
+        ensure
+          # An exchange cut short leaves answers unread: the connection is closed, not reused.
+          conn.close unless keep && results.size == requests.size
+        end
+        give_back(conn) if keep && results.size == requests.size
+        failure ||= GRPC::BadStatus.new_status_exception(GRPC::Core::StatusCodes::UNAVAILABLE,
+                                                         "#{@authority}: the connection was closed before this answer")
+        results << failure while results.size < requests.size
+        return results
+      end
+      Array.new(requests.size) do
+        GRPC::BadStatus.new_status_exception(GRPC::Core::StatusCodes::UNAVAILABLE, "#{@authority}: the connection was closed")
+      end
     end
 
     def close

@@ -12,10 +12,13 @@ module Tumbler
     #   job's thread while its job runs.
     # - releases: a job that ended hands its release here and goes on; they
     #   are sent in the order given, each pinned to its run's token, so a
-    #   late one never touches a newer grant. Until one is sent the lock
-    #   stays held (a duplicate pushed meanwhile meets the conflict
-    #   strategy, as it would while the job ran); a killed process's
-    #   unsent releases end with their leases.
+    #   late one never touches a newer grant. Those given while the keeper
+    #   was busy go together (up to BATCH): pipelined on one connection,
+    #   one write and their answers read in order (Client#release_many);
+    #   one that got no answer is sent again alone, with the client's
+    #   retries. Until one is sent the lock stays held (a duplicate pushed
+    #   meanwhile meets the conflict strategy, as it would while the job
+    #   ran); a killed process's unsent releases end with their leases.
     #
     # The process's exit waits for the releases given before (#stop). The
     # releases it sends are those of runs that ended, each under its run's
@@ -24,6 +27,8 @@ module Tumbler
     class Keeper
       Held = Struct.new(:lock, :thread, :due, :lease_end, :attempt)
       Release = Struct.new(:name, :holder, :token)
+      # The most releases sent in one exchange.
+      BATCH = 64
 
       # The keeper of this process, for its client (made again after a fork
       # or a new configure; the one it replaces sends what it was given).
@@ -57,6 +62,7 @@ module Tumbler
         @mutex = Mutex.new
         @wake = ConditionVariable.new
         @held = {}.compare_by_identity # (entries change as they are renewed)
+        @wake_at = Float::INFINITY # when the waiting keeper wakes for its next renewal
         @releases = []
         @sending = false
         @stopping = false
@@ -72,7 +78,7 @@ module Tumbler
         @mutex.synchronize do
           start_thread
           @held[held] = true
-          @wake.signal if @held.size == 1 || held.due < earliest_due
+          @wake.signal if held.due < @wake_at # (a busy keeper looks again before it waits)
         end
         held
       end
@@ -123,26 +129,25 @@ module Tumbler
         @thread.name = 'tumbler-sidekiq-keeper' if @thread.respond_to?(:name=)
       end
 
-      def earliest_due = @held.keys.map(&:due).min || Float::INFINITY
-
       def run
         loop do
           work = next_work
           return unless work
 
-          work.is_a?(Release) ? send_release(work) : renew(work)
+          work.is_a?(Array) ? send_releases(work) : renew(work)
         end
       end
 
-      # The next release to send, else the next renewal that is due (nil
-      # once stopping with nothing left); sleeps until one is.
+      # The releases to send (an Array, oldest first, at most BATCH), else the
+      # next renewal that is due (nil once stopping with nothing left); sleeps
+      # until one is.
       def next_work
         @mutex.synchronize do
           @sending = false
           loop do
             unless @releases.empty?
               @sending = true
-              return @releases.shift
+              return @releases.shift(BATCH)
             end
             @wake.broadcast # a flush waiting for the releases
             return nil if @stopping
@@ -151,14 +156,40 @@ module Tumbler
             wait = due && (due.due - Tumbler::Client.now)
             return due if wait && wait <= 0
 
+            @wake_at = due ? due.due : Float::INFINITY
             @wake.wait(@mutex, wait)
+            @wake_at = -Float::INFINITY
           end
         end
+      end
+
+      def send_releases(batch)
+        return send_release(batch.first) if batch.size == 1
+
+        results = @client.release_many(batch.map { |r| [r.name, r.holder, r.token] })
+        batch.zip(results).each do |release, result|
+          next unless result.is_a?(Tumbler::Error)
+
+          # Unanswered (the connection ended, or the exchange's deadline): once more, alone,
+          # with the client's retries. Pinned to its token, a second release is harmless.
+          if [GRPC::Core::StatusCodes::UNAVAILABLE, GRPC::Core::StatusCodes::DEADLINE_EXCEEDED].include?(result.code)
+            send_release(release)
+          else
+            release_failed(release, result)
+          end
+        end
+      rescue StandardError => e
+        @logger.warn("tumbler-sidekiq: #{batch.size} releases together failed (#{e.message}); sending them one by one")
+        batch.each { |release| send_release(release) }
       end
 
       def send_release(release)
         @client.release(release.name, holder: release.holder, fencing_token: release.token)
       rescue StandardError => e
+        release_failed(release, e)
+      end
+
+      def release_failed(release, e)
         @logger.warn("tumbler-sidekiq: could not release #{release.name} (#{release.holder}): #{e.message}; " \
                      'it ends with its lease')
       end
