@@ -13,7 +13,8 @@
 #   connect-pairs   a bare TCPSocket (TCP_NODELAY, one write per request),
 #                   Connect binary proto, requests serialized once, answers parsed
 #
-# A "call" is one acquire or one release (half a pair), as in run.sh.
+# A "call" is one acquire or one release (half a pair), as in run.sh; the
+# CPU is this process's user + system time per call.
 # Needs the tumbler-client gem installed (for its generated messages).
 require 'socket'
 require 'tumbler'
@@ -24,11 +25,17 @@ V1 = Tumbler::V1
 acq = V1::AcquireRequest.new(name: "bound-rb-#{mode}", holder: 'bound-rb', ttl_ms: 10_000)
 rel = V1::ReleaseRequest.new(name: acq.name, holder: 'bound-rb')
 
+# Seconds for `count` runs of the block after a warm-up; $cpu: the process's
+# CPU seconds (user + system) in them.
 def timed(count, &one)
   200.times(&one)
+  c0 = Process.times
   t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
   count.times(&one)
-  Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+  secs = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+  c1 = Process.times
+  $cpu = (c1.utime - c0.utime) + (c1.stime - c0.stime)
+  secs
 end
 
 case mode
@@ -89,4 +96,4 @@ when 'connect-pairs'
 else
   abort "unknown mode #{mode}"
 end
-puts format('%s: %.0f µs per call', mode, secs / calls * 1e6)
+puts format('%s: %.0f µs per call, %.0f µs CPU per call', mode, secs / calls * 1e6, $cpu / calls * 1e6)
