@@ -81,6 +81,12 @@ impl LockService for Yardstick {
     async fn extend(&self, _: Request<ExtendRequest>) -> Result<Response<ExtendResponse>, Status> {
         Err(Status::unimplemented("yardstick"))
     }
+    async fn batch(
+        &self,
+        _: Request<tumbler::proto::BatchRequest>,
+    ) -> Result<Response<tumbler::proto::BatchResponse>, Status> {
+        Err(Status::unimplemented("yardstick"))
+    }
     async fn inspect(
         &self,
         _: Request<InspectRequest>,

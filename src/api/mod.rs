@@ -3,6 +3,7 @@
 //! outcome to a reply; Redis trouble becomes UNAVAILABLE. No lock
 //! semantics live here.
 
+mod batch;
 mod election;
 mod locks;
 mod quota;
@@ -181,6 +182,13 @@ impl LockService for LockApi {
         request: Request<proto::ExtendRequest>,
     ) -> Result<Response<proto::ExtendResponse>, Status> {
         in_handler_span!("Extend", self.extend_rpc(request))
+    }
+
+    async fn batch(
+        &self,
+        request: Request<proto::BatchRequest>,
+    ) -> Result<Response<proto::BatchResponse>, Status> {
+        in_handler_span!("Batch", self.batch_rpc(request))
     }
 
     #[tracing::instrument(name = "Inspect", skip_all, fields(namespace, lock_name))]

@@ -61,6 +61,7 @@ procedures! {
     "Acquire" => Unary(AcquireRequest, AcquireResponse),
     "Release" => Unary(ReleaseRequest, ReleaseResponse),
     "Extend" => Unary(ExtendRequest, ExtendResponse),
+    "Batch" => Unary(BatchRequest, BatchResponse),
     "Inspect" => Unary(InspectRequest, InspectResponse),
     "Queue" => Unary(QueueRequest, QueueResponse),
     "List" => Unary(ListRequest, ListResponse),

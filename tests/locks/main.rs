@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 pub mod common;
 
+mod batch;
 mod changelog;
 mod changelog_flood;
 mod changelog_reads;

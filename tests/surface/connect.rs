@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 /// One `curl` call: the HTTP status and the body.
 pub(super) struct Answer {
-    status: u16,
+    pub(super) status: u16,
     body: Vec<u8>,
 }
 

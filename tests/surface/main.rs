@@ -7,6 +7,7 @@
 pub mod common;
 
 mod auth;
+mod batch;
 mod connect;
 mod dashboard;
 mod edge;
