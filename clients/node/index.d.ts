@@ -27,7 +27,14 @@ export interface ClientOptions {
   timeoutMs?: number;
   retry?: RetryOptions;
   protoDir?: string;
+  /** Options of the gRPC channel (streams, and unary calls under `transport: 'grpc'`). */
   channelOptions?: grpc.ChannelOptions;
+  /**
+   * How unary calls travel: 'auto' (default) sends them over Connect (binary protobuf on kept-alive
+   * HTTP/1.1 to the same port) for a plaintext `host:port` target, else over gRPC; 'connect' insists
+   * on Connect; 'grpc' keeps every call on @grpc/grpc-js. Streams (observe) are always gRPC.
+   */
+  transport?: 'auto' | 'connect' | 'grpc';
 }
 
 export interface AcquireOptions {
@@ -182,6 +189,8 @@ export declare class Client {
   observe(name: string, options?: { signal?: AbortSignal }): Observer;
   inspect(name: string): Promise<InspectResponse>;
   queue(name: string, maxEntries?: number): Promise<QueueResponse>;
+  /** 'connect' or 'grpc': how this client's unary calls travel. */
+  readonly transport: 'connect' | 'grpc';
   close(): void;
 }
 

@@ -11,6 +11,7 @@ const crypto = require('crypto');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const errors = require('./errors');
+const { ConnectTransport, splitTarget } = require('./connect');
 const { Lock, LockSet } = require('./lock');
 const { Leadership, Observer } = require('./election');
 
@@ -32,7 +33,9 @@ const ACQUIRE_ALL_OPTIONS = ['holder', 'waitMs', 'timeoutMs', 'signal', 'limit',
   'queueTtlMs'];
 const CAMPAIGN_OPTIONS = ['value', 'candidate', 'waitMs', 'timeoutMs', 'signal', 'ttlMs', 'queueTtlMs', 'kind',
   'onLost'];
-const CLIENT_OPTIONS = ['namespace', 'credentials', 'token', 'protoDir', 'timeoutMs', 'retry', 'channelOptions'];
+const CLIENT_OPTIONS = ['namespace', 'credentials', 'token', 'protoDir', 'timeoutMs', 'retry', 'channelOptions',
+  'transport'];
+const TRANSPORTS = ['auto', 'connect', 'grpc'];
 
 // The proto ships inside the package (proto/, copied by `npm pack`); in a
 // checkout of the repository it is ../../proto.
@@ -140,12 +143,31 @@ async function scoped(acquire, options, fn) {
 }
 
 class Client {
-  // new Client('127.0.0.1:50051', { namespace, credentials, token, timeoutMs, retry, protoDir })
+  // new Client('127.0.0.1:50051', { namespace, credentials, token, timeoutMs, retry, protoDir, transport })
+  //
+  // transport 'auto' (the default): the unary calls go over Connect (lib/connect.js) when the target is a
+  // plain host:port and the channel is plaintext (no credentials, or insecure ones), else over gRPC;
+  // 'connect' insists on Connect, 'grpc' keeps every call on grpc-js. Streams are always gRPC.
   constructor(target = '127.0.0.1:50051', options = {}) {
     knownOptions('new Client', options, CLIENT_OPTIONS);
-    const { namespace = '', credentials, token, protoDir, timeoutMs = 10000, retry, channelOptions } = options;
+    const { namespace = '', credentials, token, protoDir, timeoutMs = 10000, retry, channelOptions,
+      transport = 'auto' } = options;
+    if (!TRANSPORTS.includes(transport)) {
+      throw new TypeError(`new Client: transport ${JSON.stringify(transport)} is not one of ${TRANSPORTS.join(', ')}`);
+    }
+    const where = splitTarget(target);
+    const secure = Boolean(credentials && (typeof credentials._isSecure !== 'function' || credentials._isSecure()));
+    if (transport === 'connect' && (!where || secure)) {
+      throw new TypeError(`new Client: transport 'connect' needs a plaintext host:port target (${JSON.stringify(target)}`
+        + `${secure ? ' with TLS credentials' : ''}); use transport 'grpc'`);
+    }
     const v1 = loadProto(protoDir);
     this.stub = new v1.LockService(target, credentials || grpc.credentials.createInsecure(), channelOptions);
+    this.connect = transport !== 'grpc' && where && !secure
+      ? new ConnectTransport(where.host, where.port, v1.LockService.service,
+        token ? { authorization: `Bearer ${token}` } : {})
+      : null;
+    this.transport = this.connect ? 'connect' : 'grpc';
     this.namespace = namespace;
     this.timeoutMs = timeoutMs; // deadline of the calls that do not wait, retries included
     this.retry = makeRetry(retry);
@@ -158,11 +180,15 @@ class Client {
     return new Promise((resolve, reject) => {
       if (signal?.aborted) return reject(abortError(signal));
       const onAbort = () => { call.cancel(); reject(abortError(signal)); };
-      const call = this.stub[method](request, this.metadata, { deadline: Date.now() + Math.max(1, timeoutMs) },
-        (err, resp) => {
-          signal?.removeEventListener('abort', onAbort);
+      const done = signal
+        ? (err, resp) => {
+          signal.removeEventListener('abort', onAbort);
           if (err) reject(err); else resolve(resp);
-        });
+        }
+        : (err, resp) => { if (err) reject(err); else resolve(resp); };
+      const call = this.connect !== null && this.connect.has(method)
+        ? this.connect.unary(method, request, Math.max(1, timeoutMs), done)
+        : this.stub[method](request, this.metadata, { deadline: Date.now() + Math.max(1, timeoutMs) }, done);
       signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
@@ -309,7 +335,10 @@ class Client {
 
   queue(name, maxEntries = 0) { return this.call('Queue', () => ({ namespace: this.namespace, name, maxEntries })); }
 
-  close() { this.stub.close(); }
+  close() {
+    if (this.connect) this.connect.close();
+    this.stub.close();
+  }
 }
 
 module.exports = { Client, loadProto, DEFAULT_HELPER_TTL_MS, PROTO_DIR };
