@@ -7,7 +7,9 @@
 // then compare-and-delete as a defineCommand script, i.e. EVALSHA). A
 // warm-up of 20 pairs per caller, then up to PAIRS pairs in all, cut at
 // SECS seconds. Prints "pairs=N secs=S"; a pair not granted and released
-// fails the run.
+// fails the run. The client's unary calls go over its default transport
+// (Connect on kept-alive HTTP/1.1 for a plaintext address);
+// TUMBLER_NODE_TRANSPORT=grpc measures them over @grpc/grpc-js instead.
 'use strict';
 const crypto = require('node:crypto');
 
@@ -45,7 +47,8 @@ async function main() {
   let result;
   if (target === 'tumbler') {
     const { Client } = require('tumbler-client');
-    const client = new Client(addr);
+    const transport = process.env.TUMBLER_NODE_TRANSPORT;
+    const client = new Client(addr, transport ? { transport } : {});
     try {
       result = await measure(async (name) => {
         const lock = await client.acquire(name, { ttlMs: TTL_MS });
