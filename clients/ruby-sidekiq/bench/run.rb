@@ -66,7 +66,8 @@ begin
       pushed, push_s = out.split.then { |a, b| [Integer(a), Float(b)] }
       raise "#{arm}: pushed #{pushed} of #{N}" unless pushed == N
 
-      servers_before = cpu_s(tumbler_pid) + cpu_s(redis_pid)
+      tumbler_before = cpu_s(tumbler_pid)
+      redis_before = cpu_s(redis_pid)
 
       pid, log = TumblerTest.spawn_logged("bench-sidekiq-#{tag}", env.merge(arm_env), RbConfig.ruby,
                                           Gem.bin_path('sidekiq', 'sidekiq'), '-r', File.join(HERE, 'app.rb'),
@@ -75,7 +76,9 @@ begin
         redis.get("bench:done:#{tag}").to_i >= N
       end
       sidekiq_cpu = cpu_s(pid)
-      servers_cpu = cpu_s(tumbler_pid) + cpu_s(redis_pid) - servers_before
+      tumbler_cpu = cpu_s(tumbler_pid) - tumbler_before
+      redis_cpu = cpu_s(redis_pid) - redis_before
+      servers_cpu = tumbler_cpu + redis_cpu
       TumblerTest.stop(pid)
       t0 = redis.zscore("bench:t0:#{tag}", 'first')
       t1 = redis.zscore("bench:t1:#{tag}", 'last')
@@ -83,10 +86,12 @@ begin
       # (push.rb's warm-up makes one Inspect per arm: left out)
       calls = after.to_h { |m, v| [m, (v - before[m]) / N.to_f] }.reject { |m, v| v.zero? || m == 'Inspect' }
       results[arm] << { push_us: push_s / N * 1e6, run_s: t1 - t0, jobs_per_s: N / (t1 - t0), calls: calls,
-                        cpu_us: (sidekiq_cpu + servers_cpu) / N * 1e6 }
+                        cpu_us: (sidekiq_cpu + servers_cpu) / N * 1e6, sidekiq_cpu_us: sidekiq_cpu / N * 1e6,
+                        tumbler_cpu_us: tumbler_cpu / N * 1e6, redis_cpu_us: redis_cpu / N * 1e6 }
       r = results[arm].last
-      warn format('round %d %-11s push %6.0f µs/job   run %5.2f s  %6.0f jobs/s   CPU %5.0f µs/job   lock calls/job %s',
+      warn format('round %d %-11s push %6.0f µs/job   run %5.2f s  %6.0f jobs/s   CPU %5.0f µs/job (%.0f / %.0f / %.0f)   lock calls/job %s',
                   round + 1, arm, r[:push_us], r[:run_s], r[:jobs_per_s], r[:cpu_us],
+                  r[:sidekiq_cpu_us], r[:tumbler_cpu_us], r[:redis_cpu_us],
                   calls.map { |m, v| "#{m} #{v.round(2)}" }.join(', '))
     end
   end
@@ -110,21 +115,22 @@ per_job = lambda do |rs|
   run_s = median.(rs.map { |r| r[:run_s] })
   push = median.(rs.map { |r| r[:push_us] })
   { run_s: run_s, push: push, run_overhead: (run_s / N - base) * 1e6, push_overhead: push - base_push,
-    e2e_s: run_s + (push * N / 1e6), cpu: median.(rs.map { |r| r[:cpu_us] }) }
+    e2e_s: run_s + (push * N / 1e6), cpu: median.(rs.map { |r| r[:cpu_us] }),
+    split: %i[sidekiq_cpu_us tumbler_cpu_us redis_cpu_us].map { |k| median.(rs.map { |r| r[k] }).round }.join(' / ') }
 end
 sidekiq = per_job.(results['sidekiq'])
 plain = results.key?('plain_redis') ? per_job.(results['plain_redis']) : nil
-puts '| arm | push µs/job | jobs/s | run ÷ Sidekiq | end to end ÷ Sidekiq | overhead µs/job (push + run) | ÷ plain Redis lock | run CPU µs/job | lock calls/job |'
-puts '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |'
+puts '| arm | push µs/job | jobs/s | run ÷ Sidekiq | end to end ÷ Sidekiq | overhead µs/job (push + run) | ÷ plain Redis lock | run CPU µs/job | Sidekiq / tumbler / Redis | lock calls/job |'
+puts '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |'
 results.each do |arm, rs|
   r = per_job.(rs)
   calls = rs.last[:calls].map { |m, v| "#{m} #{v.round(2)}" }.join(', ')
   overhead = r[:push_overhead] + r[:run_overhead]
   vs_plain = plain && arm != 'sidekiq' ? format('%.2f', overhead / (plain[:push_overhead] + plain[:run_overhead])) : '–'
-  puts format('| %s | %.0f | %.0f | %.2f | %.2f | %+.0f (%+.0f + %+.0f) | %s | %.0f | %s |', arm, r[:push], N / r[:run_s],
+  puts format('| %s | %.0f | %.0f | %.2f | %.2f | %+.0f (%+.0f + %+.0f) | %s | %.0f | %s | %s |', arm, r[:push], N / r[:run_s],
               sidekiq[:run_s] / r[:run_s], sidekiq[:e2e_s] / r[:e2e_s], overhead, r[:push_overhead],
-              r[:run_overhead], vs_plain, r[:cpu], calls.empty? ? '0' : calls)
+              r[:run_overhead], vs_plain, r[:cpu], r[:split], calls.empty? ? '0' : calls)
 end
 puts
-puts 'run CPU: the Sidekiq process, tumbler and Redis together, while the jobs ran (user + system, /proc).'
+puts 'run CPU: the Sidekiq process (its start included), tumbler and Redis together, while the jobs ran (user + system, /proc); then each (medians).'
 puts "locks left in tumbler's namespace after the run (every job released its lock): #{leftover}"
