@@ -3,10 +3,12 @@
 //! waiting until it serves, reading its RSS;
 //! and Redis' own command counters (`INFO commandstats`); acquire +
 //! release pairs from many clients, with their rate and Redis' work per
-//! pair (`pairs.rs`).
+//! pair (`pairs.rs`); the peers etcd (`etcd.rs`) and ZooKeeper
+//! (`zookeeper.rs`), each a server of the benchmark's own.
 
 pub mod etcd;
 pub mod pairs;
+pub mod zookeeper;
 
 use std::time::Duration;
 
