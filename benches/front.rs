@@ -7,8 +7,12 @@
 //! spending about as much Redis CPU as tumbler's functions, splits
 //! tumbler's gap in pairs/s into what its Redis work costs (Redis is one
 //! thread: while it works through a batch the other core waits) and what
-//! its server path does. etcd's v3lock is the peer, when an `etcd` binary
-//! exists.
+//! its server path does. The peers: etcd's v3lock, when an `etcd` binary
+//! exists, and ZooKeeper 3.8 (Debian's `zookeeper`, started by the
+//! benchmark on a free loopback port with its data on tmpfs; its JIT
+//! warmed for ZK_WARM_SECONDS, default 15, first) locked with Curator's
+//! InterProcessMutex recipe (`common/zookeeper.rs`), one session per
+//! client, when it is installed.
 //!
 //! Each server is its own process (the yardstick is this benchmark's own
 //! binary, started again in its serving mode), so its CPU is read from
@@ -20,15 +24,20 @@
 //! with `/metrics` on.
 //!
 //! Scenario: 64 clients (one tonic Channel per 8), each on its own name,
-//! uncontended try-once Acquire + Release pairs, back to back.
+//! uncontended try-once Acquire + Release pairs, back to back. Then, for
+//! the peer table (FRONT_PEERS=0 skips it): the same with 1 client (the
+//! acquire's latency), and 16 clients on one lock, each waiting in Acquire
+//! and releasing as soon as it is granted (grants/s; the yardstick cannot
+//! wait and has no row there).
 //!
 //! `cargo bench --bench front` (FRONT_SECONDS=N per measurement, default
 //! 5; FRONT_CLIENTS=N, default 64; FRONT_ROUNDS=N, default 3: every target
 //! is measured in turn N times, each round starting one target later, so
 //! a slow spell of a shared machine falls on all of them, and each row
-//! sums its rounds; FRONT_PAD=N, the padded yardstick's loop steps).
-//! Under `cargo test` it runs a smoke version that only checks numbers
-//! come out.
+//! sums its rounds; FRONT_PAD=N, the padded yardstick's loop steps;
+//! FRONT_ZOOKEEPER=0 leaves ZooKeeper out). Under `cargo test` it runs a
+//! smoke version that only checks numbers come out (ZooKeeper included
+//! when installed, without the JIT warm-up: a few seconds).
 //!
 //! For an A/B comparison in one run, `FRONT_COMPARE=<tumbler binary>`
 //! adds a second tumbler row (that binary, e.g. one built from another
@@ -46,7 +55,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{ServeProcess, etcd};
+use common::{ServeProcess, etcd, zookeeper};
 use hdrhistogram::Histogram;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -55,6 +64,9 @@ use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
 
 const CLIENTS_PER_CHANNEL: usize = 8;
+/// Clients on the one lock of the peer table's contended scenario.
+const HOT_CLIENTS: usize = 16;
+const HOT_NAME: &str = "front-hot";
 const YARDSTICK_ENV: &str = "TUMBLER_BENCH_YARDSTICK";
 /// Steps of an empty Lua loop run before each of the padded yardstick's
 /// scripts (FRONT_PAD overrides): about 3 ns each on this machine, 1,800
@@ -77,8 +89,24 @@ enum Kind {
     Padded,
     Tumbler,
     Etcd,
+    ZooKeeper,
     /// The A/B row (see the head comment).
     Compare,
+}
+
+/// What the clients do: `clients` of them, each on a name of its own
+/// (try-once Acquire), or all on one lock (`one_lock`: waiting Acquire).
+#[derive(Clone, Copy)]
+struct Scenario {
+    clients: usize,
+    one_lock: bool,
+}
+
+/// A client's way to its target: a gRPC channel, or a ZooKeeper session.
+#[derive(Clone)]
+enum Conn {
+    Grpc(Channel),
+    Zk(zookeeper_client::Client),
 }
 
 /// A server process under test: its endpoint and pid.
@@ -146,19 +174,42 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
-/// One client's loop: try-once Acquire + Release of its own name until
-/// `stop`; each Acquire's latency in µs. Every call carries the bearer
-/// token (the yardstick ignores it; tumbler checks it).
+/// One client's loop: Acquire + Release until `stop` (try-once on its
+/// own name, or waiting on the one lock); each Acquire's latency in µs.
+/// Every call carries the bearer token (the yardstick ignores it; tumbler
+/// checks it).
 async fn client_loop(
     target: Arc<Target>,
-    channel: Channel,
+    conn: Conn,
     id: usize,
+    one_lock: bool,
     stop: Arc<AtomicBool>,
 ) -> (u64, Histogram<u64>) {
     let mut latency = Histogram::<u64>::new(3).unwrap();
     let mut pairs = 0;
-    let name = format!("front-{id}");
+    let name = if one_lock {
+        HOT_NAME.to_owned()
+    } else {
+        format!("front-{id}")
+    };
     let holder = format!("client-{id}");
+    let channel = match conn {
+        Conn::Grpc(channel) => channel,
+        Conn::Zk(client) => {
+            let dir = format!("/{name}");
+            zookeeper::make_lock_node(&client, &dir).await;
+            while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let held = zookeeper::lock(&client, &dir, || {}).await;
+                latency
+                    .record(started.elapsed().as_micros() as u64)
+                    .unwrap();
+                zookeeper::unlock(&client, &held).await;
+                pairs += 1;
+            }
+            return (pairs, latency);
+        }
+    };
     if target.kind == Kind::Etcd {
         let mut grpc = tonic::client::Grpc::new(channel);
         let lease: etcd::LeaseGrantResponse = etcd::call(
@@ -199,6 +250,7 @@ async fn client_loop(
                 name: name.clone(),
                 holder: holder.clone(),
                 ttl_ms: Some(30_000),
+                wait_ms: if one_lock { 10_000 } else { 0 },
                 ..Default::default()
             })
             .await
@@ -278,28 +330,45 @@ impl Measured {
 
 async fn measure(
     target: &Arc<Target>,
-    clients: usize,
+    scenario: Scenario,
     warm_up: Duration,
     window: Duration,
     redis: &mut redis::aio::MultiplexedConnection,
 ) -> Measured {
-    let mut channels = Vec::new();
-    for _ in 0..clients.div_ceil(CLIENTS_PER_CHANNEL) {
-        channels.push(
-            Channel::from_shared(target.endpoint.clone())
-                .unwrap()
-                .connect()
-                .await
-                .unwrap(),
-        );
+    let clients = scenario.clients;
+    // A channel per CLIENTS_PER_CHANNEL clients; for ZooKeeper a session
+    // per client. Both opened before the warm-up and kept for both phases.
+    let mut conns = Vec::new();
+    if target.kind == Kind::ZooKeeper {
+        for _ in 0..clients {
+            conns.push(Conn::Zk(zookeeper::session(&target.endpoint).await));
+        }
+    } else {
+        for id in 0..clients {
+            if id % CLIENTS_PER_CHANNEL == 0 {
+                let channel = Channel::from_shared(target.endpoint.clone())
+                    .unwrap()
+                    .connect()
+                    .await
+                    .unwrap();
+                conns.push(Conn::Grpc(channel));
+            } else {
+                conns.push(conns[id - id % CLIENTS_PER_CHANNEL].clone());
+            }
+        }
     }
     // Warm up, then the measured window with fresh counters.
     for (phase, length) in [("warm-up", warm_up), ("measure", window)] {
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = tokio::task::JoinSet::new();
-        for id in 0..clients {
-            let channel = channels[id / CLIENTS_PER_CHANNEL].clone();
-            tasks.spawn(client_loop(target.clone(), channel, id, stop.clone()));
+        for (id, conn) in conns.iter().enumerate() {
+            tasks.spawn(client_loop(
+                target.clone(),
+                conn.clone(),
+                id,
+                scenario.one_lock,
+                stop.clone(),
+            ));
         }
         let (server_before, redis_before, client_before, machine_before, started) = (
             process_cpu(target.pid),
@@ -360,6 +429,36 @@ async fn batch_sizes(http: &str) -> Option<Vec<(String, f64)>> {
     };
     sizes.sort_by_key(|(size, _)| order(size));
     Some(sizes)
+}
+
+/// Measures every target in turn, round after round, so a slow spell of
+/// the machine falls on all of them; each round starts one target later,
+/// so no target is always the one measured right after another (or always
+/// first or last). Each target's rounds summed, and its rate per round.
+async fn rounds_of(
+    targets: &[Arc<Target>],
+    scenario: Scenario,
+    (warm_up, window, rounds): (Duration, Duration, u64),
+    redis: &mut redis::aio::MultiplexedConnection,
+) -> Vec<(Measured, Vec<f64>)> {
+    let mut sums: Vec<Option<Measured>> = targets.iter().map(|_| None).collect();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    for round in 0..rounds {
+        for i in (0..targets.len()).map(|k| (k + round as usize) % targets.len()) {
+            let target = &targets[i];
+            let measured = measure(target, scenario, warm_up, window, redis).await;
+            assert!(measured.pairs > 0, "{}: no pairs", target.label);
+            rates[i].push(measured.rate());
+            match &mut sums[i] {
+                Some(sum) => sum.add(measured),
+                None => sums[i] = Some(measured),
+            }
+        }
+    }
+    sums.into_iter()
+        .map(|sum| sum.expect("every target measured"))
+        .zip(rates)
+        .collect()
 }
 
 fn env(name: &str) -> Option<u64> {
@@ -447,6 +546,22 @@ async fn main() {
     if let Some(etcd_server) = &etcd_server {
         etcd_server.ready().await;
     }
+    let zk_server = if env("FRONT_ZOOKEEPER") == Some(0) {
+        None
+    } else {
+        zookeeper::ZkServer::start()
+    };
+    if let Some(zk_server) = &zk_server {
+        zk_server.ready().await;
+        // A fresh JVM runs well below its steady rate until its JIT has
+        // compiled the request path: warm it before anything is measured.
+        let length = if benching {
+            zookeeper::warm_up_length()
+        } else {
+            Duration::ZERO
+        };
+        zk_server.warm_up(length).await;
+    }
 
     let mut targets = vec![
         Target {
@@ -481,6 +596,14 @@ async fn main() {
             kind: Kind::Etcd,
         });
     }
+    if let Some(zk_server) = &zk_server {
+        targets.push(Target {
+            label: "ZooKeeper 3.8: Curator's InterProcessMutex recipe, a session per client",
+            endpoint: zk_server.address.clone(),
+            pid: zk_server.pid(),
+            kind: Kind::ZooKeeper,
+        });
+    }
     // The A/B row (see the head comment); its process lives until the end.
     let compare_bin = std::env::var("FRONT_COMPARE").ok();
     let compare_args = std::env::var("FRONT_COMPARE_ARGS").unwrap_or_default();
@@ -502,35 +625,28 @@ async fn main() {
     println!(
         "tumbler front benchmark: {clients} clients, uncontended try-once Acquire + Release pairs, warm-up {warm_up:?}, {window:?} measured, {rounds} round(s) of every target in turn (rows sum them); every server its own process; loopback"
     );
+    if zk_server.is_some() && benching {
+        println!(
+            "(ZooKeeper's JIT warmed for {:?} before the first measurement)",
+            zookeeper::warm_up_length()
+        );
+    }
     println!();
     println!(
         "| path | pairs/s | acquire p50 µs | acquire p99 µs | server CPU µs/pair | Redis CPU µs/pair | whole µs/pair | load generator µs/pair | machine idle |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    // Every target in turn, round after round, so a slow spell of the
-    // machine falls on all of them; each row sums its rounds.
     let targets: Vec<Arc<Target>> = targets.into_iter().map(Arc::new).collect();
-    let mut sums: Vec<Option<Measured>> = targets.iter().map(|_| None).collect();
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
-    for round in 0..rounds {
-        // Each round starts one target later, so no target is always the
-        // one measured right after another (or always first or last).
-        for i in (0..targets.len()).map(|k| (k + round as usize) % targets.len()) {
-            let target = &targets[i];
-            let measured = measure(target, clients, warm_up, window, &mut redis).await;
-            assert!(measured.pairs > 0, "{}: no pairs", target.label);
-            rates[i].push(measured.rate());
-            match &mut sums[i] {
-                Some(sum) => sum.add(measured),
-                None => sums[i] = Some(measured),
-            }
-        }
-    }
+    let timing = (warm_up, window, rounds);
+    let uncontended = Scenario {
+        clients,
+        one_lock: false,
+    };
+    let measured_all = rounds_of(&targets, uncontended, timing, &mut redis).await;
     let mut results = Vec::new();
-    let sums = sums
-        .into_iter()
-        .map(|sum| sum.expect("every target measured"));
-    for (target, measured) in targets.into_iter().zip(sums) {
+    let mut rates = Vec::new();
+    for (target, (measured, rate)) in targets.iter().cloned().zip(measured_all) {
+        rates.push(rate);
         println!(
             "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % |",
             target.label,
@@ -630,6 +746,147 @@ async fn main() {
         );
     } else {
         println!("(no `etcd` binary: the etcd rows were skipped)");
+    }
+    // What a pair costs the server side: tumbler's and the yardstick's
+    // include their Redis; a peer is one process.
+    let whole_us = |kind: Kind, m: &Measured| match kind {
+        Kind::Etcd | Kind::ZooKeeper => m.server_us(),
+        _ => m.server_us() + m.redis_us(),
+    };
+    if let Some(zk_i) = find(Kind::ZooKeeper) {
+        let zk_m = &results[zk_i].1;
+        println!(
+            "| tumbler pairs/s ÷ ZooKeeper's | {:.2} | ≥ 1 |",
+            tumbler_m.rate() / zk_m.rate()
+        );
+        println!(
+            "| tumbler whole CPU per pair (tumbler + Redis) ÷ ZooKeeper's (its JVM) | {:.2} | |",
+            whole_us(Kind::Tumbler, tumbler_m) / zk_m.server_us()
+        );
+    } else if zookeeper::ZkServer::installed() {
+        println!("(FRONT_ZOOKEEPER=0: the ZooKeeper rows were skipped)");
+    } else {
+        println!("{}", zookeeper::HOW_TO_GET);
+    }
+
+    if env("FRONT_PEERS") != Some(0) {
+        // The peer table: 1 client uncontended (every target but the
+        // padded yardstick), and clients waiting on one lock (every target
+        // that can wait).
+        let hot = if benching { HOT_CLIENTS } else { clients };
+        let single_targets: Vec<Arc<Target>> = (targets.iter())
+            .filter(|t| t.kind != Kind::Padded)
+            .cloned()
+            .collect();
+        let hot_targets: Vec<Arc<Target>> = (single_targets.iter())
+            .filter(|t| t.kind != Kind::Yardstick)
+            .cloned()
+            .collect();
+        let one = Scenario {
+            clients: 1,
+            one_lock: false,
+        };
+        let single = rounds_of(&single_targets, one, timing, &mut redis).await;
+        let one_lock = Scenario {
+            clients: hot,
+            one_lock: true,
+        };
+        let contended = rounds_of(&hot_targets, one_lock, timing, &mut redis).await;
+        println!();
+        println!(
+            "Peer table: 1 client, uncontended try-once pairs; {hot} clients on one lock, each waiting in Acquire and releasing as soon as it is granted (grants/s; the wait is the acquire's latency); same rounds and windows as above"
+        );
+        println!();
+        println!(
+            "| path | 1 client pairs/s | 1 client acquire p50 µs | p99 µs | {hot} on one lock: grants/s | wait p50 µs | wait p99 µs | server CPU µs/grant | Redis CPU µs/grant | machine idle |"
+        );
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        let hot_of = |kind: Kind| {
+            let i = hot_targets.iter().position(|t| t.kind == kind)?;
+            Some(&contended[i].0)
+        };
+        for (target, (m, _)) in single_targets.iter().zip(&single) {
+            let hot_cells = match hot_of(target.kind) {
+                Some(h) => format!(
+                    "{:.0} | {} | {} | {:.1} | {:.1} | {:.0} %",
+                    h.rate(),
+                    h.latency.value_at_quantile(0.5),
+                    h.latency.value_at_quantile(0.99),
+                    h.server_us(),
+                    h.redis_us(),
+                    h.idle * 100.0
+                ),
+                None => "– | – | – | – | – | –".to_owned(),
+            };
+            println!(
+                "| {} | {:.0} | {} | {} | {hot_cells} |",
+                target.label,
+                m.rate(),
+                m.latency.value_at_quantile(0.5),
+                m.latency.value_at_quantile(0.99),
+            );
+        }
+        // The summary: the four figures per path, side by side.
+        let columns: Vec<(Kind, &str)> = [
+            (Kind::Tumbler, "tumbler"),
+            (Kind::ZooKeeper, "ZooKeeper"),
+            (Kind::Etcd, "etcd"),
+            (Kind::Yardstick, "bare tonic front over plain Lua"),
+        ]
+        .into_iter()
+        .filter(|(kind, _)| find(*kind).is_some())
+        .collect();
+        let single_of = |kind: Kind| {
+            let i = single_targets.iter().position(|t| t.kind == kind)?;
+            Some(&single[i].0)
+        };
+        let main_of = |kind: Kind| &results[find(kind).unwrap()].1;
+        println!();
+        let heads: Vec<&str> = columns.iter().map(|(_, head)| *head).collect();
+        println!("| path (same run) | {} |", heads.join(" | "));
+        println!("| --- |{}", " ---: |".repeat(columns.len()));
+        let row = |label: String, cell: &dyn Fn(Kind) -> String| {
+            let cells: Vec<String> = columns.iter().map(|(kind, _)| cell(*kind)).collect();
+            println!("| {label} | {} |", cells.join(" | "));
+        };
+        row(format!("{clients} clients, uncontended pairs/s"), &|k| {
+            format!("{:.0}", main_of(k).rate())
+        });
+        row(
+            "server CPU µs per pair (tumbler's and the front's include Redis)".to_owned(),
+            &|k| format!("{:.0}", whole_us(k, main_of(k))),
+        );
+        row(format!("{hot} clients on one lock, grants/s"), &|k| {
+            hot_of(k).map_or("–".to_owned(), |h| format!("{:.0}", h.rate()))
+        });
+        row("1 client, acquire p50 µs".to_owned(), &|k| {
+            single_of(k).map_or("–".to_owned(), |m| {
+                m.latency.value_at_quantile(0.5).to_string()
+            })
+        });
+        if find(Kind::ZooKeeper).is_some() {
+            let (t, z) = (Kind::Tumbler, Kind::ZooKeeper);
+            let p50 = |k| single_of(k).unwrap().latency.value_at_quantile(0.5) as f64;
+            println!();
+            println!("| tumbler ÷ ZooKeeper (same run) | ratio |");
+            println!("| --- | ---: |");
+            println!(
+                "| {clients} clients, uncontended pairs/s (above 1: tumbler ahead) | {:.2} |",
+                main_of(t).rate() / main_of(z).rate()
+            );
+            println!(
+                "| server CPU per pair, tumbler + Redis ÷ ZooKeeper's JVM (below 1: tumbler cheaper) | {:.2} |",
+                whole_us(t, main_of(t)) / whole_us(z, main_of(z))
+            );
+            println!(
+                "| {hot} clients on one lock, grants/s (above 1: tumbler ahead) | {:.2} |",
+                hot_of(t).unwrap().rate() / hot_of(z).unwrap().rate()
+            );
+            println!(
+                "| 1 client, acquire p50 (below 1: tumbler faster) | {:.2} |",
+                p50(t) / p50(z).max(1.0)
+            );
+        }
     }
     println!();
     let mut rows = vec![("tumbler", tumbler_http)];
