@@ -5,11 +5,26 @@
 //! and the same hand-over on a server with the hand-over off (decision
 //! 0068: the released permit wakes the waiter, which calls again).
 //!
-//! `cargo bench --bench handover` (HANDOVERS=N to change the count).
+//! Then the same under a queue: 16 waiters (17 clients on one lock, each
+//! releasing as soon as it is granted and queueing again), from each
+//! Release returning to the next holder's Acquire returning, on both
+//! servers. And the peer: ZooKeeper 3.8 (Debian's `zookeeper`, started by
+//! the benchmark on a free loopback port with its data on tmpfs, its JIT
+//! warmed for ZK_WARM_SECONDS, default 15, first) with Curator's
+//! InterProcessMutex recipe (`common/zookeeper.rs`, a session per client),
+//! measured the same two ways; skipped with a line saying how to get it
+//! when it is not installed.
+//!
+//! `cargo bench --bench handover` (HANDOVERS=N to change the count;
+//! HANDOVER_WAITERS=N, default 16; HANDOVER_ZOOKEEPER=0 leaves ZooKeeper
+//! out). Under `cargo test` a smoke run with 20 hand-overs, ZooKeeper
+//! included when installed, without the JIT warm-up.
 
 pub mod common;
-use common::{micros, wait_queued};
+use common::{micros, wait_queued, zookeeper};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -59,6 +74,10 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(if benching { 2000 } else { 20 });
     let warm_up = if benching { WARM_UP } else { SMOKE_WARM_UP };
+    let waiters: usize = std::env::var("HANDOVER_WAITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
     let redis = RedisServer::start("redis-server").expect("redis-server");
     let mut config = ServerConfig::new(redis.url(), &service_args()).unwrap();
     config.wait_limits.hand_over = true;
@@ -90,14 +109,44 @@ async fn main() {
     let handover = hand_overs(&mut clients, &mut observer, warm_up, handovers).await;
     let mut clients = [connect(&woken).await, connect(&woken).await];
     let mut observer = connect(&woken).await;
-    let woken = hand_overs(&mut clients, &mut observer, warm_up, handovers).await;
+    let woken_one = hand_overs(&mut clients, &mut observer, warm_up, handovers).await;
+
+    // Under a queue: `waiters` behind the holder, on both servers.
+    let total = warm_up + handovers;
+    let crowd = latencies(crowd_tumbler(&endpoint, waiters, total).await, warm_up);
+    let woken_crowd = latencies(crowd_tumbler(&woken, waiters, total).await, warm_up);
+
+    // The peer, when installed.
+    let zk_server = if std::env::var("HANDOVER_ZOOKEEPER").as_deref() == Ok("0") {
+        None
+    } else {
+        zookeeper::ZkServer::start()
+    };
+    let zk = match &zk_server {
+        Some(server) => {
+            server.ready().await;
+            // A fresh JVM runs well below its steady rate until its JIT
+            // has compiled the request path.
+            if benching {
+                server.warm_up(zookeeper::warm_up_length()).await;
+            }
+            let one = zk_hand_overs(server, warm_up, handovers).await;
+            let crowd = latencies(crowd_zk(server, waiters, total).await, warm_up);
+            Some((one, crowd))
+        }
+        None => None,
+    };
 
     println!(
         "tumbler hand-over benchmark: {handovers} hand-overs after {warm_up} warm-up, loopback, Redis on the same host"
     );
     println!("| measure | p50 µs | p99 µs | max µs |");
     println!("| --- | ---: | ---: | ---: |");
-    for (label, h) in [
+    let crowd_label = format!(
+        "{waiters} waiters: hand-over, each Release returns → the next holder's Acquire returns"
+    );
+    let woken_crowd_label = format!("{waiters} waiters: the same with the hand-over off");
+    let mut rows = vec![
         ("try-once Acquire round trip (baseline)", &baseline),
         (
             "hand-over: Release returns → waiter's Acquire returns",
@@ -105,9 +154,22 @@ async fn main() {
         ),
         (
             "the same with the hand-over off (the waiter calls again)",
-            &woken,
+            &woken_one,
         ),
-    ] {
+        (crowd_label.as_str(), &crowd),
+        (woken_crowd_label.as_str(), &woken_crowd),
+    ];
+    let zk_crowd_label = format!(
+        "ZooKeeper (Curator's recipe), {waiters} waiters: each delete returns → the next holder's lock returns"
+    );
+    if let Some((one, zk_crowd)) = &zk {
+        rows.push((
+            "ZooKeeper (Curator's recipe): delete returns → the waiter's lock returns (its watch fired, children listed)",
+            one,
+        ));
+        rows.push((zk_crowd_label.as_str(), zk_crowd));
+    }
+    for (label, h) in rows {
         println!(
             "| {label} | {:.0} | {:.0} | {} |",
             micros(h, 0.5),
@@ -122,9 +184,166 @@ async fn main() {
     );
     println!(
         "ratio hand-over / hand-over off: p50 {:.2}, p99 {:.2}",
-        micros(&handover, 0.5) / micros(&woken, 0.5),
-        micros(&handover, 0.99) / micros(&woken, 0.99)
+        micros(&handover, 0.5) / micros(&woken_one, 0.5),
+        micros(&handover, 0.99) / micros(&woken_one, 0.99)
     );
+    println!(
+        "ratio hand-over / hand-over off at {waiters} waiters: p50 {:.2}, p99 {:.2}",
+        micros(&crowd, 0.5) / micros(&woken_crowd, 0.5).max(1.0),
+        micros(&crowd, 0.99) / micros(&woken_crowd, 0.99).max(1.0)
+    );
+    match &zk {
+        Some((one, zk_crowd)) => {
+            let ratio = |label: &str, t: &Histogram<u64>, z: &Histogram<u64>| {
+                println!(
+                    "ratio tumbler / ZooKeeper, {label}: p50 {:.2}, p99 {:.2} (below 1: tumbler faster)",
+                    micros(t, 0.5) / micros(z, 0.5).max(1.0),
+                    micros(t, 0.99) / micros(z, 0.99).max(1.0)
+                );
+            };
+            ratio("one waiter, hand-over on", &handover, one);
+            ratio("one waiter, hand-over off", &woken_one, one);
+            ratio(
+                &format!("{waiters} waiters, hand-over on"),
+                &crowd,
+                zk_crowd,
+            );
+            ratio(
+                &format!("{waiters} waiters, hand-over off"),
+                &woken_crowd,
+                zk_crowd,
+            );
+        }
+        None if zookeeper::ZkServer::installed() => {
+            println!("(HANDOVER_ZOOKEEPER=0: the ZooKeeper rows were skipped)")
+        }
+        None => println!("{}", zookeeper::HOW_TO_GET),
+    }
+}
+
+/// Per grant after the first `warm_up`: from the previous holder's
+/// release returning to this holder's acquire returning (0 when the grant
+/// came back first). `grants` holds (acquire returned, release returned)
+/// per grant; the lock has one holder at a time, so the order its
+/// acquires returned in is the order it was granted in.
+fn latencies(mut grants: Vec<(Instant, Instant)>, warm_up: usize) -> Histogram<u64> {
+    grants.sort_by_key(|(granted, _)| *granted);
+    let mut h = Histogram::<u64>::new(3).unwrap();
+    for pair in grants.windows(2).skip(warm_up) {
+        let took = pair[1].0.saturating_duration_since(pair[0].1);
+        h.record(took.as_micros() as u64).unwrap();
+    }
+    h
+}
+
+/// `waiters + 1` clients (each its own connection) on one lock, each
+/// waiting in Acquire, releasing as soon as it is granted and queueing
+/// again, until `total` grants: (acquire returned, release returned) per
+/// grant.
+async fn crowd_tumbler(endpoint: &str, waiters: usize, total: usize) -> Vec<(Instant, Instant)> {
+    let name = "crowd";
+    let granted_so_far = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..=waiters {
+        clients.push(connect(endpoint).await);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (id, mut client) in clients.into_iter().enumerate() {
+        let granted_so_far = granted_so_far.clone();
+        tasks.spawn(async move {
+            let holder = format!("c{id}");
+            let mut grants = Vec::new();
+            loop {
+                let reply = client
+                    .acquire(request(name, &holder, 10_000))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let granted = Instant::now();
+                assert_eq!(reply.status(), AcquireStatus::Acquired);
+                let n = granted_so_far.fetch_add(1, Ordering::Relaxed) + 1;
+                client.release(release(name, &holder)).await.unwrap();
+                grants.push((granted, Instant::now()));
+                if n >= total {
+                    return grants;
+                }
+            }
+        });
+    }
+    tasks.join_all().await.into_iter().flatten().collect()
+}
+
+/// [`crowd_tumbler`] on ZooKeeper: a session per client.
+async fn crowd_zk(
+    server: &zookeeper::ZkServer,
+    waiters: usize,
+    total: usize,
+) -> Vec<(Instant, Instant)> {
+    let dir = "/crowd";
+    let granted_so_far = Arc::new(AtomicUsize::new(0));
+    let mut sessions = Vec::new();
+    for _ in 0..=waiters {
+        sessions.push(server.session().await);
+    }
+    zookeeper::make_lock_node(&sessions[0], dir).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for session in sessions {
+        let granted_so_far = granted_so_far.clone();
+        tasks.spawn(async move {
+            let mut grants = Vec::new();
+            loop {
+                let held = zookeeper::lock(&session, dir, || {}).await;
+                let granted = Instant::now();
+                let n = granted_so_far.fetch_add(1, Ordering::Relaxed) + 1;
+                zookeeper::unlock(&session, &held).await;
+                grants.push((granted, Instant::now()));
+                if n >= total {
+                    return grants;
+                }
+            }
+        });
+    }
+    tasks.join_all().await.into_iter().flatten().collect()
+}
+
+/// [`hand_overs`] on ZooKeeper: two sessions take turns; the holder
+/// deletes its node once the other's watch on it is set.
+async fn zk_hand_overs(
+    server: &zookeeper::ZkServer,
+    warm_up: usize,
+    handovers: usize,
+) -> Histogram<u64> {
+    let dir = "/handover";
+    let sessions = [server.session().await, server.session().await];
+    zookeeper::make_lock_node(&sessions[0], dir).await;
+    let mut held = zookeeper::lock(&sessions[0], dir, || {}).await;
+    let mut handover = Histogram::<u64>::new(3).unwrap();
+    for i in 0..(warm_up + handovers) {
+        let (current, next) = (i % 2, (i + 1) % 2);
+        let waiter = sessions[next].clone();
+        let (queued, is_queued) = tokio::sync::oneshot::channel();
+        let waiting = tokio::spawn(async move {
+            let mut queued = Some(queued);
+            let path = zookeeper::lock(&waiter, dir, || {
+                if let Some(queued) = queued.take() {
+                    let _ = queued.send(());
+                }
+            })
+            .await;
+            (Instant::now(), path)
+        });
+        is_queued.await.unwrap();
+        zookeeper::unlock(&sessions[current], &held).await;
+        let released = Instant::now();
+        let (granted, path) = waiting.await.unwrap();
+        held = path;
+        if i >= warm_up {
+            let took = granted.saturating_duration_since(released);
+            handover.record(took.as_micros() as u64).unwrap();
+        }
+    }
+    zookeeper::unlock(&sessions[(warm_up + handovers) % 2], &held).await;
+    handover
 }
 
 async fn connect(endpoint: &str) -> LockServiceClient<Channel> {
