@@ -42,6 +42,9 @@ http_port = TumblerTest.free_port
 tumbler_pid, tumbler_port = TumblerTest.start_tumbler(redis_port, http_port: http_port)
 env = { 'REDIS_URL' => "redis://127.0.0.1:#{redis_port}/1", 'TUMBLER_ADDR' => "127.0.0.1:#{tumbler_port}" }
 redis = Redis.new(url: env['REDIS_URL'])
+lister = Tumbler::Client.new("127.0.0.1:#{tumbler_port}", namespace: 'bench')
+# Whether any lock is left in the bench's namespace (one listed at most).
+any_lock_left = -> { !lister.call(:list) { Tumbler::V1::ListRequest.new(namespace: 'bench', page_size: 1) }.locks.empty? }
 
 # CPU seconds (user + system) a process has used so far (Linux /proc).
 def cpu_s(pid)
@@ -75,6 +78,9 @@ begin
       TumblerTest.wait_until("#{arm}: #{N} jobs done (log: #{log})", timeout: 300, every: 0.05) do
         redis.get("bench:done:#{tag}").to_i >= N
       end
+      # The keeper sends a job's release after the job ends: the CPU is read
+      # once every release is in, so each arm's CPU counts all its calls.
+      TumblerTest.wait_until("#{arm}: every lock released", timeout: 60, every: 0.05) { !any_lock_left.call }
       sidekiq_cpu = cpu_s(pid)
       tumbler_cpu = cpu_s(tumbler_pid) - tumbler_before
       redis_cpu = cpu_s(redis_pid) - redis_before
@@ -83,8 +89,8 @@ begin
       t0 = redis.zscore("bench:t0:#{tag}", 'first')
       t1 = redis.zscore("bench:t1:#{tag}", 'last')
       after = rpc_counts(http_port)
-      # (push.rb's warm-up makes one Inspect per arm: left out)
-      calls = after.to_h { |m, v| [m, (v - before[m]) / N.to_f] }.reject { |m, v| v.zero? || m == 'Inspect' }
+      # (push.rb's warm-up makes one Inspect per arm, and the wait for the releases Lists: left out)
+      calls = after.to_h { |m, v| [m, (v - before[m]) / N.to_f] }.reject { |m, v| v.zero? || %w[Inspect List].include?(m) }
       results[arm] << { push_us: push_s / N * 1e6, run_s: t1 - t0, jobs_per_s: N / (t1 - t0), calls: calls,
                         cpu_us: (sidekiq_cpu + servers_cpu) / N * 1e6, sidekiq_cpu_us: sidekiq_cpu / N * 1e6,
                         tumbler_cpu_us: tumbler_cpu / N * 1e6, redis_cpu_us: redis_cpu / N * 1e6 }
@@ -95,9 +101,7 @@ begin
                   calls.map { |m, v| "#{m} #{v.round(2)}" }.join(', '))
     end
   end
-  listed = Tumbler::Client.new("127.0.0.1:#{tumbler_port}", namespace: 'bench')
-                         .call(:list) { Tumbler::V1::ListRequest.new(namespace: 'bench', page_size: 1000) }
-  leftover = listed.locks.size
+  leftover = lister.call(:list) { Tumbler::V1::ListRequest.new(namespace: 'bench', page_size: 1000) }.locks.size
 ensure
   TumblerTest.stop(tumbler_pid)
   TumblerTest.stop(redis_pid)
@@ -132,5 +136,5 @@ results.each do |arm, rs|
               r[:run_overhead], vs_plain, r[:cpu], r[:split], calls.empty? ? '0' : calls)
 end
 puts
-puts 'run CPU: the Sidekiq process (its start included), tumbler and Redis together, while the jobs ran (user + system, /proc); then each (medians).'
+puts 'run CPU: the Sidekiq process (its start included), tumbler and Redis together, from its start until every job ran and every lock was released (user + system, /proc); then each (medians).'
 puts "locks left in tumbler's namespace after the run (every job released its lock): #{leftover}"
