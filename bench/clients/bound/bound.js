@@ -18,10 +18,17 @@
 //                       answer read by its Content-Length
 //   client (connect)    tumbler-client, the default transport
 //   client (grpc)       tumbler-client with transport: 'grpc'
+//   Rust client         with RUST_PAIRS=target/release/tumbler-client-bench:
+//                       the client bench's Rust arm (tonic), run as a child
+//                       process for each round (its own warm-up of 20
+//                       pairs; its CPU is not this process's, so none is shown)
+//
+// and each row's µs per call ÷ the Rust client's when it ran.
 //
 // Needs tumbler-client (and so @grpc/grpc-js) on NODE_PATH, e.g.
 //   cd clients/node && npm ci && cd - && NODE_PATH=$PWD/clients/node/node_modules:<dir with tumbler-client> node bench/clients/bound/bound.js 127.0.0.1:50051 3000
 'use strict';
+const { execFileSync } = require('node:child_process');
 const http = require('node:http');
 const net = require('node:net');
 const { Client, loadProto } = require('tumbler-client');
@@ -125,14 +132,28 @@ function client(transport) {
   };
 }
 
+// The Rust arm of bench/clients/run.sh for `count` pairs: its own "pairs=N secs=S" is the time measured.
+function rustRow(bin) {
+  return {
+    external: (count) => {
+      const out = execFileSync(bin, ['tumbler', addr, '1', String(count), '600'], { encoding: 'utf8' });
+      const [, done, secs] = out.match(/pairs=(\d+) secs=([\d.]+)/);
+      return (Number(secs) * 1e6) / (2 * Number(done));
+    },
+    close: () => {},
+  };
+}
+
 async function main() {
   const rows = [['grpc-js stub', grpcStub()], ['http.Agent Connect', agentConnect()], ['net Connect', netConnect()],
     ['client (connect)', client('connect')], ['client (grpc)', client('grpc')]];
-  for (const [, row] of rows) for (let i = 0; i < 200; i += 1) await row.pair();
+  if (process.env.RUST_PAIRS) rows.unshift(['Rust client (tonic)', rustRow(process.env.RUST_PAIRS)]);
+  for (const [, row] of rows) for (let i = 0; i < 200 && row.pair; i += 1) await row.pair();
   const seen = new Map(rows.map(([name]) => [name, []]));
   const each = Math.max(1, Math.floor(pairs / rounds));
   for (let round = 0; round < rounds; round += 1) {
     for (const [name, row] of rows) {
+      if (row.external) { seen.get(name).push({ wall: row.external(each), cpu: NaN }); continue; }
       const cpu = process.cpuUsage();
       const t0 = performance.now();
       for (let i = 0; i < each; i += 1) await row.pair();
@@ -141,13 +162,18 @@ async function main() {
       seen.get(name).push({ wall: (wall * 1000) / (2 * each), cpu: (used.user + used.system) / (2 * each) });
     }
   }
+  const rust = seen.get('Rust client (tonic)');
+  const median = (xs) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)];
   for (const [name, row] of rows) {
     row.close();
-    const xs = seen.get(name).sort((x, y) => x.wall - y.wall);
-    const mid = xs[Math.floor(xs.length / 2)];
-    const cpu = xs.map((x) => x.cpu).sort((x, y) => x - y)[Math.floor(xs.length / 2)];
-    console.log(`${name.padEnd(20)} ${mid.wall.toFixed(0).padStart(6)} µs per call  ${cpu.toFixed(0).padStart(5)} µs CPU per call`
-      + `  (rounds: ${seen.get(name).map((x) => x.wall.toFixed(0)).join(', ')})`);
+    const xs = seen.get(name);
+    const wall = median(xs.map((x) => x.wall));
+    const cpu = median(xs.map((x) => x.cpu));
+    // Per round, over the Rust client's in the same round; the median of those.
+    const ratio = rust ? ` ${median(xs.map((x, i) => x.wall / rust[i].wall)).toFixed(2)} x Rust` : '';
+    console.log(`${name.padEnd(20)} ${wall.toFixed(0).padStart(6)} µs per call${ratio}`
+      + `  ${Number.isNaN(cpu) ? '    -' : cpu.toFixed(0).padStart(5)} µs CPU per call`
+      + `  (rounds: ${xs.map((x) => x.wall.toFixed(0)).join(', ')})`);
   }
 }
 

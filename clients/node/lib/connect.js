@@ -34,6 +34,8 @@ const { status } = require('@grpc/grpc-js');
 const SERVICE = 'tumbler.v1.LockService';
 // Idle connections kept per client; more are closed when given back.
 const MAX_IDLE = 64;
+// Each connection's read buffer: an answer longer than this is read in pieces.
+const READ_BUFFER = 16384;
 
 // Connect's error codes (the JSON body's "code") -> gRPC status numbers.
 const CODES = {};
@@ -145,13 +147,17 @@ function parseAnswer(buf, eof) {
 class Conn {
   constructor(transport) {
     this.transport = transport;
-    this.socket = net.connect({ host: transport.host, port: transport.port, noDelay: true });
+    // Reads land in one buffer of the connection's (no stream, no Buffer per read): an answer that
+    // arrives whole is parsed and decoded in place; only one split across reads is copied.
+    this.socket = net.connect({
+      host: transport.host, port: transport.port, noDelay: true,
+      onread: { buffer: Buffer.allocUnsafe(READ_BUFFER), callback: (n, buf) => { this.onData(buf.subarray(0, n)); } },
+    });
     this.socket.setNoDelay(true);
-    this.buf = null; // what came of the current answer so far
+    this.buf = null; // what came of the current answer so far (a copy), when it came in more than one read
     this.call = null; // the call waiting for an answer: { done(err, answer), reused }
     this.used = false; // an answer was read on it before
     this.dead = false;
-    this.socket.on('data', (chunk) => this.onData(chunk));
     this.socket.on('end', () => this.onEnd(null));
     this.socket.on('error', (err) => this.onEnd(err));
     this.socket.on('close', () => this.onEnd(null));
@@ -164,24 +170,27 @@ class Conn {
     this.socket.write(bytes);
   }
 
+  // `chunk` is a view of the read buffer, valid until this returns.
   onData(chunk) {
     if (this.call === null) { this.destroy(); return; } // nothing was asked: junk, or the server ending it
-    this.buf = this.buf === null ? chunk : Buffer.concat([this.buf, chunk]);
+    const data = this.buf === null ? chunk : Buffer.concat([this.buf, chunk]);
     let answer;
     try {
-      answer = parseAnswer(this.buf, false);
+      answer = parseAnswer(data, false);
     } catch (err) {
       this.fail(rpcError(status.UNAVAILABLE, `${this.transport.authority}: ${err.message}`));
       return;
     }
-    if (answer !== null) this.finish(answer);
+    if (answer !== null) this.finish(answer, data.length);
+    else this.buf = data === chunk ? Buffer.from(chunk) : data;
   }
 
-  finish(answer) {
+  // The answer is decoded (call.done) before the read buffer is read into again.
+  finish(answer, length) {
     const { call } = this;
     this.call = null;
     this.used = true;
-    const extra = answer.used < this.buf.length;
+    const extra = answer.used < length;
     this.buf = null;
     if (answer.keep && !extra && !this.dead) this.transport.giveBack(this);
     else this.destroy();
@@ -196,7 +205,7 @@ class Conn {
     if (this.buf !== null) { // an answer read to the end of the connection?
       let answer = null;
       try { answer = parseAnswer(this.buf, true); } catch { answer = null; }
-      if (answer !== null) { this.finish(answer); return; }
+      if (answer !== null) { this.finish(answer, this.buf.length); return; }
     }
     const nothing = this.buf === null;
     this.call = null;
