@@ -186,7 +186,7 @@ class ConnectSocketTest < Minitest::Test
     assert_equal 'late', @client.acquire('late', ttl_ms: 5_000).name # a fresh connection
   end
 
-  def test_release_many_pipelines_releases_on_one_connection_in_order
+  def test_release_many_sends_the_releases_in_one_request_answered_in_order
     locks = Array.new(5) { |i| @client.acquire("many#{i}", ttl_ms: 5_000) }
     stale = locks[2]
     @client.acquire(stale.name, holder: 'other', ttl_ms: 5_000, takes_over: stale.holder) # token 2 is gone
@@ -194,7 +194,7 @@ class ConnectSocketTest < Minitest::Test
     items = locks.map { |l| [l.name, l.holder, l.fencing_token] }
     items.insert(1, ['', 'h', nil]) # no name: INVALID_ARGUMENT, in its place
     results = @client.release_many(items)
-    assert_equal requests + 1, @relay.requests, 'one write'
+    assert_equal requests + 1, @relay.requests, 'one request'
     assert_equal [true, Tumbler::InvalidArgument, true, false, true, true],
                  results.map { |r| r.is_a?(Tumbler::Error) ? r.class : r }
     assert_match(/\Aname/, results[1].details, 'the details name the field')
@@ -204,7 +204,7 @@ class ConnectSocketTest < Minitest::Test
     assert_equal [], @client.release_many([])
     grpc = Tumbler::Client.new("127.0.0.1:#{SOCKET_TUMBLER_PORT}", namespace: @ns, transport: :grpc)
     assert_equal [true, false], grpc.release_many([[stale.name, 'other', nil], [stale.name, 'other', nil]]),
-                 'over gRPC: one call after another, the same answers'
+                 'over gRPC: the same Batch, the same answers'
   end
 
   def test_release_many_on_a_reused_connection_the_server_closed_goes_again_on_a_fresh_one

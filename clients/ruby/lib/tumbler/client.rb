@@ -7,7 +7,8 @@
 # Client#lock holds a grant for a block, kept alive by a watchdog; when the
 # grant is lost, LockLost is raised in the block's thread at once;
 # Client#lock_all holds a multi-lock's set the same way.
-# Client#campaign, #leader and #observe are leader election.
+# Client#campaign, #leader and #observe are leader election; Client#batch
+# (tumbler/batch.rb) sends several independent calls in one request.
 require 'securerandom'
 require 'tumbler/v1/lock_services_pb'
 require 'tumbler/errors'
@@ -15,6 +16,7 @@ require 'tumbler/connect'
 require 'tumbler/lock'
 require 'tumbler/lock_set'
 require 'tumbler/election'
+require 'tumbler/batch'
 
 module Tumbler
   # Extra seconds on the RPC deadline beyond wait_ms, so the server's own
@@ -273,31 +275,6 @@ module Tumbler
     def release(name, holder:, fencing_token: nil)
       req = { namespace: namespace, name: name, holder: holder, fencing_token: fencing_token }.compact
       call(:release) { V1::ReleaseRequest.new(**req) }.status == :RELEASE_STATUS_RELEASED
-    end
-
-    # Releases several grants at once, each by its holder and pinned to its
-    # fencing token: [[name, holder, fencing_token], ...] -> one result per
-    # release, in order: true (released), false (not held) or the
-    # Tumbler::Error it failed with. Over Connect they go in one exchange
-    # (pipelined on one kept-alive connection: one write, their answers read
-    # in order); over gRPC one call after another. Nothing is retried here:
-    # an Unavailable one may be sent again with #release (a release pinned
-    # to its token is safe to repeat: a second one is false).
-    def release_many(releases, timeout: @timeout)
-      requests = releases.map do |name, holder, token|
-        V1::ReleaseRequest.new(**{ namespace: namespace, name: name, holder: holder, fencing_token: token }.compact)
-      end
-      unless @connect
-        return requests.map do |req|
-          call(:release) { req }.status == :RELEASE_STATUS_RELEASED
-        rescue Error => e
-          e
-        end
-      end
-
-      @connect.pipeline(:release, requests, Client.now + timeout, metadata).map do |resp|
-        resp.is_a?(GRPC::BadStatus) ? Tumbler.error_from(resp) : resp.status == :RELEASE_STATUS_RELEASED
-      end
     end
 
     # client.lock_all(%w[accounts/1 accounts/2], wait_ms: 5000) { |set| ... } —
