@@ -16,7 +16,9 @@ clients=$(cd "$here/../.." && pwd)
 root=$(cd "$clients/.." && pwd)
 export TUMBLER_BIN=${TUMBLER_BIN:-$root/target/debug/tumbler}
 if ! ruby -e 'gem "tumbler-sidekiq"; gem "tumbler-client"' 2>/dev/null; then
-  [ -f "$clients/ruby/lib/tumbler/v1/lock_services_pb.rb" ] || "$clients/ruby/generate.sh"
+  # (again when the proto changed since: stubs without a new RPC would fail its tests)
+  stubs="$clients/ruby/lib/tumbler/v1/lock_services_pb.rb"
+  [ -f "$stubs" ] && [ "$stubs" -nt "$root/proto/tumbler/v1/lock.proto" ] || "$clients/ruby/generate.sh"
   export RUBYLIB="$clients/ruby/lib:$clients/ruby-sidekiq/lib${RUBYLIB:+:$RUBYLIB}"
 fi
 cd "$clients/ruby-sidekiq"

@@ -18,6 +18,7 @@ require 'tumbler/sidekiq/lock_options'
 require 'tumbler/sidekiq/keeper'
 require 'tumbler/sidekiq/job_lock'
 require 'tumbler/sidekiq/middleware'
+require 'tumbler/sidekiq/bulk'
 require 'tumbler/sidekiq/reliable_fetch'
 
 module Tumbler
@@ -137,3 +138,5 @@ module Tumbler
 end
 
 Sidekiq::Worker.include(Tumbler::Sidekiq::JobMethods)
+# push_bulk takes its unique jobs' locks in one request (Tumbler::Sidekiq::Bulk).
+Sidekiq::Client.prepend(Tumbler::Sidekiq::BulkPush) unless Sidekiq::Client <= Tumbler::Sidekiq::BulkPush

@@ -65,6 +65,36 @@ module Tumbler
         push_holding(lock, &push)
       end
 
+      # Client side, inside a push_bulk (Bulk): the rest of the chain runs
+      # now; the lock of a job that came through it is taken with the
+      # others' in one request just before the jobs are pushed.
+      def defer_push(bulk)
+        return yield unless options.client_lock?
+
+        result = yield
+        bulk.defer(self, result) if result
+        result
+      end
+
+      # This job's push-time Acquire as a Client#batch item.
+      def bulk_acquire
+        [:acquire, digest, { holder: jid, ttl_ms: queued_ttl_ms, limit: options.limit, kind: options.kind,
+                             metadata: metadata }]
+      end
+
+      # The busy lock of a job of a push_bulk meets its client strategy, as
+      # a single push's would (the block pushes: it gives the payload);
+      # truthy when the job is to be pushed. first: the jid of an earlier
+      # job of the same push_bulk that took this digest (it is not in a
+      # queue yet, so :replace cannot replace it: the first wins).
+      def bulk_conflict(first: nil, &push)
+        if first && options.on_client_conflict == :replace
+          return log_conflict(:client, "skipping (job #{first} of the same push_bulk holds it, not replaced)")
+        end
+
+        client_conflict(&push)
+      end
+
       # Server side: run the job (the block) under its lock type's rules.
       def execute(worker, &perform)
         case options.type

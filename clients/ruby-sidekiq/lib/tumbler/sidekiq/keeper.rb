@@ -13,10 +13,11 @@ module Tumbler
     # - releases: a job that ended hands its release here and goes on; they
     #   are sent in the order given, each pinned to its run's token, so a
     #   late one never touches a newer grant. Those given while the keeper
-    #   was busy go together (up to BATCH): pipelined on one connection,
-    #   one write and their answers read in order (Client#release_many);
-    #   one that got no answer is sent again alone, with the client's
-    #   retries. Until one is sent the lock stays held (a duplicate pushed
+    #   was busy go together (up to BATCH) in one request
+    #   (Client#release_many: one LockService.Batch, each release its own
+    #   item and answer; items answered UNAVAILABLE are sent again until
+    #   the client's timeout); one still without an answer is sent again
+    #   alone, with the client's retries. Until one is sent the lock stays held (a duplicate pushed
     #   meanwhile meets the conflict strategy, as it would while the job
     #   ran); a killed process's unsent releases end with their leases.
     #
@@ -27,8 +28,8 @@ module Tumbler
     class Keeper
       Held = Struct.new(:lock, :thread, :due, :lease_end, :attempt)
       Release = Struct.new(:name, :holder, :token)
-      # The most releases sent in one exchange.
-      BATCH = 64
+      # The most releases sent in one request (the server's Batch limit).
+      BATCH = Tumbler::Client::BATCH_MAX
 
       # The keeper of this process, for its client (made again after a fork
       # or a new configure; the one it replaces sends what it was given).

@@ -23,7 +23,8 @@ module Tumbler
 
       # Sidekiq client middleware: takes the lock of until_* jobs when they
       # are pushed (perform_async, perform_in, and Sidekiq's own pushes of
-      # scheduled jobs and retries, which find their grant already held).
+      # scheduled jobs and retries, which find their grant already held);
+      # inside a push_bulk, the locks of all its jobs in one request (Bulk).
       class Client
         def call(worker_class, item, _queue, _redis_pool = nil, &push)
           return yield unless Sidekiq.config.enabled
@@ -32,6 +33,9 @@ module Tumbler
           return yield unless options
 
           Middleware.sanitize(item)
+          bulk = Bulk.current
+          return JobLock.new(options, item).defer_push(bulk, &push) if bulk
+
           JobLock.new(options, item).push(&push)
         end
       end
