@@ -137,6 +137,11 @@ class BulkTest < Minitest::Test
     jids.each { |j| assert Sidekiq::ScheduledSet.new.find_job(j) }
     lease = tumbler.inspect_lock(digest_for(UntilExecutedJob, queue, [tag, 's1'])).holders.first.grant
     assert_operator lease.ttl_ms, :>=, 300_000, 'the queued lease covers the time until it is due'
+    # perform_bulk (Sidekiq's, in push_bulks of 1,000) the same way.
+    calls = lock_calls { jids = UntilExecutedJob.set(queue: queue).perform_bulk([[tag, 'p1'], [tag, 'p1'], [tag, 'p2']]) }
+    assert_equal({ 'Batch' => 1 }, calls)
+    assert_equal 2, jids.size
+    assert_equal [jids[0]], holders(digest_for(UntilExecutedJob, queue, [tag, 'p1'])).map(&:holder)
     # A single push after a bulk takes its own lock, as always.
     calls = lock_calls { assert UntilExecutedJob.set(queue: queue).perform_async(tag, 'single') }
     assert_equal({ 'Acquire' => 1 }, calls)
