@@ -207,6 +207,24 @@ class ConnectSocketTest < Minitest::Test
                  'over gRPC: the same Batch, the same answers'
   end
 
+  # The transport's HTTP/1.1 pipeline (what release_many sent before Batch;
+  # bench/bulk.rb compares the two): one write, the answers read in order.
+  def test_the_transport_pipelines_requests_on_one_connection_in_order
+    locks = Array.new(4) { |i| @client.acquire("piped#{i}", ttl_ms: 5_000) }
+    requests = @relay.requests
+    accepted = @relay.accepted
+    reqs = locks.map do |l|
+      Tumbler::V1::ReleaseRequest.new(namespace: @ns, name: l.name, holder: l.holder, fencing_token: l.fencing_token)
+    end
+    reqs.insert(2, Tumbler::V1::ReleaseRequest.new(namespace: @ns, name: '', holder: 'h'))
+    results = @client.unary.pipeline(:release, reqs, Tumbler::Client.now + 5, {})
+    assert_equal [:RELEASE_STATUS_RELEASED, :RELEASE_STATUS_RELEASED, GRPC::InvalidArgument,
+                  :RELEASE_STATUS_RELEASED, :RELEASE_STATUS_RELEASED],
+                 results.map { |r| r.is_a?(GRPC::BadStatus) ? r.class : r.status }
+    assert_equal requests + 1, @relay.requests, 'one write'
+    assert_equal accepted, @relay.accepted, 'on the kept-alive connection'
+  end
+
   def test_release_many_on_a_reused_connection_the_server_closed_goes_again_on_a_fresh_one
     locks = Array.new(3) { |i| @client.acquire("again#{i}", ttl_ms: 5_000) }
     @relay.drop_next = true

@@ -317,6 +317,10 @@ module Tumbler
       unary(name, response, request, deadline, metadata)
     end
 
+    # (Client#release_many sent its releases so before LockService.Batch;
+    # it now sends one Batch request, which costs the server less:
+    # clients/ruby-sidekiq/bench/bulk.rb compares the two.)
+    #
     # Several requests of the unary RPC `method` at once, pipelined: written
     # back to back in one write on one connection, their answers read in
     # order (the server answers a connection's requests one after another).
