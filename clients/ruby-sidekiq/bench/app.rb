@@ -4,6 +4,7 @@
 # middleware takes an until_executed lock per job); without it, Sidekiq
 # alone runs the very same job class (Sidekiq ignores the lock: option).
 # BENCH_RELIABLE=1 also installs the gem's ReliableFetch.
+# BENCH_PIPELINE=1 sends the keeper's releases by the HTTP/1.1 pipeline (below).
 require 'sidekiq'
 Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
 
@@ -16,6 +17,20 @@ if ENV['BENCH_GEM'] == '1'
   require 'tumbler/sidekiq'
   Tumbler::Sidekiq.configure(address: ENV.fetch('TUMBLER_ADDR'), namespace: 'bench',
                              reliable_fetch: ENV['BENCH_RELIABLE'] == '1')
+  # BENCH_PIPELINE=1: the keeper's releases as they went before Batch, for
+  # comparison: an HTTP/1.1 pipeline of Release requests on one connection.
+  if ENV['BENCH_PIPELINE'] == '1'
+    Tumbler::Client.prepend(Module.new do
+      def release_many(releases, timeout: 10.0)
+        requests = releases.map do |name, holder, token|
+          Tumbler::V1::ReleaseRequest.new(namespace: namespace, name: name, holder: holder, fencing_token: token)
+        end
+        unary.pipeline(:release, requests, Tumbler::Client.now + timeout, metadata).map do |resp|
+          resp.is_a?(GRPC::BadStatus) ? Tumbler.error_from(resp) : resp.status == :RELEASE_STATUS_RELEASED
+        end
+      end
+    end)
+  end
 end
 
 # BENCH_PLAIN=1: the same uniqueness (until_executed) with a plain Redis

@@ -9,6 +9,9 @@
 #                after the run): the floor of what sidekiq-unique-jobs does
 #   until_exec   tumbler-sidekiq, lock: :until_executed (BasicFetch)
 #   +reliable    tumbler-sidekiq, lock: :until_executed, with its ReliableFetch
+#   until_pipe   (BENCH_KEEPER_AB=1 only) until_exec with the keeper's
+#                releases sent as an HTTP/1.1 pipeline of Releases, as
+#                before they went in one Batch request
 #
 # "end to end" is the push (one thread, as an app pushes) plus the run;
 # ratios are against Sidekiq alone's, and the overheads against the
@@ -35,7 +38,7 @@ ARMS = {
   'plain_redis' => { 'BENCH_PLAIN' => '1' },
   'until_exec' => { 'BENCH_GEM' => '1' },
   '+reliable' => { 'BENCH_GEM' => '1', 'BENCH_RELIABLE' => '1' }
-}.freeze
+}.merge(ENV['BENCH_KEEPER_AB'] == '1' ? { 'until_pipe' => { 'BENCH_GEM' => '1', 'BENCH_PIPELINE' => '1' } } : {}).freeze
 
 redis_pid, redis_port = TumblerTest.start_redis
 http_port = TumblerTest.free_port
