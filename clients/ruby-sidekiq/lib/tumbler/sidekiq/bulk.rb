@@ -49,7 +49,8 @@ module Tumbler
       # Takes the deferred locks of these payloads in one Batch and removes
       # from `payloads` (in place) the jobs a single push would not push.
       def resolve(payloads)
-        listed = payloads.to_h { |p| [p, true] }.compare_by_identity
+        listed = {}.compare_by_identity
+        payloads.each { |p| listed[p] = true }
         entries = @entries.select { |_, payload| listed[payload] }
         return if entries.empty?
 
