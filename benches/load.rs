@@ -45,12 +45,12 @@ use tonic::transport::Channel;
 
 use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::dev::RedisServer;
-use tumbler::engine::keys::Layout;
-use tumbler::engine::waiters::run_subscriber;
-use tumbler::engine::{self, AcquireOutcome, LockEngine, LockId, ReleaseOutcome};
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
-use tumbler::store::Store;
+use tumbler_engine::keys::Layout;
+use tumbler_engine::waiters::run_subscriber;
+use tumbler_engine::{self as engine, AcquireOutcome, LockEngine, LockId, ReleaseOutcome};
+use tumbler_store::Store;
 
 const CLIENTS_PER_CHANNEL: usize = 8;
 const TTL_MS: u64 = 30_000;

@@ -22,11 +22,11 @@ use tonic::transport::Channel;
 
 use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::dev::RedisServer;
-use tumbler::engine::keys::Layout;
-use tumbler::engine::{self, AcquireOutcome, LockEngine, LockId};
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus};
-use tumbler::store::Store;
+use tumbler_engine::keys::Layout;
+use tumbler_engine::{self as engine, AcquireOutcome, LockEngine, LockId};
+use tumbler_store::Store;
 
 pub mod common;
 

@@ -18,8 +18,8 @@ use super::pages::{View, lock_href, overview_href};
 use super::params::{ClearForm, Form, NamespaceQuery, Query, ReleaseForm};
 use super::visible::filters;
 use crate::auth::Access;
-use crate::engine::{ClearCounts, LockId, Namespace, ReleaseOutcome};
 use crate::service::validate;
+use tumbler_engine::{ClearCounts, LockId, Namespace, ReleaseOutcome};
 
 #[derive(Template)]
 #[template(path = "release.html")]

@@ -1,5 +1,5 @@
 //! The JSON endpoints under `/api/v1/`: each one or a few calls of the
-//! same [`LockEngine`](crate::engine::LockEngine) methods the gRPC
+//! same [`LockEngine`](tumbler_engine::LockEngine) methods the gRPC
 //! handlers call, inputs checked by [`crate::service::validate`].
 //!
 //! One JSON dialect across the project: answers are the proto3 JSON
@@ -25,11 +25,11 @@ use super::params::{
 };
 use super::{Dashboard, MAX_MINUTES, MINUTE_MS};
 use crate::auth::Access;
-use crate::engine::{LockId, REAPER_LOCK, REAPER_NAMESPACE};
 use crate::proto;
 use crate::service::replies;
 use crate::service::validate;
-use crate::wallclock::unix_ms;
+use tumbler_engine::wallclock::unix_ms;
+use tumbler_engine::{LockId, REAPER_LOCK, REAPER_NAMESPACE};
 
 /// A 64-bit integer of a dashboard view, as the proto3 JSON mapping
 /// writes `int64` and `uint64`: a decimal string.

@@ -19,11 +19,11 @@ use super::MINUTE_MS;
 use super::api::Int64;
 use super::errors::ApiError;
 use super::flight::Flights;
-use crate::engine::{Counters, LockEngine};
 use crate::proto;
 use crate::service::replies::ToProto;
 use crate::service::validate;
-use crate::wallclock::unix_ms;
+use tumbler_engine::wallclock::unix_ms;
+use tumbler_engine::{Counters, LockEngine};
 
 /// Locks the overview counts at most (10 List calls of 1000); past that it
 /// says its counts are partial rather than keep Redis busy.

@@ -50,8 +50,8 @@
 
 pub mod wallclock;
 
-/// The store layer, the one crate below the engine.
-pub use tumbler_store as store;
+/// The store layer, the one crate below the engine (not handed out).
+use tumbler_store as store;
 
 /// Settings the in-crate property tests share.
 #[cfg(test)]

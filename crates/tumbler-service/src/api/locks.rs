@@ -9,11 +9,11 @@ use tonic::{Request, Response, Status};
 use super::{LockApi, quota};
 use crate::auth::{Access, LiveAccess};
 use crate::engine::{self, AcquireOutcome, EngineError, LockId};
+use crate::errors::{LockAt, invalid, status_of};
 use crate::proto;
-use crate::service::errors::{LockAt, invalid, status_of};
-use crate::service::replies::ToProto;
-use crate::service::requests::{self, Extend, Release};
-use crate::service::{report, validate, watch};
+use crate::replies::ToProto;
+use crate::requests::{self, Extend, Release};
+use crate::{report, validate, watch};
 
 /// Whether the lock operations' handlers (Acquire, Release, Extend) open
 /// their span: when spans are exported, or when debug logging is on (the

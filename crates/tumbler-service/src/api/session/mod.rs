@@ -45,11 +45,11 @@ use crate::engine::resume::{RESUME_GRACE, ResumeError, SessionEnd};
 use crate::engine::sessions::{
     LOST_MOVED, LOST_SESSION_ENDED, LOST_SESSION_GONE, LOST_SET_BROKEN, LostGrant,
 };
+use crate::errors::{self, invalid};
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
 use crate::proto::{self, SessionResponse};
-use crate::service::errors::{self, invalid};
-use crate::service::{validate, watch};
+use crate::{validate, watch};
 
 pub type SessionStream = ReceiverStream<Result<SessionResponse, Status>>;
 

@@ -17,12 +17,12 @@ use crate::engine::sessions::LostGrant;
 use crate::engine::{
     AcquireRequest, EngineError, Holder, LockEngine, LockId, LockName, MultiAcquireRequest, Ttl,
 };
+use crate::errors::{self, invalid};
 use crate::proto;
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
-use crate::service::errors::{self, invalid};
-use crate::service::replies::ToProto;
-use crate::service::{report, requests, validate};
+use crate::replies::ToProto;
+use crate::{report, requests, validate};
 
 /// Commands one session may have running at once (waiting acquires
 /// included); more are refused with RESOURCE_EXHAUSTED.

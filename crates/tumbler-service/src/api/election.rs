@@ -12,10 +12,10 @@ use super::{LockApi, WATCH_BUFFER};
 use crate::auth::{Access, LiveAccess};
 use crate::engine::election::{self, LeaderTracker};
 use crate::engine::{self, AcquireOutcome, CampaignOutcome, EngineError, LockId, ProclaimOutcome};
+use crate::errors::{self, invalid};
 use crate::proto;
-use crate::service::errors::{self, invalid};
-use crate::service::requests::{self, candidate, secret, term};
-use crate::service::{replies, validate, watch};
+use crate::requests::{self, candidate, secret, term};
+use crate::{replies, validate, watch};
 
 /// The stream Observe answers with.
 pub type ObserveStream =

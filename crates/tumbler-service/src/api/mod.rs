@@ -14,13 +14,12 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::auth::{Access, LiveAccess, Throttle};
-use crate::config::TransportLimits;
 use crate::engine::{self, EngineError, LockEngine};
+use crate::errors;
 use crate::proto::{self, lock_service_server::LockService};
-use crate::service::errors;
-use crate::service::replies::{self, ToProto};
-use crate::service::validate::Limits;
-use crate::service::{requests, watch};
+use crate::replies::{self, ToProto};
+use crate::validate::Limits;
+use crate::{requests, watch};
 use locks::handler_spans;
 
 /// The service: the shared engine, the request bounds and the open
@@ -38,6 +37,18 @@ pub struct LockApi {
     /// Failed resumes per client address (shared with the dashboard's
     /// login): `check` before a resume, `failed` after a wrong secret.
     auth_throttle: Arc<Throttle>,
+}
+
+/// What this replica, and each tenant, may hold open: the server's
+/// `--max-sessions`, `--max-watchers` and per-token flags.
+#[derive(Clone, Debug)]
+pub struct StreamLimits {
+    pub max_sessions: usize,
+    pub max_watchers: usize,
+    pub max_sessions_per_token: usize,
+    pub max_watchers_per_token: usize,
+    pub max_watchers_per_namespace: usize,
+    pub max_waiters_per_token: usize,
 }
 
 /// Long-lived streams of one kind that this replica may hold open.
@@ -87,7 +98,7 @@ impl LockApi {
     pub fn new(
         engine: Arc<LockEngine>,
         limits: Limits,
-        transport: &TransportLimits,
+        transport: &StreamLimits,
         auth_throttle: Arc<Throttle>,
     ) -> Self {
         LockApi {
@@ -305,7 +316,7 @@ impl LockService for LockApi {
         request: Request<proto::MetricsRequest>,
     ) -> Result<Response<proto::MetricsResponse>, Status> {
         let access = Access::of(&request)?;
-        let now_ms = crate::wallclock::unix_ms();
+        let now_ms = crate::engine::wallclock::unix_ms();
         let requests::Metrics {
             namespace,
             from_ms,
