@@ -199,8 +199,8 @@ fn body_timed_out(after: Duration) -> axum::response::Response {
 async fn metrics_page(State(http): State<Http>) -> impl IntoResponse {
     let body = crate::observe::render(
         &http.metrics,
-        http.engine.waiters().len(),
-        http.engine.sessions().len(),
+        http.engine.health().waiting(),
+        http.engine.session_calls().renewed_grants(),
     );
     (
         [(

@@ -173,7 +173,7 @@ pub(super) async fn api_changelog(
         .changelogs
         .flights
         .get((namespace.to_string(), read.clone()), || async {
-            Ok(Arc::new(engine.changelog(&namespace, &read).await?))
+            Ok(Arc::new(engine.walks().changelog(&namespace, &read).await?))
         })
         .await?;
     json_reply(ChangelogView {

@@ -115,7 +115,8 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         hosts: options.hosts.clone(),
         hsts: options.secure_cookie,
     };
-    let changelogs = changelog::Changelogs::new(engine.changelog_settings().reads_per_second);
+    let changelogs =
+        changelog::Changelogs::new(engine.walks().changelog_settings().reads_per_second);
     let state = Dashboard {
         engine,
         options,
