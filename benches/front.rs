@@ -423,7 +423,7 @@ async fn batch_sizes(http: &str) -> Option<Vec<(String, f64)>> {
         })
         .collect();
     let order = |size: &str| {
-        tumbler::engine::group::SIZE_BUCKETS
+        tumbler_engine::group::SIZE_BUCKETS
             .iter()
             .position(|b| *b == size)
     };

@@ -45,12 +45,13 @@ use tonic::transport::Channel;
 
 use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::dev::RedisServer;
-use tumbler::engine::keys::Layout;
-use tumbler::engine::waiters::run_subscriber;
-use tumbler::engine::{self, AcquireOutcome, LockEngine, LockId, ReleaseOutcome};
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
-use tumbler::store::Store;
+use tumbler_engine::keys::Layout;
+use tumbler_engine::{
+    self as engine, AcquireOutcome, EngineSettings, LockEngine, LockId, ReleaseOutcome,
+};
+use tumbler_store::Store;
 
 const CLIENTS_PER_CHANNEL: usize = 8;
 const TTL_MS: u64 = 30_000;
@@ -167,7 +168,7 @@ impl Client {
                 engine,
                 queue_ttl_ms,
             } => {
-                let outcome = engine
+                let outcome = (engine.locks())
                     .acquire(&engine::AcquireRequest {
                         limit,
                         wait: Duration::from_millis(wait_ms),
@@ -237,8 +238,8 @@ impl Client {
                 assert_eq!(reply.status(), ReleaseStatus::Released, "{name}");
             }
             Client::Direct { engine, .. } => {
-                let outcome = engine
-                    .release(&lock_id(name), holder, None)
+                let outcome = (engine.locks())
+                    .release(&lock_id(name), &engine::Holder::stored(holder), None)
                     .await
                     .expect("engine release");
                 assert!(
@@ -477,28 +478,27 @@ async fn run(path: &Path, scenario: Scenario, tag: &str, timing: &Timing) -> Mea
 }
 
 /// An engine of its own (own key prefix, own wake-up channel), with the
-/// replica's subscriber and refresher running, as `serve` runs them.
+/// replica's loops running, as `serve` runs them (no reaper).
 async fn direct_engine(redis_url: &str, prefix: &str, connections: u32) -> Path {
     let mut config = ServerConfig::new(redis_url.to_owned(), &service_args(prefix, connections))
         .expect("config");
     config.wait_limits.hand_over = true;
     let store = Store::new(&config.store).expect("store");
     let layout = Layout::new(&config.key_prefix, config.shards);
-    let (wake, events) = (layout.wake_channel(), layout.events_channel());
-    let engine = Arc::new(LockEngine::new(
-        store.clone(),
-        layout,
-        config.wait_limits.clone(),
-    ));
-    tokio::spawn(run_subscriber(
-        engine.waiters().clone(),
-        engine.watchers().clone(),
+    let running = LockEngine::start(
         store,
-        wake,
-        events,
-    ));
-    tokio::spawn(engine.clone().run_refresher());
-    engine.verify_layout().await.expect("layout");
+        EngineSettings {
+            layout,
+            wait_limits: config.wait_limits.clone(),
+            changelog: Default::default(),
+            reap_interval: None,
+            replica: "load-direct".to_owned(),
+            library_grace: None,
+        },
+    );
+    let engine = running.engine().clone();
+    std::mem::forget(running); // its loops run as long as the bench does
+    engine.health().verify_layout().await.expect("layout");
     Path::Direct {
         engine,
         queue_ttl_ms: config.limits.default_queue_ttl_ms,

@@ -22,11 +22,11 @@ use tonic::transport::Channel;
 
 use tumbler::config::{ServerConfig, ServiceArgs};
 use tumbler::dev::RedisServer;
-use tumbler::engine::keys::Layout;
-use tumbler::engine::{self, AcquireOutcome, LockEngine, LockId};
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus};
-use tumbler::store::Store;
+use tumbler_engine::keys::Layout;
+use tumbler_engine::{self as engine, AcquireOutcome, LockEngine, LockId};
+use tumbler_store::Store;
 
 pub mod common;
 
@@ -405,7 +405,7 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
         Layout::new(&config.key_prefix, config.shards),
         config.wait_limits.clone(),
     ));
-    engine.verify_layout().await.unwrap();
+    engine.health().verify_layout().await.unwrap();
     let chans = channels(&server.endpoint, 1).await;
     let mut client = LockServiceClient::new(chans[0].clone());
     let mut filled = 0usize;
@@ -423,7 +423,7 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
                     if i >= target {
                         return;
                     }
-                    let outcome = engine
+                    let outcome = (engine.locks())
                         .acquire(&engine::AcquireRequest::new(
                             LockId::parse("default", format!("fill-{i:08}"))
                                 .expect("a valid lock name"),

@@ -44,11 +44,11 @@ use std::time::Duration;
 use common::ServeProcess;
 use redis::Value;
 use tumbler::dev::RedisServer;
-use tumbler::engine::keys::Layout;
-use tumbler::engine::scripts::Scripts;
-use tumbler::engine::{self, LockId, ops};
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
+use tumbler_engine::keys::Layout;
+use tumbler_engine::scripts::Scripts;
+use tumbler_engine::{self as engine, LockId, ops};
 
 /// Commands the measurement itself, the health check and the pub/sub
 /// connection send: not part of any lock operation.

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::engine::WaitLimits;
-use crate::engine::group::GroupCommit;
 use crate::service::validate::Limits;
-use crate::store::StoreConfig;
 use crate::tls::TlsArgs;
+use tumbler_engine::WaitLimits;
+use tumbler_engine::group::GroupCommit;
+use tumbler_store::StoreConfig;
 
 mod redis_args;
 pub use redis_args::RedisArgs;
@@ -259,7 +259,7 @@ pub struct ServiceArgs {
     #[arg(long, env = "TUMBLER_CHANGELOG_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(u64).range(1000..))]
     pub changelog_retention_ms: u64,
     /// Changelog pages one caller (token; with auth off, address) may read per second; then 429.
-    #[arg(long, env = "TUMBLER_CHANGELOG_READS_PER_SECOND", default_value_t = crate::engine::changelog::DEFAULT_READS_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, env = "TUMBLER_CHANGELOG_READS_PER_SECOND", default_value_t = tumbler_engine::changelog::DEFAULT_READS_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub changelog_reads_per_second: u32,
     /// Failed authentications (dashboard logins with an unknown token,
     /// session resumes with a wrong secret) one client address (IPv6: its
@@ -447,7 +447,7 @@ pub struct ServerConfig {
     /// Failed-authentication throttling per client address.
     pub auth_throttle: crate::auth::ThrottleSettings,
     /// Which namespaces keep a changelog.
-    pub changelog: crate::engine::changelog::ChangelogSettings,
+    pub changelog: tumbler_engine::changelog::ChangelogSettings,
     pub transport: TransportLimits,
     /// TLS for the gRPC port (and the HTTP port if it says so); None: plaintext.
     pub tls: Option<crate::tls::TlsSettings>,
@@ -484,7 +484,7 @@ impl ServerConfig {
             args.min_replicas_timeout_ms,
             args.redis_timeout_ms
         );
-        let target = crate::store::RedisTarget::parse(&redis_url)
+        let target = tumbler_store::RedisTarget::parse(&redis_url)
             .map_err(|e| anyhow::anyhow!("--redis-url: {e}"))?;
         Ok(ServerConfig {
             store: StoreConfig {
@@ -552,7 +552,7 @@ impl ServerConfig {
                 window: Duration::from_millis(args.auth_failure_window_ms),
                 ..Default::default()
             },
-            changelog: crate::engine::changelog::ChangelogSettings {
+            changelog: tumbler_engine::changelog::ChangelogSettings {
                 namespaces: (args.changelog_namespaces.iter())
                     .filter(|n| !n.is_empty())
                     .cloned()
@@ -633,7 +633,7 @@ impl ServeArgs {
         }
         let mut config = ServerConfig::new(self.redis_url.clone(), &self.service)?;
         config.store.credentials = self.redis.credentials()?;
-        crate::store::Store::check(&config.store).map_err(|e| anyhow::anyhow!("{e}"))?;
+        tumbler_store::Store::check(&config.store).map_err(|e| anyhow::anyhow!("{e}"))?;
         config.shutdown_drain = Duration::from_millis(self.shutdown_drain_ms);
         config.dashboard_admin = self.observability.dashboard_admin;
         config.tls = self.tls.settings()?;

@@ -18,10 +18,36 @@ use axum::routing::get;
 use http_body_util::BodyExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower::ServiceExt;
+use tracing::Instrument;
 
-use crate::engine::LockEngine;
 use crate::limits::{ConnState, GatedListener, WatchedBody};
 use crate::tls::TlsSettings;
+use tumbler_engine::LockEngine;
+
+/// The HTTP port's requests (dashboard, JSON endpoints; not `/metrics`
+/// or `/healthz`) as server spans when export is on, children of the
+/// caller's trace when the request carries one.
+pub async fn http_span(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let path = request.uri().path();
+    if !crate::observe::rpc_spans() || path == "/metrics" || path == "/healthz" {
+        return next.run(request).await;
+    }
+    let span = tracing::info_span!(
+        "http",
+        otel.name = format!("{} {}", request.method(), path),
+        otel.kind = "server",
+        http.request.method = %request.method(),
+        url.path = %path,
+        http.response.status_code = tracing::field::Empty,
+    );
+    crate::observe::join_callers_trace(&span, request.headers());
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    response
+}
 
 /// How often histograms are folded in when nobody scrapes, so their
 /// samples do not pile up between scrapes.
@@ -54,7 +80,7 @@ pub async fn serve(
             engine: engine.clone(),
         })
         .merge(crate::dashboard::router(engine, dashboard))
-        .layer(axum::middleware::from_fn(crate::observe::http_span));
+        .layer(axum::middleware::from_fn(http_span));
     let limits = listener.gate().limits();
     let timeouts = (limits.header_read_timeout, limits.body_read_timeout);
     let mut listener = match tls {
@@ -173,8 +199,8 @@ fn body_timed_out(after: Duration) -> axum::response::Response {
 async fn metrics_page(State(http): State<Http>) -> impl IntoResponse {
     let body = crate::observe::render(
         &http.metrics,
-        http.engine.waiters().len(),
-        http.engine.sessions().len(),
+        http.engine.health().waiting(),
+        http.engine.session_calls().renewed_grants(),
     );
     (
         [(

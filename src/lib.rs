@@ -1,45 +1,28 @@
 //! tumbler: a gRPC lock service that fronts Redis. Mutexes, semaphores and
 //! fenced leases for services written in any language.
 //!
-//! Layers, top to bottom: [`api`] (gRPC handlers: validate, call the
-//! engine, map the outcome) → [`engine`] (lock semantics: one Redis
-//! function per operation in one library built from `lua/`, key layout;
-//! the crate `tumbler-engine`) → [`store`] (pooled Redis connections; the
-//! crate `tumbler-store`). Each of the two lower layers is a crate, so
-//! neither can name what is above it.
-//! [`server`] wires them with health and reflection; [`dev`] runs a private
-//! redis-server for `tumbler dev` and the tests.
+//! Layers, top to bottom: the adapters ([`api`], gRPC, and [`service`],
+//! the transport-neutral layer under every adapter, in the crate
+//! `tumbler-service`; [`connect`] and [`dashboard`] here) → the engine
+//! (lock semantics: one Redis function per operation in one library built
+//! from `lua/`, key layout; the crate `tumbler-engine`) → the store
+//! (pooled Redis connections; the crate `tumbler-store`). Each lower layer
+//! is a crate, so none can name what is above it, and the handlers'
+//! crate depends on no store or Redis. This package keeps the wiring
+//! ([`server`]), the flags, TLS, connection limits and the HTTP port;
+//! [`dev`] runs a private redis-server for `tumbler dev` and the tests.
 
-pub mod api;
-pub mod auth;
 pub mod config;
 pub mod connect;
 pub mod dashboard;
 pub mod dev;
 pub mod http;
 pub mod limits;
-pub mod observe;
 pub mod origin;
 pub mod proto;
 pub mod server;
-pub mod service;
 pub mod telemetry;
 pub mod tls;
-/// The engine layer (`crates/tumbler-engine`): no gRPC, no web.
-pub use tumbler_engine as engine;
-pub use tumbler_engine::wallclock;
-/// The store layer (`crates/tumbler-store`): connections, no locks.
-pub use tumbler_store as store;
-
-/// Settings the in-crate property tests share.
-#[cfg(test)]
-mod test_support {
-    /// 2,000 cases, no regression files written.
-    pub fn proptest_config() -> proptest::prelude::ProptestConfig {
-        proptest::prelude::ProptestConfig {
-            cases: 2000,
-            failure_persistence: None,
-            ..Default::default()
-        }
-    }
-}
+/// The handlers (`crates/tumbler-service`): the service layer, the gRPC
+/// adapter, bearer-token access and the service's metrics.
+pub use tumbler_service::{self as service, api, auth, observe};

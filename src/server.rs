@@ -13,14 +13,14 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
 
-use crate::api::LockApi;
+use crate::api::{LockApi, StreamLimits};
 use crate::auth::AuthInterceptor;
 use crate::config::ServerConfig;
-use crate::engine::keys::Layout;
-use crate::engine::{EngineSettings, LayoutError, LockEngine};
 use crate::limits::{ConnLimits, Gate, GatedListener, TrackLayer};
 use crate::proto::{self, lock_service_server::LockServiceServer};
-use crate::store::{Store, StoreError};
+use tumbler_engine::keys::Layout;
+use tumbler_engine::{EngineSettings, LayoutError, LockEngine};
+use tumbler_store::{Store, StoreError};
 
 /// Health service names that follow Redis: the server as a whole ("") and
 /// the lock service. Readiness probes use these.
@@ -185,7 +185,10 @@ pub async fn serve_on(
             };
             Some(tokio::spawn(crate::http::serve(
                 http,
-                crate::observe::install_recorder()?,
+                crate::observe::install_recorder(
+                    env!("CARGO_PKG_VERSION"),
+                    env!("TUMBLER_COMMIT"),
+                )?,
                 engine.clone(),
                 dashboard,
                 tls,
@@ -245,7 +248,7 @@ pub async fn serve_on(
     let api = LockApi::new(
         engine.clone(),
         config.limits.clone(),
-        &config.transport,
+        &stream_limits(&config.transport),
         auth_throttle,
     );
     let reloader = authenticator
@@ -253,7 +256,16 @@ pub async fn serve_on(
         .map(|auth| tokio::spawn(auth.run_reloader(config.auth_reload_interval)));
     let lock_service = InterceptedService::new(
         LockServiceServer::new(api).max_decoding_message_size(config.transport.max_request_bytes),
-        AuthInterceptor { authenticator },
+        AuthInterceptor {
+            authenticator,
+            authenticated: |extensions| {
+                // The connection carried an authenticated call: it is no
+                // longer the first to close when its port needs room.
+                if let Some(conn) = extensions.get::<Arc<crate::limits::ConnState>>() {
+                    conn.trust();
+                }
+            },
+        },
     );
 
     let mut watcher = std::pin::pin!(watcher);
@@ -378,7 +390,7 @@ async fn watch_redis(
     // before the first SERVING (a wrong CA or password says so at start).
     let mut told: Option<String> = None;
     loop {
-        let reachable = engine.check_redis().await;
+        let reachable = engine.health().check_redis().await;
         let mut why = None;
         let now_serving = match reachable {
             Ok(()) => true,
@@ -430,5 +442,18 @@ async fn watch_redis(
             set_status(&reporter, status).await;
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+/// The streams and waiters a replica and a tenant may hold open, as the
+/// gRPC adapter counts them.
+fn stream_limits(transport: &crate::config::TransportLimits) -> StreamLimits {
+    StreamLimits {
+        max_sessions: transport.max_sessions,
+        max_watchers: transport.max_watchers,
+        max_sessions_per_token: transport.max_sessions_per_token,
+        max_watchers_per_token: transport.max_watchers_per_token,
+        max_watchers_per_namespace: transport.max_watchers_per_namespace,
+        max_waiters_per_token: transport.max_waiters_per_token,
     }
 }

@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use tonic::Code;
-use tumbler::engine::{self, ListCursor};
 use tumbler::service::validate;
+use tumbler_engine::{self as engine, ListCursor};
 
 /// A fuzz target's check: panics when the target finds a bug.
 pub type Check = fn(&[u8]);
@@ -167,7 +167,7 @@ pub fn lua_reply(data: &[u8]) {
     let _ = ops::list::parse(value.clone());
     let _ = ops::reap::parse(value.clone());
     let _ = ops::clear::parse(value.clone());
-    let _ = tumbler::store::convert::<Vec<HashMap<String, u64>>>(value);
+    let _ = tumbler_store::convert::<Vec<HashMap<String, u64>>>(value);
 }
 
 /// Metadata: validation of any map never panics; what it accepts keeps

@@ -50,8 +50,8 @@ pub struct RedisArgs {
 
 impl RedisArgs {
     /// The credentials these flags name (files are read by the store).
-    pub fn credentials(&self) -> anyhow::Result<crate::store::RedisCredentials> {
-        Ok(crate::store::RedisCredentials {
+    pub fn credentials(&self) -> anyhow::Result<tumbler_store::RedisCredentials> {
+        Ok(tumbler_store::RedisCredentials {
             username: self.redis_username.clone().filter(|u| !u.is_empty()),
             password: self.redis_password.clone().filter(|p| !p.is_empty()),
             password_file: self.redis_password_file.clone(),

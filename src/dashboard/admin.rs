@@ -18,8 +18,8 @@ use super::pages::{View, lock_href, overview_href};
 use super::params::{ClearForm, Form, NamespaceQuery, Query, ReleaseForm};
 use super::visible::filters;
 use crate::auth::Access;
-use crate::engine::{ClearCounts, LockId, Namespace, ReleaseOutcome};
 use crate::service::validate;
+use tumbler_engine::{ClearCounts, LockId, Namespace, ReleaseOutcome};
 
 #[derive(Template)]
 #[template(path = "release.html")]
@@ -141,7 +141,7 @@ async fn release_preview(view: &View<'_>, form: &ReleaseForm) -> ApiResult {
         name: validate::name(&form.name)?,
     };
     let holder = validate::holder(&form.holder)?;
-    let state = view.d.engine.inspect(&lock).await?;
+    let state = view.d.engine.locks().inspect(&lock).await?;
     let Some(grant) = state.holders.iter().find(|g| g.holder == holder) else {
         let not_held = NotHeld {
             holder: &holder,
@@ -193,7 +193,7 @@ async fn do_release(view: &View<'_>, headers: &HeaderMap, form: &ReleaseForm) ->
     let holder = validate::holder(&form.holder)?;
     let token = validate::fencing_token(form.fencing_token)?;
     let engine = &view.d.engine;
-    let outcome = engine.release(&lock, &holder, token).await?;
+    let outcome = engine.locks().release(&lock, &holder, token).await?;
     let released = matches!(outcome, ReleaseOutcome::Released { .. });
     crate::service::report::released(engine, &lock, &holder, token, outcome);
     tracing::warn!(namespace = %lock.namespace, name = %lock.name, %holder, released, who = %view.access.who(), "force release from the dashboard");
@@ -265,7 +265,10 @@ async fn do_clear(view: &View<'_>, headers: &HeaderMap, form: &ClearForm) -> Api
             "typed: must be the namespace's name, to confirm",
         ));
     }
-    let counts = view.d.engine.clear(&namespace).await?;
+    let mut counts = tumbler_engine::ClearCounts::default();
+    (view.d.engine.walks())
+        .clear(&namespace, &mut counts)
+        .await?;
     tracing::warn!(?counts, %namespace, who = %view.access.who(), "namespace cleared from the dashboard");
     let page = Cleared {
         namespace: &namespace,

@@ -1,5 +1,5 @@
 //! The JSON endpoints under `/api/v1/`: each one or a few calls of the
-//! same [`LockEngine`](crate::engine::LockEngine) methods the gRPC
+//! same [`LockEngine`](tumbler_engine::LockEngine) methods the gRPC
 //! handlers call, inputs checked by [`crate::service::validate`].
 //!
 //! One JSON dialect across the project: answers are the proto3 JSON
@@ -25,11 +25,11 @@ use super::params::{
 };
 use super::{Dashboard, MAX_MINUTES, MINUTE_MS};
 use crate::auth::Access;
-use crate::engine::{LockId, REAPER_LOCK, REAPER_NAMESPACE};
 use crate::proto;
 use crate::service::replies;
 use crate::service::validate;
-use crate::wallclock::unix_ms;
+use tumbler_engine::wallclock::unix_ms;
+use tumbler_engine::{LockId, REAPER_LOCK, REAPER_NAMESPACE};
 
 /// A 64-bit integer of a dashboard view, as the proto3 JSON mapping
 /// writes `int64` and `uint64`: a decimal string.
@@ -54,7 +54,7 @@ pub(super) async fn visible_namespaces(
     d: &Dashboard,
     access: &Access,
 ) -> Result<Vec<String>, ApiError> {
-    let mut namespaces = d.engine.namespaces().await?;
+    let mut namespaces = d.engine.walks().namespaces().await?;
     namespaces.retain(|namespace| access.lists(namespace));
     Ok(namespaces)
 }
@@ -100,7 +100,8 @@ pub(super) async fn api_locks(
     let from = validate::page_token(&query.page_token)?;
     let page = d
         .engine
-        .list(&namespace, &prefix, page_size, from, query.only_waiting)
+        .walks()
+        .list(&namespace, &prefix, (page_size, from), query.only_waiting)
         .await?;
     let mut page = replies::list_response(page);
     // The page in name order (List pages go shard by shard).
@@ -134,8 +135,8 @@ pub(super) async fn api_lock(
         name: validate::name(&name)?,
     };
     let most = validate::max_entries(query.max_entries.unwrap_or(0))?;
-    let state = d.engine.inspect(&lock).await?;
-    let queue = d.engine.queue(&lock, most).await?;
+    let state = d.engine.locks().inspect(&lock).await?;
+    let queue = d.engine.locks().queue(&lock, most).await?;
     json_reply(LockView {
         admin: d.shows_admin(&access, &lock.namespace),
         queue: replies::queue_response(&lock, queue),
@@ -190,7 +191,8 @@ pub(super) async fn api_metrics(
     };
     let report = d
         .engine
-        .metrics(&namespace, from_ms, to_ms, kind.as_deref())
+        .walks()
+        .metrics(&namespace, (from_ms, to_ms), kind.as_ref())
         .await?;
     json_reply(MetricsView {
         namespace: &namespace,
@@ -236,7 +238,7 @@ struct ReaperView {
 pub(super) async fn api_reaper(State(d): State<Dashboard>, Caller(access): Caller) -> ApiResult {
     access.read(REAPER_NAMESPACE)?;
     let lock = LockId::reaper();
-    let state = replies::inspect_response(&lock, d.engine.inspect(&lock).await?);
+    let state = replies::inspect_response(&lock, d.engine.locks().inspect(&lock).await?);
     let holder = state.holders.into_iter().next();
     json_reply(ReaperView {
         namespace: REAPER_NAMESPACE,
@@ -286,7 +288,9 @@ pub(super) async fn api_waits(
     let engine = &d.engine;
     let found = (d.waits)
         .get((namespace.to_string(), page), || async {
-            Ok(Arc::new(engine.wait_chains(&namespace, page).await?))
+            Ok(Arc::new(
+                engine.walks().wait_chains(&namespace, page).await?,
+            ))
         })
         .await?;
     let chains = (found.chains.iter())

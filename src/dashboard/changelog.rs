@@ -25,11 +25,11 @@ use super::flight::Flights;
 use super::login::Caller;
 use super::params::{ChangelogQuery, Query, readable};
 use crate::auth::CallerRate;
-use crate::engine::changelog::{ChangelogEvent, ChangelogPage, ChangelogQuery as EngineQuery};
 use crate::limits::ConnState;
 use crate::proto;
 use crate::service::replies::ToProto;
 use crate::service::validate;
+use tumbler_engine::changelog::{ChangelogEvent, ChangelogPage, ChangelogQuery as EngineQuery};
 
 /// Events one read returns unless it asks for fewer.
 const DEFAULT_LIMIT: usize = 100;
@@ -173,7 +173,7 @@ pub(super) async fn api_changelog(
         .changelogs
         .flights
         .get((namespace.to_string(), read.clone()), || async {
-            Ok(Arc::new(engine.changelog(&namespace, &read).await?))
+            Ok(Arc::new(engine.walks().changelog(&namespace, &read).await?))
         })
         .await?;
     json_reply(ChangelogView {

@@ -11,8 +11,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::engine::EngineError;
 use crate::service::errors::{describe, http_status};
+use tumbler_engine::EngineError;
 
 /// An endpoint's failure: a status and a message, as JSON.
 #[derive(Clone, Debug)]
@@ -74,8 +74,8 @@ impl From<tonic::Status> for ApiError {
 }
 
 /// A broken request rule: 400, naming the field.
-impl From<crate::engine::Invalid> for ApiError {
-    fn from(invalid: crate::engine::Invalid) -> Self {
+impl From<tumbler_engine::Invalid> for ApiError {
+    fn from(invalid: tumbler_engine::Invalid) -> Self {
         ApiError::bad_request(invalid.to_string())
     }
 }

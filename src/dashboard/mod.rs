@@ -54,8 +54,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::auth::{Access, Authenticator};
-use crate::engine::LockEngine;
 use crate::service::validate;
+use tumbler_engine::LockEngine;
 
 const APP_JS: &str = include_str!("assets/app.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");
@@ -96,7 +96,7 @@ struct Dashboard {
 }
 
 /// Pages of wait-for chains by (namespace, page).
-type WaitsFlights = flight::Flights<(String, Option<u64>), Arc<crate::engine::WaitChainsPage>>;
+type WaitsFlights = flight::Flights<(String, Option<u64>), Arc<tumbler_engine::WaitChainsPage>>;
 
 impl Dashboard {
     /// Whether `access` may use the admin actions in `namespace` here: the
@@ -115,7 +115,8 @@ pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
         hosts: options.hosts.clone(),
         hsts: options.secure_cookie,
     };
-    let changelogs = changelog::Changelogs::new(engine.changelog_settings().reads_per_second);
+    let changelogs =
+        changelog::Changelogs::new(engine.walks().changelog_settings().reads_per_second);
     let state = Dashboard {
         engine,
         options,

@@ -19,11 +19,11 @@ use super::MINUTE_MS;
 use super::api::Int64;
 use super::errors::ApiError;
 use super::flight::Flights;
-use crate::engine::{Counters, LockEngine};
 use crate::proto;
 use crate::service::replies::ToProto;
 use crate::service::validate;
-use crate::wallclock::unix_ms;
+use tumbler_engine::wallclock::unix_ms;
+use tumbler_engine::{Counters, LockEngine, Namespace};
 
 /// Locks the overview counts at most (10 List calls of 1000); past that it
 /// says its counts are partial rather than keep Redis busy.
@@ -86,10 +86,10 @@ impl Overviews {
     pub(super) async fn get(
         &self,
         engine: &LockEngine,
-        namespace: &str,
+        namespace: &Namespace,
     ) -> Result<Arc<Rendered>, ApiError> {
         self.flights
-            .get(namespace.to_owned(), || async {
+            .get(namespace.to_string(), || async {
                 walk(engine, namespace)
                     .await
                     .map(|overview| Arc::new(Rendered::of(overview)))
@@ -149,15 +149,15 @@ struct Minute {
 
 /// One walk: what `GET /api/v1/overview` shows for `namespace`, but for
 /// the caller's own `admin` flag (see [`Rendered`]).
-async fn walk(engine: &LockEngine, namespace: &str) -> Result<Overview, ApiError> {
+async fn walk(engine: &LockEngine, namespace: &Namespace) -> Result<Overview, ApiError> {
     let (mut locks, mut held, mut holders, mut waiters, mut waiting_locks) = (0u64, 0, 0, 0, 0);
     let mut busiest = Vec::new();
     let mut cursor = None;
     let mut now_ms = 0;
     let mut truncated = false;
     loop {
-        let page = engine
-            .list(namespace, "", validate::MAX_PAGE_SIZE, cursor, false)
+        let page = (engine.walks())
+            .list(namespace, "", (validate::MAX_PAGE_SIZE, cursor), false)
             .await?;
         now_ms = now_ms.max(page.now_ms);
         for lock in page.locks {
@@ -185,7 +185,10 @@ async fn walk(engine: &LockEngine, namespace: &str) -> Result<Overview, ApiError
     let to_ms = unix_ms();
     let this_minute = to_ms - to_ms.rem_euclid(MINUTE_MS);
     let first = this_minute - (CHART_MINUTES - 1) * MINUTE_MS;
-    let report = engine.metrics(namespace, first, to_ms, None).await?;
+    let report = engine
+        .walks()
+        .metrics(namespace, (first, to_ms), None)
+        .await?;
     // Every kind together, per minute, zero-filled.
     let mut series = vec![Counters::default(); CHART_MINUTES as usize];
     for row in &report.minutes {
@@ -204,7 +207,7 @@ async fn walk(engine: &LockEngine, namespace: &str) -> Result<Overview, ApiError
         + report.overall.counters.timed_out;
     let denied = report.overall.counters.denied + report.overall.counters.timed_out;
     Ok(Overview {
-        namespace: namespace.to_owned(),
+        namespace: namespace.to_string(),
         now_ms: Int64(now_ms),
         locks: locks.into(),
         locks_held: held.into(),

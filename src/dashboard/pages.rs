@@ -16,8 +16,8 @@ use super::params::{NamespaceQuery, Query};
 use super::visible::filters;
 use super::{Dashboard, redirect};
 use crate::auth::Access;
-use crate::engine::{LockId, REAPER_NAMESPACE};
 use crate::service::validate;
+use tumbler_engine::{LockId, REAPER_NAMESPACE};
 
 /// The shell of every page but the login form.
 #[derive(Template)]

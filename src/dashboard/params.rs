@@ -16,8 +16,8 @@ use serde::{Deserialize, Deserializer};
 
 use super::errors::ApiError;
 use crate::auth::Access;
-use crate::engine::Namespace;
 use crate::service::validate;
+use tumbler_engine::Namespace;
 
 /// axum's `Query`, refusing with the dashboard's JSON 400.
 pub(super) struct Query<T>(pub T);

@@ -338,7 +338,7 @@ pub async fn grants_in(
         .unwrap();
     let mut grants: Vec<(u32, String)> = (fields.iter())
         .filter_map(|(field, record)| {
-            let grant = tumbler::engine::parse_grant(field.strip_prefix("h:")?, record).ok()?;
+            let grant = tumbler_engine::parse_grant(field.strip_prefix("h:")?, record).ok()?;
             Some((grant.slot, grant.holder))
         })
         .collect();

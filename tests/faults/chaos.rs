@@ -524,7 +524,7 @@ async fn durable_redis_cluster_keeps_mutual_exclusion_through_node_crashes_and_f
     // The contended locks must live on more than one node, or killing the
     // others would prove little. A node answers for a key it owns and
     // redirects (MOVED) for the rest.
-    let layout = tumbler::engine::keys::Layout::new("tumbler", 32);
+    let layout = tumbler_engine::keys::Layout::new("tumbler", 32);
     let owners: std::collections::BTreeSet<usize> = (0..locks())
         .map(|lock| {
             let key = layout.lock_keys("default", &format!("chaos-{lock}")).lock;

@@ -356,7 +356,7 @@ async fn locks_keep_holders_and_rising_tokens_while_their_slot_moves_to_another_
     let server = TestServer::new().cluster().start().await;
     let cluster = server.cluster();
     let mut client = server.client().await;
-    let layout = tumbler::engine::keys::Layout::new("tumbler", 32);
+    let layout = tumbler_engine::keys::Layout::new("tumbler", 32);
 
     // Two locks of one shard, so of one slot: `moving` and a neighbour.
     let shard = layout.shard_of("default", "moving");

@@ -175,7 +175,7 @@ async fn on_a_cluster_batches_keep_to_their_slot() {
     let tokens = futures::future::join_all(calls).await;
     // Fencing counters are per shard (invariant 3 is per lock): two shards,
     // on two nodes, may hand out the same number; within a shard, never.
-    let layout = tumbler::engine::keys::Layout::new("tumbler", 4);
+    let layout = tumbler_engine::keys::Layout::new("tumbler", 4);
     let mut per_shard: std::collections::HashMap<u32, std::collections::HashSet<u64>> =
         std::collections::HashMap::new();
     for (i, token) in tokens.iter().enumerate() {

@@ -26,7 +26,7 @@ fn set(names: &[&str], holder: &str, wait_ms: u64) -> proto::AcquireRequest {
 
 /// The holders Redis itself records for lock `name` (default namespace).
 async fn held_in_redis(url: &str, name: &str) -> Vec<String> {
-    let layout = tumbler::engine::keys::Layout::new("tumbler", service_args().shards);
+    let layout = tumbler_engine::keys::Layout::new("tumbler", service_args().shards);
     let key = layout.lock_keys("default", name).lock;
     grants_in(&mut redis_conn(url).await, &key).await
 }

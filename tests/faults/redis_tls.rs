@@ -22,7 +22,7 @@ use tumbler::config::ServerConfig;
 use tumbler::dev::RedisServer;
 use tumbler::proto::AcquireStatus;
 use tumbler::server::Listeners;
-use tumbler::store::RedisCredentials;
+use tumbler_store::RedisCredentials;
 
 /// A certificate authority made for one test.
 struct Ca {

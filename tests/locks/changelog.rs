@@ -371,7 +371,7 @@ pub(super) async fn raw_entries(
 
 #[tokio::test]
 async fn metadata_is_cut_in_the_changelog_and_the_cut_is_marked() {
-    use tumbler::engine::changelog::LOG_METADATA_BYTES;
+    use tumbler_engine::changelog::LOG_METADATA_BYTES;
     let redis = start_redis();
     let server = Server::start(&redis.url(), args(&["jobs"], 1000, 60_000, 1)).await;
     let mut client = server.client().await;
@@ -424,7 +424,7 @@ async fn metadata_is_cut_in_the_changelog_and_the_cut_is_marked() {
 
 #[tokio::test]
 async fn each_shard_of_a_changelog_keeps_to_a_byte_budget() {
-    use tumbler::engine::changelog::LOG_BYTES_PER_EVENT;
+    use tumbler_engine::changelog::LOG_BYTES_PER_EVENT;
     let redis = start_redis();
     let size = 200;
     let server = Server::start(&redis.url(), args(&["big", "small"], size, 60_000, 1)).await;

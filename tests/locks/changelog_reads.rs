@@ -17,7 +17,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use common::http::{http, int};
 use common::*;
 use serde_json::Value;
-use tumbler::engine::changelog::{SCAN_PER_READ, WINDOW_MAX, window};
+use tumbler_engine::changelog::{SCAN_PER_READ, WINDOW_MAX, window};
 
 use super::changelog::{Server, args, command_calls, pair, raw_entries};
 

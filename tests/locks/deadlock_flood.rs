@@ -412,7 +412,7 @@ async fn the_dashboard_reads_the_registry_a_page_at_a_time() {
 /// under the store's 2 s timeout.
 #[tokio::test]
 async fn a_walk_at_its_bounds_takes_redis_milliseconds() {
-    use tumbler::engine::scripts::Scripts;
+    use tumbler_engine::scripts::Scripts;
     let server = TestServer::new().start().await;
     let mut conn = redis_conn(server.redis_url()).await;
     // Loads the library (any call does).

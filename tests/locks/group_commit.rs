@@ -7,8 +7,8 @@
 use std::collections::HashSet;
 
 use redis::Value;
-use tumbler::engine::keys::Layout;
-use tumbler::engine::scripts::Scripts;
+use tumbler_engine::keys::Layout;
+use tumbler_engine::scripts::Scripts;
 
 use crate::common::proto::AcquireStatus;
 use crate::common::{TestServer, acquire, command_calls, redis_conn, release, service_args};

@@ -14,9 +14,9 @@ use std::time::Duration;
 use common::*;
 use tonic::Code;
 use tonic::transport::Channel;
-use tumbler::engine::keys::Layout;
-use tumbler::engine::scripts::Scripts;
 use tumbler::proto::lock_service_client::LockServiceClient;
+use tumbler_engine::keys::Layout;
+use tumbler_engine::scripts::Scripts;
 
 const SHARDS: u32 = 4;
 const PREFIX: &str = "tumbler";

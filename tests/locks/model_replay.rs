@@ -19,7 +19,7 @@
 use crate::common::{redis_conn, start_redis};
 use std::collections::HashMap;
 use std::time::Duration;
-use tumbler::engine::scripts::{LockScript, Scripts};
+use tumbler_engine::scripts::{LockScript, Scripts};
 use tumbler_model::model::{Action, Call, State};
 use tumbler_model::redis::{Id, Reply};
 use tumbler_model::set::locks_of;

@@ -8,7 +8,7 @@
 
 use crate::model_replay::{keys_of, redis_with_functions};
 use std::time::Duration;
-use tumbler::engine::scripts::LockScript;
+use tumbler_engine::scripts::LockScript;
 
 const SHARD: &str = "tumbler:{calls:0}";
 /// Reply statuses (lua/shared/numbers.lua).
@@ -71,7 +71,7 @@ fn token(record: &str) -> String {
 /// the grant records.
 async fn take(
     conn: &mut Conn,
-    scripts: &tumbler::engine::scripts::Scripts,
+    scripts: &tumbler_engine::scripts::Scripts,
     names: &[&str],
     holder: &str,
     ttl_ms: u64,

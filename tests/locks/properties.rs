@@ -29,9 +29,9 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_health::pb::health_check_response::ServingStatus;
-use tumbler::engine::ListCursor;
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::service::validate::{MAX_NAME_BYTES, encode_page_token};
+use tumbler_engine::ListCursor;
 
 /// Random cases; each sends 1..=MAX_BATCH requests at once.
 const CASES: u32 = 2500;

@@ -935,7 +935,7 @@ async fn a_held_lock_stays_a_compact_hash_with_long_holders_and_long_queues() {
         parts[3], "",
         "acquired is the token's milliseconds: {record}"
     );
-    let parsed = tumbler::engine::parse_grant(&holder, &record).unwrap();
+    let parsed = tumbler_engine::parse_grant(&holder, &record).unwrap();
     assert_eq!(parsed.acquired_at_ms as u64, grant.fencing_token / 1000);
     let header = lock_header(&mut conn, &lock_key).await;
     let key_ttl: i64 = conn.pttl(&lock_key).await.unwrap();

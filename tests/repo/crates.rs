@@ -1,7 +1,9 @@
 //! The workspace's dependency rules, which the compiler enforces once a
 //! dependency is absent: the Rust client and the CLI build without the
 //! server's Redis and web stack, and the CLI without the server itself;
-//! the engine knows no proto or transport, the store no engine either.
+//! the engine knows no proto or transport, the store no engine either;
+//! the handlers (`tumbler-service`) build on the engine and the proto,
+//! and name neither the store nor Redis.
 
 use std::path::Path;
 use std::process::Command;
@@ -9,6 +11,11 @@ use std::process::Command;
 /// The packages `package` depends on (normal dependencies, transitively),
 /// as `cargo tree` resolves them: names only.
 fn normal_dependencies(package: &str) -> Vec<String> {
+    tree(package, &[])
+}
+
+/// `cargo tree -p package -e normal` with `more` arguments: names only.
+fn tree(package: &str, more: &[&str]) -> Vec<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
@@ -21,6 +28,7 @@ fn normal_dependencies(package: &str) -> Vec<String> {
             "-e",
             "normal",
         ])
+        .args(more)
         .args(["--prefix", "none", "--format", "{p}"])
         .output()
         .expect("cargo tree runs");
@@ -82,6 +90,33 @@ fn the_store_depends_on_no_engine_proto_or_transport() {
         "redis",
         &["tonic", "axum", "tumbler-proto"],
         &["tumbler", "tumbler-engine", "hyper"],
+    );
+}
+
+/// The handlers' crate depends on the engine and the proto and on
+/// neither the store nor Redis: its code cannot name them (the compiler
+/// keeps what `tests/repo/layers.rs` read by grep before). Both are in its
+/// tree below the engine, which uses them; the engine's face hands
+/// neither out. Nor the dashboard's web stack or the server package (axum
+/// comes with tonic's router).
+#[test]
+fn the_handlers_depend_on_the_engine_and_proto_not_the_store_or_redis() {
+    let direct = tree("tumbler-service", &["--depth", "1"]);
+    for needs in ["tumbler-engine", "tumbler-proto"] {
+        assert!(direct.iter().any(|n| n == needs), "{direct:?}");
+    }
+    let below: Vec<&String> = (direct.iter().skip(1))
+        .filter(|n| n.starts_with("redis") || n.starts_with("bb8") || *n == "tumbler-store")
+        .collect();
+    assert!(
+        below.is_empty(),
+        "tumbler-service depends on the store's layer itself: {below:?}"
+    );
+    assert_below(
+        "tumbler-service",
+        "tumbler-engine",
+        &["askama", "axum-extra", "cookie"],
+        &["tumbler", "tumbler-cli", "tumbler-client"],
     );
 }
 

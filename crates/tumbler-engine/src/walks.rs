@@ -3,12 +3,11 @@
 //! per-minute Metrics. Each step is one function call (or pipeline) on one
 //! shard, in batches of at most `SHARD_BATCH` locks.
 //!
-//! [`Walks`] owns the one piece of state they keep in the replica: which
-//! namespaces this replica recorded as in use, and when.
+//! The registry is written by every call's bookkeeping
+//! (`Counting::note_namespace`, `counting.rs`); the walks read it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use super::calls::Calls;
 use super::changelog::Changelog;
@@ -17,7 +16,7 @@ use super::{
     ClearCounts, Counters, EngineError, ListCursor, ListPage, MetricsReport, MetricsRow,
     ReapCounts, ops,
 };
-use crate::store::{ScanCursor, StoreError};
+use crate::store::ScanCursor;
 
 /// Locks one shard function call visits at most: bounds how long Redis is
 /// busy with one call.
@@ -26,10 +25,6 @@ const SHARD_BATCH: usize = 100;
 const LIST_CALLS: usize = 64;
 /// Keys one SCAN step looks at.
 const SCAN_COUNT: u32 = 1000;
-/// How often a replica re-records a namespace it serves as in use.
-const NAMESPACE_NOTE_EVERY: Duration = Duration::from_secs(60);
-/// How long an unused namespace stays in the registry.
-const NAMESPACE_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
 
 const MINUTE_MS: i64 = 60_000;
 
@@ -39,8 +34,6 @@ pub(super) struct Walks {
     counting: Arc<Counting>,
     /// Where a namespace's events go (the flags every call passes).
     changelog: Arc<Changelog>,
-    /// Namespaces this replica recorded as in use, and when.
-    noted_namespaces: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl Walks {
@@ -53,46 +46,7 @@ impl Walks {
             calls,
             counting,
             changelog,
-            noted_namespaces: Mutex::default(),
         }
-    }
-
-    /// Records (at most once a minute per replica) that a namespace is in
-    /// use, so the dashboard and the reaper know the namespaces.
-    pub(super) async fn note_namespace(&self, namespace: &str) -> Result<(), StoreError> {
-        let now = std::time::Instant::now();
-        let due = {
-            let noted = self.noted_namespaces.lock().unwrap();
-            noted
-                .get(namespace)
-                .is_none_or(|at| now.duration_since(*at) >= NAMESPACE_NOTE_EVERY)
-        };
-        if !due {
-            return Ok(());
-        }
-        let key = self.calls.layout().namespaces_key();
-        let now_ms = self.calls.now_ms();
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZADD")
-            .arg(&key)
-            .arg(now_ms)
-            .arg(namespace)
-            .ignore();
-        pipe.cmd("ZREMRANGEBYSCORE")
-            .arg(&key)
-            .arg("-inf")
-            .arg(now_ms - NAMESPACE_RETENTION_MS)
-            .ignore();
-        pipe.cmd("PEXPIRE")
-            .arg(&key)
-            .arg(NAMESPACE_RETENTION_MS)
-            .ignore();
-        self.calls.store().pipeline::<()>(pipe).await?;
-        self.noted_namespaces
-            .lock()
-            .unwrap()
-            .insert(namespace.to_owned(), now);
-        Ok(())
     }
 
     /// The namespaces in use (recorded by the replicas that served them).
@@ -239,18 +193,12 @@ impl Walks {
     }
 
     /// Releases every lock and drops every queue of a namespace, in
-    /// batches (a SCAN of its lock keys).
-    pub(super) async fn clear(&self, namespace: &str) -> Result<ClearCounts, EngineError> {
-        let mut done = ClearCounts::default();
-        self.clear_counting(namespace, &mut done).await?;
-        Ok(done)
-    }
-
-    /// [`Self::clear`], adding what it cleared to `done` batch by batch,
-    /// so a clear that Redis interrupts still says how far it got. It is
+    /// batches (a SCAN of its lock keys), adding what it cleared to `done`
+    /// batch by batch, so a clear that Redis interrupts still says how far
+    /// it got. It is
     /// resumable: a cleared lock has no keys left, so running it again
     /// finds only what is left and finishes the job.
-    pub(super) async fn clear_counting(
+    pub(super) async fn clear(
         &self,
         namespace: &str,
         done: &mut ClearCounts,

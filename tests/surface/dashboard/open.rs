@@ -513,9 +513,9 @@ async fn the_locks_tab_lists_a_page_in_name_order() {
 #[test]
 fn engine_errors_get_the_status_of_their_grpc_code() {
     use tonic::Code;
-    use tumbler::engine::EngineError;
     use tumbler::service::errors::{engine_code, engine_error_status, http_status};
-    use tumbler::store::StoreError;
+    use tumbler_engine::EngineError;
+    use tumbler_store::StoreError;
 
     let cases = [
         (EngineError::QueueFull(8), Code::ResourceExhausted, 429),

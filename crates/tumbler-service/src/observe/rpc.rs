@@ -118,31 +118,6 @@ pub fn join_callers_trace(span: &tracing::Span, headers: &http::HeaderMap) {
     }
 }
 
-/// The HTTP port's requests (dashboard, JSON endpoints; not `/metrics`
-/// or `/healthz`) as server spans when export is on, children of the
-/// caller's trace when the request carries one.
-pub async fn http_span(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let path = request.uri().path();
-    if !rpc_spans() || path == "/metrics" || path == "/healthz" {
-        return next.run(request).await;
-    }
-    let span = tracing::info_span!(
-        "http",
-        otel.name = format!("{} {}", request.method(), path),
-        otel.kind = "server",
-        http.request.method = %request.method(),
-        url.path = %path,
-        http.response.status_code = tracing::field::Empty,
-    );
-    join_callers_trace(&span, request.headers());
-    let response = next.run(request).instrument(span.clone()).await;
-    span.record("http.response.status_code", response.status().as_u16());
-    response
-}
-
 /// A tower layer over the gRPC server: for every lock service RPC it counts
 /// `tumbler_rpc_requests_total{method,code}`, times
 /// `tumbler_rpc_duration_seconds{method}` and, when OpenTelemetry export is

@@ -168,8 +168,13 @@ pub fn recording() -> bool {
 }
 
 /// Installs the process-wide Prometheus recorder (once; later calls return
-/// the same handle) and describes every metric.
-pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+/// the same handle) and describes every metric; `tumbler_build_info`
+/// carries the server's `version` and the `commit` it was built from
+/// (the server package's `build.rs`).
+pub fn install_recorder(
+    version: &'static str,
+    commit: &'static str,
+) -> anyhow::Result<PrometheusHandle> {
     // One initialisation per process; concurrent callers (several servers
     // in one test process) wait for it instead of racing it.
     RECORDER
@@ -184,8 +189,8 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
             describe();
             gauge!(
                 "tumbler_build_info",
-                "version" => env!("CARGO_PKG_VERSION"),
-                "commit" => COMMIT
+                "version" => version,
+                "commit" => commit
             )
             .set(1.0);
             // Zero rather than absent before the first stream.
@@ -284,9 +289,6 @@ fn process_collector() -> &'static metrics_process::Collector {
     static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
     COLLECTOR.get_or_init(metrics_process::Collector::default)
 }
-
-/// The commit this binary was built from (see `build.rs`).
-pub const COMMIT: &str = env!("TUMBLER_COMMIT");
 
 /// A Session or Watch stream opened (`what`: `session` or `watch`) on
 /// this replica; [`stream_closed`] when it ends.

@@ -255,7 +255,7 @@ pub fn queue_response(lock: &LockId, state: engine::QueueState) -> proto::QueueR
 pub fn list_response(page: engine::ListPage) -> proto::ListResponse {
     proto::ListResponse {
         locks: page.locks.into_iter().map(ToProto::to_proto).collect(),
-        next_page_token: crate::service::validate::next_page_token(page.next.as_ref()),
+        next_page_token: crate::validate::next_page_token(page.next.as_ref()),
         now_ms: page.now_ms,
     }
 }

@@ -267,6 +267,9 @@ impl Access {
 #[derive(Clone)]
 pub struct AuthInterceptor {
     pub authenticator: Option<Arc<Authenticator>>,
+    /// Told the request's extensions once its call got past
+    /// authentication (the server marks the connection trusted there).
+    pub authenticated: fn(&tonic::Extensions),
 }
 
 impl tonic::service::Interceptor for AuthInterceptor {
@@ -281,9 +284,7 @@ impl tonic::service::Interceptor for AuthInterceptor {
         request.extensions_mut().insert(access);
         // The connection carried an authenticated call: it is no longer
         // the first to close when its port needs room (`limits`).
-        if let Some(conn) = request.extensions().get::<Arc<crate::limits::ConnState>>() {
-            conn.trust();
-        }
+        (self.authenticated)(request.extensions());
         if let Some(auth) = &self.authenticator {
             // For streams, which look their token up again while open.
             request.extensions_mut().insert(auth.clone());

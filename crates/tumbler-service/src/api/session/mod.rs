@@ -38,18 +38,18 @@ use commands::{Running, refused};
 use super::quota::QuotaSlot;
 use super::{LockApi, StreamSlot};
 use crate::auth::LiveAccess;
-use crate::engine::LockId;
 use crate::engine::ops::session_record::Touch;
 use crate::engine::resume::LOST_NOT_PERMITTED;
 use crate::engine::resume::{RESUME_GRACE, ResumeError, SessionEnd};
 use crate::engine::sessions::{
     LOST_MOVED, LOST_SESSION_ENDED, LOST_SESSION_GONE, LOST_SET_BROKEN, LostGrant,
 };
+use crate::engine::{Holder, LockId, StreamCalls};
+use crate::errors::{self, invalid};
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
 use crate::proto::{self, SessionResponse};
-use crate::service::errors::{self, invalid};
-use crate::service::{validate, watch};
+use crate::{validate, watch};
 
 pub type SessionStream = ReceiverStream<Result<SessionResponse, Status>>;
 
@@ -99,7 +99,7 @@ pub async fn open(
     slot: (QuotaSlot, StreamSlot),
     mut inbound: Streaming<proto::SessionRequest>,
 ) -> Result<Response<SessionStream>, Status> {
-    if api.engine.waiters().shutdown_token().is_cancelled() {
+    if api.engine.health().draining().is_cancelled() {
         return Err(draining());
     }
     let first = tokio::time::timeout(OPEN_WITHIN, inbound.message())
@@ -120,7 +120,8 @@ pub async fn open(
             let ttl = validate::ttl_ms(open.ttl_ms, &api.limits).map_err(invalid)?;
             let ticket = api
                 .engine
-                .open_session(&owner, ttl)
+                .session_calls()
+                .open(&owner, ttl)
                 .await
                 .map_err(errors::status)?;
             Opened {
@@ -142,7 +143,8 @@ pub async fn open(
             let may_act = |namespace: &str| access.access().act(namespace).is_ok();
             let resumed = api
                 .engine
-                .resume_session(&owner, &session, &secret, may_act, &lost_tx)
+                .session_calls()
+                .resume((&owner, &session, &secret), may_act, &lost_tx)
                 .await
                 .map_err(|err| match err {
                     // One answer for a session that is over and for one
@@ -200,7 +202,7 @@ pub async fn open(
         api: api.clone(),
         _slot: slot,
         proof,
-        session: opened.session,
+        session: Holder::stored(opened.session),
         epoch: opened.epoch,
         ttl_ms: opened.ttl_ms,
         out,
@@ -237,7 +239,8 @@ struct Driver {
     /// This session's place in its token's quota and among the replica's
     /// open sessions.
     _slot: (QuotaSlot, StreamSlot),
-    session: String,
+    /// The session's id, which holds its grants.
+    session: Holder,
     /// The digest of the session's resume secret: what proves a
     /// leadership it wins (decision 0082).
     proof: String,
@@ -248,6 +251,11 @@ struct Driver {
 }
 
 impl Driver {
+    /// The engine's calls for this stream of the session.
+    fn stream(&self) -> StreamCalls<'_> {
+        (self.api.engine.session_calls()).stream(&self.session, self.epoch)
+    }
+
     /// Serves commands until the stream ends, then releases or keeps the
     /// session's grants (see the head of this file).
     async fn run(
@@ -259,7 +267,7 @@ impl Driver {
     ) {
         let mut running = Running::new();
         let quiet_limit = Duration::from_millis(self.ttl_ms);
-        let shutting_down = self.api.engine.waiters().shutdown_token().clone();
+        let shutting_down = self.api.engine.health().draining();
         // The record is touched every third of the TTL, which also tells
         // this stream when another one resumed the session, and the
         // token's access is looked at again (an expiry, a namespace taken
@@ -307,8 +315,7 @@ impl Driver {
                         break moved();
                     }
                     if lost.reason == LOST_SET_BROKEN {
-                        let engine = &self.api.engine;
-                        engine.session_release_broken(&self.session, self.epoch, &lost).await;
+                        self.stream().give_up(&lost).await;
                     }
                     if !self.send(lost_event(lost)).await {
                         break Ending::Gone("the client stopped reading");
@@ -334,7 +341,7 @@ impl Driver {
                     if !self.drop_unpermitted(&access, &mut running).await {
                         break Ending::Gone("the client stopped reading");
                     }
-                    match self.api.engine.touch_session(&self.session, self.epoch, self.ttl_ms).await {
+                    match self.stream().touch(self.ttl_ms).await {
                         Ok(Touch::Ours) => {}
                         Ok(Touch::Moved) => break moved(),
                         Ok(Touch::Gone) => break Ending::Vanished(Status::not_found(
@@ -363,11 +370,7 @@ impl Driver {
             // once; a dead one will not.
             tokio::time::sleep(RESUME_GRACE).await;
         }
-        let (grants, released) = self
-            .api
-            .engine
-            .end_session(&self.session, self.epoch, self.ttl_ms, end)
-            .await;
+        let (grants, released) = self.stream().end(self.ttl_ms, end).await;
         let why = match &ending {
             Ending::Closed => "closed by the client",
             Ending::Gone(why) => why,
@@ -381,10 +384,7 @@ impl Driver {
         let mut told_lost = Vec::new();
         while let Ok(lost) = lost_rx.try_recv() {
             if lost.reason == LOST_SET_BROKEN {
-                let engine = &self.api.engine;
-                engine
-                    .session_release_broken(&self.session, self.epoch, &lost)
-                    .await;
+                self.stream().give_up(&lost).await;
             }
             if lost.reason != LOST_MOVED {
                 told_lost.push(lost);
@@ -427,15 +427,11 @@ impl Driver {
     /// `lost` ("not permitted") for each. False when the client is gone.
     async fn drop_unpermitted(&self, access: &LiveAccess, running: &mut Running) -> bool {
         running.stop_unpermitted(access);
-        let engine = &self.api.engine;
-        for (lock, fencing_token) in engine.sessions().grants_of(&self.session, self.epoch) {
+        for (lock, fencing_token) in self.stream().grants() {
             if access.access().act(&lock.namespace).is_ok() {
                 continue;
             }
-            if let Err(err) = engine
-                .session_release(&self.session, self.epoch, &lock)
-                .await
-            {
+            if let Err(err) = self.stream().release_one(&lock).await {
                 tracing::warn!(session = %self.session, error = %err, "a grant of a namespace the token lost was not released; it is no longer renewed");
             }
             tracing::info!(session = %self.session, namespace = %lock.namespace, lock = %lock.name, "session grant released: its token lost the namespace");
@@ -472,11 +468,7 @@ impl Driver {
             .is_some_and(|r| r.grant.is_some())
         {
             for lock in locks {
-                let _ = self
-                    .api
-                    .engine
-                    .session_release(&self.session, self.epoch, lock)
-                    .await;
+                let _ = self.stream().release_one(lock).await;
             }
         }
         refused(acquired.request_id, status)

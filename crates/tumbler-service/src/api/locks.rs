@@ -9,11 +9,11 @@ use tonic::{Request, Response, Status};
 use super::{LockApi, quota};
 use crate::auth::{Access, LiveAccess};
 use crate::engine::{self, AcquireOutcome, EngineError, LockId};
+use crate::errors::{LockAt, invalid, status_of};
 use crate::proto;
-use crate::service::errors::{LockAt, invalid, status_of};
-use crate::service::replies::ToProto;
-use crate::service::requests::{self, Extend, Release};
-use crate::service::{report, validate, watch};
+use crate::replies::ToProto;
+use crate::requests::{self, Extend, Release};
+use crate::{report, validate, watch};
 
 /// Whether the lock operations' handlers (Acquire, Release, Extend) open
 /// their span: when spans are exported, or when debug logging is on (the
@@ -58,11 +58,12 @@ impl LockApi {
         rpc: &'static str,
         lock: &LockId,
         holder: &str,
-        kind: &str,
+        kind: Option<&engine::Kind>,
         err: EngineError,
     ) -> Status {
         if matches!(err, EngineError::Store(_)) {
-            self.engine.record_error(&lock.namespace, kind);
+            let kind = kind.cloned().unwrap_or_else(engine::Kind::default_kind);
+            self.engine.locks().record_error(&lock.namespace, &kind);
         }
         status_of(err, Some(LockAt { rpc, lock, holder }))
     }
@@ -153,7 +154,7 @@ impl LockApi {
             live.as_mut(),
             &lock.namespace,
             &stop,
-            self.engine.acquire_many(set),
+            self.engine.sets().acquire(set),
         )
         .await;
         // A revoked token is the answer, whatever the wait ended with (its
@@ -169,7 +170,7 @@ impl LockApi {
                         (id, Some(grant.fencing_token))
                     })
                     .collect();
-                if let Err(err) = self.engine.release_many(&locks, &holder).await {
+                if let Err(err) = self.engine.sets().release(&locks, &holder).await {
                     tracing::warn!(error = %err, lock = %lock.name, "a multi-lock granted as its token was revoked was not released; it expires at its lease");
                 }
             }
@@ -179,7 +180,7 @@ impl LockApi {
             if matches!(e, engine::EngineError::Deadlock(_)) {
                 report::refused_as_deadlock(&acquire);
             }
-            self.failed("Acquire", &lock, &holder, &kind, e)
+            self.failed("Acquire", &lock, &holder, Some(&kind), e)
         })?;
         report::acquired_set(&acquire, &outcome, started.elapsed());
         Ok(Response::new(outcome.to_proto()))
@@ -199,14 +200,14 @@ impl LockApi {
         report::acquire_waiting(&self.engine, acquire);
         let started = std::time::Instant::now();
         let outcome = match live {
-            None => self.engine.acquire(acquire).await,
+            None => self.engine.locks().acquire(acquire).await,
             Some(live) => self.acquire_while_permitted(acquire.clone(), live).await?,
         }
         .map_err(|e| {
             if matches!(e, engine::EngineError::Deadlock(_)) {
                 report::refused_as_deadlock(acquire);
             }
-            self.failed(rpc, &acquire.lock, &acquire.holder, &acquire.kind, e)
+            self.failed(rpc, &acquire.lock, &acquire.holder, Some(&acquire.kind), e)
         })?;
         report::acquired(&self.engine, acquire, &outcome, started.elapsed());
         Ok(outcome)
@@ -229,7 +230,7 @@ impl LockApi {
             Some(&mut live),
             &acquire.lock.namespace,
             &stop,
-            self.engine.acquire(&acquire),
+            self.engine.locks().acquire(&acquire),
         )
         .await;
         let Some(status) = denied else {
@@ -239,6 +240,7 @@ impl LockApi {
         if let Ok(AcquireOutcome::Acquired { grant, .. }) = outcome {
             let released = self
                 .engine
+                .locks()
                 .release(&acquire.lock, &acquire.holder, Some(grant.fencing_token))
                 .await;
             if let Err(err) = released {
@@ -255,9 +257,8 @@ impl LockApi {
         let access = Access::of(&request)?;
         match requests::release(request.into_inner(), &access)? {
             Release::Set { locks, holder } => {
-                let outcome = (self.engine.release_many(&locks, &holder).await).map_err(|e| {
-                    self.failed("Release", &locks[0].0, &holder, validate::DEFAULT_KIND, e)
-                })?;
+                let outcome = (self.engine.sets().release(&locks, &holder).await)
+                    .map_err(|e| self.failed("Release", &locks[0].0, &holder, None, e))?;
                 report::released_set(&outcome);
                 Ok(Response::new((&outcome).to_proto()))
             }
@@ -266,9 +267,8 @@ impl LockApi {
                 holder,
                 token,
             } => {
-                let outcome = (self.engine.release(&lock, &holder, token).await).map_err(|e| {
-                    self.failed("Release", &lock, &holder, validate::DEFAULT_KIND, e)
-                })?;
+                let outcome = (self.engine.locks().release(&lock, &holder, token).await)
+                    .map_err(|e| self.failed("Release", &lock, &holder, None, e))?;
                 let reply = (&outcome).to_proto();
                 report::released(&self.engine, &lock, &holder, token, outcome);
                 Ok(Response::new(reply))
@@ -284,12 +284,10 @@ impl LockApi {
         let answer_by = grpc_deadline(&request).map(|d| d.answered_at.into());
         let outcome = match requests::extend(request.into_inner(), &access, &self.limits)? {
             Extend::Set { locks, holder, ttl } => {
-                let outcome = (self.engine)
-                    .extend_many(&locks, &holder, ttl, answer_by)
+                let outcome = (self.engine.sets())
+                    .extend((&locks, &holder), ttl, answer_by)
                     .await
-                    .map_err(|e| {
-                        self.failed("Extend", &locks[0].0, &holder, validate::DEFAULT_KIND, e)
-                    })?;
+                    .map_err(|e| self.failed("Extend", &locks[0].0, &holder, None, e))?;
                 report::extended_set(&outcome);
                 outcome
             }
@@ -299,12 +297,10 @@ impl LockApi {
                 ttl,
                 token,
             } => {
-                let outcome = (self.engine)
-                    .extend_by(&lock, &holder, ttl, token, answer_by)
+                let outcome = (self.engine.locks())
+                    .extend((&lock, &holder), ttl, token, answer_by)
                     .await
-                    .map_err(|e| {
-                        self.failed("Extend", &lock, &holder, validate::DEFAULT_KIND, e)
-                    })?;
+                    .map_err(|e| self.failed("Extend", &lock, &holder, None, e))?;
                 report::extended(&self.engine, &lock, &holder, &outcome);
                 outcome
             }

@@ -23,7 +23,7 @@ use crate::auth::Access;
 use crate::engine;
 use crate::observe::CallerDeadline;
 use crate::proto::{self, batch_item::Call, batch_result::Result as Answer};
-use crate::service::errors::invalid;
+use crate::errors::invalid;
 
 /// The most items one batch may carry: its Redis work is at most this many
 /// calls' (DESIGN.md invariant 17).

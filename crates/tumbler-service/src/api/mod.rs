@@ -15,13 +15,12 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::auth::{Access, LiveAccess, Throttle};
-use crate::config::TransportLimits;
-use crate::engine::{self, EngineError, LockEngine};
+use crate::engine::{self, LockEngine};
+use crate::errors;
 use crate::proto::{self, lock_service_server::LockService};
-use crate::service::errors;
-use crate::service::replies::{self, ToProto};
-use crate::service::validate::Limits;
-use crate::service::{requests, watch};
+use crate::replies::{self, ToProto};
+use crate::validate::Limits;
+use crate::{requests, watch};
 use locks::handler_spans;
 
 /// The service: the shared engine, the request bounds and the open
@@ -39,6 +38,18 @@ pub struct LockApi {
     /// Failed resumes per client address (shared with the dashboard's
     /// login): `check` before a resume, `failed` after a wrong secret.
     auth_throttle: Arc<Throttle>,
+}
+
+/// What this replica, and each tenant, may hold open: the server's
+/// `--max-sessions`, `--max-watchers` and per-token flags.
+#[derive(Clone, Debug)]
+pub struct StreamLimits {
+    pub max_sessions: usize,
+    pub max_watchers: usize,
+    pub max_sessions_per_token: usize,
+    pub max_watchers_per_token: usize,
+    pub max_watchers_per_namespace: usize,
+    pub max_waiters_per_token: usize,
 }
 
 /// Long-lived streams of one kind that this replica may hold open.
@@ -88,7 +99,7 @@ impl LockApi {
     pub fn new(
         engine: Arc<LockEngine>,
         limits: Limits,
-        transport: &TransportLimits,
+        transport: &StreamLimits,
         auth_throttle: Arc<Throttle>,
     ) -> Self {
         LockApi {
@@ -199,7 +210,12 @@ impl LockService for LockApi {
         let access = Access::of(&request)?;
         let req = request.into_inner();
         let lock = requests::readable_lock(req.namespace, req.name, &access)?;
-        let state = self.engine.inspect(&lock).await.map_err(errors::status)?;
+        let state = self
+            .engine
+            .locks()
+            .inspect(&lock)
+            .await
+            .map_err(errors::status)?;
         Ok(Response::new(replies::inspect_response(&lock, state)))
     }
 
@@ -212,6 +228,7 @@ impl LockService for LockApi {
         let (lock, most) = requests::queue(request.into_inner(), &access)?;
         let state = self
             .engine
+            .locks()
             .queue(&lock, most)
             .await
             .map_err(errors::status)?;
@@ -227,11 +244,11 @@ impl LockService for LockApi {
         let list = requests::list(request.into_inner(), &access)?;
         let page = self
             .engine
+            .walks()
             .list(
                 &list.namespace,
                 &list.prefix,
-                list.page_size,
-                list.from,
+                (list.page_size, list.from),
                 list.only_waiting,
             )
             .await
@@ -245,7 +262,12 @@ impl LockService for LockApi {
         request: Request<proto::ListNamespacesRequest>,
     ) -> Result<Response<proto::ListNamespacesResponse>, Status> {
         let access = Access::of(&request)?;
-        let mut namespaces = self.engine.namespaces().await.map_err(errors::status)?;
+        let mut namespaces = self
+            .engine
+            .walks()
+            .namespaces()
+            .await
+            .map_err(errors::status)?;
         namespaces.retain(|namespace| access.lists(namespace));
         namespaces.sort();
         Ok(Response::new(proto::ListNamespacesResponse { namespaces }))
@@ -260,6 +282,7 @@ impl LockService for LockApi {
         let (namespace, older_than) = requests::reap(request.into_inner(), &access)?;
         let counts = self
             .engine
+            .walks()
             .reap(&namespace, older_than)
             .await
             .map_err(errors::status)?;
@@ -285,7 +308,7 @@ impl LockService for LockApi {
         let access = Access::of(&request)?;
         let namespace = requests::clear(request.into_inner(), &access)?;
         let mut counts = engine::ClearCounts::default();
-        let result = self.engine.clear_counting(&namespace, &mut counts).await;
+        let result = self.engine.walks().clear(&namespace, &mut counts).await;
         // One log line either way: how far the clear got, and why it
         // stopped when it did not finish.
         let error = result.as_ref().err().map(ToString::to_string);
@@ -313,7 +336,7 @@ impl LockService for LockApi {
         request: Request<proto::MetricsRequest>,
     ) -> Result<Response<proto::MetricsResponse>, Status> {
         let access = Access::of(&request)?;
-        let now_ms = crate::wallclock::unix_ms();
+        let now_ms = crate::engine::wallclock::unix_ms();
         let requests::Metrics {
             namespace,
             from_ms,
@@ -322,7 +345,8 @@ impl LockService for LockApi {
         } = requests::metrics(request.into_inner(), &access, now_ms)?;
         let report = self
             .engine
-            .metrics(&namespace, from_ms, to_ms, kind.as_deref())
+            .walks()
+            .metrics(&namespace, (from_ms, to_ms), kind.as_ref())
             .await
             .map_err(errors::status)?;
         Ok(Response::new(replies::metrics_response(
@@ -362,18 +386,18 @@ impl LockService for LockApi {
         let slot = self.watchers.take()?;
         let namespace = filter.namespace.clone();
         let state_filter = filter.clone();
-        let watch = self.engine.watchers().add(filter, WATCH_BUFFER);
+        let watch = self.engine.watch().add(filter, WATCH_BUFFER);
         // From now on every replica's calls on this namespace publish its
         // events (an unwatched namespace publishes none).
-        self.engine
-            .announce_watch(&namespace)
+        (self.engine.watch())
+            .announce(&namespace)
             .await
-            .map_err(|e| errors::status(EngineError::from(e)))?;
+            .map_err(errors::status)?;
         // The state is read once the watcher is registered and announced:
         // whatever changes meanwhile arrives as events after it.
         let state = if req.initial_state {
-            self.engine
-                .watch_state(&state_filter)
+            (self.engine.watch())
+                .state(&state_filter)
                 .await
                 .map_err(errors::status)?
         } else {

@@ -15,14 +15,14 @@ use super::Driver;
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
 use crate::engine::{
-    AcquireRequest, EngineError, Holder, LockEngine, LockId, LockName, MultiAcquireRequest, Ttl,
+    AcquireRequest, EngineError, LockEngine, LockId, LockName, MultiAcquireRequest, Ttl,
 };
+use crate::errors::{self, invalid};
 use crate::proto;
 use crate::proto::session_request::Command;
 use crate::proto::session_response::Event;
-use crate::service::errors::{self, invalid};
-use crate::service::replies::ToProto;
-use crate::service::{report, requests, validate};
+use crate::replies::ToProto;
+use crate::{report, requests, validate};
 
 /// Commands one session may have running at once (waiting acquires
 /// included); more are refused with RESOURCE_EXHAUSTED.
@@ -78,7 +78,7 @@ impl Driver {
                     }
                     let request = requests::acquire(
                         req,
-                        Holder::stored(&self.session),
+                        self.session.clone(),
                         Ttl::stored(self.ttl_ms),
                         None,
                         &self.api.limits,
@@ -96,7 +96,7 @@ impl Driver {
                         .ok_or_else(|| Status::invalid_argument("campaign: missing"))?;
                     let request = requests::campaign(
                         req,
-                        Holder::stored(&self.session),
+                        self.session.clone(),
                         Ttl::stored(self.ttl_ms),
                         None,
                         self.proof.clone(),
@@ -125,7 +125,8 @@ impl Driver {
                 running.tasks.spawn(async move {
                     let _done = turn.wait().await;
                     let field = if locks.len() == 1 { "name" } else { "names" };
-                    let released = engine.session_release_named(&session, epoch, &locks, field);
+                    let stream = engine.session_calls().stream(&session, epoch);
+                    let released = stream.release(&locks, field);
                     let done = match released.await {
                         Ok(outcome) => {
                             let reply = (&outcome).to_proto();
@@ -195,9 +196,8 @@ impl Driver {
             let outcome = if names.is_empty() {
                 report::acquire_waiting(&engine, &request);
                 let started = std::time::Instant::now();
-                let outcome = engine
-                    .session_acquire(&session, epoch, &request, &lost)
-                    .await;
+                let stream = engine.session_calls().stream(&session, epoch);
+                let outcome = stream.acquire(&request, &lost).await;
                 outcome.map(|outcome| {
                     report::acquired(&engine, &request, &outcome, started.elapsed());
                     outcome.to_proto()
@@ -208,13 +208,11 @@ impl Driver {
                     names,
                 };
                 let started = std::time::Instant::now();
-                (engine
-                    .session_acquire_many(&session, epoch, set, &lost)
-                    .await)
-                    .map(|outcome| {
-                        report::acquired_set(&request, &outcome, started.elapsed());
-                        outcome.to_proto()
-                    })
+                let stream = engine.session_calls().stream(&session, epoch);
+                (stream.acquire_set(set, &lost).await).map(|outcome| {
+                    report::acquired_set(&request, &outcome, started.elapsed());
+                    outcome.to_proto()
+                })
             };
             let done = match outcome {
                 Ok(response) => Done::reply(Event::Acquired(proto::SessionAcquired {

@@ -18,7 +18,7 @@ pub fn acquire_waiting(engine: &LockEngine, req: &AcquireRequest) {
     if req.wait.is_zero() || !tracing::enabled!(tracing::Level::DEBUG) {
         return;
     }
-    let keys = engine.key_names(&req.lock);
+    let keys = engine.locks().key_names(&req.lock);
     tracing::debug!(
         lock_key = %keys.queue,
         acq_id = %req.holder,
@@ -62,7 +62,7 @@ pub fn acquired(
     if !tracing::enabled!(tracing::Level::DEBUG) {
         return;
     }
-    let lock_key = engine.key_names(&req.lock).lock;
+    let lock_key = engine.locks().key_names(&req.lock).lock;
     // Milliseconds, to the microsecond.
     let acq_time = elapsed.as_micros() as f64 / 1000.0;
     match outcome {
@@ -177,7 +177,7 @@ pub fn released(
     record_lock(&lock.namespace, &lock.name, holder);
     span_attribute("tumbler.status", label);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = engine.key_names(lock).lock;
+        let lock_key = engine.locks().key_names(lock).lock;
         tracing::debug!(%lock_key, acq_id = %holder, token, "{}", match outcome {
             ReleaseOutcome::Released { .. } => "lock released",
             ReleaseOutcome::NotHeld => "release of a lock not held",
@@ -194,7 +194,7 @@ pub fn extended(engine: &LockEngine, lock: &LockId, holder: &str, outcome: &Exte
     record_lock(&lock.namespace, &lock.name, holder);
     span_attribute("tumbler.status", label);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let lock_key = engine.key_names(lock).lock;
+        let lock_key = engine.locks().key_names(lock).lock;
         match outcome {
             ExtendOutcome::Extended(grant) => tracing::debug!(
                 %lock_key,

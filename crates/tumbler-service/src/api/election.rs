@@ -12,10 +12,10 @@ use super::{LockApi, WATCH_BUFFER};
 use crate::auth::{Access, LiveAccess};
 use crate::engine::election::{self, LeaderTracker};
 use crate::engine::{self, AcquireOutcome, CampaignOutcome, EngineError, LockId, ProclaimOutcome};
+use crate::errors::{self, invalid};
 use crate::proto;
-use crate::service::errors::{self, invalid};
-use crate::service::requests::{self, candidate, secret, term};
-use crate::service::{replies, validate, watch};
+use crate::requests::{self, candidate, secret, term};
+use crate::{replies, validate, watch};
 
 /// The stream Observe answers with.
 pub type ObserveStream =
@@ -95,17 +95,15 @@ impl LockApi {
                 if grant.metadata.get(election::VALUE_KEY) != Some(&value) {
                     let proclaimed = self
                         .engine
+                        .elections()
                         .proclaim(
-                            lock,
-                            holder,
+                            (lock, &acquire.holder),
                             grant.fencing_token,
                             &value,
                             proof.unwrap_or_default(),
                         )
                         .await
-                        .map_err(|e| {
-                            self.failed("Campaign", lock, holder, validate::DEFAULT_KIND, e)
-                        })?;
+                        .map_err(|e| self.failed("Campaign", lock, holder, None, e))?;
                     outcome = match proclaimed {
                         ProclaimOutcome::Proclaimed(l) => CampaignOutcome::Elected(l),
                         // The lease lapsed in between.
@@ -149,9 +147,10 @@ impl LockApi {
         let proof = secret(&req.secret, "Proclaim")?;
         let outcome = self
             .engine
-            .proclaim(&lock, &holder, term, &value, &proof)
+            .elections()
+            .proclaim((&lock, &holder), term, &value, &proof)
             .await
-            .map_err(|e| self.failed("Proclaim", &lock, &holder, validate::DEFAULT_KIND, e))?;
+            .map_err(|e| self.failed("Proclaim", &lock, &holder, None, e))?;
         Ok(Response::new(replies::proclaim_response(&lock, outcome)))
     }
 
@@ -162,7 +161,12 @@ impl LockApi {
         let access = Access::of(&request)?;
         let req = request.into_inner();
         let lock = requests::readable_lock(req.namespace, req.name, &access)?;
-        let (leader, now_ms) = self.engine.leader(&lock).await.map_err(errors::status)?;
+        let (leader, now_ms) = self
+            .engine
+            .elections()
+            .leader(&lock)
+            .await
+            .map_err(errors::status)?;
         Ok(Response::new(proto::LeaderResponse {
             leader: leader.map(|l| replies::leadership(&lock, l)),
             now_ms,
@@ -187,9 +191,10 @@ impl LockApi {
         let proof = secret(&req.secret, "Resign")?;
         let resigned = self
             .engine
-            .resign(&lock, &holder, term, &proof)
+            .elections()
+            .resign((&lock, &holder), term, &proof)
             .await
-            .map_err(|e| self.failed("Resign", &lock, &holder, validate::DEFAULT_KIND, e))?;
+            .map_err(|e| self.failed("Resign", &lock, &holder, None, e))?;
         Ok(Response::new(replies::resign_response(resigned)))
     }
 
@@ -213,16 +218,17 @@ impl LockApi {
             .watch_quota
             .take(access.access(), Some(&filter.namespace))?;
         let slot = self.watchers.take()?;
-        let watch = self.engine.watchers().add(filter.clone(), WATCH_BUFFER);
-        self.engine
-            .announce_watch(&lock.namespace)
+        let watch = self.engine.watch().add(filter.clone(), WATCH_BUFFER);
+        (self.engine.watch())
+            .announce(&lock.namespace)
             .await
-            .map_err(|e| errors::status(EngineError::from(e)))?;
+            .map_err(errors::status)?;
         // Read once the watcher is registered and announced: nothing
         // that happens meanwhile is missed (the tracker drops doubles).
         let state = self
             .engine
-            .watch_state(&filter)
+            .watch()
+            .state(&filter)
             .await
             .map_err(errors::status)?;
         let (guard, overflowed, mut events) = (watch.guard, watch.overflowed, watch.events);
