@@ -11,7 +11,8 @@
 #   +reliable    tumbler-sidekiq, lock: :until_executed, with its ReliableFetch
 #   until_pipe   (BENCH_KEEPER_AB=1 only) until_exec with the keeper's
 #                releases sent as an HTTP/1.1 pipeline of Releases, as
-#                before they went in one Batch request
+#                before they went in one Batch request; it runs before
+#                until_exec in every other round
 #
 # "end to end" is the push (one thread, as an app pushes) plus the run;
 # ratios are against Sidekiq alone's, and the overheads against the
@@ -64,7 +65,13 @@ end
 results = Hash.new { |h, k| h[k] = [] }
 begin
   ROUNDS.times do |round|
-    ARMS.each do |arm, arm_env|
+    # With the keeper A/B, its two arms take turns at going first.
+    order = ARMS.to_a
+    if ARMS.key?('until_pipe') && round.odd?
+      pipe = order.delete(order.assoc('until_pipe'))
+      order.insert(order.index(order.assoc('until_exec')), pipe)
+    end
+    order.each do |arm, arm_env|
       tag = "#{arm.delete('+')}-#{round}"
       queue = "bench-#{tag}"
       before = rpc_counts(http_port)
