@@ -82,8 +82,9 @@ struct Row {
     secs: f64,
     /// Units finished in the window, per running replica.
     ops_by_replica: Vec<f64>,
-    /// Per redis-server: label, role, CPU, function calls, PUBLISHes.
-    redis: Vec<(String, String, Duration, u64, u64)>,
+    /// Per redis-server: label, role, CPU, function calls, PUBLISHes,
+    /// pub/sub connections (the replicas' wake-up subscriptions).
+    redis: Vec<(String, String, Duration, u64, u64, usize)>,
     /// Per running tumbler replica.
     tumbler: Vec<Duration>,
     client: Duration,
@@ -194,7 +195,30 @@ async fn measure_window(
         topology_label.split_whitespace().next().unwrap_or("t"),
         fleet.len()
     );
-    let load = workloads::start(kind, &endpoints, clients, &tag).await;
+    measure_tagged(
+        settings,
+        topology,
+        topology_label,
+        fleet,
+        (targets, &endpoints),
+        (kind, workload, clients),
+        &tag,
+    )
+    .await
+}
+
+/// [`measure_window`] with the names' tag given (the hot lock is
+/// `<tag>-hot`).
+async fn measure_tagged(
+    settings: &Settings,
+    topology: &Topology,
+    topology_label: &'static str,
+    fleet: &[ServeProcess],
+    (targets, endpoints): (&[usize], &[String]),
+    (kind, workload, clients): (Kind, &'static str, usize),
+    tag: &str,
+) -> Row {
+    let load = workloads::start(kind, endpoints, clients, tag).await;
     tokio::time::sleep(settings.warm_up).await;
     for node in &topology.nodes {
         measure::reset_stats(node.port()).await;
@@ -218,6 +242,7 @@ async fn measure_window(
             *cpu,
             measure::calls(node.port(), &["fcall", "fcall_ro"]).await,
             measure::calls(node.port(), &["publish"]).await,
+            measure::subscribers(node.port()).await,
         ));
     }
     load.finish().await;
@@ -277,13 +302,13 @@ fn print_rows(rows: &[Row]) {
     }
     println!("\n### Per process (each row's window)\n");
     println!(
-        "| Redis | workload | process | cores busy | µs per unit (all units) | units it served | µs per unit it served | FCALLs per unit | PUBLISHes per unit |"
+        "| Redis | workload | process | cores busy | µs per unit (all units) | units it served | µs per unit it served | FCALLs per unit | PUBLISHes per unit | subscribers |"
     );
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
-        for (label, role, cpu, fcalls, publishes) in &r.redis {
+        for (label, role, cpu, fcalls, publishes, subscribers) in &r.redis {
             println!(
-                "| {} | {} | redis {label} ({role}) | {:.2} | {} | – | – | {} | {} |",
+                "| {} | {} | redis {label} ({role}) | {:.2} | {} | – | – | {} | {} | {subscribers} |",
                 r.topology,
                 r.workload,
                 cpu.as_secs_f64() / r.secs,
@@ -295,7 +320,7 @@ fn print_rows(rows: &[Row]) {
         for (i, cpu) in r.tumbler.iter().enumerate() {
             let served = r.ops_by_replica[i];
             println!(
-                "| {} | {} | tumbler replica {} | {:.2} | {} | {:.0} | {} | – | – |",
+                "| {} | {} | tumbler replica {} | {:.2} | {} | {:.0} | {} | – | – | – |",
                 r.topology,
                 r.workload,
                 i + 1,
@@ -310,7 +335,7 @@ fn print_rows(rows: &[Row]) {
             );
         }
         println!(
-            "| {} | {} | load generator (this process) | {:.2} | {} | – | – | – | – |",
+            "| {} | {} | load generator (this process) | {:.2} | {} | – | – | – | – | – |",
             r.topology,
             r.workload,
             r.client.as_secs_f64() / r.secs,
@@ -397,13 +422,17 @@ fn print_model(rows: &[Row], target: f64) {
         let hottest = (hot.redis.iter())
             .filter(|r| r.1 == "master")
             .max_by_key(|r| r.2)
-            .map(|r| (r.0.clone(), r.2));
-        if let Some((label, cpu)) = hottest {
+            .map(|r| (r.0.clone(), r.2, r.5));
+        if let Some((label, cpu, subscribed_there)) = hottest {
             let grant_us = hot.per_op(cpu);
             println!(
                 "| hot lock: grants/s measured, {} clients | {:.0} |",
                 hot.clients,
                 hot.rate()
+            );
+            println!(
+                "| hot lock: replicas' wake-up subscriptions on its master / on all nodes | {subscribed_there} / {} |",
+                hot.redis.iter().map(|r| r.5).sum::<usize>()
             );
             println!("| hot lock: its master ({label}) µs per grant | {grant_us:.1} |");
             println!(
@@ -515,6 +544,48 @@ fn print_model(rows: &[Row], target: f64) {
     );
 }
 
+/// Two tags whose hot lock (`<tag>-hot`) lives on the master where the
+/// replicas hold their wake-up subscriptions, and on another master:
+/// found by taking a lock of each candidate name and looking for its key.
+async fn hot_tags(endpoint: &str, topology: &Topology) -> Option<(String, String)> {
+    let masters: Vec<&topology::Node> = topology
+        .nodes
+        .iter()
+        .filter(|n| n.role == "master")
+        .collect();
+    let mut subscribed = None;
+    let mut most = 0;
+    for node in &masters {
+        let n = measure::subscribers(node.port()).await;
+        if n > most {
+            (most, subscribed) = (n, Some(node.port()));
+        }
+    }
+    let subscribed = subscribed?;
+    let (mut on, mut off) = (None, None);
+    for k in 0..200 {
+        if on.is_some() && off.is_some() {
+            break;
+        }
+        let tag = format!("probe{k}");
+        let name = format!("{tag}-hot");
+        workloads::hold(endpoint, &name, true).await;
+        let mut home = None;
+        for node in &masters {
+            if measure::has_key_with(node.port(), &name).await {
+                home = Some(node.port());
+            }
+        }
+        workloads::hold(endpoint, &name, false).await;
+        match home {
+            Some(port) if port == subscribed && on.is_none() => on = Some(tag),
+            Some(port) if port != subscribed && off.is_none() => off = Some(tag),
+            _ => {}
+        }
+    }
+    Some((on?, off?))
+}
+
 async fn run_topology(
     settings: &Settings,
     topology: &Topology,
@@ -568,6 +639,33 @@ async fn run_topology(
             )
             .await,
         );
+    }
+    // On a cluster: the hot lock on the master the replicas subscribed
+    // to for wake-ups, and on another one, in the same run.
+    if full && topology.nodes.len() > 1 {
+        match hot_tags(&fleet[0].endpoint, topology).await {
+            Some((on, off)) => {
+                let endpoints: Vec<String> = fleet.iter().map(|f| f.endpoint.clone()).collect();
+                for (tag, workload) in [
+                    (on, "hot lock on the subscribed master"),
+                    (off, "hot lock on another master"),
+                ] {
+                    rows.push(
+                        measure_tagged(
+                            s,
+                            topology,
+                            label,
+                            &fleet,
+                            (&all, &endpoints),
+                            (Kind::Hot, workload, s.hot_clients),
+                            &tag,
+                        )
+                        .await,
+                    );
+                }
+            }
+            None => println!("capacity: no lock name found on each side of the subscription"),
+        }
     }
     rows.push(
         measure_window(

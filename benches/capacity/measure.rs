@@ -124,6 +124,49 @@ pub async fn calls(port: u16, names: &[&str]) -> u64 {
         .sum()
 }
 
+/// Connections on the node at `port` subscribed to a channel (`CLIENT
+/// LIST`'s `sub=` above 0): where the replicas hear their wake-ups.
+pub async fn subscribers(port: u16) -> usize {
+    let mut conn = connect(port).await;
+    let text: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|line| {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix("sub="))
+                .is_some_and(|n| n != "0")
+        })
+        .count()
+}
+
+/// Whether the node at `port` holds a key whose name contains `part`
+/// (SCAN, the benchmark's own small data).
+pub async fn has_key_with(port: u16, part: &str) -> bool {
+    let mut conn = connect(port).await;
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("*{part}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            return true;
+        }
+        if next == 0 {
+            return false;
+        }
+        cursor = next;
+    }
+}
+
 async fn connect(port: u16) -> redis::aio::MultiplexedConnection {
     redis::Client::open(format!("redis://127.0.0.1:{port}"))
         .unwrap()

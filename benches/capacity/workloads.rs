@@ -118,6 +118,35 @@ pub async fn start(kind: Kind, endpoints: &[String], clients: usize, tag: &str) 
     load
 }
 
+/// Takes (`true`) or gives back (`false`) the lock `name` as the holder
+/// `probe`, try-once.
+pub async fn hold(endpoint: &str, name: &str, take: bool) {
+    let mut rpc = LockServiceClient::connect(endpoint.to_owned())
+        .await
+        .unwrap();
+    if take {
+        let reply = rpc
+            .acquire(authed(proto::AcquireRequest {
+                name: name.into(),
+                holder: "probe".into(),
+                ttl_ms: Some(10_000),
+                ..Default::default()
+            }))
+            .await
+            .expect("Acquire")
+            .into_inner();
+        assert_eq!(reply.status(), AcquireStatus::Acquired, "{name}");
+    } else {
+        rpc.release(authed(proto::ReleaseRequest {
+            name: name.into(),
+            holder: "probe".into(),
+            ..Default::default()
+        }))
+        .await
+        .expect("Release");
+    }
+}
+
 struct Client {
     rpc: LockServiceClient<Channel>,
     id: String,
