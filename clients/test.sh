@@ -108,8 +108,9 @@ EOF
 (cd "$work/node-app" && node "$src/clients/node/node_modules/typescript/bin/tsc" --noEmit --strict \
   --module commonjs --moduleResolution node --target es2022 --lib es2022,dom check.ts)
 echo "    installed $(cd "$work/node-app" && node -p 'require.resolve("tumbler-client")'); check.ts type-checks"
-# The installed package's own tests of easy mistakes (no server needed).
-NODE_PATH="$work/node-app/node_modules" node --test "$src/clients/node/test/"
+# The installed package's own tests: easy mistakes, and its Connect
+# transport against a real tumbler serve and redis-server.
+NODE_PATH="$work/node-app/node_modules" TUMBLER_BIN="$root/target/debug/tumbler" node --test "$src/clients/node/test/"
 
 step "go: go generate, vendor/ from Debian's grpc-go, go vet, go build"
 (cd "$src/clients/go" && go generate ./... && ./vendor-debian.sh && go vet ./... &&

@@ -306,7 +306,7 @@ label() {
     rust) echo "Rust | tumbler-client (tonic) | redis crate 1.8, multiplexed" ;;
     python) echo "Python | tumbler_client.Client (Connect, kept-alive HTTP/1.1) | redis-py $("$work/venv/bin/python" -c 'import redis; print(redis.__version__)' 2>/dev/null), threads" ;;
     python-async) echo "Python asyncio | tumbler_client.AsyncClient (Connect, kept-alive HTTP/1.1) | redis.asyncio" ;;
-    node) echo "Node | tumbler-client (@grpc/grpc-js) | ioredis $(cd "$work/node-app" 2>/dev/null && node -p 'require("ioredis/package.json").version' 2>/dev/null)" ;;
+    node) echo "Node | tumbler-client (${TUMBLER_NODE_TRANSPORT:-Connect, kept-alive HTTP/1.1}) | ioredis $(cd "$work/node-app" 2>/dev/null && node -p 'require("ioredis/package.json").version' 2>/dev/null)" ;;
     go) echo "Go | tumbler/client (grpc-go 1.33) | redigo $(dpkg-query -W -f='${Version}' golang-github-gomodule-redigo-dev 2>/dev/null | sed 's/^1://; s/-.*//')" ;;
     ruby) echo "Ruby | tumbler-client (Connect, kept-alive HTTP/1.1) | redis-rb $(ruby -e 'require "redis"; print Redis::VERSION' 2>/dev/null), ConnectionPool" ;;
     perl) echo "Perl | Tumbler::Client (Connect JSON, kept-alive HTTP/1.1, $(PERL5LIB="$perl5lib" perl -MTumbler::Client -e 'print $Tumbler::Client::JSON_CLASS' 2>/dev/null)) | Redis.pm $(perl -MRedis -e 'print $Redis::VERSION' 2>/dev/null)" ;;
