@@ -21,9 +21,9 @@ use super::LockApi;
 use super::locks::grpc_deadline;
 use crate::auth::Access;
 use crate::engine;
+use crate::errors::invalid;
 use crate::observe::CallerDeadline;
 use crate::proto::{self, batch_item::Call, batch_result::Result as Answer};
-use crate::errors::invalid;
 
 /// The most items one batch may carry: its Redis work is at most this many
 /// calls' (DESIGN.md invariant 17).
