@@ -112,11 +112,6 @@ const BUDGETS: &[Budget] = &[
         reason: "every flag is a field of the structs clap reads, with its help text, and the one conversion into `ServerConfig` sits beside them, so a flag and where it lands are read together",
     },
     Budget {
-        path: "benches/front.rs",
-        lines: 658,
-        reason: "every target runs through one driver and lands in one table and one list of ratios, so their rows compare (the yardstick's own server is `front/yardstick.rs`)",
-    },
-    Budget {
         path: "tests/locks/key_isolation.rs",
         lines: 638,
         reason: "both tests read Redis through the same key classifier (`classify`), which is most of its length",
