@@ -137,6 +137,35 @@ module BatchTests
     assert_equal [], @client.batch([]), 'nothing to send: no request'
   end
 
+  def test_a_later_request_refused_whole_hands_back_what_the_earlier_ones_took
+    # 256 small acquires go first; the 257th alone is over the server's
+    # request size (64 KiB), so its request is refused whole.
+    items = Array.new(256) { |i| [:acquire, "part-#{i}", { holder: "jid-#{i}", ttl_ms: 30_000 }] }
+    items << [:acquire, 'huge', { holder: 'jid-huge', ttl_ms: 30_000, metadata: { 'args' => 'x' * 70_000 } }]
+    err = assert_raises(Tumbler::Error) { @client.batch(items) }
+    refute_includes Tumbler::Client::CUT, err.code, err.message
+    taken = err.batch_results
+    refute_nil taken, 'the answers of the request that went through'
+    assert_equal 257, taken.size
+    assert(taken.first(256).all? { |r| r.is_a?(Tumbler::Lock) }, taken.first(3).map(&:class).to_s)
+    assert_nil taken.last
+    # Given back by the caller, pinned to the tokens it was told.
+    released = @client.release_many(taken.first(256).each_with_index.map { |r, i| ["part-#{i}", "jid-#{i}", r.fencing_token] })
+    assert_equal [true] * 256, released
+    assert_equal [], holders('huge')
+  end
+
+  def test_items_over_the_request_size_go_in_several_requests
+    # 200 acquires with 600 bytes of metadata each: about 130 KB, past the
+    # server's 64 KiB request limit in one request.
+    meta = { 'class' => 'Reports::MonthlyExportJob', 'queue' => 'q' * 560 }
+    items = Array.new(200) { |i| [:acquire, "wide-#{i}", { holder: "jid-#{i}", ttl_ms: 30_000, metadata: meta }] }
+    results = nil
+    calls = counted { results = @client.batch(items) }
+    assert(results.all? { |r| r.is_a?(Tumbler::Lock) }, results.reject { |r| r.is_a?(Tumbler::Lock) }.first(2).inspect)
+    assert_operator calls['Batch'], :>=, 3, calls.inspect
+  end
+
   def test_more_than_256_items_go_in_several_requests_in_order
     names = Array.new(600) { |i| "many/#{i}" }
     locks = nil

@@ -9,6 +9,11 @@ module Tumbler
     # The most items the server takes in one Batch request; more are sent
     # in several requests, one after another, in order.
     BATCH_MAX = 256
+    # The most bytes of items one request carries: under the server's
+    # default request limit (64 KiB, --max-request-bytes) with room for
+    # the request's own framing. 256 jobs' locks with long class and queue
+    # names in their metadata pass it; they go in several requests.
+    BATCH_MAX_BYTES = 60_000
 
     # Options an item of each kind takes (an Acquire item never waits).
     BATCH_OPTIONS = {
@@ -45,7 +50,8 @@ module Tumbler
     #   PermissionDenied, Unavailable, ...).
     #
     # Items on one lock run in the given order; the rest together. Above
-    # BATCH_MAX items, several requests go one after another. Items
+    # BATCH_MAX items (or BATCH_MAX_BYTES of them), several requests go one
+    # after another. Items
     # answered UNAVAILABLE (Redis trouble) are sent again together, in
     # order, with back-off until the deadline (timeout, s), as a single
     # call is retried: an acquire's holder is made before the first try, so
@@ -53,7 +59,9 @@ module Tumbler
     # refused whole raises: ArgumentError here for an item the server would
     # refuse whole (no call, an acquire with wait_ms), Tumbler::InvalidArgument
     # (details naming `items`), Tumbler::Error with RESOURCE_EXHAUSTED (the
-    # token's request rate: every item counts as one call), PermissionDenied.
+    # token's request rate: every item counts as one call), PermissionDenied;
+    # when earlier requests of the same call were answered, the error's
+    # #batch_results holds their answers (nil for the items not sent).
     # A request that stayed unanswered until the deadline (the server
     # unreachable: Unavailable; or cut: DEADLINE_EXCEEDED) is each of its
     # items' error, as it would be each single call's; they may or may not
@@ -65,7 +73,7 @@ module Tumbler
       pending = (0...calls.size).to_a
       attempt = 0
       until pending.empty?
-        pending.each_slice(BATCH_MAX) do |slice|
+        batch_slices(pending, calls).each do |slice|
           sent = Client.now
           begin
             resp = call(:batch, deadline: deadline) do
@@ -73,7 +81,10 @@ module Tumbler
               V1::BatchRequest.new(items: slice.map { |i| calls[i].item })
             end
           rescue Error => e
-            raise unless CUT.include?(e.code)
+            unless CUT.include?(e.code)
+              e.batch_results = results.dup unless results.compact.empty?
+              raise
+            end
 
             # The server unreachable until the deadline, or the deadline cut the
             # request: each of its items fails as its own call would have (one
@@ -126,6 +137,24 @@ module Tumbler
     end
 
     private
+
+    # The pending items in requests of at most BATCH_MAX items and
+    # BATCH_MAX_BYTES bytes, in order (an item bigger than that alone:
+    # the server says what it makes of it).
+    def batch_slices(pending, calls)
+      slices = [[]]
+      bytes = 0
+      pending.each do |i|
+        size = V1::BatchItem.encode(calls[i].item).bytesize + 4
+        if !slices.last.empty? && (slices.last.size >= BATCH_MAX || bytes + size > BATCH_MAX_BYTES)
+          slices << []
+          bytes = 0
+        end
+        slices.last << i
+        bytes += size
+      end
+      slices
+    end
 
     def batch_call(kind, name, **options)
       kind = kind.to_sym

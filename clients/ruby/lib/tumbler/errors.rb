@@ -11,6 +11,11 @@ require 'grpc'
 module Tumbler
   class Error < StandardError
     attr_reader :code, :details
+    # Set when Client#batch sent its items in several requests and a later
+    # one was refused whole: the answers of the requests before it, one per
+    # item (nil for the items not sent), so that what they took can be
+    # given back.
+    attr_accessor :batch_results
 
     def initialize(message = nil, code: nil, details: nil)
       super(message)

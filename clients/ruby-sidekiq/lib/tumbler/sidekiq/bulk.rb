@@ -54,10 +54,15 @@ module Tumbler
         entries = @entries.select { |_, payload| listed[payload] }
         return if entries.empty?
 
-        results = Sidekiq.client.batch(entries.map { |job_lock, _| job_lock.bulk_acquire })
-        taken = entries.zip(results).filter_map do |(job_lock, _), r|
-          [job_lock.digest, job_lock.jid, r.fencing_token] if r.is_a?(Tumbler::Lock) && !r.already_held?
+        results = begin
+          Sidekiq.client.batch(entries.map { |job_lock, _| job_lock.bulk_acquire })
+        rescue Tumbler::Error => e
+          # A later request of a bulk over 256 jobs refused whole (the
+          # token's rate, the request's size): what the earlier ones took
+          # goes back, and nothing is pushed.
+          give_back_and_raise(taken_by(entries, e.batch_results || []), e)
         end
+        taken = taken_by(entries, results)
         failed = results.find { |r| r.is_a?(Tumbler::Error) && !r.is_a?(Tumbler::NotAcquired) }
         give_back_and_raise(taken, failed) if failed
 
@@ -79,6 +84,14 @@ module Tumbler
       end
 
       private
+
+      # [digest, jid, token] of each grant these results hold that this
+      # push_bulk took (not one its holder held already).
+      def taken_by(entries, results)
+        entries.zip(results).filter_map do |(job_lock, _), r|
+          [job_lock.digest, job_lock.jid, r.fencing_token] if r.is_a?(Tumbler::Lock) && !r.already_held?
+        end
+      end
 
       # The grants this push_bulk took go back (pinned to their tokens, one
       # Batch); then the push fails with `err`.
