@@ -20,16 +20,8 @@ if ENV['BENCH_GEM'] == '1'
   # BENCH_PIPELINE=1: the keeper's releases as they went before Batch, for
   # comparison: an HTTP/1.1 pipeline of Release requests on one connection.
   if ENV['BENCH_PIPELINE'] == '1'
-    Tumbler::Client.prepend(Module.new do
-      def release_many(releases, timeout: 10.0)
-        requests = releases.map do |name, holder, token|
-          Tumbler::V1::ReleaseRequest.new(namespace: namespace, name: name, holder: holder, fencing_token: token)
-        end
-        unary.pipeline(:release, requests, Tumbler::Client.now + timeout, metadata).map do |resp|
-          resp.is_a?(GRPC::BadStatus) ? Tumbler.error_from(resp) : resp.status == :RELEASE_STATUS_RELEASED
-        end
-      end
-    end)
+    require_relative 'measure'
+    Tumbler::Client.prepend(PipelineReleases)
   end
 end
 

@@ -25,6 +25,7 @@ require 'net/http'
 require 'redis'
 require 'tumbler'
 require_relative '../../ruby/test/support/servers'
+require_relative 'measure'
 
 N = Integer(ARGV[0] || 1000)
 ROUNDS = Integer(ARGV[1] || 3)
@@ -37,17 +38,6 @@ ARMS = {
   'gem_single' => ['single', { 'BENCH_GEM' => '1' }],
   'sidekiq_single' => ['single', {}]
 }.freeze
-
-def cpu_s(pid)
-  fields = File.read("/proc/#{pid}/stat").split(') ').last.split
-  (Integer(fields[11]) + Integer(fields[12])) / Float(Etc.sysconf(Etc::SC_CLK_TCK))
-end
-
-def rpc_counts(http_port)
-  body = Net::HTTP.get(URI("http://127.0.0.1:#{http_port}/metrics"))
-  body.scan(/^tumbler_rpc_requests_total\{method="(\w+)",code="\w+"\} (\d+)/)
-      .each_with_object(Hash.new(0)) { |(m, v), h| h[m] += Integer(v) }
-end
 
 def loadavg = File.read('/proc/loadavg').split[0, 3].join(' ')
 def median(xs) = xs.sort[xs.size / 2]

@@ -13,32 +13,15 @@ require 'net/http'
 require 'tumbler'
 require 'tumbler/sidekiq'
 require_relative '../../ruby/test/support/servers'
+require_relative 'measure'
 
 N = Integer(ARGV[0] || 4000)
 ROUNDS = Integer(ARGV[1] || 3)
 PAUSE = Float(ARGV[2] || 2) / 1000
 
-def cpu_s(pid)
-  fields = File.read("/proc/#{pid}/stat").split(') ').last.split
-  (Integer(fields[11]) + Integer(fields[12])) / Float(Etc.sysconf(Etc::SC_CLK_TCK))
-end
-
-def rpc_counts(http_port)
-  body = Net::HTTP.get(URI("http://127.0.0.1:#{http_port}/metrics"))
-  body.scan(/^tumbler_rpc_requests_total\{method="(\w+)",code="\w+"\} (\d+)/)
-      .each_with_object(Hash.new(0)) { |(m, v), h| h[m] += Integer(v) }
-end
-
-# The release_many of before Batch: an HTTP/1.1 pipeline of Release requests.
+# The keeper's releases as they went before Batch (measure.rb).
 class PipelineClient < SimpleDelegator
-  def release_many(releases, timeout: 10.0)
-    requests = releases.map do |name, holder, token|
-      Tumbler::V1::ReleaseRequest.new(namespace: namespace, name: name, holder: holder, fencing_token: token)
-    end
-    unary.pipeline(:release, requests, Tumbler::Client.now + timeout, metadata).map do |resp|
-      resp.is_a?(GRPC::BadStatus) ? Tumbler.error_from(resp) : resp.status == :RELEASE_STATUS_RELEASED
-    end
-  end
+  include PipelineReleases
 end
 
 redis_pid, redis_port = TumblerTest.start_redis

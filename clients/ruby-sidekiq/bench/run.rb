@@ -30,6 +30,7 @@ require 'net/http'
 require 'redis'
 require 'tumbler'
 require_relative '../../ruby/test/support/servers'
+require_relative 'measure'
 
 N = Integer(ARGV[0] || 2000)
 ROUNDS = Integer(ARGV[1] || 2)
@@ -49,18 +50,6 @@ redis = Redis.new(url: env['REDIS_URL'])
 lister = Tumbler::Client.new("127.0.0.1:#{tumbler_port}", namespace: 'bench')
 # Whether any lock is left in the bench's namespace (one listed at most).
 any_lock_left = -> { !lister.call(:list) { Tumbler::V1::ListRequest.new(namespace: 'bench', page_size: 1) }.locks.empty? }
-
-# CPU seconds (user + system) a process has used so far (Linux /proc).
-def cpu_s(pid)
-  fields = File.read("/proc/#{pid}/stat").split(') ').last.split
-  (Integer(fields[11]) + Integer(fields[12])) / Float(Etc.sysconf(Etc::SC_CLK_TCK))
-end
-
-def rpc_counts(http_port)
-  body = Net::HTTP.get(URI("http://127.0.0.1:#{http_port}/metrics"))
-  body.scan(/^tumbler_rpc_requests_total\{method="(\w+)",code="\w+"\} (\d+)/)
-      .each_with_object(Hash.new(0)) { |(m, v), h| h[m] += Integer(v) }
-end
 
 results = Hash.new { |h, k| h[k] = [] }
 begin
