@@ -126,13 +126,15 @@ fn by_lock(calls: Vec<Call>) -> Vec<Vec<(usize, Call)>> {
     let mut runs: Vec<Vec<(usize, Call)>> = Vec::new();
     let mut run_of: HashMap<(String, String), usize> = HashMap::new();
     for (i, call) in calls.into_iter().enumerate() {
-        let (namespace, name) = match &call {
-            Call::Acquire(r) if !r.names.is_empty() => (&r.namespace, r.names.join("\n")),
-            Call::Acquire(r) => (&r.namespace, r.name.clone()),
-            Call::Release(r) if !r.names.is_empty() => (&r.namespace, r.names.join("\n")),
-            Call::Release(r) => (&r.namespace, r.name.clone()),
-            Call::Extend(r) if !r.names.is_empty() => (&r.namespace, r.names.join("\n")),
-            Call::Extend(r) => (&r.namespace, r.name.clone()),
+        let (namespace, name, names) = match &call {
+            Call::Acquire(r) => (&r.namespace, &r.name, &r.names),
+            Call::Release(r) => (&r.namespace, &r.name, &r.names),
+            Call::Extend(r) => (&r.namespace, &r.name, &r.names),
+        };
+        let name = if names.is_empty() {
+            name.clone()
+        } else {
+            names.join("\n")
         };
         let namespace = if namespace.is_empty() {
             "default"
