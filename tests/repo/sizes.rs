@@ -33,8 +33,8 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         path: "tests/surface/auth.rs",
-        lines: 1072,
-        reason: "every test drives `every_rpc` (each RPC of the service, called with one token) over the same tokens file and clients",
+        lines: 1089,
+        reason: "every test drives `every_rpc` (each RPC of the service, called with one token) over the same tokens file and clients; it grows by a row when the service gains an RPC (Batch: 17 lines)",
     },
     Budget {
         path: "tests/cli/cli.rs",

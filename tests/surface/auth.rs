@@ -160,6 +160,23 @@ async fn every_rpc(client: &mut Client, namespace: &str) -> Vec<(&'static str, C
         ..Default::default()
     };
     record("Acquire", client.acquire(acquire.clone()).await.map(drop));
+    // A Batch answers OK and each item as its own call: its one item's
+    // error is the answer here.
+    let item = proto::BatchItem {
+        call: Some(proto::batch_item::Call::Acquire(acquire.clone())),
+    };
+    record(
+        "Batch",
+        client
+            .batch(proto::BatchRequest { items: vec![item] })
+            .await
+            .and_then(|reply| match reply.into_inner().results.pop() {
+                Some(proto::BatchResult {
+                    result: Some(proto::batch_result::Result::Error(e)),
+                }) => Err(tonic::Status::new(Code::from(e.code), e.message)),
+                _ => Ok(()),
+            }),
+    );
     record(
         "Extend",
         client
@@ -381,7 +398,7 @@ async fn missing_unknown_malformed_and_expired_tokens_are_unauthenticated_on_eve
     ] {
         let mut c = client(&s.server, header.clone()).await;
         let answers = every_rpc(&mut c, "team-a").await;
-        assert_eq!(answers.len(), 17);
+        assert_eq!(answers.len(), 18);
         for (rpc, code, message) in answers {
             assert_eq!(
                 code,
