@@ -49,7 +49,7 @@ use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus, ReleaseStatus};
 use tumbler_engine::keys::Layout;
 use tumbler_engine::{
-    self as engine, AcquireOutcome, EngineSettings, LockEngine, LockId, ReleaseOutcome,
+    self as engine, AcquireOutcome, EngineFace, EngineSettings, LockEngine, LockId, ReleaseOutcome,
 };
 use tumbler_store::Store;
 
@@ -498,7 +498,7 @@ async fn direct_engine(redis_url: &str, prefix: &str, connections: u32) -> Path 
     );
     let engine = running.engine().clone();
     std::mem::forget(running); // its loops run as long as the bench does
-    engine.health().verify_layout().await.expect("layout");
+    engine.verify_layout().await.expect("layout");
     Path::Direct {
         engine,
         queue_ttl_ms: config.limits.default_queue_ttl_ms,

@@ -25,7 +25,7 @@ use tumbler::dev::RedisServer;
 use tumbler::proto::lock_service_client::LockServiceClient;
 use tumbler::proto::{self, AcquireStatus};
 use tumbler_engine::keys::Layout;
-use tumbler_engine::{self as engine, AcquireOutcome, LockEngine, LockId};
+use tumbler_engine::{self as engine, AcquireOutcome, EngineFace, LockEngine, LockId};
 use tumbler_store::Store;
 
 pub mod common;
@@ -405,7 +405,7 @@ async fn latency_with_existing(fills: &[usize], samples: usize) {
         Layout::new(&config.key_prefix, config.shards),
         config.wait_limits.clone(),
     ));
-    engine.health().verify_layout().await.unwrap();
+    engine.verify_layout().await.unwrap();
     let chans = channels(&server.endpoint, 1).await;
     let mut client = LockServiceClient::new(chans[0].clone());
     let mut filled = 0usize;

@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use crate::limits::{ConnState, GatedListener, WatchedBody};
 use crate::tls::TlsSettings;
-use tumbler_engine::LockEngine;
+use tumbler_engine::EngineFace;
 
 /// The HTTP port's requests (dashboard, JSON endpoints; not `/metrics`
 /// or `/healthz`) as server spans when export is on, children of the
@@ -58,7 +58,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone)]
 struct Http {
     metrics: PrometheusHandle,
-    engine: Arc<LockEngine>,
+    engine: Arc<dyn EngineFace>,
 }
 
 /// Serves the HTTP port until the task running it is aborted (the server
@@ -68,7 +68,7 @@ struct Http {
 pub async fn serve(
     listener: GatedListener,
     metrics: PrometheusHandle,
-    engine: Arc<LockEngine>,
+    engine: Arc<dyn EngineFace>,
     dashboard: crate::dashboard::Options,
     tls: Option<TlsSettings>,
 ) -> std::io::Result<()> {

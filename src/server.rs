@@ -390,7 +390,7 @@ async fn watch_redis(
     // before the first SERVING (a wrong CA or password says so at start).
     let mut told: Option<String> = None;
     loop {
-        let reachable = engine.health().check_redis().await;
+        let reachable = engine.check_redis().await;
         let mut why = None;
         let now_serving = match reachable {
             Ok(()) => true,

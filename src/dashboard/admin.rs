@@ -195,7 +195,7 @@ async fn do_release(view: &View<'_>, headers: &HeaderMap, form: &ReleaseForm) ->
     let engine = &view.d.engine;
     let outcome = engine.locks().release(&lock, &holder, token).await?;
     let released = matches!(outcome, ReleaseOutcome::Released { .. });
-    crate::service::report::released(engine, &lock, &holder, token, outcome);
+    crate::service::report::released(&**engine, &lock, &holder, token, outcome);
     tracing::warn!(namespace = %lock.namespace, name = %lock.name, %holder, released, who = %view.access.who(), "force release from the dashboard");
     let (title, text) = if released {
         ("Released", "was released")

@@ -1,5 +1,5 @@
 //! The JSON endpoints under `/api/v1/`: each one or a few calls of the
-//! same [`LockEngine`](tumbler_engine::LockEngine) methods the gRPC
+//! same [`EngineFace`](tumbler_engine::EngineFace) methods the gRPC
 //! handlers call, inputs checked by [`crate::service::validate`].
 //!
 //! One JSON dialect across the project: answers are the proto3 JSON
@@ -209,7 +209,7 @@ pub(super) async fn api_overview(
     Query(query): Query<NamespaceQuery>,
 ) -> ApiResult {
     let namespace = readable(&query.namespace, &access)?;
-    let shared = d.overviews.get(&d.engine, &namespace).await?;
+    let shared = d.overviews.get(&*d.engine, &namespace).await?;
     let body = shared.body(d.shows_admin(&access, &namespace)).to_owned();
     Ok((
         no_store(),

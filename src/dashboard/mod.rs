@@ -4,7 +4,7 @@
 //! (its [`Options`] and state) and its routes; the rest by concern:
 //!
 //! - `api.rs`: the JSON endpoints, each one or a few calls of the same
-//!   [`LockEngine`] methods the gRPC handlers call, with inputs checked by
+//!   [`EngineFace`] methods the gRPC handlers call, with inputs checked by
 //!   the same [`crate::service::validate`] functions, so bad input gets the
 //!   gRPC API's message (as a 400) and the numbers are the RPCs' numbers;
 //! - `params.rs`: each endpoint's query or form as a `Deserialize` struct;
@@ -55,7 +55,7 @@ use axum::routing::{get, post};
 
 use crate::auth::{Access, Authenticator};
 use crate::service::validate;
-use tumbler_engine::LockEngine;
+use tumbler_engine::EngineFace;
 
 const APP_JS: &str = include_str!("assets/app.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");
@@ -86,7 +86,7 @@ pub struct Options {
 
 #[derive(Clone)]
 struct Dashboard {
-    engine: Arc<LockEngine>,
+    engine: Arc<dyn EngineFace>,
     options: Options,
     overviews: Arc<overview::Overviews>,
     changelogs: Arc<changelog::Changelogs>,
@@ -110,7 +110,7 @@ impl Dashboard {
 /// The dashboard's pages, assets and JSON endpoints. Everything but the
 /// login and logout routes, the static assets and `/` (a redirect) goes
 /// through `login::require_access`.
-pub fn router(engine: Arc<LockEngine>, options: Options) -> Router {
+pub fn router(engine: Arc<dyn EngineFace>, options: Options) -> Router {
     let edge = edge::EdgeOptions {
         hosts: options.hosts.clone(),
         hsts: options.secure_cookie,

@@ -23,7 +23,7 @@ use crate::proto;
 use crate::service::replies::ToProto;
 use crate::service::validate;
 use tumbler_engine::wallclock::unix_ms;
-use tumbler_engine::{Counters, LockEngine, Namespace};
+use tumbler_engine::{Counters, EngineFace, Namespace};
 
 /// Locks the overview counts at most (10 List calls of 1000); past that it
 /// says its counts are partial rather than keep Redis busy.
@@ -85,7 +85,7 @@ impl Overviews {
     /// failing Redis is not asked more often either.
     pub(super) async fn get(
         &self,
-        engine: &LockEngine,
+        engine: &dyn EngineFace,
         namespace: &Namespace,
     ) -> Result<Arc<Rendered>, ApiError> {
         self.flights
@@ -149,7 +149,7 @@ struct Minute {
 
 /// One walk: what `GET /api/v1/overview` shows for `namespace`, but for
 /// the caller's own `admin` flag (see [`Rendered`]).
-async fn walk(engine: &LockEngine, namespace: &Namespace) -> Result<Overview, ApiError> {
+async fn walk(engine: &dyn EngineFace, namespace: &Namespace) -> Result<Overview, ApiError> {
     let (mut locks, mut held, mut holders, mut waiters, mut waiting_locks) = (0u64, 0, 0, 0, 0);
     let mut busiest = Vec::new();
     let mut cursor = None;

@@ -28,11 +28,11 @@ use std::time::Duration;
 
 use super::calls::Calls;
 use super::locks::Locks;
+use crate::errors::OrTrouble;
 use renewals::Renewals;
 
 mod renewals;
 use super::{AcquireRequest, EngineError, LockId, LockMode, LockState, WaitEdge, WaitStep, ops};
-use crate::store::StoreError;
 
 /// The bytes a namespace's wait-for registry may hold (holder names and
 /// edges); a wait that would pass it is not recorded, so not checked.
@@ -127,8 +127,12 @@ impl Deadlocks {
             walk_bytes: WALK_BYTES,
             waits: &waits,
         };
-        let reply = self.calls.call(|s| &s.wait_for, &key, &call.args()).await?;
-        let cycle = match ops::wait_for::parse(reply)? {
+        let reply = self
+            .calls
+            .call(|s| &s.wait_for, &key, &call.args())
+            .await
+            .or_trouble()?;
+        let cycle = match ops::wait_for::parse(reply).or_trouble()? {
             ops::wait_for::Found::OverBudget => {
                 tracing::debug!(namespace = %req.lock.namespace, "wait-for registry at its budget: a wait not checked");
                 return Ok(None);
@@ -169,14 +173,14 @@ impl Deadlocks {
         &self,
         namespace: &super::Namespace,
         cycle: &[WaitStep],
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool, EngineError> {
         for step in cycle {
             let Ok(lock) = LockId::parse(namespace.to_string(), step.lock.clone()) else {
                 return Ok(false);
             };
             let queue = match self.locks.queue(&lock, u32::MAX).await {
                 Ok(queue) => queue,
-                Err(EngineError::Store(err)) => return Err(err),
+                Err(err @ EngineError::Store(_)) => return Err(err),
                 Err(_) => return Ok(false),
             };
             let Some(waiting) = queue.requests.iter().find(|r| r.holder == step.holder) else {
@@ -184,7 +188,7 @@ impl Deadlocks {
             };
             let state = match self.locks.inspect(&lock).await {
                 Ok(state) => state,
-                Err(EngineError::Store(err)) => return Err(err),
+                Err(err @ EngineError::Store(_)) => return Err(err),
                 Err(_) => return Ok(false),
             };
             if !blocking(&state, &step.holder, waiting.mode, waiting.permits)
@@ -205,12 +209,16 @@ impl Deadlocks {
         namespace: &super::Namespace,
         page: Option<u64>,
     ) -> Result<super::WaitChainsPage, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let key = self.calls.layout().waits_key(namespace);
         let cursor = page.unwrap_or(0).to_string();
         let args = ops::waits::args(&cursor, PAGE_FIELDS, PAGE_BYTES);
-        let reply = self.calls.call(|s| &s.waits, &key, &args).await?;
-        let (edges, next) = ops::waits::parse(reply)?;
+        let reply = self
+            .calls
+            .call(|s| &s.waits, &key, &args)
+            .await
+            .or_trouble()?;
+        let (edges, next) = ops::waits::parse(reply).or_trouble()?;
         Ok(super::WaitChainsPage {
             chains: chains(&edges),
             next: next.parse().ok().filter(|&c: &u64| c != 0),

@@ -18,47 +18,7 @@ pub struct Layout {
     shards: u32,
 }
 
-/// The keys of one lock, all with the hash tag of its shard (a function
-/// on the lock declares them: [`LockKeys::declared`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LockKeys {
-    /// HASH: the whole lock in one key — its header (limit, holders,
-    /// earliest expiry, highest slot, arrivals, key expiry), a grant per
-    /// holder (`h:<holder>`), slot → holder for semaphores.
-    pub lock: String,
-    /// ZSET of waiting requests in grant order; exists only while someone waits.
-    pub queue: String,
-    /// ZSET waiting request → liveness deadline; exists with the queue.
-    pub deadlines: String,
-    /// HASH waiting request → its record; exists with the queue.
-    pub waiters: String,
-    /// STRING (per shard) last fencing token handed out.
-    pub fence: String,
-    /// ZSET (per shard) of live locks, kept only with a per-namespace lock
-    /// limit.
-    pub live: String,
-}
-
-impl LockKeys {
-    /// The keys a function on this lock declares, so that Redis Cluster
-    /// checks them all before it runs (a slot half-migrated answers
-    /// ASK/TRYAGAIN instead of running a script that would fail midway):
-    /// lock, queue, deadlines, waiters, fence, and the live-lock ZSET when
-    /// asked.
-    pub fn declared(&self, with_live: bool) -> Vec<&str> {
-        let mut keys = vec![
-            self.lock.as_str(),
-            self.queue.as_str(),
-            self.deadlines.as_str(),
-            self.waiters.as_str(),
-            self.fence.as_str(),
-        ];
-        if with_live {
-            keys.push(&self.live);
-        }
-        keys
-    }
-}
+pub use tumbler_face::LockKeys;
 
 impl Layout {
     /// `prefix` must not contain braces (it would move the hash tag);

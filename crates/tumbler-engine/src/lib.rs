@@ -42,16 +42,21 @@
 //! - `reaper.rs` `Reaper`: the background reaper and its metrics;
 //! - `lifecycle.rs`: [`Running`], the loops spawned and stopped in order.
 //!
-//! Beside them: `types.rs` (requests, outcomes, errors), `names.rs`
-//! (validated names), `ops/` (one typed twin per Redis function:
-//! arguments, reply, parse), `records.rs` (the grant and waiter records),
-//! `keys.rs`, `scripts.rs`, `clock.rs`, `readiness.rs`.
+//! Beside them: `ops/` (one typed twin per Redis function: arguments,
+//! reply, parse), `records.rs` (the grant and waiter records), `errors.rs`
+//! (the store's error sorted into the face's), `keys.rs`, `scripts.rs`,
+//! `clock.rs`, `readiness.rs`. The names, requests, outcomes and errors,
+//! and the face's traits (`face.rs` implements them), live in the crate
+//! below, `tumbler-face` (decision 0088), re-exported here at their paths.
 //!
-//! The engine depends on nothing of the crate but `crate::store` and
-//! `crate::wallclock`: no transport, no exporter (the reaper records its
-//! metrics with the `metrics` crate, which the server's exporter reads).
+//! The engine depends on two crates of tumbler, the store and the face: no
+//! transport, no exporter (the reaper records its metrics with the
+//! `metrics` crate, which the server's exporter reads).
 
-pub mod wallclock;
+/// The face: the engine's names, requests, outcomes and errors, and the
+/// traits the engine implements, in the crate below it (decision 0088),
+/// re-exported at the paths they had here.
+pub use tumbler_face::{names, wallclock};
 
 /// The store layer, the one crate below the engine (not handed out).
 use tumbler_store as store;
@@ -75,7 +80,7 @@ pub mod clock;
 mod counting;
 mod deadlock;
 pub mod election;
-mod errors;
+pub mod errors;
 mod face;
 pub mod group;
 pub mod keys;
@@ -83,7 +88,6 @@ mod libraries;
 mod lifecycle;
 mod locks;
 mod multi;
-pub mod names;
 pub mod ops;
 mod readiness;
 mod reaper;
@@ -92,7 +96,6 @@ mod renewer;
 pub mod resume;
 pub mod scripts;
 pub mod sessions;
-mod types;
 pub mod waiters;
 mod waiting;
 mod walks;
@@ -121,21 +124,19 @@ use walks::Walks;
 use watchers::Watchers;
 use watching::Watching;
 
-pub use errors::*;
-pub use face::{
-    ElectionCalls, Health, LockCalls, SessionCalls, SetCalls, StreamCalls, WalkCalls, WatchCalls,
-};
-pub use lifecycle::{EngineSettings, Running};
-pub use names::{Holder, Invalid, Kind, LockName, Namespace, Ttl};
+use errors::OrTrouble;
+pub use errors::{LayoutError, store_failed, trouble};
+pub use lifecycle::{EngineSettings, Running, WaitLimits};
 pub use records::{parse_grant, parse_waiter};
-pub use types::*;
+pub use tumbler_face::handles::*;
+pub use tumbler_face::types::*;
+pub use tumbler_face::{
+    EngineError, ErrorKind, Holder, Invalid, Kind, LockName, Namespace, REAPER_LOCK,
+    REAPER_NAMESPACE, StoreTrouble, TroubleKind, Ttl,
+};
 
 /// How long per-minute counters are kept.
 pub const METRICS_RETENTION_MS: i64 = 24 * 3600 * 1000;
-
-/// The tumbler lock that makes one replica at a time the reaper.
-pub const REAPER_NAMESPACE: &str = "tumbler-system";
-pub const REAPER_LOCK: &str = "reaper";
 
 /// The lock engine: the parts, composed. Shared by all handlers; cheap to
 /// use concurrently. Each method hands its work to the part that owns the

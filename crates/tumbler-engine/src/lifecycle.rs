@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use super::LockEngine;
 use super::changelog::ChangelogSettings;
 use super::keys::Layout;
 use super::libraries::Libraries;
 use super::waiters::run_subscriber;
-use super::{LockEngine, WaitLimits};
 use crate::store::Store;
 
 /// How long shutdown waits for the last counts to be written, and for the
@@ -122,4 +122,28 @@ impl Drop for Running {
             task.abort();
         }
     }
+}
+
+/// Bounds on waiting.
+#[derive(Clone, Debug)]
+pub struct WaitLimits {
+    /// Waiting requests one lock's queue may hold (all replicas together).
+    pub max_waiters_per_lock: u32,
+    /// Waiting RPCs one replica may hold open.
+    pub max_waiters_per_replica: usize,
+    /// Waiting RPCs one namespace may hold open on one replica.
+    pub max_waiters_per_namespace: usize,
+    /// Locks one namespace may have in one shard (0: no limit).
+    pub max_locks_per_shard: u64,
+    /// How long a dead session's grants stay held; None releases them.
+    pub session_lock_delay_ms: Option<u64>,
+    /// Group commit: the hot path's operations of one slot share a call
+    /// when more than one is ready (`group.rs`).
+    pub group_commit: crate::group::GroupCommit,
+    /// A permit freed while someone waits goes to the head of the queue in
+    /// the call that freed it (decision 0068); off, the head is woken to
+    /// call again. On, a waiter whose replica died within its request TTL
+    /// before the release may be handed the lock and keep it for that
+    /// grant's lease (SAFETY.md, invariant 7), so it is off by default.
+    pub hand_over: bool,
 }

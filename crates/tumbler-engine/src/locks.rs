@@ -18,6 +18,7 @@ use super::{
     AcquireOutcome, AcquireRequest, EngineError, ExtendOutcome, LockId, LockState, QueueState,
     ReleaseOutcome, ops, records, waiters,
 };
+use crate::errors::{OrTrouble, store_failed};
 use crate::store::StoreError;
 
 /// A grant as a holder names it: the lock, the holder, and optionally the
@@ -154,7 +155,7 @@ impl Locks {
                 return Err(EngineError::PlainLockHasNoMode);
             }
             Outcome::Upgrade => return Err(EngineError::UpgradeRefused),
-            Outcome::Late => return Err(late().into()),
+            Outcome::Late => return Err(store_failed(late())),
             Outcome::Moved => return Err(EngineError::SessionMoved),
         })
     }
@@ -167,7 +168,10 @@ impl Locks {
     ) -> Result<AcquireOutcome, EngineError> {
         let keys = self.keys(&req.lock);
         let metadata = records::metadata_arg(&req.metadata);
-        let answer = self.attempt(req, &keys, &metadata, None).await?;
+        let answer = self
+            .attempt(req, &keys, &metadata, None)
+            .await
+            .or_trouble()?;
         if let ops::acquire::Outcome::Busy {
             holders,
             next_expiry,
@@ -180,7 +184,9 @@ impl Locks {
             });
         }
         self.settled(req, answer.outcome)?.ok_or_else(|| {
-            StoreError::Protocol("acquire answered queued to a try-once call".into()).into()
+            store_failed(StoreError::Protocol(
+                "acquire answered queued to a try-once call".into(),
+            ))
         })
     }
 
@@ -210,8 +216,9 @@ impl Locks {
                 &call.args(),
                 ops::take_over::is_grant,
             )
-            .await?;
-        let answer = ops::take_over::parse(reply)?;
+            .await
+            .or_trouble()?;
+        let answer = ops::take_over::parse(reply).or_trouble()?;
         self.calls.observe(answer.now);
         self.counting
             .noted(&req.lock.namespace, answer.now, &answer.noted);
@@ -233,7 +240,7 @@ impl Locks {
             }
             Outcome::ModeMismatch => return Err(EngineError::RwLockNeedsMode),
             Outcome::NotYours => return Err(EngineError::NotPassed),
-            Outcome::Late => return Err(late().into()),
+            Outcome::Late => return Err(store_failed(late())),
         })
     }
 
@@ -274,7 +281,7 @@ impl Locks {
         handed: Option<&str>,
         proof: Option<&str>,
     ) -> Result<ReleaseOutcome, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let keys = self.keys(lock);
         let call = ops::release::Call {
             holder,
@@ -287,8 +294,9 @@ impl Locks {
         let reply = self
             .calls
             .call_lock(|s| &s.release, &keys, &call.args())
-            .await?;
-        let answer = ops::release::parse(reply)?;
+            .await
+            .or_trouble()?;
+        let answer = ops::release::parse(reply).or_trouble()?;
         self.calls.observe(answer.now);
         self.counting
             .noted(&lock.namespace, answer.now, &answer.noted);
@@ -322,7 +330,7 @@ impl Locks {
         answer_by: Option<Instant>,
         epoch: Option<u64>,
     ) -> Result<ExtendOutcome, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let keys = self.keys(lock);
         let call = ops::extend::Call {
             holder,
@@ -335,8 +343,9 @@ impl Locks {
         let reply = self
             .calls
             .call_granting(|s| &s.extend, &keys, &call.args(), ops::extend::is_grant)
-            .await?;
-        let answer = ops::extend::parse(reply)?;
+            .await
+            .or_trouble()?;
+        let answer = ops::extend::parse(reply).or_trouble()?;
         self.calls.observe(answer.now);
         self.counting
             .noted(&lock.namespace, answer.now, &answer.noted);
@@ -347,16 +356,20 @@ impl Locks {
                 Ok(ExtendOutcome::Extended(grant))
             }
             ops::extend::Outcome::NotHeld => Ok(ExtendOutcome::NotHeld),
-            ops::extend::Outcome::Late => Err(late().into()),
+            ops::extend::Outcome::Late => Err(store_failed(late())),
             ops::extend::Outcome::Moved => Err(EngineError::SessionMoved),
         }
     }
 
     pub(super) async fn inspect(&self, lock: &LockId) -> Result<LockState, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let keys = self.keys(lock);
-        let reply = self.calls.call_lock(|s| &s.inspect, &keys, &[]).await?;
-        Ok(ops::inspect::parse(reply)?)
+        let reply = self
+            .calls
+            .call_lock(|s| &s.inspect, &keys, &[])
+            .await
+            .or_trouble()?;
+        ops::inspect::parse(reply).or_trouble()
     }
 
     /// Some of a lock's live grants other than `holder`'s, for a deadlock
@@ -366,24 +379,26 @@ impl Locks {
         lock: &LockId,
         holder: &str,
     ) -> Result<LockState, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let keys = self.keys(lock);
         let reply = self
             .calls
             .call_lock(|s| &s.blockers, &keys, &ops::blockers::args(holder))
-            .await?;
-        Ok(ops::blockers::parse(reply)?)
+            .await
+            .or_trouble()?;
+        ops::blockers::parse(reply).or_trouble()
     }
 
     /// The live waiting requests of a lock in grant order (at most `most`).
     pub(super) async fn queue(&self, lock: &LockId, most: u32) -> Result<QueueState, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let keys = self.keys(lock);
         let reply = self
             .calls
             .call_lock(|s| &s.queue, &keys, &ops::queue::args(most))
-            .await?;
-        Ok(ops::queue::parse(reply)?)
+            .await
+            .or_trouble()?;
+        ops::queue::parse(reply).or_trouble()
     }
 
     /// Takes a waiting request out of the queue (only if its place is

@@ -45,6 +45,7 @@ use super::{
     AcquireRequest, EngineError, ExtendOutcome, Grant, LockId, LockName, MultiAcquireRequest,
     MultiOutcome, ops, records,
 };
+use crate::errors::{OrTrouble, store_failed};
 use crate::store::StoreError;
 use slot::cluster_slot;
 
@@ -131,7 +132,7 @@ impl Multi {
             outcome
         });
         task.await
-            .map_err(|e| StoreError::Protocol(format!("multi-lock task: {e}")).into())
+            .map_err(|e| store_failed(StoreError::Protocol(format!("multi-lock task: {e}"))))
             .and_then(|outcome| outcome)
     }
 
@@ -378,7 +379,7 @@ impl Multi {
                     requested: base.limit,
                 }),
                 Outcome::ModeMismatch { .. } => Err(EngineError::RwLockNeedsMode),
-                Outcome::Late => Err(late().into()),
+                Outcome::Late => Err(store_failed(late())),
             };
             self.roll_back(req, &grants).await;
             return refusal;
@@ -464,8 +465,9 @@ impl Multi {
                 &call.args(),
                 ops::acquire_many::is_grant,
             )
-            .await?;
-        let answer = ops::acquire_many::parse(reply, &base.holder)?;
+            .await
+            .or_trouble()?;
+        let answer = ops::acquire_many::parse(reply, &base.holder).or_trouble()?;
         self.calls.observe(answer.now);
         self.counting
             .noted(&base.lock.namespace, answer.now, &answer.noted);

@@ -20,6 +20,7 @@ use super::locks::{GrantRef, Locks};
 use super::walks::Walks;
 use super::{AcquireRequest, EngineError, ExtendOutcome, LockId, ReapCounts, ops};
 use super::{Holder, Kind, Ttl};
+use crate::errors::OrTrouble;
 
 /// The reaper of this replica (it reaps while it holds the reaper lock).
 pub(super) struct Reaper {
@@ -100,7 +101,11 @@ impl Reaper {
         };
         // A try-once attempt needs no Arc (it does not wait).
         let keys = self.locks.keys(lock);
-        let answer = self.locks.attempt(&request, &keys, "", None).await?;
+        let answer = self
+            .locks
+            .attempt(&request, &keys, "", None)
+            .await
+            .or_trouble()?;
         Ok(match answer.outcome {
             ops::acquire::Outcome::Granted { already: false, .. } => {
                 tracing::info!(%replica, "this replica is now the reaper");

@@ -18,6 +18,7 @@ use super::counting::Counting;
 use super::keys::ShardKeys;
 use super::sessions::{Renewal, Sessions};
 use super::{EngineError, ops};
+use crate::errors::{OrTrouble, store_failed};
 use crate::store::StoreError;
 
 /// Session grants kept alive by this replica.
@@ -130,9 +131,13 @@ impl Renewer {
         items: &[ops::renew::Item<'_>],
     ) -> Result<(Vec<usize>, Vec<usize>), EngineError> {
         let keys = self.calls.layout().shard_keys(namespace, shard);
-        match self.renew_call(namespace, &keys, items).await? {
+        match self
+            .renew_call(namespace, &keys, items)
+            .await
+            .or_trouble()?
+        {
             ops::renew::Outcome::Renewed { lost, moved } => Ok((lost, moved)),
-            ops::renew::Outcome::Late => Err(late().into()),
+            ops::renew::Outcome::Late => Err(store_failed(late())),
         }
     }
 

@@ -43,68 +43,13 @@ use super::ops::session_record::{self as record, Claim, Touch};
 use super::renewer::Renewer;
 use super::sessions::{LOST_NOT_HELD, LostGrant, Sessions};
 use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, ReleaseOutcome, ops};
+use crate::errors::OrTrouble;
 
 mod sets;
 
-/// How long the grants of a session whose stream broke wait for a resume
-/// before they are released as a dead client's. Short, so a client whose
-/// process died frees its locks within a second, and long enough for a
-/// client whose connection a proxy dropped to reconnect and resume.
-pub const RESUME_GRACE: Duration = Duration::from_millis(500);
-
-/// The reason given for a grant a resumed session may no longer renew
-/// (its token lost the namespace).
-pub const LOST_NOT_PERMITTED: &str = "not permitted";
-
-/// A new session: its id (the holder of its grants), its resume secret
-/// (told to the client once), and the epoch of the stream that serves it.
-#[derive(Debug)]
-pub struct SessionTicket {
-    pub id: String,
-    pub secret: String,
-    pub epoch: u64,
-}
-
-/// A session taken back by a new stream.
-#[derive(Debug)]
-pub struct Resumed {
-    pub epoch: u64,
-    pub ttl_ms: u64,
-    /// Grants kept (lock, fencing token), renewed by this replica now.
-    pub kept: Vec<(LockId, u64)>,
-    /// Grants that were gone, or may no longer be renewed.
-    pub lost: Vec<LostGrant>,
-}
-
-/// Why a resume was refused (nothing changed).
-#[derive(Debug, thiserror::Error)]
-pub enum ResumeError {
-    #[error("no such session: it was closed, or its TTL passed")]
-    Gone,
-    #[error("wrong resume secret, or a session of another token")]
-    Refused,
-    #[error("another stream resumed the session at the same time")]
-    Moved,
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-}
-
-impl From<crate::store::StoreError> for ResumeError {
-    fn from(err: crate::store::StoreError) -> Self {
-        ResumeError::Engine(err.into())
-    }
-}
-
-/// How a session's stream ended, for its grants.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SessionEnd {
-    /// Release the grants (closed by the client, or refused by the server).
-    Release,
-    /// A dead client: release (or leave for the lock-delay).
-    Died,
-    /// Keep the grants for the session TTL, resumable elsewhere.
-    Keep,
-}
+pub use tumbler_face::sessions::{
+    LOST_NOT_PERMITTED, RESUME_GRACE, ResumeError, Resumed, SessionEnd, SessionTicket,
+};
 
 fn digest(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
@@ -152,7 +97,7 @@ impl SessionKeeper {
         owner: &str,
         ttl_ms: u64,
     ) -> Result<SessionTicket, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let id = format!("session-{}", uuid::Uuid::now_v7());
         let secret = format!(
             "{}{}",
@@ -168,7 +113,8 @@ impl SessionKeeper {
         let key = self.calls.layout().session_key(&id);
         self.calls
             .call(|s| &s.session_open, &key, &call.args())
-            .await?;
+            .await
+            .or_trouble()?;
         Ok(SessionTicket {
             id,
             secret,
@@ -188,11 +134,15 @@ impl SessionKeeper {
         may_act: impl Fn(&str) -> bool,
         lost_tx: &mpsc::Sender<LostGrant>,
     ) -> Result<Resumed, ResumeError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let key = self.calls.layout().session_key(session);
         let args = record::claim_args(owner, &digest(secret));
-        let reply = self.calls.call(|s| &s.session_claim, &key, &args).await?;
-        let (epoch, ttl_ms, grants) = match record::parse_claim(reply)? {
+        let reply = self
+            .calls
+            .call(|s| &s.session_claim, &key, &args)
+            .await
+            .or_trouble()?;
+        let (epoch, ttl_ms, grants) = match record::parse_claim(reply).or_trouble()? {
             Claim::Gone => return Err(ResumeError::Gone),
             Claim::Refused => return Err(ResumeError::Refused),
             Claim::Claimed {
@@ -314,8 +264,12 @@ impl SessionKeeper {
     ) -> Result<Touch, EngineError> {
         let key = self.calls.layout().session_key(session);
         let args = record::touch_args(epoch, Self::record_keep_ms(ttl_ms));
-        let reply = self.calls.call(|s| &s.session_touch, &key, &args).await?;
-        Ok(record::parse_touch(reply)?)
+        let reply = self
+            .calls
+            .call(|s| &s.session_touch, &key, &args)
+            .await
+            .or_trouble()?;
+        record::parse_touch(reply).or_trouble()
     }
 
     /// Adds grants to (value: `record::grant_value`) or, with none, takes
@@ -332,8 +286,12 @@ impl SessionKeeper {
             .into_iter()
             .map(|(lock, value)| (lock.namespace.as_str(), lock.name.as_str(), value));
         let args = record::note_args(epoch, grants);
-        let reply = self.calls.call(|s| &s.session_note, &key, &args).await?;
-        Ok(record::still_ours(reply)?)
+        let reply = self
+            .calls
+            .call(|s| &s.session_note, &key, &args)
+            .await
+            .or_trouble()?;
+        record::still_ours(reply).or_trouble()
     }
 
     /// The stream that serves a session stops: its grants are released
@@ -364,8 +322,8 @@ impl SessionKeeper {
             .calls
             .call(|s| &s.session_end, &key, &record::end_args(epoch))
             .await
-            .map_err(EngineError::from)
-            .and_then(|reply| Ok(record::still_ours(reply)?));
+            .and_then(record::still_ours)
+            .or_trouble();
         match ended {
             Ok(false) => {
                 tracing::info!(%session, "session resumed elsewhere; its grants stay");

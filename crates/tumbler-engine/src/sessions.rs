@@ -18,29 +18,10 @@ use tokio::time::Instant;
 
 use super::LockId;
 
-/// A grant of a session that is gone, as the session's client is told.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LostGrant {
-    pub lock: LockId,
-    pub fencing_token: u64,
-    pub reason: &'static str,
-}
-
-/// Why a grant could not be renewed.
-pub const LOST_NOT_HELD: &str = "not held";
-pub const LOST_UNAVAILABLE: &str = "redis unavailable";
-/// The server ended the session (silent client, revoked token, oversized
-/// command, shutdown) and released the grant.
-pub const LOST_SESSION_ENDED: &str = "session ended";
-/// Another stream resumed the session and holds the grant now: this
-/// stream may no longer act on it (the grant itself lives on).
-pub const LOST_MOVED: &str = "resumed elsewhere";
-/// The session's record vanished from Redis (data lost): its grants went
-/// with it.
-pub const LOST_SESSION_GONE: &str = "session gone from redis";
-/// Another lock of the grant's multi-lock set was lost: the grant is
-/// released too, so no part of a broken set is kept (decision 0078).
-pub const LOST_SET_BROKEN: &str = "set broken";
+pub use tumbler_face::sessions::{
+    LOST_MOVED, LOST_NOT_HELD, LOST_SESSION_ENDED, LOST_SESSION_GONE, LOST_SET_BROKEN,
+    LOST_UNAVAILABLE, LostGrant,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GrantKey {

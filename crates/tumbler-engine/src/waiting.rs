@@ -23,6 +23,7 @@ use super::locks::{self, Locks};
 use super::ops::acquire::Outcome;
 use super::waiters::{Handed, Waiters};
 use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, records};
+use crate::errors::{OrTrouble, store_failed};
 use crate::store::StoreError;
 
 /// Acquires that wait in this server.
@@ -118,7 +119,11 @@ impl Waiting {
                 request: &request,
                 answer_by: self.hand_over.then_some(answer_by),
             };
-            let answer = self.locks.attempt(req, keys, metadata, Some(wait)).await?;
+            let answer = self
+                .locks
+                .attempt(req, keys, metadata, Some(wait))
+                .await
+                .or_trouble()?;
             let (holders, next_expiry, position) = match answer.outcome {
                 Outcome::Queued {
                     holders,
@@ -147,8 +152,9 @@ impl Waiting {
                     };
                     queued.armed = false;
                     return self.locks.settled(req, outcome)?.ok_or_else(|| {
-                        StoreError::Protocol("acquire answered busy to a waiting call".into())
-                            .into()
+                        store_failed(StoreError::Protocol(
+                            "acquire answered busy to a waiting call".into(),
+                        ))
                     });
                 }
             };
@@ -165,7 +171,8 @@ impl Waiting {
                         queued.armed = false;
                         self.locks
                             .dequeue(&req.lock, keys, &req.holder, Some(&request), false)
-                            .await?;
+                            .await
+                            .or_trouble()?;
                         if let Some(handed) = registration.take_handed() {
                             return self.handed(req, handed);
                         }
@@ -196,7 +203,7 @@ impl Waiting {
                 () = sleep_until_some((!checked).then_some(check_at)) => {}
                 () = tokio::time::sleep_until(deadline) => {
                     queued.armed = false;
-                    let had = self.locks.dequeue(&req.lock, keys, &req.holder, Some(&request), true).await?;
+                    let had = self.locks.dequeue(&req.lock, keys, &req.holder, Some(&request), true).await.or_trouble()?;
                     // A grant handed over before its answer-by time and
                     // delivered meanwhile is still its caller's.
                     if let Some(handed) = registration.take_handed() {
@@ -214,7 +221,7 @@ impl Waiting {
                     // grant handed meanwhile goes back with the
                     // registration).
                     queued.armed = false;
-                    self.locks.dequeue(&req.lock, keys, &req.holder, Some(&request), false).await?;
+                    self.locks.dequeue(&req.lock, keys, &req.holder, Some(&request), false).await.or_trouble()?;
                     return Err(EngineError::Stopped);
                 }
                 () = self.waiters.shutdown_token().cancelled() => {
@@ -242,7 +249,7 @@ impl Waiting {
 
     /// A grant handed to this waiting RPC, as its answer.
     fn handed(&self, req: &AcquireRequest, handed: Handed) -> Result<AcquireOutcome, EngineError> {
-        let grant = records::parse_grant(req.holder.as_ref(), &handed.record)?;
+        let grant = records::parse_grant(req.holder.as_ref(), &handed.record).or_trouble()?;
         let outcome = Outcome::Granted {
             grant,
             holders: handed.holders,

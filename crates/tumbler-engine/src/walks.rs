@@ -16,6 +16,7 @@ use super::{
     ClearCounts, Counters, EngineError, ListCursor, ListPage, MetricsReport, MetricsRow,
     ReapCounts, ops,
 };
+use crate::errors::OrTrouble;
 use crate::store::ScanCursor;
 
 /// Locks one shard function call visits at most: bounds how long Redis is
@@ -53,7 +54,7 @@ impl Walks {
     pub(super) async fn namespaces(&self) -> Result<Vec<String>, EngineError> {
         let mut cmd = redis::cmd("ZRANGE");
         cmd.arg(self.calls.layout().namespaces_key()).arg(0).arg(-1);
-        Ok(self.calls.store().command(cmd).await?)
+        self.calls.store().command(cmd).await.or_trouble()
     }
 
     /// Locks found by SCAN, grouped for shard functions: (the shard's
@@ -92,7 +93,7 @@ impl Walks {
         from: Option<ListCursor>,
         only_waiting: bool,
     ) -> Result<ListPage, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let pattern = self
             .calls
             .layout()
@@ -105,7 +106,12 @@ impl Walks {
                 node: cursor.node,
                 position: cursor.position,
             };
-            let (mut keys, next) = self.calls.store().scan(at, &pattern, SCAN_COUNT).await?;
+            let (mut keys, next) = self
+                .calls
+                .store()
+                .scan(at, &pattern, SCAN_COUNT)
+                .await
+                .or_trouble()?;
             // In a stable order, so a page that ends inside a batch can
             // read it again and go on after the last key it listed.
             keys.sort();
@@ -118,8 +124,12 @@ impl Walks {
             // the page has room for keeps the page within its size.
             let looked = &fresh[..fresh.len().min(page_size as usize - locks.len())];
             for (fence, _, names) in self.shard_batches(looked) {
-                let reply = self.calls.call(|s| &s.list, &fence, &names).await?;
-                let (now, found) = ops::list::parse(reply)?;
+                let reply = self
+                    .calls
+                    .call(|s| &s.list, &fence, &names)
+                    .await
+                    .or_trouble()?;
+                let (now, found) = ops::list::parse(reply).or_trouble()?;
                 now_ms = now;
                 locks.extend(found);
             }
@@ -169,12 +179,17 @@ impl Walks {
         namespace: Option<&str>,
         older_than_ms: Option<u64>,
     ) -> Result<ReapCounts, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let pattern = self.calls.layout().lock_pattern(namespace, "", false);
         let mut total = ReapCounts::default();
         let mut cursor = Some(ScanCursor::default());
         while let Some(at) = cursor {
-            let (keys, next) = self.calls.store().scan(at, &pattern, SCAN_COUNT).await?;
+            let (keys, next) = self
+                .calls
+                .store()
+                .scan(at, &pattern, SCAN_COUNT)
+                .await
+                .or_trouble()?;
             cursor = next;
             for (fence, namespace, names) in self.shard_batches(&keys) {
                 let call = ops::reap::Call {
@@ -183,8 +198,12 @@ impl Walks {
                     live: self.calls.counts_live(),
                     names: &names,
                 };
-                let reply = self.calls.call(|s| &s.reap, &fence, &call.args()).await?;
-                let (counts, noted) = ops::reap::parse(reply)?;
+                let reply = self
+                    .calls
+                    .call(|s| &s.reap, &fence, &call.args())
+                    .await
+                    .or_trouble()?;
+                let (counts, noted) = ops::reap::parse(reply).or_trouble()?;
                 self.counting.noted(&namespace, self.calls.now_ms(), &noted);
                 total.add(&counts);
             }
@@ -203,17 +222,27 @@ impl Walks {
         namespace: &str,
         done: &mut ClearCounts,
     ) -> Result<(), EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let pattern = self.calls.layout().lock_pattern(Some(namespace), "", false);
         let watched = self.changelog.emits(namespace);
         let mut cursor = Some(ScanCursor::default());
         while let Some(at) = cursor {
-            let (keys, next) = self.calls.store().scan(at, &pattern, SCAN_COUNT).await?;
+            let (keys, next) = self
+                .calls
+                .store()
+                .scan(at, &pattern, SCAN_COUNT)
+                .await
+                .or_trouble()?;
             cursor = next;
             for (fence, _, names) in self.shard_batches(&keys) {
                 let args = ops::clear::args(watched, &names);
-                let (counts, noted) =
-                    ops::clear::parse(self.calls.call(|s| &s.clear, &fence, &args).await?)?;
+                let (counts, noted) = ops::clear::parse(
+                    self.calls
+                        .call(|s| &s.clear, &fence, &args)
+                        .await
+                        .or_trouble()?,
+                )
+                .or_trouble()?;
                 self.counting.noted(namespace, self.calls.now_ms(), &noted);
                 done.locks += counts.locks;
                 done.grants += counts.grants;
@@ -234,7 +263,7 @@ impl Walks {
         to_ms: i64,
         kind: Option<&str>,
     ) -> Result<MetricsReport, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         self.counting.flush().await;
         let first = from_ms - from_ms.rem_euclid(MINUTE_MS);
         let minutes: Vec<i64> = (first..=to_ms).step_by(MINUTE_MS as usize).collect();
@@ -244,7 +273,8 @@ impl Walks {
             pipe.cmd("HGETALL")
                 .arg(self.calls.layout().metrics_key(namespace, *minute));
         }
-        let counts: Vec<HashMap<String, u64>> = self.calls.store().pipeline(pipe).await?;
+        let counts: Vec<HashMap<String, u64>> =
+            self.calls.store().pipeline(pipe).await.or_trouble()?;
         let mut sums: BTreeMap<(i64, String), Counters> = BTreeMap::new();
         for (minute, fields) in minutes.iter().zip(counts) {
             for (field, n) in fields {

@@ -23,141 +23,15 @@
 //! Why a std `Mutex`: held only to walk or change the list, never across
 //! an `.await`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::{Notify, mpsc, watch};
 
-use super::LockId;
-
-/// Events of the initial state (not changes): a live grant, a live
-/// waiting request, and the end of the state.
-pub const HELD: &str = "held";
-pub const WAITING: &str = "waiting";
-pub const SYNCED: &str = "synced";
-
-/// Locks (with a prefix) whose state a Watch's initial state shows at most.
-pub const STATE_MAX_LOCKS: usize = 1000;
-
-/// One lock event, as scripts publish it (transports show its proto
-/// message, `tumbler.v1.LockEvent`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LockEvent {
-    pub namespace: String,
-    pub name: String,
-    /// acquired, released, extended, expired, lost, reaped, cleared,
-    /// queued, dequeued, skipped, downgraded (and held, waiting, synced for
-    /// the initial state).
-    pub event: String,
-    /// The grant's holder, or the waiting request's id.
-    pub holder: String,
-    /// The grant's fencing token (0 for events of waiting requests).
-    pub fencing_token: u64,
-    /// Redis clock, Unix ms.
-    pub at_ms: i64,
-    /// The grant's slot (0 for waiting requests).
-    pub slot: u32,
-    pub kind: String,
-    pub metadata: BTreeMap<String, String>,
-    pub ttl_ms: u64,
-    /// When the grant's lease ends (or ended), Redis clock; 0 if none.
-    pub expires_at_ms: i64,
-    pub acquired_at_ms: i64,
-    /// How long the grant was held (when it ended).
-    pub hold_ms: u64,
-    /// holder, reaper or admin ('' for initial state).
-    pub actor: String,
-    /// Of a read/write lock: the mode of the grant the event is about, or
-    /// the one a waiting request asks; Plain otherwise.
-    pub mode: super::LockMode,
-}
-
-impl LockEvent {
-    /// Parses `namespace\nname\nevent\nholder\ntoken\ntime_ms` and, from
-    /// `lua/shared/events.lua`'s `emit`, `\nslot\nkind\nttl_ms\nexpires_at\n
-    /// acquired_at\nhold_ms\nactor\nmetadata` (absent from an older
-    /// replica's events: left at their defaults). A read/write lock's
-    /// event carries its mode as a suffix of the actor, `holder:r` or
-    /// `holder:w` (no new line, so a plain lock's message is what it was
-    /// and one stored before modes existed parses as it did).
-    pub fn parse(payload: &str) -> Option<LockEvent> {
-        let mut fields = payload.splitn(14, '\n');
-        let mut event = LockEvent {
-            namespace: fields.next()?.to_owned(),
-            name: fields.next()?.to_owned(),
-            event: fields.next()?.to_owned(),
-            holder: fields.next()?.to_owned(),
-            fencing_token: fields.next()?.parse().ok()?,
-            at_ms: fields.next()?.parse().ok()?,
-            ..LockEvent::default()
-        };
-        let Some(slot) = fields.next() else {
-            return Some(event);
-        };
-        event.slot = slot.parse().ok()?;
-        event.kind = fields.next()?.to_owned();
-        event.ttl_ms = fields.next()?.parse().ok()?;
-        event.expires_at_ms = fields.next()?.parse().ok()?;
-        event.acquired_at_ms = fields.next()?.parse().ok()?;
-        event.hold_ms = fields.next()?.parse().ok()?;
-        let actor = fields.next()?;
-        (event.actor, event.mode) = match actor.split_once(':') {
-            Some((actor, "r")) => (actor.to_owned(), super::LockMode::Read),
-            Some((actor, "w")) => (actor.to_owned(), super::LockMode::Write),
-            _ => (actor.to_owned(), super::LockMode::Plain),
-        };
-        let metadata = fields.next()?;
-        if !metadata.is_empty() {
-            event.metadata = serde_json::from_str(metadata).ok()?;
-            // An election's proof (decision 0082) is nobody's to read.
-            event.metadata.remove(super::election::PROOF_KEY);
-        }
-        Some(event)
-    }
-
-    /// The event of a live grant in a Watch's initial state.
-    pub(super) fn held(lock: &LockId, grant: super::Grant, now_ms: i64) -> LockEvent {
-        LockEvent {
-            namespace: lock.namespace.to_string(),
-            name: lock.name.to_string(),
-            event: HELD.into(),
-            holder: grant.holder,
-            fencing_token: grant.fencing_token,
-            at_ms: now_ms,
-            slot: grant.slot,
-            kind: grant.kind,
-            metadata: grant.metadata,
-            ttl_ms: grant.ttl_ms,
-            expires_at_ms: grant.expires_at_ms,
-            acquired_at_ms: grant.acquired_at_ms,
-            mode: grant.mode,
-            ..LockEvent::default()
-        }
-    }
-}
-
-/// Which events a watcher wants: one namespace, and one name or a prefix.
-#[derive(Clone, Debug)]
-pub struct Filter {
-    pub namespace: super::Namespace,
-    pub name: Option<super::LockName>,
-    pub prefix: String,
-}
-
-impl Filter {
-    fn matches(&self, event: &LockEvent) -> bool {
-        self.matches_lock(&event.namespace, &event.name)
-    }
-
-    fn matches_lock(&self, namespace: &str, name: &str) -> bool {
-        namespace == self.namespace
-            && match &self.name {
-                Some(wanted) => name == wanted,
-                None => name.starts_with(&self.prefix),
-            }
-    }
-}
+pub use tumbler_face::watchers::{
+    Filter, HELD, LockEvent, STATE_MAX_LOCKS, SYNCED, WAITING, WatchGuard, WatchHandle,
+};
 
 struct Watcher {
     id: u64,
@@ -224,21 +98,14 @@ impl Leases {
     }
 }
 
-/// A registered watcher: its events, whether it was dropped for falling
-/// behind, and the guard that unregisters it when dropped.
-pub struct WatchHandle {
-    pub events: mpsc::Receiver<LockEvent>,
-    pub overflowed: Arc<AtomicBool>,
-    pub guard: WatchGuard,
-}
-
-/// Unregisters its watcher when dropped.
-pub struct WatchGuard {
+/// Unregisters its watcher when dropped (inside the face's
+/// [`WatchGuard`]).
+struct Unregister {
     watchers: Arc<Watchers>,
     id: u64,
 }
 
-impl Drop for WatchGuard {
+impl Drop for Unregister {
     fn drop(&mut self) {
         self.watchers.remove(self.id);
     }
@@ -298,10 +165,10 @@ impl Watchers {
         WatchHandle {
             events: receiver,
             overflowed,
-            guard: WatchGuard {
+            guard: WatchGuard::new(Unregister {
                 watchers: self.clone(),
                 id,
-            },
+            }),
         }
     }
 
@@ -409,43 +276,6 @@ impl Watchers {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn events_parse_with_and_without_the_grant_parts() {
-        // An older replica's event: six fields.
-        let old = LockEvent::parse("ns\nlock\nreleased\nh\n17\n1000").unwrap();
-        assert_eq!(
-            (old.event.as_str(), old.fencing_token, old.at_ms),
-            ("released", 17, 1000)
-        );
-        assert_eq!((old.slot, old.actor.as_str()), (0, ""));
-        // This version's: the grant's parts, metadata last.
-        let full = LockEvent::parse(
-            "ns\nlock\nreleased\nh\n17\n1500\n2\nreport\n30000\n31000\n1000\n500\nholder\n{\"a\":\"x\\ny\"}",
-        )
-        .unwrap();
-        assert_eq!(full.slot, 2);
-        assert_eq!(full.kind, "report");
-        assert_eq!((full.ttl_ms, full.expires_at_ms), (30_000, 31_000));
-        assert_eq!((full.acquired_at_ms, full.hold_ms), (1000, 500));
-        assert_eq!(full.actor, "holder");
-        assert_eq!(full.metadata.get("a").map(String::as_str), Some("x\ny"));
-        assert_eq!(full.mode, crate::LockMode::Plain);
-        // A read/write lock's: the mode a suffix of the actor.
-        for (actor, mode) in [
-            ("holder:r", crate::LockMode::Read),
-            ("reaper:w", crate::LockMode::Write),
-        ] {
-            let rw = LockEvent::parse(&format!(
-                "ns\nlock\nexpired\nh\n17\n1500\n1\ndefault\n30000\n31000\n1000\n500\n{actor}\n"
-            ))
-            .unwrap();
-            assert_eq!((rw.actor.as_str(), rw.mode), (&actor[..6], mode));
-        }
-        // Broken ones are refused, not half read.
-        assert!(LockEvent::parse("ns\nlock\nreleased\nh\nnot-a-number\n1").is_none());
-        assert!(LockEvent::parse("ns\nlock\nreleased\nh\n1\n1\n2\nk").is_none());
-    }
 
     #[test]
     fn lease_ends_move_with_their_grant_and_come_due_in_order() {

@@ -1,5 +1,7 @@
-//! tumbler's handlers, over the engine and never the store or Redis
-//! (`tests/repo/crates.rs` checks the crate's dependencies): the lock
+//! tumbler's handlers, over the engine's face (`tumbler-face`: its types
+//! and traits; the server hands the engine over as an `Arc<dyn
+//! EngineFace>`), never the engine, the store or Redis
+//! (`tests/repo/crates.rs` checks the crate's tree; decision 0088): the lock
 //! service between the proto and the engine, whatever the transport, and
 //! the gRPC adapter over it ([`api`]), with bearer-token access
 //! ([`auth`]) and the service's metrics and RPC spans ([`observe`]).
@@ -30,8 +32,10 @@ pub mod requests;
 pub mod validate;
 pub mod watch;
 
-// The engine and the proto under the names the handlers use.
-use tumbler_engine as engine;
+// The engine's face (its names, requests, outcomes, errors and traits;
+// the engine itself is handed over as an `Arc<dyn EngineFace>`) and the
+// proto, under the names the handlers use.
+use tumbler_face as engine;
 use tumbler_proto as proto;
 
 /// Settings the in-crate property tests share.

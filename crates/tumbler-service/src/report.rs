@@ -8,13 +8,13 @@
 use std::time::Duration;
 
 use crate::engine::{
-    AcquireOutcome, AcquireRequest, ExtendOutcome, LockEngine, LockId, MultiOutcome, ReleaseOutcome,
+    AcquireOutcome, AcquireRequest, EngineFace, ExtendOutcome, LockId, MultiOutcome, ReleaseOutcome,
 };
 use crate::observe::{kind_metrics, record_lock, recording, rpc_spans, span_attribute};
 
 /// Before a waiting Acquire goes to the engine: the request joins the
 /// lock's queue unless a permit is free for it at once.
-pub fn acquire_waiting(engine: &LockEngine, req: &AcquireRequest) {
+pub fn acquire_waiting(engine: &dyn EngineFace, req: &AcquireRequest) {
     if req.wait.is_zero() || !tracing::enabled!(tracing::Level::DEBUG) {
         return;
     }
@@ -41,7 +41,7 @@ pub fn refused_as_deadlock(req: &AcquireRequest) {
 
 /// An Acquire answered by the engine after `elapsed`.
 pub fn acquired(
-    engine: &LockEngine,
+    engine: &dyn EngineFace,
     req: &AcquireRequest,
     outcome: &AcquireOutcome,
     elapsed: Duration,
@@ -158,7 +158,7 @@ pub fn extended_set(outcome: &ExtendOutcome) {
 
 /// A Release answered by the engine.
 pub fn released(
-    engine: &LockEngine,
+    engine: &dyn EngineFace,
     lock: &LockId,
     holder: &str,
     token: Option<u64>,
@@ -186,7 +186,7 @@ pub fn released(
 }
 
 /// An Extend answered by the engine.
-pub fn extended(engine: &LockEngine, lock: &LockId, holder: &str, outcome: &ExtendOutcome) {
+pub fn extended(engine: &dyn EngineFace, lock: &LockId, holder: &str, outcome: &ExtendOutcome) {
     let label = match outcome {
         ExtendOutcome::Extended(_) => "extended",
         ExtendOutcome::NotHeld => "not_held",

@@ -514,7 +514,7 @@ async fn the_locks_tab_lists_a_page_in_name_order() {
 fn engine_errors_get_the_status_of_their_grpc_code() {
     use tonic::Code;
     use tumbler::service::errors::{engine_code, engine_error_status, http_status};
-    use tumbler_engine::EngineError;
+    use tumbler_engine::{EngineError, store_failed};
     use tumbler_store::StoreError;
 
     let cases = [
@@ -531,13 +531,13 @@ fn engine_errors_get_the_status_of_their_grpc_code() {
         ),
         (EngineError::NamespaceFull, Code::ResourceExhausted, 429),
         (
-            EngineError::Store(StoreError::Unavailable("connection refused".into())),
+            store_failed(StoreError::Unavailable("connection refused".into())),
             Code::Unavailable,
             503,
         ),
         (EngineError::ShuttingDown, Code::Unavailable, 503),
         (
-            EngineError::Store(StoreError::Protocol("odd reply".into())),
+            store_failed(StoreError::Protocol("odd reply".into())),
             Code::Internal,
             500,
         ),

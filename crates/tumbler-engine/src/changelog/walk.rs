@@ -1,33 +1,17 @@
 //! A changelog walk's order and its pages: where a walk goes on (the
 //! cursor), and how the shards' parts of a page merge into the page.
 
-use super::{ChangelogEvent, ChangelogQuery};
+use super::{ChangelogCursor, ChangelogEvent, ChangelogQuery};
 use crate::ops::changelog::Start;
 
-/// Where a walk of a changelog goes on: after the event of `shard` that
-/// is the `index`-th (0: the newest) of that shard's events of millisecond
-/// `at_ms`. Events are walked by time, newest first; events of one
-/// millisecond shard by shard, each shard's newest first. A shard number
-/// past the last shard stands for "after every event of `at_ms`".
-///
-/// A cursor holds positions only, never a namespace or filter: one made
-/// up or taken from another read only moves where a walk of the caller's
-/// own namespace goes on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ChangelogCursor {
-    pub at_ms: i64,
-    pub shard: u32,
-    pub index: u32,
+/// Where a cursor has a shard's part of the next page start.
+pub(super) trait StartOf {
+    fn start_of(&self, shard: u32) -> Start;
 }
 
-impl ChangelogCursor {
-    /// Orders positions in walk order (earlier in the walk: smaller).
-    pub(super) fn key(&self) -> (std::cmp::Reverse<i64>, u32, u32) {
-        (std::cmp::Reverse(self.at_ms), self.shard, self.index)
-    }
-
+impl StartOf for ChangelogCursor {
     /// Where `shard`'s part of the next page starts.
-    pub(super) fn start_of(&self, shard: u32) -> Start {
+    fn start_of(&self, shard: u32) -> Start {
         let skip = match shard.cmp(&self.shard) {
             std::cmp::Ordering::Less => None,
             std::cmp::Ordering::Equal => Some(self.index.saturating_add(1)),
@@ -160,11 +144,11 @@ pub(super) fn merge(
     }
 }
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
 
     /// An event message as `emit` makes it, without metadata.
-    pub(in crate::changelog) fn message(at_ms: i64, name: &str) -> String {
+    fn message(at_ms: i64, name: &str) -> String {
         format!("ns\n{name}\nacquired\nh\n7\n{at_ms}\n1\ndefault\n1000\n0\n0\n0\nholder\n")
     }
 

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::{Group, Multi};
 use crate::calls::late;
+use crate::errors::{OrTrouble, store_failed};
 use crate::{EngineError, ExtendOutcome, Grant, ReleaseOutcome, SetLock, ops};
 
 impl Multi {
@@ -26,7 +27,7 @@ impl Multi {
         locks: &[SetLock],
         holder: &str,
     ) -> Result<ReleaseOutcome, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let groups = self.set_groups(locks);
         let tokens: Vec<Option<u64>> = locks.iter().map(|(_, token)| *token).collect();
         let mut released: Vec<Option<(Grant, i64)>> = vec![None; locks.len()];
@@ -63,7 +64,7 @@ impl Multi {
         ttl: Option<crate::Ttl>,
         answer_by: Option<Instant>,
     ) -> Result<ExtendOutcome, EngineError> {
-        self.calls.ready()?;
+        self.calls.ready().or_trouble()?;
         let groups = self.set_groups(locks);
         let mut tokens: Vec<Option<u64>> = locks.iter().map(|(_, token)| *token).collect();
         let mut earliest: Option<Grant> = None;
@@ -82,8 +83,9 @@ impl Multi {
                     &call.args(),
                     ops::extend_many::is_grant,
                 )
-                .await?;
-            let answer = ops::extend_many::parse(reply, holder)?;
+                .await
+                .or_trouble()?;
+            let answer = ops::extend_many::parse(reply, holder).or_trouble()?;
             self.calls.observe(answer.now);
             self.counting.noted(namespace, answer.now, &answer.noted);
             match answer.outcome {
@@ -111,7 +113,7 @@ impl Multi {
                     }
                     return Ok(ExtendOutcome::NotHeld);
                 }
-                ops::extend_many::Outcome::Late => return Err(late().into()),
+                ops::extend_many::Outcome::Late => return Err(store_failed(late())),
             }
         }
         Ok(earliest.map_or(ExtendOutcome::NotHeld, ExtendOutcome::Extended))
@@ -156,8 +158,9 @@ impl Multi {
         };
         let reply = (self.calls)
             .call_locks(|s| &s.release_many, &group.keys, &call.args(), |_| false)
-            .await?;
-        let answer = ops::release_many::parse(reply, holder)?;
+            .await
+            .or_trouble()?;
+        let answer = ops::release_many::parse(reply, holder).or_trouble()?;
         self.calls.observe(answer.now);
         self.counting.noted(namespace, answer.now, &answer.noted);
         for (grant, &at) in answer.outcome.released.into_iter().zip(&group.at) {

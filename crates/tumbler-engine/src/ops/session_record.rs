@@ -64,16 +64,7 @@ pub fn end_args(epoch: u64) -> Vec<String> {
     vec![epoch.to_string()]
 }
 
-/// What `session_touch` found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Touch {
-    /// The calling stream still serves the session (kept alive).
-    Ours,
-    /// Another stream resumed it.
-    Moved,
-    /// The record is gone (Redis lost its data, or it was cleared).
-    Gone,
-}
+pub use tumbler_face::sessions::Touch;
 
 pub fn parse_touch(value: Value) -> Result<Touch, StoreError> {
     match redis::from_redis_value::<i64>(value) {

@@ -197,7 +197,7 @@ impl LockApi {
         live: Option<LiveAccess>,
     ) -> Result<AcquireOutcome, Status> {
         let _waiting = self.waiter_slot(access, acquire)?;
-        report::acquire_waiting(&self.engine, acquire);
+        report::acquire_waiting(&*self.engine, acquire);
         let started = std::time::Instant::now();
         let outcome = match live {
             None => self.engine.locks().acquire(acquire).await,
@@ -209,7 +209,7 @@ impl LockApi {
             }
             self.failed(rpc, &acquire.lock, &acquire.holder, Some(&acquire.kind), e)
         })?;
-        report::acquired(&self.engine, acquire, &outcome, started.elapsed());
+        report::acquired(&*self.engine, acquire, &outcome, started.elapsed());
         Ok(outcome)
     }
 
@@ -270,7 +270,7 @@ impl LockApi {
                 let outcome = (self.engine.locks().release(&lock, &holder, token).await)
                     .map_err(|e| self.failed("Release", &lock, &holder, None, e))?;
                 let reply = (&outcome).to_proto();
-                report::released(&self.engine, &lock, &holder, token, outcome);
+                report::released(&*self.engine, &lock, &holder, token, outcome);
                 Ok(Response::new(reply))
             }
         }
@@ -301,7 +301,7 @@ impl LockApi {
                     .extend((&lock, &holder), ttl, token, answer_by)
                     .await
                     .map_err(|e| self.failed("Extend", &lock, &holder, None, e))?;
-                report::extended(&self.engine, &lock, &holder, &outcome);
+                report::extended(&*self.engine, &lock, &holder, &outcome);
                 outcome
             }
         };

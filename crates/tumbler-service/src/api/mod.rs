@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::auth::{Access, LiveAccess, Throttle};
-use crate::engine::{self, LockEngine};
+use crate::engine::{self, EngineFace};
 use crate::errors;
 use crate::proto::{self, lock_service_server::LockService};
 use crate::replies::{self, ToProto};
@@ -27,7 +27,7 @@ use locks::handler_spans;
 /// streams.
 #[derive(Clone)]
 pub struct LockApi {
-    engine: Arc<LockEngine>,
+    engine: Arc<dyn EngineFace>,
     limits: Limits,
     sessions: Arc<StreamSlots>,
     watchers: Arc<StreamSlots>,
@@ -97,7 +97,7 @@ impl Drop for StreamSlot {
 
 impl LockApi {
     pub fn new(
-        engine: Arc<LockEngine>,
+        engine: Arc<dyn EngineFace>,
         limits: Limits,
         transport: &StreamLimits,
         auth_throttle: Arc<Throttle>,

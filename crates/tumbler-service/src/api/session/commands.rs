@@ -15,7 +15,7 @@ use super::Driver;
 use crate::auth::LiveAccess;
 use crate::engine::sessions::LostGrant;
 use crate::engine::{
-    AcquireRequest, EngineError, LockEngine, LockId, LockName, MultiAcquireRequest, Ttl,
+    AcquireRequest, EngineError, EngineFace, LockId, LockName, MultiAcquireRequest, Ttl,
 };
 use crate::errors::{self, invalid};
 use crate::proto;
@@ -131,7 +131,7 @@ impl Driver {
                         Ok(outcome) => {
                             let reply = (&outcome).to_proto();
                             if let [lock] = locks.as_slice() {
-                                report::released(&engine, lock, &session, None, outcome);
+                                report::released(&*engine, lock, &session, None, outcome);
                             } else {
                                 report::released_set(&outcome);
                             }
@@ -177,7 +177,7 @@ impl Driver {
         let stop = namespace_stop.child_token();
         request.stop = Some(stop.clone());
         request.session_epoch = Some(self.epoch);
-        let engine: Arc<LockEngine> = self.api.engine.clone();
+        let engine: Arc<dyn EngineFace> = self.api.engine.clone();
         let (session, epoch, lost) = (self.session.clone(), self.epoch, lost.clone());
         // A set takes its turn on every lock of it.
         let locks: Vec<LockId> = match names.as_slice() {
@@ -194,12 +194,12 @@ impl Driver {
             let _waiting = waiting;
             let _done = turn.wait().await;
             let outcome = if names.is_empty() {
-                report::acquire_waiting(&engine, &request);
+                report::acquire_waiting(&*engine, &request);
                 let started = std::time::Instant::now();
                 let stream = engine.session_calls().stream(&session, epoch);
                 let outcome = stream.acquire(&request, &lost).await;
                 outcome.map(|outcome| {
-                    report::acquired(&engine, &request, &outcome, started.elapsed());
+                    report::acquired(&*engine, &request, &outcome, started.elapsed());
                     outcome.to_proto()
                 })
             } else {

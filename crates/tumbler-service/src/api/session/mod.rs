@@ -38,11 +38,9 @@ use commands::{Running, refused};
 use super::quota::QuotaSlot;
 use super::{LockApi, StreamSlot};
 use crate::auth::LiveAccess;
-use crate::engine::ops::session_record::Touch;
-use crate::engine::resume::LOST_NOT_PERMITTED;
-use crate::engine::resume::{RESUME_GRACE, ResumeError, SessionEnd};
 use crate::engine::sessions::{
-    LOST_MOVED, LOST_SESSION_ENDED, LOST_SESSION_GONE, LOST_SET_BROKEN, LostGrant,
+    LOST_MOVED, LOST_NOT_PERMITTED, LOST_SESSION_ENDED, LOST_SESSION_GONE, LOST_SET_BROKEN,
+    LostGrant, RESUME_GRACE, ResumeError, SessionEnd, Touch,
 };
 use crate::engine::{Holder, LockId, StreamCalls};
 use crate::errors::{self, invalid};
@@ -144,7 +142,7 @@ pub async fn open(
             let resumed = api
                 .engine
                 .session_calls()
-                .resume((&owner, &session, &secret), may_act, &lost_tx)
+                .resume((&owner, &session, &secret), &may_act, &lost_tx)
                 .await
                 .map_err(|err| match err {
                     // One answer for a session that is over and for one

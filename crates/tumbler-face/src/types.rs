@@ -35,7 +35,7 @@ impl LockId {
 
     /// A lock named in Redis or in this replica's own records: both parts
     /// passed their checks when they were written.
-    pub(crate) fn stored(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn stored(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         LockId {
             namespace: super::Namespace::stored(namespace),
             name: super::LockName::stored(name),
@@ -364,7 +364,7 @@ pub struct ReapCounts {
 }
 
 impl ReapCounts {
-    pub(super) fn add(&mut self, other: &ReapCounts) {
+    pub fn add(&mut self, other: &ReapCounts) {
         self.expired_holders += other.expired_holders;
         self.dead_waiters += other.dead_waiters;
         self.stale_index_entries += other.stale_index_entries;
@@ -406,7 +406,7 @@ pub struct Counters {
 }
 
 impl Counters {
-    pub(super) fn add_event(&mut self, event: &str, n: u64) {
+    pub fn add_event(&mut self, event: &str, n: u64) {
         let slot = match event {
             "acquired" => &mut self.acquired,
             "denied" => &mut self.denied,
@@ -455,30 +455,6 @@ pub struct MetricsReport {
     pub overall: MetricsRow,
 }
 
-/// Bounds on waiting.
-#[derive(Clone, Debug)]
-pub struct WaitLimits {
-    /// Waiting requests one lock's queue may hold (all replicas together).
-    pub max_waiters_per_lock: u32,
-    /// Waiting RPCs one replica may hold open.
-    pub max_waiters_per_replica: usize,
-    /// Waiting RPCs one namespace may hold open on one replica.
-    pub max_waiters_per_namespace: usize,
-    /// Locks one namespace may have in one shard (0: no limit).
-    pub max_locks_per_shard: u64,
-    /// How long a dead session's grants stay held; None releases them.
-    pub session_lock_delay_ms: Option<u64>,
-    /// Group commit: the hot path's operations of one slot share a call
-    /// when more than one is ready (`group.rs`).
-    pub group_commit: crate::group::GroupCommit,
-    /// A permit freed while someone waits goes to the head of the queue in
-    /// the call that freed it (decision 0068); off, the head is woken to
-    /// call again. On, a waiter whose replica died within its request TTL
-    /// before the release may be handed the lock and keep it for that
-    /// grant's lease (SAFETY.md, invariant 7), so it is off by default.
-    pub hand_over: bool,
-}
-
 /// One term of one election's leader (`election.rs`): the grant of the
 /// election's lock, seen as a leadership.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -522,4 +498,47 @@ pub struct LeaderChange {
     pub at_ms: i64,
     /// The term that ended (resigned, expired, removed); 0 otherwise.
     pub ended_term: u64,
+}
+
+/// The Redis keys of one lock, as the engine's layout names them (`keys.rs`),
+/// all with the hash tag of its shard (a function on the lock declares
+/// them: [`LockKeys::declared`]); the handlers print them in debug lines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockKeys {
+    /// HASH: the whole lock in one key — its header (limit, holders,
+    /// earliest expiry, highest slot, arrivals, key expiry), a grant per
+    /// holder (`h:<holder>`), slot → holder for semaphores.
+    pub lock: String,
+    /// ZSET of waiting requests in grant order; exists only while someone waits.
+    pub queue: String,
+    /// ZSET waiting request → liveness deadline; exists with the queue.
+    pub deadlines: String,
+    /// HASH waiting request → its record; exists with the queue.
+    pub waiters: String,
+    /// STRING (per shard) last fencing token handed out.
+    pub fence: String,
+    /// ZSET (per shard) of live locks, kept only with a per-namespace lock
+    /// limit.
+    pub live: String,
+}
+
+impl LockKeys {
+    /// The keys a function on this lock declares, so that Redis Cluster
+    /// checks them all before it runs (a slot half-migrated answers
+    /// ASK/TRYAGAIN instead of running a script that would fail midway):
+    /// lock, queue, deadlines, waiters, fence, and the live-lock ZSET when
+    /// asked.
+    pub fn declared(&self, with_live: bool) -> Vec<&str> {
+        let mut keys = vec![
+            self.lock.as_str(),
+            self.queue.as_str(),
+            self.deadlines.as_str(),
+            self.waiters.as_str(),
+            self.fence.as_str(),
+        ];
+        if with_live {
+            keys.push(&self.live);
+        }
+        keys
+    }
 }

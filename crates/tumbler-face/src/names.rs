@@ -162,7 +162,7 @@ impl Namespace {
 
     /// A namespace read back from Redis or from this replica's own
     /// records: it passed [`Namespace::parse`] when it was written.
-    pub(crate) fn stored(value: impl Into<String>) -> Self {
+    pub fn stored(value: impl Into<String>) -> Self {
         Namespace(value.into())
     }
 }
@@ -180,7 +180,7 @@ impl LockName {
 
     /// A name read back from Redis or from this replica's own records: it
     /// passed [`LockName::parse`] when it was written.
-    pub(crate) fn stored(value: impl Into<String>) -> Self {
+    pub fn stored(value: impl Into<String>) -> Self {
         LockName(value.into())
     }
 }

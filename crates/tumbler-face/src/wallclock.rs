@@ -1,6 +1,6 @@
 //! This machine's wall clock in Unix milliseconds: the one place it is
 //! read. Lock times themselves come from Redis' clock (see
-//! `engine::clock`, which corrects this one by the offset it observes);
+//! the engine's `clock.rs`, which corrects this one by the offset it observes);
 //! this is for what has no Redis answer at hand (a metrics range).
 
 /// Milliseconds since the Unix epoch on this machine's clock (0 for a
