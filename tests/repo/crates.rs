@@ -2,8 +2,9 @@
 //! dependency is absent: the Rust client and the CLI build without the
 //! server's Redis and web stack, and the CLI without the server itself;
 //! the engine knows no proto or transport, the store no engine either;
-//! the handlers (`tumbler-service`) build on the engine and the proto,
-//! and name neither the store nor Redis.
+//! the engine's face (`tumbler-face`) knows no Redis, store, proto or
+//! transport; the handlers (`tumbler-service`) build on the face and the
+//! proto, with neither the engine, the store nor Redis in their tree.
 
 use std::path::Path;
 use std::process::Command;
@@ -89,35 +90,59 @@ fn the_store_depends_on_no_engine_proto_or_transport() {
         "tumbler-store",
         "redis",
         &["tonic", "axum", "tumbler-proto"],
-        &["tumbler", "tumbler-engine", "hyper"],
+        &["tumbler", "tumbler-engine", "tumbler-face", "hyper"],
     );
 }
 
-/// The handlers' crate depends on the engine and the proto and on
-/// neither the store nor Redis: its code cannot name them (the compiler
-/// keeps what `tests/repo/layers.rs` read by grep before). Both are in its
-/// tree below the engine, which uses them; the engine's face hands
-/// neither out. Nor the dashboard's web stack or the server package (axum
-/// comes with tonic's router).
+/// The handlers' crate depends on the engine's face and the proto, and
+/// has neither the engine, the store nor Redis anywhere in its tree
+/// (decision 0088): the server hands it the engine as an `Arc<dyn
+/// EngineFace>`, so the compiler keeps all three out of its code (what
+/// `tests/repo/layers.rs` read by grep before). Nor the dashboard's web
+/// stack or the server package (axum comes with tonic's router).
 #[test]
-fn the_handlers_depend_on_the_engine_and_proto_not_the_store_or_redis() {
+fn the_handlers_depend_on_the_face_and_proto_not_the_engine_store_or_redis() {
     let direct = tree("tumbler-service", &["--depth", "1"]);
-    for needs in ["tumbler-engine", "tumbler-proto"] {
+    for needs in ["tumbler-face", "tumbler-proto"] {
         assert!(direct.iter().any(|n| n == needs), "{direct:?}");
     }
-    let below: Vec<&String> = (direct.iter().skip(1))
-        .filter(|n| n.starts_with("redis") || n.starts_with("bb8") || *n == "tumbler-store")
-        .collect();
-    assert!(
-        below.is_empty(),
-        "tumbler-service depends on the store's layer itself: {below:?}"
-    );
     assert_below(
         "tumbler-service",
-        "tumbler-engine",
-        &["askama", "axum-extra", "cookie"],
-        &["tumbler", "tumbler-cli", "tumbler-client"],
+        "tumbler-face",
+        &["redis", "bb8", "askama", "axum-extra", "cookie"],
+        &[
+            "tumbler",
+            "tumbler-store",
+            "tumbler-engine",
+            "tumbler-cli",
+            "tumbler-client",
+        ],
     );
+}
+
+/// The engine's face, below the engine: its names, requests, outcomes,
+/// errors and traits, with no Redis, store, proto or transport in its tree.
+#[test]
+fn the_face_depends_on_no_redis_store_proto_or_transport() {
+    assert_below(
+        "tumbler-face",
+        "async-trait",
+        &["redis", "bb8", "tonic", "axum", "tumbler-proto"],
+        &[
+            "tumbler",
+            "tumbler-store",
+            "tumbler-engine",
+            "hyper",
+            "prost",
+        ],
+    );
+}
+
+/// The engine builds on the face (and re-exports it), not the other way.
+#[test]
+fn the_engine_builds_on_the_face() {
+    let names = normal_dependencies("tumbler-engine");
+    assert!(names.iter().any(|n| n == "tumbler-face"), "{names:?}");
 }
 
 #[test]

@@ -3,8 +3,9 @@
 //! service → engine → store. The engine, the store and the handlers
 //! (`crates/tumbler-service`: the service and the gRPC adapter) are
 //! crates of their own, so none can name what is above it, and the
-//! handlers cannot name the store or Redis (`crates.rs` checks what each
-//! depends on); the rules below are for what shares a crate.
+//! handlers cannot name the engine, the store or Redis: they see the
+//! engine's face, `tumbler-face` (`crates.rs` checks what each depends
+//! on); the rules below are for what shares a crate.
 //! Each names what a layer may not reach; a path a file names
 //! (`tumbler_store::…`, `use redis::…`) in its code, not its comments,
 //! breaks it.
