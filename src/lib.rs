@@ -3,13 +3,16 @@
 //!
 //! Layers, top to bottom: the adapters ([`api`], gRPC, and [`service`],
 //! the transport-neutral layer under every adapter, in the crate
-//! `tumbler-service`; [`connect`] and [`dashboard`] here) → the engine
+//! `tumbler-service`; [`connect`] and [`dashboard`] here) → the engine's
+//! face (its types and traits; the crate `tumbler-face`) → the engine
 //! (lock semantics: one Redis function per operation in one library built
 //! from `lua/`, key layout; the crate `tumbler-engine`) → the store
 //! (pooled Redis connections; the crate `tumbler-store`). Each lower layer
 //! is a crate, so none can name what is above it, and the handlers'
-//! crate depends on no store or Redis. This package keeps the wiring
-//! ([`server`]), the flags, TLS, connection limits and the HTTP port;
+//! crate has no engine, store or Redis in its tree: it is handed the
+//! engine as an `Arc<dyn EngineFace>`. This package keeps the wiring
+//! ([`server`]: the engine built and handed over), the flags, TLS,
+//! connection limits and the HTTP port;
 //! [`dev`] runs a private redis-server for `tumbler dev` and the tests.
 
 pub mod config;

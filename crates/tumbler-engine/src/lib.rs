@@ -80,7 +80,7 @@ pub mod clock;
 mod counting;
 mod deadlock;
 pub mod election;
-pub mod errors;
+mod errors;
 mod face;
 pub mod group;
 pub mod keys;
