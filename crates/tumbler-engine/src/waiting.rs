@@ -25,6 +25,13 @@ use super::waiters::{Handed, Waiters};
 use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, records};
 use crate::store::StoreError;
 
+/// A handed grant whose lease the hand-over cut at its request's liveness
+/// deadline (`lua/shared/permits.lua` `hand_over`): it ends before the
+/// lease asked, counted from the hand-over.
+fn provisional(grant: &super::Grant) -> bool {
+    grant.expires_at_ms < grant.acquired_at_ms.saturating_add(grant.ttl_ms as i64)
+}
+
 /// Acquires that wait in this server.
 pub(super) struct Waiting {
     waiters: Arc<Waiters>,
@@ -166,8 +173,10 @@ impl Waiting {
                         self.locks
                             .dequeue(&req.lock, keys, &req.holder, Some(&request), false)
                             .await?;
-                        if let Some(handed) = registration.take_handed() {
-                            return self.handed(req, handed);
+                        if let Some(handed) = registration.take_handed()
+                            && let Some(outcome) = self.handed(req, keys, metadata, handed).await?
+                        {
+                            return Ok(outcome);
                         }
                         return Err(EngineError::Deadlock(cycle));
                     }
@@ -186,8 +195,12 @@ impl Waiting {
             tokio::select! {
                 () = registration.notified() => {
                     if let Some(handed) = registration.take_handed() {
-                        queued.armed = false;
-                        return self.handed(req, handed);
+                        // Answered, or (a provisional grant that lapsed
+                        // before its take-up) back in line.
+                        if let Some(outcome) = self.handed(req, keys, metadata, handed).await? {
+                            queued.armed = false;
+                            return Ok(outcome);
+                        }
                     }
                 }
                 () = sleep_until_some(expiry) => {}
@@ -199,8 +212,10 @@ impl Waiting {
                     let had = self.locks.dequeue(&req.lock, keys, &req.holder, Some(&request), true).await?;
                     // A grant handed over before its answer-by time and
                     // delivered meanwhile is still its caller's.
-                    if let Some(handed) = registration.take_handed() {
-                        return self.handed(req, handed);
+                    if let Some(handed) = registration.take_handed()
+                        && let Some(outcome) = self.handed(req, keys, metadata, handed).await?
+                    {
+                        return Ok(outcome);
                     }
                     return Ok(AcquireOutcome::TimedOut {
                         holders,
@@ -222,8 +237,10 @@ impl Waiting {
                     // its queue TTL, so the same holder retried on another
                     // replica takes it back (or it is dropped as dead).
                     queued.armed = false;
-                    if let Some(handed) = registration.take_handed() {
-                        return self.handed(req, handed);
+                    if let Some(handed) = registration.take_handed()
+                        && let Some(outcome) = self.handed(req, keys, metadata, handed).await?
+                    {
+                        return Ok(outcome);
                     }
                     return Err(EngineError::ShuttingDown);
                 }
@@ -240,19 +257,44 @@ impl Waiting {
         self.deadlocks.chains(namespace, page).await
     }
 
-    /// A grant handed to this waiting RPC, as its answer.
-    fn handed(&self, req: &AcquireRequest, handed: Handed) -> Result<AcquireOutcome, EngineError> {
+    /// A grant handed to this waiting RPC, as its answer. A provisional
+    /// one (its lease cut at the request's liveness deadline: decision
+    /// 0089) is taken up first, in one try-once acquire of the holder:
+    /// answered HELD, it runs to the lease asked. None when the
+    /// provisional grant lapsed before it and nothing was granted.
+    async fn handed(
+        &self,
+        req: &AcquireRequest,
+        keys: &LockKeys,
+        metadata: &str,
+        handed: Handed,
+    ) -> Result<Option<AcquireOutcome>, EngineError> {
         let grant = records::parse_grant(req.holder.as_ref(), &handed.record)?;
-        let outcome = Outcome::Granted {
-            grant,
-            holders: handed.holders,
-            already: false,
-            downgraded: false,
+        let outcome = if provisional(&grant) {
+            match self.locks.attempt(req, keys, metadata, None).await?.outcome {
+                Outcome::Granted {
+                    grant,
+                    holders,
+                    downgraded,
+                    ..
+                } => Outcome::Granted {
+                    grant,
+                    holders,
+                    already: false,
+                    downgraded,
+                },
+                // Lapsed, and taken or waited for by others: not granted.
+                outcome => return self.locks.settled(req, outcome),
+            }
+        } else {
+            Outcome::Granted {
+                grant,
+                holders: handed.holders,
+                already: false,
+                downgraded: false,
+            }
         };
-        Ok(self
-            .locks
-            .settled(req, outcome)?
-            .expect("a grant is an outcome"))
+        self.locks.settled(req, outcome)
     }
 
     /// Keeps this replica's waiting requests alive until the replica shuts
