@@ -3,12 +3,17 @@
 //! this benchmark starts itself. Baselines in the same run: the round trip
 //! of a try-once Acquire on an uncontended lock (what any grant costs),
 //! and the same hand-over on a server with the hand-over off (decision
-//! 0068: the released permit wakes the waiter, which calls again).
+//! 0068: the released permit wakes the waiter, which calls again). The
+//! hand-over, the default, is measured twice (decision 0089): with the
+//! default request TTL (5 s) under a 30 s lease, so the grant is handed
+//! over provisionally and taken up in a second call, and with a request
+//! TTL as long as the lease, so it rides the wake-up.
 //!
 //! Then the same under a queue: 16 waiters (17 clients on one lock, each
 //! releasing as soon as it is granted and queueing again), from each
-//! Release returning to the next holder's Acquire returning, on both
-//! servers. And the peer: ZooKeeper 3.8 (Debian's `zookeeper`, started by
+//! Release returning to the next holder's Acquire returning, on each arm,
+//! with Redis' own counters: function calls and commands per grant. And
+//! the peer: ZooKeeper 3.8 (Debian's `zookeeper`, started by
 //! the benchmark on a free loopback port with its data on tmpfs, its JIT
 //! warmed for ZK_WARM_SECONDS, default 15, first) with Curator's
 //! InterProcessMutex recipe (`common/zookeeper.rs`, a session per client),
@@ -42,17 +47,35 @@ fn service_args() -> ServiceArgs {
     ServiceArgs {
         redis_timeout_ms: 5000,
         reap_interval_ms: 0,
+        // Its own checks are function calls: rare, so the counts per
+        // grant are the grants'.
+        health_interval_ms: 60_000,
         ..ServiceArgs::default()
     }
 }
+
+/// The lease every request asks.
+const LEASE_MS: u64 = 30_000;
+
+/// The request TTL of the hand-over's second arm: the lease's, so the
+/// grant rides the wake-up (None: the server's default, 5 s).
+const LONG_QUEUE_TTL: Option<u64> = Some(LEASE_MS);
 
 fn request(name: &str, holder: &str, wait_ms: u64) -> proto::AcquireRequest {
     proto::AcquireRequest {
         name: name.into(),
         holder: holder.into(),
-        ttl_ms: Some(30_000),
+        ttl_ms: Some(LEASE_MS),
         wait_ms,
         ..Default::default()
+    }
+}
+
+/// A waiting request with request TTL `queue_ttl_ms` (None: the default).
+fn waiting(name: &str, holder: &str, queue_ttl_ms: Option<u64>) -> proto::AcquireRequest {
+    proto::AcquireRequest {
+        queue_ttl_ms,
+        ..request(name, holder, 10_000)
     }
 }
 
@@ -106,15 +129,29 @@ async fn main() {
         }
     }
 
-    let handover = hand_overs(&mut clients, &mut observer, warm_up, handovers).await;
+    let handover = hand_overs(&mut clients, &mut observer, warm_up, handovers, None).await;
+    let riding = hand_overs(
+        &mut clients,
+        &mut observer,
+        warm_up,
+        handovers,
+        LONG_QUEUE_TTL,
+    )
+    .await;
     let mut clients = [connect(&woken).await, connect(&woken).await];
     let mut observer = connect(&woken).await;
-    let woken_one = hand_overs(&mut clients, &mut observer, warm_up, handovers).await;
+    let woken_one = hand_overs(&mut clients, &mut observer, warm_up, handovers, None).await;
 
-    // Under a queue: `waiters` behind the holder, on both servers.
+    // Under a queue: `waiters` behind the holder, on each arm, counted.
     let total = warm_up + handovers;
-    let crowd = latencies(crowd_tumbler(&endpoint, waiters, total).await, warm_up);
-    let woken_crowd = latencies(crowd_tumbler(&woken, waiters, total).await, warm_up);
+    let mut conn = common::redis_conn(&redis.url()).await;
+    let (crowd, crowd_calls) = crowd_counted(&mut conn, &endpoint, waiters, total, None).await;
+    let (riding_crowd, riding_calls) =
+        crowd_counted(&mut conn, &endpoint, waiters, total, LONG_QUEUE_TTL).await;
+    let (woken_crowd, woken_calls) = crowd_counted(&mut conn, &woken, waiters, total, None).await;
+    let crowd = latencies(crowd, warm_up);
+    let riding_crowd = latencies(riding_crowd, warm_up);
+    let woken_crowd = latencies(woken_crowd, warm_up);
 
     // The peer, when installed.
     let zk_server = if std::env::var("HANDOVER_ZOOKEEPER").as_deref() == Ok("0") {
@@ -143,20 +180,27 @@ async fn main() {
     println!("| measure | p50 µs | p99 µs | max µs |");
     println!("| --- | ---: | ---: | ---: |");
     let crowd_label = format!(
-        "{waiters} waiters: hand-over, each Release returns → the next holder's Acquire returns"
+        "{waiters} waiters: hand-over (default), each Release returns → the next holder's Acquire returns"
     );
+    let riding_crowd_label =
+        format!("{waiters} waiters: the same with a request TTL as long as the lease");
     let woken_crowd_label = format!("{waiters} waiters: the same with the hand-over off");
     let mut rows = vec![
         ("try-once Acquire round trip (baseline)", &baseline),
         (
-            "hand-over: Release returns → waiter's Acquire returns",
+            "hand-over (default; a 30 s lease past the 5 s request TTL: taken up): Release returns → waiter's Acquire returns",
             &handover,
+        ),
+        (
+            "the same with a request TTL as long as the lease (rides the wake-up)",
+            &riding,
         ),
         (
             "the same with the hand-over off (the waiter calls again)",
             &woken_one,
         ),
         (crowd_label.as_str(), &crowd),
+        (riding_crowd_label.as_str(), &riding_crowd),
         (woken_crowd_label.as_str(), &woken_crowd),
     ];
     let zk_crowd_label = format!(
@@ -177,6 +221,16 @@ async fn main() {
             h.max()
         );
     }
+    println!("Redis' counters per contended grant, {waiters} waiters ({total} grants each):");
+    println!("| arm | function calls | commands in them |");
+    println!("| --- | ---: | ---: |");
+    for (label, (calls, commands)) in [
+        ("hand-over (default)", crowd_calls),
+        ("hand-over, request TTL as long as the lease", riding_calls),
+        ("hand-over off", woken_calls),
+    ] {
+        println!("| {label} | {calls:.2} | {commands:.1} |");
+    }
     println!(
         "ratio hand-over / baseline: p50 {:.2}, p99 {:.2}",
         micros(&handover, 0.5) / micros(&baseline, 0.5),
@@ -192,6 +246,11 @@ async fn main() {
         micros(&crowd, 0.5) / micros(&woken_crowd, 0.5).max(1.0),
         micros(&crowd, 0.99) / micros(&woken_crowd, 0.99).max(1.0)
     );
+    println!(
+        "ratio hand-over riding the wake-up / hand-over off at {waiters} waiters: p50 {:.2}, p99 {:.2}",
+        micros(&riding_crowd, 0.5) / micros(&woken_crowd, 0.5).max(1.0),
+        micros(&riding_crowd, 0.99) / micros(&woken_crowd, 0.99).max(1.0)
+    );
     match &zk {
         Some((one, zk_crowd)) => {
             let ratio = |label: &str, t: &Histogram<u64>, z: &Histogram<u64>| {
@@ -201,11 +260,17 @@ async fn main() {
                     micros(t, 0.99) / micros(z, 0.99).max(1.0)
                 );
             };
-            ratio("one waiter, hand-over on", &handover, one);
+            ratio("one waiter, hand-over (default)", &handover, one);
+            ratio("one waiter, hand-over riding the wake-up", &riding, one);
             ratio("one waiter, hand-over off", &woken_one, one);
             ratio(
-                &format!("{waiters} waiters, hand-over on"),
+                &format!("{waiters} waiters, hand-over (default)"),
                 &crowd,
+                zk_crowd,
+            );
+            ratio(
+                &format!("{waiters} waiters, hand-over riding the wake-up"),
+                &riding_crowd,
                 zk_crowd,
             );
             ratio(
@@ -236,11 +301,40 @@ fn latencies(mut grants: Vec<(Instant, Instant)>, warm_up: usize) -> Histogram<u
     h
 }
 
+/// [`crowd_tumbler`] with Redis' counters around it: the grants, and the
+/// function calls and the commands inside them per grant.
+async fn crowd_counted(
+    conn: &mut redis::aio::MultiplexedConnection,
+    endpoint: &str,
+    waiters: usize,
+    total: usize,
+    queue_ttl_ms: Option<u64>,
+) -> (Vec<(Instant, Instant)>, (f64, f64)) {
+    common::reset_command_stats(conn).await;
+    let grants = crowd_tumbler(endpoint, waiters, total, queue_ttl_ms).await;
+    let stats = common::command_stats(conn).await;
+    let n = grants.len() as f64;
+    let functions: u64 = (stats.iter())
+        .filter(|c| c.name.starts_with("fcall"))
+        .map(|c| c.calls)
+        .sum();
+    let commands: u64 = (stats.iter())
+        .filter(|c| !c.name.starts_with("fcall") && !["info", "config"].contains(&c.name.as_str()))
+        .map(|c| c.calls)
+        .sum();
+    (grants, (functions as f64 / n, commands as f64 / n))
+}
+
 /// `waiters + 1` clients (each its own connection) on one lock, each
-/// waiting in Acquire, releasing as soon as it is granted and queueing
-/// again, until `total` grants: (acquire returned, release returned) per
-/// grant.
-async fn crowd_tumbler(endpoint: &str, waiters: usize, total: usize) -> Vec<(Instant, Instant)> {
+/// waiting in Acquire (request TTL `queue_ttl_ms`; None: the default),
+/// releasing as soon as it is granted and queueing again, until `total`
+/// grants: (acquire returned, release returned) per grant.
+async fn crowd_tumbler(
+    endpoint: &str,
+    waiters: usize,
+    total: usize,
+    queue_ttl_ms: Option<u64>,
+) -> Vec<(Instant, Instant)> {
     let name = "crowd";
     let granted_so_far = Arc::new(AtomicUsize::new(0));
     let mut clients = Vec::new();
@@ -255,7 +349,7 @@ async fn crowd_tumbler(endpoint: &str, waiters: usize, total: usize) -> Vec<(Ins
             let mut grants = Vec::new();
             loop {
                 let reply = client
-                    .acquire(request(name, &holder, 10_000))
+                    .acquire(waiting(name, &holder, queue_ttl_ms))
                     .await
                     .unwrap()
                     .into_inner();
@@ -357,14 +451,16 @@ async fn connect(endpoint: &str) -> LockServiceClient<Channel> {
     }
 }
 
-/// The holder releases while the other client waits queued, `handovers`
-/// times after `warm_up`: from the Release returning to the waiter's
-/// Acquire returning.
+/// The holder releases while the other client waits queued (request TTL
+/// `queue_ttl_ms`; None: the default), `handovers` times after
+/// `warm_up`: from the Release returning to the waiter's Acquire
+/// returning.
 async fn hand_overs(
     clients: &mut [LockServiceClient<Channel>; 2],
     observer: &mut LockServiceClient<Channel>,
     warm_up: usize,
     handovers: usize,
+    queue_ttl_ms: Option<u64>,
 ) -> Histogram<u64> {
     let name = "handover";
     let holders = ["h0", "h1"];
@@ -377,7 +473,9 @@ async fn hand_overs(
         let (current, next) = (i % 2, (i + 1) % 2);
         let mut waiter = clients[next].clone();
         let waiting = tokio::spawn(async move {
-            let reply = waiter.acquire(request(name, holders[next], 10_000)).await;
+            let reply = waiter
+                .acquire(waiting(name, holders[next], queue_ttl_ms))
+                .await;
             (Instant::now(), reply)
         });
         wait_queued(observer, name).await;

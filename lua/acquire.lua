@@ -113,11 +113,21 @@ end
 if L.mine_text then
   -- A grant handed over to another request of this holder is this
   -- answer's now: that request's replica may no longer give it back.
-  redis.call('HDEL', L.key, 'r:' .. holder)
-  local grant = epoch and mine(L)
+  -- A handed lease cut short at the waiter's liveness deadline
+  -- (shared/permits.lua `hand_over`) is taken up: it runs to the end
+  -- of the lease asked, counted from the hand-over.
+  local claimed = redis.call('HDEL', L.key, 'r:' .. holder) == 1
+  local grant = (epoch or claimed) and mine(L)
   if grant and stale(grant, epoch) then
     settle_purged(L, changed)
     return {MOVED, now, L.holders, 0, 0, unpack(L.events)}
+  end
+  local taken_up = false
+  if claimed then
+    local full = num(grant.acquired_s) + num(grant.ttl)
+    if grant.expires < full then
+      grant.expires, grant.expires_s, taken_up = full, false, true
+    end
   end
   local downgrade = want == 'r' and L.mode == 'w'
   if downgrade then
@@ -128,7 +138,7 @@ if L.mine_text then
       emit(L, 'downgraded', holder, mine(L), now, HOLDER)
     end
   end
-  if grant and claim_epoch(grant, epoch) then
+  if grant and (claim_epoch(grant, epoch) or taken_up) then
     put_grant(L, grant)
     settle(L)
     if changed or downgrade then
@@ -254,11 +264,16 @@ else
 end
 -- A read/write or weighted request that keeps its place says what it
 -- asks now (a waiting reader that asks WRITE waits as a writer).
+-- An earlier request of the holder that lands late (its replica may be
+-- gone) leaves a later one's name and answer-by in place: the record
+-- keeps the request whose caller waits longest, so the hand-over never
+-- drops the holder's place as late while its later request still waits.
 local handing = request and request ~= ''
 if not added and (handing or rw or weight) then
   local old = redis.call('HGET', L.waiters, holder)
   local old_fair = waiter_fair(old)
-  if (handing and waiter_request(old) ~= request)
+  local later = handing and hand_answer_by and hand_answer_by ~= '' and parse_waiter(old)
+  if (handing and waiter_request(old) ~= request and not (later and above(later.answer_by, hand_answer_by)))
     or ((rw or weight or #(old_fair or '') > 1) and old_fair ~= fair_field) then
     redis.call('HSET', L.waiters, holder, record(int(waiter_enqueued(old))))
   end

@@ -15,6 +15,26 @@ purge(L, now)
 --    batch of ids, one ZMSCORE finds those no longer queued (lost) and one
 --    ZADD XX moves the deadlines of the rest (XX never re-adds a lost one).
 --    Batches keep the argument lists well inside Lua's stack.
+-- A grant handed to `holder` and not yet claimed (the lock's 'r:<holder>';
+-- a provisional one's lease cut at the request's liveness deadline:
+-- shared/permits.lua `hand_over`) lives on with its liveness: this
+-- replica, alive, still waits for it, and wakes its request to take it
+-- up (named below as no longer queued, it calls again and is answered
+-- HELD). A lease that ends later than the holder counts never harms it.
+-- A dead replica renews nothing, so its waiter's grant lapses within its
+-- request TTL.
+local function live_on(L, holder, deadline)
+  local read = redis.call('HMGET', L.key, 'h:' .. holder, 'r:' .. holder)
+  if not read[1] or not read[2] then
+    return
+  end
+  local g = parse_grant(holder, read[1])
+  if g.expires < deadline then
+    g.expires, g.expires_s = deadline, false
+    put_grant(L, g)
+  end
+end
+
 local reply = {now}
 for first = 2, #ARGV, 2 * BATCH do
   local last = math.min(first + 2 * BATCH - 1, #ARGV)
@@ -31,6 +51,7 @@ for first = 2, #ARGV, 2 * BATCH do
   for i, id in ipairs(ids) do
     if not scores[i] then
       table.insert(reply, id)
+      live_on(L, id, tonumber(deadlines[2 * i - 1]))
     else
       kept = kept + 1
     end

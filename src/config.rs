@@ -12,7 +12,9 @@ use tumbler_engine::WaitLimits;
 use tumbler_engine::group::GroupCommit;
 use tumbler_store::StoreConfig;
 
+mod observability_args;
 mod redis_args;
+pub use observability_args::{HttpListen, ObservabilityArgs};
 pub use redis_args::RedisArgs;
 
 /// Connections one port holds at once when `--max-connections` is not set.
@@ -59,19 +61,28 @@ pub struct ServiceArgs {
     /// have in flight at once; an operation that finds fewer goes at once.
     #[arg(long, env = "TUMBLER_GROUP_COMMIT_IN_FLIGHT", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub group_commit_in_flight: u32,
-    /// Hand-over: a permit freed while someone waits is granted to the head
-    /// of the queue in the call that freed it, and its grant rides the
-    /// wake-up (two Redis calls per contended grant instead of three). The
-    /// price: a waiter whose replica died less than its request TTL before
-    /// the release may be handed the lock and keep it for its lease
-    /// (docs/operating.md "Hand-over").
+    /// Hand-over (on by default): a permit freed while someone waits is
+    /// granted to the head of the queue in the call that freed it, and its
+    /// grant rides the wake-up (two Redis calls per contended grant
+    /// instead of three). A lease longer than the waiter's liveness
+    /// deadline is provisional up to it, and the waiter's replica takes it
+    /// up before answering, so a waiter whose replica died keeps the lock
+    /// no longer than its request TTL (docs/operating.md "Hand-over").
     #[arg(
         long,
         env = "TUMBLER_HAND_OVER",
-        action = clap::ArgAction::SetTrue,
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub hand_over: bool,
+    /// Turns the hand-over off (the A/B switch): a freed permit wakes the
+    /// head of the queue, whose replica calls again. Wins over
+    /// `--hand-over`.
+    #[arg(long)]
+    pub no_hand_over: bool,
     /// Upper bound for one Redis command, connecting included; past it the
     /// RPC answers UNAVAILABLE.
     #[arg(long, env = "TUMBLER_REDIS_TIMEOUT_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -328,52 +339,6 @@ pub struct LogArgs {
     pub log_level: String,
 }
 
-/// Metrics and traces, for `tumbler serve` and `tumbler dev`.
-#[derive(Args, Clone, Debug, Default)]
-pub struct ObservabilityArgs {
-    /// Address of the HTTP port: Prometheus `/metrics` and `/healthz`;
-    /// `off` disables it. Default: 0.0.0.0:9090 for `serve`, 127.0.0.1:9090
-    /// for `dev`; when the default port is taken the service runs without
-    /// it (logged as an error; `dev` takes a free port instead), while an
-    /// address given here must be free.
-    #[arg(long, env = "TUMBLER_HTTP_LISTEN", value_parser = parse_http_listen)]
-    pub http_listen: Option<HttpListen>,
-    /// OpenTelemetry collector to export a span per RPC to, over OTLP/gRPC
-    /// (e.g. `http://otel-collector:4317`), or OTLP/HTTP with
-    /// `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf` (e.g.
-    /// `http://otel-collector:4318`). Empty: no tracing export.
-    #[arg(long, env = "TUMBLER_OTLP_ENDPOINT", default_value = "")]
-    pub otlp_endpoint: String,
-    /// Turns on the dashboard's admin actions (force release of a holder,
-    /// clear a namespace) on the HTTP port. Off by default. With
-    /// --auth-tokens-file they also need an admin token for the namespace;
-    /// with --no-auth anyone who reaches the HTTP port may use them.
-    #[arg(
-        long,
-        env = "TUMBLER_DASHBOARD_ADMIN",
-        action = clap::ArgAction::SetTrue,
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
-    pub dashboard_admin: bool,
-}
-
-/// Where the HTTP port listens, when asked for explicitly.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HttpListen {
-    Off,
-    At(SocketAddr),
-}
-
-fn parse_http_listen(value: &str) -> Result<HttpListen, String> {
-    if value.eq_ignore_ascii_case("off") {
-        return Ok(HttpListen::Off);
-    }
-    value
-        .parse()
-        .map(HttpListen::At)
-        .map_err(|e| format!("{e}: expected an address like 0.0.0.0:9090, or `off`"))
-}
-
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LogFormat {
     Pretty,
@@ -521,7 +486,7 @@ impl ServerConfig {
                     across_shards: !args.group_commit_per_shard,
                     in_flight: args.group_commit_in_flight as usize,
                 },
-                hand_over: args.hand_over,
+                hand_over: args.hand_over && !args.no_hand_over,
             },
             reap_interval: (args.reap_interval_ms > 0)
                 .then(|| Duration::from_millis(args.reap_interval_ms)),

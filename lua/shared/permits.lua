@@ -260,10 +260,20 @@ local function hand_over(L)
     if not L.now_us then
       L.now, L.now_us = clock()
     end
+    -- Its replica is known alive only until the request's liveness
+    -- deadline: a lease that ends later is provisional up to it (decision
+    -- 0089). Its replica takes it up (an acquire of the holder answered
+    -- HELD extends it to the lease asked) before it answers, so a waiter
+    -- whose replica died keeps the lock no longer than its request TTL.
+    local alive_until = tonumber(redis.call('ZSCORE', L.deadlines, head))
     drop_waiters(L, {head})
-    if not late(w.answer_by, L.now_us) then
+    if alive_until and alive_until > L.now and not late(w.answer_by, L.now_us) then
+      local expires = L.now + num(w.ttl)
+      if alive_until < expires then
+        expires = alive_until
+      end
       local grant = {
-        slot = false, slots = false, permits = k, expires = L.now + num(w.ttl), token = false,
+        slot = false, slots = false, permits = k, expires = expires, token = false,
         acquired_s = string.sub(L.now_us, 1, -4), ttl = w.ttl, kind = w.kind, holder = head,
         metadata = w.metadata, epoch = w.epoch,
       }

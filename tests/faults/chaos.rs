@@ -5,8 +5,9 @@
 //! fair or barging), record each grant (each term) in their own log,
 //! hold briefly and release (resign), while a chaos loop
 //! SIGKILLs and restarts replicas, SIGKILLs and restarts Redis, and
-//! freezes Redis (SIGSTOP/SIGCONT); one replica of the three hands freed
-//! permits over (`--hand-over`). Afterwards a checker proves, from the
+//! freezes Redis (SIGSTOP/SIGCONT); two replicas of the three hand freed
+//! permits over (the default), one wakes the head instead
+//! (`--no-hand-over`). Afterwards a checker proves, from the
 //! clients' own observations on one monotonic clock, that no two grants
 //! of a lock overlapped while both leases were valid (never two leaders
 //! with valid terms; never a writer beside a reader or another writer,
@@ -82,8 +83,8 @@ const TTL_MS: u64 = 1_500;
 struct Replica {
     port: u16,
     redis_url: String,
-    /// Runs with `--hand-over` (one of the three does: both paths of a
-    /// contended grant share the locks).
+    /// Hands freed permits over (the default; one of the three runs with
+    /// `--no-hand-over`: both paths of a contended grant share the locks).
     hand_over: bool,
     child: Option<std::process::Child>,
 }
@@ -113,7 +114,7 @@ impl Replica {
             .args(["--redis-timeout-ms", "500", "--health-interval-ms", "100"])
             .args(["--default-queue-ttl-ms", "500", "--shutdown-drain-ms", "0"])
             .args(["--reap-interval-ms", "1000"])
-            .args(self.hand_over.then_some("--hand-over"))
+            .args((!self.hand_over).then_some("--no-hand-over"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -213,7 +214,7 @@ async fn run(store: Store) -> Run {
     let nodes = store.nodes();
     let store = Arc::new(Mutex::new(store));
     let replicas: Vec<Arc<Mutex<Replica>>> = (0..REPLICAS)
-        .map(|i| Arc::new(Mutex::new(Replica::start(&redis_url, i == 0))))
+        .map(|i| Arc::new(Mutex::new(Replica::start(&redis_url, i != 0))))
         .collect();
     let endpoints: Vec<String> = replicas
         .iter()

@@ -5,8 +5,9 @@
 //! Its edges: a waiter whose RPC is gone, semaphores permit by permit,
 //! a permit freed by an expiry (barging takes it, try-once does not),
 //! and a place another request of the holder took over (finding 6).
-//! The hand-over is off by default (`--hand-over`): these servers turn it
-//! on; the default path is `queue.rs`'s.
+//! The hand-over is on by default (decision 0089; `provisional.rs` has
+//! its provisional lease); these servers say so explicitly, and
+//! `--no-hand-over`'s path is `queue.rs`'s.
 
 use crate::{common, model_replay, queue};
 
@@ -21,7 +22,7 @@ use proto::{AcquireStatus, NotAcquiredReason, ReleaseStatus};
 use queue::{queue_of, spawn_wait, until_queued};
 use tonic::transport::Channel;
 
-/// `service_args` with the hand-over on.
+/// `service_args` with the hand-over on (the default).
 fn hand_over() -> tumbler::config::ServiceArgs {
     tumbler::config::ServiceArgs {
         hand_over: true,
@@ -411,5 +412,68 @@ async fn try_once_does_not_jump_the_queue_but_barging_takes_a_permit_an_expiry_f
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     let reply = waiter.await.unwrap().unwrap();
     assert_eq!(reply.status(), AcquireStatus::Acquired);
+    assert_eq!(reply.grant.unwrap().holder, "patient");
+}
+
+#[tokio::test]
+async fn try_once_does_not_jump_the_queue_but_barging_does() {
+    // Without the hand-over (`--no-hand-over`: the release wakes the
+    // head, which calls again); with it, `handover.rs` has the same case.
+    let redis = start_redis();
+    let args = tumbler::config::ServiceArgs {
+        no_hand_over: true,
+        ..service_args()
+    };
+    let server = TestServer::new()
+        .redis(&redis.url())
+        .args(args)
+        .start()
+        .await;
+    let mut client = server.client().await;
+    client.acquire(acquire("line", "holder")).await.unwrap();
+    // "patient" waits through a replica that then stops answering (it is
+    // frozen, its queue entry stays alive for the queue TTL): once the
+    // holder releases, a permit is free while "patient" is first in line.
+    let frozen = TumblerProcess::start(&redis.url(), &["--no-hand-over"]).await;
+    let waiter = spawn_wait(
+        frozen.client().await,
+        proto::AcquireRequest {
+            queue_ttl_ms: Some(30_000),
+            ..wait_for("line", "patient", 30_000)
+        },
+    );
+    until_queued(&mut client, "line", 1).await;
+    // Its replica settles (a fresh subscription wakes its waiters once),
+    // then freezes; whatever it sent before has run by the release.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = nix::unistd::Pid::from_raw(frozen.pid().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client.release(release("line", "holder")).await.unwrap();
+
+    // A fair try-once request does not take the free permit: "patient"
+    // goes first.
+    let polite = client
+        .acquire(acquire("line", "polite"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(polite.status(), AcquireStatus::NotAcquired);
+    assert_eq!(polite.reason(), NotAcquiredReason::Busy);
+    // A barging request takes it at once.
+    let barging = client
+        .acquire(proto::AcquireRequest {
+            fair: Some(false),
+            ..acquire("line", "barging")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(barging.status(), AcquireStatus::Acquired, "{barging:?}");
+    assert_eq!(queue_of(&mut client, "line").await, ["patient"]);
+
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    client.release(release("line", "barging")).await.unwrap();
+    let reply = waiter.await.unwrap().unwrap();
     assert_eq!(reply.grant.unwrap().holder, "patient");
 }

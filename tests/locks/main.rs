@@ -28,6 +28,7 @@ mod multi_one_call;
 mod multi_tokens;
 mod mutual_exclusion;
 mod properties;
+mod provisional;
 mod queue;
 mod read_write;
 mod read_write_events;

@@ -182,59 +182,6 @@ async fn higher_priority_goes_first_and_fifo_within_a_priority() {
 }
 
 #[tokio::test]
-async fn try_once_does_not_jump_the_queue_but_barging_does() {
-    let redis = start_redis();
-    let server = TestServer::new().redis(&redis.url()).start().await;
-    let mut client = server.client().await;
-    client.acquire(acquire("line", "holder")).await.unwrap();
-    // "patient" waits through a replica that then stops answering (it is
-    // frozen, its queue entry stays alive for the queue TTL): once the
-    // holder releases, a permit is free while "patient" is first in line.
-    let frozen = TumblerProcess::start(&redis.url(), &[]).await;
-    let waiter = spawn_wait(
-        frozen.client().await,
-        proto::AcquireRequest {
-            queue_ttl_ms: Some(30_000),
-            ..wait_for("line", "patient", 30_000)
-        },
-    );
-    until_queued(&mut client, "line", 1).await;
-    // Its replica settles (a fresh subscription wakes its waiters once),
-    // then freezes; whatever it sent before has run by the release.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let pid = nix::unistd::Pid::from_raw(frozen.pid().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    client.release(release("line", "holder")).await.unwrap();
-
-    // A fair try-once request does not take the free permit: "patient"
-    // goes first.
-    let polite = client
-        .acquire(acquire("line", "polite"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(polite.status(), AcquireStatus::NotAcquired);
-    assert_eq!(polite.reason(), NotAcquiredReason::Busy);
-    // A barging request takes it at once.
-    let barging = client
-        .acquire(proto::AcquireRequest {
-            fair: Some(false),
-            ..acquire("line", "barging")
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(barging.status(), AcquireStatus::Acquired, "{barging:?}");
-    assert_eq!(queue_of(&mut client, "line").await, ["patient"]);
-
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    client.release(release("line", "barging")).await.unwrap();
-    let reply = waiter.await.unwrap().unwrap();
-    assert_eq!(reply.grant.unwrap().holder, "patient");
-}
-
-#[tokio::test]
 async fn a_barging_waiter_overtakes_fair_ones() {
     let server = TestServer::new().start().await;
     let mut client = server.client().await;

@@ -461,9 +461,20 @@ impl Locks {
             tracing::warn!(queue_key, "a handed grant of an unknown lock");
             return;
         };
-        let lock = LockId::stored(namespace, name);
+        self.give_back_to(&LockId::stored(namespace, name), holder, token, request)
+            .await
+    }
+
+    /// [`Self::give_back`] on a lock named by its id.
+    pub(super) async fn give_back_to(
+        &self,
+        lock: &LockId,
+        holder: &str,
+        token: u64,
+        request: &str,
+    ) {
         let released = self
-            .release_as(&lock, holder, Some(token), None, Some(request), None)
+            .release_as(lock, holder, Some(token), None, Some(request), None)
             .await;
         if let Err(err) = released {
             // Its lease ends it instead.

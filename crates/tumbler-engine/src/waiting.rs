@@ -26,6 +26,13 @@ use super::{AcquireOutcome, AcquireRequest, EngineError, LockId, records};
 use crate::errors::{OrTrouble, store_failed};
 use crate::store::StoreError;
 
+/// A handed grant whose lease the hand-over cut at its request's liveness
+/// deadline (`lua/shared/permits.lua` `hand_over`): it ends before the
+/// lease asked, counted from the hand-over.
+fn provisional(grant: &super::Grant) -> bool {
+    grant.expires_at_ms < grant.acquired_at_ms.saturating_add(grant.ttl_ms as i64)
+}
+
 /// Acquires that wait in this server.
 pub(super) struct Waiting {
     waiters: Arc<Waiters>,
@@ -174,7 +181,10 @@ impl Waiting {
                             .await
                             .or_trouble()?;
                         if let Some(handed) = registration.take_handed() {
-                            return self.handed(req, handed);
+                            if let Some(outcome) = self.handed(req, &handed)? {
+                                return Ok(outcome);
+                            }
+                            self.give_back(req, &request, &handed).await;
                         }
                         return Err(EngineError::Deadlock(cycle));
                     }
@@ -192,10 +202,15 @@ impl Waiting {
             });
             tokio::select! {
                 () = registration.notified() => {
-                    if let Some(handed) = registration.take_handed() {
+                    if let Some(handed) = registration.take_handed()
+                        && let Some(outcome) = self.handed(req, &handed)?
+                    {
                         queued.armed = false;
-                        return self.handed(req, handed);
+                        return Ok(outcome);
                     }
+                    // A provisional grant: the next attempt takes it up
+                    // (HELD, with the lease asked; lapsed, it is in line
+                    // again).
                 }
                 () = sleep_until_some(expiry) => {}
                 // Still waiting when the deadlock check is due: one more
@@ -205,9 +220,13 @@ impl Waiting {
                     queued.armed = false;
                     let had = self.locks.dequeue(&req.lock, keys, &req.holder, Some(&request), true).await.or_trouble()?;
                     // A grant handed over before its answer-by time and
-                    // delivered meanwhile is still its caller's.
+                    // delivered meanwhile is still its caller's; a
+                    // provisional one, not taken up, goes back.
                     if let Some(handed) = registration.take_handed() {
-                        return self.handed(req, handed);
+                        if let Some(outcome) = self.handed(req, &handed)? {
+                            return Ok(outcome);
+                        }
+                        self.give_back(req, &request, &handed).await;
                     }
                     return Ok(AcquireOutcome::TimedOut {
                         holders,
@@ -228,9 +247,13 @@ impl Waiting {
                     // The replica drains: the request keeps its place for
                     // its queue TTL, so the same holder retried on another
                     // replica takes it back (or it is dropped as dead).
+                    // A provisional grant handed meanwhile is left to its
+                    // deadline, for that retry to take up (HELD).
                     queued.armed = false;
-                    if let Some(handed) = registration.take_handed() {
-                        return self.handed(req, handed);
+                    if let Some(handed) = registration.take_handed()
+                        && let Some(outcome) = self.handed(req, &handed)?
+                    {
+                        return Ok(outcome);
                     }
                     return Err(EngineError::ShuttingDown);
                 }
@@ -247,19 +270,45 @@ impl Waiting {
         self.deadlocks.chains(namespace, page).await
     }
 
-    /// A grant handed to this waiting RPC, as its answer.
-    fn handed(&self, req: &AcquireRequest, handed: Handed) -> Result<AcquireOutcome, EngineError> {
+    /// A grant handed to this waiting RPC, as its answer; None for a
+    /// provisional one (its lease cut at the request's liveness deadline:
+    /// decision 0089), which is this RPC's only once taken up: the next
+    /// attempt, an acquire of the holder, finds it (HELD) and extends it
+    /// to the lease asked.
+    fn handed(
+        &self,
+        req: &AcquireRequest,
+        handed: &Handed,
+    ) -> Result<Option<AcquireOutcome>, EngineError> {
         let grant = records::parse_grant(req.holder.as_ref(), &handed.record).or_trouble()?;
+        if provisional(&grant) {
+            return Ok(None);
+        }
         let outcome = Outcome::Granted {
             grant,
             holders: handed.holders,
             already: false,
             downgraded: false,
         };
-        Ok(self
-            .locks
-            .settled(req, outcome)?
-            .expect("a grant is an outcome"))
+        Ok(Some(
+            self.locks
+                .settled(req, outcome)?
+                .expect("a grant is an outcome"),
+        ))
+    }
+
+    /// Gives back a provisional grant handed to this RPC, which ends
+    /// before taking it up (its wait ended, a deadlock refused it), pinned
+    /// to its token and to `request`.
+    async fn give_back(&self, req: &AcquireRequest, request: &str, handed: &Handed) {
+        match records::parse_grant(req.holder.as_ref(), &handed.record) {
+            Ok(grant) => {
+                (self.locks)
+                    .give_back_to(&req.lock, req.holder.as_ref(), grant.fencing_token, request)
+                    .await
+            }
+            Err(err) => tracing::warn!(error = %err, "a handed grant that cannot be read"),
+        }
     }
 
     /// Keeps this replica's waiting requests alive until the replica shuts

@@ -44,7 +44,13 @@ pub struct Handed {
     pub req: u8,
     pub via: u8,
     pub token: u32,
+    /// Its lease's end: the lease asked (`full`) or, when that ends after
+    /// the request's liveness deadline, that deadline (a provisional grant,
+    /// decision 89: its replica takes it up before it answers).
     pub expires: u8,
+    pub full: u8,
+    /// The request's liveness deadline when it was handed.
+    pub deadline: u8,
     /// Its request was past its request TTL (dead) when it was handed.
     pub dead: bool,
 }
@@ -121,15 +127,21 @@ pub fn hand_over(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
             break;
         };
         let w = lock.queue.remove(0);
-        if now > hand.answer_by {
+        // Past its answer-by time, or its liveness deadline (its replica
+        // is not known alive): it leaves the queue ungranted.
+        if now > hand.answer_by || w.deadline <= now {
             continue;
         }
         let token = next_token(fence, now);
-        let expires = now + hand.ttl;
+        // Its replica is known alive only until the liveness deadline: a
+        // lease that ends later is provisional up to it (decision 89).
+        let full = now + hand.ttl;
+        let expires = full.min(w.deadline);
         lock.holders.push(Grant {
             holder: w.id,
             token,
             expires,
+            full,
             epoch: hand.epoch,
             handed: Some(w.req),
             permits: k,
@@ -144,6 +156,8 @@ pub fn hand_over(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
             via: hand.via,
             token,
             expires,
+            full,
+            deadline: w.deadline,
             dead: w.deadline <= now,
         });
     }

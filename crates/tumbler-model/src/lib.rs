@@ -28,6 +28,7 @@ pub mod model;
 pub mod multi;
 pub mod properties;
 pub mod redis;
+mod sessions;
 pub mod set;
 mod state;
 mod steps;

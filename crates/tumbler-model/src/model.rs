@@ -331,13 +331,21 @@ impl Model for Config {
                 let cl = s.client(c);
                 cl.wake = false;
                 cl.call = Some(Call::Dequeue { req });
-                if let Some((token, until)) = cl.handed.take() {
+                let handed = cl.handed.take();
+                if let Some((token, until, full)) = handed
+                    && until >= full
+                {
                     // A grant handed over before its answer-by time and
                     // delivered meanwhile is still its caller's.
                     cl.phase = Phase::Holding { token, until };
                     cl.writer = writer;
                     s.told(self, token);
                 } else {
+                    // A provisional one (decision 89) is given back, not
+                    // taken up: the caller is told no.
+                    if let Some((token, ..)) = handed {
+                        s.orphans.push((c, Call::GiveBack { req, token }));
+                    }
                     s.ghost.told_no[usize::from(c)] = req;
                     s.round_over(c, self);
                 }
@@ -345,15 +353,26 @@ impl Model for Config {
             Action::TakeHanded(c) => {
                 let writer = self.mode(c) == Some(Mode::Write);
                 let cl = s.client(c);
-                let (token, expires) = cl.handed.take()?;
-                // Its lease as the grant says (the same clock).
-                cl.phase = Phase::Holding {
-                    token,
-                    until: expires,
-                };
-                cl.writer = writer;
-                cl.wake = false;
-                s.told(self, token);
+                let (token, expires, full) = cl.handed.take()?;
+                if expires < full {
+                    // A provisional grant (decision 89): its replica takes
+                    // it up before it answers, with the waiting request's
+                    // call again (answered HELD, with the lease asked).
+                    let Phase::Waiting { answer_by, .. } = cl.phase else {
+                        return None;
+                    };
+                    cl.call = Some(self.request_call(cl, c, now, answer_by));
+                    s.ghost.taken_up = true;
+                } else {
+                    // Its lease as the grant says (the same clock).
+                    cl.phase = Phase::Holding {
+                        token,
+                        until: expires,
+                    };
+                    cl.writer = writer;
+                    cl.wake = false;
+                    s.told(self, token);
+                }
             }
             Action::Downgrade(c) => {
                 let cl = s.client(c);

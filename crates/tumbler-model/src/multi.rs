@@ -219,6 +219,7 @@ impl Many<'_> {
                 holder: a.holder,
                 token,
                 expires: now + a.lease,
+                full: now + a.lease,
                 epoch: 0,
                 handed: None,
                 permits: 1,

@@ -41,17 +41,25 @@ pub const SERVED_IN_TIME: &str = "a refreshed waiter is served in bounded time";
 /// `w` has one.
 pub const RW_EXCLUSION: &str = "a writer never shares the lock";
 
-/// Invariant 7 with the hand-over (decision 68's amendment): a waiter
-/// whose replica died within its request TTL is not known dead yet; a
-/// release hands it the lock, which then stays with nobody for a lease
-/// (the queue waits a lease, not the request TTL). Expected to fail with
-/// the hand-over and a crash.
+/// The hand-over (decision 68's amendment): a waiter whose replica died
+/// within its request TTL is not known dead yet, and a release hands it
+/// the lock. Expected to fail with the hand-over and a crash; since
+/// decision 89 that grant lapses by the request's liveness deadline
+/// ([`NO_HAND_PAST_DEADLINE`]), so the queue waits no longer than it did
+/// for a dead waiter.
 pub const NO_HAND_TO_DEAD: &str = "the lock is never handed to a dead replica's waiter";
 
 /// Invariant 7 with the hand-over: a request past its request TTL is
 /// skipped, never handed a grant (which would keep the lock from the
 /// live waiters for a lease, longer than that TTL).
 pub const NO_HAND_PAST_TTL: &str = "no grant is handed to a request past its request TTL";
+
+/// Invariant 7 with the hand-over on by default (decision 89): a handed
+/// grant's lease ends by its request's liveness deadline until its
+/// replica takes it up, so a waiter whose replica died keeps the lock no
+/// longer than its request TTL.
+pub const NO_HAND_PAST_DEADLINE: &str =
+    "a handed grant ends by its request's liveness deadline until taken up";
 
 /// Invariant 14: the permits of the grants clients believe valid never
 /// sum past the limit; nor do those of Redis' grants whose lease has not
@@ -111,6 +119,10 @@ pub const DOWNGRADE_SHARED: &str = "a downgraded writer shares with a reader";
 pub const READER_BEHIND_WRITER: &str = "a reader waits behind a waiting writer";
 /// Decision 68: a call that freed a permit granted it to the head.
 pub const HANDED: &str = "a grant is handed over";
+
+/// A provisional handed grant (decision 89) reaches its live replica,
+/// which takes it up before it answers.
+pub const TAKEN_UP: &str = "a provisional grant is taken up";
 /// Weighted: a head of several permits waits though permits are free,
 /// with a smaller request waiting behind it (it fits only by barging).
 pub const BIG_HEAD_WAITS: &str = "a big head waits while permits are free";
@@ -257,6 +269,9 @@ pub fn all() -> Vec<Property<Config>> {
         Property::always(RW_EXCLUSION, |_, s: &State| rw_exclusive(s)),
         Property::always(NO_HAND_TO_DEAD, |_, s: &State| !s.ghost.handed_to_dead),
         Property::always(NO_HAND_PAST_TTL, |_, s: &State| !s.ghost.handed_past_ttl),
+        Property::always(NO_HAND_PAST_DEADLINE, |_, s: &State| {
+            !s.ghost.hand_past_deadline
+        }),
         Property::always(PERMITS_WITHIN_LIMIT, permits_within),
         Property::always(ONE_LEADER, |m: &Config, s: &State| {
             !m.election || believers(s) <= 1
@@ -310,6 +325,7 @@ pub fn all() -> Vec<Property<Config>> {
             })
         }),
         Property::sometimes(HANDED, |_, s: &State| s.ghost.handed),
+        Property::sometimes(TAKEN_UP, |_, s: &State| s.ghost.taken_up),
         Property::sometimes(BIG_HEAD_WAITS, |_, s: &State| {
             s.redis.lock.as_ref().is_some_and(|l| {
                 let big =

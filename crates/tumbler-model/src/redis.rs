@@ -31,6 +31,10 @@ pub struct Grant {
     pub token: u32,
     /// Lease expiry, Redis ticks.
     pub expires: u8,
+    /// The end of the lease asked, counted from the grant: after
+    /// `expires` only for a provisional handed grant (decision 89), which
+    /// the answer that claims it (HELD) extends to this.
+    pub full: u8,
     /// The session stream's epoch that acquired or renewed it; 0 when the
     /// grant is not a session's (shared/records.lua `stale`, `claim_epoch`).
     pub epoch: u8,
@@ -267,7 +271,13 @@ pub struct Effects {
 }
 
 /// The reply, and a wake-up (or hand-over) when the call purged something.
-fn done(reply: Reply, lock: &mut Lock, fence: &mut Option<u32>, now: u8, changed: bool) -> Effects {
+pub(crate) fn done(
+    reply: Reply,
+    lock: &mut Lock,
+    fence: &mut Option<u32>,
+    now: u8,
+    changed: bool,
+) -> Effects {
     Effects {
         reply,
         wake: if changed {
@@ -278,7 +288,7 @@ fn done(reply: Reply, lock: &mut Lock, fence: &mut Option<u32>, now: u8, changed
     }
 }
 
-fn answer(reply: Reply) -> Effects {
+pub(crate) fn answer(reply: Reply) -> Effects {
     Effects {
         reply,
         wake: Wake::none(),
@@ -344,12 +354,16 @@ impl Data {
                 return done(Reply::UpgradeRefused, lock, fence, now, changed);
             }
             let grant = &mut lock.holders[i];
-            grant.handed = None;
+            let claimed = grant.handed.take().is_some();
             if let Some(epoch) = a.epoch {
                 if grant.epoch > epoch {
                     return done(Reply::Moved, lock, fence, now, changed);
                 }
                 grant.epoch = epoch;
+            }
+            // A provisional handed grant is taken up: the lease asked.
+            if claimed {
+                grant.expires = grant.expires.max(grant.full);
             }
             let (token, expires) = (grant.token, grant.expires);
             if a.mode == Some(Mode::Read) && lock.mode == Some(Mode::Write) {
@@ -391,6 +405,7 @@ impl Data {
                 holder: a.holder,
                 token,
                 expires,
+                full: expires,
                 epoch: a.epoch.unwrap_or(0),
                 handed: None,
                 permits: a.permits,
@@ -421,8 +436,17 @@ impl Data {
             Some(i) => {
                 let w = &mut lock.queue[i];
                 w.deadline = deadline;
-                w.req = a.req;
-                w.hand = a.hand;
+                // An earlier request landing late leaves a later one's
+                // name and answer-by (the hand-over must not drop the
+                // holder's place as late while that one still waits).
+                let later = match (w.hand, a.hand) {
+                    (Some(was), Some(now)) => was.answer_by > now.answer_by,
+                    _ => false,
+                };
+                if !later {
+                    w.req = a.req;
+                    w.hand = a.hand;
+                }
                 // A read/write or weighted request that keeps its place
                 // says what it asks now.
                 w.mode = a.mode;
@@ -556,7 +580,18 @@ impl Data {
         for &id in ids {
             match lock.queued(id) {
                 Some(i) => lock.queue[i].deadline = now + queue_ttl,
-                None => lost.push(id),
+                None => {
+                    lost.push(id);
+                    // A grant handed to the holder and not yet claimed
+                    // lives on with its liveness (decision 89): the
+                    // replica that renews is alive, and wakes its request
+                    // to take it up (named lost, it calls again).
+                    if let Some(g) =
+                        (lock.holders.iter_mut()).find(|g| g.holder == id && g.handed.is_some())
+                    {
+                        g.expires = g.expires.max(now + queue_ttl);
+                    }
+                }
             }
         }
         // 3. A wake-up (or hand-over) for whoever may be granted.
@@ -589,80 +624,5 @@ impl Data {
         let wake = hand_over(&mut lock, &mut self.fence, now);
         self.lock = settle(lock);
         wake
-    }
-
-    /// lua/renew.lua, one group: the same grant (holder and token) gets a
-    /// new lease; a stale stream's renewal is refused (MOVED).
-    pub fn renew(&mut self, now: u8, holder: Id, token: u32, ttl: u8, epoch: u8) -> Effects {
-        let Some(mut lock) = self.lock.take() else {
-            return answer(Reply::NotHeld);
-        };
-        let fence = &mut self.fence;
-        // 1. A lease that already passed is not brought back.
-        let changed = lock.purge(now);
-        // 2. Only the same grant is renewed.
-        let out = match lock.mine(holder) {
-            Some(i) if lock.holders[i].token == token => {
-                let grant = &mut lock.holders[i];
-                if grant.epoch > epoch {
-                    done(Reply::Moved, &mut lock, fence, now, changed)
-                } else {
-                    grant.epoch = epoch;
-                    grant.expires = now + ttl;
-                    let reply = Reply::Ok { expires: now + ttl };
-                    done(reply, &mut lock, fence, now, changed)
-                }
-            }
-            _ => done(Reply::NotHeld, &mut lock, fence, now, changed),
-        };
-        self.lock = settle(lock);
-        out
-    }
-
-    /// lua/session_open.lua: epoch 1.
-    pub fn session_open(&mut self, now: u8, client: Id) {
-        self.sessions[usize::from(client)] = Some(SessionRecord {
-            epoch: 1,
-            seen: now,
-        });
-    }
-
-    /// lua/session_touch.lua: 1 kept, 0 resumed elsewhere, -1 gone.
-    pub fn session_touch(&mut self, now: u8, client: Id, epoch: u8) -> i8 {
-        match &mut self.sessions[usize::from(client)] {
-            None => -1,
-            Some(r) if r.epoch != epoch => 0,
-            Some(r) => {
-                r.seen = now;
-                1
-            }
-        }
-    }
-
-    /// lua/session_claim.lua: the new epoch, or `None` when the session is
-    /// over (gone, or silent past its TTL: then its record goes).
-    pub fn session_claim(&mut self, now: u8, client: Id, ttl: u8) -> Option<u8> {
-        let slot = &mut self.sessions[usize::from(client)];
-        let record = slot.as_mut()?;
-        // 2. Silent past its TTL: over.
-        if now > record.seen + ttl {
-            *slot = None;
-            return None;
-        }
-        // 3. The new stream serves it from now on.
-        record.epoch += 1;
-        record.seen = now;
-        Some(record.epoch)
-    }
-
-    /// lua/session_end.lua: true when ended (release its grants), false
-    /// when another stream resumed it.
-    pub fn session_end(&mut self, client: Id, epoch: u8) -> bool {
-        let slot = &mut self.sessions[usize::from(client)];
-        if slot.as_ref().map(|r| r.epoch) != Some(epoch) {
-            return false;
-        }
-        *slot = None;
-        true
     }
 }

@@ -150,8 +150,9 @@ pub struct Client {
     /// clears it as it asks: it stops writing first).
     pub writer: bool,
     /// A grant handed to its waiting request, delivered to its replica and
-    /// not yet answered: token and lease expiry (decision 68).
-    pub handed: Option<(u32, u8)>,
+    /// not yet answered: token, lease expiry and the end of the lease
+    /// asked (later than the expiry for a provisional grant: decision 89).
+    pub handed: Option<(u32, u8, u8)>,
     /// A multi-lock's tokens, per lock, while it holds its set (0: none).
     pub parts: [u32; 2],
     /// The extends its set's holder asked in the current request.
@@ -198,6 +199,11 @@ pub struct Ghost {
     /// A grant was handed to a request past its request TTL (one the
     /// functions should have skipped as dead).
     pub handed_past_ttl: bool,
+    /// A handed grant's lease ran past its request's liveness deadline
+    /// (a waiter whose replica died would keep the lock for it).
+    pub hand_past_deadline: bool,
+    /// A provisional handed grant reached a live replica, which took it up.
+    pub taken_up: bool,
     /// Election: the latest term granted and its lease's end as Redis
     /// set it (moved by an extend of that term).
     pub term: Option<(u32, u8)>,

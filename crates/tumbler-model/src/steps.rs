@@ -30,6 +30,7 @@ pub(crate) fn publish(cfg: &Config, s: &mut State, wake: Wake) {
         granted(cfg, s, h.holder, h.token, h.req, h.expires);
         s.ghost.handed = true;
         s.ghost.handed_past_ttl |= h.dead;
+        s.ghost.hand_past_deadline |= h.expires > h.deadline;
         s.ghost.waiter_granted = true;
         if !s.alive[usize::from(h.via)] {
             s.ghost.handed_to_dead = true;
@@ -38,7 +39,7 @@ pub(crate) fn publish(cfg: &Config, s: &mut State, wake: Wake) {
         let cl = s.client(h.holder);
         let waiting = matches!(cl.phase, Phase::Waiting { .. });
         if waiting && cl.replica == h.via && cl.req == h.req {
-            cl.handed = Some((h.token, h.expires));
+            cl.handed = Some((h.token, h.expires, h.full));
         } else {
             let call = Call::GiveBack {
                 req: h.req,

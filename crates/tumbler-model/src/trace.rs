@@ -5,7 +5,7 @@
 //! and its reply must match the model's.
 
 use crate::Config;
-use crate::hand_over::Mode;
+use crate::hand_over::{Mode, Wake};
 use crate::model::{Action, Call, State};
 use crate::redis::{Data, Id, Reply};
 
@@ -32,6 +32,13 @@ pub enum Step {
     },
     /// `reap.lua`.
     Reap,
+    /// The step before handed a grant to `client`'s waiting request
+    /// (decision 68), with the model's `token`: a replay learns the real
+    /// token from the lock.
+    Handed {
+        client: Id,
+        token: u32,
+    },
     /// The clock moves a tick.
     Tick,
     /// Redis loses data: back to what its replica had, or everything.
@@ -139,18 +146,22 @@ pub fn trace(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<Step> {
                     let waiters = cfg.refreshed(s, r, lock);
                     let mut data = s.redis.clone();
                     data.select(lock);
-                    let lost = data.refresh(s.now, &waiters, cfg.queue_ttl).0;
+                    let (lost, wake) = data.refresh(s.now, &waiters, cfg.queue_ttl);
                     steps.push(Step::Refresh {
                         replica: r,
                         lock,
                         waiters,
                         lost,
                     });
+                    push_handed(&mut steps, &wake);
                 }
                 None
             }
             Action::Reap => {
                 steps.push(Step::Reap);
+                let mut data = s.redis.clone();
+                data.select(0);
+                push_handed(&mut steps, &data.reap(s.now));
                 None
             }
             Action::Tick => {
@@ -181,9 +192,53 @@ pub fn trace(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<Step> {
                 mode,
                 reply,
             });
+            if let Some(wake) = wake(cfg, s, c, call) {
+                push_handed(&mut steps, &wake);
+            }
         }
     }
     steps
+}
+
+/// A [`Step::Handed`] per grant `wake` hands over.
+fn push_handed(steps: &mut Vec<Step>, wake: &Wake) {
+    for h in &wake.handed {
+        steps.push(Step::Handed {
+            client: h.holder,
+            token: h.token,
+        });
+    }
+}
+
+/// What a single lock's call of client `c` in state `s` publishes (the
+/// grants it hands over among it); None for the calls that hand nothing
+/// over in the model (multi-locks, sessions).
+fn wake(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Wake> {
+    if cfg.is_set(c) {
+        return None;
+    }
+    let mut data = s.redis.clone();
+    data.select(cfg.lock_of(c));
+    let some = |e: u8| (e > 0).then_some(e);
+    let now = s.now;
+    Some(match call {
+        Call::Acquire {
+            req,
+            answer_by,
+            epoch,
+            via,
+            ..
+        } => {
+            data.acquire(now, cfg.request_args(c, via, req, answer_by, epoch))
+                .wake
+        }
+        Call::Downgrade { epoch, .. } => data.acquire(now, cfg.downgrade_args(c, 0, epoch)).wake,
+        Call::Release { token, epoch } => data.release(now, c, token, some(epoch), None).wake,
+        Call::GiveBack { req, token } => data.release(now, c, token, None, Some(req)).wake,
+        Call::Extend { token, .. } => data.extend(now, c, token, cfg.ttl, 0).wake,
+        Call::Dequeue { req } => data.dequeue(now, c, req),
+        _ => return None,
+    })
 }
 
 /// A path of `cfg` chosen at random (a small LCG from `seed`, so a path
