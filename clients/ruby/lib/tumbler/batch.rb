@@ -67,8 +67,48 @@ module Tumbler
     # items' error, as it would be each single call's; they may or may not
     # have landed, and are safe to send again with the same holders.
     def batch(items, timeout: @timeout)
+      run_batch(items.map { |kind, name, options| batch_call(kind, name, **(options || {})) }, timeout)
+    end
+
+    # Try-once acquires of many locks of the namespace, each on its own
+    # (not all or none: see #acquire_all for that), in one request (#batch;
+    # more than BATCH_MAX go in several). holder: one holder for all of them
+    # (default: one id made here before the first try), or an Array of
+    # holders, one per name. The other options are #acquire's but wait_ms.
+    # Returns one result per name, in order: a Tumbler::Lock, or the
+    # Tumbler::Busy / Tumbler::Error its own acquire would have raised.
+    def try_acquire_each(names, holder: nil, **options)
+      holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder == ''
+      holders = holder.is_a?(Array) ? holder : Array.new(names.size, holder)
+      raise ArgumentError, "holder: #{holders.size} holders for #{names.size} names" unless holders.size == names.size
+
+      batch(names.each_with_index.map { |name, i| [:acquire, name, { **options, holder: holders[i] }] })
+    end
+
+    # Releases several grants at once, each by its holder and pinned to its
+    # fencing token: [[name, holder, fencing_token], ...] -> one result per
+    # release, in order: true (released), false (not held) or the
+    # Tumbler::Error it failed with. They go in one Batch request (several
+    # above BATCH_MAX), over Connect and gRPC alike; those answered
+    # UNAVAILABLE are sent again until the deadline (pinned to its token, a
+    # second release of one that landed is false and touches nothing).
+    def release_many(releases, timeout: @timeout)
+      return [] if releases.empty?
+
+      calls = releases.map do |name, holder, token|
+        fields = { namespace: namespace, name: name.to_s, holder: holder }
+        fields[:fencing_token] = token if token
+        BatchCall.new(:release, name.to_s, nil, nil, V1::BatchItem.new(release: V1::ReleaseRequest.new(fields)))
+      end
+      run_batch(calls, timeout)
+    end
+
+    private
+
+    # #batch's work on calls built by batch_call: the requests, retries of
+    # the items answered UNAVAILABLE, the results in order.
+    def run_batch(calls, timeout)
       deadline = Client.now + timeout
-      calls = items.map { |kind, name, options| batch_call(kind, name, **(options || {})) }
       results = Array.new(calls.size)
       pending = (0...calls.size).to_a
       attempt = 0
@@ -107,37 +147,6 @@ module Tumbler
       results
     end
 
-    # Try-once acquires of many locks of the namespace, each on its own
-    # (not all or none: see #acquire_all for that), in one request (#batch;
-    # more than BATCH_MAX go in several). holder: one holder for all of them
-    # (default: one id made here before the first try), or an Array of
-    # holders, one per name. The other options are #acquire's but wait_ms.
-    # Returns one result per name, in order: a Tumbler::Lock, or the
-    # Tumbler::Busy / Tumbler::Error its own acquire would have raised.
-    def try_acquire_each(names, holder: nil, **options)
-      holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder == ''
-      holders = holder.is_a?(Array) ? holder : Array.new(names.size, holder)
-      raise ArgumentError, "holder: #{holders.size} holders for #{names.size} names" unless holders.size == names.size
-
-      batch(names.each_with_index.map { |name, i| [:acquire, name, { **options, holder: holders[i] }] })
-    end
-
-    # Releases several grants at once, each by its holder and pinned to its
-    # fencing token: [[name, holder, fencing_token], ...] -> one result per
-    # release, in order: true (released), false (not held) or the
-    # Tumbler::Error it failed with. They go in one Batch request (several
-    # above BATCH_MAX), over Connect and gRPC alike; those answered
-    # UNAVAILABLE are sent again until the deadline (pinned to its token, a
-    # second release of one that landed is false and touches nothing).
-    def release_many(releases, timeout: @timeout)
-      return [] if releases.empty?
-
-      batch(releases.map { |name, holder, token| [:release, name, { holder: holder, fencing_token: token }] },
-            timeout: timeout)
-    end
-
-    private
-
     # The pending items in requests of at most BATCH_MAX items and
     # BATCH_MAX_BYTES bytes, in order (an item bigger than that alone:
     # the server says what it makes of it).
@@ -164,31 +173,47 @@ module Tumbler
         raise ArgumentError, 'batch: an acquire item is try-once (no wait_ms): a wait would hold every other answer back'
       end
 
-      unknown = options.keys - allowed - [:wait_ms]
-      raise ArgumentError, "batch: #{kind} takes no #{unknown.join(', ')}" unless unknown.empty?
+      options.each_key do |key|
+        next if key == :wait_ms || allowed.include?(key)
+
+        unknown = options.keys - allowed - [:wait_ms]
+        raise ArgumentError, "batch: #{kind} takes no #{unknown.join(', ')}"
+      end
 
       names = name.is_a?(Array) ? name.map(&:to_s) : nil
+      # Only the fields given (nil: absent), each request built from one hash.
       fields = { namespace: namespace }
       names ? fields[:names] = names : fields[:name] = name.to_s
       case kind
       when :acquire
         holder = options[:holder]
         holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder.empty?
-        takes_over = options[:takes_over].to_s
-        fields.merge!(holder: holder, limit: options[:limit], ttl_ms: options[:ttl_ms], kind: options[:kind],
-                      metadata: options[:metadata], priority: options[:priority], queue_ttl_ms: options[:queue_ttl_ms],
-                      fair: options[:fair], mode: Client.lock_mode(options[:mode]),
-                      prefer_readers: options[:prefer_readers] || nil, permits: options[:permits],
-                      takes_over: takes_over.empty? ? nil : takes_over)
-        item = V1::BatchItem.new(acquire: V1::AcquireRequest.new(**fields.compact))
+        fields[:holder] = holder
+        options.each do |key, value|
+          next if value.nil? || key == :holder || key == :wait_ms
+
+          case key
+          when :mode then (value = Client.lock_mode(value)) && fields[:mode] = value
+          when :prefer_readers then fields[:prefer_readers] = value if value
+          when :takes_over then fields[:takes_over] = value unless value.to_s.empty?
+          else fields[key] = value
+          end
+        end
+        item = V1::BatchItem.new(acquire: V1::AcquireRequest.new(fields))
       when :release
-        fields.merge!(holder: options[:holder], fencing_token: options[:fencing_token],
-                      fencing_tokens: options[:fencing_tokens]&.to_a)
-        item = V1::BatchItem.new(release: V1::ReleaseRequest.new(**fields.compact))
+        options.each do |key, value|
+          next if value.nil?
+
+          fields[key] = key == :fencing_tokens ? value.to_a : value
+        end
+        item = V1::BatchItem.new(release: V1::ReleaseRequest.new(fields))
       when :extend
-        fields.merge!(holder: options[:holder], ttl_ms: options[:ttl_ms], fencing_token: options[:fencing_token],
-                      fencing_tokens: options[:fencing_tokens]&.to_a)
-        item = V1::BatchItem.new(extend: V1::ExtendRequest.new(**fields.compact))
+        options.each do |key, value|
+          next if value.nil?
+
+          fields[key] = key == :fencing_tokens ? value.to_a : value
+        end
+        item = V1::BatchItem.new(extend: V1::ExtendRequest.new(fields))
       end
       BatchCall.new(kind, names ? names.join(',') : name.to_s, names, options[:limit], item)
     end

@@ -144,13 +144,25 @@ module Tumbler
     def acquire(name, holder: nil, wait_ms: 0, timeout: nil, limit: nil, ttl_ms: nil, kind: '',
                 metadata: {}, priority: 0, queue_ttl_ms: nil, fair: nil, mode: nil, prefer_readers: false,
                 permits: nil, takes_over: '')
-      resp, sent = send_acquire(name, holder: holder, wait_ms: wait_ms, timeout: timeout,
-                                      name: name, kind: kind, metadata: metadata, priority: priority,
-                                           limit: limit, ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms, fair: fair,
-                                           mode: Client.lock_mode(mode), prefer_readers: prefer_readers || nil,
-                                           permits: permits, takes_over: takes_over.to_s.empty? ? nil : takes_over)
-      Lock.new(self, name, resp.grant, sent + (resp.grant.ttl_ms / 1000.0), already_held: resp.status == :ACQUIRE_STATUS_ALREADY_HELD,
-                                                  limit: limit)
+      # Only the fields set (a default is what an absent field means), built
+      # once: a retry sends the same request with the rest of its wait.
+      fields = { namespace: namespace, name: name }
+      fields[:limit] = limit if limit
+      fields[:ttl_ms] = ttl_ms if ttl_ms
+      fields[:kind] = kind unless kind.nil? || kind == ''
+      fields[:metadata] = metadata if metadata && !metadata.empty?
+      fields[:priority] = priority unless priority.nil? || priority == 0
+      fields[:queue_ttl_ms] = queue_ttl_ms if queue_ttl_ms
+      fields[:fair] = fair unless fair.nil?
+      mode = Client.lock_mode(mode)
+      fields[:mode] = mode if mode
+      fields[:prefer_readers] = prefer_readers if prefer_readers
+      fields[:permits] = permits if permits
+      fields[:takes_over] = takes_over unless takes_over.nil? || takes_over.to_s.empty?
+      resp, sent = send_acquire(name, holder, wait_ms, timeout, fields)
+      grant = resp.grant
+      Lock.new(self, name, grant, sent + (grant.ttl_ms / 1000.0), already_held: resp.status == :ACQUIRE_STATUS_ALREADY_HELD,
+                                                                   limit: limit)
     end
 
     # A multi-lock (2 to 16 distinct names of the namespace): every lock or
@@ -164,9 +176,9 @@ module Tumbler
     def acquire_all(names, holder: nil, wait_ms: 0, timeout: nil, limit: nil, ttl_ms: nil, kind: '', metadata: {},
                     queue_ttl_ms: nil)
       names = names.map(&:to_s)
-      resp, sent = send_acquire(names.join(','), holder: holder, wait_ms: wait_ms, timeout: timeout,
-                                                 names: names, kind: kind, metadata: metadata, limit: limit,
-                                                      ttl_ms: ttl_ms, queue_ttl_ms: queue_ttl_ms)
+      fields = { namespace: namespace, names: names, kind: kind, metadata: metadata, limit: limit, ttl_ms: ttl_ms,
+                 queue_ttl_ms: queue_ttl_ms }.compact
+      resp, sent = send_acquire(names.join(','), holder, wait_ms, timeout, fields)
       # The set's lease is as long as its shortest.
       first = resp.grants.min_by(&:expires_at_ms) || resp.grant
       tokens = names.map { |n| resp.grants.find { |g| g.name == n }&.fencing_token }
@@ -208,7 +220,7 @@ module Tumbler
       candidate = "rb-#{SecureRandom.hex(16)}" if candidate.nil? || candidate.empty?
       base = { namespace: namespace, name: name, candidate: candidate, value: value, ttl_ms: ttl_ms, kind: kind,
                queue_ttl_ms: queue_ttl_ms }.compact
-      resp, sent = waiting_call(:campaign, V1::CampaignRequest, base, wait_ms: wait_ms, timeout: timeout)
+      resp, sent = waiting_call(:campaign, V1::CampaignRequest.new(base), wait_ms: wait_ms, timeout: timeout)
       return nil unless resp&.elected
 
       held = Leadership.new(self, name, resp.leader, [sent, Client.now - 0.05].max + (resp.leader.ttl_ms / 1000.0),
@@ -302,28 +314,30 @@ module Tumbler
     # Sends an Acquire (fields: the request's, but holder and wait_ms) with
     # retries until its deadline: [the granted response, when it was sent
     # (the lease's local start)]; raises Busy or LockTimeout (named `label`) and the call's errors.
-    def send_acquire(label, holder:, wait_ms:, timeout:, **fields)
+    def send_acquire(label, holder, wait_ms, timeout, fields)
       holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder.empty?
-      base = { namespace: namespace, holder: holder, **fields }.compact
-      resp, sent = waiting_call(:acquire, V1::AcquireRequest, base, wait_ms: wait_ms, timeout: timeout)
+      fields[:holder] = holder
+      resp, sent = waiting_call(:acquire, V1::AcquireRequest.new(fields), wait_ms: wait_ms, timeout: timeout)
       raise LockTimeout.new(label, nil, "#{label}: not acquired before the deadline") if resp.nil?
       raise not_acquired(label, resp) if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED
 
-      [resp, [sent, Client.now - 0.05].max]
+      now = Client.now - 0.05
+      [resp, sent > now ? sent : now]
     end
 
-    # One RPC that waits in the server (base: its request's fields but
-    # wait_ms), each try sent with the rest of wait_ms, retried until the
-    # deadline (timeout, default wait_ms + DEADLINE_SLACK): [the response,
-    # when it was sent], the response nil when the deadline cut the call.
-    def waiting_call(method, request_class, base, wait_ms:, timeout:)
+    # One RPC that waits in the server (request: built once, its wait_ms
+    # set on each try to the rest of wait_ms), retried until the deadline
+    # (timeout, default wait_ms + DEADLINE_SLACK): [the response, when it
+    # was sent], the response nil when the deadline cut the call.
+    def waiting_call(method, request, wait_ms:, timeout:)
       started = Client.now
       deadline = started + (timeout || (wait_ms / 1000.0) + DEADLINE_SLACK)
       sent = started
       resp = call(method, deadline: deadline) do
         sent = Client.now
         wait = [(wait_ms / 1000.0) - (sent - started), deadline - sent - 0.05].min
-        request_class.new(**base, wait_ms: [(wait * 1000).to_i, 0].max)
+        request.wait_ms = wait.positive? ? (wait * 1000).to_i : 0
+        request
       end
       [resp, sent]
     rescue Error => e

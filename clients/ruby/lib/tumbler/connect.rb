@@ -405,15 +405,21 @@ module Tumbler
                                                  "#{@authority}: the connection was closed")
     end
 
-    # The whole request, head and body, as one binary string (one write).
+    # The whole request, head and body, as one binary string (one write),
+    # made by one interpolation (fewer steps than appending piece by piece;
+    # binary, as its head and body are).
     def request_bytes(name, body, deadline, metadata)
-      req = String.new(@prefix[name], capacity: 512 + body.bytesize)
-      req << 'Content-Length: ' << body.bytesize.to_s << "\r\n"
-      if deadline
-        req << 'Connect-Timeout-Ms: ' << ((deadline - Client.now) * 1000).ceil.clamp(1, 9_999_999_999).to_s << "\r\n"
+      head = @prefix[name]
+      unless metadata.nil? || metadata.empty?
+        head = head.dup
+        metadata.each { |k, v| head << "#{k}: #{v}\r\n".b }
       end
-      metadata&.each { |k, v| req << "#{k}: #{v}\r\n".b }
-      req << "\r\n" << body
+      return "#{head}Content-Length: #{body.bytesize}\r\n\r\n#{body}" unless deadline
+
+      ms = ((deadline - Client.now) * 1000).ceil
+      ms = 1 if ms < 1
+      ms = 9_999_999_999 if ms > 9_999_999_999
+      "#{head}Content-Length: #{body.bytesize}\r\nConnect-Timeout-Ms: #{ms}\r\n\r\n#{body}"
     end
 
     def take(deadline)
