@@ -32,6 +32,9 @@ module Tumbler
       # The lease of a lock while its job runs: the watchdog renews it every
       # third, so it only bounds how long a killed worker keeps the lock.
       attr_accessor :execution_ttl
+      # How long (s) the keeper holds a finished job's release for others to
+      # go with it in one request (0: each is sent as soon as it can be).
+      attr_accessor :release_delay
       # Seconds before a rescheduled job (on_conflict: :reschedule) runs again.
       attr_accessor :schedule_in
       # false: the middleware passes every job through untouched.
@@ -59,6 +62,7 @@ module Tumbler
         @max_lock_ttl = 86_400
         @max_lock_timeout = 3_600
         @execution_ttl = 15
+        @release_delay = 0.005
         @schedule_in = 5
         @enabled = true
         @reliable_fetch = true

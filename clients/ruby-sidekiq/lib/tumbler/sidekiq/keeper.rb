@@ -12,12 +12,16 @@ module Tumbler
     #   job's thread while its job runs.
     # - releases: a job that ended hands its release here and goes on; they
     #   are sent in the order given, each pinned to its run's token, so a
-    #   late one never touches a newer grant. Those given while the keeper
-    #   was busy go together (up to BATCH) in one request
+    #   late one never touches a newer grant. A release waits up to `delay`
+    #   (Config#release_delay, 5 ms) for others to go with it: those given
+    #   meanwhile go together (up to BATCH) in one request
     #   (Client#release_many: one LockService.Batch, each release its own
     #   item and answer; items answered UNAVAILABLE are sent again until
     #   the client's timeout); one still without an answer is sent again
-    #   alone, with the client's retries. Until one is sent the lock stays held (a duplicate pushed
+    #   alone, with the client's retries. The keeper is woken for the first
+    #   release of a window only (the others find it already due to send),
+    #   so a busy process pays one wake-up and one request per window, not
+    #   one per job. Until one is sent the lock stays held (a duplicate pushed
     #   meanwhile meets the conflict strategy, as it would while the job
     #   ran); a killed process's unsent releases end with their leases.
     #
@@ -27,9 +31,11 @@ module Tumbler
     # their order.
     class Keeper
       Held = Struct.new(:lock, :thread, :due, :lease_end, :attempt)
-      Release = Struct.new(:name, :holder, :token)
+      Release = Struct.new(:name, :holder, :token, :at)
       # The most releases sent in one request (the server's Batch limit).
       BATCH = Tumbler::Client::BATCH_MAX
+      # How long (s) a release waits for others to go with it, by default.
+      DELAY = 0.005
 
       # The keeper of this process, for its client (made again after a fork
       # or a new configure; the one it replaces sends what it was given).
@@ -41,7 +47,7 @@ module Tumbler
         (@lock ||= Mutex.new).synchronize do
           keeper = @current
           unless keeper&.client.equal?(client)
-            @current = new(client, Sidekiq.config.logger)
+            @current = new(client, Sidekiq.config.logger, delay: Sidekiq.config.release_delay)
             keeper.stop(1) if keeper&.pid == Process.pid
           end
         end
@@ -56,16 +62,20 @@ module Tumbler
 
       attr_reader :pid, :client
 
-      def initialize(client, logger)
+      # delay: how long (s) a release waits for others to go with it (0: sent at once).
+      def initialize(client, logger, delay: DELAY)
         @client = client
         @logger = logger
+        @delay = delay.to_f
         @pid = Process.pid
         @mutex = Mutex.new
-        @wake = ConditionVariable.new
+        @wake = ConditionVariable.new # the keeper thread's
+        @done = ConditionVariable.new # a flush's: every release given so far was sent
         @held = {}.compare_by_identity # (entries change as they are renewed)
-        @wake_at = Float::INFINITY # when the waiting keeper wakes for its next renewal
+        @wake_at = Float::INFINITY # when the waiting keeper wakes next (-infinity: it is not waiting)
         @releases = []
         @sending = false
+        @flushing = 0 # flushes waiting: what is given goes at once
         @stopping = false
         @thread = nil
       end
@@ -91,12 +101,16 @@ module Tumbler
         discard_pending_lost
       end
 
-      # Sends the release later, in order, without waiting.
+      # Sends the release later (within `delay`), in order, without waiting.
       def release_later(name, holder, token)
+        now = Tumbler::Client.now
         @mutex.synchronize do
           start_thread
-          @releases << Release.new(name, holder, token)
-          @wake.signal
+          @releases << Release.new(name, holder, token, now)
+          # The keeper is woken only when it would otherwise wake too late:
+          # for the first release of a window, or a full request's worth.
+          due = @releases.size == 1 ? now + @delay : (@releases.size >= BATCH ? now : nil)
+          @wake.signal if due && due < @wake_at
         end
       end
 
@@ -104,8 +118,14 @@ module Tumbler
       def flush(timeout = 10)
         deadline = Tumbler::Client.now + timeout
         @mutex.synchronize do
-          while (@sending || !@releases.empty?) && (left = deadline - Tumbler::Client.now).positive?
-            @wake.wait(@mutex, left)
+          @flushing += 1
+          begin
+            @wake.signal if !@releases.empty? && @wake_at.positive? # waiting out a window: send now
+            while (@sending || !@releases.empty?) && (left = deadline - Tumbler::Client.now).positive?
+              @done.wait(@mutex, left)
+            end
+          ensure
+            @flushing -= 1
           end
         end
       end
@@ -139,26 +159,31 @@ module Tumbler
         end
       end
 
-      # The releases to send (an Array, oldest first, at most BATCH), else the
-      # next renewal that is due (nil once stopping with nothing left); sleeps
-      # until one is.
+      # The releases to send (an Array, oldest first, at most BATCH) once the
+      # oldest has waited `delay` (at once when a flush or the process's
+      # exit waits, or a request's worth is there), else the next renewal
+      # that is due (nil once stopping with nothing left); sleeps until one is.
       def next_work
         @mutex.synchronize do
           @sending = false
           loop do
+            now = Tumbler::Client.now
+            send_at = nil
             unless @releases.empty?
-              @sending = true
-              return @releases.shift(BATCH)
+              send_at = @releases.first.at + @delay
+              if send_at <= now || @flushing.positive? || @stopping || @releases.size >= BATCH
+                @sending = true
+                return @releases.shift(BATCH)
+              end
             end
-            @wake.broadcast # a flush waiting for the releases
+            @done.broadcast if @releases.empty? # a flush waiting for the releases
             return nil if @stopping
 
-            due = @held.keys.min_by(&:due)
-            wait = due && (due.due - Tumbler::Client.now)
-            return due if wait && wait <= 0
+            due = @held.empty? ? nil : @held.keys.min_by(&:due)
+            return due if due && due.due <= now
 
-            @wake_at = due ? due.due : Float::INFINITY
-            @wake.wait(@mutex, wait)
+            @wake_at = [due&.due, send_at].compact.min || Float::INFINITY
+            @wake.wait(@mutex, @wake_at.finite? ? @wake_at - now : nil)
             @wake_at = -Float::INFINITY
           end
         end
