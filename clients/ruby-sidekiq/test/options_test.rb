@@ -27,6 +27,35 @@ class OptionsTest < Minitest::Test
                              prefix: 'uniquejobs')
   end
 
+  # Arguments with no object in them skip the canonical round trip (their
+  # JSON is already canonical): the same digest either way.
+  def test_plain_arguments_give_the_canonical_digest
+    canonical = ->(v) { JSON.generate(Digest.canonical(JSON.parse(JSON.generate([v]))[0])) }
+    [[42, 'x', 1.5, nil, true, false, :sym], [], [[1, ['é', 2**70]], -0.0, 1.0e-7, 0.1 + 0.2, "\u2028\"\\"],
+     [1, { 'b' => 1, 'a' => 2 }], [{ a: 1 }]].each do |args|
+      fields = { 'lock_args' => args, 'queue' => 'q', 'class' => 'C' }
+      assert_equal "p:#{::Digest::SHA256.hexdigest(canonical.(fields))}",
+                   Digest.call(class_name: 'C', queue: 'q', lock_args: args, prefix: 'p'), args.inspect
+      assert_equal canonical.(args), Digest.canonical_json(args), args.inspect
+    end
+  end
+
+  class ChangingOptionsJob
+    include Sidekiq::Worker
+    sidekiq_options lock: :until_executed
+  end
+
+  # A class's options are read once per change, not once per job: a
+  # sidekiq_options call later is seen by the next job.
+  def test_changed_class_options_are_seen
+    item = { 'class' => ChangingOptionsJob.name, 'args' => [] }
+    assert_equal :until_executed, Tumbler::Sidekiq::LockOptions.for(ChangingOptionsJob, item).type
+    assert_equal :until_executed, Tumbler::Sidekiq::LockOptions.for(ChangingOptionsJob, item).type
+    ChangingOptionsJob.sidekiq_options lock: :while_executing, lock_limit: 3
+    opts = Tumbler::Sidekiq::LockOptions.for(ChangingOptionsJob, item)
+    assert_equal [:while_executing, 3], [opts.type, opts.limit]
+  end
+
   def test_the_digest_options
     item = { 'class' => 'PerUserJob', 'queue' => 'default', 'args' => [7, 1, 't', 'gate'] }
     opts = Tumbler::Sidekiq::LockOptions.for(PerUserJob, item)

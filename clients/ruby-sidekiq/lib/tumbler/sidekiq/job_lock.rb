@@ -32,6 +32,10 @@ module Tumbler
       # Added to execution_ttl when a run waits for another run of the same
       # job to end or lapse (ms).
       OTHER_RUN_GRACE_MS = 2_000
+      # Thread.handle_interrupt's masks, made once (a job runs three).
+      SHUTDOWN_NEVER = { ::Sidekiq::Shutdown => :never }.freeze
+      LOST_NEVER = { LockLost => :never }.freeze
+      LOST_IMMEDIATE = { LockLost => :immediate }.freeze
 
       attr_reader :options, :item, :digest
 
@@ -138,7 +142,7 @@ module Tumbler
 
       def metadata
         meta = { 'class' => item['class'].to_s, 'queue' => item['queue'].to_s, 'jid' => jid.to_s,
-                 'lock' => options.type.to_s }
+                 'lock' => options.kind }
         meta['at'] = item['at'].to_s if item['at']
         meta
       end
@@ -274,17 +278,17 @@ module Tumbler
           outcome = e.is_a?(::Sidekiq::Shutdown) ? :requeued : (retried?(e) ? :retried : :dropped)
           raise
         ensure
-          Thread.handle_interrupt(::Sidekiq::Shutdown => :never) { finish.call(outcome) }
+          Thread.handle_interrupt(SHUTDOWN_NEVER) { finish.call(outcome) }
         end
       end
 
       # The job runs with its lease kept by the Keeper; LockLost reaches
       # it only while it runs.
       def hold(lock, perform)
-        Thread.handle_interrupt(LockLost => :never) do
+        Thread.handle_interrupt(LOST_NEVER) do
           held = keeper.keep(lock, @sent || Tumbler::Client.now)
           begin
-            Thread.handle_interrupt(LockLost => :immediate) { perform.call }
+            Thread.handle_interrupt(LOST_IMMEDIATE) { perform.call }
           ensure
             keeper.drop(held)
           end

@@ -32,10 +32,12 @@ module Tumbler
       module_function
 
       def call(class_name:, queue:, lock_args:, prefix:, across_queues: false, across_workers: false)
-        fields = { 'lock_args' => lock_args }
+        fields = {} # (in the canonical order of its keys)
         fields['class'] = class_name.to_s unless across_workers
+        fields['lock_args'] = lock_args
         fields['queue'] = queue.to_s unless across_queues
-        "#{prefix}:#{::Digest::SHA256.hexdigest(canonical_json(fields))}"
+        json = plain?(lock_args) ? JSON.generate(fields) : canonical_json(fields)
+        "#{prefix}:#{::Digest::SHA256.hexdigest(json)}"
       end
 
       def job(name:, lock_args:)
@@ -44,7 +46,21 @@ module Tumbler
         "#{JOB_PREFIX}#{name}:#{::Digest::SHA256.hexdigest(canonical_json(lock_args.is_a?(Array) ? lock_args : [lock_args]))}"
       end
 
-      def canonical_json(value) = JSON.generate(canonical(JSON.parse(JSON.generate([value]))[0]))
+      def canonical_json(value)
+        return JSON.generate(value) if plain?(value)
+
+        JSON.generate(canonical(JSON.parse(JSON.generate([value]))[0]))
+      end
+
+      # Values whose JSON is already canonical (no object, so no keys to
+      # sort; each leaf its own JSON once read back): the common arguments.
+      PLAIN = [String, Integer, Float, TrueClass, FalseClass, NilClass, Symbol].freeze
+
+      def plain?(value)
+        return value.all? { |v| plain?(v) } if value.instance_of?(Array)
+
+        PLAIN.include?(value.class)
+      end
 
       def canonical(value)
         case value

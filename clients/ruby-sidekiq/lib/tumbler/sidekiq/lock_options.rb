@@ -22,13 +22,30 @@ module Tumbler
       # job_class: the class (or its name); item: the job hash.
       def self.for(job_class, item, config = Sidekiq.config)
         klass = constantize(job_class || item['class'])
-        class_opts = klass.respond_to?(:get_sidekiq_options) ? klass.get_sidekiq_options.transform_keys(&:to_s) : {}
-        opts = Options.new(item, class_opts)
+        opts = Options.new(item, class_options(klass))
         type = opts['lock'] || opts['unique'] # `unique:` is sidekiq-unique-jobs' older name
         unique_for = opts['unique_for']
         return nil if (type.nil? || type == false) && unique_for.nil?
 
         new(klass, item, opts, config)
+      end
+
+      @class_options = {}.compare_by_identity # class -> [its options Hash, with String keys, size]
+      @class_options_lock = Mutex.new
+
+      # The class's sidekiq_options with String keys: made again only when
+      # they changed (sidekiq_options replaces the class's Hash; the same
+      # Hash object with the same size is taken as unchanged), not per job.
+      def self.class_options(klass)
+        return {} unless klass.respond_to?(:get_sidekiq_options)
+
+        raw = klass.get_sidekiq_options
+        cached = @class_options[klass]
+        return cached[1] if cached && cached[0].equal?(raw) && cached[2] == raw.size
+
+        opts = raw.transform_keys(&:to_s)
+        @class_options_lock.synchronize { @class_options[klass] = [raw, opts, raw.size] }
+        opts
       end
 
       def self.constantize(name)
@@ -94,7 +111,7 @@ module Tumbler
       def runtime_lock? = RUNTIME_TYPES.include?(type)
 
       # The metrics label of the lock in tumbler: the lock type.
-      def kind = type.to_s
+      def kind = type.name # (a frozen String, made once)
 
       def across_queues? = truthy(@opts['unique_across_queues'])
       def across_workers? = truthy(@opts['unique_across_workers'])
