@@ -20,7 +20,7 @@ module Tumbler
       @limit = limit # the limit asked: a downgrade asks the same
       @client = client
       @name = name
-      @grant = grant
+      self.grant = grant
       @lease_end = lease_end # local monotonic estimate of when the lease runs out
       @lost_reason = nil
       @mutex = Mutex.new
@@ -29,10 +29,10 @@ module Tumbler
       @watchdog = nil
     end
 
-    def holder = grant.holder
-    def fencing_token = grant.fencing_token
+    # (Read once per grant: a message's field is a method_missing call.)
+    attr_reader :holder, :fencing_token, :ttl_ms
+
     def slot = grant.slot
-    def ttl_ms = grant.ttl_ms
     # :read or :write for a grant of a read/write lock, nil for a plain lock's.
     def mode = { LOCK_MODE_READ: :read, LOCK_MODE_WRITE: :write }[grant.mode]
     # The permits the grant holds (1 unless acquired with permits: k), and
@@ -123,8 +123,16 @@ module Tumbler
       { names: @names, fencing_tokens: @fencing_tokens }.compact
     end
 
-    def renewed(grant, sent)
+    # The grant, and its fields read often.
+    def grant=(grant)
       @grant = grant
+      @holder = grant.holder
+      @fencing_token = grant.fencing_token
+      @ttl_ms = grant.ttl_ms
+    end
+
+    def renewed(grant, sent)
+      self.grant = grant
       @lease_end = sent + (grant.ttl_ms / 1000.0)
     end
 

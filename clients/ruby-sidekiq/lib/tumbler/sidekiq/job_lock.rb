@@ -114,8 +114,8 @@ module Tumbler
 
       private
 
-      def client = Sidekiq.client
-      def keeper = Keeper.current
+      def client = (@client ||= Sidekiq.client) # (one job, one process: looked up once)
+      def keeper = (@keeper ||= Keeper.current)
       def logger = @config.logger
 
       # The lease while the job waits in a queue (or in the schedule, or for
