@@ -21,7 +21,8 @@ module Tumbler
     #
     # Lock calls on a job's path: one when it is pushed (Acquire), one when
     # it starts (until_executed: an Acquire that takes the queued grant over
-    # for the run, `takes_over`, one step in the server; until_executing:
+    # for the run, `takes_over`, one step in the server, sent together with
+    # other jobs' starts that meet it (Starts); until_executing:
     # the release; while_executing: the runtime lock's Acquire; and
     # until_and_while_executing, which has two locks, both). Renewals and
     # the release at its end are the process's Keeper's, off the job's
@@ -172,8 +173,12 @@ module Tumbler
       # says, so a killed run's job is not dropped.
       def run_grant(name, queued:)
         queued_holder = queued ? jid : nil
-        lock = acquire(name, holder: run_holder, ttl_ms: execution_ttl_ms, wait_ms: wait_ms,
-                             takes_over: queued_holder)
+        wait = wait_ms
+        lock = if wait.zero?
+                 start(name, takes_over: queued_holder)
+               else
+                 acquire(name, holder: run_holder, ttl_ms: execution_ttl_ms, wait_ms: wait, takes_over: queued_holder)
+               end
         return lock if lock
 
         mine = client.inspect_lock(name).holders.map(&:grant).select { |g| JobLock.job_of(g.holder) == jid }
@@ -182,6 +187,16 @@ module Tumbler
         # (the jid's grant, if another run handed it back meanwhile, is taken over)
         acquire(name, holder: run_holder, ttl_ms: execution_ttl_ms, takes_over: queued_holder,
                       wait_ms: [wait_ms, execution_ttl_ms + OTHER_RUN_GRACE_MS].max)
+      end
+
+      # The run's try-once Acquire (holder: the run's, execution lease), sent
+      # with the other starts of this process that meet it (Starts).
+      def start(name, takes_over:)
+        @sent = Tumbler::Client.now
+        opts = { holder: run_holder, ttl_ms: execution_ttl_ms, limit: options.limit, kind: options.kind,
+                 metadata: metadata }
+        opts[:takes_over] = takes_over if takes_over
+        Starts.current.acquire(name, **opts)
       end
 
       # Pushes while holding a fresh grant; gives it back if the push fails
