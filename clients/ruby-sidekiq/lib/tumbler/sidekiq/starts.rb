@@ -24,6 +24,8 @@ module Tumbler
       # wake: signalled when it is answered or its turn to send comes (each
       # waiting thread is woken for its own reason only, never all at once).
       Start = Struct.new(:item, :result, :done, :wake)
+      NEVER = { Object => :never }.freeze
+      IMMEDIATE = { Object => :immediate }.freeze
 
       # The starts of this process's client (made again with a new client).
       def self.current
@@ -54,22 +56,29 @@ module Tumbler
         @mutex.synchronize { @waiting << start }
         begin
           until start.done
-            batch = @mutex.synchronize do
-              start.wake.wait(@mutex) while @sending && !start.done
-              next nil if start.done
+            # An exception raised into this thread (a shutdown) may end its
+            # wait for its turn, or its request, never the bookkeeping
+            # around them: a sender always hands its turn on.
+            Thread.handle_interrupt(NEVER) do
+              batch = @mutex.synchronize do
+                Thread.handle_interrupt(IMMEDIATE) { start.wake.wait(@mutex) while @sending && !start.done }
+                next nil if start.done
 
-              @sending = true
-              @waiting.shift(Tumbler::Client::BATCH_MAX)
+                @sending = true
+                @waiting.shift(Tumbler::Client::BATCH_MAX)
+              end
+              send_batch(batch) if batch
             end
-            send_batch(batch) if batch
           end
         ensure
           unless start.done
             # Interrupted before its answer (a shutdown): no longer to be sent;
             # the next start in line sends, if nobody is sending.
-            @mutex.synchronize do
-              @waiting.delete(start)
-              @waiting.first&.wake&.signal unless @sending
+            Thread.handle_interrupt(NEVER) do
+              @mutex.synchronize do
+                @waiting.delete(start)
+                @waiting.first&.wake&.signal unless @sending
+              end
             end
           end
         end
@@ -85,11 +94,9 @@ module Tumbler
       def send_batch(batch)
         results = nil
         begin
-          results = if batch.size == 1
-                      [single(*batch.first.item)]
-                    else
-                      @client.batch(batch.map(&:item))
-                    end
+          results = Thread.handle_interrupt(IMMEDIATE) do
+            batch.size == 1 ? [single(*batch.first.item)] : @client.batch(batch.map(&:item))
+          end
         rescue Tumbler::Error => e # refused whole: each start fails as its own call would have
           results = Array.new(batch.size, e)
         ensure
