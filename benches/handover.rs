@@ -7,7 +7,7 @@
 //! hand-over, the default, is measured twice (decision 0089): with the
 //! default request TTL (5 s) under a 30 s lease, so the grant is handed
 //! over provisionally and taken up in a second call, and with a request
-//! TTL as long as the lease, so it rides the wake-up.
+//! TTL of twice the lease, so it rides the wake-up.
 //!
 //! Then the same under a queue: 16 waiters (17 clients on one lock, each
 //! releasing as soon as it is granted and queueing again), from each
@@ -57,9 +57,11 @@ fn service_args() -> ServiceArgs {
 /// The lease every request asks.
 const LEASE_MS: u64 = 30_000;
 
-/// The request TTL of the hand-over's second arm: the lease's, so the
-/// grant rides the wake-up (None: the server's default, 5 s).
-const LONG_QUEUE_TTL: Option<u64> = Some(LEASE_MS);
+/// The request TTL of the hand-over's second arm: twice the lease, so the
+/// lease ends by the waiter's liveness deadline (renewed every third of
+/// the TTL) and the grant rides the wake-up (None: the server's default,
+/// 5 s).
+const LONG_QUEUE_TTL: Option<u64> = Some(2 * LEASE_MS);
 
 fn request(name: &str, holder: &str, wait_ms: u64) -> proto::AcquireRequest {
     proto::AcquireRequest {
@@ -183,7 +185,7 @@ async fn main() {
         "{waiters} waiters: hand-over (default), each Release returns → the next holder's Acquire returns"
     );
     let riding_crowd_label =
-        format!("{waiters} waiters: the same with a request TTL as long as the lease");
+        format!("{waiters} waiters: the same with a request TTL of twice the lease");
     let woken_crowd_label = format!("{waiters} waiters: the same with the hand-over off");
     let mut rows = vec![
         ("try-once Acquire round trip (baseline)", &baseline),
@@ -192,7 +194,7 @@ async fn main() {
             &handover,
         ),
         (
-            "the same with a request TTL as long as the lease (rides the wake-up)",
+            "the same with a request TTL of twice the lease (rides the wake-up)",
             &riding,
         ),
         (
@@ -226,7 +228,7 @@ async fn main() {
     println!("| --- | ---: | ---: |");
     for (label, (calls, commands)) in [
         ("hand-over (default)", crowd_calls),
-        ("hand-over, request TTL as long as the lease", riding_calls),
+        ("hand-over, request TTL twice the lease", riding_calls),
         ("hand-over off", woken_calls),
     ] {
         println!("| {label} | {calls:.2} | {commands:.1} |");
