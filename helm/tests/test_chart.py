@@ -624,7 +624,7 @@ def test_config_map_carries_every_setting():
         "TUMBLER_GROUP_COMMIT_MAX_BYTES": "262144",
         "TUMBLER_GROUP_COMMIT_PER_SHARD": "false",
         "TUMBLER_GROUP_COMMIT_IN_FLIGHT": "1",
-        "TUMBLER_HAND_OVER": "false",
+        "TUMBLER_HAND_OVER": "true",
         "TUMBLER_SESSION_LOCK_DELAY_MS": "0",
         "TUMBLER_HEALTH_INTERVAL_MS": "1000",
         "TUMBLER_SHUTDOWN_DRAIN_MS": "5000",
