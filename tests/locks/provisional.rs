@@ -56,36 +56,62 @@ fn quiet() -> tumbler::config::ServiceArgs {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_past_the_waiters_liveness_is_taken_up_before_the_answer() {
+/// One hand-over, measured: "first" holds the lock, "second" waits for
+/// it, "first" releases.
+struct HandOver {
+    /// The waiter's answer.
+    reply: proto::AcquireResponse,
+    /// A client of the server, for a look afterwards.
+    client: proto::lock_service_client::LockServiceClient<tonic::transport::Channel>,
+    /// Function calls Redis ran from the release to the answer.
+    fcalls: u64,
+    _server: TestServer,
+    _redis: tumbler::dev::RedisServer,
+}
+
+/// [`HandOver`] on `name`, on a server started with `args`; the waiter
+/// asks a lease of `ttl_ms` with a request TTL of `queue_ttl_ms`.
+async fn hand_over_once(
+    args: tumbler::config::ServiceArgs,
+    name: &str,
+    ttl_ms: u64,
+    queue_ttl_ms: u64,
+) -> HandOver {
     let redis = start_redis();
     let server = TestServer::new()
         .redis(&redis.url())
-        .args(quiet())
+        .args(args)
         .start()
         .await;
     let mut holder = server.client().await;
     let mut waiting = server.client().await;
-    let held = holder.acquire(acquire("long", "first")).await.unwrap();
+    let held = holder.acquire(acquire(name, "first")).await.unwrap();
     assert_eq!(held.into_inner().status(), AcquireStatus::Acquired);
-    // A lease of 60 s, a request TTL of 3 s: the hand-over can only give
-    // it up to the request's liveness deadline.
-    let wait = tokio::spawn(async move {
-        waiting
-            .acquire(waiter("long", "second", 60_000, 3_000))
-            .await
-            .unwrap()
-            .into_inner()
-    });
-    until_waiters(&mut holder, "long", 1).await;
+    let request = waiter(name, "second", ttl_ms, queue_ttl_ms);
+    let wait = tokio::spawn(async move { waiting.acquire(request).await.unwrap().into_inner() });
+    until_waiters(&mut holder, name, 1).await;
     let mut conn = redis_conn(&redis.url()).await;
     let before = command_calls(&mut conn).await;
-    let released = holder.release(release("long", "first")).await.unwrap();
+    let released = holder.release(release(name, "first")).await.unwrap();
     assert_eq!(released.into_inner().status(), ReleaseStatus::Released);
     let reply = wait.await.unwrap();
     let after = command_calls(&mut conn).await;
     assert_eq!(reply.status(), AcquireStatus::Acquired, "{reply:?}");
-    let grant = reply.grant.unwrap();
+    HandOver {
+        reply,
+        client: holder,
+        fcalls: fcalls(&before, &after),
+        _server: server,
+        _redis: redis,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_past_the_waiters_liveness_is_taken_up_before_the_answer() {
+    // A lease of 60 s, a request TTL of 3 s: the hand-over can only give
+    // it up to the request's liveness deadline.
+    let mut run = hand_over_once(quiet(), "long", 60_000, 3_000).await;
+    let grant = run.reply.grant.unwrap();
     // Answered with the lease asked, and Redis holds that lease: the
     // take-up ran before the answer.
     assert_eq!(grant.ttl_ms, 60_000);
@@ -93,46 +119,26 @@ async fn a_lease_past_the_waiters_liveness_is_taken_up_before_the_answer() {
         grant.expires_at_ms >= grant.acquired_at_ms + 60_000,
         "{grant:?}"
     );
-    let (stored, now) = grant_of(&mut holder, "long", "second").await.unwrap();
+    let (stored, now) = grant_of(&mut run.client, "long", "second").await.unwrap();
     assert_eq!(stored.fencing_token, grant.fencing_token);
     assert!(stored.expires_at_ms - now > 50_000, "{stored:?} at {now}");
     // Two function calls for it: the release (which handed it over) and
     // the take-up (the waiter had queued before); a refresh of the
     // waiter (every second) may fall between.
-    let fcalls = fcalls(&before, &after);
-    assert!((2..=3).contains(&fcalls), "{fcalls} function calls");
+    assert!(
+        (2..=3).contains(&run.fcalls),
+        "{} function calls",
+        run.fcalls
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_within_the_waiters_liveness_rides_the_wake_up() {
-    let redis = start_redis();
-    let server = TestServer::new()
-        .redis(&redis.url())
-        .args(quiet())
-        .start()
-        .await;
-    let mut holder = server.client().await;
-    let mut waiting = server.client().await;
-    holder.acquire(acquire("short", "first")).await.unwrap();
-    let wait = tokio::spawn(async move {
-        waiting
-            .acquire(waiter("short", "second", 2_000, 60_000))
-            .await
-            .unwrap()
-            .into_inner()
-    });
-    until_waiters(&mut holder, "short", 1).await;
-    let mut conn = redis_conn(&redis.url()).await;
-    let before = command_calls(&mut conn).await;
-    holder.release(release("short", "first")).await.unwrap();
-    let reply = wait.await.unwrap();
-    let after = command_calls(&mut conn).await;
-    assert_eq!(reply.status(), AcquireStatus::Acquired);
-    let grant = reply.grant.unwrap();
+    let run = hand_over_once(quiet(), "short", 2_000, 60_000).await;
+    let grant = run.reply.grant.unwrap();
     assert_eq!(grant.expires_at_ms, grant.acquired_at_ms + 2_000);
     // One function call: the release handed it over whole.
-    let fcalls = fcalls(&before, &after);
-    assert_eq!(fcalls, 1, "{fcalls} function calls");
+    assert_eq!(run.fcalls, 1, "{} function calls", run.fcalls);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,33 +229,10 @@ async fn a_killed_waiting_replica_keeps_the_lock_no_longer_than_its_request_ttl(
 async fn without_the_hand_over_a_release_wakes_the_waiter_to_call_again() {
     // `--no-hand-over`, the A/B switch: the waiter is woken and calls
     // again, a second function call for the grant.
-    let redis = start_redis();
     let args = tumbler::config::ServiceArgs {
         no_hand_over: true,
         ..quiet()
     };
-    let server = TestServer::new()
-        .redis(&redis.url())
-        .args(args)
-        .start()
-        .await;
-    let mut holder = server.client().await;
-    let mut waiting = server.client().await;
-    holder.acquire(acquire("ab", "first")).await.unwrap();
-    let wait = tokio::spawn(async move {
-        waiting
-            .acquire(waiter("ab", "second", 2_000, 60_000))
-            .await
-            .unwrap()
-            .into_inner()
-    });
-    until_waiters(&mut holder, "ab", 1).await;
-    let mut conn = redis_conn(&redis.url()).await;
-    let before = command_calls(&mut conn).await;
-    holder.release(release("ab", "first")).await.unwrap();
-    let reply = wait.await.unwrap();
-    let after = command_calls(&mut conn).await;
-    assert_eq!(reply.status(), AcquireStatus::Acquired);
-    let fcalls = fcalls(&before, &after);
-    assert_eq!(fcalls, 2, "{fcalls} function calls");
+    let run = hand_over_once(args, "ab", 2_000, 60_000).await;
+    assert_eq!(run.fcalls, 2, "{} function calls", run.fcalls);
 }

@@ -7,7 +7,7 @@
 use crate::Config;
 use crate::hand_over::{Mode, Wake};
 use crate::model::{Action, Call, State};
-use crate::redis::{Data, Id, Reply};
+use crate::redis::{Data, Effects, Id, Reply};
 
 /// One step of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,7 +70,6 @@ pub fn function(call: &Call) -> &'static str {
 fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
     let mut data = s.redis.clone();
     let now = s.now;
-    let some = |e: u8| (e > 0).then_some(e);
     let on = |data: &mut Data, lock: u8, f: &dyn Fn(&mut Data) -> Reply| {
         data.select(lock);
         f(data)
@@ -102,22 +101,35 @@ fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
             let (tokens, group) = (cfg.set_tokens(&call), cfg.group_of(c, groups));
             data.release_many(now, c, tokens, group).reply
         }
+        _ => return single(cfg, s, c, call).map(|effects| effects.reply),
+    })
+}
+
+/// What a single lock's call of client `c` in state `s` does: its reply
+/// and what it publishes (None for a multi-lock's calls, and for those
+/// that answer no reply of this kind).
+fn single(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Effects> {
+    if cfg.is_set(c) {
+        return None;
+    }
+    let mut data = s.redis.clone();
+    data.select(cfg.lock_of(c));
+    let some = |e: u8| (e > 0).then_some(e);
+    let now = s.now;
+    Some(match call {
         Call::Acquire {
             req,
             answer_by,
             epoch,
             via,
             ..
-        } => {
-            let args = cfg.request_args(c, via, req, answer_by, epoch);
-            data.acquire(now, args).reply
-        }
-        Call::Downgrade { epoch, .. } => data.acquire(now, cfg.downgrade_args(c, 0, epoch)).reply,
-        Call::Release { token, epoch } => data.release(now, c, token, some(epoch), None).reply,
-        Call::GiveBack { req, token } => data.release(now, c, token, None, Some(req)).reply,
-        Call::Extend { token, .. } => data.extend(now, c, token, cfg.ttl, 0).reply,
-        Call::Proclaim { token } => data.proclaim(now, c, token).reply,
-        Call::Renew { token, epoch, .. } => data.renew(now, c, token, cfg.ttl, epoch).reply,
+        } => data.acquire(now, cfg.request_args(c, via, req, answer_by, epoch)),
+        Call::Downgrade { epoch, .. } => data.acquire(now, cfg.downgrade_args(c, 0, epoch)),
+        Call::Release { token, epoch } => data.release(now, c, token, some(epoch), None),
+        Call::GiveBack { req, token } => data.release(now, c, token, None, Some(req)),
+        Call::Extend { token, .. } => data.extend(now, c, token, cfg.ttl, 0),
+        Call::Proclaim { token } => data.proclaim(now, c, token),
+        Call::Renew { token, epoch, .. } => data.renew(now, c, token, cfg.ttl, epoch),
         _ => return None,
     })
 }
@@ -211,34 +223,16 @@ fn push_handed(steps: &mut Vec<Step>, wake: &Wake) {
 }
 
 /// What a single lock's call of client `c` in state `s` publishes (the
-/// grants it hands over among it); None for the calls that hand nothing
-/// over in the model (multi-locks, sessions).
+/// grants it hands over among it); None for a multi-lock's calls.
 fn wake(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Wake> {
-    if cfg.is_set(c) {
-        return None;
-    }
-    let mut data = s.redis.clone();
-    data.select(cfg.lock_of(c));
-    let some = |e: u8| (e > 0).then_some(e);
-    let now = s.now;
-    Some(match call {
-        Call::Acquire {
-            req,
-            answer_by,
-            epoch,
-            via,
-            ..
-        } => {
-            data.acquire(now, cfg.request_args(c, via, req, answer_by, epoch))
-                .wake
+    match call {
+        Call::Dequeue { req } if !cfg.is_set(c) => {
+            let mut data = s.redis.clone();
+            data.select(cfg.lock_of(c));
+            Some(data.dequeue(s.now, c, req))
         }
-        Call::Downgrade { epoch, .. } => data.acquire(now, cfg.downgrade_args(c, 0, epoch)).wake,
-        Call::Release { token, epoch } => data.release(now, c, token, some(epoch), None).wake,
-        Call::GiveBack { req, token } => data.release(now, c, token, None, Some(req)).wake,
-        Call::Extend { token, .. } => data.extend(now, c, token, cfg.ttl, 0).wake,
-        Call::Dequeue { req } => data.dequeue(now, c, req),
-        _ => return None,
-    })
+        call => single(cfg, s, c, call).map(|effects| effects.wake),
+    }
 }
 
 /// A path of `cfg` chosen at random (a small LCG from `seed`, so a path
