@@ -57,6 +57,49 @@ async fn holders(client: &mut LockServiceClient<Channel>, name: &str) -> Vec<Str
         .collect()
 }
 
+/// "patient" waits on "line" through a replica of its own (started with
+/// `flag`), which settles for `settle_ms` (a fresh subscription wakes its
+/// waiters once) and then freezes (SIGSTOP): its queue entry stays alive
+/// for the queue TTL while nothing of it answers. The replica, the waiting
+/// call and the pid that SIGCONT thaws.
+async fn patient_behind_a_frozen_replica(
+    redis_url: &str,
+    client: &mut LockServiceClient<Channel>,
+    flag: &str,
+    settle_ms: u64,
+) -> (
+    TumblerProcess,
+    tokio::task::JoinHandle<Result<proto::AcquireResponse, tonic::Status>>,
+    nix::unistd::Pid,
+) {
+    let frozen = TumblerProcess::start(redis_url, &[flag]).await;
+    let waiter = spawn_wait(
+        frozen.client().await,
+        proto::AcquireRequest {
+            queue_ttl_ms: Some(30_000),
+            ..queue::wait_for("line", "patient", 30_000)
+        },
+    );
+    until_queued(client, "line", 1).await;
+    tokio::time::sleep(Duration::from_millis(settle_ms)).await;
+    let pid = nix::unistd::Pid::from_raw(frozen.pid().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    (frozen, waiter, pid)
+}
+
+/// A try-once request of `holder` on "line" (`fair = false` when barging).
+async fn try_once(
+    client: &mut LockServiceClient<Channel>,
+    holder: &str,
+    barging: bool,
+) -> proto::AcquireResponse {
+    let request = proto::AcquireRequest {
+        fair: barging.then_some(false),
+        ..acquire("line", holder)
+    };
+    client.acquire(request).await.unwrap().into_inner()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contended_grant_costs_two_function_calls() {
     let redis = start_redis();
@@ -350,20 +393,8 @@ async fn try_once_does_not_jump_the_queue_but_barging_takes_a_permit_an_expiry_f
     // lease then runs out: nobody calls at that moment, so a permit is
     // free while "patient" is first in line (a release would have handed
     // it to "patient" at once).
-    let frozen = TumblerProcess::start(&redis.url(), &["--hand-over"]).await;
-    let waiter = spawn_wait(
-        frozen.client().await,
-        proto::AcquireRequest {
-            queue_ttl_ms: Some(30_000),
-            ..queue::wait_for("line", "patient", 30_000)
-        },
-    );
-    until_queued(&mut client, "line", 1).await;
-    // Its replica settles (a fresh subscription wakes its waiters once),
-    // then freezes; whatever it sent before has run by then.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let pid = nix::unistd::Pid::from_raw(frozen.pid().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let (_frozen, waiter, pid) =
+        patient_behind_a_frozen_replica(&redis.url(), &mut client, "--hand-over", 300).await;
     // Frozen while the lease still ran (else its replica's expiry timer
     // may have granted "patient" already, and the scenario is another).
     let seen = client.inspect(inspect("line")).await.unwrap().into_inner();
@@ -378,21 +409,10 @@ async fn try_once_does_not_jump_the_queue_but_barging_takes_a_permit_an_expiry_f
     tokio::time::sleep(Duration::from_millis(left_ms)).await;
 
     // A barging request takes the permit the expiry freed.
-    let barging = client
-        .acquire(proto::AcquireRequest {
-            fair: Some(false),
-            ..acquire("line", "barging")
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let barging = try_once(&mut client, "barging", true).await;
     assert_eq!(barging.status(), AcquireStatus::Acquired, "{barging:?}");
     // A fair try-once request does not jump the queue.
-    let polite = client
-        .acquire(acquire("line", "polite"))
-        .await
-        .unwrap()
-        .into_inner();
+    let polite = try_once(&mut client, "polite", false).await;
     assert_eq!(polite.status(), AcquireStatus::NotAcquired);
     assert_eq!(polite.reason(), NotAcquiredReason::Busy);
     assert_eq!(queue_of(&mut client, "line").await, ["patient"]);
@@ -418,7 +438,7 @@ async fn try_once_does_not_jump_the_queue_but_barging_takes_a_permit_an_expiry_f
 #[tokio::test]
 async fn try_once_does_not_jump_the_queue_but_barging_does() {
     // Without the hand-over (`--no-hand-over`: the release wakes the
-    // head, which calls again); with it, `handover.rs` has the same case.
+    // head, which calls again); with it, the test above has the same case.
     let redis = start_redis();
     let args = tumbler::config::ServiceArgs {
         no_hand_over: true,
@@ -434,41 +454,18 @@ async fn try_once_does_not_jump_the_queue_but_barging_does() {
     // "patient" waits through a replica that then stops answering (it is
     // frozen, its queue entry stays alive for the queue TTL): once the
     // holder releases, a permit is free while "patient" is first in line.
-    let frozen = TumblerProcess::start(&redis.url(), &["--no-hand-over"]).await;
-    let waiter = spawn_wait(
-        frozen.client().await,
-        proto::AcquireRequest {
-            queue_ttl_ms: Some(30_000),
-            ..wait_for("line", "patient", 30_000)
-        },
-    );
-    until_queued(&mut client, "line", 1).await;
-    // Its replica settles (a fresh subscription wakes its waiters once),
-    // then freezes; whatever it sent before has run by the release.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let pid = nix::unistd::Pid::from_raw(frozen.pid().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let (_frozen, waiter, pid) =
+        patient_behind_a_frozen_replica(&redis.url(), &mut client, "--no-hand-over", 500).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     client.release(release("line", "holder")).await.unwrap();
 
     // A fair try-once request does not take the free permit: "patient"
     // goes first.
-    let polite = client
-        .acquire(acquire("line", "polite"))
-        .await
-        .unwrap()
-        .into_inner();
+    let polite = try_once(&mut client, "polite", false).await;
     assert_eq!(polite.status(), AcquireStatus::NotAcquired);
     assert_eq!(polite.reason(), NotAcquiredReason::Busy);
     // A barging request takes it at once.
-    let barging = client
-        .acquire(proto::AcquireRequest {
-            fair: Some(false),
-            ..acquire("line", "barging")
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let barging = try_once(&mut client, "barging", true).await;
     assert_eq!(barging.status(), AcquireStatus::Acquired, "{barging:?}");
     assert_eq!(queue_of(&mut client, "line").await, ["patient"]);
 
