@@ -25,7 +25,11 @@ module Tumbler
     # A request that ends so fails its items, not the batch.
     CUT = [GRPC::Core::StatusCodes::UNAVAILABLE, GRPC::Core::StatusCodes::DEADLINE_EXCEEDED].freeze
 
-    # One item, ready to send: its request and what its answer becomes.
+    # One item, ready to send: its request, as the Hash a V1::BatchItem is
+    # made from ({ release: { name: ..., ... } }: the whole BatchRequest is
+    # made by one `new` from such hashes, a few times cheaper than a
+    # message made per item and per request in it), and what its answer
+    # becomes.
     BatchCall = Struct.new(:kind, :label, :names, :limit, :item)
 
     # Several independent calls in one request, each answered as its own
@@ -96,9 +100,10 @@ module Tumbler
       return [] if releases.empty?
 
       calls = releases.map do |name, holder, token|
-        fields = { namespace: namespace, name: name.to_s, holder: holder }
+        name = name.to_s
+        fields = { namespace: namespace, name: name, holder: holder }
         fields[:fencing_token] = token if token
-        BatchCall.new(:release, name.to_s, nil, nil, V1::BatchItem.new(release: V1::ReleaseRequest.new(fields)))
+        BatchCall.new(:release, name, nil, nil, { release: fields })
       end
       run_batch(calls, timeout)
     end
@@ -113,12 +118,16 @@ module Tumbler
       pending = (0...calls.size).to_a
       attempt = 0
       until pending.empty?
-        batch_slices(pending, calls).each do |slice|
+        # (every request made before the first is sent: an item the message
+        # class refuses raises before anything went)
+        slices = batch_slices(pending, calls)
+        requests = slices.map { |slice| V1::BatchRequest.new(items: slice.map { |i| calls[i].item }) }
+        slices.each_with_index do |slice, k|
           sent = Client.now
           begin
             resp = call(:batch, deadline: deadline) do
               sent = Client.now
-              V1::BatchRequest.new(items: slice.map { |i| calls[i].item })
+              requests[k]
             end
           rescue Error => e
             unless CUT.include?(e.code)
@@ -133,7 +142,13 @@ module Tumbler
             next
           end
           sent = [sent, Client.now - 0.05].max
-          slice.zip(resp.results) { |i, result| results[i] = batch_result(calls[i], result, sent) }
+          if slice.all? { |i| calls[i].kind == :release }
+            # Releases' answers read in one conversion (each message field read
+            # from Ruby makes an object; a release's answer is one enum)
+            slice.zip(resp.to_h[:results]) { |i, result| results[i] = release_result(calls[i], result) }
+          else
+            slice.zip(resp.results) { |i, result| results[i] = batch_result(calls[i], result, sent) }
+          end
         end
         pending = pending.select { |i| results[i].is_a?(Unavailable) }
         break if pending.empty?
@@ -151,10 +166,15 @@ module Tumbler
     # BATCH_MAX_BYTES bytes, in order (an item bigger than that alone:
     # the server says what it makes of it).
     def batch_slices(pending, calls)
+      # Most fit in one request: known so from a bound on their sizes, without encoding them.
+      if pending.size <= BATCH_MAX && pending.sum { |i| Client.size_bound(calls[i].item) } <= BATCH_MAX_BYTES
+        return [pending]
+      end
+
       slices = [[]]
       bytes = 0
       pending.each do |i|
-        size = V1::BatchItem.encode(calls[i].item).bytesize + 4
+        size = V1::BatchItem.encode(V1::BatchItem.new(calls[i].item)).bytesize + 4
         if !slices.last.empty? && (slices.last.size >= BATCH_MAX || bytes + size > BATCH_MAX_BYTES)
           slices << []
           bytes = 0
@@ -199,23 +219,49 @@ module Tumbler
           else fields[key] = value
           end
         end
-        item = V1::BatchItem.new(acquire: V1::AcquireRequest.new(fields))
+        item = { acquire: fields }
       when :release
         options.each do |key, value|
           next if value.nil?
 
           fields[key] = key == :fencing_tokens ? value.to_a : value
         end
-        item = V1::BatchItem.new(release: V1::ReleaseRequest.new(fields))
+        item = { release: fields }
       when :extend
         options.each do |key, value|
           next if value.nil?
 
           fields[key] = key == :fencing_tokens ? value.to_a : value
         end
-        item = V1::BatchItem.new(extend: V1::ExtendRequest.new(fields))
+        item = { extend: fields }
       end
       BatchCall.new(kind, names ? names.join(',') : name.to_s, names, options[:limit], item)
+    end
+
+    # An upper bound of the bytes a request's item (a Hash of fields, as
+    # BatchCall#item) takes in a BatchRequest: each field at most its
+    # value's bytes and 12 of tag, length and varint; each message or map
+    # entry in it 12 more.
+    def self.size_bound(value)
+      case value
+      when String then value.bytesize + 12
+      when Hash then value.sum { |k, v| size_bound(k.is_a?(String) ? k : nil) + size_bound(v) } + 12
+      when Array then value.sum { |v| size_bound(v) }
+      when Symbol then value.size + 12 # (an enum's name: its number takes less)
+      else 12
+      end
+    end
+
+    # A release item's answer (from the response's to_h), as #release_many gives it.
+    def release_result(call, result)
+      if (err = result[:error])
+        return Tumbler.error_from(GRPC::BadStatus.new_status_exception(err[:code], err[:message]))
+      end
+
+      release = result[:release]
+      return release[:status] == :RELEASE_STATUS_RELEASED if release
+
+      Error.new("batch: no answer for #{call.kind} #{call.label}", code: GRPC::Core::StatusCodes::UNKNOWN)
     end
 
     # One item's answer as its own call's helper would give it.
@@ -230,7 +276,7 @@ module Tumbler
         resp = result['extend'] # (Object#extend is Ruby's own)
         return nil unless resp.status == :EXTEND_STATUS_EXTENDED
 
-        tokens = call.names && call.item['extend'].fencing_tokens.to_a
+        tokens = call.names && call.item[:extend][:fencing_tokens].to_a
         Lock.new(self, call.label, resp.grant, sent + (resp.grant.ttl_ms / 1000.0), names: call.names,
                                                                                   fencing_tokens: tokens&.empty? ? nil : tokens)
       else

@@ -71,7 +71,15 @@ module Tumbler
       HEAD_END = "\r\n\r\n"
       CRLF = "\r\n"
 
+      # A connection given back this recently (s) is taken again without
+      # the peek (#stale?): a server that closed it meanwhile is met as a
+      # reused connection that gave no answer (Reused), and the request goes
+      # again on a fresh one, as when the close comes just after a peek.
+      FRESH = 1.0
+
       attr_reader :io
+      # When it was last given back (Client.now).
+      attr_accessor :idle_since
 
       def initialize(io)
         @io = io
@@ -79,6 +87,7 @@ module Tumbler
         @buf = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
         @chunk = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
         @used = false
+        @idle_since = -Float::INFINITY
       end
 
       def close
@@ -86,6 +95,9 @@ module Tumbler
       rescue IOError, SystemCallError, OpenSSL::SSL::SSLError
         nil
       end
+
+      # Given back within FRESH with nothing left over: taken again without a peek.
+      def fresh? = @buf.empty? && Client.now - @idle_since < FRESH
 
       # An idle connection with something to read: the server closed it (or sent junk).
       def stale?
@@ -101,7 +113,35 @@ module Tumbler
       # Sends one request, reads its whole answer: [status, body, keep-alive].
       # Reused: a connection that served before gave no answer at all (the
       # server closed it while idle), so the request may go again on a fresh one.
+      #
+      # The common case goes straight (a plaintext socket with nothing left
+      # over: one write, one wait, one read); an answer in pieces, and TLS,
+      # the way #exchange goes.
       def roundtrip(request, deadline)
+        if @plain && @buf.empty?
+          reused = @used
+          begin
+            n = @io.write_nonblock(request, exception: false)
+            if n == request.bytesize
+              wait(:wait_readable, deadline)
+              data = @io.read_nonblock(READ_SIZE, @chunk, exception: false)
+              raise EOFError, 'the server closed the connection' if data.nil?
+
+              @buf << data if data.is_a?(String)
+            else
+              send_all(n.is_a?(Integer) ? request.byteslice(n, request.bytesize - n) : request, deadline)
+            end
+            head_end = read_until(HEAD_END, deadline, true)
+          rescue EOFError, SystemCallError => e
+            raise Reused, e.message if reused && @buf.empty?
+
+            raise
+          end
+          status, body, keep = read_answer(head_end, deadline)
+          @used = true
+          return [status, body, keep]
+        end
+
         answer = nil
         keep = exchange(request, 1, deadline) { |status, body| answer = [status, body] }
         [answer[0], answer[1], keep]
@@ -430,7 +470,7 @@ module Tumbler
           @idle.pop
         end
         break unless conn
-        return conn unless conn.stale?
+        return conn if conn.fresh? || !conn.stale?
 
         conn.close
       end
@@ -469,6 +509,7 @@ module Tumbler
     end
 
     def give_back(conn)
+      conn.idle_since = Client.now
       closed = @mutex.synchronize do
         @idle.push(conn) unless @closed
         @closed
