@@ -154,15 +154,17 @@ module Tumbler
       fields[:priority] = priority unless priority.nil? || priority == 0
       fields[:queue_ttl_ms] = queue_ttl_ms if queue_ttl_ms
       fields[:fair] = fair unless fair.nil?
-      mode = Client.lock_mode(mode)
-      fields[:mode] = mode if mode
+      if mode
+        mode = Client.lock_mode(mode)
+        fields[:mode] = mode if mode
+      end
       fields[:prefer_readers] = prefer_readers if prefer_readers
       fields[:permits] = permits if permits
       fields[:takes_over] = takes_over unless takes_over.nil? || takes_over.to_s.empty?
       resp, sent = send_acquire(name, holder, wait_ms, timeout, fields)
-      grant = resp.grant
-      Lock.new(self, name, grant, sent + (grant.ttl_ms / 1000.0), already_held: resp.status == :ACQUIRE_STATUS_ALREADY_HELD,
-                                                                   limit: limit)
+      grant = resp['grant'] # (read by name: a field's method is a method_missing call)
+      Lock.new(self, name, grant, sent + (grant['ttl_ms'] / 1000.0),
+               already_held: resp['status'] == :ACQUIRE_STATUS_ALREADY_HELD, limit: limit)
     end
 
     # A multi-lock (2 to 16 distinct names of the namespace): every lock or
@@ -317,12 +319,33 @@ module Tumbler
     def send_acquire(label, holder, wait_ms, timeout, fields)
       holder = "rb-#{SecureRandom.hex(16)}" if holder.nil? || holder.empty?
       fields[:holder] = holder
-      resp, sent = waiting_call(:acquire, V1::AcquireRequest.new(fields), wait_ms: wait_ms, timeout: timeout)
+      request = V1::AcquireRequest.new(fields)
+      resp, sent = if wait_ms == 0
+                     try_once_call(:acquire, request, timeout: timeout)
+                   else
+                     waiting_call(:acquire, request, wait_ms: wait_ms, timeout: timeout)
+                   end
       raise LockTimeout.new(label, nil, "#{label}: not acquired before the deadline") if resp.nil?
-      raise not_acquired(label, resp) if resp.status == :ACQUIRE_STATUS_NOT_ACQUIRED
+      raise not_acquired(label, resp) if resp['status'] == :ACQUIRE_STATUS_NOT_ACQUIRED
 
       now = Client.now - 0.05
       [resp, sent > now ? sent : now]
+    end
+
+    # #waiting_call's answer for a request that does not wait (wait_ms 0, as
+    # built): the same, without a wait to work out on each try.
+    def try_once_call(method, request, timeout:)
+      sent = Client.now
+      deadline = sent + (timeout || DEADLINE_SLACK)
+      resp = call(method, deadline: deadline) do
+        sent = Client.now
+        request
+      end
+      [resp, sent]
+    rescue Error => e
+      raise unless e.code == GRPC::Core::StatusCodes::DEADLINE_EXCEEDED
+
+      [nil, sent]
     end
 
     # One RPC that waits in the server (request: built once, its wait_ms

@@ -126,9 +126,9 @@ module Tumbler
     # The grant, and its fields read often.
     def grant=(grant)
       @grant = grant
-      @holder = grant.holder
-      @fencing_token = grant.fencing_token
-      @ttl_ms = grant.ttl_ms
+      @holder = grant['holder']
+      @fencing_token = grant['fencing_token']
+      @ttl_ms = grant['ttl_ms']
     end
 
     def renewed(grant, sent)
