@@ -1,7 +1,10 @@
 # frozen_string_literal: true
 
 require_relative 'test_helper'
+require 'digest'
+require 'fileutils'
 require 'net/http'
+require 'tmpdir'
 
 # Sidekiq::Client.push_bulk of unique jobs takes all their push-time locks
 # in one Batch request (counted by tumbler's /metrics), and keeps every
@@ -145,6 +148,64 @@ class BulkTest < Minitest::Test
     # A single push after a bulk takes its own lock, as always.
     calls = lock_calls { assert UntilExecutedJob.set(queue: queue).perform_async(tag, 'single') }
     assert_equal({ 'Acquire' => 1 }, calls)
+  end
+
+  # A push_bulk above 256 jobs against a token with a request rate: its
+  # first request (256 items, each one call) is granted, the next refused
+  # whole (RESOURCE_EXHAUSTED); the bulk raises that and pushes nothing,
+  # and the grants the first request took are given back although the
+  # budget is spent (the give-back goes again, in smaller requests, as it
+  # refills): no lock is left without its job, and the jobs can be pushed
+  # again at once.
+  def test_a_rate_limited_multi_request_bulk_gives_back_what_it_took
+    redis_pid, redis_port = TumblerTest.start_redis
+    limited = "tmb_#{SecureRandom.hex(32)}"
+    checker = "tmb_#{SecureRandom.hex(32)}"
+    dir = Dir.mktmpdir('tumbler-bulk-rate')
+    tokens = File.join(dir, 'tokens.toml')
+    File.write(tokens, <<~TOML)
+      [[token]]
+      name = "bulk-rate"
+      sha256 = "#{Digest::SHA256.hexdigest(limited)}"
+      role = "client"
+      namespaces = ["*"]
+      requests_per_second = 300
+
+      [[token]]
+      name = "checker"
+      sha256 = "#{Digest::SHA256.hexdigest(checker)}"
+      role = "client"
+      namespaces = ["*"]
+    TOML
+    port = TumblerTest.free_port
+    pid, log = TumblerTest.spawn_logged("tumbler-rate-#{port}", {}, TumblerTest.tumbler_bin, 'serve', '--listen',
+                                        "127.0.0.1:#{port}", '--http-listen', 'off', '--auth-tokens-file', tokens,
+                                        '--shutdown-drain-ms', '0', '--redis-url', "redis://127.0.0.1:#{redis_port}")
+    TumblerTest.wait_listening(pid, port, 'tumbler serve', log)
+    Tumbler::Sidekiq.configure(address: "127.0.0.1:#{port}", token: limited, rpc_timeout: 10.0, install: false)
+    check = Tumbler::Client.new("127.0.0.1:#{port}", namespace: SidekiqHarness::NAMESPACE, token: checker)
+    held = -> { check.call(:list) { Tumbler::V1::ListRequest.new(namespace: SidekiqHarness::NAMESPACE, page_size: 1000) }.locks.size }
+    tag = new_tag('bulk-rate')
+    queue = "q-#{tag}"
+    args = (1..400).map { |i| [tag, "r#{i}"] }
+    log_text = nil
+    err = nil
+    log_text = capture_log { err = assert_raises(Tumbler::Error) { bulk(queue, args) } }
+    assert_equal GRPC::Core::StatusCodes::RESOURCE_EXHAUSTED, err.code, err.message
+    assert_equal 0, queue_jids(queue).size, 'nothing of the failed bulk was pushed'
+    assert_equal 0, held.call, "every grant of the first request was given back (log: #{log_text})"
+    refute_match(/could not give back/, log_text)
+    # The same jobs go through afterwards, as the budget allows: none is held by a lock left behind.
+    sleep 1.2
+    jids = bulk(queue, args.first(100))
+    assert_equal 100, jids.size, 'a job of the failed bulk can be pushed again'
+    assert_equal 100, held.call
+  ensure
+    Tumbler::Sidekiq.configure(address: ENV.fetch('TUMBLER_ADDR'), token: nil, rpc_timeout: 10.0, install: false)
+    check&.close
+    TumblerTest.stop(pid)
+    TumblerTest.stop(redis_pid)
+    FileUtils.rm_rf(dir) if dir
   end
 
   # Tumbler's Redis stopped: the bulk raises what a single push raises

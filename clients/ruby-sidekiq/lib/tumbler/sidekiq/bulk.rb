@@ -93,17 +93,43 @@ module Tumbler
         end
       end
 
-      # The grants this push_bulk took go back (pinned to their tokens, one
-      # Batch); then the push fails with `err`.
+      # The grants this push_bulk took go back (pinned to their tokens, in
+      # one Batch); then the push fails with `err`.
       def give_back_and_raise(taken, err)
-        begin
-          Sidekiq.client.release_many(taken).each_with_index do |r, i|
-            warn_kept(taken[i], r.message) if r.is_a?(Tumbler::Error)
-          end
-        rescue StandardError => e
-          taken.each { |t| warn_kept(t, e.message) }
-        end
+        give_back(taken)
         raise err
+      end
+
+      # A give-back refused whole for the token's request rate
+      # (RESOURCE_EXHAUSTED: the bulk that failed so spent the budget, each
+      # of its items counting as one call, and a refused Batch spends what
+      # it was charged before the refusal) goes again in requests half as
+      # big, with back-off, until rpc_timeout: a grant left behind would hold
+      # its job's digest, with no job, for the queued lease (a day by default).
+      def give_back(taken)
+        client = Sidekiq.client
+        deadline = Tumbler::Client.now + Sidekiq.config.rpc_timeout
+        chunk = Tumbler::Client::BATCH_MAX
+        attempt = 0
+        until taken.empty?
+          part = taken.first(chunk)
+          begin
+            client.release_many(part, timeout: [deadline - Tumbler::Client.now, 0.001].max).each_with_index do |r, i|
+              warn_kept(part[i], r.message) if r.is_a?(Tumbler::Error)
+            end
+          rescue Tumbler::Error => e
+            pause = [client.backoff(attempt), deadline - Tumbler::Client.now].min
+            raise unless e.code == GRPC::Core::StatusCodes::RESOURCE_EXHAUSTED && pause.positive?
+
+            chunk = [chunk / 2, 1].max
+            attempt += 1
+            sleep pause
+            next
+          end
+          taken = taken.drop(part.size)
+        end
+      rescue StandardError => e
+        taken.each { |t| warn_kept(t, e.message) }
       end
 
       def warn_kept((digest, jid, _token), why)
