@@ -100,6 +100,7 @@ module Tumbler
         rescue Tumbler::Error => e # refused whole: each start fails as its own call would have
           results = Array.new(batch.size, e)
         ensure
+          following = nil
           @mutex.synchronize do
             if results
               batch.each_with_index do |start, i|
@@ -110,9 +111,14 @@ module Tumbler
               @waiting.unshift(*batch) # cut before its answer: sent again by the next sender
             end
             @sending = false
-            batch.each { |start| start.wake.signal if start.done } # they go on
-            @waiting.first&.wake&.signal # the next in line sends
+            following = @waiting.first
           end
+          # Woken once the mutex is free (a thread woken while it is held
+          # would only wait for it again): they go on, and the next in line
+          # sends. (A start marked done under the mutex is seen so by its
+          # thread before it waits, so no wake-up is lost.)
+          batch.each { |start| start.wake.signal if start.done }
+          following&.wake&.signal
         end
       end
 
