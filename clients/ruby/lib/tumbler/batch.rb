@@ -242,11 +242,19 @@ module Tumbler
     # BatchCall#item) takes in a BatchRequest: each field at most its
     # value's bytes and 12 of tag, length and varint; each message or map
     # entry in it 12 more.
+    # (Summed by each with two block arguments: Hash#sum would make an
+    # Array of each pair.)
     def self.size_bound(value)
       case value
       when String then value.bytesize + 12
-      when Hash then value.sum { |k, v| size_bound(k.is_a?(String) ? k : nil) + size_bound(v) } + 12
-      when Array then value.sum { |v| size_bound(v) }
+      when Hash
+        total = 12
+        value.each { |k, v| total += (k.is_a?(String) ? k.bytesize + 12 : 12) + size_bound(v) }
+        total
+      when Array
+        total = 0
+        value.each { |v| total += size_bound(v) }
+        total
       when Symbol then value.size + 12 # (an enum's name: its number takes less)
       else 12
       end
