@@ -5,14 +5,17 @@
 //! and the same hand-over on a server with the hand-over off (decision
 //! 0068: the released permit wakes the waiter, which calls again). The
 //! hand-over, the default, is measured twice (decision 0089): with the
-//! default request TTL (5 s) under a 30 s lease, so the grant is handed
-//! over provisionally and taken up in a second call, and with a request
-//! TTL of twice the lease, so it rides the wake-up.
+//! default request TTL (5 s) under a 30 s lease (one replica: the release
+//! comes through the waiter's own, so the grant is whole, decision 0090),
+//! and with a request TTL of twice the lease, so it rides the wake-up.
 //!
 //! Then the same under a queue: 16 waiters (17 clients on one lock, each
 //! releasing as soon as it is granted and queueing again), from each
 //! Release returning to the next holder's Acquire returning, on each arm,
-//! with Redis' own counters: function calls and commands per grant. And
+//! with Redis' own counters: function calls and commands per grant; and
+//! by default with the clients spread over two replicas, where a grant
+//! handed to the other replica's waiter is provisional and taken up (a
+//! waiter of the releasing replica gets its whole lease: decision 0090). And
 //! the peer: ZooKeeper 3.8 (Debian's `zookeeper`, started by
 //! the benchmark on a free loopback port with its data on tmpfs, its JIT
 //! warmed for ZK_WARM_SECONDS, default 15, first) with Curator's
@@ -106,7 +109,10 @@ async fn main() {
     let redis = RedisServer::start("redis-server").expect("redis-server");
     let mut config = ServerConfig::new(redis.url(), &service_args()).unwrap();
     config.wait_limits.hand_over = true;
-    let endpoint = common::serve_in_process(config).await;
+    let endpoint = common::serve_in_process(config.clone()).await;
+    // A second replica on the same Redis: waiters spread over both hand
+    // grants across replicas, provisionally, and take them up.
+    let second = common::serve_in_process(config).await;
     let mut config = ServerConfig::new(redis.url(), &service_args()).unwrap();
     config.key_prefix = "woken".into();
     config.wait_limits.hand_over = false;
@@ -147,10 +153,14 @@ async fn main() {
     // Under a queue: `waiters` behind the holder, on each arm, counted.
     let total = warm_up + handovers;
     let mut conn = common::redis_conn(&redis.url()).await;
-    let (crowd, crowd_calls) = crowd_counted(&mut conn, &endpoint, waiters, total, None).await;
+    let (crowd, crowd_calls) = crowd_counted(&mut conn, &[&endpoint], waiters, total, None).await;
     let (riding_crowd, riding_calls) =
-        crowd_counted(&mut conn, &endpoint, waiters, total, LONG_QUEUE_TTL).await;
-    let (woken_crowd, woken_calls) = crowd_counted(&mut conn, &woken, waiters, total, None).await;
+        crowd_counted(&mut conn, &[&endpoint], waiters, total, LONG_QUEUE_TTL).await;
+    let (woken_crowd, woken_calls) =
+        crowd_counted(&mut conn, &[&woken], waiters, total, None).await;
+    let (spread_crowd, spread_calls) =
+        crowd_counted(&mut conn, &[&endpoint, &second], waiters, total, None).await;
+    let spread_crowd = latencies(spread_crowd, warm_up);
     let crowd = latencies(crowd, warm_up);
     let riding_crowd = latencies(riding_crowd, warm_up);
     let woken_crowd = latencies(woken_crowd, warm_up);
@@ -187,10 +197,13 @@ async fn main() {
     let riding_crowd_label =
         format!("{waiters} waiters: the same with a request TTL of twice the lease");
     let woken_crowd_label = format!("{waiters} waiters: the same with the hand-over off");
+    let spread_crowd_label = format!(
+        "{waiters} waiters over two replicas (default; a grant to the other replica's waiter is taken up)"
+    );
     let mut rows = vec![
         ("try-once Acquire round trip (baseline)", &baseline),
         (
-            "hand-over (default; a 30 s lease past the 5 s request TTL: taken up): Release returns → waiter's Acquire returns",
+            "hand-over (default; a 30 s lease past the 5 s request TTL, released through the waiter's replica: whole): Release returns → waiter's Acquire returns",
             &handover,
         ),
         (
@@ -204,6 +217,7 @@ async fn main() {
         (crowd_label.as_str(), &crowd),
         (riding_crowd_label.as_str(), &riding_crowd),
         (woken_crowd_label.as_str(), &woken_crowd),
+        (spread_crowd_label.as_str(), &spread_crowd),
     ];
     let zk_crowd_label = format!(
         "ZooKeeper (Curator's recipe), {waiters} waiters: each delete returns → the next holder's lock returns"
@@ -230,6 +244,7 @@ async fn main() {
         ("hand-over (default)", crowd_calls),
         ("hand-over, request TTL twice the lease", riding_calls),
         ("hand-over off", woken_calls),
+        ("hand-over (default), two replicas", spread_calls),
     ] {
         println!("| {label} | {calls:.2} | {commands:.1} |");
     }
@@ -307,13 +322,13 @@ fn latencies(mut grants: Vec<(Instant, Instant)>, warm_up: usize) -> Histogram<u
 /// function calls and the commands inside them per grant.
 async fn crowd_counted(
     conn: &mut redis::aio::MultiplexedConnection,
-    endpoint: &str,
+    endpoints: &[&str],
     waiters: usize,
     total: usize,
     queue_ttl_ms: Option<u64>,
 ) -> (Vec<(Instant, Instant)>, (f64, f64)) {
     common::reset_command_stats(conn).await;
-    let grants = crowd_tumbler(endpoint, waiters, total, queue_ttl_ms).await;
+    let grants = crowd_tumbler(endpoints, waiters, total, queue_ttl_ms).await;
     let stats = common::command_stats(conn).await;
     let n = grants.len() as f64;
     let functions: u64 = (stats.iter())
@@ -327,12 +342,13 @@ async fn crowd_counted(
     (grants, (functions as f64 / n, commands as f64 / n))
 }
 
-/// `waiters + 1` clients (each its own connection) on one lock, each
-/// waiting in Acquire (request TTL `queue_ttl_ms`; None: the default),
-/// releasing as soon as it is granted and queueing again, until `total`
-/// grants: (acquire returned, release returned) per grant.
+/// `waiters + 1` clients (each its own connection, client i to replica
+/// i mod the endpoints) on one lock, each waiting in Acquire (request TTL
+/// `queue_ttl_ms`; None: the default), releasing as soon as it is granted
+/// and queueing again, until `total` grants: (acquire returned, release
+/// returned) per grant.
 async fn crowd_tumbler(
-    endpoint: &str,
+    endpoints: &[&str],
     waiters: usize,
     total: usize,
     queue_ttl_ms: Option<u64>,
@@ -340,8 +356,8 @@ async fn crowd_tumbler(
     let name = "crowd";
     let granted_so_far = Arc::new(AtomicUsize::new(0));
     let mut clients = Vec::new();
-    for _ in 0..=waiters {
-        clients.push(connect(endpoint).await);
+    for i in 0..=waiters {
+        clients.push(connect(endpoints[i % endpoints.len()]).await);
     }
     let mut tasks = tokio::task::JoinSet::new();
     for (id, mut client) in clients.into_iter().enumerate() {

@@ -503,11 +503,7 @@ impl Calls {
     fn release(&self, name: &str) -> Op {
         let call = ops::release::Call {
             holder: "h",
-            token: None,
-            watched: ops::Emit::default(),
-            epoch: None,
-            handed: None,
-            proof: None,
+            ..Default::default()
         };
         self.op("release", name, call.args())
     }

@@ -1,6 +1,6 @@
 -- acquire: take one of `limit` permits of a lock for a holder, or, when the
 -- caller waits, hold its place in the lock's queue.
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- ARGV: holder, ttl_ms, answer_by (Redis ms; '0' = none), then as far as
 --       any is not its default (each argument costs Redis ~1,000
 --       instructions): limit (1), kind ('default'), metadata (JSON; '' = none),
@@ -38,9 +38,9 @@ end
 --    below would make for it (one HSET, the keys' TTL: PEXPIRE from the
 --    same clock, so the header may leave the keys' expiry out).
 local lock_key, grant_field = KEYS[1], 'h:' .. holder
-local read = redis.call('HMGET', lock_key, '_', grant_field)
-if not read[1] and (flags == '' or flags == 'f') and not KEYS[6] then
-  local token = next_token(KEYS[5], now_us)
+local read = redis.call('HMGET', lock_key, '_', grant_field, waiter_field(holder))
+if not read[1] and (flags == '' or flags == 'f') and not KEYS[4] then
+  local token = next_token(KEYS[3], now_us)
   local expires_s = int(now + num(ttl))
   local acquired = token == now_us and '' or string.sub(now_us, 1, -4)
   local record = encode_grant('1', expires_s, token, acquired, ttl, kind, '', metadata)
@@ -226,6 +226,9 @@ local function record(enqueued)
   return encode_waiter(priority_s or '0', enqueued, wait_ms, fair_field, kind, request, hand_answer_by, ttl, epoch,
     metadata)
 end
+-- Its liveness deadline goes with its record, in the lock's hash.
+local deadline = now + tonumber(queue_ttl)
+local deadline_s = int(deadline)
 -- (arrivals is 0 exactly while nobody waits: settle resets it.)
 local fresh, position = L.arrivals == 0, nil
 if known and not queued_order and queue_head(L)
@@ -247,7 +250,7 @@ if added then
   if L.holders == 0 then
     L.mode = want and 'r'
   end
-  redis.call('HSET', L.waiters, holder, record(now_s))
+  change(L, waiter_field(holder), stored_waiter(deadline_s, record(now_s)))
   L.queue_known, L.queued = false, true
   if L.watched then
     emit(L, 'queued', holder, {kind = kind, metadata = metadata, mode = want}, now, HOLDER)
@@ -268,18 +271,22 @@ end
 -- gone) leaves a later one's name and answer-by in place: the record
 -- keeps the request whose caller waits longest, so the hand-over never
 -- drops the holder's place as late while its later request still waits.
+-- Either way its liveness deadline moves on (its record read with the
+-- lock, step 2).
 local handing = request and request ~= ''
-if not added and (handing or rw or weight) then
-  local old = redis.call('HGET', L.waiters, holder)
-  local old_fair = waiter_fair(old)
-  local later = handing and hand_answer_by and hand_answer_by ~= '' and parse_waiter(old)
-  if (handing and waiter_request(old) ~= request and not (later and above(later.answer_by, hand_answer_by)))
-    or ((rw or weight or #(old_fair or '') > 1) and old_fair ~= fair_field) then
-    redis.call('HSET', L.waiters, holder, record(int(waiter_enqueued(old))))
+if not added then
+  local _, old = split_waiter(read[3] or nil)
+  local new = old
+  if old and (handing or rw or weight) then
+    local old_fair = waiter_fair(old)
+    local later = handing and hand_answer_by and hand_answer_by ~= '' and parse_waiter(old)
+    if (handing and waiter_request(old) ~= request and not (later and above(later.answer_by, hand_answer_by)))
+      or ((rw or weight or #(old_fair or '') > 1) and old_fair ~= fair_field) then
+      new = record(int(waiter_enqueued(old)))
+    end
   end
+  change(L, waiter_field(holder), stored_waiter(deadline_s, new or record(now_s)))
 end
-local deadline = now + tonumber(queue_ttl)
-redis.call('ZADD', L.deadlines, int(deadline), holder)
 keep_keys_until(L, deadline)
 
 -- 11. Keys and their TTLs, and a wake-up when expiries freed permits.

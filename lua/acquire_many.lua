@@ -4,10 +4,10 @@
 -- busy lock's queue (behind every priority, so nobody queues behind it),
 -- and calls again when a call on that lock wakes it.
 -- KEYS: per lock its keys, as acquire declares them (lock, queue,
---       deadlines, waiters, fence[, live locks]), lock after lock
+--       fence[, live locks]), lock after lock
 -- ARGV: holder, ttl_ms, answer_by (Redis ms; '0' = none), limit, kind,
 --       metadata (JSON; '' = none), flags (events only: shared/lock.lua
---       `events`), keys per lock (5 or 6), max_locks (0 = no limit),
+--       `events`), keys per lock (3 or 4), max_locks (0 = no limit),
 --       lease_ms (the lease given now: ttl_ms, or a short reservation
 --       that the caller extends once every part is held), queue_ttl_ms
 --       ('' = not waiting), max_waiters (per lock)
@@ -97,16 +97,19 @@ end
 if first then
   local deadline = now + num(queue_ttl)
   for _, L in ipairs(busy) do
-    if not redis.call('ZSCORE', L.queue, holder) then
+    local record
+    if redis.call('ZSCORE', L.queue, holder) then
+      record = select(2, split_waiter(waiter_of(L, holder)))
+    else
       if redis.call('ZCARD', L.queue) >= num(max_waiters) then
         return refuse(QUEUE_FULL, first)
       end
       L.queue_fresh = L.arrivals == 0
       redis.call('ZADD', L.queue, int((2 * PRIORITY_MAX + 1) * ARRIVALS + L.arrivals + 1), holder)
-      redis.call('HSET', L.waiters, holder, encode_waiter('0', string.sub(now_us, 1, -4), '1', '0', kind))
       L.arrivals, L.dirty, L.queue_known, L.queued = L.arrivals + 1, true, false, true
     end
-    redis.call('ZADD', L.deadlines, int(deadline), holder)
+    record = record or encode_waiter('0', string.sub(now_us, 1, -4), '1', '0', kind)
+    change(L, waiter_field(holder), stored_waiter(int(deadline), record))
     keep_keys_until(L, deadline)
     L.changed = true
   end

@@ -3,7 +3,7 @@
 -- (decision 0081): at most `most` grants other than the asking holder's,
 -- found within at most `scan` of the lock's fields, so a lock of thousands
 -- of holders costs the check what a small one does.
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- ARGV: the holder asking, the most grants to return, the most fields to scan
 -- Returns {now, limit, 0, {{holder, grant}, ...}, mode}: inspect's shape,
 --   the waiters not counted

@@ -25,19 +25,16 @@ for k = 2, #ARGV do
       emit(L, 'cleared', grant.holder, grant, now, ADMIN, now)
       grants = grants + 1
     end
-    if queue_head(L) then
-      local ids = redis.call('ZRANGE', L.queue, '0', '-1')
-      local records = on_fields(L.waiters, 'HMGET', ids)
-      for i, id in ipairs(ids) do
-        local kind = waiter_kind(records[i])
-        note(L, 'cleared', kind)
-        if L.watched then
-          emit(L, 'cleared', id, {kind = kind, mode = waiter_mode(records[i])}, now, ADMIN)
-        end
+    local waiting = all_waiters(L)
+    for _, w in ipairs(waiting) do
+      local kind = waiter_kind(w[3])
+      note(L, 'cleared', kind)
+      if L.watched then
+        emit(L, 'cleared', w[1], {kind = kind, mode = waiter_mode(w[3])}, now, ADMIN)
       end
-      requests = requests + #ids
     end
-    redis.call('DEL', L.key, L.queue, L.deadlines, L.waiters)
+    requests = requests + #waiting
+    redis.call('DEL', L.key, L.queue)
     redis.call('ZREM', shard .. ':n', L.name)
     locks = locks + 1
     for _, item in ipairs(L.events) do

@@ -1,6 +1,6 @@
 -- dequeue: a waiting request leaves the queue (its RPC timed out or was
 -- cancelled).
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- ARGV: holder, event flags ('0' = none; shared/lock.lua `events`), then the
 --       request that leaves (its RPC's id, as acquire stored it; absent or
 --       '' = whichever request holds the place)
@@ -20,7 +20,7 @@ purge(L, now)
 local rank = queue_head(L) and redis.call('ZRANK', L.queue, id)
 local kind = ''
 if rank then
-  local record = redis.call('HGET', L.waiters, id)
+  local _, record = split_waiter(waiter_of(L, id))
   local owner = waiter_request(record)
   if request and request ~= '' and owner ~= '' and owner ~= request then
     rank = nil

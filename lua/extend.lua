@@ -1,5 +1,5 @@
 -- extend: reset the remaining lease of a live grant, only for its holder.
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- ARGV: holder, token ('' = any), ttl_ms ('' = the grant's own ttl),
 --       answer_by (Redis ms; '0' = none), event flags ('0' = none; shared/lock.lua
 --       `events`), epoch (a session's stream; absent = not a session's)

@@ -3,10 +3,10 @@
 -- extended when every one is the holder's (with its token), else the set
 -- is broken and what is left of it released (nothing of it kept alive).
 -- KEYS: per lock its keys, as extend declares them (lock, queue,
---       deadlines, waiters, fence[, live locks]), lock after lock
+--       fence[, live locks]), lock after lock
 -- ARGV: holder, ttl_ms ('' = each grant's own ttl), answer_by (Redis ms;
 --       '0' = none), flags (events: shared/lock.lua `events`; '0' = none), keys
---       per lock (5 or 6), then one token per lock ('' = any grant of the
+--       per lock (3 or 4), then one token per lock ('' = any grant of the
 --       holder)
 -- Returns {status, now, n, then per lock: its status, its grant record
 --   ('' when not held), the lock's header letter ('' for a plain lock),

@@ -3,7 +3,7 @@
 -- mode (decision 0074).
 -- Reads only: expired holders and dead waiters are left out here and
 -- purged by the next write.
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- Returns {now, limit, waiters, {{holder, grant}, ...} (live holders), mode}
 --   (mode: '' a plain lock, 'r' read-held or only waited for, 'w' write-held;
 --   a write-held lock whose writer's lease has passed reads 'r')
@@ -20,10 +20,7 @@ end
 
 -- 2. The limit only means something while someone holds the lock.
 local limit = #holders > 0 and L.limit or 0
-local waiters = 0
-if L.arrivals > 0 then
-  waiters = redis.call('ZCOUNT', L.deadlines, '(' .. int(now), '+inf')
-end
+local waiters = live_waiters(L, now)
 -- 3. The lock's rule: a writer whose lease passed no longer holds it.
 local mode = L.mode or ''
 if mode == 'w' and #holders == 0 then

@@ -22,10 +22,7 @@ for _, name in ipairs(ARGV) do
       first = math.min(first or expires, expires)
     end
   end
-  local waiters = 0
-  if L.arrivals > 0 then
-    waiters = redis.call('ZCOUNT', L.deadlines, '(' .. int(now), '+inf')
-  end
+  local waiters = live_waiters(L, now)
   if holders > 0 or waiters > 0 then
     -- (A writer whose lease passed leaves a read/write lock only waited for.)
     local mode = L.mode and (holders > 0 and L.mode or 'r') or ''

@@ -2,7 +2,7 @@
 -- fair lock of limit 1; its leader is the holder, the term the grant's
 -- fencing token, and the value the grant's metadata entry '' (a key that
 -- Acquire's metadata may not use, so only elections write it).
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- ARGV: holder, term (the grant's token), value, event flags ('0' = none;
 --       shared/lock.lua `events`), proof (the digest of the leader's secret,
 --       decision 0082)

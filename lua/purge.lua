@@ -2,7 +2,7 @@
 -- on the lock calls it when the lease it scheduled is due): expired
 -- leases and dead waiters go, each told once ('expired', 'skipped'); a
 -- second replica's call for the same lease finds nothing left to do.
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- ARGV: event flags ('0' = none; shared/lock.lua `events`)
 -- Returns {now, next lease end (0: nobody holds), events...}
 local watched = ARGV[1]

@@ -22,7 +22,7 @@ for k = 4, #ARGV do
   else
     -- 2. Leases that passed and waiters whose replica went quiet.
     expired = expired + purge_expired(L, now)
-    dead = dead + purge_dead_waiters(L, now)
+    dead = dead + sweep_dead_waiters(L, now)
     -- 3. With a cutoff: grants and requests older than it, live or not.
     if cutoff then
       for _, grant in ipairs(all_grants(L)) do
@@ -33,24 +33,20 @@ for k = 4, #ARGV do
           old_grants = old_grants + 1
         end
       end
-      if queue_head(L) then
-        local ids = redis.call('ZRANGE', L.queue, '0', '-1')
-        local records = on_fields(L.waiters, 'HMGET', ids)
-        local old = {}
-        for i, id in ipairs(ids) do
-          if waiter_enqueued(records[i]) < cutoff then
-            table.insert(old, id)
-            local kind = waiter_kind(records[i])
-            note(L, 'reaped', kind)
-            if L.watched then
-              emit(L, 'reaped', id, {kind = kind, mode = waiter_mode(records[i])}, now, REAPER)
-            end
+      local old = {}
+      for _, w in ipairs(all_waiters(L)) do
+        if waiter_enqueued(w[3]) < cutoff then
+          table.insert(old, w[1])
+          local kind = waiter_kind(w[3])
+          note(L, 'reaped', kind)
+          if L.watched then
+            emit(L, 'reaped', w[1], {kind = kind, mode = waiter_mode(w[3])}, now, REAPER)
           end
         end
-        if #old > 0 then
-          drop_waiters(L, old)
-          old_waiters = old_waiters + #old
-        end
+      end
+      if #old > 0 then
+        drop_waiters(L, old)
+        old_waiters = old_waiters + #old
       end
     end
     -- 4. Keys and wake-ups follow.

@@ -1,6 +1,6 @@
 -- refresh: keep one replica's waiting requests on a lock alive while their
 -- RPCs are open, and clear out what died meanwhile.
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- ARGV: event flags ('0' = none; shared/lock.lua `events`), then pairs of (request id, queue_ttl_ms)
 -- Returns {now, ids no longer queued (their place was lost)..., '', events...}
 local watched = ARGV[1]
@@ -12,8 +12,9 @@ L.now, L.now_us = now, now_us
 purge(L, now)
 
 -- 2. Each live request of this replica gets a new liveness deadline: per
---    batch of ids, one ZMSCORE finds those no longer queued (lost) and one
---    ZADD XX moves the deadlines of the rest (XX never re-adds a lost one).
+--    batch of ids, one HMGET of their fields in the lock's hash finds
+--    those no longer queued (lost); the rest are written back with the
+--    new deadline in settle's one HSET (a lost one is never re-added).
 --    Batches keep the argument lists well inside Lua's stack.
 -- A grant handed to `holder` and not yet claimed (the lock's 'r:<holder>';
 -- a provisional one's lease cut at the request's liveness deadline:
@@ -36,28 +37,29 @@ local function live_on(L, holder, deadline)
 end
 
 local reply = {now}
+-- (A request the purge just took out is lost too: its field goes at settle.)
+local gone = {}
+for _, field in ipairs(L.removed) do
+  gone[field] = true
+end
 for first = 2, #ARGV, 2 * BATCH do
   local last = math.min(first + 2 * BATCH - 1, #ARGV)
-  local ids, deadlines = {}, {}
+  local ids, deadlines, fields = {}, {}, {}
   for k = first, last, 2 do
     local deadline = now + tonumber(ARGV[k + 1])
-    table.insert(ids, ARGV[k])
-    table.insert(deadlines, int(deadline))
-    table.insert(deadlines, ARGV[k])
+    ids[#ids + 1], deadlines[#deadlines + 1] = ARGV[k], deadline
+    fields[#fields + 1] = waiter_field(ARGV[k])
     keep_keys_until(L, deadline)
   end
-  local scores = queue_head(L) and redis.call('ZMSCORE', L.deadlines, unpack(ids)) or {}
-  local kept = 0
+  local stored = queue_head(L) and redis.call('HMGET', L.key, unpack(fields)) or {}
   for i, id in ipairs(ids) do
-    if not scores[i] then
+    if not stored[i] or gone[fields[i]] then
       table.insert(reply, id)
-      live_on(L, id, tonumber(deadlines[2 * i - 1]))
+      live_on(L, id, deadlines[i])
     else
-      kept = kept + 1
+      local _, record = split_waiter(stored[i])
+      change(L, fields[i], stored_waiter(int(deadlines[i]), record))
     end
-  end
-  if kept > 0 then
-    redis.call('ZADD', L.deadlines, 'XX', unpack(deadlines))
   end
 end
 

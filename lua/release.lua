@@ -1,22 +1,27 @@
 -- release: give a grant back; only its holder can, optionally pinned to its
 -- fencing token. The freed permit goes to the next waiter in line, in
 -- this same call (shared/permits.lua `hand_over`).
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- ARGV: holder, then as far as any is not its default: token ('' = any),
 --       event flags ('0' = none; shared/lock.lua `events`), epoch (a session's
 --       stream; absent or '' = not a session's: shared/records.lua `stale`),
 --       handed (a replica giving back a grant handed to its request that
 --       is gone: that request's id; released only while the grant is
 --       still that request's, shared/permits.lua `hand_over`), proof (the digest
---       of an election's secret: Resign; decision 0082)
+--       of an election's secret: Resign; decision 0082; '' = none), alive
+--       (the calling replica's part of its request ids, 'r.', when one of
+--       its requests waits here: a grant handed to it is whole, decision 0090)
 -- Returns {OK, now, holder, the released grant, events...},
 --         {NOT_HELD, now, '', '', events...} (nothing changed for this holder)
 --         {MOVED, now, '', '', events...} (a newer stream of the session
 --         holds it; nothing changed)
 --         or {NOT_YOURS, now, '', '', events...} (an election's grant, and
 --         the call proved neither its secret nor its session's stream)
-local holder, token, watched, epoch, handed, proof = unpack(ARGV, 1, 6)
+local holder, token, watched, epoch, handed, proof, alive = unpack(ARGV, 1, 7)
 token, watched = token or '', watched or '0'
+if proof == '' then
+  proof = nil
+end
 if epoch == '' then
   epoch = nil
 end
@@ -33,7 +38,7 @@ local now, now_us = clock()
 local lock_key = KEYS[1]
 local read = redis.call('HMGET', lock_key, '_', 'h:' .. holder)
 local header, record = read[1], read[2]
-if record and watched == '0' and not KEYS[6] and not epoch and not handed then
+if record and watched == '0' and not KEYS[4] and not epoch and not handed then
   local earliest = sole_holder_until(header)
   if earliest and above(earliest, string.sub(now_us, 1, -4))
     and (token == '' or grant_token(record) == token) and not owned(record) then
@@ -42,6 +47,7 @@ if record and watched == '0' and not KEYS[6] and not epoch and not handed then
   end
 end
 local L = load(lock_at(KEYS), holder, watched, read)
+L.alive = alive or false
 
 -- 2. Expired leases and dead waiters go first: an expired holder no longer holds.
 local changed = purge(L, now)

@@ -2,9 +2,9 @@
 -- 0076 and 0079) in one call: each lock exactly as release.lua's steps
 -- 2-4 would, so no other call runs between the set's locks.
 -- KEYS: per lock its keys, as release declares them (lock, queue,
---       deadlines, waiters, fence[, live locks]), lock after lock
+--       fence[, live locks]), lock after lock
 -- ARGV: holder, flags (events: shared/lock.lua `events`; '0' = none), keys per
---       lock (5 or 6), then one token per lock ('' = any grant of the
+--       lock (3 or 4), then one token per lock ('' = any grant of the
 --       holder)
 -- Returns {status, now, n, then per lock: its status, its released grant
 --   ('' when not held), then the events noted (event, kind, ...), every

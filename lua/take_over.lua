@@ -3,7 +3,7 @@
 -- holder gets its permits and slots at once, whoever waits (nothing is
 -- freed, so nobody is woken or passed), with a fresh fencing token, its
 -- own lease, kind and metadata.
--- KEYS: the lock's (lock, queue, deadlines, waiters, fence[, live locks])
+-- KEYS: the lock's (lock, queue, fence[, live locks])
 -- ARGV: old holder, new holder, ttl_ms, answer_by (Redis ms; '0' = none),
 --       limit, kind, metadata (JSON; '' = none), event flags ('0' = none;
 --       shared/lock.lua `events`)

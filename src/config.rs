@@ -585,6 +585,15 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The config's Redis side only (where, how, the layout), for a
+    /// command that talks to Redis and serves nothing: `upgrade-layout`.
+    pub fn redis_config(&self) -> anyhow::Result<ServerConfig> {
+        let mut config = ServerConfig::new(self.redis_url.clone(), &self.service)?;
+        config.store.credentials = self.redis.credentials()?;
+        tumbler_store::Store::check(&config.store).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(config)
+    }
+
     pub fn server_config(&self) -> anyhow::Result<ServerConfig> {
         let auth = &self.service.auth;
         anyhow::ensure!(
@@ -596,9 +605,7 @@ impl ServeArgs {
                 "AUTHENTICATION IS OFF (--no-auth): any client that reaches this port can acquire, release and clear every lock in every namespace"
             );
         }
-        let mut config = ServerConfig::new(self.redis_url.clone(), &self.service)?;
-        config.store.credentials = self.redis.credentials()?;
-        tumbler_store::Store::check(&config.store).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut config = self.redis_config()?;
         config.shutdown_drain = Duration::from_millis(self.shutdown_drain_ms);
         config.dashboard_admin = self.observability.dashboard_admin;
         config.tls = self.tls.settings()?;

@@ -34,6 +34,18 @@ enum Command {
     /// Run the lock service against a private redis-server started here
     /// (for trying tumbler out; nothing is kept on disk).
     Dev(DevArgs),
+    /// Upgrade the data in Redis from key layout 3 to 4 in place, once,
+    /// with every replica stopped: held locks and fencing tokens are kept,
+    /// the old layout's queues (their waiters died with their replicas)
+    /// are deleted. Takes `serve`'s flags and environment.
+    UpgradeLayout {
+        /// Upgrade even though replicas seem to run (subscribers on the
+        /// wake channel, a library named in the last two minutes).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        serve: Box<ServeArgs>,
+    },
     #[command(flatten)]
     Client(ClientCommand),
     /// Print a shell completion script: `tumbler completion bash >
@@ -166,6 +178,28 @@ async fn run() -> anyhow::Result<ExitCode> {
                 );
             }
             outcome.map(|()| ExitCode::SUCCESS)
+        }
+        Command::UpgradeLayout { force, serve } => {
+            telemetry::init(&cli.log, "")?.shutdown().await;
+            let config = serve.redis_config()?;
+            let done = server::upgrade_layout(&config, force).await?;
+            let text = if done.from == done.to || done.from.is_empty() {
+                format!(
+                    "nothing to upgrade: redis holds {}",
+                    if done.from.is_empty() {
+                        "no tumbler data".to_owned()
+                    } else {
+                        done.to
+                    }
+                )
+            } else {
+                format!(
+                    "upgraded {} to {}: {} queue key(s) of the old layout deleted; held locks kept",
+                    done.from, done.to, done.queue_keys_deleted
+                )
+            };
+            let _ = writeln!(std::io::stdout(), "{text}");
+            Ok(ExitCode::SUCCESS)
         }
         Command::Client(command) => {
             // Clients export no spans.

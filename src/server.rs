@@ -100,6 +100,17 @@ pub async fn serve(
     serve_with_http(config, listener, None, shutdown).await
 }
 
+/// Upgrades the data in Redis from key layout 3 to this build's layout
+/// in place (`tumbler upgrade-layout`, decision 0090).
+pub async fn upgrade_layout(
+    config: &ServerConfig,
+    force: bool,
+) -> anyhow::Result<tumbler_engine::Upgraded> {
+    let store = Store::new(&config.store)?;
+    let layout = Layout::new(&config.key_prefix, config.shards);
+    Ok(tumbler_engine::upgrade_layout(&store, &layout, force).await?)
+}
+
 /// [`serve`], plus the HTTP port (Prometheus `/metrics`, `/healthz`) on
 /// `http` when given; it closes when the server has stopped.
 pub async fn serve_with_http(

@@ -14,6 +14,7 @@ const SHARED: &[&str] = &[
     "records",       // the header, grant and waiter records: encoders, decoders
     "lock",          // the lock table: load, bookkeeping, queue head, settle
     "events",        // lock events: PUBLISH and the changelog
+    "waiters",       // waiting requests: dropped, dead ones purged and swept, walked
     "permits",       // grants, purge, slots, room, hand-over
     "held",          // release and extend of a held grant; a held set's call
     "wait_registry", // a namespace's wait-for registry

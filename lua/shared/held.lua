@@ -3,12 +3,12 @@
 -- (release_many.lua, extend_many.lua), and a set's call checked.
 
 -- A held set's call (release_many, extend_many: decision 0079) checked
--- before it writes: `per` keys per lock (5 or 6), at least one lock, one
+-- before it writes: `per` keys per lock (3 or 4), at least one lock, one
 -- token ('' or digits) per lock from ARGV[first] on, each lock once.
 -- Returns the locks' count, or nil and what is wrong.
 local function set_call(keys, argv, per, first)
-  if per ~= 5 and per ~= 6 then
-    return nil, 'keys per lock must be 5 or 6'
+  if per ~= 3 and per ~= 4 then
+    return nil, 'keys per lock must be 3 or 4'
   end
   local n = #keys / per
   if n < 1 or n ~= math.floor(n) then

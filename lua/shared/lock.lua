@@ -10,9 +10,9 @@ local NONE = {}
 
 -- A lock table: every field a step may set is named here, so the table is
 -- made at its full size once.
-local function new_lock(key, queue, deadlines, waiters, fence, live)
+local function new_lock(key, queue, fence, live)
   return {
-    key = key, queue = queue, deadlines = deadlines, waiters = waiters, fence = fence,
+    key = key, queue = queue, fence = fence,
     live = live, shard = false, name = false,
     holder = false, watched = false, exists = false,
     limit = 1, holders = 0, earliest = 0, top_slot = 0, arrivals = 0, key_expiry = 0, mode = false,
@@ -21,6 +21,7 @@ local function new_lock(key, queue, deadlines, waiters, fence, live)
     mine_text = false, mine_grant = false,
     changes = NONE, removed = NONE, events = NONE, keep_until = 0, dirty = false,
     head = false, second = false, queue_known = false, queue_fresh = false, queued = false,
+    head_alive = false, alive = false,
     now = false, now_us = false,
   }
 end
@@ -29,17 +30,16 @@ end
 -- has a per-namespace lock limit, so the shard's live locks are counted in
 -- '...:n' (only then: nobody else pays for it).
 local function lock_of(shard, name, live)
-  local L = new_lock(shard .. ':l:' .. name, shard .. ':q:' .. name, shard .. ':d:' .. name,
-    shard .. ':w:' .. name, shard .. ':fence', live or false)
+  local L = new_lock(shard .. ':l:' .. name, shard .. ':q:' .. name, shard .. ':fence', live or false)
   L.shard, L.name = shard, name
   return L
 end
 
 -- The lock a function on one lock was called for, from its declared keys
--- (lock, queue, deadlines, waiters, fence, and '...:n' when live locks are
--- counted). Its shard and name are worked out only when needed (names).
+-- (lock, queue, fence, and '...:n' when live locks are counted). Its
+-- shard and name are worked out only when needed (names).
 local function lock_at(keys)
-  return new_lock(keys[1], keys[2], keys[3], keys[4], keys[5], keys[6] ~= nil)
+  return new_lock(keys[1], keys[2], keys[3], keys[4] ~= nil)
 end
 
 -- The lock's shard prefix and name (from its key, once).
@@ -177,10 +177,23 @@ local function queue_head(L)
   end
   if not L.queue_known then
     local ids = redis.call('ZRANGE', L.queue, '0', '1')
-    L.head, L.second = ids[1] or false, ids[2] or false
+    L.head, L.second, L.head_alive = ids[1] or false, ids[2] or false, false
     L.queue_known = true
   end
   return L.head or nil
+end
+
+-- A waiting request's stored field in the lock's hash (its liveness
+-- deadline, then its record: shared/records.lua `stored_waiter`), or nil.
+-- A field this call changed already is read from the change.
+local function waiter_of(L, id)
+  local field = waiter_field(id)
+  for i = #L.changes - 1, 1, -2 do
+    if L.changes[i] == field then
+      return L.changes[i + 1]
+    end
+  end
+  return redis.call('HGET', L.key, field) or nil
 end
 
 -- With a per-namespace lock limit (max_locks > 0), the shard's live locks
@@ -204,7 +217,7 @@ local function settle(L)
   if L.holders == 0 and not head then
     if L.exists then
       if L.arrivals > 0 then
-        redis.call('DEL', L.key, L.queue, L.deadlines, L.waiters)
+        redis.call('DEL', L.key, L.queue)
       else
         redis.call('DEL', L.key)
       end
@@ -258,14 +271,12 @@ local function settle(L)
       redis.call('PEXPIREAT', shard .. ':n', at, 'NX')
     end
   end
-  -- The queue's keys expire with the lock's (a new queue gets the TTL now).
+  -- The queue expires with the lock (a new queue gets the TTL now).
   if head and (expire or L.queue_fresh) then
     if not L.key_expiry_s then
       L.key_expiry_s = int(L.key_expiry)
     end
     redis.call('PEXPIREAT', L.queue, L.key_expiry_s)
-    redis.call('PEXPIREAT', L.deadlines, L.key_expiry_s)
-    redis.call('PEXPIREAT', L.waiters, L.key_expiry_s)
     L.queue_fresh = false
   end
   L.exists = true

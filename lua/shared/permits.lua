@@ -1,11 +1,12 @@
 -- shared/permits.lua: who holds and who gets a permit: grants dropped and
--- stored, lapsed leases and dead waiters purged, a semaphore's slots,
--- the room rule (read/write, weighted permits), and the hand-over of
--- freed permits to the queue's head.
+-- stored, lapsed leases purged (dead waiters: shared/waiters.lua), a
+-- semaphore's slots, the room rule (read/write, weighted permits), and
+-- the hand-over of freed permits to the queue's head.
 
 -- Every grant of the lock, lapsed or not: {grant, ...} in no set order.
--- One HGETALL: the lock's hash holds its header, its grants and (for a
--- semaphore) its slots, never its waiters.
+-- One HGETALL: the lock's hash holds its header, its grants, (for a
+-- semaphore) its slots, and its waiters' records (layout v4), which are
+-- passed over.
 local function all_grants(L)
   if L.holders == 0 then
     return {}
@@ -86,50 +87,6 @@ local function purge_expired(L, now)
   end
   L.earliest, L.earliest_s, L.top_slot, L.dirty = earliest or 0, false, top, true
   return dropped
-end
-
--- Remove waiting requests from the queue, with their records. The head
--- alone leaving keeps the queue known (the next one was read with it).
-local function drop_waiters(L, ids)
-  for first = 1, #ids, BATCH do
-    local last = math.min(first + BATCH - 1, #ids)
-    redis.call('ZREM', L.queue, unpack(ids, first, last))
-    redis.call('ZREM', L.deadlines, unpack(ids, first, last))
-    redis.call('HDEL', L.waiters, unpack(ids, first, last))
-  end
-  if #ids == 1 and L.queue_known and L.head == ids[1] and L.second ~= nil then
-    -- The next one is the head now (the one after it is not known yet).
-    if L.second then
-      L.head, L.second = L.second, nil
-    else
-      L.head = false
-    end
-  else
-    L.queue_known = false
-  end
-end
-
--- Waiting requests whose replica stopped refreshing them (crashed, cut
--- off) are dead: they leave the queue instead of holding it up (each
--- noted as 'reaped', told to watchers as 'skipped').
-local function purge_dead_waiters(L, now)
-  if not queue_head(L) then
-    return 0
-  end
-  local dead = redis.call('ZRANGEBYSCORE', L.deadlines, '-inf', int(now))
-  if #dead == 0 then
-    return 0
-  end
-  local records = on_fields(L.waiters, 'HMGET', dead)
-  for i, id in ipairs(dead) do
-    local kind = waiter_kind(records[i])
-    note(L, 'reaped', kind)
-    if L.watched then
-      emit(L, 'skipped', id, {kind = kind, mode = waiter_mode(records[i])}, now, REAPER)
-    end
-  end
-  drop_waiters(L, dead)
-  return #dead
 end
 
 -- Expired leases and dead waiters stop counting before anything else.
@@ -235,11 +192,17 @@ end
 -- Runs before settle (its writes go with the call's own).
 local function hand_over(L)
   while any_room(L) do
+    if not L.now_us then
+      L.now, L.now_us = clock()
+    end
+    purge_dead_waiters(L, L.now)
     local head = queue_head(L)
     if not head then
       return
     end
-    local record = redis.call('HGET', L.waiters, head)
+    -- Its replica is known alive only until the request's liveness
+    -- deadline (read with its record: the head is alive, purge above).
+    local alive_until, record = split_waiter(L.head_alive)
     local mode = L.mode and waiter_mode(record)
     local k = L.limit > 1 and waiter_permits(waiter_fair(record)) or 1
     if not room(L, mode, nil, k) then
@@ -257,19 +220,17 @@ local function hand_over(L)
       redis.call('PUBLISH', wake_channel(L), L.queue .. '\n' .. head)
       return
     end
-    if not L.now_us then
-      L.now, L.now_us = clock()
-    end
-    -- Its replica is known alive only until the request's liveness
-    -- deadline: a lease that ends later is provisional up to it (decision
-    -- 0089). Its replica takes it up (an acquire of the holder answered
-    -- HELD extends it to the lease asked) before it answers, so a waiter
-    -- whose replica died keeps the lock no longer than its request TTL.
-    local alive_until = tonumber(redis.call('ZSCORE', L.deadlines, head))
+    -- A lease that ends after the head's liveness deadline is provisional
+    -- up to it (decision 0089). Its replica takes it up (an acquire of the
+    -- holder answered HELD extends it to the lease asked) before it
+    -- answers, so a waiter whose replica died keeps the lock no longer
+    -- than its request TTL. A request of the calling replica (L.alive:
+    -- its part of its request ids, decision 0090) is known alive now: its
+    -- grant is whole, as a grant of its own call would be.
     drop_waiters(L, {head})
-    if alive_until and alive_until > L.now and not late(w.answer_by, L.now_us) then
+    if not late(w.answer_by, L.now_us) then
       local expires = L.now + num(w.ttl)
-      if alive_until < expires then
+      if alive_until < expires and not (L.alive and string.sub(w.request, 1, #L.alive) == L.alive) then
         expires = alive_until
       end
       local grant = {

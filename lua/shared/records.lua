@@ -3,9 +3,10 @@
 -- election's grant, a session's epoch, a waiter. The engine's twin reader
 -- is crates/tumbler-engine/src/records.rs.
 --
--- Key layout v3 (docs/concepts.md has the whole table). A lock `name` of
--- namespace `ns` lives in shard `s`; every key of the shard starts with
--- '<prefix>:{<ns>:<s>}', so one function call touches one cluster slot.
+-- Key layout v4 (docs/concepts.md has the whole table; decision 0090). A
+-- lock `name` of namespace `ns` lives in shard `s`; every key of the shard
+-- starts with '<prefix>:{<ns>:<s>}', so one function call touches one
+-- cluster slot.
 --   ...:l:<name>  HASH, the lock; exists while someone holds or waits:
 --                   '_'          header 'limit|holders|earliest|top_slot|arrivals|key_expiry'
 --                                (holders: permits in use, one per grant unless
@@ -17,11 +18,12 @@
 --                                (acquired empty: the token's milliseconds;
 --                                epoch: only a session's grant, its stream's)
 --                   '<slot>'     holder of a slot, for limit > 1 only (one per permit)
+--                   'w:<id>'     a waiting request: 'deadline|priority|enqueued|wait_ms|fair|kind…'
+--                                (its liveness deadline, then its record: `stored_waiter`;
+--                                fair: '0'/'1' plain, 'r'/'w' fair read/write, 'R' a
+--                                barging reader, then the weight's digits for several permits)
+--                   'r:<holder>' the request a handed grant went to, until claimed
 --   ...:q:<name>  ZSET waiting request -> order (priority, arrival); only while someone waits
---   ...:d:<name>  ZSET waiting request -> liveness deadline (ms); with the queue
---   ...:w:<name>  HASH waiting request -> 'priority|enqueued|wait_ms|fair|kind'; with the queue
---                 (fair: '0'/'1' plain, 'r'/'w' fair read/write, 'R' a barging reader;
---                 then the weight's digits when it asks several permits: '13')
 --   ...:fence     STRING the shard's last fencing token
 --   ...:n         ZSET lock name -> key expiry; only with a per-namespace lock limit
 --   ...:m:<minute> HASH 'kind|event' -> count (written by the replicas, shard 0 only)
@@ -29,15 +31,16 @@
 --                 namespaces with a changelog (capped and expiring: emit)
 -- An uncontended mutex is one key of two fields; nothing else is written
 -- per lock. Every value stays within 64 bytes for holders up to 64 bytes
--- and no metadata, so the lock's hash keeps Redis' compact (listpack)
--- encoding; the lock's hash holds no waiter, so reading all of its grants
--- (HGETALL) costs what its holders cost, however long its queue.
+-- and no metadata, so a lock nobody waited for keeps Redis' compact
+-- (listpack) encoding. A waiter's record and liveness deadline live in the
+-- lock's hash (layout v4): joining the queue, leaving it and handing the
+-- lock over write the one hash the call writes anyway. Reading every grant
+-- (HGETALL, only when a lease lapsed) reads the waiters' fields too.
 --
--- A function on one lock declares its keys (KEYS: lock, queue, deadlines,
--- waiters, fence, and '...:n' with a lock limit), so Redis Cluster checks
--- them all before it runs. One that walks a shard (list, reap, clear,
--- renew) gets the shard's fence key and derives the lock keys from it
--- (same hash tag, same slot).
+-- A function on one lock declares its keys (KEYS: lock, queue, fence, and
+-- '...:n' with a lock limit), so Redis Cluster checks them all before it
+-- runs. One that walks a shard (list, reap, clear, renew) gets the shard's
+-- fence key and derives the lock keys from it (same hash tag, same slot).
 
 -- The shard of a key ('<prefix>:{<ns>:<s>}') and what follows it. Neither
 -- the prefix nor a namespace holds a brace, so the first '}' ends the tag.
@@ -241,6 +244,27 @@ local function waiter_permits(fair)
     return num(string.sub(fair, 2))
   end
   return 1
+end
+
+-- A waiting request's field in the lock's hash, and what it holds (layout
+-- v4): its liveness deadline (Redis ms), then its record. The deadline
+-- goes first so a refresh rewrites it without decoding the record.
+local function waiter_field(id)
+  return 'w:' .. id
+end
+
+local function stored_waiter(deadline, record)
+  return deadline .. '|' .. record
+end
+
+-- A stored waiter's liveness deadline (a number; 0 when absent: dead)
+-- and its record (nil when absent).
+local function split_waiter(stored)
+  if not stored then
+    return 0, nil
+  end
+  local bar = string.find(stored, '|', 1, true)
+  return tonumber(string.sub(stored, 1, bar - 1)), string.sub(stored, bar + 1)
 end
 
 -- A hand-over waiter's record decoded (nil for a record that names no

@@ -14,3 +14,4 @@ mod cli_hold;
 mod cli_multi;
 mod cli_read_write;
 mod redis_acl;
+mod upgrade_layout;

@@ -220,7 +220,7 @@ fn classify(layout: &Layout, key: &str) -> KeyKind {
         .strip_prefix(&format!("{{{tag}}}:"))
         .unwrap_or_else(|| panic!("{key:?}: the tag must come first"));
     if let Some((kind, name)) = after.split_once(':')
-        && ["l", "q", "d", "w"].contains(&kind)
+        && ["l", "q"].contains(&kind)
     {
         assert_eq!(
             layout.shard_of(namespace, name),
@@ -229,7 +229,7 @@ fn classify(layout: &Layout, key: &str) -> KeyKind {
         );
         let keys = layout.lock_keys(namespace, name);
         assert!(
-            [&keys.lock, &keys.queue, &keys.deadlines, &keys.waiters].contains(&&key.to_owned()),
+            [&keys.lock, &keys.queue].contains(&&key.to_owned()),
             "{key:?} is not a key the layout gives {name:?}"
         );
         return KeyKind::Lock {
@@ -542,8 +542,8 @@ async fn hostile_names_stay_in_their_shard_and_namespace() {
     }
 
     // Every key is where the layout puts it (checked in `classify`), and the
-    // lock keys are exactly: the lock hash of every lock, queue,
-    // deadlines and waiter records of the waited one.
+    // lock keys are exactly: the lock hash of every lock and the queue of
+    // the waited one (layout v4: its waiter's record is in the lock hash).
     let keys = all_keys(&redis.url(), &layout).await;
     for ns in ["a", "b"] {
         let mut expected: BTreeSet<(char, String)> = names
@@ -552,8 +552,6 @@ async fn hostile_names_stay_in_their_shard_and_namespace() {
             .map(|n| ('l', n.clone()))
             .collect();
         expected.insert(('q', "{b:0}".into()));
-        expected.insert(('d', "{b:0}".into()));
-        expected.insert(('w', "{b:0}".into()));
         assert_eq!(lock_keys_of(&keys, ns), expected, "lock keys of {ns}");
     }
     let shards_used: BTreeMap<&str, BTreeSet<u32>> =

@@ -67,9 +67,9 @@ fn lock_keys(lock: u8) -> Vec<String> {
 }
 
 /// The keys a function of lock `name` in `shard` declares (lock, queue,
-/// deadlines, waiters, fence).
+/// fence).
 pub(crate) fn keys_of(shard: &str, name: &str) -> Vec<String> {
-    ["l", "q", "d", "w"]
+    ["l", "q"]
         .iter()
         .map(|k| format!("{shard}:{k}:{name}"))
         .chain([format!("{shard}:fence")])
@@ -105,9 +105,13 @@ fn holder(c: Id) -> String {
     format!("client-{c}")
 }
 
-/// The id of request `req` of client `c` (as a replica names its RPC's).
-fn request(c: Id, req: u8) -> String {
-    format!("c{c}.{req}")
+/// Request `req` of client `c` sent through replica `via`, named as a replica
+/// names it; release.lua's `alive` for replica `r` (decision 0090).
+fn request(via: u8, c: Id, req: u8) -> String {
+    format!("r{via}.c{c}x{req}")
+}
+fn alive_arg(r: u8) -> String {
+    format!("r{r}.")
 }
 
 /// Replays one path; panics naming the step where Redis and the model part.
@@ -121,6 +125,8 @@ struct Replay {
     tokens: HashMap<u32, String>,
     /// The statuses compared, so a run shows it compared something.
     seen: Vec<i64>,
+    /// The replica each request (client, req) was sent through.
+    vias: HashMap<(Id, u8), u8>,
 }
 
 impl Replay {
@@ -175,7 +181,18 @@ impl Replay {
             .expect("a token the replay saw granted")
     }
 
-    async fn call(&mut self, c: Id, call: Call, mode: Option<Mode>) -> redis::Value {
+    /// The request id of (client, req), named by its replica.
+    fn request_id(&self, c: Id, req: u8) -> String {
+        request(self.vias.get(&(c, req)).copied().unwrap_or(0), c, req)
+    }
+
+    async fn call(
+        &mut self,
+        c: Id,
+        call: Call,
+        mode: Option<Mode>,
+        alive: Option<u8>,
+    ) -> redis::Value {
         let cfg = self.cfg.clone();
         if cfg.is_set(c) {
             return self.set_call(c, call).await;
@@ -198,7 +215,13 @@ impl Replay {
             flags
         };
         match call {
-            Call::Acquire { req, answer_by, .. } => {
+            Call::Acquire {
+                req,
+                answer_by,
+                via,
+                ..
+            } => {
+                self.vias.insert((c, req), via);
                 let a = cfg.acquire_args(c, req, answer_by, 0);
                 let mut args = vec![
                     holder(c),
@@ -225,7 +248,7 @@ impl Replay {
                         // The request, named (finding 6), and with the
                         // hand-over its answer-by time (decision 68);
                         // without, the model wakes its waiters.
-                        request(c, req),
+                        self.request_id(c, req),
                         if cfg.hand_over {
                             self.tick_end(answer_by)
                         } else {
@@ -252,10 +275,12 @@ impl Replay {
             }
             Call::Release { token, .. } => {
                 let mut args = vec![holder(c), self.real_token(token), "0".into()];
-                if cfg.election {
+                if cfg.election || alive.is_some() {
                     // Resign: the release proved by the secret's digest.
-                    args.extend([String::new(), String::new(), ELECTION_PROOF.into()]);
+                    let proof = if cfg.election { ELECTION_PROOF } else { "" };
+                    args.extend([String::new(), String::new(), proof.into()]);
                 }
+                args.extend(alive.map(alive_arg));
                 let f = self.scripts.release.clone();
                 self.fcall(&f, &keys, &args).await
             }
@@ -283,19 +308,22 @@ impl Replay {
             }
             Call::Dequeue { req } => {
                 let f = self.scripts.dequeue.clone();
-                let args = [holder(c), "0".into(), request(c, req)];
+                let args = [holder(c), "0".into(), self.request_id(c, req)];
                 self.fcall(&f, &keys, &args).await
             }
             // A replica gives back a grant handed to its request, which is
             // gone: pinned to its token and to that request.
             Call::GiveBack { req, token } => {
-                let args = vec![
+                let mut args = vec![
                     holder(c),
                     self.real_token(token),
                     "0".into(),
                     String::new(),
-                    request(c, req),
+                    self.request_id(c, req),
                 ];
+                if let Some(r) = alive {
+                    args.extend([String::new(), alive_arg(r)]);
+                }
                 let f = self.scripts.release.clone();
                 self.fcall(&f, &keys, &args).await
             }
@@ -326,7 +354,7 @@ impl Replay {
                     "default".into(),
                     String::new(),
                     String::new(),
-                    "5".into(),
+                    "3".into(),
                     "0".into(),
                     self.ticks_ms(a.lease),
                     a.queue_ttl.map_or(String::new(), |t| self.ticks_ms(t)),
@@ -412,9 +440,10 @@ impl Replay {
                     call: Some(call),
                     mode,
                     reply: Some(expected),
+                    alive,
                     ..
                 } => {
-                    let reply = self.call(*client, *call, *mode).await;
+                    let reply = self.call(*client, *call, *mode, *alive).await;
                     let items: Vec<redis::Value> = redis::from_redis_value(reply).unwrap();
                     let code: i64 = redis::from_redis_value(items[0].clone()).unwrap();
                     assert_eq!(code, status(expected), "step {i} of {steps:#?}");
@@ -446,7 +475,7 @@ impl Replay {
                     call: Some(call @ Call::Dequeue { .. }),
                     ..
                 } => {
-                    self.call(*client, *call, None).await;
+                    self.call(*client, *call, None, None).await;
                 }
                 Step::Refresh {
                     lock,
@@ -542,6 +571,7 @@ async fn replay_with(cfg: &Config, path: &[(State, Option<Action>)], grants: boo
         start_ms: 0,
         tokens: HashMap::new(),
         seen: Vec::new(),
+        vias: HashMap::new(),
     };
     replay.start_ms = replay.redis_ms().await + 20;
     replay.run(path).await;

@@ -78,7 +78,7 @@ async fn take(
 ) -> Vec<String> {
     let ttl = ttl_ms.to_string();
     let args = [
-        holder, &ttl, "0", "1", "default", "", "0", "5", "0", &ttl, "", "0",
+        holder, &ttl, "0", "1", "default", "", "0", "3", "0", &ttl, "", "0",
     ];
     let reply = fcall(conn, &scripts.acquire_many, &keys(names), &args)
         .await
@@ -96,7 +96,7 @@ async fn extend_many_extends_every_lock_or_none() {
     let (_redis, mut conn, scripts) = redis_with_functions().await;
     // All held: each lease runs anew, each grant answered in the keys' order.
     let before = take(&mut conn, &scripts, &["a", "b"], "me", 5_000).await;
-    let args = ["me", "60000", "0", "0", "5", "", ""];
+    let args = ["me", "60000", "0", "0", "3", "", ""];
     let reply = fcall(&mut conn, &scripts.extend_many, &keys(&["a", "b"]), &args)
         .await
         .unwrap();
@@ -147,7 +147,7 @@ async fn extend_many_extends_every_lock_or_none() {
     // A token that is not the grant's: nothing of the set is extended.
     let held = take(&mut conn, &scripts, &["g", "h"], "me", 60_000).await;
     let stale = (token(&held[1]).parse::<u64>().unwrap() - 1).to_string();
-    let pinned = ["me", "90000", "0", "0", "5", &token(&held[0]), &stale];
+    let pinned = ["me", "90000", "0", "0", "3", &token(&held[0]), &stale];
     let reply = fcall(&mut conn, &scripts.extend_many, &keys(&["g", "h"]), &pinned)
         .await
         .unwrap();
@@ -164,7 +164,7 @@ async fn extend_many_extends_every_lock_or_none() {
 async fn extend_many_past_its_answer_by_changes_nothing() {
     let (_redis, mut conn, scripts) = redis_with_functions().await;
     let held = take(&mut conn, &scripts, &["a", "b"], "me", 60_000).await;
-    let args = ["me", "90000", "1", "0", "5", "", ""];
+    let args = ["me", "90000", "1", "0", "3", "", ""];
     let reply = fcall(&mut conn, &scripts.extend_many, &keys(&["a", "b"]), &args)
         .await
         .unwrap();
@@ -179,7 +179,7 @@ async fn release_many_answers_per_lock_and_leaves_a_stale_token_alone() {
     let (_redis, mut conn, scripts) = redis_with_functions().await;
     let held = take(&mut conn, &scripts, &["a", "b", "c"], "me", 60_000).await;
     let stale = (token(&held[1]).parse::<u64>().unwrap() - 1).to_string();
-    let args = ["me", "0", "5", &token(&held[0]), &stale, ""];
+    let args = ["me", "0", "3", &token(&held[0]), &stale, ""];
     let reply = fcall(
         &mut conn,
         &scripts.release_many,
@@ -204,7 +204,7 @@ async fn release_many_answers_per_lock_and_leaves_a_stale_token_alone() {
     assert_eq!(record(&mut conn, "b", "me").await, held[1]);
     assert_eq!(record(&mut conn, "c", "me").await, "");
     // The rest of it, with its own token: every lock released, OK.
-    let args = ["me", "0", "5", &token(&held[1])];
+    let args = ["me", "0", "3", &token(&held[1])];
     let reply = fcall(&mut conn, &scripts.release_many, &keys(&["b"]), &args)
         .await
         .unwrap();
@@ -219,19 +219,19 @@ async fn a_malformed_set_call_is_refused_and_changes_nothing() {
     let both = keys(&["a", "b"]);
     let twice: Vec<String> = keys(&["a", "a"]);
     let bad: [(&LockScript, &[String], &[&str]); 6] = [
-        (&scripts.release_many, &both, &["me", "0", "5", ""]),
+        (&scripts.release_many, &both, &["me", "0", "3", ""]),
         (&scripts.release_many, &both, &["me", "0", "7", "", ""]),
-        (&scripts.release_many, &both, &["me", "0", "5", "", "x1"]),
-        (&scripts.release_many, &twice, &["me", "0", "5", "", ""]),
+        (&scripts.release_many, &both, &["me", "0", "3", "", "x1"]),
+        (&scripts.release_many, &twice, &["me", "0", "3", "", ""]),
         (
             &scripts.extend_many,
             &both,
-            &["me", "ten", "0", "0", "5", "", ""],
+            &["me", "ten", "0", "0", "3", "", ""],
         ),
         (
             &scripts.extend_many,
-            &both[..7],
-            &["me", "", "0", "0", "5", "", ""],
+            &both[..5],
+            &["me", "", "0", "0", "3", "", ""],
         ),
     ];
     for (function, keys, args) in bad {

@@ -65,25 +65,43 @@ struct HandOver {
     client: proto::lock_service_client::LockServiceClient<tonic::transport::Channel>,
     /// Function calls Redis ran from the release to the answer.
     fcalls: u64,
-    _server: TestServer,
+    _servers: (TestServer, Option<TestServer>),
     _redis: tumbler::dev::RedisServer,
 }
 
+/// Where the release goes: the waiter's own replica, or another.
+#[derive(Clone, Copy, PartialEq)]
+enum Releaser {
+    SameReplica,
+    OtherReplica,
+}
+
 /// [`HandOver`] on `name`, on a server started with `args`; the waiter
-/// asks a lease of `ttl_ms` with a request TTL of `queue_ttl_ms`.
+/// asks a lease of `ttl_ms` with a request TTL of `queue_ttl_ms`; the
+/// holder releases through `releaser`.
 async fn hand_over_once(
     args: tumbler::config::ServiceArgs,
     name: &str,
     ttl_ms: u64,
     queue_ttl_ms: u64,
+    releaser: Releaser,
 ) -> HandOver {
     let redis = start_redis();
-    let server = TestServer::new()
-        .redis(&redis.url())
-        .args(args)
-        .start()
-        .await;
-    let mut holder = server.client().await;
+    let start = || {
+        TestServer::new()
+            .redis(&redis.url())
+            .args(args.clone())
+            .start()
+    };
+    let server = start().await;
+    let other = match releaser {
+        Releaser::SameReplica => None,
+        Releaser::OtherReplica => Some(start().await),
+    };
+    let mut holder = match &other {
+        Some(other) => other.client().await,
+        None => server.client().await,
+    };
     let mut waiting = server.client().await;
     let held = holder.acquire(acquire(name, "first")).await.unwrap();
     assert_eq!(held.into_inner().status(), AcquireStatus::Acquired);
@@ -101,16 +119,17 @@ async fn hand_over_once(
         reply,
         client: holder,
         fcalls: fcalls(&before, &after),
-        _server: server,
+        _servers: (server, other),
         _redis: redis,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_past_the_waiters_liveness_is_taken_up_before_the_answer() {
-    // A lease of 60 s, a request TTL of 3 s: the hand-over can only give
-    // it up to the request's liveness deadline.
-    let mut run = hand_over_once(quiet(), "long", 60_000, 3_000).await;
+    // A lease of 60 s, a request TTL of 3 s, released through another
+    // replica: the hand-over can only give it up to the request's
+    // liveness deadline.
+    let mut run = hand_over_once(quiet(), "long", 60_000, 3_000, Releaser::OtherReplica).await;
     let grant = run.reply.grant.unwrap();
     // Answered with the lease asked, and Redis holds that lease: the
     // take-up ran before the answer.
@@ -133,8 +152,29 @@ async fn a_lease_past_the_waiters_liveness_is_taken_up_before_the_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_of_the_releasing_replica_is_handed_its_whole_lease_in_one_call() {
+    // The same long lease and short request TTL, released through the
+    // waiter's own replica: the release knows that replica alive (it is
+    // the one calling), so the grant is whole (decision 0090), and no
+    // take-up is needed.
+    let mut run = hand_over_once(quiet(), "own", 60_000, 3_000, Releaser::SameReplica).await;
+    let grant = run.reply.grant.unwrap();
+    assert_eq!(grant.ttl_ms, 60_000);
+    let (stored, now) = grant_of(&mut run.client, "own", "second").await.unwrap();
+    assert_eq!(stored.fencing_token, grant.fencing_token);
+    assert!(stored.expires_at_ms - now > 50_000, "{stored:?} at {now}");
+    // One function call, the release; a refresh of the waiter (every
+    // second) may fall between.
+    assert!(
+        (1..=2).contains(&run.fcalls),
+        "{} function calls",
+        run.fcalls
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_within_the_waiters_liveness_rides_the_wake_up() {
-    let run = hand_over_once(quiet(), "short", 2_000, 60_000).await;
+    let run = hand_over_once(quiet(), "short", 2_000, 60_000, Releaser::OtherReplica).await;
     let grant = run.reply.grant.unwrap();
     assert_eq!(grant.expires_at_ms, grant.acquired_at_ms + 2_000);
     // One function call: the release handed it over whole.
@@ -233,6 +273,6 @@ async fn without_the_hand_over_a_release_wakes_the_waiter_to_call_again() {
         no_hand_over: true,
         ..quiet()
     };
-    let run = hand_over_once(args, "ab", 2_000, 60_000).await;
+    let run = hand_over_once(args, "ab", 2_000, 60_000, Releaser::SameReplica).await;
     assert_eq!(run.fcalls, 2, "{} function calls", run.fcalls);
 }

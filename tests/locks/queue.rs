@@ -11,6 +11,7 @@ use common::wait::wait_until_async;
 use common::*;
 use proto::lock_service_client::LockServiceClient;
 use proto::{AcquireStatus, NotAcquiredReason, ReleaseStatus};
+use redis::AsyncCommands;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tonic::Code;
@@ -589,12 +590,9 @@ async fn a_downgrade_never_hands_a_read_grant_to_a_waiter_past_its_queue_ttl() {
     ];
     let queued = acquire(&dead).query_async(&mut conn).await.unwrap();
     assert_eq!(status(queued), 3);
-    let deadline: f64 = redis::cmd("ZSCORE")
-        .arg(&keys[2])
-        .arg("dead")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    // Its liveness deadline leads its field in the lock's hash (layout v4).
+    let stored: String = conn.hget(&keys[0], "w:dead").await.unwrap();
+    let deadline: f64 = stored.split('|').next().unwrap().parse().unwrap();
     let mut probe = conn.clone();
     wait_until_async(
         "the reader's request TTL passed",

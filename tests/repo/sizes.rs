@@ -68,7 +68,7 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         path: "crates/tumbler-model/tests/check.rs",
-        lines: 739,
+        lines: 760,
         reason: "every configuration CI checks, with what it expects, in one place and in the order of SAFETY.md's table",
     },
     Budget {
@@ -78,13 +78,18 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         path: "benches/script_cost.rs",
-        lines: 699,
+        lines: 695,
         reason: "its measurements share the Redis under callgrind and the plain lock's calls, and their tables read side by side",
     },
     Budget {
         path: "clients/rust/examples/conformance_steps.rs",
         lines: 696,
         reason: "one program, one function per step, as in the other languages' steps programs",
+    },
+    Budget {
+        path: "tests/locks/model_replay.rs",
+        lines: 623,
+        reason: "each model call replayed as its real function call in one match, with the arguments each function takes; the paths replayed are in model_replay/paths.rs",
     },
     Budget {
         path: "tests/locks/queue.rs",

@@ -4,12 +4,12 @@
 //!
 //! Every key of one shard carries the hash tag `{<namespace>:<shard>}`, so
 //! every function call, which only touches one lock and its shard's
-//! fencing counter, stays inside one Redis Cluster slot. Layout v3 keeps
+//! fencing counter, stays inside one Redis Cluster slot. Layouts v3 and v4 keep
 //! no per-lock index: listing, reaping and clearing find lock keys with
 //! `SCAN` (see [`Layout::lock_pattern`]).
 
 /// Version of the key layout written to the `<prefix>:meta` hash.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Where the keys of a deployment live: its prefix and its shard count.
 #[derive(Clone, Debug)]
@@ -60,8 +60,6 @@ impl Layout {
         LockKeys {
             lock: key(&[":l:", name]),
             queue: key(&[":q:", name]),
-            deadlines: key(&[":d:", name]),
-            waiters: key(&[":w:", name]),
             fence: key(&[":fence"]),
             live: key(&[":n"]),
         }
@@ -87,6 +85,18 @@ impl Layout {
             glob_escape(&self.prefix),
             glob_escape(name_prefix)
         )
+    }
+
+    /// The deployment's key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A `SCAN MATCH` pattern for every shard key of `kind`
+    /// (`<prefix>:{*}:<kind>:*`), in every namespace. Its `*` may reach
+    /// past the tag: callers check what they find.
+    pub fn tagged_pattern(&self, kind: &str) -> String {
+        format!("{}:{{*}}:{kind}:*", glob_escape(&self.prefix))
     }
 
     /// The lock a key found by [`Self::lock_pattern`] belongs to: its
@@ -208,13 +218,7 @@ mod tests {
         let keys = layout.lock_keys("default", "orders:{42}");
         let shard = layout.shard_of("default", "orders:{42}");
         let tag = format!("{{default:{shard}}}");
-        for key in [
-            &keys.lock,
-            &keys.queue,
-            &keys.deadlines,
-            &keys.waiters,
-            &keys.fence,
-        ] {
+        for key in [&keys.lock, &keys.queue, &keys.fence] {
             assert!(key.starts_with(&format!("tumbler:{tag}:")), "{key}");
         }
         assert_eq!(keys.lock, format!("tumbler:{tag}:l:orders:{{42}}"));
@@ -239,8 +243,6 @@ mod tests {
         let joins = [
             lock_key(&keys.lock),
             lock_key(&keys.queue),
-            lock_key(&keys.deadlines),
-            lock_key(&keys.waiters),
             shard_key(&keys.fence),
             shard_key(&keys.live),
             shard_key(&changelog),

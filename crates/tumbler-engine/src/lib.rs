@@ -96,6 +96,7 @@ mod renewer;
 pub mod resume;
 pub mod scripts;
 pub mod sessions;
+mod upgrade;
 pub mod waiters;
 mod waiting;
 mod walks;
@@ -134,6 +135,7 @@ pub use tumbler_face::{
     EngineError, ErrorKind, Holder, Invalid, Kind, LockName, Namespace, REAPER_LOCK,
     REAPER_NAMESPACE, StoreTrouble, TroubleKind, Ttl,
 };
+pub use upgrade::{UpgradeError, Upgraded, upgrade_layout};
 
 /// How long per-minute counters are kept.
 pub const METRICS_RETENTION_MS: i64 = 24 * 3600 * 1000;
@@ -176,17 +178,18 @@ impl LockEngine {
         let counting = Arc::new(Counting::new(calls.clone()));
         let watchers = Watchers::new();
         let changelog = Arc::new(Changelog::new(changelog, watchers.clone(), calls.clone()));
+        let waiters = Waiters::new(
+            limits.max_waiters_per_replica,
+            limits.max_waiters_per_namespace,
+        );
         let locks = Arc::new(Locks::new(
             calls.clone(),
             counting.clone(),
             changelog.clone(),
             limits.max_waiters_per_lock,
             limits.max_locks_per_shard,
+            waiters.clone(),
         ));
-        let waiters = Waiters::new(
-            limits.max_waiters_per_replica,
-            limits.max_waiters_per_namespace,
-        );
         let walks = Arc::new(Walks::new(
             calls.clone(),
             counting.clone(),

@@ -14,6 +14,7 @@ use super::calls::{Calls, late};
 use super::changelog::Changelog;
 use super::counting::Counting;
 use super::keys::LockKeys;
+use super::waiters::Waiters;
 use super::{
     AcquireOutcome, AcquireRequest, EngineError, ExtendOutcome, LockId, LockState, QueueState,
     ReleaseOutcome, ops, records, waiters,
@@ -52,6 +53,9 @@ pub(super) struct Locks {
     max_waiters_per_lock: u32,
     /// Locks a namespace may have per shard (0: no limit).
     max_locks_per_shard: u64,
+    /// This replica's waiting requests: a release of a lock one of them
+    /// waits on says so (decision 0090).
+    waiters: Arc<Waiters>,
 }
 
 impl Locks {
@@ -61,6 +65,7 @@ impl Locks {
         changelog: Arc<Changelog>,
         max_waiters_per_lock: u32,
         max_locks_per_shard: u64,
+        waiters: Arc<Waiters>,
     ) -> Self {
         Locks {
             calls,
@@ -68,6 +73,7 @@ impl Locks {
             changelog,
             max_waiters_per_lock,
             max_locks_per_shard,
+            waiters,
         }
     }
 
@@ -290,6 +296,7 @@ impl Locks {
             epoch,
             handed,
             proof,
+            alive: self.waiters.waits_here(&keys.queue),
         };
         let reply = self
             .calls

@@ -476,7 +476,7 @@ impl Multi {
 
     /// Keys each lock of a call declares (5, or 6 with live locks counted).
     fn keys_per_lock(&self) -> usize {
-        if self.calls.counts_live() { 6 } else { 5 }
+        if self.calls.counts_live() { 4 } else { 3 }
     }
 
     /// How long the parts of a set spanning `groups` slots are reserved

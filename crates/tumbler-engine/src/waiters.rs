@@ -206,6 +206,17 @@ impl Waiters {
         }
     }
 
+    /// This replica's part of its request ids when one of its requests
+    /// waits on the lock of `queue_key` right now: a call of this replica
+    /// that hands that lock over knows the waiter's replica alive (decision
+    /// 0090), so the grant need not be provisional.
+    pub fn waits_here(&self, queue_key: &str) -> Option<&str> {
+        let locks = self.locks.lock().unwrap();
+        locks
+            .contains_key(queue_key)
+            .then_some(self.replica.as_str())
+    }
+
     /// Waiting RPCs on this replica right now.
     pub fn len(&self) -> usize {
         self.count.load(Ordering::Relaxed)

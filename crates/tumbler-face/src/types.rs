@@ -507,14 +507,12 @@ pub struct LeaderChange {
 pub struct LockKeys {
     /// HASH: the whole lock in one key — its header (limit, holders,
     /// earliest expiry, highest slot, arrivals, key expiry), a grant per
-    /// holder (`h:<holder>`), slot → holder for semaphores.
+    /// holder (`h:<holder>`), slot → holder for semaphores, and each
+    /// waiting request's liveness deadline and record (`w:<request>`,
+    /// layout v4).
     pub lock: String,
     /// ZSET of waiting requests in grant order; exists only while someone waits.
     pub queue: String,
-    /// ZSET waiting request → liveness deadline; exists with the queue.
-    pub deadlines: String,
-    /// HASH waiting request → its record; exists with the queue.
-    pub waiters: String,
     /// STRING (per shard) last fencing token handed out.
     pub fence: String,
     /// ZSET (per shard) of live locks, kept only with a per-namespace lock
@@ -526,16 +524,9 @@ impl LockKeys {
     /// The keys a function on this lock declares, so that Redis Cluster
     /// checks them all before it runs (a slot half-migrated answers
     /// ASK/TRYAGAIN instead of running a script that would fail midway):
-    /// lock, queue, deadlines, waiters, fence, and the live-lock ZSET when
-    /// asked.
+    /// lock, queue, fence, and the live-lock ZSET when asked.
     pub fn declared(&self, with_live: bool) -> Vec<&str> {
-        let mut keys = vec![
-            self.lock.as_str(),
-            self.queue.as_str(),
-            self.deadlines.as_str(),
-            self.waiters.as_str(),
-            self.fence.as_str(),
-        ];
+        let mut keys = vec![self.lock.as_str(), self.queue.as_str(), self.fence.as_str()];
         if with_live {
             keys.push(&self.live);
         }

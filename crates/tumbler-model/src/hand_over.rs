@@ -51,6 +51,9 @@ pub struct Handed {
     pub full: u8,
     /// The request's liveness deadline when it was handed.
     pub deadline: u8,
+    /// Handed by a call of the request's own replica, which knows it
+    /// alive: the lease asked, never provisional (decision 90).
+    pub whole: bool,
     /// Its request was past its request TTL (dead) when it was handed.
     pub dead: bool,
 }
@@ -112,6 +115,18 @@ impl Lock {
 /// token. A head that does not fit stops it; a writer waiting for
 /// readers, or a head of several permits, wakes the barging waiters.
 pub fn hand_over(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
+    hand_over_from(lock, fence, now, None)
+}
+
+/// [`hand_over`] by a call of replica `alive` (Some when one of its
+/// requests waits on the lock: release.lua's `alive`, decision 90): a
+/// request of that replica is handed the lease asked.
+pub fn hand_over_from(
+    lock: &mut Lock,
+    fence: &mut Option<u32>,
+    now: u8,
+    alive: Option<u8>,
+) -> Wake {
     let mut out = Wake::none();
     while lock.any_room() {
         let Some(head) = lock.queue.first() else {
@@ -136,7 +151,8 @@ pub fn hand_over(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
         // Its replica is known alive only until the liveness deadline: a
         // lease that ends later is provisional up to it (decision 89).
         let full = now + hand.ttl;
-        let expires = full.min(w.deadline);
+        let whole = alive == Some(hand.via);
+        let expires = if whole { full } else { full.min(w.deadline) };
         lock.holders.push(Grant {
             holder: w.id,
             token,
@@ -159,6 +175,7 @@ pub fn hand_over(lock: &mut Lock, fence: &mut Option<u32>, now: u8) -> Wake {
             full,
             deadline: w.deadline,
             dead: w.deadline <= now,
+            whole,
         });
     }
     out
@@ -216,7 +233,7 @@ mod tests {
             Reply::Queued { .. }
         ));
         // The reader goes: the writer alone may come in, and is woken.
-        let out = d.release(2, 0, 0, None, None);
+        let out = d.release(2, 0, 0, None, None, None);
         assert_eq!(out.wake.wake, Some(1));
         assert!(matches!(
             d.acquire(2, ask(1, W)).reply,
@@ -288,14 +305,14 @@ mod tests {
         for c in 1..4 {
             assert!(matches!(d.acquire(1, hand(c)).reply, Reply::Queued { .. }));
         }
-        let out = d.release(2, 0, 0, None, None);
+        let out = d.release(2, 0, 0, None, None, None);
         let handed: Vec<Id> = out.wake.handed.iter().map(|h| h.holder).collect();
         assert_eq!(handed, [1, 2]);
         let lock = d.lock.as_ref().unwrap();
         assert_eq!((lock.mode, lock.queue.len()), (R, 1));
         // The readers' leases pass; the writer at the head is past its
         // answer-by time: it leaves instead of being granted.
-        let out = d.release(10, 1, 0, None, None);
+        let out = d.release(10, 1, 0, None, None, None);
         assert_eq!(out.reply, Reply::NotHeld);
         assert!(out.wake.handed.is_empty());
         assert_eq!(d.lock, None);

@@ -478,7 +478,7 @@ fn extend_part(cfg: &Config, s: &mut State, c: Id, lock: u8, token: u32) -> Repl
 /// the holder).
 fn release_part(cfg: &Config, s: &mut State, c: Id, lock: u8, token: u32) -> Reply {
     s.redis.select(lock);
-    let out = s.redis.release(s.now, c, token, None, None);
+    let out = s.redis.release(s.now, c, token, None, None, None);
     publish(cfg, s, out.wake);
     s.redis.select(lock);
     out.reply

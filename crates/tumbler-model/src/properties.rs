@@ -57,7 +57,9 @@ pub const NO_HAND_PAST_TTL: &str = "no grant is handed to a request past its req
 /// Invariant 7 with the hand-over on by default (decision 89): a handed
 /// grant's lease ends by its request's liveness deadline until its
 /// replica takes it up, so a waiter whose replica died keeps the lock no
-/// longer than its request TTL.
+/// longer than its request TTL. A grant handed by a call of the request's
+/// own replica, alive as it calls, is whole (decision 90), as a grant of
+/// its own acquire would be.
 pub const NO_HAND_PAST_DEADLINE: &str =
     "a handed grant ends by its request's liveness deadline until taken up";
 
@@ -123,6 +125,10 @@ pub const HANDED: &str = "a grant is handed over";
 /// A provisional handed grant (decision 89) reaches its live replica,
 /// which takes it up before it answers.
 pub const TAKEN_UP: &str = "a provisional grant is taken up";
+
+/// Decision 90: a release by the replica of a waiting request hands that
+/// request the lease it asked (the replica is alive: it is calling).
+pub const HANDED_WHOLE: &str = "a grant is handed whole to the caller's own waiter";
 /// Weighted: a head of several permits waits though permits are free,
 /// with a smaller request waiting behind it (it fits only by barging).
 pub const BIG_HEAD_WAITS: &str = "a big head waits while permits are free";
@@ -326,6 +332,7 @@ pub fn all() -> Vec<Property<Config>> {
         }),
         Property::sometimes(HANDED, |_, s: &State| s.ghost.handed),
         Property::sometimes(TAKEN_UP, |_, s: &State| s.ghost.taken_up),
+        Property::sometimes(HANDED_WHOLE, |_, s: &State| s.ghost.handed_whole),
         Property::sometimes(BIG_HEAD_WAITS, |_, s: &State| {
             s.redis.lock.as_ref().is_some_and(|l| {
                 let big =

@@ -15,7 +15,7 @@
 //! [`crate::hand_over`]: who fits, and what a call that frees a permit
 //! does with it.
 
-use crate::hand_over::{Hand, Mode, Wake, hand_over};
+use crate::hand_over::{Hand, Mode, Wake, hand_over, hand_over_from};
 
 /// A client's holder id (and, for a waiting request, its request id: the
 /// functions queue a request under its holder).
@@ -482,6 +482,7 @@ impl Data {
         token: u32,
         epoch: Option<u8>,
         handed: Option<u8>,
+        alive: Option<u8>,
     ) -> Effects {
         let Some(mut lock) = self.lock.take() else {
             return answer(Reply::NotHeld);
@@ -506,7 +507,7 @@ impl Data {
                     lock.vacate();
                     Effects {
                         reply: Reply::Ok { expires },
-                        wake: hand_over(&mut lock, fence, now),
+                        wake: hand_over_from(&mut lock, fence, now, alive),
                     }
                 }
             }

@@ -44,7 +44,7 @@ impl Data {
     /// settle).
     fn release_one(&mut self, now: u8, holder: Id, lock: u8, token: u32) -> (bool, Wake) {
         self.select(lock);
-        let out = self.release(now, holder, token, None, None);
+        let out = self.release(now, holder, token, None, None, None);
         self.select(lock);
         (matches!(out.reply, Reply::Ok { .. }), out.wake)
     }

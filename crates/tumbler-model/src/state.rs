@@ -204,6 +204,9 @@ pub struct Ghost {
     pub hand_past_deadline: bool,
     /// A provisional handed grant reached a live replica, which took it up.
     pub taken_up: bool,
+    /// A grant past its request's liveness deadline was handed whole, by
+    /// a call of the request's own replica (decision 90).
+    pub handed_whole: bool,
     /// Election: the latest term granted and its lease's end as Redis
     /// set it (moved by an extend of that term).
     pub term: Option<(u32, u8)>,

@@ -30,7 +30,8 @@ pub(crate) fn publish(cfg: &Config, s: &mut State, wake: Wake) {
         granted(cfg, s, h.holder, h.token, h.req, h.expires);
         s.ghost.handed = true;
         s.ghost.handed_past_ttl |= h.dead;
-        s.ghost.hand_past_deadline |= h.expires > h.deadline;
+        s.ghost.hand_past_deadline |= h.expires > h.deadline && !h.whole;
+        s.ghost.handed_whole |= h.whole && h.full > h.deadline;
         s.ghost.waiter_granted = true;
         if !s.alive[usize::from(h.via)] {
             s.ghost.handed_to_dead = true;
@@ -48,6 +49,23 @@ pub(crate) fn publish(cfg: &Config, s: &mut State, wake: Wake) {
             s.orphans.push((h.holder, call));
         }
     }
+}
+
+/// The replica of client `c`, when a request of it waits on `c`'s lock
+/// (the engine's `Waiters::waits_here`): its release says so, and a grant
+/// handed to a request of that replica is whole (decision 90).
+pub(crate) fn alive_for(cfg: &Config, s: &State, c: Id) -> Option<u8> {
+    let r = s.clients[usize::from(c)].replica;
+    let lock = cfg.lock_of(c);
+    let waits = (0..s.clients.len() as Id).any(|d| {
+        let client = &s.clients[usize::from(d)];
+        d != c
+            && client.replica == r
+            && !cfg.is_set(d)
+            && cfg.lock_of(d) == lock
+            && matches!(client.phase, Phase::Waiting { .. })
+    });
+    waits.then_some(r)
 }
 
 /// The client's belief after a reply that gave a lease ending at
@@ -190,12 +208,14 @@ fn run_single(cfg: &Config, s: &mut State, c: Id, call: Call, live: bool) {
             }
         }
         Call::GiveBack { req, token } => {
-            let Effects { wake, .. } = s.redis.release(now, c, token, None, Some(req));
+            let alive = alive_for(cfg, s, c);
+            let Effects { wake, .. } = s.redis.release(now, c, token, None, Some(req), alive);
             publish(cfg, s, wake);
         }
         Call::Release { token, epoch } => {
             let epoch = (epoch > 0).then_some(epoch);
-            let Effects { reply, wake } = s.redis.release(now, c, token, epoch, None);
+            let alive = alive_for(cfg, s, c);
+            let Effects { reply, wake } = s.redis.release(now, c, token, epoch, None, alive);
             // An election's resign is a release pinned to the term.
             if cfg.election && matches!(reply, Reply::Ok { .. }) {
                 s.ghost.lapsed_act |= lapsed(s, token);

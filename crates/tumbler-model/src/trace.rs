@@ -8,6 +8,7 @@ use crate::Config;
 use crate::hand_over::{Mode, Wake};
 use crate::model::{Action, Call, State};
 use crate::redis::{Data, Effects, Id, Reply};
+use crate::steps::alive_for;
 
 /// One step of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +22,9 @@ pub enum Step {
         call: Option<Call>,
         mode: Option<Mode>,
         reply: Option<Reply>,
+        /// A release's caller replica, when one of its requests waits on
+        /// the lock (decision 90): release.lua's `alive`.
+        alive: Option<u8>,
     },
     /// A replica's `refresh.lua` for its waiters on `lock`; the ids no
     /// longer queued.
@@ -90,7 +94,7 @@ fn reply(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Reply> {
         Call::RollBack { lock, .. } => {
             let token = cfg.part_token(&call);
             on(&mut data, lock, &|d| {
-                d.release(now, c, token, None, None).reply
+                d.release(now, c, token, None, None, None).reply
             })
         }
         Call::ExtendSet { groups, .. } => {
@@ -125,8 +129,12 @@ fn single(cfg: &Config, s: &State, c: Id, call: Call) -> Option<Effects> {
             ..
         } => data.acquire(now, cfg.request_args(c, via, req, answer_by, epoch)),
         Call::Downgrade { epoch, .. } => data.acquire(now, cfg.downgrade_args(c, 0, epoch)),
-        Call::Release { token, epoch } => data.release(now, c, token, some(epoch), None),
-        Call::GiveBack { req, token } => data.release(now, c, token, None, Some(req)),
+        Call::Release { token, epoch } => {
+            data.release(now, c, token, some(epoch), None, alive_for(cfg, s, c))
+        }
+        Call::GiveBack { req, token } => {
+            data.release(now, c, token, None, Some(req), alive_for(cfg, s, c))
+        }
         Call::Extend { token, .. } => data.extend(now, c, token, cfg.ttl, 0),
         Call::Proclaim { token } => data.proclaim(now, c, token),
         Call::Renew { token, epoch, .. } => data.renew(now, c, token, cfg.ttl, epoch),
@@ -197,12 +205,19 @@ pub fn trace(cfg: &Config, path: &[(State, Option<Action>)]) -> Vec<Step> {
                 Call::Downgrade { .. } => Some(Mode::Read),
                 _ => None,
             };
+            let alive = match call {
+                Call::Release { .. } | Call::GiveBack { .. } if !cfg.is_set(c) => {
+                    alive_for(cfg, s, c)
+                }
+                _ => None,
+            };
             steps.push(Step::Function {
                 function: function(&call),
                 client: c,
                 call: Some(call),
                 mode,
                 reply,
+                alive,
             });
             if let Some(wake) = wake(cfg, s, c, call) {
                 push_handed(&mut steps, &wake);

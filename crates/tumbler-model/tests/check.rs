@@ -415,6 +415,31 @@ fn with_the_hand_over_a_dead_replicas_waiter_keeps_the_lock_no_longer_than_its_r
 }
 
 #[test]
+fn a_release_by_the_waiters_own_replica_hands_it_the_whole_lease() {
+    // Decision 90: a release says when its replica has a request waiting
+    // on the lock, and a grant handed to that request is whole: the lease
+    // asked, past the request's liveness deadline, since the replica making
+    // the call is alive. Three clients on two replicas (0 and 2 share
+    // replica 0), a lease longer than the request TTL, a crash: a waiter of
+    // another replica still gets a provisional grant and takes it up, and
+    // every safety property holds, FIFO with them.
+    let cfg = Config {
+        clients: 3,
+        ttl: 3,
+        hand_over: true,
+        faults: Faults {
+            crash: 1,
+            ..Faults::default()
+        },
+        ..Config::small(1)
+    };
+    let checker = check("hand-over, a replica's own waiter", cfg);
+    holds(&checker, &SAFETY);
+    holds(&checker, &[NO_HAND_PAST_TTL, NO_HAND_PAST_DEADLINE]);
+    found(&checker, &[HANDED_WHOLE, TAKEN_UP, HANDED]);
+}
+
+#[test]
 fn a_read_write_path_reads_as_calls_with_their_modes() {
     // The replay's input for read/write (tests/locks/model_replay.rs): the
     // checker's example of a downgrade a reader joins is the writer's

@@ -14,7 +14,7 @@ use super::*;
 /// model's grants.
 #[tokio::test]
 async fn hand_over_model_paths_get_the_replies_the_model_expects() {
-    use tumbler_model::properties::{HANDED, NO_HAND_TO_DEAD, TAKEN_UP};
+    use tumbler_model::properties::{HANDED, HANDED_WHOLE, NO_HAND_TO_DEAD, TAKEN_UP};
     let _turn = ONE_AT_A_TIME.lock().await;
     let plain = Config {
         hand_over: true,
@@ -52,6 +52,16 @@ async fn hand_over_model_paths_get_the_replies_the_model_expects() {
             seen.extend(replay_to_grants(cfg, &path).await);
         }
     }
+    // A release by the waiter's own replica hands it the whole lease
+    // (decision 0090): three clients on two replicas, a lease longer than
+    // the request TTL.
+    let own = Config {
+        clients: 3,
+        ttl: 3,
+        ..plain.clone()
+    };
+    let path = trace::discovery(&own, HANDED_WHOLE).unwrap();
+    seen.extend(replay_to_grants(&own, &path).await);
     // Grants handed over, taken up (HELD) and queued waiters.
     for code in [HANDED_OVER, 2, 3] {
         assert!(seen.contains(&code), "no status {code} among {seen:?}");

@@ -8,6 +8,7 @@ use crate::records::parse_grant;
 use crate::store::StoreError;
 
 /// One call of the release function.
+#[derive(Default)]
 pub struct Call<'a> {
     pub holder: &'a str,
     /// Only the grant with this token ('' = any).
@@ -21,6 +22,10 @@ pub struct Call<'a> {
     pub handed: Option<&'a str>,
     /// The digest of an election's secret: Resign (decision 0082).
     pub proof: Option<&'a str>,
+    /// This replica's part of its request ids, when one of its requests
+    /// waits on the lock: a grant handed to it is not provisional
+    /// (decision 0090).
+    pub alive: Option<&'a str>,
 }
 
 impl Call<'_> {
@@ -30,11 +35,13 @@ impl Call<'_> {
     pub fn args(&self) -> Vec<String> {
         let mut args = vec![self.holder.to_owned()];
         let watched = self.watched.arg();
-        let (epoch, handed, proof) = (
+        let (epoch, handed, proof, alive) = (
             self.epoch.is_some(),
             self.handed.is_some(),
             self.proof.is_some(),
+            self.alive.is_some(),
         );
+        let proof = proof || alive;
         if self.token.is_some() || watched != "0" || epoch || handed || proof {
             args.push(super::optional(self.token));
         }
@@ -47,8 +54,11 @@ impl Call<'_> {
         if handed || proof {
             args.push(self.handed.unwrap_or_default().to_owned());
         }
-        if let Some(proof) = self.proof {
-            args.push(proof.to_owned());
+        if proof {
+            args.push(self.proof.unwrap_or_default().to_owned());
+        }
+        if let Some(alive) = self.alive {
+            args.push(format!("{alive}."));
         }
         args
     }
