@@ -38,7 +38,7 @@ const BUDGETS: &[Budget] = &[
     },
     Budget {
         path: "tests/cli/cli.rs",
-        lines: 1006,
+        lines: 1005,
         reason: "the subcommands' tests share the `tumbler` runner and its output readers, and each is one flat scenario against the real binary",
     },
     Budget {
