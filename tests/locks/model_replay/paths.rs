@@ -58,7 +58,8 @@ async fn hand_over_model_paths_get_the_replies_the_model_expects() {
     let own = Config {
         clients: 3,
         ttl: 3,
-        ..plain.clone()
+        hand_over: true,
+        ..Config::small(1)
     };
     let path = trace::discovery(&own, HANDED_WHOLE).unwrap();
     seen.extend(replay_to_grants(&own, &path).await);
