@@ -83,16 +83,15 @@ pub(super) async fn take_set(
     let reply = rpc.acquire(request).await;
     let answered = Instant::now();
     log.attempt(client, members.clone(), sent, SET_TTL_MS);
-    let mut already = false;
-    let grants = match reply.map(|r| r.into_inner()) {
+    let (grants, already) = match reply.map(|r| r.into_inner()) {
         Ok(reply)
             if matches!(
                 reply.status(),
                 proto::AcquireStatus::Acquired | proto::AcquireStatus::AlreadyHeld
             ) =>
         {
-            already = reply.status() == proto::AcquireStatus::AlreadyHeld;
-            reply.grants
+            let already = reply.status() == proto::AcquireStatus::AlreadyHeld;
+            (reply.grants, already)
         }
         Ok(_) => return,
         Err(status) => {
