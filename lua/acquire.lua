@@ -38,7 +38,9 @@ end
 --    below would make for it (one HSET, the keys' TTL: PEXPIRE from the
 --    same clock, so the header may leave the keys' expiry out).
 local lock_key, grant_field = KEYS[1], 'h:' .. holder
-local read = redis.call('HMGET', lock_key, '_', grant_field, waiter_field(holder))
+-- (A waiting call reads the holder's place too, which step 10 renews.)
+local read = ARGV[10] and redis.call('HMGET', lock_key, '_', grant_field, waiter_field(holder))
+  or redis.call('HMGET', lock_key, '_', grant_field)
 if not read[1] and (flags == '' or flags == 'f') and not KEYS[4] then
   local token = next_token(KEYS[3], now_us)
   local expires_s = int(now + num(ttl))

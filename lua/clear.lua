@@ -27,11 +27,7 @@ for k = 2, #ARGV do
     end
     local waiting = all_waiters(L)
     for _, w in ipairs(waiting) do
-      local kind = waiter_kind(w[3])
-      note(L, 'cleared', kind)
-      if L.watched then
-        emit(L, 'cleared', w[1], {kind = kind, mode = waiter_mode(w[3])}, now, ADMIN)
-      end
+      waiter_leaves(L, w[1], w[3], 'cleared', 'cleared', now, ADMIN)
     end
     requests = requests + #waiting
     redis.call('DEL', L.key, L.queue)

@@ -33,21 +33,9 @@ for k = 4, #ARGV do
           old_grants = old_grants + 1
         end
       end
-      local old = {}
-      for _, w in ipairs(all_waiters(L)) do
-        if waiter_enqueued(w[3]) < cutoff then
-          table.insert(old, w[1])
-          local kind = waiter_kind(w[3])
-          note(L, 'reaped', kind)
-          if L.watched then
-            emit(L, 'reaped', w[1], {kind = kind, mode = waiter_mode(w[3])}, now, REAPER)
-          end
-        end
-      end
-      if #old > 0 then
-        drop_waiters(L, old)
-        old_waiters = old_waiters + #old
-      end
+      old_waiters = old_waiters + drop_waiters_where(L, function(_, record)
+        return waiter_enqueued(record) < cutoff
+      end, 'reaped', 'reaped', now, REAPER)
     end
     -- 4. Keys and wake-ups follow.
     settle(L)

@@ -42,6 +42,26 @@ local function drop_waiters(L, ids)
   end
 end
 
+-- The stored fields of waiting requests `ids`, in their order (a false
+-- where a request has none).
+local function waiters_stored(L, ids)
+  local fields = {}
+  for i, id in ipairs(ids) do
+    fields[i] = waiter_field(id)
+  end
+  return on_fields(L.key, 'HMGET', fields)
+end
+
+-- A waiting request of `record` leaves: counted as `counted` for the
+-- replica's per-minute counters, told to watchers as `told` by `actor`.
+local function waiter_leaves(L, id, record, counted, told, now, actor)
+  local kind = waiter_kind(record)
+  note(L, counted, kind)
+  if L.watched then
+    emit(L, told, id, {kind = kind, mode = waiter_mode(record)}, now, actor)
+  end
+end
+
 -- Waiting requests whose replica stopped refreshing them (crashed, cut
 -- off) are dead: they leave the queue instead of holding it up (each
 -- noted as 'reaped', told to watchers as 'skipped'). Only the front of
@@ -63,11 +83,7 @@ local function purge_dead_waiters(L, now)
   local dropped = 0
   repeat
     local ids = redis.call('ZRANGE', L.queue, '0', int(BATCH - 1))
-    local fields = {}
-    for i, id in ipairs(ids) do
-      fields[i] = waiter_field(id)
-    end
-    local values = #ids > 0 and redis.call('HMGET', L.key, unpack(fields)) or {}
+    local values = waiters_stored(L, ids)
     local dead = {}
     for i, id in ipairs(ids) do
       local deadline, record = split_waiter(values[i] or nil)
@@ -75,11 +91,7 @@ local function purge_dead_waiters(L, now)
         break
       end
       dead[#dead + 1] = id
-      local kind = waiter_kind(record)
-      note(L, 'reaped', kind)
-      if L.watched then
-        emit(L, 'skipped', id, {kind = kind, mode = waiter_mode(record)}, now, REAPER)
-      end
+      waiter_leaves(L, id, record, 'reaped', 'skipped', now, REAPER)
     end
     if #dead > 0 then
       drop_waiters(L, dead)
@@ -100,11 +112,7 @@ local function all_waiters(L)
     return out
   end
   local ids = redis.call('ZRANGE', L.queue, '0', '-1')
-  local fields = {}
-  for i, id in ipairs(ids) do
-    fields[i] = waiter_field(id)
-  end
-  local values = on_fields(L.key, 'HMGET', fields)
+  local values = waiters_stored(L, ids)
   for i, id in ipairs(ids) do
     local deadline, record = split_waiter(values[i] or nil)
     out[i] = {id, deadline, record}
@@ -123,23 +131,28 @@ local function live_waiters(L, now)
   return live
 end
 
+-- Every waiting request that `leaves(deadline, record)` picks leaves,
+-- wherever it is in the queue, counted and told as `waiter_leaves` says.
+-- Returns how many left.
+local function drop_waiters_where(L, leaves, counted, told, now, actor)
+  local gone = {}
+  for _, w in ipairs(all_waiters(L)) do
+    if leaves(w[2], w[3]) then
+      gone[#gone + 1] = w[1]
+      waiter_leaves(L, w[1], w[3], counted, told, now, actor)
+    end
+  end
+  if #gone > 0 then
+    drop_waiters(L, gone)
+  end
+  return #gone
+end
+
 -- Every dead waiting request leaves, wherever it is in the queue (the
 -- reaper's sweep: purge_dead_waiters looks at the front only). Returns
 -- how many left.
 local function sweep_dead_waiters(L, now)
-  local dead = {}
-  for _, w in ipairs(all_waiters(L)) do
-    if w[2] <= now then
-      dead[#dead + 1] = w[1]
-      local kind = waiter_kind(w[3])
-      note(L, 'reaped', kind)
-      if L.watched then
-        emit(L, 'skipped', w[1], {kind = kind, mode = waiter_mode(w[3])}, now, REAPER)
-      end
-    end
-  end
-  if #dead > 0 then
-    drop_waiters(L, dead)
-  end
-  return #dead
+  return drop_waiters_where(L, function(deadline)
+    return deadline <= now
+  end, 'reaped', 'skipped', now, REAPER)
 end
