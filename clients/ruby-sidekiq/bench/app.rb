@@ -61,6 +61,26 @@ if ENV['BENCH_PLAIN'] == '1'
   end
 end
 
+# BENCH_ONE_CALL=1: the bound of the targets' design, not a lock. The push
+# makes the one synchronous tumbler call the gem's design asks for (a
+# try-once Acquire, through the same Tumbler::Client and transport the gem
+# uses, on a name of its own with a 2 s lease) and the run makes none. No
+# gem can push for less with that call, nor run for less: its end to end
+# is the most any such gem can reach on this machine.
+if ENV['BENCH_ONE_CALL'] == '1'
+  require 'tumbler'
+  module OneCall
+    def self.client = (@client ||= Tumbler::Client.new(ENV.fetch('TUMBLER_ADDR'), namespace: 'bench'))
+
+    class Client
+      def call(_worker, item, _queue, _pool = nil)
+        yield if OneCall.client.acquire("one:#{item['jid']}", holder: item['jid'], ttl_ms: 2_000)
+      end
+    end
+  end
+  Sidekiq.configure_client { |c| c.client_middleware { |m| m.add(OneCall::Client) } }
+end
+
 # A no-op job: it only notes when it ran (first start, last end, count),
 # one pipelined round trip to Sidekiq's Redis, the same in every arm.
 class BenchJob

@@ -9,6 +9,10 @@
 #                after the run): the floor of what sidekiq-unique-jobs does
 #   until_exec   tumbler-sidekiq, lock: :until_executed (BasicFetch)
 #   +reliable    tumbler-sidekiq, lock: :until_executed, with its ReliableFetch
+#   one_call     the bound, not a lock: the push makes one synchronous
+#                tumbler call (a try-once Acquire through the gem's client
+#                and transport) and the run none, the least a gem with the
+#                targets' one call at push can do (bench/app.rb)
 #   until_pipe   (BENCH_KEEPER_AB=1 only) until_exec with the keeper's
 #                releases sent as an HTTP/1.1 pipeline of Releases, as
 #                before they went in one Batch request; it runs before
@@ -39,7 +43,8 @@ ARMS = {
   'sidekiq' => {},
   'plain_redis' => { 'BENCH_PLAIN' => '1' },
   'until_exec' => { 'BENCH_GEM' => '1' },
-  '+reliable' => { 'BENCH_GEM' => '1', 'BENCH_RELIABLE' => '1' }
+  '+reliable' => { 'BENCH_GEM' => '1', 'BENCH_RELIABLE' => '1' },
+  'one_call' => { 'BENCH_ONE_CALL' => '1' }
 }.merge(ENV['BENCH_KEEPER_AB'] == '1' ? { 'until_pipe' => { 'BENCH_GEM' => '1', 'BENCH_PIPELINE' => '1' } } : {}).freeze
 
 redis_pid, redis_port = TumblerTest.start_redis
@@ -135,5 +140,9 @@ results.each do |arm, rs|
               r[:run_overhead], vs_plain, r[:cpu], r[:split], calls.empty? ? '0' : calls)
 end
 puts
+if results.key?('one_call')
+  puts "one_call is the bound, not a lock: one synchronous tumbler call per push and none per run. No gem whose push " \
+       "makes that call reaches a higher end to end on this machine than its #{format('%.2f', sidekiq[:e2e_s] / per_job.(results['one_call'])[:e2e_s])}."
+end
 puts 'run CPU: the Sidekiq process (its start included), tumbler and Redis together, from its start until every job ran and every lock was released (user + system, /proc); then each (medians).'
 puts "locks left in tumbler's namespace after the run (every job released its lock): #{leftover}"
