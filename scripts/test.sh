@@ -10,7 +10,7 @@ usage() {
   cat <<'EOF'
 scripts/test.sh [--only PHASES] [--skip PHASES] [-- CARGO TEST ARGS]
 
-Runs the whole suite, phase after phase (about 30 minutes from a cold
+Runs the whole suite, phase after phase (about 25 minutes from a cold
 clone on 2 cores, 6-7 GB under target/; about 18 warm). PHASES is a
 comma list of:
 
