@@ -14,7 +14,8 @@ Runs the whole suite, phase after phase (about 25 minutes from a cold
 clone on 2 cores, 6-7 GB under target/; about 18 warm). PHASES is a
 comma list of:
 
-  rust       cargo test of the workspace, with the protocol model's check
+  rust       cargo test of the workspace, with the protocol model's check,
+             four tests at a time per binary (RUST_TEST_THREADS=N for another)
              (needs: redis-server, redis-tools)
   helm       the Helm chart: lint, render, schema, PromQL
              (pip into target/tools-venv: helm-python-sdk, kubernetes-validate,
