@@ -56,6 +56,19 @@ fn quiet() -> tumbler::config::ServiceArgs {
     }
 }
 
+/// Redis holds `grant` of the handed-over request ("second") on `name`,
+/// with more than 50 s of its 60 s lease left: the whole lease, not a
+/// provisional one.
+async fn holds_the_whole_lease(
+    client: &mut proto::lock_service_client::LockServiceClient<tonic::transport::Channel>,
+    name: &str,
+    grant: &proto::Grant,
+) {
+    let (stored, now) = grant_of(client, name, "second").await.unwrap();
+    assert_eq!(stored.fencing_token, grant.fencing_token);
+    assert!(stored.expires_at_ms - now > 50_000, "{stored:?} at {now}");
+}
+
 /// One hand-over, measured: "first" holds the lock, "second" waits for
 /// it, "first" releases.
 struct HandOver {
@@ -138,9 +151,7 @@ async fn a_lease_past_the_waiters_liveness_is_taken_up_before_the_answer() {
         grant.expires_at_ms >= grant.acquired_at_ms + 60_000,
         "{grant:?}"
     );
-    let (stored, now) = grant_of(&mut run.client, "long", "second").await.unwrap();
-    assert_eq!(stored.fencing_token, grant.fencing_token);
-    assert!(stored.expires_at_ms - now > 50_000, "{stored:?} at {now}");
+    holds_the_whole_lease(&mut run.client, "long", &grant).await;
     // Two function calls for it: the release (which handed it over) and
     // the take-up (the waiter had queued before); a refresh of the
     // waiter (every second) may fall between.
@@ -160,9 +171,7 @@ async fn a_waiter_of_the_releasing_replica_is_handed_its_whole_lease_in_one_call
     let mut run = hand_over_once(quiet(), "own", 60_000, 3_000, Releaser::SameReplica).await;
     let grant = run.reply.grant.unwrap();
     assert_eq!(grant.ttl_ms, 60_000);
-    let (stored, now) = grant_of(&mut run.client, "own", "second").await.unwrap();
-    assert_eq!(stored.fencing_token, grant.fencing_token);
-    assert!(stored.expires_at_ms - now > 50_000, "{stored:?} at {now}");
+    holds_the_whole_lease(&mut run.client, "own", &grant).await;
     // One function call, the release; a refresh of the waiter (every
     // second) may fall between.
     assert!(
